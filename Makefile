@@ -1,0 +1,47 @@
+# caw-box: every target a newcomer or CI needs. The Docker rig (scripts/rig.sh) starts a
+# daemon when none answers and stops the one it started when the target ends.
+
+CARGO        ?= cargo
+RIG          := scripts/rig.sh
+LOCAL_BASE   := caw-box-local/node:20-bookworm
+CA_BUNDLE    ?= /etc/ssl/certs/ca-certificates.crt
+BIN          := target/debug/caw-box
+CA_FLAG      := $(if $(wildcard $(CA_BUNDLE)),--ca-cert $(CA_BUNDLE),)
+
+.PHONY: build test test-unit test-e2e images stub-image demo bench lint clean help
+
+help:
+	@echo "make demo    run a session and resume it (stub model, no vendor account needed)"
+	@echo "make test    lint + every test (starts Docker, builds images as needed)"
+	@echo "make images  build the base and the four provider images"
+	@echo "make bench   benchmarks against plain docker run"
+	@echo "make lint    rustfmt --check and clippy -D warnings"
+	@echo "make clean   remove build output and every caw-box test object"
+
+build:
+	$(CARGO) build --workspace --all-targets
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# Everything a test run needs, inside one rig session so a daemon the rig starts is
+# stopped again at the end, pass or fail.
+test:
+	$(RIG) with scripts/test.sh
+
+test-unit:
+	$(CARGO) nextest run --workspace --lib --bins
+
+images: build
+	$(RIG) with scripts/images.sh
+
+demo: build
+	$(RIG) with scripts/demo.sh
+
+bench: build
+	$(RIG) with scripts/bench.sh
+
+clean:
+	-scripts/cleanup.sh
+	$(CARGO) clean

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Builds what the tests and the demo run on: the local base (no registry here), the four
+# provider images through `caw-box image build`, and the stub model's image.
+# Layer caches make a second run take seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+ca=()
+[ -f "$CA_BUNDLE" ] && ca=(--ca-cert "$CA_BUNDLE")
+
+scripts/rig.sh base
+cargo build --workspace --quiet
+target/debug/caw-box image build --all --base caw-box-local/node:20-bookworm "${ca[@]}"
+scripts/stub-image.sh

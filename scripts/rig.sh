@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# The Docker rig: makes sure a Docker daemon answers, and builds the local base image that
+# the caw-box images are built from on a machine without a registry.
+#
+#   scripts/rig.sh up          reuse a running daemon, or install docker.io and start dockerd
+#   scripts/rig.sh down        stop the daemon that `up` started (by its PID), nothing else
+#   scripts/rig.sh restart     stop and start the daemon that `up` started (tests use this)
+#   scripts/rig.sh base        build the local base image (debootstrap + node), cached by tag
+#   scripts/rig.sh with CMD…   `up`, run CMD, then `down` if `up` started the daemon
+#
+# Quiet on success; every failure says what failed. State lives in $RIG_DIR.
+set -euo pipefail
+
+RIG_DIR=${CAW_BOX_RIG_DIR:-/var/tmp/caw-box-rig}
+PID_FILE=$RIG_DIR/dockerd.pid
+LOG_FILE=$RIG_DIR/dockerd.log
+LOCAL_BASE=${CAW_BOX_LOCAL_BASE:-caw-box-local/node:20-bookworm}
+
+say() { printf 'rig: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+daemon_answers() { docker info >/dev/null 2>&1; }
+
+our_pid() {
+    [ -f "$PID_FILE" ] || return 1
+    local pid
+    pid=$(cat "$PID_FILE")
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+}
+
+apt_install() {
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq >/dev/null || die "apt-get update failed"
+    as_root apt-get install -y -qq --no-install-recommends "$@" >/dev/null \
+        || die "apt-get install $* failed"
+}
+
+start_daemon() {
+    command -v dockerd >/dev/null 2>&1 || apt_install docker.io
+    mkdir -p "$RIG_DIR"
+    rm -f "$PID_FILE"
+    # setsid: the daemon must outlive the shell that started it and ignore its Ctrl-C.
+    # dockerd writes its own PID, so `down` stops exactly the process that runs.
+    # A plain command (no shell function) so no waiting subshell is left behind.
+    local sudo=()
+    [ "$(id -u)" = 0 ] || sudo=(sudo)
+    "${sudo[@]}" setsid dockerd --pidfile "$PID_FILE" >"$LOG_FILE" 2>&1 </dev/null &
+    local i
+    for i in $(seq 1 120); do
+        daemon_answers && return 0
+        sleep 0.5
+    done
+    tail -n 20 "$LOG_FILE" >&2 || true
+    die "dockerd did not come up (log: $LOG_FILE)"
+}
+
+stop_daemon() {
+    local pid
+    pid=$(our_pid) || return 0
+    as_root kill -TERM "$pid" 2>/dev/null || true
+    local i
+    for i in $(seq 1 60); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        say "dockerd (pid $pid) ignored SIGTERM for 30 s; killing it"
+        as_root kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$PID_FILE"
+}
+
+cmd_up() {
+    if daemon_answers; then return 0; fi
+    if our_pid >/dev/null; then
+        die "dockerd (pid $(our_pid)) runs but does not answer; see $LOG_FILE"
+    fi
+    start_daemon
+    # Marks that this invocation started it, for `with`.
+    echo started
+}
+
+cmd_restart() {
+    local pid
+    pid=$(our_pid) || die "no daemon started by the rig is running ($PID_FILE); refusing to restart one it did not start"
+    stop_daemon
+    start_daemon
+}
+
+cmd_base() {
+    daemon_answers || die "Docker daemon not reachable; run: scripts/rig.sh up"
+    if docker image inspect "$LOCAL_BASE" >/dev/null 2>&1; then return 0; fi
+    command -v debootstrap >/dev/null 2>&1 || apt_install debootstrap
+    local mirror
+    # The machine's own Debian mirror (the one apt uses), not a third-party repository.
+    mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null \
+        | grep -oE 'https?://[^ ]+/debian/?( |$)' | grep -v security | head -n 1 | tr -d ' ' || true)
+    [ -n "$mirror" ] || mirror=http://deb.debian.org/debian
+    local root
+    root=$(mktemp -d "${TMPDIR:-/tmp}/caw-box-base.XXXXXX")
+    trap 'as_root rm -rf "$root"' RETURN
+    say "building $LOCAL_BASE (debootstrap from $mirror, about 30 s)"
+    as_root debootstrap --variant=minbase bookworm "$root" "$mirror" >"$RIG_DIR/debootstrap.log" 2>&1 \
+        || { tail -n 20 "$RIG_DIR/debootstrap.log" >&2; die "debootstrap failed (log: $RIG_DIR/debootstrap.log)"; }
+    # node >= 20 for Gemini CLI: the host's node is a single binary that links only libc and
+    # libstdc++, so it runs in a bookworm root as it is. Real users build on an official node
+    # image instead (the base image is a build argument).
+    local node npm_dir
+    node=$(command -v node) || die "node not found on the host"
+    npm_dir=$(dirname "$(dirname "$(readlink -f "$(command -v npm)")")")
+    as_root cp "$node" "$root/usr/bin/node"
+    as_root mkdir -p "$root/usr/lib/node_modules"
+    as_root cp -a "$npm_dir" "$root/usr/lib/node_modules/npm"
+    as_root ln -sf ../lib/node_modules/npm/bin/npm-cli.js "$root/usr/bin/npm"
+    as_root ln -sf ../lib/node_modules/npm/bin/npx-cli.js "$root/usr/bin/npx"
+    as_root rm -rf "$root/var/cache/apt/archives/"*.deb "$root/var/lib/apt/lists/"*
+    as_root tar -C "$root" -c . | docker import \
+        -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        -c 'CMD ["bash"]' - "$LOCAL_BASE" >/dev/null || die "docker import of $LOCAL_BASE failed"
+}
+
+cmd_with() {
+    local started
+    started=$(cmd_up)
+    local rc=0
+    "$@" || rc=$?
+    if [ "$started" = started ]; then stop_daemon; fi
+    return $rc
+}
+
+case "${1:-}" in
+    up) mkdir -p "$RIG_DIR"; cmd_up >/dev/null ;;
+    down) stop_daemon ;;
+    restart) cmd_restart ;;
+    base) mkdir -p "$RIG_DIR"; cmd_base ;;
+    pid) our_pid || die "no daemon started by the rig is running" ;;
+    with) shift; mkdir -p "$RIG_DIR"; cmd_with "$@" ;;
+    *) die "usage: scripts/rig.sh up|down|restart|base|pid|with CMD..." ;;
+esac

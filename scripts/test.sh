@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# `make test`: lint, unit tests, then the end-to-end suite against real Docker, real vendor
+# CLIs and the stub model. Cleans up every test object by label, also after a failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+trap 'scripts/cleanup.sh' EXIT
+
+echo "== lint"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+echo "== images"
+scripts/images.sh
+
+echo "== tests"
+export CAW_BOX_RIG_PID_FILE=${CAW_BOX_RIG_DIR:-/var/tmp/caw-box-rig}/dockerd.pid
+cargo nextest run --workspace --no-fail-fast --test-threads 3 "$@"

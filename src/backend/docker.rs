@@ -1,0 +1,350 @@
+//! The Docker backend: the only code that talks to the Docker daemon (through bollard).
+//!
+//! Each method does one Docker thing and turns bollard's errors into caw-box [`Error`]s that
+//! say what was being done to what, and what to do next. Orchestration (what to create, in
+//! which order, what a failure means for a session) belongs to the commands, not here.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bollard::errors::Error as BollardError;
+use bollard::models::{
+    ContainerCreateBody, ContainerInspectResponse, ImageInspect, Volume, VolumeCreateRequest,
+};
+use bollard::query_parameters::{
+    AttachContainerOptions, CreateContainerOptions, DownloadFromContainerOptions,
+    ListContainersOptions, ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
+    StopContainerOptions, UploadToContainerOptions, WaitContainerOptions,
+};
+use bollard::Docker;
+use futures_util::StreamExt;
+
+use crate::error::{Error, Result};
+
+pub use bollard::container::AttachContainerResults;
+pub use bollard::container::LogOutput;
+
+/// A long request timeout: turns, attaches and builds legitimately last for hours. Only
+/// `connect` bounds its probe tightly, so an unreachable daemon fails fast.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+const PING_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connected Docker daemon.
+#[derive(Debug, Clone)]
+pub struct DockerBackend {
+    docker: Docker,
+}
+
+/// Why a container could not be created.
+#[derive(Debug)]
+pub enum CreateError {
+    /// A container of that name exists already (Docker enforces names atomically).
+    NameTaken,
+    Other(Error),
+}
+
+fn docker_host() -> String {
+    std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".to_string())
+}
+
+fn unreachable(e: impl std::fmt::Display) -> Error {
+    Error::environment(format!(
+        "cannot reach the Docker daemon at {}: {e}",
+        docker_host()
+    ))
+    .with_hint("is Docker running? start it (e.g. `sudo systemctl start docker`) or set DOCKER_HOST")
+}
+
+/// Whether a bollard error is the daemon's "404 not found".
+pub fn is_not_found(e: &BollardError) -> bool {
+    matches!(e, BollardError::DockerResponseServerError { status_code: 404, .. })
+}
+
+fn is_conflict(e: &BollardError) -> bool {
+    matches!(e, BollardError::DockerResponseServerError { status_code: 409, .. })
+}
+
+/// The daemon's own message for an error, without bollard's wrapping.
+pub fn daemon_message(e: &BollardError) -> String {
+    match e {
+        BollardError::DockerResponseServerError { message, .. } => message.trim().to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn failed(what: impl std::fmt::Display, e: &BollardError) -> Error {
+    match e {
+        BollardError::DockerResponseServerError { .. } => {
+            Error::environment(format!("failed to {what}: {}", daemon_message(e)))
+        }
+        other => unreachable(format!("while trying to {what}: {other}")),
+    }
+}
+
+impl DockerBackend {
+    /// Connects (honouring DOCKER_HOST) and checks that the daemon answers.
+    pub async fn connect() -> Result<Self> {
+        let docker = Docker::connect_with_defaults().map_err(unreachable)?;
+        let docker = docker.with_timeout(PING_TIMEOUT);
+        let docker = match tokio::time::timeout(PING_TIMEOUT, docker.negotiate_version()).await {
+            Ok(Ok(d)) => d,
+            Ok(Err(e)) => return Err(unreachable(e)),
+            Err(_) => return Err(unreachable("no answer within 10 s")),
+        };
+        Ok(DockerBackend {
+            docker: docker.with_timeout(REQUEST_TIMEOUT),
+        })
+    }
+
+    /// The raw client, for the few callers that stream (attach, build).
+    pub fn client(&self) -> &Docker {
+        &self.docker
+    }
+
+    /// "20.10.24 (API 1.41)".
+    pub async fn server_version(&self) -> Result<String> {
+        let v = self
+            .docker
+            .version()
+            .await
+            .map_err(|e| failed("ask Docker for its version", &e))?;
+        Ok(format!(
+            "{} (API {})",
+            v.version.unwrap_or_default(),
+            v.api_version.unwrap_or_default()
+        ))
+    }
+
+    pub async fn inspect_image(&self, image: &str) -> Result<Option<ImageInspect>> {
+        match self.docker.inspect_image(image).await {
+            Ok(i) => Ok(Some(i)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(failed(format_args!("inspect image '{image}'"), &e)),
+        }
+    }
+
+    pub async fn create_volume(&self, name: &str, labels: HashMap<String, String>) -> Result<()> {
+        self.docker
+            .create_volume(VolumeCreateRequest {
+                name: Some(name.to_string()),
+                labels: Some(labels),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| failed(format_args!("create volume '{name}'"), &e))
+    }
+
+    pub async fn inspect_volume(&self, name: &str) -> Result<Option<Volume>> {
+        match self.docker.inspect_volume(name).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(failed(format_args!("inspect volume '{name}'"), &e)),
+        }
+    }
+
+    /// Volumes carrying all of `labels` (`key=value` or bare `key`): one Docker call.
+    pub async fn list_volumes(&self, labels: &[String]) -> Result<Vec<Volume>> {
+        let filters = HashMap::from([("label".to_string(), labels.to_vec())]);
+        let res = self
+            .docker
+            .list_volumes(Some(ListVolumesOptions {
+                filters: Some(filters),
+            }))
+            .await
+            .map_err(|e| failed("list volumes", &e))?;
+        Ok(res.volumes.unwrap_or_default())
+    }
+
+    pub async fn remove_volume(&self, name: &str) -> Result<()> {
+        match self
+            .docker
+            .remove_volume(name, Some(RemoveVolumeOptions { force: false }))
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(failed(format_args!("remove volume '{name}'"), &e)),
+        }
+    }
+
+    /// Containers (running or not) carrying all of `labels`.
+    pub async fn list_containers(
+        &self,
+        labels: &[String],
+    ) -> Result<Vec<bollard::models::ContainerSummary>> {
+        let filters = HashMap::from([("label".to_string(), labels.to_vec())]);
+        self.docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| failed("list containers", &e))
+    }
+
+    pub async fn create_container(
+        &self,
+        name: &str,
+        body: ContainerCreateBody,
+    ) -> std::result::Result<String, CreateError> {
+        match self
+            .docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(name.to_string()),
+                    ..Default::default()
+                }),
+                body,
+            )
+            .await
+        {
+            Ok(r) => Ok(r.id),
+            Err(e) if is_conflict(&e) => Err(CreateError::NameTaken),
+            Err(e) => Err(CreateError::Other(failed(
+                format_args!("create container '{name}'"),
+                &e,
+            ))),
+        }
+    }
+
+    pub async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInspectResponse>> {
+        match self.docker.inspect_container(name, None).await {
+            Ok(c) => Ok(Some(c)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(failed(format_args!("inspect container '{name}'"), &e)),
+        }
+    }
+
+    /// Attaches to stdout and stderr (and stdin when `stdin`); call before `start` so no
+    /// output is missed.
+    pub async fn attach(&self, name: &str, stdin: bool) -> Result<AttachContainerResults> {
+        self.docker
+            .attach_container(
+                name,
+                Some(AttachContainerOptions {
+                    stream: true,
+                    stdin,
+                    stdout: true,
+                    stderr: true,
+                    logs: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .map_err(|e| failed(format_args!("attach to container '{name}'"), &e))
+    }
+
+    pub async fn start_container(&self, name: &str) -> Result<()> {
+        self.docker
+            .start_container(name, None)
+            .await
+            .map_err(|e| failed(format_args!("start container '{name}'"), &e))
+    }
+
+    /// Waits until the container stops; returns its exit code.
+    pub async fn wait_container(&self, name: &str) -> Result<i64> {
+        let mut stream = self.docker.wait_container(
+            name,
+            Some(WaitContainerOptions {
+                condition: "not-running".to_string(),
+            }),
+        );
+        match stream.next().await {
+            Some(Ok(r)) => Ok(r.status_code),
+            Some(Err(BollardError::DockerContainerWaitError { code, .. })) => Ok(code),
+            Some(Err(e)) => Err(failed(format_args!("wait for container '{name}'"), &e)),
+            None => {
+                // The stream ended without a status: ask the container itself.
+                let c = self.inspect_container(name).await?;
+                Ok(c.and_then(|c| c.state)
+                    .and_then(|s| s.exit_code)
+                    .unwrap_or(-1))
+            }
+        }
+    }
+
+    /// Stops a container: SIGTERM, then SIGKILL after `grace`.
+    pub async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
+        match self
+            .docker
+            .stop_container(
+                name,
+                Some(StopContainerOptions {
+                    t: Some(grace.as_secs() as i32),
+                    signal: None,
+                }),
+            )
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(BollardError::DockerResponseServerError {
+                status_code: 304 | 404,
+                ..
+            }) => Ok(()),
+            Err(e) => Err(failed(format_args!("stop container '{name}'"), &e)),
+        }
+    }
+
+    pub async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
+        match self
+            .docker
+            .remove_container(
+                name,
+                Some(RemoveContainerOptions {
+                    force,
+                    v: false,
+                    link: false,
+                }),
+            )
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            // "removal already in progress"
+            Err(e) if is_conflict(&e) => Ok(()),
+            Err(e) => Err(failed(format_args!("remove container '{name}'"), &e)),
+        }
+    }
+
+    /// Extracts a tar archive into `dir` of a (created or stopped) container; writes land in
+    /// the container's volumes when `dir` is inside one.
+    pub async fn upload_tar(&self, name: &str, dir: &str, tar: Vec<u8>) -> Result<()> {
+        self.docker
+            .upload_to_container(
+                name,
+                Some(UploadToContainerOptions {
+                    path: dir.to_string(),
+                    ..Default::default()
+                }),
+                bollard::body_full(tar.into()),
+            )
+            .await
+            .map_err(|e| failed(format_args!("copy files into container '{name}'"), &e))
+    }
+
+    /// A tar archive of `path` in a container; `None` when the path does not exist.
+    pub async fn download_tar(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
+        let mut stream = self.docker.download_from_container(
+            name,
+            Some(DownloadFromContainerOptions {
+                path: path.to_string(),
+            }),
+        );
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(bytes) => out.extend_from_slice(&bytes),
+                Err(e) if is_not_found(&e) => return Ok(None),
+                Err(e) => {
+                    return Err(failed(
+                        format_args!("copy '{path}' out of container '{name}'"),
+                        &e,
+                    ))
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+}

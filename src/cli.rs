@@ -1,0 +1,190 @@
+//! The command line, as clap types only: data, no logic. `settings` resolves these into
+//! what the commands act on.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+const RUN_EXAMPLES: &str = "\
+Examples:
+  caw-box run --provider claude \"fix the failing test\"
+  caw-box run --provider codex --name fixer -o json \"explain src/main.rs\"
+  echo \"summarise the README\" | caw-box run --provider gemini -
+  caw-box run --provider opencode --endpoint http://gateway:8080 --env OPENAI_API_KEY \"hi\"";
+
+const RESUME_EXAMPLES: &str = "\
+Examples:
+  caw-box resume fixer \"now add a test\"
+  caw-box resume 5b0c \"and the docs\"            # a unique id prefix
+  caw-box resume \"$(caw-box handle fixer)\" \"go on\"  # the handle alone";
+
+const IMAGE_BUILD_EXAMPLES: &str = "\
+Examples:
+  caw-box image build --all
+  caw-box image build --provider codex --cli-version 0.169.0
+  caw-box image build --all --base node:20-bookworm-slim --ca-cert /etc/ssl/certs/corp-ca.pem";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "caw-box",
+    version,
+    about = "Run coding-agent CLIs (Claude Code, Codex, opencode, Gemini CLI) in Docker, unattended and resumable",
+    after_help = "Examples:\n  caw-box image build --all\n  caw-box run --provider claude \"fix the failing test\"\n  caw-box resume <id> \"now add a test\"\n  caw-box doctor"
+)]
+pub struct Cli {
+    /// More detail on stderr (repeat for debug logs).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Only errors on stderr.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start a session and run its first turn.
+    #[command(after_help = RUN_EXAMPLES)]
+    Run(RunArgs),
+    /// Run the next turn of an existing session.
+    #[command(after_help = RESUME_EXAMPLES)]
+    Resume(ResumeArgs),
+    /// Print a session's resume handle.
+    #[command(after_help = "Examples:\n  caw-box handle fixer\n  caw-box handle 5b0c")]
+    Handle {
+        /// A handle, session id, unique id prefix (4+ characters) or session name.
+        target: String,
+    },
+    /// Build and list caw-box's images.
+    #[command(subcommand)]
+    Image(ImageCommand),
+    /// Check the daemon, images and credentials; say what is wrong and how to fix it.
+    #[command(after_help = "Examples:\n  caw-box doctor")]
+    Doctor,
+    /// Print a shell completion script.
+    #[command(after_help = "Examples:\n  caw-box completions bash > /etc/bash_completion.d/caw-box\n  caw-box completions zsh > \"${fpath[1]}/_caw-box\"")]
+    Completions {
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum OutputFormat {
+    /// The answer and tool calls, readable, streaming.
+    #[default]
+    Text,
+    /// One JSON object when the turn ends.
+    Json,
+    /// One unified event per line.
+    StreamJson,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WorkspaceModeArg {
+    Bind,
+    Copy,
+    None,
+}
+
+/// Options shared by `run` and `resume`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct TurnArgs {
+    /// The prompt; `-` reads it from stdin.
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
+    pub prompt_file: Option<PathBuf>,
+    /// The host directory mounted at /workspace (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// How the workspace reaches the container.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub workspace_mode: Option<WorkspaceModeArg>,
+    /// The image to run (default: caw-box/<provider>:latest).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// The model the CLI asks for.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Stop the turn after this long, e.g. `30m` (exit 124).
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
+    /// Memory limit, e.g. `2g`.
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// CPU limit, e.g. `1.5`.
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Process limit.
+    #[arg(long, value_name = "N")]
+    pub pids_limit: Option<i64>,
+    /// `open` (default bridge), `none`, `host`, or an existing network's name.
+    #[arg(long)]
+    pub network: Option<String>,
+    /// An environment variable for the CLI: `K=V`, or `K` to pass the host's value. Values
+    /// are treated as secrets and not remembered: pass them again on resume.
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Send the CLI's model traffic to this base URL (a proxy, gateway or local server).
+    #[arg(long, value_name = "URL")]
+    pub endpoint: Option<String>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t)]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// claude_code (or claude, cc), codex, opencode, gemini.
+    #[arg(long, short = 'p')]
+    pub provider: String,
+    /// A unique name for the session.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Tag the session with a group.
+    #[arg(long)]
+    pub group: Option<String>,
+    #[command(flatten)]
+    pub turn: TurnArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    /// A handle, session id, unique id prefix (4+ characters) or session name.
+    pub target: String,
+    #[command(flatten)]
+    pub turn: TurnArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Build the base image and provider images from the Dockerfiles built into caw-box.
+    #[command(after_help = IMAGE_BUILD_EXAMPLES)]
+    Build(ImageBuildArgs),
+    /// List caw-box images: provider, CLI version, size, age.
+    Ls,
+}
+
+#[derive(Debug, Args)]
+pub struct ImageBuildArgs {
+    /// The provider whose image to build (repeatable).
+    #[arg(long, short = 'p')]
+    pub provider: Vec<String>,
+    /// Build all four provider images.
+    #[arg(long, conflicts_with = "provider")]
+    pub all: bool,
+    /// The image the base is built FROM (needs node >= 20).
+    #[arg(long, value_name = "IMAGE", default_value = "node:20-bookworm-slim")]
+    pub base: String,
+    /// The vendor CLI version to install (default: the pinned one).
+    #[arg(long, value_name = "V")]
+    pub cli_version: Option<String>,
+    /// A CA certificate (PEM) the install steps trust, e.g. a TLS-intercepting proxy's.
+    /// The final image does not contain it.
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// Build without the layer cache.
+    #[arg(long)]
+    pub no_cache: bool,
+}

@@ -1,0 +1,193 @@
+//! The library API: what the `caw-box` binary is a thin layer over.
+//!
+//! ```no_run
+//! use caw_box::{Client, NewSession, ProviderKind, TurnOptions};
+//!
+//! # async fn demo() -> caw_box::Result<()> {
+//! let client = Client::connect().await?;
+//! let mut session = client
+//!     .start_session(NewSession::new(ProviderKind::Codex, "/path/to/project"))
+//!     .await?;
+//! let result = session
+//!     .send(TurnOptions::prompt("REMEMBER:blue"), |event| println!("{event:?}"))
+//!     .await?;
+//! let handle = session.handle().to_json();
+//! // ... later, anywhere with the same Docker daemon:
+//! let mut again = client.open(&handle).await?;
+//! again.send(TurnOptions::prompt("RECALL"), |_| {}).await?;
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use crate::backend::DockerBackend;
+use crate::error::{Error, Result};
+use crate::event::{Event, TurnResult};
+use crate::provider::ProviderKind;
+use crate::session::handle::{volume_name, ResumeHandle};
+use crate::session::record::{now_secs, volume_labels, SessionRecord, SessionSettings};
+use crate::session::runner::{self, TurnOptions};
+use crate::session::target;
+
+/// A connection to the Docker daemon that sessions run on.
+#[derive(Debug, Clone)]
+pub struct Client {
+    backend: DockerBackend,
+}
+
+/// What a new session is started with.
+#[derive(Debug, Clone)]
+pub struct NewSession {
+    pub provider: ProviderKind,
+    pub name: Option<String>,
+    pub group: Option<String>,
+    pub settings: SessionSettings,
+}
+
+impl NewSession {
+    /// A session of `provider` over the workspace directory `workspace`, default settings.
+    pub fn new(provider: ProviderKind, workspace: impl Into<String>) -> Self {
+        NewSession {
+            provider,
+            name: None,
+            group: None,
+            settings: SessionSettings {
+                image: provider.default_image(),
+                network: "open".into(),
+                workspace: Some(workspace.into()),
+                ..Default::default()
+            },
+        }
+    }
+}
+
+impl TurnOptions {
+    /// Options for a turn with just a prompt.
+    pub fn prompt(prompt: impl Into<String>) -> Self {
+        TurnOptions {
+            prompt: prompt.into(),
+            ..Default::default()
+        }
+    }
+}
+
+/// An open session: its record, ready for the next turn.
+#[derive(Debug)]
+pub struct Session {
+    backend: DockerBackend,
+    record: SessionRecord,
+}
+
+impl Client {
+    /// Connects to the Docker daemon (DOCKER_HOST or the local socket).
+    pub async fn connect() -> Result<Self> {
+        Ok(Client {
+            backend: DockerBackend::connect().await?,
+        })
+    }
+
+    pub fn backend(&self) -> &DockerBackend {
+        &self.backend
+    }
+
+    /// Creates a session's state volume. Checks first (image present, name free), so a
+    /// refused session leaves nothing behind.
+    pub async fn start_session(&self, new: NewSession) -> Result<Session> {
+        let image = &new.settings.image;
+        if self.backend.inspect_image(image).await?.is_none() {
+            return Err(Error::environment(format!("image '{image}' is not present")).with_hint(
+                if *image == new.provider.default_image() {
+                    format!("build it with `caw-box image build --provider {}`", new.provider)
+                } else {
+                    "build or pull it, or pass another --image".to_string()
+                },
+            ));
+        }
+        if let Some(name) = &new.name {
+            if target::name_taken(&self.backend, name).await? {
+                return Err(Error::usage(format!("a session named '{name}' exists already"))
+                    .with_hint("pick another --name, or resume that session"));
+            }
+        }
+        let session_id = Uuid::new_v4();
+        let created_at = now_secs();
+        let labels = volume_labels(
+            session_id,
+            new.provider,
+            new.name.as_deref(),
+            new.group.as_deref(),
+            created_at,
+            &new.settings,
+        );
+        self.backend
+            .create_volume(&volume_name(session_id), labels)
+            .await?;
+        Ok(Session {
+            backend: self.backend.clone(),
+            record: SessionRecord {
+                version: 1,
+                session_id,
+                provider: new.provider,
+                name: new.name,
+                group: new.group,
+                resume_key: String::new(),
+                key_confirmed: false,
+                created_at,
+                settings: new.settings,
+                turns: Vec::new(),
+            },
+        })
+    }
+
+    /// Opens an existing session by handle, id, unique id prefix or name.
+    pub async fn open(&self, target: &str) -> Result<Session> {
+        Ok(Session {
+            backend: self.backend.clone(),
+            record: target::resolve(&self.backend, target).await?,
+        })
+    }
+}
+
+impl Session {
+    pub fn id(&self) -> Uuid {
+        self.record.session_id
+    }
+
+    pub fn record(&self) -> &SessionRecord {
+        &self.record
+    }
+
+    /// Overrides settings for this and later turns of this process (not remembered).
+    pub fn settings_mut(&mut self) -> &mut SessionSettings {
+        &mut self.record.settings
+    }
+
+    /// The resume handle as of now.
+    pub fn handle(&self) -> ResumeHandle {
+        runner::handle_of(&self.record)
+    }
+
+    /// Runs one turn; `on_event` sees each unified event as it happens.
+    pub async fn send(
+        &mut self,
+        mut options: TurnOptions,
+        mut on_event: impl FnMut(&Event),
+    ) -> Result<TurnResult> {
+        if options.timeout.is_none() {
+            options.timeout = self.record.settings.timeout_secs.map(Duration::from_secs);
+        }
+        runner::run_turn(&self.backend, &mut self.record, &options, &mut on_event).await
+    }
+
+    /// Deletes the session's state volume, for a session whose first turn never ran.
+    pub async fn discard_if_unused(&self) -> Result<()> {
+        if self.record.turns.is_empty() {
+            self.backend
+                .remove_volume(&volume_name(self.record.session_id))
+                .await?;
+        }
+        Ok(())
+    }
+}

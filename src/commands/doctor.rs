@@ -1,0 +1,65 @@
+//! `caw-box doctor`: what is wrong with this machine for caw-box, one line per problem with
+//! the command that fixes it. Exit 0 only when all is well.
+
+use crate::backend::DockerBackend;
+use crate::error::{Error, Result};
+use crate::output;
+use crate::provider::ProviderKind;
+use crate::session::record::labels;
+
+pub async fn doctor() -> Result<i32> {
+    let mut problems = 0;
+    let backend = match DockerBackend::connect().await {
+        Ok(b) => b,
+        Err(e) => {
+            output::println(&format!("✗ docker: {e}"));
+            return Err(Error::environment("the Docker daemon is not reachable")
+                .with_hint("start Docker, then run `caw-box doctor` again"));
+        }
+    };
+    output::println(&format!("✓ docker: daemon {}", backend.server_version().await?));
+    for p in ProviderKind::ALL {
+        let image = p.default_image();
+        match backend.inspect_image(&image).await? {
+            Some(img) => {
+                let version = img
+                    .config
+                    .and_then(|c| c.labels)
+                    .and_then(|l| l.get(labels::CLI_VERSION).cloned())
+                    .unwrap_or_else(|| "unknown".into());
+                output::println(&format!("✓ {p}: image {image} (CLI {version})"));
+            }
+            None => {
+                problems += 1;
+                output::println(&format!(
+                    "✗ {p}: image {image} is missing; fix: caw-box image build --provider {p}"
+                ));
+            }
+        }
+    }
+    for p in ProviderKind::ALL {
+        let present: Vec<&str> = p
+            .endpoint_key_vars()
+            .iter()
+            .copied()
+            .filter(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
+            .collect();
+        if present.is_empty() {
+            output::println(&format!(
+                "- {p}: no API key in the environment ({}); pass one with --env on run",
+                p.endpoint_key_vars().join(" or ")
+            ));
+        } else {
+            output::println(&format!("✓ {p}: {} set in the environment", present.join(", ")));
+        }
+    }
+    if problems == 0 {
+        Ok(0)
+    } else {
+        Err(Error::environment(format!(
+            "{problems} problem{} found",
+            if problems == 1 { "" } else { "s" }
+        ))
+        .with_hint("run the fixes listed above"))
+    }
+}

@@ -1,0 +1,58 @@
+//! Where caw-box keeps files on the host: a cache of session records and per-turn runtime
+//! directories. Nothing here is the truth about a session (Docker is), so deleting it all
+//! loses nothing that `resume` needs.
+
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::PathBuf;
+
+use crate::error::{Error, Result};
+
+/// The data directory: `$CAW_BOX_DATA_DIR`, else the XDG data dir (`~/.local/share/caw-box`).
+pub fn data_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("CAW_BOX_DATA_DIR").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    directories::ProjectDirs::from("", "", "caw-box")
+        .map(|p| p.data_dir().to_path_buf())
+        .ok_or_else(|| {
+            Error::environment("cannot find a home directory for caw-box's data")
+                .with_hint("set CAW_BOX_DATA_DIR")
+        })
+}
+
+/// Creates `dir` (and parents) private to the user: mode 0700.
+pub fn ensure_private_dir(dir: &std::path::Path) -> Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Error::environment(format!("failed to create '{}': {e}", dir.display())))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+        .map_err(|e| Error::environment(format!("failed to restrict '{}': {e}", dir.display())))
+}
+
+/// The cache of session records.
+pub fn sessions_dir() -> Result<PathBuf> {
+    Ok(data_dir()?.join("sessions"))
+}
+
+/// Per-turn runtime directories (bind-mounted at /run/caw-box in the turn's container).
+pub fn runtime_dir() -> Result<PathBuf> {
+    Ok(data_dir()?.join("run"))
+}
+
+/// Writes `contents` to `path` atomically (temp file + rename), mode 0600.
+pub fn write_private(path: &std::path::Path, contents: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or_else(|| std::path::Path::new("."));
+    ensure_private_dir(dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .map_err(|e| Error::environment(format!("failed to write in '{}': {e}", dir.display())))?;
+    tmp.write_all(contents)
+        .and_then(|_| tmp.as_file().sync_all())
+        .map_err(|e| Error::environment(format!("failed to write '{}': {e}", path.display())))?;
+    tmp.persist(path)
+        .map_err(|e| Error::environment(format!("failed to write '{}': {e}", path.display())))?;
+    Ok(())
+}

@@ -1,0 +1,157 @@
+//! The unified event vocabulary: what every provider's output is turned into, and what
+//! `-o stream-json` prints one per line. Provider-specific shapes never leave the provider
+//! modules; everything downstream (output, records, the library API) sees only these types.
+
+use serde::{Deserialize, Serialize};
+
+use crate::provider::ProviderKind;
+
+/// How a turn ended. Serialized in snake_case, as SPEC.md's `status` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    #[default]
+    Success,
+    Error,
+    AuthError,
+    UsageLimit,
+    Timeout,
+    Interrupted,
+    /// A detached turn that has not ended yet (only in records and `-o json` of `--detach`).
+    Running,
+}
+
+impl Status {
+    /// The process exit code SPEC.md assigns to a turn that ended this way.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Status::Success | Status::Running => 0,
+            Status::Error => 1,
+            Status::AuthError => 4,
+            Status::UsageLimit => 5,
+            Status::Timeout => 124,
+            Status::Interrupted => 130,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Success => "success",
+            Status::Error => "error",
+            Status::AuthError => "auth_error",
+            Status::UsageLimit => "usage_limit",
+            Status::Timeout => "timeout",
+            Status::Interrupted => "interrupted",
+            Status::Running => "running",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Token usage and cost of one turn (never cumulative over a session).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    /// Only some vendors report a cost; `null` when unknown.
+    pub cost_usd: Option<f64>,
+}
+
+impl Usage {
+    pub fn is_zero(&self) -> bool {
+        self.input_tokens == 0
+            && self.output_tokens == 0
+            && self.cache_read_tokens == 0
+            && self.cache_write_tokens == 0
+            && self.cost_usd.is_none()
+    }
+
+    /// Adds another report into this one (vendors that report usage per step).
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+        self.cost_usd = match (self.cost_usd, other.cost_usd) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
+        };
+    }
+
+    /// `self - earlier`, saturating: turns a vendor's cumulative counters into one turn's.
+    pub fn since(&self, earlier: &Usage) -> Usage {
+        Usage {
+            input_tokens: self.input_tokens.saturating_sub(earlier.input_tokens),
+            output_tokens: self.output_tokens.saturating_sub(earlier.output_tokens),
+            cache_read_tokens: self.cache_read_tokens.saturating_sub(earlier.cache_read_tokens),
+            cache_write_tokens: self
+                .cache_write_tokens
+                .saturating_sub(earlier.cache_write_tokens),
+            cost_usd: match (self.cost_usd, earlier.cost_usd) {
+                (Some(a), Some(b)) => Some((a - b).max(0.0)),
+                (a, _) => a,
+            },
+        }
+    }
+}
+
+/// The `json` output object, also carried by the final `result` event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnResult {
+    pub session_id: String,
+    pub name: Option<String>,
+    pub provider: ProviderKind,
+    pub turn: u32,
+    pub status: Status,
+    pub result: String,
+    pub resume_handle: String,
+    pub usage: Usage,
+    pub duration_ms: u64,
+    pub exit_code: i32,
+}
+
+/// One unified event. `-o stream-json` prints each as one JSON line with a `type` tag.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    Session {
+        session_id: String,
+        provider: ProviderKind,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        resume_key: Option<String>,
+    },
+    Text {
+        text: String,
+    },
+    Thinking {
+        text: String,
+    },
+    ToolCall {
+        id: String,
+        name: String,
+        input: serde_json::Value,
+    },
+    ToolResult {
+        id: String,
+        output: String,
+        is_error: bool,
+    },
+    Usage {
+        #[serde(flatten)]
+        usage: Usage,
+    },
+    Error {
+        message: String,
+    },
+    Result {
+        #[serde(flatten)]
+        result: TurnResult,
+    },
+}

@@ -1,0 +1,26 @@
+//! caw-box runs coding-agent CLIs (Claude Code, Codex, opencode, Gemini CLI) inside Docker
+//! containers, unattended and resumable.
+//!
+//! The library is what the `caw-box` binary is a thin layer over: [`Client::start_session`]
+//! creates a session, [`Session::send`] runs a turn and streams its unified
+//! [`event::Event`]s, [`Session::handle`] gives the resume handle, and [`Client::open`]
+//! resumes from a handle, id, prefix or name. See `examples/run_and_resume.rs`.
+
+pub mod backend;
+pub mod cli;
+pub mod client;
+pub mod commands;
+pub mod dirs;
+pub mod error;
+pub mod event;
+pub mod output;
+pub mod provider;
+pub mod session;
+pub mod settings;
+
+pub use client::{Client, NewSession, Session};
+pub use error::{Error, ErrorKind, Result};
+pub use event::{Event, Status, TurnResult, Usage};
+pub use provider::ProviderKind;
+pub use session::handle::ResumeHandle;
+pub use session::runner::TurnOptions;

@@ -1,0 +1,270 @@
+//! Providers: one adapter per vendor CLI, as pure data and parsing.
+//!
+//! An adapter says which image a session uses, which command runs a first turn and a resumed
+//! turn, which environment and config files the CLI needs for `--endpoint` and `--model`, and
+//! how one line of the CLI's stdout becomes unified [`Event`]s. It never talks to Docker:
+//! the backend runs what an adapter describes, so every adapter is testable from recorded
+//! output under `tests/fixtures/`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::{Event, Status, Usage};
+
+mod claude_code;
+mod codex;
+mod common;
+mod gemini;
+mod opencode;
+
+/// The agent's HOME inside every container: the state volume is mounted here, always at the
+/// same absolute path (codex stores absolute paths in its state).
+pub const AGENT_HOME: &str = "/home/agent";
+/// The working directory of every turn: the CLIs key sessions by cwd, so it never changes.
+pub const WORKSPACE_DIR: &str = "/workspace";
+
+/// The repository caw-box's images are tagged under: `caw-box`, or `$CAW_BOX_IMAGE_REPO`
+/// (e.g. a private registry path that a team pushes its built images to).
+pub fn image_repo() -> String {
+    std::env::var("CAW_BOX_IMAGE_REPO")
+        .ok()
+        .map(|r| r.trim_end_matches('/').to_string())
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| "caw-box".to_string())
+}
+
+/// One vendor CLI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    ClaudeCode,
+    Codex,
+    Opencode,
+    Gemini,
+}
+
+impl ProviderKind {
+    pub const ALL: [ProviderKind; 4] = [
+        ProviderKind::ClaudeCode,
+        ProviderKind::Codex,
+        ProviderKind::Opencode,
+        ProviderKind::Gemini,
+    ];
+
+    /// The canonical name used in labels, handles and output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::ClaudeCode => "claude_code",
+            ProviderKind::Codex => "codex",
+            ProviderKind::Opencode => "opencode",
+            ProviderKind::Gemini => "gemini",
+        }
+    }
+
+    /// The image name under `caw-box/` and the directory under `images/`.
+    pub fn image_name(self) -> &'static str {
+        match self {
+            ProviderKind::ClaudeCode => "claude-code",
+            ProviderKind::Codex => "codex",
+            ProviderKind::Opencode => "opencode",
+            ProviderKind::Gemini => "gemini",
+        }
+    }
+
+    /// The image a session uses unless `--image` says otherwise:
+    /// `<repo>/<image_name>:latest`, where the repository is [`image_repo`].
+    pub fn default_image(self) -> String {
+        format!("{}/{}:latest", image_repo(), self.image_name())
+    }
+
+    /// The npm package of the vendor CLI.
+    pub fn npm_package(self) -> &'static str {
+        match self {
+            ProviderKind::ClaudeCode => "@anthropic-ai/claude-code",
+            ProviderKind::Codex => "@openai/codex",
+            ProviderKind::Opencode => "opencode-ai",
+            ProviderKind::Gemini => "@google/gemini-cli",
+        }
+    }
+
+    /// The CLI version images are built with by default (observed in VENDORS.md).
+    pub fn default_cli_version(self) -> &'static str {
+        match self {
+            ProviderKind::ClaudeCode => "2.1.197",
+            ProviderKind::Codex => "0.169.0",
+            ProviderKind::Opencode => "1.18.33",
+            ProviderKind::Gemini => "0.61.0",
+        }
+    }
+
+    /// The CLI's executable inside the image.
+    pub fn executable(self) -> &'static str {
+        match self {
+            ProviderKind::ClaudeCode => "claude",
+            ProviderKind::Codex => "codex",
+            ProviderKind::Opencode => "opencode",
+            ProviderKind::Gemini => "gemini",
+        }
+    }
+
+    /// The environment variables that carry the model key when `--endpoint` is used.
+    pub fn endpoint_key_vars(self) -> &'static [&'static str] {
+        match self {
+            ProviderKind::ClaudeCode => &["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"],
+            ProviderKind::Codex | ProviderKind::Opencode => &["OPENAI_API_KEY"],
+            ProviderKind::Gemini => &["GEMINI_API_KEY"],
+        }
+    }
+
+    /// The adapter for this provider.
+    pub fn adapter(self) -> &'static dyn Provider {
+        match self {
+            ProviderKind::ClaudeCode => &claude_code::ClaudeCode,
+            ProviderKind::Codex => &codex::Codex,
+            ProviderKind::Opencode => &opencode::Opencode,
+            ProviderKind::Gemini => &gemini::Gemini,
+        }
+    }
+
+    /// "claude_code (aliases: claude, cc), codex, opencode, gemini" for error messages.
+    pub fn valid_names() -> &'static str {
+        "claude_code (or claude, cc), codex, opencode, gemini"
+    }
+}
+
+impl fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The error of parsing an unknown provider name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown provider '{0}'; valid providers: claude_code (or claude, cc), codex, opencode, gemini")]
+pub struct UnknownProvider(pub String);
+
+impl FromStr for ProviderKind {
+    type Err = UnknownProvider;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+            "claude_code" | "claude" | "cc" => Ok(ProviderKind::ClaudeCode),
+            "codex" => Ok(ProviderKind::Codex),
+            "opencode" => Ok(ProviderKind::Opencode),
+            "gemini" => Ok(ProviderKind::Gemini),
+            _ => Err(UnknownProvider(s.to_string())),
+        }
+    }
+}
+
+/// What one turn asks of the CLI: the input to [`Provider::turn_command`].
+#[derive(Debug, Clone, Default)]
+pub struct TurnRequest<'a> {
+    pub prompt: &'a str,
+    /// The vendor's resume key from an earlier turn; `None` on the first turn.
+    pub resume_key: Option<&'a str>,
+    /// On a first turn, a key chosen up front where the vendor allows it (claude).
+    pub new_session_key: Option<&'a str>,
+    pub model: Option<&'a str>,
+    /// `--endpoint`: the base URL the CLI's model traffic goes to.
+    pub endpoint: Option<&'a str>,
+    /// The vendor TUI attached to a terminal instead of a headless JSON stream.
+    pub interactive: bool,
+}
+
+/// A config file an adapter needs in HOME before the turn (e.g. gemini's settings.json).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HomeFile {
+    /// Path relative to [`AGENT_HOME`].
+    pub path: String,
+    pub contents: Vec<u8>,
+    /// Merge into an existing JSON file instead of replacing it (keeps the CLI's own keys).
+    pub merge_json: bool,
+}
+
+/// Everything needed to start the CLI for one turn, described, not executed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TurnCommand {
+    /// The command line inside the container (after the image's entrypoint).
+    pub argv: Vec<String>,
+    /// Non-secret environment variables. Secrets never go here: they would show in
+    /// `docker inspect`. Key values travel through the entrypoint's env file instead.
+    pub env: Vec<(String, String)>,
+    /// Files to place in HOME before the turn.
+    pub home_files: Vec<HomeFile>,
+    /// Bytes for the CLI's stdin, which is then closed. `None`: stdin at EOF from the start.
+    pub stdin: Option<Vec<u8>>,
+}
+
+/// Context a parser needs from earlier turns.
+#[derive(Debug, Clone, Default)]
+pub struct ParseContext {
+    /// The vendor's cumulative usage counters after the previous turn (codex reports usage
+    /// cumulatively over a thread; the adapter turns it into this turn's figures).
+    pub previous_cumulative_usage: Option<Usage>,
+}
+
+/// What a parser concluded when the CLI's output ended.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TurnOutcome {
+    pub status: Status,
+    /// The agent's final answer (or the error message when the turn failed).
+    pub result: String,
+    /// This turn's usage only.
+    pub usage: Usage,
+    /// The vendor's cumulative counters, to pass to the next turn's [`ParseContext`].
+    pub cumulative_usage: Option<Usage>,
+}
+
+/// Turns one CLI's stdout, line by line, into unified events.
+///
+/// Tolerant by contract: a line that is not JSON, or JSON of an unknown shape, produces no
+/// event (the raw line is kept by the caller for `logs --raw`), never a panic.
+pub trait StreamParser: Send {
+    /// Feeds one line (without its newline); pushes the events it yields onto `out`.
+    fn parse_line(&mut self, line: &str, out: &mut Vec<Event>);
+    /// The vendor resume key, once seen in the output.
+    fn resume_key(&self) -> Option<&str>;
+    /// Called once when the output ended and the CLI exited with `exit_code`.
+    fn finish(&mut self, exit_code: i64) -> TurnOutcome;
+}
+
+/// A vendor CLI adapter. Pure: no I/O.
+pub trait Provider: Send + Sync {
+    fn kind(&self) -> ProviderKind;
+    /// The command, env and files for one turn.
+    fn turn_command(&self, request: &TurnRequest<'_>) -> TurnCommand;
+    /// A fresh parser for one turn's output.
+    fn parser(&self, context: ParseContext) -> Box<dyn StreamParser>;
+    /// Whether the vendor lets us choose the resume key before the first turn.
+    fn chooses_key_up_front(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_aliases_parse() {
+        assert_eq!("claude".parse::<ProviderKind>(), Ok(ProviderKind::ClaudeCode));
+        assert_eq!("cc".parse::<ProviderKind>(), Ok(ProviderKind::ClaudeCode));
+        assert_eq!("claude-code".parse::<ProviderKind>(), Ok(ProviderKind::ClaudeCode));
+        assert_eq!("Codex".parse::<ProviderKind>(), Ok(ProviderKind::Codex));
+        assert_eq!("opencode".parse::<ProviderKind>(), Ok(ProviderKind::Opencode));
+        assert_eq!("gemini".parse::<ProviderKind>(), Ok(ProviderKind::Gemini));
+        let err = "gpt".parse::<ProviderKind>().unwrap_err();
+        assert!(err.to_string().contains("claude_code"), "{err}");
+    }
+
+    #[test]
+    fn every_provider_round_trips_through_its_name() {
+        for kind in ProviderKind::ALL {
+            assert_eq!(kind.as_str().parse::<ProviderKind>(), Ok(kind));
+            assert_eq!(kind.adapter().kind(), kind);
+        }
+    }
+}

@@ -1,0 +1,682 @@
+//! The opencode adapter: `opencode run --format json` with the prompt on stdin for headless
+//! turns, the TUI for interactive ones, the config that `--endpoint` and unattended tool use
+//! need (as `OPENCODE_CONFIG_CONTENT`), and a parser from its JSON events to unified events.
+//! It neither runs `opencode` nor reads its database.
+//!
+//! Usage: opencode reports tokens and cost per step (`step_finish`); the parser emits one
+//! `usage` event per step and the turn's usage is their sum. opencode's `input` already
+//! excludes cache reads and writes; `output_tokens` is its `output` (its separate
+//! `reasoning` count is not added, as OpenAI-style APIs count reasoning within output).
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::common::{classify_failure, endpoint_v1, parse_line, status_for_http, TurnState};
+use super::*;
+
+#[derive(Debug)]
+pub struct Opencode;
+
+/// The provider id `--endpoint` defines in opencode's config.
+const ENDPOINT_PROVIDER: &str = "caw";
+/// opencode's own session title limit (it truncates prompts to this for titles).
+const TITLE_CHARS: usize = 50;
+
+impl Provider for Opencode {
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::Opencode
+    }
+
+    fn turn_command(&self, request: &TurnRequest<'_>) -> TurnCommand {
+        let mut argv = vec!["opencode".to_string()];
+        if !request.interactive {
+            argv.extend(["run", "--format", "json"].map(String::from));
+        }
+        match request.resume_key {
+            Some(key) => argv.extend(["--session".to_string(), key.to_string()]),
+            // A title spares opencode an extra model request to invent one. The `=` form
+            // keeps a title starting with '-' a value.
+            None if !request.interactive => {
+                argv.push(format!("--title={}", title(request.prompt)));
+            }
+            None => {}
+        }
+        let model = opencode_model(request.model, request.endpoint.is_some());
+        if let Some(model) = &model {
+            argv.extend(["--model".to_string(), model.clone()]);
+        }
+        // opencode joins argv words and wraps those with spaces in quotes: the prompt goes on
+        // stdin, untouched. The TUI opens without an initial prompt.
+        let stdin = (!request.interactive).then(|| request.prompt.as_bytes().to_vec());
+        let mut env: Vec<(String, String)> = [
+            ("OPENCODE_DISABLE_MODELS_FETCH", "1"),
+            ("OPENCODE_DISABLE_AUTOUPDATE", "1"),
+            ("OPENCODE_DISABLE_FFF", "1"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into();
+        env.push((
+            "OPENCODE_CONFIG_CONTENT".to_string(),
+            config(request.endpoint, model.as_deref()).to_string(),
+        ));
+        TurnCommand {
+            argv,
+            env,
+            home_files: Vec::new(),
+            stdin,
+        }
+    }
+
+    fn parser(&self, _context: ParseContext) -> Box<dyn StreamParser> {
+        Box::new(OpencodeParser::default())
+    }
+}
+
+/// The `--model` value: `provider/model` as given, or with `--endpoint` always a model of the
+/// endpoint's provider (`caw/<model>`), since the endpoint is where all traffic goes.
+fn opencode_model(model: Option<&str>, endpoint: bool) -> Option<String> {
+    let model = model?;
+    if !endpoint {
+        return Some(model.to_string());
+    }
+    let id = model
+        .strip_prefix(ENDPOINT_PROVIDER)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .unwrap_or(model);
+    Some(format!("{ENDPOINT_PROVIDER}/{id}"))
+}
+
+/// The non-secret config passed as `OPENCODE_CONFIG_CONTENT`: allow every tool (the container
+/// is the sandbox; without it opencode auto-rejects anything outside the project and ends
+/// with no answer), and with `--endpoint` an OpenAI-compatible provider for it.
+fn config(endpoint: Option<&str>, model: Option<&str>) -> Value {
+    let mut config = json!({ "permission": "allow" });
+    if let Some(endpoint) = endpoint {
+        let mut models = serde_json::Map::new();
+        let model_id = model.and_then(|m| m.strip_prefix(ENDPOINT_PROVIDER)?.strip_prefix('/'));
+        if let Some(id) = model_id {
+            models.insert(id.to_string(), json!({ "name": id }));
+        }
+        config["provider"] = json!({
+            ENDPOINT_PROVIDER: {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": ENDPOINT_PROVIDER,
+                "options": {
+                    "baseURL": endpoint_v1(endpoint),
+                    "apiKey": "{env:OPENAI_API_KEY}",
+                },
+                "models": models,
+            }
+        });
+        if let Some(model) = model {
+            config["model"] = json!(model);
+        }
+    }
+    config
+}
+
+/// A session title from the prompt: its first non-blank line, whitespace collapsed, cut to
+/// opencode's own title length.
+fn title(prompt: &str) -> String {
+    let line = prompt
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
+    let words = line.split_whitespace().collect::<Vec<_>>().join(" ");
+    if words.is_empty() {
+        return "caw-box".to_string();
+    }
+    match words.char_indices().nth(TITLE_CHARS) {
+        Some((at, _)) => format!("{}...", &words[..at]),
+        None => words,
+    }
+}
+
+/// Parses one turn of `opencode run --format json`.
+#[derive(Debug, Default)]
+struct OpencodeParser {
+    session_id: Option<String>,
+    state: TurnState,
+    /// Whether the last step ended with the model stopping (not to call tools).
+    stopped: bool,
+    /// The output of the last failed tool call, to explain a turn that ends without answer.
+    last_tool_error: Option<String>,
+}
+
+impl StreamParser for OpencodeParser {
+    fn parse_line(&mut self, line: &str, out: &mut Vec<Event>) {
+        let Some(line) = parse_line::<Line<'_>>(line) else {
+            return;
+        };
+        if let Some(id) = line.session_id.as_deref() {
+            if self.session_id.as_deref() != Some(id) {
+                self.session_id = Some(id.to_string());
+            }
+        }
+        match line.kind.as_ref() {
+            "text" => {
+                if let Some(text) = line.part.and_then(|p| p.text).filter(|t| !t.is_empty()) {
+                    self.state.answer.message(&text);
+                    out.push(Event::Text { text });
+                }
+            }
+            "reasoning" => {
+                if let Some(text) = line.part.and_then(|p| p.text).filter(|t| !t.is_empty()) {
+                    out.push(Event::Thinking { text });
+                }
+            }
+            "tool_use" => {
+                if let Some(part) = line.part {
+                    self.tool_use(part, out);
+                }
+            }
+            "step_start" => self.stopped = false,
+            "step_finish" => {
+                if let Some(part) = line.part {
+                    self.step_finish(part, out);
+                }
+            }
+            "error" => {
+                let error = line.error.unwrap_or_default();
+                let data = error.data.unwrap_or_default();
+                let message = data
+                    .message
+                    .or_else(|| error.name.clone())
+                    .unwrap_or_else(|| "unknown error".to_string());
+                let failure = data.status_code.and_then(status_for_http).or_else(|| {
+                    match error.name.as_deref() {
+                        Some("ProviderAuthError") => Some(Status::AuthError),
+                        _ => None,
+                    }
+                });
+                out.push(Event::Error {
+                    message: message.clone(),
+                });
+                self.state.record_error(message, failure);
+                self.state.verdict = Some(false);
+            }
+            _ => {}
+        }
+    }
+
+    fn resume_key(&self) -> Option<&str> {
+        self.session_id.as_deref()
+    }
+
+    fn finish(&mut self, exit_code: i64) -> TurnOutcome {
+        // opencode has no end-of-turn event: a clean exit after a final answer is success.
+        if self.state.verdict.is_none() && exit_code == 0 {
+            if self.stopped || !self.state.answer.is_empty() {
+                self.state.verdict = Some(true);
+            } else {
+                let message = match self.last_tool_error.take() {
+                    Some(error) => format!("the turn ended without an answer; last tool error: {error}"),
+                    None => "the turn ended without an answer".to_string(),
+                };
+                let failure = classify_failure(&message);
+                self.state.record_error(message, Some(failure));
+            }
+        }
+        self.state.outcome(exit_code, None)
+    }
+}
+
+impl OpencodeParser {
+    fn tool_use(&mut self, part: Part, out: &mut Vec<Event>) {
+        self.state.answer.boundary();
+        let id = part.call_id.unwrap_or_default();
+        let state = part.state.unwrap_or_default();
+        out.push(Event::ToolCall {
+            id: id.clone(),
+            name: part.tool.unwrap_or_default(),
+            input: state.input.unwrap_or(Value::Null),
+        });
+        let failed = match state.status.as_deref() {
+            Some("completed") => state
+                .metadata
+                .and_then(|m| m.exit)
+                .is_some_and(|exit| exit != 0),
+            Some("error") => true,
+            // opencode emits tools once they finished; anything else has no result yet.
+            _ => return,
+        };
+        let output = match (state.output, state.error) {
+            (Some(output), _) if !failed || !is_blank(&output) => text_of(output),
+            (_, Some(error)) => text_of(error),
+            (output, None) => output.map(text_of).unwrap_or_default(),
+        };
+        if failed {
+            self.last_tool_error = Some(output.clone());
+        }
+        out.push(Event::ToolResult {
+            id,
+            output,
+            is_error: failed,
+        });
+    }
+
+    fn step_finish(&mut self, part: Part, out: &mut Vec<Event>) {
+        self.stopped = part.reason.as_deref() == Some("stop");
+        let tokens = part.tokens.unwrap_or_default();
+        let cache = tokens.cache.unwrap_or_default();
+        let usage = Usage {
+            input_tokens: tokens.input.unwrap_or(0),
+            output_tokens: tokens.output.unwrap_or(0),
+            cache_read_tokens: cache.read.unwrap_or(0),
+            cache_write_tokens: cache.write.unwrap_or(0),
+            cost_usd: part.cost,
+        };
+        self.state.usage.add(&usage);
+        out.push(Event::Usage { usage });
+    }
+}
+
+fn is_blank(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::String(s) => s.trim().is_empty(),
+        _ => false,
+    }
+}
+
+fn text_of(value: Value) -> String {
+    match value {
+        Value::String(s) => s,
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// One `opencode run --format json` line; fields of all event types, each optional.
+#[derive(Deserialize, Debug)]
+struct Line<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(rename = "sessionID", default, borrow)]
+    session_id: Option<Cow<'a, str>>,
+    #[serde(default)]
+    part: Option<Part>,
+    #[serde(default)]
+    error: Option<ErrorBody>,
+}
+
+/// A message part of any type; which fields are set depends on the event.
+#[derive(Deserialize, Debug, Default)]
+struct Part {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(rename = "callID", default)]
+    call_id: Option<String>,
+    #[serde(default)]
+    tool: Option<String>,
+    #[serde(default)]
+    state: Option<ToolState>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    tokens: Option<Tokens>,
+    #[serde(default)]
+    cost: Option<f64>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+struct ToolState {
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    input: Option<Value>,
+    #[serde(default)]
+    output: Option<Value>,
+    #[serde(default)]
+    error: Option<Value>,
+    #[serde(default)]
+    metadata: Option<ToolMetadata>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+struct ToolMetadata {
+    #[serde(default)]
+    exit: Option<i64>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+struct Tokens {
+    #[serde(default)]
+    input: Option<u64>,
+    #[serde(default)]
+    output: Option<u64>,
+    #[serde(default)]
+    cache: Option<CacheTokens>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+struct CacheTokens {
+    #[serde(default)]
+    read: Option<u64>,
+    #[serde(default)]
+    write: Option<u64>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+struct ErrorBody {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    data: Option<ErrorData>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+struct ErrorData {
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(rename = "statusCode", default)]
+    status_code: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SESSION: &str = "ses_5f2a9c1e3ffeXk2QmZ8rT4bN1a";
+
+    fn request(prompt: &str) -> TurnRequest<'_> {
+        TurnRequest {
+            prompt,
+            ..TurnRequest::default()
+        }
+    }
+
+    fn env<'a>(command: &'a TurnCommand, key: &str) -> Option<&'a str> {
+        command
+            .env
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn config_of(command: &TurnCommand) -> Value {
+        serde_json::from_str(env(command, "OPENCODE_CONFIG_CONTENT").unwrap()).unwrap()
+    }
+
+    fn parse(fixture: &str, exit_code: i64) -> (Vec<Event>, Option<String>, TurnOutcome) {
+        let mut parser = Opencode.parser(ParseContext::default());
+        let mut events = Vec::new();
+        for line in fixture.lines() {
+            parser.parse_line(line, &mut events);
+        }
+        let key = parser.resume_key().map(str::to_string);
+        (events, key, parser.finish(exit_code))
+    }
+
+    #[test]
+    fn first_turn_sends_the_prompt_on_stdin() {
+        let prompt = "list the files\nthen  explain \"why\"";
+        let command = Opencode.turn_command(&request(prompt));
+        assert_eq!(
+            command.argv,
+            ["opencode", "run", "--format", "json", "--title=list the files"]
+        );
+        assert_eq!(command.stdin.as_deref(), Some(prompt.as_bytes()));
+        assert_eq!(env(&command, "OPENCODE_DISABLE_MODELS_FETCH"), Some("1"));
+        assert_eq!(env(&command, "OPENCODE_DISABLE_AUTOUPDATE"), Some("1"));
+        assert_eq!(env(&command, "OPENCODE_DISABLE_FFF"), Some("1"));
+        assert_eq!(config_of(&command), json!({"permission": "allow"}));
+        assert!(!Opencode.chooses_key_up_front());
+    }
+
+    #[test]
+    fn resume_names_the_session_instead_of_a_title() {
+        let command = Opencode.turn_command(&TurnRequest {
+            resume_key: Some(SESSION),
+            model: Some("anthropic/claude-sonnet-4-5"),
+            ..request("and now?")
+        });
+        assert_eq!(
+            command.argv,
+            [
+                "opencode",
+                "run",
+                "--format",
+                "json",
+                "--session",
+                SESSION,
+                "--model",
+                "anthropic/claude-sonnet-4-5"
+            ]
+        );
+        assert_eq!(command.stdin.as_deref(), Some(&b"and now?"[..]));
+    }
+
+    #[test]
+    fn titles_are_short_single_lines() {
+        assert_eq!(title("  \n  fix   the\tbug  \nmore"), "fix the bug");
+        assert_eq!(title("-v is broken"), "-v is broken");
+        assert_eq!(title(""), "caw-box");
+        let long = "é".repeat(60);
+        assert_eq!(title(&long), format!("{}...", "é".repeat(50)));
+        let command = Opencode.turn_command(&request("--help is wrong"));
+        assert!(command.argv.contains(&"--title=--help is wrong".to_string()));
+        assert_eq!(command.stdin.as_deref(), Some(&b"--help is wrong"[..]));
+    }
+
+    #[test]
+    fn endpoint_defines_an_openai_compatible_provider() {
+        for (endpoint, model) in [
+            ("http://stub:8080", "stub-model"),
+            ("http://stub:8080/v1/", "caw/stub-model"),
+        ] {
+            let command = Opencode.turn_command(&TurnRequest {
+                endpoint: Some(endpoint),
+                model: Some(model),
+                ..request("hi")
+            });
+            let at = command.argv.iter().position(|a| a == "--model").unwrap();
+            assert_eq!(command.argv[at + 1], "caw/stub-model");
+            assert_eq!(
+                config_of(&command),
+                json!({
+                    "permission": "allow",
+                    "model": "caw/stub-model",
+                    "provider": {"caw": {
+                        "npm": "@ai-sdk/openai-compatible",
+                        "name": "caw",
+                        "options": {
+                            "baseURL": "http://stub:8080/v1",
+                            "apiKey": "{env:OPENAI_API_KEY}"
+                        },
+                        "models": {"stub-model": {"name": "stub-model"}}
+                    }}
+                })
+            );
+            // The key is only referenced, never embedded.
+            assert!(!env(&command, "OPENCODE_CONFIG_CONTENT").unwrap().contains("sk-"));
+        }
+        let gateway = Opencode.turn_command(&TurnRequest {
+            endpoint: Some("https://gw/openai"),
+            model: Some("openai/gpt-5"),
+            ..request("hi")
+        });
+        assert!(gateway.argv.contains(&"caw/openai/gpt-5".to_string()));
+        assert_eq!(
+            config_of(&gateway)["provider"]["caw"]["models"],
+            json!({"openai/gpt-5": {"name": "openai/gpt-5"}})
+        );
+    }
+
+    #[test]
+    fn interactive_forms() {
+        let first = Opencode.turn_command(&TurnRequest {
+            interactive: true,
+            ..request("")
+        });
+        assert_eq!(first.argv, ["opencode"]);
+        assert_eq!(first.stdin, None);
+        let resumed = Opencode.turn_command(&TurnRequest {
+            interactive: true,
+            resume_key: Some(SESSION),
+            model: Some("stub-model"),
+            endpoint: Some("http://stub:8080"),
+            ..request("")
+        });
+        assert_eq!(
+            resumed.argv,
+            ["opencode", "--session", SESSION, "--model", "caw/stub-model"]
+        );
+        assert_eq!(config_of(&resumed)["model"], "caw/stub-model");
+        assert_eq!(resumed.stdin, None);
+    }
+
+    #[test]
+    fn a_turn_with_tool_calls_sums_usage_over_steps() {
+        let (events, key, outcome) =
+            parse(include_str!("../../tests/fixtures/opencode/hand-turn1.jsonl"), 0);
+        assert_eq!(key.as_deref(), Some(SESSION));
+        let step1 = Usage {
+            input_tokens: 1200,
+            output_tokens: 40,
+            cache_read_tokens: 0,
+            cache_write_tokens: 1000,
+            cost_usd: Some(0.0012),
+        };
+        let step2 = Usage {
+            input_tokens: 300,
+            output_tokens: 12,
+            cache_read_tokens: 1000,
+            cache_write_tokens: 0,
+            cost_usd: Some(0.0008),
+        };
+        assert_eq!(
+            events,
+            [
+                Event::Thinking {
+                    text: "I should list the files.".into()
+                },
+                Event::Text {
+                    text: "I'll list the files.".into()
+                },
+                Event::ToolCall {
+                    id: "call_0a1b".into(),
+                    name: "bash".into(),
+                    input: json!({"command": "ls", "description": "List files"})
+                },
+                Event::ToolResult {
+                    id: "call_0a1b".into(),
+                    output: "README.md\nsrc\n".into(),
+                    is_error: false
+                },
+                Event::ToolCall {
+                    id: "call_0a1c".into(),
+                    name: "read".into(),
+                    input: json!({"filePath": "/workspace/missing.txt"})
+                },
+                Event::ToolResult {
+                    id: "call_0a1c".into(),
+                    output: "Error: File not found: /workspace/missing.txt".into(),
+                    is_error: true
+                },
+                Event::ToolCall {
+                    id: "call_0a1d".into(),
+                    name: "bash".into(),
+                    input: json!({"command": "false", "description": "Fail"})
+                },
+                Event::ToolResult {
+                    id: "call_0a1d".into(),
+                    output: "".into(),
+                    is_error: true
+                },
+                Event::Usage { usage: step1 },
+                Event::Text {
+                    text: "The workspace holds README.md and src.".into()
+                },
+                Event::Usage { usage: step2 },
+            ]
+        );
+        assert_eq!(outcome.status, Status::Success);
+        assert_eq!(outcome.result, "The workspace holds README.md and src.");
+        assert_eq!(outcome.usage.input_tokens, 1500);
+        assert_eq!(outcome.usage.output_tokens, 52);
+        assert_eq!(outcome.usage.cache_read_tokens, 1000);
+        assert_eq!(outcome.usage.cache_write_tokens, 1000);
+        assert!((outcome.usage.cost_usd.unwrap() - 0.002).abs() < 1e-12);
+        assert_eq!(outcome.cumulative_usage, None);
+    }
+
+    #[test]
+    fn an_unauthorized_api_error_is_an_auth_failure() {
+        let (events, key, outcome) =
+            parse(include_str!("../../tests/fixtures/opencode/hand-auth-error.jsonl"), 0);
+        assert_eq!(key.as_deref(), Some("ses_6a3bad2f4aaeYl3RnA9sU5cO2b"));
+        assert_eq!(outcome.status, Status::AuthError);
+        assert_eq!(outcome.result, "Unauthorized: Incorrect API key provided");
+        assert_eq!(
+            events,
+            [Event::Error {
+                message: "Unauthorized: Incorrect API key provided".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn a_429_is_a_usage_limit() {
+        let (_, _, outcome) =
+            parse(include_str!("../../tests/fixtures/opencode/hand-usage-limit.jsonl"), 1);
+        assert_eq!(outcome.status, Status::UsageLimit);
+        assert_eq!(outcome.result, "Too Many Requests");
+    }
+
+    #[test]
+    fn exit_zero_without_an_answer_is_a_failure() {
+        let (events, _, outcome) =
+            parse(include_str!("../../tests/fixtures/opencode/hand-no-answer.jsonl"), 0);
+        assert!(events.iter().any(|e| matches!(e, Event::ToolResult { is_error: true, .. })));
+        assert_eq!(outcome.status, Status::Error);
+        assert_eq!(
+            outcome.result,
+            "the turn ended without an answer; last tool error: The user rejected permission to use this specific tool call."
+        );
+        assert_eq!(outcome.usage.input_tokens, 900);
+        let (_, _, outcome) = parse("", 0);
+        assert_eq!(outcome.status, Status::Error);
+        assert_eq!(outcome.result, "the turn ended without an answer");
+        let (_, _, outcome) = parse("", 9);
+        assert_eq!(outcome.result, "the CLI exited with code 9");
+    }
+
+    #[test]
+    fn a_clean_exit_after_text_is_success_but_a_crash_is_not() {
+        let fixture = include_str!("../../tests/fixtures/opencode/hand-turn1.jsonl");
+        let (_, _, outcome) = parse(fixture, 1);
+        assert_eq!(outcome.status, Status::Error);
+        assert_eq!(outcome.result, "the CLI exited with code 1");
+    }
+
+    #[test]
+    fn garbage_never_panics_or_yields_events() {
+        let mut parser = Opencode.parser(ParseContext::default());
+        let mut events = Vec::new();
+        for line in [
+            "",
+            "\u{1b}[0m\u{1b}[1mopencode\u{1b}[0m starting",
+            "{\"type\":\"text\"}",
+            "{\"type\":\"text\",\"part\":{\"text\":7}}",
+            "{\"type\":\"tool_use\",\"part\":{\"callID\":\"c\",\"tool\":\"bash\",\"state\":{\"status\":\"running\"}}}",
+            "{\"type\":\"step_finish\",\"part\":{\"tokens\":{\"input\":-1}}}",
+            "{\"type\":\"step_start\",\"sessionID\":42}",
+            "{\"type\":",
+        ] {
+            parser.parse_line(line, &mut events);
+        }
+        // The running tool call is announced; nothing else comes out.
+        assert_eq!(
+            events,
+            [Event::ToolCall {
+                id: "c".into(),
+                name: "bash".into(),
+                input: Value::Null
+            }]
+        );
+        assert_eq!(parser.resume_key(), None);
+    }
+}

@@ -1,0 +1,11 @@
+//! Sessions: the resume handle, the labels and records that make a session live in Docker,
+//! and TARGET resolution.
+
+pub mod handle;
+pub mod files;
+pub mod record;
+pub mod runner;
+pub mod target;
+
+pub use handle::{volume_name, ResumeHandle};
+pub use record::{SessionRecord, SessionSettings, TurnRecord, WorkspaceMode};

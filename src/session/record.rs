@@ -1,0 +1,183 @@
+//! What caw-box remembers about a session, and where.
+//!
+//! The truth lives in Docker, so a session survives the loss of the host's data directory:
+//! immutable facts (provider, creation time, name, group, the settings it was started with)
+//! are labels on the state volume; what changes per turn (the vendor resume key, the turn
+//! records) is a JSON file inside the volume, at [`RECORD_PATH`] under HOME. The host's data
+//! directory only caches that file.
+
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::event::{Status, Usage};
+use crate::provider::ProviderKind;
+
+/// Labels on everything caw-box creates (SPEC.md, "Docker objects").
+pub mod labels {
+    pub const MANAGED: &str = "io.caw-box.managed";
+    pub const SESSION: &str = "io.caw-box.session";
+    pub const PROVIDER: &str = "io.caw-box.provider";
+    pub const NAME: &str = "io.caw-box.name";
+    pub const GROUP: &str = "io.caw-box.group";
+    pub const CREATED: &str = "io.caw-box.created";
+    pub const SETTINGS: &str = "io.caw-box.settings";
+    pub const ROLE: &str = "io.caw-box.role";
+    pub const TURN: &str = "io.caw-box.turn";
+    pub const CLI_VERSION: &str = "io.caw-box.cli-version";
+}
+
+/// Extra labels for every object caw-box creates, from `CAW_BOX_LABELS` (`k=v,k=v`):
+/// lets CI systems tag and sweep what their jobs made. caw-box's own labels always win.
+pub fn extra_labels() -> Vec<(String, String)> {
+    std::env::var("CAW_BOX_LABELS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            let k = k.trim();
+            (!k.is_empty() && !k.starts_with("io.caw-box.managed"))
+                .then(|| (k.to_string(), v.trim().to_string()))
+        })
+        .collect()
+}
+
+/// Adds [`extra_labels`] to `labels` without overriding any.
+pub fn with_extra_labels(mut labels: HashMap<String, String>) -> HashMap<String, String> {
+    for (k, v) in extra_labels() {
+        labels.entry(k).or_insert(v);
+    }
+    labels
+}
+
+/// The directory under HOME where caw-box keeps its own record in the state volume.
+pub const RECORD_DIR: &str = ".caw-box";
+/// The session record, relative to HOME.
+pub const RECORD_PATH: &str = ".caw-box/session.json";
+
+/// How the workspace reaches /workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkspaceMode {
+    #[default]
+    Bind,
+    Copy,
+    None,
+}
+
+/// The settings a session was started with; `resume` reuses them unless overridden.
+/// Never holds secrets (`--env` values are not remembered).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct SessionSettings {
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// `open` (the default bridge), `none`, `host`, or a network name.
+    #[serde(default = "default_network")]
+    pub network: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    #[serde(default)]
+    pub workspace_mode: WorkspaceMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_limit: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+}
+
+fn default_network() -> String {
+    "open".to_string()
+}
+
+/// One finished (or running) turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnRecord {
+    pub turn: u32,
+    pub prompt: String,
+    pub status: Status,
+    pub result: String,
+    pub usage: Usage,
+    pub started_at: u64,
+    pub duration_ms: u64,
+    pub exit_code: i32,
+    /// The vendor's cumulative counters after this turn (codex), for the next turn's math.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cumulative_usage: Option<Usage>,
+}
+
+/// The per-session record kept in the state volume (and cached on the host).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    pub version: u32,
+    pub session_id: Uuid,
+    pub provider: ProviderKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// The vendor resume key; empty until the first turn revealed it.
+    #[serde(default)]
+    pub resume_key: String,
+    /// Whether the vendor has shown `resume_key` in its output (a conversation exists).
+    /// A key chosen up front (claude) is unconfirmed until then.
+    #[serde(default)]
+    pub key_confirmed: bool,
+    pub created_at: u64,
+    pub settings: SessionSettings,
+    #[serde(default)]
+    pub turns: Vec<TurnRecord>,
+}
+
+impl SessionRecord {
+    pub fn next_turn(&self) -> u32 {
+        self.turns.last().map_or(1, |t| t.turn + 1)
+    }
+
+    pub fn last_cumulative_usage(&self) -> Option<Usage> {
+        self.turns.iter().rev().find_map(|t| t.cumulative_usage)
+    }
+}
+
+/// The labels of a session's state volume.
+pub fn volume_labels(
+    session_id: Uuid,
+    provider: ProviderKind,
+    name: Option<&str>,
+    group: Option<&str>,
+    created_at: u64,
+    settings: &SessionSettings,
+) -> HashMap<String, String> {
+    let mut l = HashMap::new();
+    l.insert(labels::MANAGED.into(), "true".into());
+    l.insert(labels::SESSION.into(), session_id.to_string());
+    l.insert(labels::PROVIDER.into(), provider.as_str().into());
+    l.insert(labels::ROLE.into(), "state".into());
+    l.insert(labels::CREATED.into(), created_at.to_string());
+    l.insert(
+        labels::SETTINGS.into(),
+        serde_json::to_string(settings).expect("settings serialize"),
+    );
+    if let Some(name) = name {
+        l.insert(labels::NAME.into(), name.into());
+    }
+    if let Some(group) = group {
+        l.insert(labels::GROUP.into(), group.into());
+    }
+    with_extra_labels(l)
+}
+
+/// Seconds since the Unix epoch.
+pub fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

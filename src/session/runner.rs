@@ -1,0 +1,693 @@
+//! Runs one turn of a session in a fresh container: the orchestration between a provider
+//! adapter (what to run, how to read it) and the Docker backend (running it).
+//!
+//! The container name `caw-box-<session_id>` is the session's lock: Docker refuses a second
+//! container of the same name atomically, so two racing turns cannot both start. Whatever
+//! way the turn ends (answer, CLI crash, timeout, Ctrl-C), the container is removed and the
+//! session's record in its state volume is brought up to date, so it stays resumable.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
+use futures_util::StreamExt;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::backend::docker::{CreateError, DockerBackend, LogOutput};
+use crate::dirs;
+use crate::error::{Error, ErrorKind, Result};
+use crate::event::{Event, Status, TurnResult};
+use crate::provider::{ParseContext, TurnRequest, AGENT_HOME, WORKSPACE_DIR};
+use crate::session::files::{self, TarFile, AGENT_UID};
+use crate::session::handle::ResumeHandle;
+use crate::session::record::{labels, now_secs, SessionRecord, TurnRecord, WorkspaceMode};
+
+/// How long a stopped container gets between SIGTERM and SIGKILL. The entrypoint kills the
+/// CLI after [`ENTRY_GRACE_SECS`], so its credential clean-up still runs before Docker's
+/// SIGKILL, and Ctrl-C ends a turn well within 10 s.
+const STOP_GRACE: Duration = Duration::from_secs(8);
+const ENTRY_GRACE_SECS: u64 = 5;
+/// Where the per-turn runtime directory appears in the container (env file, stdin).
+const RUNTIME_MOUNT: &str = "/run/caw-box";
+
+/// What one turn needs beyond the session itself.
+#[derive(Debug, Clone, Default)]
+pub struct TurnOptions {
+    pub prompt: String,
+    /// `--env` values. Treated as secrets: they reach the CLI through the entrypoint's env
+    /// file, never through the container's config (which `docker inspect` shows).
+    pub env: Vec<(String, String)>,
+    pub timeout: Option<Duration>,
+}
+
+/// The container name that is also the session's lock.
+pub fn container_name(record: &SessionRecord) -> String {
+    format!("caw-box-{}", record.session_id)
+}
+
+/// The handle for a session's current state.
+pub fn handle_of(record: &SessionRecord) -> ResumeHandle {
+    ResumeHandle::new(record.provider, record.session_id, record.resume_key.clone())
+}
+
+/// A per-turn directory on the host, removed when dropped.
+struct RuntimeDir(PathBuf);
+
+impl RuntimeDir {
+    fn create(record: &SessionRecord, turn: u32) -> Result<Self> {
+        let base = dirs::runtime_dir()?;
+        dirs::ensure_private_dir(&base)?;
+        let dir = base.join(format!("{}-{turn}-{}", record.session_id, std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dirs::ensure_private_dir(&dir)?;
+        // The CLI runs as the agent user, which must read what we put here.
+        chown_for_agent(&dir)?;
+        Ok(RuntimeDir(dir))
+    }
+
+    fn write(&self, name: &str, contents: &[u8]) -> Result<()> {
+        let path = self.0.join(name);
+        dirs::write_private(&path, contents)?;
+        chown_for_agent(&path)
+    }
+}
+
+impl Drop for RuntimeDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// When caw-box runs as root, hand a file to the container's agent user (uid 1000); as any
+/// other user the container runs with that user's uid, which owns the file already.
+fn chown_for_agent(path: &std::path::Path) -> Result<()> {
+    if is_root() {
+        std::os::unix::fs::chown(path, Some(AGENT_UID as u32), Some(AGENT_UID as u32)).map_err(
+            |e| Error::environment(format!("failed to hand '{}' to the agent user: {e}", path.display())),
+        )?;
+    }
+    Ok(())
+}
+
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // /proc/self belongs to the process's effective user; std has no euid accessor.
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// Splits a byte stream into lines.
+#[derive(Default)]
+struct LineBuffer {
+    pending: Vec<u8>,
+}
+
+impl LineBuffer {
+    fn feed(&mut self, bytes: &[u8], mut on_line: impl FnMut(&str)) {
+        let mut rest = bytes;
+        while let Some(pos) = rest.iter().position(|&b| b == b'\n') {
+            let (head, tail) = rest.split_at(pos);
+            if self.pending.is_empty() {
+                on_line(&String::from_utf8_lossy(head));
+            } else {
+                self.pending.extend_from_slice(head);
+                on_line(&String::from_utf8_lossy(&self.pending));
+                self.pending.clear();
+            }
+            rest = &tail[1..];
+        }
+        self.pending.extend_from_slice(rest);
+    }
+
+    fn finish(&mut self, on_line: impl FnOnce(&str)) {
+        if !self.pending.is_empty() {
+            on_line(&String::from_utf8_lossy(&self.pending));
+            self.pending.clear();
+        }
+    }
+}
+
+/// Signals that end a turn early: Ctrl-C and SIGTERM.
+struct Interrupts {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Interrupts {
+    fn install() -> Result<Self> {
+        let err = |e| Error::environment(format!("failed to install signal handlers: {e}"));
+        Ok(Interrupts {
+            int: signal(SignalKind::interrupt()).map_err(err)?,
+            term: signal(SignalKind::terminate()).map_err(err)?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {},
+            _ = self.term.recv() => {},
+        }
+    }
+}
+
+/// Runs one turn of `record`'s session and updates `record` with it.
+///
+/// `sink` sees every unified event as it happens, ending with the `result` event.
+/// Returns the turn's result; an `Err` means the turn could not be run at all (bad
+/// environment, busy session), in which case nothing about the session changed.
+pub async fn run_turn(
+    backend: &DockerBackend,
+    record: &mut SessionRecord,
+    options: &TurnOptions,
+    sink: &mut dyn FnMut(&Event),
+) -> Result<TurnResult> {
+    let provider = record.provider.adapter();
+    let turn = record.next_turn();
+    let name = container_name(record);
+    let mut interrupts = Interrupts::install()?;
+
+    let image = record.settings.image.clone();
+    if backend.inspect_image(&image).await?.is_none() {
+        return Err(missing_image(&image, record));
+    }
+
+    // A new vendor conversation until the vendor has confirmed a key in its output.
+    let first_turn = !record.key_confirmed || record.resume_key.is_empty();
+    let mut new_key = None;
+    if first_turn && provider.chooses_key_up_front() {
+        if record.resume_key.is_empty() {
+            record.resume_key = uuid::Uuid::new_v4().to_string();
+        }
+        new_key = Some(record.resume_key.clone());
+    }
+    let request = TurnRequest {
+        prompt: &options.prompt,
+        resume_key: if first_turn { None } else { Some(record.resume_key.as_str()) },
+        new_session_key: new_key.as_deref(),
+        model: record.settings.model.as_deref(),
+        endpoint: record.settings.endpoint.as_deref(),
+        interactive: false,
+    };
+    let command = provider.turn_command(&request);
+
+    let runtime = RuntimeDir::create(record, turn)?;
+    let mut env_file = Vec::new();
+    for (k, v) in &options.env {
+        env_file.extend_from_slice(k.as_bytes());
+        env_file.push(b'=');
+        env_file.extend_from_slice(v.as_bytes());
+        env_file.push(0);
+    }
+    runtime.write("env", &env_file)?;
+    let mut env: Vec<String> = command.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    env.push(format!("HOME={AGENT_HOME}"));
+    env.push(format!("CAW_BOX_STOP_GRACE={ENTRY_GRACE_SECS}"));
+    if let Some(stdin) = &command.stdin {
+        runtime.write("stdin", stdin)?;
+        env.push(format!("CAW_BOX_STDIN_FILE={RUNTIME_MOUNT}/stdin"));
+    }
+
+    let body = container_body(record, turn, &image, command.argv.clone(), env, &runtime.0)?;
+    create_turn_container(backend, record, &name, body).await?;
+    // From here on the container exists: every path out must remove it.
+    let outcome = drive_turn(
+        backend,
+        record,
+        &name,
+        turn,
+        options,
+        &command.home_files,
+        &mut interrupts,
+        sink,
+    )
+    .await;
+    let _ = backend.remove_container(&name, true).await;
+    drop(runtime);
+    outcome
+}
+
+fn missing_image(image: &str, record: &SessionRecord) -> Error {
+    Error::environment(format!("image '{image}' is not present"))
+        .with_hint(if image == record.provider.default_image() {
+            format!("build it with `caw-box image build --provider {}`", record.provider)
+        } else {
+            "build or pull it, or pass another --image".to_string()
+        })
+}
+
+fn container_body(
+    record: &SessionRecord,
+    turn: u32,
+    image: &str,
+    argv: Vec<String>,
+    env: Vec<String>,
+    runtime_dir: &std::path::Path,
+) -> Result<ContainerCreateBody> {
+    let settings = &record.settings;
+    let mut mounts = vec![
+        Mount {
+            target: Some(AGENT_HOME.to_string()),
+            source: Some(crate::session::volume_name(record.session_id)),
+            typ: Some(MountType::VOLUME),
+            ..Default::default()
+        },
+        Mount {
+            target: Some(RUNTIME_MOUNT.to_string()),
+            source: Some(runtime_dir.display().to_string()),
+            typ: Some(MountType::BIND),
+            ..Default::default()
+        },
+    ];
+    if settings.workspace_mode == WorkspaceMode::Bind {
+        if let Some(ws) = &settings.workspace {
+            if !std::path::Path::new(ws).is_dir() {
+                return Err(Error::environment(format!(
+                    "the session's workspace '{ws}' does not exist"
+                ))
+                .with_hint("recreate it, or pass --workspace DIR"));
+            }
+            mounts.push(Mount {
+                target: Some(WORKSPACE_DIR.to_string()),
+                source: Some(ws.clone()),
+                typ: Some(MountType::BIND),
+                ..Default::default()
+            });
+        }
+    }
+    let network_mode = match settings.network.as_str() {
+        "open" | "" => None,
+        other => Some(other.to_string()),
+    };
+    let host_config = HostConfig {
+        mounts: Some(mounts),
+        cap_drop: Some(vec!["ALL".to_string()]),
+        security_opt: Some(vec!["no-new-privileges".to_string()]),
+        pids_limit: Some(settings.pids_limit.unwrap_or(512)),
+        memory: settings.memory,
+        nano_cpus: settings.cpus.map(|c| (c * 1e9) as i64),
+        readonly_rootfs: Some(true),
+        tmpfs: Some(HashMap::from([(
+            "/tmp".to_string(),
+            "rw,nosuid,nodev,size=1g".to_string(),
+        )])),
+        network_mode,
+        privileged: Some(false),
+        ..Default::default()
+    };
+    let mut labels = HashMap::from([
+        (labels::MANAGED.to_string(), "true".to_string()),
+        (labels::SESSION.to_string(), record.session_id.to_string()),
+        (labels::PROVIDER.to_string(), record.provider.to_string()),
+        (labels::ROLE.to_string(), "turn".to_string()),
+        (labels::TURN.to_string(), turn.to_string()),
+    ]);
+    if let Some(name) = &record.name {
+        labels.insert(labels::NAME.to_string(), name.clone());
+    }
+    Ok(ContainerCreateBody {
+        image: Some(image.to_string()),
+        cmd: Some(argv),
+        env: Some(env),
+        user: Some(format!("{AGENT_UID}:{AGENT_UID}")),
+        working_dir: Some(WORKSPACE_DIR.to_string()),
+        labels: Some(crate::session::record::with_extra_labels(labels)),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        attach_stdin: Some(false),
+        open_stdin: Some(false),
+        tty: Some(false),
+        host_config: Some(host_config),
+        ..Default::default()
+    })
+}
+
+/// Creates the turn's container, which is also the session's lock.
+async fn create_turn_container(
+    backend: &DockerBackend,
+    record: &SessionRecord,
+    name: &str,
+    body: ContainerCreateBody,
+) -> Result<()> {
+    for _ in 0..2 {
+        match backend.create_container(name, body.clone()).await {
+            Ok(_) => return Ok(()),
+            Err(CreateError::Other(e)) => return Err(e),
+            Err(CreateError::NameTaken) => {
+                let existing = backend.inspect_container(name).await?;
+                let running = existing
+                    .as_ref()
+                    .and_then(|c| c.state.as_ref())
+                    .and_then(|s| s.running)
+                    .unwrap_or(false);
+                if running {
+                    let turn = existing
+                        .as_ref()
+                        .and_then(|c| c.config.as_ref())
+                        .and_then(|c| c.labels.as_ref())
+                        .and_then(|l| l.get(labels::TURN).cloned())
+                        .unwrap_or_else(|| "?".into());
+                    return Err(busy(record, &turn));
+                }
+                // A leftover of a turn whose caw-box was killed: it holds nothing we need.
+                backend.remove_container(name, true).await?;
+            }
+        }
+    }
+    Err(busy(record, "?"))
+}
+
+fn busy(record: &SessionRecord, turn: &str) -> Error {
+    let id = record.session_id;
+    Error::usage(format!(
+        "session {id} is busy: turn {turn} is running right now (container caw-box-{id})"
+    ))
+    .with_hint(format!(
+        "wait for it to end, or stop it with `caw-box stop {id}`"
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn drive_turn(
+    backend: &DockerBackend,
+    record: &mut SessionRecord,
+    name: &str,
+    turn: u32,
+    options: &TurnOptions,
+    home_files: &[crate::provider::HomeFile],
+    interrupts: &mut Interrupts,
+    sink: &mut dyn FnMut(&Event),
+) -> Result<TurnResult> {
+    place_home_files(backend, name, home_files).await?;
+
+    let started = Instant::now();
+    let started_at = now_secs();
+    let attach = backend.attach(name, false).await?;
+    backend.start_container(name).await?;
+
+    let mut parser = record.provider.adapter().parser(ParseContext {
+        previous_cumulative_usage: record.last_cumulative_usage(),
+    });
+    let mut session_announced = false;
+    let session_id = record.session_id.to_string();
+    let provider = record.provider;
+    if !record.resume_key.is_empty() {
+        sink(&Event::Session {
+            session_id: session_id.clone(),
+            provider,
+            resume_key: Some(record.resume_key.clone()),
+        });
+        session_announced = true;
+    }
+
+    let mut raw = Vec::new();
+    let mut events_log = Vec::new();
+    let mut stderr_tail = Vec::new();
+    let mut lines = LineBuffer::default();
+    let mut events = Vec::new();
+    let mut ended_early = None;
+    let deadline = options.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut output = attach.output;
+
+    let mut on_line = |line: &str, raw: &mut Vec<u8>, events_log: &mut Vec<u8>| {
+        raw.extend_from_slice(line.as_bytes());
+        raw.push(b'\n');
+        events.clear();
+        parser.parse_line(line, &mut events);
+        if !session_announced {
+            if let Some(key) = parser.resume_key() {
+                sink(&Event::Session {
+                    session_id: session_id.clone(),
+                    provider,
+                    resume_key: Some(key.to_string()),
+                });
+                session_announced = true;
+            }
+        }
+        for e in &events {
+            if let Ok(json) = serde_json::to_vec(e) {
+                events_log.extend_from_slice(&json);
+                events_log.push(b'\n');
+            }
+            sink(e);
+        }
+    };
+
+    loop {
+        tokio::select! {
+            chunk = output.next() => match chunk {
+                Some(Ok(LogOutput::StdOut { message })) => {
+                    lines.feed(&message, |l| on_line(l, &mut raw, &mut events_log));
+                }
+                Some(Ok(LogOutput::StdErr { message })) => {
+                    stderr_tail.extend_from_slice(&message);
+                    if stderr_tail.len() > 64 * 1024 {
+                        stderr_tail.drain(..stderr_tail.len() - 32 * 1024);
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::warn!("reading the CLI's output failed: {e}");
+                    break;
+                }
+                None => break,
+            },
+            _ = sleep_until(deadline) => {
+                ended_early = Some(Status::Timeout);
+                break;
+            }
+            _ = interrupts.recv() => {
+                ended_early = Some(Status::Interrupted);
+                break;
+            }
+        }
+    }
+    if ended_early.is_some() {
+        backend.stop_container(name, STOP_GRACE).await?;
+        // Whatever the CLI printed while stopping still counts.
+        let drain = async {
+            while let Some(Ok(chunk)) = output.next().await {
+                if let LogOutput::StdOut { message } = chunk {
+                    lines.feed(&message, |l| on_line(l, &mut raw, &mut events_log));
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+    }
+    lines.finish(|l| on_line(l, &mut raw, &mut events_log));
+    let exit_code = backend.wait_container(name).await?;
+
+    let mut outcome = parser.finish(exit_code);
+    if let Some(key) = parser.resume_key() {
+        record.resume_key = key.to_string();
+        record.key_confirmed = true;
+    }
+    if let Some(status) = ended_early {
+        outcome.status = status;
+        outcome.result = match status {
+            Status::Timeout => format!(
+                "the turn timed out after {}",
+                humantime::format_duration(options.timeout.unwrap_or_default())
+            ),
+            _ => "the turn was interrupted".to_string(),
+        };
+    } else if outcome.status != Status::Success && outcome.result.trim().is_empty() {
+        outcome.result = last_line(&stderr_tail)
+            .unwrap_or_else(|| format!("the CLI exited with code {exit_code}"));
+    }
+    if outcome.status == Status::Success && exit_code != 0 {
+        outcome.status = Status::Error;
+    }
+
+    let duration_ms = started.elapsed().as_millis() as u64;
+    let turn_record = TurnRecord {
+        turn,
+        prompt: options.prompt.clone(),
+        status: outcome.status,
+        result: outcome.result.clone(),
+        usage: outcome.usage,
+        started_at,
+        duration_ms,
+        exit_code: outcome.status.exit_code(),
+        cumulative_usage: outcome.cumulative_usage,
+    };
+    record.turns.push(turn_record);
+    let result = TurnResult {
+        session_id: record.session_id.to_string(),
+        name: record.name.clone(),
+        provider: record.provider,
+        turn,
+        status: outcome.status,
+        result: outcome.result,
+        resume_handle: handle_of(record).to_json(),
+        usage: outcome.usage,
+        duration_ms,
+        exit_code: outcome.status.exit_code(),
+    };
+    if !outcome.usage.is_zero() {
+        let e = Event::Usage { usage: outcome.usage };
+        append_event(&mut events_log, &e);
+        sink(&e);
+    }
+    if !session_announced {
+        sink(&Event::Session {
+            session_id: record.session_id.to_string(),
+            provider: record.provider,
+            resume_key: (!record.resume_key.is_empty()).then(|| record.resume_key.clone()),
+        });
+    }
+    let result_event = Event::Result {
+        result: result.clone(),
+    };
+    append_event(&mut events_log, &result_event);
+
+    save_record(backend, name, record, turn, &raw, &events_log, &stderr_tail).await?;
+    sink(&result_event);
+    Ok(result)
+}
+
+fn append_event(log: &mut Vec<u8>, e: &Event) {
+    if let Ok(json) = serde_json::to_vec(e) {
+        log.extend_from_slice(&json);
+        log.push(b'\n');
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn last_line(bytes: &[u8]) -> Option<String> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(|l| l.chars().take(500).collect())
+}
+
+/// Writes the adapter's config files into HOME (in the state volume), merging JSON files
+/// with what the CLI already keeps there.
+async fn place_home_files(
+    backend: &DockerBackend,
+    name: &str,
+    home_files: &[crate::provider::HomeFile],
+) -> Result<()> {
+    let mut contents = Vec::new();
+    for f in home_files {
+        let mut bytes = f.contents.clone();
+        if f.merge_json {
+            let existing = backend
+                .download_tar(name, &format!("{AGENT_HOME}/{}", f.path))
+                .await?
+                .and_then(|t| files::first_file(&t).ok().flatten())
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+            if let (Some(mut base), Ok(overlay)) =
+                (existing, serde_json::from_slice::<serde_json::Value>(&f.contents))
+            {
+                files::merge_json(&mut base, &overlay);
+                bytes = serde_json::to_vec_pretty(&base).unwrap_or(bytes);
+            }
+        }
+        contents.push((f.path.clone(), bytes));
+    }
+    if contents.is_empty() {
+        return Ok(());
+    }
+    let tar_files: Vec<TarFile<'_>> = contents
+        .iter()
+        .map(|(p, c)| TarFile {
+            path: p,
+            contents: c,
+            mode: 0o600,
+        })
+        .collect();
+    let tar = files::build_tar(&tar_files, AGENT_UID, AGENT_UID)?;
+    backend.upload_tar(name, AGENT_HOME, tar).await
+}
+
+/// Writes the session record and this turn's logs into the state volume (through the
+/// stopped turn container), and caches the record on the host.
+async fn save_record(
+    backend: &DockerBackend,
+    name: &str,
+    record: &SessionRecord,
+    turn: u32,
+    raw: &[u8],
+    events: &[u8],
+    stderr: &[u8],
+) -> Result<()> {
+    let json = serde_json::to_vec_pretty(record).expect("records serialize");
+    let raw_path = format!(".caw-box/turns/{turn}.raw.jsonl");
+    let events_path = format!(".caw-box/turns/{turn}.events.jsonl");
+    let stderr_path = format!(".caw-box/turns/{turn}.stderr.log");
+    let tar = files::build_tar(
+        &[
+            TarFile {
+                path: crate::session::record::RECORD_PATH,
+                contents: &json,
+                mode: 0o600,
+            },
+            TarFile {
+                path: &raw_path,
+                contents: raw,
+                mode: 0o600,
+            },
+            TarFile {
+                path: &events_path,
+                contents: events,
+                mode: 0o600,
+            },
+            TarFile {
+                path: &stderr_path,
+                contents: stderr,
+                mode: 0o600,
+            },
+        ],
+        AGENT_UID,
+        AGENT_UID,
+    )?;
+    backend.upload_tar(name, AGENT_HOME, tar).await?;
+    cache_record(record);
+    Ok(())
+}
+
+/// Caches a record on the host; failures only cost speed later, so they are not errors.
+pub fn cache_record(record: &SessionRecord) {
+    let Ok(dir) = dirs::sessions_dir() else { return };
+    let path = dir.join(format!("{}.json", record.session_id));
+    if let Ok(json) = serde_json::to_vec_pretty(record) {
+        if let Err(e) = dirs::write_private(&path, &json) {
+            tracing::debug!("could not cache the session record: {e}");
+        }
+    }
+}
+
+/// The exit status a finished turn maps to, as an error for `main` to print (or `None` on
+/// success).
+pub fn turn_error(result: &TurnResult) -> Option<Error> {
+    let kind = match result.status {
+        Status::Success | Status::Running => return None,
+        Status::Error => ErrorKind::Turn,
+        Status::AuthError => ErrorKind::Credentials,
+        Status::UsageLimit => ErrorKind::UsageLimit,
+        Status::Timeout => ErrorKind::Timeout,
+        Status::Interrupted => ErrorKind::Interrupted,
+    };
+    let summary = result.result.lines().next().unwrap_or("").trim();
+    let mut e = Error::new(
+        kind,
+        format!("turn {} of session {} ended with {}: {summary}", result.turn, result.session_id, result.status),
+    );
+    e = e.with_hint(match result.status {
+        Status::AuthError => format!(
+            "collect credentials with `caw-box auth collect --provider {}`, then resume",
+            result.provider
+        ),
+        Status::UsageLimit => "wait for the vendor's limit to reset, then resume".to_string(),
+        _ => format!("the session is kept: resume it with `caw-box resume {}`", result.session_id),
+    });
+    Some(e)
+}

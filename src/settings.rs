@@ -1,0 +1,259 @@
+//! Resolves command-line arguments (plus environment and stdin) into the settings and turn
+//! options the commands act on. Every bad value is caught here, before anything is created.
+
+use std::io::{IsTerminal, Read};
+use std::path::Path;
+use std::time::Duration;
+
+use crate::cli::{TurnArgs, WorkspaceModeArg};
+use crate::error::{Error, Result};
+use crate::provider::ProviderKind;
+use crate::session::record::{SessionSettings, WorkspaceMode};
+
+/// The prompt of a turn: given, or absent (an interactive session).
+pub fn resolve_prompt(args: &TurnArgs) -> Result<Option<String>> {
+    let prompt = if let Some(file) = &args.prompt_file {
+        Some(std::fs::read_to_string(file).map_err(|e| {
+            Error::usage(format!("cannot read the prompt file '{}': {e}", file.display()))
+        })?)
+    } else if args.prompt.as_deref() == Some("-") {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| Error::usage(format!("cannot read the prompt from stdin: {e}")))?;
+        Some(s)
+    } else {
+        args.prompt.clone()
+    };
+    match prompt {
+        Some(p) if p.trim().is_empty() => Err(Error::usage("the prompt is empty")
+            .with_hint("pass the prompt as an argument, `-` for stdin, or --prompt-file FILE")),
+        Some(p) => Ok(Some(p)),
+        None => {
+            if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() {
+                Err(Error::usage(
+                    "no prompt given, and interactive sessions are not available in this version",
+                )
+                .with_hint("pass the prompt as an argument, `-` for stdin, or --prompt-file FILE"))
+            } else {
+                Err(Error::usage("no prompt given and no terminal for an interactive session")
+                    .with_hint("pass the prompt as an argument, `-` for stdin, or --prompt-file FILE"))
+            }
+        }
+    }
+}
+
+/// `--env K=V` / `--env K` (the host's value) into pairs.
+pub fn resolve_env(values: &[String]) -> Result<Vec<(String, String)>> {
+    values
+        .iter()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => {
+                validate_env_name(k)?;
+                Ok((k.to_string(), v.to_string()))
+            }
+            None => {
+                validate_env_name(kv)?;
+                let v = std::env::var(kv).map_err(|_| {
+                    Error::usage(format!("--env {kv}: no such variable in this environment"))
+                        .with_hint(format!("set it, or pass --env {kv}=VALUE"))
+                })?;
+                Ok((kv.to_string(), v))
+            }
+        })
+        .collect()
+}
+
+fn validate_env_name(k: &str) -> Result<()> {
+    let ok = !k.is_empty()
+        && !k.starts_with(|c: char| c.is_ascii_digit())
+        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::usage(format!("--env: '{k}' is not a valid variable name")))
+    }
+}
+
+pub fn parse_duration(s: &str, flag: &str) -> Result<Duration> {
+    let d = humantime::parse_duration(s).map_err(|e| {
+        Error::usage(format!("{flag} '{s}': {e}")).with_hint("use a duration such as 90s, 30m or 2h")
+    })?;
+    if d.is_zero() {
+        return Err(Error::usage(format!("{flag} must be longer than zero")));
+    }
+    Ok(d)
+}
+
+/// "2g", "512m", "1048576" into bytes.
+pub fn parse_memory(s: &str) -> Result<i64> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.strip_suffix('b').unwrap_or(&t);
+    let (num, mult) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1i64 << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let bad = || Error::usage(format!("--memory '{s}' is not a size")).with_hint("use e.g. 512m or 2g");
+    let n: f64 = num.parse().map_err(|_| bad())?;
+    if n <= 0.0 {
+        return Err(bad());
+    }
+    let bytes = (n * mult as f64) as i64;
+    if bytes < 6 << 20 {
+        return Err(Error::usage(format!("--memory '{s}' is below Docker's minimum of 6m")));
+    }
+    Ok(bytes)
+}
+
+pub fn validate_endpoint(url: &str) -> Result<String> {
+    let ok = (url.starts_with("http://") || url.starts_with("https://"))
+        && url.len() > "https://".len()
+        && !url.contains(char::is_whitespace);
+    if ok {
+        Ok(url.trim_end_matches('/').to_string())
+    } else {
+        Err(Error::usage(format!("--endpoint '{url}' is not an http(s) URL"))
+            .with_hint("use e.g. http://model-gateway:8080"))
+    }
+}
+
+/// Session names: short, shell-friendly, and never confusable with an id or a handle.
+pub fn validate_name(name: &str, flag: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::usage(format!(
+            "{flag} '{name}' is not valid: use up to 64 letters, digits, '-', '_' or '.', starting with a letter"
+        )))
+    }
+}
+
+fn workspace_mode(arg: Option<WorkspaceModeArg>) -> Option<WorkspaceMode> {
+    arg.map(|m| match m {
+        WorkspaceModeArg::Bind => WorkspaceMode::Bind,
+        WorkspaceModeArg::Copy => WorkspaceMode::Copy,
+        WorkspaceModeArg::None => WorkspaceMode::None,
+    })
+}
+
+fn resolve_workspace(dir: &Path) -> Result<String> {
+    let canonical = dir.canonicalize().map_err(|e| {
+        Error::usage(format!("workspace '{}' cannot be used: {e}", dir.display()))
+            .with_hint("pass an existing directory with --workspace DIR")
+    })?;
+    if !canonical.is_dir() {
+        return Err(Error::usage(format!("workspace '{}' is not a directory", dir.display())));
+    }
+    Ok(canonical.display().to_string())
+}
+
+/// The settings of a new session.
+pub fn new_session_settings(provider: ProviderKind, args: &TurnArgs) -> Result<SessionSettings> {
+    let mut settings = SessionSettings {
+        image: provider.default_image(),
+        network: "open".to_string(),
+        ..Default::default()
+    };
+    apply_overrides(&mut settings, args)?;
+    if settings.workspace.is_none() && settings.workspace_mode != WorkspaceMode::None {
+        let cwd = std::env::current_dir()
+            .map_err(|e| Error::usage(format!("cannot read the current directory: {e}")))?;
+        settings.workspace = Some(resolve_workspace(&cwd)?);
+    }
+    Ok(settings)
+}
+
+/// Applies `run`/`resume` flags on top of settings (a resumed session's remembered ones).
+pub fn apply_overrides(settings: &mut SessionSettings, args: &TurnArgs) -> Result<()> {
+    if let Some(image) = &args.image {
+        settings.image = image.clone();
+    }
+    if let Some(model) = &args.model {
+        settings.model = Some(model.clone());
+    }
+    if let Some(endpoint) = &args.endpoint {
+        settings.endpoint = Some(validate_endpoint(endpoint)?);
+    }
+    if let Some(network) = &args.network {
+        if network.trim().is_empty() {
+            return Err(Error::usage("--network needs a value: open, none, host or a network name"));
+        }
+        settings.network = network.clone();
+    }
+    if let Some(mode) = workspace_mode(args.workspace_mode) {
+        if mode == WorkspaceMode::Copy {
+            return Err(Error::usage("--workspace-mode copy is not available in this version")
+                .with_hint("use bind (the default) or none"));
+        }
+        settings.workspace_mode = mode;
+    }
+    if let Some(ws) = &args.workspace {
+        settings.workspace = Some(resolve_workspace(ws)?);
+    }
+    if let Some(m) = &args.memory {
+        settings.memory = Some(parse_memory(m)?);
+    }
+    if let Some(c) = args.cpus {
+        if c <= 0.0 || !c.is_finite() {
+            return Err(Error::usage(format!("--cpus {c} must be a positive number")));
+        }
+        settings.cpus = Some(c);
+    }
+    if let Some(p) = args.pids_limit {
+        if p < 16 {
+            return Err(Error::usage(format!("--pids-limit {p} is too low for any CLI (use 64 or more)")));
+        }
+        settings.pids_limit = Some(p);
+    }
+    if let Some(t) = &args.timeout {
+        settings.timeout_secs = Some(parse_duration(t, "--timeout")?.as_secs().max(1));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_sizes() {
+        assert_eq!(parse_memory("2g").unwrap(), 2 << 30);
+        assert_eq!(parse_memory("512m").unwrap(), 512 << 20);
+        assert_eq!(parse_memory("512MB").unwrap(), 512 << 20);
+        assert!(parse_memory("lots").is_err());
+        assert!(parse_memory("1k").is_err());
+    }
+
+    #[test]
+    fn env_pairs_and_names() {
+        assert_eq!(
+            resolve_env(&["A=1=2".into()]).unwrap(),
+            vec![("A".to_string(), "1=2".to_string())]
+        );
+        assert_eq!(resolve_env(&["1A=x".into()]).unwrap_err().exit_code(), 2);
+        assert!(resolve_env(&["CAW_BOX_SURELY_UNSET_VAR".into()]).is_err());
+    }
+
+    #[test]
+    fn names_and_endpoints() {
+        assert!(validate_name("fixer-1", "--name").is_ok());
+        assert!(validate_name("5b0c", "--name").is_err());
+        assert!(validate_name("a b", "--name").is_err());
+        assert_eq!(validate_endpoint("http://stub:8080/").unwrap(), "http://stub:8080");
+        assert!(validate_endpoint("stub:8080").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30m", "--timeout").unwrap(), Duration::from_secs(1800));
+        assert_eq!(parse_duration("soon", "--timeout").unwrap_err().exit_code(), 2);
+    }
+}

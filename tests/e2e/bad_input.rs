@@ -1,0 +1,81 @@
+//! Bad input: one clear line on stderr, the documented exit code, nothing created.
+
+use std::collections::HashMap;
+
+use bollard::models::VolumeCreateRequest;
+
+use crate::common::*;
+
+/// Asserts a one-line error with the exit code, mentioning `needle`.
+fn assert_refused(out: &std::process::Output, code: i32, needle: &str) {
+    let stderr = stderr_of(out);
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "want one line, got: {stderr}");
+    assert!(lines[0].contains(needle), "'{needle}' not in: {stderr}");
+    assert!(stdout_of(out).is_empty(), "stdout: {}", stdout_of(out));
+}
+
+#[test]
+fn bad_input_is_refused_cleanly_and_creates_nothing() {
+    let rig = Rig::new("bad-input");
+
+    let out = run(rig.run_cmd(P { name: "gpt", ..CODEX }, "hi", &[]));
+    assert_refused(&out, 2, "unknown provider 'gpt'");
+    assert!(stderr_of(&out).contains("claude_code") && stderr_of(&out).contains("gemini"));
+
+    let out = run(rig.run_cmd(CODEX, "   ", &[]));
+    assert_refused(&out, 2, "the prompt is empty");
+
+    let out = run(rig.resume_cmd(CODEX, r#"{"version":1,"provider":"codex""#, "hi", &[]));
+    assert_refused(&out, 2, "malformed resume handle");
+
+    let ghost = uuid::Uuid::new_v4();
+    let handle = format!(
+        r#"{{"version":1,"provider":"codex","session_id":"{ghost}","resume_key":"k","volume":"caw-box-{ghost}"}}"#
+    );
+    let out = run(rig.resume_cmd(CODEX, &handle, "hi", &[]));
+    assert_refused(&out, 2, "does not exist");
+
+    // A volume that belongs to a codex session, and a handle that claims claude_code.
+    let other = uuid::Uuid::new_v4();
+    rig.rt.block_on(async {
+        rig.docker
+            .create_volume(VolumeCreateRequest {
+                name: Some(format!("caw-box-{other}")),
+                labels: Some(HashMap::from([
+                    ("io.caw-box.managed".to_string(), "true".to_string()),
+                    ("io.caw-box.session".to_string(), other.to_string()),
+                    ("io.caw-box.provider".to_string(), "codex".to_string()),
+                    ("io.caw-box.role".to_string(), "state".to_string()),
+                    (TEST_LABEL.to_string(), rig.run_id.clone()),
+                ])),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    });
+    let handle = format!(
+        r#"{{"version":1,"provider":"claude_code","session_id":"{other}","resume_key":"k","volume":"caw-box-{other}"}}"#
+    );
+    let out = run(rig.resume_cmd(CLAUDE, &handle, "hi", &[]));
+    assert_refused(&out, 2, "belongs to a codex session");
+
+    let out = run(rig.resume_cmd(CODEX, "no-such-session", "hi", &[]));
+    assert_refused(&out, 2, "no session matches 'no-such-session'");
+
+    let out = run(rig.run_cmd(CODEX, "hi", &["--image", "caw-box-test/absent:latest"]));
+    assert_refused(&out, 3, "image 'caw-box-test/absent:latest' is not present");
+
+    let out = run(rig.run_cmd(CODEX, "hi", &["--timeout", "soon"]));
+    assert_refused(&out, 2, "--timeout 'soon'");
+
+    let mut cmd = rig.run_cmd(CODEX, "hi", &[]);
+    cmd.env("DOCKER_HOST", "unix:///nonexistent/docker.sock");
+    let out = run(cmd);
+    assert_refused(&out, 3, "is Docker running?");
+
+    // None of that left anything behind but the volume this test made itself.
+    assert_eq!(rig.caw_volumes(), vec![format!("caw-box-{other}")]);
+    assert!(rig.caw_containers().is_empty());
+}

@@ -1,0 +1,414 @@
+//! The end-to-end rig: each test gets an internal Docker network of its own (no way out), a
+//! stub model container on it, a private caw-box data directory, and a label that every
+//! object of the test carries, so everything is removed by label when the test ends, also
+//! when it fails.
+//!
+//! The vendor CLIs under test run only on that internal network, with the stub as their
+//! model: test traffic never leaves this machine's containers (TESTING.md, network rule).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions,
+    LogsOptions, RemoveContainerOptions,
+};
+use bollard::Docker;
+use futures_util::StreamExt;
+use serde_json::Value;
+
+pub const STUB_IMAGE: &str = "caw-box-test/stub-model:latest";
+pub const TEST_KEY: &str = "sk-test-caw-box-0123456789";
+pub const TEST_LABEL: &str = "io.caw-box.test-run";
+
+/// A provider as the tests drive it: its name, its key variable, a model the stub accepts.
+#[derive(Debug, Clone, Copy)]
+pub struct P {
+    pub name: &'static str,
+    pub key_var: &'static str,
+    pub model: Option<&'static str>,
+}
+
+pub const CLAUDE: P = P {
+    name: "claude_code",
+    key_var: "ANTHROPIC_API_KEY",
+    model: None,
+};
+pub const CODEX: P = P {
+    name: "codex",
+    key_var: "OPENAI_API_KEY",
+    model: Some("gpt-5.5"),
+};
+pub const OPENCODE: P = P {
+    name: "opencode",
+    key_var: "OPENAI_API_KEY",
+    model: Some("stub-model"),
+};
+pub const GEMINI: P = P {
+    name: "gemini",
+    key_var: "GEMINI_API_KEY",
+    model: Some("gemini-2.5-flash"),
+};
+pub const ALL: [P; 4] = [CLAUDE, CODEX, OPENCODE, GEMINI];
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+pub fn docker() -> Docker {
+    Docker::connect_with_defaults()
+        .expect("docker client")
+        .with_timeout(Duration::from_secs(600))
+}
+
+/// One test's private world.
+pub struct Rig {
+    pub rt: tokio::runtime::Runtime,
+    pub docker: Docker,
+    pub run_id: String,
+    pub network: String,
+    pub stub: String,
+    pub data_dir: tempfile::TempDir,
+    pub workspace: tempfile::TempDir,
+}
+
+impl Rig {
+    pub fn new(test: &str) -> Rig {
+        let rt = runtime();
+        let docker = rt.block_on(async { docker().negotiate_version().await.expect("docker") });
+        let run_id = format!(
+            "{}-{}",
+            test.replace('_', "-"),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let network = format!("cbt-{run_id}");
+        let stub = format!("stub-{run_id}");
+        let rig = Rig {
+            rt,
+            docker,
+            run_id,
+            network,
+            stub,
+            data_dir: tempfile::tempdir().expect("tempdir"),
+            workspace: tempfile::tempdir().expect("tempdir"),
+        };
+        // The agent (uid 1000) writes into the workspace.
+        std::fs::set_permissions(
+            rig.workspace.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        rig.rt.block_on(rig.start_network_and_stub(&[]));
+        rig
+    }
+
+    fn labels(&self) -> HashMap<String, String> {
+        HashMap::from([
+            (TEST_LABEL.to_string(), self.run_id.clone()),
+            ("io.caw-box.test".to_string(), "e2e".to_string()),
+        ])
+    }
+
+    async fn start_network_and_stub(&self, extra_env: &[String]) {
+        self.docker
+            .create_network(NetworkCreateRequest {
+                name: self.network.clone(),
+                internal: Some(true),
+                labels: Some(self.labels()),
+                ..Default::default()
+            })
+            .await
+            .expect("create the test's internal network");
+        self.start_stub(extra_env).await;
+    }
+
+    pub async fn start_stub(&self, extra_env: &[String]) {
+        let mut env = vec![format!("STUB_EXPECT_KEY={TEST_KEY}")];
+        env.extend_from_slice(extra_env);
+        self.docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(self.stub.clone()),
+                    ..Default::default()
+                }),
+                ContainerCreateBody {
+                    image: Some(STUB_IMAGE.to_string()),
+                    env: Some(env),
+                    labels: Some(self.labels()),
+                    host_config: Some(HostConfig {
+                        network_mode: Some(self.network.clone()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("create the stub model container (built by scripts/stub-image.sh)");
+        self.docker
+            .start_container(&self.stub, None)
+            .await
+            .expect("start the stub");
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}:8080", self.stub)
+    }
+
+    /// A `caw-box` command with this test's data dir and labels.
+    pub fn caw(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_caw-box"));
+        c.env("CAW_BOX_DATA_DIR", self.data_dir.path())
+            .env("CAW_BOX_LABELS", format!("{TEST_LABEL}={}", self.run_id))
+            .env_remove("CAW_BOX_IMAGE_REPO")
+            .current_dir(self.workspace.path())
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// `caw-box run` for `p` against this test's stub, with any extra args.
+    pub fn run_cmd(&self, p: P, prompt: &str, extra: &[&str]) -> Command {
+        let mut c = self.caw();
+        c.args(["run", "--provider", p.name, "--network", &self.network])
+            .args(["--endpoint", &self.endpoint()])
+            .args(["--env", &format!("{}={TEST_KEY}", p.key_var)]);
+        if let Some(m) = p.model {
+            c.args(["--model", m]);
+        }
+        c.args(extra).arg(prompt);
+        c
+    }
+
+    pub fn resume_cmd(&self, p: P, target: &str, prompt: &str, extra: &[&str]) -> Command {
+        let mut c = self.caw();
+        c.args(["resume", target])
+            .args(["--env", &format!("{}={TEST_KEY}", p.key_var)]);
+        c.args(extra).arg(prompt);
+        c
+    }
+
+    /// Runs a turn with `-o json` and returns (exit code, the JSON object, stderr).
+    pub fn json_turn(&self, mut cmd: Command) -> (i32, Value, String) {
+        cmd.args(["-o", "json"]);
+        let out = run(cmd);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        let json = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+            panic!("-o json printed no JSON object ({e}):\nstdout: {stdout}\nstderr: {stderr}")
+        });
+        (out.status.code().unwrap_or(-1), json, stderr)
+    }
+
+    /// The stub's record of every request it got.
+    pub fn stub_requests(&self) -> Vec<Value> {
+        self.rt.block_on(async {
+            let mut logs = self.docker.logs(
+                &self.stub,
+                Some(LogsOptions {
+                    stdout: true,
+                    ..Default::default()
+                }),
+            );
+            let mut text = String::new();
+            while let Some(Ok(chunk)) = logs.next().await {
+                text.push_str(&chunk.to_string());
+            }
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|v| v["stub"] == "request")
+                .collect()
+        })
+    }
+
+    /// Containers of this test that caw-box made (turns, probes).
+    pub fn caw_containers(&self) -> Vec<String> {
+        self.rt.block_on(async {
+            self.docker
+                .list_containers(Some(ListContainersOptions {
+                    all: true,
+                    filters: Some(HashMap::from([(
+                        "label".to_string(),
+                        vec![
+                            format!("{TEST_LABEL}={}", self.run_id),
+                            "io.caw-box.managed=true".to_string(),
+                        ],
+                    )])),
+                    ..Default::default()
+                }))
+                .await
+                .unwrap()
+                .into_iter()
+                .flat_map(|c| c.names.unwrap_or_default())
+                .collect()
+        })
+    }
+
+    /// State volumes of this test.
+    pub fn caw_volumes(&self) -> Vec<String> {
+        self.rt.block_on(async {
+            self.docker
+                .list_volumes(Some(ListVolumesOptions {
+                    filters: Some(HashMap::from([(
+                        "label".to_string(),
+                        vec![format!("{TEST_LABEL}={}", self.run_id)],
+                    )])),
+                }))
+                .await
+                .unwrap()
+                .volumes
+                .unwrap_or_default()
+                .into_iter()
+                .map(|v| v.name)
+                .collect()
+        })
+    }
+
+    /// Waits until a running turn container of `session` exists.
+    pub fn wait_for_running_turn(&self, session_prefix: Option<&str>, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let found = self.rt.block_on(async {
+                self.docker
+                    .list_containers(Some(ListContainersOptions {
+                        all: false,
+                        filters: Some(HashMap::from([(
+                            "label".to_string(),
+                            vec![
+                                format!("{TEST_LABEL}={}", self.run_id),
+                                "io.caw-box.role=turn".to_string(),
+                            ],
+                        )])),
+                        ..Default::default()
+                    }))
+                    .await
+                    .unwrap()
+            });
+            if let Some(c) = found.into_iter().find(|c| {
+                session_prefix.is_none_or(|p| {
+                    c.labels
+                        .as_ref()
+                        .and_then(|l| l.get("io.caw-box.session"))
+                        .is_some_and(|s| s.starts_with(p))
+                })
+            }) {
+                return c.names.unwrap_or_default().join("").trim_start_matches('/').to_string();
+            }
+            assert!(Instant::now() < deadline, "no turn container started in {timeout:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Removes every object carrying this test's label.
+    pub fn cleanup(&self) {
+        let label = format!("{TEST_LABEL}={}", self.run_id);
+        self.rt.block_on(async {
+            let filters = HashMap::from([("label".to_string(), vec![label.clone()])]);
+            if let Ok(cs) = self
+                .docker
+                .list_containers(Some(ListContainersOptions {
+                    all: true,
+                    filters: Some(filters.clone()),
+                    ..Default::default()
+                }))
+                .await
+            {
+                for c in cs {
+                    if let Some(id) = c.id {
+                        let _ = self
+                            .docker
+                            .remove_container(
+                                &id,
+                                Some(RemoveContainerOptions {
+                                    force: true,
+                                    ..Default::default()
+                                }),
+                            )
+                            .await;
+                    }
+                }
+            }
+            if let Ok(vs) = self
+                .docker
+                .list_volumes(Some(ListVolumesOptions {
+                    filters: Some(filters.clone()),
+                }))
+                .await
+            {
+                for v in vs.volumes.unwrap_or_default() {
+                    let _ = self.docker.remove_volume(&v.name, None::<bollard::query_parameters::RemoveVolumeOptions>).await;
+                }
+            }
+            if let Ok(ns) = self
+                .docker
+                .list_networks(Some(ListNetworksOptions {
+                    filters: Some(filters),
+                }))
+                .await
+            {
+                for n in ns {
+                    if let Some(id) = n.id {
+                        let _ = self.docker.remove_network(&id).await;
+                    }
+                }
+            }
+        });
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+/// Runs a command to completion, with a generous bound so a hung CLI fails the test
+/// instead of hanging CI.
+pub fn run(mut cmd: Command) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().expect("spawn caw-box");
+    wait_with_deadline(child, Duration::from_secs(300))
+}
+
+pub fn wait_with_deadline(mut child: std::process::Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "command still running after {limit:?}\nstdout: {}\nstderr: {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+pub fn stdout_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The rig's dockerd PID file, when the test setup started the daemon.
+pub fn rig_pid_file() -> Option<PathBuf> {
+    let path = std::env::var_os("CAW_BOX_RIG_PID_FILE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/caw-box-rig/dockerd.pid"));
+    path.exists().then_some(path)
+}
+
+pub fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}

@@ -1,0 +1,129 @@
+//! Turn control: timeout (124), Ctrl-C (130), a crashing CLI (1), a concurrent turn on a
+//! busy session (2). Each leaves no container and a resumable session that still recalls.
+//! Also checks the hardening of a running turn's container and that no secret shows in it.
+
+use std::time::{Duration, Instant};
+
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use futures_util::StreamExt;
+
+use crate::common::*;
+
+fn start_with_fact(rig: &Rig, p: P, fact: &str) -> String {
+    let (code, json, stderr) =
+        rig.json_turn(rig.run_cmd(p, &format!("REMEMBER:{fact}"), &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    json["session_id"].as_str().unwrap().to_string()
+}
+
+fn assert_recalls(rig: &Rig, p: P, id: &str, fact: &str) {
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(p, id, "RECALL", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert!(
+        json["result"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("You told me to remember {fact}")),
+        "{json}"
+    );
+}
+
+#[test]
+fn timeout_stops_the_turn_and_keeps_the_session() {
+    let rig = Rig::new("timeout");
+    let id = start_with_fact(&rig, CODEX, "kiwi");
+    let started = Instant::now();
+    let (code, json, stderr) =
+        rig.json_turn(rig.resume_cmd(CODEX, &id, "SLEEP:120 then answer", &["--timeout", "4s"]));
+    assert_eq!(code, 124, "{json}\n{stderr}");
+    assert_eq!(json["status"], "timeout");
+    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+    assert!(stderr.contains("timed out"), "{stderr}");
+    assert!(rig.caw_containers().is_empty(), "container left behind");
+    assert_recalls(&rig, CODEX, &id, "kiwi");
+}
+
+#[test]
+fn interrupt_and_busy_session() {
+    let rig = Rig::new("interrupt");
+    let id = start_with_fact(&rig, CLAUDE, "plum");
+
+    let mut cmd = rig.resume_cmd(CLAUDE, &id, "SLEEP:120 then answer", &["-o", "json"]);
+    cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let container = rig.wait_for_running_turn(Some(&id), Duration::from_secs(60));
+
+    // The running container is locked down and carries no secret.
+    let inspect = rig
+        .rt
+        .block_on(rig.docker.inspect_container(&container, None))
+        .unwrap();
+    let hc = inspect.host_config.clone().unwrap();
+    assert_eq!(hc.readonly_rootfs, Some(true));
+    assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+    assert_eq!(hc.security_opt, Some(vec!["no-new-privileges".to_string()]));
+    assert_ne!(hc.privileged, Some(true));
+    assert!(hc.pids_limit.unwrap_or(0) > 0);
+    assert_eq!(inspect.config.as_ref().unwrap().user.as_deref(), Some("1000:1000"));
+    let inspect_json = serde_json::to_string(&inspect).unwrap();
+    assert!(!inspect_json.contains(TEST_KEY), "the key shows in docker inspect");
+    assert!(!inspect_json.contains("docker.sock"));
+
+    // A second turn of the same session is refused while this one runs.
+    let out = run(rig.resume_cmd(CLAUDE, &id, "hi", &[]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("is busy"), "{}", stderr_of(&out));
+
+    // Ctrl-C: the container stops within 10 s and caw-box exits 130.
+    let pid = child.id() as i32;
+    let sent = Instant::now();
+    assert_eq!(
+        std::process::Command::new("kill").args(["-INT", &pid.to_string()]).status().unwrap().code(),
+        Some(0)
+    );
+    let out = wait_with_deadline(child, Duration::from_secs(30));
+    assert!(sent.elapsed() < Duration::from_secs(10), "took {:?}", sent.elapsed());
+    assert_eq!(out.status.code(), Some(130), "{}", stderr_of(&out));
+    let json: serde_json::Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert_eq!(json["status"], "interrupted");
+    assert!(rig.caw_containers().is_empty(), "container left behind");
+    assert_recalls(&rig, CLAUDE, &id, "plum");
+}
+
+#[test]
+fn a_crashing_cli_is_an_error_and_the_session_survives() {
+    let rig = Rig::new("crash");
+    let id = start_with_fact(&rig, GEMINI, "fig");
+    let mut cmd = rig.resume_cmd(GEMINI, &id, "SLEEP:120 then answer", &["-o", "json"]);
+    cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let container = rig.wait_for_running_turn(Some(&id), Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(2));
+    // Kill every process of the agent user but the container's init: the CLI dies hard.
+    rig.rt.block_on(async {
+        let exec = rig
+            .docker
+            .create_exec(
+                &container,
+                CreateExecOptions {
+                    cmd: Some(vec!["bash", "-c", "kill -KILL -1"]),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        if let StartExecResults::Attached { mut output, .. } =
+            rig.docker.start_exec(&exec.id, None).await.unwrap()
+        {
+            while output.next().await.is_some() {}
+        }
+    });
+    let out = wait_with_deadline(child, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    let json: serde_json::Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert_eq!(json["status"], "error");
+    assert!(rig.caw_containers().is_empty(), "container left behind");
+    assert_recalls(&rig, GEMINI, &id, "fig");
+}

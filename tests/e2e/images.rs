@@ -1,0 +1,134 @@
+//! The images: each CLI at its pinned version, as a non-root user, no CA left in the final
+//! image; `doctor` names a missing image with its fix; a missing base fails the build with
+//! exit 3.
+
+use std::collections::HashMap;
+
+use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters::{CreateContainerOptions, LogsOptions, RemoveContainerOptions};
+use futures_util::StreamExt;
+
+use crate::common::*;
+
+const PINNED: [(&str, &str, &str); 4] = [
+    ("claude-code", "claude", "2.1.197"),
+    ("codex", "codex", "0.169.0"),
+    ("opencode", "opencode", "1.18.33"),
+    ("gemini", "gemini", "0.61.0"),
+];
+
+/// Runs `cmd` in `image` with no network; returns (exit code, output).
+fn run_in(rig: &Rig, image: &str, cmd: &[&str]) -> (i64, String) {
+    rig.rt.block_on(async {
+        let name = format!("img-{}-{}", rig.run_id, uuid::Uuid::new_v4().simple());
+        rig.docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(name.clone()),
+                    ..Default::default()
+                }),
+                ContainerCreateBody {
+                    image: Some(image.to_string()),
+                    cmd: Some(cmd.iter().map(|s| s.to_string()).collect()),
+                    labels: Some(HashMap::from([(TEST_LABEL.to_string(), rig.run_id.clone())])),
+                    host_config: Some(HostConfig {
+                        network_mode: Some("none".into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        rig.docker.start_container(&name, None).await.unwrap();
+        let mut wait = rig.docker.wait_container(&name, None);
+        let code = match wait.next().await {
+            Some(Ok(r)) => r.status_code,
+            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
+            other => panic!("wait: {other:?}"),
+        };
+        let mut logs = rig.docker.logs(
+            &name,
+            Some(LogsOptions {
+                stdout: true,
+                stderr: true,
+                ..Default::default()
+            }),
+        );
+        let mut text = String::new();
+        while let Some(Ok(chunk)) = logs.next().await {
+            text.push_str(&chunk.to_string());
+        }
+        let _ = rig
+            .docker
+            .remove_container(
+                &name,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                }),
+            )
+            .await;
+        (code, text)
+    })
+}
+
+#[test]
+fn each_image_has_its_pinned_cli_as_a_non_root_user() {
+    let rig = Rig::new("images");
+    for (image, cli, version) in PINNED {
+        let tag = format!("caw-box/{image}:latest");
+        let inspect = rig.rt.block_on(rig.docker.inspect_image(&tag)).unwrap();
+        let labels = inspect.config.unwrap().labels.unwrap();
+        assert_eq!(labels.get("io.caw-box.cli-version").map(String::as_str), Some(version), "{tag}");
+        assert!(labels.contains_key("io.caw-box.provider"), "{tag}");
+        let (code, out) = run_in(&rig, &tag, &[cli, "--version"]);
+        assert_eq!(code, 0, "{tag}: {out}");
+        assert!(out.contains(version), "{tag} --version said: {out}");
+        let (code, out) = run_in(&rig, &tag, &["id", "-u"]);
+        assert_eq!((code, out.trim()), (0, "1000"), "{tag}");
+        // The build's extra CA stays in the install stage.
+        let (code, out) = run_in(&rig, &tag, &["bash", "-c", "ls /tmp; env | grep -c CA_CERTS || true"]);
+        assert_eq!(code, 0);
+        assert!(!out.contains("extra-ca.pem"), "{tag}: {out}");
+        assert_eq!(out.lines().last().map(str::trim), Some("0"), "{tag}: {out}");
+    }
+}
+
+#[test]
+fn doctor_names_a_missing_image_and_its_fix() {
+    let rig = Rig::new("doctor");
+    let mut cmd = rig.caw();
+    cmd.arg("doctor").env("CAW_BOX_IMAGE_REPO", "caw-box-test-missing");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
+    let stdout = stdout_of(&out);
+    assert!(stdout.contains("✓ docker: daemon"), "{stdout}");
+    for p in ["claude_code", "codex", "opencode", "gemini"] {
+        assert!(
+            stdout.contains(&format!("fix: caw-box image build --provider {p}")),
+            "{stdout}"
+        );
+    }
+    assert!(stderr_of(&out).contains("4 problems found"), "{}", stderr_of(&out));
+
+    // With the real images present, doctor is happy.
+    let mut cmd = rig.caw();
+    cmd.arg("doctor");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout_of(&out), stderr_of(&out));
+}
+
+#[test]
+fn image_build_with_a_missing_base_exits_3() {
+    let rig = Rig::new("nobase");
+    let mut cmd = rig.caw();
+    // A registry on loopback that refuses at once: no traffic leaves this machine.
+    cmd.args(["image", "build", "--provider", "codex", "--base", "localhost:1/caw-box-missing:latest"])
+        .env("CAW_BOX_IMAGE_REPO", "caw-box-test-nobase");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
+    let stderr = stderr_of(&out);
+    assert!(stderr.contains("building caw-box-test-nobase/base:latest failed"), "{stderr}");
+    assert!(stderr.contains("--base"), "{stderr}");
+}

@@ -1,0 +1,11 @@
+//! End-to-end tests: the real caw-box binary, a real Docker daemon, the images built from
+//! images/, the real vendor CLIs, and the stub model (tests/stub-model) on an internal
+//! network per test. `make test` builds the images and the stub image first.
+
+mod common;
+
+mod bad_input;
+mod control;
+mod images;
+mod restart;
+mod sessions;

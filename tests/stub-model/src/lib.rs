@@ -1,0 +1,16 @@
+//! A stub model server for caw-box's tests. It speaks just enough of four vendor wire
+//! protocols (Anthropic Messages, OpenAI Responses, OpenAI chat completions, Gemini) for the
+//! real vendor CLIs to run against it, answers from the conversation it receives, and records
+//! every request. See README.md for the directives and endpoints.
+
+pub mod anthropic;
+pub mod chat;
+pub mod conversation;
+pub mod gemini;
+pub mod protocol;
+pub mod record;
+pub mod responses;
+pub mod server;
+pub mod sse;
+
+pub use server::{serve, Config};

@@ -1,0 +1,571 @@
+//! The HTTP side: routing, the credential check, recording, and driving a protocol module
+//! through one turn. What to answer lives in `conversation`; how to encode it in the
+//! protocol modules.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::http::request::Parts;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Map, Value};
+use tokio::net::TcpListener;
+
+use crate::anthropic::Anthropic;
+use crate::chat::Chat;
+use crate::conversation::{
+    example_for_schema, pick_shell_tool, shell_args, Decision, Outcome, ToolCall, Usage,
+    NO_SHELL_TOOL,
+};
+use crate::gemini::Gemini;
+use crate::protocol::{new_id, Protocol, Rendered, Reply, Turn};
+use crate::record::{Record, Recorder};
+use crate::responses::{openai_error, Responses};
+
+/// Request bodies larger than this are refused.
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// How the server behaves.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    /// When set, every model request must carry this key (`STUB_EXPECT_KEY`).
+    pub expect_key: Option<String>,
+    /// Print each record to stdout as a JSON line.
+    pub echo: bool,
+}
+
+#[derive(Debug)]
+struct State {
+    config: Config,
+    recorder: Recorder,
+}
+
+/// Serves connections from `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, config: Config) {
+    let state = Arc::new(State {
+        recorder: Recorder::new(config.echo),
+        config,
+    });
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(err) => {
+                eprintln!("stub-model: accept failed: {err}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let state = Arc::clone(&state);
+        tokio::spawn(async move {
+            let service = service_fn(move |request| handle(Arc::clone(&state), request));
+            if let Err(err) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                eprintln!("stub-model: connection error: {err}");
+            }
+        });
+    }
+}
+
+/// A response, plus what goes into the record.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    content_type: &'static str,
+    body: String,
+    retry_after: bool,
+    directive: String,
+    tool: Option<String>,
+    sleep: Option<Duration>,
+}
+
+impl Answer {
+    fn json(status: u16, body: &Value, directive: &str) -> Self {
+        Answer::rendered(status, Rendered::json(body), directive)
+    }
+
+    fn rendered(status: u16, rendered: Rendered, directive: &str) -> Self {
+        Answer {
+            status,
+            content_type: rendered.content_type,
+            body: rendered.body,
+            retry_after: status == 429,
+            directive: directive.to_string(),
+            tool: None,
+            sleep: None,
+        }
+    }
+}
+
+async fn handle(
+    state: Arc<State>,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = request.into_parts();
+    let path = parts.uri.path().to_string();
+    let body = Limited::new(body, MAX_BODY_BYTES).collect().await;
+
+    let (answer, recorded_body, key_header) = match body {
+        Ok(collected) => {
+            let bytes = collected.to_bytes();
+            let key = presented_key(&parts, state.config.expect_key.as_deref());
+            let answer = if path.starts_with("/_stub/") {
+                stub_endpoint(&state, &parts.method, &path)
+            } else {
+                route(&state, &parts, &bytes, key).await
+            };
+            (answer, recorded_body(&bytes), key.map(|k| k.0))
+        }
+        Err(err) => {
+            let message = format!("could not read the request body: {err}");
+            let answer = Answer::json(413, &openai_error(413, &message), "bad_body");
+            (answer, Value::Null, None)
+        }
+    };
+
+    if !path.starts_with("/_stub/") {
+        state.recorder.record(&Record {
+            method: parts.method.to_string(),
+            path,
+            query: parts.uri.query().map(str::to_string),
+            headers: header_map(&parts),
+            body: recorded_body,
+            status: answer.status,
+            key_header,
+            directive: answer.directive.clone(),
+            tool: answer.tool.clone(),
+        });
+    }
+    if let Some(sleep) = answer.sleep {
+        tokio::time::sleep(sleep).await;
+    }
+    Ok(into_response(answer))
+}
+
+fn into_response(answer: Answer) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(answer.body)));
+    *response.status_mut() =
+        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(answer.content_type));
+    if answer.content_type == "text/event-stream" {
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    }
+    if answer.retry_after {
+        headers.insert("retry-after", HeaderValue::from_static("0"));
+    }
+    response
+}
+
+/// `/_stub/health` and `/_stub/requests`: the stub's own endpoints, not recorded.
+fn stub_endpoint(state: &State, method: &Method, path: &str) -> Answer {
+    match (method, path) {
+        (&Method::GET, "/_stub/health") => Answer {
+            content_type: "text/plain; charset=utf-8",
+            body: "ok\n".into(),
+            ..Answer::json(200, &Value::Null, "health")
+        },
+        (&Method::GET, "/_stub/requests") => {
+            Answer::json(200, &Value::Array(state.recorder.all()), "requests")
+        }
+        _ => not_found(method, path),
+    }
+}
+
+fn not_found(method: &Method, path: &str) -> Answer {
+    let message = format!("stub-model has no route for {method} {path}");
+    let body = json!({"error":{"message":message,"type":"not_found_error","code":"not_found"}});
+    Answer::json(404, &body, "not_found")
+}
+
+/// What a request path asks for.
+#[derive(Debug)]
+enum Route {
+    Probe,
+    Turn {
+        protocol: &'static dyn Protocol,
+        /// Gemini names the model and the streaming mode in the path.
+        model: Option<String>,
+        stream: Option<bool>,
+    },
+    CountTokens(&'static dyn Protocol),
+    ListModels(&'static dyn Protocol),
+    Model(&'static dyn Protocol, String),
+    NotFound,
+}
+
+impl Route {
+    fn protocol(&self) -> Option<&'static dyn Protocol> {
+        match self {
+            Route::Turn { protocol, .. }
+            | Route::CountTokens(protocol)
+            | Route::ListModels(protocol)
+            | Route::Model(protocol, _) => Some(*protocol),
+            Route::Probe | Route::NotFound => None,
+        }
+    }
+}
+
+fn resolve(method: &Method, path: &str) -> Route {
+    let gemini_prefix = ["/v1beta/models/", "/v1alpha/models/", "/v1/models/"]
+        .iter()
+        .find_map(|prefix| path.strip_prefix(prefix));
+    match (method, path) {
+        (&Method::GET | &Method::HEAD, "/") => Route::Probe,
+        (&Method::POST, "/v1/messages") => turn(&Anthropic),
+        (&Method::POST, "/v1/messages/count_tokens") => Route::CountTokens(&Anthropic),
+        (&Method::POST, "/v1/responses") => turn(&Responses),
+        (&Method::POST, "/v1/chat/completions") => turn(&Chat),
+        (&Method::GET, "/v1/models") => Route::ListModels(&Responses),
+        (&Method::GET, "/v1beta/models" | "/v1alpha/models") => Route::ListModels(&Gemini),
+        (&Method::POST, _) => match gemini_prefix.and_then(|rest| rest.rsplit_once(':')) {
+            Some((model, "streamGenerateContent")) => gemini_turn(model, true),
+            Some((model, "generateContent")) => gemini_turn(model, false),
+            Some((_, "countTokens")) => Route::CountTokens(&Gemini),
+            _ => Route::NotFound,
+        },
+        (&Method::GET, _) => match gemini_prefix {
+            Some(id) if !id.is_empty() && !id.contains('/') => {
+                let protocol: &'static dyn Protocol = if path.starts_with("/v1/") {
+                    &Responses
+                } else {
+                    &Gemini
+                };
+                Route::Model(protocol, id.to_string())
+            }
+            _ => Route::NotFound,
+        },
+        _ => Route::NotFound,
+    }
+}
+
+fn turn(protocol: &'static dyn Protocol) -> Route {
+    Route::Turn {
+        protocol,
+        model: None,
+        stream: None,
+    }
+}
+
+fn gemini_turn(model: &str, stream: bool) -> Route {
+    Route::Turn {
+        protocol: &Gemini,
+        model: Some(model.to_string()),
+        stream: Some(stream),
+    }
+}
+
+/// The credential a request presented: where it came from, and whether it is the expected one
+/// (always true when no key is expected).
+type PresentedKey = (&'static str, bool);
+
+fn presented_key(parts: &Parts, expected: Option<&str>) -> Option<PresentedKey> {
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let bearer = header("authorization").map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim());
+    let query_key = parts.uri.query().and_then(|q| {
+        q.split('&')
+            .filter_map(|pair| pair.split_once('='))
+            .find_map(|(k, v)| (k == "key").then_some(v))
+    });
+    let candidates = [
+        ("x-api-key", header("x-api-key")),
+        ("authorization", bearer),
+        ("x-goog-api-key", header("x-goog-api-key")),
+        ("query:key", query_key),
+    ];
+    let presented = candidates
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, value?)));
+    let mut first = None;
+    for (name, value) in presented {
+        let matches = expected.is_none_or(|e| e == value);
+        if matches {
+            return Some((name, true));
+        }
+        first.get_or_insert((name, false));
+    }
+    first
+}
+
+async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<PresentedKey>) -> Answer {
+    let route = resolve(&parts.method, parts.uri.path());
+    let Some(protocol) = route.protocol() else {
+        return match route {
+            Route::Probe => Answer::json(200, &json!({"status":"ok"}), "probe"),
+            _ => not_found(&parts.method, parts.uri.path()),
+        };
+    };
+    if state.config.expect_key.is_some() && !key.is_some_and(|(_, ok)| ok) {
+        let message = match key {
+            Some((name, _)) => format!("stub-model: the key in {name} is not the expected one"),
+            None => "stub-model: no API key in x-api-key, authorization, x-goog-api-key or ?key="
+                .to_string(),
+        };
+        return Answer::json(401, &protocol.error_body(401, &message), "unauthorized");
+    }
+    match route {
+        Route::ListModels(_) => Answer::json(200, &protocol.model_list(), "models"),
+        Route::Model(_, id) => Answer::json(200, &protocol.model_info(&id), "model"),
+        Route::CountTokens(_) => match parse_body(protocol, bytes) {
+            Ok(_) => Answer::json(200, &protocol.count_tokens(bytes.len() / 4), "count_tokens"),
+            Err(answer) => answer,
+        },
+        Route::Turn { model, stream, .. } => match parse_body(protocol, bytes) {
+            Ok(body) => {
+                let model = model.unwrap_or_else(|| protocol.model(&body));
+                let stream = stream.unwrap_or_else(|| protocol.stream(&body));
+                model_turn(protocol, &body, bytes.len(), model, stream)
+            }
+            Err(answer) => answer,
+        },
+        Route::Probe | Route::NotFound => not_found(&parts.method, parts.uri.path()),
+    }
+}
+
+fn parse_body(protocol: &dyn Protocol, bytes: &Bytes) -> Result<Value, Answer> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(body @ Value::Object(_)) => Ok(body),
+        Ok(_) => Err(bad_request(
+            protocol,
+            "the request body is not a JSON object",
+        )),
+        Err(err) => Err(bad_request(
+            protocol,
+            &format!("the request body is not JSON: {err}"),
+        )),
+    }
+}
+
+fn bad_request(protocol: &dyn Protocol, message: &str) -> Answer {
+    Answer::json(400, &protocol.error_body(400, message), "bad_json")
+}
+
+/// One conversation turn: decide, pick the reply, encode it.
+fn model_turn(
+    protocol: &dyn Protocol,
+    body: &Value,
+    body_len: usize,
+    model: String,
+    stream: bool,
+) -> Answer {
+    let mut decision = Decision::decide(&protocol.conversation(body));
+    let mut tool = None;
+    let reply = match &decision.outcome {
+        Outcome::Fail(status) => {
+            let message = format!("stub-model failed this request on purpose (FAIL:{status})");
+            let mut answer = Answer::json(
+                *status,
+                &protocol.error_body(*status, &message),
+                &decision.label(),
+            );
+            answer.sleep = decision.sleep;
+            return answer;
+        }
+        _ if protocol.output_schema(body).is_some() => {
+            let schema = protocol.output_schema(body).unwrap_or(&Value::Null);
+            let text = example_for_schema(schema).to_string();
+            decision.outcome = Outcome::Text {
+                text: text.clone(),
+                label: "structured".into(),
+            };
+            Reply::Text { text, think: false }
+        }
+        Outcome::Text { text, .. } => Reply::Text {
+            text: text.clone(),
+            think: decision.think,
+        },
+        Outcome::Run(command) => match pick_shell_tool(protocol.tools(body)) {
+            Some(shell) => {
+                tool = Some(shell.name.clone());
+                Reply::ToolCall(ToolCall {
+                    id: new_id(protocol.call_id_prefix()),
+                    args: shell_args(&shell.schema, command),
+                    name: shell.name,
+                    kind: shell.kind,
+                })
+            }
+            None => {
+                decision.outcome = Outcome::Text {
+                    text: NO_SHELL_TOOL.into(),
+                    label: "no_shell_tool".into(),
+                };
+                Reply::Text {
+                    text: NO_SHELL_TOOL.into(),
+                    think: decision.think,
+                }
+            }
+        },
+    };
+    let turn = Turn {
+        body,
+        model,
+        stream,
+        usage: Usage::estimate(body_len, &reply.output_chars()),
+    };
+    let mut answer = Answer::rendered(200, protocol.render(&reply, &turn), &decision.label());
+    answer.tool = tool;
+    answer.sleep = decision.sleep;
+    answer
+}
+
+fn recorded_body(bytes: &Bytes) -> Value {
+    if bytes.is_empty() {
+        return Value::Null;
+    }
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+fn header_map(parts: &Parts) -> Map<String, Value> {
+    let mut headers = Map::new();
+    for name in parts.headers.keys() {
+        let values: Vec<String> = parts
+            .headers
+            .get_all(name)
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect();
+        headers.insert(name.as_str().to_string(), json!(values.join(", ")));
+    }
+    headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_every_protocol() {
+        let post = Method::POST;
+        let is_turn = |path: &str| matches!(resolve(&post, path), Route::Turn { .. });
+        assert!(is_turn("/v1/messages"));
+        assert!(is_turn("/v1/responses"));
+        assert!(is_turn("/v1/chat/completions"));
+        match resolve(&post, "/v1beta/models/gemini-2.5-pro:streamGenerateContent") {
+            Route::Turn { model, stream, .. } => {
+                assert_eq!(model.as_deref(), Some("gemini-2.5-pro"));
+                assert_eq!(stream, Some(true));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        match resolve(&post, "/v1beta/models/flash-lite:generateContent") {
+            Route::Turn { stream, .. } => assert_eq!(stream, Some(false)),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(matches!(
+            resolve(&post, "/v1/messages/count_tokens"),
+            Route::CountTokens(_)
+        ));
+        assert!(matches!(resolve(&Method::HEAD, "/"), Route::Probe));
+        assert!(matches!(
+            resolve(&Method::GET, "/v1beta/models"),
+            Route::ListModels(_)
+        ));
+        assert!(matches!(
+            resolve(&Method::GET, "/v1beta/models/gemini-2.5-pro"),
+            Route::Model(..)
+        ));
+        assert!(matches!(resolve(&post, "/v2/other"), Route::NotFound));
+        assert!(matches!(
+            resolve(&Method::GET, "/v1/messages"),
+            Route::NotFound
+        ));
+        assert!(matches!(
+            resolve(&post, "/v1beta/models/x:embedContent"),
+            Route::NotFound
+        ));
+    }
+
+    fn parts(headers: &[(&str, &str)], uri: &str) -> Parts {
+        let mut builder = Request::builder().uri(uri);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn finds_the_key_in_any_vendor_header() {
+        let expect = Some("k1");
+        let cases = [
+            (parts(&[("x-api-key", "k1")], "/"), "x-api-key"),
+            (
+                parts(&[("authorization", "Bearer k1")], "/"),
+                "authorization",
+            ),
+            (parts(&[("x-goog-api-key", "k1")], "/"), "x-goog-api-key"),
+            (parts(&[], "/v1beta/models/m:x?alt=sse&key=k1"), "query:key"),
+        ];
+        for (parts, name) in cases {
+            assert_eq!(presented_key(&parts, expect), Some((name, true)));
+        }
+        let wrong = parts(
+            &[("x-api-key", "nope"), ("authorization", "Bearer k1")],
+            "/",
+        );
+        assert_eq!(presented_key(&wrong, expect), Some(("authorization", true)));
+        let only_wrong = parts(&[("x-api-key", "nope")], "/");
+        assert_eq!(
+            presented_key(&only_wrong, expect),
+            Some(("x-api-key", false))
+        );
+        assert_eq!(presented_key(&parts(&[], "/"), expect), None);
+        assert_eq!(presented_key(&only_wrong, None), Some(("x-api-key", true)));
+    }
+
+    #[test]
+    fn a_turn_without_a_shell_tool_says_so() {
+        let body = json!({"messages":[{"role":"user","content":"RUN:ls"}]});
+        let answer = model_turn(&Chat, &body, 10, "m".into(), false);
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.directive, "no_shell_tool");
+        let completion: Value = serde_json::from_str(&answer.body).unwrap();
+        assert_eq!(
+            completion["choices"][0]["message"]["content"],
+            NO_SHELL_TOOL
+        );
+    }
+
+    #[test]
+    fn a_structured_request_gets_json_matching_its_schema() {
+        let body = json!({
+            "contents":[{"role":"user","parts":[{"text":"RUN:ls"}]}],
+            "generationConfig":{"responseJsonSchema":{"type":"object","properties":{
+                "complexity_reasoning":{"type":"string"},"complexity_score":{"type":"integer"}}}}});
+        let answer = model_turn(&Gemini, &body, 10, "m".into(), false);
+        assert_eq!(answer.directive, "structured");
+        let response: Value = serde_json::from_str(&answer.body).unwrap();
+        let text = response["candidates"][0]["content"]["parts"][0]["text"]
+            .as_str()
+            .unwrap();
+        let routed: Value = serde_json::from_str(text).unwrap();
+        assert_eq!(routed["complexity_score"], 1);
+        assert_eq!(routed["complexity_reasoning"], "stub");
+    }
+
+    #[test]
+    fn a_run_calls_the_tool_and_names_it() {
+        let body = json!({"messages":[{"role":"user","content":"RUN:ls SLEEP:0.5"}],
+            "tools":[{"name":"Bash","input_schema":{"type":"object",
+            "properties":{"command":{"type":"string"}},"required":["command"]}}]});
+        let answer = model_turn(&Anthropic, &body, 10, "m".into(), false);
+        assert_eq!(answer.tool.as_deref(), Some("Bash"));
+        assert_eq!(answer.directive, "run+sleep:0.5");
+        assert_eq!(answer.sleep, Some(Duration::from_millis(500)));
+        let message: Value = serde_json::from_str(&answer.body).unwrap();
+        assert_eq!(message["content"][0]["type"], "tool_use");
+        assert_eq!(message["content"][0]["input"]["command"], "ls SLEEP:0.5");
+        assert!(message["content"][0]["id"]
+            .as_str()
+            .unwrap()
+            .starts_with("toolu_"));
+    }
+}

@@ -1,0 +1,413 @@
+//! The stub over real HTTP on 127.0.0.1: one exchange per protocol, the key check, FAIL,
+//! malformed input, the request log, and the binary itself (PORT, stdout records, SIGTERM).
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use stub_model::{serve, sse, Config};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+const KEY: &str = "sk-stub-test";
+
+async fn start(expect_key: Option<&str>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let config = Config {
+        expect_key: expect_key.map(str::to_string),
+        echo: false,
+    };
+    tokio::spawn(serve(listener, config));
+    addr
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).expect("a JSON body")
+    }
+
+    fn events(&self) -> Vec<sse::Event> {
+        assert_eq!(self.status, 200, "body: {}", self.body);
+        assert_eq!(self.header("content-type"), Some("text/event-stream"));
+        sse::parse(&self.body)
+    }
+}
+
+/// Sends one raw HTTP/1.1 request and reads the whole response.
+async fn send(
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Reply {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let mut request = format!(
+        "{method} {target} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a complete response");
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(": "))
+        .map(|(n, v)| (n.to_lowercase(), v.to_string()))
+        .collect();
+    Reply {
+        status: status.parse().unwrap(),
+        headers,
+        body: body.to_string(),
+    }
+}
+
+async fn post(addr: SocketAddr, target: &str, headers: &[(&str, &str)], body: &Value) -> Reply {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    send(addr, "POST", target, &all, &body.to_string()).await
+}
+
+fn anthropic_body(text: &str) -> Value {
+    json!({"model":"claude-sonnet-4-5","stream":true,"max_tokens":1000,
+        "messages":[{"role":"user","content":[{"type":"text","text":text}]}],
+        "tools":[{"name":"Bash","input_schema":{"type":"object",
+            "properties":{"command":{"type":"string"}},"required":["command"]}}]})
+}
+
+#[tokio::test]
+async fn anthropic_messages_stream_and_probe() {
+    let addr = start(Some(KEY)).await;
+    let head = send(addr, "HEAD", "/", &[], "").await;
+    assert_eq!(head.status, 200);
+
+    let reply = post(
+        addr,
+        "/v1/messages?beta=true",
+        &[("x-api-key", KEY), ("anthropic-version", "2023-06-01")],
+        &anthropic_body("THINK hello there"),
+    )
+    .await;
+    let events = reply.events();
+    let names: Vec<&str> = events.iter().filter_map(|e| e.name.as_deref()).collect();
+    assert_eq!(names.first(), Some(&"message_start"));
+    assert_eq!(names.last(), Some(&"message_stop"));
+    let text: String = events
+        .iter()
+        .map(sse::Event::json)
+        .filter(|d| d["delta"]["type"] == "text_delta")
+        .map(|d| d["delta"]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(text, "Hello from stub-model.");
+    assert!(events
+        .iter()
+        .any(|e| e.json()["delta"]["type"] == "thinking_delta"));
+
+    let count = post(
+        addr,
+        "/v1/messages/count_tokens?beta=true",
+        &[("x-api-key", KEY)],
+        &json!({"model":"m","messages":[]}),
+    )
+    .await;
+    assert_eq!(count.status, 200);
+    assert!(count.json()["input_tokens"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test]
+async fn responses_stream_a_shell_call_then_quote_its_output() {
+    let addr = start(Some(KEY)).await;
+    let auth = format!("Bearer {KEY}");
+    let tools = json!([{"type":"function","name":"shell","parameters":{"type":"object",
+        "properties":{"command":{"type":"array","items":{"type":"string"}}},"required":["command"]}}]);
+    let mut body = json!({"model":"gpt-5.5","stream":true,"tools":tools,"input":[
+        {"type":"message","role":"user","content":[{"type":"input_text","text":"<environment_context><cwd>/w</cwd></environment_context>"}]},
+        {"type":"message","role":"user","content":[{"type":"input_text","text":"RUN:echo hi"}]}]});
+    let reply = post(addr, "/v1/responses", &[("authorization", &auth)], &body).await;
+    let events: Vec<Value> = reply.events().iter().map(sse::Event::json).collect();
+    assert_eq!(events[0]["type"], "response.created");
+    let done = events
+        .iter()
+        .find(|e| e["type"] == "response.output_item.done")
+        .unwrap();
+    assert_eq!(done["item"]["type"], "function_call");
+    assert_eq!(done["item"]["name"], "shell");
+    let call_id = done["item"]["call_id"].as_str().unwrap().to_string();
+    let args: Value = serde_json::from_str(done["item"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args["command"], json!(["bash", "-lc", "echo hi"]));
+    let completed = events.last().unwrap();
+    assert_eq!(completed["type"], "response.completed");
+    assert!(
+        completed["response"]["usage"]["input_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+
+    let input = body["input"].as_array_mut().unwrap();
+    input.push(done["item"].clone());
+    input.push(json!({"type":"function_call_output","call_id":call_id,"output":"hi\n"}));
+    let reply = post(addr, "/v1/responses", &[("authorization", &auth)], &body).await;
+    let events: Vec<Value> = reply.events().iter().map(sse::Event::json).collect();
+    let done = events
+        .iter()
+        .find(|e| e["type"] == "response.output_item.done")
+        .unwrap();
+    assert_eq!(done["item"]["content"][0]["text"], "Tool said: hi");
+}
+
+#[tokio::test]
+async fn chat_completions_stream_with_usage_and_done() {
+    let addr = start(Some(KEY)).await;
+    let auth = format!("Bearer {KEY}");
+    let body = json!({"model":"stub","stream":true,"stream_options":{"include_usage":true},
+        "messages":[{"role":"system","content":"You are opencode."},
+            {"role":"user","content":[{"type":"text","text":"REMEMBER:heron"}]}]});
+    let reply = post(
+        addr,
+        "/v1/chat/completions",
+        &[("authorization", &auth)],
+        &body,
+    )
+    .await;
+    let events = reply.events();
+    assert_eq!(events.last().unwrap().data, "[DONE]");
+    let chunks: Vec<Value> = events.iter().map(sse::Event::json).collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "Noted: heron.");
+    assert!(chunks
+        .iter()
+        .any(|c| c["choices"][0]["finish_reason"] == "stop"));
+    assert!(chunks
+        .iter()
+        .any(|c| c["usage"]["completion_tokens"].as_u64() == Some(4)));
+}
+
+#[tokio::test]
+async fn gemini_streams_recall_and_routes_with_json() {
+    let addr = start(Some(KEY)).await;
+    let body = json!({"contents":[
+        {"role":"user","parts":[{"text":"REMEMBER:lynx"}]},
+        {"role":"model","parts":[{"text":"Noted: lynx."}]},
+        {"role":"user","parts":[{"text":"RECALL"}]}]});
+    let target = "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse";
+    let reply = post(addr, target, &[("x-goog-api-key", KEY)], &body).await;
+    let chunks: Vec<Value> = reply.events().iter().map(sse::Event::json).collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["candidates"][0]["content"]["parts"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, "You told me to remember lynx.");
+    let last = chunks.last().unwrap();
+    assert_eq!(last["candidates"][0]["finishReason"], "STOP");
+    assert_eq!(last["modelVersion"], "gemini-2.5-pro");
+
+    let router = json!({"contents":[{"role":"user","parts":[{"text":"hi"}]}],
+        "generationConfig":{"responseMimeType":"application/json","responseJsonSchema":{
+            "type":"object","properties":{"complexity_reasoning":{"type":"string"},
+            "complexity_score":{"type":"integer"}},"required":["complexity_reasoning","complexity_score"]}}});
+    let target = format!("/v1beta/models/gemini-2.5-flash-lite:generateContent?key={KEY}");
+    let reply = post(addr, &target, &[], &router).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("content-type"), Some("application/json"));
+    let text = reply.json()["candidates"][0]["content"]["parts"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let routed: Value = serde_json::from_str(&text).unwrap();
+    assert!(routed["complexity_score"].is_number());
+    assert!(routed["complexity_reasoning"].is_string());
+
+    let models = send(
+        addr,
+        "GET",
+        "/v1beta/models",
+        &[("x-goog-api-key", KEY)],
+        "",
+    )
+    .await;
+    assert_eq!(models.status, 200);
+    assert!(models.json()["models"].is_array());
+}
+
+#[tokio::test]
+async fn a_missing_or_wrong_key_gets_401_in_each_vendor_shape() {
+    let addr = start(Some(KEY)).await;
+    let hello = anthropic_body("hi");
+    let anthropic = post(addr, "/v1/messages", &[("x-api-key", "wrong")], &hello).await;
+    assert_eq!(anthropic.status, 401);
+    assert_eq!(anthropic.json()["error"]["type"], "authentication_error");
+
+    let openai = post(addr, "/v1/responses", &[], &json!({"input":"hi"})).await;
+    assert_eq!(openai.status, 401);
+    assert_eq!(openai.json()["error"]["code"], "invalid_api_key");
+
+    let chat = post(addr, "/v1/chat/completions", &[], &json!({"messages":[]})).await;
+    assert_eq!(chat.status, 401);
+    assert_eq!(chat.json()["error"]["code"], "invalid_api_key");
+
+    let target = "/v1beta/models/m:streamGenerateContent?alt=sse";
+    let gemini = post(addr, target, &[], &json!({"contents":[]})).await;
+    assert_eq!(gemini.status, 401);
+    assert_eq!(gemini.json()["error"]["status"], "UNAUTHENTICATED");
+
+    // The probe needs no key.
+    assert_eq!(send(addr, "GET", "/", &[], "").await.status, 200);
+}
+
+#[tokio::test]
+async fn fail_429_uses_the_vendor_error_and_retry_after() {
+    let addr = start(None).await;
+    let reply = post(addr, "/v1/messages", &[], &anthropic_body("FAIL:429")).await;
+    assert_eq!(reply.status, 429);
+    assert_eq!(reply.header("retry-after"), Some("0"));
+    assert_eq!(
+        reply.json(),
+        json!({"type":"error","error":{"type":"rate_limit_error",
+            "message":"stub-model failed this request on purpose (FAIL:429)"}})
+    );
+
+    let chat = json!({"messages":[{"role":"user","content":"please FAIL:529 now"}]});
+    let reply = post(addr, "/v1/chat/completions", &[], &chat).await;
+    assert_eq!(reply.status, 529);
+    assert_eq!(reply.json()["error"]["type"], "server_error");
+}
+
+#[tokio::test]
+async fn sleep_delays_the_response() {
+    let addr = start(None).await;
+    let started = Instant::now();
+    let reply = post(addr, "/v1/messages", &[], &anthropic_body("SLEEP:0.3 hi")).await;
+    assert_eq!(reply.status, 200);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn malformed_and_unknown_requests_are_answered_and_recorded() {
+    let addr = start(Some(KEY)).await;
+    let bad = send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", &format!("Bearer {KEY}"))],
+        "{not json",
+    )
+    .await;
+    assert_eq!(bad.status, 400);
+    assert!(bad.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("not JSON"));
+
+    let unknown = send(addr, "POST", "/v2/whatever?x=1", &[], "{}").await;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(unknown.json()["error"]["code"], "not_found");
+
+    let health = send(addr, "GET", "/_stub/health", &[], "").await;
+    assert_eq!((health.status, health.body.trim()), (200, "ok"));
+
+    let records = send(addr, "GET", "/_stub/requests", &[], "").await.json();
+    let records = records.as_array().unwrap();
+    assert_eq!(
+        records.len(),
+        2,
+        "the stub's own endpoints are not recorded"
+    );
+    assert_eq!(records[0]["stub"], "request");
+    assert_eq!(records[0]["path"], "/v1/chat/completions");
+    assert_eq!(records[0]["status"], 400);
+    assert_eq!(records[0]["directive"], "bad_json");
+    assert_eq!(records[0]["body"], "{not json");
+    assert_eq!(records[0]["key_header"], "authorization");
+    assert_eq!(
+        records[0]["headers"]["authorization"],
+        format!("Bearer {KEY}")
+    );
+    assert_eq!(records[1]["path"], "/v2/whatever");
+    assert_eq!(records[1]["query"], "x=1");
+    assert_eq!(records[1]["status"], 404);
+    assert_eq!(records[1]["body"], json!({}));
+}
+
+/// The binary: PORT=0 picks a free port (reported on stderr), each request becomes a JSON line
+/// on stdout, and SIGTERM ends it.
+#[tokio::test]
+async fn the_binary_prints_records_and_stops_on_sigterm() {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stub-model"))
+        .env("PORT", "0")
+        .env("STUB_EXPECT_KEY", KEY)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let banner = stderr.next_line().await.unwrap().unwrap();
+    let port: u16 = banner
+        .split("0.0.0.0:")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {banner:?}"));
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+
+    let reply = post(
+        addr,
+        "/v1/messages",
+        &[("x-api-key", KEY)],
+        &anthropic_body("RUN:ls"),
+    )
+    .await;
+    let events = reply.events();
+    assert!(events
+        .iter()
+        .any(|e| e.json()["content_block"]["type"] == "tool_use"));
+
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = stdout.next_line().await.unwrap().unwrap();
+    let record: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(record["stub"], "request");
+    assert_eq!(record["path"], "/v1/messages");
+    assert_eq!(record["key_header"], "x-api-key");
+    assert_eq!(record["directive"], "run");
+    assert_eq!(record["tool"], "Bash");
+    assert_eq!(record["body"]["model"], "claude-sonnet-4-5");
+
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("exits on SIGTERM")
+        .unwrap();
+    assert!(status.success());
+}
