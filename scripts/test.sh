@@ -14,4 +14,6 @@ scripts/images.sh
 
 echo "== tests"
 export CAW_BOX_RIG_PID_FILE=${CAW_BOX_RIG_DIR:-/var/tmp/caw-box-rig}/dockerd.pid
-cargo nextest run --workspace --no-fail-fast --test-threads 3 "$@"
+# The daemon-restart test restarts the Docker daemon under every other test: it runs alone.
+cargo nextest run --workspace --no-fail-fast --test-threads 3 -E 'not test(daemon_restart)' "$@"
+cargo nextest run --workspace --no-fail-fast -E 'test(daemon_restart)' "$@"

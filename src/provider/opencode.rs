@@ -143,6 +143,8 @@ struct OpencodeParser {
     stopped: bool,
     /// The output of the last failed tool call, to explain a turn that ends without answer.
     last_tool_error: Option<String>,
+    /// Tool calls announced while still running, whose result is still to come.
+    running_calls: Vec<String>,
 }
 
 impl StreamParser for OpencodeParser {
@@ -228,20 +230,31 @@ impl OpencodeParser {
         self.state.answer.boundary();
         let id = part.call_id.unwrap_or_default();
         let state = part.state.unwrap_or_default();
-        out.push(Event::ToolCall {
-            id: id.clone(),
-            name: part.tool.unwrap_or_default(),
-            input: state.input.unwrap_or(Value::Null),
-        });
-        let failed = match state.status.as_deref() {
-            Some("completed") => state
+        let finished = matches!(state.status.as_deref(), Some("completed" | "error"));
+        match self.running_calls.iter().position(|running| *running == id) {
+            Some(at) if finished => {
+                self.running_calls.swap_remove(at);
+            }
+            Some(_) => return,
+            None => {
+                out.push(Event::ToolCall {
+                    id: id.clone(),
+                    name: part.tool.unwrap_or_default(),
+                    input: state.input.unwrap_or(Value::Null),
+                });
+                if !finished {
+                    // opencode emits tools once finished; should a running one show up, its
+                    // result comes later.
+                    self.running_calls.push(id);
+                    return;
+                }
+            }
+        }
+        let failed = state.status.as_deref() == Some("error")
+            || state
                 .metadata
                 .and_then(|m| m.exit)
-                .is_some_and(|exit| exit != 0),
-            Some("error") => true,
-            // opencode emits tools once they finished; anything else has no result yet.
-            _ => return,
-        };
+                .is_some_and(|exit| exit != 0);
         let output = match (state.output, state.error) {
             (Some(output), _) if !failed || !is_blank(&output) => text_of(output),
             (_, Some(error)) => text_of(error),

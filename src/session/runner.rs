@@ -523,11 +523,6 @@ async fn drive_turn(
         duration_ms,
         exit_code: outcome.status.exit_code(),
     };
-    if !outcome.usage.is_zero() {
-        let e = Event::Usage { usage: outcome.usage };
-        append_event(&mut events_log, &e);
-        sink(&e);
-    }
     if !session_announced {
         sink(&Event::Session {
             session_id: record.session_id.to_string(),

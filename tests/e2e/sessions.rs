@@ -9,14 +9,15 @@ use crate::common::*;
 fn run_tool_and_recall(p: P) {
     let rig = Rig::new(&format!("rr-{}", p.name));
 
-    // Turn 1: tell it a fact.
+    // Turn 1: tell it a fact. (Names are unique per Docker host, so per test here.)
+    let name = format!("n-{}", rig.run_id);
     let (code, first, stderr) =
-        rig.json_turn(rig.run_cmd(p, "Please REMEMBER:papaya-17 for later.", &["--name", "s1"]));
+        rig.json_turn(rig.run_cmd(p, "Please REMEMBER:papaya-17 for later.", &["--name", &name]));
     assert_eq!(code, 0, "turn 1 failed: {first}\n{stderr}");
     assert_eq!(first["status"], "success");
     assert_eq!(first["provider"], p.name);
     assert_eq!(first["turn"], 1);
-    assert_eq!(first["name"], "s1");
+    assert_eq!(first["name"], name.as_str());
     assert!(
         first["result"].as_str().unwrap().contains("Noted: papaya-17"),
         "{first}"
@@ -26,7 +27,7 @@ fn run_tool_and_recall(p: P) {
     assert_eq!(rig.caw_volumes(), vec![format!("caw-box-{id}")]);
 
     // Turn 2, by name: a tool call, as unified stream-json events.
-    let mut cmd = rig.resume_cmd(p, "s1", "RUN:echo tool-marker-$((40+2))", &[]);
+    let mut cmd = rig.resume_cmd(p, &name, "RUN:echo tool-marker-$((40+2))", &[]);
     cmd.args(["-o", "stream-json"]);
     let out = run(cmd);
     let events: Vec<Value> = stdout_of(&out)
