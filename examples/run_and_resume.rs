@@ -7,6 +7,8 @@
 //! (the key comes from OPENAI_API_KEY / ANTHROPIC_API_KEY / GEMINI_API_KEY in the
 //! environment; the images come from `caw-box image build --all`).
 
+#![allow(clippy::print_stdout)] // an example prints its results
+
 use caw_box::{Client, Event, NewSession, ProviderKind, TurnOptions};
 
 #[tokio::main(flavor = "current_thread")]

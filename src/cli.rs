@@ -63,10 +63,10 @@ pub enum Command {
     #[command(after_help = "Examples:\n  caw-box doctor")]
     Doctor,
     /// Print a shell completion script.
-    #[command(after_help = "Examples:\n  caw-box completions bash > /etc/bash_completion.d/caw-box\n  caw-box completions zsh > \"${fpath[1]}/_caw-box\"")]
-    Completions {
-        shell: clap_complete::Shell,
-    },
+    #[command(
+        after_help = "Examples:\n  caw-box completions bash > /etc/bash_completion.d/caw-box\n  caw-box completions zsh > \"${fpath[1]}/_caw-box\""
+    )]
+    Completions { shell: clap_complete::Shell },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]

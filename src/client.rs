@@ -97,18 +97,25 @@ impl Client {
     pub async fn start_session(&self, new: NewSession) -> Result<Session> {
         let image = &new.settings.image;
         if self.backend.inspect_image(image).await?.is_none() {
-            return Err(Error::environment(format!("image '{image}' is not present")).with_hint(
-                if *image == new.provider.default_image() {
-                    format!("build it with `caw-box image build --provider {}`", new.provider)
-                } else {
-                    "build or pull it, or pass another --image".to_string()
-                },
-            ));
+            return Err(
+                Error::environment(format!("image '{image}' is not present")).with_hint(
+                    if *image == new.provider.default_image() {
+                        format!(
+                            "build it with `caw-box image build --provider {}`",
+                            new.provider
+                        )
+                    } else {
+                        "build or pull it, or pass another --image".to_string()
+                    },
+                ),
+            );
         }
         if let Some(name) = &new.name {
             if target::name_taken(&self.backend, name).await? {
-                return Err(Error::usage(format!("a session named '{name}' exists already"))
-                    .with_hint("pick another --name, or resume that session"));
+                return Err(
+                    Error::usage(format!("a session named '{name}' exists already"))
+                        .with_hint("pick another --name, or resume that session"),
+                );
             }
         }
         let session_id = Uuid::new_v4();

@@ -90,7 +90,9 @@ impl Usage {
         Usage {
             input_tokens: self.input_tokens.saturating_sub(earlier.input_tokens),
             output_tokens: self.output_tokens.saturating_sub(earlier.output_tokens),
-            cache_read_tokens: self.cache_read_tokens.saturating_sub(earlier.cache_read_tokens),
+            cache_read_tokens: self
+                .cache_read_tokens
+                .saturating_sub(earlier.cache_read_tokens),
             cache_write_tokens: self
                 .cache_write_tokens
                 .saturating_sub(earlier.cache_write_tokens),

@@ -8,10 +8,15 @@ use caw_box::cli::Cli;
 fn main() {
     let cli = Cli::parse();
     init_tracing(cli.verbose, cli.quiet);
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
-            caw_box::output::eprintln(&format!("caw-box: error: cannot start the async runtime: {e}"));
+            caw_box::output::eprintln(&format!(
+                "caw-box: error: cannot start the async runtime: {e}"
+            ));
             std::process::exit(3);
         }
     };

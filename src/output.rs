@@ -104,7 +104,11 @@ impl Printer {
 
     fn resume_line(&self, result: &TurnResult) {
         if !self.quiet {
-            let _ = writeln!(io::stderr(), "resume with: caw-box resume {}", result.session_id);
+            let _ = writeln!(
+                io::stderr(),
+                "resume with: caw-box resume {}",
+                result.session_id
+            );
         }
     }
 }

@@ -14,7 +14,10 @@ use crate::session::record::{SessionSettings, WorkspaceMode};
 pub fn resolve_prompt(args: &TurnArgs) -> Result<Option<String>> {
     let prompt = if let Some(file) = &args.prompt_file {
         Some(std::fs::read_to_string(file).map_err(|e| {
-            Error::usage(format!("cannot read the prompt file '{}': {e}", file.display()))
+            Error::usage(format!(
+                "cannot read the prompt file '{}': {e}",
+                file.display()
+            ))
         })?)
     } else if args.prompt.as_deref() == Some("-") {
         let mut s = String::new();
@@ -36,8 +39,12 @@ pub fn resolve_prompt(args: &TurnArgs) -> Result<Option<String>> {
                 )
                 .with_hint("pass the prompt as an argument, `-` for stdin, or --prompt-file FILE"))
             } else {
-                Err(Error::usage("no prompt given and no terminal for an interactive session")
-                    .with_hint("pass the prompt as an argument, `-` for stdin, or --prompt-file FILE"))
+                Err(
+                    Error::usage("no prompt given and no terminal for an interactive session")
+                        .with_hint(
+                            "pass the prompt as an argument, `-` for stdin, or --prompt-file FILE",
+                        ),
+                )
             }
         }
     }
@@ -71,13 +78,16 @@ fn validate_env_name(k: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::usage(format!("--env: '{k}' is not a valid variable name")))
+        Err(Error::usage(format!(
+            "--env: '{k}' is not a valid variable name"
+        )))
     }
 }
 
 pub fn parse_duration(s: &str, flag: &str) -> Result<Duration> {
     let d = humantime::parse_duration(s).map_err(|e| {
-        Error::usage(format!("{flag} '{s}': {e}")).with_hint("use a duration such as 90s, 30m or 2h")
+        Error::usage(format!("{flag} '{s}': {e}"))
+            .with_hint("use a duration such as 90s, 30m or 2h")
     })?;
     if d.is_zero() {
         return Err(Error::usage(format!("{flag} must be longer than zero")));
@@ -95,14 +105,17 @@ pub fn parse_memory(s: &str) -> Result<i64> {
         Some('g') => (&t[..t.len() - 1], 1 << 30),
         _ => (t, 1),
     };
-    let bad = || Error::usage(format!("--memory '{s}' is not a size")).with_hint("use e.g. 512m or 2g");
+    let bad =
+        || Error::usage(format!("--memory '{s}' is not a size")).with_hint("use e.g. 512m or 2g");
     let n: f64 = num.parse().map_err(|_| bad())?;
     if n <= 0.0 {
         return Err(bad());
     }
     let bytes = (n * mult as f64) as i64;
     if bytes < 6 << 20 {
-        return Err(Error::usage(format!("--memory '{s}' is below Docker's minimum of 6m")));
+        return Err(Error::usage(format!(
+            "--memory '{s}' is below Docker's minimum of 6m"
+        )));
     }
     Ok(bytes)
 }
@@ -114,8 +127,10 @@ pub fn validate_endpoint(url: &str) -> Result<String> {
     if ok {
         Ok(url.trim_end_matches('/').to_string())
     } else {
-        Err(Error::usage(format!("--endpoint '{url}' is not an http(s) URL"))
-            .with_hint("use e.g. http://model-gateway:8080"))
+        Err(
+            Error::usage(format!("--endpoint '{url}' is not an http(s) URL"))
+                .with_hint("use e.g. http://model-gateway:8080"),
+        )
     }
 }
 
@@ -150,7 +165,10 @@ fn resolve_workspace(dir: &Path) -> Result<String> {
             .with_hint("pass an existing directory with --workspace DIR")
     })?;
     if !canonical.is_dir() {
-        return Err(Error::usage(format!("workspace '{}' is not a directory", dir.display())));
+        return Err(Error::usage(format!(
+            "workspace '{}' is not a directory",
+            dir.display()
+        )));
     }
     Ok(canonical.display().to_string())
 }
@@ -184,14 +202,18 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &TurnArgs) -> Resul
     }
     if let Some(network) = &args.network {
         if network.trim().is_empty() {
-            return Err(Error::usage("--network needs a value: open, none, host or a network name"));
+            return Err(Error::usage(
+                "--network needs a value: open, none, host or a network name",
+            ));
         }
         settings.network = network.clone();
     }
     if let Some(mode) = workspace_mode(args.workspace_mode) {
         if mode == WorkspaceMode::Copy {
-            return Err(Error::usage("--workspace-mode copy is not available in this version")
-                .with_hint("use bind (the default) or none"));
+            return Err(
+                Error::usage("--workspace-mode copy is not available in this version")
+                    .with_hint("use bind (the default) or none"),
+            );
         }
         settings.workspace_mode = mode;
     }
@@ -203,13 +225,17 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &TurnArgs) -> Resul
     }
     if let Some(c) = args.cpus {
         if c <= 0.0 || !c.is_finite() {
-            return Err(Error::usage(format!("--cpus {c} must be a positive number")));
+            return Err(Error::usage(format!(
+                "--cpus {c} must be a positive number"
+            )));
         }
         settings.cpus = Some(c);
     }
     if let Some(p) = args.pids_limit {
         if p < 16 {
-            return Err(Error::usage(format!("--pids-limit {p} is too low for any CLI (use 64 or more)")));
+            return Err(Error::usage(format!(
+                "--pids-limit {p} is too low for any CLI (use 64 or more)"
+            )));
         }
         settings.pids_limit = Some(p);
     }
@@ -247,13 +273,22 @@ mod tests {
         assert!(validate_name("fixer-1", "--name").is_ok());
         assert!(validate_name("5b0c", "--name").is_err());
         assert!(validate_name("a b", "--name").is_err());
-        assert_eq!(validate_endpoint("http://stub:8080/").unwrap(), "http://stub:8080");
+        assert_eq!(
+            validate_endpoint("http://stub:8080/").unwrap(),
+            "http://stub:8080"
+        );
         assert!(validate_endpoint("stub:8080").is_err());
     }
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("30m", "--timeout").unwrap(), Duration::from_secs(1800));
-        assert_eq!(parse_duration("soon", "--timeout").unwrap_err().exit_code(), 2);
+        assert_eq!(
+            parse_duration("30m", "--timeout").unwrap(),
+            Duration::from_secs(1800)
+        );
+        assert_eq!(
+            parse_duration("soon", "--timeout").unwrap_err().exit_code(),
+            2
+        );
     }
 }

@@ -52,16 +52,30 @@ fn unreachable(e: impl std::fmt::Display) -> Error {
         "cannot reach the Docker daemon at {}: {e}",
         docker_host()
     ))
-    .with_hint("is Docker running? start it (e.g. `sudo systemctl start docker`) or set DOCKER_HOST")
+    .with_hint(
+        "is Docker running? start it (e.g. `sudo systemctl start docker`) or set DOCKER_HOST",
+    )
 }
 
 /// Whether a bollard error is the daemon's "404 not found".
 pub fn is_not_found(e: &BollardError) -> bool {
-    matches!(e, BollardError::DockerResponseServerError { status_code: 404, .. })
+    matches!(
+        e,
+        BollardError::DockerResponseServerError {
+            status_code: 404,
+            ..
+        }
+    )
 }
 
 fn is_conflict(e: &BollardError) -> bool {
-    matches!(e, BollardError::DockerResponseServerError { status_code: 409, .. })
+    matches!(
+        e,
+        BollardError::DockerResponseServerError {
+            status_code: 409,
+            ..
+        }
+    )
 }
 
 /// The daemon's own message for an error, without bollard's wrapping.

@@ -17,7 +17,10 @@ pub async fn doctor() -> Result<i32> {
                 .with_hint("start Docker, then run `caw-box doctor` again"));
         }
     };
-    output::println(&format!("✓ docker: daemon {}", backend.server_version().await?));
+    output::println(&format!(
+        "✓ docker: daemon {}",
+        backend.server_version().await?
+    ));
     for p in ProviderKind::ALL {
         let image = p.default_image();
         match backend.inspect_image(&image).await? {
@@ -50,7 +53,10 @@ pub async fn doctor() -> Result<i32> {
                 p.endpoint_key_vars().join(" or ")
             ));
         } else {
-            output::println(&format!("✓ {p}: {} set in the environment", present.join(", ")));
+            output::println(&format!(
+                "✓ {p}: {} set in the environment",
+                present.join(", ")
+            ));
         }
     }
     if problems == 0 {

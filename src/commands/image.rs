@@ -61,7 +61,9 @@ pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i
     let providers: Vec<ProviderKind> = if args.all {
         ProviderKind::ALL.to_vec()
     } else if args.provider.is_empty() {
-        return Err(Error::usage("say which images to build: --provider P (repeatable) or --all"));
+        return Err(Error::usage(
+            "say which images to build: --provider P (repeatable) or --all",
+        ));
     } else {
         args.provider
             .iter()
@@ -74,8 +76,14 @@ pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i
         ));
     }
     if let Some(v) = &args.cli_version {
-        if v.is_empty() || !v.chars().all(|c| c.is_ascii_alphanumeric() || ".-+".contains(c)) {
-            return Err(Error::usage(format!("--cli-version '{v}' is not a version")));
+        if v.is_empty()
+            || !v
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".-+".contains(c))
+        {
+            return Err(Error::usage(format!(
+                "--cli-version '{v}' is not a version"
+            )));
         }
     }
     let ca = match &args.ca_cert {
@@ -112,7 +120,11 @@ pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i
         jobs.push(BuildJob {
             tag: p.default_image(),
             files: vec![
-                ("Dockerfile", provider_dockerfile(*p).as_bytes().to_vec(), 0o644),
+                (
+                    "Dockerfile",
+                    provider_dockerfile(*p).as_bytes().to_vec(),
+                    0o644,
+                ),
                 ("extra-ca.pem", ca.clone(), 0o644),
             ],
             args: HashMap::from([
@@ -164,9 +176,10 @@ async fn build_one(
     let started = std::time::Instant::now();
     let mut log = String::new();
     let mut failure: Option<String> = None;
-    let mut stream = backend
-        .client()
-        .build_image(options, None, Some(bollard::body_full(tar.into())));
+    let mut stream =
+        backend
+            .client()
+            .build_image(options, None, Some(bollard::body_full(tar.into())));
     while let Some(item) = stream.next().await {
         match item {
             Ok(info) => {
@@ -208,7 +221,9 @@ async fn build_one(
         } else {
             "run again with -v for the full build log".to_string()
         };
-        return Err(Error::environment(format!("building {} failed: {err}", job.tag)).with_hint(hint));
+        return Err(
+            Error::environment(format!("building {} failed: {err}", job.tag)).with_hint(hint),
+        );
     }
     if !quiet {
         output::eprintln(&format!(
@@ -232,7 +247,12 @@ pub async fn ls() -> Result<i32> {
             ..Default::default()
         }))
         .await
-        .map_err(|e| Error::environment(format!("failed to list images: {}", crate::backend::docker::daemon_message(&e))))?;
+        .map_err(|e| {
+            Error::environment(format!(
+                "failed to list images: {}",
+                crate::backend::docker::daemon_message(&e)
+            ))
+        })?;
     let mut rows = vec![[
         "IMAGE".to_string(),
         "PROVIDER".to_string(),

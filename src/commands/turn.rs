@@ -88,7 +88,10 @@ pub async fn handle(target: &str) -> Result<i32> {
             "session {} has no vendor conversation yet (its first turn never started one)",
             session.id()
         ))
-        .with_hint(format!("run a turn: `caw-box resume {} PROMPT`", session.id())));
+        .with_hint(format!(
+            "run a turn: `caw-box resume {} PROMPT`",
+            session.id()
+        )));
     }
     output::println(&session.handle().to_json());
     Ok(0)

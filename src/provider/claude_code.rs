@@ -26,9 +26,7 @@ impl Provider for ClaudeCode {
     fn turn_command(&self, request: &TurnRequest<'_>) -> TurnCommand {
         let mut argv = vec!["claude".to_string()];
         if !request.interactive {
-            argv.extend(
-                ["-p", "--output-format", "stream-json", "--verbose"].map(String::from),
-            );
+            argv.extend(["-p", "--output-format", "stream-json", "--verbose"].map(String::from));
         }
         match (request.resume_key, request.new_session_key) {
             (Some(key), _) => argv.extend(["--resume".to_string(), key.to_string()]),
@@ -106,17 +104,23 @@ impl StreamParser for ClaudeParser {
             }
         }
         match line.kind {
-            LineKind::Assistant => self.assistant(line.message, line.error, line.parent_tool_use_id.is_some(), out),
+            LineKind::Assistant => self.assistant(
+                line.message,
+                line.error,
+                line.parent_tool_use_id.is_some(),
+                out,
+            ),
             LineKind::User => user(line.message, out),
             LineKind::Result => self.result(line, out),
             LineKind::System => {
                 if line.subtype.as_deref() == Some("api_retry") {
-                    self.retry_failure = line.error_status.and_then(status_for_http).or_else(|| {
-                        line.error
-                            .as_ref()
-                            .and_then(Value::as_str)
-                            .and_then(failure_of_error_kind)
-                    });
+                    self.retry_failure =
+                        line.error_status.and_then(status_for_http).or_else(|| {
+                            line.error
+                                .as_ref()
+                                .and_then(Value::as_str)
+                                .and_then(failure_of_error_kind)
+                        });
                 }
             }
             LineKind::Other => {}
@@ -150,8 +154,13 @@ impl ClaudeParser {
         // text is the error, reported again (with is_error) by the result line.
         if let Some(kind) = error.as_ref().and_then(Value::as_str) {
             let text: String = blocks.iter().filter_map(|b| b.text.as_deref()).collect();
-            let message = if text.is_empty() { kind.to_string() } else { text };
-            self.state.record_error(message, failure_of_error_kind(kind));
+            let message = if text.is_empty() {
+                kind.to_string()
+            } else {
+                text
+            };
+            self.state
+                .record_error(message, failure_of_error_kind(kind));
             return;
         }
         for block in blocks {
@@ -199,7 +208,12 @@ impl ClaudeParser {
             _ => None,
         };
         // `"subtype":"success"` with `"is_error":true` is a failed turn: trust is_error.
-        if line.is_error == Some(true) || line.subtype.as_deref().is_some_and(|s| s.starts_with("error")) {
+        if line.is_error == Some(true)
+            || line
+                .subtype
+                .as_deref()
+                .is_some_and(|s| s.starts_with("error"))
+        {
             let message = result
                 .filter(|r| !r.trim().is_empty())
                 .or_else(|| joined_errors(line.errors.as_ref()))
@@ -534,9 +548,10 @@ mod tests {
         let at = command.argv.iter().position(|a| a == "--model").unwrap();
         assert_eq!(command.argv[at + 1], "claude-sonnet-4-5");
         assert!(at < command.argv.iter().position(|a| a == "--").unwrap());
-        assert!(command
-            .env
-            .contains(&("ANTHROPIC_BASE_URL".to_string(), "http://stub:8080".to_string())));
+        assert!(command.env.contains(&(
+            "ANTHROPIC_BASE_URL".to_string(),
+            "http://stub:8080".to_string()
+        )));
         assert!(command.env.contains(&(
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".to_string(),
             "1".to_string()
@@ -546,7 +561,10 @@ mod tests {
     #[test]
     fn a_prompt_starting_with_a_dash_follows_the_separator() {
         let command = ClaudeCode.turn_command(&request("--help me with -v"));
-        assert_eq!(command.argv[command.argv.len() - 2..], ["--", "--help me with -v"]);
+        assert_eq!(
+            command.argv[command.argv.len() - 2..],
+            ["--", "--help me with -v"]
+        );
         let multiline = "fix it\n- step one\n- step two";
         let command = ClaudeCode.turn_command(&request(multiline));
         assert_eq!(command.argv.last().map(String::as_str), Some(multiline));
@@ -557,7 +575,10 @@ mod tests {
         for word in ["update", "doctor", "mcp", "setup-token"] {
             let command = ClaudeCode.turn_command(&request(word));
             assert_eq!(command.stdin.as_deref(), Some(word.as_bytes()));
-            assert!(!command.argv.iter().any(|a| a == word || a == "--"), "{word}");
+            assert!(
+                !command.argv.iter().any(|a| a == word || a == "--"),
+                "{word}"
+            );
         }
         let command = ClaudeCode.turn_command(&request("Update"));
         assert_eq!(command.stdin, None);
@@ -590,18 +611,26 @@ mod tests {
         });
         assert_eq!(
             resumed.argv,
-            ["claude", "--resume", SESSION, "--dangerously-skip-permissions"]
+            [
+                "claude",
+                "--resume",
+                SESSION,
+                "--dangerously-skip-permissions"
+            ]
         );
-        assert!(resumed
-            .env
-            .contains(&("ANTHROPIC_BASE_URL".to_string(), "http://stub:8080".to_string())));
+        assert!(resumed.env.contains(&(
+            "ANTHROPIC_BASE_URL".to_string(),
+            "http://stub:8080".to_string()
+        )));
         assert_eq!(resumed.stdin, None);
     }
 
     #[test]
     fn a_turn_with_tool_calls() {
-        let (events, key, outcome) =
-            parse(include_str!("../../tests/fixtures/claude_code/hand-turn1.jsonl"), 0);
+        let (events, key, outcome) = parse(
+            include_str!("../../tests/fixtures/claude_code/hand-turn1.jsonl"),
+            0,
+        );
         assert_eq!(key.as_deref(), Some(SESSION));
         let usage = Usage {
             input_tokens: 12,
@@ -658,8 +687,10 @@ mod tests {
 
     #[test]
     fn is_error_with_subtype_success_is_an_auth_failure() {
-        let (events, key, outcome) =
-            parse(include_str!("../../tests/fixtures/claude_code/hand-auth-error.jsonl"), 1);
+        let (events, key, outcome) = parse(
+            include_str!("../../tests/fixtures/claude_code/hand-auth-error.jsonl"),
+            1,
+        );
         assert_eq!(key.as_deref(), Some("5d1c7a0e-2b44-4c1e-8f7a-9e0d3c2b1a00"));
         assert_eq!(outcome.status, Status::AuthError);
         assert_eq!(outcome.result, "Invalid API key · Please run /login");
@@ -672,17 +703,31 @@ mod tests {
 
     #[test]
     fn a_rate_limit_is_a_usage_limit() {
-        let (events, _, outcome) =
-            parse(include_str!("../../tests/fixtures/claude_code/hand-usage-limit.jsonl"), 1);
+        let (events, _, outcome) = parse(
+            include_str!("../../tests/fixtures/claude_code/hand-usage-limit.jsonl"),
+            1,
+        );
         assert_eq!(outcome.status, Status::UsageLimit);
-        assert!(outcome.result.starts_with("API Error: 429"), "{}", outcome.result);
-        assert_eq!(events.iter().filter(|e| matches!(e, Event::Error { .. })).count(), 1);
+        assert!(
+            outcome.result.starts_with("API Error: 429"),
+            "{}",
+            outcome.result
+        );
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| matches!(e, Event::Error { .. }))
+                .count(),
+            1
+        );
     }
 
     #[test]
     fn an_api_error_is_a_plain_failure_even_with_subtype_success() {
-        let (events, _, outcome) =
-            parse(include_str!("../../tests/fixtures/claude_code/hand-api-error.jsonl"), 0);
+        let (events, _, outcome) = parse(
+            include_str!("../../tests/fixtures/claude_code/hand-api-error.jsonl"),
+            0,
+        );
         assert_eq!(outcome.status, Status::Error);
         assert_eq!(
             outcome.result,

@@ -275,7 +275,10 @@ fn tool_call(item: &Item) -> Option<Event> {
             format!(
                 "mcp__{}__{}",
                 item.server.as_deref().unwrap_or_default(),
-                item.tool.as_ref().and_then(Value::as_str).unwrap_or_default()
+                item.tool
+                    .as_ref()
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
             ),
             item.arguments.clone().unwrap_or(Value::Null),
         ),
@@ -333,8 +336,14 @@ fn changes_summary(changes: Option<&Value>) -> String {
     changes
         .iter()
         .map(|change| {
-            let kind = change.get("kind").and_then(Value::as_str).unwrap_or("update");
-            let path = change.get("path").and_then(Value::as_str).unwrap_or_default();
+            let kind = change
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or("update");
+            let path = change
+                .get("path")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             format!("{kind} {path}")
         })
         .collect::<Vec<_>>()
@@ -349,7 +358,12 @@ fn mcp_output(result: Option<&Value>) -> String {
     let texts: Vec<&str> = result
         .get("content")
         .and_then(Value::as_array)
-        .map(|blocks| blocks.iter().filter_map(|b| b.get("text")?.as_str()).collect())
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter_map(|b| b.get("text")?.as_str())
+                .collect()
+        })
         .unwrap_or_default();
     if !texts.is_empty() {
         return texts.join("\n");
@@ -539,7 +553,11 @@ mod tests {
 
     #[test]
     fn endpoint_becomes_a_custom_model_provider() {
-        for endpoint in ["http://stub:8080", "http://stub:8080/", "http://stub:8080/v1"] {
+        for endpoint in [
+            "http://stub:8080",
+            "http://stub:8080/",
+            "http://stub:8080/v1",
+        ] {
             let command = Codex.turn_command(&TurnRequest {
                 endpoint: Some(endpoint),
                 model: Some("gpt-5.5"),
@@ -570,7 +588,10 @@ mod tests {
     #[test]
     fn toml_strings_are_escaped() {
         assert_eq!(toml_string("http://a/v1"), "\"http://a/v1\"");
-        assert_eq!(toml_string("a\"b\\c\nd\u{7f}"), "\"a\\\"b\\\\c\\nd\\u007F\"");
+        assert_eq!(
+            toml_string("a\"b\\c\nd\u{7f}"),
+            "\"a\\\"b\\\\c\\nd\\u007F\""
+        );
     }
 
     #[test]
@@ -616,8 +637,11 @@ mod tests {
 
     #[test]
     fn a_turn_with_tool_calls() {
-        let (events, key, outcome) =
-            parse(include_str!("../../tests/fixtures/codex/hand-turn1.jsonl"), None, 0);
+        let (events, key, outcome) = parse(
+            include_str!("../../tests/fixtures/codex/hand-turn1.jsonl"),
+            None,
+            0,
+        );
         assert_eq!(key.as_deref(), Some(THREAD));
         let usage = Usage {
             input_tokens: 315,
@@ -697,8 +721,11 @@ mod tests {
 
     #[test]
     fn cumulative_usage_over_two_turns() {
-        let (_, _, first) =
-            parse(include_str!("../../tests/fixtures/codex/hand-turn1.jsonl"), None, 0);
+        let (_, _, first) = parse(
+            include_str!("../../tests/fixtures/codex/hand-turn1.jsonl"),
+            None,
+            0,
+        );
         let (events, key, second) = parse(
             include_str!("../../tests/fixtures/codex/hand-resume.jsonl"),
             first.cumulative_usage,
@@ -757,9 +784,17 @@ mod tests {
         );
         assert_eq!(key.as_deref(), Some("0199b5e0-1c2d-7a3b-9f00-4d5e6f708192"));
         assert_eq!(outcome.status, Status::AuthError);
-        assert!(outcome.result.starts_with("unexpected status 401 Unauthorized"));
+        assert!(outcome
+            .result
+            .starts_with("unexpected status 401 Unauthorized"));
         // The `error` line and `turn.failed` carry the same message: reported once.
-        assert_eq!(events.iter().filter(|e| matches!(e, Event::Error { .. })).count(), 1);
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| matches!(e, Event::Error { .. }))
+                .count(),
+            1
+        );
     }
 
     #[test]
@@ -783,7 +818,11 @@ mod tests {
         let (events, _, outcome) = parse(&partial, None, 1);
         assert!(events.is_empty());
         assert_eq!(outcome.status, Status::Error);
-        assert!(outcome.result.starts_with("Reconnecting... 1/5"), "{}", outcome.result);
+        assert!(
+            outcome.result.starts_with("Reconnecting... 1/5"),
+            "{}",
+            outcome.result
+        );
         let (_, _, outcome) = parse("", None, 2);
         assert_eq!(outcome.result, "the CLI exited with code 2");
     }

@@ -194,9 +194,7 @@ impl TurnState {
             }
             None => format!("the CLI exited with code {exit_code}"),
         };
-        let status = self
-            .failure
-            .unwrap_or_else(|| classify_failure(&message));
+        let status = self.failure.unwrap_or_else(|| classify_failure(&message));
         TurnOutcome {
             status,
             result: message,
@@ -218,12 +216,18 @@ mod tests {
         assert_eq!(endpoint_v1("http://stub:8080/v1/"), "http://stub:8080/v1");
         assert_eq!(endpoint_v1("https://gw/openai"), "https://gw/openai/v1");
         assert_eq!(endpoint_root("http://stub:8080/v1/"), "http://stub:8080");
-        assert_eq!(endpoint_root("https://gw/anthropic/"), "https://gw/anthropic");
+        assert_eq!(
+            endpoint_root("https://gw/anthropic/"),
+            "https://gw/anthropic"
+        );
     }
 
     #[test]
     fn failures_are_classified() {
-        assert_eq!(classify_failure("Invalid API key · Please run /login"), Status::AuthError);
+        assert_eq!(
+            classify_failure("Invalid API key · Please run /login"),
+            Status::AuthError
+        );
         assert_eq!(
             classify_failure("unexpected status 401 Unauthorized: missing bearer"),
             Status::AuthError
@@ -236,11 +240,23 @@ mod tests {
             classify_failure("API Error: 429 {\"type\":\"error\"}"),
             Status::UsageLimit
         );
-        assert_eq!(classify_failure("Claude AI usage limit reached|1767225600"), Status::UsageLimit);
-        assert_eq!(classify_failure("5-hour limit reached ∙ resets 3pm"), Status::UsageLimit);
-        assert_eq!(classify_failure("Quota exceeded for metric"), Status::UsageLimit);
+        assert_eq!(
+            classify_failure("Claude AI usage limit reached|1767225600"),
+            Status::UsageLimit
+        );
+        assert_eq!(
+            classify_failure("5-hour limit reached ∙ resets 3pm"),
+            Status::UsageLimit
+        );
+        assert_eq!(
+            classify_failure("Quota exceeded for metric"),
+            Status::UsageLimit
+        );
         assert_eq!(classify_failure("context limit reached"), Status::Error);
-        assert_eq!(classify_failure("connection refused to 10.0.0.1:4010"), Status::Error);
+        assert_eq!(
+            classify_failure("connection refused to 10.0.0.1:4010"),
+            Status::Error
+        );
         assert_eq!(classify_failure("request id 14290 failed"), Status::Error);
         assert_eq!(classify_failure("stream disconnected"), Status::Error);
     }

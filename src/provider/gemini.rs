@@ -361,7 +361,10 @@ mod tests {
             }]
         );
         let settings: Value = serde_json::from_slice(&command.home_files[0].contents).unwrap();
-        assert_eq!(settings["security"]["auth"]["selectedType"], "gemini-api-key");
+        assert_eq!(
+            settings["security"]["auth"]["selectedType"],
+            "gemini-api-key"
+        );
         assert_eq!(settings["privacy"]["usageStatisticsEnabled"], false);
         assert!(Gemini.chooses_key_up_front());
     }
@@ -391,7 +394,11 @@ mod tests {
 
     #[test]
     fn endpoint_is_a_base_url_without_path() {
-        for endpoint in ["http://stub:8080", "http://stub:8080/v1", "http://stub:8080/"] {
+        for endpoint in [
+            "http://stub:8080",
+            "http://stub:8080/v1",
+            "http://stub:8080/",
+        ] {
             let command = Gemini.turn_command(&TurnRequest {
                 endpoint: Some(endpoint),
                 ..request("hi")
@@ -409,7 +416,9 @@ mod tests {
     #[test]
     fn prompts_reach_yargs_verbatim() {
         let command = Gemini.turn_command(&request("-v is broken, fix it"));
-        assert!(command.argv.contains(&"--prompt=-v is broken, fix it".to_string()));
+        assert!(command
+            .argv
+            .contains(&"--prompt=-v is broken, fix it".to_string()));
         assert!(!command.argv.iter().any(|a| a == "-p"));
         for prompt in ["\"quoted\"", "line one\nline two", "mcp"] {
             let command = Gemini.turn_command(&request(prompt));
@@ -438,7 +447,15 @@ mod tests {
         });
         assert_eq!(
             resumed.argv,
-            ["gemini", "-m", "gemini-2.5-pro", "--resume", SESSION, "--skip-trust", "--yolo"]
+            [
+                "gemini",
+                "-m",
+                "gemini-2.5-pro",
+                "--resume",
+                SESSION,
+                "--skip-trust",
+                "--yolo"
+            ]
         );
         assert_eq!(resumed.env.len(), 1);
         assert_eq!(resumed.home_files.len(), 1);
@@ -446,8 +463,10 @@ mod tests {
 
     #[test]
     fn deltas_concatenate_into_the_answer() {
-        let (events, key, outcome) =
-            parse(include_str!("../../tests/fixtures/gemini/hand-turn1.jsonl"), 0);
+        let (events, key, outcome) = parse(
+            include_str!("../../tests/fixtures/gemini/hand-turn1.jsonl"),
+            0,
+        );
         assert_eq!(key.as_deref(), Some(SESSION));
         let usage = Usage {
             input_tokens: 1850,
@@ -524,7 +543,8 @@ mod tests {
                 cost_usd: None
             }
         );
-        let flat = json!({"total_tokens": 130, "input_tokens": 100, "output_tokens": 30, "cached": 40});
+        let flat =
+            json!({"total_tokens": 130, "input_tokens": 100, "output_tokens": 30, "cached": 40});
         assert_eq!(stats_usage(&flat).input_tokens, 60);
         assert_eq!(stats_usage(&flat).cache_read_tokens, 40);
         assert!(stats_usage(&json!("odd")).is_zero());
@@ -532,12 +552,24 @@ mod tests {
 
     #[test]
     fn an_invalid_key_is_an_auth_failure() {
-        let (events, key, outcome) =
-            parse(include_str!("../../tests/fixtures/gemini/hand-auth-error.jsonl"), 1);
+        let (events, key, outcome) = parse(
+            include_str!("../../tests/fixtures/gemini/hand-auth-error.jsonl"),
+            1,
+        );
         assert_eq!(key.as_deref(), Some("4a0d3b82-9c5e-4f70-b2d3-e4f5a6b7c8d9"));
         assert_eq!(outcome.status, Status::AuthError);
-        assert!(outcome.result.starts_with("[API Error: API key not valid."), "{}", outcome.result);
-        assert_eq!(events.iter().filter(|e| matches!(e, Event::Error { .. })).count(), 1);
+        assert!(
+            outcome.result.starts_with("[API Error: API key not valid."),
+            "{}",
+            outcome.result
+        );
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| matches!(e, Event::Error { .. }))
+                .count(),
+            1
+        );
         // Exit 41 without any output is gemini's fatal authentication error.
         let (_, _, outcome) = parse("", 41);
         assert_eq!(outcome.status, Status::AuthError);
@@ -546,10 +578,16 @@ mod tests {
 
     #[test]
     fn quota_exhaustion_is_a_usage_limit() {
-        let (_, _, outcome) =
-            parse(include_str!("../../tests/fixtures/gemini/hand-usage-limit.jsonl"), 1);
+        let (_, _, outcome) = parse(
+            include_str!("../../tests/fixtures/gemini/hand-usage-limit.jsonl"),
+            1,
+        );
         assert_eq!(outcome.status, Status::UsageLimit);
-        assert!(outcome.result.contains("Resource has been exhausted"), "{}", outcome.result);
+        assert!(
+            outcome.result.contains("Resource has been exhausted"),
+            "{}",
+            outcome.result
+        );
         assert_eq!(outcome.usage.input_tokens, 120);
     }
 

@@ -142,7 +142,9 @@ impl fmt::Display for ProviderKind {
 
 /// The error of parsing an unknown provider name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown provider '{0}'; valid providers: claude_code (or claude, cc), codex, opencode, gemini")]
+#[error(
+    "unknown provider '{0}'; valid providers: claude_code (or claude, cc), codex, opencode, gemini"
+)]
 pub struct UnknownProvider(pub String);
 
 impl FromStr for ProviderKind {
@@ -250,11 +252,20 @@ mod tests {
 
     #[test]
     fn names_and_aliases_parse() {
-        assert_eq!("claude".parse::<ProviderKind>(), Ok(ProviderKind::ClaudeCode));
+        assert_eq!(
+            "claude".parse::<ProviderKind>(),
+            Ok(ProviderKind::ClaudeCode)
+        );
         assert_eq!("cc".parse::<ProviderKind>(), Ok(ProviderKind::ClaudeCode));
-        assert_eq!("claude-code".parse::<ProviderKind>(), Ok(ProviderKind::ClaudeCode));
+        assert_eq!(
+            "claude-code".parse::<ProviderKind>(),
+            Ok(ProviderKind::ClaudeCode)
+        );
         assert_eq!("Codex".parse::<ProviderKind>(), Ok(ProviderKind::Codex));
-        assert_eq!("opencode".parse::<ProviderKind>(), Ok(ProviderKind::Opencode));
+        assert_eq!(
+            "opencode".parse::<ProviderKind>(),
+            Ok(ProviderKind::Opencode)
+        );
         assert_eq!("gemini".parse::<ProviderKind>(), Ok(ProviderKind::Gemini));
         let err = "gpt".parse::<ProviderKind>().unwrap_err();
         assert!(err.to_string().contains("claude_code"), "{err}");

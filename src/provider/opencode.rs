@@ -13,7 +13,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::common::{classify_failure, endpoint_v1, parse_line, status_for_http, TurnState};
+use super::common::{endpoint_v1, parse_line, status_for_http, TurnState};
 use super::*;
 
 #[derive(Debug)]
@@ -187,12 +187,11 @@ impl StreamParser for OpencodeParser {
                     .message
                     .or_else(|| error.name.clone())
                     .unwrap_or_else(|| "unknown error".to_string());
-                let failure = data.status_code.and_then(status_for_http).or_else(|| {
-                    match error.name.as_deref() {
-                        Some("ProviderAuthError") => Some(Status::AuthError),
-                        _ => None,
-                    }
-                });
+                let auth = error.name.as_deref() == Some("ProviderAuthError");
+                let failure = data
+                    .status_code
+                    .and_then(status_for_http)
+                    .or(auth.then_some(Status::AuthError));
                 out.push(Event::Error {
                     message: message.clone(),
                 });
@@ -214,11 +213,12 @@ impl StreamParser for OpencodeParser {
                 self.state.verdict = Some(true);
             } else {
                 let message = match self.last_tool_error.take() {
-                    Some(error) => format!("the turn ended without an answer; last tool error: {error}"),
+                    Some(error) => {
+                        format!("the turn ended without an answer; last tool error: {error}")
+                    }
                     None => "the turn ended without an answer".to_string(),
                 };
-                let failure = classify_failure(&message);
-                self.state.record_error(message, Some(failure));
+                self.state.record_error(message, None);
             }
         }
         self.state.outcome(exit_code, None)
@@ -429,7 +429,13 @@ mod tests {
         let command = Opencode.turn_command(&request(prompt));
         assert_eq!(
             command.argv,
-            ["opencode", "run", "--format", "json", "--title=list the files"]
+            [
+                "opencode",
+                "run",
+                "--format",
+                "json",
+                "--title=list the files"
+            ]
         );
         assert_eq!(command.stdin.as_deref(), Some(prompt.as_bytes()));
         assert_eq!(env(&command, "OPENCODE_DISABLE_MODELS_FETCH"), Some("1"));
@@ -470,7 +476,9 @@ mod tests {
         let long = "é".repeat(60);
         assert_eq!(title(&long), format!("{}...", "é".repeat(50)));
         let command = Opencode.turn_command(&request("--help is wrong"));
-        assert!(command.argv.contains(&"--title=--help is wrong".to_string()));
+        assert!(command
+            .argv
+            .contains(&"--title=--help is wrong".to_string()));
         assert_eq!(command.stdin.as_deref(), Some(&b"--help is wrong"[..]));
     }
 
@@ -504,7 +512,9 @@ mod tests {
                 })
             );
             // The key is only referenced, never embedded.
-            assert!(!env(&command, "OPENCODE_CONFIG_CONTENT").unwrap().contains("sk-"));
+            assert!(!env(&command, "OPENCODE_CONFIG_CONTENT")
+                .unwrap()
+                .contains("sk-"));
         }
         let gateway = Opencode.turn_command(&TurnRequest {
             endpoint: Some("https://gw/openai"),
@@ -535,7 +545,13 @@ mod tests {
         });
         assert_eq!(
             resumed.argv,
-            ["opencode", "--session", SESSION, "--model", "caw/stub-model"]
+            [
+                "opencode",
+                "--session",
+                SESSION,
+                "--model",
+                "caw/stub-model"
+            ]
         );
         assert_eq!(config_of(&resumed)["model"], "caw/stub-model");
         assert_eq!(resumed.stdin, None);
@@ -543,8 +559,10 @@ mod tests {
 
     #[test]
     fn a_turn_with_tool_calls_sums_usage_over_steps() {
-        let (events, key, outcome) =
-            parse(include_str!("../../tests/fixtures/opencode/hand-turn1.jsonl"), 0);
+        let (events, key, outcome) = parse(
+            include_str!("../../tests/fixtures/opencode/hand-turn1.jsonl"),
+            0,
+        );
         assert_eq!(key.as_deref(), Some(SESSION));
         let step1 = Usage {
             input_tokens: 1200,
@@ -618,8 +636,10 @@ mod tests {
 
     #[test]
     fn an_unauthorized_api_error_is_an_auth_failure() {
-        let (events, key, outcome) =
-            parse(include_str!("../../tests/fixtures/opencode/hand-auth-error.jsonl"), 0);
+        let (events, key, outcome) = parse(
+            include_str!("../../tests/fixtures/opencode/hand-auth-error.jsonl"),
+            0,
+        );
         assert_eq!(key.as_deref(), Some("ses_6a3bad2f4aaeYl3RnA9sU5cO2b"));
         assert_eq!(outcome.status, Status::AuthError);
         assert_eq!(outcome.result, "Unauthorized: Incorrect API key provided");
@@ -633,17 +653,23 @@ mod tests {
 
     #[test]
     fn a_429_is_a_usage_limit() {
-        let (_, _, outcome) =
-            parse(include_str!("../../tests/fixtures/opencode/hand-usage-limit.jsonl"), 1);
+        let (_, _, outcome) = parse(
+            include_str!("../../tests/fixtures/opencode/hand-usage-limit.jsonl"),
+            1,
+        );
         assert_eq!(outcome.status, Status::UsageLimit);
         assert_eq!(outcome.result, "Too Many Requests");
     }
 
     #[test]
     fn exit_zero_without_an_answer_is_a_failure() {
-        let (events, _, outcome) =
-            parse(include_str!("../../tests/fixtures/opencode/hand-no-answer.jsonl"), 0);
-        assert!(events.iter().any(|e| matches!(e, Event::ToolResult { is_error: true, .. })));
+        let (events, _, outcome) = parse(
+            include_str!("../../tests/fixtures/opencode/hand-no-answer.jsonl"),
+            0,
+        );
+        assert!(events
+            .iter()
+            .any(|e| matches!(e, Event::ToolResult { is_error: true, .. })));
         assert_eq!(outcome.status, Status::Error);
         assert_eq!(
             outcome.result,

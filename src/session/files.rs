@@ -69,13 +69,14 @@ pub fn first_file(tar_bytes: &[u8]) -> Result<Option<Vec<u8>>> {
         .entries()
         .map_err(|e| Error::environment(format!("failed to read an archive from Docker: {e}")))?;
     for entry in entries {
-        let mut entry =
-            entry.map_err(|e| Error::environment(format!("failed to read an archive from Docker: {e}")))?;
+        let mut entry = entry.map_err(|e| {
+            Error::environment(format!("failed to read an archive from Docker: {e}"))
+        })?;
         if entry.header().entry_type().is_file() {
             let mut buf = Vec::new();
-            entry
-                .read_to_end(&mut buf)
-                .map_err(|e| Error::environment(format!("failed to read an archive from Docker: {e}")))?;
+            entry.read_to_end(&mut buf).map_err(|e| {
+                Error::environment(format!("failed to read an archive from Docker: {e}"))
+            })?;
             return Ok(Some(buf));
         }
     }
@@ -116,7 +117,10 @@ mod tests {
             .unwrap()
             .map(|e| {
                 let e = e.unwrap();
-                (e.path().unwrap().display().to_string(), e.header().uid().unwrap())
+                (
+                    e.path().unwrap().display().to_string(),
+                    e.header().uid().unwrap(),
+                )
             })
             .collect();
         assert_eq!(

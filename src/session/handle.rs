@@ -52,10 +52,12 @@ impl ResumeHandle {
             volume: Option<String>,
         }
         let bad = |why: &str| {
-            Error::usage(format!("malformed resume handle: {why}"))
-                .with_hint("pass the handle printed by `caw-box handle TARGET`, quoted as one argument")
+            Error::usage(format!("malformed resume handle: {why}")).with_hint(
+                "pass the handle printed by `caw-box handle TARGET`, quoted as one argument",
+            )
         };
-        let raw: Raw = serde_json::from_str(s.trim()).map_err(|e| bad(&format!("not valid JSON ({e})")))?;
+        let raw: Raw =
+            serde_json::from_str(s.trim()).map_err(|e| bad(&format!("not valid JSON ({e})")))?;
         let version = raw.version.ok_or_else(|| bad("no \"version\""))?;
         if version != HANDLE_VERSION {
             return Err(bad(&format!(
@@ -68,8 +70,8 @@ impl ResumeHandle {
             .parse()
             .map_err(|e: crate::provider::UnknownProvider| bad(&e.to_string()))?;
         let session_id = raw.session_id.ok_or_else(|| bad("no \"session_id\""))?;
-        let session_id = Uuid::parse_str(&session_id)
-            .map_err(|_| bad("\"session_id\" is not a UUID"))?;
+        let session_id =
+            Uuid::parse_str(&session_id).map_err(|_| bad("\"session_id\" is not a UUID"))?;
         let resume_key = raw.resume_key.unwrap_or_default();
         if resume_key.is_empty() {
             return Err(bad("empty \"resume_key\""));
@@ -137,11 +139,26 @@ mod tests {
     fn malformed_handles_are_usage_errors_that_say_why() {
         let cases = [
             ("{", "not valid JSON"),
-            (r#"{"version":2,"provider":"codex","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"k","volume":"caw-box-5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b"}"#, "version 2"),
-            (r#"{"version":1,"provider":"gpt","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"k","volume":"caw-box-5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b"}"#, "unknown provider"),
-            (r#"{"version":1,"provider":"codex","session_id":"nope","resume_key":"k","volume":"caw-box-nope"}"#, "not a UUID"),
-            (r#"{"version":1,"provider":"codex","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"","volume":"caw-box-5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b"}"#, "empty"),
-            (r#"{"version":1,"provider":"codex","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"k","volume":"other"}"#, "\"volume\" is 'other'"),
+            (
+                r#"{"version":2,"provider":"codex","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"k","volume":"caw-box-5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b"}"#,
+                "version 2",
+            ),
+            (
+                r#"{"version":1,"provider":"gpt","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"k","volume":"caw-box-5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b"}"#,
+                "unknown provider",
+            ),
+            (
+                r#"{"version":1,"provider":"codex","session_id":"nope","resume_key":"k","volume":"caw-box-nope"}"#,
+                "not a UUID",
+            ),
+            (
+                r#"{"version":1,"provider":"codex","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"","volume":"caw-box-5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b"}"#,
+                "empty",
+            ),
+            (
+                r#"{"version":1,"provider":"codex","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"k","volume":"other"}"#,
+                "\"volume\" is 'other'",
+            ),
         ];
         for (input, why) in cases {
             let err = ResumeHandle::parse(input).unwrap_err();

@@ -1,8 +1,8 @@
 //! Sessions: the resume handle, the labels and records that make a session live in Docker,
 //! and TARGET resolution.
 
-pub mod handle;
 pub mod files;
+pub mod handle;
 pub mod record;
 pub mod runner;
 pub mod target;

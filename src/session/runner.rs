@@ -48,7 +48,11 @@ pub fn container_name(record: &SessionRecord) -> String {
 
 /// The handle for a session's current state.
 pub fn handle_of(record: &SessionRecord) -> ResumeHandle {
-    ResumeHandle::new(record.provider, record.session_id, record.resume_key.clone())
+    ResumeHandle::new(
+        record.provider,
+        record.session_id,
+        record.resume_key.clone(),
+    )
 }
 
 /// A per-turn directory on the host, removed when dropped.
@@ -58,7 +62,11 @@ impl RuntimeDir {
     fn create(record: &SessionRecord, turn: u32) -> Result<Self> {
         let base = dirs::runtime_dir()?;
         dirs::ensure_private_dir(&base)?;
-        let dir = base.join(format!("{}-{turn}-{}", record.session_id, std::process::id()));
+        let dir = base.join(format!(
+            "{}-{turn}-{}",
+            record.session_id,
+            std::process::id()
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         dirs::ensure_private_dir(&dir)?;
         // The CLI runs as the agent user, which must read what we put here.
@@ -84,7 +92,12 @@ impl Drop for RuntimeDir {
 fn chown_for_agent(path: &std::path::Path) -> Result<()> {
     if is_root() {
         std::os::unix::fs::chown(path, Some(AGENT_UID as u32), Some(AGENT_UID as u32)).map_err(
-            |e| Error::environment(format!("failed to hand '{}' to the agent user: {e}", path.display())),
+            |e| {
+                Error::environment(format!(
+                    "failed to hand '{}' to the agent user: {e}",
+                    path.display()
+                ))
+            },
         )?;
     }
     Ok(())
@@ -182,7 +195,11 @@ pub async fn run_turn(
     }
     let request = TurnRequest {
         prompt: &options.prompt,
-        resume_key: if first_turn { None } else { Some(record.resume_key.as_str()) },
+        resume_key: if first_turn {
+            None
+        } else {
+            Some(record.resume_key.as_str())
+        },
         new_session_key: new_key.as_deref(),
         model: record.settings.model.as_deref(),
         endpoint: record.settings.endpoint.as_deref(),
@@ -199,7 +216,11 @@ pub async fn run_turn(
         env_file.push(0);
     }
     runtime.write("env", &env_file)?;
-    let mut env: Vec<String> = command.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let mut env: Vec<String> = command
+        .env
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
     env.push(format!("HOME={AGENT_HOME}"));
     env.push(format!("CAW_BOX_STOP_GRACE={ENTRY_GRACE_SECS}"));
     if let Some(stdin) = &command.stdin {
@@ -227,12 +248,16 @@ pub async fn run_turn(
 }
 
 fn missing_image(image: &str, record: &SessionRecord) -> Error {
-    Error::environment(format!("image '{image}' is not present"))
-        .with_hint(if image == record.provider.default_image() {
-            format!("build it with `caw-box image build --provider {}`", record.provider)
+    Error::environment(format!("image '{image}' is not present")).with_hint(
+        if image == record.provider.default_image() {
+            format!(
+                "build it with `caw-box image build --provider {}`",
+                record.provider
+            )
         } else {
             "build or pull it, or pass another --image".to_string()
-        })
+        },
+    )
 }
 
 fn container_body(
@@ -579,9 +604,10 @@ async fn place_home_files(
                 .await?
                 .and_then(|t| files::first_file(&t).ok().flatten())
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
-            if let (Some(mut base), Ok(overlay)) =
-                (existing, serde_json::from_slice::<serde_json::Value>(&f.contents))
-            {
+            if let (Some(mut base), Ok(overlay)) = (
+                existing,
+                serde_json::from_slice::<serde_json::Value>(&f.contents),
+            ) {
                 files::merge_json(&mut base, &overlay);
                 bytes = serde_json::to_vec_pretty(&base).unwrap_or(bytes);
             }
@@ -651,7 +677,9 @@ async fn save_record(
 
 /// Caches a record on the host; failures only cost speed later, so they are not errors.
 pub fn cache_record(record: &SessionRecord) {
-    let Ok(dir) = dirs::sessions_dir() else { return };
+    let Ok(dir) = dirs::sessions_dir() else {
+        return;
+    };
     let path = dir.join(format!("{}.json", record.session_id));
     if let Ok(json) = serde_json::to_vec_pretty(record) {
         if let Err(e) = dirs::write_private(&path, &json) {
@@ -674,7 +702,10 @@ pub fn turn_error(result: &TurnResult) -> Option<Error> {
     let summary = result.result.lines().next().unwrap_or("").trim();
     let mut e = Error::new(
         kind,
-        format!("turn {} of session {} ended with {}: {summary}", result.turn, result.session_id, result.status),
+        format!(
+            "turn {} of session {} ended with {}: {summary}",
+            result.turn, result.session_id, result.status
+        ),
     );
     e = e.with_hint(match result.status {
         Status::AuthError => format!(
@@ -682,7 +713,10 @@ pub fn turn_error(result: &TurnResult) -> Option<Error> {
             result.provider
         ),
         Status::UsageLimit => "wait for the vendor's limit to reset, then resume".to_string(),
-        _ => format!("the session is kept: resume it with `caw-box resume {}`", result.session_id),
+        _ => format!(
+            "the session is kept: resume it with `caw-box resume {}`",
+            result.session_id
+        ),
     });
     Some(e)
 }

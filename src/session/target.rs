@@ -47,7 +47,10 @@ impl VolumeFacts {
             provider,
             name: l.get(labels::NAME).cloned(),
             group: l.get(labels::GROUP).cloned(),
-            created_at: l.get(labels::CREATED).and_then(|c| c.parse().ok()).unwrap_or(0),
+            created_at: l
+                .get(labels::CREATED)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0),
             settings,
         })
     }
@@ -85,13 +88,16 @@ pub async fn resolve(backend: &DockerBackend, target: &str) -> Result<SessionRec
 
 /// Checks a handle against Docker: its volume must exist and carry matching labels.
 async fn facts_for_handle(backend: &DockerBackend, handle: &ResumeHandle) -> Result<VolumeFacts> {
-    let volume = backend.inspect_volume(&handle.volume).await?.ok_or_else(|| {
-        Error::usage(format!(
-            "the handle's state volume '{}' does not exist on this Docker host",
-            handle.volume
-        ))
-        .with_hint("the session was removed, or it lives on another Docker host")
-    })?;
+    let volume = backend
+        .inspect_volume(&handle.volume)
+        .await?
+        .ok_or_else(|| {
+            Error::usage(format!(
+                "the handle's state volume '{}' does not exist on this Docker host",
+                handle.volume
+            ))
+            .with_hint("the session was removed, or it lives on another Docker host")
+        })?;
     let facts = VolumeFacts::from_volume(&volume).ok_or_else(|| {
         Error::usage(format!(
             "volume '{}' is not a caw-box session volume (its labels do not match the handle)",
@@ -115,7 +121,10 @@ async fn facts_for_handle(backend: &DockerBackend, handle: &ResumeHandle) -> Res
 }
 
 /// Finds one session by exact id, name, or unique id prefix (one Docker call).
-pub async fn find_by_id_prefix_or_name(backend: &DockerBackend, target: &str) -> Result<VolumeFacts> {
+pub async fn find_by_id_prefix_or_name(
+    backend: &DockerBackend,
+    target: &str,
+) -> Result<VolumeFacts> {
     let all: Vec<VolumeFacts> = backend
         .list_volumes(&state_volume_filter())
         .await?
@@ -129,8 +138,9 @@ pub async fn find_by_id_prefix_or_name(backend: &DockerBackend, target: &str) ->
         return Ok(f.clone());
     }
     let not_found = || {
-        Error::usage(format!("no session matches '{target}'"))
-            .with_hint("pass a handle, a session id, a unique id prefix (4+ characters) or a session name")
+        Error::usage(format!("no session matches '{target}'")).with_hint(
+            "pass a handle, a session id, a unique id prefix (4+ characters) or a session name",
+        )
     };
     if target.len() < 4 {
         return Err(not_found());

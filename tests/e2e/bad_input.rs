@@ -20,7 +20,14 @@ fn assert_refused(out: &std::process::Output, code: i32, needle: &str) {
 fn bad_input_is_refused_cleanly_and_creates_nothing() {
     let rig = Rig::new("bad-input");
 
-    let out = run(rig.run_cmd(P { name: "gpt", ..CODEX }, "hi", &[]));
+    let out = run(rig.run_cmd(
+        P {
+            name: "gpt",
+            ..CODEX
+        },
+        "hi",
+        &[],
+    ));
     assert_refused(&out, 2, "unknown provider 'gpt'");
     assert!(stderr_of(&out).contains("claude_code") && stderr_of(&out).contains("gemini"));
 

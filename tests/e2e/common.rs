@@ -296,9 +296,17 @@ impl Rig {
                         .is_some_and(|s| s.starts_with(p))
                 })
             }) {
-                return c.names.unwrap_or_default().join("").trim_start_matches('/').to_string();
+                return c
+                    .names
+                    .unwrap_or_default()
+                    .join("")
+                    .trim_start_matches('/')
+                    .to_string();
             }
-            assert!(Instant::now() < deadline, "no turn container started in {timeout:?}");
+            assert!(
+                Instant::now() < deadline,
+                "no turn container started in {timeout:?}"
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -340,7 +348,13 @@ impl Rig {
                 .await
             {
                 for v in vs.volumes.unwrap_or_default() {
-                    let _ = self.docker.remove_volume(&v.name, None::<bollard::query_parameters::RemoveVolumeOptions>).await;
+                    let _ = self
+                        .docker
+                        .remove_volume(
+                            &v.name,
+                            None::<bollard::query_parameters::RemoveVolumeOptions>,
+                        )
+                        .await;
                 }
             }
             if let Ok(ns) = self

@@ -10,8 +10,7 @@ use futures_util::StreamExt;
 use crate::common::*;
 
 fn start_with_fact(rig: &Rig, p: P, fact: &str) -> String {
-    let (code, json, stderr) =
-        rig.json_turn(rig.run_cmd(p, &format!("REMEMBER:{fact}"), &[]));
+    let (code, json, stderr) = rig.json_turn(rig.run_cmd(p, &format!("REMEMBER:{fact}"), &[]));
     assert_eq!(code, 0, "{json}\n{stderr}");
     json["session_id"].as_str().unwrap().to_string()
 }
@@ -37,7 +36,11 @@ fn timeout_stops_the_turn_and_keeps_the_session() {
         rig.json_turn(rig.resume_cmd(CODEX, &id, "SLEEP:120 then answer", &["--timeout", "4s"]));
     assert_eq!(code, 124, "{json}\n{stderr}");
     assert_eq!(json["status"], "timeout");
-    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
     assert!(stderr.contains("timed out"), "{stderr}");
     assert!(rig.caw_containers().is_empty(), "container left behind");
     assert_recalls(&rig, CODEX, &id, "kiwi");
@@ -49,7 +52,8 @@ fn interrupt_and_busy_session() {
     let id = start_with_fact(&rig, CLAUDE, "plum");
 
     let mut cmd = rig.resume_cmd(CLAUDE, &id, "SLEEP:120 then answer", &["-o", "json"]);
-    cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     let child = cmd.spawn().unwrap();
     let container = rig.wait_for_running_turn(Some(&id), Duration::from_secs(60));
 
@@ -64,9 +68,15 @@ fn interrupt_and_busy_session() {
     assert_eq!(hc.security_opt, Some(vec!["no-new-privileges".to_string()]));
     assert_ne!(hc.privileged, Some(true));
     assert!(hc.pids_limit.unwrap_or(0) > 0);
-    assert_eq!(inspect.config.as_ref().unwrap().user.as_deref(), Some("1000:1000"));
+    assert_eq!(
+        inspect.config.as_ref().unwrap().user.as_deref(),
+        Some("1000:1000")
+    );
     let inspect_json = serde_json::to_string(&inspect).unwrap();
-    assert!(!inspect_json.contains(TEST_KEY), "the key shows in docker inspect");
+    assert!(
+        !inspect_json.contains(TEST_KEY),
+        "the key shows in docker inspect"
+    );
     assert!(!inspect_json.contains("docker.sock"));
 
     // A second turn of the same session is refused while this one runs.
@@ -78,11 +88,19 @@ fn interrupt_and_busy_session() {
     let pid = child.id() as i32;
     let sent = Instant::now();
     assert_eq!(
-        std::process::Command::new("kill").args(["-INT", &pid.to_string()]).status().unwrap().code(),
+        std::process::Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .status()
+            .unwrap()
+            .code(),
         Some(0)
     );
     let out = wait_with_deadline(child, Duration::from_secs(30));
-    assert!(sent.elapsed() < Duration::from_secs(10), "took {:?}", sent.elapsed());
+    assert!(
+        sent.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        sent.elapsed()
+    );
     assert_eq!(out.status.code(), Some(130), "{}", stderr_of(&out));
     let json: serde_json::Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
     assert_eq!(json["status"], "interrupted");
@@ -95,7 +113,8 @@ fn a_crashing_cli_is_an_error_and_the_session_survives() {
     let rig = Rig::new("crash");
     let id = start_with_fact(&rig, GEMINI, "fig");
     let mut cmd = rig.resume_cmd(GEMINI, &id, "SLEEP:120 then answer", &["-o", "json"]);
-    cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     let child = cmd.spawn().unwrap();
     let container = rig.wait_for_running_turn(Some(&id), Duration::from_secs(60));
     std::thread::sleep(Duration::from_secs(2));

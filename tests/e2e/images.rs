@@ -30,7 +30,10 @@ fn run_in(rig: &Rig, image: &str, cmd: &[&str]) -> (i64, String) {
                 ContainerCreateBody {
                     image: Some(image.to_string()),
                     cmd: Some(cmd.iter().map(|s| s.to_string()).collect()),
-                    labels: Some(HashMap::from([(TEST_LABEL.to_string(), rig.run_id.clone())])),
+                    labels: Some(HashMap::from([(
+                        TEST_LABEL.to_string(),
+                        rig.run_id.clone(),
+                    )])),
                     host_config: Some(HostConfig {
                         network_mode: Some("none".into()),
                         ..Default::default()
@@ -80,7 +83,11 @@ fn each_image_has_its_pinned_cli_as_a_non_root_user() {
         let tag = format!("caw-box/{image}:latest");
         let inspect = rig.rt.block_on(rig.docker.inspect_image(&tag)).unwrap();
         let labels = inspect.config.unwrap().labels.unwrap();
-        assert_eq!(labels.get("io.caw-box.cli-version").map(String::as_str), Some(version), "{tag}");
+        assert_eq!(
+            labels.get("io.caw-box.cli-version").map(String::as_str),
+            Some(version),
+            "{tag}"
+        );
         assert!(labels.contains_key("io.caw-box.provider"), "{tag}");
         let (code, out) = run_in(&rig, &tag, &[cli, "--version"]);
         assert_eq!(code, 0, "{tag}: {out}");
@@ -88,7 +95,11 @@ fn each_image_has_its_pinned_cli_as_a_non_root_user() {
         let (code, out) = run_in(&rig, &tag, &["id", "-u"]);
         assert_eq!((code, out.trim()), (0, "1000"), "{tag}");
         // The build's extra CA stays in the install stage.
-        let (code, out) = run_in(&rig, &tag, &["bash", "-c", "ls /tmp; env | grep -c CA_CERTS || true"]);
+        let (code, out) = run_in(
+            &rig,
+            &tag,
+            &["bash", "-c", "ls /tmp; env | grep -c CA_CERTS || true"],
+        );
         assert_eq!(code, 0);
         assert!(!out.contains("extra-ca.pem"), "{tag}: {out}");
         assert_eq!(out.lines().last().map(str::trim), Some("0"), "{tag}: {out}");
@@ -99,7 +110,8 @@ fn each_image_has_its_pinned_cli_as_a_non_root_user() {
 fn doctor_names_a_missing_image_and_its_fix() {
     let rig = Rig::new("doctor");
     let mut cmd = rig.caw();
-    cmd.arg("doctor").env("CAW_BOX_IMAGE_REPO", "caw-box-test-missing");
+    cmd.arg("doctor")
+        .env("CAW_BOX_IMAGE_REPO", "caw-box-test-missing");
     let out = run(cmd);
     assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
     let stdout = stdout_of(&out);
@@ -110,13 +122,23 @@ fn doctor_names_a_missing_image_and_its_fix() {
             "{stdout}"
         );
     }
-    assert!(stderr_of(&out).contains("4 problems found"), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("4 problems found"),
+        "{}",
+        stderr_of(&out)
+    );
 
     // With the real images present, doctor is happy.
     let mut cmd = rig.caw();
     cmd.arg("doctor");
     let out = run(cmd);
-    assert_eq!(out.status.code(), Some(0), "{}{}", stdout_of(&out), stderr_of(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout_of(&out),
+        stderr_of(&out)
+    );
 }
 
 #[test]
@@ -124,11 +146,21 @@ fn image_build_with_a_missing_base_exits_3() {
     let rig = Rig::new("nobase");
     let mut cmd = rig.caw();
     // A registry on loopback that refuses at once: no traffic leaves this machine.
-    cmd.args(["image", "build", "--provider", "codex", "--base", "localhost:1/caw-box-missing:latest"])
-        .env("CAW_BOX_IMAGE_REPO", "caw-box-test-nobase");
+    cmd.args([
+        "image",
+        "build",
+        "--provider",
+        "codex",
+        "--base",
+        "localhost:1/caw-box-missing:latest",
+    ])
+    .env("CAW_BOX_IMAGE_REPO", "caw-box-test-nobase");
     let out = run(cmd);
     assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
     let stderr = stderr_of(&out);
-    assert!(stderr.contains("building caw-box-test-nobase/base:latest failed"), "{stderr}");
+    assert!(
+        stderr.contains("building caw-box-test-nobase/base:latest failed"),
+        "{stderr}"
+    );
     assert!(stderr.contains("--base"), "{stderr}");
 }

@@ -11,42 +11,62 @@ fn run_tool_and_recall(p: P) {
 
     // Turn 1: tell it a fact. (Names are unique per Docker host, so per test here.)
     let name = format!("n-{}", rig.run_id);
-    let (code, first, stderr) =
-        rig.json_turn(rig.run_cmd(p, "Please REMEMBER:papaya-17 for later.", &["--name", &name]));
+    let (code, first, stderr) = rig.json_turn(rig.run_cmd(
+        p,
+        "Please REMEMBER:papaya-17 for later.",
+        &["--name", &name],
+    ));
     assert_eq!(code, 0, "turn 1 failed: {first}\n{stderr}");
     assert_eq!(first["status"], "success");
     assert_eq!(first["provider"], p.name);
     assert_eq!(first["turn"], 1);
     assert_eq!(first["name"], name.as_str());
     assert!(
-        first["result"].as_str().unwrap().contains("Noted: papaya-17"),
+        first["result"]
+            .as_str()
+            .unwrap()
+            .contains("Noted: papaya-17"),
         "{first}"
     );
     let id = first["session_id"].as_str().unwrap().to_string();
-    assert!(rig.caw_containers().is_empty(), "a turn container was left behind");
+    assert!(
+        rig.caw_containers().is_empty(),
+        "a turn container was left behind"
+    );
     assert_eq!(rig.caw_volumes(), vec![format!("caw-box-{id}")]);
 
     // Turn 2, by name: a tool call, as unified stream-json events.
-    let mut cmd = rig.resume_cmd(p, &name, "RUN:echo tool-marker-$((40+2))", &[]);
+    let mut cmd = rig.resume_cmd(p, &name, "RUN:printf 'tool-marker-%s\\n' 42", &[]);
     cmd.args(["-o", "stream-json"]);
     let out = run(cmd);
     let events: Vec<Value> = stdout_of(&out)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect();
-    assert_eq!(out.status.code(), Some(0), "turn 2 failed: {}", stderr_of(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "turn 2 failed: {}",
+        stderr_of(&out)
+    );
     let call = events
         .iter()
         .find(|e| e["type"] == "tool_call")
         .unwrap_or_else(|| panic!("no tool_call event in {events:#?}"));
     assert!(call["id"].as_str().is_some_and(|s| !s.is_empty()), "{call}");
-    assert!(call["name"].as_str().is_some_and(|s| !s.is_empty()), "{call}");
+    assert!(
+        call["name"].as_str().is_some_and(|s| !s.is_empty()),
+        "{call}"
+    );
     let result = events
         .iter()
         .find(|e| e["type"] == "tool_result")
         .unwrap_or_else(|| panic!("no tool_result event in {events:#?}"));
     assert!(
-        result["output"].as_str().unwrap_or("").contains("tool-marker-42"),
+        result["output"]
+            .as_str()
+            .unwrap_or("")
+            .contains("tool-marker-42"),
         "the shell command did not run: {result}"
     );
     assert_eq!(result["is_error"], false);
@@ -54,9 +74,15 @@ fn run_tool_and_recall(p: P) {
     assert_eq!(last["type"], "result", "{last}");
     assert_eq!(last["status"], "success");
     assert_eq!(last["turn"], 2);
-    assert!(last["result"].as_str().unwrap().contains("tool-marker-42"), "{last}");
+    assert!(
+        last["result"].as_str().unwrap().contains("tool-marker-42"),
+        "{last}"
+    );
     assert_eq!(events[0]["type"], "session", "{:?}", events[0]);
-    assert!(rig.caw_containers().is_empty(), "a turn container was left behind");
+    assert!(
+        rig.caw_containers().is_empty(),
+        "a turn container was left behind"
+    );
 
     // Turn 3 from the handle alone, with the host's data directory gone.
     let handle = last["resume_handle"].as_str().unwrap().to_string();
@@ -66,7 +92,10 @@ fn run_tool_and_recall(p: P) {
     std::fs::remove_dir_all(rig.data_dir.path()).unwrap();
     let (code, third, stderr) = rig.json_turn(rig.resume_cmd(p, &handle, "RECALL", &[]));
     assert_eq!(code, 0, "turn 3 failed: {third}\n{stderr}");
-    assert_eq!(third["turn"], 3, "the turn count lives in the volume: {third}");
+    assert_eq!(
+        third["turn"], 3,
+        "the turn count lives in the volume: {third}"
+    );
     assert!(
         third["result"]
             .as_str()
@@ -116,7 +145,12 @@ fn output_shapes_match_the_spec() {
     for k in ["session_id", "resume_handle", "duration_ms"] {
         redacted[k] = Value::String(format!("[{k}]"));
     }
-    for k in ["input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"] {
+    for k in [
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+    ] {
         assert!(redacted["usage"][k].is_u64(), "usage.{k}: {json}");
         redacted["usage"][k] = Value::String("[n]".into());
     }

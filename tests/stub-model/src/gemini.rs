@@ -14,7 +14,7 @@ pub struct Gemini;
 impl Protocol for Gemini {
     fn conversation(&self, body: &Value) -> Conversation {
         let contents = body.get("contents").and_then(Value::as_array);
-        Conversation::from_items(contents.into_iter().flatten().map(content_item))
+        Conversation::from_items(contents.into_iter().flatten().flat_map(content_items))
     }
 
     fn tools(&self, body: &Value) -> Vec<Tool> {
@@ -131,9 +131,12 @@ fn array_items(value: Value) -> Vec<Value> {
     }
 }
 
-fn content_item(content: &Value) -> Item {
+/// The items of one content. Each text part of a user content is its own user text: after
+/// an interrupted turn gemini merges that turn's prompt and the next one into one content
+/// (`parts: ["SLEEP:120 …", "RECALL"]`), and only the last is the latest prompt.
+fn content_items(content: &Value) -> Vec<Item> {
     if content.get("role").and_then(Value::as_str) == Some("model") {
-        return Item::Assistant;
+        return vec![Item::Assistant];
     }
     let parts = content.get("parts").and_then(Value::as_array);
     let parts = parts.map(Vec::as_slice).unwrap_or_default();
@@ -143,13 +146,13 @@ fn content_item(content: &Value) -> Item {
         .map(|r| function_output(r.get("response").unwrap_or(&Value::Null)))
         .collect();
     if !results.is_empty() {
-        return Item::ToolResult(results.join("\n"));
+        return vec![Item::ToolResult(results.join("\n"))];
     }
-    let texts: Vec<&str> = parts
+    parts
         .iter()
         .filter_map(|p| p.get("text").and_then(Value::as_str))
-        .collect();
-    Item::User(texts.join("\n"))
+        .map(|t| Item::User(t.to_string()))
+        .collect()
 }
 
 /// The text of a `functionResponse.response`: its `output`, `content` or `error`, else the JSON.
@@ -205,9 +208,14 @@ mod tests {
         let mut body = turn2();
         let contents = body["contents"].as_array_mut().unwrap();
         contents.push(json!({"role":"model","parts":[{"text":"Tool said: hi"}]}));
-        contents.push(json!({"role":"user","parts":[{"text":"RECALL"},{"text":"now"}]}));
+        // An interrupted turn's prompt merged with the next one: the last part is the latest.
+        contents.push(json!({"role":"user","parts":[{"text":"SLEEP:120"},{"text":"RECALL now"}]}));
         let conversation = Gemini.conversation(&body);
-        assert_eq!(conversation.latest_user_text(), "RECALL\nnow");
+        assert_eq!(conversation.latest_user_text(), "RECALL now");
+        assert!(conversation
+            .earlier_user_texts()
+            .iter()
+            .any(|t| t == "SLEEP:120"));
         assert_eq!(conversation.tool_result, None);
         let error = function_output(&json!({"error":"denied"}));
         assert_eq!(error, "denied");
