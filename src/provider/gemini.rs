@@ -243,7 +243,13 @@ fn stats_usage(stats: &Value) -> Usage {
             .unwrap_or(0)
     };
     let mut usage = Usage::default();
-    if let Some(models) = stats.get("models").and_then(Value::as_object) {
+    // gemini 0.61 (recorded) has flat per-model counters beside flat totals; only the
+    // older session-metrics shape nests them under `tokens`.
+    let nested = stats
+        .get("models")
+        .and_then(Value::as_object)
+        .filter(|models| models.values().any(|m| m.get("tokens").is_some()));
+    if let Some(models) = nested {
         for tokens in models.values().filter_map(|m| m.get("tokens")) {
             let cached = count(tokens, "cached");
             let input = match tokens.get("input") {
