@@ -107,6 +107,39 @@ fn each_image_has_its_pinned_cli_as_a_non_root_user() {
 }
 
 #[test]
+fn image_ls_lists_provider_version_size_and_age() {
+    let rig = Rig::new("image-ls");
+    let mut cmd = rig.caw();
+    cmd.args(["image", "ls"]);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let stdout = stdout_of(&out);
+    let header = stdout.lines().next().unwrap_or_default();
+    for column in ["IMAGE", "PROVIDER", "CLI VERSION", "SIZE", "CREATED"] {
+        assert!(header.contains(column), "{stdout}");
+    }
+    for ((image, _, version), provider) in
+        PINNED
+            .iter()
+            .zip(["claude_code", "codex", "opencode", "gemini"])
+    {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("caw-box/{image}:latest ")))
+            .unwrap_or_else(|| panic!("no row for {image}: {stdout}"));
+        let cells: Vec<&str> = row
+            .split("   ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        assert_eq!(cells[1], provider, "{row}");
+        assert_eq!(cells[2], *version, "{row}");
+        assert!(cells[3].ends_with(" MB"), "{row}");
+        assert!(cells[4].ends_with(" ago"), "{row}");
+    }
+}
+
+#[test]
 fn doctor_names_a_missing_image_and_its_fix() {
     let rig = Rig::new("doctor");
     let mut cmd = rig.caw();
