@@ -6,13 +6,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/images.sh
 
+root=$PWD
 run_id=demo-$$
 net=caw-box-demo-$$
 stub=caw-box-demo-stub-$$
 export CAW_BOX_LABELS=io.caw-box.test=demo,io.caw-box.test-run=$run_id
 cleanup() {
     docker rm -f "$stub" >/dev/null 2>&1 || true
-    scripts/cleanup.sh
+    "$root/scripts/cleanup.sh"
 }
 trap cleanup EXIT
 docker network create --internal --label io.caw-box.test=demo --label io.caw-box.test-run=$run_id "$net" >/dev/null
@@ -23,7 +24,7 @@ docker run -d --name "$stub" --network "$net" --label io.caw-box.test=demo \
 workspace=$(mktemp -d)
 chmod 777 "$workspace"
 cd "$workspace"
-caw=$OLDPWD/target/debug/caw-box
+caw=$root/target/debug/caw-box
 common=(--env OPENAI_API_KEY=demo-key)
 
 echo "\$ caw-box run --provider codex --network $net --endpoint http://$stub:8080 --model gpt-5.5 \"REMEMBER:marmalade\""
