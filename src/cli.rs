@@ -16,7 +16,8 @@ const RESUME_EXAMPLES: &str = "\
 Examples:
   caw-box resume fixer \"now add a test\"
   caw-box resume 5b0c \"and the docs\"            # a unique id prefix
-  caw-box resume \"$(caw-box handle fixer)\" \"go on\"  # the handle alone";
+  caw-box resume \"$(caw-box handle fixer)\" \"go on\"  # the handle alone
+  caw-box resume --group team \"rebase on main\"      # every session of a group";
 
 const IMAGE_BUILD_EXAMPLES: &str = "\
 Examples:
@@ -50,6 +51,84 @@ pub enum Command {
     /// Run the next turn of an existing session.
     #[command(after_help = RESUME_EXAMPLES)]
     Resume(ResumeArgs),
+    /// List sessions, newest first (from Docker itself).
+    #[command(after_help = "Examples:\n  caw-box ls\n  caw-box ls --group team --json")]
+    Ls {
+        /// One JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Also sessions that were removed from Docker but are still in the host cache.
+        #[arg(long)]
+        all: bool,
+        /// Only the sessions of this group.
+        #[arg(long)]
+        group: Option<String>,
+    },
+    /// A session's turns: prompt, result, status, usage, duration.
+    #[command(after_help = "Examples:\n  caw-box show fixer\n  caw-box show 5b0c --json")]
+    Show {
+        /// A handle, session id, unique id prefix (4+ characters) or session name.
+        target: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A turn's unified events, one JSON object per line (or the CLI's raw output).
+    #[command(
+        after_help = "Examples:\n  caw-box logs fixer\n  caw-box logs fixer --turn 1 --raw\n  caw-box logs fixer -f      # follow the running turn"
+    )]
+    Logs {
+        /// A handle, session id, unique id prefix (4+ characters) or session name.
+        target: String,
+        /// Which turn (default: the latest).
+        #[arg(long, value_name = "N")]
+        turn: Option<u32>,
+        /// The CLI's own output instead of unified events.
+        #[arg(long)]
+        raw: bool,
+        /// Follow the running turn until it ends.
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// Wait for a session's running turn to end and print its result.
+    #[command(
+        after_help = "Examples:\n  id=$(caw-box run -d --provider codex \"long task\")\n  caw-box wait \"$id\" -o json"
+    )]
+    Wait {
+        /// A handle, session id, unique id prefix (4+ characters) or session name.
+        target: String,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// Stop a session's running turn; the session stays resumable.
+    #[command(after_help = "Examples:\n  caw-box stop fixer")]
+    Stop {
+        /// A handle, session id, unique id prefix (4+ characters) or session name.
+        target: String,
+    },
+    /// Delete sessions: their containers and volumes.
+    #[command(after_help = "Examples:\n  caw-box rm fixer\n  caw-box rm --group team --force")]
+    Rm {
+        /// Handles, session ids, unique id prefixes or session names.
+        targets: Vec<String>,
+        /// Also sessions whose turn is running (stops it).
+        #[arg(long)]
+        force: bool,
+        /// Every session of this group.
+        #[arg(long)]
+        group: Option<String>,
+    },
+    /// Delete finished sessions with no activity for a while.
+    #[command(
+        after_help = "Examples:\n  caw-box gc --older-than 7d --dry-run\n  caw-box gc --older-than 12h"
+    )]
+    Gc {
+        /// How long a session must have been idle.
+        #[arg(long, value_name = "DURATION", default_value = "7d")]
+        older_than: String,
+        /// List what would be deleted, delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Print a session's resume handle.
     #[command(after_help = "Examples:\n  caw-box handle fixer\n  caw-box handle 5b0c")]
     Handle {
@@ -62,6 +141,9 @@ pub enum Command {
     /// Check the daemon, images and credentials; say what is wrong and how to fix it.
     #[command(after_help = "Examples:\n  caw-box doctor")]
     Doctor,
+    /// Runs one detached turn (started by `run/resume --detach`; reads its job on stdin).
+    #[command(name = "__drive", hide = true)]
+    Drive,
     /// Print a shell completion script.
     #[command(
         after_help = "Examples:\n  caw-box completions bash > /etc/bash_completion.d/caw-box\n  caw-box completions zsh > \"${fpath[1]}/_caw-box\""
@@ -132,6 +214,9 @@ pub struct TurnArgs {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t)]
     pub output: OutputFormat,
+    /// Start the turn in the background, print the session id, and return at once.
+    #[arg(short, long)]
+    pub detach: bool,
 }
 
 #[derive(Debug, Args)]
@@ -152,7 +237,11 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct ResumeArgs {
     /// A handle, session id, unique id prefix (4+ characters) or session name.
-    pub target: String,
+    /// With --group, leave it out: the first argument is then the prompt.
+    pub target: Option<String>,
+    /// Send the prompt to every session of this group, in parallel.
+    #[arg(long)]
+    pub group: Option<String>,
     #[command(flatten)]
     pub turn: TurnArgs,
 }

@@ -155,6 +155,12 @@ pub fn eprintln(line: &str) {
     let _ = writeln!(io::stderr(), "{line}");
 }
 
+/// Prints one JSON object on one line of stdout.
+pub fn print_json_line(value: &impl serde::Serialize) {
+    let mut out = io::stdout().lock();
+    let _ = write_json_line(&mut out, value);
+}
+
 /// Prints JSON on stdout, pretty.
 pub fn print_json(value: &impl serde::Serialize) {
     let mut out = io::stdout().lock();

@@ -322,6 +322,22 @@ impl DockerBackend {
         }
     }
 
+    /// A container's output from its start, following it until the container stops.
+    pub fn follow_logs(
+        &self,
+        name: &str,
+    ) -> impl futures_util::Stream<Item = std::result::Result<LogOutput, BollardError>> + '_ {
+        self.docker.logs(
+            name,
+            Some(bollard::query_parameters::LogsOptions {
+                follow: true,
+                stdout: true,
+                stderr: false,
+                ..Default::default()
+            }),
+        )
+    }
+
     /// Extracts a tar archive into `dir` of a (created or stopped) container; writes land in
     /// the container's volumes when `dir` is inside one.
     pub async fn upload_tar(&self, name: &str, dir: &str, tar: Vec<u8>) -> Result<()> {

@@ -3,6 +3,7 @@
 
 pub mod doctor;
 pub mod image;
+pub mod manage;
 pub mod turn;
 
 use crate::cli::{Cli, Command, ImageCommand};
@@ -15,6 +16,26 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Run(args) => turn::run(args, cli.quiet, verbose).await,
         Command::Resume(args) => turn::resume(args, cli.quiet, verbose).await,
         Command::Handle { target } => turn::handle(&target).await,
+        Command::Ls { json, all, group } => manage::ls(json, all, group).await,
+        Command::Show { target, json } => manage::show(&target, json).await,
+        Command::Logs {
+            target,
+            turn,
+            raw,
+            follow,
+        } => manage::logs(&target, turn, raw, follow).await,
+        Command::Wait { target, output } => turn::wait(&target, output, cli.quiet).await,
+        Command::Stop { target } => turn::stop(&target, cli.quiet).await,
+        Command::Rm {
+            targets,
+            force,
+            group,
+        } => manage::rm(targets, force, group).await,
+        Command::Gc {
+            older_than,
+            dry_run,
+        } => manage::gc(&older_than, dry_run).await,
+        Command::Drive => turn::drive().await,
         Command::Image(ImageCommand::Build(args)) => image::build(args, verbose, cli.quiet).await,
         Command::Image(ImageCommand::Ls) => image::ls().await,
         Command::Doctor => doctor::doctor().await,

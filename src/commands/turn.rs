@@ -1,12 +1,22 @@
-//! `run`, `resume` and `handle`: start a session, continue one, print its handle.
+//! `run`, `resume` (also detached, also for a whole group), `wait`, `stop`, `handle`, and
+//! the hidden `__drive` that runs a detached turn.
 
-use crate::cli::{ResumeArgs, RunArgs, TurnArgs};
-use crate::client::{Client, NewSession};
-use crate::error::Result;
-use crate::event::TurnResult;
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::DockerBackend;
+use crate::cli::{OutputFormat, ResumeArgs, RunArgs, TurnArgs};
+use crate::client::{Client, NewSession, Session};
+use crate::error::{Error, Result};
+use crate::event::{Event, Status, TurnResult};
 use crate::output::{self, Printer};
 use crate::provider::ProviderKind;
-use crate::session::runner::{self, TurnOptions};
+use crate::session::record::{SessionRecord, SessionSettings, TurnRecord};
+use crate::session::runner::{self, TurnOptions, RUNTIME_MOUNT, STOP_REQUEST};
+use crate::session::target;
 use crate::settings;
 
 /// Everything about a turn that can be checked before Docker is touched.
@@ -46,6 +56,13 @@ pub async fn run(args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
             settings: session_settings,
         })
         .await?;
+    if args.turn.detach {
+        let started = detach(client.backend(), &session, &options).await;
+        if started.is_err() {
+            let _ = session.discard_if_unused().await;
+        }
+        return started.map(|()| print_detached(&session, args.turn.output));
+    }
     printer.progress(&format!("started {provider} session {}", session.id()));
     match session.send(options, |e| printer.event(e)).await {
         Ok(result) => finish(&result),
@@ -58,11 +75,22 @@ pub async fn run(args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
 }
 
 pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32> {
+    if let Some(group) = args.group.clone() {
+        return resume_group(args, &group, quiet).await;
+    }
+    let target = args.target.clone().ok_or_else(|| {
+        Error::usage("say which session to resume: TARGET (or --group G)")
+            .with_hint("`caw-box ls` lists sessions")
+    })?;
     let options = turn_options(&args.turn)?;
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
     let client = Client::connect().await?;
-    let mut session = client.open(&args.target).await?;
+    let mut session = client.open(&target).await?;
     settings::apply_overrides(session.settings_mut(), &args.turn)?;
+    if args.turn.detach {
+        detach(client.backend(), &session, &options).await?;
+        return Ok(print_detached(&session, args.turn.output));
+    }
     printer.progress(&format!(
         "resuming {} session {} (turn {})",
         session.record().provider,
@@ -73,11 +101,341 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
     finish(&result)
 }
 
+/// `resume --group G PROMPT`: every session of the group, in parallel, each with its own
+/// vendor resume; one result per session.
+async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32> {
+    let mut turn_args = args.turn.clone();
+    match (&args.target, &turn_args.prompt) {
+        (Some(_), Some(_)) => {
+            return Err(Error::usage(
+                "with --group, give only the prompt (the group names the sessions)",
+            ))
+        }
+        (Some(p), None) => turn_args.prompt = Some(p.clone()),
+        _ => {}
+    }
+    if turn_args.detach {
+        return Err(Error::usage("--detach does not combine with --group"));
+    }
+    let options = turn_options(&turn_args)?;
+    let client = Client::connect().await?;
+    let members: Vec<_> = target::list_sessions(client.backend())
+        .await?
+        .into_iter()
+        .filter(|v| v.facts.group.as_deref() == Some(group))
+        .collect();
+    if members.is_empty() {
+        return Err(Error::usage(format!("no session is in group '{group}'"))
+            .with_hint("start sessions with `caw-box run --group G ...`"));
+    }
+    let mut sessions = Vec::new();
+    for view in &members {
+        let mut session = client.open(&view.facts.session_id.to_string()).await?;
+        settings::apply_overrides(session.settings_mut(), &turn_args)?;
+        sessions.push(session);
+    }
+    if !quiet && turn_args.output == OutputFormat::Text {
+        output::eprintln(&format!(
+            "resuming {} sessions of group {group}",
+            sessions.len()
+        ));
+    }
+    let runs = sessions.iter_mut().map(|s| {
+        let options = options.clone();
+        async move {
+            let id = s.id();
+            (id, s.send(options, |_| {}).await)
+        }
+    });
+    let outcomes = futures_util::future::join_all(runs).await;
+    let mut exit = 0;
+    let mut results = Vec::new();
+    for (id, outcome) in outcomes {
+        match outcome {
+            Ok(r) => {
+                if exit == 0 {
+                    exit = r.exit_code;
+                }
+                results.push(r);
+            }
+            Err(e) => {
+                if exit == 0 {
+                    exit = e.exit_code();
+                }
+                output::eprintln(&format!("caw-box: error: session {id}: {e}"));
+            }
+        }
+    }
+    match turn_args.output {
+        OutputFormat::Json => output::print_json(&results),
+        OutputFormat::StreamJson => {
+            for r in &results {
+                if let Ok(json) = serde_json::to_string(&Event::Result { result: r.clone() }) {
+                    output::println(&json);
+                }
+            }
+        }
+        OutputFormat::Text => {
+            for r in &results {
+                let who = r
+                    .name
+                    .clone()
+                    .unwrap_or_else(|| r.session_id[..8].to_string());
+                output::println(&format!(
+                    "{who} ({}): {}: {}",
+                    r.provider,
+                    r.status,
+                    r.result.trim()
+                ));
+            }
+        }
+    }
+    if exit != 0 && !quiet {
+        let failed = results.iter().filter(|r| r.exit_code != 0).count();
+        output::eprintln(&format!(
+            "caw-box: error: {failed} of {} sessions of group {group} did not succeed",
+            members.len()
+        ));
+    }
+    Ok(exit)
+}
+
 fn finish(result: &TurnResult) -> Result<i32> {
     match runner::turn_error(result) {
         None => Ok(0),
         Some(e) => Err(e),
     }
+}
+
+/// What a detached turn's driver process is told, on its stdin (it may hold secrets).
+#[derive(Debug, Serialize, Deserialize)]
+struct DriveJob {
+    session_id: String,
+    settings: SessionSettings,
+    prompt: String,
+    env: Vec<(String, String)>,
+    timeout_secs: Option<u64>,
+}
+
+/// Starts the turn in a background `caw-box __drive` process that outlives this one, and
+/// returns once its container runs (or with the error that kept it from starting).
+async fn detach(backend: &DockerBackend, session: &Session, options: &TurnOptions) -> Result<()> {
+    let job = DriveJob {
+        session_id: session.id().to_string(),
+        settings: session.record().settings.clone(),
+        prompt: options.prompt.clone(),
+        env: options.env.clone(),
+        timeout_secs: options.timeout.map(|t| t.as_secs()),
+    };
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::environment(format!("cannot find caw-box's own executable: {e}")))?;
+    let mut child = {
+        use std::os::unix::process::CommandExt;
+        Command::new(exe)
+            .args(["-q", "__drive"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            // Its own process group: a Ctrl-C meant for this terminal does not reach it.
+            .process_group(0)
+            .spawn()
+            .map_err(|e| Error::environment(format!("cannot start the background turn: {e}")))?
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        let json = serde_json::to_vec(&job).expect("jobs serialize");
+        stdin.write_all(&json).map_err(|e| {
+            Error::environment(format!("cannot hand the turn to the background: {e}"))
+        })?;
+    }
+    let container = runner::container_name(session.record());
+    let turn = session.record().next_turn().to_string();
+    loop {
+        if let Some(status) = child
+            .try_wait()
+            .map_err(|e| Error::environment(format!("lost the background turn: {e}")))?
+        {
+            if status.success() {
+                // The turn already ran to its end (and is recorded).
+                return Ok(());
+            }
+            let mut err = String::new();
+            if let Some(mut stderr) = child.stderr.take() {
+                let _ = stderr.read_to_string(&mut err);
+            }
+            let line = err.lines().last().unwrap_or("").trim();
+            let line = line.strip_prefix("caw-box: error: ").unwrap_or(line);
+            return Err(Error::new(
+                match status.code() {
+                    Some(2) => crate::ErrorKind::Usage,
+                    Some(4) => crate::ErrorKind::Credentials,
+                    _ => crate::ErrorKind::Environment,
+                },
+                if line.is_empty() {
+                    "the background turn ended before it started".to_string()
+                } else {
+                    line.to_string()
+                },
+            ));
+        }
+        let started = backend
+            .inspect_container(&container)
+            .await?
+            .filter(|c| {
+                c.config
+                    .as_ref()
+                    .and_then(|c| c.labels.as_ref())
+                    .and_then(|l| l.get(crate::session::record::labels::TURN))
+                    == Some(&turn)
+            })
+            .and_then(|c| c.state)
+            .is_some_and(|s| {
+                s.running == Some(true) || s.finished_at.is_some_and(|f| !f.starts_with("0001"))
+            });
+        if started {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn print_detached(session: &Session, format: OutputFormat) -> i32 {
+    let record = session.record();
+    match format {
+        OutputFormat::Text => output::println(&record.session_id.to_string()),
+        _ => {
+            let result = TurnResult {
+                session_id: record.session_id.to_string(),
+                name: record.name.clone(),
+                provider: record.provider,
+                turn: record.next_turn(),
+                status: Status::Running,
+                result: String::new(),
+                resume_handle: session.handle().to_json(),
+                usage: Default::default(),
+                duration_ms: 0,
+                exit_code: 0,
+            };
+            if format == OutputFormat::Json {
+                output::print_json_line(&result);
+            } else {
+                output::print_json_line(&Event::Result { result });
+            }
+        }
+    }
+    0
+}
+
+/// `__drive`: runs one detached turn to its end, recording it in the session's volume.
+pub async fn drive() -> Result<i32> {
+    let mut input = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut input)
+        .map_err(|e| Error::usage(format!("__drive: cannot read the job: {e}")))?;
+    let job: DriveJob = serde_json::from_slice(&input)
+        .map_err(|e| Error::usage(format!("__drive: malformed job: {e}")))?;
+    let client = Client::connect().await?;
+    let mut session = client.open(&job.session_id).await?;
+    *session.settings_mut() = job.settings;
+    let options = TurnOptions {
+        prompt: job.prompt,
+        env: job.env,
+        timeout: job.timeout_secs.map(Duration::from_secs),
+    };
+    let result = session.send(options, |_| {}).await?;
+    Ok(result.exit_code)
+}
+
+/// The result object of a recorded turn.
+fn result_of(record: &SessionRecord, t: &TurnRecord) -> TurnResult {
+    TurnResult {
+        session_id: record.session_id.to_string(),
+        name: record.name.clone(),
+        provider: record.provider,
+        turn: t.turn,
+        status: t.status,
+        result: t.result.clone(),
+        resume_handle: runner::handle_of(record).to_json(),
+        usage: t.usage,
+        duration_ms: t.duration_ms,
+        exit_code: t.exit_code,
+    }
+}
+
+/// `wait`: blocks until the session's running turn ended and was recorded, then prints its
+/// result like a foreground turn, with the same exit code.
+pub async fn wait(target_arg: &str, format: OutputFormat, quiet: bool) -> Result<i32> {
+    let backend = DockerBackend::connect().await?;
+    let view = target::resolve_view(&backend, target_arg).await?;
+    let id = view.facts.session_id;
+    let container = format!("caw-box-{id}");
+    let mut stopped_since: Option<std::time::Instant> = None;
+    while let Some(c) = backend.inspect_container(&container).await? {
+        if c.state.as_ref().and_then(|s| s.running).unwrap_or(false) {
+            backend.wait_container(&container).await?;
+            continue;
+        }
+        // The turn's driver records the turn, then removes the container.
+        let since = *stopped_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() > Duration::from_secs(60) {
+            return Err(Error::environment(format!(
+                "the turn of session {id} ended but was never recorded (its caw-box process is gone)"
+            ))
+            .with_hint(format!("its container is left for inspection: `docker logs {container}`; `caw-box resume {id}` clears it")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let record = target::read_record(&backend, &view.facts)
+        .await?
+        .ok_or_else(|| Error::usage(format!("session {id} has no finished turn")))?;
+    let Some(last) = record.turns.last() else {
+        return Err(Error::usage(format!("session {id} has no finished turn")));
+    };
+    let result = result_of(&record, last);
+    let mut printer = Printer::new(format, quiet, false);
+    if format == OutputFormat::Text {
+        output::println(result.result.trim_end());
+    }
+    printer.event(&Event::Result {
+        result: result.clone(),
+    });
+    finish(&result)
+}
+
+/// `stop`: ends the session's running turn; the session stays resumable.
+pub async fn stop(target_arg: &str, quiet: bool) -> Result<i32> {
+    let backend = DockerBackend::connect().await?;
+    let view = target::resolve_view(&backend, target_arg).await?;
+    let id = view.facts.session_id;
+    let container = format!("caw-box-{id}");
+    let inspect = backend
+        .inspect_container(&container)
+        .await?
+        .filter(|c| c.state.as_ref().and_then(|s| s.running).unwrap_or(false))
+        .ok_or_else(|| Error::usage(format!("session {id} has no running turn")))?;
+    // Tell the turn's driver that this is a stop, not a crash.
+    if let Some(source) = inspect
+        .mounts
+        .unwrap_or_default()
+        .into_iter()
+        .find(|m| m.destination.as_deref() == Some(RUNTIME_MOUNT))
+        .and_then(|m| m.source)
+    {
+        let _ = std::fs::write(std::path::Path::new(&source).join(STOP_REQUEST), b"");
+    }
+    backend
+        .stop_container(&container, Duration::from_secs(8))
+        .await?;
+    // Return once the driver recorded the turn and released the session.
+    for _ in 0..300 {
+        if backend.inspect_container(&container).await?.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if !quiet {
+        output::eprintln(&format!("stopped the running turn of session {id}"));
+    }
+    Ok(0)
 }
 
 pub async fn handle(target: &str) -> Result<i32> {

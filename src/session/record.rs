@@ -27,6 +27,22 @@ pub mod labels {
     pub const ROLE: &str = "io.caw-box.role";
     pub const TURN: &str = "io.caw-box.turn";
     pub const CLI_VERSION: &str = "io.caw-box.cli-version";
+    /// On a turn-record volume: the [`super::TurnSummary`] of the session's latest turn.
+    pub const SUMMARY: &str = "io.caw-box.summary";
+}
+
+/// Roles of the objects caw-box creates (label `io.caw-box.role`).
+pub mod roles {
+    /// The state volume, mounted at HOME.
+    pub const STATE: &str = "state";
+    /// The container of a running turn; its name is the session's lock.
+    pub const TURN: &str = "turn";
+    /// A never-started container that reads files out of a state volume.
+    pub const PROBE: &str = "probe";
+    /// An empty volume whose labels summarise the session's latest turn (labels cannot be
+    /// changed, so each turn replaces it): lets `ls` and `resume` learn the state of every
+    /// session from one Docker call, without reading any volume.
+    pub const TURN_RECORD: &str = "turn-record";
 }
 
 /// Extra labels for every object caw-box creates, from `CAW_BOX_LABELS` (`k=v,k=v`):
@@ -113,6 +129,52 @@ pub struct TurnRecord {
     pub cumulative_usage: Option<Usage>,
 }
 
+/// The latest turn of a session, as carried by its turn-record volume's labels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnSummary {
+    pub turn: u32,
+    pub status: Status,
+    pub started_at: u64,
+    pub ended_at: u64,
+    #[serde(default)]
+    pub resume_key: String,
+    #[serde(default)]
+    pub key_confirmed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cumulative_usage: Option<Usage>,
+}
+
+impl TurnSummary {
+    /// The name of the turn-record volume of `session_id`'s turn `turn`.
+    pub fn volume_name(session_id: Uuid, turn: u32) -> String {
+        format!("caw-box-{session_id}-turn-{turn}")
+    }
+
+    /// The labels of the turn-record volume.
+    pub fn labels(&self, session_id: Uuid, provider: ProviderKind) -> HashMap<String, String> {
+        let mut l = HashMap::new();
+        l.insert(labels::MANAGED.into(), "true".into());
+        l.insert(labels::SESSION.into(), session_id.to_string());
+        l.insert(labels::PROVIDER.into(), provider.as_str().into());
+        l.insert(labels::ROLE.into(), roles::TURN_RECORD.into());
+        l.insert(labels::TURN.into(), self.turn.to_string());
+        l.insert(
+            labels::SUMMARY.into(),
+            serde_json::to_string(self).expect("summaries serialize"),
+        );
+        with_extra_labels(l)
+    }
+
+    /// Reads a summary back from a turn-record volume's labels.
+    pub fn from_labels(l: &HashMap<String, String>) -> Option<(Uuid, TurnSummary)> {
+        if l.get(labels::ROLE).map(String::as_str) != Some(roles::TURN_RECORD) {
+            return None;
+        }
+        let id = Uuid::parse_str(l.get(labels::SESSION)?).ok()?;
+        Some((id, serde_json::from_str(l.get(labels::SUMMARY)?).ok()?))
+    }
+}
+
 /// The per-session record kept in the state volume (and cached on the host).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionRecord {
@@ -159,7 +221,7 @@ pub fn volume_labels(
     l.insert(labels::MANAGED.into(), "true".into());
     l.insert(labels::SESSION.into(), session_id.to_string());
     l.insert(labels::PROVIDER.into(), provider.as_str().into());
-    l.insert(labels::ROLE.into(), "state".into());
+    l.insert(labels::ROLE.into(), roles::STATE.into());
     l.insert(labels::CREATED.into(), created_at.to_string());
     l.insert(
         labels::SETTINGS.into(),

@@ -21,7 +21,9 @@ use crate::event::{Event, Status, TurnResult};
 use crate::provider::{ParseContext, TurnRequest, AGENT_HOME, WORKSPACE_DIR};
 use crate::session::files::{self, TarFile, AGENT_UID};
 use crate::session::handle::ResumeHandle;
-use crate::session::record::{labels, now_secs, SessionRecord, TurnRecord, WorkspaceMode};
+use crate::session::record::{
+    labels, now_secs, roles, SessionRecord, TurnRecord, TurnSummary, WorkspaceMode,
+};
 
 /// How long a stopped container gets between SIGTERM and SIGKILL. The entrypoint kills the
 /// CLI after [`ENTRY_GRACE_SECS`], so its credential clean-up still runs before Docker's
@@ -29,7 +31,10 @@ use crate::session::record::{labels, now_secs, SessionRecord, TurnRecord, Worksp
 const STOP_GRACE: Duration = Duration::from_secs(8);
 const ENTRY_GRACE_SECS: u64 = 5;
 /// Where the per-turn runtime directory appears in the container (env file, stdin).
-const RUNTIME_MOUNT: &str = "/run/caw-box";
+pub const RUNTIME_MOUNT: &str = "/run/caw-box";
+/// A file `caw-box stop` puts in the turn's runtime directory before stopping its
+/// container, so the process driving the turn records it as interrupted, not as a crash.
+pub const STOP_REQUEST: &str = "stop-requested";
 
 /// What one turn needs beyond the session itself.
 #[derive(Debug, Clone, Default)]
@@ -238,6 +243,7 @@ pub async fn run_turn(
         turn,
         options,
         &command.home_files,
+        &runtime.0,
         &mut interrupts,
         sink,
     )
@@ -323,7 +329,7 @@ fn container_body(
         (labels::MANAGED.to_string(), "true".to_string()),
         (labels::SESSION.to_string(), record.session_id.to_string()),
         (labels::PROVIDER.to_string(), record.provider.to_string()),
-        (labels::ROLE.to_string(), "turn".to_string()),
+        (labels::ROLE.to_string(), roles::TURN.to_string()),
         (labels::TURN.to_string(), turn.to_string()),
     ]);
     if let Some(name) = &record.name {
@@ -399,6 +405,7 @@ async fn drive_turn(
     turn: u32,
     options: &TurnOptions,
     home_files: &[crate::provider::HomeFile],
+    runtime_dir: &std::path::Path,
     interrupts: &mut Interrupts,
     sink: &mut dyn FnMut(&Event),
 ) -> Result<TurnResult> {
@@ -500,6 +507,9 @@ async fn drive_turn(
     }
     lines.finish(|l| on_line(l, &mut raw, &mut events_log));
     let exit_code = backend.wait_container(name).await?;
+    if ended_early.is_none() && runtime_dir.join(STOP_REQUEST).exists() {
+        ended_early = Some(Status::Interrupted);
+    }
 
     let mut outcome = parser.finish(exit_code);
     if let Some(key) = parser.resume_key() {
@@ -513,6 +523,9 @@ async fn drive_turn(
                 "the turn timed out after {}",
                 humantime::format_duration(options.timeout.unwrap_or_default())
             ),
+            _ if runtime_dir.join(STOP_REQUEST).exists() => {
+                "the turn was stopped with `caw-box stop`".to_string()
+            }
             _ => "the turn was interrupted".to_string(),
         };
     } else if outcome.status != Status::Success && outcome.result.trim().is_empty() {
@@ -630,17 +643,36 @@ async fn place_home_files(
 }
 
 /// Writes the session record and this turn's logs into the state volume (through the
-/// stopped turn container), and caches the record on the host.
+/// stopped turn container), replaces the session's turn-record volume, and caches the
+/// record on the host.
+///
+/// The record in the volume is read, merged and written back here, so an in-memory record
+/// that only knows the latest turn (a session resumed from Docker labels alone) never loses
+/// the history of earlier turns.
 async fn save_record(
     backend: &DockerBackend,
     name: &str,
-    record: &SessionRecord,
+    record: &mut SessionRecord,
     turn: u32,
     raw: &[u8],
     events: &[u8],
     stderr: &[u8],
 ) -> Result<()> {
-    let json = serde_json::to_vec_pretty(record).expect("records serialize");
+    let stored: Option<SessionRecord> = backend
+        .download_tar(
+            name,
+            &format!("{AGENT_HOME}/{}", crate::session::record::RECORD_PATH),
+        )
+        .await?
+        .and_then(|t| files::first_file(&t).ok().flatten())
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    if let Some(stored) = stored {
+        let mut turns: Vec<TurnRecord> =
+            stored.turns.into_iter().filter(|t| t.turn < turn).collect();
+        turns.extend(record.turns.iter().filter(|t| t.turn >= turn).cloned());
+        record.turns = turns;
+    }
+    let json = serde_json::to_vec_pretty(&*record).expect("records serialize");
     let raw_path = format!(".caw-box/turns/{turn}.raw.jsonl");
     let events_path = format!(".caw-box/turns/{turn}.events.jsonl");
     let stderr_path = format!(".caw-box/turns/{turn}.stderr.log");
@@ -672,6 +704,39 @@ async fn save_record(
     )?;
     backend.upload_tar(name, AGENT_HOME, tar).await?;
     cache_record(record);
+    write_turn_summary(backend, record).await
+}
+
+/// Replaces the session's turn-record volume with one for its latest turn: the new one is
+/// created before the old ones go, so a listing never finds none.
+async fn write_turn_summary(backend: &DockerBackend, record: &SessionRecord) -> Result<()> {
+    let Some(last) = record.turns.last() else {
+        return Ok(());
+    };
+    let summary = TurnSummary {
+        turn: last.turn,
+        status: last.status,
+        started_at: last.started_at,
+        ended_at: last.started_at + last.duration_ms / 1000,
+        resume_key: record.resume_key.clone(),
+        key_confirmed: record.key_confirmed,
+        cumulative_usage: record.last_cumulative_usage(),
+    };
+    let id = record.session_id;
+    let fresh = TurnSummary::volume_name(id, last.turn);
+    let _ = backend.remove_volume(&fresh).await;
+    backend
+        .create_volume(&fresh, summary.labels(id, record.provider))
+        .await?;
+    let old = backend
+        .list_volumes(&[
+            format!("{}={id}", labels::SESSION),
+            format!("{}={}", labels::ROLE, roles::TURN_RECORD),
+        ])
+        .await?;
+    for v in old.into_iter().filter(|v| v.name != fresh) {
+        backend.remove_volume(&v.name).await?;
+    }
     Ok(())
 }
 

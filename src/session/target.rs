@@ -7,12 +7,13 @@ use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, Volume}
 use uuid::Uuid;
 
 use crate::backend::docker::{CreateError, DockerBackend};
-use crate::dirs;
 use crate::error::{Error, Result};
 use crate::provider::{ProviderKind, AGENT_HOME};
 use crate::session::files;
 use crate::session::handle::{volume_name, ResumeHandle};
-use crate::session::record::{labels, SessionRecord, SessionSettings, RECORD_PATH};
+use crate::session::record::{
+    labels, roles, SessionRecord, SessionSettings, TurnRecord, TurnSummary, RECORD_PATH,
+};
 
 /// What the state volume's labels say about a session.
 #[derive(Debug, Clone)]
@@ -60,12 +61,98 @@ impl VolumeFacts {
 pub fn state_volume_filter() -> Vec<String> {
     vec![
         format!("{}=true", labels::MANAGED),
-        format!("{}=state", labels::ROLE),
+        format!("{}={}", labels::ROLE, roles::STATE),
     ]
 }
 
-/// Resolves TARGET to a session and loads its record.
+/// A session as Docker's labels describe it: its state volume and its latest turn.
+#[derive(Debug, Clone)]
+pub struct SessionView {
+    pub facts: VolumeFacts,
+    pub last: Option<TurnSummary>,
+}
+
+impl SessionView {
+    /// The session's record as far as labels tell it: enough to run the next turn. The
+    /// full history stays in the state volume (see [`read_record`]).
+    pub fn record(&self) -> SessionRecord {
+        let f = &self.facts;
+        let mut record = SessionRecord {
+            version: 1,
+            session_id: f.session_id,
+            provider: f.provider,
+            name: f.name.clone(),
+            group: f.group.clone(),
+            resume_key: String::new(),
+            key_confirmed: false,
+            created_at: f.created_at,
+            settings: f.settings.clone(),
+            turns: Vec::new(),
+        };
+        if let Some(last) = &self.last {
+            record.resume_key = last.resume_key.clone();
+            record.key_confirmed = last.key_confirmed;
+            record.turns.push(TurnRecord {
+                turn: last.turn,
+                prompt: String::new(),
+                status: last.status,
+                result: String::new(),
+                usage: Default::default(),
+                started_at: last.started_at,
+                duration_ms: last.ended_at.saturating_sub(last.started_at) * 1000,
+                exit_code: last.status.exit_code(),
+                cumulative_usage: last.cumulative_usage,
+            });
+        }
+        record
+    }
+
+    /// When the session last did something: the end of its latest turn, else its creation.
+    pub fn last_activity(&self) -> u64 {
+        self.last
+            .as_ref()
+            .map_or(self.facts.created_at, |l| l.ended_at.max(l.started_at))
+    }
+}
+
+/// Every session on this Docker host, from one filtered Docker call.
+pub async fn list_sessions(backend: &DockerBackend) -> Result<Vec<SessionView>> {
+    let volumes = backend
+        .list_volumes(&[format!("{}=true", labels::MANAGED)])
+        .await?;
+    Ok(join_views(&volumes))
+}
+
+fn join_views(volumes: &[Volume]) -> Vec<SessionView> {
+    let mut summaries: HashMap<Uuid, TurnSummary> = HashMap::new();
+    for v in volumes {
+        if let Some((id, s)) = TurnSummary::from_labels(&v.labels) {
+            match summaries.get(&id) {
+                Some(have) if have.turn >= s.turn => {}
+                _ => {
+                    summaries.insert(id, s);
+                }
+            }
+        }
+    }
+    volumes
+        .iter()
+        .filter(|v| v.labels.get(labels::ROLE).map(String::as_str) == Some(roles::STATE))
+        .filter_map(VolumeFacts::from_volume)
+        .map(|facts| SessionView {
+            last: summaries.remove(&facts.session_id),
+            facts,
+        })
+        .collect()
+}
+
+/// Resolves TARGET to a session and loads what its next turn needs.
 pub async fn resolve(backend: &DockerBackend, target: &str) -> Result<SessionRecord> {
+    Ok(resolve_view(backend, target).await?.record())
+}
+
+/// Resolves TARGET (a handle, id, unique id prefix of 4+ characters, or name) to a session.
+pub async fn resolve_view(backend: &DockerBackend, target: &str) -> Result<SessionView> {
     let target = target.trim();
     if target.is_empty() {
         return Err(Error::usage("empty TARGET").with_hint(
@@ -75,15 +162,78 @@ pub async fn resolve(backend: &DockerBackend, target: &str) -> Result<SessionRec
     if ResumeHandle::looks_like_handle(target) {
         let handle = ResumeHandle::parse(target)?;
         let facts = facts_for_handle(backend, &handle).await?;
-        let mut record = load_record(backend, &facts).await?;
-        if record.resume_key.is_empty() && !handle.resume_key.is_empty() {
-            record.resume_key = handle.resume_key.clone();
-            record.key_confirmed = true;
+        let volumes = backend
+            .list_volumes(&[
+                format!("{}={}", labels::SESSION, facts.session_id),
+                format!("{}={}", labels::ROLE, roles::TURN_RECORD),
+            ])
+            .await?;
+        let mut last = join_last(&volumes, facts.session_id);
+        // A handle carries the vendor key; it also resumes a session whose turn record
+        // was lost (say, a turn killed hard before it was written).
+        if last.as_ref().is_none_or(|l| l.resume_key.is_empty()) && !handle.resume_key.is_empty() {
+            let mut l = last.unwrap_or(TurnSummary {
+                turn: 0,
+                status: crate::event::Status::Success,
+                started_at: facts.created_at,
+                ended_at: facts.created_at,
+                resume_key: String::new(),
+                key_confirmed: false,
+                cumulative_usage: None,
+            });
+            l.resume_key = handle.resume_key.clone();
+            l.key_confirmed = true;
+            last = Some(l);
         }
-        return Ok(record);
+        return Ok(SessionView { facts, last });
     }
-    let facts = find_by_id_prefix_or_name(backend, target).await?;
-    load_record(backend, &facts).await
+    let all = list_sessions(backend).await?;
+    find_in(all, target)
+}
+
+fn join_last(volumes: &[Volume], id: Uuid) -> Option<TurnSummary> {
+    volumes
+        .iter()
+        .filter_map(|v| TurnSummary::from_labels(&v.labels))
+        .filter(|(sid, _)| *sid == id)
+        .map(|(_, s)| s)
+        .max_by_key(|s| s.turn)
+}
+
+/// Picks one session by exact id, name, or unique id prefix.
+pub fn find_in(all: Vec<SessionView>, target: &str) -> Result<SessionView> {
+    let not_found = || {
+        Error::usage(format!("no session matches '{target}'")).with_hint(
+            "pass a handle, a session id, a unique id prefix (4+ characters) or a session name; `caw-box ls` lists them",
+        )
+    };
+    let lower = target.to_ascii_lowercase();
+    let mut by_prefix = Vec::new();
+    for view in all {
+        let id = view.facts.session_id.to_string();
+        if id == lower || view.facts.name.as_deref() == Some(target) {
+            return Ok(view);
+        }
+        if target.len() >= 4 && id.starts_with(&lower) {
+            by_prefix.push(view);
+        }
+    }
+    match by_prefix.len() {
+        0 => Err(not_found()),
+        1 => Ok(by_prefix.remove(0)),
+        _ => {
+            let mut ids: Vec<String> = by_prefix
+                .iter()
+                .map(|v| v.facts.session_id.to_string())
+                .collect();
+            ids.sort();
+            Err(Error::usage(format!(
+                "'{target}' is ambiguous: it matches sessions {}",
+                ids.join(", ")
+            ))
+            .with_hint("give more characters of the id"))
+        }
+    }
 }
 
 /// Checks a handle against Docker: its volume must exist and carry matching labels.
@@ -120,50 +270,6 @@ async fn facts_for_handle(backend: &DockerBackend, handle: &ResumeHandle) -> Res
     Ok(facts)
 }
 
-/// Finds one session by exact id, name, or unique id prefix (one Docker call).
-pub async fn find_by_id_prefix_or_name(
-    backend: &DockerBackend,
-    target: &str,
-) -> Result<VolumeFacts> {
-    let all: Vec<VolumeFacts> = backend
-        .list_volumes(&state_volume_filter())
-        .await?
-        .iter()
-        .filter_map(VolumeFacts::from_volume)
-        .collect();
-    if let Some(f) = all.iter().find(|f| f.session_id.to_string() == target) {
-        return Ok(f.clone());
-    }
-    if let Some(f) = all.iter().find(|f| f.name.as_deref() == Some(target)) {
-        return Ok(f.clone());
-    }
-    let not_found = || {
-        Error::usage(format!("no session matches '{target}'")).with_hint(
-            "pass a handle, a session id, a unique id prefix (4+ characters) or a session name",
-        )
-    };
-    if target.len() < 4 {
-        return Err(not_found());
-    }
-    let lower = target.to_ascii_lowercase();
-    let matches: Vec<&VolumeFacts> = all
-        .iter()
-        .filter(|f| f.session_id.to_string().starts_with(&lower))
-        .collect();
-    match matches.as_slice() {
-        [] => Err(not_found()),
-        [one] => Ok((*one).clone()),
-        many => Err(Error::usage(format!(
-            "'{target}' is ambiguous: it matches sessions {}",
-            many.iter()
-                .map(|f| f.session_id.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
-        .with_hint("give more characters of the id")),
-    }
-}
-
 /// Whether a session of that name exists already.
 pub async fn name_taken(backend: &DockerBackend, name: &str) -> Result<bool> {
     let mut filter = state_volume_filter();
@@ -171,45 +277,24 @@ pub async fn name_taken(backend: &DockerBackend, name: &str) -> Result<bool> {
     Ok(!backend.list_volumes(&filter).await?.is_empty())
 }
 
-/// The session's record: the host cache if present, else read from the state volume.
-/// Labels win over the record for what they hold (they are the truth).
-pub async fn load_record(backend: &DockerBackend, facts: &VolumeFacts) -> Result<SessionRecord> {
-    let cached = dirs::sessions_dir()
-        .ok()
-        .map(|d| d.join(format!("{}.json", facts.session_id)))
-        .and_then(|p| std::fs::read(p).ok())
-        .and_then(|b| serde_json::from_slice::<SessionRecord>(&b).ok());
-    let record = match cached {
-        Some(r) => Some(r),
-        None => read_record_from_volume(backend, facts).await?,
-    };
-    let mut record = record.unwrap_or_else(|| SessionRecord {
-        version: 1,
-        session_id: facts.session_id,
-        provider: facts.provider,
-        name: None,
-        group: None,
-        resume_key: String::new(),
-        key_confirmed: false,
-        created_at: facts.created_at,
-        settings: facts.settings.clone(),
-        turns: Vec::new(),
-    });
-    record.session_id = facts.session_id;
-    record.provider = facts.provider;
-    record.name = facts.name.clone();
-    record.group = facts.group.clone();
-    record.created_at = facts.created_at;
-    record.settings = facts.settings.clone();
-    Ok(record)
-}
-
-/// Reads the record file from the state volume through a short-lived container that is
-/// created (never started) with the volume mounted.
-async fn read_record_from_volume(
+/// The full record of a session, with every turn, read from its state volume.
+pub async fn read_record(
     backend: &DockerBackend,
     facts: &VolumeFacts,
 ) -> Result<Option<SessionRecord>> {
+    let Some(bytes) = read_volume_file(backend, facts, RECORD_PATH).await? else {
+        return Ok(None);
+    };
+    Ok(serde_json::from_slice(&bytes).ok())
+}
+
+/// Reads a file (a path relative to HOME) from a session's state volume through a
+/// short-lived container that is created, never started, with the volume mounted.
+pub async fn read_volume_file(
+    backend: &DockerBackend,
+    facts: &VolumeFacts,
+    path: &str,
+) -> Result<Option<Vec<u8>>> {
     let image = &facts.settings.image;
     if backend.inspect_image(image).await?.is_none() {
         return Err(Error::environment(format!(
@@ -221,7 +306,11 @@ async fn read_record_from_volume(
             facts.provider
         )));
     }
-    let name = format!("caw-box-probe-{}-{}", facts.session_id, std::process::id());
+    let name = format!(
+        "caw-box-probe-{}-{}",
+        facts.session_id,
+        uuid::Uuid::new_v4().simple()
+    );
     let body = ContainerCreateBody {
         image: Some(image.clone()),
         entrypoint: Some(vec!["true".into()]),
@@ -231,7 +320,7 @@ async fn read_record_from_volume(
             (labels::MANAGED.to_string(), "true".to_string()),
             (labels::SESSION.to_string(), facts.session_id.to_string()),
             (labels::PROVIDER.to_string(), facts.provider.to_string()),
-            (labels::ROLE.to_string(), "probe".to_string()),
+            (labels::ROLE.to_string(), roles::PROBE.to_string()),
         ]))),
         host_config: Some(HostConfig {
             mounts: Some(vec![Mount {
@@ -258,14 +347,11 @@ async fn read_record_from_volume(
         Err(CreateError::Other(e)) => return Err(e),
     }
     let downloaded = backend
-        .download_tar(&name, &format!("{AGENT_HOME}/{RECORD_PATH}"))
+        .download_tar(&name, &format!("{AGENT_HOME}/{path}"))
         .await;
     let _ = backend.remove_container(&name, true).await;
     let Some(tar) = downloaded? else {
         return Ok(None);
     };
-    let Some(bytes) = files::first_file(&tar)? else {
-        return Ok(None);
-    };
-    Ok(serde_json::from_slice(&bytes).ok())
+    files::first_file(&tar)
 }

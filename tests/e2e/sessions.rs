@@ -33,7 +33,13 @@ fn run_tool_and_recall(p: P) {
         rig.caw_containers().is_empty(),
         "a turn container was left behind"
     );
-    assert_eq!(rig.caw_volumes(), vec![format!("caw-box-{id}")]);
+    // The state volume, and the turn-record volume whose labels summarise the last turn.
+    let mut volumes = rig.caw_volumes();
+    volumes.sort();
+    assert_eq!(
+        volumes,
+        vec![format!("caw-box-{id}"), format!("caw-box-{id}-turn-1")]
+    );
 
     // Turn 2, by name: a tool call, as unified stream-json events.
     let mut cmd = rig.resume_cmd(p, &name, "RUN:printf 'tool-marker-%s\\n' 42", &[]);

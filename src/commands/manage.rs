@@ -1,0 +1,472 @@
+//! `ls`, `show`, `logs`, `rm` and `gc`: finding, inspecting and cleaning up sessions, all
+//! from Docker itself (labels, volumes, containers), so they work with the host's data
+//! directory gone.
+
+use std::collections::HashMap;
+
+use futures_util::StreamExt;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::backend::docker::{DockerBackend, LogOutput};
+use crate::dirs;
+use crate::error::{Error, Result};
+use crate::event::Status;
+use crate::output;
+use crate::provider::ParseContext;
+use crate::session::handle::{volume_name, ResumeHandle};
+use crate::session::record::{labels, now_secs, roles, SessionRecord};
+use crate::session::target::{self, SessionView};
+
+/// The running turn of every session that has one: session id -> turn number. One call.
+pub async fn running_turns(backend: &DockerBackend) -> Result<HashMap<Uuid, u32>> {
+    let containers = backend
+        .list_containers(&[
+            format!("{}=true", labels::MANAGED),
+            format!("{}={}", labels::ROLE, roles::TURN),
+        ])
+        .await?;
+    Ok(containers
+        .into_iter()
+        .filter(|c| c.state.as_ref().map(|s| s.to_string()).as_deref() == Some("running"))
+        .filter_map(|c| {
+            let l = c.labels?;
+            let id = Uuid::parse_str(l.get(labels::SESSION)?).ok()?;
+            let turn = l
+                .get(labels::TURN)
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(0);
+            Some((id, turn))
+        })
+        .collect())
+}
+
+/// One row of `ls`, also its `--json` form.
+#[derive(Debug, Serialize)]
+struct Row {
+    session_id: String,
+    name: Option<String>,
+    group: Option<String>,
+    provider: String,
+    turns: u32,
+    status: String,
+    created_at: u64,
+    last_activity: u64,
+    resume_handle: Option<String>,
+}
+
+fn row(view: &SessionView, running: Option<u32>) -> Row {
+    let f = &view.facts;
+    let (turns, status) = match (running, &view.last) {
+        (Some(turn), _) => (turn, Status::Running.to_string()),
+        (None, Some(last)) => (last.turn, last.status.to_string()),
+        (None, None) => (0, "new".to_string()),
+    };
+    let handle = view
+        .last
+        .as_ref()
+        .filter(|l| !l.resume_key.is_empty())
+        .map(|l| ResumeHandle::new(f.provider, f.session_id, l.resume_key.clone()).to_json());
+    Row {
+        session_id: f.session_id.to_string(),
+        name: f.name.clone(),
+        group: f.group.clone(),
+        provider: f.provider.to_string(),
+        turns,
+        status,
+        created_at: f.created_at,
+        last_activity: if running.is_some() {
+            now_secs()
+        } else {
+            view.last_activity()
+        },
+        resume_handle: handle,
+    }
+}
+
+/// "3m ago", "2h ago", "just now".
+pub fn ago(secs: u64) -> String {
+    let d = now_secs().saturating_sub(secs);
+    match d {
+        0..=4 => "just now".to_string(),
+        5..=59 => format!("{d}s ago"),
+        60..=3599 => format!("{}m ago", d / 60),
+        3600..=86399 => format!("{}h ago", d / 3600),
+        _ => format!("{}d ago", d / 86400),
+    }
+}
+
+pub async fn ls(json: bool, all: bool, group: Option<String>) -> Result<i32> {
+    let backend = DockerBackend::connect().await?;
+    let (views, running) =
+        tokio::try_join!(target::list_sessions(&backend), running_turns(&backend))?;
+    let mut rows: Vec<Row> = views
+        .iter()
+        .filter(|v| group.is_none() || v.facts.group == group)
+        .map(|v| row(v, running.get(&v.facts.session_id).copied()))
+        .collect();
+    if all {
+        rows.extend(removed_but_cached(&views, group.as_deref()));
+    }
+    rows.sort_by(|a, b| {
+        b.last_activity
+            .cmp(&a.last_activity)
+            .then(b.created_at.cmp(&a.created_at))
+    });
+    if json {
+        output::print_json(&rows);
+        return Ok(0);
+    }
+    let mut table = vec![[
+        "ID".to_string(),
+        "NAME".to_string(),
+        "PROVIDER".to_string(),
+        "TURNS".to_string(),
+        "STATUS".to_string(),
+        "LAST ACTIVITY".to_string(),
+        "GROUP".to_string(),
+    ]];
+    for r in &rows {
+        table.push([
+            r.session_id[..8].to_string(),
+            r.name.clone().unwrap_or_else(|| "-".into()),
+            r.provider.clone(),
+            r.turns.to_string(),
+            r.status.clone(),
+            ago(r.last_activity),
+            r.group.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    super::image::print_table(&table);
+    Ok(0)
+}
+
+/// Sessions the host cache knows that Docker no longer has.
+fn removed_but_cached(views: &[SessionView], group: Option<&str>) -> Vec<Row> {
+    let present: std::collections::HashSet<Uuid> =
+        views.iter().map(|v| v.facts.session_id).collect();
+    let Ok(dir) = dirs::sessions_dir() else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| std::fs::read(e.ok()?.path()).ok())
+        .filter_map(|b| serde_json::from_slice::<SessionRecord>(&b).ok())
+        .filter(|r| !present.contains(&r.session_id))
+        .filter(|r| group.is_none() || r.group.as_deref() == group)
+        .map(|r| Row {
+            session_id: r.session_id.to_string(),
+            name: r.name.clone(),
+            group: r.group.clone(),
+            provider: r.provider.to_string(),
+            turns: r.turns.last().map_or(0, |t| t.turn),
+            status: "removed".to_string(),
+            created_at: r.created_at,
+            last_activity: r
+                .turns
+                .last()
+                .map_or(r.created_at, |t| t.started_at + t.duration_ms / 1000),
+            resume_handle: None,
+        })
+        .collect()
+}
+
+pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
+    let backend = DockerBackend::connect().await?;
+    let view = target::resolve_view(&backend, target_arg).await?;
+    let running = backend
+        .inspect_container(&format!("caw-box-{}", view.facts.session_id))
+        .await?
+        .and_then(|c| c.state)
+        .and_then(|s| s.running)
+        .unwrap_or(false);
+    let record = target::read_record(&backend, &view.facts)
+        .await?
+        .unwrap_or_else(|| view.record());
+    let mut record = record;
+    // Labels are the truth for what they hold.
+    record.name = view.facts.name.clone();
+    record.group = view.facts.group.clone();
+    record.settings = view.facts.settings.clone();
+    let status = if running {
+        Status::Running.to_string()
+    } else {
+        record
+            .turns
+            .last()
+            .map_or("new".to_string(), |t| t.status.to_string())
+    };
+    if json {
+        #[derive(Serialize)]
+        struct Shown<'a> {
+            status: &'a str,
+            #[serde(flatten)]
+            record: &'a SessionRecord,
+        }
+        output::print_json(&Shown {
+            status: &status,
+            record: &record,
+        });
+        return Ok(0);
+    }
+    let s = &record.settings;
+    output::println(&format!(
+        "session {}  {}  {}",
+        record.session_id, record.provider, status
+    ));
+    if let Some(name) = &record.name {
+        output::println(&format!("name       {name}"));
+    }
+    if let Some(group) = &record.group {
+        output::println(&format!("group      {group}"));
+    }
+    output::println(&format!("created    {}", ago(record.created_at)));
+    output::println(&format!("image      {}", s.image));
+    if let Some(ws) = &s.workspace {
+        output::println(&format!("workspace  {ws}"));
+    }
+    if let Some(m) = &s.model {
+        output::println(&format!("model      {m}"));
+    }
+    if let Some(e) = &s.endpoint {
+        output::println(&format!("endpoint   {e}"));
+    }
+    let mut total_cost = 0.0;
+    for t in &record.turns {
+        output::println("");
+        let cost = t.usage.cost_usd.map(|c| {
+            total_cost += c;
+            format!("  ${c:.4}")
+        });
+        output::println(&format!(
+            "turn {}  {}  {:.1}s  {} in / {} out tokens{}",
+            t.turn,
+            t.status,
+            t.duration_ms as f64 / 1000.0,
+            t.usage.input_tokens + t.usage.cache_read_tokens,
+            t.usage.output_tokens,
+            cost.unwrap_or_default()
+        ));
+        output::println(&format!("  > {}", one_line(&t.prompt, 200)));
+        output::println(&format!("  < {}", one_line(&t.result, 400)));
+    }
+    if total_cost > 0.0 {
+        output::println(&format!("\ntotal cost ${total_cost:.4}"));
+    }
+    Ok(0)
+}
+
+fn one_line(s: &str, max: usize) -> String {
+    let joined = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if joined.chars().count() > max {
+        format!("{}…", joined.chars().take(max).collect::<String>())
+    } else {
+        joined
+    }
+}
+
+pub async fn logs(target_arg: &str, turn: Option<u32>, raw: bool, follow: bool) -> Result<i32> {
+    let backend = DockerBackend::connect().await?;
+    let view = target::resolve_view(&backend, target_arg).await?;
+    let id = view.facts.session_id;
+    let container = format!("caw-box-{id}");
+    let running = backend
+        .inspect_container(&container)
+        .await?
+        .filter(|c| c.state.as_ref().and_then(|s| s.running).unwrap_or(false))
+        .and_then(|c| c.config.and_then(|c| c.labels))
+        .and_then(|l| l.get(labels::TURN).and_then(|t| t.parse::<u32>().ok()));
+    if let Some(running_turn) = running.filter(|r| follow && turn.is_none_or(|t| t == *r)) {
+        return follow_turn(&backend, &view, &container, running_turn, raw).await;
+    }
+    let last = view.last.as_ref().map_or(0, |l| l.turn);
+    let n = turn.unwrap_or(last);
+    if n == 0 {
+        return Err(
+            Error::usage(format!("session {id} has no finished turn yet")).with_hint(format!(
+                "follow the running one with `caw-box logs {id} -f`"
+            )),
+        );
+    }
+    let path = format!(
+        ".caw-box/turns/{n}.{}.jsonl",
+        if raw { "raw" } else { "events" }
+    );
+    let bytes = target::read_volume_file(&backend, &view.facts, &path)
+        .await?
+        .ok_or_else(|| {
+            Error::usage(format!("session {id} has no turn {n}"))
+                .with_hint(format!("its turns are 1 to {last}"))
+        })?;
+    use std::io::Write;
+    let _ = std::io::stdout().lock().write_all(&bytes);
+    Ok(0)
+}
+
+/// Follows a running turn's container output, parsed as the turn's own driver does.
+async fn follow_turn(
+    backend: &DockerBackend,
+    view: &SessionView,
+    container: &str,
+    turn: u32,
+    raw: bool,
+) -> Result<i32> {
+    let mut parser = view.facts.provider.adapter().parser(ParseContext {
+        previous_cumulative_usage: view.last.as_ref().and_then(|l| l.cumulative_usage),
+    });
+    let mut stream = backend.follow_logs(container);
+    let mut pending = Vec::new();
+    let mut events = Vec::new();
+    let mut emit = |line: &str| {
+        if raw {
+            output::println(line);
+            return;
+        }
+        events.clear();
+        parser.parse_line(line, &mut events);
+        for e in &events {
+            if let Ok(json) = serde_json::to_string(e) {
+                output::println(&json);
+            }
+        }
+    };
+    while let Some(chunk) = stream.next().await {
+        let Ok(LogOutput::StdOut { message }) = chunk else {
+            continue;
+        };
+        pending.extend_from_slice(&message);
+        while let Some(pos) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=pos).collect();
+            emit(String::from_utf8_lossy(&line[..line.len() - 1]).as_ref());
+        }
+    }
+    if !pending.is_empty() {
+        emit(String::from_utf8_lossy(&pending).as_ref());
+    }
+    tracing::debug!("turn {turn} of {} ended", view.facts.session_id);
+    Ok(0)
+}
+
+/// Removes a session: its container, state volume, turn records and host cache.
+pub async fn remove_session(backend: &DockerBackend, id: Uuid) -> Result<()> {
+    backend
+        .remove_container(&format!("caw-box-{id}"), true)
+        .await?;
+    for c in backend
+        .list_containers(&[format!("{}={id}", labels::SESSION)])
+        .await?
+    {
+        if let Some(cid) = c.id {
+            backend.remove_container(&cid, true).await?;
+        }
+    }
+    for v in backend
+        .list_volumes(&[
+            format!("{}={id}", labels::SESSION),
+            format!("{}={}", labels::ROLE, roles::TURN_RECORD),
+        ])
+        .await?
+    {
+        backend.remove_volume(&v.name).await?;
+    }
+    backend.remove_volume(&volume_name(id)).await?;
+    if let Ok(dir) = dirs::sessions_dir() {
+        let _ = std::fs::remove_file(dir.join(format!("{id}.json")));
+    }
+    Ok(())
+}
+
+pub async fn rm(targets: Vec<String>, force: bool, group: Option<String>) -> Result<i32> {
+    if targets.is_empty() && group.is_none() {
+        return Err(Error::usage(
+            "say which sessions to remove: TARGET... or --group G",
+        ));
+    }
+    let backend = DockerBackend::connect().await?;
+    let (all, running) =
+        tokio::try_join!(target::list_sessions(&backend), running_turns(&backend))?;
+    // Resolve everything first: one bad TARGET removes nothing.
+    let mut chosen: Vec<SessionView> = Vec::new();
+    for t in &targets {
+        let view = if crate::session::ResumeHandle::looks_like_handle(t) {
+            target::resolve_view(&backend, t).await?
+        } else {
+            target::find_in(all.clone(), t)?
+        };
+        chosen.push(view);
+    }
+    if let Some(g) = &group {
+        let members: Vec<SessionView> = all
+            .iter()
+            .filter(|v| v.facts.group.as_deref() == Some(g))
+            .cloned()
+            .collect();
+        if members.is_empty() && targets.is_empty() {
+            return Err(Error::usage(format!("no session is in group '{g}'")));
+        }
+        chosen.extend(members);
+    }
+    chosen.sort_by_key(|v| v.facts.session_id);
+    chosen.dedup_by_key(|v| v.facts.session_id);
+    if !force {
+        if let Some(busy) = chosen
+            .iter()
+            .find(|v| running.contains_key(&v.facts.session_id))
+        {
+            let id = busy.facts.session_id;
+            return Err(Error::usage(format!(
+                "session {id} is running turn {}; nothing was removed",
+                running[&id]
+            ))
+            .with_hint(format!(
+                "stop it first (`caw-box stop {id}`), or pass --force"
+            )));
+        }
+    }
+    for v in &chosen {
+        remove_session(&backend, v.facts.session_id).await?;
+        output::println(&v.facts.session_id.to_string());
+    }
+    Ok(0)
+}
+
+pub async fn gc(older_than: &str, dry_run: bool) -> Result<i32> {
+    let age = crate::settings::parse_duration(older_than, "--older-than")?;
+    let backend = DockerBackend::connect().await?;
+    let (all, running) =
+        tokio::try_join!(target::list_sessions(&backend), running_turns(&backend))?;
+    let cutoff = now_secs().saturating_sub(age.as_secs());
+    let mut old: Vec<&SessionView> = all
+        .iter()
+        .filter(|v| !running.contains_key(&v.facts.session_id))
+        .filter(|v| v.last_activity() < cutoff)
+        .collect();
+    old.sort_by_key(|v| v.last_activity());
+    for v in &old {
+        let label = v
+            .facts
+            .name
+            .as_deref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
+        if dry_run {
+            output::println(&format!(
+                "would remove {}{label}, idle since {}",
+                v.facts.session_id,
+                ago(v.last_activity())
+            ));
+        } else {
+            remove_session(&backend, v.facts.session_id).await?;
+            output::println(&format!("removed {}{label}", v.facts.session_id));
+        }
+    }
+    if old.is_empty() {
+        output::eprintln(&format!(
+            "no finished session has been idle for {}",
+            humantime::format_duration(age)
+        ));
+    }
+    Ok(0)
+}
