@@ -128,6 +128,9 @@ pub enum Command {
         /// List what would be deleted, delete nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Only sessions of this group.
+        #[arg(long)]
+        group: Option<String>,
     },
     /// Print a session's resume handle.
     #[command(after_help = "Examples:\n  caw-box handle fixer\n  caw-box handle 5b0c")]

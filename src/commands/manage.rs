@@ -432,7 +432,7 @@ pub async fn rm(targets: Vec<String>, force: bool, group: Option<String>) -> Res
     Ok(0)
 }
 
-pub async fn gc(older_than: &str, dry_run: bool) -> Result<i32> {
+pub async fn gc(older_than: &str, dry_run: bool, group: Option<&str>) -> Result<i32> {
     let age = crate::settings::parse_duration(older_than, "--older-than")?;
     let backend = DockerBackend::connect().await?;
     let (all, running) =
@@ -441,6 +441,7 @@ pub async fn gc(older_than: &str, dry_run: bool) -> Result<i32> {
     let mut old: Vec<&SessionView> = all
         .iter()
         .filter(|v| !running.contains_key(&v.facts.session_id))
+        .filter(|v| group.is_none() || v.facts.group.as_deref() == group)
         .filter(|v| v.last_activity() < cutoff)
         .collect();
     old.sort_by_key(|v| v.last_activity());

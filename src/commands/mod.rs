@@ -34,7 +34,8 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Gc {
             older_than,
             dry_run,
-        } => manage::gc(&older_than, dry_run).await,
+            group,
+        } => manage::gc(&older_than, dry_run, group.as_deref()).await,
         Command::Drive => turn::drive().await,
         Command::Image(ImageCommand::Build(args)) => image::build(args, verbose, cli.quiet).await,
         Command::Image(ImageCommand::Ls) => image::ls().await,

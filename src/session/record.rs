@@ -27,6 +27,9 @@ pub mod labels {
     pub const ROLE: &str = "io.caw-box.role";
     pub const TURN: &str = "io.caw-box.turn";
     pub const CLI_VERSION: &str = "io.caw-box.cli-version";
+    /// On a turn container: the process that drives the turn, and its host.
+    pub const DRIVER_PID: &str = "io.caw-box.driver-pid";
+    pub const DRIVER_HOST: &str = "io.caw-box.driver-host";
     /// On a turn-record volume: the [`super::TurnSummary`] of the session's latest turn.
     pub const SUMMARY: &str = "io.caw-box.summary";
 }

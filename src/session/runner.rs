@@ -331,6 +331,11 @@ fn container_body(
         (labels::PROVIDER.to_string(), record.provider.to_string()),
         (labels::ROLE.to_string(), roles::TURN.to_string()),
         (labels::TURN.to_string(), turn.to_string()),
+        (
+            labels::DRIVER_PID.to_string(),
+            std::process::id().to_string(),
+        ),
+        (labels::DRIVER_HOST.to_string(), host_name()),
     ]);
     if let Some(name) = &record.name {
         labels.insert(labels::NAME.to_string(), name.clone());
@@ -365,18 +370,21 @@ async fn create_turn_container(
             Err(CreateError::Other(e)) => return Err(e),
             Err(CreateError::NameTaken) => {
                 let existing = backend.inspect_container(name).await?;
+                let labels_of = existing
+                    .as_ref()
+                    .and_then(|c| c.config.as_ref())
+                    .and_then(|c| c.labels.clone())
+                    .unwrap_or_default();
+                let turn = labels_of
+                    .get(labels::TURN)
+                    .cloned()
+                    .unwrap_or_else(|| "?".into());
                 let running = existing
                     .as_ref()
                     .and_then(|c| c.state.as_ref())
                     .and_then(|s| s.running)
                     .unwrap_or(false);
-                if running {
-                    let turn = existing
-                        .as_ref()
-                        .and_then(|c| c.config.as_ref())
-                        .and_then(|c| c.labels.as_ref())
-                        .and_then(|l| l.get(labels::TURN).cloned())
-                        .unwrap_or_else(|| "?".into());
+                if running || !driver_is_gone(&labels_of, existing.as_ref()) {
                     return Err(busy(record, &turn));
                 }
                 // A leftover of a turn whose caw-box was killed: it holds nothing we need.
@@ -385,6 +393,34 @@ async fn create_turn_container(
         }
     }
     Err(busy(record, "?"))
+}
+
+/// This host's name, to tell whose driver process a turn container names.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Whether the process that drives a (not running) turn container is certainly gone: a
+/// container between create and start, or between exit and being recorded, belongs to a
+/// live turn and must not be taken for a leftover.
+fn driver_is_gone(
+    container_labels: &HashMap<String, String>,
+    inspect: Option<&bollard::models::ContainerInspectResponse>,
+) -> bool {
+    let pid = container_labels.get(labels::DRIVER_PID);
+    let host = container_labels.get(labels::DRIVER_HOST);
+    if let (Some(pid), Some(host)) = (pid, host) {
+        if *host == host_name() {
+            return !std::path::Path::new(&format!("/proc/{pid}")).exists();
+        }
+    }
+    // Another host's driver (a shared daemon): only a long-idle container is a leftover.
+    let created = inspect
+        .and_then(|c| c.created.as_deref())
+        .and_then(|c| humantime::parse_rfc3339_weak(c.split('.').next().unwrap_or(c)).ok());
+    created.is_some_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(600))
 }
 
 fn busy(record: &SessionRecord, turn: &str) -> Error {

@@ -146,3 +146,36 @@ fn a_crashing_cli_is_an_error_and_the_session_survives() {
     assert!(rig.caw_containers().is_empty(), "container left behind");
     assert_recalls(&rig, GEMINI, &id, "fig");
 }
+
+#[test]
+fn the_leftover_of_a_hard_killed_caw_box_is_cleared_by_the_next_turn() {
+    let rig = Rig::new("killed");
+    let id = start_with_fact(&rig, CODEX, "quince");
+    let mut cmd = rig.resume_cmd(CODEX, &id, "SLEEP:3 then say hello", &[]);
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let container = rig.wait_for_running_turn(Some(&id), Duration::from_secs(60));
+    child.kill().unwrap(); // SIGKILL: no chance to clean up
+    child.wait().unwrap();
+    // The CLI finishes on its own; its container stays, with no process driving it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rig
+        .rt
+        .block_on(rig.docker.inspect_container(&container, None))
+        .unwrap()
+        .state
+        .and_then(|s| s.running)
+        .unwrap_or(false)
+    {
+        assert!(Instant::now() < deadline, "the turn never ended");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        rig.caw_containers().len(),
+        1,
+        "the leftover should still be there"
+    );
+    assert_recalls(&rig, CODEX, &id, "quince");
+    assert!(rig.caw_containers().is_empty());
+}

@@ -7,5 +7,6 @@ mod common;
 mod bad_input;
 mod control;
 mod images;
+mod manage;
 mod restart;
 mod sessions;

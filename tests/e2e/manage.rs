@@ -1,0 +1,295 @@
+//! Session management (issue 4): racing turns, detach/wait/stop, ls/show/handle/logs by id,
+//! prefix and name with the host data directory gone, rm, gc, groups.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use bollard::models::VolumeCreateRequest;
+use serde_json::Value;
+
+use crate::common::*;
+
+fn start(rig: &Rig, p: P, prompt: &str, extra: &[&str]) -> String {
+    let (code, json, stderr) = rig.json_turn(rig.run_cmd(p, prompt, extra));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    json["session_id"].as_str().unwrap().to_string()
+}
+
+fn caw_out(rig: &Rig, args: &[&str]) -> std::process::Output {
+    let mut c = rig.caw();
+    c.args(args);
+    run(c)
+}
+
+#[test]
+fn two_racing_resumes_exactly_one_runs() {
+    let rig = Rig::new("race");
+    let id = start(&rig, CODEX, "REMEMBER:race", &[]);
+    let spawn = || {
+        let mut c = rig.resume_cmd(CODEX, &id, "SLEEP:4 REMEMBER:again", &[]);
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let outs = [
+        wait_with_deadline(a, Duration::from_secs(120)),
+        wait_with_deadline(b, Duration::from_secs(120)),
+    ];
+    let mut codes: Vec<i32> = outs.iter().map(|o| o.status.code().unwrap_or(-1)).collect();
+    codes.sort();
+    assert_eq!(
+        codes,
+        vec![0, 2],
+        "{:?}",
+        outs.iter().map(stderr_of).collect::<Vec<_>>()
+    );
+    let loser = outs.iter().find(|o| o.status.code() == Some(2)).unwrap();
+    assert!(stderr_of(loser).contains("is busy"), "{}", stderr_of(loser));
+    assert!(
+        stderr_of(loser).contains("is running right now"),
+        "{}",
+        stderr_of(loser)
+    );
+}
+
+#[test]
+fn detach_wait_and_stop() {
+    let rig = Rig::new("detach");
+    let id = start(&rig, CODEX, "REMEMBER:lime", &[]);
+
+    // Detach returns at once with the id; wait prints the result like a foreground turn.
+    let began = Instant::now();
+    let out = run(rig.resume_cmd(CODEX, &id, "SLEEP:3 RECALL", &["--detach"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert_eq!(stdout_of(&out).trim(), id);
+    assert!(
+        began.elapsed() < Duration::from_secs(3),
+        "detach waited for the turn"
+    );
+    let ls = caw_out(&rig, &["ls", "--json"]);
+    let rows: Vec<Value> = serde_json::from_str(&stdout_of(&ls)).unwrap();
+    let row = rows
+        .iter()
+        .find(|r| r["session_id"] == id.as_str())
+        .unwrap();
+    assert_eq!(row["status"], "running", "{row}");
+    let out = caw_out(&rig, &["wait", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains("You told me to remember lime."),
+        "{}",
+        stdout_of(&out)
+    );
+
+    // -o json of a detached turn says running; stop keeps the session resumable.
+    let mut cmd = rig.resume_cmd(CODEX, &id, "SLEEP:120", &["--detach"]);
+    cmd.args(["-o", "json"]);
+    let out = run(cmd);
+    let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert_eq!(json["status"], "running");
+    assert_eq!(json["turn"], 3);
+    let out = caw_out(&rig, &["stop", &id[..8]]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let out = caw_out(&rig, &["wait", &id, "-o", "json"]);
+    assert_eq!(out.status.code(), Some(130), "{}", stderr_of(&out));
+    let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert_eq!(json["status"], "interrupted");
+    assert!(rig.caw_containers().is_empty());
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        json["result"].as_str().unwrap().contains("remember lime"),
+        "{json}"
+    );
+    assert_eq!(json["turn"], 4);
+}
+
+#[test]
+fn management_by_id_prefix_and_name_without_the_host_data_dir() {
+    let rig = Rig::new("manage");
+    let name = format!("m-{}", rig.run_id);
+    let id = start(&rig, CLAUDE, "REMEMBER:quince", &["--name", &name]);
+    std::fs::remove_dir_all(rig.data_dir.path()).unwrap();
+
+    let out = caw_out(&rig, &["ls", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let rows: Vec<Value> = serde_json::from_str(&stdout_of(&out)).unwrap();
+    let row = rows
+        .iter()
+        .find(|r| r["session_id"] == id.as_str())
+        .unwrap();
+    assert_eq!(row["name"], name.as_str());
+    assert_eq!(row["turns"], 1);
+    assert_eq!(row["status"], "success");
+    assert_eq!(row["provider"], "claude_code");
+    let out = caw_out(&rig, &["ls"]);
+    let table = stdout_of(&out);
+    assert!(table.starts_with("ID "), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(&id[..8]) && l.contains(&name)),
+        "{table}"
+    );
+
+    for target in [id.as_str(), &id[..6], name.as_str()] {
+        let out = caw_out(&rig, &["show", target]);
+        assert_eq!(out.status.code(), Some(0), "{target}: {}", stderr_of(&out));
+        assert!(
+            stdout_of(&out).contains("> REMEMBER:quince"),
+            "{}",
+            stdout_of(&out)
+        );
+        assert!(
+            stdout_of(&out).contains("< Noted: quince."),
+            "{}",
+            stdout_of(&out)
+        );
+
+        let out = caw_out(&rig, &["handle", target]);
+        let handle: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+        assert_eq!(handle["session_id"], id.as_str());
+
+        let out = caw_out(&rig, &["logs", target]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        let events: Vec<Value> = stdout_of(&out)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert!(events
+            .iter()
+            .any(|e| e["type"] == "text" && e["text"] == "Noted: quince."));
+        assert_eq!(events.last().unwrap()["type"], "result");
+    }
+    let out = caw_out(&rig, &["show", &id, "--json"]);
+    let shown: Value = serde_json::from_str(&stdout_of(&out)).unwrap();
+    assert_eq!(shown["turns"][0]["prompt"], "REMEMBER:quince");
+    let out = caw_out(&rig, &["logs", &name, "--raw", "--turn", "1"]);
+    assert!(
+        stdout_of(&out).contains("\"type\":\"system\""),
+        "{}",
+        stdout_of(&out)
+    );
+    let out = caw_out(&rig, &["logs", &name, "--turn", "7"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+
+    // Unknown and ambiguous TARGETs.
+    let out = caw_out(&rig, &["show", "no-such-session"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr_of(&out).contains("no session matches"),
+        "{}",
+        stderr_of(&out)
+    );
+    let prefix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    for n in 1..=2 {
+        let fake = format!("{prefix}-0000-4000-8000-00000000000{n}");
+        rig.rt
+            .block_on(rig.docker.create_volume(VolumeCreateRequest {
+                name: Some(format!("caw-box-{fake}")),
+                labels: Some(HashMap::from([
+                    ("io.caw-box.managed".to_string(), "true".to_string()),
+                    ("io.caw-box.session".to_string(), fake.clone()),
+                    ("io.caw-box.provider".to_string(), "codex".to_string()),
+                    ("io.caw-box.role".to_string(), "state".to_string()),
+                    (TEST_LABEL.to_string(), rig.run_id.clone()),
+                ])),
+                ..Default::default()
+            }))
+            .unwrap();
+    }
+    let out = caw_out(&rig, &["show", prefix]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("is ambiguous"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert!(stderr_of(&out).contains(&format!("{prefix}-0000-4000-8000-000000000001")));
+}
+
+#[test]
+fn rm_and_gc() {
+    let rig = Rig::new("rm-gc");
+    let group = format!("g-{}", rig.run_id);
+    let a = start(&rig, CODEX, "REMEMBER:a", &["--group", &group]);
+    let b = start(&rig, CODEX, "REMEMBER:b", &["--group", &group]);
+
+    // rm refuses a running turn unless --force, and then leaves no volume.
+    let out = run(rig.resume_cmd(CODEX, &a, "SLEEP:120", &["--detach"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let out = caw_out(&rig, &["rm", &a]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("nothing was removed"),
+        "{}",
+        stderr_of(&out)
+    );
+    let out = caw_out(&rig, &["rm", "--force", &a]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert_eq!(stdout_of(&out).trim(), a);
+    let left = rig.caw_volumes();
+    assert!(left.iter().all(|v| !v.contains(&a)), "{left:?}");
+
+    // gc --dry-run lists without deleting; gc deletes.
+    std::thread::sleep(Duration::from_secs(2));
+    let out = caw_out(
+        &rig,
+        &["gc", "--older-than", "1s", "--dry-run", "--group", &group],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains(&format!("would remove {b}")),
+        "{}",
+        stdout_of(&out)
+    );
+    assert!(rig.caw_volumes().contains(&format!("caw-box-{b}")));
+    let out = caw_out(&rig, &["gc", "--older-than", "1s", "--group", &group]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains(&format!("removed {b}")),
+        "{}",
+        stdout_of(&out)
+    );
+    assert!(rig.caw_volumes().is_empty(), "{:?}", rig.caw_volumes());
+    assert!(rig.caw_containers().is_empty());
+}
+
+#[test]
+fn a_group_of_two_vendors_resumes_with_one_command() {
+    let rig = Rig::new("group");
+    let group = format!("t-{}", rig.run_id);
+    let c = start(&rig, CLAUDE, "REMEMBER:cedar", &["--group", &group]);
+    let x = start(&rig, CODEX, "REMEMBER:xylem", &["--group", &group]);
+    let mut cmd = rig.caw();
+    cmd.args(["resume", "--group", &group, "-o", "json"])
+        .args(["--env", &format!("ANTHROPIC_API_KEY={TEST_KEY}")])
+        .args(["--env", &format!("OPENAI_API_KEY={TEST_KEY}")])
+        .arg("RECALL");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let results: Vec<Value> = serde_json::from_str(&stdout_of(&out)).unwrap();
+    assert_eq!(results.len(), 2, "{results:?}");
+    for (id, fact) in [(&c, "cedar"), (&x, "xylem")] {
+        let r = results
+            .iter()
+            .find(|r| r["session_id"] == id.as_str())
+            .unwrap();
+        assert_eq!(r["status"], "success", "{r}");
+        assert!(
+            r["result"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("remember {fact}")),
+            "{r}"
+        );
+        assert_eq!(r["turn"], 2);
+    }
+    let out = caw_out(&rig, &["ls", "--group", &group, "--json"]);
+    let rows: Vec<Value> = serde_json::from_str(&stdout_of(&out)).unwrap();
+    assert_eq!(rows.len(), 2);
+    let out = caw_out(&rig, &["rm", "--group", &group]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(rig.caw_volumes().is_empty(), "{:?}", rig.caw_volumes());
+}
