@@ -74,6 +74,19 @@ fn detach_wait_and_stop() {
         .find(|r| r["session_id"] == id.as_str())
         .unwrap();
     assert_eq!(row["status"], "running", "{row}");
+    // logs -f follows the running turn's unified events until it ends.
+    let out = caw_out(&rig, &["logs", "-f", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let followed: Vec<Value> = stdout_of(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        followed
+            .iter()
+            .any(|e| e["type"] == "text" && e["text"] == "You told me to remember lime."),
+        "{followed:?}"
+    );
     let out = caw_out(&rig, &["wait", &id]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     assert!(
