@@ -1,0 +1,1 @@
+//! The OS keyring (Secret Service on Linux, the login Keychain on macOS): being written.
