@@ -15,7 +15,10 @@ scripts/images.sh
 echo "== tests"
 export CAW_BOX_RIG_PID_FILE=${CAW_BOX_RIG_DIR:-/var/tmp/caw-box-rig}/dockerd.pid
 # The daemon-restart test restarts the Docker daemon under every other test: it runs alone.
-cargo nextest run --workspace --no-fail-fast --test-threads 3 -E 'not test(daemon_restart)' "$@"
+cargo nextest run --workspace --no-fail-fast --test-threads 3 \
+    -E 'not test(daemon_restart) & not binary(keyring)' "$@"
+# The OS keyring tests run against a real Secret Service of their own.
+scripts/with-keyring.sh cargo nextest run --no-fail-fast --test keyring "$@"
 cargo nextest run --workspace --no-fail-fast -E 'test(daemon_restart)' "$@"
 
 echo "== bench (smoke)"

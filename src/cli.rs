@@ -138,6 +138,9 @@ pub enum Command {
         /// A handle, session id, unique id prefix (4+ characters) or session name.
         target: String,
     },
+    /// Collect host credentials into caw-box's store, and manage them.
+    #[command(subcommand)]
+    Auth(AuthCommand),
     /// Build and list caw-box's images.
     #[command(subcommand)]
     Image(ImageCommand),
@@ -247,6 +250,44 @@ pub struct ResumeArgs {
     pub group: Option<String>,
     #[command(flatten)]
     pub turn: TurnArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuthCommand {
+    /// Copy what each CLI needs from this host (files, keyring entries, API-key variables)
+    /// into caw-box's private store.
+    #[command(
+        after_help = "Examples:\n  caw-box auth collect\n  caw-box auth collect --provider claude --provider codex\n  caw-box auth collect --store keyring"
+    )]
+    Collect {
+        /// The provider to collect for (repeatable; default: all).
+        #[arg(long, short = 'p')]
+        provider: Vec<String>,
+        /// Where caw-box keeps the secrets: private files, or the OS keyring.
+        #[arg(long, value_enum, default_value = "files")]
+        store: crate::auth::store::Backend,
+    },
+    /// What is stored, from where, when, and when it expires.
+    #[command(after_help = "Examples:\n  caw-box auth status\n  caw-box auth status --json")]
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The docker flags a plain `docker run` of a caw-box image needs (no secret values).
+    #[command(
+        after_help = "Examples:\n  docker run --rm $(caw-box auth flags --provider codex) caw-box/codex:latest codex exec \"hi\""
+    )]
+    Flags {
+        #[arg(long, short = 'p')]
+        provider: String,
+    },
+    /// Delete stored credentials.
+    #[command(after_help = "Examples:\n  caw-box auth rm --provider gemini\n  caw-box auth rm")]
+    Rm {
+        /// The provider whose credentials to delete (repeatable; default: all).
+        #[arg(long, short = 'p')]
+        provider: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

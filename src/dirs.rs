@@ -56,3 +56,36 @@ pub fn write_private(path: &std::path::Path, contents: &[u8]) -> Result<()> {
         .map_err(|e| Error::environment(format!("failed to write '{}': {e}", path.display())))?;
     Ok(())
 }
+
+/// When caw-box runs as root, hands `path` (recursively) to the container's agent user
+/// (uid 1000), which must read what caw-box prepared for a turn. As any other user the
+/// container runs with files that user owns already.
+pub fn hand_to_agent(path: &std::path::Path) -> Result<()> {
+    if !is_root() {
+        return Ok(());
+    }
+    let chown = |p: &std::path::Path| {
+        std::os::unix::fs::chown(p, Some(1000), Some(1000)).map_err(|e| {
+            Error::environment(format!(
+                "failed to hand '{}' to the agent user: {e}",
+                p.display()
+            ))
+        })
+    };
+    chown(path)?;
+    if path.is_dir() {
+        let entries = fs::read_dir(path)
+            .map_err(|e| Error::environment(format!("failed to read '{}': {e}", path.display())))?;
+        for entry in entries.flatten() {
+            hand_to_agent(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether caw-box runs as root.
+pub fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // /proc/self belongs to the process's effective user; std has no euid accessor.
+    fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}

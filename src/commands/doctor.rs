@@ -40,23 +40,48 @@ pub async fn doctor() -> Result<i32> {
             }
         }
     }
+    let store = crate::auth::store::Store::open()?;
+    let now = crate::session::record::now_secs();
     for p in ProviderKind::ALL {
-        let present: Vec<&str> = p
+        let manifest = store.manifest(p);
+        let in_env: Vec<&str> = p
             .endpoint_key_vars()
             .iter()
             .copied()
             .filter(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
             .collect();
-        if present.is_empty() {
+        if manifest.items.is_empty() {
+            if in_env.is_empty() {
+                output::println(&format!(
+                    "- {p}: no credentials stored; fix: caw-box auth collect --provider {p}"
+                ));
+            } else {
+                output::println(&format!(
+                    "- {p}: {} set here but not collected; fix: caw-box auth collect --provider {p}",
+                    in_env.join(", ")
+                ));
+            }
+            continue;
+        }
+        let expired: Vec<&str> = manifest
+            .items
+            .iter()
+            .filter(|i| i.expires_at.is_some_and(|e| e <= now))
+            .map(|i| i.target.as_str())
+            .collect();
+        let has_key = manifest
+            .items
+            .iter()
+            .any(|i| i.kind == "env" || i.kind == "derived");
+        if !expired.is_empty() && !has_key {
+            problems += 1;
             output::println(&format!(
-                "- {p}: no API key in the environment ({}); pass one with --env on run",
-                p.endpoint_key_vars().join(" or ")
+                "✗ {p}: stored login expired ({}); fix: log in again on this host, then caw-box auth collect --provider {p}",
+                expired.join(", ")
             ));
         } else {
-            output::println(&format!(
-                "✓ {p}: {} set in the environment",
-                present.join(", ")
-            ));
+            let names: Vec<&str> = manifest.items.iter().map(|i| i.target.as_str()).collect();
+            output::println(&format!("✓ {p}: credentials stored ({})", names.join(", ")));
         }
     }
     if problems == 0 {

@@ -1,12 +1,13 @@
 //! Commands: orchestration of settings, providers and the backend, one module per area.
 //! Each returns the process exit code, or an error that `main` prints once.
 
+pub mod auth;
 pub mod doctor;
 pub mod image;
 pub mod manage;
 pub mod turn;
 
-use crate::cli::{Cli, Command, ImageCommand};
+use crate::cli::{AuthCommand, Cli, Command, ImageCommand};
 use crate::error::Result;
 
 /// Runs the parsed command line.
@@ -37,6 +38,12 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             group,
         } => manage::gc(&older_than, dry_run, group.as_deref()).await,
         Command::Drive => turn::drive().await,
+        Command::Auth(AuthCommand::Collect { provider, store }) => {
+            auth::collect(&provider, store, cli.quiet)
+        }
+        Command::Auth(AuthCommand::Status { json }) => auth::status(json),
+        Command::Auth(AuthCommand::Flags { provider }) => auth::flags(&provider),
+        Command::Auth(AuthCommand::Rm { provider }) => auth::rm(&provider, cli.quiet),
         Command::Image(ImageCommand::Build(args)) => image::build(args, verbose, cli.quiet).await,
         Command::Image(ImageCommand::Ls) => image::ls().await,
         Command::Doctor => doctor::doctor().await,

@@ -75,14 +75,14 @@ impl RuntimeDir {
         let _ = std::fs::remove_dir_all(&dir);
         dirs::ensure_private_dir(&dir)?;
         // The CLI runs as the agent user, which must read what we put here.
-        chown_for_agent(&dir)?;
+        dirs::hand_to_agent(&dir)?;
         Ok(RuntimeDir(dir))
     }
 
     fn write(&self, name: &str, contents: &[u8]) -> Result<()> {
         let path = self.0.join(name);
         dirs::write_private(&path, contents)?;
-        chown_for_agent(&path)
+        dirs::hand_to_agent(&path)
     }
 }
 
@@ -90,28 +90,6 @@ impl Drop for RuntimeDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// When caw-box runs as root, hand a file to the container's agent user (uid 1000); as any
-/// other user the container runs with that user's uid, which owns the file already.
-fn chown_for_agent(path: &std::path::Path) -> Result<()> {
-    if is_root() {
-        std::os::unix::fs::chown(path, Some(AGENT_UID as u32), Some(AGENT_UID as u32)).map_err(
-            |e| {
-                Error::environment(format!(
-                    "failed to hand '{}' to the agent user: {e}",
-                    path.display()
-                ))
-            },
-        )?;
-    }
-    Ok(())
-}
-
-fn is_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    // /proc/self belongs to the process's effective user; std has no euid accessor.
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
 /// Splits a byte stream into lines.
@@ -213,6 +191,7 @@ pub async fn run_turn(
     let command = provider.turn_command(&request);
 
     let runtime = RuntimeDir::create(record, turn)?;
+    crate::auth::inject::prepare(record.provider, &runtime.0, &options.env)?;
     let mut env_file = Vec::new();
     for (k, v) in &options.env {
         env_file.extend_from_slice(k.as_bytes());
@@ -249,6 +228,13 @@ pub async fn run_turn(
     )
     .await;
     let _ = backend.remove_container(&name, true).await;
+    match crate::auth::inject::finish(record.provider, &runtime.0) {
+        Ok(updated) if !updated.is_empty() => {
+            tracing::info!("saved refreshed credentials: {}", updated.join(", "))
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("could not save refreshed credentials: {e}"),
+    }
     drop(runtime);
     outcome
 }

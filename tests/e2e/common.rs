@@ -166,6 +166,18 @@ impl Rig {
         c.env("CAW_BOX_DATA_DIR", self.data_dir.path())
             .env("CAW_BOX_LABELS", format!("{TEST_LABEL}={}", self.run_id))
             .env_remove("CAW_BOX_IMAGE_REPO")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("ANTHROPIC_AUTH_TOKEN")
+            .env_remove("CLAUDE_CODE_OAUTH_TOKEN")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("CODEX_API_KEY")
+            .env_remove("OPENCODE_AUTH_CONTENT")
+            .env_remove("GEMINI_API_KEY")
+            .env_remove("GOOGLE_API_KEY")
+            .env_remove("CLAUDE_CONFIG_DIR")
+            .env_remove("CODEX_HOME")
+            .env_remove("XDG_DATA_HOME")
+            .env_remove("GEMINI_CLI_HOME")
             .current_dir(self.workspace.path())
             .stdin(Stdio::null());
         c
@@ -177,6 +189,19 @@ impl Rig {
         c.args(["run", "--provider", p.name, "--network", &self.network])
             .args(["--endpoint", &self.endpoint()])
             .args(["--env", &format!("{}={TEST_KEY}", p.key_var)]);
+        if let Some(m) = p.model {
+            c.args(["--model", m]);
+        }
+        c.args(extra).arg(prompt);
+        c
+    }
+
+    /// `caw-box run` for `p` with no key on the command line: credentials must come from
+    /// the auth store.
+    pub fn run_cmd_stored_key(&self, p: P, prompt: &str, extra: &[&str]) -> Command {
+        let mut c = self.caw();
+        c.args(["run", "--provider", p.name, "--network", &self.network])
+            .args(["--endpoint", &self.endpoint()]);
         if let Some(m) = p.model {
             c.args(["--model", m]);
         }

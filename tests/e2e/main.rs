@@ -4,6 +4,7 @@
 
 mod common;
 
+mod auth;
 mod bad_input;
 mod control;
 mod images;

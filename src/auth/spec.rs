@@ -1,0 +1,238 @@
+//! Per-provider credential specs: the data under auth/ (compiled in), parsed. Pure: where
+//! credentials live on a host and where they go under the agent's HOME. No I/O here.
+
+use serde::Deserialize;
+
+use crate::provider::ProviderKind;
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Spec {
+    pub provider: ProviderKind,
+    #[serde(default)]
+    pub files: Vec<FileSource>,
+    #[serde(default)]
+    pub keyring: Vec<KeyringSource>,
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default)]
+    pub derived_env: Vec<DerivedEnv>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct FileSource {
+    /// Host path; `~` and `${VAR:-default}` are expanded.
+    pub source: String,
+    /// Path under the agent's HOME.
+    pub target: String,
+    #[serde(default)]
+    pub expiry: Option<Expiry>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct KeyringSource {
+    pub service: String,
+    /// The variable whose value selects a hashed variant of the service name.
+    #[serde(default)]
+    pub hashed_by: Option<String>,
+    pub target: String,
+    #[serde(default)]
+    pub expiry: Option<Expiry>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct DerivedEnv {
+    /// A collected file (its target under HOME).
+    pub file: String,
+    /// A JSON path in it.
+    pub json: String,
+    pub env: String,
+}
+
+/// Where a credential states its own expiry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Expiry {
+    Json {
+        json: String,
+        #[serde(default = "default_unit")]
+        unit: String,
+    },
+    Jwt {
+        jwt: String,
+    },
+}
+
+fn default_unit() -> String {
+    "s".to_string()
+}
+
+impl Spec {
+    /// The spec of `provider`.
+    pub fn of(provider: ProviderKind) -> Spec {
+        let text = match provider {
+            ProviderKind::ClaudeCode => include_str!("../../auth/claude_code.json"),
+            ProviderKind::Codex => include_str!("../../auth/codex.json"),
+            ProviderKind::Opencode => include_str!("../../auth/opencode.json"),
+            ProviderKind::Gemini => include_str!("../../auth/gemini.json"),
+        };
+        serde_json::from_str(text).expect("the built-in credential specs parse")
+    }
+
+    /// Every path under HOME where this provider's credentials may lie: what a turn must
+    /// leave no copy of.
+    pub fn home_targets(&self) -> Vec<String> {
+        let mut t: Vec<String> = self
+            .files
+            .iter()
+            .map(|f| f.target.clone())
+            .chain(self.keyring.iter().map(|k| k.target.clone()))
+            .collect();
+        t.sort();
+        t.dedup();
+        t
+    }
+
+    /// The expiry rule of a file target.
+    pub fn expiry_of(&self, target: &str) -> Option<&Expiry> {
+        self.files
+            .iter()
+            .filter(|f| f.target == target)
+            .find_map(|f| f.expiry.as_ref())
+            .or_else(|| {
+                self.keyring
+                    .iter()
+                    .filter(|k| k.target == target)
+                    .find_map(|k| k.expiry.as_ref())
+            })
+    }
+}
+
+/// Expands `~` and `${VAR:-default}` in a spec path, with `env` looking variables up.
+pub fn expand(path: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let mut out = String::new();
+    let mut rest = path;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find('}')? + start;
+        let inner = &rest[start + 2..end];
+        let (var, default) = inner.split_once(":-").unwrap_or((inner, ""));
+        match env(var).filter(|v| !v.is_empty()) {
+            Some(v) => out.push_str(&v),
+            None => out.push_str(default),
+        }
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    if out == "~" || out.starts_with("~/") {
+        let home = env("HOME").filter(|h| !h.is_empty())?;
+        out = format!("{home}{}", &out[1..]);
+    }
+    Some(out)
+}
+
+/// The expiry (Unix seconds) a credential states, if it states one.
+pub fn expiry_secs(rule: &Expiry, contents: &[u8]) -> Option<u64> {
+    let json: serde_json::Value = serde_json::from_slice(contents).ok()?;
+    match rule {
+        Expiry::Json { json: path, unit } => {
+            let n = lookup(&json, path)?.as_f64()?;
+            Some(if unit == "ms" {
+                (n / 1000.0) as u64
+            } else {
+                n as u64
+            })
+        }
+        Expiry::Jwt { jwt } => {
+            let token = lookup(&json, jwt)?.as_str()?;
+            jwt_exp(token)
+        }
+    }
+}
+
+/// A value at a dotted JSON path; `*` matches the first key that has the rest of the path.
+pub fn lookup<'a>(v: &'a serde_json::Value, path: &str) -> Option<&'a serde_json::Value> {
+    let (head, tail) = match path.split_once('.') {
+        Some((h, t)) => (h, Some(t)),
+        None => (path, None),
+    };
+    let candidates: Vec<&serde_json::Value> = if head == "*" {
+        v.as_object()?.values().collect()
+    } else {
+        vec![v.get(head)?]
+    };
+    candidates.into_iter().find_map(|c| match tail {
+        Some(t) => lookup(c, t),
+        None => Some(c),
+    })
+}
+
+/// The `exp` claim of a JWT, without verifying it (we only compare ages).
+pub fn jwt_exp(token: &str) -> Option<u64> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    claims.get("exp")?.as_u64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spec_parses_and_names_its_provider() {
+        for p in ProviderKind::ALL {
+            let s = Spec::of(p);
+            assert_eq!(s.provider, p);
+            assert!(!s.env.is_empty(), "{p}");
+            assert!(!s.home_targets().is_empty(), "{p}");
+        }
+        assert!(Spec::of(ProviderKind::ClaudeCode)
+            .keyring
+            .iter()
+            .any(|k| k.service == "Claude Code-credentials"));
+    }
+
+    #[test]
+    fn paths_expand_home_and_defaults() {
+        let env = |k: &str| match k {
+            "HOME" => Some("/home/u".to_string()),
+            "CODEX_HOME" => Some("/opt/codex".to_string()),
+            _ => None,
+        };
+        assert_eq!(
+            expand("${CLAUDE_CONFIG_DIR:-~/.claude}/.credentials.json", &env).unwrap(),
+            "/home/u/.claude/.credentials.json"
+        );
+        assert_eq!(
+            expand("${CODEX_HOME:-~/.codex}/auth.json", &env).unwrap(),
+            "/opt/codex/auth.json"
+        );
+    }
+
+    #[test]
+    fn expiries_from_json_and_jwt() {
+        let claude = br#"{"claudeAiOauth":{"accessToken":"x","expiresAt":1700000000000}}"#;
+        let rule = Spec::of(ProviderKind::ClaudeCode).files[0]
+            .expiry
+            .clone()
+            .unwrap();
+        assert_eq!(expiry_secs(&rule, claude), Some(1_700_000_000));
+        // header {"alg":"none"} . payload {"exp":1800000000} . no signature
+        let jwt = "eyJhbGciOiJub25lIn0.eyJleHAiOjE4MDAwMDAwMDB9.";
+        let codex = format!(r#"{{"tokens":{{"access_token":"{jwt}"}}}}"#);
+        let rule = Spec::of(ProviderKind::Codex).files[0]
+            .expiry
+            .clone()
+            .unwrap();
+        assert_eq!(expiry_secs(&rule, codex.as_bytes()), Some(1_800_000_000));
+        let opencode = br#"{"anthropic":{"type":"oauth","expires":1750000000000}}"#;
+        let rule = Spec::of(ProviderKind::Opencode).files[0]
+            .expiry
+            .clone()
+            .unwrap();
+        assert_eq!(expiry_secs(&rule, opencode), Some(1_750_000_000));
+    }
+}

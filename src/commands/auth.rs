@@ -1,0 +1,209 @@
+//! `caw-box auth collect|status|flags|rm`: the credential store from the user's side.
+
+use serde::Serialize;
+
+use crate::auth::spec::Spec;
+use crate::auth::store::{self, Item, Store};
+use crate::error::{Error, Result};
+use crate::output;
+use crate::provider::ProviderKind;
+use crate::session::record::now_secs;
+
+fn providers(names: &[String]) -> Result<Vec<ProviderKind>> {
+    if names.is_empty() {
+        return Ok(ProviderKind::ALL.to_vec());
+    }
+    let mut ps = names
+        .iter()
+        .map(|n| n.parse::<ProviderKind>().map_err(Error::from))
+        .collect::<Result<Vec<_>>>()?;
+    ps.sort();
+    ps.dedup();
+    Ok(ps)
+}
+
+pub fn collect(names: &[String], backend: store::Backend, quiet: bool) -> Result<i32> {
+    let store = Store::open()?;
+    let env = |k: &str| std::env::var(k).ok();
+    for p in providers(names)? {
+        let report = store::collect(&store, p, backend, &env)?;
+        for w in &report.warnings {
+            output::eprintln(&format!("warning: {p}: {w}"));
+        }
+        if quiet {
+            continue;
+        }
+        if report.found.is_empty() && report.kept_newer.is_empty() {
+            output::println(&format!("{p}: nothing to collect"));
+            continue;
+        }
+        for item in &report.found {
+            output::println(&format!("{p}: {} from {}", item.target, item.source));
+        }
+        for t in &report.kept_newer {
+            output::println(&format!(
+                "{p}: {t} kept: the stored copy was refreshed in a turn and is newer than the host's"
+            ));
+        }
+    }
+    if !quiet {
+        output::eprintln(&match backend {
+            store::Backend::Files => format!("stored in {}", store.root().display()),
+            store::Backend::Keyring => format!(
+                "secrets stored in the OS keyring (service '{}'); manifest in {}",
+                store::KEYRING_SERVICE,
+                store.root().display()
+            ),
+        });
+    }
+    Ok(0)
+}
+
+/// How an expiry reads: "in 3h", "expired 2d ago".
+fn expiry_text(exp: Option<u64>) -> (String, &'static str) {
+    let Some(exp) = exp else {
+        return ("-".into(), "");
+    };
+    let now = now_secs();
+    if exp <= now {
+        let d = humantime::format_duration(std::time::Duration::from_secs((now - exp) / 60 * 60));
+        (format!("expired {d} ago"), "expired")
+    } else {
+        let left = exp - now;
+        let d = humantime::format_duration(std::time::Duration::from_secs(left / 60 * 60));
+        (
+            format!("in {d}"),
+            if left < 3600 { "expiring" } else { "ok" },
+        )
+    }
+}
+
+#[derive(Serialize)]
+struct StatusItem<'a> {
+    #[serde(flatten)]
+    item: &'a Item,
+    state: &'static str,
+}
+
+#[derive(Serialize)]
+struct ProviderStatus<'a> {
+    provider: ProviderKind,
+    present: bool,
+    items: Vec<StatusItem<'a>>,
+}
+
+pub fn status(json: bool) -> Result<i32> {
+    let store = Store::open()?;
+    let manifests: Vec<(ProviderKind, store::Manifest)> = ProviderKind::ALL
+        .iter()
+        .map(|p| (*p, store.manifest(*p)))
+        .collect();
+    if json {
+        let out: Vec<ProviderStatus<'_>> = manifests
+            .iter()
+            .map(|(p, m)| ProviderStatus {
+                provider: *p,
+                present: !m.items.is_empty(),
+                items: m
+                    .items
+                    .iter()
+                    .map(|i| StatusItem {
+                        item: i,
+                        state: match expiry_text(i.expires_at).1 {
+                            "" => "ok",
+                            s => s,
+                        },
+                    })
+                    .collect(),
+            })
+            .collect();
+        output::print_json(&out);
+        return Ok(0);
+    }
+    let mut rows = vec![[
+        "PROVIDER".to_string(),
+        "CREDENTIAL".to_string(),
+        "FROM".to_string(),
+        "COLLECTED".to_string(),
+        "EXPIRES".to_string(),
+    ]];
+    for (p, m) in &manifests {
+        if m.items.is_empty() {
+            rows.push([
+                p.to_string(),
+                "(none)".into(),
+                format!("run: caw-box auth collect --provider {p}"),
+                "-".into(),
+                "-".into(),
+            ]);
+        }
+        for i in &m.items {
+            let (exp, state) = expiry_text(i.expires_at);
+            let flag = match state {
+                "expired" => " (EXPIRED)",
+                "expiring" => " (expiring soon)",
+                _ => "",
+            };
+            let collected = match i.refreshed_at {
+                Some(r) => format!(
+                    "{} (refreshed {})",
+                    super::manage::ago(i.collected_at),
+                    super::manage::ago(r)
+                ),
+                None => super::manage::ago(i.collected_at),
+            };
+            rows.push([
+                p.to_string(),
+                i.target.clone(),
+                i.source.clone(),
+                collected,
+                format!("{exp}{flag}"),
+            ]);
+        }
+    }
+    super::image::print_table(&rows);
+    Ok(0)
+}
+
+/// The flags a plain `docker run` of a caw-box image needs for `p`'s credentials: the
+/// provider's part of the store as a directory mount (the image's entrypoint places the
+/// files under HOME and reads the keys from it), and by name any key variable that is set
+/// here but not stored. Never a value.
+pub fn flags(name: &str) -> Result<i32> {
+    let p: ProviderKind = name.parse()?;
+    let store = Store::open()?;
+    let spec = Spec::of(p);
+    let mut flags = Vec::new();
+    if store.has_any(p) {
+        flags.push(format!(
+            "-v {}:/run/caw-box/auth:ro",
+            store.provider_dir(p).display()
+        ));
+    }
+    let stored: Vec<String> = store.env(p).into_iter().map(|(k, _)| k).collect();
+    for var in &spec.env {
+        if !stored.contains(var) && std::env::var_os(var).is_some_and(|v| !v.is_empty()) {
+            flags.push(format!("-e {var}"));
+        }
+    }
+    if flags.is_empty() {
+        return Err(Error::credentials(format!("no credentials for {p}"))
+            .with_hint(format!("run `caw-box auth collect --provider {p}` first")));
+    }
+    output::println(&flags.join(" "));
+    Ok(0)
+}
+
+pub fn rm(names: &[String], quiet: bool) -> Result<i32> {
+    let store = Store::open()?;
+    for p in providers(names)? {
+        let removed = store.remove(p)?;
+        if !quiet {
+            output::println(&format!(
+                "{p}: {}",
+                if removed { "removed" } else { "nothing stored" }
+            ));
+        }
+    }
+    Ok(0)
+}

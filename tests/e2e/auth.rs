@@ -1,0 +1,351 @@
+//! Credentials (issue 5): collected API keys and credential files reach each CLI (the stub
+//! refuses any request without the key), no secret shows in `docker inspect`, the state
+//! volume, caw-box's output or logs, and a token the CLI replaced during a turn is written
+//! back to the store and given to the next turn.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::*;
+
+/// `caw-box auth collect --provider P` with `HOME` at `home` and the extra `env`.
+fn collect(rig: &Rig, p: P, home: &std::path::Path, env: &[(&str, &str)]) -> String {
+    let mut c = rig.caw();
+    c.args(["auth", "collect", "--provider", p.name])
+        .env("HOME", home)
+        .envs(env.iter().copied());
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(!stdout_of(&out).contains(TEST_KEY) && !stderr_of(&out).contains(TEST_KEY));
+    stdout_of(&out)
+}
+
+/// Every file in a session's state volume that contains `needle` (read as root).
+fn volume_files_containing(rig: &Rig, id: &str, needle: &str) -> Vec<String> {
+    in_volume(rig, id, &["grep", "-rl", needle, "/h"])
+}
+
+/// Runs `cmd` as root in a container with the session's state volume at /h (read-only);
+/// returns its output lines.
+fn in_volume(rig: &Rig, id: &str, cmd: &[&str]) -> Vec<String> {
+    use bollard::models::{ContainerCreateBody, HostConfig};
+    use futures_util::StreamExt;
+    rig.rt.block_on(async {
+        let name = format!("scan-{}", uuid::Uuid::new_v4().simple());
+        rig.docker
+            .create_container(
+                Some(bollard::query_parameters::CreateContainerOptions {
+                    name: Some(name.clone()),
+                    ..Default::default()
+                }),
+                ContainerCreateBody {
+                    image: Some(STUB_IMAGE.to_string()),
+                    entrypoint: Some(vec![cmd[0].to_string()]),
+                    cmd: Some(cmd[1..].iter().map(|s| s.to_string()).collect()),
+                    user: Some("0".into()),
+                    labels: Some(std::collections::HashMap::from([(
+                        TEST_LABEL.to_string(),
+                        rig.run_id.clone(),
+                    )])),
+                    host_config: Some(HostConfig {
+                        binds: Some(vec![format!("caw-box-{id}:/h:ro")]),
+                        network_mode: Some("none".into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        rig.docker.start_container(&name, None).await.unwrap();
+        let mut wait = rig.docker.wait_container(&name, None);
+        while wait.next().await.is_some() {}
+        let mut logs = rig.docker.logs(
+            &name,
+            Some(bollard::query_parameters::LogsOptions {
+                stdout: true,
+                ..Default::default()
+            }),
+        );
+        let mut out = String::new();
+        while let Some(Ok(chunk)) = logs.next().await {
+            out.push_str(&chunk.to_string());
+        }
+        out.lines().map(str::to_string).collect()
+    })
+}
+
+#[test]
+fn collected_api_keys_reach_every_cli() {
+    let rig = Rig::new("auth-env");
+    let home = tempfile::tempdir().unwrap();
+    for p in ALL {
+        let said = collect(&rig, p, home.path(), &[(p.key_var, TEST_KEY)]);
+        assert!(said.contains(&format!("env:{}", p.key_var)), "{said}");
+        let (code, json, stderr) = rig.json_turn(rig.run_cmd_stored_key(p, "REMEMBER:keyed", &[]));
+        assert_eq!(code, 0, "{}: {json}\n{stderr}", p.name);
+        assert!(
+            json["result"].as_str().unwrap().contains("Noted: keyed."),
+            "{json}"
+        );
+        assert!(!json.to_string().contains(TEST_KEY) && !stderr.contains(TEST_KEY));
+        let id = json["session_id"].as_str().unwrap();
+        assert_eq!(
+            volume_files_containing(&rig, id, TEST_KEY),
+            Vec::<String>::new(),
+            "{}",
+            p.name
+        );
+    }
+    assert!(rig.stub_requests().iter().all(|r| r["status"] != 401));
+
+    let mut c = rig.caw();
+    c.args(["auth", "status", "--json"]);
+    let out = run(c);
+    assert!(!stdout_of(&out).contains(TEST_KEY));
+    let status: Vec<Value> = serde_json::from_str(&stdout_of(&out)).unwrap();
+    for s in &status {
+        assert_eq!(s["present"], true, "{s}");
+        let item = &s["items"][0];
+        assert!(
+            item["source"].as_str().unwrap().starts_with("env:"),
+            "{item}"
+        );
+        assert_eq!(item["sha256"].as_str().unwrap().len(), 64);
+    }
+    let mut c = rig.caw();
+    c.args(["auth", "flags", "--provider", "codex"]);
+    let out = run(c);
+    let flags = stdout_of(&out);
+    assert!(
+        flags.trim().starts_with("-v ") && flags.contains("/auth/codex:/run/caw-box/auth:ro"),
+        "{flags}"
+    );
+    assert!(!flags.contains(TEST_KEY));
+    let mut c = rig.caw();
+    c.args(["auth", "rm", "--provider", "codex"]);
+    assert_eq!(run(c).status.code(), Some(0));
+    let out = run(rig.run_cmd_stored_key(CODEX, "hi", &[]));
+    assert_eq!(out.status.code(), Some(4), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("caw-box auth collect --provider codex"),
+        "{}",
+        stderr_of(&out)
+    );
+}
+
+#[test]
+fn credential_files_from_the_host_reach_every_cli_and_never_leak() {
+    let rig = Rig::new("auth-files");
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let write = |rel: &str, text: String| {
+        let path = h.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write(
+        ".claude/.credentials.json",
+        format!(
+            r#"{{"claudeAiOauth":{{"accessToken":"{TEST_KEY}","refreshToken":"refresh-me","expiresAt":4102444800000,"scopes":["user:inference"]}}}}"#
+        ),
+    );
+    write(
+        ".codex/auth.json",
+        format!(r#"{{"OPENAI_API_KEY":"{TEST_KEY}"}}"#),
+    );
+    write(
+        ".local/share/opencode/auth.json",
+        format!(r#"{{"openai":{{"type":"api","key":"{TEST_KEY}"}}}}"#),
+    );
+    write(".gemini/.env", format!("GEMINI_API_KEY={TEST_KEY}\n"));
+    for p in ALL {
+        collect(&rig, p, h, &[]);
+    }
+
+    // A slow turn: nothing secret in docker inspect of its container.
+    let mut cmd = rig.run_cmd_stored_key(CLAUDE, "SLEEP:4 REMEMBER:hidden", &["-o", "json"]);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let container = rig.wait_for_running_turn(None, Duration::from_secs(60));
+    let inspect = rig
+        .rt
+        .block_on(rig.docker.inspect_container(&container, None))
+        .unwrap();
+    let inspect_json = serde_json::to_string(&inspect).unwrap();
+    assert!(
+        !inspect_json.contains(TEST_KEY),
+        "a secret shows in docker inspect"
+    );
+    let out = wait_with_deadline(child, Duration::from_secs(120));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert!(
+        json["result"].as_str().unwrap().contains("Noted: hidden."),
+        "{json}"
+    );
+    let claude_id = json["session_id"].as_str().unwrap().to_string();
+    // Claude sent the OAuth token as a bearer token: the file reached it.
+    assert!(rig.stub_requests().iter().any(|r| r["path"]
+        .as_str()
+        .unwrap_or("")
+        .starts_with("/v1/messages")
+        && r["key_header"] == "authorization"
+        && r["status"] == 200));
+
+    for p in [CODEX, OPENCODE, GEMINI] {
+        let (code, json, stderr) = rig.json_turn(rig.run_cmd_stored_key(p, "REMEMBER:filed", &[]));
+        assert_eq!(code, 0, "{}: {json}\n{stderr}", p.name);
+        assert!(
+            json["result"].as_str().unwrap().contains("Noted: filed."),
+            "{json}"
+        );
+        let id = json["session_id"].as_str().unwrap();
+        assert_eq!(
+            volume_files_containing(&rig, id, TEST_KEY),
+            Vec::<String>::new(),
+            "{}",
+            p.name
+        );
+        let mut c = rig.caw();
+        c.args(["logs", id, "--raw"]);
+        assert!(
+            !stdout_of(&run(c)).contains(TEST_KEY),
+            "{}: raw log",
+            p.name
+        );
+    }
+    assert_eq!(
+        volume_files_containing(&rig, &claude_id, TEST_KEY),
+        Vec::<String>::new()
+    );
+    let mut c = rig.caw();
+    c.args(["logs", &claude_id]);
+    assert!(!stdout_of(&run(c)).contains(TEST_KEY));
+}
+
+/// A JWT with the given `exp` (unsigned: caw-box only compares expiries).
+fn jwt(exp: u64) -> String {
+    use base64::Engine;
+    let enc = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    format!(
+        "{}.{}.sig",
+        enc(r#"{"alg":"none"}"#),
+        enc(&format!(r#"{{"exp":{exp}}}"#))
+    )
+}
+
+#[test]
+fn a_token_replaced_by_rename_is_written_back_and_used_next_turn() {
+    let rig = Rig::new("auth-refresh");
+    let home = tempfile::tempdir().unwrap();
+    let old = jwt(2_000_000_000);
+    let new = jwt(2_100_000_000);
+    let path = home.path().join(".codex/auth.json");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(
+        &path,
+        format!(r#"{{"OPENAI_API_KEY":"{TEST_KEY}","tokens":{{"access_token":"{old}"}}}}"#),
+    )
+    .unwrap();
+    collect(&rig, CODEX, home.path(), &[]);
+
+    // The CLI (here: a shell command it runs) replaces the file by rename, as CLIs do.
+    let refresh = format!(
+        r#"RUN:printf '%s' '{{"OPENAI_API_KEY":"{TEST_KEY}","tokens":{{"access_token":"{new}"}}}}' > ~/.codex/auth.tmp && mv ~/.codex/auth.tmp ~/.codex/auth.json && echo refreshed"#
+    );
+    let (code, json, stderr) = rig.json_turn(rig.run_cmd_stored_key(CODEX, &refresh, &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert!(
+        json["result"].as_str().unwrap().contains("refreshed"),
+        "{json}"
+    );
+    let id = json["session_id"].as_str().unwrap().to_string();
+
+    let stored =
+        std::fs::read_to_string(rig.data_dir.path().join("auth/codex/home/.codex/auth.json"))
+            .unwrap();
+    assert!(
+        stored.contains(&new),
+        "the store kept the old token: {stored}"
+    );
+    let mut c = rig.caw();
+    c.args(["auth", "status", "--json"]);
+    let status: Vec<Value> = serde_json::from_str(&stdout_of(&run(c))).unwrap();
+    let codex = status.iter().find(|s| s["provider"] == "codex").unwrap();
+    let file = codex["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["target"] == ".codex/auth.json")
+        .unwrap();
+    assert_eq!(file["expires_at"], 2_100_000_000u64, "{file}");
+    assert!(file["refreshed_at"].is_u64(), "{file}");
+
+    // Collecting the host's older copy again does not undo the refresh.
+    let said = collect(&rig, CODEX, home.path(), &[]);
+    assert!(said.contains("kept"), "{said}");
+
+    // The next turn gets the new value, and nothing of it stays in the volume after.
+    let mut cmd = rig.resume_cmd(CODEX, &id, "RUN:cat ~/.codex/auth.json", &[]);
+    cmd.args(["-o", "json"]);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    let answer = json["result"].as_str().unwrap();
+    assert!(answer.contains(&new[..40]), "{answer}");
+    // (The conversation now quotes the token: the agent printed it. The file is gone.)
+    assert_eq!(
+        in_volume(&rig, &id, &["find", "/h/.codex", "-name", "auth.json"]),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn status_flags_an_expired_login_and_collect_reports_nothing_found() {
+    let rig = Rig::new("auth-status");
+    let home = tempfile::tempdir().unwrap();
+    let said = collect(&rig, GEMINI, home.path(), &[]);
+    assert!(said.contains("gemini: nothing to collect"), "{said}");
+
+    let creds = home.path().join(".claude/.credentials.json");
+    std::fs::create_dir_all(creds.parent().unwrap()).unwrap();
+    std::fs::write(
+        &creds,
+        r#"{"claudeAiOauth":{"accessToken":"expired-token","refreshToken":"r","expiresAt":1000000000000}}"#,
+    )
+    .unwrap();
+    collect(&rig, CLAUDE, home.path(), &[]);
+    let mut c = rig.caw();
+    c.args(["auth", "status"]);
+    let out = stdout_of(&run(c));
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("claude_code") && l.contains(".claude/.credentials.json"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        row.contains("(EXPIRED)") && row.contains("expired"),
+        "{row}"
+    );
+    assert!(!out.contains("expired-token"));
+    let mut c = rig.caw();
+    c.args(["auth", "status", "--json"]);
+    let status: Vec<Value> = serde_json::from_str(&stdout_of(&run(c))).unwrap();
+    let claude = status
+        .iter()
+        .find(|s| s["provider"] == "claude_code")
+        .unwrap();
+    assert_eq!(claude["items"][0]["state"], "expired");
+    assert_eq!(claude["items"][0]["expires_at"], 1_000_000_000u64);
+    let mut c = rig.caw();
+    c.arg("doctor");
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(3), "{}", stdout_of(&out));
+    assert!(
+        stdout_of(&out).contains("✗ claude_code: stored login expired"),
+        "{}",
+        stdout_of(&out)
+    );
+}
