@@ -105,6 +105,24 @@ pub enum Command {
         /// A handle, session id, unique id prefix (4+ characters) or session name.
         target: String,
     },
+    /// Copy a copy-mode session's workspace out to DIR.
+    #[command(
+        after_help = "Examples:\n  caw-box export fixer ./fixer-result\n  caw-box export fixer . --force"
+    )]
+    Export {
+        /// A handle, session id, unique id prefix (4+ characters) or session name.
+        target: String,
+        dir: std::path::PathBuf,
+        /// Write into a non-empty DIR, over files of the same name.
+        #[arg(long)]
+        force: bool,
+    },
+    /// What the agent changed in a copy-mode workspace.
+    #[command(after_help = "Examples:\n  caw-box diff fixer")]
+    Diff {
+        /// A handle, session id, unique id prefix (4+ characters) or session name.
+        target: String,
+    },
     /// Delete sessions: their containers and volumes.
     #[command(after_help = "Examples:\n  caw-box rm fixer\n  caw-box rm --group team --force")]
     Rm {

@@ -131,6 +131,27 @@ impl Client {
         self.backend
             .create_volume(&volume_name(session_id), labels)
             .await?;
+        if new.settings.workspace_mode == crate::session::WorkspaceMode::Copy {
+            let dir = new.settings.workspace.clone().unwrap_or_default();
+            let populated = crate::session::workspace::populate(
+                &self.backend,
+                session_id,
+                new.provider,
+                image,
+                std::path::Path::new(&dir),
+                crate::session::files::AGENT_UID,
+            )
+            .await;
+            if let Err(e) = populated {
+                // Nothing half-made stays behind.
+                let _ = self
+                    .backend
+                    .remove_volume(&crate::session::workspace::volume_name(session_id))
+                    .await;
+                let _ = self.backend.remove_volume(&volume_name(session_id)).await;
+                return Err(e);
+            }
+        }
         Ok(Session {
             backend: self.backend.clone(),
             record: SessionRecord {
@@ -188,12 +209,14 @@ impl Session {
         runner::run_turn(&self.backend, &mut self.record, &options, &mut on_event).await
     }
 
-    /// Deletes the session's state volume, for a session whose first turn never ran.
+    /// Deletes the session's volumes, for a session whose first turn never ran.
     pub async fn discard_if_unused(&self) -> Result<()> {
         if self.record.turns.is_empty() {
+            let id = self.record.session_id;
             self.backend
-                .remove_volume(&volume_name(self.record.session_id))
+                .remove_volume(&crate::session::workspace::volume_name(id))
                 .await?;
+            self.backend.remove_volume(&volume_name(id)).await?;
         }
         Ok(())
     }

@@ -189,6 +189,30 @@ pub fn new_session_settings(provider: ProviderKind, args: &TurnArgs) -> Result<S
     Ok(settings)
 }
 
+/// Applies `resume` flags on top of a session's remembered settings. The workspace mode is
+/// fixed when a session starts (a copy-mode workspace lives in its own volume).
+pub fn apply_resume_overrides(settings: &mut SessionSettings, args: &TurnArgs) -> Result<()> {
+    if let Some(mode) = workspace_mode(args.workspace_mode) {
+        if mode != settings.workspace_mode {
+            return Err(Error::usage(
+                format!(
+                    "this session's workspace mode is {:?}; it is fixed when a session starts",
+                    settings.workspace_mode
+                )
+                .to_lowercase(),
+            )
+            .with_hint("start a new session with `caw-box run --workspace-mode ...`"));
+        }
+    }
+    if args.workspace.is_some() && settings.workspace_mode == WorkspaceMode::Copy {
+        return Err(Error::usage(
+            "--workspace does not apply to a copy-mode session: its workspace is a copy taken when it started",
+        )
+        .with_hint("`caw-box export` writes the copy out"));
+    }
+    apply_overrides(settings, args)
+}
+
 /// Applies `run`/`resume` flags on top of settings (a resumed session's remembered ones).
 pub fn apply_overrides(settings: &mut SessionSettings, args: &TurnArgs) -> Result<()> {
     if let Some(image) = &args.image {
@@ -209,12 +233,6 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &TurnArgs) -> Resul
         settings.network = network.clone();
     }
     if let Some(mode) = workspace_mode(args.workspace_mode) {
-        if mode == WorkspaceMode::Copy {
-            return Err(
-                Error::usage("--workspace-mode copy is not available in this version")
-                    .with_hint("use bind (the default) or none"),
-            );
-        }
         settings.workspace_mode = mode;
     }
     if let Some(ws) = &args.workspace {

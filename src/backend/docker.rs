@@ -322,6 +322,46 @@ impl DockerBackend {
         }
     }
 
+    /// Runs a short helper container to completion and removes it: (exit code, stdout,
+    /// stderr). For caw-box's own chores (a `git diff` in a workspace volume), never a turn.
+    pub async fn run_to_completion(
+        &self,
+        name: &str,
+        body: ContainerCreateBody,
+    ) -> Result<(i64, String, String)> {
+        match self.create_container(name, body).await {
+            Ok(_) => {}
+            Err(CreateError::NameTaken) => {
+                return Err(Error::environment(format!(
+                    "a helper container '{name}' exists already"
+                )))
+            }
+            Err(CreateError::Other(e)) => return Err(e),
+        }
+        let outcome = async {
+            let attach = self.attach(name, false).await?;
+            self.start_container(name).await?;
+            let mut output = attach.output;
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            while let Some(chunk) = output.next().await {
+                match chunk {
+                    Ok(LogOutput::StdOut { message }) => out.extend_from_slice(&message),
+                    Ok(LogOutput::StdErr { message }) => err.extend_from_slice(&message),
+                    _ => {}
+                }
+            }
+            let code = self.wait_container(name).await?;
+            Ok((
+                code,
+                String::from_utf8_lossy(&out).to_string(),
+                String::from_utf8_lossy(&err).to_string(),
+            ))
+        }
+        .await;
+        let _ = self.remove_container(name, true).await;
+        outcome
+    }
+
     /// A container's output from its start, following it until the container stops.
     pub fn follow_logs(
         &self,

@@ -362,14 +362,17 @@ pub async fn remove_session(backend: &DockerBackend, id: Uuid) -> Result<()> {
             backend.remove_container(&cid, true).await?;
         }
     }
+    // Turn records and the copy-mode workspace, then the state volume last.
     for v in backend
         .list_volumes(&[
+            format!("{}=true", labels::MANAGED),
             format!("{}={id}", labels::SESSION),
-            format!("{}={}", labels::ROLE, roles::TURN_RECORD),
         ])
         .await?
     {
-        backend.remove_volume(&v.name).await?;
+        if v.name != volume_name(id) {
+            backend.remove_volume(&v.name).await?;
+        }
     }
     backend.remove_volume(&volume_name(id)).await?;
     if let Ok(dir) = dirs::sessions_dir() {
@@ -469,5 +472,35 @@ pub async fn gc(older_than: &str, dry_run: bool, group: Option<&str>) -> Result<
             humantime::format_duration(age)
         ));
     }
+    Ok(0)
+}
+
+pub async fn export(
+    target_arg: &str,
+    dir: &std::path::Path,
+    force: bool,
+    quiet: bool,
+) -> Result<i32> {
+    let backend = DockerBackend::connect().await?;
+    let view = target::resolve_view(&backend, target_arg).await?;
+    let n = crate::session::workspace::export(&backend, &view.facts, dir, force).await?;
+    if !quiet {
+        output::eprintln(&format!(
+            "exported {n} files of session {} to {}",
+            view.facts.session_id,
+            dir.display()
+        ));
+    }
+    Ok(0)
+}
+
+pub async fn diff(target_arg: &str) -> Result<i32> {
+    let backend = DockerBackend::connect().await?;
+    let view = target::resolve_view(&backend, target_arg).await?;
+    let text =
+        crate::session::workspace::diff(&backend, &view.facts, crate::session::files::AGENT_UID)
+            .await?;
+    use std::io::Write;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
     Ok(0)
 }

@@ -38,6 +38,10 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             group,
         } => manage::gc(&older_than, dry_run, group.as_deref()).await,
         Command::Drive => turn::drive().await,
+        Command::Export { target, dir, force } => {
+            manage::export(&target, &dir, force, cli.quiet).await
+        }
+        Command::Diff { target } => manage::diff(&target).await,
         Command::Auth(AuthCommand::Collect { provider, store }) => {
             auth::collect(&provider, store, cli.quiet)
         }

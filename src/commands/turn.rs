@@ -86,7 +86,7 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
     let client = Client::connect().await?;
     let mut session = client.open(&target).await?;
-    settings::apply_overrides(session.settings_mut(), &args.turn)?;
+    settings::apply_resume_overrides(session.settings_mut(), &args.turn)?;
     if args.turn.detach {
         detach(client.backend(), &session, &options).await?;
         return Ok(print_detached(&session, args.turn.output));
@@ -131,7 +131,7 @@ async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32>
     let mut sessions = Vec::new();
     for view in &members {
         let mut session = client.open(&view.facts.session_id.to_string()).await?;
-        settings::apply_overrides(session.settings_mut(), &turn_args)?;
+        settings::apply_resume_overrides(session.settings_mut(), &turn_args)?;
         sessions.push(session);
     }
     if !quiet && turn_args.output == OutputFormat::Text {

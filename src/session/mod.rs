@@ -6,6 +6,7 @@ pub mod handle;
 pub mod record;
 pub mod runner;
 pub mod target;
+pub mod workspace;
 
 pub use handle::{volume_name, ResumeHandle};
 pub use record::{SessionRecord, SessionSettings, TurnRecord, WorkspaceMode};

@@ -46,6 +46,8 @@ pub mod roles {
     /// changed, so each turn replaces it): lets `ls` and `resume` learn the state of every
     /// session from one Docker call, without reading any volume.
     pub const TURN_RECORD: &str = "turn-record";
+    /// A copy-mode session's workspace, mounted at /workspace.
+    pub const WORKSPACE: &str = "workspace";
 }
 
 /// Extra labels for every object caw-box creates, from `CAW_BOX_LABELS` (`k=v,k=v`):

@@ -275,6 +275,14 @@ fn container_body(
             ..Default::default()
         },
     ];
+    if settings.workspace_mode == WorkspaceMode::Copy {
+        mounts.push(Mount {
+            target: Some(WORKSPACE_DIR.to_string()),
+            source: Some(crate::session::workspace::volume_name(record.session_id)),
+            typ: Some(MountType::VOLUME),
+            ..Default::default()
+        });
+    }
     if settings.workspace_mode == WorkspaceMode::Bind {
         if let Some(ws) = &settings.workspace {
             if !std::path::Path::new(ws).is_dir() {

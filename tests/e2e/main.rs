@@ -10,4 +10,5 @@ mod control;
 mod images;
 mod manage;
 mod restart;
+mod sandbox;
 mod sessions;

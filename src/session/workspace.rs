@@ -1,0 +1,435 @@
+//! Copy-mode workspaces (`--workspace-mode copy`): the host tree is archived once, at session
+//! creation, into a workspace volume that the session's turns mount at /workspace; the host
+//! tree is never touched again. `export` writes the volume's current tree to a directory,
+//! `diff` says what the agent changed (a git diff for a repository, else added, changed and
+//! removed files against the hashes recorded at creation).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::path::Path;
+
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::backend::docker::{CreateError, DockerBackend};
+use crate::error::{Error, Result};
+use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
+use crate::session::files::{self, TarFile};
+use crate::session::handle::volume_name as state_volume;
+use crate::session::record::{labels, roles, with_extra_labels};
+use crate::session::target::VolumeFacts;
+
+/// Where the hashes of the copied tree are kept, under HOME in the state volume.
+const BASE_PATH: &str = ".caw-box/workspace-base.json";
+
+pub fn volume_name(session_id: Uuid) -> String {
+    format!("caw-box-{session_id}-workspace")
+}
+
+/// The copied tree's files and their SHA-256, relative to the workspace root.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Base {
+    files: BTreeMap<String, String>,
+}
+
+fn hash(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Archives `dir` (honouring .gitignore, .ignore and .git/info/exclude, keeping .git itself)
+/// as a tar owned by `uid:gid`, with the hash of every regular file.
+fn archive(dir: &Path, uid: u64, gid: u64) -> Result<(Vec<u8>, Base)> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut base = Base::default();
+    let walker = ignore::WalkBuilder::new(dir)
+        .hidden(false)
+        .git_ignore(true)
+        .git_exclude(true)
+        .git_global(false)
+        .require_git(false)
+        .parents(false)
+        .follow_links(false)
+        .build();
+    let fail = |e: &dyn std::fmt::Display| {
+        Error::usage(format!("cannot copy workspace '{}': {e}", dir.display()))
+    };
+    for entry in walker {
+        let entry = entry.map_err(|e| fail(&e))?;
+        let path = entry.path();
+        let rel = match path.strip_prefix(dir) {
+            Ok(r) if !r.as_os_str().is_empty() => r.to_string_lossy().to_string(),
+            _ => continue,
+        };
+        let meta = entry.metadata().map_err(|e| fail(&e))?;
+        let mut h = tar::Header::new_gnu();
+        h.set_uid(uid);
+        h.set_gid(gid);
+        h.set_mtime(
+            meta.modified()
+                .ok()
+                .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs()),
+        );
+        use std::os::unix::fs::PermissionsExt;
+        h.set_mode(meta.permissions().mode() & 0o7777);
+        let ft = meta.file_type();
+        if ft.is_dir() {
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_size(0);
+            builder
+                .append_data(&mut h, &rel, std::io::empty())
+                .map_err(|e| fail(&e))?;
+        } else if ft.is_symlink() {
+            let target = std::fs::read_link(path).map_err(|e| fail(&e))?;
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            builder
+                .append_link(&mut h, &rel, &target)
+                .map_err(|e| fail(&e))?;
+        } else if ft.is_file() {
+            let bytes = std::fs::read(path).map_err(|e| fail(&e))?;
+            base.files.insert(rel.clone(), hash(&bytes));
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_size(bytes.len() as u64);
+            builder
+                .append_data(&mut h, &rel, &bytes[..])
+                .map_err(|e| fail(&e))?;
+        }
+    }
+    let tar = builder.into_inner().map_err(|e| fail(&e))?;
+    Ok((tar, base))
+}
+
+/// A never-started container holding the session's volumes, for the archive API.
+fn holder(image: &str, session_id: Uuid, with_state: bool, read_only: bool) -> ContainerCreateBody {
+    let mut mounts = vec![Mount {
+        target: Some(WORKSPACE_DIR.to_string()),
+        source: Some(volume_name(session_id)),
+        typ: Some(MountType::VOLUME),
+        read_only: Some(read_only),
+        ..Default::default()
+    }];
+    if with_state {
+        mounts.push(Mount {
+            target: Some(AGENT_HOME.to_string()),
+            source: Some(state_volume(session_id)),
+            typ: Some(MountType::VOLUME),
+            read_only: Some(read_only),
+            ..Default::default()
+        });
+    }
+    ContainerCreateBody {
+        image: Some(image.to_string()),
+        entrypoint: Some(vec!["true".into()]),
+        cmd: Some(vec![]),
+        network_disabled: Some(true),
+        labels: Some(with_extra_labels(HashMap::from([
+            (labels::MANAGED.to_string(), "true".to_string()),
+            (labels::SESSION.to_string(), session_id.to_string()),
+            (labels::ROLE.to_string(), roles::PROBE.to_string()),
+        ]))),
+        host_config: Some(HostConfig {
+            mounts: Some(mounts),
+            network_mode: Some("none".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+async fn with_holder<T>(
+    backend: &DockerBackend,
+    body: ContainerCreateBody,
+    session_id: Uuid,
+    f: impl AsyncFnOnce(&str) -> Result<T>,
+) -> Result<T> {
+    let name = format!("caw-box-probe-{session_id}-{}", Uuid::new_v4().simple());
+    match backend.create_container(&name, body).await {
+        Ok(_) => {}
+        Err(CreateError::NameTaken) => {
+            return Err(Error::environment(format!(
+                "helper container '{name}' exists"
+            )))
+        }
+        Err(CreateError::Other(e)) => return Err(e),
+    }
+    let out = f(&name).await;
+    let _ = backend.remove_container(&name, true).await;
+    out
+}
+
+/// Creates the workspace volume of a new copy-mode session and fills it from `dir`.
+pub async fn populate(
+    backend: &DockerBackend,
+    session_id: Uuid,
+    provider: crate::provider::ProviderKind,
+    image: &str,
+    dir: &Path,
+    uid: u64,
+) -> Result<()> {
+    let (tar, base) = archive(dir, uid, uid)?;
+    backend
+        .create_volume(
+            &volume_name(session_id),
+            with_extra_labels(HashMap::from([
+                (labels::MANAGED.to_string(), "true".to_string()),
+                (labels::SESSION.to_string(), session_id.to_string()),
+                (labels::PROVIDER.to_string(), provider.to_string()),
+                (labels::ROLE.to_string(), roles::WORKSPACE.to_string()),
+            ])),
+        )
+        .await?;
+    let base_json = serde_json::to_vec(&base).expect("bases serialize");
+    let base_tar = files::build_tar(
+        &[TarFile {
+            path: BASE_PATH,
+            contents: &base_json,
+            mode: 0o600,
+        }],
+        uid,
+        uid,
+    )?;
+    with_holder(
+        backend,
+        holder(image, session_id, true, false),
+        session_id,
+        async |name: &str| {
+            backend.upload_tar(name, WORKSPACE_DIR, tar).await?;
+            backend.upload_tar(name, AGENT_HOME, base_tar).await
+        },
+    )
+    .await
+}
+
+fn require_copy_mode(facts: &VolumeFacts) -> Result<()> {
+    if facts.settings.workspace_mode != crate::session::WorkspaceMode::Copy {
+        return Err(Error::usage(format!(
+            "session {} has no copy-mode workspace (it was started with --workspace-mode {})",
+            facts.session_id,
+            match facts.settings.workspace_mode {
+                crate::session::WorkspaceMode::Bind =>
+                    "bind: its files are in the host directory already",
+                crate::session::WorkspaceMode::None => "none",
+                crate::session::WorkspaceMode::Copy => "copy",
+            }
+        )));
+    }
+    Ok(())
+}
+
+/// The workspace volume's current tree, as Docker archives it (entries under `workspace/`).
+async fn current_tree(backend: &DockerBackend, facts: &VolumeFacts) -> Result<Vec<u8>> {
+    with_holder(
+        backend,
+        holder(&facts.settings.image, facts.session_id, false, true),
+        facts.session_id,
+        async |name: &str| {
+            Ok(backend
+                .download_tar(name, &format!("{WORKSPACE_DIR}/."))
+                .await?
+                .unwrap_or_default())
+        },
+    )
+    .await
+}
+
+/// Writes the workspace to `dir` (which must be empty or absent, unless `force`).
+pub async fn export(
+    backend: &DockerBackend,
+    facts: &VolumeFacts,
+    dir: &Path,
+    force: bool,
+) -> Result<usize> {
+    require_copy_mode(facts)?;
+    if dir.exists() {
+        let non_empty = std::fs::read_dir(dir)
+            .map_err(|e| Error::usage(format!("cannot read '{}': {e}", dir.display())))?
+            .next()
+            .is_some();
+        if non_empty && !force {
+            return Err(Error::usage(format!("'{}' is not empty", dir.display()))
+                .with_hint("pick an empty or new directory, or pass --force to write over it"));
+        }
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::usage(format!("cannot create '{}': {e}", dir.display())))?;
+    let tar = current_tree(backend, facts).await?;
+    let mut archive = tar::Archive::new(&tar[..]);
+    archive.set_preserve_ownerships(false);
+    archive.set_overwrite(true);
+    let mut count = 0;
+    for entry in archive
+        .entries()
+        .map_err(|e| Error::environment(format!("bad archive from Docker: {e}")))?
+    {
+        let mut entry =
+            entry.map_err(|e| Error::environment(format!("bad archive from Docker: {e}")))?;
+        let path = entry
+            .path()
+            .map_err(|e| Error::environment(e.to_string()))?
+            .to_path_buf();
+        // Docker names entries `./…` for `/workspace/.`; unpack_in refuses escapes.
+        let rel: std::path::PathBuf = path
+            .components()
+            .filter(|c| !matches!(c, std::path::Component::CurDir))
+            .collect();
+        if rel.as_os_str().is_empty() {
+            continue;
+        }
+        if entry.header().entry_type().is_file() {
+            count += 1;
+        }
+        entry.unpack_in(dir).map_err(|e| {
+            Error::environment(format!("cannot write into '{}': {e}", dir.display()))
+        })?;
+    }
+    Ok(count)
+}
+
+/// What the agent changed: `git status` + `git diff` for a repository, else `A`/`M`/`D`
+/// lines against the tree as it was copied.
+pub async fn diff(backend: &DockerBackend, facts: &VolumeFacts, uid: u64) -> Result<String> {
+    require_copy_mode(facts)?;
+    let tar = current_tree(backend, facts).await?;
+    let mut now: BTreeMap<String, String> = BTreeMap::new();
+    let mut is_repo = false;
+    let mut archive = tar::Archive::new(&tar[..]);
+    for entry in archive
+        .entries()
+        .map_err(|e| Error::environment(format!("bad archive from Docker: {e}")))?
+    {
+        let mut entry =
+            entry.map_err(|e| Error::environment(format!("bad archive from Docker: {e}")))?;
+        let path = entry
+            .path()
+            .map_err(|e| Error::environment(e.to_string()))?;
+        let rel = path.to_string_lossy().trim_start_matches("./").to_string();
+        if rel == ".git" || rel.starts_with(".git/") {
+            is_repo = true;
+            continue;
+        }
+        if entry.header().entry_type().is_file() {
+            let mut bytes = Vec::new();
+            entry
+                .read_to_end(&mut bytes)
+                .map_err(|e| Error::environment(e.to_string()))?;
+            now.insert(rel, hash(&bytes));
+        }
+    }
+    if is_repo {
+        let mut body = holder(&facts.settings.image, facts.session_id, false, true);
+        body.entrypoint = Some(vec!["git".into()]);
+        body.cmd = Some(
+            [
+                "-c",
+                "color.ui=never",
+                "-C",
+                WORKSPACE_DIR,
+                "-c",
+                "core.pager=cat",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        );
+        body.env = Some(vec!["GIT_OPTIONAL_LOCKS=0".into(), "HOME=/tmp".into()]);
+        body.user = Some(format!("{uid}:{uid}"));
+        body.labels.get_or_insert_with(HashMap::new);
+        let run = |args: &[&str]| {
+            let mut b = body.clone();
+            if let Some(cmd) = b.cmd.as_mut() {
+                cmd.extend(args.iter().map(|s| s.to_string()));
+            }
+            b
+        };
+        let name = |what: &str| {
+            format!(
+                "caw-box-probe-{}-{what}-{}",
+                facts.session_id,
+                Uuid::new_v4().simple()
+            )
+        };
+        let (code, status, err) = backend
+            .run_to_completion(&name("status"), run(&["status", "--short"]))
+            .await?;
+        if code != 0 {
+            return Err(Error::environment(format!(
+                "git status in the workspace failed: {}",
+                err.trim()
+            )));
+        }
+        let (_, diff, _) = backend
+            .run_to_completion(&name("diff"), run(&["diff"]))
+            .await?;
+        return Ok(format!(
+            "{status}{}{diff}",
+            if diff.is_empty() { "" } else { "\n" }
+        ));
+    }
+    let base: Base = read_base(backend, facts).await?;
+    let mut out = String::new();
+    for (path, h) in &now {
+        match base.files.get(path) {
+            None => out.push_str(&format!("A {path}\n")),
+            Some(old) if old != h => out.push_str(&format!("M {path}\n")),
+            _ => {}
+        }
+    }
+    for path in base.files.keys().filter(|p| !now.contains_key(*p)) {
+        out.push_str(&format!("D {path}\n"));
+    }
+    Ok(out)
+}
+
+async fn read_base(backend: &DockerBackend, facts: &VolumeFacts) -> Result<Base> {
+    let bytes = crate::session::target::read_volume_file(backend, facts, BASE_PATH)
+        .await?
+        .ok_or_else(|| {
+            Error::environment(format!(
+                "session {} lost the record of its copied workspace",
+                facts.session_id
+            ))
+        })?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        Error::environment(format!("the copied workspace's record is unreadable: {e}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn archive_honours_gitignore_and_keeps_git() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join(".gitignore"), "*.log\nbuild/\n").unwrap();
+        std::fs::write(d.join("main.rs"), "fn main() {}").unwrap();
+        std::fs::write(d.join("debug.log"), "noise").unwrap();
+        std::fs::create_dir_all(d.join("build")).unwrap();
+        std::fs::write(d.join("build/out.o"), "obj").unwrap();
+        std::fs::create_dir_all(d.join(".git")).unwrap();
+        std::fs::write(d.join(".git/HEAD"), "ref: refs/heads/main").unwrap();
+        let (tar, base) = archive(d, 1000, 1000).unwrap();
+        let names: Vec<String> = tar::Archive::new(&tar[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        assert!(names.contains(&"main.rs".to_string()), "{names:?}");
+        assert!(names.contains(&".git/HEAD".to_string()), "{names:?}");
+        assert!(names.contains(&".gitignore".to_string()), "{names:?}");
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.ends_with(".log") || n.starts_with("build")),
+            "{names:?}"
+        );
+        assert_eq!(base.files.get("main.rs"), Some(&hash(b"fn main() {}")));
+    }
+}

@@ -1,0 +1,176 @@
+//! Sandbox and workspace (issue 6): copy-mode workspaces. The host tree is never touched;
+//! export and diff show what the agent changed; .gitignored files are not copied.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::common::*;
+
+fn tree(dir: &Path) {
+    std::fs::write(dir.join(".gitignore"), "*.log\n").unwrap();
+    std::fs::write(dir.join("keep.txt"), "original\n").unwrap();
+    std::fs::write(dir.join("old.txt"), "to be removed\n").unwrap();
+    std::fs::write(dir.join("debug.log"), "ignored\n").unwrap();
+}
+
+const CHANGE: &str =
+    "RUN:echo changed > keep.txt && echo new > new.txt && rm old.txt && ls -a | tr '\\n' ' '";
+
+fn copy_session(rig: &Rig, host: &Path) -> String {
+    let ws = host.to_str().unwrap();
+    let (code, json, stderr) = rig.json_turn(rig.run_cmd(
+        CODEX,
+        CHANGE,
+        &["--workspace-mode", "copy", "--workspace", ws],
+    ));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    let listing = json["result"].as_str().unwrap();
+    assert!(
+        listing.contains("keep.txt") && listing.contains(".gitignore"),
+        "{listing}"
+    );
+    assert!(
+        !listing.contains("debug.log"),
+        "a .gitignored file was copied: {listing}"
+    );
+    json["session_id"].as_str().unwrap().to_string()
+}
+
+fn caw(rig: &Rig, args: &[&str]) -> std::process::Output {
+    let mut c = rig.caw();
+    c.args(args);
+    run(c)
+}
+
+#[test]
+fn copy_mode_leaves_the_host_tree_alone_and_exports_and_diffs() {
+    let rig = Rig::new("copy");
+    let host = tempfile::tempdir().unwrap();
+    tree(host.path());
+    let id = copy_session(&rig, host.path());
+
+    // The host tree is exactly as it was.
+    assert_eq!(
+        std::fs::read_to_string(host.path().join("keep.txt")).unwrap(),
+        "original\n"
+    );
+    assert!(host.path().join("old.txt").exists());
+    assert!(!host.path().join("new.txt").exists());
+
+    // The change persists in the session's workspace across turns.
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RUN:cat new.txt", &[]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(json["result"].as_str().unwrap().contains("new"), "{json}");
+
+    let out = caw(&rig, &["diff", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let diff = stdout_of(&out);
+    let mut lines: Vec<&str> = diff.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        vec!["A new.txt", "D old.txt", "M keep.txt"],
+        "{diff}"
+    );
+
+    let dest = tempfile::tempdir().unwrap();
+    let dest = dest.path().join("out");
+    let out = caw(&rig, &["export", &id, dest.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert_eq!(
+        std::fs::read_to_string(dest.join("keep.txt")).unwrap(),
+        "changed\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dest.join("new.txt")).unwrap(),
+        "new\n"
+    );
+    assert!(!dest.join("old.txt").exists() && !dest.join("debug.log").exists());
+
+    // A non-empty DIR is refused unless --force.
+    let out = caw(&rig, &["export", &id, dest.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("is not empty"),
+        "{}",
+        stderr_of(&out)
+    );
+    let out = caw(&rig, &["export", &id, dest.to_str().unwrap(), "--force"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+
+    // export/diff of a bind-mode session say why not.
+    let (_, json, _) = rig.json_turn(rig.run_cmd(CODEX, "REMEMBER:bind", &[]));
+    let bind_id = json["session_id"].as_str().unwrap();
+    let out = caw(&rig, &["diff", bind_id]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr_of(&out).contains("no copy-mode workspace"),
+        "{}",
+        stderr_of(&out)
+    );
+
+    // The workspace mode is fixed when a session starts.
+    let out = run(rig.resume_cmd(CODEX, bind_id, "hi", &["--workspace-mode", "copy"]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("fixed when a session starts"),
+        "{}",
+        stderr_of(&out)
+    );
+
+    // rm takes the workspace volume too.
+    let out = caw(&rig, &["rm", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        rig.caw_volumes().iter().all(|v| !v.contains(&id)),
+        "{:?}",
+        rig.caw_volumes()
+    );
+}
+
+#[test]
+fn copy_mode_diff_of_a_repository_is_a_git_diff() {
+    let rig = Rig::new("copy-git");
+    let host = tempfile::tempdir().unwrap();
+    tree(host.path());
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args)
+            .current_dir(host.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    git(&["init", "-q"]);
+    git(&["add", "."]);
+    git(&["commit", "-qm", "base"]);
+    let id = copy_session(&rig, host.path());
+    let out = caw(&rig, &["diff", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let diff = stdout_of(&out);
+    assert!(
+        diff.contains(" M keep.txt") && diff.contains(" D old.txt") && diff.contains("?? new.txt"),
+        "{diff}"
+    );
+    assert!(
+        diff.contains("-original") && diff.contains("+changed"),
+        "{diff}"
+    );
+    // .git came along, so an export is a repository with the change uncommitted.
+    let dest = tempfile::tempdir().unwrap();
+    let out = caw(&rig, &["export", &id, dest.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(dest.path().join(".git/HEAD").exists());
+}
