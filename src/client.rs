@@ -139,7 +139,7 @@ impl Client {
                 new.provider,
                 image,
                 std::path::Path::new(&dir),
-                crate::session::files::AGENT_UID,
+                crate::dirs::agent_ids(),
             )
             .await;
             if let Err(e) = populated {
@@ -162,6 +162,7 @@ impl Client {
                 group: new.group,
                 resume_key: String::new(),
                 key_confirmed: false,
+                owner: None,
                 created_at,
                 settings: new.settings,
                 turns: Vec::new(),

@@ -89,3 +89,13 @@ pub fn is_root() -> bool {
     // /proc/self belongs to the process's effective user; std has no euid accessor.
     fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
+
+/// The uid:gid agent containers run as: the invoking user's, so files the agent creates in a
+/// bind-mounted workspace belong to them; for root, the image's non-root `agent` (1000).
+pub fn agent_ids() -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    match fs::metadata("/proc/self") {
+        Ok(m) if m.uid() != 0 => (m.uid(), m.gid()),
+        _ => (1000, 1000),
+    }
+}

@@ -498,8 +498,7 @@ pub async fn diff(target_arg: &str) -> Result<i32> {
     let backend = DockerBackend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let text =
-        crate::session::workspace::diff(&backend, &view.facts, crate::session::files::AGENT_UID)
-            .await?;
+        crate::session::workspace::diff(&backend, &view.facts, crate::dirs::agent_ids()).await?;
     use std::io::Write;
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
     Ok(0)

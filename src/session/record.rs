@@ -147,6 +147,9 @@ pub struct TurnSummary {
     pub key_confirmed: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cumulative_usage: Option<Usage>,
+    /// The uid:gid HOME (and a copy-mode workspace) belong to; `None`: the image's 1000:1000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<(u32, u32)>,
 }
 
 impl TurnSummary {
@@ -197,6 +200,9 @@ pub struct SessionRecord {
     /// A key chosen up front (claude) is unconfirmed until then.
     #[serde(default)]
     pub key_confirmed: bool,
+    /// The uid:gid the session's volumes belong to; `None`: the image's 1000:1000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<(u32, u32)>,
     pub created_at: u64,
     pub settings: SessionSettings,
     #[serde(default)]

@@ -19,7 +19,7 @@ use crate::dirs;
 use crate::error::{Error, ErrorKind, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::provider::{ParseContext, TurnRequest, AGENT_HOME, WORKSPACE_DIR};
-use crate::session::files::{self, TarFile, AGENT_UID};
+use crate::session::files::{self, TarFile};
 use crate::session::handle::ResumeHandle;
 use crate::session::record::{
     labels, now_secs, roles, SessionRecord, TurnRecord, TurnSummary, WorkspaceMode,
@@ -212,6 +212,7 @@ pub async fn run_turn(
         env.push(format!("CAW_BOX_STDIN_FILE={RUNTIME_MOUNT}/stdin"));
     }
 
+    ensure_owner(backend, record).await?;
     let body = container_body(record, turn, &image, command.argv.clone(), env, &runtime.0)?;
     create_turn_container(backend, record, &name, body).await?;
     // From here on the container exists: every path out must remove it.
@@ -338,7 +339,10 @@ fn container_body(
         image: Some(image.to_string()),
         cmd: Some(argv),
         env: Some(env),
-        user: Some(format!("{AGENT_UID}:{AGENT_UID}")),
+        user: Some({
+            let (uid, gid) = dirs::agent_ids();
+            format!("{uid}:{gid}")
+        }),
         working_dir: Some(WORKSPACE_DIR.to_string()),
         labels: Some(crate::session::record::with_extra_labels(labels)),
         attach_stdout: Some(true),
@@ -387,6 +391,73 @@ async fn create_turn_container(
         }
     }
     Err(busy(record, "?"))
+}
+
+/// Makes the session's volumes belong to the uid:gid this turn runs as, when they belong to
+/// someone else (a fresh volume is the image's 1000:1000): a short root helper container
+/// with only the capabilities chown needs, no network.
+async fn ensure_owner(backend: &DockerBackend, record: &mut SessionRecord) -> Result<()> {
+    let ids = dirs::agent_ids();
+    if record.owner.unwrap_or((1000, 1000)) == ids {
+        return Ok(());
+    }
+    let id = record.session_id;
+    let mut mounts = vec![Mount {
+        target: Some(AGENT_HOME.to_string()),
+        source: Some(crate::session::volume_name(id)),
+        typ: Some(MountType::VOLUME),
+        ..Default::default()
+    }];
+    let mut paths = vec![AGENT_HOME.to_string()];
+    if record.settings.workspace_mode == WorkspaceMode::Copy {
+        mounts.push(Mount {
+            target: Some(WORKSPACE_DIR.to_string()),
+            source: Some(crate::session::workspace::volume_name(id)),
+            typ: Some(MountType::VOLUME),
+            ..Default::default()
+        });
+        paths.push(WORKSPACE_DIR.to_string());
+    }
+    let mut cmd = vec!["-R".to_string(), format!("{}:{}", ids.0, ids.1)];
+    cmd.extend(paths);
+    let body = ContainerCreateBody {
+        image: Some(record.settings.image.clone()),
+        entrypoint: Some(vec!["chown".into()]),
+        cmd: Some(cmd),
+        user: Some("0:0".into()),
+        network_disabled: Some(true),
+        labels: Some(crate::session::record::with_extra_labels(HashMap::from([
+            (labels::MANAGED.to_string(), "true".to_string()),
+            (labels::SESSION.to_string(), id.to_string()),
+            (labels::ROLE.to_string(), roles::PROBE.to_string()),
+        ]))),
+        host_config: Some(HostConfig {
+            mounts: Some(mounts),
+            network_mode: Some("none".into()),
+            cap_drop: Some(vec!["ALL".into()]),
+            cap_add: Some(vec![
+                "CHOWN".into(),
+                "DAC_OVERRIDE".into(),
+                "DAC_READ_SEARCH".into(),
+                "FOWNER".into(),
+            ]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let name = format!("caw-box-probe-{id}-chown-{}", uuid::Uuid::new_v4().simple());
+    let (code, _, err) = backend.run_to_completion(&name, body).await?;
+    if code != 0 {
+        return Err(Error::environment(format!(
+            "failed to hand session {id}'s volumes to uid {}:{}: {}",
+            ids.0,
+            ids.1,
+            err.trim()
+        )));
+    }
+    record.owner = Some(ids);
+    Ok(())
 }
 
 /// This host's name, to tell whose driver process a turn container names.
@@ -668,7 +739,8 @@ async fn place_home_files(
             mode: 0o600,
         })
         .collect();
-    let tar = files::build_tar(&tar_files, AGENT_UID, AGENT_UID)?;
+    let (uid, gid) = dirs::agent_ids();
+    let tar = files::build_tar(&tar_files, uid.into(), gid.into())?;
     backend.upload_tar(name, AGENT_HOME, tar).await
 }
 
@@ -729,8 +801,8 @@ async fn save_record(
                 mode: 0o600,
             },
         ],
-        AGENT_UID,
-        AGENT_UID,
+        dirs::agent_ids().0.into(),
+        dirs::agent_ids().1.into(),
     )?;
     backend.upload_tar(name, AGENT_HOME, tar).await?;
     cache_record(record);
@@ -751,6 +823,7 @@ async fn write_turn_summary(backend: &DockerBackend, record: &SessionRecord) -> 
         resume_key: record.resume_key.clone(),
         key_confirmed: record.key_confirmed,
         cumulative_usage: record.last_cumulative_usage(),
+        owner: record.owner,
     };
     let id = record.session_id;
     let fresh = TurnSummary::volume_name(id, last.turn);

@@ -85,6 +85,7 @@ impl SessionView {
             group: f.group.clone(),
             resume_key: String::new(),
             key_confirmed: false,
+            owner: None,
             created_at: f.created_at,
             settings: f.settings.clone(),
             turns: Vec::new(),
@@ -92,6 +93,7 @@ impl SessionView {
         if let Some(last) = &self.last {
             record.resume_key = last.resume_key.clone();
             record.key_confirmed = last.key_confirmed;
+            record.owner = last.owner;
             record.turns.push(TurnRecord {
                 turn: last.turn,
                 prompt: String::new(),
@@ -180,6 +182,7 @@ pub async fn resolve_view(backend: &DockerBackend, target: &str) -> Result<Sessi
                 resume_key: String::new(),
                 key_confirmed: false,
                 cumulative_usage: None,
+                owner: None,
             });
             l.resume_key = handle.resume_key.clone();
             l.key_confirmed = true;

@@ -170,9 +170,10 @@ pub async fn populate(
     provider: crate::provider::ProviderKind,
     image: &str,
     dir: &Path,
-    uid: u64,
+    (uid, gid): (u32, u32),
 ) -> Result<()> {
-    let (tar, base) = archive(dir, uid, uid)?;
+    let (uid, gid) = (u64::from(uid), u64::from(gid));
+    let (tar, base) = archive(dir, uid, gid)?;
     backend
         .create_volume(
             &volume_name(session_id),
@@ -192,7 +193,7 @@ pub async fn populate(
             mode: 0o600,
         }],
         uid,
-        uid,
+        gid,
     )?;
     with_holder(
         backend,
@@ -293,7 +294,11 @@ pub async fn export(
 
 /// What the agent changed: `git status` + `git diff` for a repository, else `A`/`M`/`D`
 /// lines against the tree as it was copied.
-pub async fn diff(backend: &DockerBackend, facts: &VolumeFacts, uid: u64) -> Result<String> {
+pub async fn diff(
+    backend: &DockerBackend,
+    facts: &VolumeFacts,
+    (uid, gid): (u32, u32),
+) -> Result<String> {
     require_copy_mode(facts)?;
     let tar = current_tree(backend, facts).await?;
     let mut now: BTreeMap<String, String> = BTreeMap::new();
@@ -338,7 +343,7 @@ pub async fn diff(backend: &DockerBackend, facts: &VolumeFacts, uid: u64) -> Res
             .collect(),
         );
         body.env = Some(vec!["GIT_OPTIONAL_LOCKS=0".into(), "HOME=/tmp".into()]);
-        body.user = Some(format!("{uid}:{uid}"));
+        body.user = Some(format!("{uid}:{gid}"));
         body.labels.get_or_insert_with(HashMap::new);
         let run = |args: &[&str]| {
             let mut b = body.clone();

@@ -174,3 +174,74 @@ fn copy_mode_diff_of_a_repository_is_a_git_diff() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     assert!(dest.path().join(".git/HEAD").exists());
 }
+
+/// `cmd`, run as `uid:uid` (with the Docker socket's group, to reach the daemon).
+fn as_user(cmd: &Command, uid: u32) -> Command {
+    use std::os::unix::fs::MetadataExt;
+    let socket_gid = std::fs::metadata("/var/run/docker.sock").unwrap().gid();
+    let mut c = Command::new("setpriv");
+    c.args([
+        "--reuid",
+        &uid.to_string(),
+        "--regid",
+        &uid.to_string(),
+        "--groups",
+        &socket_gid.to_string(),
+        "--",
+    ])
+    .arg(cmd.get_program())
+    .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    if let Some(dir) = cmd.get_current_dir() {
+        c.current_dir(dir);
+    }
+    c.stdin(std::process::Stdio::null());
+    c
+}
+
+#[test]
+fn files_the_agent_creates_belong_to_a_non_1000_host_user() {
+    use std::os::unix::fs::MetadataExt;
+    let rig = Rig::new("uid");
+    let uid = 4242;
+    let home = tempfile::tempdir().unwrap();
+    for dir in [rig.data_dir.path(), rig.workspace.path(), home.path()] {
+        std::os::unix::fs::chown(dir, Some(uid), Some(uid)).unwrap();
+    }
+    let with_home = |mut c: Command| {
+        c.env("HOME", home.path());
+        c
+    };
+    let (code, json, stderr) = rig.json_turn(as_user(
+        &with_home(rig.run_cmd(CODEX, "REMEMBER:owned", &[])),
+        uid,
+    ));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    let id = json["session_id"].as_str().unwrap().to_string();
+
+    let (code, json, stderr) = rig.json_turn(as_user(
+        &with_home(rig.resume_cmd(CODEX, &id, "RUN:touch made-by-agent && id -u", &[])),
+        uid,
+    ));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert!(json["result"].as_str().unwrap().contains("4242"), "{json}");
+    let made = std::fs::metadata(rig.workspace.path().join("made-by-agent")).unwrap();
+    assert_eq!((made.uid(), made.gid()), (uid, uid));
+
+    // HOME in the state volume stays writable for the CLI: the conversation goes on.
+    let (code, json, stderr) = rig.json_turn(as_user(
+        &with_home(rig.resume_cmd(CODEX, &id, "RECALL", &[])),
+        uid,
+    ));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert!(
+        json["result"].as_str().unwrap().contains("remember owned"),
+        "{json}"
+    );
+    assert_eq!(json["turn"], 3);
+}
