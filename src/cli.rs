@@ -228,6 +228,10 @@ pub struct TurnArgs {
     /// `open` (default bridge), `none`, `host`, or an existing network's name.
     #[arg(long)]
     pub network: Option<String>,
+    /// Egress only to this host (repeatable), through caw-box's proxy: `HOST[:PORT]`,
+    /// `*.example.com`, or `@provider` for the provider's API host (or the --endpoint host).
+    #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
+    pub allow_host: Vec<String>,
     /// An environment variable for the CLI: `K=V`, or `K` to pass the host's value. Values
     /// are treated as secrets and not remembered: pass them again on resume.
     #[arg(long = "env", short = 'e', value_name = "K=V")]

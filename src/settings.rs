@@ -120,6 +120,63 @@ pub fn parse_memory(s: &str) -> Result<i64> {
     Ok(bytes)
 }
 
+/// `HOST[:PORT]`, `*.example.com[:PORT]` or `@provider`.
+pub fn validate_allow_host(host: &str) -> Result<()> {
+    if host == "@provider" {
+        return Ok(());
+    }
+    let (name, port) = match host.rsplit_once(':') {
+        Some((n, p)) => (n, Some(p)),
+        None => (host, None),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .trim_start_matches("*.")
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+    let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok_and(|n| n > 0));
+    if name_ok && port_ok {
+        Ok(())
+    } else {
+        Err(Error::usage(format!("--allow-host '{host}' is not HOST[:PORT]"))
+            .with_hint("e.g. --allow-host api.example.com:443, --allow-host '*.example.com' or --allow-host @provider"))
+    }
+}
+
+/// The hosts of `--allow-host` with `@provider` spelled out.
+pub fn expand_allow_hosts(
+    provider: crate::provider::ProviderKind,
+    settings: &SessionSettings,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for h in &settings.allow_hosts {
+        if h == "@provider" {
+            match settings.endpoint.as_deref().and_then(endpoint_host) {
+                Some(e) => out.push(e),
+                None => out.extend(provider.api_hosts().iter().map(|s| s.to_string())),
+            }
+        } else {
+            out.push(h.to_lowercase());
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `host:port` of an http(s) URL.
+fn endpoint_host(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split('/').next()?;
+    let authority = authority.rsplit('@').next()?;
+    Some(if authority.contains(':') {
+        authority.to_string()
+    } else {
+        format!("{authority}:{}", if scheme == "https" { 443 } else { 80 })
+    })
+}
+
 pub fn validate_endpoint(url: &str) -> Result<String> {
     let ok = (url.starts_with("http://") || url.starts_with("https://"))
         && url.len() > "https://".len()
@@ -256,6 +313,19 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &TurnArgs) -> Resul
             )));
         }
         settings.pids_limit = Some(p);
+    }
+    for host in &args.allow_host {
+        validate_allow_host(host)?;
+        if !settings.allow_hosts.contains(host) {
+            settings.allow_hosts.push(host.clone());
+        }
+    }
+    if !settings.allow_hosts.is_empty() && matches!(settings.network.as_str(), "none" | "host") {
+        return Err(Error::usage(format!(
+            "--allow-host does not combine with --network {}",
+            settings.network
+        ))
+        .with_hint("the allowlist proxy needs a network to reach the allowed hosts: use --network open or a network name"));
     }
     if let Some(t) = &args.timeout {
         settings.timeout_secs = Some(parse_duration(t, "--timeout")?.as_secs().max(1));

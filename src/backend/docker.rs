@@ -362,6 +362,55 @@ impl DockerBackend {
         outcome
     }
 
+    /// Creates a network (`internal`: no route out of it) with labels.
+    pub async fn create_network(
+        &self,
+        name: &str,
+        internal: bool,
+        labels: HashMap<String, String>,
+    ) -> Result<()> {
+        self.docker
+            .create_network(bollard::models::NetworkCreateRequest {
+                name: name.to_string(),
+                internal: Some(internal),
+                labels: Some(labels),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| failed(format_args!("create network '{name}'"), &e))
+    }
+
+    pub async fn remove_network(&self, name: &str) -> Result<()> {
+        match self.docker.remove_network(name).await {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(failed(format_args!("remove network '{name}'"), &e)),
+        }
+    }
+
+    /// Attaches a (created) container to a network under `alias`.
+    pub async fn connect_network(&self, network: &str, container: &str, alias: &str) -> Result<()> {
+        self.docker
+            .connect_network(
+                network,
+                bollard::models::NetworkConnectRequest {
+                    container: container.to_string(),
+                    endpoint_config: Some(bollard::models::EndpointSettings {
+                        aliases: Some(vec![alias.to_string()]),
+                        ..Default::default()
+                    }),
+                },
+            )
+            .await
+            .map_err(|e| {
+                failed(
+                    format_args!("attach container '{container}' to network '{network}'"),
+                    &e,
+                )
+            })
+    }
+
     /// A container's output from its start, following it until the container stops.
     pub fn follow_logs(
         &self,

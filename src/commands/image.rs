@@ -21,6 +21,7 @@ use crate::session::record::labels;
 
 const BASE_DOCKERFILE: &str = include_str!("../../images/base/Dockerfile");
 const ENTRYPOINT: &str = include_str!("../../images/base/caw-box-entry");
+const PROXY: &str = include_str!("../../images/base/caw-box-proxy.js");
 
 fn base_tag() -> String {
     format!("{}/base:latest", crate::provider::image_repo())
@@ -108,6 +109,7 @@ pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i
         files: vec![
             ("Dockerfile", BASE_DOCKERFILE.as_bytes().to_vec(), 0o644),
             ("caw-box-entry", ENTRYPOINT.as_bytes().to_vec(), 0o755),
+            ("caw-box-proxy.js", PROXY.as_bytes().to_vec(), 0o644),
         ],
         args: HashMap::from([("BASE".to_string(), args.base.clone())]),
         labels: HashMap::from([(labels::MANAGED.to_string(), "true".to_string())]),

@@ -109,6 +109,16 @@ impl ProviderKind {
         }
     }
 
+    /// The vendor's API hosts, for `--allow-host @provider`.
+    pub fn api_hosts(self) -> &'static [&'static str] {
+        match self {
+            ProviderKind::ClaudeCode => &["api.anthropic.com:443"],
+            ProviderKind::Codex => &["api.openai.com:443", "chatgpt.com:443"],
+            ProviderKind::Opencode => &["api.openai.com:443", "api.anthropic.com:443"],
+            ProviderKind::Gemini => &["generativelanguage.googleapis.com:443"],
+        }
+    }
+
     /// The environment variables that carry the model key when `--endpoint` is used.
     pub fn endpoint_key_vars(self) -> &'static [&'static str] {
         match self {

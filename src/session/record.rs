@@ -46,6 +46,8 @@ pub mod roles {
     /// changed, so each turn replaces it): lets `ls` and `resume` learn the state of every
     /// session from one Docker call, without reading any volume.
     pub const TURN_RECORD: &str = "turn-record";
+    /// A turn's egress proxy (`--allow-host`) and its internal network.
+    pub const PROXY: &str = "proxy";
     /// A copy-mode session's workspace, mounted at /workspace.
     pub const WORKSPACE: &str = "workspace";
 }
@@ -112,6 +114,10 @@ pub struct SessionSettings {
     pub pids_limit: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
+    /// `--allow-host`: egress only to these hosts, through caw-box's proxy (`@provider`
+    /// stands for the provider's API host, or the `--endpoint` host).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_hosts: Vec<String>,
 }
 
 fn default_network() -> String {

@@ -213,8 +213,31 @@ pub async fn run_turn(
     }
 
     ensure_owner(backend, record).await?;
-    let body = container_body(record, turn, &image, command.argv.clone(), env, &runtime.0)?;
-    create_turn_container(backend, record, &name, body).await?;
+    let allow = crate::settings::expand_allow_hosts(record.provider, &record.settings);
+    let egress = if allow.is_empty() {
+        None
+    } else {
+        Some(Egress::start(backend, record, &allow).await?)
+    };
+    if let Some(e) = &egress {
+        let proxy = format!("http://{PROXY_ALIAS}:{PROXY_PORT}");
+        for var in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
+            env.push(format!("{var}={proxy}"));
+        }
+        env.push("NO_PROXY=localhost,127.0.0.1".to_string());
+        env.push("no_proxy=localhost,127.0.0.1".to_string());
+        tracing::debug!("egress through {} on {}", e.proxy, e.network);
+    }
+    let mut body = container_body(record, turn, &image, command.argv.clone(), env, &runtime.0)?;
+    if let (Some(e), Some(hc)) = (&egress, body.host_config.as_mut()) {
+        hc.network_mode = Some(e.network.clone());
+    }
+    if let Err(err) = create_turn_container(backend, record, &name, body).await {
+        if let Some(e) = &egress {
+            e.stop(backend).await;
+        }
+        return Err(err);
+    }
     // From here on the container exists: every path out must remove it.
     let outcome = drive_turn(
         backend,
@@ -224,11 +247,15 @@ pub async fn run_turn(
         options,
         &command.home_files,
         &runtime.0,
+        egress.as_ref().map(|e| e.proxy.as_str()),
         &mut interrupts,
         sink,
     )
     .await;
     let _ = backend.remove_container(&name, true).await;
+    if let Some(e) = &egress {
+        e.stop(backend).await;
+    }
     match crate::auth::inject::finish(record.provider, &runtime.0) {
         Ok(updated) if !updated.is_empty() => {
             tracing::info!("saved refreshed credentials: {}", updated.join(", "))
@@ -393,6 +420,116 @@ async fn create_turn_container(
     Err(busy(record, "?"))
 }
 
+/// The proxy's name on a turn's egress network, and its port.
+pub const PROXY_ALIAS: &str = "caw-box-proxy";
+pub const PROXY_PORT: u16 = 3128;
+
+/// A turn's way out under `--allow-host`: an internal network for the agent, and a proxy
+/// container on it and on the session's network that admits only the allowed hosts.
+struct Egress {
+    network: String,
+    proxy: String,
+}
+
+impl Egress {
+    async fn start(
+        backend: &DockerBackend,
+        record: &SessionRecord,
+        allow: &[String],
+    ) -> Result<Egress> {
+        let id = record.session_id;
+        let e = Egress {
+            network: format!("caw-box-{id}-egress"),
+            proxy: format!("caw-box-{id}-proxy"),
+        };
+        // Leftovers of a turn whose caw-box was killed.
+        e.stop(backend).await;
+        let labels = crate::session::record::with_extra_labels(HashMap::from([
+            (labels::MANAGED.to_string(), "true".to_string()),
+            (labels::SESSION.to_string(), id.to_string()),
+            (labels::ROLE.to_string(), roles::PROXY.to_string()),
+        ]));
+        backend
+            .create_network(&e.network, true, labels.clone())
+            .await?;
+        let outer = match record.settings.network.as_str() {
+            "open" | "" => "bridge".to_string(),
+            other => other.to_string(),
+        };
+        let (uid, gid) = dirs::agent_ids();
+        let body = ContainerCreateBody {
+            image: Some(record.settings.image.clone()),
+            entrypoint: Some(vec![
+                "node".into(),
+                "/usr/local/lib/caw-box/proxy.js".into(),
+            ]),
+            cmd: Some(vec![]),
+            env: Some(vec![
+                format!("CAW_BOX_ALLOW={}", allow.join(",")),
+                format!("CAW_BOX_PROXY_PORT={PROXY_PORT}"),
+            ]),
+            user: Some(format!("{uid}:{gid}")),
+            labels: Some(labels),
+            host_config: Some(HostConfig {
+                network_mode: Some(outer),
+                readonly_rootfs: Some(true),
+                cap_drop: Some(vec!["ALL".into()]),
+                security_opt: Some(vec!["no-new-privileges".into()]),
+                pids_limit: Some(128),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let started = async {
+            match backend.create_container(&e.proxy, body).await {
+                Ok(_) => {}
+                Err(CreateError::NameTaken) => {
+                    return Err(busy(record, "?"));
+                }
+                Err(CreateError::Other(err)) => return Err(err),
+            }
+            backend
+                .connect_network(&e.network, &e.proxy, PROXY_ALIAS)
+                .await?;
+            backend.start_container(&e.proxy).await
+        }
+        .await;
+        if let Err(err) = started {
+            e.stop(backend).await;
+            return Err(err);
+        }
+        Ok(e)
+    }
+
+    async fn stop(&self, backend: &DockerBackend) {
+        let _ = backend.remove_container(&self.proxy, true).await;
+        let _ = backend.remove_network(&self.network).await;
+    }
+}
+
+/// The targets the proxy refused during the turn, from its JSON log lines.
+async fn refused_by_proxy(backend: &DockerBackend, proxy: &str) -> Vec<String> {
+    let mut logs = backend.follow_logs(proxy);
+    let mut text = Vec::new();
+    let read = async {
+        while let Some(Ok(chunk)) = logs.next().await {
+            if let LogOutput::StdOut { message } = chunk {
+                text.extend_from_slice(&message);
+            }
+        }
+    };
+    // The proxy still runs: take what it logged so far, don't wait for more.
+    let _ = tokio::time::timeout(Duration::from_millis(300), read).await;
+    let mut refused: Vec<String> = String::from_utf8_lossy(&text)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["decision"] == "refused")
+        .filter_map(|v| v["target"].as_str().map(str::to_string))
+        .collect();
+    refused.dedup();
+    refused
+}
+
 /// Makes the session's volumes belong to the uid:gid this turn runs as, when they belong to
 /// someone else (a fresh volume is the image's 1000:1000): a short root helper container
 /// with only the capabilities chown needs, no network.
@@ -507,6 +644,7 @@ async fn drive_turn(
     options: &TurnOptions,
     home_files: &[crate::provider::HomeFile],
     runtime_dir: &std::path::Path,
+    proxy: Option<&str>,
     interrupts: &mut Interrupts,
     sink: &mut dyn FnMut(&Event),
 ) -> Result<TurnResult> {
@@ -608,6 +746,15 @@ async fn drive_turn(
     }
     lines.finish(|l| on_line(l, &mut raw, &mut events_log));
     let exit_code = backend.wait_container(name).await?;
+    if let Some(proxy) = proxy {
+        for target in refused_by_proxy(backend, proxy).await {
+            let e = Event::Error {
+                message: format!("egress to {target} was refused: it is not in --allow-host"),
+            };
+            append_event(&mut events_log, &e);
+            sink(&e);
+        }
+    }
     if ended_early.is_none() && runtime_dir.join(STOP_REQUEST).exists() {
         ended_early = Some(Status::Interrupted);
     }
@@ -887,4 +1034,82 @@ pub fn turn_error(result: &TurnResult) -> Option<Error> {
         ),
     });
     Some(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::ProviderKind;
+    use crate::session::record::SessionSettings;
+
+    fn record(network: &str) -> SessionRecord {
+        SessionRecord {
+            version: 1,
+            session_id: uuid::Uuid::new_v4(),
+            provider: ProviderKind::Codex,
+            name: None,
+            group: None,
+            resume_key: String::new(),
+            key_confirmed: false,
+            owner: None,
+            created_at: 0,
+            settings: SessionSettings {
+                image: "caw-box/codex:latest".into(),
+                network: network.into(),
+                workspace_mode: WorkspaceMode::None,
+                memory: Some(512 << 20),
+                cpus: Some(1.5),
+                pids_limit: Some(300),
+                ..Default::default()
+            },
+            turns: Vec::new(),
+        }
+    }
+
+    /// `--network open|none|host|NAME` as Docker sees it. (Real turns on the host network or
+    /// the default bridge are not run in tests: the vendor CLIs would reach public hosts.)
+    #[test]
+    fn network_modes_map_to_docker() {
+        let dir = std::path::Path::new("/tmp");
+        let mode = |n: &str| {
+            container_body(&record(n), 1, "img", vec![], vec![], dir)
+                .unwrap()
+                .host_config
+                .unwrap()
+                .network_mode
+        };
+        assert_eq!(mode("open"), None, "open is Docker's default bridge");
+        assert_eq!(mode("none"), Some("none".into()));
+        assert_eq!(mode("host"), Some("host".into()));
+        assert_eq!(mode("team-gateway"), Some("team-gateway".into()));
+    }
+
+    #[test]
+    fn every_container_is_locked_down() {
+        let body = container_body(
+            &record("none"),
+            1,
+            "img",
+            vec![],
+            vec![],
+            std::path::Path::new("/tmp"),
+        )
+        .unwrap();
+        let hc = body.host_config.unwrap();
+        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(hc.cap_add, None);
+        assert_eq!(hc.security_opt, Some(vec!["no-new-privileges".to_string()]));
+        assert_eq!(hc.readonly_rootfs, Some(true));
+        assert_eq!(hc.privileged, Some(false));
+        assert_eq!(
+            (hc.memory, hc.nano_cpus, hc.pids_limit),
+            (Some(512 << 20), Some(1_500_000_000), Some(300))
+        );
+        assert!(hc.tmpfs.unwrap().contains_key("/tmp"));
+        let mounts = hc.mounts.unwrap();
+        assert!(mounts
+            .iter()
+            .all(|m| !m.source.as_deref().unwrap_or("").contains("docker.sock")));
+        assert_ne!(body.user.as_deref(), Some("0:0"));
+    }
 }

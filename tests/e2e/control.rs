@@ -51,7 +51,21 @@ fn interrupt_and_busy_session() {
     let rig = Rig::new("interrupt");
     let id = start_with_fact(&rig, CLAUDE, "plum");
 
-    let mut cmd = rig.resume_cmd(CLAUDE, &id, "SLEEP:120 then answer", &["-o", "json"]);
+    let mut cmd = rig.resume_cmd(
+        CLAUDE,
+        &id,
+        "SLEEP:120 then answer",
+        &[
+            "-o",
+            "json",
+            "--memory",
+            "768m",
+            "--cpus",
+            "1.5",
+            "--pids-limit",
+            "300",
+        ],
+    );
     cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let child = cmd.spawn().unwrap();
@@ -67,7 +81,9 @@ fn interrupt_and_busy_session() {
     assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
     assert_eq!(hc.security_opt, Some(vec!["no-new-privileges".to_string()]));
     assert_ne!(hc.privileged, Some(true));
-    assert!(hc.pids_limit.unwrap_or(0) > 0);
+    assert_eq!(hc.pids_limit, Some(300));
+    assert_eq!(hc.memory, Some(768 << 20));
+    assert_eq!(hc.nano_cpus, Some(1_500_000_000));
     assert_eq!(
         inspect.config.as_ref().unwrap().user.as_deref(),
         Some("1000:1000")

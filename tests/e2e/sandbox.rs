@@ -245,3 +245,137 @@ fn files_the_agent_creates_belong_to_a_non_1000_host_user() {
     );
     assert_eq!(json["turn"], 3);
 }
+
+#[test]
+fn allow_host_admits_only_listed_hosts_through_the_proxy() {
+    use bollard::models::{ContainerCreateBody, HostConfig};
+    let rig = Rig::new("allow");
+    // A second server on the test's network that the allowlist does not name.
+    let other = format!("other-{}", rig.run_id);
+    rig.rt.block_on(async {
+        rig.docker
+            .create_container(
+                Some(bollard::query_parameters::CreateContainerOptions {
+                    name: Some(other.clone()),
+                    ..Default::default()
+                }),
+                ContainerCreateBody {
+                    image: Some(STUB_IMAGE.to_string()),
+                    labels: Some(std::collections::HashMap::from([(
+                        TEST_LABEL.to_string(),
+                        rig.run_id.clone(),
+                    )])),
+                    host_config: Some(HostConfig {
+                        network_mode: Some(rig.network.clone()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        rig.docker.start_container(&other, None).await.unwrap();
+    });
+    let allow = format!("{}:8080", rig.stub);
+
+    // The CLI's own model traffic goes through the proxy to the allowed stub.
+    let (code, json, stderr) =
+        rig.json_turn(rig.run_cmd(CODEX, "REMEMBER:proxied", &["--allow-host", &allow]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    let id = json["session_id"].as_str().unwrap().to_string();
+
+    let probe = format!(
+        "RUN:for h in {stub} {other}; do exec 3<>/dev/tcp/caw-box-proxy/3128; printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; head -1 <&3 | tr -d '\\r'; exec 3<&-; done; (exec 3<>/dev/tcp/{stub}/8080) 2>/dev/null && echo direct-open || echo direct-blocked",
+        stub = rig.stub
+    );
+    let mut cmd = rig.resume_cmd(CODEX, &id, &probe, &[]);
+    cmd.args(["-o", "stream-json"]);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let events: Vec<serde_json::Value> = stdout_of(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let answer = events.last().unwrap()["result"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        answer.contains("HTTP/1.1 200"),
+        "the allowed host did not answer: {answer}"
+    );
+    assert!(
+        answer.contains("HTTP/1.1 403"),
+        "the other host was not refused: {answer}"
+    );
+    assert!(
+        answer.contains("direct-blocked"),
+        "a direct connection got out: {answer}"
+    );
+    assert!(
+        events.iter().any(|e| e["type"] == "error"
+            && e["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains(&format!("egress to {other}:8080 was refused"))),
+        "no refusal event: {events:#?}"
+    );
+
+    // The proxy and its network went with the turn.
+    assert!(
+        rig.caw_containers().is_empty(),
+        "{:?}",
+        rig.caw_containers()
+    );
+    let networks = rig.rt.block_on(rig.docker.list_networks(Some(
+        bollard::query_parameters::ListNetworksOptions {
+            filters: Some(std::collections::HashMap::from([(
+                "label".to_string(),
+                vec![format!("io.caw-box.session={id}")],
+            )])),
+        },
+    )));
+    assert!(networks.unwrap().is_empty());
+
+    // --network none: nothing is reachable, not even the model (the turn fails).
+    let offline = |extra: &[&str]| {
+        let mut c = rig.caw();
+        c.args([
+            "run",
+            "--provider",
+            "codex",
+            "--model",
+            "gpt-5.5",
+            "--network",
+            "none",
+        ])
+        .args(["--endpoint", &rig.endpoint()])
+        .args(["--env", &format!("OPENAI_API_KEY={TEST_KEY}")])
+        .args(extra);
+        c
+    };
+    let seen_before = rig.stub_requests().len();
+    let mut c = offline(&["--timeout", "15s", "-o", "json"]);
+    c.arg("REMEMBER:nowhere");
+    let out = run(c);
+    let json: serde_json::Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    // (codex keeps retrying an unreachable model, so the turn ends at --timeout.)
+    assert_ne!(json["status"], "success", "{json}");
+    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(
+        rig.stub_requests().len(),
+        seen_before,
+        "a request got out of --network none"
+    );
+
+    // --allow-host with --network none is refused up front.
+    let mut c = offline(&["--allow-host", &allow]);
+    c.arg("hi");
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("--allow-host does not combine with --network none"),
+        "{}",
+        stderr_of(&out)
+    );
+}
