@@ -380,3 +380,50 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod allow_host_tests {
+    use super::*;
+    use crate::provider::ProviderKind;
+
+    #[test]
+    fn provider_expands_to_the_endpoint_or_the_vendor_hosts() {
+        let mut s = SessionSettings {
+            allow_hosts: vec!["@provider".into(), "Extra.Example.com:8443".into()],
+            ..Default::default()
+        };
+        assert_eq!(
+            expand_allow_hosts(ProviderKind::ClaudeCode, &s),
+            vec!["api.anthropic.com:443", "extra.example.com:8443"]
+        );
+        s.endpoint = Some("http://gateway:8080".into());
+        assert_eq!(
+            expand_allow_hosts(ProviderKind::Gemini, &s),
+            vec!["extra.example.com:8443", "gateway:8080"]
+        );
+        s.endpoint = Some("https://llm.corp".into());
+        assert_eq!(
+            expand_allow_hosts(ProviderKind::Codex, &s)[1],
+            "llm.corp:443"
+        );
+    }
+
+    #[test]
+    fn allow_host_values_are_checked() {
+        for ok in [
+            "api.example.com",
+            "api.example.com:443",
+            "*.example.com",
+            "@provider",
+        ] {
+            assert!(validate_allow_host(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a b", "host:0", "host:99999", "http://host", "@nobody"] {
+            assert_eq!(
+                validate_allow_host(bad).unwrap_err().exit_code(),
+                2,
+                "{bad}"
+            );
+        }
+    }
+}

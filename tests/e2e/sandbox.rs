@@ -379,3 +379,21 @@ fn allow_host_admits_only_listed_hosts_through_the_proxy() {
         stderr_of(&out)
     );
 }
+
+#[test]
+fn workspace_mode_none_mounts_nothing() {
+    let rig = Rig::new("ws-none");
+    std::fs::write(rig.workspace.path().join("host-file"), "x").unwrap();
+    let (code, json, stderr) = rig.json_turn(rig.run_cmd(
+        CODEX,
+        "RUN:ls -A /workspace | wc -l",
+        &["--workspace-mode", "none"],
+    ));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    let answer = json["result"].as_str().unwrap();
+    assert!(
+        answer.trim_end().ends_with('0'),
+        "/workspace was not empty: {answer}"
+    );
+    assert!(!answer.contains("host-file"));
+}
