@@ -4,8 +4,11 @@
 //! number against its target (exit 1 when one is missed). `--smoke` runs every part small
 //! and fast, so CI keeps it from rotting; smoke numbers are not held to the targets.
 //!
-//! Parts so far: listing and TARGET resolution with many sessions, event parsing and
-//! rendering throughput per provider, cold start of `caw-box --version`.
+//! Parts: cold start of `caw-box --version`; event parsing and rendering throughput per
+//! provider; listing and TARGET resolution with 1,000 sessions; per provider, a `run` and a
+//! `resume` turn against plain `docker run` of the same image, command, mounts and env,
+//! against the stub model on an internal network (ratios, same run); peak RSS of caw-box
+//! during a turn; 32 turns at once against the same turns one by one.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -226,6 +229,368 @@ fn cold_start(runs: usize, smoke: bool) -> Measure {
     }
 }
 
+/// A stub model on an internal network of the benchmark's own, like the e2e rig.
+struct ModelRig {
+    network: String,
+    stub: String,
+    label: String,
+}
+
+const BENCH_KEY: &str = "sk-bench";
+
+fn docker_cli(args: &[&str]) -> std::process::Output {
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .expect("docker CLI");
+    assert!(
+        out.status.success(),
+        "docker {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+impl ModelRig {
+    fn start() -> ModelRig {
+        let id = std::process::id();
+        let rig = ModelRig {
+            network: format!("caw-box-bench-net-{id}"),
+            stub: format!("caw-box-bench-stub-{id}"),
+            label: format!("{BENCH_LABEL}=bench-turns-{id}"),
+        };
+        docker_cli(&[
+            "network",
+            "create",
+            "--internal",
+            "--label",
+            &rig.label,
+            &rig.network,
+        ]);
+        docker_cli(&[
+            "run",
+            "-d",
+            "--name",
+            &rig.stub,
+            "--label",
+            &rig.label,
+            "--network",
+            &rig.network,
+            "-e",
+            &format!("STUB_EXPECT_KEY={BENCH_KEY}"),
+            "caw-box-test/stub-model:latest",
+        ]);
+        rig
+    }
+}
+
+impl Drop for ModelRig {
+    fn drop(&mut self) {
+        let _ = Command::new(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cleanup.sh"),
+        )
+        .status();
+    }
+}
+
+struct Bench {
+    provider: ProviderKind,
+    key_var: &'static str,
+    model: Option<&'static str>,
+}
+
+const TURN_BENCHES: [Bench; 4] = [
+    Bench {
+        provider: ProviderKind::ClaudeCode,
+        key_var: "ANTHROPIC_API_KEY",
+        model: None,
+    },
+    Bench {
+        provider: ProviderKind::Codex,
+        key_var: "OPENAI_API_KEY",
+        model: Some("gpt-5.5"),
+    },
+    Bench {
+        provider: ProviderKind::Opencode,
+        key_var: "OPENAI_API_KEY",
+        model: Some("stub-model"),
+    },
+    Bench {
+        provider: ProviderKind::Gemini,
+        key_var: "GEMINI_API_KEY",
+        model: Some("gemini-2.5-flash"),
+    },
+];
+
+/// Runs `cmd`, returns (seconds, stdout, peak RSS in KiB sampled from /proc while it ran).
+fn timed(mut cmd: Command) -> (f64, String, u64) {
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let started = Instant::now();
+    let mut child = cmd.spawn().expect("spawn");
+    let pid = child.id();
+    let mut peak = 0u64;
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut { stdout }, &mut s);
+        s
+    });
+    loop {
+        if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            if let Some(kb) = status
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                peak = peak.max(kb);
+            }
+        }
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let status = child.wait().unwrap();
+    let out = reader.join().unwrap();
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    assert!(status.success(), "{cmd:?} failed: {err}\n{out}");
+    (secs, out, peak)
+}
+
+/// One caw-box turn (run, or resume of `session`).
+fn caw_turn(
+    rig: &ModelRig,
+    b: &Bench,
+    ws: &std::path::Path,
+    session: Option<&str>,
+    prompt: &str,
+) -> (f64, String, u64) {
+    let mut c = Command::new(caw_box());
+    match session {
+        None => {
+            c.args([
+                "run",
+                "--provider",
+                b.provider.as_str(),
+                "--network",
+                &rig.network,
+            ])
+            .args(["--endpoint", &format!("http://{}:8080", rig.stub)]);
+            if let Some(m) = b.model {
+                c.args(["--model", m]);
+            }
+        }
+        Some(id) => {
+            c.args(["resume", id]);
+        }
+    }
+    c.args([
+        "--env",
+        &format!("{}={BENCH_KEY}", b.key_var),
+        "-q",
+        "-o",
+        "json",
+        prompt,
+    ])
+    .env("CAW_BOX_LABELS", &rig.label)
+    .current_dir(ws);
+    timed(c)
+}
+
+/// The same turn as a plain `docker run`: same image, CLI command, mounts, env, hardening.
+fn docker_turn(
+    rig: &ModelRig,
+    b: &Bench,
+    ws: &std::path::Path,
+    volume: &str,
+    resume_key: Option<&str>,
+    prompt: &str,
+) -> (f64, String) {
+    use caw_box::provider::TurnRequest;
+    let new_key = uuid::Uuid::new_v4().to_string();
+    let endpoint = format!("http://{}:8080", rig.stub);
+    let command = b.provider.adapter().turn_command(&TurnRequest {
+        prompt,
+        resume_key,
+        new_session_key: (resume_key.is_none() && b.provider.adapter().chooses_key_up_front())
+            .then_some(new_key.as_str()),
+        model: b.model,
+        endpoint: Some(&endpoint),
+        interactive: false,
+    });
+    let run_dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(run_dir.path(), Some(1000), Some(1000)).unwrap();
+    let mut c = Command::new("docker");
+    c.args([
+        "run",
+        "--rm",
+        "--network",
+        &rig.network,
+        "--label",
+        &rig.label,
+    ])
+    .args(["--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL"])
+    .args([
+        "--security-opt",
+        "no-new-privileges",
+        "--pids-limit",
+        "512",
+        "--user",
+        "1000:1000",
+    ])
+    .args(["-v", &format!("{volume}:/home/agent")])
+    .args(["-v", &format!("{}:/workspace", ws.display())])
+    .args(["-v", &format!("{}:/run/caw-box", run_dir.path().display())])
+    .args(["-w", "/workspace", "-e", "HOME=/home/agent"])
+    .args(["-e", &format!("{}={BENCH_KEY}", b.key_var)]);
+    for (k, v) in &command.env {
+        c.args(["-e", &format!("{k}={v}")]);
+    }
+    if let Some(stdin) = &command.stdin {
+        std::fs::write(run_dir.path().join("stdin"), stdin).unwrap();
+        c.args(["-e", "CAW_BOX_STDIN_FILE=/run/caw-box/stdin"]);
+    }
+    c.arg(b.provider.default_image()).args(&command.argv);
+    let (secs, out, _) = timed(c);
+    (secs, out)
+}
+
+fn resume_key_of(b: &Bench, stdout: &str) -> String {
+    let mut parser = b.provider.adapter().parser(ParseContext::default());
+    let mut events = Vec::new();
+    for line in stdout.lines() {
+        parser.parse_line(line, &mut events);
+    }
+    parser
+        .resume_key()
+        .expect("the CLI printed its resume key")
+        .to_string()
+}
+
+/// Turn overhead against plain docker run, concurrency, and peak RSS.
+fn turns(smoke: bool) -> Vec<Measure> {
+    let rig = ModelRig::start();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        ws.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let reps = if smoke { 1 } else { 7 };
+    let mut results = Vec::new();
+    let mut peak_rss = 0u64;
+    let benches: Vec<&Bench> = if smoke {
+        TURN_BENCHES
+            .iter()
+            .filter(|b| b.provider == ProviderKind::Codex)
+            .collect()
+    } else {
+        TURN_BENCHES.iter().collect()
+    };
+    for b in benches {
+        let (mut caw_run, mut caw_resume, mut dk_run, mut dk_resume) =
+            (vec![], vec![], vec![], vec![]);
+        for i in 0..reps {
+            // caw-box: a new session, then a resume of it.
+            let (t, out, rss) = caw_turn(&rig, b, ws.path(), None, "REMEMBER:bench");
+            peak_rss = peak_rss.max(rss);
+            caw_run.push(t);
+            let id = serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()["session_id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            let (t, _, rss) = caw_turn(&rig, b, ws.path(), Some(&id), "RECALL");
+            peak_rss = peak_rss.max(rss);
+            caw_resume.push(t);
+            // Plain docker run: a fresh volume, the same two turns.
+            let volume = format!(
+                "caw-box-bench-{}-{i}-{}",
+                std::process::id(),
+                b.provider.as_str()
+            );
+            docker_cli(&["volume", "create", "--label", &rig.label, &volume]);
+            let (t, out) = docker_turn(&rig, b, ws.path(), &volume, None, "REMEMBER:bench");
+            dk_run.push(t);
+            let key = resume_key_of(b, &out);
+            let (t, _) = docker_turn(&rig, b, ws.path(), &volume, Some(&key), "RECALL");
+            dk_resume.push(t);
+        }
+        for (what, caw, dk) in [("run", caw_run, dk_run), ("resume", caw_resume, dk_resume)] {
+            let (c, d) = (median(caw), median(dk));
+            let ratio = c / d;
+            results.push(Measure {
+                name: format!(
+                    "{} {what}: caw-box {:.0} ms / docker run {:.0} ms",
+                    b.provider,
+                    c * 1000.0,
+                    d * 1000.0
+                ),
+                value: ratio,
+                unit: "x",
+                target: "<= 1.05".into(),
+                met: (!smoke).then_some(ratio <= 1.05),
+            });
+        }
+    }
+    results.push(Measure {
+        name: "peak RSS of caw-box during a turn".into(),
+        value: peak_rss as f64 / 1024.0,
+        unit: "MiB",
+        target: "<= 10 MiB".into(),
+        met: (!smoke).then_some(peak_rss <= 10 * 1024),
+    });
+
+    // Many turns at once: all must succeed; wall time against the same turns one by one.
+    let n = if smoke { 4 } else { 32 };
+    let codex = &TURN_BENCHES[1];
+    let started = Instant::now();
+    for _ in 0..n {
+        caw_turn(&rig, codex, ws.path(), None, "REMEMBER:seq");
+    }
+    let sequential = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let (network, stub, label) = (rig.network.clone(), rig.stub.clone(), rig.label.clone());
+            let ws = ws.path().to_path_buf();
+            std::thread::spawn(move || {
+                let r = ModelRig {
+                    network,
+                    stub,
+                    label,
+                };
+                let out = caw_turn(&r, &TURN_BENCHES[1], &ws, None, "REMEMBER:par");
+                std::mem::forget(r); // the shared rig is cleaned up once, below
+                out
+            })
+        })
+        .collect();
+    let ok = handles
+        .into_iter()
+        .map(|h| h.join().is_ok())
+        .filter(|ok| *ok)
+        .count();
+    let parallel = started.elapsed().as_secs_f64();
+    results.push(Measure {
+        name: format!(
+            "{n} codex turns at once: {ok}/{n} ok, {parallel:.1}s vs {sequential:.1}s one by one"
+        ),
+        value: parallel / sequential,
+        unit: "x",
+        target: "all succeed".into(),
+        met: Some(ok == n),
+    });
+    drop(rig);
+    results
+}
+
 fn main() {
     let smoke = std::env::args().any(|a| a == "--smoke");
     let (sessions, runs, megabytes) = if smoke { (50, 3, 4) } else { (1000, 21, 100) };
@@ -237,6 +602,7 @@ fn main() {
     results.push(cold_start(runs * 2, smoke));
     results.extend(throughput(megabytes, smoke));
     results.extend(rt.block_on(listing(sessions, runs, smoke)));
+    results.extend(turns(smoke));
 
     println!("{:<52} {:>12}   {:<14} met", "measure", "median", "target");
     for m in &results {
@@ -250,7 +616,6 @@ fn main() {
             m.name, m.value, m.unit, m.target
         );
     }
-    println!("not measured yet: turn overhead vs plain docker run, 32 concurrent turns, peak RSS during a turn");
     let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench.json");
     std::fs::write(&out, serde_json::to_vec_pretty(&results).unwrap()).unwrap();
     println!("written to {}", out.display());
