@@ -611,8 +611,9 @@ fn main() {
             Some(false) => "NO",
             None => "(smoke)",
         };
+        let digits = if m.unit == "x" { 2 } else { 1 };
         println!(
-            "{:<52} {:>9.1} {:<4} {:<14} {met}",
+            "{:<52} {:>9.digits$} {:<4} {:<14} {met}",
             m.name, m.value, m.unit, m.target
         );
     }

@@ -63,8 +63,16 @@ pub async fn run(args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
         }
         return started.map(|()| print_detached(&session, args.turn.output));
     }
-    printer.progress(&format!("started {provider} session {}", session.id()));
-    match session.send(options, |e| printer.event(e)).await {
+    // Announced once the turn runs (its first event), so a refusal stays one line.
+    let announce = format!("started {provider} session {}", session.id());
+    let mut announced = false;
+    let on_event = |e: &Event| {
+        if !std::mem::replace(&mut announced, true) {
+            printer.progress(&announce);
+        }
+        printer.event(e)
+    };
+    match session.send(options, on_event).await {
         Ok(result) => finish(&result),
         Err(e) => {
             // The first turn never ran: take the session back, so nothing half-made stays.
@@ -91,13 +99,20 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
         detach(client.backend(), &session, &options).await?;
         return Ok(print_detached(&session, args.turn.output));
     }
-    printer.progress(&format!(
+    let announce = format!(
         "resuming {} session {} (turn {})",
         session.record().provider,
         session.id(),
         session.record().next_turn()
-    ));
-    let result = session.send(options, |e| printer.event(e)).await?;
+    );
+    let mut announced = false;
+    let on_event = |e: &Event| {
+        if !std::mem::replace(&mut announced, true) {
+            printer.progress(&announce);
+        }
+        printer.event(e)
+    };
+    let result = session.send(options, on_event).await?;
     finish(&result)
 }
 

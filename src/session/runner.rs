@@ -163,9 +163,7 @@ pub async fn run_turn(
     let mut interrupts = Interrupts::install()?;
 
     let image = record.settings.image.clone();
-    if backend.inspect_image(&image).await?.is_none() {
-        return Err(missing_image(&image, record));
-    }
+    // (A missing image shows when the turn's container is created: no inspect per turn.)
 
     // A new vendor conversation until the vendor has confirmed a key in its output.
     let first_turn = !record.key_confirmed || record.resume_key.is_empty();
@@ -392,6 +390,9 @@ async fn create_turn_container(
     for _ in 0..2 {
         match backend.create_container(name, body.clone()).await {
             Ok(_) => return Ok(()),
+            Err(CreateError::Other(e)) if e.message.contains("No such image") => {
+                return Err(missing_image(&record.settings.image, record));
+            }
             Err(CreateError::Other(e)) => return Err(e),
             Err(CreateError::NameTaken) => {
                 let existing = backend.inspect_container(name).await?;
@@ -951,9 +952,14 @@ async fn save_record(
         dirs::agent_ids().0.into(),
         dirs::agent_ids().1.into(),
     )?;
-    backend.upload_tar(name, AGENT_HOME, tar).await?;
+    // The record goes into the volume while the turn-record volume is swapped: independent.
+    let record_now: &SessionRecord = record;
+    tokio::try_join!(
+        backend.upload_tar(name, AGENT_HOME, tar),
+        write_turn_summary(backend, record_now)
+    )?;
     cache_record(record);
-    write_turn_summary(backend, record).await
+    Ok(())
 }
 
 /// Replaces the session's turn-record volume with one for its latest turn: the new one is

@@ -68,6 +68,14 @@ fn bad_input_is_refused_cleanly_and_creates_nothing() {
     let out = run(rig.resume_cmd(CLAUDE, &handle, "hi", &[]));
     assert_refused(&out, 2, "belongs to a codex session");
 
+    let out = run(rig.resume_cmd(
+        CODEX,
+        &other.to_string(),
+        "hi",
+        &["--image", "caw-box-test/absent:latest"],
+    ));
+    assert_refused(&out, 3, "image 'caw-box-test/absent:latest' is not present");
+
     let out = run(rig.resume_cmd(CODEX, "no-such-session", "hi", &[]));
     assert_refused(&out, 2, "no session matches 'no-such-session'");
 
