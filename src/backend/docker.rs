@@ -443,6 +443,15 @@ impl DockerBackend {
             .map_err(|e| failed(format_args!("copy files into container '{name}'"), &e))
     }
 
+    /// The contents of the file at `path` in a (created or stopped) container; `None` when
+    /// there is no such file.
+    pub async fn download_file(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
+        match self.download_tar(name, path).await? {
+            Some(tar) => crate::session::files::first_file(&tar),
+            None => Ok(None),
+        }
+    }
+
     /// A tar archive of `path` in a container; `None` when the path does not exist.
     pub async fn download_tar(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
         let mut stream = self.docker.download_from_container(

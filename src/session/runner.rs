@@ -862,9 +862,8 @@ async fn place_home_files(
         let mut bytes = f.contents.clone();
         if f.merge_json {
             let existing = backend
-                .download_tar(name, &format!("{AGENT_HOME}/{}", f.path))
+                .download_file(name, &format!("{AGENT_HOME}/{}", f.path))
                 .await?
-                .and_then(|t| files::first_file(&t).ok().flatten())
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
             if let (Some(mut base), Ok(overlay)) = (
                 existing,
@@ -909,12 +908,11 @@ async fn save_record(
     stderr: &[u8],
 ) -> Result<()> {
     let stored: Option<SessionRecord> = backend
-        .download_tar(
+        .download_file(
             name,
             &format!("{AGENT_HOME}/{}", crate::session::record::RECORD_PATH),
         )
         .await?
-        .and_then(|t| files::first_file(&t).ok().flatten())
         .and_then(|b| serde_json::from_slice(&b).ok());
     if let Some(stored) = stored {
         let mut turns: Vec<TurnRecord> =

@@ -9,7 +9,6 @@ use uuid::Uuid;
 use crate::backend::docker::{CreateError, DockerBackend};
 use crate::error::{Error, Result};
 use crate::provider::{ProviderKind, AGENT_HOME};
-use crate::session::files;
 use crate::session::handle::{volume_name, ResumeHandle};
 use crate::session::record::{
     labels, roles, SessionRecord, SessionSettings, TurnRecord, TurnSummary, RECORD_PATH,
@@ -350,11 +349,8 @@ pub async fn read_volume_file(
         Err(CreateError::Other(e)) => return Err(e),
     }
     let downloaded = backend
-        .download_tar(&name, &format!("{AGENT_HOME}/{path}"))
+        .download_file(&name, &format!("{AGENT_HOME}/{path}"))
         .await;
     let _ = backend.remove_container(&name, true).await;
-    let Some(tar) = downloaded? else {
-        return Ok(None);
-    };
-    files::first_file(&tar)
+    downloaded
 }

@@ -30,50 +30,19 @@ fn volume_files_containing(rig: &Rig, id: &str, needle: &str) -> Vec<String> {
 /// returns its output lines.
 fn in_volume(rig: &Rig, id: &str, cmd: &[&str]) -> Vec<String> {
     use bollard::models::{ContainerCreateBody, HostConfig};
-    use futures_util::StreamExt;
-    rig.rt.block_on(async {
-        let name = format!("scan-{}", uuid::Uuid::new_v4().simple());
-        rig.docker
-            .create_container(
-                Some(bollard::query_parameters::CreateContainerOptions {
-                    name: Some(name.clone()),
-                    ..Default::default()
-                }),
-                ContainerCreateBody {
-                    image: Some(STUB_IMAGE.to_string()),
-                    entrypoint: Some(vec![cmd[0].to_string()]),
-                    cmd: Some(cmd[1..].iter().map(|s| s.to_string()).collect()),
-                    user: Some("0".into()),
-                    labels: Some(std::collections::HashMap::from([(
-                        TEST_LABEL.to_string(),
-                        rig.run_id.clone(),
-                    )])),
-                    host_config: Some(HostConfig {
-                        binds: Some(vec![format!("caw-box-{id}:/h:ro")]),
-                        network_mode: Some("none".into()),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
-        rig.docker.start_container(&name, None).await.unwrap();
-        let mut wait = rig.docker.wait_container(&name, None);
-        while wait.next().await.is_some() {}
-        let mut logs = rig.docker.logs(
-            &name,
-            Some(bollard::query_parameters::LogsOptions {
-                stdout: true,
-                ..Default::default()
-            }),
-        );
-        let mut out = String::new();
-        while let Some(Ok(chunk)) = logs.next().await {
-            out.push_str(&chunk.to_string());
-        }
-        out.lines().map(str::to_string).collect()
-    })
+    let (_, out, _) = rig.run_container(ContainerCreateBody {
+        image: Some(STUB_IMAGE.to_string()),
+        entrypoint: Some(vec![cmd[0].to_string()]),
+        cmd: Some(cmd[1..].iter().map(|s| s.to_string()).collect()),
+        user: Some("0".into()),
+        host_config: Some(HostConfig {
+            binds: Some(vec![format!("caw-box-{id}:/h:ro")]),
+            network_mode: Some("none".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    out.lines().map(str::to_string).collect()
 }
 
 #[test]

@@ -336,6 +336,62 @@ impl Rig {
         }
     }
 
+    /// Runs a short container of the test's own (labelled, removed afterwards) to its end:
+    /// (exit code, stdout, stderr).
+    pub fn run_container(&self, mut body: ContainerCreateBody) -> (i64, String, String) {
+        body.labels
+            .get_or_insert_with(HashMap::new)
+            .insert(TEST_LABEL.to_string(), self.run_id.clone());
+        let name = format!("t-{}-{}", self.run_id, uuid::Uuid::new_v4().simple());
+        self.rt.block_on(async {
+            self.docker
+                .create_container(
+                    Some(CreateContainerOptions {
+                        name: Some(name.clone()),
+                        ..Default::default()
+                    }),
+                    body,
+                )
+                .await
+                .unwrap();
+            self.docker.start_container(&name, None).await.unwrap();
+            let mut wait = self.docker.wait_container(&name, None);
+            let code = match wait.next().await {
+                Some(Ok(r)) => r.status_code,
+                Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
+                other => panic!("wait: {other:?}"),
+            };
+            let mut logs = self.docker.logs(
+                &name,
+                Some(LogsOptions {
+                    stdout: true,
+                    stderr: true,
+                    ..Default::default()
+                }),
+            );
+            let (mut out, mut err) = (String::new(), String::new());
+            while let Some(Ok(chunk)) = logs.next().await {
+                match chunk {
+                    bollard::container::LogOutput::StdErr { message } => {
+                        err.push_str(&String::from_utf8_lossy(&message))
+                    }
+                    other => out.push_str(&other.to_string()),
+                }
+            }
+            let _ = self
+                .docker
+                .remove_container(
+                    &name,
+                    Some(RemoveContainerOptions {
+                        force: true,
+                        ..Default::default()
+                    }),
+                )
+                .await;
+            (code, out, err)
+        })
+    }
+
     /// Removes every object carrying this test's label.
     pub fn cleanup(&self) {
         let label = format!("{TEST_LABEL}={}", self.run_id);

@@ -2,11 +2,7 @@
 //! image; `doctor` names a missing image with its fix; a missing base fails the build with
 //! exit 3.
 
-use std::collections::HashMap;
-
 use bollard::models::{ContainerCreateBody, HostConfig};
-use bollard::query_parameters::{CreateContainerOptions, LogsOptions, RemoveContainerOptions};
-use futures_util::StreamExt;
 
 use crate::common::*;
 
@@ -17,63 +13,18 @@ const PINNED: [(&str, &str, &str); 4] = [
     ("gemini", "gemini", "0.61.0"),
 ];
 
-/// Runs `cmd` in `image` with no network; returns (exit code, output).
+/// Runs `cmd` in `image` with no network; returns (exit code, stdout and stderr).
 fn run_in(rig: &Rig, image: &str, cmd: &[&str]) -> (i64, String) {
-    rig.rt.block_on(async {
-        let name = format!("img-{}-{}", rig.run_id, uuid::Uuid::new_v4().simple());
-        rig.docker
-            .create_container(
-                Some(CreateContainerOptions {
-                    name: Some(name.clone()),
-                    ..Default::default()
-                }),
-                ContainerCreateBody {
-                    image: Some(image.to_string()),
-                    cmd: Some(cmd.iter().map(|s| s.to_string()).collect()),
-                    labels: Some(HashMap::from([(
-                        TEST_LABEL.to_string(),
-                        rig.run_id.clone(),
-                    )])),
-                    host_config: Some(HostConfig {
-                        network_mode: Some("none".into()),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
-        rig.docker.start_container(&name, None).await.unwrap();
-        let mut wait = rig.docker.wait_container(&name, None);
-        let code = match wait.next().await {
-            Some(Ok(r)) => r.status_code,
-            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
-            other => panic!("wait: {other:?}"),
-        };
-        let mut logs = rig.docker.logs(
-            &name,
-            Some(LogsOptions {
-                stdout: true,
-                stderr: true,
-                ..Default::default()
-            }),
-        );
-        let mut text = String::new();
-        while let Some(Ok(chunk)) = logs.next().await {
-            text.push_str(&chunk.to_string());
-        }
-        let _ = rig
-            .docker
-            .remove_container(
-                &name,
-                Some(RemoveContainerOptions {
-                    force: true,
-                    ..Default::default()
-                }),
-            )
-            .await;
-        (code, text)
-    })
+    let (code, out, err) = rig.run_container(ContainerCreateBody {
+        image: Some(image.to_string()),
+        cmd: Some(cmd.iter().map(|s| s.to_string()).collect()),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    (code, out + &err)
 }
 
 #[test]
