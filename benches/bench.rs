@@ -423,6 +423,7 @@ fn docker_turn(
         model: b.model,
         endpoint: Some(&endpoint),
         interactive: false,
+        credential_env: &[],
     });
     let run_dir = tempfile::tempdir().unwrap();
     std::os::unix::fs::chown(run_dir.path(), Some(1000), Some(1000)).unwrap();

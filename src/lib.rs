@@ -18,6 +18,7 @@ pub mod output;
 pub mod provider;
 pub mod session;
 pub mod settings;
+pub mod terminal;
 
 pub use client::{Client, NewSession, Session};
 pub use error::{Error, ErrorKind, Result};

@@ -1,7 +1,7 @@
 //! Resolves command-line arguments (plus environment and stdin) into the settings and turn
 //! options the commands act on. Every bad value is caught here, before anything is created.
 
-use std::io::{IsTerminal, Read};
+use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 
@@ -32,21 +32,12 @@ pub fn resolve_prompt(args: &TurnArgs) -> Result<Option<String>> {
         Some(p) if p.trim().is_empty() => Err(Error::usage("the prompt is empty")
             .with_hint("pass the prompt as an argument, `-` for stdin, or --prompt-file FILE")),
         Some(p) => Ok(Some(p)),
-        None => {
-            if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() {
-                Err(Error::usage(
-                    "no prompt given, and interactive sessions are not available in this version",
-                )
-                .with_hint("pass the prompt as an argument, `-` for stdin, or --prompt-file FILE"))
-            } else {
-                Err(
-                    Error::usage("no prompt given and no terminal for an interactive session")
-                        .with_hint(
-                            "pass the prompt as an argument, `-` for stdin, or --prompt-file FILE",
-                        ),
-                )
-            }
-        }
+        // No prompt: the vendor's TUI, which needs a terminal on both ends.
+        None if crate::terminal::is_interactive() => Ok(None),
+        None => Err(
+            Error::usage("no prompt given, and no terminal for an interactive session")
+                .with_hint("pass the prompt as an argument, `-` for stdin, or --prompt-file FILE"),
+        ),
     }
 }
 

@@ -25,8 +25,13 @@ pub const SCRUB_FILE: &str = "scrub";
 /// Prepares `p`'s credentials for a turn in `runtime_dir`. `turn_env` are the turn's
 /// `--env` values: a key there counts as a usable credential too.
 ///
-/// Fails with exit 4 and the exact `auth collect` command when `p` has none.
-pub fn prepare(p: ProviderKind, runtime_dir: &Path, turn_env: &[(String, String)]) -> Result<()> {
+/// Fails with exit 4 and the exact `auth collect` command when `p` has none. Returns the
+/// names of the variables the CLI will have from the store and `turn_env`.
+pub fn prepare(
+    p: ProviderKind,
+    runtime_dir: &Path,
+    turn_env: &[(String, String)],
+) -> Result<Vec<String>> {
     let spec = Spec::of(p);
     let store = Store::open()?;
     let manifest = store.manifest(p);
@@ -73,6 +78,8 @@ pub fn prepare(p: ProviderKind, runtime_dir: &Path, turn_env: &[(String, String)
         }
     }
     let vars = store.env(p);
+    let mut names: Vec<String> = turn_env.iter().map(|(k, _)| k.clone()).collect();
+    names.extend(vars.iter().map(|(k, _)| k.to_string()));
     if !vars.is_empty() {
         let mut bytes = Vec::new();
         for (k, v) in &vars {
@@ -89,7 +96,8 @@ pub fn prepare(p: ProviderKind, runtime_dir: &Path, turn_env: &[(String, String)
         scrub.push(0);
     }
     dirs::write_private(&runtime_dir.join(SCRUB_FILE), &scrub)?;
-    dirs::hand_to_agent(runtime_dir)
+    dirs::hand_to_agent(runtime_dir)?;
+    Ok(names)
 }
 
 /// After a turn: merges the credentials the CLI refreshed back into the store.

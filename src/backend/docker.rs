@@ -14,7 +14,8 @@ use bollard::models::{
 use bollard::query_parameters::{
     AttachContainerOptions, CreateContainerOptions, DownloadFromContainerOptions,
     ListContainersOptions, ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
-    StopContainerOptions, UploadToContainerOptions, WaitContainerOptions,
+    ResizeContainerTTYOptions, StopContainerOptions, UploadToContainerOptions,
+    WaitContainerOptions,
 };
 use bollard::Docker;
 use futures_util::StreamExt;
@@ -242,12 +243,32 @@ impl DockerBackend {
                     stdin,
                     stdout: true,
                     stderr: true,
-                    logs: true,
+                    // A terminal session starts drawing once attached: no replay.
+                    logs: !stdin,
                     ..Default::default()
                 }),
             )
             .await
             .map_err(|e| failed(format_args!("attach to container '{name}'"), &e))
+    }
+
+    /// Sets the size of a running container's terminal.
+    pub async fn resize_tty(&self, name: &str, columns: u16, rows: u16) -> Result<()> {
+        self.docker
+            .resize_container_tty(
+                name,
+                ResizeContainerTTYOptions {
+                    h: rows.into(),
+                    w: columns.into(),
+                },
+            )
+            .await
+            .map_err(|e| {
+                failed(
+                    format_args!("resize the terminal of container '{name}'"),
+                    &e,
+                )
+            })
     }
 
     pub async fn start_container(&self, name: &str) -> Result<()> {

@@ -249,7 +249,11 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
             t.usage.output_tokens,
             cost.unwrap_or_default()
         ));
-        output::println(&format!("  > {}", one_line(&t.prompt, 200)));
+        if t.interactive {
+            output::println("  > (interactive, in the vendor's TUI)");
+        } else {
+            output::println(&format!("  > {}", one_line(&t.prompt, 200)));
+        }
         output::println(&format!("  < {}", one_line(&t.result, 400)));
     }
     if total_cost > 0.0 {

@@ -21,7 +21,13 @@ use crate::settings;
 
 /// Everything about a turn that can be checked before Docker is touched.
 fn turn_options(args: &TurnArgs) -> Result<TurnOptions> {
-    let prompt = settings::resolve_prompt(args)?.unwrap_or_default();
+    let prompt = settings::resolve_prompt(args)?;
+    let interactive = prompt.is_none();
+    if interactive && args.detach {
+        return Err(Error::usage(
+            "--detach needs a PROMPT: an interactive session runs in this terminal",
+        ));
+    }
     let env = settings::resolve_env(&args.env)?;
     let timeout = args
         .timeout
@@ -29,9 +35,10 @@ fn turn_options(args: &TurnArgs) -> Result<TurnOptions> {
         .map(|t| settings::parse_duration(t, "--timeout"))
         .transpose()?;
     Ok(TurnOptions {
-        prompt,
+        prompt: prompt.unwrap_or_default(),
         env,
         timeout,
+        interactive,
     })
 }
 
@@ -355,6 +362,7 @@ pub async fn drive() -> Result<i32> {
         prompt: job.prompt,
         env: job.env,
         timeout: job.timeout_secs.map(Duration::from_secs),
+        interactive: false,
     };
     let result = session.send(options, |_| {}).await?;
     Ok(result.exit_code)

@@ -18,6 +18,8 @@ use super::*;
 #[derive(Debug)]
 pub struct ClaudeCode;
 
+const API_KEY_VAR: &str = "ANTHROPIC_API_KEY";
+
 impl Provider for ClaudeCode {
     fn kind(&self) -> ProviderKind {
         ProviderKind::ClaudeCode
@@ -60,12 +62,44 @@ impl Provider for ClaudeCode {
                 endpoint_root(endpoint).to_string(),
             ));
         }
+        let mut home_files = Vec::new();
+        if request.interactive {
+            // The TUI's first-run screens, which a headless turn never shows: onboarding
+            // (its connectivity check fails without a way out to Anthropic), trusting the
+            // workspace, and accepting the bypass-permissions mode caw-box runs it in.
+            home_files.push(HomeFile {
+                path: ".claude.json".to_string(),
+                contents: serde_json::to_vec(&serde_json::json!({
+                    "hasCompletedOnboarding": true,
+                    "projects": { WORKSPACE_DIR: { "hasTrustDialogAccepted": true } },
+                }))
+                .expect("static JSON"),
+                merge_json: true,
+            });
+            let mut settings = serde_json::json!({ "skipDangerousModePermissionPrompt": true });
+            if request.credential_env.iter().any(|n| n == API_KEY_VAR) {
+                // The TUI asks before it uses an ANTHROPIC_API_KEY found in its environment
+                // (a turn would wait on that question). A key helper is not asked about: the
+                // entrypoint hands the key over under another name, which the helper prints.
+                settings["apiKeyHelper"] = format!("printenv {HIDDEN_PREFIX}{API_KEY_VAR}").into();
+                env.push((HIDE_ENV.to_string(), API_KEY_VAR.to_string()));
+            }
+            argv.extend(["--settings".to_string(), settings.to_string()]);
+        }
         TurnCommand {
             argv,
             env,
-            home_files: Vec::new(),
+            home_files,
             stdin,
         }
+    }
+
+    fn latest_key_script(&self) -> String {
+        // Conversations live in ~/.claude/projects/<cwd, '/' as '-'>/<session id>.jsonl.
+        let project = WORKSPACE_DIR.replace('/', "-");
+        format!(
+            r#"f=$(ls -t "$HOME"/.claude/projects/{project}/*.jsonl 2>/dev/null | head -n1); [ -n "$f" ] && basename "$f" .jsonl"#
+        )
     }
 
     fn parser(&self, _context: ParseContext) -> Box<dyn StreamParser> {
@@ -593,7 +627,7 @@ mod tests {
             ..request("")
         });
         assert_eq!(
-            first.argv,
+            first.argv[..6],
             [
                 "claude",
                 "--session-id",
@@ -603,14 +637,34 @@ mod tests {
                 "opus"
             ]
         );
+        // The TUI's first-run questions are answered up front; no key helper without a key.
+        let settings = |argv: &[String]| -> serde_json::Value {
+            assert_eq!(argv[argv.len() - 2], "--settings");
+            serde_json::from_str(&argv[argv.len() - 1]).unwrap()
+        };
+        assert_eq!(
+            settings(&first.argv),
+            serde_json::json!({"skipDangerousModePermissionPrompt": true})
+        );
+        let claude_json = &first.home_files[0];
+        assert_eq!(claude_json.path, ".claude.json");
+        assert!(claude_json.merge_json);
+        let claude_json: serde_json::Value = serde_json::from_slice(&claude_json.contents).unwrap();
+        assert_eq!(claude_json["hasCompletedOnboarding"], true);
+        assert_eq!(
+            claude_json["projects"]["/workspace"]["hasTrustDialogAccepted"],
+            true
+        );
+        let names = ["ANTHROPIC_API_KEY".to_string()];
         let resumed = ClaudeCode.turn_command(&TurnRequest {
             interactive: true,
             resume_key: Some(SESSION),
             endpoint: Some("http://stub:8080"),
+            credential_env: &names,
             ..request("")
         });
         assert_eq!(
-            resumed.argv,
+            resumed.argv[..4],
             [
                 "claude",
                 "--resume",
@@ -618,6 +672,22 @@ mod tests {
                 "--dangerously-skip-permissions"
             ]
         );
+        // An API key goes through a key helper, which the TUI does not stop to ask about.
+        assert_eq!(
+            settings(&resumed.argv)["apiKeyHelper"],
+            "printenv CAW_BOX_HIDDEN_ANTHROPIC_API_KEY"
+        );
+        assert!(resumed
+            .env
+            .contains(&(HIDE_ENV.to_string(), "ANTHROPIC_API_KEY".to_string())));
+        // Headless turns need none of it.
+        let headless = ClaudeCode.turn_command(&TurnRequest {
+            credential_env: &names,
+            ..request("hi")
+        });
+        assert!(headless.home_files.is_empty());
+        assert!(!headless.argv.contains(&"--settings".to_string()));
+        assert!(!headless.env.iter().any(|(k, _)| k == HIDE_ENV));
         assert!(resumed.env.contains(&(
             "ANTHROPIC_BASE_URL".to_string(),
             "http://stub:8080".to_string()

@@ -90,6 +90,11 @@ impl Provider for Codex {
             ..CodexParser::default()
         })
     }
+
+    fn latest_key_script(&self) -> String {
+        // Threads live in ~/.codex/sessions/YYYY/MM/DD/rollout-<time>-<thread id>.jsonl.
+        r#"find "$HOME/.codex/sessions" -name 'rollout-*.jsonl' -printf '%T@ %f\n' 2>/dev/null | sort -n | tail -n1 | sed -nE 's/.*-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.jsonl$/\1/p'"#.to_string()
+    }
 }
 
 /// `value` as a TOML basic string (the `-c key=value` overrides are parsed as TOML).

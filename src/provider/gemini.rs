@@ -75,6 +75,12 @@ impl Provider for Gemini {
         Box::new(GeminiParser::default())
     }
 
+    fn latest_key_script(&self) -> String {
+        // Chats live in ~/.gemini/tmp/<project>/chats/session-*.jsonl; the first line holds
+        // the session id.
+        r#"f=$(ls -t "$HOME"/.gemini/tmp/*/chats/session-*.jsonl 2>/dev/null | head -n1); [ -n "$f" ] && head -n1 "$f" | grep -o '"sessionId":"[^"]*"' | cut -d'"' -f4"#.to_string()
+    }
+
     fn chooses_key_up_front(&self) -> bool {
         true
     }

@@ -184,7 +184,18 @@ pub struct TurnRequest<'a> {
     pub endpoint: Option<&'a str>,
     /// The vendor TUI attached to a terminal instead of a headless JSON stream.
     pub interactive: bool,
+    /// Names of the variables the CLI's environment will hold from credentials and `--env`
+    /// (names only: their values never reach an adapter).
+    pub credential_env: &'a [String],
 }
+
+/// The entrypoint's variable naming variables it passes on as `CAW_BOX_HIDDEN_<NAME>`
+/// instead of `<NAME>` (see `images/base/caw-box-entry`).
+pub const HIDE_ENV: &str = "CAW_BOX_HIDE_ENV";
+pub const HIDDEN_PREFIX: &str = "CAW_BOX_HIDDEN_";
+/// The entrypoint's variable holding a script to run after the CLI, whose output becomes
+/// the runtime directory's `resume-key` (see [`Provider::latest_key_script`]).
+pub const KEY_SCRIPT_ENV: &str = "CAW_BOX_KEY_SCRIPT";
 
 /// A config file an adapter needs in HOME before the turn (e.g. gemini's settings.json).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -254,6 +265,10 @@ pub trait Provider: Send + Sync {
     fn chooses_key_up_front(&self) -> bool {
         false
     }
+    /// For an interactive turn: a bash script that runs in the container after the TUI
+    /// exited and prints the vendor key of the conversation written last (nothing when there
+    /// is none). The TUIs do not report their key in a form meant for programs.
+    fn latest_key_script(&self) -> String;
 }
 
 #[cfg(test)]

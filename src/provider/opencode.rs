@@ -72,6 +72,11 @@ impl Provider for Opencode {
     fn parser(&self, _context: ParseContext) -> Box<dyn StreamParser> {
         Box::new(OpencodeParser::default())
     }
+
+    fn latest_key_script(&self) -> String {
+        // Sessions live in a SQLite database: ask opencode itself for the latest.
+        r#"opencode session list --format json -n 1 --pure 2>/dev/null | grep -o '"ses_[^"]*"' | head -n1 | tr -d '"'"#.to_string()
+    }
 }
 
 /// The `--model` value: `provider/model` as given, or with `--endpoint` always a model of the

@@ -3,6 +3,7 @@
 
 pub mod files;
 pub mod handle;
+mod interactive;
 pub mod record;
 pub mod runner;
 pub mod target;

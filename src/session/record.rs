@@ -138,6 +138,9 @@ pub struct TurnRecord {
     /// The vendor's cumulative counters after this turn (codex), for the next turn's math.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cumulative_usage: Option<Usage>,
+    /// A turn in the vendor's TUI (no prompt: what was typed is in the vendor's own state).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interactive: bool,
 }
 
 /// The latest turn of a session, as carried by its turn-record volume's labels.

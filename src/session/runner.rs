@@ -28,7 +28,7 @@ use crate::session::record::{
 /// How long a stopped container gets between SIGTERM and SIGKILL. The entrypoint kills the
 /// CLI after [`ENTRY_GRACE_SECS`], so its credential clean-up still runs before Docker's
 /// SIGKILL, and Ctrl-C ends a turn well within 10 s.
-const STOP_GRACE: Duration = Duration::from_secs(8);
+pub(super) const STOP_GRACE: Duration = Duration::from_secs(8);
 const ENTRY_GRACE_SECS: u64 = 5;
 /// Where the per-turn runtime directory appears in the container (env file, stdin).
 pub const RUNTIME_MOUNT: &str = "/run/caw-box";
@@ -44,6 +44,9 @@ pub struct TurnOptions {
     /// file, never through the container's config (which `docker inspect` shows).
     pub env: Vec<(String, String)>,
     pub timeout: Option<Duration>,
+    /// The vendor's TUI attached to this process's terminal instead of a headless turn
+    /// (`prompt` is then unused).
+    pub interactive: bool,
 }
 
 /// The container name that is also the session's lock.
@@ -123,10 +126,11 @@ impl LineBuffer {
     }
 }
 
-/// Signals that end a turn early: Ctrl-C and SIGTERM.
-struct Interrupts {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
+/// Signals that end a turn early: Ctrl-C, SIGTERM, and SIGHUP (the terminal went away).
+pub(super) struct Interrupts {
+    pub(super) int: tokio::signal::unix::Signal,
+    pub(super) term: tokio::signal::unix::Signal,
+    pub(super) hup: tokio::signal::unix::Signal,
 }
 
 impl Interrupts {
@@ -135,13 +139,16 @@ impl Interrupts {
         Ok(Interrupts {
             int: signal(SignalKind::interrupt()).map_err(err)?,
             term: signal(SignalKind::terminate()).map_err(err)?,
+            hup: signal(SignalKind::hangup()).map_err(err)?,
         })
     }
 
+    /// Any of the three.
     async fn recv(&mut self) {
         tokio::select! {
             _ = self.int.recv() => {},
             _ = self.term.recv() => {},
+            _ = self.hup.recv() => {},
         }
     }
 }
@@ -184,12 +191,15 @@ pub async fn run_turn(
         new_session_key: new_key.as_deref(),
         model: record.settings.model.as_deref(),
         endpoint: record.settings.endpoint.as_deref(),
-        interactive: false,
+        interactive: options.interactive,
+        credential_env: &[],
     };
-    let command = provider.turn_command(&request);
-
     let runtime = RuntimeDir::create(record, turn)?;
-    crate::auth::inject::prepare(record.provider, &runtime.0, &options.env)?;
+    let credential_env = crate::auth::inject::prepare(record.provider, &runtime.0, &options.env)?;
+    let command = provider.turn_command(&TurnRequest {
+        credential_env: &credential_env,
+        ..request
+    });
     let mut env_file = Vec::new();
     for (k, v) in &options.env {
         env_file.extend_from_slice(k.as_bytes());
@@ -209,6 +219,17 @@ pub async fn run_turn(
         runtime.write("stdin", stdin)?;
         env.push(format!("CAW_BOX_STDIN_FILE={RUNTIME_MOUNT}/stdin"));
     }
+    if options.interactive {
+        env.push(format!("TERM={}", crate::terminal::term()));
+        if let Ok(colorterm) = std::env::var("COLORTERM") {
+            env.push(format!("COLORTERM={colorterm}"));
+        }
+        env.push(format!(
+            "{}={}",
+            crate::provider::KEY_SCRIPT_ENV,
+            provider.latest_key_script()
+        ));
+    }
 
     ensure_owner(backend, record).await?;
     let allow = crate::settings::expand_allow_hosts(record.provider, &record.settings);
@@ -227,6 +248,13 @@ pub async fn run_turn(
         tracing::debug!("egress through {} on {}", e.proxy, e.network);
     }
     let mut body = container_body(record, turn, &image, command.argv.clone(), env, &runtime.0)?;
+    if options.interactive {
+        // A terminal for the TUI, fed from ours; Docker closes its stdin when we detach.
+        body.tty = Some(true);
+        body.open_stdin = Some(true);
+        body.stdin_once = Some(true);
+        body.attach_stdin = Some(true);
+    }
     if let (Some(e), Some(hc)) = (&egress, body.host_config.as_mut()) {
         hc.network_mode = Some(e.network.clone());
     }
@@ -237,19 +265,34 @@ pub async fn run_turn(
         return Err(err);
     }
     // From here on the container exists: every path out must remove it.
-    let outcome = drive_turn(
-        backend,
-        record,
-        &name,
-        turn,
-        options,
-        &command.home_files,
-        &runtime.0,
-        egress.as_ref().map(|e| e.proxy.as_str()),
-        &mut interrupts,
-        sink,
-    )
-    .await;
+    let outcome = if options.interactive {
+        super::interactive::drive(
+            backend,
+            record,
+            &name,
+            turn,
+            options,
+            &command.home_files,
+            &runtime.0,
+            &mut interrupts,
+            sink,
+        )
+        .await
+    } else {
+        drive_turn(
+            backend,
+            record,
+            &name,
+            turn,
+            options,
+            &command.home_files,
+            &runtime.0,
+            egress.as_ref().map(|e| e.proxy.as_str()),
+            &mut interrupts,
+            sink,
+        )
+        .await
+    };
     let _ = backend.remove_container(&name, true).await;
     if let Some(e) = &egress {
         e.stop(backend).await;
@@ -337,9 +380,11 @@ fn container_body(
         memory: settings.memory,
         nano_cpus: settings.cpus.map(|c| (c * 1e9) as i64),
         readonly_rootfs: Some(true),
+        // Executable: opencode's TUI loads a native library it unpacks there (the agent can
+        // run what it writes to HOME or the workspace anyway).
         tmpfs: Some(HashMap::from([(
             "/tmp".to_string(),
-            "rw,nosuid,nodev,size=1g".to_string(),
+            "rw,nosuid,nodev,exec,size=1g".to_string(),
         )])),
         network_mode,
         privileged: Some(false),
@@ -796,6 +841,7 @@ async fn drive_turn(
         duration_ms,
         exit_code: outcome.status.exit_code(),
         cumulative_usage: outcome.cumulative_usage,
+        interactive: false,
     };
     record.turns.push(turn_record);
     let result = TurnResult {
@@ -827,14 +873,14 @@ async fn drive_turn(
     Ok(result)
 }
 
-fn append_event(log: &mut Vec<u8>, e: &Event) {
+pub(super) fn append_event(log: &mut Vec<u8>, e: &Event) {
     if let Ok(json) = serde_json::to_vec(e) {
         log.extend_from_slice(&json);
         log.push(b'\n');
     }
 }
 
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+pub(super) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
@@ -852,7 +898,7 @@ fn last_line(bytes: &[u8]) -> Option<String> {
 
 /// Writes the adapter's config files into HOME (in the state volume), merging JSON files
 /// with what the CLI already keeps there.
-async fn place_home_files(
+pub(super) async fn place_home_files(
     backend: &DockerBackend,
     name: &str,
     home_files: &[crate::provider::HomeFile],
@@ -898,7 +944,7 @@ async fn place_home_files(
 /// The record in the volume is read, merged and written back here, so an in-memory record
 /// that only knows the latest turn (a session resumed from Docker labels alone) never loses
 /// the history of earlier turns.
-async fn save_record(
+pub(super) async fn save_record(
     backend: &DockerBackend,
     name: &str,
     record: &mut SessionRecord,

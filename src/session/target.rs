@@ -103,6 +103,7 @@ impl SessionView {
                 duration_ms: last.ended_at.saturating_sub(last.started_at) * 1000,
                 exit_code: last.status.exit_code(),
                 cumulative_usage: last.cumulative_usage,
+                interactive: false,
             });
         }
         record

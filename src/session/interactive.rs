@@ -1,0 +1,253 @@
+//! An interactive turn: the vendor's own TUI in the turn's container, attached to the
+//! user's terminal through Docker's attach API.
+//!
+//! The terminal is in raw mode for the whole turn, so every key (Ctrl-C too) reaches the
+//! TUI, whose container terminal does the line discipline; the container's terminal follows
+//! the window size. Whatever way the turn ends, the terminal is restored, and the turn is
+//! recorded like a headless one: the vendor key of the conversation the TUI wrote is read
+//! from the session's state by the adapter's [`Provider::latest_key_script`], so that
+//! headless and interactive turns resume each other.
+//!
+//! [`Provider::latest_key_script`]: crate::provider::Provider::latest_key_script
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tokio::signal::unix::{signal, SignalKind};
+
+use super::record::{now_secs, SessionRecord, TurnRecord};
+use super::runner::{
+    append_event, handle_of, place_home_files, save_record, sleep_until, Interrupts, TurnOptions,
+    STOP_GRACE, STOP_REQUEST,
+};
+use crate::backend::docker::DockerBackend;
+use crate::error::{Error, Result};
+use crate::event::{Event, Status, TurnResult};
+use crate::provider::HomeFile;
+use crate::terminal::{self, Keys, RawMode};
+
+/// The file in the turn's runtime directory where the entrypoint leaves the output of the
+/// adapter's key script.
+const RESUME_KEY_FILE: &str = "resume-key";
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn drive(
+    backend: &DockerBackend,
+    record: &mut SessionRecord,
+    name: &str,
+    turn: u32,
+    options: &TurnOptions,
+    home_files: &[HomeFile],
+    runtime_dir: &Path,
+    interrupts: &mut Interrupts,
+    sink: &mut dyn FnMut(&Event),
+) -> Result<TurnResult> {
+    place_home_files(backend, name, home_files).await?;
+    sink(&Event::Session {
+        session_id: record.session_id.to_string(),
+        provider: record.provider,
+        resume_key: (!record.resume_key.is_empty()).then(|| record.resume_key.clone()),
+    });
+    let raw = RawMode::enter().map_err(|e| {
+        Error::environment(format!("cannot switch the terminal to raw mode: {e}"))
+            .with_hint("run it in a terminal, or pass a PROMPT for a headless turn")
+    })?;
+
+    let started = Instant::now();
+    let started_at = now_secs();
+    let attached = async {
+        let attach = backend.attach(name, true).await?;
+        backend.start_container(name).await?;
+        Ok::<_, Error>(attach)
+    }
+    .await;
+    let attach = match attached {
+        Ok(a) => a,
+        Err(e) => {
+            drop(raw);
+            return Err(e);
+        }
+    };
+    follow_size(backend, name).await;
+
+    let mut output = attach.output;
+    let mut input = attach.input;
+    let mut keys = Keys::read();
+    let mut keys_open = true;
+    let mut resized = signal(SignalKind::window_change()).ok();
+    let deadline = options.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut stdout = std::io::stdout();
+    let ended_early = loop {
+        tokio::select! {
+            chunk = output.next() => match chunk {
+                Some(Ok(chunk)) => {
+                    let _ = stdout.write_all(&chunk.into_bytes());
+                    let _ = stdout.flush();
+                }
+                Some(Err(e)) => {
+                    tracing::debug!("reading the TUI's output failed: {e}");
+                    break None;
+                }
+                None => break None,
+            },
+            typed = keys.recv(), if keys_open => match typed {
+                Some(bytes) => {
+                    if input.write_all(&bytes).await.is_err() || input.flush().await.is_err() {
+                        keys_open = false;
+                    }
+                }
+                None => keys_open = false,
+            },
+            _ = window_changed(&mut resized) => follow_size(backend, name).await,
+            // A SIGINT not typed on this terminal (`kill -INT`): the TUI gets it as a Ctrl-C.
+            _ = interrupts.int.recv() => {
+                let _ = input.write_all(b"\x03").await;
+                let _ = input.flush().await;
+            }
+            _ = interrupts.term.recv() => break Some(Status::Interrupted),
+            _ = interrupts.hup.recv() => break Some(Status::Interrupted),
+            _ = sleep_until(deadline) => break Some(Status::Timeout),
+        }
+    };
+    if ended_early.is_some() {
+        let _ = backend.stop_container(name, STOP_GRACE).await;
+        let drain = async {
+            while let Some(Ok(chunk)) = output.next().await {
+                let _ = stdout.write_all(&chunk.into_bytes());
+            }
+            let _ = stdout.flush();
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+    }
+    drop(keys);
+    drop(raw);
+    let exit_code = backend.wait_container(name).await?;
+    let stopped = runtime_dir.join(STOP_REQUEST).exists();
+    if ended_early.is_some() || stopped {
+        // The TUI was killed, not quit: it had no chance to put the terminal back.
+        terminal::reset_after_kill();
+    }
+
+    if let Some(key) = read_key(runtime_dir) {
+        record.resume_key = key;
+        record.key_confirmed = true;
+    }
+    let (status, result) = match ended_early {
+        Some(Status::Timeout) => (
+            Status::Timeout,
+            format!(
+                "the session timed out after {}",
+                humantime::format_duration(options.timeout.unwrap_or_default())
+            ),
+        ),
+        Some(status) => (status, "the session was interrupted".to_string()),
+        None if stopped => (
+            Status::Interrupted,
+            "the session was stopped with `caw-box stop`".to_string(),
+        ),
+        None if exit_code == 0 => (Status::Success, "the interactive session ended".to_string()),
+        None => (
+            Status::Error,
+            format!("the CLI exited with code {exit_code}"),
+        ),
+    };
+    let duration_ms = started.elapsed().as_millis() as u64;
+    record.turns.push(TurnRecord {
+        turn,
+        prompt: String::new(),
+        status,
+        result: result.clone(),
+        usage: Default::default(),
+        started_at,
+        duration_ms,
+        exit_code: status.exit_code(),
+        cumulative_usage: record.last_cumulative_usage(),
+        interactive: true,
+    });
+    let result = TurnResult {
+        session_id: record.session_id.to_string(),
+        name: record.name.clone(),
+        provider: record.provider,
+        turn,
+        status,
+        result,
+        resume_handle: handle_of(record).to_json(),
+        usage: Default::default(),
+        duration_ms,
+        exit_code: status.exit_code(),
+    };
+    let result_event = Event::Result {
+        result: result.clone(),
+    };
+    let mut events_log = Vec::new();
+    append_event(&mut events_log, &result_event);
+    save_record(backend, name, record, turn, &[], &events_log, &[]).await?;
+    sink(&result_event);
+    Ok(result)
+}
+
+/// Gives the container's terminal the size of ours. Docker may refuse a resize for a
+/// moment after the start, so it is tried a few times.
+async fn follow_size(backend: &DockerBackend, name: &str) {
+    let Some((columns, rows)) = terminal::size() else {
+        return;
+    };
+    for _ in 0..10 {
+        match backend.resize_tty(name, columns, rows).await {
+            Ok(()) => return,
+            Err(e) => tracing::debug!("{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn window_changed(signal: &mut Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// The key the adapter's script found, if it looks like one.
+fn read_key(runtime_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(runtime_dir.join(RESUME_KEY_FILE)).ok()?;
+    let key = text.trim();
+    let plausible = !key.is_empty()
+        && key.len() <= 128
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    plausible.then(|| key.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plausible_keys_are_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = |text: &str| {
+            std::fs::write(dir.path().join(RESUME_KEY_FILE), text).unwrap();
+            read_key(dir.path())
+        };
+        assert_eq!(
+            key("019a2b3c-0000-7000-8000-000000000001\n").as_deref(),
+            Some("019a2b3c-0000-7000-8000-000000000001")
+        );
+        assert_eq!(
+            key("ses_dff0ce389ffewoNmbnmRIhGfD4").as_deref(),
+            Some("ses_dff0ce389ffewoNmbnmRIhGfD4")
+        );
+        assert_eq!(key(""), None);
+        assert_eq!(key("a key with spaces"), None);
+        assert_eq!(key("../../etc/passwd"), None);
+        std::fs::remove_file(dir.path().join(RESUME_KEY_FILE)).unwrap();
+        assert_eq!(read_key(dir.path()), None);
+    }
+}
