@@ -11,6 +11,7 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 echo "== images"
 scripts/images.sh
+scripts/rig.sh tools
 
 echo "== tests"
 export CAW_BOX_RIG_PID_FILE=${CAW_BOX_RIG_DIR:-/var/tmp/caw-box-rig}/dockerd.pid

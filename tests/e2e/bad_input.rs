@@ -34,6 +34,11 @@ fn bad_input_is_refused_cleanly_and_creates_nothing() {
     let out = run(rig.run_cmd(CODEX, "   ", &[]));
     assert_refused(&out, 2, "the prompt is empty");
 
+    // No PROMPT and no terminal (stdin is /dev/null here): nothing to open a TUI on.
+    let mut no_prompt = rig.caw();
+    no_prompt.args(["run", "--provider", "codex", "--network", &rig.network]);
+    assert_refused(&run(no_prompt), 2, "no terminal for an interactive session");
+
     let out = run(rig.resume_cmd(CODEX, r#"{"version":1,"provider":"codex""#, "hi", &[]));
     assert_refused(&out, 2, "malformed resume handle");
 

@@ -8,6 +8,7 @@ mod auth;
 mod bad_input;
 mod control;
 mod images;
+mod interactive;
 mod manage;
 mod restart;
 mod sandbox;
