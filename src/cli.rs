@@ -10,14 +10,16 @@ Examples:
   caw-box run --provider claude \"fix the failing test\"
   caw-box run --provider codex --name fixer -o json \"explain src/main.rs\"
   echo \"summarise the README\" | caw-box run --provider gemini -
-  caw-box run --provider opencode --endpoint http://gateway:8080 --env OPENAI_API_KEY \"hi\"";
+  caw-box run --provider opencode --endpoint http://gateway:8080 --env OPENAI_API_KEY \"hi\"
+  caw-box run --provider codex --name live      # no prompt: codex's own TUI, in this terminal";
 
 const RESUME_EXAMPLES: &str = "\
 Examples:
   caw-box resume fixer \"now add a test\"
   caw-box resume 5b0c \"and the docs\"            # a unique id prefix
   caw-box resume \"$(caw-box handle fixer)\" \"go on\"  # the handle alone
-  caw-box resume --group team \"rebase on main\"      # every session of a group";
+  caw-box resume --group team \"rebase on main\"      # every session of a group
+  caw-box resume fixer                          # no prompt: the same conversation in the TUI";
 
 const IMAGE_BUILD_EXAMPLES: &str = "\
 Examples:
@@ -45,10 +47,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Start a session and run its first turn.
+    /// Start a session and run its first turn (headless, or the vendor's TUI).
     #[command(after_help = RUN_EXAMPLES)]
     Run(RunArgs),
-    /// Run the next turn of an existing session.
+    /// Run the next turn of an existing session (headless, or the vendor's TUI).
     #[command(after_help = RESUME_EXAMPLES)]
     Resume(ResumeArgs),
     /// List sessions, newest first (from Docker itself).
@@ -196,7 +198,8 @@ pub enum WorkspaceModeArg {
 /// Options shared by `run` and `resume`.
 #[derive(Debug, Args, Clone, Default)]
 pub struct TurnArgs {
-    /// The prompt; `-` reads it from stdin.
+    /// The prompt; `-` reads it from stdin. Without one, on a terminal, the vendor's own
+    /// interactive TUI opens in the container (quit it to end the turn).
     pub prompt: Option<String>,
     /// Read the prompt from a file.
     #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
