@@ -139,6 +139,12 @@ async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32>
     if turn_args.detach {
         return Err(Error::usage("--detach does not combine with --group"));
     }
+    if turn_args.prompt.is_none() && turn_args.prompt_file.is_none() {
+        return Err(Error::usage(
+            "--group needs a PROMPT: a group's sessions cannot share one terminal",
+        )
+        .with_hint("resume one session in its TUI: `caw-box resume TARGET`"));
+    }
     let options = turn_options(&turn_args)?;
     let client = Client::connect().await?;
     let members: Vec<_> = target::list_sessions(client.backend())

@@ -38,6 +38,9 @@ fn bad_input_is_refused_cleanly_and_creates_nothing() {
     let mut no_prompt = rig.caw();
     no_prompt.args(["run", "--provider", "codex", "--network", &rig.network]);
     assert_refused(&run(no_prompt), 2, "no terminal for an interactive session");
+    let mut group_without_prompt = rig.caw();
+    group_without_prompt.args(["resume", "--group", "team"]);
+    assert_refused(&run(group_without_prompt), 2, "--group needs a PROMPT");
 
     let out = run(rig.resume_cmd(CODEX, r#"{"version":1,"provider":"codex""#, "hi", &[]));
     assert_refused(&out, 2, "malformed resume handle");
