@@ -463,3 +463,49 @@ fn tui_stopped_from_outside_leaves_the_terminal_intact() {
     assert_eq!(json["result"], "You told me to remember lynx.", "{json}");
     rig.cleanup();
 }
+
+/// gemini and opencode: what is told in the TUI is recalled by a headless resume (their
+/// keys are found in their own state after the TUI quits).
+#[test]
+fn gemini_and_opencode_tui_sessions_resume_headless() {
+    let rig = Rig::new("tui-others");
+    let endpoint = rig.endpoint();
+    let mut tmux = Tmux::new(&rig);
+    for (p, ready, quit) in [
+        (GEMINI, "Type your message", &["C-c", "C-c"][..]),
+        (OPENCODE, "Ask anything", &["C-c"][..]),
+    ] {
+        let name = format!("tui-{}", p.name);
+        let key_env = format!("{}={TEST_KEY}", p.key_var);
+        let mut args = vec![
+            "run",
+            "--provider",
+            p.name,
+            "--name",
+            &name,
+            "--network",
+            &rig.network,
+            "--endpoint",
+            &endpoint,
+            "--env",
+            &key_env,
+        ];
+        if let Some(m) = p.model {
+            args.extend(["--model", m]);
+        }
+        tmux.start(&rig, &args);
+        tmux.wait_for(ready, &format!("{}'s TUI did not come up", p.name));
+        tmux.type_line("REMEMBER:quince");
+        tmux.wait_for(
+            "Noted: quince.",
+            &format!("{}'s TUI did not answer", p.name),
+        );
+        tmux.keys(quit);
+        assert_terminal_intact(&tmux);
+
+        let (code, json, stderr) = rig.json_turn(rig.resume_cmd(p, &name, "RECALL", &[]));
+        assert_eq!(code, 0, "{}: headless resume: {stderr}", p.name);
+        assert_eq!(json["result"], "You told me to remember quince.", "{json}");
+    }
+    rig.cleanup();
+}
