@@ -265,25 +265,19 @@ fn turn_container(rig: &Rig) -> String {
     rig.wait_for_running_turn(None, Duration::from_secs(30))
 }
 
-/// codex: a session started in the TUI answers there, follows a resize, quits cleanly;
-/// then a headless resume recalls what was told in the TUI, and an interactive resume
-/// shows the whole conversation.
-#[test]
-fn codex_tui_session_resumes_headless_and_back() {
-    let rig = Rig::new("tui-codex");
+/// Starts a codex session named `name` in the TUI and waits for the TUI to be ready.
+fn start_codex_tui(rig: &Rig, tmux: &mut Tmux, name: &str) {
     let key_env = format!("OPENAI_API_KEY={TEST_KEY}");
     let endpoint = rig.endpoint();
-    let mut tmux = Tmux::new(&rig);
-
     // gpt-6-sol: for gpt-5.5 the TUI first offers a model upgrade (a one-time question).
     tmux.start(
-        &rig,
+        rig,
         &[
             "run",
             "--provider",
             "codex",
             "--name",
-            "tui-codex",
+            name,
             "--network",
             &rig.network,
             "--endpoint",
@@ -295,6 +289,17 @@ fn codex_tui_session_resumes_headless_and_back() {
         ],
     );
     tmux.wait_for("Ask Codex to do anything", "codex's TUI did not come up");
+}
+
+/// codex: a session started in the TUI answers there, follows a resize, quits cleanly;
+/// then a headless resume recalls what was told in the TUI, and an interactive resume
+/// shows the whole conversation.
+#[test]
+fn codex_tui_session_resumes_headless_and_back() {
+    let rig = Rig::new("tui-codex");
+    let key_env = format!("OPENAI_API_KEY={TEST_KEY}");
+    let mut tmux = Tmux::new(&rig);
+    start_codex_tui(&rig, &mut tmux, "tui-codex");
     let container = turn_container(&rig);
     assert_size_followed(&rig, &container, 120, 40);
     tmux.type_line("REMEMBER:zebra");
@@ -414,28 +419,8 @@ fn detach_without_a_prompt_is_refused_on_a_terminal() {
 #[test]
 fn tui_stopped_from_outside_leaves_the_terminal_intact() {
     let rig = Rig::new("tui-stop");
-    let key_env = format!("OPENAI_API_KEY={TEST_KEY}");
-    let endpoint = rig.endpoint();
     let mut tmux = Tmux::new(&rig);
-    tmux.start(
-        &rig,
-        &[
-            "run",
-            "--provider",
-            "codex",
-            "--name",
-            "tui-stop",
-            "--network",
-            &rig.network,
-            "--endpoint",
-            &endpoint,
-            "--env",
-            &key_env,
-            "--model",
-            "gpt-6-sol",
-        ],
-    );
-    tmux.wait_for("Ask Codex to do anything", "codex's TUI did not come up");
+    start_codex_tui(&rig, &mut tmux, "tui-stop");
     tmux.type_line("REMEMBER:lynx");
     tmux.wait_for("Noted: lynx.", "codex's TUI did not answer");
     let mut stop = rig.caw();
