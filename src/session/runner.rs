@@ -254,6 +254,13 @@ pub async fn run_turn(
         body.open_stdin = Some(true);
         body.stdin_once = Some(true);
         body.attach_stdin = Some(true);
+        // The size from the first frame on where the daemon takes it (API 1.42+); it is set
+        // again right after the start for older ones.
+        if let (Some((columns, rows)), Some(hc)) =
+            (crate::terminal::size(), body.host_config.as_mut())
+        {
+            hc.console_size = Some(vec![rows.into(), columns.into()]);
+        }
     }
     if let (Some(e), Some(hc)) = (&egress, body.host_config.as_mut()) {
         hc.network_mode = Some(e.network.clone());
