@@ -9,6 +9,10 @@
 //! `resume` turn against plain `docker run` of the same image, command, mounts and env,
 //! against the stub model on an internal network (ratios, same run); peak RSS of caw-box
 //! during a turn; 32 turns at once against the same turns one by one.
+//!
+//! To iterate on one number: `--only PART` (`cold`, `parse`, `listing`, `turns`,
+//! `concurrent`; repeatable) runs just those parts, `--provider P` (repeatable) just those
+//! providers' turns, `--reps N` sets the repetitions of each turn (default 7).
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -285,11 +289,37 @@ impl ModelRig {
 }
 
 impl Drop for ModelRig {
+    /// Removes what carries this run's label, and nothing else: other test runs may share
+    /// the daemon (scripts/cleanup.sh would remove theirs too).
     fn drop(&mut self) {
-        let _ = Command::new(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cleanup.sh"),
-        )
-        .status();
+        let filter = format!("label={}", self.label);
+        let ids = |args: &[&str]| -> Vec<String> {
+            Command::new("docker")
+                .args(args)
+                .args(["-q", "--filter", &filter])
+                .output()
+                .map(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .split_whitespace()
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for (list, remove) in [
+            (&["ps", "-a"][..], &["rm", "-f"][..]),
+            (&["volume", "ls"][..], &["volume", "rm", "-f"][..]),
+            (&["network", "ls"][..], &["network", "rm"][..]),
+        ] {
+            let found = ids(list);
+            if !found.is_empty() {
+                let _ = Command::new("docker")
+                    .args(remove)
+                    .args(&found)
+                    .stdout(std::process::Stdio::null())
+                    .status();
+            }
+        }
     }
 }
 
@@ -474,8 +504,43 @@ fn resume_key_of(b: &Bench, stdout: &str) -> String {
         .to_string()
 }
 
+/// Which parts, providers and how many repetitions a run measures (see the module docs).
+#[derive(Debug, Default)]
+struct Filter {
+    parts: Vec<String>,
+    providers: Vec<ProviderKind>,
+    reps: Option<usize>,
+}
+
+impl Filter {
+    fn from_args() -> Filter {
+        let mut f = Filter::default();
+        let mut args = std::env::args().skip(1);
+        while let Some(a) = args.next() {
+            match a.as_str() {
+                "--only" => f.parts.push(args.next().expect("--only PART")),
+                "--provider" => f.providers.push(
+                    args.next()
+                        .expect("--provider P")
+                        .parse()
+                        .expect("a provider"),
+                ),
+                "--reps" => {
+                    f.reps = Some(args.next().and_then(|n| n.parse().ok()).expect("--reps N"))
+                }
+                _ => {}
+            }
+        }
+        f
+    }
+
+    fn wants(&self, part: &str) -> bool {
+        self.parts.is_empty() || self.parts.iter().any(|p| p == part)
+    }
+}
+
 /// Turn overhead against plain docker run, concurrency, and peak RSS.
-fn turns(smoke: bool) -> Vec<Measure> {
+fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
     let rig = ModelRig::start();
     std::thread::sleep(std::time::Duration::from_millis(500));
     let ws = tempfile::tempdir().unwrap();
@@ -484,17 +549,21 @@ fn turns(smoke: bool) -> Vec<Measure> {
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
     )
     .unwrap();
-    let reps = if smoke { 1 } else { 7 };
+    let reps = filter.reps.unwrap_or(if smoke { 1 } else { 7 });
     let mut results = Vec::new();
     let mut peak_rss = 0u64;
-    let benches: Vec<&Bench> = if smoke {
-        TURN_BENCHES
-            .iter()
-            .filter(|b| b.provider == ProviderKind::Codex)
-            .collect()
-    } else {
-        TURN_BENCHES.iter().collect()
-    };
+    let benches: Vec<&Bench> = TURN_BENCHES
+        .iter()
+        .filter(|_| filter.wants("turns"))
+        .filter(|b| {
+            if filter.providers.is_empty() {
+                !smoke || b.provider == ProviderKind::Codex
+            } else {
+                filter.providers.contains(&b.provider)
+            }
+        })
+        .collect();
+    let measured_turns = !benches.is_empty();
     for b in benches {
         let (mut caw_run, mut caw_resume, mut dk_run, mut dk_resume) =
             (vec![], vec![], vec![], vec![]);
@@ -540,13 +609,18 @@ fn turns(smoke: bool) -> Vec<Measure> {
             });
         }
     }
-    results.push(Measure {
-        name: "peak RSS of caw-box during a turn".into(),
-        value: peak_rss as f64 / 1024.0,
-        unit: "MiB",
-        target: "<= 10 MiB".into(),
-        met: (!smoke).then_some(peak_rss <= 10 * 1024),
-    });
+    if measured_turns {
+        results.push(Measure {
+            name: "peak RSS of caw-box during a turn".into(),
+            value: peak_rss as f64 / 1024.0,
+            unit: "MiB",
+            target: "<= 10 MiB".into(),
+            met: (!smoke).then_some(peak_rss <= 10 * 1024),
+        });
+    }
+    if !filter.wants("concurrent") {
+        return results;
+    }
 
     // Many turns at once: all must succeed; wall time against the same turns one by one.
     let n = if smoke { 4 } else { 32 };
@@ -594,16 +668,25 @@ fn turns(smoke: bool) -> Vec<Measure> {
 
 fn main() {
     let smoke = std::env::args().any(|a| a == "--smoke");
+    let filter = Filter::from_args();
     let (sessions, runs, megabytes) = if smoke { (50, 3, 4) } else { (1000, 21, 100) };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     let mut results = Vec::new();
-    results.push(cold_start(runs * 2, smoke));
-    results.extend(throughput(megabytes, smoke));
-    results.extend(rt.block_on(listing(sessions, runs, smoke)));
-    results.extend(turns(smoke));
+    if filter.wants("cold") {
+        results.push(cold_start(runs * 2, smoke));
+    }
+    if filter.wants("parse") {
+        results.extend(throughput(megabytes, smoke));
+    }
+    if filter.wants("listing") {
+        results.extend(rt.block_on(listing(sessions, runs, smoke)));
+    }
+    if filter.wants("turns") || filter.wants("concurrent") {
+        results.extend(turns(smoke, &filter));
+    }
 
     println!("{:<52} {:>12}   {:<14} met", "measure", "median", "target");
     for m in &results {

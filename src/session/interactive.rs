@@ -20,8 +20,8 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use super::record::{now_secs, SessionRecord, TurnRecord};
 use super::runner::{
-    append_event, handle_of, place_home_files, save_record, sleep_until, Interrupts, TurnOptions,
-    STOP_GRACE, STOP_REQUEST,
+    append_event, handle_of, place_home_files, save_record, sleep_until, Interrupts, StoredHistory,
+    TurnLogs, TurnOptions, STOP_GRACE, STOP_REQUEST,
 };
 use crate::backend::docker::DockerBackend;
 use crate::error::{Error, Result};
@@ -61,10 +61,10 @@ pub(super) async fn drive(
     let attached = async {
         let attach = backend.attach(name, true).await?;
         backend.start_container(name).await?;
-        Ok::<_, Error>(attach)
+        Ok::<_, Error>((attach, StoredHistory::fetch(backend, name, turn)))
     }
     .await;
-    let attach = match attached {
+    let (attach, history) = match attached {
         Ok(a) => a,
         Err(e) => {
             drop(raw);
@@ -184,7 +184,12 @@ pub(super) async fn drive(
     };
     let mut events_log = Vec::new();
     append_event(&mut events_log, &result_event);
-    save_record(backend, name, record, turn, &[], &events_log, &[]).await?;
+    let logs = TurnLogs {
+        raw: &[],
+        events: &events_log,
+        stderr: &[],
+    };
+    save_record(backend, name, record, turn, history, logs).await?;
     sink(&result_event);
     Ok(result)
 }

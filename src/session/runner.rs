@@ -300,7 +300,11 @@ pub async fn run_turn(
         )
         .await
     };
-    let _ = backend.remove_container(&name, true).await;
+    if outcome.is_err() {
+        // A recorded turn's container is gone already (save_record released the lock);
+        // removing it again could remove the next turn's.
+        let _ = backend.remove_container(&name, true).await;
+    }
     if let Some(e) = &egress {
         e.stop(backend).await;
     }
@@ -707,6 +711,7 @@ async fn drive_turn(
     let started_at = now_secs();
     let attach = backend.attach(name, false).await?;
     backend.start_container(name).await?;
+    let history = StoredHistory::fetch(backend, name, turn);
 
     let mut parser = record.provider.adapter().parser(ParseContext {
         previous_cumulative_usage: record.last_cumulative_usage(),
@@ -875,7 +880,12 @@ async fn drive_turn(
     };
     append_event(&mut events_log, &result_event);
 
-    save_record(backend, name, record, turn, &raw, &events_log, &stderr_tail).await?;
+    let logs = TurnLogs {
+        raw: &raw,
+        events: &events_log,
+        stderr: &stderr_tail,
+    };
+    save_record(backend, name, record, turn, history, logs).await?;
     sink(&result_event);
     Ok(result)
 }
@@ -944,30 +954,64 @@ pub(super) async fn place_home_files(
     backend.upload_tar(name, AGENT_HOME, tar).await
 }
 
+/// The session record stored in the state volume before this turn, read through the turn's
+/// container while the CLI runs (the CLI never touches it), so saving the turn does not wait
+/// for it.
+pub(super) struct StoredHistory(Option<tokio::task::JoinHandle<Result<Option<Vec<u8>>>>>);
+
+impl StoredHistory {
+    /// Starts reading; call once the container runs (a read holds Docker's lock on the
+    /// container, which would hold up its start). Turn 1 keeps no earlier turns: nothing
+    /// to read.
+    pub(super) fn fetch(backend: &DockerBackend, name: &str, turn: u32) -> StoredHistory {
+        if turn <= 1 {
+            return StoredHistory(None);
+        }
+        let (backend, name) = (backend.clone(), name.to_string());
+        StoredHistory(Some(tokio::spawn(async move {
+            backend
+                .download_file(
+                    &name,
+                    &format!("{AGENT_HOME}/{}", crate::session::record::RECORD_PATH),
+                )
+                .await
+        })))
+    }
+
+    async fn get(self) -> Result<Option<SessionRecord>> {
+        let Some(read) = self.0 else {
+            return Ok(None);
+        };
+        let bytes = read.await.map_err(|e| {
+            Error::environment(format!("reading the stored session record failed: {e}"))
+        })??;
+        Ok(bytes.and_then(|b| serde_json::from_slice(&b).ok()))
+    }
+}
+
+/// A turn's output as it goes into the state volume.
+pub(super) struct TurnLogs<'a> {
+    pub(super) raw: &'a [u8],
+    pub(super) events: &'a [u8],
+    pub(super) stderr: &'a [u8],
+}
+
 /// Writes the session record and this turn's logs into the state volume (through the
 /// stopped turn container), replaces the session's turn-record volume, and caches the
 /// record on the host.
 ///
-/// The record in the volume is read, merged and written back here, so an in-memory record
-/// that only knows the latest turn (a session resumed from Docker labels alone) never loses
-/// the history of earlier turns.
+/// The record stored in the volume ([`StoredHistory`]) is merged in here, so an in-memory
+/// record that only knows the latest turn (a session resumed from Docker labels alone) never
+/// loses the history of earlier turns.
 pub(super) async fn save_record(
     backend: &DockerBackend,
     name: &str,
     record: &mut SessionRecord,
     turn: u32,
-    raw: &[u8],
-    events: &[u8],
-    stderr: &[u8],
+    history: StoredHistory,
+    logs: TurnLogs<'_>,
 ) -> Result<()> {
-    let stored: Option<SessionRecord> = backend
-        .download_file(
-            name,
-            &format!("{AGENT_HOME}/{}", crate::session::record::RECORD_PATH),
-        )
-        .await?
-        .and_then(|b| serde_json::from_slice(&b).ok());
-    if let Some(stored) = stored {
+    if let Some(stored) = history.get().await? {
         let mut turns: Vec<TurnRecord> =
             stored.turns.into_iter().filter(|t| t.turn < turn).collect();
         turns.extend(record.turns.iter().filter(|t| t.turn >= turn).cloned());
@@ -986,38 +1030,52 @@ pub(super) async fn save_record(
             },
             TarFile {
                 path: &raw_path,
-                contents: raw,
+                contents: logs.raw,
                 mode: 0o600,
             },
             TarFile {
                 path: &events_path,
-                contents: events,
+                contents: logs.events,
                 mode: 0o600,
             },
             TarFile {
                 path: &stderr_path,
-                contents: stderr,
+                contents: logs.stderr,
                 mode: 0o600,
             },
         ],
         dirs::agent_ids().0.into(),
         dirs::agent_ids().1.into(),
     )?;
-    // The record goes into the volume while the turn-record volume is swapped: independent.
+    // The record goes into the volume while the new turn-record volume is made: independent.
     let record_now: &SessionRecord = record;
-    tokio::try_join!(
+    let ((), stale) = tokio::try_join!(
         backend.upload_tar(name, AGENT_HOME, tar),
         write_turn_summary(backend, record_now)
     )?;
+    // The turn is recorded: release the session's lock (the container) while the older
+    // turn-record volumes go. A listing meanwhile finds the new one, the latest.
+    let remove_stale = futures_util::future::join_all(stale.iter().map(|v| async move {
+        if let Err(e) = backend.remove_volume(v).await {
+            // Harmless: the latest turn-record volume wins, and the next turn removes it.
+            tracing::warn!("could not remove an old turn-record volume: {e}");
+        }
+    }));
+    let (removed, _) = tokio::join!(backend.remove_container(name, true), remove_stale);
+    removed?;
     cache_record(record);
     Ok(())
 }
 
-/// Replaces the session's turn-record volume with one for its latest turn: the new one is
-/// created before the old ones go, so a listing never finds none.
-async fn write_turn_summary(backend: &DockerBackend, record: &SessionRecord) -> Result<()> {
+/// Creates the session's turn-record volume for its latest turn; returns the names of the
+/// older ones, for the caller to remove: the new one exists before the old ones go, so a
+/// listing never finds none.
+async fn write_turn_summary(
+    backend: &DockerBackend,
+    record: &SessionRecord,
+) -> Result<Vec<String>> {
     let Some(last) = record.turns.last() else {
-        return Ok(());
+        return Ok(Vec::new());
     };
     let summary = TurnSummary {
         turn: last.turn,
@@ -1031,20 +1089,21 @@ async fn write_turn_summary(backend: &DockerBackend, record: &SessionRecord) -> 
     };
     let id = record.session_id;
     let fresh = TurnSummary::volume_name(id, last.turn);
-    let _ = backend.remove_volume(&fresh).await;
+    let filter = [
+        format!("{}={id}", labels::SESSION),
+        format!("{}={}", labels::ROLE, roles::TURN_RECORD),
+    ];
+    // A leftover of the same name goes first: Docker's create is idempotent by name and
+    // would keep its stale labels.
+    let (_, old) = tokio::join!(backend.remove_volume(&fresh), backend.list_volumes(&filter));
     backend
         .create_volume(&fresh, summary.labels(id, record.provider))
         .await?;
-    let old = backend
-        .list_volumes(&[
-            format!("{}={id}", labels::SESSION),
-            format!("{}={}", labels::ROLE, roles::TURN_RECORD),
-        ])
-        .await?;
-    for v in old.into_iter().filter(|v| v.name != fresh) {
-        backend.remove_volume(&v.name).await?;
-    }
-    Ok(())
+    Ok(old?
+        .into_iter()
+        .map(|v| v.name)
+        .filter(|n| *n != fresh)
+        .collect())
 }
 
 /// Caches a record on the host; failures only cost speed later, so they are not errors.
