@@ -189,7 +189,7 @@ pub(super) async fn drive(
         events: &events_log,
         stderr: &[],
     };
-    save_record(backend, name, record, turn, history, logs).await?;
+    save_record(backend, name, record, turn, history, logs, None).await?;
     sink(&result_event);
     Ok(result)
 }

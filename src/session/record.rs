@@ -159,6 +159,9 @@ pub struct TurnSummary {
     /// The uid:gid HOME (and a copy-mode workspace) belong to; `None`: the image's 1000:1000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<(u32, u32)>,
+    /// The turn ran in the vendor's TUI.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interactive: bool,
 }
 
 impl TurnSummary {

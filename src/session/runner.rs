@@ -32,6 +32,14 @@ pub(super) const STOP_GRACE: Duration = Duration::from_secs(8);
 const ENTRY_GRACE_SECS: u64 = 5;
 /// Where the per-turn runtime directory appears in the container (env file, stdin).
 pub const RUNTIME_MOUNT: &str = "/run/caw-box";
+/// The line the entrypoint prints on stdout after the CLI ended on its own, with its exit
+/// code, before it waits for the turn's record (the record hand-off, see `caw-box-entry`).
+const EXIT_MARKER: &str = "\u{1e}caw-box-exit ";
+/// Where the record hand-off puts files for the entrypoint to copy into HOME, and what it
+/// leaves once it did.
+const HANDOFF_DIR: &str = "record";
+const HANDOFF_DONE: &str = "record-copied";
+
 /// A file `caw-box stop` puts in the turn's runtime directory before stopping its
 /// container, so the process driving the turn records it as interrupted, not as a crash.
 pub const STOP_REQUEST: &str = "stop-requested";
@@ -215,6 +223,9 @@ pub async fn run_turn(
         .collect();
     env.push(format!("HOME={AGENT_HOME}"));
     env.push(format!("CAW_BOX_STOP_GRACE={ENTRY_GRACE_SECS}"));
+    if !options.interactive {
+        env.push("CAW_BOX_HANDOFF=1".to_string());
+    }
     if let Some(stdin) = &command.stdin {
         runtime.write("stdin", stdin)?;
         env.push(format!("CAW_BOX_STDIN_FILE={RUNTIME_MOUNT}/stdin"));
@@ -247,6 +258,20 @@ pub async fn run_turn(
         env.push("no_proxy=localhost,127.0.0.1".to_string());
         tracing::debug!("egress through {} on {}", e.proxy, e.network);
     }
+    // Files an adapter merges into HOME (gemini's settings.json) come with its image and
+    // stay in the volume: only a custom image's first turn, or a turn after one in the TUI
+    // (where they may have been changed), pays the download and upload of a merge.
+    let merge_due = options.interactive
+        || match record.turns.last() {
+            Some(last) => last.interactive,
+            None => image != record.provider.default_image(),
+        };
+    let home_files: Vec<_> = command
+        .home_files
+        .iter()
+        .filter(|f| merge_due || !f.merge_json)
+        .cloned()
+        .collect();
     let mut body = container_body(record, turn, &image, command.argv.clone(), env, &runtime.0)?;
     if options.interactive {
         // A terminal for the TUI, fed from ours; Docker closes its stdin when we detach.
@@ -279,7 +304,7 @@ pub async fn run_turn(
             &name,
             turn,
             options,
-            &command.home_files,
+            &home_files,
             &runtime.0,
             &mut interrupts,
             sink,
@@ -292,7 +317,7 @@ pub async fn run_turn(
             &name,
             turn,
             options,
-            &command.home_files,
+            &home_files,
             &runtime.0,
             egress.as_ref().map(|e| e.proxy.as_str()),
             &mut interrupts,
@@ -736,6 +761,8 @@ async fn drive_turn(
     let mut ended_early = None;
     let deadline = options.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut output = attach.output;
+    // The CLI's exit code, as the entrypoint reports it right after the CLI's last output.
+    let mut cli_exit: Option<i64> = None;
 
     let mut on_line = |line: &str, raw: &mut Vec<u8>, events_log: &mut Vec<u8>| {
         raw.extend_from_slice(line.as_bytes());
@@ -765,7 +792,14 @@ async fn drive_turn(
         tokio::select! {
             chunk = output.next() => match chunk {
                 Some(Ok(LogOutput::StdOut { message })) => {
-                    lines.feed(&message, |l| on_line(l, &mut raw, &mut events_log));
+                    lines.feed(&message, |l| match l.strip_prefix(EXIT_MARKER) {
+                        Some(code) => cli_exit = code.trim().parse().ok(),
+                        None => on_line(l, &mut raw, &mut events_log),
+                    });
+                    if cli_exit.is_some() {
+                        // The CLI is done; the entrypoint waits for the record.
+                        break;
+                    }
                 }
                 Some(Ok(LogOutput::StdErr { message })) => {
                     stderr_tail.extend_from_slice(&message);
@@ -803,7 +837,10 @@ async fn drive_turn(
         let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
     }
     lines.finish(|l| on_line(l, &mut raw, &mut events_log));
-    let exit_code = backend.wait_container(name).await?;
+    let exit_code = match cli_exit {
+        Some(code) => code,
+        None => backend.wait_container(name).await?,
+    };
     if let Some(proxy) = proxy {
         for target in refused_by_proxy(backend, proxy).await {
             let e = Event::Error {
@@ -885,7 +922,8 @@ async fn drive_turn(
         events: &events_log,
         stderr: &stderr_tail,
     };
-    save_record(backend, name, record, turn, history, logs).await?;
+    let handoff = cli_exit.is_some().then_some(runtime_dir);
+    save_record(backend, name, record, turn, history, logs, handoff).await?;
     sink(&result_event);
     Ok(result)
 }
@@ -1010,6 +1048,7 @@ pub(super) async fn save_record(
     turn: u32,
     history: StoredHistory,
     logs: TurnLogs<'_>,
+    handoff: Option<&std::path::Path>,
 ) -> Result<()> {
     if let Some(stored) = history.get().await? {
         let mut turns: Vec<TurnRecord> =
@@ -1021,38 +1060,43 @@ pub(super) async fn save_record(
     let raw_path = format!(".caw-box/turns/{turn}.raw.jsonl");
     let events_path = format!(".caw-box/turns/{turn}.events.jsonl");
     let stderr_path = format!(".caw-box/turns/{turn}.stderr.log");
-    let tar = files::build_tar(
-        &[
-            TarFile {
-                path: crate::session::record::RECORD_PATH,
-                contents: &json,
-                mode: 0o600,
-            },
-            TarFile {
-                path: &raw_path,
-                contents: logs.raw,
-                mode: 0o600,
-            },
-            TarFile {
-                path: &events_path,
-                contents: logs.events,
-                mode: 0o600,
-            },
-            TarFile {
-                path: &stderr_path,
-                contents: logs.stderr,
-                mode: 0o600,
-            },
-        ],
-        dirs::agent_ids().0.into(),
-        dirs::agent_ids().1.into(),
-    )?;
+    let files = [
+        TarFile {
+            path: crate::session::record::RECORD_PATH,
+            contents: &json,
+            mode: 0o600,
+        },
+        TarFile {
+            path: &raw_path,
+            contents: logs.raw,
+            mode: 0o600,
+        },
+        TarFile {
+            path: &events_path,
+            contents: logs.events,
+            mode: 0o600,
+        },
+        TarFile {
+            path: &stderr_path,
+            contents: logs.stderr,
+            mode: 0o600,
+        },
+    ];
+    let write_record = async {
+        if let Some(dir) = handoff {
+            match hand_off(backend, name, dir, &files).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => tracing::debug!("the record hand-off did not happen; uploading"),
+                Err(e) => tracing::debug!("the record hand-off failed ({e}); uploading"),
+            }
+        }
+        let (uid, gid) = dirs::agent_ids();
+        let tar = files::build_tar(&files, uid.into(), gid.into())?;
+        backend.upload_tar(name, AGENT_HOME, tar).await
+    };
     // The record goes into the volume while the new turn-record volume is made: independent.
     let record_now: &SessionRecord = record;
-    let ((), stale) = tokio::try_join!(
-        backend.upload_tar(name, AGENT_HOME, tar),
-        write_turn_summary(backend, record_now)
-    )?;
+    let ((), stale) = tokio::try_join!(write_record, write_turn_summary(backend, record_now))?;
     // The turn is recorded: release the session's lock (the container) while the older
     // turn-record volumes go. A listing meanwhile finds the new one, the latest.
     let remove_stale = futures_util::future::join_all(stale.iter().map(|v| async move {
@@ -1065,6 +1109,36 @@ pub(super) async fn save_record(
     removed?;
     cache_record(record);
     Ok(())
+}
+
+/// Gives the turn's record files to the entrypoint, which waits for them after the CLI
+/// ended, copies them into HOME and exits; returns whether it did. Cheaper than an upload
+/// through Docker's archive API after the container stopped.
+async fn hand_off(
+    backend: &DockerBackend,
+    name: &str,
+    runtime_dir: &std::path::Path,
+    files: &[TarFile<'_>],
+) -> Result<bool> {
+    let base = runtime_dir.join(HANDOFF_DIR);
+    for f in files {
+        let path = base.join(f.path);
+        let mut missing = Vec::new();
+        let mut dir = path.parent();
+        while let Some(d) = dir.filter(|d| d.starts_with(runtime_dir) && !d.exists()) {
+            missing.push(d.to_path_buf());
+            dir = d.parent();
+        }
+        for d in missing.iter().rev() {
+            dirs::ensure_private_dir(d)?;
+            dirs::hand_to_agent(d)?;
+        }
+        dirs::write_private(&path, f.contents)?;
+        dirs::hand_to_agent(&path)?;
+    }
+    backend.signal_container(name, "SIGUSR1").await?;
+    backend.wait_container(name).await?;
+    Ok(runtime_dir.join(HANDOFF_DONE).exists())
 }
 
 /// Creates the session's turn-record volume for its latest turn; returns the names of the
@@ -1086,6 +1160,7 @@ async fn write_turn_summary(
         key_confirmed: record.key_confirmed,
         cumulative_usage: record.last_cumulative_usage(),
         owner: record.owner,
+        interactive: last.interactive,
     };
     let id = record.session_id;
     let fresh = TurnSummary::volume_name(id, last.turn);

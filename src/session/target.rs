@@ -103,7 +103,7 @@ impl SessionView {
                 duration_ms: last.ended_at.saturating_sub(last.started_at) * 1000,
                 exit_code: last.status.exit_code(),
                 cumulative_usage: last.cumulative_usage,
-                interactive: false,
+                interactive: last.interactive,
             });
         }
         record
@@ -183,6 +183,7 @@ pub async fn resolve_view(backend: &DockerBackend, target: &str) -> Result<Sessi
                 key_confirmed: false,
                 cumulative_usage: None,
                 owner: None,
+                interactive: false,
             });
             l.resume_key = handle.resume_key.clone();
             l.key_confirmed = true;
