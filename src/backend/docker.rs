@@ -13,8 +13,8 @@ use bollard::models::{
 };
 use bollard::query_parameters::{
     AttachContainerOptions, CreateContainerOptions, DownloadFromContainerOptions,
-    KillContainerOptions, ListContainersOptions, ListVolumesOptions, RemoveContainerOptions,
-    RemoveVolumeOptions, ResizeContainerTTYOptions, StopContainerOptions, UploadToContainerOptions,
+    ListContainersOptions, ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
+    ResizeContainerTTYOptions, StopContainerOptions, UploadToContainerOptions,
     WaitContainerOptions,
 };
 use bollard::Docker;
@@ -298,19 +298,6 @@ impl DockerBackend {
                     .unwrap_or(-1))
             }
         }
-    }
-
-    /// Sends `signal` (e.g. `SIGUSR1`) to a running container's main process.
-    pub async fn signal_container(&self, name: &str, signal: &str) -> Result<()> {
-        self.docker
-            .kill_container(
-                name,
-                Some(KillContainerOptions {
-                    signal: signal.to_string(),
-                }),
-            )
-            .await
-            .map_err(|e| failed(format_args!("signal container '{name}'"), &e))
     }
 
     /// Stops a container: SIGTERM, then SIGKILL after `grace`.

@@ -61,7 +61,7 @@ pub(super) async fn drive(
     let attached = async {
         let attach = backend.attach(name, true).await?;
         backend.start_container(name).await?;
-        Ok::<_, Error>((attach, StoredHistory::fetch(backend, name, turn)))
+        Ok::<_, Error>((attach, StoredHistory::fetch(backend, name, record, turn)))
     }
     .await;
     let (attach, history) = match attached {

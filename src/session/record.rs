@@ -222,6 +222,12 @@ pub struct SessionRecord {
 }
 
 impl SessionRecord {
+    /// Whether `turns` holds every turn before `turn`, so no history is missing (a record
+    /// rebuilt from labels alone knows only the latest turn).
+    pub fn has_every_turn_before(&self, turn: u32) -> bool {
+        self.turns.iter().map(|t| t.turn).eq(1..turn)
+    }
+
     pub fn next_turn(&self) -> u32 {
         self.turns.last().map_or(1, |t| t.turn + 1)
     }
@@ -265,4 +271,49 @@ pub fn now_secs() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_turns(turns: &[u32]) -> SessionRecord {
+        SessionRecord {
+            version: 1,
+            session_id: uuid::Uuid::new_v4(),
+            provider: crate::provider::ProviderKind::Codex,
+            name: None,
+            group: None,
+            resume_key: String::new(),
+            key_confirmed: false,
+            owner: None,
+            created_at: 0,
+            settings: SessionSettings::default(),
+            turns: turns
+                .iter()
+                .map(|&turn| TurnRecord {
+                    turn,
+                    prompt: String::new(),
+                    status: Status::Success,
+                    result: String::new(),
+                    usage: Usage::default(),
+                    started_at: 0,
+                    duration_ms: 0,
+                    exit_code: 0,
+                    cumulative_usage: None,
+                    interactive: false,
+                })
+                .collect(),
+        }
+    }
+
+    /// A record rebuilt from labels knows only the latest turn: its history must be read.
+    #[test]
+    fn only_a_gapless_history_counts_as_complete() {
+        assert!(with_turns(&[]).has_every_turn_before(1));
+        assert!(with_turns(&[1, 2, 3]).has_every_turn_before(4));
+        assert!(!with_turns(&[3]).has_every_turn_before(4));
+        assert!(!with_turns(&[1, 3]).has_every_turn_before(4));
+        assert!(!with_turns(&[1, 2]).has_every_turn_before(4));
+    }
 }

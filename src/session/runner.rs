@@ -39,6 +39,8 @@ const EXIT_MARKER: &str = "\u{1e}caw-box-exit ";
 /// leaves once it did.
 const HANDOFF_DIR: &str = "record";
 const HANDOFF_DONE: &str = "record-copied";
+/// The FIFO on which the entrypoint waits for the record.
+const HANDOFF_FIFO: &str = "handoff";
 
 /// A file `caw-box stop` puts in the turn's runtime directory before stopping its
 /// container, so the process driving the turn records it as interrupted, not as a crash.
@@ -88,6 +90,19 @@ impl RuntimeDir {
         // The CLI runs as the agent user, which must read what we put here.
         dirs::hand_to_agent(&dir)?;
         Ok(RuntimeDir(dir))
+    }
+
+    fn make_fifo(&self, name: &str) -> Result<()> {
+        let path = self.0.join(name);
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .map_err(|e| Error::environment(format!("cannot create {}: {e}", path.display())))?;
+        dirs::hand_to_agent(&path)
     }
 
     fn write(&self, name: &str, contents: &[u8]) -> Result<()> {
@@ -224,6 +239,7 @@ pub async fn run_turn(
     env.push(format!("HOME={AGENT_HOME}"));
     env.push(format!("CAW_BOX_STOP_GRACE={ENTRY_GRACE_SECS}"));
     if !options.interactive {
+        runtime.make_fifo(HANDOFF_FIFO)?;
         env.push("CAW_BOX_HANDOFF=1".to_string());
     }
     if let Some(stdin) = &command.stdin {
@@ -736,7 +752,7 @@ async fn drive_turn(
     let started_at = now_secs();
     let attach = backend.attach(name, false).await?;
     backend.start_container(name).await?;
-    let history = StoredHistory::fetch(backend, name, turn);
+    let history = StoredHistory::fetch(backend, name, record, turn);
 
     let mut parser = record.provider.adapter().parser(ParseContext {
         previous_cumulative_usage: record.last_cumulative_usage(),
@@ -999,10 +1015,15 @@ pub(super) struct StoredHistory(Option<tokio::task::JoinHandle<Result<Option<Vec
 
 impl StoredHistory {
     /// Starts reading; call once the container runs (a read holds Docker's lock on the
-    /// container, which would hold up its start). Turn 1 keeps no earlier turns: nothing
-    /// to read.
-    pub(super) fn fetch(backend: &DockerBackend, name: &str, turn: u32) -> StoredHistory {
-        if turn <= 1 {
+    /// container, which would hold up its start). Nothing to read when `record` already
+    /// holds every earlier turn (turn 1, or a record completed from the host cache).
+    pub(super) fn fetch(
+        backend: &DockerBackend,
+        name: &str,
+        record: &SessionRecord,
+        turn: u32,
+    ) -> StoredHistory {
+        if record.has_every_turn_before(turn) {
             return StoredHistory(None);
         }
         let (backend, name) = (backend.clone(), name.to_string());
@@ -1120,23 +1141,35 @@ async fn hand_off(
     runtime_dir: &std::path::Path,
     files: &[TarFile<'_>],
 ) -> Result<bool> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    // The layout the entrypoint expects: session.json and turns/*, from ~/.caw-box.
     let base = runtime_dir.join(HANDOFF_DIR);
+    for d in [base.clone(), base.join("turns")] {
+        dirs::ensure_private_dir(&d)?;
+        dirs::hand_to_agent(&d)?;
+    }
     for f in files {
-        let path = base.join(f.path);
-        let mut missing = Vec::new();
-        let mut dir = path.parent();
-        while let Some(d) = dir.filter(|d| d.starts_with(runtime_dir) && !d.exists()) {
-            missing.push(d.to_path_buf());
-            dir = d.parent();
-        }
-        for d in missing.iter().rev() {
-            dirs::ensure_private_dir(d)?;
-            dirs::hand_to_agent(d)?;
-        }
+        let Some(rel) = f.path.strip_prefix(".caw-box/") else {
+            return Ok(false);
+        };
+        let path = base.join(rel);
         dirs::write_private(&path, f.contents)?;
         dirs::hand_to_agent(&path)?;
     }
-    backend.signal_container(name, "SIGUSR1").await?;
+    // Non-blocking: no reader (an entrypoint that does not wait) is an error, not a hang.
+    let fifo = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(runtime_dir.join(HANDOFF_FIFO));
+    match fifo.and_then(|mut f| f.write_all(b"go\n")) {
+        Ok(()) => {}
+        Err(e) => {
+            tracing::debug!("the entrypoint does not wait for the record: {e}");
+            return Ok(false);
+        }
+    }
     backend.wait_container(name).await?;
     Ok(runtime_dir.join(HANDOFF_DONE).exists())
 }

@@ -105,6 +105,16 @@ impl SessionView {
                 cumulative_usage: last.cumulative_usage,
                 interactive: last.interactive,
             });
+            // The host cache completes the history when it agrees with the labels on the
+            // latest turn (else the next turn reads it from the state volume).
+            if let Some(cached) = cached_record(f.session_id).filter(|c| {
+                c.has_every_turn_before(last.turn + 1)
+                    && c.turns
+                        .last()
+                        .is_some_and(|t| t.started_at == last.started_at)
+            }) {
+                record.turns = cached.turns;
+            }
         }
         record
     }
@@ -272,6 +282,13 @@ async fn facts_for_handle(backend: &DockerBackend, handle: &ResumeHandle) -> Res
         .with_hint("use the handle printed for this session by `caw-box handle`"));
     }
     Ok(facts)
+}
+
+/// The record the host cached after the session's latest turn here, if any.
+fn cached_record(id: uuid::Uuid) -> Option<SessionRecord> {
+    let path = crate::dirs::sessions_dir().ok()?.join(format!("{id}.json"));
+    let record: SessionRecord = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    (record.session_id == id).then_some(record)
 }
 
 /// Whether a session of that name exists already.
