@@ -96,7 +96,15 @@ impl Client {
     /// refused session leaves nothing behind.
     pub async fn start_session(&self, new: NewSession) -> Result<Session> {
         let image = &new.settings.image;
-        if self.backend.inspect_image(image).await?.is_none() {
+        // Both checks at once: they are independent, and each is a round trip.
+        let name_check = async {
+            match &new.name {
+                Some(name) => target::name_taken(&self.backend, name).await,
+                None => Ok(false),
+            }
+        };
+        let (inspected, name_taken) = tokio::join!(self.backend.inspect_image(image), name_check);
+        if inspected?.is_none() {
             return Err(
                 Error::environment(format!("image '{image}' is not present")).with_hint(
                     if *image == new.provider.default_image() {
@@ -110,13 +118,12 @@ impl Client {
                 ),
             );
         }
-        if let Some(name) = &new.name {
-            if target::name_taken(&self.backend, name).await? {
-                return Err(
-                    Error::usage(format!("a session named '{name}' exists already"))
-                        .with_hint("pick another --name, or resume that session"),
-                );
-            }
+        if name_taken? {
+            let name = new.name.as_deref().unwrap_or_default();
+            return Err(
+                Error::usage(format!("a session named '{name}' exists already"))
+                    .with_hint("pick another --name, or resume that session"),
+            );
         }
         let session_id = Uuid::new_v4();
         let created_at = now_secs();

@@ -101,4 +101,12 @@ fn bad_input_is_refused_cleanly_and_creates_nothing() {
     // None of that left anything behind but the volume this test made itself.
     assert_eq!(rig.caw_volumes(), vec![format!("caw-box-{other}")]);
     assert!(rig.caw_containers().is_empty());
+
+    // A name that a session has already: refused before anything is made.
+    let (code, _, stderr) = rig.json_turn(rig.run_cmd(CODEX, "hi", &["--name", "taken"]));
+    assert_eq!(code, 0, "{stderr}");
+    let before = rig.caw_volumes();
+    let out = run(rig.run_cmd(CODEX, "hi", &["--name", "taken"]));
+    assert_refused(&out, 2, "a session named 'taken' exists already");
+    assert_eq!(rig.caw_volumes(), before);
 }
