@@ -475,7 +475,15 @@ fn docker_turn(
         "--user",
         "1000:1000",
     ])
-    .args(["-v", &format!("{volume}:/home/agent")])
+    // Created by this run when missing (the first turn), with the rig's label for clean-up:
+    // caw-box's first turn creates its state volume too.
+    .args([
+        "--mount",
+        &format!(
+            "type=volume,src={volume},dst=/home/agent,volume-label={}",
+            rig.label
+        ),
+    ])
     .args(["-v", &format!("{}:/workspace", ws.display())])
     .args(["-v", &format!("{}:/run/caw-box", run_dir.path().display())])
     .args(["-w", "/workspace", "-e", "HOME=/home/agent"])
@@ -579,13 +587,12 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
             let (t, _, rss) = caw_turn(&rig, b, ws.path(), Some(&id), "RECALL");
             peak_rss = peak_rss.max(rss);
             caw_resume.push(t);
-            // Plain docker run: a fresh volume, the same two turns.
+            // Plain docker run: a fresh volume (made by its first run), the same two turns.
             let volume = format!(
                 "caw-box-bench-{}-{i}-{}",
                 std::process::id(),
                 b.provider.as_str()
             );
-            docker_cli(&["volume", "create", "--label", &rig.label, &volume]);
             let (t, out) = docker_turn(&rig, b, ws.path(), &volume, None, "REMEMBER:bench");
             dk_run.push(t);
             let key = resume_key_of(b, &out);
