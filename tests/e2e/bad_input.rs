@@ -105,8 +105,12 @@ fn bad_input_is_refused_cleanly_and_creates_nothing() {
     // A name that a session has already: refused before anything is made.
     let (code, _, stderr) = rig.json_turn(rig.run_cmd(CODEX, "hi", &["--name", "taken"]));
     assert_eq!(code, 0, "{stderr}");
-    let before = rig.caw_volumes();
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let before = sorted(rig.caw_volumes());
     let out = run(rig.run_cmd(CODEX, "hi", &["--name", "taken"]));
     assert_refused(&out, 2, "a session named 'taken' exists already");
-    assert_eq!(rig.caw_volumes(), before);
+    assert_eq!(sorted(rig.caw_volumes()), before);
 }
