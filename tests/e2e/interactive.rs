@@ -252,6 +252,23 @@ fn assert_no_key_at_rest(rig: &Rig, session_id: &str) {
     assert_eq!(code, 1, "files in the state volume hold the key: {out}");
 }
 
+/// After the TUI turn: no container is left, and a headless `resume RECALL` of session
+/// `name` recalls `word`; returns the result object.
+fn assert_headless_recall(rig: &Rig, p: P, name: &str, word: &str) -> serde_json::Value {
+    assert!(
+        rig.caw_containers().is_empty(),
+        "the turn container is left"
+    );
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(p, name, "RECALL", &[]));
+    assert_eq!(code, 0, "{}: headless resume: {stderr}", p.name);
+    assert_eq!(
+        json["result"],
+        format!("You told me to remember {word}."),
+        "{json}"
+    );
+    json
+}
+
 fn session_id_by_name(rig: &Rig, name: &str) -> String {
     let mut c = rig.caw();
     c.args(["show", name, "--json"]);
@@ -308,14 +325,7 @@ fn codex_tui_session_resumes_headless_and_back() {
     assert_size_followed(&rig, &container, 100, 30);
     tmux.keys(&["C-c"]);
     assert_terminal_intact(&tmux);
-    assert!(
-        rig.caw_containers().is_empty(),
-        "the turn container is left"
-    );
-
-    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, "tui-codex", "RECALL", &[]));
-    assert_eq!(code, 0, "headless resume: {stderr}");
-    assert_eq!(json["result"], "You told me to remember zebra.", "{json}");
+    let json = assert_headless_recall(&rig, CODEX, "tui-codex", "zebra");
     assert_eq!(json["turn"], 2);
 
     tmux.start(&rig, &["resume", "tui-codex", "--env", &key_env]);
@@ -372,16 +382,9 @@ fn claude_tui_resumes_a_headless_session_and_hands_it_back() {
     );
     tmux.keys(&["C-c"]);
     assert_terminal_intact(&tmux);
-    assert!(
-        rig.caw_containers().is_empty(),
-        "the turn container is left"
-    );
-
     let id = session_id_by_name(&rig, "tui-claude");
     assert_no_key_at_rest(&rig, &id);
-    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CLAUDE, "tui-claude", "RECALL", &[]));
-    assert_eq!(code, 0, "headless resume: {stderr}");
-    assert_eq!(json["result"], "You told me to remember fig.", "{json}");
+    let json = assert_headless_recall(&rig, CLAUDE, "tui-claude", "fig");
     assert_eq!(json["turn"], 3);
     rig.cleanup();
 }
@@ -438,14 +441,7 @@ fn tui_stopped_from_outside_leaves_the_terminal_intact() {
         "READ:still-here",
         "the shell did not read a line after the TUI",
     );
-    assert!(
-        rig.caw_containers().is_empty(),
-        "the turn container is left"
-    );
-
-    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, "tui-stop", "RECALL", &[]));
-    assert_eq!(code, 0, "headless resume: {stderr}");
-    assert_eq!(json["result"], "You told me to remember lynx.", "{json}");
+    assert_headless_recall(&rig, CODEX, "tui-stop", "lynx");
     rig.cleanup();
 }
 
@@ -487,10 +483,7 @@ fn gemini_and_opencode_tui_sessions_resume_headless() {
         );
         tmux.keys(quit);
         assert_terminal_intact(&tmux);
-
-        let (code, json, stderr) = rig.json_turn(rig.resume_cmd(p, &name, "RECALL", &[]));
-        assert_eq!(code, 0, "{}: headless resume: {stderr}", p.name);
-        assert_eq!(json["result"], "You told me to remember quince.", "{json}");
+        assert_headless_recall(&rig, p, &name, "quince");
     }
     rig.cleanup();
 }
