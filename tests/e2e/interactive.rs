@@ -278,8 +278,15 @@ fn session_id_by_name(rig: &Rig, name: &str) -> String {
     v["session_id"].as_str().unwrap().to_string()
 }
 
-fn turn_container(rig: &Rig) -> String {
-    rig.wait_for_running_turn(None, Duration::from_secs(30))
+/// The running TUI's terminal has the window's size (120x40), a typed `REMEMBER:<word>`
+/// is answered, and after resizing the window to `(columns, rows)` the terminal has that.
+fn answers_and_follows_a_resize(rig: &Rig, tmux: &Tmux, word: &str, (columns, rows): (u16, u16)) {
+    let container = rig.wait_for_running_turn(None, Duration::from_secs(30));
+    assert_size_followed(rig, &container, 120, 40);
+    tmux.type_line(&format!("REMEMBER:{word}"));
+    tmux.wait_for(&format!("Noted: {word}."), "the TUI did not answer");
+    tmux.resize(columns, rows);
+    assert_size_followed(rig, &container, columns, rows);
 }
 
 /// Starts a codex session named `name` in the TUI and waits for the TUI to be ready.
@@ -317,12 +324,7 @@ fn codex_tui_session_resumes_headless_and_back() {
     let key_env = format!("OPENAI_API_KEY={TEST_KEY}");
     let mut tmux = Tmux::new(&rig);
     start_codex_tui(&rig, &mut tmux, "tui-codex");
-    let container = turn_container(&rig);
-    assert_size_followed(&rig, &container, 120, 40);
-    tmux.type_line("REMEMBER:zebra");
-    tmux.wait_for("Noted: zebra.", "codex's TUI did not answer");
-    tmux.resize(100, 30);
-    assert_size_followed(&rig, &container, 100, 30);
+    answers_and_follows_a_resize(&rig, &tmux, "zebra", (100, 30));
     tmux.keys(&["C-c"]);
     assert_terminal_intact(&tmux);
     let json = assert_headless_recall(&rig, CODEX, "tui-codex", "zebra");
@@ -364,12 +366,7 @@ fn claude_tui_resumes_a_headless_session_and_hands_it_back() {
     tmux.start(&rig, &["resume", "tui-claude", "--env", &key_env]);
     let screen = tmux.wait_for("Noted: kiwi.", "claude's TUI did not show the history");
     assert!(screen.contains("REMEMBER:kiwi"), "{screen}");
-    let container = turn_container(&rig);
-    assert_size_followed(&rig, &container, 120, 40);
-    tmux.type_line("REMEMBER:fig");
-    tmux.wait_for("Noted: fig.", "claude's TUI did not answer");
-    tmux.resize(90, 24);
-    assert_size_followed(&rig, &container, 90, 24);
+    answers_and_follows_a_resize(&rig, &tmux, "fig", (90, 24));
     // Ctrl-C goes to the TUI, which asks for a second one; caw-box does not end.
     tmux.keys(&["C-c"]);
     let screen = tmux.wait_for(
