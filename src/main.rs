@@ -41,9 +41,14 @@ fn init_tracing(verbose: u8, quiet: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("CAW_BOX_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("caw_box={default}")));
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .without_time()
-        .init();
+        .with_writer(std::io::stderr);
+    // Debug logs carry the time since start, to see where a turn's time goes.
+    if verbose >= 2 || std::env::var_os("CAW_BOX_LOG").is_some() {
+        fmt.with_timer(tracing_subscriber::fmt::time::uptime())
+            .init();
+    } else {
+        fmt.without_time().init();
+    }
 }

@@ -96,9 +96,83 @@ fn failed(what: impl std::fmt::Display, e: &BollardError) -> Error {
     }
 }
 
+/// Docker's API version as last negotiated with a daemon, kept for a day.
+///
+/// Negotiating asks `GET /version`, for which the daemon runs `runc --version`: about 8 ms
+/// before every command, a visible share of a short turn. With a cached version, a
+/// versioned `GET /_ping` (well under a millisecond) both checks that the daemon answers
+/// and that it still accepts that version (it answers 400 to one too new or too old), so a
+/// daemon upgraded or downgraded meanwhile only costs one renegotiation. (bollard 0.21
+/// drops the version from request paths, so the daemon answers at its own version anyway;
+/// the cache keeps caw-box right if that changes.)
+mod api_version {
+    use std::path::PathBuf;
+    use std::time::{Duration, SystemTime};
+
+    use bollard::ClientVersion;
+
+    const FILE: &str = "docker-api-version";
+    const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+
+    fn path() -> Option<PathBuf> {
+        crate::dirs::data_dir().ok().map(|d| d.join(FILE))
+    }
+
+    /// Parses the cache file: lines of "HOST MAJOR.MINOR".
+    pub(super) fn parse(contents: &str, host: &str) -> Option<ClientVersion> {
+        contents.lines().find_map(|line| {
+            let (h, v) = line.rsplit_once(' ')?;
+            let (major, minor) = v.split_once('.')?;
+            (h == host).then_some(ClientVersion {
+                major_version: major.parse().ok()?,
+                minor_version: minor.parse().ok()?,
+            })
+        })
+    }
+
+    /// The cache file with `host`'s line set to `v` (other hosts' lines kept).
+    pub(super) fn updated(contents: &str, host: &str, v: &ClientVersion) -> String {
+        let mut out: String = contents
+            .lines()
+            .filter(|l| l.rsplit_once(' ').is_some_and(|(h, _)| h != host))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        out.push_str(&format!("{host} {}.{}\n", v.major_version, v.minor_version));
+        out
+    }
+
+    pub(super) fn load(host: &str) -> Option<ClientVersion> {
+        let path = path()?;
+        let age = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| SystemTime::now().duration_since(t).ok())?;
+        if age > MAX_AGE {
+            return None;
+        }
+        parse(&std::fs::read_to_string(path).ok()?, host)
+    }
+
+    /// Best effort: without the cache, the next command negotiates again.
+    pub(super) fn store(host: &str, v: &ClientVersion) {
+        let Some(path) = path() else { return };
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        if parse(&old, host).as_ref() == Some(v) && load(host).is_some() {
+            return;
+        }
+        if let Err(e) = crate::dirs::write_private(&path, updated(&old, host, v).as_bytes()) {
+            tracing::debug!("could not cache Docker's API version: {e}");
+        }
+    }
+}
+
 impl DockerBackend {
     /// Connects (honouring DOCKER_HOST) and checks that the daemon answers.
     pub async fn connect() -> Result<Self> {
+        let host = docker_host();
+        if let Some(docker) = Self::connect_cached(&host).await? {
+            return Ok(docker);
+        }
         let docker = Docker::connect_with_defaults().map_err(unreachable)?;
         let docker = docker.with_timeout(PING_TIMEOUT);
         let docker = match tokio::time::timeout(PING_TIMEOUT, docker.negotiate_version()).await {
@@ -106,9 +180,36 @@ impl DockerBackend {
             Ok(Err(e)) => return Err(unreachable(e)),
             Err(_) => return Err(unreachable("no answer within 10 s")),
         };
+        if host.starts_with("unix://") {
+            api_version::store(&host, &docker.client_version());
+        }
         Ok(DockerBackend {
             docker: docker.with_timeout(REQUEST_TIMEOUT),
         })
+    }
+
+    /// A connection at the cached API version (see [`api_version`]), when there is one and
+    /// the daemon still takes it; `None` means negotiate.
+    async fn connect_cached(host: &str) -> Result<Option<Self>> {
+        if !host.starts_with("unix://") {
+            return Ok(None);
+        }
+        let Some(version) = api_version::load(host) else {
+            return Ok(None);
+        };
+        let docker = Docker::connect_with_unix(host, PING_TIMEOUT.as_secs(), &version)
+            .map_err(unreachable)?;
+        match tokio::time::timeout(PING_TIMEOUT, docker.ping()).await {
+            Ok(Ok(_)) => Ok(Some(DockerBackend {
+                docker: docker.with_timeout(REQUEST_TIMEOUT),
+            })),
+            Ok(Err(e @ BollardError::DockerResponseServerError { .. })) => {
+                tracing::debug!("the daemon refused the cached API version: {e}");
+                Ok(None)
+            }
+            Ok(Err(e)) => Err(unreachable(e)),
+            Err(_) => Err(unreachable("no answer within 10 s")),
+        }
     }
 
     /// The raw client, for the few callers that stream (attach, build).
@@ -495,5 +596,48 @@ impl DockerBackend {
             }
         }
         Ok(Some(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::api_version::{parse, updated};
+    use bollard::ClientVersion;
+
+    const HOST: &str = "unix:///var/run/docker.sock";
+
+    fn v(major_version: usize, minor_version: usize) -> ClientVersion {
+        ClientVersion {
+            major_version,
+            minor_version,
+        }
+    }
+
+    #[test]
+    fn the_api_version_cache_is_per_host() {
+        let other = "unix:///run/user/1000/docker.sock";
+        let file = updated("", HOST, &v(1, 41));
+        assert_eq!(file, format!("{HOST} 1.41\n"));
+        let file = updated(&file, other, &v(1, 47));
+        assert_eq!(parse(&file, HOST), Some(v(1, 41)));
+        assert_eq!(parse(&file, other), Some(v(1, 47)));
+        // A host's new version replaces its line and keeps the others.
+        let file = updated(&file, HOST, &v(1, 44));
+        assert_eq!(parse(&file, HOST), Some(v(1, 44)));
+        assert_eq!(parse(&file, other), Some(v(1, 47)));
+        assert_eq!(file.lines().count(), 2);
+    }
+
+    #[test]
+    fn a_damaged_api_version_cache_means_negotiate() {
+        for junk in [
+            "",
+            "garbage",
+            &format!("{HOST} 1"),
+            &format!("{HOST} one.two"),
+        ] {
+            assert_eq!(parse(junk, HOST), None, "{junk:?}");
+        }
+        assert_eq!(parse(&format!("{HOST}x 1.41"), HOST), None);
     }
 }

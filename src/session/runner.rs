@@ -812,8 +812,9 @@ async fn drive_turn(
                         Some(code) => cli_exit = code.trim().parse().ok(),
                         None => on_line(l, &mut raw, &mut events_log),
                     });
-                    if cli_exit.is_some() {
+                    if let Some(code) = cli_exit {
                         // The CLI is done; the entrypoint waits for the record.
+                        tracing::debug!("the CLI exited with {code}; handing off the record");
                         break;
                     }
                 }
@@ -1171,7 +1172,9 @@ async fn hand_off(
         }
     }
     backend.wait_container(name).await?;
-    Ok(runtime_dir.join(HANDOFF_DONE).exists())
+    let copied = runtime_dir.join(HANDOFF_DONE).exists();
+    tracing::debug!("the container exited; record copied: {copied}");
+    Ok(copied)
 }
 
 /// Creates the session's turn-record volume for its latest turn; returns the names of the
