@@ -12,7 +12,7 @@
 //!
 //! To iterate on one number: `--only PART` (`cold`, `parse`, `listing`, `turns`,
 //! `concurrent`; repeatable) runs just those parts, `--provider P` (repeatable) just those
-//! providers' turns, `--reps N` sets the repetitions of each turn (default 7).
+//! providers' turns, `--reps N` sets the repetitions of each turn (default 11).
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -557,7 +557,9 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
     )
     .unwrap();
-    let reps = filter.reps.unwrap_or(if smoke { 1 } else { 7 });
+    // A turn's own time varies by some ±30 ms from run to run (the CLIs, a 2-core machine):
+    // enough repetitions that the medians are steadier than the 5% asked of them.
+    let reps = filter.reps.unwrap_or(if smoke { 1 } else { 11 });
     let mut results = Vec::new();
     let mut peak_rss = 0u64;
     let benches: Vec<&Bench> = TURN_BENCHES
@@ -577,27 +579,40 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
             (vec![], vec![], vec![], vec![]);
         for i in 0..reps {
             // caw-box: a new session, then a resume of it.
-            let (t, out, rss) = caw_turn(&rig, b, ws.path(), None, "REMEMBER:bench");
-            peak_rss = peak_rss.max(rss);
-            caw_run.push(t);
-            let id = serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()["session_id"]
-                .as_str()
-                .unwrap()
-                .to_string();
-            let (t, _, rss) = caw_turn(&rig, b, ws.path(), Some(&id), "RECALL");
-            peak_rss = peak_rss.max(rss);
-            caw_resume.push(t);
+            let mut caw = || {
+                let (t, out, rss) = caw_turn(&rig, b, ws.path(), None, "REMEMBER:bench");
+                peak_rss = peak_rss.max(rss);
+                caw_run.push(t);
+                let id = serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()
+                    ["session_id"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                let (t, _, rss) = caw_turn(&rig, b, ws.path(), Some(&id), "RECALL");
+                peak_rss = peak_rss.max(rss);
+                caw_resume.push(t);
+            };
             // Plain docker run: a fresh volume (made by its first run), the same two turns.
             let volume = format!(
                 "caw-box-bench-{}-{i}-{}",
                 std::process::id(),
                 b.provider.as_str()
             );
-            let (t, out) = docker_turn(&rig, b, ws.path(), &volume, None, "REMEMBER:bench");
-            dk_run.push(t);
-            let key = resume_key_of(b, &out);
-            let (t, _) = docker_turn(&rig, b, ws.path(), &volume, Some(&key), "RECALL");
-            dk_resume.push(t);
+            let mut docker = || {
+                let (t, out) = docker_turn(&rig, b, ws.path(), &volume, None, "REMEMBER:bench");
+                dk_run.push(t);
+                let key = resume_key_of(b, &out);
+                let (t, _) = docker_turn(&rig, b, ws.path(), &volume, Some(&key), "RECALL");
+                dk_resume.push(t);
+            };
+            // Which goes first alternates, so neither gains from its place in the rhythm.
+            if i % 2 == 0 {
+                caw();
+                docker();
+            } else {
+                docker();
+                caw();
+            }
         }
         for (what, caw, dk) in [("run", caw_run, dk_run), ("resume", caw_resume, dk_resume)] {
             let (c, d) = (median(caw), median(dk));
