@@ -1,6 +1,8 @@
 //! The images: each CLI at its pinned version, as a non-root user, no CA left in the final
 //! image; `doctor` names a missing image with its fix; a missing base fails the build with
-//! exit 3.
+//! exit 3; the daemon's API version is cached per host.
+
+use std::time::Duration;
 
 use bollard::models::{ContainerCreateBody, HostConfig};
 
@@ -147,4 +149,62 @@ fn image_build_with_a_missing_base_exits_3() {
         "{stderr}"
     );
     assert!(stderr.contains("--base"), "{stderr}");
+}
+
+/// caw-box keeps the daemon's API version (negotiating costs the daemon a `runc --version`
+/// per command): per DOCKER_HOST, for a day, and renegotiates when the entry is damaged or old.
+#[test]
+fn the_daemons_api_version_is_cached_per_host() {
+    let rig = Rig::new("apiversion");
+    let host =
+        std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
+    let api = rig
+        .rt
+        .block_on(rig.docker.version())
+        .unwrap()
+        .api_version
+        .unwrap();
+    let cache = rig.data_dir.path().join("docker-api-version");
+    let ls = || {
+        let mut cmd = rig.caw();
+        cmd.args(["ls", "--json"]);
+        let out = run(cmd);
+        assert!(out.status.success(), "{}", stderr_of(&out));
+    };
+
+    // Another daemon's entry stays; a damaged line for this one is replaced.
+    std::fs::write(
+        &cache,
+        format!("unix:///other/docker.sock 1.30\n{host} one.two\n"),
+    )
+    .unwrap();
+    ls();
+    let file = std::fs::read_to_string(&cache).unwrap();
+    assert_eq!(
+        file,
+        format!("unix:///other/docker.sock 1.30\n{host} {api}\n"),
+        "{file}"
+    );
+
+    // A day-old entry is asked again (and so rewritten); a fresh one is used as it is.
+    let two_days_ago = std::time::SystemTime::now() - Duration::from_secs(2 * 24 * 3600);
+    let set_mtime = |t| {
+        std::fs::File::options()
+            .append(true)
+            .open(&cache)
+            .unwrap()
+            .set_modified(t)
+            .unwrap()
+    };
+    set_mtime(two_days_ago);
+    ls();
+    let modified = std::fs::metadata(&cache).unwrap().modified().unwrap();
+    assert!(modified > two_days_ago + Duration::from_secs(24 * 3600));
+    let fresh = std::time::SystemTime::now() - Duration::from_secs(60);
+    set_mtime(fresh);
+    ls();
+    assert_eq!(
+        std::fs::metadata(&cache).unwrap().modified().unwrap(),
+        fresh
+    );
 }
