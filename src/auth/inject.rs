@@ -74,7 +74,7 @@ pub fn prepare(
             if let Some(parent) = dst.parent() {
                 dirs::ensure_private_dir(parent)?;
             }
-            dirs::write_private(&dst, secret.expose())?;
+            dirs::write_private_unsynced(&dst, secret.expose())?;
         }
     }
     let vars = store.env(p);
@@ -88,14 +88,14 @@ pub fn prepare(
             bytes.extend_from_slice(v.expose());
             bytes.push(0);
         }
-        dirs::write_private(&auth_dir.join("env"), &bytes)?;
+        dirs::write_private_unsynced(&auth_dir.join("env"), &bytes)?;
     }
     let mut scrub = Vec::new();
     for t in spec.home_targets() {
         scrub.extend_from_slice(t.as_bytes());
         scrub.push(0);
     }
-    dirs::write_private(&runtime_dir.join(SCRUB_FILE), &scrub)?;
+    dirs::write_private_unsynced(&runtime_dir.join(SCRUB_FILE), &scrub)?;
     dirs::hand_to_agent(runtime_dir)?;
     Ok(names)
 }

@@ -160,7 +160,9 @@ mod api_version {
         if parse(&old, host).as_ref() == Some(v) && load(host).is_some() {
             return;
         }
-        if let Err(e) = crate::dirs::write_private(&path, updated(&old, host, v).as_bytes()) {
+        if let Err(e) =
+            crate::dirs::write_private_unsynced(&path, updated(&old, host, v).as_bytes())
+        {
             tracing::debug!("could not cache Docker's API version: {e}");
         }
     }

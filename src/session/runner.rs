@@ -107,7 +107,7 @@ impl RuntimeDir {
 
     fn write(&self, name: &str, contents: &[u8]) -> Result<()> {
         let path = self.0.join(name);
-        dirs::write_private(&path, contents)?;
+        dirs::write_private_unsynced(&path, contents)?;
         dirs::hand_to_agent(&path)
     }
 }
@@ -1156,9 +1156,10 @@ async fn hand_off(
             return Ok(false);
         };
         let path = base.join(rel);
-        dirs::write_private(&path, f.contents)?;
+        dirs::write_private_unsynced(&path, f.contents)?;
         dirs::hand_to_agent(&path)?;
     }
+    tracing::debug!("the record is in the runtime dir");
     // Non-blocking: no reader (an entrypoint that does not wait) is an error, not a hang.
     let fifo = std::fs::OpenOptions::new()
         .write(true)
@@ -1224,7 +1225,7 @@ pub fn cache_record(record: &SessionRecord) {
     };
     let path = dir.join(format!("{}.json", record.session_id));
     if let Ok(json) = serde_json::to_vec_pretty(record) {
-        if let Err(e) = dirs::write_private(&path, &json) {
+        if let Err(e) = dirs::write_private_unsynced(&path, &json) {
             tracing::debug!("could not cache the session record: {e}");
         }
     }
