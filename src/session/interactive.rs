@@ -21,30 +21,32 @@ use tokio::signal::unix::{signal, SignalKind};
 use super::record::{now_secs, SessionRecord, TurnRecord};
 use super::runner::{
     append_event, handle_of, place_home_files, save_record, sleep_until, Interrupts, StoredHistory,
-    TurnLogs, TurnOptions, STOP_GRACE, STOP_REQUEST,
+    TurnContext, TurnLogs, STOP_GRACE, STOP_REQUEST,
 };
 use crate::backend::docker::DockerBackend;
 use crate::error::{Error, Result};
 use crate::event::{Event, Status, TurnResult};
-use crate::provider::HomeFile;
 use crate::terminal::{self, Keys, RawMode};
 
 /// The file in the turn's runtime directory where the entrypoint leaves the output of the
 /// adapter's key script.
 const RESUME_KEY_FILE: &str = "resume-key";
 
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn drive(
-    backend: &DockerBackend,
+    ctx: &TurnContext<'_>,
     record: &mut SessionRecord,
-    name: &str,
-    turn: u32,
-    options: &TurnOptions,
-    home_files: &[HomeFile],
-    runtime_dir: &Path,
     interrupts: &mut Interrupts,
     sink: &mut dyn FnMut(&Event),
 ) -> Result<TurnResult> {
+    let &TurnContext {
+        backend,
+        name,
+        turn,
+        options,
+        home_files,
+        runtime_dir,
+        proxy: _,
+    } = ctx;
     place_home_files(backend, name, home_files).await?;
     sink(&Event::Session {
         session_id: record.session_id.to_string(),

@@ -313,33 +313,19 @@ pub async fn run_turn(
         return Err(err);
     }
     // From here on the container exists: every path out must remove it.
+    let ctx = TurnContext {
+        backend,
+        name: &name,
+        turn,
+        options,
+        home_files: &home_files,
+        runtime_dir: &runtime.0,
+        proxy: egress.as_ref().map(|e| e.proxy.as_str()),
+    };
     let outcome = if options.interactive {
-        super::interactive::drive(
-            backend,
-            record,
-            &name,
-            turn,
-            options,
-            &home_files,
-            &runtime.0,
-            &mut interrupts,
-            sink,
-        )
-        .await
+        super::interactive::drive(&ctx, record, &mut interrupts, sink).await
     } else {
-        drive_turn(
-            backend,
-            record,
-            &name,
-            turn,
-            options,
-            &home_files,
-            &runtime.0,
-            egress.as_ref().map(|e| e.proxy.as_str()),
-            &mut interrupts,
-            sink,
-        )
-        .await
+        drive_turn(&ctx, record, &mut interrupts, sink).await
     };
     if outcome.is_err() {
         // A recorded turn's container is gone already (save_record released the lock);
@@ -733,19 +719,37 @@ fn busy(record: &SessionRecord, turn: &str) -> Error {
     ))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What a turn's driver works with, once the turn's container exists.
+pub(super) struct TurnContext<'a> {
+    pub backend: &'a DockerBackend,
+    /// The container's name (the session's lock).
+    pub name: &'a str,
+    pub turn: u32,
+    pub options: &'a TurnOptions,
+    /// Files to put in HOME before the start.
+    pub home_files: &'a [crate::provider::HomeFile],
+    /// The host side of /run/caw-box.
+    pub runtime_dir: &'a std::path::Path,
+    /// The egress proxy's container, when the turn's network is restricted.
+    pub proxy: Option<&'a str>,
+}
+
+/// Runs a headless turn in its created container, to its recorded end.
 async fn drive_turn(
-    backend: &DockerBackend,
+    ctx: &TurnContext<'_>,
     record: &mut SessionRecord,
-    name: &str,
-    turn: u32,
-    options: &TurnOptions,
-    home_files: &[crate::provider::HomeFile],
-    runtime_dir: &std::path::Path,
-    proxy: Option<&str>,
     interrupts: &mut Interrupts,
     sink: &mut dyn FnMut(&Event),
 ) -> Result<TurnResult> {
+    let &TurnContext {
+        backend,
+        name,
+        turn,
+        options,
+        home_files,
+        runtime_dir,
+        proxy,
+    } = ctx;
     place_home_files(backend, name, home_files).await?;
 
     let started = Instant::now();
