@@ -493,25 +493,13 @@ impl<'de> Deserialize<'de> for Content {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::test_support::{parse_with, request};
     use serde_json::json;
 
     const SESSION: &str = "0b7e9c52-5a8f-4d8e-9a51-3c2f1e7d9a10";
 
-    fn request(prompt: &str) -> TurnRequest<'_> {
-        TurnRequest {
-            prompt,
-            ..TurnRequest::default()
-        }
-    }
-
     fn parse(fixture: &str, exit_code: i64) -> (Vec<Event>, Option<String>, TurnOutcome) {
-        let mut parser = ClaudeCode.parser(ParseContext::default());
-        let mut events = Vec::new();
-        for line in fixture.lines() {
-            parser.parse_line(line, &mut events);
-        }
-        let key = parser.resume_key().map(str::to_string);
-        (events, key, parser.finish(exit_code))
+        parse_with(&ClaudeCode, ParseContext::default(), fixture, exit_code)
     }
 
     #[test]

@@ -483,6 +483,7 @@ struct Item {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::test_support::{parse_with, request};
 
     const THREAD: &str = "0199a213-81c0-7800-8aa1-bbab2a035a53";
     const FLAGS: [&str; 5] = [
@@ -493,13 +494,6 @@ mod tests {
         "analytics.enabled=false",
     ];
 
-    fn request(prompt: &str) -> TurnRequest<'_> {
-        TurnRequest {
-            prompt,
-            ..TurnRequest::default()
-        }
-    }
-
     fn argv(parts: &[&[&str]]) -> Vec<String> {
         parts.concat().into_iter().map(String::from).collect()
     }
@@ -509,15 +503,10 @@ mod tests {
         previous: Option<Usage>,
         exit_code: i64,
     ) -> (Vec<Event>, Option<String>, TurnOutcome) {
-        let mut parser = Codex.parser(ParseContext {
+        let context = ParseContext {
             previous_cumulative_usage: previous,
-        });
-        let mut events = Vec::new();
-        for line in fixture.lines() {
-            parser.parse_line(line, &mut events);
-        }
-        let key = parser.resume_key().map(str::to_string);
-        (events, key, parser.finish(exit_code))
+        };
+        parse_with(&Codex, context, fixture, exit_code)
     }
 
     #[test]

@@ -318,25 +318,13 @@ struct Line<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::test_support::{parse_with, request};
     use serde_json::json;
 
     const SESSION: &str = "3f9c2a71-8b4d-4e6f-a1c2-d3e4f5a6b7c8";
 
-    fn request(prompt: &str) -> TurnRequest<'_> {
-        TurnRequest {
-            prompt,
-            ..TurnRequest::default()
-        }
-    }
-
     fn parse(fixture: &str, exit_code: i64) -> (Vec<Event>, Option<String>, TurnOutcome) {
-        let mut parser = Gemini.parser(ParseContext::default());
-        let mut events = Vec::new();
-        for line in fixture.lines() {
-            parser.parse_line(line, &mut events);
-        }
-        let key = parser.resume_key().map(str::to_string);
-        (events, key, parser.finish(exit_code))
+        parse_with(&Gemini, ParseContext::default(), fixture, exit_code)
     }
 
     #[test]

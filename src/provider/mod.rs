@@ -18,6 +18,8 @@ mod codex;
 mod common;
 mod gemini;
 mod opencode;
+#[cfg(test)]
+mod test_support;
 
 /// The agent's HOME inside every container: the state volume is mounted here, always at the
 /// same absolute path (codex stores absolute paths in its state).

@@ -396,15 +396,9 @@ struct ErrorData {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::test_support::{parse_with, request};
 
     const SESSION: &str = "ses_5f2a9c1e3ffeXk2QmZ8rT4bN1a";
-
-    fn request(prompt: &str) -> TurnRequest<'_> {
-        TurnRequest {
-            prompt,
-            ..TurnRequest::default()
-        }
-    }
 
     fn env<'a>(command: &'a TurnCommand, key: &str) -> Option<&'a str> {
         command
@@ -419,13 +413,7 @@ mod tests {
     }
 
     fn parse(fixture: &str, exit_code: i64) -> (Vec<Event>, Option<String>, TurnOutcome) {
-        let mut parser = Opencode.parser(ParseContext::default());
-        let mut events = Vec::new();
-        for line in fixture.lines() {
-            parser.parse_line(line, &mut events);
-        }
-        let key = parser.resume_key().map(str::to_string);
-        (events, key, parser.finish(exit_code))
+        parse_with(&Opencode, ParseContext::default(), fixture, exit_code)
     }
 
     #[test]
