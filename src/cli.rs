@@ -84,8 +84,7 @@ pub enum Command {
         /// Which turn (default: the latest).
         #[arg(long, value_name = "N")]
         turn: Option<u32>,
-        /// The CLI's own output instead of unified events (for a turn in the vendor's TUI:
-        /// what it drew, the latest 4 MiB, to replay in a terminal).
+        /// The CLI's own output instead of unified events.
         #[arg(long)]
         raw: bool,
         /// Follow the running turn until it ends.

@@ -28,25 +28,6 @@ use crate::error::{Error, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::terminal::{self, Keys, RawMode};
 
-/// The most a turn keeps of what its TUI drew, as its raw log (`logs --raw`): the latest
-/// 4 MiB, like a `script` typescript's tail.
-const SCREEN_LOG_MAX: usize = 4 << 20;
-
-/// Appends `bytes` to a screen log, dropping the oldest bytes beyond twice the limit (so
-/// the drop is rare); [`trim_screen_log`] cuts it to the limit at the end.
-fn log_screen(log: &mut Vec<u8>, bytes: &[u8]) {
-    log.extend_from_slice(bytes);
-    if log.len() > 2 * SCREEN_LOG_MAX {
-        log.drain(..log.len() - SCREEN_LOG_MAX);
-    }
-}
-
-fn trim_screen_log(log: &mut Vec<u8>) {
-    if log.len() > SCREEN_LOG_MAX {
-        log.drain(..log.len() - SCREEN_LOG_MAX);
-    }
-}
-
 /// The file in the turn's runtime directory where the entrypoint leaves the output of the
 /// adapter's key script.
 const RESUME_KEY_FILE: &str = "resume-key";
@@ -101,15 +82,12 @@ pub(super) async fn drive(
     let mut resized = signal(SignalKind::window_change()).ok();
     let deadline = options.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut stdout = std::io::stdout();
-    let mut screen = Vec::new();
     let ended_early = loop {
         tokio::select! {
             chunk = output.next() => match chunk {
                 Some(Ok(chunk)) => {
-                    let bytes = chunk.into_bytes();
-                    let _ = stdout.write_all(&bytes);
+                    let _ = stdout.write_all(&chunk.into_bytes());
                     let _ = stdout.flush();
-                    log_screen(&mut screen, &bytes);
                 }
                 Some(Err(e)) => {
                     tracing::debug!("reading the TUI's output failed: {e}");
@@ -140,9 +118,7 @@ pub(super) async fn drive(
         let _ = backend.stop_container(name, STOP_GRACE).await;
         let drain = async {
             while let Some(Ok(chunk)) = output.next().await {
-                let bytes = chunk.into_bytes();
-                let _ = stdout.write_all(&bytes);
-                log_screen(&mut screen, &bytes);
+                let _ = stdout.write_all(&chunk.into_bytes());
             }
             let _ = stdout.flush();
         };
@@ -210,9 +186,8 @@ pub(super) async fn drive(
     };
     let mut events_log = Vec::new();
     append_event(&mut events_log, &result_event);
-    trim_screen_log(&mut screen);
     let logs = TurnLogs {
-        raw: &screen,
+        raw: &[],
         events: &events_log,
         stderr: &[],
     };
@@ -281,22 +256,5 @@ mod tests {
         assert_eq!(key("../../etc/passwd"), None);
         std::fs::remove_file(dir.path().join(RESUME_KEY_FILE)).unwrap();
         assert_eq!(read_key(dir.path()), None);
-    }
-
-    #[test]
-    fn the_screen_log_keeps_the_latest_bytes() {
-        let mut log = Vec::new();
-        let chunk: Vec<u8> = (0..=255u8).cycle().take(1 << 20).collect();
-        for _ in 0..9 {
-            log_screen(&mut log, &chunk);
-            assert!(log.len() <= 2 * SCREEN_LOG_MAX);
-        }
-        log_screen(&mut log, b"the end");
-        trim_screen_log(&mut log);
-        assert_eq!(log.len(), SCREEN_LOG_MAX);
-        assert!(log.ends_with(b"the end"));
-        let short = &mut b"short".to_vec();
-        trim_screen_log(short);
-        assert_eq!(short, b"short");
     }
 }
