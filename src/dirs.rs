@@ -42,6 +42,32 @@ pub fn runtime_dir() -> Result<PathBuf> {
     Ok(data_dir()?.join("run"))
 }
 
+/// Removes the runtime directories of turns whose driver process is gone (killed too hard
+/// to clean up after itself), which may hold credentials. A directory is named
+/// `<session>-<turn>-<pid>`, and the data dir belongs to this machine. Best effort.
+pub fn sweep_runtime_dirs() {
+    let Ok(entries) = runtime_dir().and_then(|d| {
+        fs::read_dir(&d)
+            .map_err(|e| Error::environment(format!("failed to read '{}': {e}", d.display())))
+    }) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.rsplit_once('-'))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !process_is_alive(pid) {
+            tracing::debug!("removing the runtime dir of a gone turn: {name:?}");
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Writes `contents` to `path` atomically (temp file + rename), mode 0600, flushed to disk
 /// first: for what must survive a crash (the credential store).
 pub fn write_private(path: &std::path::Path, contents: &[u8]) -> Result<()> {
@@ -103,17 +129,41 @@ pub fn hand_to_agent(path: &std::path::Path) -> Result<()> {
 
 /// Whether caw-box runs as root.
 pub fn is_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    // /proc/self belongs to the process's effective user; std has no euid accessor.
-    fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+    rustix::process::geteuid().is_root()
 }
 
 /// The uid:gid agent containers run as: the invoking user's, so files the agent creates in a
 /// bind-mounted workspace belong to them; for root, the image's non-root `agent` (1000).
 pub fn agent_ids() -> (u32, u32) {
-    use std::os::unix::fs::MetadataExt;
-    match fs::metadata("/proc/self") {
-        Ok(m) if m.uid() != 0 => (m.uid(), m.gid()),
-        _ => (1000, 1000),
+    if is_root() {
+        (1000, 1000)
+    } else {
+        (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        )
     }
+}
+
+/// This machine's host name (as in a turn container's driver label).
+pub fn host_name() -> String {
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Whether a process `pid` exists on this machine (of any user).
+pub fn process_is_alive(pid: u32) -> bool {
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    // EPERM: it exists, as another user's.
+    !matches!(
+        rustix::process::test_kill_process(pid),
+        Err(rustix::io::Errno::SRCH)
+    )
 }

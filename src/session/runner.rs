@@ -80,6 +80,7 @@ impl RuntimeDir {
     fn create(record: &SessionRecord, turn: u32) -> Result<Self> {
         let base = dirs::runtime_dir()?;
         dirs::ensure_private_dir(&base)?;
+        dirs::sweep_runtime_dirs();
         let dir = base.join(format!(
             "{}-{turn}-{}",
             record.session_id,
@@ -438,7 +439,7 @@ fn container_body(
             labels::DRIVER_PID.to_string(),
             std::process::id().to_string(),
         ),
-        (labels::DRIVER_HOST.to_string(), host_name()),
+        (labels::DRIVER_HOST.to_string(), dirs::host_name()),
     ]);
     if let Some(name) = &record.name {
         labels.insert(labels::NAME.to_string(), name.clone());
@@ -682,12 +683,6 @@ async fn ensure_owner(backend: &DockerBackend, record: &mut SessionRecord) -> Re
 }
 
 /// This host's name, to tell whose driver process a turn container names.
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default()
-}
-
 /// Whether the process that drives a (not running) turn container is certainly gone: a
 /// container between create and start, or between exit and being recorded, belongs to a
 /// live turn and must not be taken for a leftover.
@@ -698,8 +693,8 @@ fn driver_is_gone(
     let pid = container_labels.get(labels::DRIVER_PID);
     let host = container_labels.get(labels::DRIVER_HOST);
     if let (Some(pid), Some(host)) = (pid, host) {
-        if *host == host_name() {
-            return !std::path::Path::new(&format!("/proc/{pid}")).exists();
+        if *host == dirs::host_name() {
+            return !pid.parse().is_ok_and(dirs::process_is_alive);
         }
     }
     // Another host's driver (a shared daemon): only a long-idle container is a leftover.

@@ -318,3 +318,65 @@ fn status_flags_an_expired_login_and_collect_reports_nothing_found() {
         stdout_of(&out)
     );
 }
+
+/// A driver killed too hard to clean up (SIGKILL) leaves its turn's runtime dir, with the
+/// injected credentials, on the host: the next turn removes it.
+#[test]
+fn a_killed_drivers_credentials_are_swept_by_the_next_turn() {
+    let rig = Rig::new("sweep");
+    let home = tempfile::tempdir().unwrap();
+    collect(&rig, CODEX, home.path(), &[("OPENAI_API_KEY", TEST_KEY)]);
+    let run_dir = rig.data_dir.path().join("run");
+    let holding_the_key = || -> Vec<std::path::PathBuf> {
+        let Ok(dirs) = std::fs::read_dir(&run_dir) else {
+            return Vec::new();
+        };
+        dirs.flatten()
+            .map(|d| d.path())
+            .filter(|d| {
+                walkdir(d).iter().any(|f| {
+                    std::fs::read(f)
+                        .is_ok_and(|b| b.windows(TEST_KEY.len()).any(|w| w == TEST_KEY.as_bytes()))
+                })
+            })
+            .collect()
+    };
+
+    let mut slow = rig.run_cmd_stored_key(CODEX, "SLEEP:10 REMEMBER:killed", &[]);
+    slow.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = slow.spawn().unwrap();
+    let container = rig.wait_for_running_turn(None, Duration::from_secs(60));
+    let left = holding_the_key();
+    assert_eq!(
+        left.len(),
+        1,
+        "the running turn's runtime dir holds the key"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(holding_the_key(), left, "SIGKILL left it behind");
+    let mut stop = rig.caw();
+    stop.args(["stop", container.trim_start_matches("caw-box-")]);
+    let out = run(stop);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    let (code, json, stderr) = rig.json_turn(rig.run_cmd_stored_key(CODEX, "REMEMBER:next", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert_eq!(holding_the_key(), Vec::<std::path::PathBuf>::new());
+    rig.cleanup();
+}
+
+/// Every file below `dir`.
+fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walkdir(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
