@@ -505,6 +505,19 @@ impl DockerBackend {
             .map_err(|e| failed(format_args!("create network '{name}'"), &e))
     }
 
+    /// The names of the networks carrying every one of `labels` ("key=value").
+    pub async fn list_networks(&self, labels: &[String]) -> Result<Vec<String>> {
+        let filters = HashMap::from([("label".to_string(), labels.to_vec())]);
+        let networks = self
+            .docker
+            .list_networks(Some(bollard::query_parameters::ListNetworksOptions {
+                filters: Some(filters),
+            }))
+            .await
+            .map_err(|e| failed("list networks", &e))?;
+        Ok(networks.into_iter().filter_map(|n| n.name).collect())
+    }
+
     pub async fn remove_network(&self, name: &str) -> Result<()> {
         match self.docker.remove_network(name).await {
             Ok(()) => Ok(()),

@@ -366,6 +366,13 @@ pub async fn remove_session(backend: &DockerBackend, id: Uuid) -> Result<()> {
             backend.remove_container(&cid, true).await?;
         }
     }
+    // A killed `--allow-host` turn's egress network.
+    for n in backend
+        .list_networks(&[format!("{}={id}", labels::SESSION)])
+        .await?
+    {
+        backend.remove_network(&n).await?;
+    }
     // Turn records and the copy-mode workspace, then the state volume last.
     for v in backend
         .list_volumes(&[

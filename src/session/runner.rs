@@ -313,6 +313,9 @@ pub async fn run_turn(
         }
         return Err(err);
     }
+    if let Some(e) = &egress {
+        e.remove_leftovers(backend, record).await;
+    }
     // From here on the container exists: every path out must remove it.
     let ctx = TurnContext {
         backend,
@@ -331,6 +334,9 @@ pub async fn run_turn(
     if outcome.is_err() {
         // A recorded turn's container is gone already (save_record released the lock);
         // removing it again could remove the next turn's.
+        // A stop first, not a kill: the entrypoint then removes the credentials it put in
+        // HOME, and writes back refreshed ones.
+        let _ = backend.stop_container(&name, STOP_GRACE).await;
         let _ = backend.remove_container(&name, true).await;
     }
     if let Some(e) = &egress {
@@ -523,12 +529,13 @@ impl Egress {
         allow: &[String],
     ) -> Result<Egress> {
         let id = record.session_id;
+        // Named for this driver: a second caw-box that starts on a busy session sets up its
+        // own, and then fails on the lock without touching the running turn's.
+        let pid = std::process::id();
         let e = Egress {
-            network: format!("caw-box-{id}-egress"),
-            proxy: format!("caw-box-{id}-proxy"),
+            network: format!("caw-box-{id}-egress-{pid}"),
+            proxy: format!("caw-box-{id}-proxy-{pid}"),
         };
-        // Leftovers of a turn whose caw-box was killed.
-        e.stop(backend).await;
         let labels = crate::session::record::with_extra_labels(HashMap::from([
             (labels::MANAGED.to_string(), "true".to_string()),
             (labels::SESSION.to_string(), id.to_string()),
@@ -589,6 +596,28 @@ impl Egress {
     async fn stop(&self, backend: &DockerBackend) {
         let _ = backend.remove_container(&self.proxy, true).await;
         let _ = backend.remove_network(&self.network).await;
+    }
+
+    /// Removes the session's other proxies and egress networks: once this turn holds the
+    /// session's lock, they are leftovers of turns whose caw-box was killed.
+    async fn remove_leftovers(&self, backend: &DockerBackend, record: &SessionRecord) {
+        let filter = [
+            format!("{}={}", labels::SESSION, record.session_id),
+            format!("{}={}", labels::ROLE, roles::PROXY),
+        ];
+        for c in backend.list_containers(&filter).await.unwrap_or_default() {
+            let name = c.names.unwrap_or_default().join("");
+            if name.trim_start_matches('/') != self.proxy {
+                if let Some(cid) = c.id {
+                    let _ = backend.remove_container(&cid, true).await;
+                }
+            }
+        }
+        for n in backend.list_networks(&filter).await.unwrap_or_default() {
+            if n != self.network {
+                let _ = backend.remove_network(&n).await;
+            }
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use crate::common::*;
 
@@ -378,6 +379,103 @@ fn allow_host_admits_only_listed_hosts_through_the_proxy() {
         "{}",
         stderr_of(&out)
     );
+}
+
+/// A second turn on a busy `--allow-host` session is refused as busy and leaves the running
+/// turn's proxy alone; a killed turn's egress network is removed by the next turn, and
+/// `rm` removes the session's networks.
+#[test]
+fn a_busy_allow_host_session_keeps_its_proxy() {
+    let rig = Rig::new("allowbusy");
+    let allow = format!("{}:8080", rig.stub);
+    let (code, json, stderr) =
+        rig.json_turn(rig.run_cmd(CODEX, "REMEMBER:first", &["--allow-host", &allow]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    let id = json["session_id"].as_str().unwrap().to_string();
+    let session_networks = || {
+        let mut names: Vec<String> = rig
+            .rt
+            .block_on(rig.docker.list_networks(Some(
+                bollard::query_parameters::ListNetworksOptions {
+                    filters: Some(std::collections::HashMap::from([(
+                        "label".to_string(),
+                        vec![format!("io.caw-box.session={id}")],
+                    )])),
+                },
+            )))
+            .unwrap()
+            .into_iter()
+            .filter_map(|n| n.name)
+            .collect();
+        names.sort();
+        names
+    };
+
+    let mut slow = rig.resume_cmd(CODEX, &id, "SLEEP:6 REMEMBER:slow", &["-o", "json"]);
+    slow.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = slow.spawn().unwrap();
+    rig.wait_for_running_turn(Some(&id[..8]), Duration::from_secs(60));
+    let out = run(rig.resume_cmd(CODEX, &id, "REMEMBER:second", &[]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("busy"), "{}", stderr_of(&out));
+    assert_eq!(
+        session_networks().len(),
+        1,
+        "only the running turn's network"
+    );
+    let out = wait_with_deadline(child, Duration::from_secs(120));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains("Noted: slow."),
+        "{}",
+        stdout_of(&out)
+    );
+    assert!(session_networks().is_empty());
+
+    // What a killed turn leaves: its egress network. The next turn removes it.
+    let leftover = format!("caw-box-{id}-egress-1");
+    rig.rt
+        .block_on(
+            rig.docker
+                .create_network(bollard::models::NetworkCreateRequest {
+                    name: leftover.clone(),
+                    internal: Some(true),
+                    labels: Some(std::collections::HashMap::from([
+                        ("io.caw-box.managed".to_string(), "true".to_string()),
+                        ("io.caw-box.session".to_string(), id.clone()),
+                        ("io.caw-box.role".to_string(), "proxy".to_string()),
+                        (TEST_LABEL.to_string(), rig.run_id.clone()),
+                    ])),
+                    ..Default::default()
+                }),
+        )
+        .unwrap();
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert!(session_networks().is_empty(), "{:?}", session_networks());
+
+    // `rm` takes a leftover network with the session.
+    rig.rt
+        .block_on(
+            rig.docker
+                .create_network(bollard::models::NetworkCreateRequest {
+                    name: leftover,
+                    internal: Some(true),
+                    labels: Some(std::collections::HashMap::from([
+                        ("io.caw-box.session".to_string(), id.clone()),
+                        (TEST_LABEL.to_string(), rig.run_id.clone()),
+                    ])),
+                    ..Default::default()
+                }),
+        )
+        .unwrap();
+    let mut rm = rig.caw();
+    rm.args(["rm", &id]);
+    let out = run(rm);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(session_networks().is_empty(), "{:?}", session_networks());
+    rig.cleanup();
 }
 
 #[test]
