@@ -353,6 +353,16 @@ pub async fn run_turn(
     outcome
 }
 
+/// A "No such image" from creating any of a turn's containers (the turn's, the volume
+/// owner fix-up, the egress proxy: all run the session's image) as the missing-image error.
+fn image_hint(e: Error, record: &SessionRecord) -> Error {
+    if e.message.contains("No such image") {
+        missing_image(&record.settings.image, record)
+    } else {
+        e
+    }
+}
+
 fn missing_image(image: &str, record: &SessionRecord) -> Error {
     Error::environment(format!("image '{image}' is not present")).with_hint(
         if image == record.provider.default_image() {
@@ -480,10 +490,7 @@ async fn create_turn_container(
     for _ in 0..2 {
         match backend.create_container(name, body.clone()).await {
             Ok(_) => return Ok(()),
-            Err(CreateError::Other(e)) if e.message.contains("No such image") => {
-                return Err(missing_image(&record.settings.image, record));
-            }
-            Err(CreateError::Other(e)) => return Err(e),
+            Err(CreateError::Other(e)) => return Err(image_hint(e, record)),
             Err(CreateError::NameTaken) => {
                 let existing = backend.inspect_container(name).await?;
                 let labels_of = existing
@@ -578,7 +585,7 @@ impl Egress {
                 Err(CreateError::NameTaken) => {
                     return Err(busy(record, "?"));
                 }
-                Err(CreateError::Other(err)) => return Err(err),
+                Err(CreateError::Other(err)) => return Err(image_hint(err, record)),
             }
             backend
                 .connect_network(&e.network, &e.proxy, PROXY_ALIAS)
@@ -698,7 +705,10 @@ async fn ensure_owner(backend: &DockerBackend, record: &mut SessionRecord) -> Re
         ..Default::default()
     };
     let name = format!("caw-box-probe-{id}-chown-{}", uuid::Uuid::new_v4().simple());
-    let (code, _, err) = backend.run_to_completion(&name, body).await?;
+    let (code, _, err) = backend
+        .run_to_completion(&name, body)
+        .await
+        .map_err(|e| image_hint(e, record))?;
     if code != 0 {
         return Err(Error::environment(format!(
             "failed to hand session {id}'s volumes to uid {}:{}: {}",

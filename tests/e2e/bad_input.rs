@@ -83,6 +83,20 @@ fn bad_input_is_refused_cleanly_and_creates_nothing() {
         &["--image", "caw-box-test/absent:latest"],
     ));
     assert_refused(&out, 3, "image 'caw-box-test/absent:latest' is not present");
+    // Under --allow-host the first container made is the egress proxy, of the same image.
+    let allow = format!("{}:8080", rig.stub);
+    let out = run(rig.resume_cmd(
+        CODEX,
+        &other.to_string(),
+        "hi",
+        &[
+            "--image",
+            "caw-box-test/absent:latest",
+            "--allow-host",
+            &allow,
+        ],
+    ));
+    assert_refused(&out, 3, "image 'caw-box-test/absent:latest' is not present");
 
     let out = run(rig.resume_cmd(CODEX, "no-such-session", "hi", &[]));
     assert_refused(&out, 2, "no session matches 'no-such-session'");
