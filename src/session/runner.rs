@@ -733,7 +733,7 @@ fn driver_is_gone(
     let host = container_labels.get(labels::DRIVER_HOST);
     if let (Some(pid), Some(host)) = (pid, host) {
         if *host == dirs::host_name() {
-            return !pid.parse().is_ok_and(dirs::process_is_alive);
+            return !pid.parse().is_ok_and(is_a_caw_box);
         }
     }
     // Another host's driver (a shared daemon): only a long-idle container is a leftover.
@@ -741,6 +741,17 @@ fn driver_is_gone(
         .and_then(|c| c.created.as_deref())
         .and_then(|c| humantime::parse_rfc3339_weak(c.split('.').next().unwrap_or(c)).ok());
     created.is_some_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(600))
+}
+
+/// Whether process `pid` lives and runs the same program as this one (where /proc tells):
+/// a dead driver's pid reused by another program must not keep its session busy for good.
+fn is_a_caw_box(pid: u32) -> bool {
+    let comm = |p: &str| std::fs::read_to_string(format!("/proc/{p}/comm"));
+    dirs::process_is_alive(pid)
+        && match (comm(&pid.to_string()), comm("self")) {
+            (Ok(theirs), Ok(ours)) => theirs == ours,
+            _ => true,
+        }
 }
 
 fn busy(record: &SessionRecord, turn: &str) -> Error {
@@ -1348,6 +1359,21 @@ mod tests {
         assert_eq!(mode("none"), Some("none".into()));
         assert_eq!(mode("host"), Some("host".into()));
         assert_eq!(mode("team-gateway"), Some("team-gateway".into()));
+    }
+
+    #[test]
+    fn a_driver_is_a_live_process_of_the_same_program() {
+        assert!(is_a_caw_box(std::process::id()));
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = other.id();
+        // Alive, but another program (a dead driver's pid, reused).
+        assert!(!is_a_caw_box(pid));
+        other.kill().unwrap();
+        other.wait().unwrap();
+        assert!(!is_a_caw_box(pid));
     }
 
     #[test]
