@@ -173,6 +173,7 @@ impl Client {
                 created_at,
                 settings: new.settings,
                 turns: Vec::new(),
+                turn_started: false,
             },
         })
     }
@@ -217,9 +218,10 @@ impl Session {
         runner::run_turn(&self.backend, &mut self.record, &options, &mut on_event).await
     }
 
-    /// Deletes the session's volumes, for a session whose first turn never ran.
+    /// Deletes the session's volumes, for a session whose first turn never ran (a turn that
+    /// started and then failed may have left the agent's work there: kept).
     pub async fn discard_if_unused(&self) -> Result<()> {
-        if self.record.turns.is_empty() {
+        if self.record.turns.is_empty() && !self.record.turn_started {
             let id = self.record.session_id;
             self.backend
                 .remove_volume(&crate::session::workspace::volume_name(id))

@@ -67,7 +67,10 @@ pub(super) async fn drive(
     }
     .await;
     let (attach, history) = match attached {
-        Ok(a) => a,
+        Ok(a) => {
+            record.turn_started = true;
+            a
+        }
         Err(e) => {
             drop(raw);
             return Err(e);

@@ -219,6 +219,11 @@ pub struct SessionRecord {
     pub settings: SessionSettings,
     #[serde(default)]
     pub turns: Vec<TurnRecord>,
+    /// Whether a turn run by this process got as far as starting its container (not
+    /// stored): a new session whose first turn then failed holds the agent's work, and is
+    /// not discarded.
+    #[serde(skip)]
+    pub turn_started: bool,
 }
 
 impl SessionRecord {
@@ -304,6 +309,7 @@ mod tests {
                     interactive: false,
                 })
                 .collect(),
+            turn_started: false,
         }
     }
 

@@ -801,6 +801,7 @@ async fn drive_turn(
     let started_at = now_secs();
     let attach = backend.attach(name, false).await?;
     backend.start_container(name).await?;
+    record.turn_started = true;
     let history = StoredHistory::fetch(backend, name, record, turn);
 
     let mut parser = record.provider.adapter().parser(ParseContext {
@@ -1128,6 +1129,7 @@ pub(super) async fn save_record(
         record.turns = turns;
     }
     let json = serde_json::to_vec_pretty(&*record).expect("records serialize");
+    let record_id = record.session_id;
     let raw_path = format!(".caw-box/turns/{turn}.raw.jsonl");
     let events_path = format!(".caw-box/turns/{turn}.events.jsonl");
     let stderr_path = format!(".caw-box/turns/{turn}.stderr.log");
@@ -1163,7 +1165,19 @@ pub(super) async fn save_record(
         }
         let (uid, gid) = dirs::agent_ids();
         let tar = files::build_tar(&files, uid.into(), gid.into())?;
-        backend.upload_tar(name, AGENT_HOME, tar).await
+        match backend.upload_tar(name, AGENT_HOME, tar).await {
+            Err(e) if being_removed(backend, name).await => {
+                tracing::debug!("{e}");
+                Err(Error::environment(format!(
+                    "the turn's container '{name}' was removed while the turn ran (`docker rm`, a prune?), so the turn is not recorded"
+                ))
+                .with_hint(format!(
+                    "the session's state is kept: `caw-box resume {}` continues it",
+                    record_id
+                )))
+            }
+            other => other,
+        }
     };
     // The record goes into the volume while the new turn-record volume is made: independent.
     let record_now: &SessionRecord = record;
@@ -1180,6 +1194,20 @@ pub(super) async fn save_record(
     removed?;
     cache_record(record);
     Ok(())
+}
+
+/// Whether a turn's container is gone, or on its way (removed from outside: it no longer
+/// has its volumes).
+async fn being_removed(backend: &DockerBackend, name: &str) -> bool {
+    use bollard::models::ContainerStateStatusEnum as State;
+    match backend.inspect_container(name).await {
+        Ok(None) => true,
+        Ok(Some(c)) => matches!(
+            c.state.and_then(|s| s.status),
+            Some(State::REMOVING | State::DEAD)
+        ),
+        Err(_) => false,
+    }
 }
 
 /// Gives the turn's record files to the entrypoint, which waits for them after the CLI
@@ -1340,6 +1368,7 @@ mod tests {
                 ..Default::default()
             },
             turns: Vec::new(),
+            turn_started: false,
         }
     }
 

@@ -88,6 +88,7 @@ impl SessionView {
             created_at: f.created_at,
             settings: f.settings.clone(),
             turns: Vec::new(),
+            turn_started: false,
         };
         if let Some(last) = &self.last {
             record.resume_key = last.resume_key.clone();

@@ -195,3 +195,40 @@ fn the_leftover_of_a_hard_killed_caw_box_is_cleared_by_the_next_turn() {
     assert_recalls(&rig, CODEX, &id, "quince");
     assert!(rig.caw_containers().is_empty());
 }
+
+/// A first turn whose container is removed from under it (`docker rm -f`, a prune) fails
+/// with an error that says so, and the session it started keeps its state volume: the
+/// agent may have worked there.
+#[test]
+fn a_first_turn_that_ran_and_failed_keeps_its_session() {
+    let rig = Rig::new("rmfirst");
+    let mut cmd = rig.run_cmd(CODEX, "SLEEP:8 REMEMBER:gone", &[]);
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let container = rig.wait_for_running_turn(None, Duration::from_secs(60));
+    rig.rt
+        .block_on(rig.docker.remove_container(
+            &container,
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        ))
+        .unwrap();
+    let out = wait_with_deadline(child, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("was removed while the turn ran"),
+        "{}",
+        stderr_of(&out)
+    );
+    let volume = container.clone(); // the state volume has the container's name
+    assert!(
+        rig.caw_volumes().contains(&volume),
+        "the state volume went: {:?}\n{}",
+        rig.caw_volumes(),
+        stderr_of(&out)
+    );
+    rig.cleanup();
+}
