@@ -242,19 +242,42 @@ struct DriveJob {
     settings: SessionSettings,
     prompt: String,
     env: Vec<(String, String)>,
-    timeout_secs: Option<u64>,
+    /// Milliseconds, not seconds: `--timeout 500ms` must not become zero.
+    timeout_ms: Option<u64>,
+}
+
+impl DriveJob {
+    fn new(session_id: String, settings: SessionSettings, options: &TurnOptions) -> Self {
+        DriveJob {
+            session_id,
+            settings,
+            prompt: options.prompt.clone(),
+            env: options.env.clone(),
+            timeout_ms: options
+                .timeout
+                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        }
+    }
+
+    /// The turn the driver runs (the job's settings and session are applied separately).
+    fn turn_options(&self) -> TurnOptions {
+        TurnOptions {
+            prompt: self.prompt.clone(),
+            env: self.env.clone(),
+            timeout: self.timeout_ms.map(Duration::from_millis),
+            interactive: false,
+        }
+    }
 }
 
 /// Starts the turn in a background `caw-box __drive` process that outlives this one, and
 /// returns once its container runs (or with the error that kept it from starting).
 async fn detach(backend: &DockerBackend, session: &Session, options: &TurnOptions) -> Result<()> {
-    let job = DriveJob {
-        session_id: session.id().to_string(),
-        settings: session.record().settings.clone(),
-        prompt: options.prompt.clone(),
-        env: options.env.clone(),
-        timeout_secs: options.timeout.map(|t| t.as_secs()),
-    };
+    let job = DriveJob::new(
+        session.id().to_string(),
+        session.record().settings.clone(),
+        options,
+    );
     let exe = std::env::current_exe()
         .map_err(|e| Error::environment(format!("cannot find caw-box's own executable: {e}")))?;
     let mut child = {
@@ -363,13 +386,8 @@ pub async fn drive() -> Result<i32> {
         .map_err(|e| Error::usage(format!("__drive: malformed job: {e}")))?;
     let client = Client::connect().await?;
     let mut session = client.open(&job.session_id).await?;
+    let options = job.turn_options();
     *session.settings_mut() = job.settings;
-    let options = TurnOptions {
-        prompt: job.prompt,
-        env: job.env,
-        timeout: job.timeout_secs.map(Duration::from_secs),
-        interactive: false,
-    };
     let result = session.send(options, |_| {}).await?;
     Ok(result.exit_code)
 }
@@ -482,4 +500,43 @@ pub async fn handle(target: &str) -> Result<i32> {
     }
     output::println(&session.handle().to_json());
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(timeout: Option<Duration>) -> TurnOptions {
+        TurnOptions {
+            prompt: "hi".into(),
+            env: vec![("K".into(), "V".into())],
+            timeout,
+            interactive: false,
+        }
+    }
+
+    /// What `__drive` reads back from what `--detach` wrote.
+    fn through_the_pipe(options: &TurnOptions) -> TurnOptions {
+        let job = DriveJob::new("id".into(), SessionSettings::default(), options);
+        let json = serde_json::to_vec(&job).unwrap();
+        serde_json::from_slice::<DriveJob>(&json)
+            .unwrap()
+            .turn_options()
+    }
+
+    #[test]
+    fn a_detached_turn_keeps_a_sub_second_timeout() {
+        for t in [
+            Duration::from_millis(500),
+            Duration::from_millis(1500),
+            Duration::from_secs(1800),
+        ] {
+            assert_eq!(through_the_pipe(&options(Some(t))).timeout, Some(t));
+        }
+        assert_eq!(through_the_pipe(&options(None)).timeout, None);
+        let back = through_the_pipe(&options(None));
+        assert_eq!(back.prompt, "hi");
+        assert_eq!(back.env, vec![("K".to_string(), "V".to_string())]);
+        assert!(!back.interactive);
+    }
 }
