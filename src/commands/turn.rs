@@ -416,9 +416,23 @@ pub async fn wait(target_arg: &str, format: OutputFormat, quiet: bool) -> Result
     let id = view.facts.session_id;
     let container = format!("caw-box-{id}");
     let mut stopped_since: Option<std::time::Instant> = None;
+    let is_running = |c: &bollard::models::ContainerInspectResponse| {
+        c.state.as_ref().and_then(|s| s.running).unwrap_or(false)
+    };
     while let Some(c) = backend.inspect_container(&container).await? {
-        if c.state.as_ref().and_then(|s| s.running).unwrap_or(false) {
-            backend.wait_container(&container).await?;
+        if is_running(&c) {
+            if let Err(e) = backend.wait_container(&container).await {
+                // The turn may have ended, and its driver removed the container, between
+                // the inspect and the wait (the daemon's 404): then it is recorded, or
+                // about to be. Only a container still running makes the error real.
+                let still_running = backend
+                    .inspect_container(&container)
+                    .await?
+                    .is_some_and(|c| is_running(&c));
+                if still_running {
+                    return Err(e);
+                }
+            }
             continue;
         }
         // The turn's driver records the turn, then removes the container.
