@@ -177,16 +177,22 @@ async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32>
     });
     let outcomes = futures_util::future::join_all(runs).await;
     let mut exit = 0;
+    let mut failed = 0;
     let mut results = Vec::new();
     for (id, outcome) in outcomes {
         match outcome {
             Ok(r) => {
+                if r.exit_code != 0 {
+                    failed += 1;
+                }
                 if exit == 0 {
                     exit = r.exit_code;
                 }
                 results.push(r);
             }
             Err(e) => {
+                // A session whose turn never ran (busy, image missing) failed too.
+                failed += 1;
                 if exit == 0 {
                     exit = e.exit_code();
                 }
@@ -218,8 +224,8 @@ async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32>
             }
         }
     }
-    if exit != 0 && !quiet {
-        let failed = results.iter().filter(|r| r.exit_code != 0).count();
+    // Not silenced by -q ("only errors on stderr"): it is this exit's one error line.
+    if exit != 0 {
         output::eprintln(&format!(
             "caw-box: error: {failed} of {} sessions of group {group} did not succeed",
             members.len()
