@@ -10,11 +10,11 @@ use serde::{Deserialize, Serialize};
 use crate::backend::DockerBackend;
 use crate::cli::{OutputFormat, ResumeArgs, RunArgs, TurnArgs};
 use crate::client::{Client, NewSession, Session};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::output::{self, Printer};
 use crate::provider::ProviderKind;
-use crate::session::record::{SessionRecord, SessionSettings, TurnRecord};
+use crate::session::record::{labels, SessionRecord, SessionSettings, TurnRecord};
 use crate::session::runner::{self, TurnOptions, RUNTIME_MOUNT, STOP_REQUEST};
 use crate::session::target;
 use crate::settings;
@@ -65,7 +65,8 @@ pub async fn run(args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
         .await?;
     if args.turn.detach {
         let started = detach(client.backend(), &session, &options).await;
-        if started.is_err() {
+        // This process's record never has a turn; Docker's says whether the driver ran one.
+        if started.is_err() && !turn_recorded(client.backend(), &session).await {
             let _ = session.discard_if_unused().await;
         }
         return started.map(|()| print_detached(&session, args.turn.output));
@@ -306,43 +307,27 @@ async fn detach(backend: &DockerBackend, session: &Session, options: &TurnOption
     }
     let container = runner::container_name(session.record());
     let turn = session.record().next_turn().to_string();
+    let driver_pid = child.id().to_string();
     loop {
         if let Some(status) = child
             .try_wait()
             .map_err(|e| Error::environment(format!("lost the background turn: {e}")))?
         {
-            if status.success() {
-                // The turn already ran to its end (and is recorded).
-                return Ok(());
+            let mut stderr = String::new();
+            if let Some(mut pipe) = child.stderr.take() {
+                let _ = pipe.read_to_string(&mut stderr);
             }
-            let mut err = String::new();
-            if let Some(mut stderr) = child.stderr.take() {
-                let _ = stderr.read_to_string(&mut err);
-            }
-            let line = err.lines().last().unwrap_or("").trim();
-            let line = line.strip_prefix("caw-box: error: ").unwrap_or(line);
-            return Err(Error::new(
-                match status.code() {
-                    Some(2) => crate::ErrorKind::Usage,
-                    Some(4) => crate::ErrorKind::Credentials,
-                    _ => crate::ErrorKind::Environment,
-                },
-                if line.is_empty() {
-                    "the background turn ended before it started".to_string()
-                } else {
-                    line.to_string()
-                },
-            ));
+            return driver_ended(status.code(), &stderr);
         }
+        // Our turn's container, not any turn N: a turn N already running (this session is
+        // busy) carries the same turn label, but another driver's pid.
         let started = backend
             .inspect_container(&container)
             .await?
             .filter(|c| {
-                c.config
-                    .as_ref()
-                    .and_then(|c| c.labels.as_ref())
-                    .and_then(|l| l.get(crate::session::record::labels::TURN))
-                    == Some(&turn)
+                let container_labels = c.config.as_ref().and_then(|c| c.labels.as_ref());
+                let label = |key| container_labels.and_then(|l| l.get(key));
+                label(labels::TURN) == Some(&turn) && label(labels::DRIVER_PID) == Some(&driver_pid)
             })
             .and_then(|c| c.state)
             .is_some_and(|s| {
@@ -352,6 +337,58 @@ async fn detach(backend: &DockerBackend, session: &Session, options: &TurnOption
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What a detached turn's driver said by exiting before its container was seen running:
+/// `Ok` if it ran the turn (a quick one, or one that failed fast), else why it could not.
+///
+/// The exit code alone cannot tell: 1, 4, 5, 124 and 130 are both turn statuses and error
+/// kinds (exit 4 is an `auth_error` turn, or no credentials at all). What tells is how
+/// `__drive` ends: after a turn it prints nothing (it runs with `-q` and returns the
+/// turn's exit code), while an error is always its last stderr line, `caw-box: error: …`.
+fn driver_ended(code: Option<i32>, stderr: &str) -> Result<()> {
+    let last = stderr
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
+    let error = last.strip_prefix("caw-box: error: ");
+    let turn_status_code = matches!(code, Some(0 | 1 | 4 | 5 | 124 | 130));
+    if error.is_none() && turn_status_code {
+        // The turn ran and is recorded: `wait` reports how it ended.
+        return Ok(());
+    }
+    let kind = match code {
+        Some(1) => ErrorKind::Turn,
+        Some(2) => ErrorKind::Usage,
+        Some(4) => ErrorKind::Credentials,
+        Some(5) => ErrorKind::UsageLimit,
+        Some(124) => ErrorKind::Timeout,
+        Some(130) => ErrorKind::Interrupted,
+        _ => ErrorKind::Environment,
+    };
+    let message = match (error, code) {
+        (Some(line), _) => line.to_string(),
+        // Not one of ours (a panic, say): its own last words say the most.
+        _ if !last.is_empty() => last.to_string(),
+        (None, Some(c)) => {
+            format!("the background turn ended before it started (its caw-box exited with {c})")
+        }
+        (None, None) => {
+            "the background turn ended before it started (its caw-box was killed)".to_string()
+        }
+    };
+    Err(Error::new(kind, message))
+}
+
+/// Whether Docker holds a recorded turn of `session`; when it cannot tell, yes (so nothing
+/// is deleted on a guess).
+async fn turn_recorded(backend: &DockerBackend, session: &Session) -> bool {
+    match target::resolve_view(backend, &session.id().to_string()).await {
+        Ok(view) => view.last.is_some(),
+        Err(_) => true,
     }
 }
 
@@ -542,6 +579,37 @@ mod tests {
         serde_json::from_slice::<DriveJob>(&json)
             .unwrap()
             .turn_options()
+    }
+
+    #[test]
+    fn a_driver_that_ran_its_turn_is_told_from_one_that_could_not() {
+        // A turn that ran and ended (fast) before its container was seen: started.
+        for code in [0, 1, 4, 5, 124, 130] {
+            assert!(driver_ended(Some(code), "").is_ok(), "{code}");
+        }
+        // Log lines of a turn that ran are not an error.
+        assert!(driver_ended(Some(1), "ERROR caw_box::session: cli crashed\n").is_ok());
+        // The driver's own error line: refused, with its message and exit code.
+        let busy = driver_ended(
+            Some(2),
+            "caw-box: error: session x is busy: turn 3 is running right now\n",
+        )
+        .unwrap_err();
+        assert_eq!(busy.exit_code(), 2);
+        assert_eq!(
+            busy.message,
+            "session x is busy: turn 3 is running right now"
+        );
+        // Exit 4 with an error line is missing credentials, not an auth_error turn.
+        let creds =
+            driver_ended(Some(4), "caw-box: error: no credentials for codex\n").unwrap_err();
+        assert_eq!(creds.exit_code(), 4);
+        // Anything else never started the turn.
+        assert_eq!(driver_ended(Some(3), "").unwrap_err().exit_code(), 3);
+        assert_eq!(driver_ended(None, "").unwrap_err().exit_code(), 3);
+        let panic = driver_ended(Some(101), "thread 'main' panicked at x\n").unwrap_err();
+        assert_eq!(panic.exit_code(), 3);
+        assert!(panic.message.contains("panicked"), "{}", panic.message);
     }
 
     #[test]
