@@ -10,11 +10,11 @@ use serde::{Deserialize, Serialize};
 use crate::backend::DockerBackend;
 use crate::cli::{OutputFormat, ResumeArgs, RunArgs, TurnArgs};
 use crate::client::{Client, NewSession, Session};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::output::{self, Printer};
 use crate::provider::ProviderKind;
-use crate::session::record::{SessionRecord, SessionSettings, TurnRecord};
+use crate::session::record::{labels, SessionRecord, SessionSettings, TurnRecord};
 use crate::session::runner::{self, TurnOptions, RUNTIME_MOUNT, STOP_REQUEST};
 use crate::session::target;
 use crate::settings;
@@ -65,7 +65,8 @@ pub async fn run(args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
         .await?;
     if args.turn.detach {
         let started = detach(client.backend(), &session, &options).await;
-        if started.is_err() {
+        // This process's record never has a turn; Docker's says whether the driver ran one.
+        if started.is_err() && !turn_recorded(client.backend(), &session).await {
             let _ = session.discard_if_unused().await;
         }
         return started.map(|()| print_detached(&session, args.turn.output));
@@ -177,16 +178,22 @@ async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32>
     });
     let outcomes = futures_util::future::join_all(runs).await;
     let mut exit = 0;
+    let mut failed = 0;
     let mut results = Vec::new();
     for (id, outcome) in outcomes {
         match outcome {
             Ok(r) => {
+                if r.exit_code != 0 {
+                    failed += 1;
+                }
                 if exit == 0 {
                     exit = r.exit_code;
                 }
                 results.push(r);
             }
             Err(e) => {
+                // A session whose turn never ran (busy, image missing) failed too.
+                failed += 1;
                 if exit == 0 {
                     exit = e.exit_code();
                 }
@@ -218,8 +225,8 @@ async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32>
             }
         }
     }
-    if exit != 0 && !quiet {
-        let failed = results.iter().filter(|r| r.exit_code != 0).count();
+    // Not silenced by -q ("only errors on stderr"): it is this exit's one error line.
+    if exit != 0 {
         output::eprintln(&format!(
             "caw-box: error: {failed} of {} sessions of group {group} did not succeed",
             members.len()
@@ -242,19 +249,42 @@ struct DriveJob {
     settings: SessionSettings,
     prompt: String,
     env: Vec<(String, String)>,
-    timeout_secs: Option<u64>,
+    /// Milliseconds, not seconds: `--timeout 500ms` must not become zero.
+    timeout_ms: Option<u64>,
+}
+
+impl DriveJob {
+    fn new(session_id: String, settings: SessionSettings, options: &TurnOptions) -> Self {
+        DriveJob {
+            session_id,
+            settings,
+            prompt: options.prompt.clone(),
+            env: options.env.clone(),
+            timeout_ms: options
+                .timeout
+                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        }
+    }
+
+    /// The turn the driver runs (the job's settings and session are applied separately).
+    fn turn_options(&self) -> TurnOptions {
+        TurnOptions {
+            prompt: self.prompt.clone(),
+            env: self.env.clone(),
+            timeout: self.timeout_ms.map(Duration::from_millis),
+            interactive: false,
+        }
+    }
 }
 
 /// Starts the turn in a background `caw-box __drive` process that outlives this one, and
 /// returns once its container runs (or with the error that kept it from starting).
 async fn detach(backend: &DockerBackend, session: &Session, options: &TurnOptions) -> Result<()> {
-    let job = DriveJob {
-        session_id: session.id().to_string(),
-        settings: session.record().settings.clone(),
-        prompt: options.prompt.clone(),
-        env: options.env.clone(),
-        timeout_secs: options.timeout.map(|t| t.as_secs()),
-    };
+    let job = DriveJob::new(
+        session.id().to_string(),
+        session.record().settings.clone(),
+        options,
+    );
     let exe = std::env::current_exe()
         .map_err(|e| Error::environment(format!("cannot find caw-box's own executable: {e}")))?;
     let mut child = {
@@ -277,43 +307,27 @@ async fn detach(backend: &DockerBackend, session: &Session, options: &TurnOption
     }
     let container = runner::container_name(session.record());
     let turn = session.record().next_turn().to_string();
+    let driver_pid = child.id().to_string();
     loop {
         if let Some(status) = child
             .try_wait()
             .map_err(|e| Error::environment(format!("lost the background turn: {e}")))?
         {
-            if status.success() {
-                // The turn already ran to its end (and is recorded).
-                return Ok(());
+            let mut stderr = String::new();
+            if let Some(mut pipe) = child.stderr.take() {
+                let _ = pipe.read_to_string(&mut stderr);
             }
-            let mut err = String::new();
-            if let Some(mut stderr) = child.stderr.take() {
-                let _ = stderr.read_to_string(&mut err);
-            }
-            let line = err.lines().last().unwrap_or("").trim();
-            let line = line.strip_prefix("caw-box: error: ").unwrap_or(line);
-            return Err(Error::new(
-                match status.code() {
-                    Some(2) => crate::ErrorKind::Usage,
-                    Some(4) => crate::ErrorKind::Credentials,
-                    _ => crate::ErrorKind::Environment,
-                },
-                if line.is_empty() {
-                    "the background turn ended before it started".to_string()
-                } else {
-                    line.to_string()
-                },
-            ));
+            return driver_ended(status.code(), &stderr);
         }
+        // Our turn's container, not any turn N: a turn N already running (this session is
+        // busy) carries the same turn label, but another driver's pid.
         let started = backend
             .inspect_container(&container)
             .await?
             .filter(|c| {
-                c.config
-                    .as_ref()
-                    .and_then(|c| c.labels.as_ref())
-                    .and_then(|l| l.get(crate::session::record::labels::TURN))
-                    == Some(&turn)
+                let container_labels = c.config.as_ref().and_then(|c| c.labels.as_ref());
+                let label = |key| container_labels.and_then(|l| l.get(key));
+                label(labels::TURN) == Some(&turn) && label(labels::DRIVER_PID) == Some(&driver_pid)
             })
             .and_then(|c| c.state)
             .is_some_and(|s| {
@@ -323,6 +337,58 @@ async fn detach(backend: &DockerBackend, session: &Session, options: &TurnOption
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What a detached turn's driver said by exiting before its container was seen running:
+/// `Ok` if it ran the turn (a quick one, or one that failed fast), else why it could not.
+///
+/// The exit code alone cannot tell: 1, 4, 5, 124 and 130 are both turn statuses and error
+/// kinds (exit 4 is an `auth_error` turn, or no credentials at all). What tells is how
+/// `__drive` ends: after a turn it prints nothing (it runs with `-q` and returns the
+/// turn's exit code), while an error is always its last stderr line, `caw-box: error: …`.
+fn driver_ended(code: Option<i32>, stderr: &str) -> Result<()> {
+    let last = stderr
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
+    let error = last.strip_prefix("caw-box: error: ");
+    let turn_status_code = matches!(code, Some(0 | 1 | 4 | 5 | 124 | 130));
+    if error.is_none() && turn_status_code {
+        // The turn ran and is recorded: `wait` reports how it ended.
+        return Ok(());
+    }
+    let kind = match code {
+        Some(1) => ErrorKind::Turn,
+        Some(2) => ErrorKind::Usage,
+        Some(4) => ErrorKind::Credentials,
+        Some(5) => ErrorKind::UsageLimit,
+        Some(124) => ErrorKind::Timeout,
+        Some(130) => ErrorKind::Interrupted,
+        _ => ErrorKind::Environment,
+    };
+    let message = match (error, code) {
+        (Some(line), _) => line.to_string(),
+        // Not one of ours (a panic, say): its own last words say the most.
+        _ if !last.is_empty() => last.to_string(),
+        (None, Some(c)) => {
+            format!("the background turn ended before it started (its caw-box exited with {c})")
+        }
+        (None, None) => {
+            "the background turn ended before it started (its caw-box was killed)".to_string()
+        }
+    };
+    Err(Error::new(kind, message))
+}
+
+/// Whether Docker holds a recorded turn of `session`; when it cannot tell, yes (so nothing
+/// is deleted on a guess).
+async fn turn_recorded(backend: &DockerBackend, session: &Session) -> bool {
+    match target::resolve_view(backend, &session.id().to_string()).await {
+        Ok(view) => view.last.is_some(),
+        Err(_) => true,
     }
 }
 
@@ -363,13 +429,8 @@ pub async fn drive() -> Result<i32> {
         .map_err(|e| Error::usage(format!("__drive: malformed job: {e}")))?;
     let client = Client::connect().await?;
     let mut session = client.open(&job.session_id).await?;
+    let options = job.turn_options();
     *session.settings_mut() = job.settings;
-    let options = TurnOptions {
-        prompt: job.prompt,
-        env: job.env,
-        timeout: job.timeout_secs.map(Duration::from_secs),
-        interactive: false,
-    };
     let result = session.send(options, |_| {}).await?;
     Ok(result.exit_code)
 }
@@ -398,9 +459,23 @@ pub async fn wait(target_arg: &str, format: OutputFormat, quiet: bool) -> Result
     let id = view.facts.session_id;
     let container = format!("caw-box-{id}");
     let mut stopped_since: Option<std::time::Instant> = None;
+    let is_running = |c: &bollard::models::ContainerInspectResponse| {
+        c.state.as_ref().and_then(|s| s.running).unwrap_or(false)
+    };
     while let Some(c) = backend.inspect_container(&container).await? {
-        if c.state.as_ref().and_then(|s| s.running).unwrap_or(false) {
-            backend.wait_container(&container).await?;
+        if is_running(&c) {
+            if let Err(e) = backend.wait_container(&container).await {
+                // The turn may have ended, and its driver removed the container, between
+                // the inspect and the wait (the daemon's 404): then it is recorded, or
+                // about to be. Only a container still running makes the error real.
+                let still_running = backend
+                    .inspect_container(&container)
+                    .await?
+                    .is_some_and(|c| is_running(&c));
+                if still_running {
+                    return Err(e);
+                }
+            }
             continue;
         }
         // The turn's driver records the turn, then removes the container.
@@ -482,4 +557,74 @@ pub async fn handle(target: &str) -> Result<i32> {
     }
     output::println(&session.handle().to_json());
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(timeout: Option<Duration>) -> TurnOptions {
+        TurnOptions {
+            prompt: "hi".into(),
+            env: vec![("K".into(), "V".into())],
+            timeout,
+            interactive: false,
+        }
+    }
+
+    /// What `__drive` reads back from what `--detach` wrote.
+    fn through_the_pipe(options: &TurnOptions) -> TurnOptions {
+        let job = DriveJob::new("id".into(), SessionSettings::default(), options);
+        let json = serde_json::to_vec(&job).unwrap();
+        serde_json::from_slice::<DriveJob>(&json)
+            .unwrap()
+            .turn_options()
+    }
+
+    #[test]
+    fn a_driver_that_ran_its_turn_is_told_from_one_that_could_not() {
+        // A turn that ran and ended (fast) before its container was seen: started.
+        for code in [0, 1, 4, 5, 124, 130] {
+            assert!(driver_ended(Some(code), "").is_ok(), "{code}");
+        }
+        // Log lines of a turn that ran are not an error.
+        assert!(driver_ended(Some(1), "ERROR caw_box::session: cli crashed\n").is_ok());
+        // The driver's own error line: refused, with its message and exit code.
+        let busy = driver_ended(
+            Some(2),
+            "caw-box: error: session x is busy: turn 3 is running right now\n",
+        )
+        .unwrap_err();
+        assert_eq!(busy.exit_code(), 2);
+        assert_eq!(
+            busy.message,
+            "session x is busy: turn 3 is running right now"
+        );
+        // Exit 4 with an error line is missing credentials, not an auth_error turn.
+        let creds =
+            driver_ended(Some(4), "caw-box: error: no credentials for codex\n").unwrap_err();
+        assert_eq!(creds.exit_code(), 4);
+        // Anything else never started the turn.
+        assert_eq!(driver_ended(Some(3), "").unwrap_err().exit_code(), 3);
+        assert_eq!(driver_ended(None, "").unwrap_err().exit_code(), 3);
+        let panic = driver_ended(Some(101), "thread 'main' panicked at x\n").unwrap_err();
+        assert_eq!(panic.exit_code(), 3);
+        assert!(panic.message.contains("panicked"), "{}", panic.message);
+    }
+
+    #[test]
+    fn a_detached_turn_keeps_a_sub_second_timeout() {
+        for t in [
+            Duration::from_millis(500),
+            Duration::from_millis(1500),
+            Duration::from_secs(1800),
+        ] {
+            assert_eq!(through_the_pipe(&options(Some(t))).timeout, Some(t));
+        }
+        assert_eq!(through_the_pipe(&options(None)).timeout, None);
+        let back = through_the_pipe(&options(None));
+        assert_eq!(back.prompt, "hi");
+        assert_eq!(back.env, vec![("K".to_string(), "V".to_string())]);
+        assert!(!back.interactive);
+    }
 }

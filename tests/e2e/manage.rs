@@ -119,6 +119,67 @@ fn detach_wait_and_stop() {
 }
 
 #[test]
+fn detach_on_a_busy_session_is_refused_and_the_running_turn_goes_on() {
+    let rig = Rig::new("busy-detach");
+    let id = start(&rig, CODEX, "REMEMBER:plum", &[]);
+    let out = run(rig.resume_cmd(CODEX, &id, "SLEEP:15 RECALL", &["--detach"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+
+    // Turn 2 runs: a detached turn 2 of our own must not pass for it.
+    let out = run(rig.resume_cmd(CODEX, &id, "REMEMBER:fig", &["--detach"]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(stdout_of(&out).trim().is_empty(), "{}", stdout_of(&out));
+    assert!(stderr_of(&out).contains("is busy"), "{}", stderr_of(&out));
+    assert_eq!(stderr_of(&out).lines().count(), 1, "{}", stderr_of(&out));
+
+    let out = caw_out(&rig, &["wait", &id, "-o", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert_eq!(json["turn"], 2, "{json}");
+    assert!(
+        json["result"].as_str().unwrap().contains("remember plum"),
+        "{json}"
+    );
+    assert!(
+        rig.caw_containers().is_empty(),
+        "{:?}",
+        rig.caw_containers()
+    );
+}
+
+#[test]
+fn a_group_with_a_busy_member_counts_it_as_failed_even_quietly() {
+    let rig = Rig::new("busy-group");
+    let group = format!("b-{}", rig.run_id);
+    let busy = start(&rig, CODEX, "REMEMBER:a", &["--group", &group]);
+    start(&rig, CODEX, "REMEMBER:b", &["--group", &group]);
+    let out = run(rig.resume_cmd(CODEX, &busy, "SLEEP:15 RECALL", &["--detach"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+
+    let mut cmd = rig.caw();
+    cmd.args(["-q", "resume", "--group", &group])
+        .args(["--env", &format!("OPENAI_API_KEY={TEST_KEY}")])
+        .arg("RECALL");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    let stderr = stderr_of(&out);
+    assert!(stderr.contains("is busy"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("1 of 2 sessions of group {group} did not succeed")),
+        "{stderr}"
+    );
+    // The other member's turn ran.
+    assert!(
+        stdout_of(&out).contains("remember b"),
+        "{}",
+        stdout_of(&out)
+    );
+
+    let out = caw_out(&rig, &["wait", &busy]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+}
+
+#[test]
 fn management_by_id_prefix_and_name_without_the_host_data_dir() {
     let rig = Rig::new("manage");
     let name = format!("m-{}", rig.run_id);
