@@ -37,14 +37,16 @@ pub fn sessions_dir() -> Result<PathBuf> {
     Ok(data_dir()?.join("sessions"))
 }
 
-/// Per-turn runtime directories (bind-mounted at /run/caw-box in the turn's container).
+/// Per-turn runtime directories (bind-mounted at /run/caw-box in the turn's container), one
+/// folder per machine: a data dir shared by several (an NFS home) keeps each one's own, so
+/// [`sweep_runtime_dirs`] judges only pids of this machine.
 pub fn runtime_dir() -> Result<PathBuf> {
-    Ok(data_dir()?.join("run"))
+    Ok(data_dir()?.join("run").join(host_name()))
 }
 
 /// Removes the runtime directories of turns whose driver process is gone (killed too hard
 /// to clean up after itself), which may hold credentials. A directory is named
-/// `<session>-<turn>-<pid>`, and the data dir belongs to this machine. Best effort.
+/// `<session>-<turn>-<pid>`, in this machine's folder. Best effort.
 pub fn sweep_runtime_dirs() {
     let Ok(entries) = runtime_dir().and_then(|d| {
         fs::read_dir(&d)

@@ -326,7 +326,9 @@ fn a_killed_drivers_credentials_are_swept_by_the_next_turn() {
     let rig = Rig::new("sweep");
     let home = tempfile::tempdir().unwrap();
     collect(&rig, CODEX, home.path(), &[("OPENAI_API_KEY", TEST_KEY)]);
-    let run_dir = rig.data_dir.path().join("run");
+    // Turns' runtime dirs: one folder per machine.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let run_dir = rig.data_dir.path().join("run").join(host.trim());
     let holding_the_key = || -> Vec<std::path::PathBuf> {
         let Ok(dirs) = std::fs::read_dir(&run_dir) else {
             return Vec::new();
