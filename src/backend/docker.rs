@@ -118,50 +118,56 @@ mod api_version {
         crate::dirs::data_dir().ok().map(|d| d.join(FILE))
     }
 
-    /// Parses the cache file: lines of "HOST MAJOR.MINOR".
-    pub(super) fn parse(contents: &str, host: &str) -> Option<ClientVersion> {
+    fn now() -> u64 {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    }
+
+    /// One line of the cache file, "HOST MAJOR.MINOR SAVED_AT" (seconds since the epoch).
+    fn entry(line: &str) -> Option<(&str, ClientVersion, u64)> {
+        let (rest, saved_at) = line.rsplit_once(' ')?;
+        let (host, v) = rest.rsplit_once(' ')?;
+        let (major, minor) = v.split_once('.')?;
+        let v = ClientVersion {
+            major_version: major.parse().ok()?,
+            minor_version: minor.parse().ok()?,
+        };
+        Some((host, v, saved_at.parse().ok()?))
+    }
+
+    /// `host`'s version in the cache file, if it was saved less than a day before `now`.
+    pub(super) fn parse(contents: &str, host: &str, now: u64) -> Option<ClientVersion> {
         contents.lines().find_map(|line| {
-            let (h, v) = line.rsplit_once(' ')?;
-            let (major, minor) = v.split_once('.')?;
-            (h == host).then_some(ClientVersion {
-                major_version: major.parse().ok()?,
-                minor_version: minor.parse().ok()?,
-            })
+            let (h, v, saved_at) = entry(line)?;
+            (h == host && now.saturating_sub(saved_at) <= MAX_AGE.as_secs()).then_some(v)
         })
     }
 
-    /// The cache file with `host`'s line set to `v` (other hosts' lines kept).
-    pub(super) fn updated(contents: &str, host: &str, v: &ClientVersion) -> String {
+    /// The cache file with `host`'s entry set to `v` as of `now`; other hosts' entries kept.
+    pub(super) fn updated(contents: &str, host: &str, v: &ClientVersion, now: u64) -> String {
         let mut out: String = contents
             .lines()
-            .filter(|l| l.rsplit_once(' ').is_some_and(|(h, _)| h != host))
+            .filter(|l| entry(l).is_some_and(|(h, _, _)| h != host))
             .map(|l| format!("{l}\n"))
             .collect();
-        out.push_str(&format!("{host} {}.{}\n", v.major_version, v.minor_version));
+        out.push_str(&format!(
+            "{host} {}.{} {now}\n",
+            v.major_version, v.minor_version
+        ));
         out
     }
 
     pub(super) fn load(host: &str) -> Option<ClientVersion> {
-        let path = path()?;
-        let age = std::fs::metadata(&path)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| SystemTime::now().duration_since(t).ok())?;
-        if age > MAX_AGE {
-            return None;
-        }
-        parse(&std::fs::read_to_string(path).ok()?, host)
+        parse(&std::fs::read_to_string(path()?).ok()?, host, now())
     }
 
     /// Best effort: without the cache, the next command negotiates again.
     pub(super) fn store(host: &str, v: &ClientVersion) {
         let Some(path) = path() else { return };
         let old = std::fs::read_to_string(&path).unwrap_or_default();
-        if parse(&old, host).as_ref() == Some(v) && load(host).is_some() {
-            return;
-        }
         if let Err(e) =
-            crate::dirs::write_private_unsynced(&path, updated(&old, host, v).as_bytes())
+            crate::dirs::write_private_unsynced(&path, updated(&old, host, v, now()).as_bytes())
         {
             tracing::debug!("could not cache Docker's API version: {e}");
         }
@@ -631,16 +637,31 @@ mod tests {
     #[test]
     fn the_api_version_cache_is_per_host() {
         let other = "unix:///run/user/1000/docker.sock";
-        let file = updated("", HOST, &v(1, 41));
-        assert_eq!(file, format!("{HOST} 1.41\n"));
-        let file = updated(&file, other, &v(1, 47));
-        assert_eq!(parse(&file, HOST), Some(v(1, 41)));
-        assert_eq!(parse(&file, other), Some(v(1, 47)));
-        // A host's new version replaces its line and keeps the others.
-        let file = updated(&file, HOST, &v(1, 44));
-        assert_eq!(parse(&file, HOST), Some(v(1, 44)));
-        assert_eq!(parse(&file, other), Some(v(1, 47)));
+        let now = 1_800_000_000;
+        let file = updated("", HOST, &v(1, 41), now);
+        assert_eq!(file, format!("{HOST} 1.41 {now}\n"));
+        let file = updated(&file, other, &v(1, 47), now);
+        assert_eq!(parse(&file, HOST, now), Some(v(1, 41)));
+        assert_eq!(parse(&file, other, now), Some(v(1, 47)));
+        // A host's new version replaces its entry and keeps the others.
+        let file = updated(&file, HOST, &v(1, 44), now + 10);
+        assert_eq!(parse(&file, HOST, now + 10), Some(v(1, 44)));
+        assert_eq!(parse(&file, other, now + 10), Some(v(1, 47)));
         assert_eq!(file.lines().count(), 2);
+    }
+
+    #[test]
+    fn each_entry_is_kept_for_a_day() {
+        let other = "unix:///run/user/1000/docker.sock";
+        let day = 24 * 3600;
+        let file = updated("", other, &v(1, 47), 1000);
+        let file = updated(&file, HOST, &v(1, 41), 1000 + day);
+        assert_eq!(parse(&file, HOST, 1000 + day), Some(v(1, 41)));
+        // Another host's refresh does not keep this one's entry alive.
+        assert_eq!(parse(&file, other, 1000 + day), Some(v(1, 47)));
+        assert_eq!(parse(&file, other, 1001 + day), None);
+        assert_eq!(parse(&file, HOST, 1000 + 2 * day), Some(v(1, 41)));
+        assert_eq!(parse(&file, HOST, 1001 + 2 * day), None);
     }
 
     #[test]
@@ -649,10 +670,12 @@ mod tests {
             "",
             "garbage",
             &format!("{HOST} 1"),
-            &format!("{HOST} one.two"),
+            &format!("{HOST} one.two 5"),
+            &format!("{HOST} 1.41"),
+            &format!("{HOST} 1.41 soon"),
         ] {
-            assert_eq!(parse(junk, HOST), None, "{junk:?}");
+            assert_eq!(parse(junk, HOST, 5), None, "{junk:?}");
         }
-        assert_eq!(parse(&format!("{HOST}x 1.41"), HOST), None);
+        assert_eq!(parse(&format!("{HOST}x 1.41 5"), HOST, 5), None);
     }
 }

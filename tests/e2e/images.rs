@@ -2,8 +2,6 @@
 //! image; `doctor` names a missing image with its fix; a missing base fails the build with
 //! exit 3; the daemon's API version is cached per host.
 
-use std::time::Duration;
-
 use bollard::models::{ContainerCreateBody, HostConfig};
 
 use crate::common::*;
@@ -171,40 +169,40 @@ fn the_daemons_api_version_is_cached_per_host() {
         let out = run(cmd);
         assert!(out.status.success(), "{}", stderr_of(&out));
     };
-
-    // Another daemon's entry stays; a damaged line for this one is replaced.
-    std::fs::write(
-        &cache,
-        format!("unix:///other/docker.sock 1.30\n{host} one.two\n"),
-    )
-    .unwrap();
-    ls();
-    let file = std::fs::read_to_string(&cache).unwrap();
-    assert_eq!(
-        file,
-        format!("unix:///other/docker.sock 1.30\n{host} {api}\n"),
-        "{file}"
-    );
-
-    // A day-old entry is asked again (and so rewritten); a fresh one is used as it is.
-    let two_days_ago = std::time::SystemTime::now() - Duration::from_secs(2 * 24 * 3600);
-    let set_mtime = |t| {
-        std::fs::File::options()
-            .append(true)
-            .open(&cache)
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
-            .set_modified(t)
-            .unwrap()
+            .as_secs()
     };
-    set_mtime(two_days_ago);
+    // This host's entry: (version, saved at).
+    let entry = || -> (String, u64) {
+        let file = std::fs::read_to_string(&cache).unwrap();
+        let line = file
+            .lines()
+            .find(|l| l.starts_with(&format!("{host} ")))
+            .unwrap_or_else(|| panic!("no entry for {host}: {file}"));
+        let fields: Vec<&str> = line.split(' ').collect();
+        (fields[1].to_string(), fields[2].parse().unwrap())
+    };
+
+    // Another daemon's entry stays; a damaged entry for this one is replaced.
+    let other = format!("unix:///other/docker.sock 1.30 {}", now());
+    std::fs::write(&cache, format!("{other}\n{host} one.two 5\n")).unwrap();
+    let before = now();
     ls();
-    let modified = std::fs::metadata(&cache).unwrap().modified().unwrap();
-    assert!(modified > two_days_ago + Duration::from_secs(24 * 3600));
-    let fresh = std::time::SystemTime::now() - Duration::from_secs(60);
-    set_mtime(fresh);
+    let (version, saved_at) = entry();
+    assert_eq!(version, api);
+    assert!(saved_at >= before);
+    assert!(std::fs::read_to_string(&cache).unwrap().starts_with(&other));
+
+    // A fresh entry is used as it is (even a made-up version: nothing asks the daemon);
+    // a day-old one is asked again.
+    let an_hour_ago = now() - 3600;
+    std::fs::write(&cache, format!("{host} 1.24 {an_hour_ago}\n")).unwrap();
     ls();
-    assert_eq!(
-        std::fs::metadata(&cache).unwrap().modified().unwrap(),
-        fresh
-    );
+    assert_eq!(entry(), ("1.24".to_string(), an_hour_ago));
+    std::fs::write(&cache, format!("{host} 1.24 {}\n", now() - 2 * 24 * 3600)).unwrap();
+    ls();
+    assert_eq!(entry().0, api);
 }
