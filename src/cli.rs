@@ -35,7 +35,8 @@ Examples:
     after_help = "Examples:\n  caw-box image build --all\n  caw-box run --provider claude \"fix the failing test\"\n  caw-box resume <id> \"now add a test\"\n  caw-box doctor"
 )]
 pub struct Cli {
-    /// More detail on stderr (repeat for debug logs).
+    /// More detail on stderr (repeat for debug logs, timed from the start; CAW_BOX_LOG takes
+    /// a tracing filter such as `caw_box=debug,bollard=debug`).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
     /// Only errors on stderr.
