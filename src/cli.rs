@@ -220,6 +220,14 @@ pub struct TurnArgs {
     /// Stop the turn after this long, e.g. `30m` (exit 124).
     #[arg(long, value_name = "DURATION")]
     pub timeout: Option<String>,
+    /// Stop the turn when the CLI prints nothing for this long, e.g. `10m` (exit 124;
+    /// `off` to disable). Off by default; CI jobs want it.
+    #[arg(long, value_name = "DURATION")]
+    pub idle_timeout: Option<String>,
+    /// Stop the turn when the CLI reports that it cannot reach its model and no answer came
+    /// for this long (exit 3, status `unreachable`; default 60s; `off` to disable).
+    #[arg(long, value_name = "DURATION")]
+    pub connect_timeout: Option<String>,
     /// Memory limit, e.g. `2g`.
     #[arg(long)]
     pub memory: Option<String>,
@@ -229,7 +237,9 @@ pub struct TurnArgs {
     /// Process limit.
     #[arg(long, value_name = "N")]
     pub pids_limit: Option<i64>,
-    /// `open` (default bridge), `none`, `host`, or an existing network's name.
+    /// `open` (default bridge), `host`, or an existing network's name (e.g. an internal one
+    /// with a model gateway on it). `none` is refused: the CLI could not reach its model;
+    /// `--allow-host @provider` is the locked-down setup.
     #[arg(long)]
     pub network: Option<String>,
     /// Egress only to this host (repeatable), through caw-box's proxy: `HOST[:PORT]`,

@@ -212,8 +212,18 @@ impl Session {
         mut options: TurnOptions,
         mut on_event: impl FnMut(&Event),
     ) -> Result<TurnResult> {
+        let settings = &self.record.settings;
         if options.timeout.is_none() {
-            options.timeout = self.record.settings.timeout_secs.map(Duration::from_secs);
+            options.timeout = settings.timeout_secs.map(Duration::from_secs);
+        }
+        if options.idle_timeout.is_none() {
+            options.idle_timeout = settings
+                .idle_timeout_secs
+                .filter(|&s| s > 0)
+                .map(Duration::from_secs);
+        }
+        if options.connect_timeout.is_none() {
+            options.connect_timeout = settings.connect_timeout_secs.map(Duration::from_secs);
         }
         runner::run_turn(&self.backend, &mut self.record, &options, &mut on_event).await
     }

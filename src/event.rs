@@ -17,6 +17,9 @@ pub enum Status {
     UsageLimit,
     Timeout,
     Interrupted,
+    /// The CLI could not reach its model (a wrong endpoint, a network with no route, an
+    /// allowlist without the API host): the turn was stopped instead of retrying forever.
+    Unreachable,
     /// A detached turn that has not ended yet (only in records and `-o json` of `--detach`).
     Running,
 }
@@ -27,6 +30,7 @@ impl Status {
         match self {
             Status::Success | Status::Running => 0,
             Status::Error => 1,
+            Status::Unreachable => 3,
             Status::AuthError => 4,
             Status::UsageLimit => 5,
             Status::Timeout => 124,
@@ -42,6 +46,7 @@ impl Status {
             Status::UsageLimit => "usage_limit",
             Status::Timeout => "timeout",
             Status::Interrupted => "interrupted",
+            Status::Unreachable => "unreachable",
             Status::Running => "running",
         }
     }

@@ -86,6 +86,15 @@ pub fn parse_duration(s: &str, flag: &str) -> Result<Duration> {
     Ok(d)
 }
 
+/// A limit that can be switched off: a duration in whole seconds (at least 1), or 0 for
+/// `off`.
+pub fn parse_limit(s: &str, flag: &str) -> Result<u64> {
+    if matches!(s.trim(), "off" | "none" | "0") {
+        return Ok(0);
+    }
+    Ok(parse_duration(s, flag)?.as_secs().max(1))
+}
+
 /// "2g", "512m", "1048576" into bytes.
 pub fn parse_memory(s: &str) -> Result<i64> {
     let t = s.trim().to_ascii_lowercase();
@@ -311,7 +320,13 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &TurnArgs) -> Resul
             settings.allow_hosts.push(host.clone());
         }
     }
-    if !settings.allow_hosts.is_empty() && matches!(settings.network.as_str(), "none" | "host") {
+    if settings.network == "none" {
+        return Err(Error::usage(
+            "--network none leaves the CLI no way to reach its model: the turn could only hang",
+        )
+        .with_hint("for the tightest egress, use --allow-host @provider (only the model's host is reachable) or a --network NAME with a model gateway on it"));
+    }
+    if !settings.allow_hosts.is_empty() && settings.network == "host" {
         return Err(Error::usage(format!(
             "--allow-host does not combine with --network {}",
             settings.network
@@ -320,6 +335,12 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &TurnArgs) -> Resul
     }
     if let Some(t) = &args.timeout {
         settings.timeout_secs = Some(parse_duration(t, "--timeout")?.as_secs().max(1));
+    }
+    if let Some(t) = &args.idle_timeout {
+        settings.idle_timeout_secs = Some(parse_limit(t, "--idle-timeout")?);
+    }
+    if let Some(t) = &args.connect_timeout {
+        settings.connect_timeout_secs = Some(parse_limit(t, "--connect-timeout")?);
     }
     Ok(())
 }

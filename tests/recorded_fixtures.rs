@@ -123,3 +123,83 @@ fn recorded_failures_are_classified() {
         }
     }
 }
+
+/// Feeds a recorded connection failure (stdout, then stderr) to `provider`'s parser.
+fn unreachable_parser(provider: ProviderKind) -> Box<dyn caw_box::provider::StreamParser> {
+    let dir = format!(
+        "{}/tests/fixtures/{}",
+        env!("CARGO_MANIFEST_DIR"),
+        provider.as_str()
+    );
+    let mut parser = provider.adapter().parser(ParseContext::default());
+    let mut events = Vec::new();
+    let stdout = std::fs::read_to_string(format!("{dir}/unreachable.jsonl")).unwrap();
+    for line in stdout.lines() {
+        parser.parse_line(line, &mut events);
+    }
+    if let Ok(stderr) = std::fs::read_to_string(format!("{dir}/unreachable.stderr.log")) {
+        for line in stderr.lines() {
+            parser.parse_stderr_line(line);
+        }
+    }
+    parser
+}
+
+/// Each CLI's own words for "cannot reach the model" (recorded: no name, refused) are read
+/// as such, so the runner stops the turn instead of waiting forever.
+#[test]
+fn recorded_connection_failures_read_as_unreachable() {
+    for p in ProviderKind::ALL {
+        let parser = unreachable_parser(p);
+        let words = parser.unreachable();
+        assert!(words.is_some_and(|w| !w.is_empty()), "{p}: {words:?}");
+        // The conversation can be resumed later: its key is known (opencode names it in
+        // its logs only).
+        assert!(parser.resume_key().is_some(), "{p}: no resume key");
+    }
+}
+
+/// A model that answers after the failures (the link came back) is no longer unreachable;
+/// an answer alone never was.
+#[test]
+fn an_answer_after_connection_failures_clears_them() {
+    for p in ProviderKind::ALL {
+        let mut parser = unreachable_parser(p);
+        let turn1 = std::fs::read_to_string(format!(
+            "{}/tests/fixtures/{}/turn1.jsonl",
+            env!("CARGO_MANIFEST_DIR"),
+            p.as_str()
+        ))
+        .unwrap();
+        let mut events = Vec::new();
+        for line in turn1.lines() {
+            parser.parse_line(line, &mut events);
+        }
+        assert_eq!(parser.unreachable(), None, "{p}");
+        assert_eq!(parser.finish(0).status, Status::Success, "{p}");
+
+        let answered_only = parse(p, "turn1.jsonl", 0);
+        assert_eq!(answered_only.outcome.status, Status::Success, "{p}");
+    }
+}
+
+/// An HTTP error status is an answer: a rate limit or a rejected key is never "unreachable".
+#[test]
+fn error_statuses_are_not_connection_failures() {
+    for p in ProviderKind::ALL {
+        for file in ["error-429.jsonl", "error-401.jsonl"] {
+            let path = format!(
+                "{}/tests/fixtures/{}/{file}",
+                env!("CARGO_MANIFEST_DIR"),
+                p.as_str()
+            );
+            let text = std::fs::read_to_string(&path).unwrap();
+            let mut parser = p.adapter().parser(ParseContext::default());
+            let mut events = Vec::new();
+            for line in text.lines() {
+                parser.parse_line(line, &mut events);
+            }
+            assert_eq!(parser.unreachable(), None, "{p} {file}");
+        }
+    }
+}

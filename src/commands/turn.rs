@@ -39,6 +39,9 @@ fn turn_options(args: &TurnArgs) -> Result<TurnOptions> {
         env,
         timeout,
         interactive,
+        // From the session's settings (`--idle-timeout`, `--connect-timeout` are remembered).
+        idle_timeout: None,
+        connect_timeout: None,
     })
 }
 
@@ -273,6 +276,8 @@ impl DriveJob {
             env: self.env.clone(),
             timeout: self.timeout_ms.map(Duration::from_millis),
             interactive: false,
+            idle_timeout: None,
+            connect_timeout: None,
         }
     }
 }
@@ -569,6 +574,7 @@ mod tests {
             env: vec![("K".into(), "V".into())],
             timeout,
             interactive: false,
+            ..Default::default()
         }
     }
 

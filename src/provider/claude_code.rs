@@ -12,7 +12,9 @@ use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use super::common::{classify_failure, endpoint_root, parse_line, status_for_http, TurnState};
+use super::common::{
+    classify_failure, endpoint_root, parse_line, status_for_http, Link, TurnState,
+};
 use super::*;
 
 #[derive(Debug)]
@@ -125,10 +127,13 @@ struct ClaudeParser {
     state: TurnState,
     /// The failure class of the last `system/api_retry` line, a hint for a later failure.
     retry_failure: Option<Status>,
+    /// Whether the CLI is failing to reach its model.
+    link: Link,
 }
 
-impl StreamParser for ClaudeParser {
-    fn parse_line(&mut self, line: &str, out: &mut Vec<Event>) {
+impl ClaudeParser {
+    /// One stdout line (see [`StreamParser::parse_line`]).
+    fn parse(&mut self, line: &str, out: &mut Vec<Event>) {
         let Some(line) = parse_line::<Line<'_>>(line) else {
             return;
         };
@@ -148,6 +153,16 @@ impl StreamParser for ClaudeParser {
             LineKind::Result => self.result(line, out),
             LineKind::System => {
                 if line.subtype.as_deref() == Some("api_retry") {
+                    // No HTTP status: the request never got an answer (no name, no route,
+                    // refused).
+                    match line.error_status {
+                        None => self.link.failing(&format!(
+                            "API connection error (retry {} of {})",
+                            line.attempt.unwrap_or(0),
+                            line.max_retries.unwrap_or(0)
+                        )),
+                        Some(_) => self.link.reached(),
+                    }
                     self.retry_failure =
                         line.error_status.and_then(status_for_http).or_else(|| {
                             line.error
@@ -159,6 +174,18 @@ impl StreamParser for ClaudeParser {
             }
             LineKind::Other => {}
         }
+    }
+}
+
+impl StreamParser for ClaudeParser {
+    fn parse_line(&mut self, line: &str, out: &mut Vec<Event>) {
+        let before = out.len();
+        self.parse(line, out);
+        self.link.saw(&out[before..]);
+    }
+
+    fn unreachable(&self) -> Option<&str> {
+        self.link.get()
     }
 
     fn resume_key(&self) -> Option<&str> {
@@ -346,6 +373,10 @@ struct Line<'a> {
     error: Option<Value>,
     #[serde(default)]
     error_status: Option<i64>,
+    #[serde(default)]
+    attempt: Option<u64>,
+    #[serde(default)]
+    max_retries: Option<u64>,
     #[serde(default)]
     usage: Option<ResultUsage>,
     #[serde(default)]

@@ -13,7 +13,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::common::{endpoint_v1, parse_line, TurnState};
+use super::common::{endpoint_v1, is_connection_failure, parse_line, Link, TurnState};
 use super::*;
 
 #[derive(Debug)]
@@ -54,6 +54,13 @@ impl Provider for Codex {
             ] {
                 argv.extend(["-c".to_string(), format!("{key}={}", toml_string(value))]);
             }
+            // One silent request retry instead of four (~30 s of backoff before codex says
+            // anything): a dead endpoint shows as "Reconnecting... waiting for network" after
+            // ~10 s, and codex's reconnect loop still retries after that.
+            argv.extend([
+                "-c".to_string(),
+                format!("model_providers.{p}.request_max_retries=1"),
+            ]);
         }
         let mut stdin = None;
         if request.interactive {
@@ -131,10 +138,13 @@ struct CodexParser {
     open_calls: Vec<String>,
     /// The message of the last top-level `error` event emitted.
     reported_error: Option<String>,
+    /// Whether the CLI is failing to reach its model.
+    link: Link,
 }
 
-impl StreamParser for CodexParser {
-    fn parse_line(&mut self, line: &str, out: &mut Vec<Event>) {
+impl CodexParser {
+    /// One stdout line (see [`StreamParser::parse_line`]).
+    fn parse(&mut self, line: &str, out: &mut Vec<Event>) {
         let Some(line) = parse_line::<Line<'_>>(line) else {
             return;
         };
@@ -184,7 +194,15 @@ impl StreamParser for CodexParser {
                 };
                 // "Reconnecting... 2/5 (…)" is codex retrying: kept as the likely cause if
                 // the turn fails later, but not reported as an error of its own.
-                if !message.starts_with("Reconnecting") {
+                if message.starts_with("Reconnecting") {
+                    // "Reconnecting... waiting for network (Connection failed: error sending
+                    // request)": no answer at all; a broken stream was an answer.
+                    if is_connection_failure(&message) {
+                        self.link.failing(&message);
+                    } else {
+                        self.link.reached();
+                    }
+                } else {
                     out.push(Event::Error {
                         message: message.clone(),
                     });
@@ -194,6 +212,18 @@ impl StreamParser for CodexParser {
             }
             _ => {}
         }
+    }
+}
+
+impl StreamParser for CodexParser {
+    fn parse_line(&mut self, line: &str, out: &mut Vec<Event>) {
+        let before = out.len();
+        self.parse(line, out);
+        self.link.saw(&out[before..]);
+    }
+
+    fn unreachable(&self) -> Option<&str> {
+        self.link.get()
     }
 
     fn resume_key(&self) -> Option<&str> {
@@ -572,6 +602,7 @@ mod tests {
                     "model_providers.caw.base_url=\"http://stub:8080/v1\"",
                     "model_providers.caw.wire_api=\"responses\"",
                     "model_providers.caw.env_key=\"OPENAI_API_KEY\"",
+                    "model_providers.caw.request_max_retries=1",
                 ],
                 "{endpoint}"
             );

@@ -299,3 +299,73 @@ mod tests {
         assert!(parse_line::<serde_json::Value>(" {\"a\":1}\r").is_some());
     }
 }
+
+/// Whether a CLI's words say that it could not connect to its model at all (no name, no
+/// route, refused, reset, timed out), as opposed to an answer that carried an error.
+pub(super) fn is_connection_failure(text: &str) -> bool {
+    const NEEDLES: &[&str] = &[
+        "connection failed",
+        "connection refused",
+        "connection error",
+        "connection reset",
+        "error sending request",
+        "waiting for network",
+        "fetch failed",
+        "unable to connect",
+        "cannot connect to api",
+        "failed to connect",
+        "dns error",
+        "getaddrinfo",
+        "enotfound",
+        "eai_again",
+        "econnrefused",
+        "econnreset",
+        "etimedout",
+        "ehostunreach",
+        "enetunreach",
+        "connect timeout",
+        "und_err_connect_timeout",
+    ];
+    let lower = text.to_ascii_lowercase();
+    NEEDLES.iter().any(|n| lower.contains(n))
+}
+
+/// What a parser knows of the CLI's link to its model: failing (in the CLI's words) from a
+/// connection failure it reported until the model's next answer.
+#[derive(Debug, Default)]
+pub(super) struct Link {
+    failing: Option<String>,
+}
+
+impl Link {
+    /// The CLI reported that it could not reach its model.
+    pub(super) fn failing(&mut self, words: &str) {
+        let words: String = words.trim().chars().take(300).collect();
+        self.failing = Some(words);
+    }
+
+    /// Called with the events of each line: anything the model produced means it answered.
+    pub(super) fn saw(&mut self, events: &[crate::event::Event]) {
+        use crate::event::Event;
+        if events.iter().any(|e| {
+            matches!(
+                e,
+                Event::Text { .. }
+                    | Event::Thinking { .. }
+                    | Event::ToolCall { .. }
+                    | Event::Usage { .. }
+            )
+        }) {
+            self.failing = None;
+        }
+    }
+
+    /// The CLI reached its model after all (e.g. an error status came back).
+    pub(super) fn reached(&mut self) {
+        self.failing = None;
+    }
+
+    pub(super) fn get(&self) -> Option<&str> {
+        self.failing.as_deref()
+    }
+}

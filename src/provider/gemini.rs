@@ -14,7 +14,9 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::common::{classify_failure, endpoint_root, parse_line, TurnState};
+use super::common::{
+    classify_failure, endpoint_root, is_connection_failure, parse_line, Link, TurnState,
+};
 use super::*;
 
 #[derive(Debug)]
@@ -102,10 +104,13 @@ fn push_prompt(argv: &mut Vec<String>, prompt: &str) {
 struct GeminiParser {
     session_id: Option<String>,
     state: TurnState,
+    /// Whether the CLI is failing to reach its model.
+    link: Link,
 }
 
-impl StreamParser for GeminiParser {
-    fn parse_line(&mut self, line: &str, out: &mut Vec<Event>) {
+impl GeminiParser {
+    /// One stdout line (see [`StreamParser::parse_line`]).
+    fn parse(&mut self, line: &str, out: &mut Vec<Event>) {
         let Some(line) = parse_line::<Line<'_>>(line) else {
             return;
         };
@@ -170,6 +175,26 @@ impl StreamParser for GeminiParser {
             "result" => self.result(line, out),
             _ => {}
         }
+    }
+}
+
+impl StreamParser for GeminiParser {
+    fn parse_line(&mut self, line: &str, out: &mut Vec<Event>) {
+        let before = out.len();
+        self.parse(line, out);
+        self.link.saw(&out[before..]);
+    }
+
+    fn parse_stderr_line(&mut self, line: &str) {
+        // "Attempt 2 failed. Retrying with backoff... Error: exception TypeError: fetch
+        // failed sending request" (then a stack trace) while it retries.
+        if line.starts_with("Attempt ") && is_connection_failure(line) {
+            self.link.failing(line);
+        }
+    }
+
+    fn unreachable(&self) -> Option<&str> {
+        self.link.get()
     }
 
     fn resume_key(&self) -> Option<&str> {

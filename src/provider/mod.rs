@@ -254,6 +254,14 @@ pub trait StreamParser: Send {
     fn resume_key(&self) -> Option<&str>;
     /// Called once when the output ended and the CLI exited with `exit_code`.
     fn finish(&mut self, exit_code: i64) -> TurnOutcome;
+    /// Feeds one line of the CLI's stderr, where some CLIs report their retries.
+    fn parse_stderr_line(&mut self, _line: &str) {}
+    /// The CLI's own words while it reports that it cannot reach its model (a connection
+    /// error it retries), with no model response since; `None` otherwise. The runner stops
+    /// a turn that stays here past `--connect-timeout`.
+    fn unreachable(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// A vendor CLI adapter. Pure: no I/O.

@@ -13,7 +13,9 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::common::{endpoint_v1, parse_line, status_for_http, TurnState};
+use super::common::{
+    endpoint_v1, is_connection_failure, parse_line, status_for_http, Link, TurnState,
+};
 use super::*;
 
 #[derive(Debug)]
@@ -33,6 +35,9 @@ impl Provider for Opencode {
         let mut argv = vec!["opencode".to_string()];
         if !request.interactive {
             argv.extend(["run", "--format", "json"].map(String::from));
+            // Its errors on stderr: the only place a headless run says that it cannot reach
+            // its model (it retries silently otherwise).
+            argv.extend(["--print-logs", "--log-level", "ERROR"].map(String::from));
         }
         match request.resume_key {
             Some(key) => argv.extend(["--session".to_string(), key.to_string()]),
@@ -150,10 +155,13 @@ struct OpencodeParser {
     last_tool_error: Option<String>,
     /// Tool calls announced while still running, whose result is still to come.
     running_calls: Vec<String>,
+    /// Whether the CLI is failing to reach its model.
+    link: Link,
 }
 
-impl StreamParser for OpencodeParser {
-    fn parse_line(&mut self, line: &str, out: &mut Vec<Event>) {
+impl OpencodeParser {
+    /// One stdout line (see [`StreamParser::parse_line`]).
+    fn parse(&mut self, line: &str, out: &mut Vec<Event>) {
         let Some(line) = parse_line::<Line<'_>>(line) else {
             return;
         };
@@ -205,6 +213,39 @@ impl StreamParser for OpencodeParser {
             }
             _ => {}
         }
+    }
+}
+
+impl StreamParser for OpencodeParser {
+    fn parse_line(&mut self, line: &str, out: &mut Vec<Event>) {
+        let before = out.len();
+        self.parse(line, out);
+        self.link.saw(&out[before..]);
+    }
+
+    fn parse_stderr_line(&mut self, line: &str) {
+        // Its logs name the session: the key to resume a turn that printed nothing on
+        // stdout (its model never answered).
+        if self.session_id.is_none() {
+            if let Some((_, rest)) = line.split_once(" session.id=") {
+                let id = rest.split_whitespace().next().unwrap_or("");
+                if id.starts_with("ses_") {
+                    self.session_id = Some(id.to_string());
+                }
+            }
+        }
+        // `--print-logs --log-level ERROR`: `... message="stream error" ...
+        // error.error="AI_APICallError: Cannot connect to API: ..."` while it retries.
+        if let Some((_, error)) = line.split_once("error.error=") {
+            let error = error.trim().trim_matches('"');
+            if is_connection_failure(error) {
+                self.link.failing(error);
+            }
+        }
+    }
+
+    fn unreachable(&self) -> Option<&str> {
+        self.link.get()
     }
 
     fn resume_key(&self) -> Option<&str> {
@@ -427,6 +468,9 @@ mod tests {
                 "run",
                 "--format",
                 "json",
+                "--print-logs",
+                "--log-level",
+                "ERROR",
                 "--title=list the files"
             ]
         );
@@ -452,6 +496,9 @@ mod tests {
                 "run",
                 "--format",
                 "json",
+                "--print-logs",
+                "--log-level",
+                "ERROR",
                 "--session",
                 SESSION,
                 "--model",

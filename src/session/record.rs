@@ -114,6 +114,12 @@ pub struct SessionSettings {
     pub pids_limit: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
+    /// `--idle-timeout` in seconds; 0: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_secs: Option<u64>,
+    /// `--connect-timeout` in seconds; 0: off; `None`: the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout_secs: Option<u64>,
     /// `--allow-host`: egress only to these hosts, through caw-box's proxy (`@provider`
     /// stands for the provider's API host, or the `--endpoint` host).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -46,6 +46,9 @@ const HANDOFF_FIFO: &str = "handoff";
 /// container, so the process driving the turn records it as interrupted, not as a crash.
 pub const STOP_REQUEST: &str = "stop-requested";
 
+/// How long a CLI may report that it cannot reach its model before the turn is stopped.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// What one turn needs beyond the session itself.
 #[derive(Debug, Clone, Default)]
 pub struct TurnOptions {
@@ -54,6 +57,13 @@ pub struct TurnOptions {
     /// file, never through the container's config (which `docker inspect` shows).
     pub env: Vec<(String, String)>,
     pub timeout: Option<Duration>,
+    /// Stop a headless turn whose CLI printed nothing (no line on stdout or stderr) for
+    /// this long; status `timeout`. `None`: no limit.
+    pub idle_timeout: Option<Duration>,
+    /// Stop a headless turn once its CLI has reported that it cannot reach its model and no
+    /// model response has arrived for this long; status `unreachable`. `None`: the
+    /// session's setting, else [`DEFAULT_CONNECT_TIMEOUT`]; zero: no limit.
+    pub connect_timeout: Option<Duration>,
     /// The vendor's TUI attached to this process's terminal instead of a headless turn
     /// (`prompt` is then unused).
     pub interactive: bool,
@@ -804,77 +814,64 @@ async fn drive_turn(
     record.turn_started = true;
     let history = StoredHistory::fetch(backend, name, record, turn);
 
-    let mut parser = record.provider.adapter().parser(ParseContext {
-        previous_cumulative_usage: record.last_cumulative_usage(),
-    });
-    let mut session_announced = false;
-    let session_id = record.session_id.to_string();
-    let provider = record.provider;
+    let mut reader = TurnReader {
+        parser: record.provider.adapter().parser(ParseContext {
+            previous_cumulative_usage: record.last_cumulative_usage(),
+        }),
+        sink,
+        session_id: record.session_id.to_string(),
+        provider: record.provider,
+        session_announced: false,
+        raw: Vec::new(),
+        events_log: Vec::new(),
+        events: Vec::new(),
+        model_alive: false,
+    };
     if !record.resume_key.is_empty() {
-        sink(&Event::Session {
-            session_id: session_id.clone(),
-            provider,
-            resume_key: Some(record.resume_key.clone()),
-        });
-        session_announced = true;
+        reader.announce(Some(record.resume_key.clone()));
     }
 
-    let mut raw = Vec::new();
-    let mut events_log = Vec::new();
     let mut stderr_tail = Vec::new();
     let mut lines = LineBuffer::default();
-    let mut events = Vec::new();
+    let mut stderr_lines = LineBuffer::default();
     let mut ended_early = None;
-    let deadline = options.timeout.map(|t| tokio::time::Instant::now() + t);
+    let now = tokio::time::Instant::now;
+    let deadline = options.timeout.map(|t| now() + t);
+    // Reset by every line the CLI prints.
+    let mut idle_deadline = options.idle_timeout.map(|t| now() + t);
+    // Armed while the CLI reports that it cannot reach its model: `--connect-timeout`
+    // after the model's last sign of life (an answer, or a tool's result it asked for).
+    let connect_timeout = options.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+    let mut alive_at = now();
+    let mut link_deadline: Option<tokio::time::Instant> = None;
     let mut output = attach.output;
     // The CLI's exit code, as the entrypoint reports it right after the CLI's last output.
     let mut cli_exit: Option<i64> = None;
 
-    let mut on_line = |line: &str, raw: &mut Vec<u8>, events_log: &mut Vec<u8>| {
-        raw.extend_from_slice(line.as_bytes());
-        raw.push(b'\n');
-        events.clear();
-        parser.parse_line(line, &mut events);
-        if !session_announced {
-            if let Some(key) = parser.resume_key() {
-                sink(&Event::Session {
-                    session_id: session_id.clone(),
-                    provider,
-                    resume_key: Some(key.to_string()),
-                });
-                session_announced = true;
-            }
-        }
-        for e in &events {
-            if let Ok(json) = serde_json::to_vec(e) {
-                events_log.extend_from_slice(&json);
-                events_log.push(b'\n');
-            }
-            sink(e);
-        }
-    };
-
     loop {
-        tokio::select! {
+        let printed = tokio::select! {
             chunk = output.next() => match chunk {
                 Some(Ok(LogOutput::StdOut { message })) => {
                     lines.feed(&message, |l| match l.strip_prefix(EXIT_MARKER) {
                         Some(code) => cli_exit = code.trim().parse().ok(),
-                        None => on_line(l, &mut raw, &mut events_log),
+                        None => reader.stdout_line(l),
                     });
                     if let Some(code) = cli_exit {
                         // The CLI is done; the entrypoint waits for the record.
                         tracing::debug!("the CLI exited with {code}; handing off the record");
                         break;
                     }
+                    true
                 }
                 Some(Ok(LogOutput::StdErr { message })) => {
+                    stderr_lines.feed(&message, |l| reader.parser.parse_stderr_line(l));
                     stderr_tail.extend_from_slice(&message);
                     if stderr_tail.len() > 64 * 1024 {
                         stderr_tail.drain(..stderr_tail.len() - 32 * 1024);
                     }
+                    true
                 }
-                Some(Ok(_)) => {}
+                Some(Ok(_)) => false,
                 Some(Err(e)) => {
                     tracing::warn!("reading the CLI's output failed: {e}");
                     break;
@@ -882,13 +879,31 @@ async fn drive_turn(
                 None => break,
             },
             _ = sleep_until(deadline) => {
-                ended_early = Some(Status::Timeout);
+                ended_early = Some(EndedEarly::Timeout);
+                break;
+            }
+            _ = sleep_until(idle_deadline) => {
+                ended_early = Some(EndedEarly::Idle);
+                break;
+            }
+            _ = sleep_until(link_deadline) => {
+                ended_early = Some(EndedEarly::Unreachable);
                 break;
             }
             _ = interrupts.recv() => {
-                ended_early = Some(Status::Interrupted);
+                ended_early = Some(EndedEarly::Interrupted);
                 break;
             }
+        };
+        if printed {
+            idle_deadline = options.idle_timeout.map(|t| now() + t);
+            if std::mem::take(&mut reader.model_alive) {
+                alive_at = now();
+            }
+            link_deadline = match reader.parser.unreachable() {
+                Some(_) if !connect_timeout.is_zero() => Some(alive_at + connect_timeout),
+                _ => None,
+            };
         }
     }
     if ended_early.is_some() {
@@ -897,46 +912,78 @@ async fn drive_turn(
         let drain = async {
             while let Some(Ok(chunk)) = output.next().await {
                 if let LogOutput::StdOut { message } = chunk {
-                    lines.feed(&message, |l| on_line(l, &mut raw, &mut events_log));
+                    lines.feed(&message, |l| reader.stdout_line(l));
                 }
             }
         };
         let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
     }
-    lines.finish(|l| on_line(l, &mut raw, &mut events_log));
+    lines.finish(|l| reader.stdout_line(l));
+    stderr_lines.finish(|l| reader.parser.parse_stderr_line(l));
     let exit_code = match cli_exit {
         Some(code) => code,
         None => backend.wait_container(name).await?,
     };
-    if let Some(proxy) = proxy {
-        for target in refused_by_proxy(backend, proxy).await {
-            let e = Event::Error {
-                message: format!("egress to {target} was refused: it is not in --allow-host"),
-            };
-            append_event(&mut events_log, &e);
-            sink(&e);
-        }
+    let refused = match proxy {
+        Some(proxy) => refused_by_proxy(backend, proxy).await,
+        None => Vec::new(),
+    };
+    for target in &refused {
+        reader.emit(&Event::Error {
+            message: format!("egress to {target} was refused: it is not in --allow-host"),
+        });
     }
     if ended_early.is_none() && runtime_dir.join(STOP_REQUEST).exists() {
-        ended_early = Some(Status::Interrupted);
+        ended_early = Some(EndedEarly::Interrupted);
     }
 
-    let mut outcome = parser.finish(exit_code);
-    if let Some(key) = parser.resume_key() {
+    let mut outcome = reader.parser.finish(exit_code);
+    // A CLI that gave up on its own after failing to reach its model, and said so last.
+    let unreachable_words = reader.parser.unreachable().map(str::to_string);
+    if ended_early.is_none()
+        && unreachable_words.is_some()
+        && matches!(outcome.status, Status::Error | Status::Success)
+        && (exit_code != 0 || outcome.status == Status::Error)
+    {
+        ended_early = Some(EndedEarly::GaveUp);
+    }
+    if let Some(key) = reader.parser.resume_key() {
         record.resume_key = key.to_string();
         record.key_confirmed = true;
     }
-    if let Some(status) = ended_early {
-        outcome.status = status;
-        outcome.result = match status {
-            Status::Timeout => format!(
-                "the turn timed out after {}",
-                humantime::format_duration(options.timeout.unwrap_or_default())
+    if let Some(early) = ended_early {
+        (outcome.status, outcome.result) = match early {
+            EndedEarly::Timeout => (
+                Status::Timeout,
+                format!(
+                    "the turn timed out after {} (--timeout)",
+                    humantime::format_duration(options.timeout.unwrap_or_default())
+                ),
             ),
-            _ if runtime_dir.join(STOP_REQUEST).exists() => {
-                "the turn was stopped with `caw-box stop`".to_string()
+            EndedEarly::Idle => (
+                Status::Timeout,
+                format!(
+                    "the CLI printed nothing for {} (--idle-timeout)",
+                    humantime::format_duration(options.idle_timeout.unwrap_or_default())
+                ),
+            ),
+            EndedEarly::Unreachable | EndedEarly::GaveUp => (
+                Status::Unreachable,
+                unreachable_result(
+                    record,
+                    (early == EndedEarly::Unreachable)
+                        .then(|| Duration::from_secs(alive_at.elapsed().as_secs())),
+                    unreachable_words.as_deref().unwrap_or(""),
+                    &refused,
+                ),
+            ),
+            EndedEarly::Interrupted if runtime_dir.join(STOP_REQUEST).exists() => (
+                Status::Interrupted,
+                "the turn was stopped with `caw-box stop`".to_string(),
+            ),
+            EndedEarly::Interrupted => {
+                (Status::Interrupted, "the turn was interrupted".to_string())
             }
-            _ => "the turn was interrupted".to_string(),
         };
     } else if outcome.status != Status::Success && outcome.result.trim().is_empty() {
         outcome.result = last_line(&stderr_tail)
@@ -945,6 +992,13 @@ async fn drive_turn(
     if outcome.status == Status::Success && exit_code != 0 {
         outcome.status = Status::Error;
     }
+    let TurnReader {
+        raw,
+        mut events_log,
+        session_announced,
+        sink,
+        ..
+    } = reader;
 
     let duration_ms = started.elapsed().as_millis() as u64;
     let turn_record = TurnRecord {
@@ -993,6 +1047,131 @@ async fn drive_turn(
     save_record(backend, name, record, turn, history, logs, handoff).await?;
     sink(&result_event);
     Ok(result)
+}
+
+/// Why a headless turn ended before its CLI did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EndedEarly {
+    /// `--timeout`.
+    Timeout,
+    /// `--idle-timeout`: no output for that long.
+    Idle,
+    /// The CLI kept reporting that it could not reach its model (`--connect-timeout`).
+    Unreachable,
+    /// Not early: the CLI itself gave up after failing to reach its model.
+    GaveUp,
+    /// Ctrl-C, SIGTERM, SIGHUP or `caw-box stop`.
+    Interrupted,
+}
+
+/// Reads a headless turn's output: each stdout line becomes unified events for the sink
+/// and the turn's logs; stderr lines only inform the parser.
+struct TurnReader<'s> {
+    parser: Box<dyn crate::provider::StreamParser>,
+    sink: &'s mut dyn FnMut(&Event),
+    session_id: String,
+    provider: crate::provider::ProviderKind,
+    session_announced: bool,
+    /// The CLI's stdout, line by line (`logs --raw`).
+    raw: Vec<u8>,
+    /// The unified events, one JSON line each (`logs`).
+    events_log: Vec<u8>,
+    events: Vec<Event>,
+    /// Set when a line showed the model at work (an answer, or a result of a tool it called).
+    model_alive: bool,
+}
+
+impl TurnReader<'_> {
+    fn announce(&mut self, resume_key: Option<String>) {
+        (self.sink)(&Event::Session {
+            session_id: self.session_id.clone(),
+            provider: self.provider,
+            resume_key,
+        });
+        self.session_announced = true;
+    }
+
+    fn emit(&mut self, e: &Event) {
+        append_event(&mut self.events_log, e);
+        (self.sink)(e);
+    }
+
+    fn stdout_line(&mut self, line: &str) {
+        self.raw.extend_from_slice(line.as_bytes());
+        self.raw.push(b'\n');
+        let mut events = std::mem::take(&mut self.events);
+        events.clear();
+        self.parser.parse_line(line, &mut events);
+        if !self.session_announced {
+            if let Some(key) = self.parser.resume_key().map(str::to_string) {
+                self.announce(Some(key));
+            }
+        }
+        for e in &events {
+            self.model_alive |= matches!(
+                e,
+                Event::Text { .. }
+                    | Event::Thinking { .. }
+                    | Event::ToolCall { .. }
+                    | Event::ToolResult { .. }
+                    | Event::Usage { .. }
+            );
+            self.emit(e);
+        }
+        self.events = events;
+    }
+}
+
+/// The result text of a turn whose CLI could not reach its model: which host, for how
+/// long, in the CLI's own words, and what the egress proxy refused.
+fn unreachable_result(
+    record: &SessionRecord,
+    waited: Option<Duration>,
+    words: &str,
+    refused: &[String],
+) -> String {
+    let cli = record.provider.executable();
+    let host = model_host(record);
+    let mut text = match waited {
+        Some(w) => format!(
+            "{cli} could not reach its model at {host}: no answer for {} (--connect-timeout)",
+            humantime::format_duration(w)
+        ),
+        None => format!("{cli} could not reach its model at {host}"),
+    };
+    let words = words.trim();
+    if !words.is_empty() {
+        let words: String = words.chars().take(300).collect();
+        text.push_str(&format!("; it said: {words}"));
+    }
+    if !refused.is_empty() {
+        text.push_str(&format!(
+            " (the egress proxy refused {}: not in --allow-host)",
+            refused.join(", ")
+        ));
+    }
+    text
+}
+
+/// The host a session's model traffic goes to: the `--endpoint` host, else the vendor's.
+pub fn model_host(record: &SessionRecord) -> String {
+    match record.settings.endpoint.as_deref() {
+        Some(url) => {
+            let rest = url.split_once("://").map_or(url, |(_, r)| r);
+            let authority = rest.split('/').next().unwrap_or(rest);
+            authority
+                .rsplit('@')
+                .next()
+                .unwrap_or(authority)
+                .to_string()
+        }
+        None => record
+            .provider
+            .api_hosts()
+            .first()
+            .map(|h| h.trim_end_matches(":443").to_string())
+            .unwrap_or_default(),
+    }
 }
 
 pub(super) fn append_event(log: &mut Vec<u8>, e: &Event) {
@@ -1318,6 +1497,7 @@ pub fn turn_error(result: &TurnResult) -> Option<Error> {
         Status::UsageLimit => ErrorKind::UsageLimit,
         Status::Timeout => ErrorKind::Timeout,
         Status::Interrupted => ErrorKind::Interrupted,
+        Status::Unreachable => ErrorKind::Environment,
     };
     let summary = result.result.lines().next().unwrap_or("").trim();
     let mut e = Error::new(
@@ -1333,6 +1513,10 @@ pub fn turn_error(result: &TurnResult) -> Option<Error> {
             result.provider
         ),
         Status::UsageLimit => "wait for the vendor's limit to reset, then resume".to_string(),
+        Status::Unreachable => format!(
+            "check that --endpoint names a server that answers, that --network has a route to it, and that --allow-host lists it (@provider); the session is kept: `caw-box resume {}` once it is reachable",
+            result.session_id
+        ),
         _ => format!(
             "the session is kept: resume it with `caw-box resume {}`",
             result.session_id

@@ -7,6 +7,7 @@ mod common;
 mod auth;
 mod bad_input;
 mod control;
+mod hardening;
 mod images;
 mod interactive;
 mod manage;

@@ -1,0 +1,142 @@
+//! No turn hangs: a CLI that cannot reach its model is stopped (`unreachable`, exit 3) and
+//! its session stays resumable; a silent CLI is stopped by `--idle-timeout`; a network on
+//! which no model can be reached is refused before anything is created.
+
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+/// A run whose endpoint names a host that does not resolve ends within 15 s past
+/// `--connect-timeout`, with exit 3 and status `unreachable`, naming the host; nothing is
+/// left running; a resume with the working endpoint recalls what the failed turn was told.
+fn unreachable_then_resume(p: P) {
+    let rig = Rig::new(&format!("unreach-{}", p.name.replace('_', "-")));
+    let dead = format!("nohost-{}", rig.run_id);
+    let mut cmd = rig.caw();
+    cmd.args(["run", "--provider", p.name, "--network", &rig.network])
+        .args(["--endpoint", &format!("http://{dead}:8080")])
+        .args(["--env", &format!("{}={TEST_KEY}", p.key_var)])
+        .args(["--connect-timeout", "20s", "--timeout", "5m"]);
+    if let Some(m) = p.model {
+        cmd.args(["--model", m]);
+    }
+    cmd.arg("REMEMBER:lighthouse");
+    let started = Instant::now();
+    let (code, json, stderr) = rig.json_turn(cmd);
+    let took = started.elapsed();
+    assert_eq!(code, 3, "{json}\n{stderr}");
+    assert_eq!(json["status"], "unreachable", "{json}");
+    assert_eq!(json["exit_code"], 3, "{json}");
+    let result = json["result"].as_str().unwrap_or("");
+    assert!(result.contains(&dead), "the host is not named: {result}");
+    assert!(
+        took <= Duration::from_secs(20 + 15),
+        "an unreachable model took {took:?} to end the turn"
+    );
+    let line = stderr.lines().last().unwrap_or("");
+    assert!(
+        line.contains(&dead) && line.contains("--endpoint") && line.contains("--allow-host"),
+        "the error line does not name the host and what to check: {stderr}"
+    );
+    assert!(
+        rig.caw_containers().is_empty(),
+        "{:?}",
+        rig.caw_containers()
+    );
+    assert!(rig.stub_requests().is_empty(), "the stub was reached");
+
+    let id = json["session_id"].as_str().unwrap().to_string();
+    let (code, json, stderr) =
+        rig.json_turn(rig.resume_cmd(p, &id, "RECALL", &["--endpoint", &rig.endpoint()]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert_eq!(json["turn"], 2, "{json}");
+    assert_eq!(
+        json["result"].as_str().map(str::trim),
+        Some("You told me to remember lighthouse."),
+        "{json}"
+    );
+}
+
+#[test]
+fn claude_code_stops_when_its_model_is_unreachable() {
+    unreachable_then_resume(CLAUDE);
+}
+
+#[test]
+fn codex_stops_when_its_model_is_unreachable() {
+    unreachable_then_resume(CODEX);
+}
+
+#[test]
+fn opencode_stops_when_its_model_is_unreachable() {
+    unreachable_then_resume(OPENCODE);
+}
+
+#[test]
+fn gemini_stops_when_its_model_is_unreachable() {
+    unreachable_then_resume(GEMINI);
+}
+
+/// `--network none` can only hang: refused with exit 2 before anything exists, for `run`
+/// and for a `resume` that asks for it.
+#[test]
+fn network_none_is_refused_before_anything_is_created() {
+    let rig = Rig::new("netnone");
+    let mut cmd = rig.caw();
+    cmd.args(["run", "--provider", "codex", "--network", "none"])
+        .args(["--endpoint", &rig.endpoint()])
+        .args(["--env", &format!("OPENAI_API_KEY={TEST_KEY}")])
+        .arg("hi");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--network none") && err.contains("--allow-host @provider"),
+        "{err}"
+    );
+    assert!(rig.caw_volumes().is_empty(), "{:?}", rig.caw_volumes());
+    assert!(rig.caw_containers().is_empty());
+
+    let (code, json, stderr) = rig.json_turn(rig.run_cmd(CODEX, "REMEMBER:x", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    let id = json["session_id"].as_str().unwrap().to_string();
+    let volumes = rig.caw_volumes();
+    let out = run(rig.resume_cmd(CODEX, &id, "RECALL", &["--network", "none"]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    let mut after = rig.caw_volumes();
+    after.sort();
+    let mut before = volumes;
+    before.sort();
+    assert_eq!(
+        after, before,
+        "a refused resume changed the session's volumes"
+    );
+    assert!(rig.caw_containers().is_empty());
+}
+
+/// A CLI that prints nothing past `--idle-timeout` is stopped like `--timeout` (exit 124),
+/// saying which limit fired; the session resumes.
+#[test]
+fn a_silent_turn_is_stopped_by_the_idle_timeout() {
+    let rig = Rig::new("idle");
+    let started = Instant::now();
+    let (code, json, stderr) =
+        rig.json_turn(rig.run_cmd(CODEX, "SLEEP:120 REMEMBER:quiet", &["--idle-timeout", "5s"]));
+    let took = started.elapsed();
+    assert_eq!(code, 124, "{json}\n{stderr}");
+    assert_eq!(json["status"], "timeout", "{json}");
+    assert!(
+        json["result"]
+            .as_str()
+            .is_some_and(|r| r.contains("--idle-timeout")),
+        "{json}"
+    );
+    assert!(stderr.contains("--idle-timeout"), "{stderr}");
+    assert!(took < Duration::from_secs(100), "took {took:?}");
+    assert!(rig.caw_containers().is_empty());
+    let id = json["session_id"].as_str().unwrap().to_string();
+    let (code, json, stderr) =
+        rig.json_turn(rig.resume_cmd(CODEX, &id, "REMEMBER:loud", &["--idle-timeout", "off"]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+}
