@@ -166,7 +166,7 @@ pub fn expand_allow_hosts(
 }
 
 /// `host:port` of an http(s) URL.
-fn endpoint_host(url: &str) -> Option<String> {
+pub fn endpoint_host(url: &str) -> Option<String> {
     let (scheme, rest) = url.split_once("://")?;
     let authority = rest.split('/').next()?;
     let authority = authority.rsplit('@').next()?;

@@ -16,7 +16,7 @@ use crate::output::{self, Printer};
 use crate::provider::ProviderKind;
 use crate::session::record::{labels, SessionRecord, SessionSettings, TurnRecord};
 use crate::session::runner::{self, TurnOptions, RUNTIME_MOUNT, STOP_REQUEST};
-use crate::session::target;
+use crate::session::{models, target};
 use crate::settings;
 
 /// Everything about a turn that can be checked before Docker is touched.
@@ -53,11 +53,19 @@ pub async fn run(args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     if let Some(group) = &args.group {
         settings::validate_name(group, "--group")?;
     }
-    let session_settings = settings::new_session_settings(provider, &args.turn)?;
+    let mut session_settings = settings::new_session_settings(provider, &args.turn)?;
     let options = turn_options(&args.turn)?;
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
 
     let client = Client::connect().await?;
+    if models::needs_discovery(provider, &session_settings) {
+        let (model, how) =
+            models::discover(client.backend(), provider, &session_settings, &options.env).await?;
+        printer.progress(&format!(
+            "no --model given: using {model}, {how} (pass --model to choose)"
+        ));
+        session_settings.model = Some(model);
+    }
     let mut session = client
         .start_session(NewSession {
             provider,

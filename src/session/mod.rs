@@ -4,6 +4,7 @@
 pub mod files;
 pub mod handle;
 mod interactive;
+pub mod models;
 pub mod record;
 pub mod runner;
 pub mod target;

@@ -366,20 +366,22 @@ pub async fn run_turn(
 /// A "No such image" from creating any of a turn's containers (the turn's, the volume
 /// owner fix-up, the egress proxy: all run the session's image) as the missing-image error.
 fn image_hint(e: Error, record: &SessionRecord) -> Error {
+    image_hint_for(e, &record.settings.image, record.provider)
+}
+
+/// [`image_hint`] for a container of `provider`'s `image` before a session exists.
+pub fn image_hint_for(e: Error, image: &str, provider: crate::provider::ProviderKind) -> Error {
     if e.message.contains("No such image") {
-        missing_image(&record.settings.image, record)
+        missing_image(image, provider)
     } else {
         e
     }
 }
 
-fn missing_image(image: &str, record: &SessionRecord) -> Error {
+fn missing_image(image: &str, provider: crate::provider::ProviderKind) -> Error {
     Error::environment(format!("image '{image}' is not present")).with_hint(
-        if image == record.provider.default_image() {
-            format!(
-                "build it with `caw-box image build --provider {}`",
-                record.provider
-            )
+        if image == provider.default_image() {
+            format!("build it with `caw-box image build --provider {provider}`")
         } else {
             "build or pull it, or pass another --image".to_string()
         },

@@ -80,6 +80,11 @@ pub struct Rig {
 
 impl Rig {
     pub fn new(test: &str) -> Rig {
+        Rig::with_stub_env(test, &[])
+    }
+
+    /// A rig whose stub gets extra environment (e.g. `STUB_MODELS=...`).
+    pub fn with_stub_env(test: &str, stub_env: &[String]) -> Rig {
         let rt = runtime();
         let docker = rt.block_on(async { docker().negotiate_version().await.expect("docker") });
         let run_id = format!(
@@ -104,7 +109,7 @@ impl Rig {
             std::os::unix::fs::PermissionsExt::from_mode(0o777),
         )
         .unwrap();
-        rig.rt.block_on(rig.start_network_and_stub(&[]));
+        rig.rt.block_on(rig.start_network_and_stub(stub_env));
         rig
     }
 

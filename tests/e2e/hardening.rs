@@ -140,3 +140,55 @@ fn a_silent_turn_is_stopped_by_the_idle_timeout() {
         rig.json_turn(rig.resume_cmd(CODEX, &id, "REMEMBER:loud", &["--idle-timeout", "off"]));
     assert_eq!(code, 0, "{json}\n{stderr}");
 }
+
+/// `opencode --endpoint` with no `--model`: the endpoint's first listed model is used and
+/// remembered, so a run and a resume work and recall.
+#[test]
+fn opencode_without_a_model_uses_the_endpoints_first() {
+    let rig = Rig::with_stub_env("oc-models", &["STUB_MODELS=stub-model,other".to_string()]);
+    let no_model = P {
+        model: None,
+        ..OPENCODE
+    };
+    let (code, json, stderr) = rig.json_turn(rig.run_cmd(no_model, "REMEMBER:otter", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    let id = json["session_id"].as_str().unwrap().to_string();
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(OPENCODE, &id, "RECALL", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert_eq!(
+        json["result"].as_str().map(str::trim),
+        Some("You told me to remember otter."),
+        "{json}"
+    );
+    let chats: Vec<_> = rig
+        .stub_requests()
+        .into_iter()
+        .filter(|r| r["path"] == "/v1/chat/completions")
+        .collect();
+    assert!(!chats.is_empty());
+    for r in &chats {
+        assert_eq!(r["body"]["model"], "stub-model", "{r}");
+    }
+}
+
+/// When the endpoint cannot tell a model (it lists none, or cannot be reached), `run`
+/// says to pass `--model`: exit 2, one line, nothing created.
+#[test]
+fn opencode_without_a_model_and_no_list_is_refused() {
+    let rig = Rig::new("oc-nomodels");
+    let dead = format!("http://nohost-{}:8080", rig.run_id);
+    for endpoint in [rig.endpoint(), dead] {
+        let mut cmd = rig.caw();
+        cmd.args(["run", "--provider", "opencode", "--network", &rig.network])
+            .args(["--endpoint", &endpoint])
+            .args(["--env", &format!("OPENAI_API_KEY={TEST_KEY}")])
+            .arg("hi");
+        let out = run(cmd);
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("--model"), "{err}");
+        assert!(rig.caw_volumes().is_empty(), "{:?}", rig.caw_volumes());
+        assert!(rig.caw_containers().is_empty());
+    }
+}

@@ -1,5 +1,6 @@
 //! `stub-model`: listens on 0.0.0.0:$PORT (default 8080) until SIGTERM or SIGINT.
-//! Env: `PORT`, `STUB_EXPECT_KEY` (the key every model request must carry).
+//! Env: `PORT`, `STUB_EXPECT_KEY` (the key every model request must carry), `STUB_MODELS`
+//! (what `GET /v1/models` lists).
 
 use std::process::ExitCode;
 
@@ -44,9 +45,17 @@ async fn run() -> Result<(), String> {
 
     // As PID 1 in a container nothing ends the process on SIGTERM unless it asks to.
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let models = std::env::var("STUB_MODELS")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
+        .collect();
     let config = Config {
         expect_key,
         echo: true,
+        models,
     };
     tokio::select! {
         () = serve(listener, config) => {}

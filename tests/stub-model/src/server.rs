@@ -39,6 +39,8 @@ pub struct Config {
     pub expect_key: Option<String>,
     /// Print each record to stdout as a JSON line.
     pub echo: bool,
+    /// What `GET /v1/models` lists (`STUB_MODELS`, comma-separated); empty: nothing.
+    pub models: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -312,6 +314,17 @@ async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<Presente
         return Answer::json(401, &protocol.error_body(401, &message), "unauthorized");
     }
     match route {
+        Route::ListModels(_)
+            if !state.config.models.is_empty() && parts.uri.path() == "/v1/models" =>
+        {
+            let data: Vec<Value> = state
+                .config
+                .models
+                .iter()
+                .map(|id| protocol.model_info(id))
+                .collect();
+            Answer::json(200, &json!({"object": "list", "data": data}), "models")
+        }
         Route::ListModels(_) => Answer::json(200, &protocol.model_list(), "models"),
         Route::Model(_, id) => Answer::json(200, &protocol.model_info(&id), "model"),
         Route::CountTokens(_) => match parse_body(protocol, bytes) {

@@ -18,6 +18,7 @@ async fn start(expect_key: Option<&str>) -> SocketAddr {
     let config = Config {
         expect_key: expect_key.map(str::to_string),
         echo: false,
+        ..Default::default()
     };
     tokio::spawn(serve(listener, config));
     addr
