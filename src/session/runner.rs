@@ -42,6 +42,9 @@ const HANDOFF_DONE: &str = "record-copied";
 /// The FIFO on which the entrypoint waits for the record.
 const HANDOFF_FIFO: &str = "handoff";
 
+/// A file that tells the entrypoint to kill the CLI at the stop signal, without grace.
+const STOP_NOW: &str = "stop-now";
+
 /// A file `caw-box stop` puts in the turn's runtime directory before stopping its
 /// container, so the process driving the turn records it as interrupted, not as a crash.
 pub const STOP_REQUEST: &str = "stop-requested";
@@ -908,7 +911,12 @@ async fn drive_turn(
             };
         }
     }
-    if ended_early.is_some() {
+    if let Some(early) = ended_early {
+        if matches!(early, EndedEarly::Unreachable | EndedEarly::Idle) {
+            // A stuck CLI gets no grace: the entrypoint kills it at once (and still takes
+            // the credentials out of HOME).
+            let _ = dirs::write_private_unsynced(&runtime_dir.join(STOP_NOW), b"");
+        }
         backend.stop_container(name, STOP_GRACE).await?;
         // Whatever the CLI printed while stopping still counts.
         let drain = async {
