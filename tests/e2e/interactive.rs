@@ -444,43 +444,47 @@ fn tui_stopped_from_outside_leaves_the_terminal_intact() {
 
 /// gemini and opencode: what is told in the TUI is recalled by a headless resume (their
 /// keys are found in their own state after the TUI quits).
-#[test]
-fn gemini_and_opencode_tui_sessions_resume_headless() {
-    let rig = Rig::new("tui-others");
+fn tui_session_resumes_headless(p: P, ready: &str, quit: &[&str]) {
+    let rig = Rig::new(&format!("tui-{}", p.name));
     let endpoint = rig.endpoint();
     let mut tmux = Tmux::new(&rig);
-    for (p, ready, quit) in [
-        (GEMINI, "Type your message", &["C-c", "C-c"][..]),
-        (OPENCODE, "Ask anything", &["C-c"][..]),
-    ] {
-        let name = format!("tui-{}", p.name);
-        let key_env = format!("{}={TEST_KEY}", p.key_var);
-        let mut args = vec![
-            "run",
-            "--provider",
-            p.name,
-            "--name",
-            &name,
-            "--network",
-            &rig.network,
-            "--endpoint",
-            &endpoint,
-            "--env",
-            &key_env,
-        ];
-        if let Some(m) = p.model {
-            args.extend(["--model", m]);
-        }
-        tmux.start(&rig, &args);
-        tmux.wait_for(ready, &format!("{}'s TUI did not come up", p.name));
-        tmux.type_line("REMEMBER:quince");
-        tmux.wait_for(
-            "Noted: quince.",
-            &format!("{}'s TUI did not answer", p.name),
-        );
-        tmux.keys(quit);
-        assert_terminal_intact(&tmux);
-        assert_headless_recall(&rig, p, &name, "quince");
+    let name = format!("n-{}", rig.run_id);
+    let key_env = format!("{}={TEST_KEY}", p.key_var);
+    let mut args = vec![
+        "run",
+        "--provider",
+        p.name,
+        "--name",
+        &name,
+        "--network",
+        &rig.network,
+        "--endpoint",
+        &endpoint,
+        "--env",
+        &key_env,
+    ];
+    if let Some(m) = p.model {
+        args.extend(["--model", m]);
     }
+    tmux.start(&rig, &args);
+    tmux.wait_for(ready, &format!("{}'s TUI did not come up", p.name));
+    tmux.type_line("REMEMBER:quince");
+    tmux.wait_for(
+        "Noted: quince.",
+        &format!("{}'s TUI did not answer", p.name),
+    );
+    tmux.keys(quit);
+    assert_terminal_intact(&tmux);
+    assert_headless_recall(&rig, p, &name, "quince");
     rig.cleanup();
+}
+
+#[test]
+fn gemini_tui_session_resumes_headless() {
+    tui_session_resumes_headless(GEMINI, "Type your message", &["C-c", "C-c"]);
+}
+
+#[test]
+fn opencode_tui_session_resumes_headless() {
+    tui_session_resumes_headless(OPENCODE, "Ask anything", &["C-c"]);
 }
