@@ -91,7 +91,7 @@ tests=()
 for p in "${PROVIDERS[@]}"; do
     [ "${built[$p]}" = pass ] && while read -r t; do tests+=("$t"); done < <(tests_of "$p")
 done
-cargo nextest run --test e2e --no-run --quiet 2>/dev/null || die "the e2e tests do not build"
+cargo build --test e2e --quiet || die "the e2e tests do not build"
 printf 'drift: running %d e2e tests against %s/* images\n' "${#tests[@]}" "$REPO" >&2
 export CAW_BOX_E2E_IMAGE_REPO=$REPO
 printf '%s\n' "${tests[@]}" | xargs -P "$JOBS" -I{} sh -c \

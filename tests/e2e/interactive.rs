@@ -130,8 +130,12 @@ impl Tmux {
 
     /// Types `text`, then Enter a moment later (a TUI takes a burst of keys ending in
     /// Enter for a paste, where Enter is a newline).
+    /// Types `text`, waits until the TUI shows it, then presses Enter. (A TUI that reads
+    /// the text and the Enter in one go, as a busy one does, may take both for a paste:
+    /// gemini's then keeps the Enter as part of the input and never submits.)
     fn type_line(&self, text: &str) {
         self.ok(&["send-keys", "-t", "main", "-l", text]);
+        self.wait_for(text, "the TUI did not show the typed text");
         std::thread::sleep(Duration::from_millis(800));
         self.ok(&["send-keys", "-t", "main", "Enter"]);
     }
