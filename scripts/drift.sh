@@ -139,7 +139,7 @@ done
         done
         printf '\n'
     done
-} | tee "$OUT/table.txt"
+} | sed "s/ *$//" | tee "$OUT/table.txt"
 
 {
     printf '{\n  "date": "%s",\n  "image_repo": "%s",\n  "providers": [\n' \
