@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds what the tests and the demo run on: the local base (no registry here), the four
 # provider images through `caw-box image build`, and the stub model's image.
-# Layer caches make a second run take seconds.
+# `image build` skips an image whose inputs did not change: a second run takes a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}

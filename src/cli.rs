@@ -333,6 +333,8 @@ pub enum ImageCommand {
     Build(ImageBuildArgs),
     /// List caw-box images: provider, CLI version, size, age.
     Ls,
+    /// Remove untagged caw-box images left behind by earlier builds.
+    Prune,
 }
 
 #[derive(Debug, Args)]
@@ -353,7 +355,11 @@ pub struct ImageBuildArgs {
     /// The final image does not contain it.
     #[arg(long, value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
-    /// Build without the layer cache.
+    /// Build even when the image is up to date (same Dockerfile, base image, CLI version
+    /// and CA as the image that has the tag).
+    #[arg(long)]
+    pub force: bool,
+    /// Build without the layer cache (implies --force).
     #[arg(long)]
     pub no_cache: bool,
 }

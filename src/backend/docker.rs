@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use bollard::errors::Error as BollardError;
 use bollard::models::{
-    ContainerCreateBody, ContainerInspectResponse, ImageInspect, Volume, VolumeCreateRequest,
+    ContainerCreateBody, ContainerInspectResponse, ImageInspect, ImageSummary, Volume,
+    VolumeCreateRequest,
 };
 use bollard::query_parameters::{
     AttachContainerOptions, CreateContainerOptions, DownloadFromContainerOptions,
-    ListContainersOptions, ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
-    ResizeContainerTTYOptions, StopContainerOptions, UploadToContainerOptions,
-    WaitContainerOptions,
+    ListContainersOptions, ListImagesOptions, ListVolumesOptions, RemoveContainerOptions,
+    RemoveImageOptions, RemoveVolumeOptions, ResizeContainerTTYOptions, StopContainerOptions,
+    UploadToContainerOptions, WaitContainerOptions,
 };
 use bollard::Docker;
 use futures_util::StreamExt;
@@ -244,6 +245,42 @@ impl DockerBackend {
             Ok(i) => Ok(Some(i)),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(failed(format_args!("inspect image '{image}'"), &e)),
+        }
+    }
+
+    /// Top-level images matching Docker's image list `filters` (e.g. `label`, `dangling`).
+    pub async fn list_images(
+        &self,
+        filters: HashMap<String, Vec<String>>,
+    ) -> Result<Vec<ImageSummary>> {
+        self.docker
+            .list_images(Some(ListImagesOptions {
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| failed("list images", &e))
+    }
+
+    /// Removes an image by id, with its untagged parents (never forced). `Ok(false)` when
+    /// Docker keeps it: in use by a container, a parent of another image, or gone already.
+    pub async fn remove_image(&self, id: &str) -> Result<bool> {
+        match self
+            .docker
+            .remove_image(
+                id,
+                Some(RemoveImageOptions {
+                    force: false,
+                    noprune: false,
+                    ..Default::default()
+                }),
+                None,
+            )
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(false),
+            Err(e) => Err(failed(format_args!("remove image '{id}'"), &e)),
         }
     }
 

@@ -40,6 +40,15 @@ pub async fn doctor() -> Result<i32> {
             }
         }
     }
+    // Not a problem (everything works), only disk space: a note with its fix.
+    let leftovers = super::image::leftovers(&backend).await?;
+    if !leftovers.is_empty() {
+        output::println(&format!(
+            "- images: {} untagged caw-box image{} left by earlier builds; fix: caw-box image prune",
+            leftovers.len(),
+            if leftovers.len() == 1 { "" } else { "s" }
+        ));
+    }
     let store = crate::auth::store::Store::open()?;
     let now = crate::session::record::now_secs();
     for p in ProviderKind::ALL {

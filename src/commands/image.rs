@@ -8,13 +8,16 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::time::Duration;
 
-use bollard::query_parameters::{BuildImageOptions, ListImagesOptions};
+use bollard::models::ImageSummary;
+use bollard::query_parameters::BuildImageOptions;
 use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
+use sha2::{Digest, Sha256};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::backend::DockerBackend;
 use crate::cli::ImageBuildArgs;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::output;
 use crate::provider::ProviderKind;
 use crate::session::record::labels;
@@ -39,6 +42,8 @@ fn provider_dockerfile(p: ProviderKind) -> &'static str {
 /// One image to build: its context files, build args and tag.
 struct BuildJob {
     tag: String,
+    /// The image its (first) FROM names.
+    from: String,
     files: Vec<(&'static str, Vec<u8>, u32)>,
     args: HashMap<String, String>,
     labels: HashMap<String, String>,
@@ -106,6 +111,7 @@ pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i
 
     let mut jobs = vec![BuildJob {
         tag: base_tag(),
+        from: args.base.clone(),
         files: vec![
             ("Dockerfile", BASE_DOCKERFILE.as_bytes().to_vec(), 0o644),
             ("caw-box-entry", ENTRYPOINT.as_bytes().to_vec(), 0o755),
@@ -121,6 +127,7 @@ pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i
             .unwrap_or_else(|| p.default_cli_version().to_string());
         jobs.push(BuildJob {
             tag: p.default_image(),
+            from: base_tag(),
             files: vec![
                 (
                     "Dockerfile",
@@ -140,19 +147,108 @@ pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i
             ]),
         });
     }
+    let mut interrupts = Interrupts::install()?;
     for job in jobs {
-        build_one(&backend, job, &args, verbose, quiet).await?;
+        build_one(&backend, job, &args, verbose, quiet, &mut interrupts).await?;
     }
     Ok(0)
 }
 
+/// Ctrl-C, SIGTERM and SIGHUP during a build: caught, so the builder images are removed.
+struct Interrupts {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+}
+
+impl Interrupts {
+    fn install() -> Result<Self> {
+        let err = |e| Error::environment(format!("failed to install signal handlers: {e}"));
+        Ok(Interrupts {
+            int: signal(SignalKind::interrupt()).map_err(err)?,
+            term: signal(SignalKind::terminate()).map_err(err)?,
+            hup: signal(SignalKind::hangup()).map_err(err)?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {},
+            _ = self.term.recv() => {},
+            _ = self.hup.recv() => {},
+        }
+    }
+}
+
+/// A hash of everything an image is built from: the context files (Dockerfile, entrypoint,
+/// CA), the build args with the FROM image's name replaced by its id, and the labels.
+/// `None` when the FROM image is not here (it would be pulled): such a build always runs.
+fn inputs_hash(job: &BuildJob, from_id: Option<&str>) -> Option<String> {
+    let from_id = from_id?;
+    let mut h = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    field(b"caw-box image inputs v1");
+    field(from_id.as_bytes());
+    let mut files: Vec<_> = job.files.iter().collect();
+    files.sort_by_key(|f| f.0);
+    for (path, contents, mode) in files {
+        field(path.as_bytes());
+        field(&mode.to_le_bytes());
+        field(contents);
+    }
+    for map in [&job.args, &job.labels] {
+        let mut pairs: Vec<_> = map.iter().filter(|(_, v)| **v != job.from).collect();
+        pairs.sort();
+        for (k, v) in pairs {
+            field(k.as_bytes());
+            field(v.as_bytes());
+        }
+    }
+    Some(format!("{:x}", h.finalize()))
+}
+
 async fn build_one(
     backend: &DockerBackend,
-    job: BuildJob,
+    mut job: BuildJob,
     args: &ImageBuildArgs,
     verbose: bool,
     quiet: bool,
+    interrupts: &mut Interrupts,
 ) -> Result<()> {
+    let from_id = backend.inspect_image(&job.from).await?.and_then(|i| i.id);
+    let inputs = inputs_hash(&job, from_id.as_deref());
+    let current = backend.inspect_image(&job.tag).await?;
+    let current_labels = current
+        .as_ref()
+        .and_then(|i| i.config.as_ref())
+        .and_then(|c| c.labels.clone())
+        .unwrap_or_default();
+    let up_to_date = inputs.is_some() && current_labels.get(labels::INPUTS) == inputs.as_ref();
+    if up_to_date && !args.force && !args.no_cache {
+        if !quiet {
+            let version = current_labels
+                .get(labels::CLI_VERSION)
+                .map(|v| format!(" (CLI {v})"))
+                .unwrap_or_default();
+            output::eprintln(&format!(
+                "{} is up to date{version}; --force rebuilds it",
+                job.tag
+            ));
+        }
+        return Ok(());
+    }
+    if let Some(inputs) = inputs {
+        job.labels.insert(labels::INPUTS.to_string(), inputs);
+    }
+    // Marks this build's builder-stage images (see the provider Dockerfiles); not an input.
+    let build_id = uuid::Uuid::new_v4().simple().to_string();
+    if job.files[0].1.windows(12).any(|w| w == b"ARG BUILD_ID") {
+        job.args.insert("BUILD_ID".to_string(), build_id.clone());
+    }
+
     let tar = context_tar(&job.files)?;
     let options = BuildImageOptions {
         t: Some(job.tag.clone()),
@@ -178,33 +274,53 @@ async fn build_one(
     let started = std::time::Instant::now();
     let mut log = String::new();
     let mut failure: Option<String> = None;
-    let mut stream =
-        backend
-            .client()
-            .build_image(options, None, Some(bollard::body_full(tar.into())));
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(info) => {
-                if let Some(text) = info.stream.as_deref() {
-                    log.push_str(text);
-                    if verbose {
-                        let _ = std::io::stderr().write_all(text.as_bytes());
+    let mut interrupted = false;
+    {
+        let mut stream =
+            backend
+                .client()
+                .build_image(options, None, Some(bollard::body_full(tar.into())));
+        loop {
+            let item = tokio::select! {
+                item = stream.next() => item,
+                _ = interrupts.recv() => {
+                    interrupted = true;
+                    break;
+                }
+            };
+            let Some(item) = item else { break };
+            match item {
+                Ok(info) => {
+                    if let Some(text) = info.stream.as_deref() {
+                        log.push_str(text);
+                        if verbose {
+                            let _ = std::io::stderr().write_all(text.as_bytes());
+                        }
+                        if let Some(step) = text.lines().find(|l| l.starts_with("Step ")) {
+                            progress.set_message(step.to_string());
+                        }
                     }
-                    if let Some(step) = text.lines().find(|l| l.starts_with("Step ")) {
-                        progress.set_message(step.to_string());
+                    if let Some(err) = info.error_detail.and_then(|d| d.message) {
+                        failure = Some(err);
                     }
                 }
-                if let Some(err) = info.error_detail.and_then(|d| d.message) {
-                    failure = Some(err);
+                Err(e) => {
+                    failure = Some(crate::backend::docker::daemon_message(&e));
+                    break;
                 }
-            }
-            Err(e) => {
-                failure = Some(crate::backend::docker::daemon_message(&e));
-                break;
             }
         }
+        // Dropping the stream closes the connection: the daemon cancels the build.
     }
     progress.finish_and_clear();
+    // Success, failure or Ctrl-C: this build's builder-stage images go.
+    remove_builder_images(backend, &build_id, interrupted).await;
+    if interrupted {
+        return Err(Error::new(
+            ErrorKind::Interrupted,
+            format!("building {} was interrupted", job.tag),
+        ));
+    }
     if let Some(err) = failure {
         let last_lines: Vec<&str> = log.lines().rev().take(3).collect();
         tracing::debug!("build log tail: {:?}", last_lines);
@@ -227,6 +343,15 @@ async fn build_one(
             Error::environment(format!("building {} failed: {err}", job.tag)).with_hint(hint),
         );
     }
+    // The image the tag named before is caw-box's own leftover now, unless something still
+    // uses it (a container, another tag, a child image): Docker then keeps it.
+    if let Some(previous) = current.and_then(|i| i.id) {
+        if let Some(old) = backend.inspect_image(&previous).await? {
+            if old.repo_tags.unwrap_or_default().is_empty() {
+                backend.remove_image(&previous).await?;
+            }
+        }
+    }
     if !quiet {
         output::eprintln(&format!(
             "built {} in {:.1}s",
@@ -237,24 +362,57 @@ async fn build_one(
     Ok(())
 }
 
+/// Removes the builder-stage images that build `build_id` made. After an interruption the
+/// daemon is still tearing the build down (its step container holds the last image), so
+/// this waits a little for that container to go.
+async fn remove_builder_images(backend: &DockerBackend, build_id: &str, interrupted: bool) {
+    let label = format!("{}={build_id}", labels::BUILD_ID);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut clean_rounds = 0;
+    loop {
+        let mut left = 0;
+        match backend
+            .list_images(HashMap::from([("label".to_string(), vec![label.clone()])]))
+            .await
+        {
+            Ok(images) => {
+                for img in images {
+                    match backend.remove_image(&img.id).await {
+                        Ok(true) => {}
+                        Ok(false) => left += 1,
+                        Err(e) => tracing::warn!("{e}"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("{e}"),
+        }
+        if !interrupted {
+            if left > 0 {
+                tracing::warn!("{left} builder image(s) of this build are in use; `caw-box image prune` removes them later");
+            }
+            return;
+        }
+        let busy = backend
+            .list_containers(std::slice::from_ref(&label))
+            .await
+            .map(|c| c.len())
+            .unwrap_or(0);
+        // Twice clean in a row: the daemon has seen the cancellation by then.
+        clean_rounds = if left == 0 && busy == 0 {
+            clean_rounds + 1
+        } else {
+            0
+        };
+        if clean_rounds == 2 || std::time::Instant::now() > deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 pub async fn ls() -> Result<i32> {
     let backend = DockerBackend::connect().await?;
-    let images = backend
-        .client()
-        .list_images(Some(ListImagesOptions {
-            filters: Some(HashMap::from([(
-                "label".to_string(),
-                vec![format!("{}=true", labels::MANAGED)],
-            )])),
-            ..Default::default()
-        }))
-        .await
-        .map_err(|e| {
-            Error::environment(format!(
-                "failed to list images: {}",
-                crate::backend::docker::daemon_message(&e)
-            ))
-        })?;
+    let images = backend.list_images(managed_filter(false)).await?;
     let mut rows = vec![[
         "IMAGE".to_string(),
         "PROVIDER".to_string(),
@@ -263,13 +421,15 @@ pub async fn ls() -> Result<i32> {
         "CREATED".to_string(),
     ]];
     let now = crate::session::record::now_secs() as i64;
+    let mut untagged = 0;
     for img in images {
-        let tag = img
-            .repo_tags
-            .iter()
-            .find(|t| !t.starts_with("<none>"))
-            .cloned()
-            .unwrap_or_else(|| img.id.chars().take(19).collect());
+        let tag = match img.repo_tags.iter().find(|t| !t.starts_with("<none>")) {
+            Some(t) => t.clone(),
+            None => {
+                untagged += 1;
+                format!("<none> ({})", short_id(&img.id))
+            }
+        };
         let label = |k: &str| img.labels.get(k).cloned().unwrap_or_else(|| "-".into());
         let age = Duration::from_secs((now - img.created).max(0) as u64);
         rows.push([
@@ -282,6 +442,67 @@ pub async fn ls() -> Result<i32> {
     }
     rows[1..].sort();
     print_table(&rows);
+    if untagged > 0 {
+        output::eprintln(&format!(
+            "{untagged} untagged image{} left by earlier builds; `caw-box image prune` removes {}",
+            if untagged == 1 { "" } else { "s" },
+            if untagged == 1 { "it" } else { "them" }
+        ));
+    }
+    Ok(0)
+}
+
+/// Docker's filter for caw-box's images; `dangling`: only the untagged ones.
+fn managed_filter(dangling: bool) -> HashMap<String, Vec<String>> {
+    let mut f = HashMap::from([(
+        "label".to_string(),
+        vec![format!("{}=true", labels::MANAGED)],
+    )]);
+    if dangling {
+        f.insert("dangling".to_string(), vec!["true".to_string()]);
+    }
+    f
+}
+
+fn short_id(id: &str) -> &str {
+    let id = id.strip_prefix("sha256:").unwrap_or(id);
+    &id[..id.len().min(12)]
+}
+
+/// caw-box's untagged images: builder stages and replaced images of earlier caw-box
+/// versions (today's `image build` removes its own). A builder-stage image younger than an
+/// hour may belong to a build that is running now, which removes it itself: left alone.
+pub async fn leftovers(backend: &DockerBackend) -> Result<Vec<ImageSummary>> {
+    let now = crate::session::record::now_secs() as i64;
+    Ok(backend
+        .list_images(managed_filter(true))
+        .await?
+        .into_iter()
+        .filter(|i| !(i.labels.contains_key(labels::STAGE) && now - i.created < 3600))
+        .collect())
+}
+
+pub async fn prune(quiet: bool) -> Result<i32> {
+    let backend = DockerBackend::connect().await?;
+    let (mut removed, mut kept) = (0, 0);
+    for img in leftovers(&backend).await? {
+        if backend.remove_image(&img.id).await? {
+            removed += 1;
+        } else {
+            kept += 1;
+        }
+    }
+    if !quiet {
+        output::eprintln(&format!(
+            "removed {removed} untagged caw-box image{}{}",
+            if removed == 1 { "" } else { "s" },
+            if kept > 0 {
+                format!("; {kept} kept: in use by a container or another image")
+            } else {
+                String::new()
+            }
+        ));
+    }
     Ok(0)
 }
 
@@ -310,5 +531,48 @@ pub fn print_table<const N: usize>(rows: &[[String; N]]) {
             .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
             .collect();
         output::println(line.join("   ").trim_end());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(ca: &[u8], version: &str) -> BuildJob {
+        BuildJob {
+            tag: "caw-box/codex:latest".into(),
+            from: "caw-box/base:latest".into(),
+            files: vec![
+                ("Dockerfile", b"FROM x".to_vec(), 0o644),
+                ("extra-ca.pem", ca.to_vec(), 0o644),
+            ],
+            args: HashMap::from([
+                ("BASE_IMAGE".to_string(), "caw-box/base:latest".to_string()),
+                ("CLI_VERSION".to_string(), version.to_string()),
+            ]),
+            labels: HashMap::from([(labels::CLI_VERSION.to_string(), version.to_string())]),
+        }
+    }
+
+    #[test]
+    fn the_inputs_hash_follows_every_input_and_the_base_by_id() {
+        let h = |j: &BuildJob, id: &str| inputs_hash(j, Some(id)).unwrap();
+        let a = h(&job(b"", "1.0.0"), "sha256:aa");
+        assert_eq!(a, h(&job(b"", "1.0.0"), "sha256:aa"));
+        assert_ne!(a, h(&job(b"", "1.0.1"), "sha256:aa"));
+        assert_ne!(
+            a,
+            h(&job(b"-----BEGIN CERTIFICATE-----", "1.0.0"), "sha256:aa")
+        );
+        assert_ne!(a, h(&job(b"", "1.0.0"), "sha256:bb"));
+        // The base is taken by id: another repository's base with the same id is the same.
+        let mut other_repo = job(b"", "1.0.0");
+        other_repo.from = "caw-box-drift/base:latest".into();
+        other_repo
+            .args
+            .insert("BASE_IMAGE".into(), "caw-box-drift/base:latest".into());
+        assert_eq!(a, h(&other_repo, "sha256:aa"));
+        // A FROM image that is not here (it would be pulled): no hash, so always built.
+        assert_eq!(inputs_hash(&job(b"", "1.0.0"), None), None);
     }
 }

@@ -50,6 +50,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Auth(AuthCommand::Rm { provider }) => auth::rm(&provider, cli.quiet),
         Command::Image(ImageCommand::Build(args)) => image::build(args, verbose, cli.quiet).await,
         Command::Image(ImageCommand::Ls) => image::ls().await,
+        Command::Image(ImageCommand::Prune) => image::prune(cli.quiet).await,
         Command::Doctor => doctor::doctor().await,
         Command::Completions { shell } => {
             use clap::CommandFactory;

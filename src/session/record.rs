@@ -32,6 +32,13 @@ pub mod labels {
     pub const DRIVER_HOST: &str = "io.caw-box.driver-host";
     /// On a turn-record volume: the [`super::TurnSummary`] of the session's latest turn.
     pub const SUMMARY: &str = "io.caw-box.summary";
+    /// On an image: a hash of everything it was built from; `image build` skips an image
+    /// whose hash is current.
+    pub const INPUTS: &str = "io.caw-box.inputs";
+    /// On a builder-stage image (set by the Dockerfile): the stage, and the `image build`
+    /// run that made it, which removes it when it ends.
+    pub const STAGE: &str = "io.caw-box.stage";
+    pub const BUILD_ID: &str = "io.caw-box.build-id";
 }
 
 /// Roles of the objects caw-box creates (label `io.caw-box.role`).

@@ -165,7 +165,9 @@ impl Rig {
         format!("http://{}:8080", self.stub)
     }
 
-    /// A `caw-box` command with this test's data dir and labels.
+    /// A `caw-box` command with this test's data dir and labels. Its images are the
+    /// default `caw-box/*`, or those of `CAW_BOX_E2E_IMAGE_REPO` (`make drift` runs tests
+    /// against images of the newest CLIs that way).
     pub fn caw(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_caw-box"));
         c.env("CAW_BOX_DATA_DIR", self.data_dir.path())
@@ -185,6 +187,9 @@ impl Rig {
             .env_remove("GEMINI_CLI_HOME")
             .current_dir(self.workspace.path())
             .stdin(Stdio::null());
+        if let Some(repo) = std::env::var_os("CAW_BOX_E2E_IMAGE_REPO") {
+            c.env("CAW_BOX_IMAGE_REPO", repo);
+        }
         c
     }
 
@@ -464,6 +469,13 @@ impl Drop for Rig {
     fn drop(&mut self) {
         self.cleanup();
     }
+}
+
+/// Marks the start of one check of a test that makes several in a row, on stderr: when the
+/// test fails, the last mark names the check that failed (scripts/drift.sh reads it).
+#[allow(clippy::print_stderr)] // the test's own captured stderr, shown when it fails
+pub fn check(name: &str) {
+    eprintln!("e2e check: {name}");
 }
 
 /// Runs a command to completion, with a generous bound so a hung CLI fails the test

@@ -1,8 +1,11 @@
 //! The images: each CLI at its pinned version, as a non-root user, no CA left in the final
 //! image; `doctor` names a missing image with its fix; a missing base fails the build with
-//! exit 3; the daemon's API version is cached per host.
+//! exit 3; the daemon's API version is cached per host; builds leave no builder image behind.
+
+use std::collections::HashMap;
 
 use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters::{ListImagesOptions, RemoveImageOptions};
 
 use crate::common::*;
 
@@ -205,4 +208,140 @@ fn the_daemons_api_version_is_cached_per_host() {
     std::fs::write(&cache, format!("{host} 1.24 {}\n", now() - 2 * 24 * 3600)).unwrap();
     ls();
     assert_eq!(entry().0, api);
+}
+
+/// The local base that scripts/images.sh builds (no registry on these machines).
+const LOCAL_BASE: &str = "caw-box-local/node:20-bookworm";
+const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// Removes the images a test built under its own repository, also when the test fails.
+struct TestImages<'a> {
+    rig: &'a Rig,
+    tags: Vec<String>,
+}
+
+impl Drop for TestImages<'_> {
+    fn drop(&mut self) {
+        for tag in &self.tags {
+            // Untags an image shared with another tag, removes one of the test's own.
+            let _ = self.rig.rt.block_on(self.rig.docker.remove_image(
+                tag,
+                None::<RemoveImageOptions>,
+                None,
+            ));
+        }
+    }
+}
+
+impl Rig {
+    /// Ids of every builder-stage image (intermediate ones included) that exists now.
+    fn install_stage_images(&self) -> Vec<String> {
+        let images = self
+            .rt
+            .block_on(self.docker.list_images(Some(ListImagesOptions {
+                all: true,
+                filters: Some(HashMap::from([(
+                    "label".to_string(),
+                    vec!["io.caw-box.stage=install".to_string()],
+                )])),
+                ..Default::default()
+            })))
+            .unwrap();
+        images.into_iter().map(|i| i.id).collect()
+    }
+
+    fn image_id(&self, tag: &str) -> Option<String> {
+        self.rt
+            .block_on(self.docker.inspect_image(tag))
+            .ok()
+            .and_then(|i| i.id)
+    }
+}
+
+/// `image build` leaves no builder-stage image behind (after a build, a rebuild, a failed
+/// build), removes the image a rebuild replaced, skips an image whose inputs did not change,
+/// and the rebuilt image works. (claude: the quickest npm install of the four.)
+#[test]
+fn image_builds_leave_no_builder_images_and_skip_what_is_up_to_date() {
+    let rig = Rig::new("rebuild");
+    let repo = format!("caw-box-test-{}", rig.run_id);
+    let tag = format!("{repo}/claude-code:latest");
+    let _images = TestImages {
+        rig: &rig,
+        tags: vec![tag.clone(), format!("{repo}/base:latest")],
+    };
+    // Builder images of other builds running now on this daemon are not this test's.
+    let before = rig.install_stage_images();
+    let leftovers = || -> Vec<String> {
+        let mut now = rig.install_stage_images();
+        now.retain(|i| !before.contains(i));
+        now
+    };
+    let build = |ca: &std::path::Path, extra: &[&str]| {
+        let mut cmd = rig.caw();
+        cmd.args([
+            "image",
+            "build",
+            "--provider",
+            "claude",
+            "--base",
+            LOCAL_BASE,
+        ])
+        .arg("--ca-cert")
+        .arg(ca)
+        .args(extra)
+        .env("CAW_BOX_IMAGE_REPO", &repo);
+        run(cmd)
+    };
+    // The host's CA bundle (npm needs it here), with a line of this test's own: so the image
+    // is the test's own too (an input differs), not one shared with other tags.
+    let ca_file = |name: &str| {
+        let mut pem = std::fs::read(CA_BUNDLE).expect("the host's CA bundle");
+        pem.extend_from_slice(format!("\n# {name} {}\n", rig.run_id).as_bytes());
+        let path = rig.data_dir.path().join(name);
+        std::fs::write(&path, pem).unwrap();
+        path
+    };
+    let ca = &ca_file("ca.pem");
+    let out = build(ca, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains(&format!("built {tag}")));
+    let first = rig.image_id(&tag).expect("built");
+    assert_eq!(leftovers(), Vec::<String>::new(), "after the first build");
+
+    // Nothing changed: not rebuilt.
+    let out = build(ca, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains(&format!("{tag} is up to date (CLI 2.1.197)")),
+        "{}",
+        stderr_of(&out)
+    );
+    assert_eq!(rig.image_id(&tag).as_deref(), Some(first.as_str()));
+
+    // Another CA is another input: rebuilt, and the replaced image is gone with it.
+    let other_ca = ca_file("other-ca.pem");
+    let out = build(&other_ca, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let second = rig.image_id(&tag).expect("rebuilt");
+    assert_ne!(second, first);
+    assert_eq!(rig.image_id(&first), None, "the replaced image was left");
+    assert_eq!(leftovers(), Vec::<String>::new(), "after the rebuild");
+    let (code, out) = run_in(&rig, &tag, &["claude", "--version"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("2.1.197"), "{out}");
+
+    // A failed build (no such version on npm) leaves nothing, and the image as it was.
+    let out = build(
+        &other_ca,
+        &["--cli-version", "0.0.0-caw-box-no-such-version"],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains(&format!("building {tag} failed")),
+        "{}",
+        stderr_of(&out)
+    );
+    assert_eq!(leftovers(), Vec::<String>::new(), "after the failed build");
+    assert_eq!(rig.image_id(&tag).as_deref(), Some(second.as_str()));
 }

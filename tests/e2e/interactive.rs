@@ -130,8 +130,12 @@ impl Tmux {
 
     /// Types `text`, then Enter a moment later (a TUI takes a burst of keys ending in
     /// Enter for a paste, where Enter is a newline).
+    /// Types `text`, waits until the TUI shows it, then presses Enter. (A TUI that reads
+    /// the text and the Enter in one go, as a busy one does, may take both for a paste:
+    /// gemini's then keeps the Enter as part of the input and never submits.)
     fn type_line(&self, text: &str) {
         self.ok(&["send-keys", "-t", "main", "-l", text]);
+        self.wait_for(text, "the TUI did not show the typed text");
         std::thread::sleep(Duration::from_millis(800));
         self.ok(&["send-keys", "-t", "main", "Enter"]);
     }
@@ -321,16 +325,18 @@ fn start_codex_tui(rig: &Rig, tmux: &mut Tmux, name: &str) {
 #[test]
 fn codex_tui_session_resumes_headless_and_back() {
     let rig = Rig::new("tui-codex");
+    // Session names are unique per Docker daemon: this run's own.
+    let name = format!("n-{}", rig.run_id);
     let key_env = format!("OPENAI_API_KEY={TEST_KEY}");
     let mut tmux = Tmux::new(&rig);
-    start_codex_tui(&rig, &mut tmux, "tui-codex");
+    start_codex_tui(&rig, &mut tmux, &name);
     answers_and_follows_a_resize(&rig, &tmux, "zebra", (100, 30));
     tmux.keys(&["C-c"]);
     assert_terminal_intact(&tmux);
-    let json = assert_headless_recall(&rig, CODEX, "tui-codex", "zebra");
+    let json = assert_headless_recall(&rig, CODEX, &name, "zebra");
     assert_eq!(json["turn"], 2);
 
-    tmux.start(&rig, &["resume", "tui-codex", "--env", &key_env]);
+    tmux.start(&rig, &["resume", &name, "--env", &key_env]);
     let screen = tmux.wait_for("You told me to remember zebra.", "codex's TUI resume");
     assert!(
         screen.contains("REMEMBER:zebra"),
@@ -339,7 +345,7 @@ fn codex_tui_session_resumes_headless_and_back() {
     tmux.keys(&["C-c"]);
     assert_terminal_intact(&tmux);
 
-    let id = session_id_by_name(&rig, "tui-codex");
+    let id = session_id_by_name(&rig, &name);
     let mut show = rig.caw();
     show.args(["show", &id, "--json"]);
     let shown: serde_json::Value = serde_json::from_slice(&run(show).stdout).unwrap();
@@ -356,14 +362,16 @@ fn codex_tui_session_resumes_headless_and_back() {
 #[test]
 fn claude_tui_resumes_a_headless_session_and_hands_it_back() {
     let rig = Rig::new("tui-claude");
+    // Session names are unique per Docker daemon: this run's own.
+    let name = format!("n-{}", rig.run_id);
     let key_env = format!("ANTHROPIC_API_KEY={TEST_KEY}");
     let (code, json, stderr) =
-        rig.json_turn(rig.run_cmd(CLAUDE, "REMEMBER:kiwi", &["--name", "tui-claude"]));
+        rig.json_turn(rig.run_cmd(CLAUDE, "REMEMBER:kiwi", &["--name", &name]));
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(json["result"], "Noted: kiwi.");
 
     let mut tmux = Tmux::new(&rig);
-    tmux.start(&rig, &["resume", "tui-claude", "--env", &key_env]);
+    tmux.start(&rig, &["resume", &name, "--env", &key_env]);
     let screen = tmux.wait_for("Noted: kiwi.", "claude's TUI did not show the history");
     assert!(screen.contains("REMEMBER:kiwi"), "{screen}");
     answers_and_follows_a_resize(&rig, &tmux, "fig", (90, 24));
@@ -379,9 +387,9 @@ fn claude_tui_resumes_a_headless_session_and_hands_it_back() {
     );
     tmux.keys(&["C-c"]);
     assert_terminal_intact(&tmux);
-    let id = session_id_by_name(&rig, "tui-claude");
+    let id = session_id_by_name(&rig, &name);
     assert_no_key_at_rest(&rig, &id);
-    let json = assert_headless_recall(&rig, CLAUDE, "tui-claude", "fig");
+    let json = assert_headless_recall(&rig, CLAUDE, &name, "fig");
     assert_eq!(json["turn"], 3);
     rig.cleanup();
 }
@@ -419,12 +427,14 @@ fn detach_without_a_prompt_is_refused_on_a_terminal() {
 #[test]
 fn tui_stopped_from_outside_leaves_the_terminal_intact() {
     let rig = Rig::new("tui-stop");
+    // Session names are unique per Docker daemon: this run's own.
+    let name = format!("n-{}", rig.run_id);
     let mut tmux = Tmux::new(&rig);
-    start_codex_tui(&rig, &mut tmux, "tui-stop");
+    start_codex_tui(&rig, &mut tmux, &name);
     tmux.type_line("REMEMBER:lynx");
     tmux.wait_for("Noted: lynx.", "codex's TUI did not answer");
     let mut stop = rig.caw();
-    stop.args(["stop", "tui-stop"]);
+    stop.args(["stop", &name]);
     let out = run(stop);
     assert!(out.status.success(), "stop: {}", stderr_of(&out));
     assert_ended_with(&tmux, 130);
@@ -438,49 +448,53 @@ fn tui_stopped_from_outside_leaves_the_terminal_intact() {
         "READ:still-here",
         "the shell did not read a line after the TUI",
     );
-    assert_headless_recall(&rig, CODEX, "tui-stop", "lynx");
+    assert_headless_recall(&rig, CODEX, &name, "lynx");
     rig.cleanup();
 }
 
 /// gemini and opencode: what is told in the TUI is recalled by a headless resume (their
 /// keys are found in their own state after the TUI quits).
-#[test]
-fn gemini_and_opencode_tui_sessions_resume_headless() {
-    let rig = Rig::new("tui-others");
+fn tui_session_resumes_headless(p: P, ready: &str, quit: &[&str]) {
+    let rig = Rig::new(&format!("tui-{}", p.name));
     let endpoint = rig.endpoint();
     let mut tmux = Tmux::new(&rig);
-    for (p, ready, quit) in [
-        (GEMINI, "Type your message", &["C-c", "C-c"][..]),
-        (OPENCODE, "Ask anything", &["C-c"][..]),
-    ] {
-        let name = format!("tui-{}", p.name);
-        let key_env = format!("{}={TEST_KEY}", p.key_var);
-        let mut args = vec![
-            "run",
-            "--provider",
-            p.name,
-            "--name",
-            &name,
-            "--network",
-            &rig.network,
-            "--endpoint",
-            &endpoint,
-            "--env",
-            &key_env,
-        ];
-        if let Some(m) = p.model {
-            args.extend(["--model", m]);
-        }
-        tmux.start(&rig, &args);
-        tmux.wait_for(ready, &format!("{}'s TUI did not come up", p.name));
-        tmux.type_line("REMEMBER:quince");
-        tmux.wait_for(
-            "Noted: quince.",
-            &format!("{}'s TUI did not answer", p.name),
-        );
-        tmux.keys(quit);
-        assert_terminal_intact(&tmux);
-        assert_headless_recall(&rig, p, &name, "quince");
+    let name = format!("n-{}", rig.run_id);
+    let key_env = format!("{}={TEST_KEY}", p.key_var);
+    let mut args = vec![
+        "run",
+        "--provider",
+        p.name,
+        "--name",
+        &name,
+        "--network",
+        &rig.network,
+        "--endpoint",
+        &endpoint,
+        "--env",
+        &key_env,
+    ];
+    if let Some(m) = p.model {
+        args.extend(["--model", m]);
     }
+    tmux.start(&rig, &args);
+    tmux.wait_for(ready, &format!("{}'s TUI did not come up", p.name));
+    tmux.type_line("REMEMBER:quince");
+    tmux.wait_for(
+        "Noted: quince.",
+        &format!("{}'s TUI did not answer", p.name),
+    );
+    tmux.keys(quit);
+    assert_terminal_intact(&tmux);
+    assert_headless_recall(&rig, p, &name, "quince");
     rig.cleanup();
+}
+
+#[test]
+fn gemini_tui_session_resumes_headless() {
+    tui_session_resumes_headless(GEMINI, "Type your message", &["C-c", "C-c"]);
+}
+
+#[test]
+fn opencode_tui_session_resumes_headless() {
+    tui_session_resumes_headless(OPENCODE, "Ask anything", &["C-c"]);
 }

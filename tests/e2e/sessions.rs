@@ -1,6 +1,6 @@
 //! Run and resume, per provider: a fact told in turn 1 is recalled later, a tool call shows
-//! as events, the turn container is gone after each turn, and the handle alone resumes the
-//! session after the host's caw-box data directory was deleted.
+//! as events, the turn container is gone after each turn, the handle alone resumes the
+//! session after the host's caw-box data directory was deleted, and usage is reported.
 
 use serde_json::Value;
 
@@ -10,6 +10,7 @@ fn run_tool_and_recall(p: P) {
     let rig = Rig::new(&format!("rr-{}", p.name));
 
     // Turn 1: tell it a fact. (Names are unique per Docker host, so per test here.)
+    check("run");
     let name = format!("n-{}", rig.run_id);
     let (code, first, stderr) = rig.json_turn(rig.run_cmd(
         p,
@@ -42,6 +43,7 @@ fn run_tool_and_recall(p: P) {
     );
 
     // Turn 2, by name: a tool call, as unified stream-json events.
+    check("tool call");
     let mut cmd = rig.resume_cmd(p, &name, "RUN:printf 'tool-marker-%s\\n' 42", &[]);
     cmd.args(["-o", "stream-json"]);
     let out = run(cmd);
@@ -91,6 +93,7 @@ fn run_tool_and_recall(p: P) {
     );
 
     // Turn 3 from the handle alone, with the host's data directory gone.
+    check("resume recall");
     let handle = last["resume_handle"].as_str().unwrap().to_string();
     let h: Value = serde_json::from_str(&handle).unwrap();
     assert_eq!(h["volume"], format!("caw-box-{id}"));
@@ -118,6 +121,18 @@ fn run_tool_and_recall(p: P) {
     );
     // The key never shows in caw-box's own output.
     assert!(!stderr.contains(TEST_KEY) && !third.to_string().contains(TEST_KEY));
+
+    // Every turn reports the tokens the model said it used (the stub always sends usage).
+    check("usage");
+    for turn in [&first, &third] {
+        for k in ["input_tokens", "output_tokens"] {
+            assert!(
+                turn["usage"][k].as_u64().is_some_and(|n| n > 0),
+                "usage.{k} of turn {}: {turn}",
+                turn["turn"]
+            );
+        }
+    }
 }
 
 #[test]
