@@ -6,15 +6,27 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 
-/// A run whose endpoint names a host that does not resolve ends within 15 s past
-/// `--connect-timeout`, with exit 3 and status `unreachable`, naming the host; nothing is
-/// left running; a resume with the working endpoint recalls what the failed turn was told.
-fn unreachable_then_resume(p: P) {
+/// How the endpoint fails to answer.
+#[derive(Clone, Copy)]
+enum Dead {
+    /// A name that does not resolve on the test's network.
+    NoSuchHost,
+    /// The stub's host on a port where nothing listens: every connection is refused.
+    Refused,
+}
+
+/// A run whose endpoint does not answer ends within 15 s past `--connect-timeout`, with exit
+/// 3 and status `unreachable`, naming the host; nothing is left running; a resume with the
+/// working endpoint recalls what the failed turn was told.
+fn unreachable_then_resume(p: P, how: Dead) {
     let rig = Rig::new(&format!("unreach-{}", p.name.replace('_', "-")));
-    let dead = format!("nohost-{}", rig.run_id);
+    let dead = match how {
+        Dead::NoSuchHost => format!("nohost-{}:8080", rig.run_id),
+        Dead::Refused => format!("{}:9", rig.stub),
+    };
     let mut cmd = rig.caw();
     cmd.args(["run", "--provider", p.name, "--network", &rig.network])
-        .args(["--endpoint", &format!("http://{dead}:8080")])
+        .args(["--endpoint", &format!("http://{dead}")])
         .args(["--env", &format!("{}={TEST_KEY}", p.key_var)])
         .args(["--connect-timeout", "20s", "--timeout", "5m"]);
     if let Some(m) = p.model {
@@ -59,22 +71,22 @@ fn unreachable_then_resume(p: P) {
 
 #[test]
 fn claude_code_stops_when_its_model_is_unreachable() {
-    unreachable_then_resume(CLAUDE);
+    unreachable_then_resume(CLAUDE, Dead::NoSuchHost);
 }
 
 #[test]
 fn codex_stops_when_its_model_is_unreachable() {
-    unreachable_then_resume(CODEX);
+    unreachable_then_resume(CODEX, Dead::NoSuchHost);
 }
 
 #[test]
 fn opencode_stops_when_its_model_is_unreachable() {
-    unreachable_then_resume(OPENCODE);
+    unreachable_then_resume(OPENCODE, Dead::Refused);
 }
 
 #[test]
 fn gemini_stops_when_its_model_is_unreachable() {
-    unreachable_then_resume(GEMINI);
+    unreachable_then_resume(GEMINI, Dead::Refused);
 }
 
 /// `--network none` can only hang: refused with exit 2 before anything exists, for `run`
