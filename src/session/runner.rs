@@ -949,13 +949,23 @@ async fn drive_turn(
 
     let mut outcome = reader.parser.finish(exit_code);
     // A CLI that gave up on its own after failing to reach its model, and said so last.
-    let unreachable_words = reader.parser.unreachable().map(str::to_string);
+    let mut unreachable_words = reader.parser.unreachable().map(str::to_string);
+    let failed = outcome.status != Status::Success || exit_code != 0;
+    // The egress proxy turned the model's host away (`--allow-host` without it): whatever
+    // the CLI made of the proxy's 403, it could not reach its model.
+    let model_refused = {
+        let model = model_host(record);
+        let host = |t: &str| t.split(':').next().unwrap_or(t).to_ascii_lowercase();
+        refused.iter().any(|t| host(t) == host(&model))
+    };
     if ended_early.is_none()
-        && unreachable_words.is_some()
-        && matches!(outcome.status, Status::Error | Status::Success)
-        && (exit_code != 0 || outcome.status == Status::Error)
+        && failed
+        && ((unreachable_words.is_some() && outcome.status == Status::Error) || model_refused)
     {
         ended_early = Some(EndedEarly::GaveUp);
+        if unreachable_words.is_none() {
+            unreachable_words = Some(outcome.result.clone());
+        }
     }
     if let Some(key) = reader.parser.resume_key() {
         record.resume_key = key.to_string();

@@ -204,3 +204,26 @@ fn opencode_without_a_model_and_no_list_is_refused() {
         assert!(rig.caw_containers().is_empty());
     }
 }
+
+/// An `--allow-host` list without the model's host: the proxy turns the CLI away, and the
+/// turn ends `unreachable` (exit 3) naming the host and `--allow-host`, not as an opaque
+/// error or a credentials problem.
+#[test]
+fn an_allow_list_without_the_model_host_is_named() {
+    let rig = Rig::new("allow-miss");
+    for p in [CODEX, CLAUDE] {
+        let (code, json, stderr) =
+            rig.json_turn(rig.run_cmd(p, "hi", &["--allow-host", "elsewhere.example:443"]));
+        assert_eq!(code, 3, "{json}\n{stderr}");
+        assert_eq!(json["status"], "unreachable", "{json}");
+        let result = json["result"].as_str().unwrap_or("");
+        assert!(
+            result.contains(&format!("{}:8080", rig.stub)) && result.contains("--allow-host"),
+            "{result}"
+        );
+    }
+    assert!(
+        rig.stub_requests().is_empty(),
+        "the proxy let a request through"
+    );
+}
