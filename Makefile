@@ -8,13 +8,14 @@ CA_BUNDLE    ?= /etc/ssl/certs/ca-certificates.crt
 BIN          := target/debug/caw-box
 CA_FLAG      := $(if $(wildcard $(CA_BUNDLE)),--ca-cert $(CA_BUNDLE),)
 
-.PHONY: build test test-unit test-e2e images stub-image demo bench lint clean help
+.PHONY: build test test-unit test-e2e images stub-image demo bench fuzz lint clean help
 
 help:
 	@echo "make demo    run a session and resume it (stub model, no vendor account needed)"
 	@echo "make test    lint + every test (starts Docker, builds images as needed)"
 	@echo "make images  build the base and the four provider images"
 	@echo "make bench   benchmarks against plain docker run"
+	@echo "make fuzz    property tests of every parser of untrusted input, 10^6 inputs each"
 	@echo "make lint    rustfmt --check and clippy -D warnings"
 	@echo "make clean   remove build output and every caw-box test object"
 
@@ -41,6 +42,10 @@ demo: build
 
 bench: build
 	$(RIG) with scripts/bench.sh
+
+# No Docker: the parsers are pure. About 10 minutes on 2 cores.
+fuzz:
+	scripts/fuzz.sh
 
 clean:
 	-scripts/cleanup.sh
