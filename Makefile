@@ -8,7 +8,7 @@ CA_BUNDLE    ?= /etc/ssl/certs/ca-certificates.crt
 BIN          := target/debug/caw-box
 CA_FLAG      := $(if $(wildcard $(CA_BUNDLE)),--ca-cert $(CA_BUNDLE),)
 
-.PHONY: build test test-unit test-e2e images stub-image demo bench drift lint clean help
+.PHONY: build test test-unit test-e2e images stub-image demo bench drift fuzz lint clean help
 
 help:
 	@echo "make demo    run a session and resume it (stub model, no vendor account needed)"
@@ -16,6 +16,7 @@ help:
 	@echo "make images  build the base and the four provider images"
 	@echo "make bench   benchmarks against plain docker run"
 	@echo "make drift   the newest vendor CLIs against the core e2e checks (table + target/drift.json)"
+	@echo "make fuzz    property tests of every parser of untrusted input, 10^6 inputs each"
 	@echo "make lint    rustfmt --check and clippy -D warnings"
 	@echo "make clean   remove build output and every caw-box test object"
 
@@ -46,6 +47,9 @@ bench: build
 # Not part of `test`: the newest CLI releases, built as caw-box-drift/* images.
 drift: build
 	$(RIG) with scripts/drift.sh
+# No Docker: the parsers are pure. About 10 minutes on 2 cores.
+fuzz:
+	scripts/fuzz.sh
 
 clean:
 	-scripts/cleanup.sh

@@ -42,27 +42,36 @@ pub fn resolve_prompt(args: &TurnArgs) -> Result<Option<String>> {
 }
 
 /// `--env K=V` / `--env K` (the host's value) into pairs.
+///
+/// Errors name the argument by its position, never by its text: a mistyped `--env` is often
+/// a secret (`--env $API_KEY` instead of `--env API_KEY`), and secrets stay out of errors.
 pub fn resolve_env(values: &[String]) -> Result<Vec<(String, String)>> {
     values
         .iter()
-        .map(|kv| match kv.split_once('=') {
-            Some((k, v)) => {
-                validate_env_name(k)?;
-                Ok((k.to_string(), v.to_string()))
-            }
-            None => {
-                validate_env_name(kv)?;
-                let v = std::env::var(kv).map_err(|_| {
-                    Error::usage(format!("--env {kv}: no such variable in this environment"))
-                        .with_hint(format!("set it, or pass --env {kv}=VALUE"))
-                })?;
-                Ok((kv.to_string(), v))
+        .enumerate()
+        .map(|(i, kv)| {
+            let which = format!("--env #{} (of {})", i + 1, values.len());
+            match kv.split_once('=') {
+                Some((k, v)) => {
+                    validate_env_name(k, &which)?;
+                    Ok((k.to_string(), v.to_string()))
+                }
+                None => {
+                    validate_env_name(kv, &which)?;
+                    let v = std::env::var(kv).map_err(|_| {
+                        Error::usage(format!(
+                            "{which} names a variable that is not set in this environment"
+                        ))
+                        .with_hint("set it, or pass --env NAME=VALUE")
+                    })?;
+                    Ok((kv.to_string(), v))
+                }
             }
         })
         .collect()
 }
 
-fn validate_env_name(k: &str) -> Result<()> {
+fn validate_env_name(k: &str, which: &str) -> Result<()> {
     let ok = !k.is_empty()
         && !k.starts_with(|c: char| c.is_ascii_digit())
         && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
@@ -70,10 +79,14 @@ fn validate_env_name(k: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::usage(format!(
-            "--env: '{k}' is not a valid variable name"
+            "{which} is not NAME=VALUE or NAME: a name is letters, digits and '_', not starting with a digit (the value is not shown: it may be a secret)"
         )))
     }
 }
+
+/// The longest duration any flag takes: 100 years. Longer ones overflow a deadline
+/// (`now + d`) and mean "never" anyway.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
 
 pub fn parse_duration(s: &str, flag: &str) -> Result<Duration> {
     let d = humantime::parse_duration(s).map_err(|e| {
@@ -82,6 +95,11 @@ pub fn parse_duration(s: &str, flag: &str) -> Result<Duration> {
     })?;
     if d.is_zero() {
         return Err(Error::usage(format!("{flag} must be longer than zero")));
+    }
+    if d > MAX_DURATION {
+        return Err(Error::usage(format!(
+            "{flag} '{s}' is longer than the maximum of 100 years"
+        )));
     }
     Ok(d)
 }
@@ -108,10 +126,12 @@ pub fn parse_memory(s: &str) -> Result<i64> {
     let bad =
         || Error::usage(format!("--memory '{s}' is not a size")).with_hint("use e.g. 512m or 2g");
     let n: f64 = num.parse().map_err(|_| bad())?;
-    if n <= 0.0 {
+    // `inf`, `nan` and `1e300g` parse as f64 but are no size Docker can take.
+    let exact = n * mult as f64;
+    if !exact.is_finite() || n <= 0.0 || exact >= i64::MAX as f64 {
         return Err(bad());
     }
-    let bytes = (n * mult as f64) as i64;
+    let bytes = exact as i64;
     if bytes < 6 << 20 {
         return Err(Error::usage(format!(
             "--memory '{s}' is below Docker's minimum of 6m"
@@ -129,13 +149,17 @@ pub fn validate_allow_host(host: &str) -> Result<()> {
         Some((n, p)) => (n, Some(p)),
         None => (host, None),
     };
-    let name_ok = !name.is_empty()
-        && name.len() <= 253
+    // Dot-separated labels (none empty), with at most one leading `*.`; the port in plain
+    // digits, as the egress proxy reads it (`+80` would parse here and not there).
+    let name_ok = name.len() <= 253
         && name
-            .trim_start_matches("*.")
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
-    let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok_and(|n| n > 0));
+            .strip_prefix("*.")
+            .unwrap_or(name)
+            .split('.')
+            .all(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    let port_ok = port.is_none_or(|p| {
+        p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok_and(|n| n > 0)
+    });
     if name_ok && port_ok {
         Ok(())
     } else {

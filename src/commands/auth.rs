@@ -59,8 +59,9 @@ pub fn collect(names: &[String], backend: store::Backend, quiet: bool) -> Result
     Ok(0)
 }
 
-/// How an expiry reads: "in 3h", "expired 2d ago".
-fn expiry_text(exp: Option<u64>) -> (String, &'static str) {
+/// How an expiry reads: "in 3h", "expired 2d ago". Public for the property tests only.
+#[doc(hidden)]
+pub fn expiry_text(exp: Option<u64>) -> (String, &'static str) {
     let Some(exp) = exp else {
         return ("-".into(), "");
     };

@@ -289,7 +289,8 @@ fn stats_usage(stats: &Value) -> Usage {
             };
             usage.add(&Usage {
                 input_tokens: input,
-                output_tokens: count(tokens, "candidates") + count(tokens, "thoughts"),
+                output_tokens: count(tokens, "candidates")
+                    .saturating_add(count(tokens, "thoughts")),
                 cache_read_tokens: cached,
                 cache_write_tokens: 0,
                 cost_usd: None,

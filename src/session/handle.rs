@@ -56,8 +56,14 @@ impl ResumeHandle {
                 "pass the handle printed by `caw-box handle TARGET`, quoted as one argument",
             )
         };
-        let raw: Raw =
-            serde_json::from_str(s.trim()).map_err(|e| bad(&format!("not valid JSON ({e})")))?;
+        // serde's type errors quote the offending value, which may be the whole string.
+        let raw: Raw = serde_json::from_str(s.trim()).map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => bad(&format!(
+                "not a JSON object of the handle's fields (a value of the wrong type at column {})",
+                e.column()
+            )),
+            _ => bad(&format!("not valid JSON ({e})")),
+        })?;
         let version = raw.version.ok_or_else(|| bad("no \"version\""))?;
         if version != HANDLE_VERSION {
             return Err(bad(&format!(

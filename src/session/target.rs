@@ -164,46 +164,63 @@ pub async fn resolve(backend: &DockerBackend, target: &str) -> Result<SessionRec
     Ok(resolve_view(backend, target).await?.record())
 }
 
-/// Resolves TARGET (a handle, id, unique id prefix of 4+ characters, or name) to a session.
-pub async fn resolve_view(backend: &DockerBackend, target: &str) -> Result<SessionView> {
-    let target = target.trim();
+/// What a TARGET string names, decided from the string alone (no Docker).
+#[derive(Debug)]
+pub enum TargetSpec<'a> {
+    /// A full resume handle, parsed and validated.
+    Handle(ResumeHandle),
+    /// An id, a unique id prefix or a name (trimmed), to look up with [`find_in`].
+    Lookup(&'a str),
+}
+
+/// Classifies TARGET: trims it, refuses an empty one, and parses what looks like a handle.
+pub fn parse_target(target: &str) -> Result<TargetSpec<'_>> {
+    // A byte-order mark counts as blank: a handle saved by some editors starts with one.
+    let target = target.trim_matches(|c: char| c.is_whitespace() || c == '\u{feff}');
     if target.is_empty() {
         return Err(Error::usage("empty TARGET").with_hint(
             "pass a handle, a session id, a unique id prefix (4+ characters) or a session name",
         ));
     }
     if ResumeHandle::looks_like_handle(target) {
-        let handle = ResumeHandle::parse(target)?;
-        let facts = facts_for_handle(backend, &handle).await?;
-        let volumes = backend
-            .list_volumes(&[
-                format!("{}={}", labels::SESSION, facts.session_id),
-                format!("{}={}", labels::ROLE, roles::TURN_RECORD),
-            ])
-            .await?;
-        let mut last = join_last(&volumes, facts.session_id);
-        // A handle carries the vendor key; it also resumes a session whose turn record
-        // was lost (say, a turn killed hard before it was written).
-        if last.as_ref().is_none_or(|l| l.resume_key.is_empty()) && !handle.resume_key.is_empty() {
-            let mut l = last.unwrap_or(TurnSummary {
-                turn: 0,
-                status: crate::event::Status::Success,
-                started_at: facts.created_at,
-                ended_at: facts.created_at,
-                resume_key: String::new(),
-                key_confirmed: false,
-                cumulative_usage: None,
-                owner: None,
-                interactive: false,
-            });
-            l.resume_key = handle.resume_key.clone();
-            l.key_confirmed = true;
-            last = Some(l);
-        }
-        return Ok(SessionView { facts, last });
+        return Ok(TargetSpec::Handle(ResumeHandle::parse(target)?));
     }
-    let all = list_sessions(backend).await?;
-    find_in(all, target)
+    Ok(TargetSpec::Lookup(target))
+}
+
+/// Resolves TARGET (a handle, id, unique id prefix of 4+ characters, or name) to a session.
+pub async fn resolve_view(backend: &DockerBackend, target: &str) -> Result<SessionView> {
+    let handle = match parse_target(target)? {
+        TargetSpec::Handle(handle) => handle,
+        TargetSpec::Lookup(target) => return find_in(list_sessions(backend).await?, target),
+    };
+    let facts = facts_for_handle(backend, &handle).await?;
+    let volumes = backend
+        .list_volumes(&[
+            format!("{}={}", labels::SESSION, facts.session_id),
+            format!("{}={}", labels::ROLE, roles::TURN_RECORD),
+        ])
+        .await?;
+    let mut last = join_last(&volumes, facts.session_id);
+    // A handle carries the vendor key; it also resumes a session whose turn record
+    // was lost (say, a turn killed hard before it was written).
+    if last.as_ref().is_none_or(|l| l.resume_key.is_empty()) && !handle.resume_key.is_empty() {
+        let mut l = last.unwrap_or(TurnSummary {
+            turn: 0,
+            status: crate::event::Status::Success,
+            started_at: facts.created_at,
+            ended_at: facts.created_at,
+            resume_key: String::new(),
+            key_confirmed: false,
+            cumulative_usage: None,
+            owner: None,
+            interactive: false,
+        });
+        l.resume_key = handle.resume_key.clone();
+        l.key_confirmed = true;
+        last = Some(l);
+    }
+    Ok(SessionView { facts, last })
 }
 
 fn join_last(volumes: &[Volume], id: Uuid) -> Option<TurnSummary> {
