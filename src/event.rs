@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::provider::ProviderKind;
+use crate::provider_kind::ProviderKind;
 
 /// How a turn ended. Serialized in snake_case, as SPEC.md's `status` field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]

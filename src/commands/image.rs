@@ -420,7 +420,7 @@ pub async fn ls() -> Result<i32> {
         "SIZE".to_string(),
         "CREATED".to_string(),
     ]];
-    let now = crate::session::record::now_secs() as i64;
+    let now = crate::clock::now_secs() as i64;
     let mut untagged = 0;
     for img in images {
         let tag = match img.repo_tags.iter().find(|t| !t.starts_with("<none>")) {
@@ -473,7 +473,7 @@ fn short_id(id: &str) -> &str {
 /// versions (today's `image build` removes its own). A builder-stage image younger than an
 /// hour may belong to a build that is running now, which removes it itself: left alone.
 pub async fn leftovers(backend: &DockerBackend) -> Result<Vec<ImageSummary>> {
-    let now = crate::session::record::now_secs() as i64;
+    let now = crate::clock::now_secs() as i64;
     Ok(backend
         .list_images(managed_filter(true))
         .await?

@@ -15,6 +15,7 @@ use crate::event::Status;
 use crate::output;
 use crate::provider::ParseContext;
 use crate::session::handle::{volume_name, ResumeHandle};
+use crate::session::names;
 use crate::session::record::{labels, now_secs, roles, SessionRecord};
 use crate::session::target::{self, SessionView};
 
@@ -177,7 +178,7 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     let backend = DockerBackend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let running = backend
-        .inspect_container(&format!("caw-box-{}", view.facts.session_id))
+        .inspect_container(&names::turn_container(view.facts.session_id))
         .await?
         .and_then(|c| c.state)
         .and_then(|s| s.running)
@@ -275,7 +276,7 @@ pub async fn logs(target_arg: &str, turn: Option<u32>, raw: bool, follow: bool) 
     let backend = DockerBackend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let id = view.facts.session_id;
-    let container = format!("caw-box-{id}");
+    let container = names::turn_container(id);
     let running = backend
         .inspect_container(&container)
         .await?
@@ -356,7 +357,7 @@ async fn follow_turn(
 /// Removes a session: its container, state volume, turn records and host cache.
 pub async fn remove_session(backend: &DockerBackend, id: Uuid) -> Result<()> {
     backend
-        .remove_container(&format!("caw-box-{id}"), true)
+        .remove_container(&names::turn_container(id), true)
         .await?;
     for c in backend
         .list_containers(&[format!("{}={id}", labels::SESSION)])

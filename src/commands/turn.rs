@@ -470,7 +470,7 @@ pub async fn wait(target_arg: &str, format: OutputFormat, quiet: bool) -> Result
     let backend = DockerBackend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let id = view.facts.session_id;
-    let container = format!("caw-box-{id}");
+    let container = crate::session::names::turn_container(id);
     let mut stopped_since: Option<std::time::Instant> = None;
     let is_running = |c: &bollard::models::ContainerInspectResponse| {
         c.state.as_ref().and_then(|s| s.running).unwrap_or(false)
@@ -523,7 +523,7 @@ pub async fn stop(target_arg: &str, quiet: bool) -> Result<i32> {
     let backend = DockerBackend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let id = view.facts.session_id;
-    let container = format!("caw-box-{id}");
+    let container = crate::session::names::turn_container(id);
     let inspect = backend
         .inspect_container(&container)
         .await?

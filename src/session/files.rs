@@ -39,7 +39,7 @@ pub fn build_tar(files: &[TarFile<'_>], uid: u64, gid: u64) -> Result<Vec<u8>> {
                 h.set_uid(uid);
                 h.set_gid(gid);
                 h.set_size(0);
-                h.set_mtime(crate::session::record::now_secs());
+                h.set_mtime(crate::clock::now_secs());
                 builder
                     .append_data(&mut h, &dir, std::io::empty())
                     .map_err(|e| Error::environment(format!("failed to build an archive: {e}")))?;
@@ -51,7 +51,7 @@ pub fn build_tar(files: &[TarFile<'_>], uid: u64, gid: u64) -> Result<Vec<u8>> {
         h.set_uid(uid);
         h.set_gid(gid);
         h.set_size(f.contents.len() as u64);
-        h.set_mtime(crate::session::record::now_secs());
+        h.set_mtime(crate::clock::now_secs());
         builder
             .append_data(&mut h, f.path, f.contents)
             .map_err(|e| Error::environment(format!("failed to build an archive: {e}")))?;

@@ -21,6 +21,7 @@ use crate::event::{Event, Status, TurnResult};
 use crate::provider::{ParseContext, TurnRequest, AGENT_HOME, WORKSPACE_DIR};
 use crate::session::files::{self, TarFile};
 use crate::session::handle::ResumeHandle;
+use crate::session::names::{self, LabelSet};
 use crate::session::record::{
     labels, now_secs, roles, SessionRecord, TurnRecord, TurnSummary, WorkspaceMode,
 };
@@ -74,7 +75,7 @@ pub struct TurnOptions {
 
 /// The container name that is also the session's lock.
 pub fn container_name(record: &SessionRecord) -> String {
-    format!("caw-box-{}", record.session_id)
+    crate::session::names::turn_container(record.session_id)
 }
 
 /// The handle for a session's current state.
@@ -460,20 +461,13 @@ fn container_body(
         privileged: Some(false),
         ..Default::default()
     };
-    let mut labels = HashMap::from([
-        (labels::MANAGED.to_string(), "true".to_string()),
-        (labels::SESSION.to_string(), record.session_id.to_string()),
-        (labels::PROVIDER.to_string(), record.provider.to_string()),
-        (labels::ROLE.to_string(), roles::TURN.to_string()),
-        (labels::TURN.to_string(), turn.to_string()),
-        (
-            labels::DRIVER_PID.to_string(),
-            std::process::id().to_string(),
-        ),
-        (labels::DRIVER_HOST.to_string(), dirs::host_name()),
-    ]);
+    let mut labels = LabelSet::new(record.session_id, roles::TURN)
+        .provider(record.provider)
+        .with(labels::TURN, turn.to_string())
+        .with(labels::DRIVER_PID, std::process::id().to_string())
+        .with(labels::DRIVER_HOST, dirs::host_name());
     if let Some(name) = &record.name {
-        labels.insert(labels::NAME.to_string(), name.clone());
+        labels = labels.with(labels::NAME, name.clone());
     }
     Ok(ContainerCreateBody {
         image: Some(image.to_string()),
@@ -484,7 +478,7 @@ fn container_body(
             format!("{uid}:{gid}")
         }),
         working_dir: Some(WORKSPACE_DIR.to_string()),
-        labels: Some(crate::session::record::with_extra_labels(labels)),
+        labels: Some(labels.finish()),
         attach_stdout: Some(true),
         attach_stderr: Some(true),
         attach_stdin: Some(false),
@@ -554,15 +548,9 @@ impl Egress {
         // Named for this driver: a second caw-box that starts on a busy session sets up its
         // own, and then fails on the lock without touching the running turn's.
         let pid = std::process::id();
-        let e = Egress {
-            network: format!("caw-box-{id}-egress-{pid}"),
-            proxy: format!("caw-box-{id}-proxy-{pid}"),
-        };
-        let labels = crate::session::record::with_extra_labels(HashMap::from([
-            (labels::MANAGED.to_string(), "true".to_string()),
-            (labels::SESSION.to_string(), id.to_string()),
-            (labels::ROLE.to_string(), roles::PROXY.to_string()),
-        ]));
+        let (network, proxy) = names::egress_names(id, pid);
+        let e = Egress { network, proxy };
+        let labels = LabelSet::new(id, roles::PROXY).finish();
         backend
             .create_network(&e.network, true, labels.clone())
             .await?;
@@ -699,11 +687,7 @@ async fn ensure_owner(backend: &DockerBackend, record: &mut SessionRecord) -> Re
         cmd: Some(cmd),
         user: Some("0:0".into()),
         network_disabled: Some(true),
-        labels: Some(crate::session::record::with_extra_labels(HashMap::from([
-            (labels::MANAGED.to_string(), "true".to_string()),
-            (labels::SESSION.to_string(), id.to_string()),
-            (labels::ROLE.to_string(), roles::PROBE.to_string()),
-        ]))),
+        labels: Some(LabelSet::new(id, roles::PROBE).finish()),
         host_config: Some(HostConfig {
             mounts: Some(mounts),
             network_mode: Some("none".into()),
@@ -719,7 +703,7 @@ async fn ensure_owner(backend: &DockerBackend, record: &mut SessionRecord) -> Re
         }),
         ..Default::default()
     };
-    let name = format!("caw-box-probe-{id}-chown-{}", uuid::Uuid::new_v4().simple());
+    let name = names::helper_container(id, "chown");
     let (code, _, err) = backend
         .run_to_completion(&name, body)
         .await

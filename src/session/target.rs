@@ -10,6 +10,7 @@ use crate::backend::docker::{CreateError, DockerBackend};
 use crate::error::{Error, Result};
 use crate::provider::{ProviderKind, AGENT_HOME};
 use crate::session::handle::{volume_name, ResumeHandle};
+use crate::session::names::{self, LabelSet};
 use crate::session::record::{
     labels, roles, SessionRecord, SessionSettings, TurnRecord, TurnSummary, RECORD_PATH,
 };
@@ -328,22 +329,17 @@ pub async fn read_volume_file(
             facts.provider
         )));
     }
-    let name = format!(
-        "caw-box-probe-{}-{}",
-        facts.session_id,
-        uuid::Uuid::new_v4().simple()
-    );
+    let name = names::helper_container(facts.session_id, "");
     let body = ContainerCreateBody {
         image: Some(image.clone()),
         entrypoint: Some(vec!["true".into()]),
         cmd: Some(vec![]),
         network_disabled: Some(true),
-        labels: Some(crate::session::record::with_extra_labels(HashMap::from([
-            (labels::MANAGED.to_string(), "true".to_string()),
-            (labels::SESSION.to_string(), facts.session_id.to_string()),
-            (labels::PROVIDER.to_string(), facts.provider.to_string()),
-            (labels::ROLE.to_string(), roles::PROBE.to_string()),
-        ]))),
+        labels: Some(
+            LabelSet::new(facts.session_id, roles::PROBE)
+                .provider(facts.provider)
+                .finish(),
+        ),
         host_config: Some(HostConfig {
             mounts: Some(vec![Mount {
                 target: Some(AGENT_HOME.to_string()),

@@ -18,14 +18,14 @@ use crate::error::{Error, Result};
 use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
 use crate::session::files::{self, TarFile};
 use crate::session::handle::volume_name as state_volume;
-use crate::session::record::{labels, roles, with_extra_labels};
+use crate::session::names::{self, roles, LabelSet};
 use crate::session::target::VolumeFacts;
 
 /// Where the hashes of the copied tree are kept, under HOME in the state volume.
 const BASE_PATH: &str = ".caw-box/workspace-base.json";
 
 pub fn volume_name(session_id: Uuid) -> String {
-    format!("caw-box-{session_id}-workspace")
+    crate::session::names::workspace_volume(session_id)
 }
 
 /// The copied tree's files and their SHA-256, relative to the workspace root.
@@ -128,11 +128,7 @@ fn holder(image: &str, session_id: Uuid, with_state: bool, read_only: bool) -> C
         entrypoint: Some(vec!["true".into()]),
         cmd: Some(vec![]),
         network_disabled: Some(true),
-        labels: Some(with_extra_labels(HashMap::from([
-            (labels::MANAGED.to_string(), "true".to_string()),
-            (labels::SESSION.to_string(), session_id.to_string()),
-            (labels::ROLE.to_string(), roles::PROBE.to_string()),
-        ]))),
+        labels: Some(LabelSet::new(session_id, roles::PROBE).finish()),
         host_config: Some(HostConfig {
             mounts: Some(mounts),
             network_mode: Some("none".into()),
@@ -148,7 +144,7 @@ async fn with_holder<T>(
     session_id: Uuid,
     f: impl AsyncFnOnce(&str) -> Result<T>,
 ) -> Result<T> {
-    let name = format!("caw-box-probe-{session_id}-{}", Uuid::new_v4().simple());
+    let name = names::helper_container(session_id, "");
     match backend.create_container(&name, body).await {
         Ok(_) => {}
         Err(CreateError::NameTaken) => {
@@ -177,12 +173,9 @@ pub async fn populate(
     backend
         .create_volume(
             &volume_name(session_id),
-            with_extra_labels(HashMap::from([
-                (labels::MANAGED.to_string(), "true".to_string()),
-                (labels::SESSION.to_string(), session_id.to_string()),
-                (labels::PROVIDER.to_string(), provider.to_string()),
-                (labels::ROLE.to_string(), roles::WORKSPACE.to_string()),
-            ])),
+            LabelSet::new(session_id, roles::WORKSPACE)
+                .provider(provider)
+                .finish(),
         )
         .await?;
     let base_json = serde_json::to_vec(&base).expect("bases serialize");
@@ -352,13 +345,7 @@ pub async fn diff(
             }
             b
         };
-        let name = |what: &str| {
-            format!(
-                "caw-box-probe-{}-{what}-{}",
-                facts.session_id,
-                Uuid::new_v4().simple()
-            )
-        };
+        let name = |what: &str| names::helper_container(facts.session_id, what);
         let (code, status, err) = backend
             .run_to_completion(&name("status"), run(&["status", "--short"]))
             .await?;
