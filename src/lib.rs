@@ -15,6 +15,7 @@ pub mod commands;
 pub mod dirs;
 pub mod error;
 pub mod event;
+mod lines;
 pub mod output;
 pub mod provider;
 pub mod provider_kind;

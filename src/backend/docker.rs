@@ -42,7 +42,18 @@ pub struct DockerBackend {
 pub enum CreateError {
     /// A container of that name exists already (Docker enforces names atomically).
     NameTaken,
+    /// The image to run is not on the Docker host.
+    ImageMissing(Error),
     Other(Error),
+}
+
+impl From<CreateError> for Error {
+    fn from(e: CreateError) -> Error {
+        match e {
+            CreateError::NameTaken => Error::environment("a container of that name exists already"),
+            CreateError::ImageMissing(e) | CreateError::Other(e) => e,
+        }
+    }
 }
 
 fn docker_host() -> String {
@@ -89,13 +100,26 @@ pub fn daemon_message(e: &BollardError) -> String {
 }
 
 fn failed(what: impl std::fmt::Display, e: &BollardError) -> Error {
-    match e {
+    let error = match e {
         BollardError::DockerResponseServerError { .. } => {
             Error::environment(format!("failed to {what}: {}", daemon_message(e)))
         }
         other => unreachable(format!("while trying to {what}: {other}")),
+    };
+    error.with_source(SourceError(e.to_string()))
+}
+
+/// A bollard error kept as an [`Error`]'s source (bollard's own type is not `Clone`).
+#[derive(Debug)]
+struct SourceError(String);
+
+impl std::fmt::Display for SourceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
+
+impl std::error::Error for SourceError {}
 
 /// Docker's API version as last negotiated with a daemon, kept for a day.
 ///
@@ -363,6 +387,11 @@ impl DockerBackend {
         {
             Ok(r) => Ok(r.id),
             Err(e) if is_conflict(&e) => Err(CreateError::NameTaken),
+            // Docker answers 404 for a missing image and for a missing network alike; only
+            // its message tells them apart (the one place caw-box reads Docker's wording).
+            Err(e) if is_not_found(&e) && daemon_message(&e).contains("No such image") => Err(
+                CreateError::ImageMissing(failed(format_args!("create container '{name}'"), &e)),
+            ),
             Err(e) => Err(CreateError::Other(failed(
                 format_args!("create container '{name}'"),
                 &e,
@@ -495,15 +524,15 @@ impl DockerBackend {
         &self,
         name: &str,
         body: ContainerCreateBody,
-    ) -> Result<(i64, String, String)> {
+    ) -> std::result::Result<(i64, String, String), CreateError> {
         match self.create_container(name, body).await {
             Ok(_) => {}
             Err(CreateError::NameTaken) => {
-                return Err(Error::environment(format!(
+                return Err(CreateError::Other(Error::environment(format!(
                     "a helper container '{name}' exists already"
-                )))
+                ))))
             }
-            Err(CreateError::Other(e)) => return Err(e),
+            Err(e) => return Err(e),
         }
         let outcome = async {
             let attach = self.attach(name, false).await?;
@@ -526,7 +555,7 @@ impl DockerBackend {
         }
         .await;
         let _ = self.remove_container(name, true).await;
-        outcome
+        outcome.map_err(CreateError::Other)
     }
 
     /// Creates a network (`internal`: no route out of it) with labels.

@@ -322,7 +322,7 @@ async fn follow_turn(
         previous_cumulative_usage: view.last.as_ref().and_then(|l| l.cumulative_usage),
     });
     let mut stream = backend.follow_logs(container);
-    let mut pending = Vec::new();
+    let mut lines = crate::lines::LineBuffer::default();
     let mut events = Vec::new();
     let mut emit = |line: &str| {
         if raw {
@@ -341,15 +341,9 @@ async fn follow_turn(
         let Ok(LogOutput::StdOut { message }) = chunk else {
             continue;
         };
-        pending.extend_from_slice(&message);
-        while let Some(pos) = pending.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=pos).collect();
-            emit(String::from_utf8_lossy(&line[..line.len() - 1]).as_ref());
-        }
+        lines.feed(&message, &mut emit);
     }
-    if !pending.is_empty() {
-        emit(String::from_utf8_lossy(&pending).as_ref());
-    }
+    lines.finish(emit);
     tracing::debug!("turn {turn} of {} ended", view.facts.session_id);
     Ok(0)
 }

@@ -373,15 +373,9 @@ fn driver_ended(code: Option<i32>, stderr: &str) -> Result<()> {
         // The turn ran and is recorded: `wait` reports how it ended.
         return Ok(());
     }
-    let kind = match code {
-        Some(1) => ErrorKind::Turn,
-        Some(2) => ErrorKind::Usage,
-        Some(4) => ErrorKind::Credentials,
-        Some(5) => ErrorKind::UsageLimit,
-        Some(124) => ErrorKind::Timeout,
-        Some(130) => ErrorKind::Interrupted,
-        _ => ErrorKind::Environment,
-    };
+    let kind = code
+        .and_then(ErrorKind::from_exit_code)
+        .unwrap_or(ErrorKind::Environment);
     let message = match (error, code) {
         (Some(line), _) => line.to_string(),
         // Not one of ours (a panic, say): its own last words say the most.

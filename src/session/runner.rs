@@ -16,8 +16,9 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::backend::docker::{CreateError, DockerBackend, LogOutput};
 use crate::dirs;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::event::{Event, Status, TurnResult};
+use crate::lines::LineBuffer;
 use crate::provider::{ParseContext, TurnRequest, AGENT_HOME, WORKSPACE_DIR};
 use crate::session::files::{self, TarFile};
 use crate::session::handle::ResumeHandle;
@@ -130,37 +131,6 @@ impl RuntimeDir {
 impl Drop for RuntimeDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Splits a byte stream into lines.
-#[derive(Default)]
-struct LineBuffer {
-    pending: Vec<u8>,
-}
-
-impl LineBuffer {
-    fn feed(&mut self, bytes: &[u8], mut on_line: impl FnMut(&str)) {
-        let mut rest = bytes;
-        while let Some(pos) = rest.iter().position(|&b| b == b'\n') {
-            let (head, tail) = rest.split_at(pos);
-            if self.pending.is_empty() {
-                on_line(&String::from_utf8_lossy(head));
-            } else {
-                self.pending.extend_from_slice(head);
-                on_line(&String::from_utf8_lossy(&self.pending));
-                self.pending.clear();
-            }
-            rest = &tail[1..];
-        }
-        self.pending.extend_from_slice(rest);
-    }
-
-    fn finish(&mut self, on_line: impl FnOnce(&str)) {
-        if !self.pending.is_empty() {
-            on_line(&String::from_utf8_lossy(&self.pending));
-            self.pending.clear();
-        }
     }
 }
 
@@ -367,29 +337,22 @@ pub async fn run_turn(
     outcome
 }
 
-/// A "No such image" from creating any of a turn's containers (the turn's, the volume
-/// owner fix-up, the egress proxy: all run the session's image) as the missing-image error.
-fn image_hint(e: Error, record: &SessionRecord) -> Error {
+/// A missing image when creating any of a turn's containers (the turn's, the volume owner
+/// fix-up, the egress proxy: all run the session's image) as the missing-image error.
+fn image_hint(e: CreateError, record: &SessionRecord) -> Error {
     image_hint_for(e, &record.settings.image, record.provider)
 }
 
 /// [`image_hint`] for a container of `provider`'s `image` before a session exists.
-pub fn image_hint_for(e: Error, image: &str, provider: crate::provider::ProviderKind) -> Error {
-    if e.message.contains("No such image") {
-        missing_image(image, provider)
-    } else {
-        e
+pub fn image_hint_for(
+    e: CreateError,
+    image: &str,
+    provider: crate::provider::ProviderKind,
+) -> Error {
+    match e {
+        CreateError::ImageMissing(_) => Error::missing_image(image, provider),
+        other => other.into(),
     }
-}
-
-fn missing_image(image: &str, provider: crate::provider::ProviderKind) -> Error {
-    Error::environment(format!("image '{image}' is not present")).with_hint(
-        if image == provider.default_image() {
-            format!("build it with `caw-box image build --provider {provider}`")
-        } else {
-            "build or pull it, or pass another --image".to_string()
-        },
-    )
 }
 
 fn container_body(
@@ -499,7 +462,9 @@ async fn create_turn_container(
     for _ in 0..2 {
         match backend.create_container(name, body.clone()).await {
             Ok(_) => return Ok(()),
-            Err(CreateError::Other(e)) => return Err(image_hint(e, record)),
+            Err(e @ (CreateError::Other(_) | CreateError::ImageMissing(_))) => {
+                return Err(image_hint(e, record))
+            }
             Err(CreateError::NameTaken) => {
                 let existing = backend.inspect_container(name).await?;
                 let labels_of = existing
@@ -588,7 +553,7 @@ impl Egress {
                 Err(CreateError::NameTaken) => {
                     return Err(busy(record, "?"));
                 }
-                Err(CreateError::Other(err)) => return Err(image_hint(err, record)),
+                Err(err) => return Err(image_hint(err, record)),
             }
             backend
                 .connect_network(&e.network, &e.proxy, PROXY_ALIAS)
@@ -1494,15 +1459,7 @@ pub fn cache_record(record: &SessionRecord) {
 /// The exit status a finished turn maps to, as an error for `main` to print (or `None` on
 /// success).
 pub fn turn_error(result: &TurnResult) -> Option<Error> {
-    let kind = match result.status {
-        Status::Success | Status::Running => return None,
-        Status::Error => ErrorKind::Turn,
-        Status::AuthError => ErrorKind::Credentials,
-        Status::UsageLimit => ErrorKind::UsageLimit,
-        Status::Timeout => ErrorKind::Timeout,
-        Status::Interrupted => ErrorKind::Interrupted,
-        Status::Unreachable => ErrorKind::Environment,
-    };
+    let kind = result.status.error_kind()?;
     let summary = result.result.lines().next().unwrap_or("").trim();
     let mut e = Error::new(
         kind,

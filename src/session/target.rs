@@ -362,7 +362,7 @@ pub async fn read_volume_file(
             ))
             .with_hint("run the command again"));
         }
-        Err(CreateError::Other(e)) => return Err(e),
+        Err(e) => return Err(e.into()),
     }
     let downloaded = backend
         .download_file(&name, &format!("{AGENT_HOME}/{path}"))

@@ -152,7 +152,7 @@ async fn with_holder<T>(
                 "helper container '{name}' exists"
             )))
         }
-        Err(CreateError::Other(e)) => return Err(e),
+        Err(e) => return Err(e.into()),
     }
     let out = f(&name).await;
     let _ = backend.remove_container(&name, true).await;
@@ -348,7 +348,8 @@ pub async fn diff(
         let name = |what: &str| names::helper_container(facts.session_id, what);
         let (code, status, err) = backend
             .run_to_completion(&name("status"), run(&["status", "--short"]))
-            .await?;
+            .await
+            .map_err(Error::from)?;
         if code != 0 {
             return Err(Error::environment(format!(
                 "git status in the workspace failed: {}",
@@ -357,7 +358,8 @@ pub async fn diff(
         }
         let (_, diff, _) = backend
             .run_to_completion(&name("diff"), run(&["diff"]))
-            .await?;
+            .await
+            .map_err(Error::from)?;
         return Ok(format!(
             "{status}{}{diff}",
             if diff.is_empty() { "" } else { "\n" }
