@@ -8,7 +8,8 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::backend::docker::{DockerBackend, LogOutput};
+use crate::backend::docker::DockerBackend;
+use crate::backend::OutputChunk;
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::event::Status;
@@ -338,7 +339,7 @@ async fn follow_turn(
         }
     };
     while let Some(chunk) = stream.next().await {
-        let Ok(LogOutput::StdOut { message }) = chunk else {
+        let Ok(OutputChunk::Stdout(message)) = chunk else {
             continue;
         };
         lines.feed(&message, &mut emit);

@@ -14,13 +14,15 @@ use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use futures_util::StreamExt;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::backend::docker::{CreateError, DockerBackend, LogOutput};
+use crate::backend::docker::{CreateError, DockerBackend};
+use crate::backend::OutputChunk;
+use crate::backend::TarFile;
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::lines::LineBuffer;
 use crate::provider::{ParseContext, TurnRequest, AGENT_HOME, WORKSPACE_DIR};
-use crate::session::files::{self, TarFile};
+use crate::session::files;
 use crate::session::handle::ResumeHandle;
 use crate::session::names::{self, LabelSet};
 use crate::session::record::{
@@ -602,7 +604,7 @@ async fn refused_by_proxy(backend: &DockerBackend, proxy: &str) -> Vec<String> {
     let mut text = Vec::new();
     let read = async {
         while let Some(Ok(chunk)) = logs.next().await {
-            if let LogOutput::StdOut { message } = chunk {
+            if let OutputChunk::Stdout(message) = chunk {
                 text.extend_from_slice(&message);
             }
         }
@@ -805,7 +807,7 @@ async fn drive_turn(
     loop {
         let printed = tokio::select! {
             chunk = output.next() => match chunk {
-                Some(Ok(LogOutput::StdOut { message })) => {
+                Some(Ok(OutputChunk::Stdout(message))) => {
                     lines.feed(&message, |l| match l.strip_prefix(EXIT_MARKER) {
                         Some(code) => cli_exit = code.trim().parse().ok(),
                         None => reader.stdout_line(l),
@@ -817,7 +819,7 @@ async fn drive_turn(
                     }
                     true
                 }
-                Some(Ok(LogOutput::StdErr { message })) => {
+                Some(Ok(OutputChunk::Stderr(message))) => {
                     stderr_lines.feed(&message, |l| reader.parser.parse_stderr_line(l));
                     stderr_tail.extend_from_slice(&message);
                     if stderr_tail.len() > 64 * 1024 {
@@ -870,7 +872,7 @@ async fn drive_turn(
         // Whatever the CLI printed while stopping still counts.
         let drain = async {
             while let Some(Ok(chunk)) = output.next().await {
-                if let LogOutput::StdOut { message } = chunk {
+                if let OutputChunk::Stdout(message) = chunk {
                     lines.feed(&message, |l| reader.stdout_line(l));
                 }
             }
@@ -1202,9 +1204,9 @@ pub(super) async fn place_home_files(
             mode: 0o600,
         })
         .collect();
-    let (uid, gid) = dirs::agent_ids();
-    let tar = files::build_tar(&tar_files, uid.into(), gid.into())?;
-    backend.upload_tar(name, AGENT_HOME, tar).await
+    backend
+        .upload_files(name, AGENT_HOME, &tar_files, dirs::agent_ids())
+        .await
 }
 
 /// The session record stored in the state volume before this turn, read through the turn's
@@ -1311,9 +1313,10 @@ pub(super) async fn save_record(
                 Err(e) => tracing::debug!("the record hand-off failed ({e}); uploading"),
             }
         }
-        let (uid, gid) = dirs::agent_ids();
-        let tar = files::build_tar(&files, uid.into(), gid.into())?;
-        match backend.upload_tar(name, AGENT_HOME, tar).await {
+        match backend
+            .upload_files(name, AGENT_HOME, &files, dirs::agent_ids())
+            .await
+        {
             Err(e) if being_removed(backend, name).await => {
                 tracing::debug!("{e}");
                 Err(Error::environment(format!(

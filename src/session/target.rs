@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, Volume};
+use crate::backend::VolumeInfo;
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use uuid::Uuid;
 
 use crate::backend::docker::{CreateError, DockerBackend};
@@ -28,7 +29,7 @@ pub struct VolumeFacts {
 
 impl VolumeFacts {
     /// Reads a state volume's labels; `None` if it is not a caw-box state volume.
-    pub fn from_volume(v: &Volume) -> Option<Self> {
+    pub fn from_volume(v: &VolumeInfo) -> Option<Self> {
         let l = &v.labels;
         if l.get(labels::MANAGED).map(String::as_str) != Some("true") {
             return None;
@@ -137,7 +138,7 @@ pub async fn list_sessions(backend: &DockerBackend) -> Result<Vec<SessionView>> 
     Ok(join_views(&volumes))
 }
 
-fn join_views(volumes: &[Volume]) -> Vec<SessionView> {
+fn join_views(volumes: &[VolumeInfo]) -> Vec<SessionView> {
     let mut summaries: HashMap<Uuid, TurnSummary> = HashMap::new();
     for v in volumes {
         if let Some((id, s)) = TurnSummary::from_labels(&v.labels) {
@@ -207,7 +208,7 @@ pub async fn resolve_view(backend: &DockerBackend, target: &str) -> Result<Sessi
     find_in(all, target)
 }
 
-fn join_last(volumes: &[Volume], id: Uuid) -> Option<TurnSummary> {
+fn join_last(volumes: &[VolumeInfo], id: Uuid) -> Option<TurnSummary> {
     volumes
         .iter()
         .filter_map(|v| TurnSummary::from_labels(&v.labels))

@@ -14,9 +14,9 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::backend::docker::{CreateError, DockerBackend};
+use crate::backend::TarFile;
 use crate::error::{Error, Result};
 use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
-use crate::session::files::{self, TarFile};
 use crate::session::handle::volume_name as state_volume;
 use crate::session::names::{self, roles, LabelSet};
 use crate::session::target::VolumeFacts;
@@ -168,6 +168,7 @@ pub async fn populate(
     dir: &Path,
     (uid, gid): (u32, u32),
 ) -> Result<()> {
+    let (owner_uid, owner_gid) = (uid, gid);
     let (uid, gid) = (u64::from(uid), u64::from(gid));
     let (tar, base) = archive(dir, uid, gid)?;
     backend
@@ -179,22 +180,20 @@ pub async fn populate(
         )
         .await?;
     let base_json = serde_json::to_vec(&base).expect("bases serialize");
-    let base_tar = files::build_tar(
-        &[TarFile {
-            path: BASE_PATH,
-            contents: &base_json,
-            mode: 0o600,
-        }],
-        uid,
-        gid,
-    )?;
     with_holder(
         backend,
         holder(image, session_id, true, false),
         session_id,
         async |name: &str| {
             backend.upload_tar(name, WORKSPACE_DIR, tar).await?;
-            backend.upload_tar(name, AGENT_HOME, base_tar).await
+            let base_file = TarFile {
+                path: BASE_PATH,
+                contents: &base_json,
+                mode: 0o600,
+            };
+            backend
+                .upload_files(name, AGENT_HOME, &[base_file], (owner_uid, owner_gid))
+                .await
         },
     )
     .await

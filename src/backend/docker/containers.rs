@@ -1,0 +1,263 @@
+//! Containers: create (the name is the lock), attach, start, wait, stop, remove, and short
+//! helper runs; what the daemon says about them.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use bollard::container::LogOutput;
+use bollard::errors::Error as BollardError;
+use bollard::models::{ContainerCreateBody, ContainerInspectResponse};
+use bollard::query_parameters::{
+    AttachContainerOptions, CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    ResizeContainerTTYOptions, StopContainerOptions, WaitContainerOptions,
+};
+
+use super::{daemon_message, failed, is_conflict, is_not_found, CreateError, DockerBackend};
+use crate::backend::{Attached, OutputChunk, OutputStream};
+use crate::error::{Error, Result};
+
+impl DockerBackend {
+    /// Containers (running or not) carrying all of `labels`.
+    pub async fn list_containers(
+        &self,
+        labels: &[String],
+    ) -> Result<Vec<bollard::models::ContainerSummary>> {
+        let filters = HashMap::from([("label".to_string(), labels.to_vec())]);
+        self.docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| failed("list containers", &e))
+    }
+
+    pub async fn create_container(
+        &self,
+        name: &str,
+        body: ContainerCreateBody,
+    ) -> std::result::Result<String, CreateError> {
+        match self
+            .docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(name.to_string()),
+                    ..Default::default()
+                }),
+                body,
+            )
+            .await
+        {
+            Ok(r) => Ok(r.id),
+            Err(e) if is_conflict(&e) => Err(CreateError::NameTaken),
+            // Docker answers 404 for a missing image and for a missing network alike; only
+            // its message tells them apart (the one place caw-box reads Docker's wording).
+            Err(e) if is_not_found(&e) && daemon_message(&e).contains("No such image") => Err(
+                CreateError::ImageMissing(failed(format_args!("create container '{name}'"), &e)),
+            ),
+            Err(e) => Err(CreateError::Other(failed(
+                format_args!("create container '{name}'"),
+                &e,
+            ))),
+        }
+    }
+
+    pub async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInspectResponse>> {
+        match self.docker.inspect_container(name, None).await {
+            Ok(c) => Ok(Some(c)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(failed(format_args!("inspect container '{name}'"), &e)),
+        }
+    }
+
+    /// Attaches to stdout and stderr (and stdin when `stdin`); call before `start` so no
+    /// output is missed.
+    pub async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {
+        let what = format!("read the output of container '{name}'");
+        let attached = self
+            .docker
+            .attach_container(
+                name,
+                Some(AttachContainerOptions {
+                    stream: true,
+                    stdin,
+                    stdout: true,
+                    stderr: true,
+                    // A terminal session starts drawing once attached: no replay.
+                    logs: !stdin,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .map_err(|e| failed(format_args!("attach to container '{name}'"), &e))?;
+        Ok(Attached {
+            output: output_stream(attached.output, what),
+            input: attached.input,
+        })
+    }
+
+    /// Sets the size of a running container's terminal.
+    pub async fn resize_tty(&self, name: &str, columns: u16, rows: u16) -> Result<()> {
+        self.docker
+            .resize_container_tty(
+                name,
+                ResizeContainerTTYOptions {
+                    h: rows.into(),
+                    w: columns.into(),
+                },
+            )
+            .await
+            .map_err(|e| {
+                failed(
+                    format_args!("resize the terminal of container '{name}'"),
+                    &e,
+                )
+            })
+    }
+
+    pub async fn start_container(&self, name: &str) -> Result<()> {
+        self.docker
+            .start_container(name, None)
+            .await
+            .map_err(|e| failed(format_args!("start container '{name}'"), &e))
+    }
+
+    /// Waits until the container stops; returns its exit code.
+    pub async fn wait_container(&self, name: &str) -> Result<i64> {
+        let mut stream = self.docker.wait_container(
+            name,
+            Some(WaitContainerOptions {
+                condition: "not-running".to_string(),
+            }),
+        );
+        match stream.next().await {
+            Some(Ok(r)) => Ok(r.status_code),
+            Some(Err(BollardError::DockerContainerWaitError { code, .. })) => Ok(code),
+            Some(Err(e)) => Err(failed(format_args!("wait for container '{name}'"), &e)),
+            None => {
+                // The stream ended without a status: ask the container itself.
+                let c = self.inspect_container(name).await?;
+                Ok(c.and_then(|c| c.state)
+                    .and_then(|s| s.exit_code)
+                    .unwrap_or(-1))
+            }
+        }
+    }
+
+    /// Stops a container: SIGTERM, then SIGKILL after `grace`.
+    pub async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
+        match self
+            .docker
+            .stop_container(
+                name,
+                Some(StopContainerOptions {
+                    t: Some(grace.as_secs() as i32),
+                    signal: None,
+                }),
+            )
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(BollardError::DockerResponseServerError {
+                status_code: 304 | 404,
+                ..
+            }) => Ok(()),
+            Err(e) => Err(failed(format_args!("stop container '{name}'"), &e)),
+        }
+    }
+
+    pub async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
+        match self
+            .docker
+            .remove_container(
+                name,
+                Some(RemoveContainerOptions {
+                    force,
+                    v: false,
+                    link: false,
+                }),
+            )
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            // "removal already in progress"
+            Err(e) if is_conflict(&e) => Ok(()),
+            Err(e) => Err(failed(format_args!("remove container '{name}'"), &e)),
+        }
+    }
+
+    /// Runs a short helper container to completion and removes it: (exit code, stdout,
+    /// stderr). For caw-box's own chores (a `git diff` in a workspace volume), never a turn.
+    pub async fn run_to_completion(
+        &self,
+        name: &str,
+        body: ContainerCreateBody,
+    ) -> std::result::Result<(i64, String, String), CreateError> {
+        match self.create_container(name, body).await {
+            Ok(_) => {}
+            Err(CreateError::NameTaken) => {
+                return Err(CreateError::Other(Error::environment(format!(
+                    "a helper container '{name}' exists already"
+                ))))
+            }
+            Err(e) => return Err(e),
+        }
+        let outcome = async {
+            let attach = self.attach(name, false).await?;
+            self.start_container(name).await?;
+            let mut output = attach.output;
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            while let Some(chunk) = output.next().await {
+                match chunk {
+                    Ok(OutputChunk::Stdout(message)) => out.extend_from_slice(&message),
+                    Ok(OutputChunk::Stderr(message)) => err.extend_from_slice(&message),
+                    _ => {}
+                }
+            }
+            let code = self.wait_container(name).await?;
+            Ok((
+                code,
+                String::from_utf8_lossy(&out).to_string(),
+                String::from_utf8_lossy(&err).to_string(),
+            ))
+        }
+        .await;
+        let _ = self.remove_container(name, true).await;
+        outcome.map_err(CreateError::Other)
+    }
+
+    /// A container's output from its start, following it until the container stops.
+    pub fn follow_logs(&self, name: &str) -> OutputStream {
+        let logs = self.docker.logs(
+            name,
+            Some(bollard::query_parameters::LogsOptions {
+                follow: true,
+                stdout: true,
+                stderr: false,
+                ..Default::default()
+            }),
+        );
+        output_stream(logs, format!("read the output of container '{name}'"))
+    }
+}
+
+/// bollard's output stream as caw-box's: chunks of caw-box's own type, errors saying what
+/// was being read.
+fn output_stream(
+    stream: impl futures_util::Stream<Item = std::result::Result<LogOutput, BollardError>>
+        + Send
+        + 'static,
+    what: String,
+) -> OutputStream {
+    Box::pin(stream.map(move |item| match item {
+        Ok(LogOutput::StdOut { message }) => Ok(OutputChunk::Stdout(message.to_vec())),
+        Ok(LogOutput::StdErr { message }) => Ok(OutputChunk::Stderr(message.to_vec())),
+        Ok(LogOutput::Console { message }) => Ok(OutputChunk::Console(message.to_vec())),
+        Ok(LogOutput::StdIn { message }) => Ok(OutputChunk::Console(message.to_vec())),
+        Err(e) => Err(failed(&what, &e)),
+    }))
+}
