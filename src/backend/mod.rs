@@ -106,3 +106,140 @@ impl ContainerInfo {
         self.labels.get(key).map(String::as_str)
     }
 }
+
+/// How a container reaches the network.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NetworkPolicy {
+    /// The backend's default network (Docker's bridge: `--network open`).
+    #[default]
+    Default,
+    /// No network at all.
+    None,
+    /// The host's network.
+    Host,
+    /// A network that exists already, by name (an internal one with a gateway, or a turn's
+    /// egress network).
+    Named(String),
+}
+
+impl NetworkPolicy {
+    /// A session's `--network` setting: `open` (or empty), `none`, `host`, or a name.
+    pub fn from_setting(network: &str) -> Self {
+        match network {
+            "open" | "" => NetworkPolicy::Default,
+            "none" => NetworkPolicy::None,
+            "host" => NetworkPolicy::Host,
+            other => NetworkPolicy::Named(other.to_string()),
+        }
+    }
+}
+
+/// What a mount mounts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MountSource {
+    /// A named volume of the backend (created on first use).
+    Volume(String),
+    /// A directory on the host that runs caw-box.
+    HostDir(String),
+}
+
+/// One mount of a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountSpec {
+    pub source: MountSource,
+    /// Where it appears in the container.
+    pub target: String,
+    pub read_only: bool,
+}
+
+impl MountSpec {
+    pub fn volume(name: impl Into<String>, target: &str) -> Self {
+        MountSpec {
+            source: MountSource::Volume(name.into()),
+            target: target.to_string(),
+            read_only: false,
+        }
+    }
+
+    pub fn host_dir(path: impl Into<String>, target: &str) -> Self {
+        MountSpec {
+            source: MountSource::HostDir(path.into()),
+            target: target.to_string(),
+            read_only: false,
+        }
+    }
+
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
+    }
+}
+
+/// Resource limits of a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Limits {
+    /// Bytes.
+    pub memory: Option<i64>,
+    pub cpus: Option<f64>,
+    pub pids: i64,
+}
+
+/// One turn of a session, in caw-box's terms: what the backend runs in the agent's
+/// sandbox (non-root, no capabilities, no new privileges, read-only root with a /tmp,
+/// never privileged). Its name, the session's turn container name, is the session's lock.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnSpec {
+    pub image: String,
+    /// The command: the image's entrypoint runs it.
+    pub argv: Vec<String>,
+    /// `KEY=VALUE`; never secrets (those go through the runtime directory).
+    pub env: Vec<String>,
+    /// uid:gid the CLI runs as.
+    pub user: (u32, u32),
+    pub working_dir: String,
+    pub labels: HashMap<String, String>,
+    /// The state volume at HOME.
+    pub home: MountSpec,
+    /// The workspace at /workspace, unless the session has none.
+    pub workspace: Option<MountSpec>,
+    /// The per-turn runtime directory (env file, stdin, record hand-off).
+    pub runtime: MountSpec,
+    pub limits: Limits,
+    pub network: NetworkPolicy,
+    /// A terminal for the vendor's TUI (and its first size, columns x rows), or a headless
+    /// turn read from stdout and stderr.
+    pub interactive: Option<Option<(u16, u16)>>,
+}
+
+impl TurnSpec {
+    pub fn mounts(&self) -> impl Iterator<Item = &MountSpec> {
+        std::iter::once(&self.home)
+            .chain(std::iter::once(&self.runtime))
+            .chain(self.workspace.as_ref())
+    }
+}
+
+/// One of caw-box's own short-lived containers (reading a volume, fixing its owner, an
+/// egress proxy, a `git diff`): never the agent.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HelperSpec {
+    pub image: String,
+    /// Empty: the image's own entrypoint.
+    pub entrypoint: Vec<String>,
+    pub argv: Vec<String>,
+    pub env: Vec<String>,
+    /// `uid:gid`; `None`: the image's user.
+    pub user: Option<String>,
+    pub labels: HashMap<String, String>,
+    pub mounts: Vec<MountSpec>,
+    pub network: NetworkPolicy,
+    /// Hardening beyond the backend's defaults.
+    pub read_only_root: bool,
+    pub drop_all_capabilities: bool,
+    /// Capabilities given back after dropping all (a chown as root).
+    pub add_capabilities: Vec<String>,
+    pub no_new_privileges: bool,
+    pub pids_limit: Option<i64>,
+    /// A tmpfs at /tmp with these mount options (e.g. `rw,nosuid,nodev,size=16m`).
+    pub tmp: Option<String>,
+}

@@ -30,9 +30,9 @@ pub async fn running_turns(backend: &DockerBackend) -> Result<HashMap<Uuid, u32>
         .await?;
     Ok(containers
         .into_iter()
-        .filter(|c| c.state.as_ref().map(|s| s.to_string()).as_deref() == Some("running"))
+        .filter(|c| c.running())
         .filter_map(|c| {
-            let l = c.labels?;
+            let l = c.labels;
             let id = Uuid::parse_str(l.get(labels::SESSION)?).ok()?;
             let turn = l
                 .get(labels::TURN)
@@ -181,9 +181,7 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     let running = backend
         .inspect_container(&names::turn_container(view.facts.session_id))
         .await?
-        .and_then(|c| c.state)
-        .and_then(|s| s.running)
-        .unwrap_or(false);
+        .is_some_and(|c| c.running());
     let record = target::read_record(&backend, &view.facts)
         .await?
         .unwrap_or_else(|| view.record());
@@ -281,9 +279,8 @@ pub async fn logs(target_arg: &str, turn: Option<u32>, raw: bool, follow: bool) 
     let running = backend
         .inspect_container(&container)
         .await?
-        .filter(|c| c.state.as_ref().and_then(|s| s.running).unwrap_or(false))
-        .and_then(|c| c.config.and_then(|c| c.labels))
-        .and_then(|l| l.get(labels::TURN).and_then(|t| t.parse::<u32>().ok()));
+        .filter(|c| c.running())
+        .and_then(|c| c.label(labels::TURN).and_then(|t| t.parse::<u32>().ok()));
     if let Some(running_turn) = running.filter(|r| follow && turn.is_none_or(|t| t == *r)) {
         return follow_turn(&backend, &view, &container, running_turn, raw).await;
     }
@@ -358,8 +355,8 @@ pub async fn remove_session(backend: &DockerBackend, id: Uuid) -> Result<()> {
         .list_containers(&[format!("{}={id}", labels::SESSION)])
         .await?
     {
-        if let Some(cid) = c.id {
-            backend.remove_container(&cid, true).await?;
+        if !c.id.is_empty() {
+            backend.remove_container(&c.id, true).await?;
         }
     }
     // A killed `--allow-host` turn's egress network.

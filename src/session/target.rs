@@ -3,11 +3,10 @@
 
 use std::collections::HashMap;
 
-use crate::backend::VolumeInfo;
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use uuid::Uuid;
 
 use crate::backend::docker::{CreateError, DockerBackend};
+use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, VolumeInfo};
 use crate::error::{Error, Result};
 use crate::provider::{ProviderKind, AGENT_HOME};
 use crate::session::handle::{volume_name, ResumeHandle};
@@ -331,30 +330,17 @@ pub async fn read_volume_file(
         )));
     }
     let name = names::helper_container(facts.session_id, "");
-    let body = ContainerCreateBody {
-        image: Some(image.clone()),
-        entrypoint: Some(vec!["true".into()]),
-        cmd: Some(vec![]),
-        network_disabled: Some(true),
-        labels: Some(
-            LabelSet::new(facts.session_id, roles::PROBE)
-                .provider(facts.provider)
-                .finish(),
-        ),
-        host_config: Some(HostConfig {
-            mounts: Some(vec![Mount {
-                target: Some(AGENT_HOME.to_string()),
-                source: Some(volume_name(facts.session_id)),
-                typ: Some(MountType::VOLUME),
-                read_only: Some(true),
-                ..Default::default()
-            }]),
-            network_mode: Some("none".into()),
-            ..Default::default()
-        }),
+    let spec = HelperSpec {
+        image: image.clone(),
+        entrypoint: vec!["true".into()],
+        labels: LabelSet::new(facts.session_id, roles::PROBE)
+            .provider(facts.provider)
+            .finish(),
+        mounts: vec![MountSpec::volume(volume_name(facts.session_id), AGENT_HOME).read_only()],
+        network: NetworkPolicy::None,
         ..Default::default()
     };
-    match backend.create_container(&name, body).await {
+    match backend.create_helper(&name, &spec).await {
         Ok(_) => {}
         Err(CreateError::NameTaken) => {
             backend.remove_container(&name, true).await?;

@@ -4,17 +4,16 @@
 //! `diff` says what the agent changed (a git diff for a repository, else added, changed and
 //! removed files against the hashes recorded at creation).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::backend::docker::{CreateError, DockerBackend};
-use crate::backend::TarFile;
+use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, TarFile};
 use crate::error::{Error, Result};
 use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
 use crate::session::handle::volume_name as state_volume;
@@ -106,46 +105,33 @@ fn archive(dir: &Path, uid: u64, gid: u64) -> Result<(Vec<u8>, Base)> {
 }
 
 /// A never-started container holding the session's volumes, for the archive API.
-fn holder(image: &str, session_id: Uuid, with_state: bool, read_only: bool) -> ContainerCreateBody {
-    let mut mounts = vec![Mount {
-        target: Some(WORKSPACE_DIR.to_string()),
-        source: Some(volume_name(session_id)),
-        typ: Some(MountType::VOLUME),
-        read_only: Some(read_only),
-        ..Default::default()
-    }];
+fn holder(image: &str, session_id: Uuid, with_state: bool, read_only: bool) -> HelperSpec {
+    let ro = |m: MountSpec| if read_only { m.read_only() } else { m };
+    let mut mounts = vec![ro(MountSpec::volume(
+        volume_name(session_id),
+        WORKSPACE_DIR,
+    ))];
     if with_state {
-        mounts.push(Mount {
-            target: Some(AGENT_HOME.to_string()),
-            source: Some(state_volume(session_id)),
-            typ: Some(MountType::VOLUME),
-            read_only: Some(read_only),
-            ..Default::default()
-        });
+        mounts.push(ro(MountSpec::volume(state_volume(session_id), AGENT_HOME)));
     }
-    ContainerCreateBody {
-        image: Some(image.to_string()),
-        entrypoint: Some(vec!["true".into()]),
-        cmd: Some(vec![]),
-        network_disabled: Some(true),
-        labels: Some(LabelSet::new(session_id, roles::PROBE).finish()),
-        host_config: Some(HostConfig {
-            mounts: Some(mounts),
-            network_mode: Some("none".into()),
-            ..Default::default()
-        }),
+    HelperSpec {
+        image: image.to_string(),
+        entrypoint: vec!["true".into()],
+        labels: LabelSet::new(session_id, roles::PROBE).finish(),
+        mounts,
+        network: NetworkPolicy::None,
         ..Default::default()
     }
 }
 
 async fn with_holder<T>(
     backend: &DockerBackend,
-    body: ContainerCreateBody,
+    spec: HelperSpec,
     session_id: Uuid,
     f: impl AsyncFnOnce(&str) -> Result<T>,
 ) -> Result<T> {
     let name = names::helper_container(session_id, "");
-    match backend.create_container(&name, body).await {
+    match backend.create_helper(&name, &spec).await {
         Ok(_) => {}
         Err(CreateError::NameTaken) => {
             return Err(Error::environment(format!(
@@ -319,34 +305,29 @@ pub async fn diff(
         }
     }
     if is_repo {
-        let mut body = holder(&facts.settings.image, facts.session_id, false, true);
-        body.entrypoint = Some(vec!["git".into()]);
-        body.cmd = Some(
-            [
-                "-c",
-                "color.ui=never",
-                "-C",
-                WORKSPACE_DIR,
-                "-c",
-                "core.pager=cat",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        );
-        body.env = Some(vec!["GIT_OPTIONAL_LOCKS=0".into(), "HOME=/tmp".into()]);
-        body.user = Some(format!("{uid}:{gid}"));
-        body.labels.get_or_insert_with(HashMap::new);
+        let mut spec = holder(&facts.settings.image, facts.session_id, false, true);
+        spec.entrypoint = vec!["git".into()];
+        spec.argv = [
+            "-c",
+            "color.ui=never",
+            "-C",
+            WORKSPACE_DIR,
+            "-c",
+            "core.pager=cat",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        spec.env = vec!["GIT_OPTIONAL_LOCKS=0".into(), "HOME=/tmp".into()];
+        spec.user = Some(format!("{uid}:{gid}"));
         let run = |args: &[&str]| {
-            let mut b = body.clone();
-            if let Some(cmd) = b.cmd.as_mut() {
-                cmd.extend(args.iter().map(|s| s.to_string()));
-            }
-            b
+            let mut s = spec.clone();
+            s.argv.extend(args.iter().map(|a| a.to_string()));
+            s
         };
         let name = |what: &str| names::helper_container(facts.session_id, what);
         let (code, status, err) = backend
-            .run_to_completion(&name("status"), run(&["status", "--short"]))
+            .run_to_completion(&name("status"), &run(&["status", "--short"]))
             .await
             .map_err(Error::from)?;
         if code != 0 {
@@ -356,7 +337,7 @@ pub async fn diff(
             )));
         }
         let (_, diff, _) = backend
-            .run_to_completion(&name("diff"), run(&["diff"]))
+            .run_to_completion(&name("diff"), &run(&["diff"]))
             .await
             .map_err(Error::from)?;
         return Ok(format!(

@@ -14,28 +14,50 @@ use bollard::query_parameters::{
     ResizeContainerTTYOptions, StopContainerOptions, WaitContainerOptions,
 };
 
-use super::{daemon_message, failed, is_conflict, is_not_found, CreateError, DockerBackend};
-use crate::backend::{Attached, OutputChunk, OutputStream};
+use bollard::models::{ContainerStateStatusEnum, ContainerSummary, ContainerSummaryStateEnum};
+
+use super::{daemon_message, failed, is_conflict, is_not_found, spec, CreateError, DockerBackend};
+use crate::backend::{
+    Attached, ContainerInfo, ContainerState, HelperSpec, OutputChunk, OutputStream, TurnSpec,
+};
 use crate::error::{Error, Result};
 
 impl DockerBackend {
     /// Containers (running or not) carrying all of `labels`.
-    pub async fn list_containers(
-        &self,
-        labels: &[String],
-    ) -> Result<Vec<bollard::models::ContainerSummary>> {
+    pub async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>> {
         let filters = HashMap::from([("label".to_string(), labels.to_vec())]);
-        self.docker
+        let list = self
+            .docker
             .list_containers(Some(ListContainersOptions {
                 all: true,
                 filters: Some(filters),
                 ..Default::default()
             }))
             .await
-            .map_err(|e| failed("list containers", &e))
+            .map_err(|e| failed("list containers", &e))?;
+        Ok(list.into_iter().map(summary_info).collect())
     }
 
-    pub async fn create_container(
+    /// Creates a turn's container; a taken name (the session's lock) is
+    /// [`CreateError::NameTaken`], atomically.
+    pub async fn create_turn(
+        &self,
+        name: &str,
+        spec: &TurnSpec,
+    ) -> std::result::Result<String, CreateError> {
+        self.create_container(name, spec::turn_body(spec)).await
+    }
+
+    /// Creates (does not start) one of caw-box's helper containers.
+    pub async fn create_helper(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<String, CreateError> {
+        self.create_container(name, spec::helper_body(spec)).await
+    }
+
+    async fn create_container(
         &self,
         name: &str,
         body: ContainerCreateBody,
@@ -65,9 +87,9 @@ impl DockerBackend {
         }
     }
 
-    pub async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInspectResponse>> {
+    pub async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
         match self.docker.inspect_container(name, None).await {
-            Ok(c) => Ok(Some(c)),
+            Ok(c) => Ok(Some(inspect_info(c))),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(failed(format_args!("inspect container '{name}'"), &e)),
         }
@@ -139,7 +161,7 @@ impl DockerBackend {
             Some(Err(e)) => Err(failed(format_args!("wait for container '{name}'"), &e)),
             None => {
                 // The stream ended without a status: ask the container itself.
-                let c = self.inspect_container(name).await?;
+                let c = self.docker.inspect_container(name, None).await.ok();
                 Ok(c.and_then(|c| c.state)
                     .and_then(|s| s.exit_code)
                     .unwrap_or(-1))
@@ -195,9 +217,9 @@ impl DockerBackend {
     pub async fn run_to_completion(
         &self,
         name: &str,
-        body: ContainerCreateBody,
+        spec: &HelperSpec,
     ) -> std::result::Result<(i64, String, String), CreateError> {
-        match self.create_container(name, body).await {
+        match self.create_helper(name, spec).await {
             Ok(_) => {}
             Err(CreateError::NameTaken) => {
                 return Err(CreateError::Other(Error::environment(format!(
@@ -260,4 +282,75 @@ fn output_stream(
         Ok(LogOutput::StdIn { message }) => Ok(OutputChunk::Console(message.to_vec())),
         Err(e) => Err(failed(&what, &e)),
     }))
+}
+
+fn inspect_info(c: ContainerInspectResponse) -> ContainerInfo {
+    let state = c.state.as_ref();
+    let created = c
+        .created
+        .as_deref()
+        .and_then(|t| humantime::parse_rfc3339_weak(t.split('.').next().unwrap_or(t)).ok());
+    ContainerInfo {
+        id: c.id.clone().unwrap_or_default(),
+        name: c
+            .name
+            .as_deref()
+            .unwrap_or_default()
+            .trim_start_matches('/')
+            .to_string(),
+        labels: c
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.clone())
+            .unwrap_or_default(),
+        state: if state.and_then(|s| s.running).unwrap_or(false) {
+            ContainerState::Running
+        } else {
+            match state.and_then(|s| s.status) {
+                Some(ContainerStateStatusEnum::CREATED) => ContainerState::Created,
+                Some(ContainerStateStatusEnum::RUNNING) => ContainerState::Running,
+                Some(ContainerStateStatusEnum::EXITED) => ContainerState::Exited,
+                Some(ContainerStateStatusEnum::REMOVING) => ContainerState::Removing,
+                Some(ContainerStateStatusEnum::DEAD) => ContainerState::Dead,
+                _ => ContainerState::Other,
+            }
+        },
+        created,
+        finished: state
+            .and_then(|s| s.finished_at.as_deref())
+            .is_some_and(|f| !f.starts_with("0001")),
+        mounts: c
+            .mounts
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| Some((m.destination?, m.source?)))
+            .collect(),
+    }
+}
+
+fn summary_info(c: ContainerSummary) -> ContainerInfo {
+    ContainerInfo {
+        id: c.id.unwrap_or_default(),
+        name: c
+            .names
+            .unwrap_or_default()
+            .join("")
+            .trim_start_matches('/')
+            .to_string(),
+        labels: c.labels.unwrap_or_default(),
+        state: match c.state {
+            Some(ContainerSummaryStateEnum::CREATED) => ContainerState::Created,
+            Some(ContainerSummaryStateEnum::RUNNING) => ContainerState::Running,
+            Some(ContainerSummaryStateEnum::EXITED) => ContainerState::Exited,
+            Some(ContainerSummaryStateEnum::REMOVING) => ContainerState::Removing,
+            Some(ContainerSummaryStateEnum::DEAD) => ContainerState::Dead,
+            _ => ContainerState::Other,
+        },
+        created: c
+            .created
+            .and_then(|s| u64::try_from(s).ok())
+            .map(|s| std::time::UNIX_EPOCH + Duration::from_secs(s)),
+        finished: false,
+        mounts: Vec::new(),
+    }
 }

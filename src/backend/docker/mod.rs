@@ -23,6 +23,7 @@ mod api_version;
 mod archive;
 mod containers;
 mod images;
+mod spec;
 mod volumes;
 
 pub use archive::{build_tar, first_file};
