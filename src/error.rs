@@ -138,8 +138,8 @@ impl std::error::Error for Error {
     }
 }
 
-impl From<crate::provider::UnknownProvider> for Error {
-    fn from(e: crate::provider::UnknownProvider) -> Self {
+impl From<crate::provider_kind::UnknownProvider> for Error {
+    fn from(e: crate::provider_kind::UnknownProvider) -> Self {
         Error::usage(e.to_string())
     }
 }

@@ -1,6 +1,35 @@
-//! Backends run what the commands describe. Docker (through bollard) is the only one today;
-//! the commands reach it only through [`docker::DockerBackend`], so a second backend
-//! (Kubernetes) can slot in beside it.
+//! Backends run what the session layer describes. Docker (through bollard) is the only one
+//! today, in `docker/`; nothing outside that folder names a bollard type. The session layer
+//! speaks to a backend in caw-box's own terms: a [`TurnSpec`] for a turn, a [`HelperSpec`]
+//! for caw-box's short-lived helpers, [`VolumeInfo`] / [`ContainerInfo`] for what exists,
+//! [`OutputChunk`]s for what a container prints.
+//!
+//! # The backend contract
+//!
+//! What the session layer relies on, and so what a second backend (Kubernetes) must keep:
+//!
+//! - **The lock is atomic.** Creating a turn under the session's turn name
+//!   ([`crate::session::names::turn_container`]) either succeeds or reports
+//!   `NameTaken`; two racing creators never both succeed. The turn holds the lock from
+//!   its creation until its driver removes it, after the turn is recorded.
+//! - **Labels are the index.** Everything created carries the labels of
+//!   [`crate::session::names`] (plus `CAW_BOX_LABELS` extras), and listing by label filter
+//!   (`key=value`, all must match) is how sessions, turns and leftovers are found: there is
+//!   no other database. Labels never change after creation (a turn replaces its turn-record
+//!   volume instead).
+//! - **"Gone" means not found.** Inspecting or removing something that does not exist is
+//!   `Ok(None)` / `Ok(())`, not an error; a container being removed from outside reports
+//!   [`ContainerState::Removing`] or [`ContainerState::Dead`] until it is gone.
+//! - **What survives a daemon restart:** volumes (a session's state, copy-mode workspace,
+//!   turn records) and their labels, so every session stays resumable. Running turns do
+//!   not survive (their driver records them as failed or they are cleared by the next turn
+//!   as leftovers); images survive.
+//! - **Files move through the turn's container**, created or stopped: files written under
+//!   HOME land in the state volume; a file that does not exist reads as `None`.
+//! - **Errors say what was done to what** and carry the backend's own error as their
+//!   source; an unreachable backend is an environment error (exit 3) with what to do.
+//! - **A missing image is typed** (`CreateError::ImageMissing`), never recognised from text
+//!   outside the backend.
 
 pub mod docker;
 

@@ -23,7 +23,7 @@ pub mod labels {
     /// On a turn container: the process that drives the turn, and its host.
     pub const DRIVER_PID: &str = "io.caw-box.driver-pid";
     pub const DRIVER_HOST: &str = "io.caw-box.driver-host";
-    /// On a turn-record volume: the [`super::TurnSummary`] of the session's latest turn.
+    /// On a turn-record volume: the [`crate::session::record::TurnSummary`] of the session's latest turn.
     pub const SUMMARY: &str = "io.caw-box.summary";
     /// On an image: a hash of everything it was built from; `image build` skips an image
     /// whose hash is current.
