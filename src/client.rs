@@ -105,18 +105,7 @@ impl Client {
         };
         let (inspected, name_taken) = tokio::join!(self.backend.inspect_image(image), name_check);
         if inspected?.is_none() {
-            return Err(
-                Error::environment(format!("image '{image}' is not present")).with_hint(
-                    if *image == new.provider.default_image() {
-                        format!(
-                            "build it with `caw-box image build --provider {}`",
-                            new.provider
-                        )
-                    } else {
-                        "build or pull it, or pass another --image".to_string()
-                    },
-                ),
-            );
+            return Err(Error::missing_image(image, new.provider));
         }
         if name_taken? {
             let name = new.name.as_deref().unwrap_or_default();

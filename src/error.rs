@@ -5,6 +5,9 @@
 //! it once, as one line.
 
 use std::fmt;
+use std::sync::Arc;
+
+use crate::provider_kind::ProviderKind;
 
 /// Which class of failure, and so which exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,25 +29,42 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// SPEC.md's exit codes: the one table (turn statuses map onto these kinds).
+    const EXIT_CODES: [(ErrorKind, i32); 7] = [
+        (ErrorKind::Turn, 1),
+        (ErrorKind::Usage, 2),
+        (ErrorKind::Environment, 3),
+        (ErrorKind::Credentials, 4),
+        (ErrorKind::UsageLimit, 5),
+        (ErrorKind::Timeout, 124),
+        (ErrorKind::Interrupted, 130),
+    ];
+
     pub fn exit_code(self) -> i32 {
-        match self {
-            ErrorKind::Turn => 1,
-            ErrorKind::Usage => 2,
-            ErrorKind::Environment => 3,
-            ErrorKind::Credentials => 4,
-            ErrorKind::UsageLimit => 5,
-            ErrorKind::Timeout => 124,
-            ErrorKind::Interrupted => 130,
-        }
+        Self::EXIT_CODES
+            .iter()
+            .find(|(k, _)| *k == self)
+            .map_or(1, |(_, c)| *c)
+    }
+
+    /// The kind a (non-zero) exit code stands for, read back from another caw-box process.
+    pub fn from_exit_code(code: i32) -> Option<ErrorKind> {
+        Self::EXIT_CODES
+            .iter()
+            .find(|(_, c)| *c == code)
+            .map(|(k, _)| *k)
     }
 }
 
-/// A user-facing failure: what failed, and what to do about it.
+/// A user-facing failure: what failed, and what to do about it; the lower-level error that
+/// caused it, when there is one, is its [`std::error::Error::source`] (for logs and library
+/// users; the one line `main` prints is the message and the hint).
 #[derive(Debug, Clone)]
 pub struct Error {
     pub kind: ErrorKind,
     pub message: String,
     pub hint: Option<String>,
+    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -55,7 +75,25 @@ impl Error {
             kind,
             message: message.into(),
             hint: None,
+            source: None,
         }
+    }
+
+    /// An image that a session needs is not on the Docker host: the one way caw-box says so.
+    pub fn missing_image(image: &str, provider: ProviderKind) -> Self {
+        Error::environment(format!("image '{image}' is not present")).with_hint(
+            if image == provider.default_image() {
+                format!("build it with `caw-box image build --provider {provider}`")
+            } else {
+                "build or pull it, or pass another --image".to_string()
+            },
+        )
+    }
+
+    /// Keeps `source` as the cause of this error.
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
+        self
     }
 
     pub fn usage(message: impl Into<String>) -> Self {
@@ -92,10 +130,16 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
-impl From<crate::provider::UnknownProvider> for Error {
-    fn from(e: crate::provider::UnknownProvider) -> Self {
+impl From<crate::provider_kind::UnknownProvider> for Error {
+    fn from(e: crate::provider_kind::UnknownProvider) -> Self {
         Error::usage(e.to_string())
     }
 }
@@ -113,5 +157,24 @@ mod tests {
             "failed to reach Docker: connection refused; is the Docker daemon running?"
         );
         assert_eq!(e.exit_code(), 3);
+    }
+
+    #[test]
+    fn the_cause_is_kept_as_the_source_but_not_printed() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "socket gone");
+        let e = Error::environment("cannot reach the Docker daemon").with_source(io);
+        assert_eq!(e.to_string(), "cannot reach the Docker daemon");
+        let source = std::error::Error::source(&e).expect("a source");
+        assert_eq!(source.to_string(), "socket gone");
+    }
+
+    #[test]
+    fn exit_codes_read_back_to_their_kinds() {
+        for code in [1, 2, 3, 4, 5, 124, 130] {
+            let kind = ErrorKind::from_exit_code(code).unwrap();
+            assert_eq!(kind.exit_code(), code);
+        }
+        assert_eq!(ErrorKind::from_exit_code(0), None);
+        assert_eq!(ErrorKind::from_exit_code(101), None);
     }
 }

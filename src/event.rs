@@ -4,7 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::provider::ProviderKind;
+use crate::error::ErrorKind;
+use crate::provider_kind::ProviderKind;
 
 /// How a turn ended. Serialized in snake_case, as SPEC.md's `status` field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -27,14 +28,19 @@ pub enum Status {
 impl Status {
     /// The process exit code SPEC.md assigns to a turn that ended this way.
     pub fn exit_code(self) -> i32 {
+        self.error_kind().map_or(0, ErrorKind::exit_code)
+    }
+
+    /// The kind of failure a turn that ended this way is (`None`: not a failure).
+    pub fn error_kind(self) -> Option<ErrorKind> {
         match self {
-            Status::Success | Status::Running => 0,
-            Status::Error => 1,
-            Status::Unreachable => 3,
-            Status::AuthError => 4,
-            Status::UsageLimit => 5,
-            Status::Timeout => 124,
-            Status::Interrupted => 130,
+            Status::Success | Status::Running => None,
+            Status::Error => Some(ErrorKind::Turn),
+            Status::Unreachable => Some(ErrorKind::Environment),
+            Status::AuthError => Some(ErrorKind::Credentials),
+            Status::UsageLimit => Some(ErrorKind::UsageLimit),
+            Status::Timeout => Some(ErrorKind::Timeout),
+            Status::Interrupted => Some(ErrorKind::Interrupted),
         }
     }
 

@@ -13,10 +13,10 @@ use std::path::Path;
 
 use crate::auth::spec::Spec;
 use crate::auth::store::{self, Store};
+use crate::clock::now_secs;
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
-use crate::session::record::now_secs;
 
 /// Where credentials go in a turn's runtime directory.
 pub const AUTH_SUBDIR: &str = "auth";

@@ -14,10 +14,10 @@ use sha2::{Digest, Sha256};
 
 use crate::auth::spec::{self, Spec};
 use crate::auth::Secret;
+use crate::clock::now_secs;
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
-use crate::session::record::now_secs;
 
 /// One collected item, as the manifest records it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -4,10 +4,10 @@ use serde::Serialize;
 
 use crate::auth::spec::Spec;
 use crate::auth::store::{self, Item, Store};
+use crate::clock::now_secs;
 use crate::error::{Error, Result};
 use crate::output;
 use crate::provider::ProviderKind;
-use crate::session::record::now_secs;
 
 fn providers(names: &[String]) -> Result<Vec<ProviderKind>> {
     if names.is_empty() {

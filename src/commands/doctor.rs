@@ -26,9 +26,9 @@ pub async fn doctor() -> Result<i32> {
         match backend.inspect_image(&image).await? {
             Some(img) => {
                 let version = img
-                    .config
-                    .and_then(|c| c.labels)
-                    .and_then(|l| l.get(labels::CLI_VERSION).cloned())
+                    .labels
+                    .get(labels::CLI_VERSION)
+                    .cloned()
                     .unwrap_or_else(|| "unknown".into());
                 output::println(&format!("✓ {p}: image {image} (CLI {version})"));
             }

@@ -8,14 +8,14 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::time::Duration;
 
-use bollard::models::ImageSummary;
-use bollard::query_parameters::BuildImageOptions;
 use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
+use crate::backend::docker::{BuildEvent, BuildSpec};
 use crate::backend::DockerBackend;
+use crate::backend::ImageInfo;
 use crate::cli::ImageBuildArgs;
 use crate::error::{Error, ErrorKind, Result};
 use crate::output;
@@ -218,13 +218,12 @@ async fn build_one(
     quiet: bool,
     interrupts: &mut Interrupts,
 ) -> Result<()> {
-    let from_id = backend.inspect_image(&job.from).await?.and_then(|i| i.id);
+    let from_id = backend.inspect_image(&job.from).await?.map(|i| i.id);
     let inputs = inputs_hash(&job, from_id.as_deref());
     let current = backend.inspect_image(&job.tag).await?;
     let current_labels = current
         .as_ref()
-        .and_then(|i| i.config.as_ref())
-        .and_then(|c| c.labels.clone())
+        .map(|i| i.labels.clone())
         .unwrap_or_default();
     let up_to_date = inputs.is_some() && current_labels.get(labels::INPUTS) == inputs.as_ref();
     if up_to_date && !args.force && !args.no_cache {
@@ -250,15 +249,6 @@ async fn build_one(
     }
 
     let tar = context_tar(&job.files)?;
-    let options = BuildImageOptions {
-        t: Some(job.tag.clone()),
-        buildargs: Some(job.args.clone()),
-        labels: Some(job.labels.clone()),
-        rm: true,
-        forcerm: true,
-        nocache: args.no_cache,
-        ..Default::default()
-    };
     let progress = if quiet || verbose {
         ProgressBar::hidden()
     } else {
@@ -276,38 +266,33 @@ async fn build_one(
     let mut failure: Option<String> = None;
     let mut interrupted = false;
     {
-        let mut stream =
-            backend
-                .client()
-                .build_image(options, None, Some(bollard::body_full(tar.into())));
+        let mut stream = backend.build_image(BuildSpec {
+            tag: job.tag.clone(),
+            context_tar: tar,
+            args: job.args.clone(),
+            labels: job.labels.clone(),
+            no_cache: args.no_cache,
+        });
         loop {
-            let item = tokio::select! {
-                item = stream.next() => item,
+            let event = tokio::select! {
+                event = stream.next() => event,
                 _ = interrupts.recv() => {
                     interrupted = true;
                     break;
                 }
             };
-            let Some(item) = item else { break };
-            match item {
-                Ok(info) => {
-                    if let Some(text) = info.stream.as_deref() {
-                        log.push_str(text);
-                        if verbose {
-                            let _ = std::io::stderr().write_all(text.as_bytes());
-                        }
-                        if let Some(step) = text.lines().find(|l| l.starts_with("Step ")) {
-                            progress.set_message(step.to_string());
-                        }
+            match event {
+                None => break,
+                Some(BuildEvent::Log(text)) => {
+                    log.push_str(&text);
+                    if verbose {
+                        let _ = std::io::stderr().write_all(text.as_bytes());
                     }
-                    if let Some(err) = info.error_detail.and_then(|d| d.message) {
-                        failure = Some(err);
+                    if let Some(step) = text.lines().find(|l| l.starts_with("Step ")) {
+                        progress.set_message(step.to_string());
                     }
                 }
-                Err(e) => {
-                    failure = Some(crate::backend::docker::daemon_message(&e));
-                    break;
-                }
+                Some(BuildEvent::Failed(err)) => failure = Some(err),
             }
         }
         // Dropping the stream closes the connection: the daemon cancels the build.
@@ -345,9 +330,9 @@ async fn build_one(
     }
     // The image the tag named before is caw-box's own leftover now, unless something still
     // uses it (a container, another tag, a child image): Docker then keeps it.
-    if let Some(previous) = current.and_then(|i| i.id) {
+    if let Some(previous) = current.map(|i| i.id).filter(|id| !id.is_empty()) {
         if let Some(old) = backend.inspect_image(&previous).await? {
-            if old.repo_tags.unwrap_or_default().is_empty() {
+            if old.tags.is_empty() {
                 backend.remove_image(&previous).await?;
             }
         }
@@ -420,10 +405,10 @@ pub async fn ls() -> Result<i32> {
         "SIZE".to_string(),
         "CREATED".to_string(),
     ]];
-    let now = crate::session::record::now_secs() as i64;
+    let now = crate::clock::now_secs() as i64;
     let mut untagged = 0;
     for img in images {
-        let tag = match img.repo_tags.iter().find(|t| !t.starts_with("<none>")) {
+        let tag = match img.tags.iter().find(|t| !t.starts_with("<none>")) {
             Some(t) => t.clone(),
             None => {
                 untagged += 1;
@@ -436,7 +421,7 @@ pub async fn ls() -> Result<i32> {
             tag,
             label(labels::PROVIDER),
             label(labels::CLI_VERSION),
-            format!("{:.0} MB", img.size as f64 / 1e6),
+            format!("{:.0} MB", img.size_bytes as f64 / 1e6),
             format!("{} ago", humantime::format_duration(round_age(age))),
         ]);
     }
@@ -472,8 +457,8 @@ fn short_id(id: &str) -> &str {
 /// caw-box's untagged images: builder stages and replaced images of earlier caw-box
 /// versions (today's `image build` removes its own). A builder-stage image younger than an
 /// hour may belong to a build that is running now, which removes it itself: left alone.
-pub async fn leftovers(backend: &DockerBackend) -> Result<Vec<ImageSummary>> {
-    let now = crate::session::record::now_secs() as i64;
+pub async fn leftovers(backend: &DockerBackend) -> Result<Vec<ImageInfo>> {
+    let now = crate::clock::now_secs() as i64;
     Ok(backend
         .list_images(managed_filter(true))
         .await?

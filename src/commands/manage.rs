@@ -8,13 +8,15 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::backend::docker::{DockerBackend, LogOutput};
+use crate::backend::docker::DockerBackend;
+use crate::backend::OutputChunk;
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::event::Status;
 use crate::output;
 use crate::provider::ParseContext;
 use crate::session::handle::{volume_name, ResumeHandle};
+use crate::session::names;
 use crate::session::record::{labels, now_secs, roles, SessionRecord};
 use crate::session::target::{self, SessionView};
 
@@ -28,9 +30,9 @@ pub async fn running_turns(backend: &DockerBackend) -> Result<HashMap<Uuid, u32>
         .await?;
     Ok(containers
         .into_iter()
-        .filter(|c| c.state.as_ref().map(|s| s.to_string()).as_deref() == Some("running"))
+        .filter(|c| c.running())
         .filter_map(|c| {
-            let l = c.labels?;
+            let l = c.labels;
             let id = Uuid::parse_str(l.get(labels::SESSION)?).ok()?;
             let turn = l
                 .get(labels::TURN)
@@ -177,11 +179,9 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     let backend = DockerBackend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let running = backend
-        .inspect_container(&format!("caw-box-{}", view.facts.session_id))
+        .inspect_container(&names::turn_container(view.facts.session_id))
         .await?
-        .and_then(|c| c.state)
-        .and_then(|s| s.running)
-        .unwrap_or(false);
+        .is_some_and(|c| c.running());
     let record = target::read_record(&backend, &view.facts)
         .await?
         .unwrap_or_else(|| view.record());
@@ -275,13 +275,12 @@ pub async fn logs(target_arg: &str, turn: Option<u32>, raw: bool, follow: bool) 
     let backend = DockerBackend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let id = view.facts.session_id;
-    let container = format!("caw-box-{id}");
+    let container = names::turn_container(id);
     let running = backend
         .inspect_container(&container)
         .await?
-        .filter(|c| c.state.as_ref().and_then(|s| s.running).unwrap_or(false))
-        .and_then(|c| c.config.and_then(|c| c.labels))
-        .and_then(|l| l.get(labels::TURN).and_then(|t| t.parse::<u32>().ok()));
+        .filter(|c| c.running())
+        .and_then(|c| c.label(labels::TURN).and_then(|t| t.parse::<u32>().ok()));
     if let Some(running_turn) = running.filter(|r| follow && turn.is_none_or(|t| t == *r)) {
         return follow_turn(&backend, &view, &container, running_turn, raw).await;
     }
@@ -321,7 +320,7 @@ async fn follow_turn(
         previous_cumulative_usage: view.last.as_ref().and_then(|l| l.cumulative_usage),
     });
     let mut stream = backend.follow_logs(container);
-    let mut pending = Vec::new();
+    let mut lines = crate::lines::LineBuffer::default();
     let mut events = Vec::new();
     let mut emit = |line: &str| {
         if raw {
@@ -337,18 +336,12 @@ async fn follow_turn(
         }
     };
     while let Some(chunk) = stream.next().await {
-        let Ok(LogOutput::StdOut { message }) = chunk else {
+        let Ok(OutputChunk::Stdout(message)) = chunk else {
             continue;
         };
-        pending.extend_from_slice(&message);
-        while let Some(pos) = pending.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=pos).collect();
-            emit(String::from_utf8_lossy(&line[..line.len() - 1]).as_ref());
-        }
+        lines.feed(&message, &mut emit);
     }
-    if !pending.is_empty() {
-        emit(String::from_utf8_lossy(&pending).as_ref());
-    }
+    lines.finish(emit);
     tracing::debug!("turn {turn} of {} ended", view.facts.session_id);
     Ok(0)
 }
@@ -356,14 +349,14 @@ async fn follow_turn(
 /// Removes a session: its container, state volume, turn records and host cache.
 pub async fn remove_session(backend: &DockerBackend, id: Uuid) -> Result<()> {
     backend
-        .remove_container(&format!("caw-box-{id}"), true)
+        .remove_container(&names::turn_container(id), true)
         .await?;
     for c in backend
         .list_containers(&[format!("{}={id}", labels::SESSION)])
         .await?
     {
-        if let Some(cid) = c.id {
-            backend.remove_container(&cid, true).await?;
+        if !c.id.is_empty() {
+            backend.remove_container(&c.id, true).await?;
         }
     }
     // A killed `--allow-host` turn's egress network.

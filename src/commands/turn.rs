@@ -338,14 +338,10 @@ async fn detach(backend: &DockerBackend, session: &Session, options: &TurnOption
             .inspect_container(&container)
             .await?
             .filter(|c| {
-                let container_labels = c.config.as_ref().and_then(|c| c.labels.as_ref());
-                let label = |key| container_labels.and_then(|l| l.get(key));
-                label(labels::TURN) == Some(&turn) && label(labels::DRIVER_PID) == Some(&driver_pid)
+                c.label(labels::TURN) == Some(turn.as_str())
+                    && c.label(labels::DRIVER_PID) == Some(driver_pid.as_str())
             })
-            .and_then(|c| c.state)
-            .is_some_and(|s| {
-                s.running == Some(true) || s.finished_at.is_some_and(|f| !f.starts_with("0001"))
-            });
+            .is_some_and(|c| c.running() || c.finished);
         if started {
             return Ok(());
         }
@@ -373,15 +369,9 @@ fn driver_ended(code: Option<i32>, stderr: &str) -> Result<()> {
         // The turn ran and is recorded: `wait` reports how it ended.
         return Ok(());
     }
-    let kind = match code {
-        Some(1) => ErrorKind::Turn,
-        Some(2) => ErrorKind::Usage,
-        Some(4) => ErrorKind::Credentials,
-        Some(5) => ErrorKind::UsageLimit,
-        Some(124) => ErrorKind::Timeout,
-        Some(130) => ErrorKind::Interrupted,
-        _ => ErrorKind::Environment,
-    };
+    let kind = code
+        .and_then(ErrorKind::from_exit_code)
+        .unwrap_or(ErrorKind::Environment);
     let message = match (error, code) {
         (Some(line), _) => line.to_string(),
         // Not one of ours (a panic, say): its own last words say the most.
@@ -470,11 +460,9 @@ pub async fn wait(target_arg: &str, format: OutputFormat, quiet: bool) -> Result
     let backend = DockerBackend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let id = view.facts.session_id;
-    let container = format!("caw-box-{id}");
+    let container = crate::session::names::turn_container(id);
     let mut stopped_since: Option<std::time::Instant> = None;
-    let is_running = |c: &bollard::models::ContainerInspectResponse| {
-        c.state.as_ref().and_then(|s| s.running).unwrap_or(false)
-    };
+    let is_running = |c: &crate::backend::ContainerInfo| c.running();
     while let Some(c) = backend.inspect_container(&container).await? {
         if is_running(&c) {
             if let Err(e) = backend.wait_container(&container).await {
@@ -523,19 +511,17 @@ pub async fn stop(target_arg: &str, quiet: bool) -> Result<i32> {
     let backend = DockerBackend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let id = view.facts.session_id;
-    let container = format!("caw-box-{id}");
+    let container = crate::session::names::turn_container(id);
     let inspect = backend
         .inspect_container(&container)
         .await?
-        .filter(|c| c.state.as_ref().and_then(|s| s.running).unwrap_or(false))
+        .filter(|c| c.running())
         .ok_or_else(|| Error::usage(format!("session {id} has no running turn")))?;
     // Tell the turn's driver that this is a stop, not a crash.
-    if let Some(source) = inspect
+    if let Some((_, source)) = inspect
         .mounts
-        .unwrap_or_default()
         .into_iter()
-        .find(|m| m.destination.as_deref() == Some(RUNTIME_MOUNT))
-        .and_then(|m| m.source)
+        .find(|(target, _)| target == RUNTIME_MOUNT)
     {
         let _ = std::fs::write(std::path::Path::new(&source).join(STOP_REQUEST), b"");
     }

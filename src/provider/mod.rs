@@ -6,11 +6,6 @@
 //! the backend runs what an adapter describes, so every adapter is testable from recorded
 //! output under `tests/fixtures/`.
 
-use std::fmt;
-use std::str::FromStr;
-
-use serde::{Deserialize, Serialize};
-
 use crate::event::{Event, Status, Usage};
 
 mod claude_code;
@@ -27,109 +22,9 @@ pub const AGENT_HOME: &str = "/home/agent";
 /// The working directory of every turn: the CLIs key sessions by cwd, so it never changes.
 pub const WORKSPACE_DIR: &str = "/workspace";
 
-/// The repository caw-box's images are tagged under: `caw-box`, or `$CAW_BOX_IMAGE_REPO`
-/// (e.g. a private registry path that a team pushes its built images to).
-pub fn image_repo() -> String {
-    std::env::var("CAW_BOX_IMAGE_REPO")
-        .ok()
-        .map(|r| r.trim_end_matches('/').to_string())
-        .filter(|r| !r.is_empty())
-        .unwrap_or_else(|| "caw-box".to_string())
-}
-
-/// One vendor CLI.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
-#[serde(rename_all = "snake_case")]
-pub enum ProviderKind {
-    ClaudeCode,
-    Codex,
-    Opencode,
-    Gemini,
-}
+pub use crate::provider_kind::{image_repo, ProviderKind, UnknownProvider};
 
 impl ProviderKind {
-    pub const ALL: [ProviderKind; 4] = [
-        ProviderKind::ClaudeCode,
-        ProviderKind::Codex,
-        ProviderKind::Opencode,
-        ProviderKind::Gemini,
-    ];
-
-    /// The canonical name used in labels, handles and output.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProviderKind::ClaudeCode => "claude_code",
-            ProviderKind::Codex => "codex",
-            ProviderKind::Opencode => "opencode",
-            ProviderKind::Gemini => "gemini",
-        }
-    }
-
-    /// The image name under `caw-box/` and the directory under `images/`.
-    pub fn image_name(self) -> &'static str {
-        match self {
-            ProviderKind::ClaudeCode => "claude-code",
-            ProviderKind::Codex => "codex",
-            ProviderKind::Opencode => "opencode",
-            ProviderKind::Gemini => "gemini",
-        }
-    }
-
-    /// The image a session uses unless `--image` says otherwise:
-    /// `<repo>/<image_name>:latest`, where the repository is [`image_repo`].
-    pub fn default_image(self) -> String {
-        format!("{}/{}:latest", image_repo(), self.image_name())
-    }
-
-    /// The npm package of the vendor CLI.
-    pub fn npm_package(self) -> &'static str {
-        match self {
-            ProviderKind::ClaudeCode => "@anthropic-ai/claude-code",
-            ProviderKind::Codex => "@openai/codex",
-            ProviderKind::Opencode => "opencode-ai",
-            ProviderKind::Gemini => "@google/gemini-cli",
-        }
-    }
-
-    /// The CLI version images are built with by default (observed in VENDORS.md).
-    pub fn default_cli_version(self) -> &'static str {
-        match self {
-            ProviderKind::ClaudeCode => "2.1.197",
-            ProviderKind::Codex => "0.169.0",
-            ProviderKind::Opencode => "1.18.33",
-            ProviderKind::Gemini => "0.61.0",
-        }
-    }
-
-    /// The CLI's executable inside the image.
-    pub fn executable(self) -> &'static str {
-        match self {
-            ProviderKind::ClaudeCode => "claude",
-            ProviderKind::Codex => "codex",
-            ProviderKind::Opencode => "opencode",
-            ProviderKind::Gemini => "gemini",
-        }
-    }
-
-    /// The vendor's API hosts, for `--allow-host @provider`.
-    pub fn api_hosts(self) -> &'static [&'static str] {
-        match self {
-            ProviderKind::ClaudeCode => &["api.anthropic.com:443"],
-            ProviderKind::Codex => &["api.openai.com:443", "chatgpt.com:443"],
-            ProviderKind::Opencode => &["api.openai.com:443", "api.anthropic.com:443"],
-            ProviderKind::Gemini => &["generativelanguage.googleapis.com:443"],
-        }
-    }
-
-    /// The environment variables that carry the model key when `--endpoint` is used.
-    pub fn endpoint_key_vars(self) -> &'static [&'static str] {
-        match self {
-            ProviderKind::ClaudeCode => &["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"],
-            ProviderKind::Codex | ProviderKind::Opencode => &["OPENAI_API_KEY"],
-            ProviderKind::Gemini => &["GEMINI_API_KEY"],
-        }
-    }
-
     /// The adapter for this provider.
     pub fn adapter(self) -> &'static dyn Provider {
         match self {
@@ -137,38 +32,6 @@ impl ProviderKind {
             ProviderKind::Codex => &codex::Codex,
             ProviderKind::Opencode => &opencode::Opencode,
             ProviderKind::Gemini => &gemini::Gemini,
-        }
-    }
-
-    /// "claude_code (aliases: claude, cc), codex, opencode, gemini" for error messages.
-    pub fn valid_names() -> &'static str {
-        "claude_code (or claude, cc), codex, opencode, gemini"
-    }
-}
-
-impl fmt::Display for ProviderKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The error of parsing an unknown provider name.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "unknown provider '{0}'; valid providers: claude_code (or claude, cc), codex, opencode, gemini"
-)]
-pub struct UnknownProvider(pub String);
-
-impl FromStr for ProviderKind {
-    type Err = UnknownProvider;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().replace('-', "_").as_str() {
-            "claude_code" | "claude" | "cc" => Ok(ProviderKind::ClaudeCode),
-            "codex" => Ok(ProviderKind::Codex),
-            "opencode" => Ok(ProviderKind::Opencode),
-            "gemini" => Ok(ProviderKind::Gemini),
-            _ => Err(UnknownProvider(s.to_string())),
         }
     }
 }

@@ -115,7 +115,7 @@ impl std::fmt::Display for ResumeHandle {
 
 /// The state volume's name for a session.
 pub fn volume_name(session_id: Uuid) -> String {
-    format!("caw-box-{session_id}")
+    crate::session::names::state_volume(session_id)
 }
 
 #[cfg(test)]

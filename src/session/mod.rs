@@ -5,6 +5,7 @@ pub mod files;
 pub mod handle;
 mod interactive;
 pub mod models;
+pub mod names;
 pub mod record;
 pub mod runner;
 pub mod target;

@@ -8,10 +8,9 @@
 
 use std::collections::HashMap;
 
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use serde::Deserialize;
 
-use crate::backend::DockerBackend;
+use crate::backend::{DockerBackend, HelperSpec, MountSpec, NetworkPolicy};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
@@ -150,44 +149,36 @@ async fn fetch(
         dirs::write_private_unsynced(&dir.join("env"), &env_file)?;
         dirs::hand_to_agent(&dir)?;
         let (uid, gid) = dirs::agent_ids();
-        let body = ContainerCreateBody {
-            image: Some(settings.image.clone()),
-            cmd: Some(vec![
+        let spec = HelperSpec {
+            image: settings.image.clone(),
+            argv: vec![
                 "node".into(),
                 "-e".into(),
                 FETCH_SCRIPT.into(),
                 url.to_string(),
-            ]),
+            ],
             // HOME on the tmpfs: the entrypoint places (and removes) credential files there.
-            env: Some(vec!["HOME=/tmp/home".into()]),
+            env: vec!["HOME=/tmp/home".into()],
             user: Some(format!("{uid}:{gid}")),
-            labels: Some(crate::session::record::with_extra_labels(HashMap::from([
+            labels: crate::session::record::with_extra_labels(HashMap::from([
                 (labels::MANAGED.to_string(), "true".to_string()),
                 (labels::ROLE.to_string(), roles::PROBE.to_string()),
-            ]))),
-            host_config: Some(HostConfig {
-                mounts: Some(vec![Mount {
-                    target: Some(crate::session::runner::RUNTIME_MOUNT.to_string()),
-                    source: Some(dir.display().to_string()),
-                    typ: Some(MountType::BIND),
-                    ..Default::default()
-                }]),
-                network_mode: Some(network),
-                readonly_rootfs: Some(true),
-                tmpfs: Some(HashMap::from([(
-                    "/tmp".to_string(),
-                    "rw,nosuid,nodev,size=16m".to_string(),
-                )])),
-                cap_drop: Some(vec!["ALL".into()]),
-                security_opt: Some(vec!["no-new-privileges".into()]),
-                pids_limit: Some(64),
-                ..Default::default()
-            }),
+            ])),
+            mounts: vec![MountSpec::host_dir(
+                dir.display().to_string(),
+                crate::session::runner::RUNTIME_MOUNT,
+            )],
+            network: NetworkPolicy::Named(network),
+            read_only_root: true,
+            drop_all_capabilities: true,
+            no_new_privileges: true,
+            pids_limit: Some(64),
+            tmp: Some("rw,nosuid,nodev,size=16m".to_string()),
             ..Default::default()
         };
         let name = format!("caw-box-probe-models-{}", uuid::Uuid::new_v4().simple());
         let (code, out, err) = backend
-            .run_to_completion(&name, body)
+            .run_to_completion(&name, &spec)
             .await
             .map_err(|e| crate::session::runner::image_hint_for(e, &settings.image, provider))?;
         serde_json::from_str::<Fetched>(out.trim()).map_err(|_| {

@@ -7,7 +7,6 @@
 //! directory only caches that file.
 
 use std::collections::HashMap;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -15,72 +14,8 @@ use uuid::Uuid;
 use crate::event::{Status, Usage};
 use crate::provider::ProviderKind;
 
-/// Labels on everything caw-box creates (SPEC.md, "Docker objects").
-pub mod labels {
-    pub const MANAGED: &str = "io.caw-box.managed";
-    pub const SESSION: &str = "io.caw-box.session";
-    pub const PROVIDER: &str = "io.caw-box.provider";
-    pub const NAME: &str = "io.caw-box.name";
-    pub const GROUP: &str = "io.caw-box.group";
-    pub const CREATED: &str = "io.caw-box.created";
-    pub const SETTINGS: &str = "io.caw-box.settings";
-    pub const ROLE: &str = "io.caw-box.role";
-    pub const TURN: &str = "io.caw-box.turn";
-    pub const CLI_VERSION: &str = "io.caw-box.cli-version";
-    /// On a turn container: the process that drives the turn, and its host.
-    pub const DRIVER_PID: &str = "io.caw-box.driver-pid";
-    pub const DRIVER_HOST: &str = "io.caw-box.driver-host";
-    /// On a turn-record volume: the [`super::TurnSummary`] of the session's latest turn.
-    pub const SUMMARY: &str = "io.caw-box.summary";
-    /// On an image: a hash of everything it was built from; `image build` skips an image
-    /// whose hash is current.
-    pub const INPUTS: &str = "io.caw-box.inputs";
-    /// On a builder-stage image (set by the Dockerfile): the stage, and the `image build`
-    /// run that made it, which removes it when it ends.
-    pub const STAGE: &str = "io.caw-box.stage";
-    pub const BUILD_ID: &str = "io.caw-box.build-id";
-}
-
-/// Roles of the objects caw-box creates (label `io.caw-box.role`).
-pub mod roles {
-    /// The state volume, mounted at HOME.
-    pub const STATE: &str = "state";
-    /// The container of a running turn; its name is the session's lock.
-    pub const TURN: &str = "turn";
-    /// A never-started container that reads files out of a state volume.
-    pub const PROBE: &str = "probe";
-    /// An empty volume whose labels summarise the session's latest turn (labels cannot be
-    /// changed, so each turn replaces it): lets `ls` and `resume` learn the state of every
-    /// session from one Docker call, without reading any volume.
-    pub const TURN_RECORD: &str = "turn-record";
-    /// A turn's egress proxy (`--allow-host`) and its internal network.
-    pub const PROXY: &str = "proxy";
-    /// A copy-mode session's workspace, mounted at /workspace.
-    pub const WORKSPACE: &str = "workspace";
-}
-
-/// Extra labels for every object caw-box creates, from `CAW_BOX_LABELS` (`k=v,k=v`):
-/// lets CI systems tag and sweep what their jobs made. caw-box's own labels always win.
-pub fn extra_labels() -> Vec<(String, String)> {
-    std::env::var("CAW_BOX_LABELS")
-        .unwrap_or_default()
-        .split(',')
-        .filter_map(|kv| {
-            let (k, v) = kv.split_once('=')?;
-            let k = k.trim();
-            (!k.is_empty() && !k.starts_with("io.caw-box.managed"))
-                .then(|| (k.to_string(), v.trim().to_string()))
-        })
-        .collect()
-}
-
-/// Adds [`extra_labels`] to `labels` without overriding any.
-pub fn with_extra_labels(mut labels: HashMap<String, String>) -> HashMap<String, String> {
-    for (k, v) in extra_labels() {
-        labels.entry(k).or_insert(v);
-    }
-    labels
-}
+use super::names::LabelSet;
+pub use super::names::{extra_labels, labels, roles, with_extra_labels};
 
 /// The directory under HOME where caw-box keeps its own record in the state volume.
 pub const RECORD_DIR: &str = ".caw-box";
@@ -180,22 +115,19 @@ pub struct TurnSummary {
 impl TurnSummary {
     /// The name of the turn-record volume of `session_id`'s turn `turn`.
     pub fn volume_name(session_id: Uuid, turn: u32) -> String {
-        format!("caw-box-{session_id}-turn-{turn}")
+        super::names::turn_record_volume(session_id, turn)
     }
 
     /// The labels of the turn-record volume.
     pub fn labels(&self, session_id: Uuid, provider: ProviderKind) -> HashMap<String, String> {
-        let mut l = HashMap::new();
-        l.insert(labels::MANAGED.into(), "true".into());
-        l.insert(labels::SESSION.into(), session_id.to_string());
-        l.insert(labels::PROVIDER.into(), provider.as_str().into());
-        l.insert(labels::ROLE.into(), roles::TURN_RECORD.into());
-        l.insert(labels::TURN.into(), self.turn.to_string());
-        l.insert(
-            labels::SUMMARY.into(),
-            serde_json::to_string(self).expect("summaries serialize"),
-        );
-        with_extra_labels(l)
+        LabelSet::new(session_id, roles::TURN_RECORD)
+            .provider(provider)
+            .with(labels::TURN, self.turn.to_string())
+            .with(
+                labels::SUMMARY,
+                serde_json::to_string(self).expect("summaries serialize"),
+            )
+            .finish()
     }
 
     /// Reads a summary back from a turn-record volume's labels.
@@ -264,32 +196,23 @@ pub fn volume_labels(
     created_at: u64,
     settings: &SessionSettings,
 ) -> HashMap<String, String> {
-    let mut l = HashMap::new();
-    l.insert(labels::MANAGED.into(), "true".into());
-    l.insert(labels::SESSION.into(), session_id.to_string());
-    l.insert(labels::PROVIDER.into(), provider.as_str().into());
-    l.insert(labels::ROLE.into(), roles::STATE.into());
-    l.insert(labels::CREATED.into(), created_at.to_string());
-    l.insert(
-        labels::SETTINGS.into(),
-        serde_json::to_string(settings).expect("settings serialize"),
-    );
+    let mut l = LabelSet::new(session_id, roles::STATE)
+        .provider(provider)
+        .with(labels::CREATED, created_at.to_string())
+        .with(
+            labels::SETTINGS,
+            serde_json::to_string(settings).expect("settings serialize"),
+        );
     if let Some(name) = name {
-        l.insert(labels::NAME.into(), name.into());
+        l = l.with(labels::NAME, name);
     }
     if let Some(group) = group {
-        l.insert(labels::GROUP.into(), group.into());
+        l = l.with(labels::GROUP, group);
     }
-    with_extra_labels(l)
+    l.finish()
 }
 
-/// Seconds since the Unix epoch.
-pub fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
+pub use crate::clock::now_secs;
 
 #[cfg(test)]
 mod tests {

@@ -6,21 +6,26 @@
 //! way the turn ends (answer, CLI crash, timeout, Ctrl-C), the container is removed and the
 //! session's record in its state volume is brought up to date, so it stays resumable.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use futures_util::StreamExt;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::backend::docker::{CreateError, DockerBackend, LogOutput};
+use crate::backend::docker::{CreateError, DockerBackend};
+use crate::backend::TarFile;
+use crate::backend::{
+    ContainerInfo, ContainerState, HelperSpec, Limits, MountSpec, NetworkPolicy, OutputChunk,
+    TurnSpec,
+};
 use crate::dirs;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::event::{Event, Status, TurnResult};
+use crate::lines::LineBuffer;
 use crate::provider::{ParseContext, TurnRequest, AGENT_HOME, WORKSPACE_DIR};
-use crate::session::files::{self, TarFile};
+use crate::session::files;
 use crate::session::handle::ResumeHandle;
+use crate::session::names::{self, LabelSet};
 use crate::session::record::{
     labels, now_secs, roles, SessionRecord, TurnRecord, TurnSummary, WorkspaceMode,
 };
@@ -74,7 +79,7 @@ pub struct TurnOptions {
 
 /// The container name that is also the session's lock.
 pub fn container_name(record: &SessionRecord) -> String {
-    format!("caw-box-{}", record.session_id)
+    crate::session::names::turn_container(record.session_id)
 }
 
 /// The handle for a session's current state.
@@ -129,37 +134,6 @@ impl RuntimeDir {
 impl Drop for RuntimeDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Splits a byte stream into lines.
-#[derive(Default)]
-struct LineBuffer {
-    pending: Vec<u8>,
-}
-
-impl LineBuffer {
-    fn feed(&mut self, bytes: &[u8], mut on_line: impl FnMut(&str)) {
-        let mut rest = bytes;
-        while let Some(pos) = rest.iter().position(|&b| b == b'\n') {
-            let (head, tail) = rest.split_at(pos);
-            if self.pending.is_empty() {
-                on_line(&String::from_utf8_lossy(head));
-            } else {
-                self.pending.extend_from_slice(head);
-                on_line(&String::from_utf8_lossy(&self.pending));
-                self.pending.clear();
-            }
-            rest = &tail[1..];
-        }
-        self.pending.extend_from_slice(rest);
-    }
-
-    fn finish(&mut self, on_line: impl FnOnce(&str)) {
-        if !self.pending.is_empty() {
-            on_line(&String::from_utf8_lossy(&self.pending));
-            self.pending.clear();
-        }
     }
 }
 
@@ -302,25 +276,14 @@ pub async fn run_turn(
         .filter(|f| merge_due || !f.merge_json)
         .cloned()
         .collect();
-    let mut body = container_body(record, turn, &image, command.argv.clone(), env, &runtime.0)?;
+    let mut spec = turn_spec(record, turn, &image, command.argv.clone(), env, &runtime.0)?;
     if options.interactive {
-        // A terminal for the TUI, fed from ours; Docker closes its stdin when we detach.
-        body.tty = Some(true);
-        body.open_stdin = Some(true);
-        body.stdin_once = Some(true);
-        body.attach_stdin = Some(true);
-        // The size from the first frame on where the daemon takes it (API 1.42+); it is set
-        // again right after the start for older ones.
-        if let (Some((columns, rows)), Some(hc)) =
-            (crate::terminal::size(), body.host_config.as_mut())
-        {
-            hc.console_size = Some(vec![rows.into(), columns.into()]);
-        }
+        spec.interactive = Some(crate::terminal::size());
     }
-    if let (Some(e), Some(hc)) = (&egress, body.host_config.as_mut()) {
-        hc.network_mode = Some(e.network.clone());
+    if let Some(e) = &egress {
+        spec.network = NetworkPolicy::Named(e.network.clone());
     }
-    if let Err(err) = create_turn_container(backend, record, &name, body).await {
+    if let Err(err) = create_turn_container(backend, record, &name, &spec).await {
         if let Some(e) = &egress {
             e.stop(backend).await;
         }
@@ -366,132 +329,78 @@ pub async fn run_turn(
     outcome
 }
 
-/// A "No such image" from creating any of a turn's containers (the turn's, the volume
-/// owner fix-up, the egress proxy: all run the session's image) as the missing-image error.
-fn image_hint(e: Error, record: &SessionRecord) -> Error {
+/// A missing image when creating any of a turn's containers (the turn's, the volume owner
+/// fix-up, the egress proxy: all run the session's image) as the missing-image error.
+fn image_hint(e: CreateError, record: &SessionRecord) -> Error {
     image_hint_for(e, &record.settings.image, record.provider)
 }
 
 /// [`image_hint`] for a container of `provider`'s `image` before a session exists.
-pub fn image_hint_for(e: Error, image: &str, provider: crate::provider::ProviderKind) -> Error {
-    if e.message.contains("No such image") {
-        missing_image(image, provider)
-    } else {
-        e
+pub fn image_hint_for(
+    e: CreateError,
+    image: &str,
+    provider: crate::provider::ProviderKind,
+) -> Error {
+    match e {
+        CreateError::ImageMissing(_) => Error::missing_image(image, provider),
+        other => other.into(),
     }
 }
 
-fn missing_image(image: &str, provider: crate::provider::ProviderKind) -> Error {
-    Error::environment(format!("image '{image}' is not present")).with_hint(
-        if image == provider.default_image() {
-            format!("build it with `caw-box image build --provider {provider}`")
-        } else {
-            "build or pull it, or pass another --image".to_string()
-        },
-    )
-}
-
-fn container_body(
+/// The turn as the backend runs it: the session's image, volumes and limits.
+fn turn_spec(
     record: &SessionRecord,
     turn: u32,
     image: &str,
     argv: Vec<String>,
     env: Vec<String>,
     runtime_dir: &std::path::Path,
-) -> Result<ContainerCreateBody> {
+) -> Result<TurnSpec> {
     let settings = &record.settings;
-    let mut mounts = vec![
-        Mount {
-            target: Some(AGENT_HOME.to_string()),
-            source: Some(crate::session::volume_name(record.session_id)),
-            typ: Some(MountType::VOLUME),
-            ..Default::default()
-        },
-        Mount {
-            target: Some(RUNTIME_MOUNT.to_string()),
-            source: Some(runtime_dir.display().to_string()),
-            typ: Some(MountType::BIND),
-            ..Default::default()
-        },
-    ];
-    if settings.workspace_mode == WorkspaceMode::Copy {
-        mounts.push(Mount {
-            target: Some(WORKSPACE_DIR.to_string()),
-            source: Some(crate::session::workspace::volume_name(record.session_id)),
-            typ: Some(MountType::VOLUME),
-            ..Default::default()
-        });
-    }
-    if settings.workspace_mode == WorkspaceMode::Bind {
-        if let Some(ws) = &settings.workspace {
-            if !std::path::Path::new(ws).is_dir() {
-                return Err(Error::environment(format!(
-                    "the session's workspace '{ws}' does not exist"
-                ))
-                .with_hint("recreate it, or pass --workspace DIR"));
+    let workspace = match settings.workspace_mode {
+        WorkspaceMode::Copy => Some(MountSpec::volume(
+            names::workspace_volume(record.session_id),
+            WORKSPACE_DIR,
+        )),
+        WorkspaceMode::Bind => match &settings.workspace {
+            Some(ws) => {
+                if !std::path::Path::new(ws).is_dir() {
+                    return Err(Error::environment(format!(
+                        "the session's workspace '{ws}' does not exist"
+                    ))
+                    .with_hint("recreate it, or pass --workspace DIR"));
+                }
+                Some(MountSpec::host_dir(ws.clone(), WORKSPACE_DIR))
             }
-            mounts.push(Mount {
-                target: Some(WORKSPACE_DIR.to_string()),
-                source: Some(ws.clone()),
-                typ: Some(MountType::BIND),
-                ..Default::default()
-            });
-        }
-    }
-    let network_mode = match settings.network.as_str() {
-        "open" | "" => None,
-        other => Some(other.to_string()),
+            None => None,
+        },
+        WorkspaceMode::None => None,
     };
-    let host_config = HostConfig {
-        mounts: Some(mounts),
-        cap_drop: Some(vec!["ALL".to_string()]),
-        security_opt: Some(vec!["no-new-privileges".to_string()]),
-        pids_limit: Some(settings.pids_limit.unwrap_or(512)),
-        memory: settings.memory,
-        nano_cpus: settings.cpus.map(|c| (c * 1e9) as i64),
-        readonly_rootfs: Some(true),
-        // Executable: opencode's TUI loads a native library it unpacks there (the agent can
-        // run what it writes to HOME or the workspace anyway).
-        tmpfs: Some(HashMap::from([(
-            "/tmp".to_string(),
-            "rw,nosuid,nodev,exec,size=1g".to_string(),
-        )])),
-        network_mode,
-        privileged: Some(false),
-        ..Default::default()
-    };
-    let mut labels = HashMap::from([
-        (labels::MANAGED.to_string(), "true".to_string()),
-        (labels::SESSION.to_string(), record.session_id.to_string()),
-        (labels::PROVIDER.to_string(), record.provider.to_string()),
-        (labels::ROLE.to_string(), roles::TURN.to_string()),
-        (labels::TURN.to_string(), turn.to_string()),
-        (
-            labels::DRIVER_PID.to_string(),
-            std::process::id().to_string(),
-        ),
-        (labels::DRIVER_HOST.to_string(), dirs::host_name()),
-    ]);
+    let mut labels = LabelSet::new(record.session_id, roles::TURN)
+        .provider(record.provider)
+        .with(labels::TURN, turn.to_string())
+        .with(labels::DRIVER_PID, std::process::id().to_string())
+        .with(labels::DRIVER_HOST, dirs::host_name());
     if let Some(name) = &record.name {
-        labels.insert(labels::NAME.to_string(), name.clone());
+        labels = labels.with(labels::NAME, name.clone());
     }
-    Ok(ContainerCreateBody {
-        image: Some(image.to_string()),
-        cmd: Some(argv),
-        env: Some(env),
-        user: Some({
-            let (uid, gid) = dirs::agent_ids();
-            format!("{uid}:{gid}")
-        }),
-        working_dir: Some(WORKSPACE_DIR.to_string()),
-        labels: Some(crate::session::record::with_extra_labels(labels)),
-        attach_stdout: Some(true),
-        attach_stderr: Some(true),
-        attach_stdin: Some(false),
-        open_stdin: Some(false),
-        tty: Some(false),
-        host_config: Some(host_config),
-        ..Default::default()
+    Ok(TurnSpec {
+        image: image.to_string(),
+        argv,
+        env,
+        user: dirs::agent_ids(),
+        working_dir: WORKSPACE_DIR.to_string(),
+        labels: labels.finish(),
+        home: MountSpec::volume(names::state_volume(record.session_id), AGENT_HOME),
+        workspace,
+        runtime: MountSpec::host_dir(runtime_dir.display().to_string(), RUNTIME_MOUNT),
+        limits: Limits {
+            memory: settings.memory,
+            cpus: settings.cpus,
+            pids: settings.pids_limit.unwrap_or(512),
+        },
+        network: NetworkPolicy::from_setting(&settings.network),
+        interactive: None,
     })
 }
 
@@ -500,29 +409,25 @@ async fn create_turn_container(
     backend: &DockerBackend,
     record: &SessionRecord,
     name: &str,
-    body: ContainerCreateBody,
+    spec: &TurnSpec,
 ) -> Result<()> {
     for _ in 0..2 {
-        match backend.create_container(name, body.clone()).await {
+        match backend.create_turn(name, spec).await {
             Ok(_) => return Ok(()),
-            Err(CreateError::Other(e)) => return Err(image_hint(e, record)),
+            Err(e @ (CreateError::Other(_) | CreateError::ImageMissing(_))) => {
+                return Err(image_hint(e, record))
+            }
             Err(CreateError::NameTaken) => {
                 let existing = backend.inspect_container(name).await?;
-                let labels_of = existing
+                let turn = existing
                     .as_ref()
-                    .and_then(|c| c.config.as_ref())
-                    .and_then(|c| c.labels.clone())
-                    .unwrap_or_default();
-                let turn = labels_of
-                    .get(labels::TURN)
-                    .cloned()
-                    .unwrap_or_else(|| "?".into());
-                let running = existing
-                    .as_ref()
-                    .and_then(|c| c.state.as_ref())
-                    .and_then(|s| s.running)
-                    .unwrap_or(false);
-                if running || !driver_is_gone(&labels_of, existing.as_ref()) {
+                    .and_then(|c| c.label(labels::TURN))
+                    .unwrap_or("?")
+                    .to_string();
+                let running = existing.as_ref().is_some_and(|c| c.running());
+                // Not found right after a taken name is a container still being registered
+                // (Docker reserves the name first): busy, never a leftover to remove.
+                if running || !existing.as_ref().is_some_and(driver_is_gone) {
                     return Err(busy(record, &turn));
                 }
                 // A leftover of a turn whose caw-box was killed: it holds nothing we need.
@@ -554,15 +459,9 @@ impl Egress {
         // Named for this driver: a second caw-box that starts on a busy session sets up its
         // own, and then fails on the lock without touching the running turn's.
         let pid = std::process::id();
-        let e = Egress {
-            network: format!("caw-box-{id}-egress-{pid}"),
-            proxy: format!("caw-box-{id}-proxy-{pid}"),
-        };
-        let labels = crate::session::record::with_extra_labels(HashMap::from([
-            (labels::MANAGED.to_string(), "true".to_string()),
-            (labels::SESSION.to_string(), id.to_string()),
-            (labels::ROLE.to_string(), roles::PROXY.to_string()),
-        ]));
+        let (network, proxy) = names::egress_names(id, pid);
+        let e = Egress { network, proxy };
+        let labels = LabelSet::new(id, roles::PROXY).finish();
         backend
             .create_network(&e.network, true, labels.clone())
             .await?;
@@ -571,36 +470,32 @@ impl Egress {
             other => other.to_string(),
         };
         let (uid, gid) = dirs::agent_ids();
-        let body = ContainerCreateBody {
-            image: Some(record.settings.image.clone()),
-            entrypoint: Some(vec![
-                "node".into(),
-                "/usr/local/lib/caw-box/proxy.js".into(),
-            ]),
-            cmd: Some(vec![]),
-            env: Some(vec![
+        let spec = HelperSpec {
+            image: record.settings.image.clone(),
+            entrypoint: vec!["node".into(), "/usr/local/lib/caw-box/proxy.js".into()],
+            argv: vec![],
+            env: vec![
                 format!("CAW_BOX_ALLOW={}", allow.join(",")),
                 format!("CAW_BOX_PROXY_PORT={PROXY_PORT}"),
-            ]),
+            ],
             user: Some(format!("{uid}:{gid}")),
-            labels: Some(labels),
-            host_config: Some(HostConfig {
-                network_mode: Some(outer),
-                readonly_rootfs: Some(true),
-                cap_drop: Some(vec!["ALL".into()]),
-                security_opt: Some(vec!["no-new-privileges".into()]),
-                pids_limit: Some(128),
-                ..Default::default()
-            }),
-            ..Default::default()
+            labels,
+            mounts: vec![],
+            network: NetworkPolicy::Named(outer),
+            read_only_root: true,
+            drop_all_capabilities: true,
+            add_capabilities: vec![],
+            no_new_privileges: true,
+            pids_limit: Some(128),
+            tmp: None,
         };
         let started = async {
-            match backend.create_container(&e.proxy, body).await {
+            match backend.create_helper(&e.proxy, &spec).await {
                 Ok(_) => {}
                 Err(CreateError::NameTaken) => {
                     return Err(busy(record, "?"));
                 }
-                Err(CreateError::Other(err)) => return Err(image_hint(err, record)),
+                Err(err) => return Err(image_hint(err, record)),
             }
             backend
                 .connect_network(&e.network, &e.proxy, PROXY_ALIAS)
@@ -628,11 +523,8 @@ impl Egress {
             format!("{}={}", labels::ROLE, roles::PROXY),
         ];
         for c in backend.list_containers(&filter).await.unwrap_or_default() {
-            let name = c.names.unwrap_or_default().join("");
-            if name.trim_start_matches('/') != self.proxy {
-                if let Some(cid) = c.id {
-                    let _ = backend.remove_container(&cid, true).await;
-                }
+            if c.name != self.proxy && !c.id.is_empty() {
+                let _ = backend.remove_container(&c.id, true).await;
             }
         }
         for n in backend.list_networks(&filter).await.unwrap_or_default() {
@@ -649,7 +541,7 @@ async fn refused_by_proxy(backend: &DockerBackend, proxy: &str) -> Vec<String> {
     let mut text = Vec::new();
     let read = async {
         while let Some(Ok(chunk)) = logs.next().await {
-            if let LogOutput::StdOut { message } = chunk {
+            if let OutputChunk::Stdout(message) = chunk {
                 text.extend_from_slice(&message);
             }
         }
@@ -675,53 +567,38 @@ async fn ensure_owner(backend: &DockerBackend, record: &mut SessionRecord) -> Re
         return Ok(());
     }
     let id = record.session_id;
-    let mut mounts = vec![Mount {
-        target: Some(AGENT_HOME.to_string()),
-        source: Some(crate::session::volume_name(id)),
-        typ: Some(MountType::VOLUME),
-        ..Default::default()
-    }];
+    let mut mounts = vec![MountSpec::volume(names::state_volume(id), AGENT_HOME)];
     let mut paths = vec![AGENT_HOME.to_string()];
     if record.settings.workspace_mode == WorkspaceMode::Copy {
-        mounts.push(Mount {
-            target: Some(WORKSPACE_DIR.to_string()),
-            source: Some(crate::session::workspace::volume_name(id)),
-            typ: Some(MountType::VOLUME),
-            ..Default::default()
-        });
+        mounts.push(MountSpec::volume(
+            names::workspace_volume(id),
+            WORKSPACE_DIR,
+        ));
         paths.push(WORKSPACE_DIR.to_string());
     }
-    let mut cmd = vec!["-R".to_string(), format!("{}:{}", ids.0, ids.1)];
-    cmd.extend(paths);
-    let body = ContainerCreateBody {
-        image: Some(record.settings.image.clone()),
-        entrypoint: Some(vec!["chown".into()]),
-        cmd: Some(cmd),
+    let mut argv = vec!["-R".to_string(), format!("{}:{}", ids.0, ids.1)];
+    argv.extend(paths);
+    let spec = HelperSpec {
+        image: record.settings.image.clone(),
+        entrypoint: vec!["chown".into()],
+        argv,
         user: Some("0:0".into()),
-        network_disabled: Some(true),
-        labels: Some(crate::session::record::with_extra_labels(HashMap::from([
-            (labels::MANAGED.to_string(), "true".to_string()),
-            (labels::SESSION.to_string(), id.to_string()),
-            (labels::ROLE.to_string(), roles::PROBE.to_string()),
-        ]))),
-        host_config: Some(HostConfig {
-            mounts: Some(mounts),
-            network_mode: Some("none".into()),
-            cap_drop: Some(vec!["ALL".into()]),
-            cap_add: Some(vec![
-                "CHOWN".into(),
-                "DAC_OVERRIDE".into(),
-                "DAC_READ_SEARCH".into(),
-                "FOWNER".into(),
-            ]),
-            security_opt: Some(vec!["no-new-privileges".into()]),
-            ..Default::default()
-        }),
+        labels: LabelSet::new(id, roles::PROBE).finish(),
+        mounts,
+        network: NetworkPolicy::None,
+        drop_all_capabilities: true,
+        add_capabilities: vec![
+            "CHOWN".into(),
+            "DAC_OVERRIDE".into(),
+            "DAC_READ_SEARCH".into(),
+            "FOWNER".into(),
+        ],
+        no_new_privileges: true,
         ..Default::default()
     };
-    let name = format!("caw-box-probe-{id}-chown-{}", uuid::Uuid::new_v4().simple());
+    let name = names::helper_container(id, "chown");
     let (code, _, err) = backend
-        .run_to_completion(&name, body)
+        .run_to_completion(&name, &spec)
         .await
         .map_err(|e| image_hint(e, record))?;
     if code != 0 {
@@ -740,22 +617,18 @@ async fn ensure_owner(backend: &DockerBackend, record: &mut SessionRecord) -> Re
 /// Whether the process that drives a (not running) turn container is certainly gone: a
 /// container between create and start, or between exit and being recorded, belongs to a
 /// live turn and must not be taken for a leftover.
-fn driver_is_gone(
-    container_labels: &HashMap<String, String>,
-    inspect: Option<&bollard::models::ContainerInspectResponse>,
-) -> bool {
-    let pid = container_labels.get(labels::DRIVER_PID);
-    let host = container_labels.get(labels::DRIVER_HOST);
+fn driver_is_gone(container: &ContainerInfo) -> bool {
+    let pid = container.label(labels::DRIVER_PID);
+    let host = container.label(labels::DRIVER_HOST);
     if let (Some(pid), Some(host)) = (pid, host) {
-        if *host == dirs::host_name() {
+        if host == dirs::host_name() {
             return !pid.parse().is_ok_and(is_a_caw_box);
         }
     }
     // Another host's driver (a shared daemon): only a long-idle container is a leftover.
-    let created = inspect
-        .and_then(|c| c.created.as_deref())
-        .and_then(|c| humantime::parse_rfc3339_weak(c.split('.').next().unwrap_or(c)).ok());
-    created.is_some_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(600))
+    container
+        .created
+        .is_some_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(600))
 }
 
 /// Whether process `pid` lives and runs the same program as this one (where /proc tells):
@@ -856,7 +729,7 @@ async fn drive_turn(
     loop {
         let printed = tokio::select! {
             chunk = output.next() => match chunk {
-                Some(Ok(LogOutput::StdOut { message })) => {
+                Some(Ok(OutputChunk::Stdout(message))) => {
                     lines.feed(&message, |l| match l.strip_prefix(EXIT_MARKER) {
                         Some(code) => cli_exit = code.trim().parse().ok(),
                         None => reader.stdout_line(l),
@@ -868,7 +741,7 @@ async fn drive_turn(
                     }
                     true
                 }
-                Some(Ok(LogOutput::StdErr { message })) => {
+                Some(Ok(OutputChunk::Stderr(message))) => {
                     stderr_lines.feed(&message, |l| reader.parser.parse_stderr_line(l));
                     stderr_tail.extend_from_slice(&message);
                     if stderr_tail.len() > 64 * 1024 {
@@ -921,7 +794,7 @@ async fn drive_turn(
         // Whatever the CLI printed while stopping still counts.
         let drain = async {
             while let Some(Ok(chunk)) = output.next().await {
-                if let LogOutput::StdOut { message } = chunk {
+                if let OutputChunk::Stdout(message) = chunk {
                     lines.feed(&message, |l| reader.stdout_line(l));
                 }
             }
@@ -1253,9 +1126,9 @@ pub(super) async fn place_home_files(
             mode: 0o600,
         })
         .collect();
-    let (uid, gid) = dirs::agent_ids();
-    let tar = files::build_tar(&tar_files, uid.into(), gid.into())?;
-    backend.upload_tar(name, AGENT_HOME, tar).await
+    backend
+        .upload_files(name, AGENT_HOME, &tar_files, dirs::agent_ids())
+        .await
 }
 
 /// The session record stored in the state volume before this turn, read through the turn's
@@ -1362,9 +1235,10 @@ pub(super) async fn save_record(
                 Err(e) => tracing::debug!("the record hand-off failed ({e}); uploading"),
             }
         }
-        let (uid, gid) = dirs::agent_ids();
-        let tar = files::build_tar(&files, uid.into(), gid.into())?;
-        match backend.upload_tar(name, AGENT_HOME, tar).await {
+        match backend
+            .upload_files(name, AGENT_HOME, &files, dirs::agent_ids())
+            .await
+        {
             Err(e) if being_removed(backend, name).await => {
                 tracing::debug!("{e}");
                 Err(Error::environment(format!(
@@ -1398,13 +1272,9 @@ pub(super) async fn save_record(
 /// Whether a turn's container is gone, or on its way (removed from outside: it no longer
 /// has its volumes).
 async fn being_removed(backend: &DockerBackend, name: &str) -> bool {
-    use bollard::models::ContainerStateStatusEnum as State;
     match backend.inspect_container(name).await {
         Ok(None) => true,
-        Ok(Some(c)) => matches!(
-            c.state.and_then(|s| s.status),
-            Some(State::REMOVING | State::DEAD)
-        ),
+        Ok(Some(c)) => matches!(c.state, ContainerState::Removing | ContainerState::Dead),
         Err(_) => false,
     }
 }
@@ -1510,15 +1380,7 @@ pub fn cache_record(record: &SessionRecord) {
 /// The exit status a finished turn maps to, as an error for `main` to print (or `None` on
 /// success).
 pub fn turn_error(result: &TurnResult) -> Option<Error> {
-    let kind = match result.status {
-        Status::Success | Status::Running => return None,
-        Status::Error => ErrorKind::Turn,
-        Status::AuthError => ErrorKind::Credentials,
-        Status::UsageLimit => ErrorKind::UsageLimit,
-        Status::Timeout => ErrorKind::Timeout,
-        Status::Interrupted => ErrorKind::Interrupted,
-        Status::Unreachable => ErrorKind::Environment,
-    };
+    let kind = result.status.error_kind()?;
     let summary = result.result.lines().next().unwrap_or("").trim();
     let mut e = Error::new(
         kind,
@@ -1576,22 +1438,79 @@ mod tests {
         }
     }
 
-    /// `--network open|none|host|NAME` as Docker sees it. (Real turns on the host network or
-    /// the default bridge are not run in tests: the vendor CLIs would reach public hosts.)
+    /// The turn as the backend gets it: the session's settings in caw-box's terms.
     #[test]
-    fn network_modes_map_to_docker() {
+    fn the_turn_spec_carries_the_sessions_settings() {
         let dir = std::path::Path::new("/tmp");
-        let mode = |n: &str| {
-            container_body(&record(n), 1, "img", vec![], vec![], dir)
-                .unwrap()
-                .host_config
-                .unwrap()
-                .network_mode
-        };
-        assert_eq!(mode("open"), None, "open is Docker's default bridge");
-        assert_eq!(mode("none"), Some("none".into()));
-        assert_eq!(mode("host"), Some("host".into()));
-        assert_eq!(mode("team-gateway"), Some("team-gateway".into()));
+        let r = record("team-gateway");
+        let spec = turn_spec(&r, 3, "img", vec!["codex".into()], vec!["A=1".into()], dir).unwrap();
+        assert_eq!(spec.network, NetworkPolicy::Named("team-gateway".into()));
+        assert_eq!(
+            spec.limits,
+            Limits {
+                memory: Some(512 << 20),
+                cpus: Some(1.5),
+                pids: 300
+            }
+        );
+        assert_eq!(
+            spec.home,
+            MountSpec::volume(format!("caw-box-{}", r.session_id), AGENT_HOME)
+        );
+        assert_eq!(spec.runtime, MountSpec::host_dir("/tmp", RUNTIME_MOUNT));
+        assert_eq!(spec.workspace, None, "workspace mode none");
+        assert_eq!(spec.interactive, None);
+        assert_eq!(spec.working_dir, WORKSPACE_DIR);
+        let label = |k: &str| spec.labels.get(k).map(String::as_str);
+        assert_eq!(label(labels::MANAGED), Some("true"));
+        assert_eq!(label(labels::ROLE), Some(roles::TURN));
+        assert_eq!(label(labels::TURN), Some("3"));
+        assert_eq!(label(labels::PROVIDER), Some("codex"));
+        let session = r.session_id.to_string();
+        assert_eq!(label(labels::SESSION), Some(session.as_str()));
+        let pid = std::process::id().to_string();
+        assert_eq!(label(labels::DRIVER_PID), Some(pid.as_str()));
+        for (setting, policy) in [
+            ("open", NetworkPolicy::Default),
+            ("none", NetworkPolicy::None),
+            ("host", NetworkPolicy::Host),
+        ] {
+            let spec = turn_spec(&record(setting), 1, "img", vec![], vec![], dir).unwrap();
+            assert_eq!(spec.network, policy, "{setting}");
+        }
+    }
+
+    #[test]
+    fn the_workspace_mount_follows_the_workspace_mode() {
+        let dir = std::path::Path::new("/tmp");
+        let mut r = record("none");
+        r.settings.pids_limit = None;
+        r.settings.workspace_mode = WorkspaceMode::Copy;
+        let spec = turn_spec(&r, 1, "img", vec![], vec![], dir).unwrap();
+        assert_eq!(spec.limits.pids, 512, "the default pids limit");
+        assert_eq!(
+            spec.workspace,
+            Some(MountSpec::volume(
+                format!("caw-box-{}-workspace", r.session_id),
+                WORKSPACE_DIR
+            ))
+        );
+        let host = tempfile::tempdir().unwrap();
+        r.settings.workspace_mode = WorkspaceMode::Bind;
+        r.settings.workspace = Some(host.path().display().to_string());
+        let spec = turn_spec(&r, 1, "img", vec![], vec![], dir).unwrap();
+        assert_eq!(
+            spec.workspace,
+            Some(MountSpec::host_dir(
+                host.path().display().to_string(),
+                WORKSPACE_DIR
+            ))
+        );
+        // A bind workspace that is gone refuses the turn, with what to do.
+        r.settings.workspace = Some(host.path().join("gone").display().to_string());
+        let e = turn_spec(&r, 1, "img", vec![], vec![], dir).unwrap_err();
+        assert_eq!(e.exit_code(), 3);
+        assert!(e.message.contains("does not exist"), "{}", e.message);
     }
 
     #[test]
@@ -1607,34 +1526,5 @@ mod tests {
         other.kill().unwrap();
         other.wait().unwrap();
         assert!(!is_a_caw_box(pid));
-    }
-
-    #[test]
-    fn every_container_is_locked_down() {
-        let body = container_body(
-            &record("none"),
-            1,
-            "img",
-            vec![],
-            vec![],
-            std::path::Path::new("/tmp"),
-        )
-        .unwrap();
-        let hc = body.host_config.unwrap();
-        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
-        assert_eq!(hc.cap_add, None);
-        assert_eq!(hc.security_opt, Some(vec!["no-new-privileges".to_string()]));
-        assert_eq!(hc.readonly_rootfs, Some(true));
-        assert_eq!(hc.privileged, Some(false));
-        assert_eq!(
-            (hc.memory, hc.nano_cpus, hc.pids_limit),
-            (Some(512 << 20), Some(1_500_000_000), Some(300))
-        );
-        assert!(hc.tmpfs.unwrap().contains_key("/tmp"));
-        let mounts = hc.mounts.unwrap();
-        assert!(mounts
-            .iter()
-            .all(|m| !m.source.as_deref().unwrap_or("").contains("docker.sock")));
-        assert_ne!(body.user.as_deref(), Some("0:0"));
     }
 }

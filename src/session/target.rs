@@ -3,13 +3,14 @@
 
 use std::collections::HashMap;
 
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, Volume};
 use uuid::Uuid;
 
 use crate::backend::docker::{CreateError, DockerBackend};
+use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, VolumeInfo};
 use crate::error::{Error, Result};
 use crate::provider::{ProviderKind, AGENT_HOME};
 use crate::session::handle::{volume_name, ResumeHandle};
+use crate::session::names::{self, LabelSet};
 use crate::session::record::{
     labels, roles, SessionRecord, SessionSettings, TurnRecord, TurnSummary, RECORD_PATH,
 };
@@ -27,7 +28,7 @@ pub struct VolumeFacts {
 
 impl VolumeFacts {
     /// Reads a state volume's labels; `None` if it is not a caw-box state volume.
-    pub fn from_volume(v: &Volume) -> Option<Self> {
+    pub fn from_volume(v: &VolumeInfo) -> Option<Self> {
         let l = &v.labels;
         if l.get(labels::MANAGED).map(String::as_str) != Some("true") {
             return None;
@@ -136,7 +137,7 @@ pub async fn list_sessions(backend: &DockerBackend) -> Result<Vec<SessionView>> 
     Ok(join_views(&volumes))
 }
 
-fn join_views(volumes: &[Volume]) -> Vec<SessionView> {
+fn join_views(volumes: &[VolumeInfo]) -> Vec<SessionView> {
     let mut summaries: HashMap<Uuid, TurnSummary> = HashMap::new();
     for v in volumes {
         if let Some((id, s)) = TurnSummary::from_labels(&v.labels) {
@@ -223,7 +224,7 @@ pub async fn resolve_view(backend: &DockerBackend, target: &str) -> Result<Sessi
     Ok(SessionView { facts, last })
 }
 
-fn join_last(volumes: &[Volume], id: Uuid) -> Option<TurnSummary> {
+fn join_last(volumes: &[VolumeInfo], id: Uuid) -> Option<TurnSummary> {
     volumes
         .iter()
         .filter_map(|v| TurnSummary::from_labels(&v.labels))
@@ -345,36 +346,18 @@ pub async fn read_volume_file(
             facts.provider
         )));
     }
-    let name = format!(
-        "caw-box-probe-{}-{}",
-        facts.session_id,
-        uuid::Uuid::new_v4().simple()
-    );
-    let body = ContainerCreateBody {
-        image: Some(image.clone()),
-        entrypoint: Some(vec!["true".into()]),
-        cmd: Some(vec![]),
-        network_disabled: Some(true),
-        labels: Some(crate::session::record::with_extra_labels(HashMap::from([
-            (labels::MANAGED.to_string(), "true".to_string()),
-            (labels::SESSION.to_string(), facts.session_id.to_string()),
-            (labels::PROVIDER.to_string(), facts.provider.to_string()),
-            (labels::ROLE.to_string(), roles::PROBE.to_string()),
-        ]))),
-        host_config: Some(HostConfig {
-            mounts: Some(vec![Mount {
-                target: Some(AGENT_HOME.to_string()),
-                source: Some(volume_name(facts.session_id)),
-                typ: Some(MountType::VOLUME),
-                read_only: Some(true),
-                ..Default::default()
-            }]),
-            network_mode: Some("none".into()),
-            ..Default::default()
-        }),
+    let name = names::helper_container(facts.session_id, "");
+    let spec = HelperSpec {
+        image: image.clone(),
+        entrypoint: vec!["true".into()],
+        labels: LabelSet::new(facts.session_id, roles::PROBE)
+            .provider(facts.provider)
+            .finish(),
+        mounts: vec![MountSpec::volume(volume_name(facts.session_id), AGENT_HOME).read_only()],
+        network: NetworkPolicy::None,
         ..Default::default()
     };
-    match backend.create_container(&name, body).await {
+    match backend.create_helper(&name, &spec).await {
         Ok(_) => {}
         Err(CreateError::NameTaken) => {
             backend.remove_container(&name, true).await?;
@@ -383,7 +366,7 @@ pub async fn read_volume_file(
             ))
             .with_hint("run the command again"));
         }
-        Err(CreateError::Other(e)) => return Err(e),
+        Err(e) => return Err(e.into()),
     }
     let downloaded = backend
         .download_file(&name, &format!("{AGENT_HOME}/{path}"))

@@ -4,28 +4,27 @@
 //! `diff` says what the agent changed (a git diff for a repository, else added, changed and
 //! removed files against the hashes recorded at creation).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::backend::docker::{CreateError, DockerBackend};
+use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, TarFile};
 use crate::error::{Error, Result};
 use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
-use crate::session::files::{self, TarFile};
 use crate::session::handle::volume_name as state_volume;
-use crate::session::record::{labels, roles, with_extra_labels};
+use crate::session::names::{self, roles, LabelSet};
 use crate::session::target::VolumeFacts;
 
 /// Where the hashes of the copied tree are kept, under HOME in the state volume.
 const BASE_PATH: &str = ".caw-box/workspace-base.json";
 
 pub fn volume_name(session_id: Uuid) -> String {
-    format!("caw-box-{session_id}-workspace")
+    crate::session::names::workspace_volume(session_id)
 }
 
 /// The copied tree's files and their SHA-256, relative to the workspace root.
@@ -106,57 +105,40 @@ fn archive(dir: &Path, uid: u64, gid: u64) -> Result<(Vec<u8>, Base)> {
 }
 
 /// A never-started container holding the session's volumes, for the archive API.
-fn holder(image: &str, session_id: Uuid, with_state: bool, read_only: bool) -> ContainerCreateBody {
-    let mut mounts = vec![Mount {
-        target: Some(WORKSPACE_DIR.to_string()),
-        source: Some(volume_name(session_id)),
-        typ: Some(MountType::VOLUME),
-        read_only: Some(read_only),
-        ..Default::default()
-    }];
+fn holder(image: &str, session_id: Uuid, with_state: bool, read_only: bool) -> HelperSpec {
+    let ro = |m: MountSpec| if read_only { m.read_only() } else { m };
+    let mut mounts = vec![ro(MountSpec::volume(
+        volume_name(session_id),
+        WORKSPACE_DIR,
+    ))];
     if with_state {
-        mounts.push(Mount {
-            target: Some(AGENT_HOME.to_string()),
-            source: Some(state_volume(session_id)),
-            typ: Some(MountType::VOLUME),
-            read_only: Some(read_only),
-            ..Default::default()
-        });
+        mounts.push(ro(MountSpec::volume(state_volume(session_id), AGENT_HOME)));
     }
-    ContainerCreateBody {
-        image: Some(image.to_string()),
-        entrypoint: Some(vec!["true".into()]),
-        cmd: Some(vec![]),
-        network_disabled: Some(true),
-        labels: Some(with_extra_labels(HashMap::from([
-            (labels::MANAGED.to_string(), "true".to_string()),
-            (labels::SESSION.to_string(), session_id.to_string()),
-            (labels::ROLE.to_string(), roles::PROBE.to_string()),
-        ]))),
-        host_config: Some(HostConfig {
-            mounts: Some(mounts),
-            network_mode: Some("none".into()),
-            ..Default::default()
-        }),
+    HelperSpec {
+        image: image.to_string(),
+        entrypoint: vec!["true".into()],
+        labels: LabelSet::new(session_id, roles::PROBE).finish(),
+        mounts,
+        network: NetworkPolicy::None,
         ..Default::default()
     }
 }
 
 async fn with_holder<T>(
     backend: &DockerBackend,
-    body: ContainerCreateBody,
+    spec: HelperSpec,
     session_id: Uuid,
     f: impl AsyncFnOnce(&str) -> Result<T>,
 ) -> Result<T> {
-    let name = format!("caw-box-probe-{session_id}-{}", Uuid::new_v4().simple());
-    match backend.create_container(&name, body).await {
+    let name = names::helper_container(session_id, "");
+    match backend.create_helper(&name, &spec).await {
         Ok(_) => {}
         Err(CreateError::NameTaken) => {
             return Err(Error::environment(format!(
                 "helper container '{name}' exists"
             )))
         }
-        Err(CreateError::Other(e)) => return Err(e),
+        Err(e) => return Err(e.into()),
     }
     let out = f(&name).await;
     let _ = backend.remove_container(&name, true).await;
@@ -172,36 +154,32 @@ pub async fn populate(
     dir: &Path,
     (uid, gid): (u32, u32),
 ) -> Result<()> {
+    let (owner_uid, owner_gid) = (uid, gid);
     let (uid, gid) = (u64::from(uid), u64::from(gid));
     let (tar, base) = archive(dir, uid, gid)?;
     backend
         .create_volume(
             &volume_name(session_id),
-            with_extra_labels(HashMap::from([
-                (labels::MANAGED.to_string(), "true".to_string()),
-                (labels::SESSION.to_string(), session_id.to_string()),
-                (labels::PROVIDER.to_string(), provider.to_string()),
-                (labels::ROLE.to_string(), roles::WORKSPACE.to_string()),
-            ])),
+            LabelSet::new(session_id, roles::WORKSPACE)
+                .provider(provider)
+                .finish(),
         )
         .await?;
     let base_json = serde_json::to_vec(&base).expect("bases serialize");
-    let base_tar = files::build_tar(
-        &[TarFile {
-            path: BASE_PATH,
-            contents: &base_json,
-            mode: 0o600,
-        }],
-        uid,
-        gid,
-    )?;
     with_holder(
         backend,
         holder(image, session_id, true, false),
         session_id,
         async |name: &str| {
             backend.upload_tar(name, WORKSPACE_DIR, tar).await?;
-            backend.upload_tar(name, AGENT_HOME, base_tar).await
+            let base_file = TarFile {
+                path: BASE_PATH,
+                contents: &base_json,
+                mode: 0o600,
+            };
+            backend
+                .upload_files(name, AGENT_HOME, &[base_file], (owner_uid, owner_gid))
+                .await
         },
     )
     .await
@@ -327,41 +305,31 @@ pub async fn diff(
         }
     }
     if is_repo {
-        let mut body = holder(&facts.settings.image, facts.session_id, false, true);
-        body.entrypoint = Some(vec!["git".into()]);
-        body.cmd = Some(
-            [
-                "-c",
-                "color.ui=never",
-                "-C",
-                WORKSPACE_DIR,
-                "-c",
-                "core.pager=cat",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        );
-        body.env = Some(vec!["GIT_OPTIONAL_LOCKS=0".into(), "HOME=/tmp".into()]);
-        body.user = Some(format!("{uid}:{gid}"));
-        body.labels.get_or_insert_with(HashMap::new);
+        let mut spec = holder(&facts.settings.image, facts.session_id, false, true);
+        spec.entrypoint = vec!["git".into()];
+        spec.argv = [
+            "-c",
+            "color.ui=never",
+            "-C",
+            WORKSPACE_DIR,
+            "-c",
+            "core.pager=cat",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        spec.env = vec!["GIT_OPTIONAL_LOCKS=0".into(), "HOME=/tmp".into()];
+        spec.user = Some(format!("{uid}:{gid}"));
         let run = |args: &[&str]| {
-            let mut b = body.clone();
-            if let Some(cmd) = b.cmd.as_mut() {
-                cmd.extend(args.iter().map(|s| s.to_string()));
-            }
-            b
+            let mut s = spec.clone();
+            s.argv.extend(args.iter().map(|a| a.to_string()));
+            s
         };
-        let name = |what: &str| {
-            format!(
-                "caw-box-probe-{}-{what}-{}",
-                facts.session_id,
-                Uuid::new_v4().simple()
-            )
-        };
+        let name = |what: &str| names::helper_container(facts.session_id, what);
         let (code, status, err) = backend
-            .run_to_completion(&name("status"), run(&["status", "--short"]))
-            .await?;
+            .run_to_completion(&name("status"), &run(&["status", "--short"]))
+            .await
+            .map_err(Error::from)?;
         if code != 0 {
             return Err(Error::environment(format!(
                 "git status in the workspace failed: {}",
@@ -369,8 +337,9 @@ pub async fn diff(
             )));
         }
         let (_, diff, _) = backend
-            .run_to_completion(&name("diff"), run(&["diff"]))
-            .await?;
+            .run_to_completion(&name("diff"), &run(&["diff"]))
+            .await
+            .map_err(Error::from)?;
         return Ok(format!(
             "{status}{}{diff}",
             if diff.is_empty() { "" } else { "\n" }

@@ -1,0 +1,356 @@
+//! Containers: create (the name is the lock), attach, start, wait, stop, remove, and short
+//! helper runs; what the daemon says about them.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use bollard::container::LogOutput;
+use bollard::errors::Error as BollardError;
+use bollard::models::{ContainerCreateBody, ContainerInspectResponse};
+use bollard::query_parameters::{
+    AttachContainerOptions, CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    ResizeContainerTTYOptions, StopContainerOptions, WaitContainerOptions,
+};
+
+use bollard::models::{ContainerStateStatusEnum, ContainerSummary, ContainerSummaryStateEnum};
+
+use super::{daemon_message, failed, is_conflict, is_not_found, spec, CreateError, DockerBackend};
+use crate::backend::{
+    Attached, ContainerInfo, ContainerState, HelperSpec, OutputChunk, OutputStream, TurnSpec,
+};
+use crate::error::{Error, Result};
+
+impl DockerBackend {
+    /// Containers (running or not) carrying all of `labels`.
+    pub async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>> {
+        let filters = HashMap::from([("label".to_string(), labels.to_vec())]);
+        let list = self
+            .docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| failed("list containers", &e))?;
+        Ok(list.into_iter().map(summary_info).collect())
+    }
+
+    /// Creates a turn's container; a taken name (the session's lock) is
+    /// [`CreateError::NameTaken`], atomically.
+    pub async fn create_turn(
+        &self,
+        name: &str,
+        spec: &TurnSpec,
+    ) -> std::result::Result<String, CreateError> {
+        self.create_container(name, spec::turn_body(spec)).await
+    }
+
+    /// Creates (does not start) one of caw-box's helper containers.
+    pub async fn create_helper(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<String, CreateError> {
+        self.create_container(name, spec::helper_body(spec)).await
+    }
+
+    async fn create_container(
+        &self,
+        name: &str,
+        body: ContainerCreateBody,
+    ) -> std::result::Result<String, CreateError> {
+        match self
+            .docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(name.to_string()),
+                    ..Default::default()
+                }),
+                body,
+            )
+            .await
+        {
+            Ok(r) => Ok(r.id),
+            Err(e) if is_conflict(&e) => Err(CreateError::NameTaken),
+            // Docker answers 404 for a missing image and for a missing network alike; only
+            // its message tells them apart (the one place caw-box reads Docker's wording).
+            Err(e) if is_not_found(&e) && daemon_message(&e).contains("No such image") => Err(
+                CreateError::ImageMissing(failed(format_args!("create container '{name}'"), &e)),
+            ),
+            Err(e) => Err(CreateError::Other(failed(
+                format_args!("create container '{name}'"),
+                &e,
+            ))),
+        }
+    }
+
+    pub async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
+        match self.docker.inspect_container(name, None).await {
+            Ok(c) => Ok(Some(inspect_info(c))),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(failed(format_args!("inspect container '{name}'"), &e)),
+        }
+    }
+
+    /// Attaches to stdout and stderr (and stdin when `stdin`); call before `start` so no
+    /// output is missed.
+    pub async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {
+        let what = format!("read the output of container '{name}'");
+        let attached = self
+            .docker
+            .attach_container(
+                name,
+                Some(AttachContainerOptions {
+                    stream: true,
+                    stdin,
+                    stdout: true,
+                    stderr: true,
+                    // A terminal session starts drawing once attached: no replay.
+                    logs: !stdin,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .map_err(|e| failed(format_args!("attach to container '{name}'"), &e))?;
+        Ok(Attached {
+            output: output_stream(attached.output, what),
+            input: attached.input,
+        })
+    }
+
+    /// Sets the size of a running container's terminal.
+    pub async fn resize_tty(&self, name: &str, columns: u16, rows: u16) -> Result<()> {
+        self.docker
+            .resize_container_tty(
+                name,
+                ResizeContainerTTYOptions {
+                    h: rows.into(),
+                    w: columns.into(),
+                },
+            )
+            .await
+            .map_err(|e| {
+                failed(
+                    format_args!("resize the terminal of container '{name}'"),
+                    &e,
+                )
+            })
+    }
+
+    pub async fn start_container(&self, name: &str) -> Result<()> {
+        self.docker
+            .start_container(name, None)
+            .await
+            .map_err(|e| failed(format_args!("start container '{name}'"), &e))
+    }
+
+    /// Waits until the container stops; returns its exit code.
+    pub async fn wait_container(&self, name: &str) -> Result<i64> {
+        let mut stream = self.docker.wait_container(
+            name,
+            Some(WaitContainerOptions {
+                condition: "not-running".to_string(),
+            }),
+        );
+        match stream.next().await {
+            Some(Ok(r)) => Ok(r.status_code),
+            Some(Err(BollardError::DockerContainerWaitError { code, .. })) => Ok(code),
+            Some(Err(e)) => Err(failed(format_args!("wait for container '{name}'"), &e)),
+            None => {
+                // The stream ended without a status: ask the container itself.
+                let c = self.docker.inspect_container(name, None).await.ok();
+                Ok(c.and_then(|c| c.state)
+                    .and_then(|s| s.exit_code)
+                    .unwrap_or(-1))
+            }
+        }
+    }
+
+    /// Stops a container: SIGTERM, then SIGKILL after `grace`.
+    pub async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
+        match self
+            .docker
+            .stop_container(
+                name,
+                Some(StopContainerOptions {
+                    t: Some(grace.as_secs() as i32),
+                    signal: None,
+                }),
+            )
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(BollardError::DockerResponseServerError {
+                status_code: 304 | 404,
+                ..
+            }) => Ok(()),
+            Err(e) => Err(failed(format_args!("stop container '{name}'"), &e)),
+        }
+    }
+
+    pub async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
+        match self
+            .docker
+            .remove_container(
+                name,
+                Some(RemoveContainerOptions {
+                    force,
+                    v: false,
+                    link: false,
+                }),
+            )
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            // "removal already in progress"
+            Err(e) if is_conflict(&e) => Ok(()),
+            Err(e) => Err(failed(format_args!("remove container '{name}'"), &e)),
+        }
+    }
+
+    /// Runs a short helper container to completion and removes it: (exit code, stdout,
+    /// stderr). For caw-box's own chores (a `git diff` in a workspace volume), never a turn.
+    pub async fn run_to_completion(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<(i64, String, String), CreateError> {
+        match self.create_helper(name, spec).await {
+            Ok(_) => {}
+            Err(CreateError::NameTaken) => {
+                return Err(CreateError::Other(Error::environment(format!(
+                    "a helper container '{name}' exists already"
+                ))))
+            }
+            Err(e) => return Err(e),
+        }
+        let outcome = async {
+            let attach = self.attach(name, false).await?;
+            self.start_container(name).await?;
+            let mut output = attach.output;
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            while let Some(chunk) = output.next().await {
+                match chunk {
+                    Ok(OutputChunk::Stdout(message)) => out.extend_from_slice(&message),
+                    Ok(OutputChunk::Stderr(message)) => err.extend_from_slice(&message),
+                    _ => {}
+                }
+            }
+            let code = self.wait_container(name).await?;
+            Ok((
+                code,
+                String::from_utf8_lossy(&out).to_string(),
+                String::from_utf8_lossy(&err).to_string(),
+            ))
+        }
+        .await;
+        let _ = self.remove_container(name, true).await;
+        outcome.map_err(CreateError::Other)
+    }
+
+    /// A container's output from its start, following it until the container stops.
+    pub fn follow_logs(&self, name: &str) -> OutputStream {
+        let logs = self.docker.logs(
+            name,
+            Some(bollard::query_parameters::LogsOptions {
+                follow: true,
+                stdout: true,
+                stderr: false,
+                ..Default::default()
+            }),
+        );
+        output_stream(logs, format!("read the output of container '{name}'"))
+    }
+}
+
+/// bollard's output stream as caw-box's: chunks of caw-box's own type, errors saying what
+/// was being read.
+fn output_stream(
+    stream: impl futures_util::Stream<Item = std::result::Result<LogOutput, BollardError>>
+        + Send
+        + 'static,
+    what: String,
+) -> OutputStream {
+    Box::pin(stream.map(move |item| match item {
+        Ok(LogOutput::StdOut { message }) => Ok(OutputChunk::Stdout(message.to_vec())),
+        Ok(LogOutput::StdErr { message }) => Ok(OutputChunk::Stderr(message.to_vec())),
+        Ok(LogOutput::Console { message }) => Ok(OutputChunk::Console(message.to_vec())),
+        Ok(LogOutput::StdIn { message }) => Ok(OutputChunk::Console(message.to_vec())),
+        Err(e) => Err(failed(&what, &e)),
+    }))
+}
+
+fn inspect_info(c: ContainerInspectResponse) -> ContainerInfo {
+    let state = c.state.as_ref();
+    let created = c
+        .created
+        .as_deref()
+        .and_then(|t| humantime::parse_rfc3339_weak(t.split('.').next().unwrap_or(t)).ok());
+    ContainerInfo {
+        id: c.id.clone().unwrap_or_default(),
+        name: c
+            .name
+            .as_deref()
+            .unwrap_or_default()
+            .trim_start_matches('/')
+            .to_string(),
+        labels: c
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.clone())
+            .unwrap_or_default(),
+        state: if state.and_then(|s| s.running).unwrap_or(false) {
+            ContainerState::Running
+        } else {
+            match state.and_then(|s| s.status) {
+                Some(ContainerStateStatusEnum::CREATED) => ContainerState::Created,
+                Some(ContainerStateStatusEnum::RUNNING) => ContainerState::Running,
+                Some(ContainerStateStatusEnum::EXITED) => ContainerState::Exited,
+                Some(ContainerStateStatusEnum::REMOVING) => ContainerState::Removing,
+                Some(ContainerStateStatusEnum::DEAD) => ContainerState::Dead,
+                _ => ContainerState::Other,
+            }
+        },
+        created,
+        finished: state
+            .and_then(|s| s.finished_at.as_deref())
+            .is_some_and(|f| !f.starts_with("0001")),
+        mounts: c
+            .mounts
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| Some((m.destination?, m.source?)))
+            .collect(),
+    }
+}
+
+fn summary_info(c: ContainerSummary) -> ContainerInfo {
+    ContainerInfo {
+        id: c.id.unwrap_or_default(),
+        name: c
+            .names
+            .unwrap_or_default()
+            .join("")
+            .trim_start_matches('/')
+            .to_string(),
+        labels: c.labels.unwrap_or_default(),
+        state: match c.state {
+            Some(ContainerSummaryStateEnum::CREATED) => ContainerState::Created,
+            Some(ContainerSummaryStateEnum::RUNNING) => ContainerState::Running,
+            Some(ContainerSummaryStateEnum::EXITED) => ContainerState::Exited,
+            Some(ContainerSummaryStateEnum::REMOVING) => ContainerState::Removing,
+            Some(ContainerSummaryStateEnum::DEAD) => ContainerState::Dead,
+            _ => ContainerState::Other,
+        },
+        created: c
+            .created
+            .and_then(|s| u64::try_from(s).ok())
+            .map(|s| std::time::UNIX_EPOCH + Duration::from_secs(s)),
+        finished: false,
+        mounts: Vec::new(),
+    }
+}

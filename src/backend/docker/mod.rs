@@ -1,0 +1,186 @@
+//! The Docker backend: the only code that talks to the Docker daemon (through bollard).
+//!
+//! Each method does one Docker thing and turns bollard's errors into caw-box [`Error`]s that
+//! say what was being done to what, and what to do next. Orchestration (what to create, in
+//! which order, what a failure means for a session) belongs to the session layer, not here.
+//! No bollard type leaves this folder: callers see caw-box's own types (`crate::backend`).
+//!
+//! - `mod.rs`: connecting, and turning bollard's errors into caw-box's
+//! - `api_version.rs`: the per-host cache of the negotiated API version
+//! - `containers.rs`: create (the lock), attach, start, wait, stop, remove, helper runs
+//! - `volumes.rs`: volumes and networks
+//! - `images.rs`: inspect, build, list
+//! - `archive.rs`: files in and out of containers, and the tar helpers
+
+use std::time::Duration;
+
+use bollard::errors::Error as BollardError;
+use bollard::Docker;
+
+use crate::error::{Error, Result};
+
+mod api_version;
+mod archive;
+mod containers;
+mod images;
+mod spec;
+mod volumes;
+
+pub use archive::{build_tar, first_file};
+pub use images::{BuildEvent, BuildSpec, BuildStream};
+
+/// A long request timeout: turns, attaches and builds legitimately last for hours. Only
+/// `connect` bounds its probe tightly, so an unreachable daemon fails fast.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+const PING_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connected Docker daemon.
+#[derive(Debug, Clone)]
+pub struct DockerBackend {
+    docker: Docker,
+}
+
+/// Why a container could not be created.
+#[derive(Debug)]
+pub enum CreateError {
+    /// A container of that name exists already (Docker enforces names atomically).
+    NameTaken,
+    /// The image to run is not on the Docker host.
+    ImageMissing(Error),
+    Other(Error),
+}
+
+impl From<CreateError> for Error {
+    fn from(e: CreateError) -> Error {
+        match e {
+            CreateError::NameTaken => Error::environment("a container of that name exists already"),
+            CreateError::ImageMissing(e) | CreateError::Other(e) => e,
+        }
+    }
+}
+
+fn docker_host() -> String {
+    std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".to_string())
+}
+
+fn unreachable(e: impl std::fmt::Display) -> Error {
+    Error::environment(format!(
+        "cannot reach the Docker daemon at {}: {e}",
+        docker_host()
+    ))
+    .with_hint(
+        "is Docker running? start it (e.g. `sudo systemctl start docker`) or set DOCKER_HOST",
+    )
+}
+
+/// Whether a bollard error is the daemon's "404 not found".
+pub fn is_not_found(e: &BollardError) -> bool {
+    matches!(
+        e,
+        BollardError::DockerResponseServerError {
+            status_code: 404,
+            ..
+        }
+    )
+}
+
+fn is_conflict(e: &BollardError) -> bool {
+    matches!(
+        e,
+        BollardError::DockerResponseServerError {
+            status_code: 409,
+            ..
+        }
+    )
+}
+
+/// The daemon's own message for an error, without bollard's wrapping.
+pub fn daemon_message(e: &BollardError) -> String {
+    match e {
+        BollardError::DockerResponseServerError { message, .. } => message.trim().to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn failed(what: impl std::fmt::Display, e: &BollardError) -> Error {
+    let error = match e {
+        BollardError::DockerResponseServerError { .. } => {
+            Error::environment(format!("failed to {what}: {}", daemon_message(e)))
+        }
+        other => unreachable(format!("while trying to {what}: {other}")),
+    };
+    error.with_source(SourceError(e.to_string()))
+}
+
+/// A bollard error kept as an [`Error`]'s source (bollard's own type is not `Clone`).
+#[derive(Debug)]
+struct SourceError(String);
+
+impl std::fmt::Display for SourceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SourceError {}
+
+impl DockerBackend {
+    /// Connects (honouring DOCKER_HOST) and checks that the daemon answers.
+    pub async fn connect() -> Result<Self> {
+        let host = docker_host();
+        if let Some(docker) = Self::connect_cached(&host).await? {
+            return Ok(docker);
+        }
+        let docker = Docker::connect_with_defaults().map_err(unreachable)?;
+        let docker = docker.with_timeout(PING_TIMEOUT);
+        let docker = match tokio::time::timeout(PING_TIMEOUT, docker.negotiate_version()).await {
+            Ok(Ok(d)) => d,
+            Ok(Err(e)) => return Err(unreachable(e)),
+            Err(_) => return Err(unreachable("no answer within 10 s")),
+        };
+        if host.starts_with("unix://") {
+            api_version::store(&host, &docker.client_version());
+        }
+        Ok(DockerBackend {
+            docker: docker.with_timeout(REQUEST_TIMEOUT),
+        })
+    }
+
+    /// A connection at the cached API version (see [`api_version`]), when there is one and
+    /// the daemon still takes it; `None` means negotiate.
+    async fn connect_cached(host: &str) -> Result<Option<Self>> {
+        if !host.starts_with("unix://") {
+            return Ok(None);
+        }
+        let Some(version) = api_version::load(host) else {
+            return Ok(None);
+        };
+        let docker = Docker::connect_with_unix(host, PING_TIMEOUT.as_secs(), &version)
+            .map_err(unreachable)?;
+        match tokio::time::timeout(PING_TIMEOUT, docker.ping()).await {
+            Ok(Ok(_)) => Ok(Some(DockerBackend {
+                docker: docker.with_timeout(REQUEST_TIMEOUT),
+            })),
+            Ok(Err(e @ BollardError::DockerResponseServerError { .. })) => {
+                tracing::debug!("the daemon refused the cached API version: {e}");
+                Ok(None)
+            }
+            Ok(Err(e)) => Err(unreachable(e)),
+            Err(_) => Err(unreachable("no answer within 10 s")),
+        }
+    }
+
+    /// "20.10.24 (API 1.41)".
+    pub async fn server_version(&self) -> Result<String> {
+        let v = self
+            .docker
+            .version()
+            .await
+            .map_err(|e| failed("ask Docker for its version", &e))?;
+        Ok(format!(
+            "{} (API {})",
+            v.version.unwrap_or_default(),
+            v.api_version.unwrap_or_default()
+        ))
+    }
+}

@@ -1,0 +1,210 @@
+//! caw-box's container specs ([`TurnSpec`], [`HelperSpec`]) as Docker's create bodies.
+
+use std::collections::HashMap;
+
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
+
+use crate::backend::{HelperSpec, MountSource, MountSpec, NetworkPolicy, TurnSpec};
+
+fn mount(m: &MountSpec) -> Mount {
+    let (typ, source) = match &m.source {
+        MountSource::Volume(name) => (MountType::VOLUME, name.clone()),
+        MountSource::HostDir(path) => (MountType::BIND, path.clone()),
+    };
+    Mount {
+        target: Some(m.target.clone()),
+        source: Some(source),
+        typ: Some(typ),
+        read_only: m.read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+fn network_mode(n: &NetworkPolicy) -> Option<String> {
+    match n {
+        NetworkPolicy::Default => None,
+        NetworkPolicy::None => Some("none".into()),
+        NetworkPolicy::Host => Some("host".into()),
+        NetworkPolicy::Named(name) => Some(name.clone()),
+    }
+}
+
+/// A turn's container: the agent's sandbox, locked down whatever the spec says.
+pub(super) fn turn_body(spec: &TurnSpec) -> ContainerCreateBody {
+    let host_config = HostConfig {
+        mounts: Some(spec.mounts().map(mount).collect()),
+        cap_drop: Some(vec!["ALL".to_string()]),
+        security_opt: Some(vec!["no-new-privileges".to_string()]),
+        pids_limit: Some(spec.limits.pids),
+        memory: spec.limits.memory,
+        nano_cpus: spec.limits.cpus.map(|c| (c * 1e9) as i64),
+        readonly_rootfs: Some(true),
+        // Executable: opencode's TUI loads a native library it unpacks there (the agent can
+        // run what it writes to HOME or the workspace anyway).
+        tmpfs: Some(HashMap::from([(
+            "/tmp".to_string(),
+            "rw,nosuid,nodev,exec,size=1g".to_string(),
+        )])),
+        network_mode: network_mode(&spec.network),
+        privileged: Some(false),
+        ..Default::default()
+    };
+    let mut body = ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        cmd: Some(spec.argv.clone()),
+        env: Some(spec.env.clone()),
+        user: Some(format!("{}:{}", spec.user.0, spec.user.1)),
+        working_dir: Some(spec.working_dir.clone()),
+        labels: Some(spec.labels.clone()),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        attach_stdin: Some(false),
+        open_stdin: Some(false),
+        tty: Some(false),
+        host_config: Some(host_config),
+        ..Default::default()
+    };
+    if let Some(size) = spec.interactive {
+        // A terminal for the TUI, fed from ours; Docker closes its stdin when we detach.
+        body.tty = Some(true);
+        body.open_stdin = Some(true);
+        body.stdin_once = Some(true);
+        body.attach_stdin = Some(true);
+        // The size from the first frame on where the daemon takes it (API 1.42+); it is set
+        // again right after the start for older ones.
+        if let (Some((columns, rows)), Some(hc)) = (size, body.host_config.as_mut()) {
+            hc.console_size = Some(vec![rows.into(), columns.into()]);
+        }
+    }
+    body
+}
+
+/// One of caw-box's helper containers.
+pub(super) fn helper_body(spec: &HelperSpec) -> ContainerCreateBody {
+    let list = |v: &[String]| (!v.is_empty()).then(|| v.to_vec());
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        entrypoint: list(&spec.entrypoint),
+        cmd: Some(spec.argv.clone()),
+        env: list(&spec.env),
+        user: spec.user.clone(),
+        network_disabled: (spec.network == NetworkPolicy::None).then_some(true),
+        labels: Some(spec.labels.clone()),
+        host_config: Some(HostConfig {
+            mounts: (!spec.mounts.is_empty()).then(|| spec.mounts.iter().map(mount).collect()),
+            network_mode: network_mode(&spec.network),
+            readonly_rootfs: spec.read_only_root.then_some(true),
+            cap_drop: spec.drop_all_capabilities.then(|| vec!["ALL".to_string()]),
+            cap_add: list(&spec.add_capabilities),
+            security_opt: spec
+                .no_new_privileges
+                .then(|| vec!["no-new-privileges".to_string()]),
+            pids_limit: spec.pids_limit,
+            tmpfs: spec
+                .tmp
+                .as_ref()
+                .map(|options| HashMap::from([("/tmp".to_string(), options.clone())])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Limits;
+
+    fn spec(network: NetworkPolicy) -> TurnSpec {
+        TurnSpec {
+            image: "img".into(),
+            argv: vec![],
+            env: vec![],
+            user: (1000, 1000),
+            working_dir: "/workspace".into(),
+            labels: HashMap::new(),
+            home: MountSpec::volume("caw-box-x", "/home/agent"),
+            workspace: None,
+            runtime: MountSpec::host_dir("/tmp", "/run/caw-box"),
+            limits: Limits {
+                memory: Some(512 << 20),
+                cpus: Some(1.5),
+                pids: 300,
+            },
+            network,
+            interactive: None,
+        }
+    }
+
+    /// `--network open|none|host|NAME` as Docker sees it. (Real turns on the host network or
+    /// the default bridge are not run in tests: the vendor CLIs would reach public hosts.)
+    #[test]
+    fn network_modes_map_to_docker() {
+        let mode = |n: &str| {
+            turn_body(&spec(NetworkPolicy::from_setting(n)))
+                .host_config
+                .unwrap()
+                .network_mode
+        };
+        assert_eq!(mode("open"), None, "open is Docker's default bridge");
+        assert_eq!(mode("none"), Some("none".into()));
+        assert_eq!(mode("host"), Some("host".into()));
+        assert_eq!(mode("team-gateway"), Some("team-gateway".into()));
+    }
+
+    #[test]
+    fn every_turn_container_is_locked_down() {
+        let body = turn_body(&spec(NetworkPolicy::None));
+        let hc = body.host_config.unwrap();
+        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(hc.cap_add, None);
+        assert_eq!(hc.security_opt, Some(vec!["no-new-privileges".to_string()]));
+        assert_eq!(hc.readonly_rootfs, Some(true));
+        assert_eq!(hc.privileged, Some(false));
+        assert_eq!(
+            (hc.memory, hc.nano_cpus, hc.pids_limit),
+            (Some(512 << 20), Some(1_500_000_000), Some(300))
+        );
+        assert!(hc.tmpfs.unwrap().contains_key("/tmp"));
+        let mounts = hc.mounts.unwrap();
+        assert!(mounts
+            .iter()
+            .all(|m| !m.source.as_deref().unwrap_or("").contains("docker.sock")));
+        assert_ne!(body.user.as_deref(), Some("0:0"));
+        assert_eq!(body.tty, Some(false));
+    }
+
+    #[test]
+    fn an_interactive_turn_gets_a_terminal_of_our_size() {
+        let mut s = spec(NetworkPolicy::None);
+        s.interactive = Some(Some((120, 40)));
+        let body = turn_body(&s);
+        assert_eq!((body.tty, body.open_stdin), (Some(true), Some(true)));
+        assert_eq!(body.host_config.unwrap().console_size, Some(vec![40, 120]));
+    }
+
+    #[test]
+    fn a_helper_keeps_the_images_entrypoint_unless_told_and_gets_its_tmp() {
+        let plain = helper_body(&HelperSpec {
+            image: "img".into(),
+            network: NetworkPolicy::None,
+            ..Default::default()
+        });
+        assert_eq!(plain.entrypoint, None);
+        assert_eq!(plain.network_disabled, Some(true));
+        let hc = plain.host_config.unwrap();
+        assert_eq!((hc.tmpfs, hc.mounts), (None, None));
+        let fetch = helper_body(&HelperSpec {
+            image: "img".into(),
+            entrypoint: vec!["true".into()],
+            tmp: Some("rw,size=16m".into()),
+            network: NetworkPolicy::Named("net".into()),
+            ..Default::default()
+        });
+        assert_eq!(fetch.entrypoint, Some(vec!["true".to_string()]));
+        assert_eq!(fetch.network_disabled, None);
+        let hc = fetch.host_config.unwrap();
+        assert_eq!(hc.network_mode.as_deref(), Some("net"));
+        assert_eq!(hc.tmpfs.unwrap()["/tmp"], "rw,size=16m");
+    }
+}

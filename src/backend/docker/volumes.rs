@@ -1,0 +1,131 @@
+//! Volumes (a session's state, workspace and turn records) and networks (a turn's egress).
+
+use std::collections::HashMap;
+
+use bollard::models::{Volume, VolumeCreateRequest};
+use bollard::query_parameters::{ListVolumesOptions, RemoveVolumeOptions};
+
+use super::{failed, is_not_found, DockerBackend};
+use crate::backend::VolumeInfo;
+use crate::error::Result;
+
+fn info(v: Volume) -> VolumeInfo {
+    VolumeInfo {
+        name: v.name,
+        labels: v.labels,
+    }
+}
+
+impl DockerBackend {
+    pub async fn create_volume(&self, name: &str, labels: HashMap<String, String>) -> Result<()> {
+        self.docker
+            .create_volume(VolumeCreateRequest {
+                name: Some(name.to_string()),
+                labels: Some(labels),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| failed(format_args!("create volume '{name}'"), &e))
+    }
+
+    pub async fn inspect_volume(&self, name: &str) -> Result<Option<VolumeInfo>> {
+        match self.docker.inspect_volume(name).await {
+            Ok(v) => Ok(Some(info(v))),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(failed(format_args!("inspect volume '{name}'"), &e)),
+        }
+    }
+
+    /// Volumes carrying all of `labels` (`key=value` or bare `key`): one Docker call.
+    pub async fn list_volumes(&self, labels: &[String]) -> Result<Vec<VolumeInfo>> {
+        let filters = HashMap::from([("label".to_string(), labels.to_vec())]);
+        let res = self
+            .docker
+            .list_volumes(Some(ListVolumesOptions {
+                filters: Some(filters),
+            }))
+            .await
+            .map_err(|e| failed("list volumes", &e))?;
+        Ok(res
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(info)
+            .collect())
+    }
+
+    pub async fn remove_volume(&self, name: &str) -> Result<()> {
+        match self
+            .docker
+            .remove_volume(name, Some(RemoveVolumeOptions { force: false }))
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(failed(format_args!("remove volume '{name}'"), &e)),
+        }
+    }
+
+    /// Creates a network (`internal`: no route out of it) with labels.
+    pub async fn create_network(
+        &self,
+        name: &str,
+        internal: bool,
+        labels: HashMap<String, String>,
+    ) -> Result<()> {
+        self.docker
+            .create_network(bollard::models::NetworkCreateRequest {
+                name: name.to_string(),
+                internal: Some(internal),
+                labels: Some(labels),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| failed(format_args!("create network '{name}'"), &e))
+    }
+
+    /// The names of the networks carrying every one of `labels` ("key=value").
+    pub async fn list_networks(&self, labels: &[String]) -> Result<Vec<String>> {
+        let filters = HashMap::from([("label".to_string(), labels.to_vec())]);
+        let networks = self
+            .docker
+            .list_networks(Some(bollard::query_parameters::ListNetworksOptions {
+                filters: Some(filters),
+            }))
+            .await
+            .map_err(|e| failed("list networks", &e))?;
+        Ok(networks.into_iter().filter_map(|n| n.name).collect())
+    }
+
+    pub async fn remove_network(&self, name: &str) -> Result<()> {
+        match self.docker.remove_network(name).await {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(failed(format_args!("remove network '{name}'"), &e)),
+        }
+    }
+
+    /// Attaches a (created) container to a network under `alias`.
+    pub async fn connect_network(&self, network: &str, container: &str, alias: &str) -> Result<()> {
+        self.docker
+            .connect_network(
+                network,
+                bollard::models::NetworkConnectRequest {
+                    container: container.to_string(),
+                    endpoint_config: Some(bollard::models::EndpointSettings {
+                        aliases: Some(vec![alias.to_string()]),
+                        ..Default::default()
+                    }),
+                },
+            )
+            .await
+            .map_err(|e| {
+                failed(
+                    format_args!("attach container '{container}' to network '{network}'"),
+                    &e,
+                )
+            })
+    }
+}
