@@ -18,10 +18,11 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{signal, SignalKind};
 
+use super::history::{save_record, StoredHistory, TurnLogs};
 use super::record::{now_secs, SessionRecord, TurnRecord};
-use super::runner::{
-    append_event, handle_of, place_home_files, save_record, sleep_until, Interrupts, StoredHistory,
-    TurnContext, TurnLogs, STOP_GRACE, STOP_REQUEST,
+use super::runtime::STOP_REQUEST;
+use super::turn::{
+    append_event, handle_of, place_home_files, sleep_until, Interrupts, TurnContext, STOP_GRACE,
 };
 use crate::backend::docker::DockerBackend;
 use crate::error::{Error, Result};

@@ -1,14 +1,21 @@
 //! Sessions: the resume handle, the labels and records that make a session live in Docker,
 //! and TARGET resolution.
 
+mod egress;
 pub mod files;
 pub mod handle;
+mod headless;
+mod history;
 mod interactive;
+mod liveness;
 pub mod models;
 pub mod names;
+mod owner;
 pub mod record;
 pub mod runner;
+mod runtime;
 pub mod target;
+mod turn;
 pub mod workspace;
 
 pub use handle::{volume_name, ResumeHandle};

@@ -1,0 +1,435 @@
+//! A headless turn: drives the turn's started container to its recorded end, reading the
+//! CLI's output line by line into unified events, and ending it early on a timeout, a CLI
+//! that cannot reach its model, or an interrupt.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+use super::egress::refused_by_proxy;
+use super::history::{save_record, StoredHistory, TurnLogs};
+use super::runtime::{STOP_NOW, STOP_REQUEST};
+use super::turn::{
+    append_event, handle_of, place_home_files, sleep_until, Interrupts, TurnContext,
+    DEFAULT_CONNECT_TIMEOUT, STOP_GRACE,
+};
+use crate::backend::OutputChunk;
+use crate::dirs;
+use crate::error::Result;
+use crate::event::{Event, Status, TurnResult};
+use crate::lines::LineBuffer;
+use crate::provider::ParseContext;
+use crate::session::record::{now_secs, SessionRecord, TurnRecord};
+
+/// The line the entrypoint prints on stdout after the CLI ended on its own, with its exit
+/// code, before it waits for the turn's record (the record hand-off, see `caw-box-entry`).
+const EXIT_MARKER: &str = "\u{1e}caw-box-exit ";
+
+/// Runs a headless turn in its created container, to its recorded end.
+pub(super) async fn drive_turn(
+    ctx: &TurnContext<'_>,
+    record: &mut SessionRecord,
+    interrupts: &mut Interrupts,
+    sink: &mut dyn FnMut(&Event),
+) -> Result<TurnResult> {
+    let &TurnContext {
+        backend,
+        name,
+        turn,
+        options,
+        home_files,
+        runtime_dir,
+        proxy,
+    } = ctx;
+    place_home_files(backend, name, home_files).await?;
+
+    let started = Instant::now();
+    let started_at = now_secs();
+    let attach = backend.attach(name, false).await?;
+    backend.start_container(name).await?;
+    record.turn_started = true;
+    let history = StoredHistory::fetch(backend, name, record, turn);
+
+    let mut reader = TurnReader {
+        parser: record.provider.adapter().parser(ParseContext {
+            previous_cumulative_usage: record.last_cumulative_usage(),
+        }),
+        sink,
+        session_id: record.session_id.to_string(),
+        provider: record.provider,
+        session_announced: false,
+        raw: Vec::new(),
+        events_log: Vec::new(),
+        events: Vec::new(),
+        model_alive: false,
+    };
+    if !record.resume_key.is_empty() {
+        reader.announce(Some(record.resume_key.clone()));
+    }
+
+    let mut stderr_tail = Vec::new();
+    let mut lines = LineBuffer::default();
+    let mut stderr_lines = LineBuffer::default();
+    let mut ended_early = None;
+    let now = tokio::time::Instant::now;
+    let deadline = options.timeout.map(|t| now() + t);
+    // Reset by every line the CLI prints.
+    let mut idle_deadline = options.idle_timeout.map(|t| now() + t);
+    // Armed while the CLI reports that it cannot reach its model: `--connect-timeout`
+    // after the model's last sign of life (an answer, or a tool's result it asked for).
+    let connect_timeout = options.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+    let mut alive_at = now();
+    let mut link_deadline: Option<tokio::time::Instant> = None;
+    let mut output = attach.output;
+    // The CLI's exit code, as the entrypoint reports it right after the CLI's last output.
+    let mut cli_exit: Option<i64> = None;
+
+    loop {
+        let printed = tokio::select! {
+            chunk = output.next() => match chunk {
+                Some(Ok(OutputChunk::Stdout(message))) => {
+                    lines.feed(&message, |l| match l.strip_prefix(EXIT_MARKER) {
+                        Some(code) => cli_exit = code.trim().parse().ok(),
+                        None => reader.stdout_line(l),
+                    });
+                    if let Some(code) = cli_exit {
+                        // The CLI is done; the entrypoint waits for the record.
+                        tracing::debug!("the CLI exited with {code}; handing off the record");
+                        break;
+                    }
+                    true
+                }
+                Some(Ok(OutputChunk::Stderr(message))) => {
+                    stderr_lines.feed(&message, |l| reader.parser.parse_stderr_line(l));
+                    stderr_tail.extend_from_slice(&message);
+                    if stderr_tail.len() > 64 * 1024 {
+                        stderr_tail.drain(..stderr_tail.len() - 32 * 1024);
+                    }
+                    true
+                }
+                Some(Ok(_)) => false,
+                Some(Err(e)) => {
+                    tracing::warn!("reading the CLI's output failed: {e}");
+                    break;
+                }
+                None => break,
+            },
+            _ = sleep_until(deadline) => {
+                ended_early = Some(EndedEarly::Timeout);
+                break;
+            }
+            _ = sleep_until(idle_deadline) => {
+                ended_early = Some(EndedEarly::Idle);
+                break;
+            }
+            _ = sleep_until(link_deadline) => {
+                ended_early = Some(EndedEarly::Unreachable);
+                break;
+            }
+            _ = interrupts.recv() => {
+                ended_early = Some(EndedEarly::Interrupted);
+                break;
+            }
+        };
+        if printed {
+            idle_deadline = options.idle_timeout.map(|t| now() + t);
+            if std::mem::take(&mut reader.model_alive) {
+                alive_at = now();
+            }
+            link_deadline = match reader.parser.unreachable() {
+                Some(_) if !connect_timeout.is_zero() => Some(alive_at + connect_timeout),
+                _ => None,
+            };
+        }
+    }
+    if let Some(early) = ended_early {
+        if matches!(early, EndedEarly::Unreachable | EndedEarly::Idle) {
+            // A stuck CLI gets no grace: the entrypoint kills it at once (and still takes
+            // the credentials out of HOME).
+            let _ = dirs::write_private_unsynced(&runtime_dir.join(STOP_NOW), b"");
+        }
+        backend.stop_container(name, STOP_GRACE).await?;
+        // Whatever the CLI printed while stopping still counts.
+        let drain = async {
+            while let Some(Ok(chunk)) = output.next().await {
+                if let OutputChunk::Stdout(message) = chunk {
+                    lines.feed(&message, |l| reader.stdout_line(l));
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+    }
+    lines.finish(|l| reader.stdout_line(l));
+    stderr_lines.finish(|l| reader.parser.parse_stderr_line(l));
+    let exit_code = match cli_exit {
+        Some(code) => code,
+        None => backend.wait_container(name).await?,
+    };
+    let refused = match proxy {
+        Some(proxy) => refused_by_proxy(backend, proxy).await,
+        None => Vec::new(),
+    };
+    for target in &refused {
+        reader.emit(&Event::Error {
+            message: format!("egress to {target} was refused: it is not in --allow-host"),
+        });
+    }
+    if ended_early.is_none() && runtime_dir.join(STOP_REQUEST).exists() {
+        ended_early = Some(EndedEarly::Interrupted);
+    }
+
+    let mut outcome = reader.parser.finish(exit_code);
+    // A CLI that gave up on its own after failing to reach its model, and said so last.
+    let mut unreachable_words = reader.parser.unreachable().map(str::to_string);
+    let failed = outcome.status != Status::Success || exit_code != 0;
+    // The egress proxy turned the model's host away (`--allow-host` without it): whatever
+    // the CLI made of the proxy's 403, it could not reach its model.
+    let model_refused = {
+        let model = model_host(record);
+        let host = |t: &str| t.split(':').next().unwrap_or(t).to_ascii_lowercase();
+        refused.iter().any(|t| host(t) == host(&model))
+    };
+    if ended_early.is_none()
+        && failed
+        && ((unreachable_words.is_some() && outcome.status == Status::Error) || model_refused)
+    {
+        ended_early = Some(EndedEarly::GaveUp);
+        if unreachable_words.is_none() {
+            unreachable_words = Some(outcome.result.clone());
+        }
+    }
+    if let Some(key) = reader.parser.resume_key() {
+        record.resume_key = key.to_string();
+        record.key_confirmed = true;
+    }
+    if let Some(early) = ended_early {
+        (outcome.status, outcome.result) = match early {
+            EndedEarly::Timeout => (
+                Status::Timeout,
+                format!(
+                    "the turn timed out after {} (--timeout)",
+                    humantime::format_duration(options.timeout.unwrap_or_default())
+                ),
+            ),
+            EndedEarly::Idle => (
+                Status::Timeout,
+                format!(
+                    "the CLI printed nothing for {} (--idle-timeout)",
+                    humantime::format_duration(options.idle_timeout.unwrap_or_default())
+                ),
+            ),
+            EndedEarly::Unreachable | EndedEarly::GaveUp => (
+                Status::Unreachable,
+                unreachable_result(
+                    record,
+                    (early == EndedEarly::Unreachable)
+                        .then(|| Duration::from_secs(alive_at.elapsed().as_secs())),
+                    unreachable_words.as_deref().unwrap_or(""),
+                    &refused,
+                ),
+            ),
+            EndedEarly::Interrupted if runtime_dir.join(STOP_REQUEST).exists() => (
+                Status::Interrupted,
+                "the turn was stopped with `caw-box stop`".to_string(),
+            ),
+            EndedEarly::Interrupted => {
+                (Status::Interrupted, "the turn was interrupted".to_string())
+            }
+        };
+    } else if outcome.status != Status::Success && outcome.result.trim().is_empty() {
+        outcome.result = last_line(&stderr_tail)
+            .unwrap_or_else(|| format!("the CLI exited with code {exit_code}"));
+    }
+    if outcome.status == Status::Success && exit_code != 0 {
+        outcome.status = Status::Error;
+    }
+    let TurnReader {
+        raw,
+        mut events_log,
+        session_announced,
+        sink,
+        ..
+    } = reader;
+
+    let duration_ms = started.elapsed().as_millis() as u64;
+    let turn_record = TurnRecord {
+        turn,
+        prompt: options.prompt.clone(),
+        status: outcome.status,
+        result: outcome.result.clone(),
+        usage: outcome.usage,
+        started_at,
+        duration_ms,
+        exit_code: outcome.status.exit_code(),
+        cumulative_usage: outcome.cumulative_usage,
+        interactive: false,
+    };
+    record.turns.push(turn_record);
+    let result = TurnResult {
+        session_id: record.session_id.to_string(),
+        name: record.name.clone(),
+        provider: record.provider,
+        turn,
+        status: outcome.status,
+        result: outcome.result,
+        resume_handle: handle_of(record).to_json(),
+        usage: outcome.usage,
+        duration_ms,
+        exit_code: outcome.status.exit_code(),
+    };
+    if !session_announced {
+        sink(&Event::Session {
+            session_id: record.session_id.to_string(),
+            provider: record.provider,
+            resume_key: (!record.resume_key.is_empty()).then(|| record.resume_key.clone()),
+        });
+    }
+    let result_event = Event::Result {
+        result: result.clone(),
+    };
+    append_event(&mut events_log, &result_event);
+
+    let logs = TurnLogs {
+        raw: &raw,
+        events: &events_log,
+        stderr: &stderr_tail,
+    };
+    let handoff = cli_exit.is_some().then_some(runtime_dir);
+    save_record(backend, name, record, turn, history, logs, handoff).await?;
+    sink(&result_event);
+    Ok(result)
+}
+
+/// Why a headless turn ended before its CLI did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EndedEarly {
+    /// `--timeout`.
+    Timeout,
+    /// `--idle-timeout`: no output for that long.
+    Idle,
+    /// The CLI kept reporting that it could not reach its model (`--connect-timeout`).
+    Unreachable,
+    /// Not early: the CLI itself gave up after failing to reach its model.
+    GaveUp,
+    /// Ctrl-C, SIGTERM, SIGHUP or `caw-box stop`.
+    Interrupted,
+}
+
+/// Reads a headless turn's output: each stdout line becomes unified events for the sink
+/// and the turn's logs; stderr lines only inform the parser.
+struct TurnReader<'s> {
+    parser: Box<dyn crate::provider::StreamParser>,
+    sink: &'s mut dyn FnMut(&Event),
+    session_id: String,
+    provider: crate::provider::ProviderKind,
+    session_announced: bool,
+    /// The CLI's stdout, line by line (`logs --raw`).
+    raw: Vec<u8>,
+    /// The unified events, one JSON line each (`logs`).
+    events_log: Vec<u8>,
+    events: Vec<Event>,
+    /// Set when a line showed the model at work (an answer, or a result of a tool it called).
+    model_alive: bool,
+}
+
+impl TurnReader<'_> {
+    fn announce(&mut self, resume_key: Option<String>) {
+        (self.sink)(&Event::Session {
+            session_id: self.session_id.clone(),
+            provider: self.provider,
+            resume_key,
+        });
+        self.session_announced = true;
+    }
+
+    fn emit(&mut self, e: &Event) {
+        append_event(&mut self.events_log, e);
+        (self.sink)(e);
+    }
+
+    fn stdout_line(&mut self, line: &str) {
+        self.raw.extend_from_slice(line.as_bytes());
+        self.raw.push(b'\n');
+        let mut events = std::mem::take(&mut self.events);
+        events.clear();
+        self.parser.parse_line(line, &mut events);
+        if !self.session_announced {
+            if let Some(key) = self.parser.resume_key().map(str::to_string) {
+                self.announce(Some(key));
+            }
+        }
+        for e in &events {
+            self.model_alive |= matches!(
+                e,
+                Event::Text { .. }
+                    | Event::Thinking { .. }
+                    | Event::ToolCall { .. }
+                    | Event::ToolResult { .. }
+                    | Event::Usage { .. }
+            );
+            self.emit(e);
+        }
+        self.events = events;
+    }
+}
+
+/// The result text of a turn whose CLI could not reach its model: which host, for how
+/// long, in the CLI's own words, and what the egress proxy refused.
+fn unreachable_result(
+    record: &SessionRecord,
+    waited: Option<Duration>,
+    words: &str,
+    refused: &[String],
+) -> String {
+    let cli = record.provider.executable();
+    let host = model_host(record);
+    let mut text = match waited {
+        Some(w) => format!(
+            "{cli} could not reach its model at {host}: no answer for {} (--connect-timeout)",
+            humantime::format_duration(w)
+        ),
+        None => format!("{cli} could not reach its model at {host}"),
+    };
+    let words = words.trim();
+    if !words.is_empty() {
+        let words: String = words.chars().take(300).collect();
+        text.push_str(&format!("; it said: {words}"));
+    }
+    if !refused.is_empty() {
+        text.push_str(&format!(
+            " (the egress proxy refused {}: not in --allow-host)",
+            refused.join(", ")
+        ));
+    }
+    text
+}
+
+/// The host a session's model traffic goes to: the `--endpoint` host, else the vendor's.
+pub fn model_host(record: &SessionRecord) -> String {
+    match record.settings.endpoint.as_deref() {
+        Some(url) => {
+            let rest = url.split_once("://").map_or(url, |(_, r)| r);
+            let authority = rest.split('/').next().unwrap_or(rest);
+            authority
+                .rsplit('@')
+                .next()
+                .unwrap_or(authority)
+                .to_string()
+        }
+        None => record
+            .provider
+            .api_hosts()
+            .first()
+            .map(|h| h.trim_end_matches(":443").to_string())
+            .unwrap_or_default(),
+    }
+}
+
+fn last_line(bytes: &[u8]) -> Option<String> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(|l| l.chars().take(500).collect())
+}

@@ -1,0 +1,262 @@
+//! A turn's history in the session's state volume: the stored record read while the CLI
+//! runs, the record and logs written when the turn ends (by the record hand-off to the
+//! entrypoint, else an upload), the turn-record volume, and the host's record cache.
+
+use super::runtime::HANDOFF_FIFO;
+use crate::backend::docker::DockerBackend;
+use crate::backend::{ContainerState, TarFile};
+use crate::dirs;
+use crate::error::{Error, Result};
+use crate::provider::AGENT_HOME;
+use crate::session::record::{labels, roles, SessionRecord, TurnRecord, TurnSummary};
+
+/// Where the record hand-off puts files for the entrypoint to copy into HOME, and what it
+/// leaves once it did.
+const HANDOFF_DIR: &str = "record";
+const HANDOFF_DONE: &str = "record-copied";
+
+/// The session record stored in the state volume before this turn, read through the turn's
+/// container while the CLI runs (the CLI never touches it), so saving the turn does not wait
+/// for it.
+pub(super) struct StoredHistory(Option<tokio::task::JoinHandle<Result<Option<Vec<u8>>>>>);
+
+impl StoredHistory {
+    /// Starts reading; call once the container runs (a read holds Docker's lock on the
+    /// container, which would hold up its start). Nothing to read when `record` already
+    /// holds every earlier turn (turn 1, or a record completed from the host cache).
+    pub(super) fn fetch(
+        backend: &DockerBackend,
+        name: &str,
+        record: &SessionRecord,
+        turn: u32,
+    ) -> StoredHistory {
+        if record.has_every_turn_before(turn) {
+            return StoredHistory(None);
+        }
+        let (backend, name) = (backend.clone(), name.to_string());
+        StoredHistory(Some(tokio::spawn(async move {
+            backend
+                .download_file(
+                    &name,
+                    &format!("{AGENT_HOME}/{}", crate::session::record::RECORD_PATH),
+                )
+                .await
+        })))
+    }
+
+    async fn get(self) -> Result<Option<SessionRecord>> {
+        let Some(read) = self.0 else {
+            return Ok(None);
+        };
+        let bytes = read.await.map_err(|e| {
+            Error::environment(format!("reading the stored session record failed: {e}"))
+        })??;
+        Ok(bytes.and_then(|b| serde_json::from_slice(&b).ok()))
+    }
+}
+
+/// A turn's output as it goes into the state volume.
+pub(super) struct TurnLogs<'a> {
+    pub(super) raw: &'a [u8],
+    pub(super) events: &'a [u8],
+    pub(super) stderr: &'a [u8],
+}
+
+/// Writes the session record and this turn's logs into the state volume (through the
+/// stopped turn container), replaces the session's turn-record volume, and caches the
+/// record on the host.
+///
+/// The record stored in the volume ([`StoredHistory`]) is merged in here, so an in-memory
+/// record that only knows the latest turn (a session resumed from Docker labels alone) never
+/// loses the history of earlier turns.
+pub(super) async fn save_record(
+    backend: &DockerBackend,
+    name: &str,
+    record: &mut SessionRecord,
+    turn: u32,
+    history: StoredHistory,
+    logs: TurnLogs<'_>,
+    handoff: Option<&std::path::Path>,
+) -> Result<()> {
+    if let Some(stored) = history.get().await? {
+        let mut turns: Vec<TurnRecord> =
+            stored.turns.into_iter().filter(|t| t.turn < turn).collect();
+        turns.extend(record.turns.iter().filter(|t| t.turn >= turn).cloned());
+        record.turns = turns;
+    }
+    let json = serde_json::to_vec_pretty(&*record).expect("records serialize");
+    let record_id = record.session_id;
+    let raw_path = format!(".caw-box/turns/{turn}.raw.jsonl");
+    let events_path = format!(".caw-box/turns/{turn}.events.jsonl");
+    let stderr_path = format!(".caw-box/turns/{turn}.stderr.log");
+    let files = [
+        TarFile {
+            path: crate::session::record::RECORD_PATH,
+            contents: &json,
+            mode: 0o600,
+        },
+        TarFile {
+            path: &raw_path,
+            contents: logs.raw,
+            mode: 0o600,
+        },
+        TarFile {
+            path: &events_path,
+            contents: logs.events,
+            mode: 0o600,
+        },
+        TarFile {
+            path: &stderr_path,
+            contents: logs.stderr,
+            mode: 0o600,
+        },
+    ];
+    let write_record = async {
+        if let Some(dir) = handoff {
+            match hand_off(backend, name, dir, &files).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => tracing::debug!("the record hand-off did not happen; uploading"),
+                Err(e) => tracing::debug!("the record hand-off failed ({e}); uploading"),
+            }
+        }
+        match backend
+            .upload_files(name, AGENT_HOME, &files, dirs::agent_ids())
+            .await
+        {
+            Err(e) if being_removed(backend, name).await => {
+                tracing::debug!("{e}");
+                Err(Error::environment(format!(
+                    "the turn's container '{name}' was removed while the turn ran (`docker rm`, a prune?), so the turn is not recorded"
+                ))
+                .with_hint(format!(
+                    "the session's state is kept: `caw-box resume {}` continues it",
+                    record_id
+                )))
+            }
+            other => other,
+        }
+    };
+    // The record goes into the volume while the new turn-record volume is made: independent.
+    let record_now: &SessionRecord = record;
+    let ((), stale) = tokio::try_join!(write_record, write_turn_summary(backend, record_now))?;
+    // The turn is recorded: release the session's lock (the container) while the older
+    // turn-record volumes go. A listing meanwhile finds the new one, the latest.
+    let remove_stale = futures_util::future::join_all(stale.iter().map(|v| async move {
+        if let Err(e) = backend.remove_volume(v).await {
+            // Harmless: the latest turn-record volume wins, and the next turn removes it.
+            tracing::warn!("could not remove an old turn-record volume: {e}");
+        }
+    }));
+    let (removed, _) = tokio::join!(backend.remove_container(name, true), remove_stale);
+    removed?;
+    cache_record(record);
+    Ok(())
+}
+
+/// Whether a turn's container is gone, or on its way (removed from outside: it no longer
+/// has its volumes).
+async fn being_removed(backend: &DockerBackend, name: &str) -> bool {
+    match backend.inspect_container(name).await {
+        Ok(None) => true,
+        Ok(Some(c)) => matches!(c.state, ContainerState::Removing | ContainerState::Dead),
+        Err(_) => false,
+    }
+}
+
+/// Gives the turn's record files to the entrypoint, which waits for them after the CLI
+/// ended, copies them into HOME and exits; returns whether it did. Cheaper than an upload
+/// through Docker's archive API after the container stopped.
+async fn hand_off(
+    backend: &DockerBackend,
+    name: &str,
+    runtime_dir: &std::path::Path,
+    files: &[TarFile<'_>],
+) -> Result<bool> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    // The layout the entrypoint expects: session.json and turns/*, from ~/.caw-box.
+    let base = runtime_dir.join(HANDOFF_DIR);
+    for d in [base.clone(), base.join("turns")] {
+        dirs::ensure_private_dir(&d)?;
+        dirs::hand_to_agent(&d)?;
+    }
+    for f in files {
+        let Some(rel) = f.path.strip_prefix(".caw-box/") else {
+            return Ok(false);
+        };
+        let path = base.join(rel);
+        dirs::write_private_unsynced(&path, f.contents)?;
+        dirs::hand_to_agent(&path)?;
+    }
+    tracing::debug!("the record is in the runtime dir");
+    // Non-blocking: no reader (an entrypoint that does not wait) is an error, not a hang.
+    let fifo = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(runtime_dir.join(HANDOFF_FIFO));
+    match fifo.and_then(|mut f| f.write_all(b"go\n")) {
+        Ok(()) => {}
+        Err(e) => {
+            tracing::debug!("the entrypoint does not wait for the record: {e}");
+            return Ok(false);
+        }
+    }
+    backend.wait_container(name).await?;
+    let copied = runtime_dir.join(HANDOFF_DONE).exists();
+    tracing::debug!("the container exited; record copied: {copied}");
+    Ok(copied)
+}
+
+/// Creates the session's turn-record volume for its latest turn; returns the names of the
+/// older ones, for the caller to remove: the new one exists before the old ones go, so a
+/// listing never finds none.
+async fn write_turn_summary(
+    backend: &DockerBackend,
+    record: &SessionRecord,
+) -> Result<Vec<String>> {
+    let Some(last) = record.turns.last() else {
+        return Ok(Vec::new());
+    };
+    let summary = TurnSummary {
+        turn: last.turn,
+        status: last.status,
+        started_at: last.started_at,
+        ended_at: last.started_at + last.duration_ms / 1000,
+        resume_key: record.resume_key.clone(),
+        key_confirmed: record.key_confirmed,
+        cumulative_usage: record.last_cumulative_usage(),
+        owner: record.owner,
+        interactive: last.interactive,
+    };
+    let id = record.session_id;
+    let fresh = TurnSummary::volume_name(id, last.turn);
+    let filter = [
+        format!("{}={id}", labels::SESSION),
+        format!("{}={}", labels::ROLE, roles::TURN_RECORD),
+    ];
+    // A leftover of the same name goes first: Docker's create is idempotent by name and
+    // would keep its stale labels.
+    let (_, old) = tokio::join!(backend.remove_volume(&fresh), backend.list_volumes(&filter));
+    backend
+        .create_volume(&fresh, summary.labels(id, record.provider))
+        .await?;
+    Ok(old?
+        .into_iter()
+        .map(|v| v.name)
+        .filter(|n| *n != fresh)
+        .collect())
+}
+
+/// Caches a record on the host; failures only cost speed later, so they are not errors.
+pub fn cache_record(record: &SessionRecord) {
+    let Ok(dir) = dirs::sessions_dir() else {
+        return;
+    };
+    let path = dir.join(format!("{}.json", record.session_id));
+    if let Ok(json) = serde_json::to_vec_pretty(record) {
+        if let Err(e) = dirs::write_private_unsynced(&path, &json) {
+            tracing::debug!("could not cache the session record: {e}");
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! The ownership helper: hands a session's volumes to the uid:gid its turns run as.
+
+use super::turn::image_hint;
+use crate::backend::docker::DockerBackend;
+use crate::backend::{HelperSpec, MountSpec, NetworkPolicy};
+use crate::dirs;
+use crate::error::{Error, Result};
+use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
+use crate::session::names::{self, LabelSet};
+use crate::session::record::{roles, SessionRecord, WorkspaceMode};
+
+/// Makes the session's volumes belong to the uid:gid this turn runs as, when they belong to
+/// someone else (a fresh volume is the image's 1000:1000): a short root helper container
+/// with only the capabilities chown needs, no network.
+pub(super) async fn ensure_owner(
+    backend: &DockerBackend,
+    record: &mut SessionRecord,
+) -> Result<()> {
+    let ids = dirs::agent_ids();
+    if record.owner.unwrap_or((1000, 1000)) == ids {
+        return Ok(());
+    }
+    let id = record.session_id;
+    let mut mounts = vec![MountSpec::volume(names::state_volume(id), AGENT_HOME)];
+    let mut paths = vec![AGENT_HOME.to_string()];
+    if record.settings.workspace_mode == WorkspaceMode::Copy {
+        mounts.push(MountSpec::volume(
+            names::workspace_volume(id),
+            WORKSPACE_DIR,
+        ));
+        paths.push(WORKSPACE_DIR.to_string());
+    }
+    let mut argv = vec!["-R".to_string(), format!("{}:{}", ids.0, ids.1)];
+    argv.extend(paths);
+    let spec = HelperSpec {
+        image: record.settings.image.clone(),
+        entrypoint: vec!["chown".into()],
+        argv,
+        user: Some("0:0".into()),
+        labels: LabelSet::new(id, roles::PROBE).finish(),
+        mounts,
+        network: NetworkPolicy::None,
+        drop_all_capabilities: true,
+        add_capabilities: vec![
+            "CHOWN".into(),
+            "DAC_OVERRIDE".into(),
+            "DAC_READ_SEARCH".into(),
+            "FOWNER".into(),
+        ],
+        no_new_privileges: true,
+        ..Default::default()
+    };
+    let name = names::helper_container(id, "chown");
+    let (code, _, err) = backend
+        .run_to_completion(&name, &spec)
+        .await
+        .map_err(|e| image_hint(e, record))?;
+    if code != 0 {
+        return Err(Error::environment(format!(
+            "failed to hand session {id}'s volumes to uid {}:{}: {}",
+            ids.0,
+            ids.1,
+            err.trim()
+        )));
+    }
+    record.owner = Some(ids);
+    Ok(())
+}

@@ -1,0 +1,216 @@
+//! What a turn's life ([`super::runner`]) and its two drivers (headless, interactive) share:
+//! the turn's options, the context a driver works with, the signals that end a turn early,
+//! and how a finished turn maps to an error. Not the drive loops themselves.
+
+use std::time::Duration;
+
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::backend::docker::{CreateError, DockerBackend};
+use crate::backend::TarFile;
+use crate::dirs;
+use crate::error::{Error, Result};
+use crate::event::{Event, Status, TurnResult};
+use crate::provider::AGENT_HOME;
+use crate::session::files;
+use crate::session::handle::ResumeHandle;
+use crate::session::record::SessionRecord;
+
+/// How long a stopped container gets between SIGTERM and SIGKILL. The entrypoint kills the
+/// CLI after [`ENTRY_GRACE_SECS`], so its credential clean-up still runs before Docker's
+/// SIGKILL, and Ctrl-C ends a turn well within 10 s.
+pub(super) const STOP_GRACE: Duration = Duration::from_secs(8);
+
+pub(super) const ENTRY_GRACE_SECS: u64 = 5;
+
+/// How long a CLI may report that it cannot reach its model before the turn is stopped.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What one turn needs beyond the session itself.
+#[derive(Debug, Clone, Default)]
+pub struct TurnOptions {
+    pub prompt: String,
+    /// `--env` values. Treated as secrets: they reach the CLI through the entrypoint's env
+    /// file, never through the container's config (which `docker inspect` shows).
+    pub env: Vec<(String, String)>,
+    pub timeout: Option<Duration>,
+    /// Stop a headless turn whose CLI printed nothing (no line on stdout or stderr) for
+    /// this long; status `timeout`. `None`: no limit.
+    pub idle_timeout: Option<Duration>,
+    /// Stop a headless turn once its CLI has reported that it cannot reach its model and no
+    /// model response has arrived for this long; status `unreachable`. `None`: the
+    /// session's setting, else [`DEFAULT_CONNECT_TIMEOUT`]; zero: no limit.
+    pub connect_timeout: Option<Duration>,
+    /// The vendor's TUI attached to this process's terminal instead of a headless turn
+    /// (`prompt` is then unused).
+    pub interactive: bool,
+}
+
+/// The container name that is also the session's lock.
+pub fn container_name(record: &SessionRecord) -> String {
+    crate::session::names::turn_container(record.session_id)
+}
+
+/// The handle for a session's current state.
+pub fn handle_of(record: &SessionRecord) -> ResumeHandle {
+    ResumeHandle::new(
+        record.provider,
+        record.session_id,
+        record.resume_key.clone(),
+    )
+}
+
+/// Signals that end a turn early: Ctrl-C, SIGTERM, and SIGHUP (the terminal went away).
+pub(super) struct Interrupts {
+    pub(super) int: tokio::signal::unix::Signal,
+    pub(super) term: tokio::signal::unix::Signal,
+    pub(super) hup: tokio::signal::unix::Signal,
+}
+
+impl Interrupts {
+    pub(super) fn install() -> Result<Self> {
+        let err = |e| Error::environment(format!("failed to install signal handlers: {e}"));
+        Ok(Interrupts {
+            int: signal(SignalKind::interrupt()).map_err(err)?,
+            term: signal(SignalKind::terminate()).map_err(err)?,
+            hup: signal(SignalKind::hangup()).map_err(err)?,
+        })
+    }
+
+    /// Any of the three.
+    pub(super) async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {},
+            _ = self.term.recv() => {},
+            _ = self.hup.recv() => {},
+        }
+    }
+}
+
+/// A missing image when creating any of a turn's containers (the turn's, the volume owner
+/// fix-up, the egress proxy: all run the session's image) as the missing-image error.
+pub(super) fn image_hint(e: CreateError, record: &SessionRecord) -> Error {
+    image_hint_for(e, &record.settings.image, record.provider)
+}
+
+/// [`image_hint`] for a container of `provider`'s `image` before a session exists.
+pub fn image_hint_for(
+    e: CreateError,
+    image: &str,
+    provider: crate::provider::ProviderKind,
+) -> Error {
+    match e {
+        CreateError::ImageMissing(_) => Error::missing_image(image, provider),
+        other => other.into(),
+    }
+}
+
+pub(super) fn busy(record: &SessionRecord, turn: &str) -> Error {
+    let id = record.session_id;
+    Error::usage(format!(
+        "session {id} is busy: turn {turn} is running right now (container caw-box-{id})"
+    ))
+    .with_hint(format!(
+        "wait for it to end, or stop it with `caw-box stop {id}`"
+    ))
+}
+
+/// What a turn's driver works with, once the turn's container exists.
+pub(super) struct TurnContext<'a> {
+    pub backend: &'a DockerBackend,
+    /// The container's name (the session's lock).
+    pub name: &'a str,
+    pub turn: u32,
+    pub options: &'a TurnOptions,
+    /// Files to put in HOME before the start.
+    pub home_files: &'a [crate::provider::HomeFile],
+    /// The host side of /run/caw-box.
+    pub runtime_dir: &'a std::path::Path,
+    /// The egress proxy's container, when the turn's network is restricted.
+    pub proxy: Option<&'a str>,
+}
+
+pub(super) fn append_event(log: &mut Vec<u8>, e: &Event) {
+    if let Ok(json) = serde_json::to_vec(e) {
+        log.extend_from_slice(&json);
+        log.push(b'\n');
+    }
+}
+
+pub(super) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Writes the adapter's config files into HOME (in the state volume), merging JSON files
+/// with what the CLI already keeps there.
+pub(super) async fn place_home_files(
+    backend: &DockerBackend,
+    name: &str,
+    home_files: &[crate::provider::HomeFile],
+) -> Result<()> {
+    let mut contents = Vec::new();
+    for f in home_files {
+        let mut bytes = f.contents.clone();
+        if f.merge_json {
+            let existing = backend
+                .download_file(name, &format!("{AGENT_HOME}/{}", f.path))
+                .await?
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+            if let (Some(mut base), Ok(overlay)) = (
+                existing,
+                serde_json::from_slice::<serde_json::Value>(&f.contents),
+            ) {
+                files::merge_json(&mut base, &overlay);
+                bytes = serde_json::to_vec_pretty(&base).unwrap_or(bytes);
+            }
+        }
+        contents.push((f.path.clone(), bytes));
+    }
+    if contents.is_empty() {
+        return Ok(());
+    }
+    let tar_files: Vec<TarFile<'_>> = contents
+        .iter()
+        .map(|(p, c)| TarFile {
+            path: p,
+            contents: c,
+            mode: 0o600,
+        })
+        .collect();
+    backend
+        .upload_files(name, AGENT_HOME, &tar_files, dirs::agent_ids())
+        .await
+}
+
+/// The exit status a finished turn maps to, as an error for `main` to print (or `None` on
+/// success).
+pub fn turn_error(result: &TurnResult) -> Option<Error> {
+    let kind = result.status.error_kind()?;
+    let summary = result.result.lines().next().unwrap_or("").trim();
+    let mut e = Error::new(
+        kind,
+        format!(
+            "turn {} of session {} ended with {}: {summary}",
+            result.turn, result.session_id, result.status
+        ),
+    );
+    e = e.with_hint(match result.status {
+        Status::AuthError => format!(
+            "collect credentials with `caw-box auth collect --provider {}`, then resume",
+            result.provider
+        ),
+        Status::UsageLimit => "wait for the vendor's limit to reset, then resume".to_string(),
+        Status::Unreachable => format!(
+            "check that --endpoint names a server that answers, that --network has a route to it, and that --allow-host lists it (@provider); the session is kept: `caw-box resume {}` once it is reachable",
+            result.session_id
+        ),
+        _ => format!(
+            "the session is kept: resume it with `caw-box resume {}`",
+            result.session_id
+        ),
+    });
+    Some(e)
+}
