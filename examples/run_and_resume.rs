@@ -1,5 +1,6 @@
 //! The library in a nutshell: start a session, run a turn while watching its events, keep
-//! the handle, and resume the conversation from the handle alone.
+//! the handle, resume the conversation from the handle alone, stop a running turn and wait
+//! for its result, and remove the session.
 //!
 //! ```text
 //! cargo run --example run_and_resume -- codex http://model-gateway:8080 my-network
@@ -49,10 +50,47 @@ async fn main() -> caw_box::Result<()> {
     let handle = session.handle().to_json();
     let mut again = client.open(&handle).await?;
     let turn = TurnOptions {
-        env: key_env,
+        env: key_env.clone(),
         ..TurnOptions::prompt("RECALL")
     };
     let second = again.send(turn, |_| {}).await?;
     println!("turn {}: {}", second.turn, second.result);
+
+    // Any process can stop a session's running turn and wait for its result (here the one
+    // this process drives, a third turn): the session stays resumable.
+    let session_id = again.id();
+    let id = session_id.to_string();
+    let turn = TurnOptions {
+        env: key_env,
+        ..TurnOptions::prompt("Count slowly from one to one thousand, one number a line")
+    };
+    let sent = std::cell::Cell::new(false);
+    let drive = async {
+        let result = again.send(turn, |_| {}).await;
+        sent.set(true);
+        result
+    };
+    let stop_and_wait = async {
+        while !sent.get() && !client.running().await?.contains_key(&session_id) {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        if !sent.get() {
+            // It may end on its own first: then there is nothing to stop.
+            match client.stop(&id).await {
+                Ok(_) => println!("stopped the third turn"),
+                Err(e) => println!("not stopped: {e}"),
+            }
+        }
+        client.wait(&id).await
+    };
+    let (third, waited) = tokio::join!(drive, stop_and_wait);
+    let (third, waited) = (third?, waited?);
+    println!("turn {} ended: {}", third.turn, third.status);
+    println!("wait saw turn {}: {}", waited.turn, waited.status);
+
+    // Removing a session takes its volumes and containers; `force` would also kill a
+    // running turn.
+    let removed = client.remove(&handle, false).await?;
+    println!("removed session {removed}");
     Ok(())
 }

@@ -15,9 +15,13 @@
 //! // ... later, anywhere with the same Docker daemon:
 //! let mut again = client.open(&handle).await?;
 //! again.send(TurnOptions::prompt("RECALL"), |_| {}).await?;
+//! // Sessions are stopped, waited for and removed from any process, too:
+//! // `client.stop(id)`, `client.wait(id)`, `client.remove(id, force)`, `client.running()`.
+//! client.remove(&handle, false).await?;
 //! # Ok(()) }
 //! ```
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use uuid::Uuid;
@@ -29,7 +33,7 @@ use crate::provider::ProviderKind;
 use crate::session::handle::{volume_name, ResumeHandle};
 use crate::session::record::{now_secs, volume_labels, SessionRecord, SessionSettings};
 use crate::session::runner::{self, TurnOptions};
-use crate::session::target;
+use crate::session::{lifecycle, target};
 
 /// A connection to the Docker daemon that sessions run on.
 #[derive(Debug, Clone)]
@@ -174,6 +178,47 @@ impl Client {
             record: target::resolve(&self.backend, target).await?,
         })
     }
+
+    /// The sessions that run a turn right now: session id -> turn number.
+    pub async fn running(&self) -> Result<HashMap<Uuid, u32>> {
+        lifecycle::running_turns(&self.backend).await
+    }
+
+    /// Stops the running turn of the session `target` names (whichever process drives it)
+    /// and returns its id once the turn is recorded as interrupted; the session stays
+    /// resumable. An error if no turn runs.
+    pub async fn stop(&self, target: &str) -> Result<Uuid> {
+        let id = target::resolve_view(&self.backend, target)
+            .await?
+            .facts
+            .session_id;
+        lifecycle::stop(&self.backend, id).await?;
+        Ok(id)
+    }
+
+    /// Waits until the running turn (if any) of the session `target` names is recorded,
+    /// then returns the result of its latest turn.
+    pub async fn wait(&self, target: &str) -> Result<TurnResult> {
+        let view = target::resolve_view(&self.backend, target).await?;
+        lifecycle::wait(&self.backend, &view.facts).await
+    }
+
+    /// Removes the session `target` names, with everything it has in Docker and its host
+    /// cache; returns its id. A session with a running turn is refused unless `force`
+    /// (which kills the turn).
+    pub async fn remove(&self, target: &str, force: bool) -> Result<Uuid> {
+        let id = target::resolve_view(&self.backend, target)
+            .await?
+            .facts
+            .session_id;
+        if !force {
+            if let Some(&turn) = self.running().await?.get(&id) {
+                return Err(lifecycle::running_refusal(id, turn));
+            }
+        }
+        lifecycle::remove(&self.backend, id).await?;
+        Ok(id)
+    }
 }
 
 impl Session {
@@ -215,6 +260,18 @@ impl Session {
             options.connect_timeout = settings.connect_timeout_secs.map(Duration::from_secs);
         }
         runner::run_turn(&self.backend, &mut self.record, &options, &mut on_event).await
+    }
+
+    /// Stops this session's running turn, wherever it runs (see [`Client::stop`]).
+    pub async fn stop(&self) -> Result<()> {
+        lifecycle::stop(&self.backend, self.id()).await
+    }
+
+    /// Waits for this session's running turn, wherever it runs, to be recorded; returns the
+    /// result of its latest turn (see [`Client::wait`]).
+    pub async fn wait(&self) -> Result<TurnResult> {
+        let view = target::resolve_view(&self.backend, &self.id().to_string()).await?;
+        lifecycle::wait(&self.backend, &view.facts).await
     }
 
     /// Deletes the session's volumes, for a session whose first turn never ran (a turn that

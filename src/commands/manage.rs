@@ -2,8 +2,6 @@
 //! from Docker itself (labels, volumes, containers), so they work with the host's data
 //! directory gone.
 
-use std::collections::HashMap;
-
 use futures_util::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
@@ -15,33 +13,11 @@ use crate::error::{Error, Result};
 use crate::event::Status;
 use crate::output;
 use crate::provider::ParseContext;
-use crate::session::handle::{volume_name, ResumeHandle};
+use crate::session::handle::ResumeHandle;
+use crate::session::lifecycle;
 use crate::session::names;
-use crate::session::record::{labels, now_secs, roles, SessionRecord};
+use crate::session::record::{labels, now_secs, SessionRecord};
 use crate::session::target::{self, SessionView};
-
-/// The running turn of every session that has one: session id -> turn number. One call.
-pub async fn running_turns(backend: &DockerBackend) -> Result<HashMap<Uuid, u32>> {
-    let containers = backend
-        .list_containers(&[
-            format!("{}=true", labels::MANAGED),
-            format!("{}={}", labels::ROLE, roles::TURN),
-        ])
-        .await?;
-    Ok(containers
-        .into_iter()
-        .filter(|c| c.running())
-        .filter_map(|c| {
-            let l = c.labels;
-            let id = Uuid::parse_str(l.get(labels::SESSION)?).ok()?;
-            let turn = l
-                .get(labels::TURN)
-                .and_then(|t| t.parse().ok())
-                .unwrap_or(0);
-            Some((id, turn))
-        })
-        .collect())
-}
 
 /// One row of `ls`, also its `--json` form.
 #[derive(Debug, Serialize)]
@@ -100,8 +76,10 @@ pub fn ago(secs: u64) -> String {
 
 pub async fn ls(json: bool, all: bool, group: Option<String>) -> Result<i32> {
     let backend = DockerBackend::connect().await?;
-    let (views, running) =
-        tokio::try_join!(target::list_sessions(&backend), running_turns(&backend))?;
+    let (views, running) = tokio::try_join!(
+        target::list_sessions(&backend),
+        lifecycle::running_turns(&backend)
+    )?;
     let mut rows: Vec<Row> = views
         .iter()
         .filter(|v| group.is_none() || v.facts.group == group)
@@ -346,45 +324,6 @@ async fn follow_turn(
     Ok(0)
 }
 
-/// Removes a session: its container, state volume, turn records and host cache.
-pub async fn remove_session(backend: &DockerBackend, id: Uuid) -> Result<()> {
-    backend
-        .remove_container(&names::turn_container(id), true)
-        .await?;
-    for c in backend
-        .list_containers(&[format!("{}={id}", labels::SESSION)])
-        .await?
-    {
-        if !c.id.is_empty() {
-            backend.remove_container(&c.id, true).await?;
-        }
-    }
-    // A killed `--allow-host` turn's egress network.
-    for n in backend
-        .list_networks(&[format!("{}={id}", labels::SESSION)])
-        .await?
-    {
-        backend.remove_network(&n).await?;
-    }
-    // Turn records and the copy-mode workspace, then the state volume last.
-    for v in backend
-        .list_volumes(&[
-            format!("{}=true", labels::MANAGED),
-            format!("{}={id}", labels::SESSION),
-        ])
-        .await?
-    {
-        if v.name != volume_name(id) {
-            backend.remove_volume(&v.name).await?;
-        }
-    }
-    backend.remove_volume(&volume_name(id)).await?;
-    if let Ok(dir) = dirs::sessions_dir() {
-        let _ = std::fs::remove_file(dir.join(format!("{id}.json")));
-    }
-    Ok(())
-}
-
 pub async fn rm(targets: Vec<String>, force: bool, group: Option<String>) -> Result<i32> {
     if targets.is_empty() && group.is_none() {
         return Err(Error::usage(
@@ -392,8 +331,10 @@ pub async fn rm(targets: Vec<String>, force: bool, group: Option<String>) -> Res
         ));
     }
     let backend = DockerBackend::connect().await?;
-    let (all, running) =
-        tokio::try_join!(target::list_sessions(&backend), running_turns(&backend))?;
+    let (all, running) = tokio::try_join!(
+        target::list_sessions(&backend),
+        lifecycle::running_turns(&backend)
+    )?;
     // Resolve everything first: one bad TARGET removes nothing.
     let mut chosen: Vec<SessionView> = Vec::new();
     for t in &targets {
@@ -423,17 +364,11 @@ pub async fn rm(targets: Vec<String>, force: bool, group: Option<String>) -> Res
             .find(|v| running.contains_key(&v.facts.session_id))
         {
             let id = busy.facts.session_id;
-            return Err(Error::usage(format!(
-                "session {id} is running turn {}; nothing was removed",
-                running[&id]
-            ))
-            .with_hint(format!(
-                "stop it first (`caw-box stop {id}`), or pass --force"
-            )));
+            return Err(lifecycle::running_refusal(id, running[&id]));
         }
     }
     for v in &chosen {
-        remove_session(&backend, v.facts.session_id).await?;
+        lifecycle::remove(&backend, v.facts.session_id).await?;
         output::println(&v.facts.session_id.to_string());
     }
     Ok(0)
@@ -442,8 +377,10 @@ pub async fn rm(targets: Vec<String>, force: bool, group: Option<String>) -> Res
 pub async fn gc(older_than: &str, dry_run: bool, group: Option<&str>) -> Result<i32> {
     let age = crate::settings::parse_duration(older_than, "--older-than")?;
     let backend = DockerBackend::connect().await?;
-    let (all, running) =
-        tokio::try_join!(target::list_sessions(&backend), running_turns(&backend))?;
+    let (all, running) = tokio::try_join!(
+        target::list_sessions(&backend),
+        lifecycle::running_turns(&backend)
+    )?;
     let cutoff = now_secs().saturating_sub(age.as_secs());
     let mut old: Vec<&SessionView> = all
         .iter()
@@ -466,7 +403,7 @@ pub async fn gc(older_than: &str, dry_run: bool, group: Option<&str>) -> Result<
                 ago(v.last_activity())
             ));
         } else {
-            remove_session(&backend, v.facts.session_id).await?;
+            lifecycle::remove(&backend, v.facts.session_id).await?;
             output::println(&format!("removed {}{label}", v.facts.session_id));
         }
     }

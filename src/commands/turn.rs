@@ -14,8 +14,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::output::{self, Printer};
 use crate::provider::ProviderKind;
-use crate::session::record::{labels, SessionRecord, SessionSettings, TurnRecord};
-use crate::session::runner::{self, TurnOptions, RUNTIME_MOUNT, STOP_REQUEST};
+use crate::session::record::{labels, SessionSettings};
+use crate::session::runner::{self, TurnOptions};
 use crate::session::{models, target};
 use crate::settings;
 
@@ -438,64 +438,10 @@ pub async fn drive() -> Result<i32> {
     Ok(result.exit_code)
 }
 
-/// The result object of a recorded turn.
-fn result_of(record: &SessionRecord, t: &TurnRecord) -> TurnResult {
-    TurnResult {
-        session_id: record.session_id.to_string(),
-        name: record.name.clone(),
-        provider: record.provider,
-        turn: t.turn,
-        status: t.status,
-        result: t.result.clone(),
-        resume_handle: runner::handle_of(record).to_json(),
-        usage: t.usage,
-        duration_ms: t.duration_ms,
-        exit_code: t.exit_code,
-    }
-}
-
 /// `wait`: blocks until the session's running turn ended and was recorded, then prints its
 /// result like a foreground turn, with the same exit code.
 pub async fn wait(target_arg: &str, format: OutputFormat, quiet: bool) -> Result<i32> {
-    let backend = DockerBackend::connect().await?;
-    let view = target::resolve_view(&backend, target_arg).await?;
-    let id = view.facts.session_id;
-    let container = crate::session::names::turn_container(id);
-    let mut stopped_since: Option<std::time::Instant> = None;
-    let is_running = |c: &crate::backend::ContainerInfo| c.running();
-    while let Some(c) = backend.inspect_container(&container).await? {
-        if is_running(&c) {
-            if let Err(e) = backend.wait_container(&container).await {
-                // The turn may have ended, and its driver removed the container, between
-                // the inspect and the wait (the daemon's 404): then it is recorded, or
-                // about to be. Only a container still running makes the error real.
-                let still_running = backend
-                    .inspect_container(&container)
-                    .await?
-                    .is_some_and(|c| is_running(&c));
-                if still_running {
-                    return Err(e);
-                }
-            }
-            continue;
-        }
-        // The turn's driver records the turn, then removes the container.
-        let since = *stopped_since.get_or_insert_with(std::time::Instant::now);
-        if since.elapsed() > Duration::from_secs(60) {
-            return Err(Error::environment(format!(
-                "the turn of session {id} ended but was never recorded (its caw-box process is gone)"
-            ))
-            .with_hint(format!("its container is left for inspection: `docker logs {container}`; `caw-box resume {id}` clears it")));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let record = target::read_record(&backend, &view.facts)
-        .await?
-        .ok_or_else(|| Error::usage(format!("session {id} has no finished turn")))?;
-    let Some(last) = record.turns.last() else {
-        return Err(Error::usage(format!("session {id} has no finished turn")));
-    };
-    let result = result_of(&record, last);
+    let result = Client::connect().await?.wait(target_arg).await?;
     let mut printer = Printer::new(format, quiet, false);
     if format == OutputFormat::Text {
         output::println(result.result.trim_end());
@@ -508,33 +454,7 @@ pub async fn wait(target_arg: &str, format: OutputFormat, quiet: bool) -> Result
 
 /// `stop`: ends the session's running turn; the session stays resumable.
 pub async fn stop(target_arg: &str, quiet: bool) -> Result<i32> {
-    let backend = DockerBackend::connect().await?;
-    let view = target::resolve_view(&backend, target_arg).await?;
-    let id = view.facts.session_id;
-    let container = crate::session::names::turn_container(id);
-    let inspect = backend
-        .inspect_container(&container)
-        .await?
-        .filter(|c| c.running())
-        .ok_or_else(|| Error::usage(format!("session {id} has no running turn")))?;
-    // Tell the turn's driver that this is a stop, not a crash.
-    if let Some((_, source)) = inspect
-        .mounts
-        .into_iter()
-        .find(|(target, _)| target == RUNTIME_MOUNT)
-    {
-        let _ = std::fs::write(std::path::Path::new(&source).join(STOP_REQUEST), b"");
-    }
-    backend
-        .stop_container(&container, Duration::from_secs(8))
-        .await?;
-    // Return once the driver recorded the turn and released the session.
-    for _ in 0..300 {
-        if backend.inspect_container(&container).await?.is_none() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let id = Client::connect().await?.stop(target_arg).await?;
     if !quiet {
         output::eprintln(&format!("stopped the running turn of session {id}"));
     }

@@ -7,6 +7,7 @@ pub mod handle;
 mod headless;
 mod history;
 mod interactive;
+pub mod lifecycle;
 mod liveness;
 pub mod models;
 pub mod names;

@@ -1,0 +1,184 @@
+//! Lifecycle operations on existing sessions, from any process on the same Docker host:
+//! which sessions run a turn right now, stopping a running turn, waiting for one to be
+//! recorded, and removing a session with everything it left in Docker.
+//!
+//! These work from Docker alone (labels, containers, volumes), never from the process that
+//! drives the turn: a turn started by another caw-box (or `--detach`) is stopped, waited
+//! for and removed the same way. Not here: running a turn (`runner.rs`) and finding a
+//! session (`target.rs`).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use super::runtime::{RUNTIME_MOUNT, STOP_REQUEST};
+use super::turn::{handle_of, STOP_GRACE};
+use crate::backend::docker::DockerBackend;
+use crate::dirs;
+use crate::error::{Error, Result};
+use crate::event::TurnResult;
+use crate::session::handle::volume_name;
+use crate::session::names;
+use crate::session::record::{labels, roles, SessionRecord, TurnRecord};
+use crate::session::target::{self, VolumeFacts};
+
+/// The running turn of every session that has one: session id -> turn number. One call.
+pub async fn running_turns(backend: &DockerBackend) -> Result<HashMap<Uuid, u32>> {
+    let containers = backend
+        .list_containers(&[
+            format!("{}=true", labels::MANAGED),
+            format!("{}={}", labels::ROLE, roles::TURN),
+        ])
+        .await?;
+    Ok(containers
+        .into_iter()
+        .filter(|c| c.running())
+        .filter_map(|c| {
+            let l = c.labels;
+            let id = Uuid::parse_str(l.get(labels::SESSION)?).ok()?;
+            let turn = l
+                .get(labels::TURN)
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(0);
+            Some((id, turn))
+        })
+        .collect())
+}
+
+/// The refusal to remove session `id` while it runs `turn` (without `force`).
+pub fn running_refusal(id: Uuid, turn: u32) -> Error {
+    Error::usage(format!(
+        "session {id} is running turn {turn}; nothing was removed"
+    ))
+    .with_hint(format!(
+        "stop it first (`caw-box stop {id}`), or pass --force"
+    ))
+}
+
+/// Removes a session: its containers, egress networks, volumes (the state volume last) and
+/// host cache. A running turn is killed with it; callers that must not do that check
+/// [`running_turns`] first.
+pub async fn remove(backend: &DockerBackend, id: Uuid) -> Result<()> {
+    backend
+        .remove_container(&names::turn_container(id), true)
+        .await?;
+    for c in backend
+        .list_containers(&[format!("{}={id}", labels::SESSION)])
+        .await?
+    {
+        if !c.id.is_empty() {
+            backend.remove_container(&c.id, true).await?;
+        }
+    }
+    // A killed `--allow-host` turn's egress network.
+    for n in backend
+        .list_networks(&[format!("{}={id}", labels::SESSION)])
+        .await?
+    {
+        backend.remove_network(&n).await?;
+    }
+    // Turn records and the copy-mode workspace, then the state volume last.
+    for v in backend
+        .list_volumes(&[
+            format!("{}=true", labels::MANAGED),
+            format!("{}={id}", labels::SESSION),
+        ])
+        .await?
+    {
+        if v.name != volume_name(id) {
+            backend.remove_volume(&v.name).await?;
+        }
+    }
+    backend.remove_volume(&volume_name(id)).await?;
+    if let Ok(dir) = dirs::sessions_dir() {
+        let _ = std::fs::remove_file(dir.join(format!("{id}.json")));
+    }
+    Ok(())
+}
+
+/// Stops session `id`'s running turn and returns once its driver recorded the turn (as
+/// interrupted) and released the session, which stays resumable. An error if no turn runs.
+pub async fn stop(backend: &DockerBackend, id: Uuid) -> Result<()> {
+    let container = names::turn_container(id);
+    let inspect = backend
+        .inspect_container(&container)
+        .await?
+        .filter(|c| c.running())
+        .ok_or_else(|| Error::usage(format!("session {id} has no running turn")))?;
+    // Tell the turn's driver that this is a stop, not a crash.
+    if let Some((_, source)) = inspect
+        .mounts
+        .into_iter()
+        .find(|(target, _)| target == RUNTIME_MOUNT)
+    {
+        let _ = std::fs::write(std::path::Path::new(&source).join(STOP_REQUEST), b"");
+    }
+    backend.stop_container(&container, STOP_GRACE).await?;
+    // Return once the driver recorded the turn and released the session.
+    for _ in 0..300 {
+        if backend.inspect_container(&container).await?.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// Waits until the session's running turn (if any) ended and was recorded, then returns
+/// the result of its latest recorded turn.
+pub async fn wait(backend: &DockerBackend, facts: &VolumeFacts) -> Result<TurnResult> {
+    let id = facts.session_id;
+    let container = names::turn_container(id);
+    let mut stopped_since: Option<Instant> = None;
+    let is_running = |c: &crate::backend::ContainerInfo| c.running();
+    while let Some(c) = backend.inspect_container(&container).await? {
+        if is_running(&c) {
+            if let Err(e) = backend.wait_container(&container).await {
+                // The turn may have ended, and its driver removed the container, between
+                // the inspect and the wait (the daemon's 404): then it is recorded, or
+                // about to be. Only a container still running makes the error real.
+                let still_running = backend
+                    .inspect_container(&container)
+                    .await?
+                    .is_some_and(|c| is_running(&c));
+                if still_running {
+                    return Err(e);
+                }
+            }
+            continue;
+        }
+        // The turn's driver records the turn, then removes the container.
+        let since = *stopped_since.get_or_insert_with(Instant::now);
+        if since.elapsed() > Duration::from_secs(60) {
+            return Err(Error::environment(format!(
+                "the turn of session {id} ended but was never recorded (its caw-box process is gone)"
+            ))
+            .with_hint(format!("its container is left for inspection: `docker logs {container}`; `caw-box resume {id}` clears it")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let record = target::read_record(backend, facts)
+        .await?
+        .ok_or_else(|| Error::usage(format!("session {id} has no finished turn")))?;
+    let Some(last) = record.turns.last() else {
+        return Err(Error::usage(format!("session {id} has no finished turn")));
+    };
+    Ok(result_of(&record, last))
+}
+
+/// The result object of a recorded turn.
+pub fn result_of(record: &SessionRecord, t: &TurnRecord) -> TurnResult {
+    TurnResult {
+        session_id: record.session_id.to_string(),
+        name: record.name.clone(),
+        provider: record.provider,
+        turn: t.turn,
+        status: t.status,
+        result: t.result.clone(),
+        resume_handle: handle_of(record).to_json(),
+        usage: t.usage,
+        duration_ms: t.duration_ms,
+        exit_code: t.exit_code,
+    }
+}
