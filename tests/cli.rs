@@ -1,0 +1,171 @@
+//! The `caw-box` binary's user-facing text, pinned by snapshots: the help of the main
+//! commands and the error lines of input refused before Docker is reached.
+//!
+//! No Docker: every case here is refused before caw-box connects. DOCKER_HOST points at a
+//! socket that does not exist, so a case that reached for the daemon would fail with another
+//! error (exit 3) instead of touching a shared one. Update the snapshots with
+//! `INSTA_UPDATE=always cargo nextest run --test cli` and review the diff.
+
+use std::process::{Command, Stdio};
+
+/// What one run of caw-box printed, as the snapshot shows it.
+struct Ran {
+    code: Option<i32>,
+    text: String,
+}
+
+/// Runs caw-box with `args`, no terminal on stdin, and a clean environment of its own.
+fn caw_box(args: &[&str]) -> Ran {
+    let data = tempfile::tempdir().expect("a temp dir");
+    let out = Command::new(env!("CARGO_BIN_EXE_caw-box"))
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", data.path())
+        .env("CAW_BOX_DATA_DIR", data.path().join("data"))
+        .env(
+            "DOCKER_HOST",
+            format!("unix://{}/no-docker.sock", data.path().display()),
+        )
+        // The help wraps at a fixed width, whatever terminal runs the tests.
+        .env("COLUMNS", "100")
+        .stdin(Stdio::null())
+        .output()
+        .expect("caw-box runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let code = match out.status.code() {
+        Some(c) => c.to_string(),
+        None => "killed by a signal".to_string(),
+    };
+    let mut text = format!("$ caw-box {}\nexit: {code}\n", args.join(" "));
+    if !stdout.is_empty() {
+        text.push_str(&format!("--- stdout\n{stdout}"));
+    }
+    if !stderr.is_empty() {
+        text.push_str(&format!("--- stderr\n{stderr}"));
+    }
+    Ran {
+        code: out.status.code(),
+        text,
+    }
+}
+
+/// A refusal: the exit code, one line on stderr, nothing on stdout.
+fn refused(args: &[&str], code: i32) -> String {
+    let ran = caw_box(args);
+    assert_eq!(ran.code, Some(code), "{}", ran.text);
+    assert!(!ran.text.contains("--- stdout"), "{}", ran.text);
+    let stderr = ran.text.split("--- stderr\n").nth(1).unwrap_or_default();
+    assert_eq!(stderr.lines().count(), 1, "one error line: {}", ran.text);
+    assert!(stderr.starts_with("caw-box: error: "), "{}", ran.text);
+    ran.text
+}
+
+fn help(args: &[&str]) -> String {
+    let ran = caw_box(args);
+    assert_eq!(ran.code, Some(0), "{}", ran.text);
+    assert!(!ran.text.contains("--- stderr"), "{}", ran.text);
+    ran.text
+}
+
+#[test]
+fn top_level_help() {
+    insta::assert_snapshot!("help", help(&["--help"]));
+}
+
+#[test]
+fn run_help() {
+    insta::assert_snapshot!("run_help", help(&["run", "--help"]));
+}
+
+#[test]
+fn resume_help() {
+    insta::assert_snapshot!("resume_help", help(&["resume", "--help"]));
+}
+
+#[test]
+fn an_unknown_provider_is_refused_with_the_valid_ones() {
+    insta::assert_snapshot!(
+        "unknown_provider",
+        refused(&["run", "--provider", "gpt", "hi"], 2)
+    );
+}
+
+#[test]
+fn a_bad_env_name_is_refused_without_its_value() {
+    let text = refused(
+        &[
+            "run",
+            "--provider",
+            "codex",
+            "--env",
+            "BAD-NAME=s3cret",
+            "hi",
+        ],
+        2,
+    );
+    assert!(!text.split("--- stderr").nth(1).unwrap().contains("s3cret"));
+    insta::assert_snapshot!("bad_env_name", text);
+}
+
+#[test]
+fn network_none_is_refused_with_what_to_use_instead() {
+    insta::assert_snapshot!(
+        "network_none",
+        refused(
+            &["run", "--provider", "codex", "--network", "none", "hi"],
+            2
+        )
+    );
+}
+
+#[test]
+fn a_bad_memory_size_is_refused() {
+    insta::assert_snapshot!(
+        "bad_memory",
+        refused(&["run", "--provider", "codex", "--memory", "lots", "hi"], 2)
+    );
+}
+
+#[test]
+fn no_prompt_without_a_terminal_is_refused() {
+    insta::assert_snapshot!(
+        "no_prompt_no_terminal",
+        refused(&["run", "--provider", "codex"], 2)
+    );
+}
+
+#[test]
+fn resume_without_a_target_is_refused() {
+    insta::assert_snapshot!("resume_without_target", refused(&["resume"], 2));
+}
+
+#[test]
+fn a_bad_timeout_is_refused() {
+    insta::assert_snapshot!(
+        "bad_timeout",
+        refused(
+            &["run", "--provider", "codex", "--timeout", "soon", "hi"],
+            2
+        )
+    );
+}
+
+/// The binary parses a TARGET only once it reached Docker (a TARGET may be a name), so a
+/// malformed handle's line is pinned through the library, printed the way `main` prints
+/// every error.
+#[test]
+fn a_malformed_handle_is_refused() {
+    let mut lines = Vec::new();
+    for handle in [
+        r#"{"version":1,"provider":"codex""#,
+        r#"{"version":9,"provider":"codex"}"#,
+        r#"{"version":1,"provider":"gpt","session_id":"x","resume_key":"k","volume":"v"}"#,
+    ] {
+        let e = caw_box::ResumeHandle::parse(handle).unwrap_err();
+        assert_eq!(e.exit_code(), 2, "{e}");
+        lines.push(format!("{handle}\n  caw-box: error: {e}"));
+    }
+    insta::assert_snapshot!("malformed_handle", lines.join("\n"));
+}
