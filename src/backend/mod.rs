@@ -1,6 +1,7 @@
 //! Backends run what the session layer describes. Docker (through bollard) is the only one
 //! today, in `docker/`; nothing outside that folder names a bollard type. The session layer
-//! speaks to a backend in caw-box's own terms: a [`TurnSpec`] for a turn, a [`HelperSpec`]
+//! (`crate::session`) takes any [`Backend`] and never names Docker; [`crate::Client`] is
+//! where the backend is chosen. It speaks to a backend in caw-box's own terms: a [`TurnSpec`] for a turn, a [`HelperSpec`]
 //! for caw-box's short-lived helpers, [`VolumeInfo`] / [`ContainerInfo`] for what exists,
 //! [`OutputChunk`]s for what a container prints.
 //!
@@ -36,6 +37,146 @@ pub mod docker;
 pub use docker::DockerBackend;
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// What the session layer asks of a backend, in caw-box's terms (see the contract above).
+/// The session layer (`crate::session`) takes any `impl Backend`; [`crate::Client`] is
+/// where one is chosen (Docker today). Containers are named by caw-box (the turn's name is
+/// the session's lock); labels are `key=value` filters that must all match.
+pub trait Backend: Clone + Send + Sync + 'static {
+    /// Containers (running or not) carrying all of `labels`.
+    fn list_containers(
+        &self,
+        labels: &[String],
+    ) -> impl Future<Output = Result<Vec<ContainerInfo>>> + Send;
+    /// Creates a turn's container; a taken name is [`CreateError::NameTaken`], atomically.
+    fn create_turn(
+        &self,
+        name: &str,
+        spec: &TurnSpec,
+    ) -> impl Future<Output = std::result::Result<String, CreateError>> + Send;
+    /// Creates (does not start) one of caw-box's helper containers.
+    fn create_helper(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> impl Future<Output = std::result::Result<String, CreateError>> + Send;
+    /// A container by name or id; `None` when it does not exist.
+    fn inspect_container(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<ContainerInfo>>> + Send;
+    /// Attaches to a created container's output (and input, with `stdin`) before its start.
+    fn attach(&self, name: &str, stdin: bool) -> impl Future<Output = Result<Attached>> + Send;
+    /// Resizes an interactive turn's terminal.
+    fn resize_tty(
+        &self,
+        name: &str,
+        columns: u16,
+        rows: u16,
+    ) -> impl Future<Output = Result<()>> + Send;
+    fn start_container(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Waits for a container to end; its exit code.
+    fn wait_container(&self, name: &str) -> impl Future<Output = Result<i64>> + Send;
+    /// Asks a container to stop, killing it after `grace`.
+    fn stop_container(
+        &self,
+        name: &str,
+        grace: Duration,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Removes a container (`force`: also a running one); a missing one is `Ok`.
+    fn remove_container(&self, name: &str, force: bool) -> impl Future<Output = Result<()>> + Send;
+    /// Runs a short helper container to completion and removes it: (exit code, stdout,
+    /// stderr).
+    fn run_to_completion(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> impl Future<Output = std::result::Result<(i64, String, String), CreateError>> + Send;
+    /// A container's output from its start, following it until it ends.
+    fn follow_logs(&self, name: &str) -> OutputStream;
+    /// An image by name; `None` when it is not on the backend's host.
+    fn inspect_image(&self, image: &str) -> impl Future<Output = Result<Option<ImageInfo>>> + Send;
+    fn create_volume(
+        &self,
+        name: &str,
+        labels: HashMap<String, String>,
+    ) -> impl Future<Output = Result<()>> + Send;
+    fn inspect_volume(&self, name: &str)
+        -> impl Future<Output = Result<Option<VolumeInfo>>> + Send;
+    fn list_volumes(
+        &self,
+        labels: &[String],
+    ) -> impl Future<Output = Result<Vec<VolumeInfo>>> + Send;
+    /// Removes a volume; a missing one is `Ok`.
+    fn remove_volume(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Creates a network (`internal`: no route out of it) with labels.
+    fn create_network(
+        &self,
+        name: &str,
+        internal: bool,
+        labels: HashMap<String, String>,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// The names of the networks carrying all of `labels`.
+    fn list_networks(&self, labels: &[String]) -> impl Future<Output = Result<Vec<String>>> + Send;
+    fn remove_network(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Connects a container to a network under an alias.
+    fn connect_network(
+        &self,
+        network: &str,
+        container: &str,
+        alias: &str,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Writes `files` under `dir` of a (created or stopped) container, owned by (uid, gid).
+    fn upload_files(
+        &self,
+        name: &str,
+        dir: &str,
+        files: &[TarFile<'_>],
+        owner: (u32, u32),
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Extracts a tar archive into `dir` of a (created or stopped) container.
+    fn upload_tar(
+        &self,
+        name: &str,
+        dir: &str,
+        tar: Vec<u8>,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// One file of a (created or stopped) container; `None` when it does not exist.
+    fn download_file(
+        &self,
+        name: &str,
+        path: &str,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
+    /// A path of a (created or stopped) container as a tar archive; `None` when missing.
+    fn download_tar(
+        &self,
+        name: &str,
+        path: &str,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
+}
+
+/// Why a container could not be created.
+#[derive(Debug)]
+pub enum CreateError {
+    /// A container of that name exists already (the backend enforces names atomically).
+    NameTaken,
+    /// The image to run is not on the backend's host.
+    ImageMissing(Error),
+    Other(Error),
+}
+
+impl From<CreateError> for Error {
+    fn from(e: CreateError) -> Error {
+        match e {
+            CreateError::NameTaken => Error::environment("a container of that name exists already"),
+            CreateError::ImageMissing(e) | CreateError::Other(e) => e,
+        }
+    }
+}
 
 /// One file to write: a path relative to the upload directory, its bytes and mode.
 #[derive(Debug, Clone)]

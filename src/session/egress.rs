@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 
 use super::turn::{busy, image_hint};
-use crate::backend::docker::{CreateError, DockerBackend};
+use crate::backend::{Backend, CreateError};
 use crate::backend::{HelperSpec, NetworkPolicy, OutputChunk};
 use crate::dirs;
 use crate::error::Result;
@@ -26,7 +26,7 @@ pub(super) struct Egress {
 
 impl Egress {
     pub(super) async fn start(
-        backend: &DockerBackend,
+        backend: &impl Backend,
         record: &SessionRecord,
         allow: &[String],
     ) -> Result<Egress> {
@@ -85,14 +85,14 @@ impl Egress {
         Ok(e)
     }
 
-    pub(super) async fn stop(&self, backend: &DockerBackend) {
+    pub(super) async fn stop(&self, backend: &impl Backend) {
         let _ = backend.remove_container(&self.proxy, true).await;
         let _ = backend.remove_network(&self.network).await;
     }
 
     /// Removes the session's other proxies and egress networks: once this turn holds the
     /// session's lock, they are leftovers of turns whose caw-box was killed.
-    pub(super) async fn remove_leftovers(&self, backend: &DockerBackend, record: &SessionRecord) {
+    pub(super) async fn remove_leftovers(&self, backend: &impl Backend, record: &SessionRecord) {
         let filter = [
             format!("{}={}", labels::SESSION, record.session_id),
             format!("{}={}", labels::ROLE, roles::PROXY),
@@ -111,7 +111,7 @@ impl Egress {
 }
 
 /// The targets the proxy refused during the turn, from its JSON log lines.
-pub(super) async fn refused_by_proxy(backend: &DockerBackend, proxy: &str) -> Vec<String> {
+pub(super) async fn refused_by_proxy(backend: &impl Backend, proxy: &str) -> Vec<String> {
     let mut logs = backend.follow_logs(proxy);
     let mut text = Vec::new();
     let read = async {

@@ -13,7 +13,7 @@ use super::turn::{
     append_event, handle_of, place_home_files, sleep_until, Interrupts, TurnContext,
     DEFAULT_CONNECT_TIMEOUT, STOP_GRACE,
 };
-use crate::backend::OutputChunk;
+use crate::backend::{Backend, OutputChunk};
 use crate::dirs;
 use crate::error::Result;
 use crate::event::{Event, Status, TurnResult};
@@ -27,7 +27,7 @@ const EXIT_MARKER: &str = "\u{1e}caw-box-exit ";
 
 /// Runs a headless turn in its created container, to its recorded end.
 pub(super) async fn drive_turn(
-    ctx: &TurnContext<'_>,
+    ctx: &TurnContext<'_, impl Backend>,
     record: &mut SessionRecord,
     interrupts: &mut Interrupts,
     sink: &mut dyn FnMut(&Event),

@@ -3,7 +3,7 @@
 //! entrypoint, else an upload), the turn-record volume, and the host's record cache.
 
 use super::runtime::HANDOFF_FIFO;
-use crate::backend::docker::DockerBackend;
+use crate::backend::Backend;
 use crate::backend::{ContainerState, TarFile};
 use crate::dirs;
 use crate::error::{Error, Result};
@@ -25,7 +25,7 @@ impl StoredHistory {
     /// container, which would hold up its start). Nothing to read when `record` already
     /// holds every earlier turn (turn 1, or a record completed from the host cache).
     pub(super) fn fetch(
-        backend: &DockerBackend,
+        backend: &impl Backend,
         name: &str,
         record: &SessionRecord,
         turn: u32,
@@ -70,7 +70,7 @@ pub(super) struct TurnLogs<'a> {
 /// record that only knows the latest turn (a session resumed from Docker labels alone) never
 /// loses the history of earlier turns.
 pub(super) async fn save_record(
-    backend: &DockerBackend,
+    backend: &impl Backend,
     name: &str,
     record: &mut SessionRecord,
     turn: u32,
@@ -155,7 +155,7 @@ pub(super) async fn save_record(
 
 /// Whether a turn's container is gone, or on its way (removed from outside: it no longer
 /// has its volumes).
-async fn being_removed(backend: &DockerBackend, name: &str) -> bool {
+async fn being_removed(backend: &impl Backend, name: &str) -> bool {
     match backend.inspect_container(name).await {
         Ok(None) => true,
         Ok(Some(c)) => matches!(c.state, ContainerState::Removing | ContainerState::Dead),
@@ -167,7 +167,7 @@ async fn being_removed(backend: &DockerBackend, name: &str) -> bool {
 /// ended, copies them into HOME and exits; returns whether it did. Cheaper than an upload
 /// through Docker's archive API after the container stopped.
 async fn hand_off(
-    backend: &DockerBackend,
+    backend: &impl Backend,
     name: &str,
     runtime_dir: &std::path::Path,
     files: &[TarFile<'_>],
@@ -211,10 +211,7 @@ async fn hand_off(
 /// Creates the session's turn-record volume for its latest turn; returns the names of the
 /// older ones, for the caller to remove: the new one exists before the old ones go, so a
 /// listing never finds none.
-async fn write_turn_summary(
-    backend: &DockerBackend,
-    record: &SessionRecord,
-) -> Result<Vec<String>> {
+async fn write_turn_summary(backend: &impl Backend, record: &SessionRecord) -> Result<Vec<String>> {
     let Some(last) = record.turns.last() else {
         return Ok(Vec::new());
     };

@@ -24,7 +24,7 @@ use super::runtime::STOP_REQUEST;
 use super::turn::{
     append_event, handle_of, place_home_files, sleep_until, Interrupts, TurnContext, STOP_GRACE,
 };
-use crate::backend::docker::DockerBackend;
+use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::terminal::{self, Keys, RawMode};
@@ -34,7 +34,7 @@ use crate::terminal::{self, Keys, RawMode};
 const RESUME_KEY_FILE: &str = "resume-key";
 
 pub(super) async fn drive(
-    ctx: &TurnContext<'_>,
+    ctx: &TurnContext<'_, impl Backend>,
     record: &mut SessionRecord,
     interrupts: &mut Interrupts,
     sink: &mut dyn FnMut(&Event),
@@ -202,7 +202,7 @@ pub(super) async fn drive(
 
 /// Gives the container's terminal the size of ours. Docker may refuse a resize for a
 /// moment after the start, so it is tried a few times.
-async fn follow_size(backend: &DockerBackend, name: &str) {
+async fn follow_size(backend: &impl Backend, name: &str) {
     let Some((columns, rows)) = terminal::size() else {
         return;
     };

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::runtime::{RUNTIME_MOUNT, STOP_REQUEST};
 use super::turn::{handle_of, STOP_GRACE};
-use crate::backend::docker::DockerBackend;
+use crate::backend::Backend;
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::event::TurnResult;
@@ -24,7 +24,7 @@ use crate::session::record::{labels, roles, SessionRecord, TurnRecord};
 use crate::session::target::{self, VolumeFacts};
 
 /// The running turn of every session that has one: session id -> turn number. One call.
-pub async fn running_turns(backend: &DockerBackend) -> Result<HashMap<Uuid, u32>> {
+pub async fn running_turns(backend: &impl Backend) -> Result<HashMap<Uuid, u32>> {
     let containers = backend
         .list_containers(&[
             format!("{}=true", labels::MANAGED),
@@ -59,7 +59,7 @@ pub fn running_refusal(id: Uuid, turn: u32) -> Error {
 /// Removes a session: its containers, egress networks, volumes (the state volume last) and
 /// host cache. A running turn is killed with it; callers that must not do that check
 /// [`running_turns`] first.
-pub async fn remove(backend: &DockerBackend, id: Uuid) -> Result<()> {
+pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
     backend
         .remove_container(&names::turn_container(id), true)
         .await?;
@@ -99,7 +99,7 @@ pub async fn remove(backend: &DockerBackend, id: Uuid) -> Result<()> {
 
 /// Stops session `id`'s running turn and returns once its driver recorded the turn (as
 /// interrupted) and released the session, which stays resumable. An error if no turn runs.
-pub async fn stop(backend: &DockerBackend, id: Uuid) -> Result<()> {
+pub async fn stop(backend: &impl Backend, id: Uuid) -> Result<()> {
     let container = names::turn_container(id);
     let inspect = backend
         .inspect_container(&container)
@@ -127,7 +127,7 @@ pub async fn stop(backend: &DockerBackend, id: Uuid) -> Result<()> {
 
 /// Waits until the session's running turn (if any) ended and was recorded, then returns
 /// the result of its latest recorded turn.
-pub async fn wait(backend: &DockerBackend, facts: &VolumeFacts) -> Result<TurnResult> {
+pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnResult> {
     let id = facts.session_id;
     let container = names::turn_container(id);
     let mut stopped_since: Option<Instant> = None;

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
-use crate::backend::{DockerBackend, HelperSpec, MountSpec, NetworkPolicy};
+use crate::backend::{Backend, HelperSpec, MountSpec, NetworkPolicy};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
@@ -49,7 +49,7 @@ struct Fetched {
 /// endpoint lists, or [`DEFAULT_ENDPOINT_MODEL`] when it keeps no list. Exit 2 (nothing
 /// created) when it cannot be asked or lists nothing, saying to pass `--model`.
 pub async fn discover(
-    backend: &DockerBackend,
+    backend: &impl Backend,
     provider: ProviderKind,
     settings: &SessionSettings,
     env: &[(String, String)],
@@ -113,7 +113,7 @@ fn choose(fetched: &Fetched, url: &str) -> Result<String> {
 /// Runs the fetch in a short hardened container on the session's network. The key reaches
 /// it the way it reaches a turn: through the entrypoint's env file, never container config.
 async fn fetch(
-    backend: &DockerBackend,
+    backend: &impl Backend,
     provider: ProviderKind,
     settings: &SessionSettings,
     env: &[(String, String)],

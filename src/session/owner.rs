@@ -1,7 +1,7 @@
 //! The ownership helper: hands a session's volumes to the uid:gid its turns run as.
 
 use super::turn::image_hint;
-use crate::backend::docker::DockerBackend;
+use crate::backend::Backend;
 use crate::backend::{HelperSpec, MountSpec, NetworkPolicy};
 use crate::dirs;
 use crate::error::{Error, Result};
@@ -12,10 +12,7 @@ use crate::session::record::{roles, SessionRecord, WorkspaceMode};
 /// Makes the session's volumes belong to the uid:gid this turn runs as, when they belong to
 /// someone else (a fresh volume is the image's 1000:1000): a short root helper container
 /// with only the capabilities chown needs, no network.
-pub(super) async fn ensure_owner(
-    backend: &DockerBackend,
-    record: &mut SessionRecord,
-) -> Result<()> {
+pub(super) async fn ensure_owner(backend: &impl Backend, record: &mut SessionRecord) -> Result<()> {
     let ids = dirs::agent_ids();
     if record.owner.unwrap_or((1000, 1000)) == ids {
         return Ok(());

@@ -18,7 +18,7 @@ use super::liveness::driver_is_gone;
 use super::owner::ensure_owner;
 use super::runtime::{RuntimeDir, HANDOFF_FIFO};
 use super::turn::{busy, image_hint, Interrupts, TurnContext, ENTRY_GRACE_SECS, STOP_GRACE};
-use crate::backend::docker::{CreateError, DockerBackend};
+use crate::backend::{Backend, CreateError};
 use crate::backend::{Limits, MountSpec, NetworkPolicy, TurnSpec};
 use crate::dirs;
 use crate::error::{Error, Result};
@@ -41,7 +41,7 @@ pub use super::turn::{
 /// Returns the turn's result; an `Err` means the turn could not be run at all (bad
 /// environment, busy session), in which case nothing about the session changed.
 pub async fn run_turn(
-    backend: &DockerBackend,
+    backend: &impl Backend,
     record: &mut SessionRecord,
     options: &TurnOptions,
     sink: &mut dyn FnMut(&Event),
@@ -259,7 +259,7 @@ fn turn_spec(
 
 /// Creates the turn's container, which is also the session's lock.
 async fn create_turn_container(
-    backend: &DockerBackend,
+    backend: &impl Backend,
     record: &SessionRecord,
     name: &str,
     spec: &TurnSpec,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use uuid::Uuid;
 
-use crate::backend::docker::{CreateError, DockerBackend};
+use crate::backend::{Backend, CreateError};
 use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, VolumeInfo};
 use crate::error::{Error, Result};
 use crate::provider::{ProviderKind, AGENT_HOME};
@@ -130,7 +130,7 @@ impl SessionView {
 }
 
 /// Every session on this Docker host, from one filtered Docker call.
-pub async fn list_sessions(backend: &DockerBackend) -> Result<Vec<SessionView>> {
+pub async fn list_sessions(backend: &impl Backend) -> Result<Vec<SessionView>> {
     let volumes = backend
         .list_volumes(&[format!("{}=true", labels::MANAGED)])
         .await?;
@@ -161,7 +161,7 @@ fn join_views(volumes: &[VolumeInfo]) -> Vec<SessionView> {
 }
 
 /// Resolves TARGET to a session and loads what its next turn needs.
-pub async fn resolve(backend: &DockerBackend, target: &str) -> Result<SessionRecord> {
+pub async fn resolve(backend: &impl Backend, target: &str) -> Result<SessionRecord> {
     Ok(resolve_view(backend, target).await?.record())
 }
 
@@ -190,7 +190,7 @@ pub fn parse_target(target: &str) -> Result<TargetSpec<'_>> {
 }
 
 /// Resolves TARGET (a handle, id, unique id prefix of 4+ characters, or name) to a session.
-pub async fn resolve_view(backend: &DockerBackend, target: &str) -> Result<SessionView> {
+pub async fn resolve_view(backend: &impl Backend, target: &str) -> Result<SessionView> {
     let handle = match parse_target(target)? {
         TargetSpec::Handle(handle) => handle,
         TargetSpec::Lookup(target) => return find_in(list_sessions(backend).await?, target),
@@ -270,7 +270,7 @@ pub fn find_in(all: Vec<SessionView>, target: &str) -> Result<SessionView> {
 }
 
 /// Checks a handle against Docker: its volume must exist and carry matching labels.
-async fn facts_for_handle(backend: &DockerBackend, handle: &ResumeHandle) -> Result<VolumeFacts> {
+async fn facts_for_handle(backend: &impl Backend, handle: &ResumeHandle) -> Result<VolumeFacts> {
     let volume = backend
         .inspect_volume(&handle.volume)
         .await?
@@ -311,7 +311,7 @@ fn cached_record(id: uuid::Uuid) -> Option<SessionRecord> {
 }
 
 /// Whether a session of that name exists already.
-pub async fn name_taken(backend: &DockerBackend, name: &str) -> Result<bool> {
+pub async fn name_taken(backend: &impl Backend, name: &str) -> Result<bool> {
     let mut filter = state_volume_filter();
     filter.push(format!("{}={name}", labels::NAME));
     Ok(!backend.list_volumes(&filter).await?.is_empty())
@@ -319,7 +319,7 @@ pub async fn name_taken(backend: &DockerBackend, name: &str) -> Result<bool> {
 
 /// The full record of a session, with every turn, read from its state volume.
 pub async fn read_record(
-    backend: &DockerBackend,
+    backend: &impl Backend,
     facts: &VolumeFacts,
 ) -> Result<Option<SessionRecord>> {
     let Some(bytes) = read_volume_file(backend, facts, RECORD_PATH).await? else {
@@ -331,7 +331,7 @@ pub async fn read_record(
 /// Reads a file (a path relative to HOME) from a session's state volume through a
 /// short-lived container that is created, never started, with the volume mounted.
 pub async fn read_volume_file(
-    backend: &DockerBackend,
+    backend: &impl Backend,
     facts: &VolumeFacts,
     path: &str,
 ) -> Result<Option<Vec<u8>>> {

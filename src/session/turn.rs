@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::backend::docker::{CreateError, DockerBackend};
 use crate::backend::TarFile;
+use crate::backend::{Backend, CreateError};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::event::{Event, Status, TurnResult};
@@ -116,8 +116,8 @@ pub(super) fn busy(record: &SessionRecord, turn: &str) -> Error {
 }
 
 /// What a turn's driver works with, once the turn's container exists.
-pub(super) struct TurnContext<'a> {
-    pub backend: &'a DockerBackend,
+pub(super) struct TurnContext<'a, B> {
+    pub backend: &'a B,
     /// The container's name (the session's lock).
     pub name: &'a str,
     pub turn: u32,
@@ -147,7 +147,7 @@ pub(super) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 /// Writes the adapter's config files into HOME (in the state volume), merging JSON files
 /// with what the CLI already keeps there.
 pub(super) async fn place_home_files(
-    backend: &DockerBackend,
+    backend: &impl Backend,
     name: &str,
     home_files: &[crate::provider::HomeFile],
 ) -> Result<()> {

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::backend::docker::{CreateError, DockerBackend};
+use crate::backend::{Backend, CreateError};
 use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, TarFile};
 use crate::error::{Error, Result};
 use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
@@ -125,7 +125,7 @@ fn holder(image: &str, session_id: Uuid, with_state: bool, read_only: bool) -> H
 }
 
 async fn with_holder<T>(
-    backend: &DockerBackend,
+    backend: &impl Backend,
     spec: HelperSpec,
     session_id: Uuid,
     f: impl AsyncFnOnce(&str) -> Result<T>,
@@ -147,7 +147,7 @@ async fn with_holder<T>(
 
 /// Creates the workspace volume of a new copy-mode session and fills it from `dir`.
 pub async fn populate(
-    backend: &DockerBackend,
+    backend: &impl Backend,
     session_id: Uuid,
     provider: crate::provider::ProviderKind,
     image: &str,
@@ -202,7 +202,7 @@ fn require_copy_mode(facts: &VolumeFacts) -> Result<()> {
 }
 
 /// The workspace volume's current tree, as Docker archives it (entries under `workspace/`).
-async fn current_tree(backend: &DockerBackend, facts: &VolumeFacts) -> Result<Vec<u8>> {
+async fn current_tree(backend: &impl Backend, facts: &VolumeFacts) -> Result<Vec<u8>> {
     with_holder(
         backend,
         holder(&facts.settings.image, facts.session_id, false, true),
@@ -219,7 +219,7 @@ async fn current_tree(backend: &DockerBackend, facts: &VolumeFacts) -> Result<Ve
 
 /// Writes the workspace to `dir` (which must be empty or absent, unless `force`).
 pub async fn export(
-    backend: &DockerBackend,
+    backend: &impl Backend,
     facts: &VolumeFacts,
     dir: &Path,
     force: bool,
@@ -273,7 +273,7 @@ pub async fn export(
 /// What the agent changed: `git status` + `git diff` for a repository, else `A`/`M`/`D`
 /// lines against the tree as it was copied.
 pub async fn diff(
-    backend: &DockerBackend,
+    backend: &impl Backend,
     facts: &VolumeFacts,
     (uid, gid): (u32, u32),
 ) -> Result<String> {
@@ -360,7 +360,7 @@ pub async fn diff(
     Ok(out)
 }
 
-async fn read_base(backend: &DockerBackend, facts: &VolumeFacts) -> Result<Base> {
+async fn read_base(backend: &impl Backend, facts: &VolumeFacts) -> Result<Base> {
     let bytes = crate::session::target::read_volume_file(backend, facts, BASE_PATH)
         .await?
         .ok_or_else(|| {

@@ -11,6 +11,7 @@
 //! - `volumes.rs`: volumes and networks
 //! - `images.rs`: inspect, build, list
 //! - `archive.rs`: files in and out of containers, and the tar helpers
+//! - `seam.rs`: [`crate::backend::Backend`] for Docker, over the methods above
 
 use std::time::Duration;
 
@@ -23,9 +24,11 @@ mod api_version;
 mod archive;
 mod containers;
 mod images;
+mod seam;
 mod spec;
 mod volumes;
 
+pub use super::CreateError;
 pub use archive::{build_tar, first_file};
 pub use images::{BuildEvent, BuildSpec, BuildStream};
 
@@ -38,25 +41,6 @@ const PING_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct DockerBackend {
     docker: Docker,
-}
-
-/// Why a container could not be created.
-#[derive(Debug)]
-pub enum CreateError {
-    /// A container of that name exists already (Docker enforces names atomically).
-    NameTaken,
-    /// The image to run is not on the Docker host.
-    ImageMissing(Error),
-    Other(Error),
-}
-
-impl From<CreateError> for Error {
-    fn from(e: CreateError) -> Error {
-        match e {
-            CreateError::NameTaken => Error::environment("a container of that name exists already"),
-            CreateError::ImageMissing(e) | CreateError::Other(e) => e,
-        }
-    }
 }
 
 fn docker_host() -> String {

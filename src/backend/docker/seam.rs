@@ -1,0 +1,138 @@
+//! [`Backend`] for Docker: each operation is the [`DockerBackend`] method of the same name.
+//! The inherent methods stay, for the commands that use Docker-only operations beside them
+//! (image builds, `doctor`).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::{CreateError, DockerBackend};
+use crate::backend::{
+    Attached, Backend, ContainerInfo, HelperSpec, ImageInfo, OutputStream, TarFile, TurnSpec,
+    VolumeInfo,
+};
+use crate::error::Result;
+
+impl Backend for DockerBackend {
+    async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>> {
+        DockerBackend::list_containers(self, labels).await
+    }
+
+    async fn create_turn(
+        &self,
+        name: &str,
+        spec: &TurnSpec,
+    ) -> std::result::Result<String, CreateError> {
+        DockerBackend::create_turn(self, name, spec).await
+    }
+
+    async fn create_helper(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<String, CreateError> {
+        DockerBackend::create_helper(self, name, spec).await
+    }
+
+    async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
+        DockerBackend::inspect_container(self, name).await
+    }
+
+    async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {
+        DockerBackend::attach(self, name, stdin).await
+    }
+
+    async fn resize_tty(&self, name: &str, columns: u16, rows: u16) -> Result<()> {
+        DockerBackend::resize_tty(self, name, columns, rows).await
+    }
+
+    async fn start_container(&self, name: &str) -> Result<()> {
+        DockerBackend::start_container(self, name).await
+    }
+
+    async fn wait_container(&self, name: &str) -> Result<i64> {
+        DockerBackend::wait_container(self, name).await
+    }
+
+    async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
+        DockerBackend::stop_container(self, name, grace).await
+    }
+
+    async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
+        DockerBackend::remove_container(self, name, force).await
+    }
+
+    async fn run_to_completion(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<(i64, String, String), CreateError> {
+        DockerBackend::run_to_completion(self, name, spec).await
+    }
+
+    fn follow_logs(&self, name: &str) -> OutputStream {
+        DockerBackend::follow_logs(self, name)
+    }
+
+    async fn inspect_image(&self, image: &str) -> Result<Option<ImageInfo>> {
+        DockerBackend::inspect_image(self, image).await
+    }
+
+    async fn create_volume(&self, name: &str, labels: HashMap<String, String>) -> Result<()> {
+        DockerBackend::create_volume(self, name, labels).await
+    }
+
+    async fn inspect_volume(&self, name: &str) -> Result<Option<VolumeInfo>> {
+        DockerBackend::inspect_volume(self, name).await
+    }
+
+    async fn list_volumes(&self, labels: &[String]) -> Result<Vec<VolumeInfo>> {
+        DockerBackend::list_volumes(self, labels).await
+    }
+
+    async fn remove_volume(&self, name: &str) -> Result<()> {
+        DockerBackend::remove_volume(self, name).await
+    }
+
+    async fn create_network(
+        &self,
+        name: &str,
+        internal: bool,
+        labels: HashMap<String, String>,
+    ) -> Result<()> {
+        DockerBackend::create_network(self, name, internal, labels).await
+    }
+
+    async fn list_networks(&self, labels: &[String]) -> Result<Vec<String>> {
+        DockerBackend::list_networks(self, labels).await
+    }
+
+    async fn remove_network(&self, name: &str) -> Result<()> {
+        DockerBackend::remove_network(self, name).await
+    }
+
+    async fn connect_network(&self, network: &str, container: &str, alias: &str) -> Result<()> {
+        DockerBackend::connect_network(self, network, container, alias).await
+    }
+
+    async fn upload_files(
+        &self,
+        name: &str,
+        dir: &str,
+        files: &[TarFile<'_>],
+        owner: (u32, u32),
+    ) -> Result<()> {
+        DockerBackend::upload_files(self, name, dir, files, owner).await
+    }
+
+    async fn upload_tar(&self, name: &str, dir: &str, tar: Vec<u8>) -> Result<()> {
+        DockerBackend::upload_tar(self, name, dir, tar).await
+    }
+
+    async fn download_file(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
+        DockerBackend::download_file(self, name, path).await
+    }
+
+    async fn download_tar(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
+        DockerBackend::download_tar(self, name, path).await
+    }
+}
