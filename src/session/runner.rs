@@ -396,4 +396,238 @@ mod tests {
         assert_eq!(e.exit_code(), 3);
         assert!(e.message.contains("does not exist"), "{}", e.message);
     }
+
+    /// A backend that holds one turn container (or none) and records what it was asked to
+    /// do: enough to check how a turn takes the session's lock.
+    #[derive(Clone, Default)]
+    struct FakeBackend(std::sync::Arc<std::sync::Mutex<Fake>>);
+
+    #[derive(Default)]
+    struct Fake {
+        /// The container under the turn's name, if any.
+        existing: Option<ContainerInfo>,
+        image_missing: bool,
+        calls: Vec<String>,
+    }
+
+    impl FakeBackend {
+        fn calls(&self) -> Vec<String> {
+            self.0.lock().unwrap().calls.clone()
+        }
+        fn log(&self, call: String) {
+            self.0.lock().unwrap().calls.push(call);
+        }
+    }
+
+    use crate::backend::{
+        Attached, Backend, ContainerInfo, ContainerState, HelperSpec, ImageInfo, OutputStream,
+        TarFile, VolumeInfo,
+    };
+    use std::collections::HashMap;
+
+    /// The operations a lock does not use are not expected.
+    macro_rules! unexpected {
+        ($what:literal) => {
+            unreachable!(concat!("the lock does not ", $what))
+        };
+    }
+
+    impl Backend for FakeBackend {
+        async fn create_turn(
+            &self,
+            name: &str,
+            spec: &TurnSpec,
+        ) -> std::result::Result<String, CreateError> {
+            self.log(format!("create {name}"));
+            let mut fake = self.0.lock().unwrap();
+            if fake.image_missing {
+                return Err(CreateError::ImageMissing(Error::environment(
+                    "no such image",
+                )));
+            }
+            if fake.existing.is_some() {
+                return Err(CreateError::NameTaken);
+            }
+            fake.existing = Some(ContainerInfo {
+                name: name.to_string(),
+                labels: spec.labels.clone(),
+                state: ContainerState::Created,
+                ..Default::default()
+            });
+            Ok("id".into())
+        }
+        async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
+            self.log(format!("inspect {name}"));
+            Ok(self.0.lock().unwrap().existing.clone())
+        }
+        async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
+            self.log(format!("remove {name} force={force}"));
+            self.0.lock().unwrap().existing = None;
+            Ok(())
+        }
+        async fn list_containers(&self, _: &[String]) -> Result<Vec<ContainerInfo>> {
+            unexpected!("list containers")
+        }
+        async fn create_helper(
+            &self,
+            _: &str,
+            _: &HelperSpec,
+        ) -> std::result::Result<String, CreateError> {
+            unexpected!("create helpers")
+        }
+        async fn attach(&self, _: &str, _: bool) -> Result<Attached> {
+            unexpected!("attach")
+        }
+        async fn resize_tty(&self, _: &str, _: u16, _: u16) -> Result<()> {
+            unexpected!("resize")
+        }
+        async fn start_container(&self, _: &str) -> Result<()> {
+            unexpected!("start")
+        }
+        async fn wait_container(&self, _: &str) -> Result<i64> {
+            unexpected!("wait")
+        }
+        async fn stop_container(&self, _: &str, _: std::time::Duration) -> Result<()> {
+            unexpected!("stop")
+        }
+        async fn run_to_completion(
+            &self,
+            _: &str,
+            _: &HelperSpec,
+        ) -> std::result::Result<(i64, String, String), CreateError> {
+            unexpected!("run helpers")
+        }
+        fn follow_logs(&self, _: &str) -> OutputStream {
+            unexpected!("follow logs")
+        }
+        async fn inspect_image(&self, _: &str) -> Result<Option<ImageInfo>> {
+            unexpected!("inspect images")
+        }
+        async fn create_volume(&self, _: &str, _: HashMap<String, String>) -> Result<()> {
+            unexpected!("create volumes")
+        }
+        async fn inspect_volume(&self, _: &str) -> Result<Option<VolumeInfo>> {
+            unexpected!("inspect volumes")
+        }
+        async fn list_volumes(&self, _: &[String]) -> Result<Vec<VolumeInfo>> {
+            unexpected!("list volumes")
+        }
+        async fn remove_volume(&self, _: &str) -> Result<()> {
+            unexpected!("remove volumes")
+        }
+        async fn create_network(&self, _: &str, _: bool, _: HashMap<String, String>) -> Result<()> {
+            unexpected!("create networks")
+        }
+        async fn list_networks(&self, _: &[String]) -> Result<Vec<String>> {
+            unexpected!("list networks")
+        }
+        async fn remove_network(&self, _: &str) -> Result<()> {
+            unexpected!("remove networks")
+        }
+        async fn connect_network(&self, _: &str, _: &str, _: &str) -> Result<()> {
+            unexpected!("connect networks")
+        }
+        async fn upload_files(
+            &self,
+            _: &str,
+            _: &str,
+            _: &[TarFile<'_>],
+            _: (u32, u32),
+        ) -> Result<()> {
+            unexpected!("upload")
+        }
+        async fn upload_tar(&self, _: &str, _: &str, _: Vec<u8>) -> Result<()> {
+            unexpected!("upload")
+        }
+        async fn download_file(&self, _: &str, _: &str) -> Result<Option<Vec<u8>>> {
+            unexpected!("download")
+        }
+        async fn download_tar(&self, _: &str, _: &str) -> Result<Option<Vec<u8>>> {
+            unexpected!("download")
+        }
+    }
+
+    /// A turn container left by a driver: running or not, and whose driver is this process
+    /// (alive) or a pid that cannot exist (gone).
+    fn left_by(turn: u32, state: ContainerState, driver_alive: bool) -> ContainerInfo {
+        let pid = if driver_alive {
+            std::process::id().to_string()
+        } else {
+            "999999999".to_string()
+        };
+        ContainerInfo {
+            labels: HashMap::from([
+                (labels::TURN.to_string(), turn.to_string()),
+                (labels::DRIVER_PID.to_string(), pid),
+                (labels::DRIVER_HOST.to_string(), dirs::host_name()),
+            ]),
+            state,
+            ..Default::default()
+        }
+    }
+
+    /// The lock, against the neutral backend: a free name is taken; a running turn, or a
+    /// stopped one whose driver lives, is busy (nothing removed); a dead driver's leftover
+    /// is removed and the name taken; a missing image is the missing-image error.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_turn_takes_the_lock_or_says_who_holds_it() {
+        let r = record("open");
+        let name = container_name(&r);
+        let spec = turn_spec(&r, 5, "img", vec![], vec![], std::path::Path::new("/tmp")).unwrap();
+
+        let free = FakeBackend::default();
+        create_turn_container(&free, &r, &name, &spec)
+            .await
+            .unwrap();
+        assert_eq!(free.calls(), vec![format!("create {name}")]);
+        let taken = free.0.lock().unwrap().existing.clone().unwrap();
+        assert_eq!(taken.label(labels::TURN), Some("5"));
+
+        for (state, alive) in [
+            (ContainerState::Running, false),
+            (ContainerState::Exited, true),
+            (ContainerState::Created, true),
+        ] {
+            let busy = FakeBackend::default();
+            busy.0.lock().unwrap().existing = Some(left_by(4, state, alive));
+            let e = create_turn_container(&busy, &r, &name, &spec)
+                .await
+                .unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{state:?}");
+            assert!(e.message.contains("is busy: turn 4"), "{}", e.message);
+            assert!(
+                !busy.calls().iter().any(|c| c.starts_with("remove")),
+                "{state:?}: {:?}",
+                busy.calls()
+            );
+        }
+
+        let leftover = FakeBackend::default();
+        leftover.0.lock().unwrap().existing = Some(left_by(4, ContainerState::Exited, false));
+        create_turn_container(&leftover, &r, &name, &spec)
+            .await
+            .unwrap();
+        assert_eq!(
+            leftover.calls(),
+            vec![
+                format!("create {name}"),
+                format!("inspect {name}"),
+                format!("remove {name} force=true"),
+                format!("create {name}"),
+            ]
+        );
+
+        let no_image = FakeBackend::default();
+        no_image.0.lock().unwrap().image_missing = true;
+        let e = create_turn_container(&no_image, &r, &name, &spec)
+            .await
+            .unwrap_err();
+        assert_eq!(e.exit_code(), 3);
+        assert!(
+            e.message
+                .contains("image 'caw-box/codex:latest' is not present"),
+            "{}",
+            e.message
+        );
+    }
 }
