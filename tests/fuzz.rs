@@ -686,7 +686,10 @@ fn check_turn(provider: ProviderKind, turn: &Turn) -> Result<(), TestCaseError> 
     let mut events = Vec::new();
     for line in &turn.lines {
         parser.parse_line(line, &mut events);
+        // The same text as a stderr line (where opencode and gemini report retries).
+        parser.parse_stderr_line(line);
         let _ = parser.resume_key();
+        let _ = parser.unreachable();
     }
     let outcome = parser.finish(turn.exit_code);
     for event in &events {
@@ -696,7 +699,7 @@ fn check_turn(provider: ProviderKind, turn: &Turn) -> Result<(), TestCaseError> 
     prop_assert!(
         !matches!(
             outcome.status,
-            Status::Running | Status::Timeout | Status::Interrupted
+            Status::Running | Status::Timeout | Status::Interrupted | Status::Unreachable
         ),
         "{:?}",
         outcome.status
