@@ -189,6 +189,32 @@ pub enum OutputFormat {
     StreamJson,
 }
 
+impl From<OutputFormat> for crate::output::Format {
+    fn from(f: OutputFormat) -> Self {
+        match f {
+            OutputFormat::Text => crate::output::Format::Text,
+            OutputFormat::Json => crate::output::Format::Json,
+            OutputFormat::StreamJson => crate::output::Format::StreamJson,
+        }
+    }
+}
+
+/// `auth collect --store`: where caw-box keeps the secrets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreArg {
+    Files,
+    Keyring,
+}
+
+impl From<StoreArg> for crate::auth::store::StoreKind {
+    fn from(s: StoreArg) -> Self {
+        match s {
+            StoreArg::Files => crate::auth::store::StoreKind::Files,
+            StoreArg::Keyring => crate::auth::store::StoreKind::Keyring,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WorkspaceModeArg {
     Bind,
@@ -301,7 +327,7 @@ pub enum AuthCommand {
         provider: Vec<String>,
         /// Where caw-box keeps the secrets: private files, or the OS keyring.
         #[arg(long, value_enum, default_value = "files")]
-        store: crate::auth::store::Backend,
+        store: StoreArg,
     },
     /// What is stored, from where, when, and when it expires.
     #[command(after_help = "Examples:\n  caw-box auth status\n  caw-box auth status --json")]

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use crate::backend::DockerBackend;
+use crate::backend::Engine;
 use crate::error::{Error, Result};
 use crate::event::{Event, TurnResult};
 use crate::provider::ProviderKind;
@@ -38,7 +38,7 @@ use crate::session::{lifecycle, target};
 /// A connection to the Docker daemon that sessions run on.
 #[derive(Debug, Clone)]
 pub struct Client {
-    backend: DockerBackend,
+    backend: Engine,
 }
 
 /// What a new session is started with.
@@ -80,7 +80,7 @@ impl TurnOptions {
 /// An open session: its record, ready for the next turn.
 #[derive(Debug)]
 pub struct Session {
-    backend: DockerBackend,
+    backend: Engine,
     record: SessionRecord,
 }
 
@@ -88,11 +88,11 @@ impl Client {
     /// Connects to the Docker daemon (DOCKER_HOST or the local socket).
     pub async fn connect() -> Result<Self> {
         Ok(Client {
-            backend: DockerBackend::connect().await?,
+            backend: crate::backend::connect().await?,
         })
     }
 
-    pub fn backend(&self) -> &DockerBackend {
+    pub fn backend(&self) -> &Engine {
         &self.backend
     }
 

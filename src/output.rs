@@ -5,14 +5,28 @@
 //! about it (progress, the resume line, errors), so `caw-box run ... > answer.txt` works.
 
 use std::io::{self, Write};
+use std::time::Duration;
 
-use crate::cli::OutputFormat;
+use indicatif::{ProgressBar, ProgressStyle};
+
 use crate::event::{Event, TurnResult};
+
+/// How a turn's events are written (SPEC.md "Output formats").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    /// The answer and tool calls, readable, streaming.
+    #[default]
+    Text,
+    /// One JSON object when the turn ends.
+    Json,
+    /// One unified event per line.
+    StreamJson,
+}
 
 /// Renders one turn's events.
 #[derive(Debug)]
 pub struct Printer {
-    format: OutputFormat,
+    format: Format,
     quiet: bool,
     verbose: bool,
     /// Whether the last thing written to stdout in text mode ended a line.
@@ -20,9 +34,9 @@ pub struct Printer {
 }
 
 impl Printer {
-    pub fn new(format: OutputFormat, quiet: bool, verbose: bool) -> Self {
+    pub fn new(format: impl Into<Format>, quiet: bool, verbose: bool) -> Self {
         Printer {
-            format,
+            format: format.into(),
             quiet,
             verbose,
             at_line_start: true,
@@ -31,7 +45,7 @@ impl Printer {
 
     /// A progress line on stderr (text mode, not quiet).
     pub fn progress(&self, message: &str) {
-        if !self.quiet && self.format == OutputFormat::Text {
+        if !self.quiet && self.format == Format::Text {
             let _ = writeln!(io::stderr(), "{message}");
         }
     }
@@ -39,12 +53,12 @@ impl Printer {
     pub fn event(&mut self, event: &Event) {
         let mut out = io::stdout().lock();
         let _ = match self.format {
-            OutputFormat::StreamJson => write_json_line(&mut out, event),
-            OutputFormat::Json => match event {
+            Format::StreamJson => write_json_line(&mut out, event),
+            Format::Json => match event {
                 Event::Result { result } => write_json_line(&mut out, result),
                 _ => Ok(()),
             },
-            OutputFormat::Text => self.text(&mut out, event),
+            Format::Text => self.text(&mut out, event),
         };
         let _ = out.flush();
     }
@@ -155,6 +169,80 @@ pub fn eprintln(line: &str) {
     let _ = writeln!(io::stderr(), "{line}");
 }
 
+/// Writes bytes to stdout as they are (a stored transcript, a diff).
+pub fn write_stdout(bytes: &[u8]) {
+    let mut out = io::stdout().lock();
+    let _ = out.write_all(bytes);
+    let _ = out.flush();
+}
+
+/// Writes text to stderr as it is (a build's log under `-v`).
+pub fn write_stderr(text: &str) {
+    let _ = io::stderr().write_all(text.as_bytes());
+}
+
+/// Runs `write` with stdout (for generators that take a writer, such as completions).
+pub fn with_stdout(write: impl FnOnce(&mut dyn Write)) {
+    let mut out = io::stdout().lock();
+    write(&mut out);
+    let _ = out.flush();
+}
+
+/// Prints rows as aligned columns on stdout.
+pub fn print_table<const N: usize>(rows: &[[String; N]]) {
+    for line in table_lines(rows) {
+        println(&line);
+    }
+}
+
+fn table_lines<const N: usize>(rows: &[[String; N]]) -> Vec<String> {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    rows.iter()
+        .map(|row| {
+            let cells: Vec<String> = row
+                .iter()
+                .enumerate()
+                .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+                .collect();
+            cells.join("   ").trim_end().to_string()
+        })
+        .collect()
+}
+
+/// A spinner on stderr for long work: `{spinner} PREFIX MESSAGE ELAPSED`, cleared when
+/// finished. Hidden when `shown` is false (quiet, verbose, or not wanted).
+#[derive(Debug)]
+pub struct Spinner(ProgressBar);
+
+impl Spinner {
+    pub fn new(prefix: String, shown: bool) -> Self {
+        if !shown {
+            return Spinner(ProgressBar::hidden());
+        }
+        let pb = ProgressBar::new_spinner();
+        pb.set_style(
+            ProgressStyle::with_template("{spinner} {prefix} {wide_msg} {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        pb.set_prefix(prefix);
+        pb.enable_steady_tick(Duration::from_millis(120));
+        Spinner(pb)
+    }
+
+    pub fn set_message(&self, message: String) {
+        self.0.set_message(message);
+    }
+
+    pub fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+}
+
 /// Prints one JSON object on one line of stdout.
 pub fn print_json_line(value: &impl serde::Serialize) {
     let mut out = io::stdout().lock();
@@ -171,6 +259,19 @@ pub fn print_json(value: &impl serde::Serialize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn table_columns_are_aligned_and_lines_trimmed() {
+        let rows = [
+            ["ID".to_string(), "NAME".to_string(), "X".to_string()],
+            ["abc".to_string(), "".to_string(), "1".to_string()],
+            ["a".to_string(), "longer".to_string(), "".to_string()],
+        ];
+        assert_eq!(
+            table_lines(&rows),
+            ["ID    NAME     X", "abc            1", "a     longer"]
+        );
+    }
 
     #[test]
     fn tool_input_summary_prefers_the_command() {

@@ -67,6 +67,22 @@ pub fn reset_after_kill() {
     let _ = out.flush();
 }
 
+/// Where a full-screen program in the container draws: the user's terminal, byte for byte.
+#[derive(Debug)]
+pub struct Screen(std::io::Stdout);
+
+impl Screen {
+    pub fn stdout() -> Self {
+        Screen(std::io::stdout())
+    }
+
+    /// Shows what the program wrote, at once.
+    pub fn show(&mut self, bytes: &[u8]) {
+        let _ = self.0.write_all(bytes);
+        let _ = self.0.flush();
+    }
+}
+
 /// What is typed on stdin, in chunks as they arrive; `None` once stdin ends.
 #[derive(Debug)]
 pub struct Keys {

@@ -42,15 +42,15 @@ pub struct Manifest {
     /// Where the secrets are: `files` (in this directory) or `keyring` (the OS keyring;
     /// this directory then holds only the manifest).
     #[serde(default)]
-    pub store: Backend,
+    pub store: StoreKind,
     #[serde(default)]
     pub items: Vec<Item>,
 }
 
 /// Where a provider's secrets are kept.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Backend {
+pub enum StoreKind {
     #[default]
     Files,
     Keyring,
@@ -149,7 +149,7 @@ impl Store {
 
     /// The stored file at `target` (under HOME), if any.
     pub fn file(&self, p: ProviderKind, target: &str) -> Option<Secret> {
-        if self.manifest(p).store == Backend::Keyring {
+        if self.manifest(p).store == StoreKind::Keyring {
             return crate::auth::keyring::read(
                 KEYRING_SERVICE,
                 &keyring_account(p, &format!("file:{target}")),
@@ -163,7 +163,7 @@ impl Store {
     }
 
     fn put_file(&self, p: ProviderKind, target: &str, secret: &Secret) -> Result<()> {
-        if self.manifest(p).store == Backend::Keyring {
+        if self.manifest(p).store == StoreKind::Keyring {
             return crate::auth::keyring::write(
                 KEYRING_SERVICE,
                 &keyring_account(p, &format!("file:{target}")),
@@ -191,7 +191,7 @@ impl Store {
 
     /// The stored API-key variables.
     pub fn env(&self, p: ProviderKind) -> Vec<(String, Secret)> {
-        let bytes = if self.manifest(p).store == Backend::Keyring {
+        let bytes = if self.manifest(p).store == StoreKind::Keyring {
             match crate::auth::keyring::read(KEYRING_SERVICE, &keyring_account(p, "env")) {
                 Ok(Some(s)) => s.expose().to_vec(),
                 _ => return Vec::new(),
@@ -223,7 +223,7 @@ impl Store {
             bytes.extend_from_slice(v.expose());
             bytes.push(0);
         }
-        if self.manifest(p).store == Backend::Keyring {
+        if self.manifest(p).store == StoreKind::Keyring {
             return crate::auth::keyring::write(
                 KEYRING_SERVICE,
                 &keyring_account(p, "env"),
@@ -242,7 +242,7 @@ impl Store {
     pub fn remove(&self, p: ProviderKind) -> Result<bool> {
         let _lock = self.lock()?;
         let manifest = self.manifest(p);
-        if manifest.store == Backend::Keyring {
+        if manifest.store == StoreKind::Keyring {
             self.forget_keyring(p, &manifest)?;
         }
         let dir = self.provider_dir(p);
@@ -267,10 +267,10 @@ impl Store {
         crate::auth::keyring::delete(KEYRING_SERVICE, &keyring_account(p, "env"))
     }
 
-    /// Moves `p`'s secrets to `backend` (a no-op when they are there already).
-    fn switch_backend(&self, p: ProviderKind, backend: Backend) -> Result<()> {
+    /// Moves `p`'s secrets to `kind` (a no-op when they are there already).
+    fn switch_store(&self, p: ProviderKind, kind: StoreKind) -> Result<()> {
         let mut manifest = self.manifest(p);
-        if manifest.store == backend {
+        if manifest.store == kind {
             return Ok(());
         }
         // Read everything from where it is, write it where it goes, then forget the old.
@@ -281,7 +281,7 @@ impl Store {
             .collect();
         let vars = self.env(p);
         let old = manifest.clone();
-        manifest.store = backend;
+        manifest.store = kind;
         self.save_manifest(p, &manifest)?;
         for (t, s) in &files {
             self.put_file(p, t, s)?;
@@ -290,8 +290,8 @@ impl Store {
             self.put_env(p, &vars)?;
         }
         match old.store {
-            Backend::Keyring => self.forget_keyring(p, &old)?,
-            Backend::Files => {
+            StoreKind::Keyring => self.forget_keyring(p, &old)?,
+            StoreKind::Files => {
                 let _ = fs::remove_dir_all(self.provider_dir(p).join("home"));
                 let _ = fs::remove_file(self.provider_dir(p).join("env"));
             }
@@ -314,13 +314,13 @@ pub struct CollectReport {
 pub fn collect(
     store: &Store,
     p: ProviderKind,
-    backend: Backend,
+    keep_in: StoreKind,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<CollectReport> {
     let spec = Spec::of(p);
     let _lock = store.lock()?;
     dirs::ensure_private_dir(&store.provider_dir(p))?;
-    store.switch_backend(p, backend)?;
+    store.switch_store(p, keep_in)?;
     let mut manifest = store.manifest(p);
     let mut report = CollectReport::default();
     let now = now_secs();
@@ -445,7 +445,7 @@ pub fn collect(
         }
     }
     // The manifest says where secrets go: save it before the first write.
-    manifest.store = backend;
+    manifest.store = keep_in;
     store.save_manifest(p, &manifest)?;
     if !env_items.is_empty() {
         store.put_env(p, &vars)?;

@@ -36,6 +36,15 @@ pub mod docker;
 
 pub use docker::DockerBackend;
 
+/// The backend caw-box runs sessions on. Docker is the only one today; a second backend
+/// makes this an enum that dispatches, chosen here and nowhere else.
+pub type Engine = DockerBackend;
+
+/// Connects to the chosen backend (see [`Engine`]).
+pub async fn connect() -> Result<Engine> {
+    DockerBackend::connect().await
+}
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;

@@ -22,11 +22,11 @@ fn providers(names: &[String]) -> Result<Vec<ProviderKind>> {
     Ok(ps)
 }
 
-pub fn collect(names: &[String], backend: store::Backend, quiet: bool) -> Result<i32> {
+pub fn collect(names: &[String], kind: store::StoreKind, quiet: bool) -> Result<i32> {
     let store = Store::open()?;
     let env = |k: &str| std::env::var(k).ok();
     for p in providers(names)? {
-        let report = store::collect(&store, p, backend, &env)?;
+        let report = store::collect(&store, p, kind, &env)?;
         for w in &report.warnings {
             output::eprintln(&format!("warning: {p}: {w}"));
         }
@@ -47,9 +47,9 @@ pub fn collect(names: &[String], backend: store::Backend, quiet: bool) -> Result
         }
     }
     if !quiet {
-        output::eprintln(&match backend {
-            store::Backend::Files => format!("stored in {}", store.root().display()),
-            store::Backend::Keyring => format!(
+        output::eprintln(&match kind {
+            store::StoreKind::Files => format!("stored in {}", store.root().display()),
+            store::StoreKind::Keyring => format!(
                 "secrets stored in the OS keyring (service '{}'); manifest in {}",
                 store::KEYRING_SERVICE,
                 store.root().display()
@@ -162,7 +162,7 @@ pub fn status(json: bool) -> Result<i32> {
             ]);
         }
     }
-    super::image::print_table(&rows);
+    output::print_table(&rows);
     Ok(0)
 }
 

@@ -5,11 +5,9 @@
 //! the provider contexts for the install stage only (the final stage never copies it).
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -249,18 +247,7 @@ async fn build_one(
     }
 
     let tar = context_tar(&job.files)?;
-    let progress = if quiet || verbose {
-        ProgressBar::hidden()
-    } else {
-        let pb = ProgressBar::new_spinner();
-        pb.set_style(
-            ProgressStyle::with_template("{spinner} {prefix} {wide_msg} {elapsed}")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-        );
-        pb.set_prefix(format!("building {}", job.tag));
-        pb.enable_steady_tick(Duration::from_millis(120));
-        pb
-    };
+    let progress = output::Spinner::new(format!("building {}", job.tag), !(quiet || verbose));
     let started = std::time::Instant::now();
     let mut log = String::new();
     let mut failure: Option<String> = None;
@@ -286,7 +273,7 @@ async fn build_one(
                 Some(BuildEvent::Log(text)) => {
                     log.push_str(&text);
                     if verbose {
-                        let _ = std::io::stderr().write_all(text.as_bytes());
+                        output::write_stderr(&text);
                     }
                     if let Some(step) = text.lines().find(|l| l.starts_with("Step ")) {
                         progress.set_message(step.to_string());
@@ -297,7 +284,7 @@ async fn build_one(
         }
         // Dropping the stream closes the connection: the daemon cancels the build.
     }
-    progress.finish_and_clear();
+    progress.finish();
     // Success, failure or Ctrl-C: this build's builder-stage images go.
     remove_builder_images(backend, &build_id, interrupted).await;
     if interrupted {
@@ -426,7 +413,7 @@ pub async fn ls() -> Result<i32> {
         ]);
     }
     rows[1..].sort();
-    print_table(&rows);
+    output::print_table(&rows);
     if untagged > 0 {
         output::eprintln(&format!(
             "{untagged} untagged image{} left by earlier builds; `caw-box image prune` removes {}",
@@ -499,24 +486,6 @@ fn round_age(d: Duration) -> Duration {
         3600..=86399 => s / 3600 * 3600,
         _ => s / 86400 * 86400,
     })
-}
-
-/// Prints rows as aligned columns.
-pub fn print_table<const N: usize>(rows: &[[String; N]]) {
-    let mut widths = [0usize; N];
-    for row in rows {
-        for (i, cell) in row.iter().enumerate() {
-            widths[i] = widths[i].max(cell.chars().count());
-        }
-    }
-    for row in rows {
-        let line: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
-            .collect();
-        output::println(line.join("   ").trim_end());
-    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::backend::docker::DockerBackend;
+use crate::backend::Engine;
 use crate::backend::OutputChunk;
 use crate::dirs;
 use crate::error::{Error, Result};
@@ -75,7 +75,7 @@ pub fn ago(secs: u64) -> String {
 }
 
 pub async fn ls(json: bool, all: bool, group: Option<String>) -> Result<i32> {
-    let backend = DockerBackend::connect().await?;
+    let backend = crate::backend::connect().await?;
     let (views, running) = tokio::try_join!(
         target::list_sessions(&backend),
         lifecycle::running_turns(&backend)
@@ -117,7 +117,7 @@ pub async fn ls(json: bool, all: bool, group: Option<String>) -> Result<i32> {
             r.group.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
-    super::image::print_table(&table);
+    output::print_table(&table);
     Ok(0)
 }
 
@@ -154,7 +154,7 @@ fn removed_but_cached(views: &[SessionView], group: Option<&str>) -> Vec<Row> {
 }
 
 pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
-    let backend = DockerBackend::connect().await?;
+    let backend = crate::backend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let running = backend
         .inspect_container(&names::turn_container(view.facts.session_id))
@@ -250,7 +250,7 @@ fn one_line(s: &str, max: usize) -> String {
 }
 
 pub async fn logs(target_arg: &str, turn: Option<u32>, raw: bool, follow: bool) -> Result<i32> {
-    let backend = DockerBackend::connect().await?;
+    let backend = crate::backend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let id = view.facts.session_id;
     let container = names::turn_container(id);
@@ -281,14 +281,13 @@ pub async fn logs(target_arg: &str, turn: Option<u32>, raw: bool, follow: bool) 
             Error::usage(format!("session {id} has no turn {n}"))
                 .with_hint(format!("its turns are 1 to {last}"))
         })?;
-    use std::io::Write;
-    let _ = std::io::stdout().lock().write_all(&bytes);
+    output::write_stdout(&bytes);
     Ok(0)
 }
 
 /// Follows a running turn's container output, parsed as the turn's own driver does.
 async fn follow_turn(
-    backend: &DockerBackend,
+    backend: &Engine,
     view: &SessionView,
     container: &str,
     turn: u32,
@@ -330,7 +329,7 @@ pub async fn rm(targets: Vec<String>, force: bool, group: Option<String>) -> Res
             "say which sessions to remove: TARGET... or --group G",
         ));
     }
-    let backend = DockerBackend::connect().await?;
+    let backend = crate::backend::connect().await?;
     let (all, running) = tokio::try_join!(
         target::list_sessions(&backend),
         lifecycle::running_turns(&backend)
@@ -376,7 +375,7 @@ pub async fn rm(targets: Vec<String>, force: bool, group: Option<String>) -> Res
 
 pub async fn gc(older_than: &str, dry_run: bool, group: Option<&str>) -> Result<i32> {
     let age = crate::settings::parse_duration(older_than, "--older-than")?;
-    let backend = DockerBackend::connect().await?;
+    let backend = crate::backend::connect().await?;
     let (all, running) = tokio::try_join!(
         target::list_sessions(&backend),
         lifecycle::running_turns(&backend)
@@ -422,7 +421,7 @@ pub async fn export(
     force: bool,
     quiet: bool,
 ) -> Result<i32> {
-    let backend = DockerBackend::connect().await?;
+    let backend = crate::backend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let n = crate::session::workspace::export(&backend, &view.facts, dir, force).await?;
     if !quiet {
@@ -436,11 +435,10 @@ pub async fn export(
 }
 
 pub async fn diff(target_arg: &str) -> Result<i32> {
-    let backend = DockerBackend::connect().await?;
+    let backend = crate::backend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let text =
         crate::session::workspace::diff(&backend, &view.facts, crate::dirs::agent_ids()).await?;
-    use std::io::Write;
-    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    output::write_stdout(text.as_bytes());
     Ok(0)
 }

@@ -43,7 +43,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Diff { target } => manage::diff(&target).await,
         Command::Auth(AuthCommand::Collect { provider, store }) => {
-            auth::collect(&provider, store, cli.quiet)
+            auth::collect(&provider, store.into(), cli.quiet)
         }
         Command::Auth(AuthCommand::Status { json }) => auth::status(json),
         Command::Auth(AuthCommand::Flags { provider }) => auth::flags(&provider),
@@ -55,7 +55,9 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();
-            clap_complete::generate(shell, &mut cmd, "caw-box", &mut std::io::stdout());
+            crate::output::with_stdout(|out| {
+                clap_complete::generate(shell, &mut cmd, "caw-box", out)
+            });
             Ok(0)
         }
     }

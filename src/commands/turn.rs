@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::DockerBackend;
+use crate::backend::Engine;
 use crate::cli::{OutputFormat, ResumeArgs, RunArgs, TurnArgs};
 use crate::client::{Client, NewSession, Session};
 use crate::error::{Error, ErrorKind, Result};
@@ -292,7 +292,7 @@ impl DriveJob {
 
 /// Starts the turn in a background `caw-box __drive` process that outlives this one, and
 /// returns once its container runs (or with the error that kept it from starting).
-async fn detach(backend: &DockerBackend, session: &Session, options: &TurnOptions) -> Result<()> {
+async fn detach(backend: &Engine, session: &Session, options: &TurnOptions) -> Result<()> {
     let job = DriveJob::new(
         session.id().to_string(),
         session.record().settings.clone(),
@@ -388,7 +388,7 @@ fn driver_ended(code: Option<i32>, stderr: &str) -> Result<()> {
 
 /// Whether Docker holds a recorded turn of `session`; when it cannot tell, yes (so nothing
 /// is deleted on a guess).
-async fn turn_recorded(backend: &DockerBackend, session: &Session) -> bool {
+async fn turn_recorded(backend: &Engine, session: &Session) -> bool {
     match target::resolve_view(backend, &session.id().to_string()).await {
         Ok(view) => view.last.is_some(),
         Err(_) => true,

@@ -10,7 +10,6 @@
 //!
 //! [`Provider::latest_key_script`]: crate::provider::Provider::latest_key_script
 
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -85,13 +84,12 @@ pub(super) async fn drive(
     let mut keys_open = true;
     let mut resized = signal(SignalKind::window_change()).ok();
     let deadline = options.timeout.map(|t| tokio::time::Instant::now() + t);
-    let mut stdout = std::io::stdout();
+    let mut screen = crate::terminal::Screen::stdout();
     let ended_early = loop {
         tokio::select! {
             chunk = output.next() => match chunk {
                 Some(Ok(chunk)) => {
-                    let _ = stdout.write_all(&chunk.into_bytes());
-                    let _ = stdout.flush();
+                    screen.show(&chunk.into_bytes());
                 }
                 Some(Err(e)) => {
                     tracing::debug!("reading the TUI's output failed: {e}");
@@ -122,9 +120,8 @@ pub(super) async fn drive(
         let _ = backend.stop_container(name, STOP_GRACE).await;
         let drain = async {
             while let Some(Ok(chunk)) = output.next().await {
-                let _ = stdout.write_all(&chunk.into_bytes());
+                screen.show(&chunk.into_bytes());
             }
-            let _ = stdout.flush();
         };
         let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
     }
