@@ -30,7 +30,8 @@ use crate::backend::Engine;
 use crate::error::{Error, Result};
 use crate::event::{Event, TurnResult};
 use crate::provider::ProviderKind;
-use crate::session::handle::{volume_name, ResumeHandle};
+use crate::session::handle::ResumeHandle;
+use crate::session::names;
 use crate::session::record::{now_secs, volume_labels, SessionRecord, SessionSettings};
 use crate::session::runner::{self, TurnOptions};
 use crate::session::{lifecycle, target};
@@ -129,7 +130,7 @@ impl Client {
             &new.settings,
         );
         self.backend
-            .create_volume(&volume_name(session_id), labels)
+            .create_volume(&names::state_volume(session_id), labels)
             .await?;
         if new.settings.workspace_mode == crate::session::WorkspaceMode::Copy {
             let dir = new.settings.workspace.clone().unwrap_or_default();
@@ -146,9 +147,12 @@ impl Client {
                 // Nothing half-made stays behind.
                 let _ = self
                     .backend
-                    .remove_volume(&crate::session::workspace::volume_name(session_id))
+                    .remove_volume(&names::workspace_volume(session_id))
                     .await;
-                let _ = self.backend.remove_volume(&volume_name(session_id)).await;
+                let _ = self
+                    .backend
+                    .remove_volume(&names::state_volume(session_id))
+                    .await;
                 return Err(e);
             }
         }
@@ -280,9 +284,9 @@ impl Session {
         if self.record.turns.is_empty() && !self.record.turn_started {
             let id = self.record.session_id;
             self.backend
-                .remove_volume(&crate::session::workspace::volume_name(id))
+                .remove_volume(&names::workspace_volume(id))
                 .await?;
-            self.backend.remove_volume(&volume_name(id)).await?;
+            self.backend.remove_volume(&names::state_volume(id)).await?;
         }
         Ok(())
     }

@@ -28,7 +28,7 @@ use caw_box::auth::spec::{self, Expiry, Spec};
 use caw_box::auth::Secret;
 use caw_box::event::{Event, Status, Usage};
 use caw_box::provider::{ParseContext, ProviderKind};
-use caw_box::session::handle::volume_name;
+use caw_box::session::names::state_volume;
 use caw_box::session::record::SessionSettings;
 use caw_box::session::target::{self, SessionView, TargetSpec, VolumeFacts};
 use caw_box::settings;
@@ -895,7 +895,7 @@ fn handle_decoder() {
         match ResumeHandle::parse(&input) {
             Ok(h) => {
                 prop_assert_eq!(h.version, 1);
-                prop_assert_eq!(&h.volume, &volume_name(h.session_id));
+                prop_assert_eq!(&h.volume, &state_volume(h.session_id));
                 prop_assert!(!h.resume_key.is_empty() && h.resume_key.len() <= 512);
                 prop_assert!(!h.resume_key.chars().any(char::is_control));
                 // What it decodes, it encodes back to an equal handle.

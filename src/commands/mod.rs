@@ -37,7 +37,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             dry_run,
             group,
         } => manage::gc(&older_than, dry_run, group.as_deref()).await,
-        Command::Drive => turn::drive().await,
+        Command::Drive => turn::detached_driver().await,
         Command::Export { target, dir, force } => {
             manage::export(&target, &dir, force, cli.quiet).await
         }

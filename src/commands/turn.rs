@@ -423,7 +423,7 @@ fn print_detached(session: &Session, format: OutputFormat) -> i32 {
 }
 
 /// `__drive`: runs one detached turn to its end, recording it in the session's volume.
-pub async fn drive() -> Result<i32> {
+pub async fn detached_driver() -> Result<i32> {
     let mut input = Vec::new();
     std::io::stdin()
         .read_to_end(&mut input)

@@ -31,7 +31,7 @@ impl ResumeHandle {
             provider,
             session_id,
             resume_key: resume_key.into(),
-            volume: volume_name(session_id),
+            volume: crate::session::names::state_volume(session_id),
         }
     }
 
@@ -86,10 +86,10 @@ impl ResumeHandle {
             return Err(bad("\"resume_key\" is not a vendor session id"));
         }
         let volume = raw.volume.ok_or_else(|| bad("no \"volume\""))?;
-        if volume != volume_name(session_id) {
+        if volume != crate::session::names::state_volume(session_id) {
             return Err(bad(&format!(
                 "\"volume\" is '{volume}' but a session {session_id} lives in '{}'",
-                volume_name(session_id)
+                crate::session::names::state_volume(session_id)
             )));
         }
         Ok(ResumeHandle {
@@ -111,11 +111,6 @@ impl std::fmt::Display for ResumeHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.to_json())
     }
-}
-
-/// The state volume's name for a session.
-pub fn volume_name(session_id: Uuid) -> String {
-    crate::session::names::state_volume(session_id)
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use crate::session::record::{now_secs, SessionRecord, TurnRecord};
 const EXIT_MARKER: &str = "\u{1e}caw-box-exit ";
 
 /// Runs a headless turn in its created container, to its recorded end.
-pub(super) async fn drive_turn(
+pub(super) async fn drive_headless(
     ctx: &TurnContext<'_, impl Backend>,
     record: &mut SessionRecord,
     interrupts: &mut Interrupts,

@@ -227,7 +227,7 @@ async fn write_turn_summary(backend: &impl Backend, record: &SessionRecord) -> R
         interactive: last.interactive,
     };
     let id = record.session_id;
-    let fresh = TurnSummary::volume_name(id, last.turn);
+    let fresh = super::names::turn_record_volume(id, last.turn);
     let filter = [
         format!("{}={id}", labels::SESSION),
         format!("{}={}", labels::ROLE, roles::TURN_RECORD),

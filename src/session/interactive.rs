@@ -32,7 +32,7 @@ use crate::terminal::{self, Keys, RawMode};
 /// adapter's key script.
 const RESUME_KEY_FILE: &str = "resume-key";
 
-pub(super) async fn drive(
+pub(super) async fn drive_tui(
     ctx: &TurnContext<'_, impl Backend>,
     record: &mut SessionRecord,
     interrupts: &mut Interrupts,

@@ -18,7 +18,6 @@ use crate::backend::Backend;
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::event::TurnResult;
-use crate::session::handle::volume_name;
 use crate::session::names;
 use crate::session::record::{labels, roles, SessionRecord, TurnRecord};
 use crate::session::target::{self, VolumeFacts};
@@ -86,11 +85,11 @@ pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
         ])
         .await?
     {
-        if v.name != volume_name(id) {
+        if v.name != names::state_volume(id) {
             backend.remove_volume(&v.name).await?;
         }
     }
-    backend.remove_volume(&volume_name(id)).await?;
+    backend.remove_volume(&names::state_volume(id)).await?;
     if let Ok(dir) = dirs::sessions_dir() {
         let _ = std::fs::remove_file(dir.join(format!("{id}.json")));
     }

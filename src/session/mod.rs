@@ -19,5 +19,5 @@ pub mod target;
 mod turn;
 pub mod workspace;
 
-pub use handle::{volume_name, ResumeHandle};
+pub use handle::ResumeHandle;
 pub use record::{SessionRecord, SessionSettings, TurnRecord, WorkspaceMode};

@@ -113,11 +113,6 @@ pub struct TurnSummary {
 }
 
 impl TurnSummary {
-    /// The name of the turn-record volume of `session_id`'s turn `turn`.
-    pub fn volume_name(session_id: Uuid, turn: u32) -> String {
-        super::names::turn_record_volume(session_id, turn)
-    }
-
     /// The labels of the turn-record volume.
     pub fn labels(&self, session_id: Uuid, provider: ProviderKind) -> HashMap<String, String> {
         LabelSet::new(session_id, roles::TURN_RECORD)

@@ -174,9 +174,9 @@ pub async fn run_turn(
         proxy: egress.as_ref().map(|e| e.proxy.as_str()),
     };
     let outcome = if options.interactive {
-        super::interactive::drive(&ctx, record, &mut interrupts, sink).await
+        super::interactive::drive_tui(&ctx, record, &mut interrupts, sink).await
     } else {
-        super::headless::drive_turn(&ctx, record, &mut interrupts, sink).await
+        super::headless::drive_headless(&ctx, record, &mut interrupts, sink).await
     };
     if outcome.is_err() {
         // A recorded turn's container is gone already (save_record released the lock);

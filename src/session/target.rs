@@ -9,7 +9,7 @@ use crate::backend::{Backend, CreateError};
 use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, VolumeInfo};
 use crate::error::{Error, Result};
 use crate::provider::{ProviderKind, AGENT_HOME};
-use crate::session::handle::{volume_name, ResumeHandle};
+use crate::session::handle::ResumeHandle;
 use crate::session::names::{self, LabelSet};
 use crate::session::record::{
     labels, roles, SessionRecord, SessionSettings, TurnRecord, TurnSummary, RECORD_PATH,
@@ -353,7 +353,11 @@ pub async fn read_volume_file(
         labels: LabelSet::new(facts.session_id, roles::PROBE)
             .provider(facts.provider)
             .finish(),
-        mounts: vec![MountSpec::volume(volume_name(facts.session_id), AGENT_HOME).read_only()],
+        mounts: vec![MountSpec::volume(
+            crate::session::names::state_volume(facts.session_id),
+            AGENT_HOME,
+        )
+        .read_only()],
         network: NetworkPolicy::None,
         ..Default::default()
     };

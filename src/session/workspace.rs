@@ -16,16 +16,11 @@ use crate::backend::{Backend, CreateError};
 use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, TarFile};
 use crate::error::{Error, Result};
 use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
-use crate::session::handle::volume_name as state_volume;
 use crate::session::names::{self, roles, LabelSet};
 use crate::session::target::VolumeFacts;
 
 /// Where the hashes of the copied tree are kept, under HOME in the state volume.
 const BASE_PATH: &str = ".caw-box/workspace-base.json";
-
-pub fn volume_name(session_id: Uuid) -> String {
-    crate::session::names::workspace_volume(session_id)
-}
 
 /// The copied tree's files and their SHA-256, relative to the workspace root.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -108,11 +103,14 @@ fn archive(dir: &Path, uid: u64, gid: u64) -> Result<(Vec<u8>, Base)> {
 fn holder(image: &str, session_id: Uuid, with_state: bool, read_only: bool) -> HelperSpec {
     let ro = |m: MountSpec| if read_only { m.read_only() } else { m };
     let mut mounts = vec![ro(MountSpec::volume(
-        volume_name(session_id),
+        names::workspace_volume(session_id),
         WORKSPACE_DIR,
     ))];
     if with_state {
-        mounts.push(ro(MountSpec::volume(state_volume(session_id), AGENT_HOME)));
+        mounts.push(ro(MountSpec::volume(
+            names::state_volume(session_id),
+            AGENT_HOME,
+        )));
     }
     HelperSpec {
         image: image.to_string(),
@@ -159,7 +157,7 @@ pub async fn populate(
     let (tar, base) = archive(dir, uid, gid)?;
     backend
         .create_volume(
-            &volume_name(session_id),
+            &names::workspace_volume(session_id),
             LabelSet::new(session_id, roles::WORKSPACE)
                 .provider(provider)
                 .finish(),
