@@ -165,6 +165,9 @@ pub enum Command {
     /// Build and list caw-box's images.
     #[command(subcommand)]
     Image(ImageCommand),
+    /// Move a session to another Docker host: export it to one archive, import it there.
+    #[command(subcommand)]
+    Session(SessionCommand),
     /// Check the daemon, images and credentials; say what is wrong and how to fix it.
     #[command(after_help = "Examples:\n  caw-box doctor")]
     Doctor,
@@ -349,6 +352,35 @@ pub enum AuthCommand {
         /// The provider whose credentials to delete (repeatable; default: all).
         #[arg(long, short = 'p')]
         provider: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Write a session (its state, its copy-mode workspace, its labels and record) to one
+    /// archive. Never a credential: collected logins and keys stay on this host.
+    #[command(
+        after_help = "Examples:\n  caw-box session export fixer fixer.tar.gz\n  caw-box session export 5b0c - | ssh ci-runner caw-box session import -"
+    )]
+    Export {
+        /// A handle, session id, unique id prefix (4+ characters) or session name.
+        target: String,
+        /// The archive to write (`-` for stdout).
+        file: PathBuf,
+        /// Replace FILE if it exists.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Recreate an exported session on this Docker host; its handle resumes it here.
+    #[command(
+        after_help = "Examples:\n  caw-box session import fixer.tar.gz\n  caw-box session import fixer.tar.gz --force\n  caw-box resume fixer \"go on\""
+    )]
+    Import {
+        /// The archive (`-` for stdin).
+        file: PathBuf,
+        /// Replace a session of the same id on this host.
+        #[arg(long)]
+        force: bool,
     },
 }
 

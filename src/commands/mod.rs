@@ -5,9 +5,10 @@ pub mod auth;
 pub mod doctor;
 pub mod image;
 pub mod manage;
+pub mod portable;
 pub mod turn;
 
-use crate::cli::{AuthCommand, Cli, Command, ImageCommand};
+use crate::cli::{AuthCommand, Cli, Command, ImageCommand, SessionCommand};
 use crate::error::Result;
 
 /// Runs the parsed command line.
@@ -42,6 +43,14 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             manage::export(&target, &dir, force, cli.quiet).await
         }
         Command::Diff { target } => manage::diff(&target).await,
+        Command::Session(SessionCommand::Export {
+            target,
+            file,
+            force,
+        }) => portable::export(&target, &file, force, cli.quiet).await,
+        Command::Session(SessionCommand::Import { file, force }) => {
+            portable::import(&file, force, cli.quiet).await
+        }
         Command::Auth(AuthCommand::Collect { provider, store }) => {
             auth::collect(&provider, store.into(), cli.quiet)
         }

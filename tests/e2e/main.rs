@@ -11,6 +11,7 @@ mod hardening;
 mod images;
 mod interactive;
 mod manage;
+mod portable;
 mod restart;
 mod sandbox;
 mod sessions;
