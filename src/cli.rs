@@ -301,6 +301,10 @@ pub struct RunArgs {
     /// Tag the session with a group.
     #[arg(long)]
     pub group: Option<String>,
+    /// Copy your own setup of the CLI (e.g. ~/.claude/CLAUDE.md, skills, agents,
+    /// commands, settings without credentials) into the new session's HOME.
+    #[arg(long)]
+    pub user_config: bool,
     #[command(flatten)]
     pub turn: TurnArgs,
 }

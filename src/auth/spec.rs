@@ -16,6 +16,28 @@ pub struct Spec {
     pub env: Vec<String>,
     #[serde(default)]
     pub derived_env: Vec<DerivedEnv>,
+    /// The CLI's non-secret user-level setup that `--user-config` copies (see
+    /// `auth::user_config`).
+    #[serde(default)]
+    pub user_config: Vec<UserConfigSource>,
+}
+
+/// A file or directory of the user's own CLI setup (instructions, skills, settings).
+#[derive(Debug, Clone, Deserialize)]
+pub struct UserConfigSource {
+    /// Host path; `~` and `${VAR:-default}` are expanded. A directory is copied whole.
+    pub source: String,
+    /// Path under the agent's HOME.
+    pub target: String,
+    /// What it is for, in a few words (shown by `--user-config`).
+    pub what: String,
+    /// A JSON settings file: merged into the session's own, with `drop` and every
+    /// credential-shaped key removed first.
+    #[serde(default)]
+    pub json: bool,
+    /// Dotted JSON paths removed before the copy (credential helpers, the auth choice).
+    #[serde(default)]
+    pub drop: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -42,6 +42,7 @@ fn turn_options(args: &TurnArgs) -> Result<TurnOptions> {
         // From the session's settings (`--idle-timeout`, `--connect-timeout` are remembered).
         idle_timeout: None,
         connect_timeout: None,
+        user_files: Vec::new(),
     })
 }
 
@@ -54,7 +55,10 @@ pub async fn run(args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
         settings::validate_name(group, "--group")?;
     }
     let mut session_settings = settings::new_session_settings(provider, &args.turn)?;
-    let options = turn_options(&args.turn)?;
+    let mut options = turn_options(&args.turn)?;
+    if args.user_config {
+        options.user_files = user_config(provider, quiet)?;
+    }
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
 
     let client = Client::connect().await?;
@@ -253,6 +257,26 @@ fn finish(result: &TurnResult) -> Result<i32> {
     }
 }
 
+/// `--user-config`: the user's own setup of `provider`'s CLI, for the session's HOME.
+fn user_config(provider: ProviderKind, quiet: bool) -> Result<Vec<crate::provider::HomeFile>> {
+    let secrets = crate::auth::known_secrets(provider);
+    let found = crate::auth::user_config::gather(provider, &|v| std::env::var(v).ok(), &secrets)?;
+    for w in &found.warnings {
+        output::eprintln(&format!("warning: --user-config: {w}"));
+    }
+    if !quiet {
+        if found.copied.is_empty() {
+            output::eprintln(&format!(
+                "--user-config: no {provider} setup found on this host"
+            ));
+        }
+        for line in &found.copied {
+            output::eprintln(&format!("--user-config: {line}"));
+        }
+    }
+    Ok(found.files)
+}
+
 /// What a detached turn's driver process is told, on its stdin (it may hold secrets).
 #[derive(Debug, Serialize, Deserialize)]
 struct DriveJob {
@@ -262,6 +286,8 @@ struct DriveJob {
     env: Vec<(String, String)>,
     /// Milliseconds, not seconds: `--timeout 500ms` must not become zero.
     timeout_ms: Option<u64>,
+    #[serde(default)]
+    user_files: Vec<crate::provider::HomeFile>,
 }
 
 impl DriveJob {
@@ -274,6 +300,7 @@ impl DriveJob {
             timeout_ms: options
                 .timeout
                 .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+            user_files: options.user_files.clone(),
         }
     }
 
@@ -286,6 +313,7 @@ impl DriveJob {
             interactive: false,
             idle_timeout: None,
             connect_timeout: None,
+            user_files: self.user_files.clone(),
         }
     }
 }

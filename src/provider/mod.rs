@@ -63,7 +63,7 @@ pub const HIDDEN_PREFIX: &str = "CAW_BOX_HIDDEN_";
 pub const KEY_SCRIPT_ENV: &str = "CAW_BOX_KEY_SCRIPT";
 
 /// A config file an adapter needs in HOME before the turn (e.g. gemini's settings.json).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HomeFile {
     /// Path relative to [`AGENT_HOME`].
     pub path: String,

@@ -25,7 +25,6 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::auth::spec::Spec;
-use crate::auth::store::Store;
 use crate::backend::{Backend, CreateError, HelperSpec, MountSpec, NetworkPolicy};
 use crate::error::{Error, Result};
 use crate::provider::{ProviderKind, AGENT_HOME, WORKSPACE_DIR};
@@ -121,7 +120,7 @@ pub async fn export(
         volumes,
     };
 
-    let secrets = known_secrets(facts.provider);
+    let secrets = crate::auth::known_secrets(facts.provider);
     let credential_paths = Spec::of(facts.provider).home_targets();
     let mut report = ExportReport::default();
     let gz = flate2::write::GzEncoder::new(out, flate2::Compression::default());
@@ -163,7 +162,7 @@ pub async fn export(
             }
             let mut data = Vec::new();
             entry.read_to_end(&mut data).map_err(bad_docker_tar)?;
-            if is_home && !secrets.is_empty() && holds_any(&data, &secrets) {
+            if is_home && !secrets.is_empty() && crate::auth::holds_any(&data, &secrets) {
                 report.withheld.push(rel);
                 continue;
             }
@@ -446,32 +445,6 @@ fn withheld_path(rel: &str, credential_paths: &[String]) -> bool {
             .any(|n| rel == *n || rel.starts_with(&format!("{n}/")))
 }
 
-/// Key values caw-box knows for `p`: stored by `auth collect`, or in this process's
-/// environment under the provider's key variables. Short values are not keys.
-fn known_secrets(p: ProviderKind) -> Vec<Vec<u8>> {
-    let spec = Spec::of(p);
-    let mut names: Vec<String> = spec.env.clone();
-    names.extend(p.endpoint_key_vars().iter().map(|s| s.to_string()));
-    let mut values: Vec<Vec<u8>> = names
-        .iter()
-        .filter_map(|n| std::env::var(n).ok())
-        .map(String::into_bytes)
-        .collect();
-    if let Ok(store) = Store::open() {
-        values.extend(store.env(p).into_iter().map(|(_, v)| v.expose().to_vec()));
-    }
-    values.retain(|v| v.len() >= 12);
-    values.sort();
-    values.dedup();
-    values
-}
-
-fn holds_any(data: &[u8], secrets: &[Vec<u8>]) -> bool {
-    secrets
-        .iter()
-        .any(|s| data.windows(s.len()).any(|w| w == &s[..]))
-}
-
 fn append(
     archive: &mut tar::Builder<impl Write>,
     path: &str,
@@ -636,11 +609,11 @@ mod tests {
         assert!(withheld_path(".codex/shell_snapshots/1.sh", &creds));
         assert!(withheld_path(".codex/shell_snapshots/", &creds));
         assert!(!withheld_path(".codex/sessions/a.jsonl", &creds));
-        assert!(holds_any(
+        assert!(crate::auth::holds_any(
             b"export KEY=sk-test-1234567890",
             &[b"sk-test-1234567890".to_vec()]
         ));
-        assert!(!holds_any(
+        assert!(!crate::auth::holds_any(
             b"nothing here",
             &[b"sk-test-1234567890".to_vec()]
         ));

@@ -141,10 +141,18 @@ pub async fn run_turn(
             Some(last) => last.interactive,
             None => image != record.provider.default_image(),
         };
-    let home_files: Vec<_> = command
-        .home_files
+    // The user's setup first; the adapter's files after it, also those merged into a file
+    // the user's setup just replaced.
+    let user_paths: Vec<&str> = options.user_files.iter().map(|f| f.path.as_str()).collect();
+    let home_files: Vec<_> = options
+        .user_files
         .iter()
-        .filter(|f| merge_due || !f.merge_json)
+        .chain(
+            command
+                .home_files
+                .iter()
+                .filter(|f| merge_due || !f.merge_json || user_paths.contains(&f.path.as_str())),
+        )
         .cloned()
         .collect();
     let mut spec = turn_spec(record, turn, &image, command.argv.clone(), env, &runtime.0)?;

@@ -44,6 +44,9 @@ pub struct TurnOptions {
     /// The vendor's TUI attached to this process's terminal instead of a headless turn
     /// (`prompt` is then unused).
     pub interactive: bool,
+    /// Files put in HOME before this turn, before the adapter's own (which win where both
+    /// set a JSON key): the user's CLI setup of `--user-config` (`auth::user_config`).
+    pub user_files: Vec<crate::provider::HomeFile>,
 }
 
 /// The container name that is also the session's lock.
@@ -151,14 +154,21 @@ pub(super) async fn place_home_files(
     name: &str,
     home_files: &[crate::provider::HomeFile],
 ) -> Result<()> {
-    let mut contents = Vec::new();
+    let mut contents: Vec<(String, Vec<u8>)> = Vec::new();
     for f in home_files {
         let mut bytes = f.contents.clone();
         if f.merge_json {
-            let existing = backend
-                .download_file(name, &format!("{AGENT_HOME}/{}", f.path))
-                .await?
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+            // Onto what an earlier file of the same path gave, else what HOME has.
+            let earlier = contents.iter().position(|(p, _)| *p == f.path);
+            let existing = match earlier {
+                Some(i) => Some(contents.remove(i).1),
+                None => {
+                    backend
+                        .download_file(name, &format!("{AGENT_HOME}/{}", f.path))
+                        .await?
+                }
+            }
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
             if let (Some(mut base), Ok(overlay)) = (
                 existing,
                 serde_json::from_slice::<serde_json::Value>(&f.contents),

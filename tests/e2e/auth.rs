@@ -21,30 +21,6 @@ fn collect(rig: &Rig, p: P, home: &std::path::Path, env: &[(&str, &str)]) -> Str
     stdout_of(&out)
 }
 
-/// Every file in a session's state volume that contains `needle` (read as root).
-fn volume_files_containing(rig: &Rig, id: &str, needle: &str) -> Vec<String> {
-    in_volume(rig, id, &["grep", "-rl", needle, "/h"])
-}
-
-/// Runs `cmd` as root in a container with the session's state volume at /h (read-only);
-/// returns its output lines.
-fn in_volume(rig: &Rig, id: &str, cmd: &[&str]) -> Vec<String> {
-    use bollard::models::{ContainerCreateBody, HostConfig};
-    let (_, out, _) = rig.run_container(ContainerCreateBody {
-        image: Some(STUB_IMAGE.to_string()),
-        entrypoint: Some(vec![cmd[0].to_string()]),
-        cmd: Some(cmd[1..].iter().map(|s| s.to_string()).collect()),
-        user: Some("0".into()),
-        host_config: Some(HostConfig {
-            binds: Some(vec![format!("caw-box-{id}:/h:ro")]),
-            network_mode: Some("none".into()),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
-    out.lines().map(str::to_string).collect()
-}
-
 #[test]
 fn collected_api_keys_reach_every_cli() {
     let rig = Rig::new("auth-env");

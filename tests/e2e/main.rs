@@ -15,3 +15,4 @@ mod portable;
 mod restart;
 mod sandbox;
 mod sessions;
+mod user_config;
