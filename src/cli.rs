@@ -11,7 +11,10 @@ Examples:
   caw-box run --provider codex --name fixer -o json \"explain src/main.rs\"
   echo \"summarise the README\" | caw-box run --provider gemini -
   caw-box run --provider opencode --endpoint http://gateway:8080 --env OPENAI_API_KEY \"hi\"
-  caw-box run --provider codex --name live      # no prompt: codex's own TUI, in this terminal";
+  caw-box run --provider codex --name live      # no prompt: codex's own TUI, in this terminal
+
+Settings not given as flags come from CAW_BOX_* variables, then the project's .caw-box.toml,
+then ~/.config/caw-box/config.toml: `caw-box config show` says which.";
 
 const RESUME_EXAMPLES: &str = "\
 Examples:
@@ -19,7 +22,10 @@ Examples:
   caw-box resume 5b0c \"and the docs\"            # a unique id prefix
   caw-box resume \"$(caw-box handle fixer)\" \"go on\"  # the handle alone
   caw-box resume --group team \"rebase on main\"      # every session of a group
-  caw-box resume fixer                          # no prompt: the same conversation in the TUI";
+  caw-box resume fixer                          # no prompt: the same conversation in the TUI
+
+A resumed session keeps the settings it was started with (flags override them); of the config
+files and CAW_BOX_* variables only env_pass and labels apply to its turns.";
 
 const IMAGE_BUILD_EXAMPLES: &str = "\
 Examples:
@@ -356,7 +362,7 @@ Examples:
   caw-box config show --workspace ~/src/app              # the project file of another directory
 
 Files (the nearer wins; flags > CAW_BOX_* variables > project > user > defaults):
-  user     $CAW_BOX_CONFIG, else $XDG_CONFIG_HOME/caw-box/config.toml (~/.config/caw-box/config.toml)
+  user     $CAW_BOX_CONFIG, else $XDG_CONFIG_HOME/caw-box/config.toml (XDG_CONFIG_HOME: ~/.config)
   project  .caw-box.toml in the workspace or a parent, up to the repository root (.git)
 
   # .caw-box.toml
@@ -390,8 +396,10 @@ pub struct ConfigShowArgs {
     /// One JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// The provider `run` would be given.
     #[arg(long, short = 'p')]
     pub provider: Option<String>,
+    /// The group `run` would be given.
     #[arg(long)]
     pub group: Option<String>,
     #[command(flatten)]

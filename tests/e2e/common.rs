@@ -24,6 +24,24 @@ pub const STUB_IMAGE: &str = "caw-box-test/stub-model:latest";
 pub const TEST_KEY: &str = "sk-test-caw-box-0123456789";
 pub const TEST_LABEL: &str = "io.caw-box.test-run";
 
+/// The `CAW_BOX_*` variables that set defaults of `run` (`CAW_BOX_LABELS` the rig sets).
+const CONFIG_VARS: [&str; 14] = [
+    "CAW_BOX_PROVIDER",
+    "CAW_BOX_MODEL",
+    "CAW_BOX_IMAGE",
+    "CAW_BOX_ENDPOINT",
+    "CAW_BOX_NETWORK",
+    "CAW_BOX_ALLOW_HOST",
+    "CAW_BOX_MEMORY",
+    "CAW_BOX_CPUS",
+    "CAW_BOX_PIDS_LIMIT",
+    "CAW_BOX_TIMEOUT",
+    "CAW_BOX_IDLE_TIMEOUT",
+    "CAW_BOX_CONNECT_TIMEOUT",
+    "CAW_BOX_WORKSPACE_MODE",
+    "CAW_BOX_GROUP",
+];
+
 /// A provider as the tests drive it: its name, its key variable, a model the stub accepts.
 #[derive(Debug, Clone, Copy)]
 pub struct P {
@@ -185,12 +203,84 @@ impl Rig {
             .env_remove("CODEX_HOME")
             .env_remove("XDG_DATA_HOME")
             .env_remove("GEMINI_CLI_HOME")
+            // No user's config file or CAW_BOX_* setting shapes a test's sessions.
+            .env(
+                "CAW_BOX_CONFIG",
+                self.data_dir.path().join("no-user-config.toml"),
+            )
+            .env_remove("XDG_CONFIG_HOME")
             .current_dir(self.workspace.path())
             .stdin(Stdio::null());
+        for var in CONFIG_VARS {
+            c.env_remove(var);
+        }
         if let Some(repo) = std::env::var_os("CAW_BOX_E2E_IMAGE_REPO") {
             c.env("CAW_BOX_IMAGE_REPO", repo);
         }
         c
+    }
+
+    /// A second server on the test's network (the stub image, not the model's stub), for
+    /// an allowlist not to name; returns its name.
+    pub fn start_other_server(&self) -> String {
+        let other = format!("other-{}", self.run_id);
+        self.rt.block_on(async {
+            self.docker
+                .create_container(
+                    Some(CreateContainerOptions {
+                        name: Some(other.clone()),
+                        ..Default::default()
+                    }),
+                    ContainerCreateBody {
+                        image: Some(STUB_IMAGE.to_string()),
+                        labels: Some(self.labels()),
+                        host_config: Some(HostConfig {
+                            network_mode: Some(self.network.clone()),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap();
+            self.docker.start_container(&other, None).await.unwrap();
+        });
+        other
+    }
+
+    /// Resumes codex session `id` (started with `--allow-host <stub>:8080`) with a probe: the
+    /// stub answers through the proxy, `other` is refused by it, and nothing gets out
+    /// directly. Returns the probe turn's events.
+    pub fn assert_only_the_stub_is_reachable(&self, id: &str, other: &str) -> Vec<Value> {
+        let probe = format!(
+            "RUN:for h in {stub} {other}; do exec 3<>/dev/tcp/caw-box-proxy/3128; printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; head -1 <&3 | tr -d '\\r'; exec 3<&-; done; (exec 3<>/dev/tcp/{stub}/8080) 2>/dev/null && echo direct-open || echo direct-blocked",
+            stub = self.stub
+        );
+        let mut cmd = self.resume_cmd(CODEX, id, &probe, &[]);
+        cmd.args(["-o", "stream-json"]);
+        let out = run(cmd);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        let events: Vec<Value> = stdout_of(&out)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let answer = events.last().unwrap()["result"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            answer.contains("HTTP/1.1 200"),
+            "the allowed host did not answer: {answer}"
+        );
+        assert!(
+            answer.contains("HTTP/1.1 403"),
+            "the other host was not refused: {answer}"
+        );
+        assert!(
+            answer.contains("direct-blocked"),
+            "a direct connection got out: {answer}"
+        );
+        events
     }
 
     /// `caw-box run` for `p` against this test's stub, with any extra args.
