@@ -154,10 +154,15 @@ impl Rig {
     pub async fn start_stub(&self, extra_env: &[String]) {
         let mut env = vec![format!("STUB_EXPECT_KEY={TEST_KEY}")];
         env.extend_from_slice(extra_env);
+        self.start_stub_image(&self.stub, env).await;
+    }
+
+    /// A container of the stub image named `name` on the test's network.
+    async fn start_stub_image(&self, name: &str, env: Vec<String>) {
         self.docker
             .create_container(
                 Some(CreateContainerOptions {
-                    name: Some(self.stub.clone()),
+                    name: Some(name.to_string()),
                     ..Default::default()
                 }),
                 ContainerCreateBody {
@@ -172,11 +177,11 @@ impl Rig {
                 },
             )
             .await
-            .expect("create the stub model container (built by scripts/stub-image.sh)");
+            .expect("create a stub container (built by scripts/stub-image.sh)");
         self.docker
-            .start_container(&self.stub, None)
+            .start_container(name, None)
             .await
-            .expect("start the stub");
+            .expect("start a stub container");
     }
 
     pub fn endpoint(&self) -> String {
@@ -224,34 +229,14 @@ impl Rig {
     /// an allowlist not to name; returns its name.
     pub fn start_other_server(&self) -> String {
         let other = format!("other-{}", self.run_id);
-        self.rt.block_on(async {
-            self.docker
-                .create_container(
-                    Some(CreateContainerOptions {
-                        name: Some(other.clone()),
-                        ..Default::default()
-                    }),
-                    ContainerCreateBody {
-                        image: Some(STUB_IMAGE.to_string()),
-                        labels: Some(self.labels()),
-                        host_config: Some(HostConfig {
-                            network_mode: Some(self.network.clone()),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    },
-                )
-                .await
-                .unwrap();
-            self.docker.start_container(&other, None).await.unwrap();
-        });
+        self.rt.block_on(self.start_stub_image(&other, Vec::new()));
         other
     }
 
     /// Resumes codex session `id` (started with `--allow-host <stub>:8080`) with a probe: the
     /// stub answers through the proxy, `other` is refused by it, and nothing gets out
-    /// directly. Returns the probe turn's events.
-    pub fn assert_only_the_stub_is_reachable(&self, id: &str, other: &str) -> Vec<Value> {
+    /// directly, and the refusal is one of the turn's events.
+    pub fn assert_only_the_stub_is_reachable(&self, id: &str, other: &str) {
         let probe = format!(
             "RUN:for h in {stub} {other}; do exec 3<>/dev/tcp/caw-box-proxy/3128; printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; head -1 <&3 | tr -d '\\r'; exec 3<&-; done; (exec 3<>/dev/tcp/{stub}/8080) 2>/dev/null && echo direct-open || echo direct-blocked",
             stub = self.stub
@@ -280,7 +265,14 @@ impl Rig {
             answer.contains("direct-blocked"),
             "a direct connection got out: {answer}"
         );
-        events
+        assert!(
+            events.iter().any(|e| e["type"] == "error"
+                && e["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains(&format!("egress to {other}:8080 was refused"))),
+            "no refusal event: {events:#?}"
+        );
     }
 
     /// `caw-box run` for `p` against this test's stub, with any extra args.

@@ -32,18 +32,5 @@ fn a_project_file_allow_host_restricts_a_real_turn() {
 
     // The session remembers the allowlist the file gave: its next turn (no config applies
     // to a resumed session's settings) reaches the stub through the proxy and nothing else.
-    let events = rig.assert_only_the_stub_is_reachable(&id, &other);
-    assert!(
-        events.iter().any(|e| e["type"] == "error"
-            && e["message"]
-                .as_str()
-                .unwrap_or("")
-                .contains(&format!("egress to {other}:8080 was refused"))),
-        "no refusal event: {events:#?}"
-    );
-    assert!(
-        rig.caw_containers().is_empty(),
-        "{:?}",
-        rig.caw_containers()
-    );
+    rig.assert_only_the_stub_is_reachable(&id, &other);
 }

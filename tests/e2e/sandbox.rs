@@ -259,15 +259,7 @@ fn allow_host_admits_only_listed_hosts_through_the_proxy() {
     assert_eq!(code, 0, "{json}\n{stderr}");
     let id = json["session_id"].as_str().unwrap().to_string();
 
-    let events = rig.assert_only_the_stub_is_reachable(&id, &other);
-    assert!(
-        events.iter().any(|e| e["type"] == "error"
-            && e["message"]
-                .as_str()
-                .unwrap_or("")
-                .contains(&format!("egress to {other}:8080 was refused"))),
-        "no refusal event: {events:#?}"
-    );
+    rig.assert_only_the_stub_is_reachable(&id, &other);
 
     // The proxy and its network went with the turn.
     assert!(
