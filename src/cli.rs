@@ -11,7 +11,10 @@ Examples:
   caw-box run --provider codex --name fixer -o json \"explain src/main.rs\"
   echo \"summarise the README\" | caw-box run --provider gemini -
   caw-box run --provider opencode --endpoint http://gateway:8080 --env OPENAI_API_KEY \"hi\"
-  caw-box run --provider codex --name live      # no prompt: codex's own TUI, in this terminal";
+  caw-box run --provider codex --name live      # no prompt: codex's own TUI, in this terminal
+
+Settings not given as flags come from CAW_BOX_* variables, then the project's .caw-box.toml,
+then ~/.config/caw-box/config.toml: `caw-box config show` says which.";
 
 const RESUME_EXAMPLES: &str = "\
 Examples:
@@ -19,7 +22,10 @@ Examples:
   caw-box resume 5b0c \"and the docs\"            # a unique id prefix
   caw-box resume \"$(caw-box handle fixer)\" \"go on\"  # the handle alone
   caw-box resume --group team \"rebase on main\"      # every session of a group
-  caw-box resume fixer                          # no prompt: the same conversation in the TUI";
+  caw-box resume fixer                          # no prompt: the same conversation in the TUI
+
+A resumed session keeps the settings it was started with (flags override them); of the config
+files and CAW_BOX_* variables only env_pass and labels apply to its turns.";
 
 const IMAGE_BUILD_EXAMPLES: &str = "\
 Examples:
@@ -171,6 +177,20 @@ pub enum Command {
     /// Check the daemon, images and credentials; say what is wrong and how to fix it.
     #[command(after_help = "Examples:\n  caw-box doctor")]
     Doctor,
+    /// Config files: the settings `run` would use here and where each comes from, and which
+    /// files are read.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Print caw-box's man page (roff), or write one page per command into --dir.
+    #[command(
+        hide = true,
+        after_help = "Examples:\n  caw-box man > /usr/local/share/man/man1/caw-box.1\n  caw-box man --dir target/man"
+    )]
+    Man {
+        /// Write caw-box.1 and one caw-box-COMMAND.1 per command into this directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Runs one detached turn (started by `run/resume --detach`; reads its job on stdin).
     #[command(name = "__drive", hide = true)]
     Drive,
@@ -234,6 +254,24 @@ pub struct TurnArgs {
     /// Read the prompt from a file.
     #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
     pub prompt_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    /// An environment variable for the CLI: `K=V`, or `K` to pass the host's value. Values
+    /// are treated as secrets and not remembered: pass them again on resume.
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t)]
+    pub output: OutputFormat,
+    /// Start the turn in the background, print the session id, and return at once.
+    #[arg(short, long)]
+    pub detach: bool,
+}
+
+/// The settings of a session that flags, `CAW_BOX_*` variables and config files can set
+/// (`config` resolves them; `settings` checks them).
+#[derive(Debug, Args, Clone, Default)]
+pub struct SettingsArgs {
     /// The host directory mounted at /workspace (default: the current directory).
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
@@ -275,26 +313,16 @@ pub struct TurnArgs {
     /// `*.example.com`, or `@provider` for the provider's API host (or the --endpoint host).
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     pub allow_host: Vec<String>,
-    /// An environment variable for the CLI: `K=V`, or `K` to pass the host's value. Values
-    /// are treated as secrets and not remembered: pass them again on resume.
-    #[arg(long = "env", short = 'e', value_name = "K=V")]
-    pub env: Vec<String>,
     /// Send the CLI's model traffic to this base URL (a proxy, gateway or local server).
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
-    /// Output format.
-    #[arg(short, long, value_enum, default_value_t)]
-    pub output: OutputFormat,
-    /// Start the turn in the background, print the session id, and return at once.
-    #[arg(short, long)]
-    pub detach: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// claude_code (or claude, cc), codex, opencode, gemini.
+    /// claude_code (or claude, cc), codex, opencode, gemini (or `provider` in a config file).
     #[arg(long, short = 'p')]
-    pub provider: String,
+    pub provider: Option<String>,
     /// A unique name for the session.
     #[arg(long)]
     pub name: Option<String>,
@@ -357,6 +385,58 @@ pub enum AuthCommand {
         #[arg(long, short = 'p')]
         provider: Vec<String>,
     },
+}
+
+const CONFIG_SHOW_EXAMPLES: &str = "\
+Examples:
+  caw-box config show
+  caw-box config show --json
+  caw-box config show --provider codex --model gpt-5.5   # as `run` with these flags would
+  caw-box config show --workspace ~/src/app              # the project file of another directory
+
+Files (the nearer wins; flags > CAW_BOX_* variables > project > user > defaults):
+  user     $CAW_BOX_CONFIG, else $XDG_CONFIG_HOME/caw-box/config.toml (XDG_CONFIG_HOME: ~/.config)
+  project  .caw-box.toml in the workspace or a parent, up to the repository root (.git)
+
+  # .caw-box.toml
+  provider = \"codex\"
+  model = \"gpt-5.5\"
+  allow_host = [\"@provider\"]
+  memory = \"2g\"
+  timeout = \"30m\"
+  env_pass = [\"OPENAI_API_KEY\"]   # names of host variables, never values";
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// The settings a new session would get here, and where each came from (flag, variable,
+    /// project file, user file or default).
+    #[command(after_help = CONFIG_SHOW_EXAMPLES)]
+    Show(Box<ConfigShowArgs>),
+    /// The config files caw-box reads here, in order, and whether each exists.
+    #[command(
+        after_help = "Examples:\n  caw-box config path\n  caw-box config path --workspace ~/src/app"
+    )]
+    Path {
+        /// Where to look for the project file (default: the current directory).
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+    },
+}
+
+/// `config show`: the flags `run` takes that settle settings, to see them win.
+#[derive(Debug, Args)]
+pub struct ConfigShowArgs {
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// The provider `run` would be given.
+    #[arg(long, short = 'p')]
+    pub provider: Option<String>,
+    /// The group `run` would be given.
+    #[arg(long)]
+    pub group: Option<String>,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
 }
 
 #[derive(Debug, Subcommand)]

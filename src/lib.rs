@@ -12,6 +12,7 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod commands;
+pub mod config;
 pub mod dirs;
 pub mod error;
 pub mod event;

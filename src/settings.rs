@@ -5,7 +5,7 @@ use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::cli::{TurnArgs, WorkspaceModeArg};
+use crate::cli::{SettingsArgs, TurnArgs, WorkspaceModeArg};
 use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
 use crate::session::record::{SessionSettings, WorkspaceMode};
@@ -71,7 +71,22 @@ pub fn resolve_env(values: &[String]) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
-fn validate_env_name(k: &str, which: &str) -> Result<()> {
+/// Adds the host's value of each variable `env_pass` names (config files) that is set and
+/// not already given with `--env`; an unset one is skipped, as a user file may name the keys
+/// of several vendors.
+pub fn add_passed_env(env: &mut Vec<(String, String)>, names: &[String]) {
+    for name in names {
+        if env.iter().any(|(k, _)| k == name) {
+            continue;
+        }
+        match std::env::var(name) {
+            Ok(v) => env.push((name.clone(), v)),
+            Err(_) => tracing::debug!("env_pass: {name} is not set here; not passed"),
+        }
+    }
+}
+
+pub fn validate_env_name(k: &str, which: &str) -> Result<()> {
     let ok = !k.is_empty()
         && !k.starts_with(|c: char| c.is_ascii_digit())
         && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
@@ -113,8 +128,9 @@ pub fn parse_limit(s: &str, flag: &str) -> Result<u64> {
     Ok(parse_duration(s, flag)?.as_secs().max(1))
 }
 
-/// "2g", "512m", "1048576" into bytes.
-pub fn parse_memory(s: &str) -> Result<i64> {
+/// "2g", "512m", "1048576" into bytes; `what` names it in errors (`--memory`, a variable
+/// or a config key).
+pub fn parse_memory(s: &str, what: &str) -> Result<i64> {
     let t = s.trim().to_ascii_lowercase();
     let t = t.strip_suffix('b').unwrap_or(&t);
     let (num, mult) = match t.chars().last() {
@@ -124,7 +140,7 @@ pub fn parse_memory(s: &str) -> Result<i64> {
         _ => (t, 1),
     };
     let bad =
-        || Error::usage(format!("--memory '{s}' is not a size")).with_hint("use e.g. 512m or 2g");
+        || Error::usage(format!("{what} '{s}' is not a size")).with_hint("use e.g. 512m or 2g");
     let n: f64 = num.parse().map_err(|_| bad())?;
     // `inf`, `nan` and `1e300g` parse as f64 but are no size Docker can take.
     let exact = n * mult as f64;
@@ -134,14 +150,14 @@ pub fn parse_memory(s: &str) -> Result<i64> {
     let bytes = exact as i64;
     if bytes < 6 << 20 {
         return Err(Error::usage(format!(
-            "--memory '{s}' is below Docker's minimum of 6m"
+            "{what} '{s}' is below Docker's minimum of 6m"
         )));
     }
     Ok(bytes)
 }
 
 /// `HOST[:PORT]`, `*.example.com[:PORT]` or `@provider`.
-pub fn validate_allow_host(host: &str) -> Result<()> {
+pub fn validate_allow_host(host: &str, what: &str) -> Result<()> {
     if host == "@provider" {
         return Ok(());
     }
@@ -163,7 +179,7 @@ pub fn validate_allow_host(host: &str) -> Result<()> {
     if name_ok && port_ok {
         Ok(())
     } else {
-        Err(Error::usage(format!("--allow-host '{host}' is not HOST[:PORT]"))
+        Err(Error::usage(format!("{what} '{host}' is not HOST[:PORT]"))
             .with_hint("e.g. --allow-host api.example.com:443, --allow-host '*.example.com' or --allow-host @provider"))
     }
 }
@@ -201,7 +217,7 @@ pub fn endpoint_host(url: &str) -> Option<String> {
     })
 }
 
-pub fn validate_endpoint(url: &str) -> Result<String> {
+pub fn validate_endpoint(url: &str, what: &str) -> Result<String> {
     let ok = (url.starts_with("http://") || url.starts_with("https://"))
         && url.len() > "https://".len()
         && !url.contains(char::is_whitespace);
@@ -209,7 +225,7 @@ pub fn validate_endpoint(url: &str) -> Result<String> {
         Ok(url.trim_end_matches('/').to_string())
     } else {
         Err(
-            Error::usage(format!("--endpoint '{url}' is not an http(s) URL"))
+            Error::usage(format!("{what} '{url}' is not an http(s) URL"))
                 .with_hint("use e.g. http://model-gateway:8080"),
         )
     }
@@ -255,7 +271,10 @@ fn resolve_workspace(dir: &Path) -> Result<String> {
 }
 
 /// The settings of a new session.
-pub fn new_session_settings(provider: ProviderKind, args: &TurnArgs) -> Result<SessionSettings> {
+pub fn new_session_settings(
+    provider: ProviderKind,
+    args: &SettingsArgs,
+) -> Result<SessionSettings> {
     let mut settings = SessionSettings {
         image: provider.default_image(),
         network: "open".to_string(),
@@ -272,7 +291,7 @@ pub fn new_session_settings(provider: ProviderKind, args: &TurnArgs) -> Result<S
 
 /// Applies `resume` flags on top of a session's remembered settings. The workspace mode is
 /// fixed when a session starts (a copy-mode workspace lives in its own volume).
-pub fn apply_resume_overrides(settings: &mut SessionSettings, args: &TurnArgs) -> Result<()> {
+pub fn apply_resume_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> Result<()> {
     if let Some(mode) = workspace_mode(args.workspace_mode) {
         if mode != settings.workspace_mode {
             return Err(Error::usage(
@@ -295,7 +314,7 @@ pub fn apply_resume_overrides(settings: &mut SessionSettings, args: &TurnArgs) -
 }
 
 /// Applies `run`/`resume` flags on top of settings (a resumed session's remembered ones).
-pub fn apply_overrides(settings: &mut SessionSettings, args: &TurnArgs) -> Result<()> {
+pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> Result<()> {
     if let Some(image) = &args.image {
         settings.image = image.clone();
     }
@@ -303,7 +322,7 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &TurnArgs) -> Resul
         settings.model = Some(model.clone());
     }
     if let Some(endpoint) = &args.endpoint {
-        settings.endpoint = Some(validate_endpoint(endpoint)?);
+        settings.endpoint = Some(validate_endpoint(endpoint, "--endpoint")?);
     }
     if let Some(network) = &args.network {
         if network.trim().is_empty() {
@@ -320,26 +339,18 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &TurnArgs) -> Resul
         settings.workspace = Some(resolve_workspace(ws)?);
     }
     if let Some(m) = &args.memory {
-        settings.memory = Some(parse_memory(m)?);
+        settings.memory = Some(parse_memory(m, "--memory")?);
     }
     if let Some(c) = args.cpus {
-        if c <= 0.0 || !c.is_finite() {
-            return Err(Error::usage(format!(
-                "--cpus {c} must be a positive number"
-            )));
-        }
+        check_cpus(c, "--cpus")?;
         settings.cpus = Some(c);
     }
     if let Some(p) = args.pids_limit {
-        if p < 16 {
-            return Err(Error::usage(format!(
-                "--pids-limit {p} is too low for any CLI (use 64 or more)"
-            )));
-        }
+        check_pids_limit(p, "--pids-limit")?;
         settings.pids_limit = Some(p);
     }
     for host in &args.allow_host {
-        validate_allow_host(host)?;
+        validate_allow_host(host, "--allow-host")?;
         if !settings.allow_hosts.contains(host) {
             settings.allow_hosts.push(host.clone());
         }
@@ -369,17 +380,35 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &TurnArgs) -> Resul
     Ok(())
 }
 
+pub fn check_cpus(c: f64, what: &str) -> Result<()> {
+    if c <= 0.0 || !c.is_finite() {
+        return Err(Error::usage(format!(
+            "{what} {c} must be a positive number"
+        )));
+    }
+    Ok(())
+}
+
+pub fn check_pids_limit(p: i64, what: &str) -> Result<()> {
+    if p < 16 {
+        return Err(Error::usage(format!(
+            "{what} {p} is too low for any CLI (use 64 or more)"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn memory_sizes() {
-        assert_eq!(parse_memory("2g").unwrap(), 2 << 30);
-        assert_eq!(parse_memory("512m").unwrap(), 512 << 20);
-        assert_eq!(parse_memory("512MB").unwrap(), 512 << 20);
-        assert!(parse_memory("lots").is_err());
-        assert!(parse_memory("1k").is_err());
+        assert_eq!(parse_memory("2g", "--memory").unwrap(), 2 << 30);
+        assert_eq!(parse_memory("512m", "--memory").unwrap(), 512 << 20);
+        assert_eq!(parse_memory("512MB", "--memory").unwrap(), 512 << 20);
+        assert!(parse_memory("lots", "--memory").is_err());
+        assert!(parse_memory("1k", "--memory").is_err());
     }
 
     #[test]
@@ -398,10 +427,10 @@ mod tests {
         assert!(validate_name("5b0c", "--name").is_err());
         assert!(validate_name("a b", "--name").is_err());
         assert_eq!(
-            validate_endpoint("http://stub:8080/").unwrap(),
+            validate_endpoint("http://stub:8080/", "--endpoint").unwrap(),
             "http://stub:8080"
         );
-        assert!(validate_endpoint("stub:8080").is_err());
+        assert!(validate_endpoint("stub:8080", "--endpoint").is_err());
     }
 
     #[test]
@@ -452,11 +481,13 @@ mod allow_host_tests {
             "*.example.com",
             "@provider",
         ] {
-            assert!(validate_allow_host(ok).is_ok(), "{ok}");
+            assert!(validate_allow_host(ok, "--allow-host").is_ok(), "{ok}");
         }
         for bad in ["", "a b", "host:0", "host:99999", "http://host", "@nobody"] {
             assert_eq!(
-                validate_allow_host(bad).unwrap_err().exit_code(),
+                validate_allow_host(bad, "--allow-host")
+                    .unwrap_err()
+                    .exit_code(),
                 2,
                 "{bad}"
             );

@@ -6,6 +6,7 @@
 //! error (exit 3) instead of touching a shared one. Update the snapshots with
 //! `INSTA_UPDATE=always cargo nextest run --test cli` and review the diff.
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// What one run of caw-box printed, as the snapshot shows it.
@@ -14,14 +15,23 @@ struct Ran {
     text: String,
 }
 
-/// Runs caw-box with `args`, no terminal on stdin, and a clean environment of its own.
+/// Runs caw-box with `args`, no terminal on stdin, and a clean environment of its own (no
+/// config file: HOME and the current directory are an empty temp dir).
 fn caw_box(args: &[&str]) -> Ran {
+    let data = tempfile::tempdir().expect("a temp dir");
+    caw_box_in(args, data.path(), data.path(), &[])
+}
+
+/// [`caw_box`] with this HOME and current directory, and extra variables.
+fn caw_box_in(args: &[&str], home: &Path, cwd: &Path, vars: &[(&str, &str)]) -> Ran {
     let data = tempfile::tempdir().expect("a temp dir");
     let out = Command::new(env!("CARGO_BIN_EXE_caw-box"))
         .args(args)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", data.path())
+        .env("HOME", home)
+        .envs(vars.iter().copied())
+        .current_dir(cwd)
         .env("CAW_BOX_DATA_DIR", data.path().join("data"))
         .env(
             "DOCKER_HOST",
@@ -53,7 +63,10 @@ fn caw_box(args: &[&str]) -> Ran {
 
 /// A refusal: the exit code, one line on stderr, nothing on stdout.
 fn refused(args: &[&str], code: i32) -> String {
-    let ran = caw_box(args);
+    check_refused(caw_box(args), code)
+}
+
+fn check_refused(ran: Ran, code: i32) -> String {
     assert_eq!(ran.code, Some(code), "{}", ran.text);
     assert!(!ran.text.contains("--- stdout"), "{}", ran.text);
     let stderr = ran.text.split("--- stderr\n").nth(1).unwrap_or_default();
@@ -168,4 +181,177 @@ fn a_malformed_handle_is_refused() {
         lines.push(format!("{handle}\n  caw-box: error: {e}"));
     }
     insta::assert_snapshot!("malformed_handle", lines.join("\n"));
+}
+
+/// A home with a user config file and a repository with a project file, its workspace a
+/// subdirectory: `config` and `run` as a user in that repository would meet them.
+struct ConfigWorld {
+    dir: tempfile::TempDir,
+}
+
+impl ConfigWorld {
+    fn new(user: &str, project: &str) -> ConfigWorld {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let config = dir.path().join(".config/caw-box");
+        std::fs::create_dir_all(&config).unwrap();
+        std::fs::write(config.join("config.toml"), user).unwrap();
+        std::fs::create_dir_all(dir.path().join("repo/.git")).unwrap();
+        std::fs::create_dir_all(dir.path().join("repo/app")).unwrap();
+        std::fs::write(dir.path().join("repo/.caw-box.toml"), project).unwrap();
+        ConfigWorld { dir }
+    }
+
+    /// caw-box in repo/app, HOME the world's root.
+    fn run(&self, args: &[&str], vars: &[(&str, &str)]) -> Ran {
+        caw_box_in(
+            args,
+            self.dir.path(),
+            &self.dir.path().join("repo/app"),
+            vars,
+        )
+    }
+
+    fn filtered(&self, text: &str) -> String {
+        let real = self.dir.path().canonicalize().unwrap();
+        text.replace(&real.display().to_string(), "[TMP]")
+            .replace(&self.dir.path().display().to_string(), "[TMP]")
+    }
+}
+
+const USER_CONFIG: &str = "\
+provider = \"codex\"
+model = \"user-model\"
+memory = \"2g\"
+timeout = \"10m\"
+idle_timeout = \"5m\"
+";
+
+const PROJECT_CONFIG: &str = "\
+# committed with the repository
+model = \"project-model\"
+allow_host = [\"@provider\", \"pypi.org:443\"]
+timeout = \"20m\"
+labels = { team = \"ci\" }
+env_pass = [\"OPENAI_API_KEY\"]
+";
+
+/// Every source at once: a flag, a variable, the project file, the user file, defaults.
+#[test]
+fn config_show_says_where_each_setting_came_from() {
+    let world = ConfigWorld::new(USER_CONFIG, PROJECT_CONFIG);
+    let ran = world.run(
+        &["config", "show", "--json", "--memory", "4g"],
+        &[("CAW_BOX_TIMEOUT", "45m")],
+    );
+    assert_eq!(ran.code, Some(0), "{}", ran.text);
+    let shown = world.filtered(&ran.text);
+    // The precedence, row by row (the snapshot pins the whole).
+    let json: serde_json::Value =
+        serde_json::from_str(shown.split("--- stdout\n").nth(1).unwrap()).unwrap();
+    let source = |key: &str| {
+        let s = json["settings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["key"] == key)
+            .unwrap();
+        (
+            s["value"].clone(),
+            s["source"].as_str().unwrap().to_string(),
+        )
+    };
+    assert_eq!(source("memory"), ("4g".into(), "flag".into()));
+    assert_eq!(source("timeout"), ("45m".into(), "env".into()));
+    assert_eq!(source("model"), ("project-model".into(), "project".into()));
+    assert_eq!(source("idle_timeout"), ("5m".into(), "user".into()));
+    assert_eq!(source("network"), ("open".into(), "default".into()));
+    insta::assert_snapshot!("config_show_json", shown);
+}
+
+#[test]
+fn config_show_as_a_table() {
+    let world = ConfigWorld::new(USER_CONFIG, PROJECT_CONFIG);
+    let ran = world.run(&["config", "show", "--provider", "gemini"], &[]);
+    assert_eq!(ran.code, Some(0), "{}", ran.text);
+    insta::assert_snapshot!("config_show_table", world.filtered(&ran.text));
+}
+
+#[test]
+fn config_path_lists_the_files_considered() {
+    let world = ConfigWorld::new("", "");
+    let ran = world.run(&["config", "path"], &[]);
+    assert_eq!(ran.code, Some(0), "{}", ran.text);
+    insta::assert_snapshot!("config_path", world.filtered(&ran.text));
+    // CAW_BOX_CONFIG names the user file instead.
+    let other = world.dir.path().join("elsewhere.toml");
+    let ran = world.run(
+        &["config", "path"],
+        &[("CAW_BOX_CONFIG", other.to_str().unwrap())],
+    );
+    assert!(
+        world
+            .filtered(&ran.text)
+            .contains("user     missing  [TMP]/elsewhere.toml"),
+        "{}",
+        ran.text
+    );
+}
+
+#[test]
+fn a_secret_in_a_config_file_is_refused_without_its_value() {
+    let world = ConfigWorld::new(
+        "",
+        "model = \"m\"\nendpoint = \"https://gw.example.com/v1?key=sk-proj-Zx81Kq0PmWv3Lr7Tn2Yb\"\n",
+    );
+    let text = world.filtered(&check_refused(
+        world.run(&["run", "--provider", "codex", "hi"], &[]),
+        2,
+    ));
+    assert!(!text.contains("Zx81Kq0"), "the value leaked: {text}");
+    insta::assert_snapshot!("config_secret_refused", text);
+}
+
+#[test]
+fn a_bad_key_in_a_config_file_is_refused_naming_file_and_line() {
+    let world = ConfigWorld::new(
+        "provider = \"codex\"\n\nallow_hosts = [\"x.example.com\"]\n",
+        "",
+    );
+    let text = world.filtered(&check_refused(world.run(&["run", "hi"], &[]), 2));
+    assert!(
+        text.contains("[TMP]/.config/caw-box/config.toml:3: unknown field `allow_hosts`"),
+        "{text}"
+    );
+    insta::assert_snapshot!("config_bad_key", text);
+}
+
+#[test]
+fn a_bad_value_in_a_config_file_is_refused_naming_file_line_and_key() {
+    let world = ConfigWorld::new("", "model = \"m\"\nmemory = \"lots\"\n");
+    let text = world.filtered(&check_refused(world.run(&["config", "show"], &[]), 2));
+    insta::assert_snapshot!("config_bad_value", text);
+}
+
+#[test]
+fn run_needs_a_provider_from_a_flag_or_a_config_file() {
+    insta::assert_snapshot!("run_without_provider", refused(&["run", "hi"], 2));
+}
+
+#[test]
+fn config_help() {
+    insta::assert_snapshot!("config_show_help", help(&["config", "show", "--help"]));
+}
+
+#[test]
+fn the_man_page_renders() {
+    let ran = caw_box(&["man"]);
+    assert_eq!(ran.code, Some(0), "{}", ran.text);
+    assert!(ran.text.contains(".TH caw-box 1"), "{}", ran.text);
+    assert!(ran.text.contains("config"), "{}", ran.text);
+    let dir = tempfile::tempdir().unwrap();
+    let ran = caw_box(&["man", "--dir", dir.path().to_str().unwrap()]);
+    assert_eq!(ran.code, Some(0), "{}", ran.text);
+    for page in ["caw-box.1", "caw-box-run.1", "caw-box-config-show.1"] {
+        assert!(dir.path().join(page).is_file(), "{page} missing");
+    }
 }

@@ -1183,7 +1183,7 @@ fn proxy_reading(entry: &str) -> (String, Option<u32>) {
 #[test]
 fn allow_host_parser() {
     fuzz("--allow-host parser", allow_host_input(), |host| {
-        match settings::validate_allow_host(&host) {
+        match settings::validate_allow_host(&host, "--allow-host") {
             Ok(()) if host == "@provider" => {}
             Ok(()) => {
                 // Accepted: `[*.]label(.label)*[:port]`, read the same way by the proxy.
@@ -1295,7 +1295,7 @@ fn size_input() -> BoxedStrategy<String> {
 #[test]
 fn size_parser() {
     fuzz("size parser", size_input(), |input| {
-        match settings::parse_memory(&input) {
+        match settings::parse_memory(&input, "--memory") {
             Ok(bytes) => {
                 prop_assert!(bytes >= 6 << 20);
                 prop_assert!(
@@ -1328,7 +1328,7 @@ fn sizes_round_trip() {
     fuzz("size round trip", strategy, |(n, (suffix, shift))| {
         let expected = i64::try_from(n << shift).unwrap();
         prop_assert_eq!(
-            settings::parse_memory(&format!("{n}{suffix}")).ok(),
+            settings::parse_memory(&format!("{n}{suffix}"), "--memory").ok(),
             Some(expected)
         );
         Ok(())
@@ -1590,7 +1590,7 @@ fn regression_allow_host_port_is_plain_digits_and_labels_are_not_empty() {
         "a.",
         "*.*.com",
     ] {
-        let err = settings::validate_allow_host(bad).unwrap_err();
+        let err = settings::validate_allow_host(bad, "--allow-host").unwrap_err();
         assert_eq!(err.exit_code(), 2, "{bad}");
     }
     for ok in [
@@ -1600,7 +1600,10 @@ fn regression_allow_host_port_is_plain_digits_and_labels_are_not_empty() {
         "127.0.0.1:8080",
         "@provider",
     ] {
-        assert!(settings::validate_allow_host(ok).is_ok(), "{ok}");
+        assert!(
+            settings::validate_allow_host(ok, "--allow-host").is_ok(),
+            "{ok}"
+        );
     }
 }
 
@@ -1632,12 +1635,17 @@ fn regression_sizes_beyond_i64_or_not_finite_are_refused() {
         "NaNg",
     ] {
         assert_eq!(
-            settings::parse_memory(bad).unwrap_err().exit_code(),
+            settings::parse_memory(bad, "--memory")
+                .unwrap_err()
+                .exit_code(),
             2,
             "{bad}"
         );
     }
-    assert_eq!(settings::parse_memory("1e3m").unwrap(), 1000 << 20);
+    assert_eq!(
+        settings::parse_memory("1e3m", "--memory").unwrap(),
+        1000 << 20
+    );
 }
 
 #[test]

@@ -2,13 +2,14 @@
 //! Each returns the process exit code, or an error that `main` prints once.
 
 pub mod auth;
+pub mod config;
 pub mod doctor;
 pub mod image;
 pub mod manage;
 pub mod portable;
 pub mod turn;
 
-use crate::cli::{AuthCommand, Cli, Command, ImageCommand, SessionCommand};
+use crate::cli::{AuthCommand, Cli, Command, ConfigCommand, ImageCommand, SessionCommand};
 use crate::error::Result;
 
 /// Runs the parsed command line.
@@ -61,6 +62,9 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Image(ImageCommand::Ls) => image::ls().await,
         Command::Image(ImageCommand::Prune) => image::prune(cli.quiet).await,
         Command::Doctor => doctor::doctor().await,
+        Command::Config(ConfigCommand::Show(args)) => config::show(&args),
+        Command::Config(ConfigCommand::Path { workspace }) => config::path(workspace.as_deref()),
+        Command::Man { dir } => man(dir.as_deref()),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();
@@ -70,4 +74,30 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// `man`: the man page (roff) on stdout, or one page per command written into `dir`.
+fn man(dir: Option<&std::path::Path>) -> Result<i32> {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    match dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .and_then(|()| clap_mangen::generate_to(cmd, dir))
+                .map_err(|e| {
+                    crate::Error::usage(format!(
+                        "cannot write man pages into '{}': {e}",
+                        dir.display()
+                    ))
+                })?;
+        }
+        None => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(cmd)
+                .render(&mut page)
+                .map_err(|e| crate::Error::usage(format!("cannot render the man page: {e}")))?;
+            crate::output::println(String::from_utf8_lossy(&page).trim_end_matches('\n'));
+        }
+    }
+    Ok(0)
 }

@@ -10,17 +10,19 @@ use serde::{Deserialize, Serialize};
 use crate::backend::Engine;
 use crate::cli::{OutputFormat, ResumeArgs, RunArgs, TurnArgs};
 use crate::client::{Client, NewSession, Session};
+use crate::config::{Key, Layer, Resolved};
 use crate::error::{Error, ErrorKind, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::output::{self, Printer};
 use crate::provider::ProviderKind;
-use crate::session::record::{labels, SessionSettings};
+use crate::session::record::{self, labels, SessionSettings};
 use crate::session::runner::{self, TurnOptions};
 use crate::session::{models, target};
 use crate::settings;
 
-/// Everything about a turn that can be checked before Docker is touched.
-fn turn_options(args: &TurnArgs) -> Result<TurnOptions> {
+/// Everything about a turn that can be checked before Docker is touched; `config` gives the
+/// turn-level keys (`env_pass`, `labels`).
+fn turn_options(args: &TurnArgs, config: &Resolved) -> Result<TurnOptions> {
     let prompt = settings::resolve_prompt(args)?;
     let interactive = prompt.is_none();
     if interactive && args.detach {
@@ -28,8 +30,11 @@ fn turn_options(args: &TurnArgs) -> Result<TurnOptions> {
             "--detach needs a PROMPT: an interactive session runs in this terminal",
         ));
     }
-    let env = settings::resolve_env(&args.env)?;
+    let mut env = settings::resolve_env(&args.env)?;
+    settings::add_passed_env(&mut env, &config.env_pass());
+    record::set_extra_labels(config.labels());
     let timeout = args
+        .settings
         .timeout
         .as_deref()
         .map(|t| settings::parse_duration(t, "--timeout"))
@@ -46,16 +51,31 @@ fn turn_options(args: &TurnArgs) -> Result<TurnOptions> {
     })
 }
 
-pub async fn run(args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
-    let provider: ProviderKind = args.provider.parse()?;
+pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
+    let flags = Layer::from_flags(
+        args.provider.as_deref(),
+        args.group.as_deref(),
+        &args.turn.settings,
+    );
+    let config = Resolved::load(flags, args.turn.settings.workspace.as_deref())?;
+    let provider: ProviderKind = config
+        .str(Key::Provider)
+        .ok_or_else(|| {
+            Error::usage("say which provider: --provider P").with_hint(
+                "claude_code, codex, opencode or gemini; or set `provider` in a config file (`caw-box config show`)",
+            )
+        })?
+        .parse()?;
     if let Some(name) = &args.name {
         settings::validate_name(name, "--name")?;
     }
+    args.group = config.str(Key::Group);
     if let Some(group) = &args.group {
         settings::validate_name(group, "--group")?;
     }
-    let mut session_settings = settings::new_session_settings(provider, &args.turn)?;
-    let mut options = turn_options(&args.turn)?;
+    args.turn.settings = config.settings_args(&args.turn.settings);
+    let mut session_settings = settings::new_session_settings(provider, &args.turn.settings)?;
+    let mut options = turn_options(&args.turn, &config)?;
     if args.user_config {
         options.user_files = user_config(provider, quiet)?;
     }
@@ -113,11 +133,12 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
         Error::usage("say which session to resume: TARGET (or --group G)")
             .with_hint("`caw-box ls` lists sessions")
     })?;
-    let options = turn_options(&args.turn)?;
+    let config = Resolved::load(Layer::default(), args.turn.settings.workspace.as_deref())?;
+    let options = turn_options(&args.turn, &config)?;
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
     let client = Client::connect().await?;
     let mut session = client.open(&target).await?;
-    settings::apply_resume_overrides(session.settings_mut(), &args.turn)?;
+    settings::apply_resume_overrides(session.settings_mut(), &args.turn.settings)?;
     if args.turn.detach {
         detach(client.backend(), &session, &options).await?;
         return Ok(print_detached(&session, args.turn.output));
@@ -161,7 +182,8 @@ async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32>
         )
         .with_hint("resume one session in its TUI: `caw-box resume TARGET`"));
     }
-    let options = turn_options(&turn_args)?;
+    let config = Resolved::load(Layer::default(), turn_args.settings.workspace.as_deref())?;
+    let options = turn_options(&turn_args, &config)?;
     let client = Client::connect().await?;
     let members: Vec<_> = target::list_sessions(client.backend())
         .await?
@@ -175,7 +197,7 @@ async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32>
     let mut sessions = Vec::new();
     for view in &members {
         let mut session = client.open(&view.facts.session_id.to_string()).await?;
-        settings::apply_resume_overrides(session.settings_mut(), &turn_args)?;
+        settings::apply_resume_overrides(session.settings_mut(), &turn_args.settings)?;
         sessions.push(session);
     }
     if !quiet && turn_args.output == OutputFormat::Text {
@@ -332,6 +354,11 @@ async fn detach(backend: &Engine, session: &Session, options: &TurnOptions) -> R
         use std::os::unix::process::CommandExt;
         Command::new(exe)
             .args(["-q", "__drive"])
+            // The labels config resolved for this turn's objects.
+            .env(
+                "CAW_BOX_LABELS",
+                record::render_labels(&record::extra_labels()),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

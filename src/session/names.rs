@@ -52,12 +52,28 @@ pub mod roles {
     pub const WORKSPACE: &str = "workspace";
 }
 
-/// Extra labels for every object caw-box creates, from `CAW_BOX_LABELS` (`k=v,k=v`):
-/// lets CI systems tag and sweep what their jobs made. caw-box's own labels always win.
+/// The extra labels of this process's objects when config resolved them (`labels` in a
+/// config file, or `CAW_BOX_LABELS`): set once by `run`/`resume`, before anything is made.
+static RESOLVED_LABELS: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+/// Fixes the extra labels of every object this process creates (the first call wins).
+pub fn set_extra_labels(labels: Vec<(String, String)>) {
+    let _ = RESOLVED_LABELS.set(labels);
+}
+
+/// Extra labels for every object caw-box creates: those config resolved (see
+/// [`set_extra_labels`]), else `CAW_BOX_LABELS` (`k=v,k=v`): lets CI systems tag and sweep
+/// what their jobs made. caw-box's own labels always win.
 pub fn extra_labels() -> Vec<(String, String)> {
-    std::env::var("CAW_BOX_LABELS")
-        .unwrap_or_default()
-        .split(',')
+    match RESOLVED_LABELS.get() {
+        Some(labels) => labels.clone(),
+        None => parse_labels(&std::env::var("CAW_BOX_LABELS").unwrap_or_default()),
+    }
+}
+
+/// `k=v,k=v` into pairs, without caw-box's own `io.caw-box.managed`.
+pub fn parse_labels(text: &str) -> Vec<(String, String)> {
+    text.split(',')
         .filter_map(|kv| {
             let (k, v) = kv.split_once('=')?;
             let k = k.trim();
@@ -65,6 +81,15 @@ pub fn extra_labels() -> Vec<(String, String)> {
                 .then(|| (k.to_string(), v.trim().to_string()))
         })
         .collect()
+}
+
+/// `k=v,k=v`, as `CAW_BOX_LABELS` takes them (for a detached turn's own process).
+pub fn render_labels(labels: &[(String, String)]) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Adds [`extra_labels`] to `labels` without overriding any.

@@ -15,7 +15,9 @@ use crate::event::{Status, Usage};
 use crate::provider::ProviderKind;
 
 use super::names::LabelSet;
-pub use super::names::{extra_labels, labels, roles, with_extra_labels};
+pub use super::names::{
+    extra_labels, labels, parse_labels, render_labels, roles, set_extra_labels, with_extra_labels,
+};
 
 /// The directory under HOME where caw-box keeps its own record in the state volume.
 pub const RECORD_DIR: &str = ".caw-box";

@@ -27,6 +27,9 @@ use crate::provider::{TurnRequest, AGENT_HOME, WORKSPACE_DIR};
 use crate::session::names::{self, LabelSet};
 use crate::session::record::{labels, roles, SessionRecord, WorkspaceMode};
 
+/// A turn's process limit when the session sets none (`--pids-limit`).
+pub const DEFAULT_PIDS_LIMIT: i64 = 512;
+
 pub use super::egress::{PROXY_ALIAS, PROXY_PORT};
 pub use super::headless::model_host;
 pub use super::history::cache_record;
@@ -258,7 +261,7 @@ fn turn_spec(
         limits: Limits {
             memory: settings.memory,
             cpus: settings.cpus,
-            pids: settings.pids_limit.unwrap_or(512),
+            pids: settings.pids_limit.unwrap_or(DEFAULT_PIDS_LIMIT),
         },
         network: NetworkPolicy::from_setting(&settings.network),
         interactive: None,

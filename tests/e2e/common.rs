@@ -24,6 +24,24 @@ pub const STUB_IMAGE: &str = "caw-box-test/stub-model:latest";
 pub const TEST_KEY: &str = "sk-test-caw-box-0123456789";
 pub const TEST_LABEL: &str = "io.caw-box.test-run";
 
+/// The `CAW_BOX_*` variables that set defaults of `run` (`CAW_BOX_LABELS` the rig sets).
+const CONFIG_VARS: [&str; 14] = [
+    "CAW_BOX_PROVIDER",
+    "CAW_BOX_MODEL",
+    "CAW_BOX_IMAGE",
+    "CAW_BOX_ENDPOINT",
+    "CAW_BOX_NETWORK",
+    "CAW_BOX_ALLOW_HOST",
+    "CAW_BOX_MEMORY",
+    "CAW_BOX_CPUS",
+    "CAW_BOX_PIDS_LIMIT",
+    "CAW_BOX_TIMEOUT",
+    "CAW_BOX_IDLE_TIMEOUT",
+    "CAW_BOX_CONNECT_TIMEOUT",
+    "CAW_BOX_WORKSPACE_MODE",
+    "CAW_BOX_GROUP",
+];
+
 /// A provider as the tests drive it: its name, its key variable, a model the stub accepts.
 #[derive(Debug, Clone, Copy)]
 pub struct P {
@@ -136,10 +154,15 @@ impl Rig {
     pub async fn start_stub(&self, extra_env: &[String]) {
         let mut env = vec![format!("STUB_EXPECT_KEY={TEST_KEY}")];
         env.extend_from_slice(extra_env);
+        self.start_stub_image(&self.stub, env).await;
+    }
+
+    /// A container of the stub image named `name` on the test's network.
+    async fn start_stub_image(&self, name: &str, env: Vec<String>) {
         self.docker
             .create_container(
                 Some(CreateContainerOptions {
-                    name: Some(self.stub.clone()),
+                    name: Some(name.to_string()),
                     ..Default::default()
                 }),
                 ContainerCreateBody {
@@ -154,11 +177,11 @@ impl Rig {
                 },
             )
             .await
-            .expect("create the stub model container (built by scripts/stub-image.sh)");
+            .expect("create a stub container (built by scripts/stub-image.sh)");
         self.docker
-            .start_container(&self.stub, None)
+            .start_container(name, None)
             .await
-            .expect("start the stub");
+            .expect("start a stub container");
     }
 
     pub fn endpoint(&self) -> String {
@@ -185,12 +208,71 @@ impl Rig {
             .env_remove("CODEX_HOME")
             .env_remove("XDG_DATA_HOME")
             .env_remove("GEMINI_CLI_HOME")
+            // No user's config file or CAW_BOX_* setting shapes a test's sessions.
+            .env(
+                "CAW_BOX_CONFIG",
+                self.data_dir.path().join("no-user-config.toml"),
+            )
+            .env_remove("XDG_CONFIG_HOME")
             .current_dir(self.workspace.path())
             .stdin(Stdio::null());
+        for var in CONFIG_VARS {
+            c.env_remove(var);
+        }
         if let Some(repo) = std::env::var_os("CAW_BOX_E2E_IMAGE_REPO") {
             c.env("CAW_BOX_IMAGE_REPO", repo);
         }
         c
+    }
+
+    /// A second server on the test's network (the stub image, not the model's stub), for
+    /// an allowlist not to name; returns its name.
+    pub fn start_other_server(&self) -> String {
+        let other = format!("other-{}", self.run_id);
+        self.rt.block_on(self.start_stub_image(&other, Vec::new()));
+        other
+    }
+
+    /// Resumes codex session `id` (started with `--allow-host <stub>:8080`) with a probe: the
+    /// stub answers through the proxy, `other` is refused by it, and nothing gets out
+    /// directly, and the refusal is one of the turn's events.
+    pub fn assert_only_the_stub_is_reachable(&self, id: &str, other: &str) {
+        let probe = format!(
+            "RUN:for h in {stub} {other}; do exec 3<>/dev/tcp/caw-box-proxy/3128; printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; head -1 <&3 | tr -d '\\r'; exec 3<&-; done; (exec 3<>/dev/tcp/{stub}/8080) 2>/dev/null && echo direct-open || echo direct-blocked",
+            stub = self.stub
+        );
+        let mut cmd = self.resume_cmd(CODEX, id, &probe, &[]);
+        cmd.args(["-o", "stream-json"]);
+        let out = run(cmd);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        let events: Vec<Value> = stdout_of(&out)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let answer = events.last().unwrap()["result"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            answer.contains("HTTP/1.1 200"),
+            "the allowed host did not answer: {answer}"
+        );
+        assert!(
+            answer.contains("HTTP/1.1 403"),
+            "the other host was not refused: {answer}"
+        );
+        assert!(
+            answer.contains("direct-blocked"),
+            "a direct connection got out: {answer}"
+        );
+        assert!(
+            events.iter().any(|e| e["type"] == "error"
+                && e["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains(&format!("egress to {other}:8080 was refused"))),
+            "no refusal event: {events:#?}"
+        );
     }
 
     /// `caw-box run` for `p` against this test's stub, with any extra args.

@@ -6,6 +6,7 @@ mod common;
 
 mod auth;
 mod bad_input;
+mod config;
 mod control;
 mod hardening;
 mod images;

@@ -249,34 +249,8 @@ fn files_the_agent_creates_belong_to_a_non_1000_host_user() {
 
 #[test]
 fn allow_host_admits_only_listed_hosts_through_the_proxy() {
-    use bollard::models::{ContainerCreateBody, HostConfig};
     let rig = Rig::new("allow");
-    // A second server on the test's network that the allowlist does not name.
-    let other = format!("other-{}", rig.run_id);
-    rig.rt.block_on(async {
-        rig.docker
-            .create_container(
-                Some(bollard::query_parameters::CreateContainerOptions {
-                    name: Some(other.clone()),
-                    ..Default::default()
-                }),
-                ContainerCreateBody {
-                    image: Some(STUB_IMAGE.to_string()),
-                    labels: Some(std::collections::HashMap::from([(
-                        TEST_LABEL.to_string(),
-                        rig.run_id.clone(),
-                    )])),
-                    host_config: Some(HostConfig {
-                        network_mode: Some(rig.network.clone()),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
-        rig.docker.start_container(&other, None).await.unwrap();
-    });
+    let other = rig.start_other_server();
     let allow = format!("{}:8080", rig.stub);
 
     // The CLI's own model traffic goes through the proxy to the allowed stub.
@@ -285,42 +259,7 @@ fn allow_host_admits_only_listed_hosts_through_the_proxy() {
     assert_eq!(code, 0, "{json}\n{stderr}");
     let id = json["session_id"].as_str().unwrap().to_string();
 
-    let probe = format!(
-        "RUN:for h in {stub} {other}; do exec 3<>/dev/tcp/caw-box-proxy/3128; printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; head -1 <&3 | tr -d '\\r'; exec 3<&-; done; (exec 3<>/dev/tcp/{stub}/8080) 2>/dev/null && echo direct-open || echo direct-blocked",
-        stub = rig.stub
-    );
-    let mut cmd = rig.resume_cmd(CODEX, &id, &probe, &[]);
-    cmd.args(["-o", "stream-json"]);
-    let out = run(cmd);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
-    let events: Vec<serde_json::Value> = stdout_of(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let answer = events.last().unwrap()["result"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert!(
-        answer.contains("HTTP/1.1 200"),
-        "the allowed host did not answer: {answer}"
-    );
-    assert!(
-        answer.contains("HTTP/1.1 403"),
-        "the other host was not refused: {answer}"
-    );
-    assert!(
-        answer.contains("direct-blocked"),
-        "a direct connection got out: {answer}"
-    );
-    assert!(
-        events.iter().any(|e| e["type"] == "error"
-            && e["message"]
-                .as_str()
-                .unwrap_or("")
-                .contains(&format!("egress to {other}:8080 was refused"))),
-        "no refusal event: {events:#?}"
-    );
+    rig.assert_only_the_stub_is_reachable(&id, &other);
 
     // The proxy and its network went with the turn.
     assert!(

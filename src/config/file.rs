@@ -1,0 +1,197 @@
+//! One config file, read into a [`Layer`]: TOML syntax, no secret values, known keys only,
+//! each value checked as its flag's would be. Every refusal is one line naming the file, the
+//! line and the key, and never the value (it may be a secret pasted by mistake).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+use super::secrets::why_secret;
+use super::{Key, Layer, Origin, Value};
+use crate::error::{Error, Result};
+
+/// What a config file may hold (the same names as the flags, with `_`).
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    provider: Option<Spanned<String>>,
+    model: Option<Spanned<String>>,
+    image: Option<Spanned<String>>,
+    endpoint: Option<Spanned<String>>,
+    network: Option<Spanned<String>>,
+    allow_host: Option<Spanned<Vec<String>>>,
+    memory: Option<Spanned<MemorySize>>,
+    cpus: Option<Spanned<f64>>,
+    pids_limit: Option<Spanned<i64>>,
+    timeout: Option<Spanned<String>>,
+    idle_timeout: Option<Spanned<String>>,
+    connect_timeout: Option<Spanned<String>>,
+    workspace_mode: Option<Spanned<String>>,
+    group: Option<Spanned<String>>,
+    labels: Option<Spanned<BTreeMap<String, String>>>,
+    env_pass: Option<Spanned<Vec<String>>>,
+}
+
+/// `memory = "2g"` or `memory = 2147483648` (bytes).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum MemorySize {
+    Text(String),
+    Bytes(i64),
+}
+
+/// Reads `text` (the contents of `path`) into a layer of `origin`'s kind.
+pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<Layer> {
+    let at = |span: std::ops::Range<usize>| format!("{}:{}", path.display(), line_of(text, span));
+    let document = DeTable::parse(text).map_err(|e| {
+        let line = e.span().map_or(1, |s| line_of(text, s));
+        refusal(path, line, None, e.message())
+    })?;
+    refuse_secrets(document.get_ref(), &|span, key, why| {
+        refusal(
+            path,
+            line_of(text, span),
+            Some(key),
+            &format!("{why}; config files hold no secret values (the value is not shown)"),
+        )
+        .with_hint("name the host variable that holds it instead: env_pass = [\"NAME\"]")
+    })?;
+    let file: ConfigFile = toml::from_str(text).map_err(|e| {
+        let line = e.span().map_or(1, |s| line_of(text, s));
+        // Serde names the key of an unknown field, and no other.
+        let key = e
+            .span()
+            .filter(|_| !e.message().starts_with("unknown field"))
+            .map(|s| key_on_line(text, s));
+        refusal(path, line, key.as_deref(), e.message())
+    })?;
+
+    let mut layer = Layer::default();
+    let mut put = |key: Key, value: Value, span: std::ops::Range<usize>| -> Result<()> {
+        let origin = origin(at(span.clone()));
+        let value = super::check(key, value, key.name()).map_err(|e| {
+            // The check names the key itself (`memory '1x' is not a size`).
+            let mut refused = refusal(path, line_of(text, span), None, &e.message);
+            refused.hint = e.hint;
+            refused
+        })?;
+        layer.0.insert(key, (value, origin));
+        Ok(())
+    };
+    let strings = [
+        (Key::Provider, file.provider),
+        (Key::Model, file.model),
+        (Key::Image, file.image),
+        (Key::Endpoint, file.endpoint),
+        (Key::Network, file.network),
+        (Key::Timeout, file.timeout),
+        (Key::IdleTimeout, file.idle_timeout),
+        (Key::ConnectTimeout, file.connect_timeout),
+        (Key::WorkspaceMode, file.workspace_mode),
+        (Key::Group, file.group),
+    ];
+    for (key, v) in strings.into_iter() {
+        if let Some(v) = v {
+            let span = v.span();
+            put(key, Value::Str(v.into_inner()), span)?;
+        }
+    }
+    for (key, v) in [
+        (Key::AllowHost, file.allow_host),
+        (Key::EnvPass, file.env_pass),
+    ] {
+        if let Some(v) = v {
+            let span = v.span();
+            put(key, Value::List(v.into_inner()), span)?;
+        }
+    }
+    if let Some(v) = file.memory {
+        let span = v.span();
+        let text = match v.into_inner() {
+            MemorySize::Text(s) => s,
+            MemorySize::Bytes(n) => n.to_string(),
+        };
+        put(Key::Memory, Value::Str(text), span)?;
+    }
+    if let Some(v) = file.cpus {
+        let span = v.span();
+        put(Key::Cpus, Value::Float(v.into_inner()), span)?;
+    }
+    if let Some(v) = file.pids_limit {
+        let span = v.span();
+        put(Key::PidsLimit, Value::Int(v.into_inner()), span)?;
+    }
+    if let Some(v) = file.labels {
+        let span = v.span();
+        put(Key::Labels, Value::Map(v.into_inner()), span)?;
+    }
+    Ok(layer)
+}
+
+/// `FILE:LINE: KEY: what is wrong`, exit 2.
+fn refusal(path: &Path, line: usize, key: Option<&str>, what: &str) -> Error {
+    let key = key.map(|k| format!("{k}: ")).unwrap_or_default();
+    Error::usage(format!("{}:{line}: {key}{what}", path.display()))
+}
+
+/// Walks every value of the document; `found(span, key, why)` makes the error of the first
+/// secret-looking one. `key` is the innermost key above the value.
+fn refuse_secrets(
+    table: &DeTable<'_>,
+    found: &dyn Fn(std::ops::Range<usize>, &str, &str) -> Error,
+) -> Result<()> {
+    for (key, value) in table.iter() {
+        check_value(key.get_ref(), value, found)?;
+    }
+    Ok(())
+}
+
+fn check_value(
+    key: &str,
+    value: &Spanned<DeValue<'_>>,
+    found: &dyn Fn(std::ops::Range<usize>, &str, &str) -> Error,
+) -> Result<()> {
+    match value.get_ref() {
+        DeValue::String(s) => match why_secret(key, s) {
+            Some(why) => Err(found(value.span(), key, why)),
+            None => Ok(()),
+        },
+        DeValue::Array(items) => items
+            .iter()
+            .try_for_each(|item| check_value(key, item, found)),
+        DeValue::Table(t) => refuse_secrets(t, found),
+        // A number or a date is no key, but under a secret's name it still is one.
+        _ => match why_secret(key, "0") {
+            Some(why) => Err(found(value.span(), key, why)),
+            None => Ok(()),
+        },
+    }
+}
+
+/// The 1-based line of a byte offset.
+fn line_of(text: &str, span: std::ops::Range<usize>) -> usize {
+    let end = span.start.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// The key of the `key = value` line a span starts on (for serde's errors, which name the
+/// key only for unknown fields).
+fn key_on_line(text: &str, span: std::ops::Range<usize>) -> String {
+    let line = text
+        .lines()
+        .nth(line_of(text, span) - 1)
+        .unwrap_or_default();
+    line.split('=')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .trim_matches('"')
+        .to_string()
+}

@@ -1,0 +1,273 @@
+//! Precedence (flags > variables > project file > user file > defaults), the file search,
+//! and the one-line refusals of bad files.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::*;
+
+/// A home with a user file, a repository with a project file, and a subdirectory of it.
+struct World {
+    dir: tempfile::TempDir,
+    env: HashMap<String, String>,
+}
+
+impl World {
+    fn new(user: &str, project: &str) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        std::fs::create_dir_all(home.join(".config/caw-box")).unwrap();
+        std::fs::write(home.join(".config/caw-box/config.toml"), user).unwrap();
+        let repo = dir.path().join("repo");
+        std::fs::create_dir_all(repo.join(".git")).unwrap();
+        std::fs::create_dir_all(repo.join("src/deep")).unwrap();
+        std::fs::write(repo.join(PROJECT_FILE), project).unwrap();
+        let env = HashMap::from([("HOME".to_string(), home.display().to_string())]);
+        World { dir, env }
+    }
+
+    fn workspace(&self) -> std::path::PathBuf {
+        self.dir.path().join("repo/src/deep")
+    }
+
+    fn resolve(&self, flags: Layer) -> Result<Resolved> {
+        let get = |k: &str| self.env.get(k).cloned();
+        Resolved::from_sources(flags, &self.workspace(), &get)
+    }
+
+    fn origin(&self, r: &Resolved, key: Key) -> String {
+        let root = self.dir.path().display().to_string();
+        let (_, o) = r
+            .table()
+            .into_iter()
+            .find(|(k, ..)| *k == key)
+            .map(|(_, v, o)| (v, o))
+            .unwrap();
+        o.to_string().replace(&root, "<tmp>")
+    }
+}
+
+fn model(r: &Resolved) -> Option<String> {
+    r.str(Key::Model)
+}
+
+#[test]
+fn flags_beat_variables_beat_the_project_file_beat_the_user_file() {
+    let mut w = World::new("model = \"user\"\n", "model = \"project\"\n");
+    let flags = |m: Option<&str>| {
+        Layer::from_flags(
+            None,
+            None,
+            &SettingsArgs {
+                model: m.map(String::from),
+                ..Default::default()
+            },
+        )
+    };
+    // Each row: what is set, and who wins.
+    assert_eq!(
+        model(&w.resolve(flags(Some("flag"))).unwrap()).as_deref(),
+        Some("flag")
+    );
+    w.env.insert("CAW_BOX_MODEL".into(), "env".into());
+    let r = w.resolve(flags(Some("flag"))).unwrap();
+    assert_eq!(model(&r).as_deref(), Some("flag"));
+    assert_eq!(w.origin(&r, Key::Model), "flag --model");
+    let r = w.resolve(flags(None)).unwrap();
+    assert_eq!(model(&r).as_deref(), Some("env"));
+    assert_eq!(w.origin(&r, Key::Model), "env CAW_BOX_MODEL");
+    w.env.remove("CAW_BOX_MODEL");
+    let r = w.resolve(flags(None)).unwrap();
+    assert_eq!(model(&r).as_deref(), Some("project"));
+    assert_eq!(
+        w.origin(&r, Key::Model),
+        "project <tmp>/repo/.caw-box.toml:1"
+    );
+    std::fs::write(
+        w.dir.path().join("repo").join(PROJECT_FILE),
+        "memory = \"1g\"\n",
+    )
+    .unwrap();
+    let r = w.resolve(flags(None)).unwrap();
+    assert_eq!(model(&r).as_deref(), Some("user"));
+    assert_eq!(
+        w.origin(&r, Key::Model),
+        "user <tmp>/home/.config/caw-box/config.toml:1"
+    );
+    std::fs::write(w.dir.path().join("home/.config/caw-box/config.toml"), "").unwrap();
+    let r = w.resolve(flags(None)).unwrap();
+    assert_eq!(model(&r), None);
+    assert_eq!(w.origin(&r, Key::Model), "default");
+}
+
+#[test]
+fn each_key_is_settled_on_its_own() {
+    let w = World::new(
+        "provider = \"codex\"\nmemory = \"2g\"\ncpus = 2\ntimeout = \"10m\"\n",
+        "allow_host = [\"@provider\"]\nmemory = 1073741824\nenv_pass = [\"OPENAI_API_KEY\"]\n",
+    );
+    let r = w.resolve(Layer::default()).unwrap();
+    let args = r.settings_args(&SettingsArgs::default());
+    assert_eq!(r.str(Key::Provider).as_deref(), Some("codex"));
+    assert_eq!(args.memory.as_deref(), Some("1073741824"));
+    assert_eq!(args.cpus, Some(2.0));
+    assert_eq!(args.timeout.as_deref(), Some("10m"));
+    assert_eq!(args.allow_host, vec!["@provider"]);
+    assert_eq!(r.env_pass(), vec!["OPENAI_API_KEY"]);
+    // Defaults fill what nothing set; the image follows the provider.
+    let table = r.table();
+    let image = table.iter().find(|(k, ..)| *k == Key::Image).unwrap();
+    assert_eq!(image.1, Some(Value::Str("caw-box/codex:latest".into())));
+    assert_eq!(image.2, Origin::Default);
+}
+
+#[test]
+fn a_list_from_a_flag_replaces_the_files_list() {
+    let w = World::new("", "allow_host = [\"a.example.com\", \"b.example.com\"]\n");
+    let flags = Layer::from_flags(
+        None,
+        None,
+        &SettingsArgs {
+            allow_host: vec!["c.example.com".into()],
+            ..Default::default()
+        },
+    );
+    let r = w.resolve(flags).unwrap();
+    assert_eq!(
+        r.settings_args(&SettingsArgs::default()).allow_host,
+        vec!["c.example.com"]
+    );
+}
+
+#[test]
+fn the_project_file_is_searched_up_to_the_repository_root() {
+    let w = World::new("", "model = \"p\"\n");
+    let found = project_candidates(&w.workspace());
+    let rel: Vec<_> = found
+        .iter()
+        .map(|p| p.strip_prefix(w.dir.path()).unwrap().display().to_string())
+        .collect();
+    assert_eq!(
+        rel,
+        vec![
+            "repo/src/deep/.caw-box.toml",
+            "repo/src/.caw-box.toml",
+            "repo/.caw-box.toml"
+        ]
+    );
+    // A file above the repository root is not the project's.
+    std::fs::remove_file(w.dir.path().join("repo").join(PROJECT_FILE)).unwrap();
+    std::fs::write(w.dir.path().join(PROJECT_FILE), "model = \"outside\"\n").unwrap();
+    assert_eq!(model(&w.resolve(Layer::default()).unwrap()), None);
+}
+
+#[test]
+fn the_user_file_follows_caw_box_config_and_xdg() {
+    let env = |pairs: &[(&str, &str)]| {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k: &str| m.get(k).cloned()
+    };
+    assert_eq!(
+        user_file(&env(&[("HOME", "/h")])).unwrap(),
+        Path::new("/h/.config/caw-box/config.toml")
+    );
+    assert_eq!(
+        user_file(&env(&[("HOME", "/h"), ("XDG_CONFIG_HOME", "/x")])).unwrap(),
+        Path::new("/x/caw-box/config.toml")
+    );
+    assert_eq!(
+        user_file(&env(&[
+            ("HOME", "/h"),
+            ("XDG_CONFIG_HOME", "/x"),
+            ("CAW_BOX_CONFIG", "/c.toml")
+        ]))
+        .unwrap(),
+        Path::new("/c.toml")
+    );
+}
+
+/// The error line, with the temp dir replaced.
+fn refusal(user: &str, project: &str) -> String {
+    let w = World::new(user, project);
+    let e = w.resolve(Layer::default()).unwrap_err();
+    assert_eq!(e.exit_code(), 2, "{e}");
+    e.to_string()
+        .replace(&w.dir.path().display().to_string(), "<tmp>")
+}
+
+#[test]
+fn bad_files_are_refused_naming_file_line_and_key() {
+    assert!(refusal("", "model = \"m\"\nmodle = \"x\"\n")
+        .starts_with("<tmp>/repo/.caw-box.toml:2: unknown field `modle`"),);
+    assert_eq!(
+        refusal("\n\nmemory = \"lots\"\n", ""),
+        "<tmp>/home/.config/caw-box/config.toml:3: memory 'lots' is not a size; use e.g. 512m or 2g"
+    );
+    assert_eq!(
+        refusal("", "cpus = \"two\"\n"),
+        "<tmp>/repo/.caw-box.toml:1: cpus: invalid type: string \"two\", expected f64"
+    );
+    assert!(refusal("", "timeout = \"soon\"\n")
+        .starts_with("<tmp>/repo/.caw-box.toml:1: timeout 'soon'"));
+    assert!(refusal("", "network = \"none\"\n")
+        .starts_with("<tmp>/repo/.caw-box.toml:1: network 'none'"));
+    assert!(refusal("", "provider = \"gpt\"\n")
+        .starts_with("<tmp>/repo/.caw-box.toml:1: unknown provider"));
+    assert!(refusal("", "x = [\n").starts_with("<tmp>/repo/.caw-box.toml:"));
+    assert!(
+        refusal("", "env_pass = [\"A-B\"]\n").starts_with("<tmp>/repo/.caw-box.toml:1: env_pass")
+    );
+}
+
+#[test]
+fn secret_values_are_refused_without_showing_them() {
+    let key = "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWx";
+    for project in [
+        format!("model = \"{key}\"\n"),
+        format!("endpoint = \"https://gw.example.com/v1?key={key}\"\n"),
+        format!("labels = {{ owner = \"{key}\" }}\n"),
+        format!("allow_host = [\"ok.example.com\", \"{key}\"]\n"),
+        // Refused before it is found to be an unknown key: the key is the message.
+        format!("openai_api_key = \"{key}\"\n"),
+        "[auth]\ntoken = \"abc\"\n".to_string(),
+    ] {
+        let line = refusal("", &project);
+        assert!(
+            line.contains("config files hold no secret values"),
+            "{line}"
+        );
+        assert!(!line.contains("AbCdEf"), "the value leaked: {line}");
+        assert!(line.starts_with("<tmp>/repo/.caw-box.toml:"), "{line}");
+    }
+    // In a variable it is no config file's business (variables are the place for keys).
+    let mut w = World::new("", "");
+    w.env.insert("CAW_BOX_MODEL".into(), "plain".into());
+    assert!(w.resolve(Layer::default()).is_ok());
+}
+
+#[test]
+fn variables_are_checked_like_their_flags() {
+    let mut w = World::new("", "");
+    w.env.insert("CAW_BOX_MEMORY".into(), "lots".into());
+    let e = w.resolve(Layer::default()).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+    assert!(e.message.starts_with("CAW_BOX_MEMORY 'lots'"), "{e}");
+    w.env.remove("CAW_BOX_MEMORY");
+    w.env.insert(
+        "CAW_BOX_ALLOW_HOST".into(),
+        "a.example.com, @provider".into(),
+    );
+    w.env.insert(
+        "CAW_BOX_LABELS".into(),
+        "team=ci,io.caw-box.managed=x".into(),
+    );
+    let r = w.resolve(Layer::default()).unwrap();
+    assert_eq!(
+        r.settings_args(&SettingsArgs::default()).allow_host,
+        vec!["a.example.com", "@provider"]
+    );
+    assert_eq!(r.labels(), vec![("team".to_string(), "ci".to_string())]);
+}
