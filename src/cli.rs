@@ -156,11 +156,20 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// What the agent changed in a copy-mode workspace.
-    #[command(after_help = "Examples:\n  caw-box diff fixer")]
+    /// What the agent changed: a listing (copy mode), or a patch (`--patch`).
+    ///
+    /// The listing is of a copy-mode workspace; the patch, of a copy-mode workspace or of a
+    /// bind-mode git workspace, against the workspace as it was at session start.
+    #[command(
+        after_help = "Examples:\n  caw-box diff fixer\n  caw-box diff fixer --patch fixer.patch && git apply fixer.patch\n  caw-box diff fixer --patch | git apply --check"
+    )]
     Diff {
         /// A handle, session id, unique id prefix (4+ characters) or session name.
         target: String,
+        /// A patch that `git apply` takes on the workspace as it was at session start (new,
+        /// deleted, renamed, binary and mode changes), to FILE, or stdout without one (or `-`).
+        #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+        patch: Option<PathBuf>,
     },
     /// Delete sessions: their containers and volumes.
     #[command(after_help = "Examples:\n  caw-box rm fixer\n  caw-box rm --group team --force")]

@@ -150,6 +150,13 @@ pub fn println(line: &str) {
     let _ = writeln!(out, "{line}");
 }
 
+/// Writes bytes as they are on stdout (a patch, a listing).
+pub fn write_stdout(bytes: &[u8]) {
+    let mut out = io::stdout().lock();
+    let _ = out.write_all(bytes);
+    let _ = out.flush();
+}
+
 /// Prints a line on stderr.
 pub fn eprintln(line: &str) {
     let _ = writeln!(io::stderr(), "{line}");

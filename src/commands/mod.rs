@@ -41,7 +41,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Export { target, dir, force } => {
             manage::export(&target, &dir, force, cli.quiet).await
         }
-        Command::Diff { target } => manage::diff(&target).await,
+        Command::Diff { target, patch } => manage::diff(&target, patch.as_deref(), cli.quiet).await,
         Command::Auth(AuthCommand::Collect { provider, store }) => {
             auth::collect(&provider, store, cli.quiet)
         }

@@ -11,6 +11,7 @@ mod hardening;
 mod images;
 mod interactive;
 mod manage;
+mod patch;
 mod restart;
 mod sandbox;
 mod sessions;
