@@ -52,6 +52,42 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// The `-o` format of the command (`run`, `resume`, `wait`); text for the others.
+    pub fn output_format(&self) -> OutputFormat {
+        match &self.command {
+            Command::Run(args) => args.turn.output,
+            Command::Resume(args) => args.turn.output,
+            Command::Wait { output, .. } => *output,
+            _ => OutputFormat::Text,
+        }
+    }
+}
+
+/// The `-o`/`--output` format an unparsable command line asks for (text if none, or if its
+/// value is the bad part): so that a bad flag under `-o json` still answers in JSON.
+pub fn output_format_in(args: impl IntoIterator<Item = std::ffi::OsString>) -> OutputFormat {
+    let args: Vec<String> = args
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .take_while(|a| a != "--")
+        .collect();
+    let mut format = OutputFormat::Text;
+    for (i, arg) in args.iter().enumerate() {
+        let value = match arg.as_str() {
+            "-o" | "--output" => args.get(i + 1).map(String::as_str),
+            a => a
+                .strip_prefix("--output=")
+                .or_else(|| a.strip_prefix("-o="))
+                .or_else(|| a.strip_prefix("-o").filter(|v| !v.is_empty())),
+        };
+        if let Some(f) = value.and_then(|v| OutputFormat::from_str(v, false).ok()) {
+            format = f;
+        }
+    }
+    format
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Start a session and run its first turn (headless, or the vendor's TUI).
@@ -126,11 +162,20 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// What the agent changed in a copy-mode workspace.
-    #[command(after_help = "Examples:\n  caw-box diff fixer")]
+    /// What the agent changed: a listing (copy mode), or a patch (`--patch`).
+    ///
+    /// The listing is of a copy-mode workspace; the patch, of a copy-mode workspace or of a
+    /// bind-mode git workspace, against the workspace as it was at session start.
+    #[command(
+        after_help = "Examples:\n  caw-box diff fixer\n  caw-box diff fixer --patch fixer.patch && git apply fixer.patch\n  caw-box diff fixer --patch | git apply --check"
+    )]
     Diff {
         /// A handle, session id, unique id prefix (4+ characters) or session name.
         target: String,
+        /// A patch that `git apply` takes on the workspace as it was at session start (new,
+        /// deleted, renamed, binary and mode changes), to FILE, or stdout without one (or `-`).
+        #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+        patch: Option<PathBuf>,
     },
     /// Delete sessions: their containers and volumes.
     #[command(after_help = "Examples:\n  caw-box rm fixer\n  caw-box rm --group team --force")]
@@ -504,4 +549,33 @@ pub struct ImageBuildArgs {
     /// Build without the layer cache (implies --force).
     #[arg(long)]
     pub no_cache: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn format_of(line: &str) -> OutputFormat {
+        output_format_in(line.split_whitespace().map(Into::into))
+    }
+
+    #[test]
+    fn the_output_flag_is_found_in_any_spelling() {
+        assert_eq!(
+            format_of("caw-box run -o json --memory x"),
+            OutputFormat::Json
+        );
+        assert_eq!(
+            format_of("caw-box run --output=stream-json"),
+            OutputFormat::StreamJson
+        );
+        assert_eq!(
+            format_of("caw-box wait x --output json"),
+            OutputFormat::Json
+        );
+        assert_eq!(format_of("caw-box run -ojson"), OutputFormat::Json);
+        assert_eq!(format_of("caw-box run -o xml"), OutputFormat::Text);
+        assert_eq!(format_of("caw-box run --bogus"), OutputFormat::Text);
+        assert_eq!(format_of("caw-box run -- -o json"), OutputFormat::Text);
+    }
 }

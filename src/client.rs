@@ -121,7 +121,7 @@ impl Client {
         }
         let session_id = Uuid::new_v4();
         let created_at = now_secs();
-        let labels = volume_labels(
+        let mut labels = volume_labels(
             session_id,
             new.provider,
             new.name.as_deref(),
@@ -129,6 +129,17 @@ impl Client {
             created_at,
             &new.settings,
         );
+        if new.settings.workspace_mode == crate::session::WorkspaceMode::Bind {
+            let dir = new.settings.workspace.as_deref().unwrap_or_default();
+            let base =
+                crate::session::patch::record_bind_base(&self.backend, session_id, image, dir);
+            if let Some(base) = base.await {
+                labels.insert(
+                    crate::session::names::labels::WORKSPACE_BASE.to_string(),
+                    serde_json::to_string(&base).expect("bases serialize"),
+                );
+            }
+        }
         self.backend
             .create_volume(&names::state_volume(session_id), labels)
             .await?;

@@ -140,11 +140,16 @@ pub fn agent_ids() -> (u32, u32) {
     if is_root() {
         (1000, 1000)
     } else {
-        (
-            rustix::process::geteuid().as_raw(),
-            rustix::process::getegid().as_raw(),
-        )
+        host_ids()
     }
+}
+
+/// The invoking user's own uid:gid (root included).
+pub fn host_ids() -> (u32, u32) {
+    (
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw(),
+    )
 }
 
 /// This machine's host name (as in a turn container's driver label).

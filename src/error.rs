@@ -47,6 +47,19 @@ impl ErrorKind {
             .map_or(1, |(_, c)| *c)
     }
 
+    /// The kind's name in the `-o json` error object (`"error":{"kind":...}`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Turn => "turn",
+            ErrorKind::Usage => "usage",
+            ErrorKind::Environment => "environment",
+            ErrorKind::Credentials => "credentials",
+            ErrorKind::UsageLimit => "usage_limit",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Interrupted => "interrupted",
+        }
+    }
+
     /// The kind a (non-zero) exit code stands for, read back from another caw-box process.
     pub fn from_exit_code(code: i32) -> Option<ErrorKind> {
         Self::EXIT_CODES
@@ -65,6 +78,25 @@ pub struct Error {
     pub message: String,
     pub hint: Option<String>,
     source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
+    /// The outcome is on stdout already (a failed turn's result object), so `-o json` must
+    /// not print a second object for it.
+    result_printed: bool,
+}
+
+/// A failure as `-o json` prints it, in this field order:
+/// `{"status":"error","error":{"kind","message","hint"},"exit_code"}`.
+#[derive(Debug, serde::Serialize)]
+pub struct ErrorReport {
+    pub status: &'static str,
+    pub error: ErrorDetail,
+    pub exit_code: i32,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct ErrorDetail {
+    pub kind: &'static str,
+    pub message: String,
+    pub hint: Option<String>,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -76,6 +108,26 @@ impl Error {
             message: message.into(),
             hint: None,
             source: None,
+            result_printed: false,
+        }
+    }
+
+    /// A command-line parse error (bad flag value, unknown flag): clap's first line is the
+    /// message, its other lines (possible values, where to look) the hint.
+    pub fn from_clap(e: &clap::Error) -> Self {
+        let rendered = e.render().to_string();
+        let mut lines = rendered.lines().map(str::trim).filter(|l| !l.is_empty());
+        let first = lines.next().unwrap_or("bad command line");
+        let message = first.strip_prefix("error: ").unwrap_or(first);
+        let rest: Vec<&str> = lines
+            .filter(|l| !l.starts_with("Usage:"))
+            .map(|l| l.strip_prefix("tip: ").unwrap_or(l))
+            .collect();
+        let error = Error::usage(message);
+        if rest.is_empty() {
+            error
+        } else {
+            error.with_hint(rest.join("; "))
         }
     }
 
@@ -94,6 +146,29 @@ impl Error {
     pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         self.source = Some(Arc::new(source));
         self
+    }
+
+    /// Marks the failure as one whose result object is on stdout already.
+    pub fn with_result_printed(mut self) -> Self {
+        self.result_printed = true;
+        self
+    }
+
+    pub fn result_printed(&self) -> bool {
+        self.result_printed
+    }
+
+    /// The object `-o json` prints for a failure that has no turn result.
+    pub fn report(&self) -> ErrorReport {
+        ErrorReport {
+            status: "error",
+            error: ErrorDetail {
+                kind: self.kind.as_str(),
+                message: one_line(&self.message),
+                hint: self.hint.as_deref().map(one_line),
+            },
+            exit_code: self.exit_code(),
+        }
     }
 
     pub fn usage(message: impl Into<String>) -> Self {
@@ -121,13 +196,16 @@ impl Error {
 impl fmt::Display for Error {
     /// One line: the message, then the hint after a semicolon.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let one_line = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
         write!(f, "{}", one_line(&self.message))?;
         if let Some(hint) = &self.hint {
             write!(f, "; {}", one_line(hint))?;
         }
         Ok(())
     }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 impl std::error::Error for Error {
@@ -166,6 +244,33 @@ mod tests {
         assert_eq!(e.to_string(), "cannot reach the Docker daemon");
         let source = std::error::Error::source(&e).expect("a source");
         assert_eq!(source.to_string(), "socket gone");
+    }
+
+    #[test]
+    fn the_json_object_carries_kind_message_hint_and_exit_code() {
+        let e = Error::credentials("no credentials for codex\n found")
+            .with_hint("run `caw-box auth collect`");
+        assert_eq!(
+            serde_json::to_string(&e.report()).unwrap(),
+            r#"{"status":"error","error":{"kind":"credentials","message":"no credentials for codex found","hint":"run `caw-box auth collect`"},"exit_code":4}"#
+        );
+        let no_hint = serde_json::to_string(&Error::usage("x").report()).unwrap();
+        assert!(no_hint.contains(r#""hint":null"#), "{no_hint}");
+    }
+
+    #[test]
+    fn a_clap_error_becomes_a_usage_error_with_its_tips_as_hint() {
+        use clap::Parser;
+        #[derive(Debug, clap::Parser)]
+        struct Args {
+            #[arg(long, value_parser = ["a", "b"])]
+            pick: String,
+        }
+        let e = Args::try_parse_from(["x", "--pick", "c"]).unwrap_err();
+        let e = Error::from_clap(&e);
+        assert_eq!(e.kind, ErrorKind::Usage);
+        assert!(e.message.starts_with("invalid value 'c'"), "{}", e.message);
+        assert!(e.hint.unwrap().contains("possible values: a, b"));
     }
 
     #[test]

@@ -3,10 +3,16 @@
 
 use clap::Parser;
 
-use caw_box::cli::Cli;
+use caw_box::cli::{self, Cli, OutputFormat};
+use caw_box::output;
+use caw_box::Error;
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => refuse_command_line(e),
+    };
+    let format = cli.output_format();
     init_tracing(cli.verbose, cli.quiet);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -14,22 +20,43 @@ fn main() {
     {
         Ok(r) => r,
         Err(e) => {
-            caw_box::output::eprintln(&format!(
-                "caw-box: error: cannot start the async runtime: {e}"
-            ));
-            std::process::exit(3);
+            let e = Error::environment(format!("cannot start the async runtime: {e}"));
+            report(&e, format);
+            std::process::exit(e.exit_code());
         }
     };
     let code = match runtime.block_on(caw_box::commands::dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
-            caw_box::output::eprintln(&format!("caw-box: error: {e}"));
+            report(&e, format);
             e.exit_code()
         }
     };
     // Leave the turn's background tasks (signal listeners, streams) behind: we are done.
     drop(runtime);
     std::process::exit(code);
+}
+
+/// The one error line on stderr; under `-o json`/`stream-json` also the error object on
+/// stdout (its last line), unless the failed turn's result object is there already.
+fn report(e: &Error, format: OutputFormat) {
+    output::eprintln(&format!("caw-box: error: {e}"));
+    if format != OutputFormat::Text && !e.result_printed() {
+        output::print_json_line(&e.report());
+    }
+}
+
+/// A command line clap refused (or `--help`/`--version`): clap's own answer, and under
+/// `-o json` (found by scanning the arguments: clap could not read them) the error object.
+fn refuse_command_line(e: clap::Error) -> ! {
+    let format = cli::output_format_in(std::env::args_os());
+    if !e.use_stderr() || format == OutputFormat::Text {
+        e.exit();
+    }
+    output::eprintln(e.render().to_string().trim_end());
+    let error = Error::from_clap(&e);
+    output::print_json_line(&error.report());
+    std::process::exit(error.exit_code());
 }
 
 fn init_tracing(verbose: u8, quiet: bool) {

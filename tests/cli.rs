@@ -355,3 +355,84 @@ fn the_man_page_renders() {
         assert!(dir.path().join(page).is_file(), "{page} missing");
     }
 }
+
+/// A failure under `-o json` or `-o stream-json`: the documented object as the last line of
+/// stdout (the only line, here: nothing ran), the exit code it names, and the usual error
+/// on stderr.
+fn json_failure(args: &[&str], code: i32) -> (serde_json::Value, String, String) {
+    let ran = caw_box(args);
+    assert_eq!(ran.code, Some(code), "{}", ran.text);
+    let stdout = ran
+        .text
+        .split("--- stdout\n")
+        .nth(1)
+        .and_then(|s| s.split("--- stderr\n").next())
+        .unwrap_or_default();
+    let stderr = ran.text.split("--- stderr\n").nth(1).unwrap_or_default();
+    assert_eq!(
+        stdout.lines().count(),
+        1,
+        "one object on stdout: {}",
+        ran.text
+    );
+    assert!(stderr.contains("error: "), "{}", ran.text);
+    let object: serde_json::Value = serde_json::from_str(stdout).expect("stdout is JSON");
+    assert_eq!(object["status"], "error", "{object}");
+    assert_eq!(object["exit_code"], code, "{object}");
+    assert!(object["error"]["message"]
+        .as_str()
+        .is_some_and(|m| !m.is_empty()));
+    let keys: Vec<&String> = object["error"].as_object().unwrap().keys().collect();
+    assert_eq!(keys.len(), 3, "kind, message, hint: {object}");
+    (object, stdout.trim_end().to_string(), ran.text)
+}
+
+#[test]
+fn failures_before_the_turn_answer_in_json_under_o_json() {
+    // A bad flag value clap refuses: the format is read from the arguments themselves.
+    let (clap, clap_line, clap_text) = json_failure(
+        &[
+            "run",
+            "--provider",
+            "codex",
+            "-o",
+            "json",
+            "--cpus",
+            "lots",
+            "hi",
+        ],
+        2,
+    );
+    assert_eq!(clap["error"]["kind"], "usage");
+    assert!(clap_text.contains("For more information, try '--help'."));
+    // A bad value caw-box itself refuses, in the stream-json spelling.
+    let (_, memory_line, _) = json_failure(
+        &[
+            "run",
+            "--provider",
+            "codex",
+            "--memory",
+            "lots",
+            "--output=stream-json",
+            "hi",
+        ],
+        2,
+    );
+    let (_, provider_line, _) = json_failure(&["run", "--provider", "gpt", "-o", "json", "hi"], 2);
+    // No daemon: DOCKER_HOST points nowhere.
+    let (no_daemon, _, _) = json_failure(&["resume", "fixer", "-o", "json", "hi"], 3);
+    assert_eq!(no_daemon["error"]["kind"], "environment");
+    let (wait, _, _) = json_failure(&["wait", "fixer", "-o", "json"], 3);
+    assert_eq!(wait["error"]["kind"], "environment");
+    insta::assert_snapshot!(
+        "json_failures",
+        [clap_line, memory_line, provider_line].join("\n")
+    );
+}
+
+#[test]
+fn text_output_keeps_stdout_empty_on_failure() {
+    let ran = caw_box(&["run", "--provider", "codex", "--cpus", "lots", "hi"]);
+    assert_eq!(ran.code, Some(2), "{}", ran.text);
+    assert!(!ran.text.contains("--- stdout"), "{}", ran.text);
+}

@@ -979,6 +979,7 @@ fn view(id: Uuid, name: Option<String>) -> SessionView {
             group: None,
             created_at: 0,
             settings: SessionSettings::default(),
+            workspace_base: None,
         },
         last: None,
     }

@@ -434,11 +434,30 @@ pub async fn export(
     Ok(0)
 }
 
-pub async fn diff(target_arg: &str) -> Result<i32> {
+/// `diff`: the listing of what changed, or with `--patch [FILE]` a patch (`-`: stdout).
+pub async fn diff(target_arg: &str, patch: Option<&std::path::Path>, quiet: bool) -> Result<i32> {
     let backend = crate::backend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
-    let text =
-        crate::session::workspace::diff(&backend, &view.facts, crate::dirs::agent_ids()).await?;
-    output::write_stdout(text.as_bytes());
+    let ids = crate::dirs::agent_ids();
+    let Some(file) = patch else {
+        let text = crate::session::workspace::diff(&backend, &view.facts, ids).await?;
+        output::write_stdout(text.as_bytes());
+        return Ok(0);
+    };
+    let bytes = crate::session::patch::patch(&backend, &view.facts, ids).await?;
+    if file == std::path::Path::new("-") {
+        output::write_stdout(&bytes);
+        return Ok(0);
+    }
+    std::fs::write(file, &bytes)
+        .map_err(|e| Error::usage(format!("cannot write '{}': {e}", file.display())))?;
+    if !quiet {
+        output::eprintln(&format!(
+            "wrote the patch of session {} to {} ({} bytes)",
+            view.facts.session_id,
+            file.display(),
+            bytes.len()
+        ));
+    }
     Ok(0)
 }

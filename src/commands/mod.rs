@@ -43,7 +43,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Export { target, dir, force } => {
             manage::export(&target, &dir, force, cli.quiet).await
         }
-        Command::Diff { target } => manage::diff(&target).await,
+        Command::Diff { target, patch } => manage::diff(&target, patch.as_deref(), cli.quiet).await,
         Command::Session(SessionCommand::Export {
             target,
             file,

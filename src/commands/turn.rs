@@ -272,10 +272,11 @@ async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32>
     Ok(exit)
 }
 
+/// The exit of a turn whose result was printed: its failure, if any, is already on stdout.
 fn finish(result: &TurnResult) -> Result<i32> {
     match runner::turn_error(result) {
         None => Ok(0),
-        Some(e) => Err(e),
+        Some(e) => Err(e.with_result_printed()),
     }
 }
 

@@ -12,6 +12,7 @@ mod liveness;
 pub mod models;
 pub mod names;
 mod owner;
+pub mod patch;
 pub mod portable;
 pub mod record;
 pub mod runner;

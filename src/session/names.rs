@@ -17,6 +17,9 @@ pub mod labels {
     pub const GROUP: &str = "io.caw-box.group";
     pub const CREATED: &str = "io.caw-box.created";
     pub const SETTINGS: &str = "io.caw-box.settings";
+    /// On a bind-mode state volume: the git workspace at session start
+    /// ([`crate::session::patch::GitBase`]), for `diff --patch`.
+    pub const WORKSPACE_BASE: &str = "io.caw-box.workspace-base";
     pub const ROLE: &str = "io.caw-box.role";
     pub const TURN: &str = "io.caw-box.turn";
     pub const CLI_VERSION: &str = "io.caw-box.cli-version";

@@ -24,6 +24,8 @@ pub struct VolumeFacts {
     pub group: Option<String>,
     pub created_at: u64,
     pub settings: SessionSettings,
+    /// A bind-mode git workspace as it was at session start (`diff --patch`).
+    pub workspace_base: Option<crate::session::patch::GitBase>,
 }
 
 impl VolumeFacts {
@@ -53,6 +55,9 @@ impl VolumeFacts {
                 .and_then(|c| c.parse().ok())
                 .unwrap_or(0),
             settings,
+            workspace_base: l
+                .get(labels::WORKSPACE_BASE)
+                .and_then(|b| serde_json::from_str(b).ok()),
         })
     }
 }

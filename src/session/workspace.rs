@@ -35,10 +35,20 @@ fn hash(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// A workspace as copied at session start.
+struct Copied {
+    /// The tree for the workspace volume.
+    tar: Vec<u8>,
+    /// The same without `.git`: the baseline `diff --patch` compares with.
+    baseline: Vec<u8>,
+    base: Base,
+}
+
 /// Archives `dir` (honouring .gitignore, .ignore and .git/info/exclude, keeping .git itself)
 /// as a tar owned by `uid:gid`, with the hash of every regular file.
-fn archive(dir: &Path, uid: u64, gid: u64) -> Result<(Vec<u8>, Base)> {
+fn archive(dir: &Path, uid: u64, gid: u64) -> Result<Copied> {
     let mut builder = tar::Builder::new(Vec::new());
+    let mut baseline = tar::Builder::new(Vec::new());
     let mut base = Base::default();
     let walker = ignore::WalkBuilder::new(dir)
         .hidden(false)
@@ -59,6 +69,7 @@ fn archive(dir: &Path, uid: u64, gid: u64) -> Result<(Vec<u8>, Base)> {
             Ok(r) if !r.as_os_str().is_empty() => r.to_string_lossy().to_string(),
             _ => continue,
         };
+        let in_git = rel == ".git" || rel.starts_with(".git/");
         let meta = entry.metadata().map_err(|e| fail(&e))?;
         let mut h = tar::Header::new_gnu();
         h.set_uid(uid);
@@ -76,27 +87,45 @@ fn archive(dir: &Path, uid: u64, gid: u64) -> Result<(Vec<u8>, Base)> {
             h.set_entry_type(tar::EntryType::Directory);
             h.set_size(0);
             builder
-                .append_data(&mut h, &rel, std::io::empty())
+                .append_data(&mut h.clone(), &rel, std::io::empty())
                 .map_err(|e| fail(&e))?;
+            if !in_git {
+                baseline
+                    .append_data(&mut h, &rel, std::io::empty())
+                    .map_err(|e| fail(&e))?;
+            }
         } else if ft.is_symlink() {
             let target = std::fs::read_link(path).map_err(|e| fail(&e))?;
             h.set_entry_type(tar::EntryType::Symlink);
             h.set_size(0);
             builder
-                .append_link(&mut h, &rel, &target)
+                .append_link(&mut h.clone(), &rel, &target)
                 .map_err(|e| fail(&e))?;
+            if !in_git {
+                baseline
+                    .append_link(&mut h, &rel, &target)
+                    .map_err(|e| fail(&e))?;
+            }
         } else if ft.is_file() {
             let bytes = std::fs::read(path).map_err(|e| fail(&e))?;
             base.files.insert(rel.clone(), hash(&bytes));
             h.set_entry_type(tar::EntryType::Regular);
             h.set_size(bytes.len() as u64);
             builder
-                .append_data(&mut h, &rel, &bytes[..])
+                .append_data(&mut h.clone(), &rel, &bytes[..])
                 .map_err(|e| fail(&e))?;
+            if !in_git {
+                baseline
+                    .append_data(&mut h, &rel, &bytes[..])
+                    .map_err(|e| fail(&e))?;
+            }
         }
     }
-    let tar = builder.into_inner().map_err(|e| fail(&e))?;
-    Ok((tar, base))
+    Ok(Copied {
+        tar: builder.into_inner().map_err(|e| fail(&e))?,
+        baseline: baseline.into_inner().map_err(|e| fail(&e))?,
+        base,
+    })
 }
 
 /// A never-started container holding the session's volumes, for the archive API.
@@ -154,7 +183,11 @@ pub async fn populate(
 ) -> Result<()> {
     let (owner_uid, owner_gid) = (uid, gid);
     let (uid, gid) = (u64::from(uid), u64::from(gid));
-    let (tar, base) = archive(dir, uid, gid)?;
+    let Copied {
+        tar,
+        baseline,
+        base,
+    } = archive(dir, uid, gid)?;
     backend
         .create_volume(
             &names::workspace_volume(session_id),
@@ -170,13 +203,20 @@ pub async fn populate(
         session_id,
         async |name: &str| {
             backend.upload_tar(name, WORKSPACE_DIR, tar).await?;
-            let base_file = TarFile {
-                path: BASE_PATH,
-                contents: &base_json,
-                mode: 0o600,
-            };
+            let base_files = [
+                TarFile {
+                    path: BASE_PATH,
+                    contents: &base_json,
+                    mode: 0o600,
+                },
+                TarFile {
+                    path: crate::session::patch::BASE_TAR_PATH,
+                    contents: &baseline,
+                    mode: 0o600,
+                },
+            ];
             backend
-                .upload_files(name, AGENT_HOME, &[base_file], (owner_uid, owner_gid))
+                .upload_files(name, AGENT_HOME, &base_files, (owner_uid, owner_gid))
                 .await
         },
     )
@@ -387,12 +427,16 @@ mod tests {
         std::fs::write(d.join("build/out.o"), "obj").unwrap();
         std::fs::create_dir_all(d.join(".git")).unwrap();
         std::fs::write(d.join(".git/HEAD"), "ref: refs/heads/main").unwrap();
-        let (tar, base) = archive(d, 1000, 1000).unwrap();
-        let names: Vec<String> = tar::Archive::new(&tar[..])
-            .entries()
-            .unwrap()
-            .map(|e| e.unwrap().path().unwrap().display().to_string())
-            .collect();
+        let copied = archive(d, 1000, 1000).unwrap();
+        let names_in = |tar: &[u8]| -> Vec<String> {
+            tar::Archive::new(tar)
+                .entries()
+                .unwrap()
+                .map(|e| e.unwrap().path().unwrap().display().to_string())
+                .collect()
+        };
+        let names = names_in(&copied.tar);
+        let base = copied.base;
         assert!(names.contains(&"main.rs".to_string()), "{names:?}");
         assert!(names.contains(&".git/HEAD".to_string()), "{names:?}");
         assert!(names.contains(&".gitignore".to_string()), "{names:?}");
@@ -403,5 +447,14 @@ mod tests {
             "{names:?}"
         );
         assert_eq!(base.files.get("main.rs"), Some(&hash(b"fn main() {}")));
+        // The baseline of `diff --patch`: the same tree, without .git.
+        let mut baseline = names_in(&copied.baseline);
+        let mut want: Vec<String> = names
+            .into_iter()
+            .filter(|n| !n.starts_with(".git/") && n != ".git")
+            .collect();
+        baseline.sort();
+        want.sort();
+        assert_eq!(baseline, want);
     }
 }

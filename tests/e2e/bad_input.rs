@@ -128,3 +128,106 @@ fn bad_input_is_refused_cleanly_and_creates_nothing() {
     assert_refused(&out, 2, "a session named 'taken' exists already");
     assert_eq!(sorted(rig.caw_volumes()), before);
 }
+
+/// SPEC's five failure kinds before a turn, under `-o json` (and `stream-json`): one
+/// `{"status":"error","error":{"kind","message","hint"},"exit_code"}` object as the last
+/// line of stdout, the same exit code, and the usual line on stderr.
+#[test]
+fn failures_before_the_turn_answer_with_one_json_object() {
+    let rig = Rig::new("json-failures");
+    let check =
+        |mut cmd: std::process::Command, format: &str, code: i32, kind: &str, needle: &str| {
+            cmd.args(["-o", format]);
+            let out = run(cmd);
+            let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+            assert_eq!(
+                out.status.code(),
+                Some(code),
+                "stdout: {stdout}\nstderr: {stderr}"
+            );
+            let last = stdout.lines().last().unwrap_or_default();
+            let object: serde_json::Value = serde_json::from_str(last)
+                .unwrap_or_else(|e| panic!("no JSON object ({e}): {stdout}"));
+            assert_eq!(object["status"], "error", "{object}");
+            assert_eq!(object["exit_code"], code, "{object}");
+            assert_eq!(object["error"]["kind"], kind, "{object}");
+            let message = object["error"]["message"].as_str().unwrap();
+            assert!(message.contains(needle), "'{needle}' not in {object}");
+            assert!(object["error"].get("hint").is_some(), "{object}");
+            assert!(
+                stderr.contains(message),
+                "stderr lacks the message: {stderr}"
+            );
+            object
+        };
+    // A bad flag value (clap's), and one caw-box refuses itself.
+    check(
+        rig.run_cmd(CODEX, "hi", &["--cpus", "lots"]),
+        "json",
+        2,
+        "usage",
+        "'lots'",
+    );
+    check(
+        rig.run_cmd(CODEX, "hi", &["--memory", "lots"]),
+        "stream-json",
+        2,
+        "usage",
+        "--memory",
+    );
+    // An unknown handle.
+    check(
+        rig.resume_cmd(CODEX, "no-such-session", "hi", &[]),
+        "json",
+        2,
+        "usage",
+        "no session matches 'no-such-session'",
+    );
+    // No daemon.
+    let mut no_daemon = rig.run_cmd(CODEX, "hi", &[]);
+    no_daemon.env("DOCKER_HOST", "unix:///nonexistent/docker.sock");
+    let o = check(
+        no_daemon,
+        "json",
+        3,
+        "environment",
+        "cannot reach the Docker daemon",
+    );
+    assert!(o["error"]["hint"]
+        .as_str()
+        .unwrap()
+        .contains("is Docker running?"));
+    // A missing image.
+    let absent = ["--image", "caw-box-test/absent:latest"];
+    let o = check(
+        rig.run_cmd(CODEX, "hi", &absent),
+        "json",
+        3,
+        "environment",
+        "is not present",
+    );
+    assert!(o["error"]["hint"].is_string(), "{o}");
+    check(
+        rig.run_cmd(CODEX, "hi", &absent),
+        "stream-json",
+        3,
+        "environment",
+        "is not present",
+    );
+    // No credentials: nothing collected, no --env key.
+    let o = check(
+        rig.run_cmd_stored_key(CODEX, "hi", &[]),
+        "json",
+        4,
+        "credentials",
+        "codex",
+    );
+    let hint = o["error"]["hint"].as_str().unwrap_or_default();
+    assert!(
+        hint.contains("caw-box auth collect --provider codex"),
+        "{o}"
+    );
+    // Refusals leave nothing behind.
+    assert!(rig.caw_volumes().is_empty(), "{:?}", rig.caw_volumes());
+    assert!(rig.caw_containers().is_empty());
+}

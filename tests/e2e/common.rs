@@ -275,6 +275,13 @@ impl Rig {
         );
     }
 
+    /// Runs `caw-box args` of this rig to completion.
+    pub fn caw_run(&self, args: &[&str]) -> Output {
+        let mut c = self.caw();
+        c.args(args);
+        run(c)
+    }
+
     /// `caw-box run` for `p` against this test's stub, with any extra args.
     pub fn run_cmd(&self, p: P, prompt: &str, extra: &[&str]) -> Command {
         let mut c = self.caw();
@@ -585,6 +592,24 @@ pub fn wait_with_deadline(mut child: std::process::Child, limit: Duration) -> Ou
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Runs `git args` in `dir` (with an identity and `main` for new repositories), asserting
+/// success; returns stdout.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(["-c", "init.defaultBranch=main"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 pub fn stderr_of(out: &Output) -> String {

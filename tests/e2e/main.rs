@@ -12,6 +12,7 @@ mod hardening;
 mod images;
 mod interactive;
 mod manage;
+mod patch;
 mod portable;
 mod restart;
 mod sandbox;

@@ -37,12 +37,6 @@ fn copy_session(rig: &Rig, host: &Path) -> String {
     json["session_id"].as_str().unwrap().to_string()
 }
 
-fn caw(rig: &Rig, args: &[&str]) -> std::process::Output {
-    let mut c = rig.caw();
-    c.args(args);
-    run(c)
-}
-
 #[test]
 fn copy_mode_leaves_the_host_tree_alone_and_exports_and_diffs() {
     let rig = Rig::new("copy");
@@ -63,7 +57,7 @@ fn copy_mode_leaves_the_host_tree_alone_and_exports_and_diffs() {
     assert_eq!(code, 0, "{stderr}");
     assert!(json["result"].as_str().unwrap().contains("new"), "{json}");
 
-    let out = caw(&rig, &["diff", &id]);
+    let out = rig.caw_run(&["diff", &id]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let diff = stdout_of(&out);
     let mut lines: Vec<&str> = diff.lines().collect();
@@ -76,7 +70,7 @@ fn copy_mode_leaves_the_host_tree_alone_and_exports_and_diffs() {
 
     let dest = tempfile::tempdir().unwrap();
     let dest = dest.path().join("out");
-    let out = caw(&rig, &["export", &id, dest.to_str().unwrap()]);
+    let out = rig.caw_run(&["export", &id, dest.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     assert_eq!(
         std::fs::read_to_string(dest.join("keep.txt")).unwrap(),
@@ -89,20 +83,20 @@ fn copy_mode_leaves_the_host_tree_alone_and_exports_and_diffs() {
     assert!(!dest.join("old.txt").exists() && !dest.join("debug.log").exists());
 
     // A non-empty DIR is refused unless --force.
-    let out = caw(&rig, &["export", &id, dest.to_str().unwrap()]);
+    let out = rig.caw_run(&["export", &id, dest.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
     assert!(
         stderr_of(&out).contains("is not empty"),
         "{}",
         stderr_of(&out)
     );
-    let out = caw(&rig, &["export", &id, dest.to_str().unwrap(), "--force"]);
+    let out = rig.caw_run(&["export", &id, dest.to_str().unwrap(), "--force"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
 
     // export/diff of a bind-mode session say why not.
     let (_, json, _) = rig.json_turn(rig.run_cmd(CODEX, "REMEMBER:bind", &[]));
     let bind_id = json["session_id"].as_str().unwrap();
-    let out = caw(&rig, &["diff", bind_id]);
+    let out = rig.caw_run(&["diff", bind_id]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
         stderr_of(&out).contains("no copy-mode workspace"),
@@ -120,7 +114,7 @@ fn copy_mode_leaves_the_host_tree_alone_and_exports_and_diffs() {
     );
 
     // rm takes the workspace volume too.
-    let out = caw(&rig, &["rm", &id]);
+    let out = rig.caw_run(&["rm", &id]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     assert!(
         rig.caw_volumes().iter().all(|v| !v.contains(&id)),
@@ -134,31 +128,12 @@ fn copy_mode_diff_of_a_repository_is_a_git_diff() {
     let rig = Rig::new("copy-git");
     let host = tempfile::tempdir().unwrap();
     tree(host.path());
-    let git = |args: &[&str]| {
-        let out = Command::new("git")
-            .args([
-                "-c",
-                "user.name=t",
-                "-c",
-                "user.email=t@t",
-                "-c",
-                "init.defaultBranch=main",
-            ])
-            .args(args)
-            .current_dir(host.path())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let git = |args: &[&str]| git(host.path(), args);
     git(&["init", "-q"]);
     git(&["add", "."]);
     git(&["commit", "-qm", "base"]);
     let id = copy_session(&rig, host.path());
-    let out = caw(&rig, &["diff", &id]);
+    let out = rig.caw_run(&["diff", &id]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let diff = stdout_of(&out);
     assert!(
@@ -171,7 +146,7 @@ fn copy_mode_diff_of_a_repository_is_a_git_diff() {
     );
     // .git came along, so an export is a repository with the change uncommitted.
     let dest = tempfile::tempdir().unwrap();
-    let out = caw(&rig, &["export", &id, dest.path().to_str().unwrap()]);
+    let out = rig.caw_run(&["export", &id, dest.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     assert!(dest.path().join(".git/HEAD").exists());
 }
