@@ -10,7 +10,10 @@ fn files_of(p: P) -> (&'static str, &'static str) {
         "claude_code" => (".claude/CLAUDE.md", ".claude/.credentials.json"),
         "codex" => (".codex/AGENTS.md", ".codex/auth.json"),
         "gemini" => (".gemini/GEMINI.md", ".gemini/oauth_creds.json"),
-        "opencode" => (".config/opencode/AGENTS.md", ".local/share/opencode/auth.json"),
+        "opencode" => (
+            ".config/opencode/AGENTS.md",
+            ".local/share/opencode/auth.json",
+        ),
         _ => unreachable!(),
     }
 }
