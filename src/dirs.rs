@@ -37,39 +37,6 @@ pub fn sessions_dir() -> Result<PathBuf> {
     Ok(data_dir()?.join("sessions"))
 }
 
-/// Per-turn runtime directories (bind-mounted at /run/caw-box in the turn's container), one
-/// folder per machine: a data dir shared by several (an NFS home) keeps each one's own, so
-/// [`sweep_runtime_dirs`] judges only pids of this machine.
-pub fn runtime_dir() -> Result<PathBuf> {
-    Ok(data_dir()?.join("run").join(host_name()))
-}
-
-/// Removes the runtime directories of turns whose driver process is gone (killed too hard
-/// to clean up after itself), which may hold credentials. A directory is named
-/// `<session>-<turn>-<pid>`, in this machine's folder. Best effort.
-pub fn sweep_runtime_dirs() {
-    let Ok(entries) = runtime_dir().and_then(|d| {
-        fs::read_dir(&d)
-            .map_err(|e| Error::environment(format!("failed to read '{}': {e}", d.display())))
-    }) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.rsplit_once('-'))
-            .and_then(|(_, pid)| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !process_is_alive(pid) {
-            tracing::debug!("removing the runtime dir of a gone turn: {name:?}");
-            let _ = fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
 /// Writes `contents` to `path` atomically (temp file + rename), mode 0600, flushed to disk
 /// first: for what must survive a crash (the credential store).
 pub fn write_private(path: &std::path::Path, contents: &[u8]) -> Result<()> {
@@ -100,32 +67,6 @@ fn write_atomic(path: &std::path::Path, contents: &[u8], sync: bool) -> Result<(
         .map_err(|e| Error::environment(format!("failed to write '{}': {e}", path.display())))?;
     tmp.persist(path)
         .map_err(|e| Error::environment(format!("failed to write '{}': {e}", path.display())))?;
-    Ok(())
-}
-
-/// When caw-box runs as root, hands `path` (recursively) to the container's agent user
-/// (uid 1000), which must read what caw-box prepared for a turn. As any other user the
-/// container runs with files that user owns already.
-pub fn hand_to_agent(path: &std::path::Path) -> Result<()> {
-    if !is_root() {
-        return Ok(());
-    }
-    let chown = |p: &std::path::Path| {
-        std::os::unix::fs::chown(p, Some(1000), Some(1000)).map_err(|e| {
-            Error::environment(format!(
-                "failed to hand '{}' to the agent user: {e}",
-                p.display()
-            ))
-        })
-    };
-    chown(path)?;
-    if path.is_dir() {
-        let entries = fs::read_dir(path)
-            .map_err(|e| Error::environment(format!("failed to read '{}': {e}", path.display())))?;
-        for entry in entries.flatten() {
-            hand_to_agent(&entry.path())?;
-        }
-    }
     Ok(())
 }
 

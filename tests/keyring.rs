@@ -382,18 +382,27 @@ fn the_keyring_store_keeps_secrets_out_of_files() {
 
     // What a turn gets, materialised from the keyring into its private runtime directory.
     std::env::set_var("CAW_BOX_DATA_DIR", data.path());
-    let runtime = tempfile::tempdir().unwrap();
-    caw_box::auth::inject::prepare(caw_box::ProviderKind::Codex, runtime.path(), &[]).unwrap();
+    let prepared = caw_box::auth::inject::prepare(caw_box::ProviderKind::Codex, &[]).unwrap();
+    let env = prepared
+        .files
+        .iter()
+        .find(|(path, _)| path == "auth/env")
+        .map(|(_, contents)| contents.clone());
     assert_eq!(
-        std::fs::read(runtime.path().join("auth/env")).unwrap(),
-        b"OPENAI_API_KEY=sk-keyring-only\0"
+        env.as_deref(),
+        Some(&b"OPENAI_API_KEY=sk-keyring-only\0"[..])
     );
-    // A file the CLI wrote during the turn is written back into the keyring.
-    let out_dir = runtime.path().join("auth/home-out/.codex");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    std::fs::write(out_dir.join("auth.json"), br#"{"OPENAI_API_KEY":"sk-new"}"#).unwrap();
-    let updated =
-        caw_box::auth::inject::finish(caw_box::ProviderKind::Codex, runtime.path()).unwrap();
+    // A file the CLI wrote during the turn is written back into the keyring (the backend
+    // hands back the runtime directory's `auth/home-out` as a tar).
+    let mut tar = tar::Builder::new(Vec::new());
+    let fresh = br#"{"OPENAI_API_KEY":"sk-new"}"#;
+    let mut header = tar::Header::new_gnu();
+    header.set_size(fresh.len() as u64);
+    header.set_mode(0o600);
+    tar.append_data(&mut header, "home-out/.codex/auth.json", &fresh[..])
+        .unwrap();
+    let home_out = tar.into_inner().unwrap();
+    let updated = caw_box::auth::inject::finish(caw_box::ProviderKind::Codex, &home_out).unwrap();
     assert_eq!(updated, vec![".codex/auth.json".to_string()]);
     let stored = kr::read("caw-box", "codex/file:.codex/auth.json")
         .unwrap()

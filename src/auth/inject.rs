@@ -1,20 +1,18 @@
 //! Handing credentials to a turn, and taking refreshed ones back.
 //!
-//! Before a turn, the provider's part of the store is copied into the turn's private runtime
-//! directory (host side, 0700, removed after the turn), which the container sees at
-//! `/run/caw-box`: `auth/home/` (files the entrypoint places under HOME), `auth/env`
+//! Before a turn, the provider's part of the store becomes files of the turn's private
+//! runtime directory (in the container's own scratch storage, removed with it; see
+//! `session::runtime`): `auth/home/` (files the entrypoint places under HOME), `auth/env`
 //! (API keys, read by the entrypoint, never container config), and `scrub` (every path under
 //! HOME where this provider's credentials may lie). The entrypoint deletes all of those from
 //! HOME when the turn ends, and hands back changed files in `auth/home-out/`, which
 //! [`finish`] merges into the store (newest token wins).
 
-use std::fs;
-use std::path::Path;
+use std::collections::HashMap;
 
 use crate::auth::spec::Spec;
 use crate::auth::store::{self, Store};
 use crate::clock::now_secs;
-use crate::dirs;
 use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
 
@@ -22,16 +20,29 @@ use crate::provider::ProviderKind;
 pub const AUTH_SUBDIR: &str = "auth";
 pub const SCRUB_FILE: &str = "scrub";
 
-/// Prepares `p`'s credentials for a turn in `runtime_dir`. `turn_env` are the turn's
-/// `--env` values: a key there counts as a usable credential too.
+/// `p`'s credentials for one turn, as files of its runtime directory.
+pub struct Prepared {
+    /// Paths relative to the runtime directory, and their (secret) contents.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// The names of the variables the CLI will have from the store and the turn's `--env`.
+    pub names: Vec<String>,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let paths: Vec<&str> = self.files.iter().map(|(p, _)| p.as_str()).collect();
+        f.debug_struct("Prepared")
+            .field("files", &paths)
+            .field("names", &self.names)
+            .finish()
+    }
+}
+
+/// Prepares `p`'s credentials for a turn. `turn_env` are the turn's `--env` values: a key
+/// there counts as a usable credential too.
 ///
-/// Fails with exit 4 and the exact `auth collect` command when `p` has none. Returns the
-/// names of the variables the CLI will have from the store and `turn_env`.
-pub fn prepare(
-    p: ProviderKind,
-    runtime_dir: &Path,
-    turn_env: &[(String, String)],
-) -> Result<Vec<String>> {
+/// Fails with exit 4 and the exact `auth collect` command when `p` has none.
+pub fn prepare(p: ProviderKind, turn_env: &[(String, String)]) -> Result<Prepared> {
     let spec = Spec::of(p);
     let store = Store::open()?;
     let manifest = store.manifest(p);
@@ -66,15 +77,13 @@ pub fn prepare(
         }
     }
 
-    let auth_dir = runtime_dir.join(AUTH_SUBDIR);
-    dirs::ensure_private_dir(&auth_dir)?;
+    let mut files = Vec::new();
     for target in spec.home_targets() {
         if let Some(secret) = store.file(p, &target) {
-            let dst = auth_dir.join("home").join(&target);
-            if let Some(parent) = dst.parent() {
-                dirs::ensure_private_dir(parent)?;
-            }
-            dirs::write_private_unsynced(&dst, secret.expose())?;
+            files.push((
+                format!("{AUTH_SUBDIR}/home/{target}"),
+                secret.expose().to_vec(),
+            ));
         }
     }
     let vars = store.env(p);
@@ -88,26 +97,60 @@ pub fn prepare(
             bytes.extend_from_slice(v.expose());
             bytes.push(0);
         }
-        dirs::write_private_unsynced(&auth_dir.join("env"), &bytes)?;
+        files.push((format!("{AUTH_SUBDIR}/env"), bytes));
     }
     let mut scrub = Vec::new();
     for t in spec.home_targets() {
         scrub.extend_from_slice(t.as_bytes());
         scrub.push(0);
     }
-    dirs::write_private_unsynced(&runtime_dir.join(SCRUB_FILE), &scrub)?;
-    dirs::hand_to_agent(runtime_dir)?;
-    Ok(names)
+    files.push((SCRUB_FILE.to_string(), scrub));
+    Ok(Prepared { files, names })
 }
 
-/// After a turn: merges the credentials the CLI refreshed back into the store.
-pub fn finish(p: ProviderKind, runtime_dir: &Path) -> Result<Vec<String>> {
-    let out = runtime_dir.join(AUTH_SUBDIR).join("home-out");
-    if !out.is_dir() {
+/// Where the entrypoint hands back the credential files the CLI changed, relative to the
+/// runtime directory.
+pub const HOME_OUT: &str = "auth/home-out";
+
+/// Whether a turn of `p` gets credential files the CLI may refresh (so that [`HOME_OUT`] is
+/// worth reading after the turn).
+pub fn has_files(prepared: &Prepared) -> bool {
+    prepared
+        .files
+        .iter()
+        .any(|(path, _)| path.starts_with(&format!("{AUTH_SUBDIR}/home/")))
+}
+
+/// After a turn: merges the credentials the CLI refreshed back into the store. `home_out`
+/// is [`HOME_OUT`] as a tar archive (paths under HOME, as the backend archives a directory).
+pub fn finish(p: ProviderKind, home_out: &[u8]) -> Result<Vec<String>> {
+    let mut changed = HashMap::new();
+    let mut archive = tar::Archive::new(home_out);
+    let entries = archive
+        .entries()
+        .map_err(|e| Error::environment(format!("bad archive of refreshed credentials: {e}")))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| {
+            Error::environment(format!("bad archive of refreshed credentials: {e}"))
+        })?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let Ok(path) = entry.path() else { continue };
+        // Docker names the entries `home-out/<path under HOME>`.
+        let rel: Vec<String> = path
+            .components()
+            .skip(1)
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        let mut bytes = Vec::new();
+        if std::io::Read::read_to_end(&mut entry, &mut bytes).is_ok() {
+            changed.insert(rel.join("/"), bytes);
+        }
+    }
+    if changed.is_empty() {
         return Ok(Vec::new());
     }
     let store = Store::open()?;
-    let updated = store::write_back(&store, p, &out)?;
-    let _ = fs::remove_dir_all(&out);
-    Ok(updated)
+    store::write_back(&store, p, &changed)
 }

@@ -463,13 +463,17 @@ pub fn collect(
 /// Writes back what a turn's CLI changed (`changed`: files under HOME, as the entrypoint
 /// handed them out), keeping for each file whichever copy states the later expiry.
 /// Returns the targets that were updated.
-pub fn write_back(store: &Store, p: ProviderKind, changed: &Path) -> Result<Vec<String>> {
+pub fn write_back(
+    store: &Store,
+    p: ProviderKind,
+    changed: &std::collections::HashMap<String, Vec<u8>>,
+) -> Result<Vec<String>> {
     let spec = Spec::of(p);
     let _lock = store.lock()?;
     let mut manifest = store.manifest(p);
     let mut updated = Vec::new();
     for target in spec.home_targets() {
-        let Ok(bytes) = fs::read(changed.join(&target)) else {
+        let Some(bytes) = changed.get(&target).cloned() else {
             continue;
         };
         let fresh = Secret::new(bytes);

@@ -96,6 +96,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
         name: &str,
         grace: Duration,
     ) -> impl Future<Output = Result<()>> + Send;
+    /// Sends `signal` (`"USR1"`, ...) to a running container's main process; a container
+    /// that is not running is `Ok`.
+    fn signal_container(&self, name: &str, signal: &str)
+        -> impl Future<Output = Result<()>> + Send;
     /// Removes a container (`force`: also a running one); a missing one is `Ok`.
     fn remove_container(&self, name: &str, force: bool) -> impl Future<Output = Result<()>> + Send;
     /// Runs a short helper container to completion and removes it: (exit code, stdout,
@@ -354,6 +358,56 @@ impl MountSpec {
     }
 }
 
+/// A container's private scratch directory at `mount`: storage of its own, removed with
+/// the container, holding `files` before the container starts. Nothing of it is a host
+/// path, so it works with a daemon that does not share caw-box's filesystem. The files
+/// may be secrets: `Debug` shows their paths only.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Scratch {
+    pub mount: String,
+    /// Owner (uid, gid) of the files and of their parent directories.
+    pub owner: (u32, u32),
+    /// Paths relative to `mount`; parent directories are made (mode 0700).
+    pub files: Vec<ScratchFile>,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+pub struct ScratchFile {
+    pub path: String,
+    pub contents: Vec<u8>,
+    pub mode: u32,
+}
+
+impl std::fmt::Debug for ScratchFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({} bytes)", self.path, self.contents.len())
+    }
+}
+
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let paths: Vec<&str> = self.files.iter().map(|x| x.path.as_str()).collect();
+        f.debug_struct("Scratch")
+            .field("mount", &self.mount)
+            .field("owner", &self.owner)
+            .field("files", &paths)
+            .finish()
+    }
+}
+
+impl Scratch {
+    pub fn tar_files(&self) -> Vec<TarFile<'_>> {
+        self.files
+            .iter()
+            .map(|f| TarFile {
+                path: &f.path,
+                contents: &f.contents,
+                mode: f.mode,
+            })
+            .collect()
+    }
+}
+
 /// Resource limits of a turn.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Limits {
@@ -381,8 +435,9 @@ pub struct TurnSpec {
     pub home: MountSpec,
     /// The workspace at /workspace, unless the session has none.
     pub workspace: Option<MountSpec>,
-    /// The per-turn runtime directory (env file, stdin, record hand-off).
-    pub runtime: MountSpec,
+    /// The turn's private runtime directory (env file, credentials, stdin, and what the
+    /// entrypoint hands back), through the backend's API: never a host path.
+    pub runtime: Scratch,
     pub limits: Limits,
     pub network: NetworkPolicy,
     /// A terminal for the vendor's TUI (and its first size, columns x rows), or a headless
@@ -392,9 +447,7 @@ pub struct TurnSpec {
 
 impl TurnSpec {
     pub fn mounts(&self) -> impl Iterator<Item = &MountSpec> {
-        std::iter::once(&self.home)
-            .chain(std::iter::once(&self.runtime))
-            .chain(self.workspace.as_ref())
+        std::iter::once(&self.home).chain(self.workspace.as_ref())
     }
 }
 
@@ -421,4 +474,6 @@ pub struct HelperSpec {
     pub pids_limit: Option<i64>,
     /// A tmpfs at /tmp with these mount options (e.g. `rw,nosuid,nodev,size=16m`).
     pub tmp: Option<String>,
+    /// A private runtime directory with files from before the start (a probe's key).
+    pub scratch: Option<Scratch>,
 }

@@ -46,6 +46,7 @@ impl Egress {
         };
         let (uid, gid) = dirs::agent_ids();
         let spec = HelperSpec {
+            scratch: None,
             image: record.settings.image.clone(),
             entrypoint: vec!["node".into(), "/usr/local/lib/caw-box/proxy.js".into()],
             argv: vec![],

@@ -7,14 +7,13 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use super::egress::refused_by_proxy;
-use super::history::{save_record, StoredHistory, TurnLogs};
-use super::runtime::{STOP_NOW, STOP_REQUEST};
+use super::history::{save_record, Ending, StoredHistory, TurnLogs};
+use super::runtime::{has_file, signal_file, STOP_NOW, STOP_REQUEST};
 use super::turn::{
     append_event, handle_of, place_home_files, sleep_until, Interrupts, TurnContext,
     DEFAULT_CONNECT_TIMEOUT, STOP_GRACE,
 };
 use crate::backend::{Backend, OutputChunk};
-use crate::dirs;
 use crate::error::Result;
 use crate::event::{Event, Status, TurnResult};
 use crate::lines::LineBuffer;
@@ -38,7 +37,7 @@ pub(super) async fn drive_headless(
         turn,
         options,
         home_files,
-        runtime_dir,
+        home_out,
         proxy,
     } = ctx;
     place_home_files(backend, name, home_files).await?;
@@ -146,7 +145,7 @@ pub(super) async fn drive_headless(
         if matches!(early, EndedEarly::Unreachable | EndedEarly::Idle) {
             // A stuck CLI gets no grace: the entrypoint kills it at once (and still takes
             // the credentials out of HOME).
-            let _ = dirs::write_private_unsynced(&runtime_dir.join(STOP_NOW), b"");
+            let _ = signal_file(backend, name, STOP_NOW).await;
         }
         backend.stop_container(name, STOP_GRACE).await?;
         // Whatever the CLI printed while stopping still counts.
@@ -174,7 +173,10 @@ pub(super) async fn drive_headless(
             message: format!("egress to {target} was refused: it is not in --allow-host"),
         });
     }
-    if ended_early.is_none() && runtime_dir.join(STOP_REQUEST).exists() {
+    // `caw-box stop` leaves word in the runtime directory; a CLI that ended on its own
+    // was not stopped (and the file is not worth a request).
+    let stop_requested = cli_exit.is_none() && has_file(backend, name, STOP_REQUEST).await;
+    if stop_requested {
         ended_early = Some(EndedEarly::Interrupted);
     }
 
@@ -228,7 +230,7 @@ pub(super) async fn drive_headless(
                     &refused,
                 ),
             ),
-            EndedEarly::Interrupted if runtime_dir.join(STOP_REQUEST).exists() => (
+            EndedEarly::Interrupted if stop_requested => (
                 Status::Interrupted,
                 "the turn was stopped with `caw-box stop`".to_string(),
             ),
@@ -294,8 +296,11 @@ pub(super) async fn drive_headless(
         events: &events_log,
         stderr: &stderr_tail,
     };
-    let handoff = cli_exit.is_some().then_some(runtime_dir);
-    save_record(backend, name, record, turn, history, logs, handoff).await?;
+    let ending = Ending {
+        handoff: cli_exit.is_some(),
+        home_out,
+    };
+    save_record(backend, name, record, turn, history, logs, ending).await?;
     sink(&result_event);
     Ok(result)
 }

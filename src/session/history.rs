@@ -2,7 +2,7 @@
 //! runs, the record and logs written when the turn ends (by the record hand-off to the
 //! entrypoint, else an upload), the turn-record volume, and the host's record cache.
 
-use super::runtime::HANDOFF_FIFO;
+use super::runtime::RUN_DIR;
 use crate::backend::Backend;
 use crate::backend::{ContainerState, TarFile};
 use crate::dirs;
@@ -10,10 +10,18 @@ use crate::error::{Error, Result};
 use crate::provider::AGENT_HOME;
 use crate::session::record::{labels, roles, SessionRecord, TurnRecord, TurnSummary};
 
-/// Where the record hand-off puts files for the entrypoint to copy into HOME, and what it
-/// leaves once it did.
-const HANDOFF_DIR: &str = "record";
-const HANDOFF_DONE: &str = "record-copied";
+/// The signal that ends the entrypoint's wait for the record hand-off.
+const HANDOFF_SIGNAL: &str = "USR1";
+
+/// How a turn's container ended, for [`save_record`].
+#[derive(Default)]
+pub(super) struct Ending<'a> {
+    /// The CLI ended on its own and the entrypoint waits for the record hand-off.
+    pub(super) handoff: bool,
+    /// Where to put the credential files the entrypoint handed back (the runtime
+    /// directory's `auth/home-out`, as a tar), read before the container goes.
+    pub(super) home_out: Option<&'a std::sync::Mutex<Option<Vec<u8>>>>,
+}
 
 /// The session record stored in the state volume before this turn, read through the turn's
 /// container while the CLI runs (the CLI never touches it), so saving the turn does not wait
@@ -76,7 +84,7 @@ pub(super) async fn save_record(
     turn: u32,
     history: StoredHistory,
     logs: TurnLogs<'_>,
-    handoff: Option<&std::path::Path>,
+    ending: Ending<'_>,
 ) -> Result<()> {
     if let Some(stored) = history.get().await? {
         let mut turns: Vec<TurnRecord> =
@@ -112,8 +120,8 @@ pub(super) async fn save_record(
         },
     ];
     let write_record = async {
-        if let Some(dir) = handoff {
-            match hand_off(backend, name, dir, &files).await {
+        if ending.handoff {
+            match hand_off(backend, name, &files).await {
                 Ok(true) => return Ok(()),
                 Ok(false) => tracing::debug!("the record hand-off did not happen; uploading"),
                 Err(e) => tracing::debug!("the record hand-off failed ({e}); uploading"),
@@ -147,6 +155,13 @@ pub(super) async fn save_record(
             tracing::warn!("could not remove an old turn-record volume: {e}");
         }
     }));
+    if let Some(slot) = ending.home_out {
+        let path = format!("{RUN_DIR}/{}", crate::auth::inject::HOME_OUT);
+        match backend.download_tar(name, &path).await {
+            Ok(tar) => *slot.lock().unwrap_or_else(|e| e.into_inner()) = tar,
+            Err(e) => tracing::warn!("could not read the refreshed credentials: {e}"),
+        }
+    }
     let (removed, _) = tokio::join!(backend.remove_container(name, true), remove_stale);
     removed?;
     cache_record(record);
@@ -163,49 +178,19 @@ async fn being_removed(backend: &impl Backend, name: &str) -> bool {
     }
 }
 
-/// Gives the turn's record files to the entrypoint, which waits for them after the CLI
-/// ended, copies them into HOME and exits; returns whether it did. Cheaper than an upload
-/// through Docker's archive API after the container stopped.
-async fn hand_off(
-    backend: &impl Backend,
-    name: &str,
-    runtime_dir: &std::path::Path,
-    files: &[TarFile<'_>],
-) -> Result<bool> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-
-    // The layout the entrypoint expects: session.json and turns/*, from ~/.caw-box.
-    let base = runtime_dir.join(HANDOFF_DIR);
-    for d in [base.clone(), base.join("turns")] {
-        dirs::ensure_private_dir(&d)?;
-        dirs::hand_to_agent(&d)?;
-    }
-    for f in files {
-        let Some(rel) = f.path.strip_prefix(".caw-box/") else {
-            return Ok(false);
-        };
-        let path = base.join(rel);
-        dirs::write_private_unsynced(&path, f.contents)?;
-        dirs::hand_to_agent(&path)?;
-    }
-    tracing::debug!("the record is in the runtime dir");
-    // Non-blocking: no reader (an entrypoint that does not wait) is an error, not a hang.
-    let fifo = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(runtime_dir.join(HANDOFF_FIFO));
-    match fifo.and_then(|mut f| f.write_all(b"go\n")) {
-        Ok(()) => {}
-        Err(e) => {
-            tracing::debug!("the entrypoint does not wait for the record: {e}");
-            return Ok(false);
-        }
-    }
+/// Writes the turn's record files into HOME while the entrypoint waits after the CLI
+/// ended, then tells it to go on; returns whether the record is written. Cheaper than an
+/// upload through the backend's archive API after the container stopped (which mounts its
+/// volumes again).
+async fn hand_off(backend: &impl Backend, name: &str, files: &[TarFile<'_>]) -> Result<bool> {
+    backend
+        .upload_files(name, AGENT_HOME, files, dirs::agent_ids())
+        .await?;
+    tracing::debug!("the record is in HOME");
+    backend.signal_container(name, HANDOFF_SIGNAL).await?;
     backend.wait_container(name).await?;
-    let copied = runtime_dir.join(HANDOFF_DONE).exists();
-    tracing::debug!("the container exited; record copied: {copied}");
-    Ok(copied)
+    tracing::debug!("the container exited");
+    Ok(true)
 }
 
 /// Creates the session's turn-record volume for its latest turn; returns the names of the

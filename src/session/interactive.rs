@@ -10,16 +10,15 @@
 //!
 //! [`Provider::latest_key_script`]: crate::provider::Provider::latest_key_script
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{signal, SignalKind};
 
-use super::history::{save_record, StoredHistory, TurnLogs};
+use super::history::{save_record, Ending, StoredHistory, TurnLogs};
 use super::record::{now_secs, SessionRecord, TurnRecord};
-use super::runtime::STOP_REQUEST;
+use super::runtime::{has_file, RUN_DIR, STOP_REQUEST};
 use super::turn::{
     append_event, handle_of, place_home_files, sleep_until, Interrupts, TurnContext, STOP_GRACE,
 };
@@ -44,7 +43,7 @@ pub(super) async fn drive_tui(
         turn,
         options,
         home_files,
-        runtime_dir,
+        home_out,
         proxy: _,
     } = ctx;
     place_home_files(backend, name, home_files).await?;
@@ -128,13 +127,15 @@ pub(super) async fn drive_tui(
     drop(keys);
     drop(raw);
     let exit_code = backend.wait_container(name).await?;
-    let stopped = runtime_dir.join(STOP_REQUEST).exists();
+    let stopped = has_file(backend, name, STOP_REQUEST).await;
     if ended_early.is_some() || stopped {
         // The TUI was killed, not quit: it had no chance to put the terminal back.
         terminal::reset_after_kill();
     }
 
-    if let Some(key) = read_key(runtime_dir) {
+    let key_file = format!("{RUN_DIR}/{RESUME_KEY_FILE}");
+    let key_text = backend.download_file(name, &key_file).await.ok().flatten();
+    if let Some(key) = key_text.and_then(|t| plausible_key(&String::from_utf8_lossy(&t))) {
         record.resume_key = key;
         record.key_confirmed = true;
     }
@@ -192,7 +193,11 @@ pub(super) async fn drive_tui(
         events: &events_log,
         stderr: &[],
     };
-    save_record(backend, name, record, turn, history, logs, None).await?;
+    let ending = Ending {
+        handoff: false,
+        home_out,
+    };
+    save_record(backend, name, record, turn, history, logs, ending).await?;
     sink(&result_event);
     Ok(result)
 }
@@ -222,8 +227,7 @@ async fn window_changed(signal: &mut Option<tokio::signal::unix::Signal>) {
 }
 
 /// The key the adapter's script found, if it looks like one.
-fn read_key(runtime_dir: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(runtime_dir.join(RESUME_KEY_FILE)).ok()?;
+fn plausible_key(text: &str) -> Option<String> {
     let key = text.trim();
     let plausible = !key.is_empty()
         && key.len() <= 128
@@ -239,11 +243,7 @@ mod tests {
 
     #[test]
     fn only_plausible_keys_are_taken() {
-        let dir = tempfile::tempdir().unwrap();
-        let key = |text: &str| {
-            std::fs::write(dir.path().join(RESUME_KEY_FILE), text).unwrap();
-            read_key(dir.path())
-        };
+        let key = plausible_key;
         assert_eq!(
             key("019a2b3c-0000-7000-8000-000000000001\n").as_deref(),
             Some("019a2b3c-0000-7000-8000-000000000001")
@@ -255,7 +255,5 @@ mod tests {
         assert_eq!(key(""), None);
         assert_eq!(key("a key with spaces"), None);
         assert_eq!(key("../../etc/passwd"), None);
-        std::fs::remove_file(dir.path().join(RESUME_KEY_FILE)).unwrap();
-        assert_eq!(read_key(dir.path()), None);
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::runtime::{RUNTIME_MOUNT, STOP_REQUEST};
+use super::runtime::STOP_REQUEST;
 use super::turn::{handle_of, STOP_GRACE};
 use crate::backend::Backend;
 use crate::dirs;
@@ -105,19 +105,23 @@ pub async fn stop(backend: &impl Backend, id: Uuid) -> Result<()> {
         .await?
         .filter(|c| c.running())
         .ok_or_else(|| Error::usage(format!("session {id} has no running turn")))?;
-    // Tell the turn's driver that this is a stop, not a crash.
-    if let Some((_, source)) = inspect
-        .mounts
-        .into_iter()
-        .find(|(target, _)| target == RUNTIME_MOUNT)
-    {
-        let _ = std::fs::write(std::path::Path::new(&source).join(STOP_REQUEST), b"");
+    // Tell the turn's driver that this is a stop, not a crash (through the backend: the
+    // driver may run on another machine).
+    let _ = inspect;
+    if let Err(e) = super::runtime::signal_file(backend, &container, STOP_REQUEST).await {
+        tracing::debug!("could not leave the stop request: {e}");
     }
     backend.stop_container(&container, STOP_GRACE).await?;
     // Return once the driver recorded the turn and released the session.
     for _ in 0..300 {
-        if backend.inspect_container(&container).await?.is_none() {
-            break;
+        match backend.inspect_container(&container).await? {
+            None => break,
+            // A driver killed too hard to record the turn: nobody else will remove it.
+            Some(c) if !c.running() && super::liveness::driver_is_gone(&c) => {
+                backend.remove_container(&container, true).await?;
+                break;
+            }
+            Some(_) => {}
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::backend::ContainerInfo;
+use crate::backend::{Backend, ContainerInfo};
 use crate::dirs;
 use crate::session::record::labels;
 
@@ -22,6 +22,28 @@ pub(super) fn driver_is_gone(container: &ContainerInfo) -> bool {
     container
         .created
         .is_some_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(600))
+}
+
+/// Removes this host's turn containers whose CLI ended and whose driver is gone (killed
+/// too hard to clean up after itself): their runtime storage may hold credentials. Their
+/// sessions stay resumable; the turn was never recorded. Best effort. `own` (the turn
+/// container being created) is left to its creator, which handles its own leftover.
+pub(super) async fn remove_abandoned_turns(backend: &impl Backend, own: &str) {
+    let filter = [
+        format!("{}=true", labels::MANAGED),
+        format!("{}={}", labels::ROLE, crate::session::record::roles::TURN),
+        format!("{}={}", labels::DRIVER_HOST, dirs::host_name()),
+    ];
+    let Ok(turns) = backend.list_containers(&filter).await else {
+        return;
+    };
+    for c in turns {
+        if c.name != own && c.state == crate::backend::ContainerState::Exited && driver_is_gone(&c)
+        {
+            tracing::debug!("removing {}, abandoned by its driver", c.name);
+            let _ = backend.remove_container(&c.name, true).await;
+        }
+    }
 }
 
 /// Whether process `pid` lives and runs the same program as this one (where /proc tells):

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
-use crate::backend::{Backend, HelperSpec, MountSpec, NetworkPolicy};
+use crate::backend::{Backend, HelperSpec, NetworkPolicy};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
@@ -134,20 +134,18 @@ async fn fetch(
             });
         }
     }
-    let base = dirs::runtime_dir()?;
-    dirs::ensure_private_dir(&base)?;
-    let dir = base.join(format!("models-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dirs::ensure_private_dir(&dir)?;
     let result = async {
-        crate::auth::inject::prepare(provider, &dir, env)?;
+        let credentials = crate::auth::inject::prepare(provider, env)?;
+        let mut runtime = super::runtime::Runtime::default();
+        for (path, contents) in &credentials.files {
+            runtime.write(path, contents);
+        }
         let mut env_file = Vec::new();
         for (k, v) in env {
             env_file.extend_from_slice(format!("{k}={v}").as_bytes());
             env_file.push(0);
         }
-        dirs::write_private_unsynced(&dir.join("env"), &env_file)?;
-        dirs::hand_to_agent(&dir)?;
+        runtime.write("env", &env_file);
         let (uid, gid) = dirs::agent_ids();
         let spec = HelperSpec {
             image: settings.image.clone(),
@@ -158,16 +156,16 @@ async fn fetch(
                 url.to_string(),
             ],
             // HOME on the tmpfs: the entrypoint places (and removes) credential files there.
-            env: vec!["HOME=/tmp/home".into()],
+            env: vec![
+                "HOME=/tmp/home".into(),
+                format!("CAW_BOX_RUN_DIR={}", super::runtime::RUN_DIR),
+            ],
             user: Some(format!("{uid}:{gid}")),
             labels: crate::session::record::with_extra_labels(HashMap::from([
                 (labels::MANAGED.to_string(), "true".to_string()),
                 (labels::ROLE.to_string(), roles::PROBE.to_string()),
             ])),
-            mounts: vec![MountSpec::host_dir(
-                dir.display().to_string(),
-                crate::session::runner::RUNTIME_MOUNT,
-            )],
+            scratch: Some(runtime.into_scratch()),
             network: NetworkPolicy::Named(network),
             read_only_root: true,
             drop_all_capabilities: true,
@@ -189,7 +187,6 @@ async fn fetch(
         })
     }
     .await;
-    let _ = std::fs::remove_dir_all(&dir);
     result
 }
 

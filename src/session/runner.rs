@@ -14,9 +14,9 @@
 //! re-exported here.
 
 use super::egress::Egress;
-use super::liveness::driver_is_gone;
+use super::liveness::{driver_is_gone, remove_abandoned_turns};
 use super::owner::ensure_owner;
-use super::runtime::{RuntimeDir, HANDOFF_FIFO};
+use super::runtime::{Runtime, RUN_DIR};
 use super::turn::{busy, image_hint, Interrupts, TurnContext, ENTRY_GRACE_SECS, STOP_GRACE};
 use crate::backend::{Backend, CreateError};
 use crate::backend::{Limits, MountSpec, NetworkPolicy, TurnSpec};
@@ -33,7 +33,7 @@ pub const DEFAULT_PIDS_LIMIT: i64 = 512;
 pub use super::egress::{PROXY_ALIAS, PROXY_PORT};
 pub use super::headless::model_host;
 pub use super::history::cache_record;
-pub use super::runtime::{RUNTIME_MOUNT, STOP_REQUEST};
+pub use super::runtime::{RUNTIME_MOUNT, RUN_DIR as RUNTIME_DIR, STOP_REQUEST};
 pub use super::turn::{
     container_name, handle_of, image_hint_for, turn_error, TurnOptions, DEFAULT_CONNECT_TIMEOUT,
 };
@@ -79,10 +79,14 @@ pub async fn run_turn(
         interactive: options.interactive,
         credential_env: &[],
     };
-    let runtime = RuntimeDir::create(record, turn)?;
-    let credential_env = crate::auth::inject::prepare(record.provider, &runtime.0, &options.env)?;
+    let mut runtime = Runtime::default();
+    let credentials = crate::auth::inject::prepare(record.provider, &options.env)?;
+    for (path, contents) in &credentials.files {
+        runtime.write(path, contents);
+    }
+    let home_out = std::sync::Mutex::new(None);
     let command = provider.turn_command(&TurnRequest {
-        credential_env: &credential_env,
+        credential_env: &credentials.names,
         ..request
     });
     let mut env_file = Vec::new();
@@ -92,7 +96,7 @@ pub async fn run_turn(
         env_file.extend_from_slice(v.as_bytes());
         env_file.push(0);
     }
-    runtime.write("env", &env_file)?;
+    runtime.write("env", &env_file);
     let mut env: Vec<String> = command
         .env
         .iter()
@@ -100,13 +104,13 @@ pub async fn run_turn(
         .collect();
     env.push(format!("HOME={AGENT_HOME}"));
     env.push(format!("CAW_BOX_STOP_GRACE={ENTRY_GRACE_SECS}"));
+    env.push(format!("CAW_BOX_RUN_DIR={RUN_DIR}"));
     if !options.interactive {
-        runtime.make_fifo(HANDOFF_FIFO)?;
-        env.push("CAW_BOX_HANDOFF=1".to_string());
+        env.push("CAW_BOX_HANDOFF=signal".to_string());
     }
     if let Some(stdin) = &command.stdin {
-        runtime.write("stdin", stdin)?;
-        env.push(format!("CAW_BOX_STDIN_FILE={RUNTIME_MOUNT}/stdin"));
+        runtime.write("stdin", stdin);
+        env.push(format!("CAW_BOX_STDIN_FILE={RUN_DIR}/stdin"));
     }
     if options.interactive {
         env.push(format!("TERM={}", crate::terminal::term()));
@@ -158,14 +162,25 @@ pub async fn run_turn(
         )
         .cloned()
         .collect();
-    let mut spec = turn_spec(record, turn, &image, command.argv.clone(), env, &runtime.0)?;
+    let mut spec = turn_spec(
+        record,
+        turn,
+        &image,
+        command.argv.clone(),
+        env,
+        runtime.into_scratch(),
+    )?;
     if options.interactive {
         spec.interactive = Some(crate::terminal::size());
     }
     if let Some(e) = &egress {
         spec.network = NetworkPolicy::Named(e.network.clone());
     }
-    if let Err(err) = create_turn_container(backend, record, &name, &spec).await {
+    let (created, ()) = tokio::join!(
+        create_turn_container(backend, record, &name, &spec),
+        remove_abandoned_turns(backend, &name)
+    );
+    if let Err(err) = created {
         if let Some(e) = &egress {
             e.stop(backend).await;
         }
@@ -181,7 +196,7 @@ pub async fn run_turn(
         turn,
         options,
         home_files: &home_files,
-        runtime_dir: &runtime.0,
+        home_out: crate::auth::inject::has_files(&credentials).then_some(&home_out),
         proxy: egress.as_ref().map(|e| e.proxy.as_str()),
     };
     let outcome = if options.interactive {
@@ -200,14 +215,14 @@ pub async fn run_turn(
     if let Some(e) = &egress {
         e.stop(backend).await;
     }
-    match crate::auth::inject::finish(record.provider, &runtime.0) {
-        Ok(updated) if !updated.is_empty() => {
+    let handed_back = home_out.into_inner().unwrap_or_else(|e| e.into_inner());
+    match handed_back.map(|tar| crate::auth::inject::finish(record.provider, &tar)) {
+        Some(Ok(updated)) if !updated.is_empty() => {
             tracing::info!("saved refreshed credentials: {}", updated.join(", "))
         }
-        Ok(_) => {}
-        Err(e) => tracing::warn!("could not save refreshed credentials: {e}"),
+        Some(Err(e)) => tracing::warn!("could not save refreshed credentials: {e}"),
+        _ => {}
     }
-    drop(runtime);
     outcome
 }
 
@@ -218,7 +233,7 @@ fn turn_spec(
     image: &str,
     argv: Vec<String>,
     env: Vec<String>,
-    runtime_dir: &std::path::Path,
+    runtime: crate::backend::Scratch,
 ) -> Result<TurnSpec> {
     let settings = &record.settings;
     let workspace = match settings.workspace_mode {
@@ -257,7 +272,7 @@ fn turn_spec(
         labels: labels.finish(),
         home: MountSpec::volume(names::state_volume(record.session_id), AGENT_HOME),
         workspace,
-        runtime: MountSpec::host_dir(runtime_dir.display().to_string(), RUNTIME_MOUNT),
+        runtime,
         limits: Limits {
             memory: settings.memory,
             cpus: settings.cpus,
@@ -336,9 +351,21 @@ mod tests {
     /// The turn as the backend gets it: the session's settings in caw-box's terms.
     #[test]
     fn the_turn_spec_carries_the_sessions_settings() {
-        let dir = std::path::Path::new("/tmp");
+        let dir = || {
+            let mut rt = Runtime::default();
+            rt.write("env", b"SECRET=x");
+            rt.into_scratch()
+        };
         let r = record("team-gateway");
-        let spec = turn_spec(&r, 3, "img", vec!["codex".into()], vec!["A=1".into()], dir).unwrap();
+        let spec = turn_spec(
+            &r,
+            3,
+            "img",
+            vec!["codex".into()],
+            vec!["A=1".into()],
+            dir(),
+        )
+        .unwrap();
         assert_eq!(spec.network, NetworkPolicy::Named("team-gateway".into()));
         assert_eq!(
             spec.limits,
@@ -352,7 +379,10 @@ mod tests {
             spec.home,
             MountSpec::volume(format!("caw-box-{}", r.session_id), AGENT_HOME)
         );
-        assert_eq!(spec.runtime, MountSpec::host_dir("/tmp", RUNTIME_MOUNT));
+        // The runtime files travel in the spec, never as a host path; Debug shows no secret.
+        assert_eq!(spec.runtime.mount, RUNTIME_MOUNT);
+        assert_eq!(spec.runtime.files[0].path, "turn/env");
+        assert!(!format!("{spec:?}").contains("SECRET"));
         assert_eq!(spec.workspace, None, "workspace mode none");
         assert_eq!(spec.interactive, None);
         assert_eq!(spec.working_dir, WORKSPACE_DIR);
@@ -370,18 +400,18 @@ mod tests {
             ("none", NetworkPolicy::None),
             ("host", NetworkPolicy::Host),
         ] {
-            let spec = turn_spec(&record(setting), 1, "img", vec![], vec![], dir).unwrap();
+            let spec = turn_spec(&record(setting), 1, "img", vec![], vec![], dir()).unwrap();
             assert_eq!(spec.network, policy, "{setting}");
         }
     }
 
     #[test]
     fn the_workspace_mount_follows_the_workspace_mode() {
-        let dir = std::path::Path::new("/tmp");
+        let dir = crate::backend::Scratch::default;
         let mut r = record("none");
         r.settings.pids_limit = None;
         r.settings.workspace_mode = WorkspaceMode::Copy;
-        let spec = turn_spec(&r, 1, "img", vec![], vec![], dir).unwrap();
+        let spec = turn_spec(&r, 1, "img", vec![], vec![], dir()).unwrap();
         assert_eq!(spec.limits.pids, 512, "the default pids limit");
         assert_eq!(
             spec.workspace,
@@ -393,7 +423,7 @@ mod tests {
         let host = tempfile::tempdir().unwrap();
         r.settings.workspace_mode = WorkspaceMode::Bind;
         r.settings.workspace = Some(host.path().display().to_string());
-        let spec = turn_spec(&r, 1, "img", vec![], vec![], dir).unwrap();
+        let spec = turn_spec(&r, 1, "img", vec![], vec![], dir()).unwrap();
         assert_eq!(
             spec.workspace,
             Some(MountSpec::host_dir(
@@ -403,7 +433,7 @@ mod tests {
         );
         // A bind workspace that is gone refuses the turn, with what to do.
         r.settings.workspace = Some(host.path().join("gone").display().to_string());
-        let e = turn_spec(&r, 1, "img", vec![], vec![], dir).unwrap_err();
+        let e = turn_spec(&r, 1, "img", vec![], vec![], dir()).unwrap_err();
         assert_eq!(e.exit_code(), 3);
         assert!(e.message.contains("does not exist"), "{}", e.message);
     }
@@ -501,6 +531,9 @@ mod tests {
         async fn stop_container(&self, _: &str, _: std::time::Duration) -> Result<()> {
             unexpected!("stop")
         }
+        async fn signal_container(&self, _: &str, _: &str) -> Result<()> {
+            unexpected!("signal")
+        }
         async fn run_to_completion(
             &self,
             _: &str,
@@ -584,7 +617,15 @@ mod tests {
     async fn a_turn_takes_the_lock_or_says_who_holds_it() {
         let r = record("open");
         let name = container_name(&r);
-        let spec = turn_spec(&r, 5, "img", vec![], vec![], std::path::Path::new("/tmp")).unwrap();
+        let spec = turn_spec(
+            &r,
+            5,
+            "img",
+            vec![],
+            vec![],
+            crate::backend::Scratch::default(),
+        )
+        .unwrap();
 
         let free = FakeBackend::default();
         create_turn_container(&free, &r, &name, &spec)

@@ -1,19 +1,21 @@
-//! The per-turn runtime directory: a private host directory mounted at [`RUNTIME_MOUNT`]
-//! in the turn's container, through which caw-box and the entrypoint (`caw-box-entry`)
-//! talk: the env file, stdin, the record hand-off's FIFO, and the stop files. Removed when
-//! the turn ends. Not what goes through it (see `history.rs` for the record hand-off).
+//! The per-turn runtime directory: a private scratch directory of the turn's container at
+//! [`RUN_DIR`], through which caw-box and the entrypoint (`caw-box-entry`) talk: the env
+//! file, credentials, stdin and the scrub list go in before the start; the stop files go
+//! in while it runs; the resume key of a TUI and refreshed credentials come out after it
+//! stopped. All of it through the backend's API (a volume of the container's own, removed
+//! with it): nothing is a host path, so a daemon that does not share caw-box's filesystem
+//! runs turns too. Not what goes through it (see `history.rs` for the record hand-off).
 
-use std::path::PathBuf;
-
+use crate::backend::{Backend, Scratch, ScratchFile};
 use crate::dirs;
-use crate::error::{Error, Result};
-use crate::session::record::SessionRecord;
+use crate::error::Result;
 
-/// Where the per-turn runtime directory appears in the container (env file, stdin).
+/// Where the turn's scratch storage is mounted.
 pub const RUNTIME_MOUNT: &str = "/run/caw-box";
 
-/// The FIFO on which the entrypoint waits for the record.
-pub(super) const HANDOFF_FIFO: &str = "handoff";
+/// The runtime directory in the container (`CAW_BOX_RUN_DIR`): a directory of the agent's
+/// own in the scratch storage (its root belongs to root).
+pub const RUN_DIR: &str = "/run/caw-box/turn";
 
 /// A file that tells the entrypoint to kill the CLI at the stop signal, without grace.
 pub(super) const STOP_NOW: &str = "stop-now";
@@ -22,48 +24,50 @@ pub(super) const STOP_NOW: &str = "stop-now";
 /// container, so the process driving the turn records it as interrupted, not as a crash.
 pub const STOP_REQUEST: &str = "stop-requested";
 
-/// A per-turn directory on the host, removed when dropped.
-pub(super) struct RuntimeDir(pub(super) PathBuf);
+/// The files a turn's runtime directory starts with, gathered before the container exists.
+#[derive(Default)]
+pub(super) struct Runtime {
+    files: Vec<ScratchFile>,
+}
 
-impl RuntimeDir {
-    pub(super) fn create(record: &SessionRecord, turn: u32) -> Result<Self> {
-        let base = dirs::runtime_dir()?;
-        dirs::ensure_private_dir(&base)?;
-        dirs::sweep_runtime_dirs();
-        let dir = base.join(format!(
-            "{}-{turn}-{}",
-            record.session_id,
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        dirs::ensure_private_dir(&dir)?;
-        // The CLI runs as the agent user, which must read what we put here.
-        dirs::hand_to_agent(&dir)?;
-        Ok(RuntimeDir(dir))
+impl Runtime {
+    /// `name` relative to the runtime directory; mode 0600.
+    pub(super) fn write(&mut self, name: &str, contents: &[u8]) {
+        self.files.push(ScratchFile {
+            path: format!("turn/{name}"),
+            contents: contents.to_vec(),
+            mode: 0o600,
+        });
     }
 
-    pub(super) fn make_fifo(&self, name: &str) -> Result<()> {
-        let path = self.0.join(name);
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &path,
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::from_raw_mode(0o600),
-            0,
-        )
-        .map_err(|e| Error::environment(format!("cannot create {}: {e}", path.display())))?;
-        dirs::hand_to_agent(&path)
-    }
-
-    pub(super) fn write(&self, name: &str, contents: &[u8]) -> Result<()> {
-        let path = self.0.join(name);
-        dirs::write_private_unsynced(&path, contents)?;
-        dirs::hand_to_agent(&path)
+    /// The scratch directory the backend gives the turn's container.
+    pub(super) fn into_scratch(self) -> Scratch {
+        Scratch {
+            mount: RUNTIME_MOUNT.to_string(),
+            owner: dirs::agent_ids(),
+            files: self.files,
+        }
     }
 }
 
-impl Drop for RuntimeDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// Puts an empty file `name` in the runtime directory of the running container `container`.
+pub async fn signal_file(backend: &impl Backend, container: &str, name: &str) -> Result<()> {
+    let file = crate::backend::TarFile {
+        path: name,
+        contents: b"",
+        mode: 0o600,
+    };
+    backend
+        .upload_files(container, RUN_DIR, &[file], dirs::agent_ids())
+        .await
+}
+
+/// Whether the (stopped) container's runtime directory holds `name`.
+pub(super) async fn has_file(backend: &impl Backend, container: &str, name: &str) -> bool {
+    matches!(
+        backend
+            .download_file(container, &format!("{RUN_DIR}/{name}"))
+            .await,
+        Ok(Some(_))
+    )
 }

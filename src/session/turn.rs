@@ -127,8 +127,9 @@ pub(super) struct TurnContext<'a, B> {
     pub options: &'a TurnOptions,
     /// Files to put in HOME before the start.
     pub home_files: &'a [crate::provider::HomeFile],
-    /// The host side of /run/caw-box.
-    pub runtime_dir: &'a std::path::Path,
+    /// Where the credential files the CLI refreshed go, read from the runtime directory
+    /// before the container is removed; `None`: the turn got no credential files.
+    pub home_out: Option<&'a std::sync::Mutex<Option<Vec<u8>>>>,
     /// The egress proxy's container, when the turn's network is restricted.
     pub proxy: Option<&'a str>,
 }

@@ -298,50 +298,76 @@ fn status_flags_an_expired_login_and_collect_reports_nothing_found() {
 /// A driver killed too hard to clean up (SIGKILL) leaves its turn's runtime dir, with the
 /// injected credentials, on the host: the next turn removes it.
 #[test]
-fn a_killed_drivers_credentials_are_swept_by_the_next_turn() {
+fn a_killed_drivers_credentials_are_removed_by_the_next_turn() {
     let rig = Rig::new("sweep");
     let home = tempfile::tempdir().unwrap();
     collect(&rig, CODEX, home.path(), &[("OPENAI_API_KEY", TEST_KEY)]);
-    // Turns' runtime dirs: one folder per machine.
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
-    let run_dir = rig.data_dir.path().join("run").join(host.trim());
-    let holding_the_key = || -> Vec<std::path::PathBuf> {
-        let Ok(dirs) = std::fs::read_dir(&run_dir) else {
-            return Vec::new();
-        };
-        dirs.flatten()
-            .map(|d| d.path())
-            .filter(|d| {
-                walkdir(d).iter().any(|f| {
-                    std::fs::read(f)
-                        .is_ok_and(|b| b.windows(TEST_KEY.len()).any(|w| w == TEST_KEY.as_bytes()))
-                })
-            })
-            .collect()
-    };
 
-    let mut slow = rig.run_cmd_stored_key(CODEX, "SLEEP:10 REMEMBER:killed", &[]);
+    let mut slow = rig.run_cmd_stored_key(CODEX, "SLEEP:3 REMEMBER:killed", &[]);
     slow.stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     let mut child = slow.spawn().unwrap();
     let container = rig.wait_for_running_turn(None, Duration::from_secs(60));
-    let left = holding_the_key();
+    // The runtime directory is a volume of the turn container's own, never a host path:
+    // the one bind mount is the workspace.
+    let inspect = rig
+        .rt
+        .block_on(rig.docker.inspect_container(&container, None))
+        .unwrap();
+    let mounts = inspect.mounts.unwrap_or_default();
+    assert!(
+        mounts
+            .iter()
+            .all(|m| m.typ.as_deref() != Some("bind")
+                || m.destination.as_deref() == Some("/workspace")),
+        "a bind mount: {mounts:?}"
+    );
+    let runtime = mounts
+        .iter()
+        .find(|m| m.destination.as_deref() == Some("/run/caw-box"))
+        .and_then(|m| m.name.clone())
+        .expect("the runtime volume");
+    let holding = in_named_volume(&rig, &runtime, &["grep", "-rl", TEST_KEY, "/h"]);
     assert_eq!(
-        left.len(),
-        1,
-        "the running turn's runtime dir holds the key"
+        holding,
+        ["/h/turn/auth/env"],
+        "the running turn's runtime holds the key"
     );
     child.kill().unwrap();
     child.wait().unwrap();
-    assert_eq!(holding_the_key(), left, "SIGKILL left it behind");
-    let mut stop = rig.caw();
-    stop.args(["stop", container.trim_start_matches("caw-box-")]);
-    let out = run(stop);
-    assert!(out.status.success(), "{}", stderr_of(&out));
+    // The CLI ends on its own; the container stays, with nobody to remove it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while rig
+        .rt
+        .block_on(rig.docker.inspect_container(&container, None))
+        .ok()
+        .and_then(|c| c.state)
+        .and_then(|s| s.running)
+        .unwrap_or(false)
+    {
+        assert!(std::time::Instant::now() < deadline, "the turn never ended");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
+    // Any next turn on this host (here: of another session) removes it.
     let (code, json, stderr) = rig.json_turn(rig.run_cmd_stored_key(CODEX, "REMEMBER:next", &[]));
     assert_eq!(code, 0, "{json}\n{stderr}");
-    assert_eq!(holding_the_key(), Vec::<std::path::PathBuf>::new());
+    // The killed turn's container went, and its runtime volume with it.
+    let gone = rig.rt.block_on(rig.docker.inspect_volume(&runtime));
+    assert!(
+        gone.is_err(),
+        "the killed turn's runtime volume is still there"
+    );
+    // Nothing of a turn's runtime is on the host: the key is in the store alone.
+    let outside_store: Vec<_> = walkdir(rig.data_dir.path())
+        .into_iter()
+        .filter(|f| !f.starts_with(rig.data_dir.path().join("auth")))
+        .filter(|f| {
+            std::fs::read(f)
+                .is_ok_and(|b| b.windows(TEST_KEY.len()).any(|w| w == TEST_KEY.as_bytes()))
+        })
+        .collect();
+    assert_eq!(outside_store, Vec::<std::path::PathBuf>::new());
     rig.cleanup();
 }
 

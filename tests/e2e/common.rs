@@ -640,6 +640,11 @@ pub fn volume_files_containing(rig: &Rig, id: &str, needle: &str) -> Vec<String>
 /// Runs `cmd` as root in a container with the session's state volume at /h (read-only);
 /// returns its output lines.
 pub fn in_volume(rig: &Rig, id: &str, cmd: &[&str]) -> Vec<String> {
+    in_named_volume(rig, &format!("caw-box-{id}"), cmd)
+}
+
+/// Runs `cmd` as root in a container with volume `volume` at /h (read-only).
+pub fn in_named_volume(rig: &Rig, volume: &str, cmd: &[&str]) -> Vec<String> {
     use bollard::models::{ContainerCreateBody, HostConfig};
     let (_, out, _) = rig.run_container(ContainerCreateBody {
         image: Some(STUB_IMAGE.to_string()),
@@ -647,7 +652,7 @@ pub fn in_volume(rig: &Rig, id: &str, cmd: &[&str]) -> Vec<String> {
         cmd: Some(cmd[1..].iter().map(|s| s.to_string()).collect()),
         user: Some("0".into()),
         host_config: Some(HostConfig {
-            binds: Some(vec![format!("caw-box-{id}:/h:ro")]),
+            binds: Some(vec![format!("{volume}:/h:ro")]),
             network_mode: Some("none".into()),
             ..Default::default()
         }),

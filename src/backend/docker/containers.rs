@@ -45,7 +45,21 @@ impl DockerBackend {
         name: &str,
         spec: &TurnSpec,
     ) -> std::result::Result<String, CreateError> {
-        self.create_container(name, spec::turn_body(spec)).await
+        let id = self.create_container(name, spec::turn_body(spec)).await?;
+        // The runtime files, into the container's own scratch volume before it starts.
+        if let Err(e) = self
+            .upload_files(
+                name,
+                &spec.runtime.mount,
+                &spec.runtime.tar_files(),
+                spec.runtime.owner,
+            )
+            .await
+        {
+            let _ = self.remove_container(name, true).await;
+            return Err(CreateError::Other(e));
+        }
+        Ok(id)
     }
 
     /// Creates (does not start) one of caw-box's helper containers.
@@ -54,7 +68,17 @@ impl DockerBackend {
         name: &str,
         spec: &HelperSpec,
     ) -> std::result::Result<String, CreateError> {
-        self.create_container(name, spec::helper_body(spec)).await
+        let id = self.create_container(name, spec::helper_body(spec)).await?;
+        if let Some(s) = &spec.scratch {
+            if let Err(e) = self
+                .upload_files(name, &s.mount, &s.tar_files(), s.owner)
+                .await
+            {
+                let _ = self.remove_container(name, true).await;
+                return Err(CreateError::Other(e));
+            }
+        }
+        Ok(id)
     }
 
     async fn create_container(
@@ -170,6 +194,26 @@ impl DockerBackend {
     }
 
     /// Stops a container: SIGTERM, then SIGKILL after `grace`.
+    pub async fn signal_container(&self, name: &str, signal: &str) -> Result<()> {
+        match self
+            .docker
+            .kill_container(
+                name,
+                Some(bollard::query_parameters::KillContainerOptions {
+                    signal: signal.to_string(),
+                }),
+            )
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(BollardError::DockerResponseServerError {
+                status_code: 404 | 409,
+                ..
+            }) => Ok(()),
+            Err(e) => Err(failed(format_args!("signal container '{name}'"), &e)),
+        }
+    }
+
     pub async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
         match self
             .docker
@@ -198,7 +242,8 @@ impl DockerBackend {
                 name,
                 Some(RemoveContainerOptions {
                     force,
-                    v: false,
+                    // Its anonymous volumes (the runtime scratch), never named ones.
+                    v: true,
                     link: false,
                 }),
             )

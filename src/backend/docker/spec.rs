@@ -31,8 +31,14 @@ fn network_mode(n: &NetworkPolicy) -> Option<String> {
 
 /// A turn's container: the agent's sandbox, locked down whatever the spec says.
 pub(super) fn turn_body(spec: &TurnSpec) -> ContainerCreateBody {
+    // The runtime scratch: an anonymous volume, removed with the container (`rm -v`).
+    let scratch = Mount {
+        target: Some(spec.runtime.mount.clone()),
+        typ: Some(MountType::VOLUME),
+        ..Default::default()
+    };
     let host_config = HostConfig {
-        mounts: Some(spec.mounts().map(mount).collect()),
+        mounts: Some(spec.mounts().map(mount).chain([scratch]).collect()),
         cap_drop: Some(vec!["ALL".to_string()]),
         security_opt: Some(vec!["no-new-privileges".to_string()]),
         pids_limit: Some(spec.limits.pids),
@@ -91,7 +97,15 @@ pub(super) fn helper_body(spec: &HelperSpec) -> ContainerCreateBody {
         network_disabled: (spec.network == NetworkPolicy::None).then_some(true),
         labels: Some(spec.labels.clone()),
         host_config: Some(HostConfig {
-            mounts: (!spec.mounts.is_empty()).then(|| spec.mounts.iter().map(mount).collect()),
+            mounts: {
+                let scratch = spec.scratch.as_ref().map(|s| Mount {
+                    target: Some(s.mount.clone()),
+                    typ: Some(MountType::VOLUME),
+                    ..Default::default()
+                });
+                let all: Vec<Mount> = spec.mounts.iter().map(mount).chain(scratch).collect();
+                (!all.is_empty()).then_some(all)
+            },
             network_mode: network_mode(&spec.network),
             readonly_rootfs: spec.read_only_root.then_some(true),
             cap_drop: spec.drop_all_capabilities.then(|| vec!["ALL".to_string()]),
@@ -125,7 +139,10 @@ mod tests {
             labels: HashMap::new(),
             home: MountSpec::volume("caw-box-x", "/home/agent"),
             workspace: None,
-            runtime: MountSpec::host_dir("/tmp", "/run/caw-box"),
+            runtime: crate::backend::Scratch {
+                mount: "/run/caw-box".into(),
+                ..Default::default()
+            },
             limits: Limits {
                 memory: Some(512 << 20),
                 cpus: Some(1.5),
