@@ -12,7 +12,6 @@
 //! short helper container of the session's image (every image has git), like `diff`.
 
 use base64::Engine;
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::backend::{Backend, HelperSpec, MountSpec, NetworkPolicy};
@@ -25,16 +24,7 @@ use crate::session::WorkspaceMode;
 /// The copied tree as it was at session start, under HOME in the state volume.
 pub const BASE_TAR_PATH: &str = ".caw-box/workspace-base.tar";
 
-/// A bind-mode git workspace at session start: the volume label
-/// [`names::labels::WORKSPACE_BASE`], as JSON.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GitBase {
-    /// HEAD's commit; `None` in a repository without commits.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub commit: Option<String>,
-    /// The working tree (tracked and untracked, not ignored files) as a git tree.
-    pub tree: String,
-}
+pub use crate::session::record::GitBase;
 
 /// Exit codes of [`PATCH_SCRIPT`] that caw-box turns into their own messages.
 const NO_BASE_TAR: i64 = 66;

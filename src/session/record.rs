@@ -211,6 +211,18 @@ pub fn volume_labels(
 
 pub use crate::clock::now_secs;
 
+/// A bind-mode git workspace at session start: the volume label
+/// [`labels::WORKSPACE_BASE`], as JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GitBase {
+    /// HEAD's commit; `None` in a repository without commits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// The working tree (tracked and untracked, not ignored files) as a git tree.
+    pub tree: String,
+}
+
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,7 +25,7 @@ pub struct VolumeFacts {
     pub created_at: u64,
     pub settings: SessionSettings,
     /// A bind-mode git workspace as it was at session start (`diff --patch`).
-    pub workspace_base: Option<crate::session::patch::GitBase>,
+    pub workspace_base: Option<crate::session::record::GitBase>,
 }
 
 impl VolumeFacts {
