@@ -285,8 +285,13 @@ impl From<StoreArg> for crate::auth::store::StoreKind {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WorkspaceModeArg {
+    /// Bind when the Docker daemon sees the directory, else copy (the default).
+    Auto,
+    /// Mount the directory itself: the agent's changes are in it.
     Bind,
+    /// Copy it into a volume of the session's own; the directory is never touched.
     Copy,
+    /// No workspace.
     None,
 }
 

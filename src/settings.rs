@@ -248,11 +248,15 @@ pub fn validate_name(name: &str, flag: &str) -> Result<()> {
     }
 }
 
+/// The mode a flag sets; `auto` sets none: a new session starts in bind mode until
+/// `session::workspace::placement` finds the backend cannot see the directory, and a
+/// resumed one keeps its own.
 fn workspace_mode(arg: Option<WorkspaceModeArg>) -> Option<WorkspaceMode> {
-    arg.map(|m| match m {
-        WorkspaceModeArg::Bind => WorkspaceMode::Bind,
-        WorkspaceModeArg::Copy => WorkspaceMode::Copy,
-        WorkspaceModeArg::None => WorkspaceMode::None,
+    arg.and_then(|m| match m {
+        WorkspaceModeArg::Auto => None,
+        WorkspaceModeArg::Bind => Some(WorkspaceMode::Bind),
+        WorkspaceModeArg::Copy => Some(WorkspaceMode::Copy),
+        WorkspaceModeArg::None => Some(WorkspaceMode::None),
     })
 }
 

@@ -96,6 +96,9 @@ pub trait Backend: Clone + Send + Sync + 'static {
         name: &str,
         grace: Duration,
     ) -> impl Future<Output = Result<()>> + Send;
+    /// Whether the backend certainly sees this process's host paths as they are (a bind
+    /// mount of a host directory shows that directory); `false`: maybe not, check.
+    fn surely_shares_paths(&self) -> bool;
     /// Sends `signal` (`"USR1"`, ...) to a running container's main process; a container
     /// that is not running is `Ok`.
     fn signal_container(&self, name: &str, signal: &str)

@@ -2,20 +2,21 @@
 //! the hidden `__drive` that runs a detached turn.
 
 use std::io::{Read, Write};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Engine;
-use crate::cli::{OutputFormat, ResumeArgs, RunArgs, TurnArgs};
+use crate::cli::{OutputFormat, ResumeArgs, RunArgs, TurnArgs, WorkspaceModeArg};
 use crate::client::{Client, NewSession, Session};
 use crate::config::{Key, Layer, Resolved};
 use crate::error::{Error, ErrorKind, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::output::{self, Printer};
 use crate::provider::ProviderKind;
-use crate::session::record::{self, labels, SessionSettings};
+use crate::session::record::{self, labels, SessionSettings, WorkspaceMode};
 use crate::session::runner::{self, TurnOptions};
 use crate::session::{models, target};
 use crate::settings;
@@ -82,6 +83,15 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
 
     let client = Client::connect().await?;
+    if session_settings.workspace_mode == WorkspaceMode::Bind {
+        place_workspace(
+            client.backend(),
+            &mut session_settings,
+            args.turn.settings.workspace_mode,
+            quiet,
+        )
+        .await?;
+    }
     if models::needs_discovery(provider, &session_settings) {
         let (model, how) =
             models::discover(client.backend(), provider, &session_settings, &options.env).await?;
@@ -278,6 +288,37 @@ fn finish(result: &TurnResult) -> Result<i32> {
         None => Ok(0),
         Some(e) => Err(e.with_result_printed()),
     }
+}
+
+/// `--workspace-mode auto` (the default): bind when the daemon sees the directory, else
+/// copy, saying so once; an explicit `bind` it cannot see is a usage error.
+async fn place_workspace(
+    backend: &Engine,
+    settings: &mut SessionSettings,
+    asked: Option<WorkspaceModeArg>,
+    quiet: bool,
+) -> Result<()> {
+    let Some(dir) = settings.workspace.clone() else {
+        return Ok(());
+    };
+    let Err(reason) =
+        crate::session::workspace::daemon_sees(backend, &settings.image, Path::new(&dir)).await
+    else {
+        return Ok(());
+    };
+    if asked == Some(WorkspaceModeArg::Bind) {
+        return Err(Error::usage(format!(
+            "--workspace-mode bind: the Docker daemon cannot mount {dir}: {reason}"
+        ))
+        .with_hint("use --workspace-mode copy (or auto), or run caw-box where the daemon sees the directory"));
+    }
+    settings.workspace_mode = WorkspaceMode::Copy;
+    if !quiet {
+        output::eprintln(&format!(
+            "copying the workspace into the session: the Docker daemon cannot mount {dir} ({reason})"
+        ));
+    }
+    Ok(())
 }
 
 /// `--user-config`: the user's own setup of `provider`'s CLI, for the session's HOME.

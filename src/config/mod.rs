@@ -250,6 +250,7 @@ fn split_list(raw: &str) -> Vec<String> {
 
 fn workspace_mode_name(m: WorkspaceModeArg) -> &'static str {
     match m {
+        WorkspaceModeArg::Auto => "auto",
         WorkspaceModeArg::Bind => "bind",
         WorkspaceModeArg::Copy => "copy",
         WorkspaceModeArg::None => "none",
@@ -288,9 +289,9 @@ fn check(key: Key, value: Value, what: &str) -> Result<Value> {
         (Key::IdleTimeout | Key::ConnectTimeout, _) => {
             settings::parse_limit(text, what)?;
         }
-        (Key::WorkspaceMode, _) if !matches!(text, "bind" | "copy" | "none") => {
+        (Key::WorkspaceMode, _) if !matches!(text, "auto" | "bind" | "copy" | "none") => {
             return Err(Error::usage(format!(
-                "{what} '{text}' is not a workspace mode: bind, copy or none"
+                "{what} '{text}' is not a workspace mode: auto, bind, copy or none"
             )))
         }
         (Key::Group, _) => settings::validate_name(text, what)?,
@@ -475,6 +476,7 @@ impl Resolved {
         out.idle_timeout = self.str(Key::IdleTimeout);
         out.connect_timeout = self.str(Key::ConnectTimeout);
         out.workspace_mode = self.str(Key::WorkspaceMode).and_then(|m| match m.as_str() {
+            "auto" => Some(WorkspaceModeArg::Auto),
             "bind" => Some(WorkspaceModeArg::Bind),
             "copy" => Some(WorkspaceModeArg::Copy),
             "none" => Some(WorkspaceModeArg::None),
@@ -504,7 +506,7 @@ fn default_value(key: Key, provider: Option<ProviderKind>) -> Option<Value> {
     match key {
         Key::Image => provider.map(|p| Value::Str(p.default_image())),
         Key::Network => s("open"),
-        Key::WorkspaceMode => s("bind"),
+        Key::WorkspaceMode => s("auto"),
         Key::ConnectTimeout => s("60s"),
         Key::IdleTimeout => s("off"),
         Key::PidsLimit => Some(Value::Int(crate::session::runner::DEFAULT_PIDS_LIMIT)),

@@ -222,7 +222,6 @@ pub struct GitBase {
     pub tree: String,
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -531,6 +531,9 @@ mod tests {
         async fn stop_container(&self, _: &str, _: std::time::Duration) -> Result<()> {
             unexpected!("stop")
         }
+        fn surely_shares_paths(&self) -> bool {
+            true
+        }
         async fn signal_container(&self, _: &str, _: &str) -> Result<()> {
             unexpected!("signal")
         }

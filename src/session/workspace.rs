@@ -16,7 +16,7 @@ use crate::backend::{Backend, CreateError};
 use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, TarFile};
 use crate::error::{Error, Result};
 use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
-use crate::session::names::{self, roles, LabelSet};
+use crate::session::names::{self, labels, roles, LabelSet};
 use crate::session::target::VolumeFacts;
 
 /// Where the hashes of the copied tree are kept, under HOME in the state volume.
@@ -410,6 +410,63 @@ async fn read_base(backend: &impl Backend, facts: &VolumeFacts) -> Result<Base> 
     serde_json::from_slice(&bytes).map_err(|e| {
         Error::environment(format!("the copied workspace's record is unreadable: {e}"))
     })
+}
+
+/// Whether a bind-mode workspace `dir` can be mounted as it is: the backend sees this
+/// process's paths (a local daemon, caw-box not in a container), or it shows the same file
+/// there. `Err(reason)` when it cannot: a daemon that does not share caw-box's filesystem
+/// (caw-box in a CI job's container with the host's socket, a remote `DOCKER_HOST`).
+pub async fn daemon_sees(
+    backend: &impl Backend,
+    image: &str,
+    dir: &Path,
+) -> std::result::Result<(), String> {
+    if backend.surely_shares_paths() {
+        return Ok(());
+    }
+    // One file of the directory, read back through the daemon: the same bytes, the same
+    // directory (a CI runner mounts the job's directory at the same path, or another).
+    let sample = std::fs::read_dir(dir)
+        .ok()
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter(|e| e.metadata().is_ok_and(|m| m.len() <= 1 << 20))
+        .map(|e| e.file_name())
+        .min();
+    let Some(sample) = sample else {
+        return Err("it holds no file to compare through the daemon".into());
+    };
+    let local = std::fs::read(dir.join(&sample)).map_err(|e| e.to_string())?;
+    let name = names::helper_container(Uuid::new_v4(), "sees");
+    let spec = HelperSpec {
+        image: image.to_string(),
+        entrypoint: vec!["true".into()],
+        labels: crate::session::record::with_extra_labels(std::collections::HashMap::from([
+            (labels::MANAGED.to_string(), "true".to_string()),
+            (labels::ROLE.to_string(), roles::PROBE.to_string()),
+        ])),
+        mounts: vec![MountSpec::host_dir(dir.display().to_string(), "/probe").read_only()],
+        network: NetworkPolicy::None,
+        ..Default::default()
+    };
+    if let Err(e) = backend.create_helper(&name, &spec).await {
+        let e = Error::from(e);
+        return Err(match std::error::Error::source(&e) {
+            Some(source) => source.to_string(),
+            None => e.message,
+        });
+    }
+    let remote = backend
+        .download_file(&name, &format!("/probe/{}", sample.to_string_lossy()))
+        .await;
+    let _ = backend.remove_container(&name, true).await;
+    match remote {
+        Ok(Some(bytes)) if bytes == local => Ok(()),
+        Ok(_) => Err("the daemon's directory of that path is another one".into()),
+        Err(e) => Err(e.message),
+    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ mod config;
 mod control;
 mod hardening;
 mod images;
+mod in_container;
 mod interactive;
 mod manage;
 mod patch;

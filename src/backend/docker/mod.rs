@@ -43,6 +43,22 @@ pub struct DockerBackend {
     docker: Docker,
 }
 
+/// Whether this process runs in a container (Docker's or Podman's marker file): its paths
+/// are then not the daemon host's, whatever socket it reaches the daemon through.
+fn in_a_container() -> bool {
+    std::path::Path::new("/.dockerenv").exists()
+        || std::path::Path::new("/run/.containerenv").exists()
+}
+
+impl DockerBackend {
+    /// Whether the daemon certainly sees this process's paths as they are: a local socket,
+    /// and this process is not in a container. Otherwise it may or may not (a socket
+    /// mounted into a CI job's container, a remote `DOCKER_HOST`): ask it.
+    pub fn surely_shares_paths(&self) -> bool {
+        docker_host().starts_with("unix://") && !in_a_container()
+    }
+}
+
 fn docker_host() -> String {
     std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".to_string())
 }

@@ -128,6 +128,10 @@ impl Backend for DockerBackend {
         DockerBackend::upload_tar(self, name, dir, tar).await
     }
 
+    fn surely_shares_paths(&self) -> bool {
+        DockerBackend::surely_shares_paths(self)
+    }
+
     async fn signal_container(&self, name: &str, signal: &str) -> Result<()> {
         DockerBackend::signal_container(self, name, signal).await
     }
