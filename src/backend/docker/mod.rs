@@ -43,19 +43,20 @@ pub struct DockerBackend {
     docker: Docker,
 }
 
-/// Whether this process runs in a container (Docker's or Podman's marker file): its paths
-/// are then not the daemon host's, whatever socket it reaches the daemon through.
-fn in_a_container() -> bool {
-    std::path::Path::new("/.dockerenv").exists()
-        || std::path::Path::new("/run/.containerenv").exists()
+/// Whether this process runs in a container that is not the daemon's own host: Docker's
+/// or Podman's marker file, and no daemon data root beside it (a machine image built from
+/// a container image keeps the marker, and runs its daemon itself).
+fn in_a_job_container() -> bool {
+    let exists = |p: &str| std::path::Path::new(p).exists();
+    (exists("/.dockerenv") || exists("/run/.containerenv")) && !exists("/var/lib/docker")
 }
 
 impl DockerBackend {
     /// Whether the daemon certainly sees this process's paths as they are: a local socket,
-    /// and this process is not in a container. Otherwise it may or may not (a socket
+    /// and this process is not in a job's container. Otherwise it may or may not (a socket
     /// mounted into a CI job's container, a remote `DOCKER_HOST`): ask it.
     pub fn surely_shares_paths(&self) -> bool {
-        docker_host().starts_with("unix://") && !in_a_container()
+        docker_host().starts_with("unix://") && !in_a_job_container()
     }
 }
 
