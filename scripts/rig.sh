@@ -6,7 +6,8 @@
 #   scripts/rig.sh down        stop the daemon that `up` started (by its PID), nothing else
 #   scripts/rig.sh restart     stop and start the daemon that `up` started (tests use this)
 #   scripts/rig.sh base        build the local base image (debootstrap + node), cached by tag
-#   scripts/rig.sh tools       install the tools the end-to-end tests drive (tmux)
+#   scripts/rig.sh tools       install the tools the end-to-end tests drive (tmux; sshd and
+#                              ssh for the ssh:// DOCKER_HOST test, which starts its own sshd)
 #   scripts/rig.sh with CMD…   `up`, run CMD, then `down` if `up` started the daemon
 #
 # Quiet on success; every failure says what failed. State lives in $RIG_DIR.
@@ -138,7 +139,11 @@ case "${1:-}" in
     down) stop_daemon ;;
     restart) cmd_restart ;;
     base) mkdir -p "$RIG_DIR"; cmd_base ;;
-    tools) command -v tmux >/dev/null 2>&1 || apt_install tmux ;;
+    tools)
+        command -v tmux >/dev/null 2>&1 || apt_install tmux
+        { [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null 2>&1; } \
+            || apt_install openssh-server openssh-client
+        ;;
     pid) our_pid || die "no daemon started by the rig is running" ;;
     with) shift; mkdir -p "$RIG_DIR"; cmd_with "$@" ;;
     *) die "usage: scripts/rig.sh up|down|restart|base|tools|pid|with CMD..." ;;

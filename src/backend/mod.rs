@@ -34,6 +34,8 @@
 
 pub mod docker;
 
+/// A tar archive of files (parent directories included), owned by uid:gid.
+pub use docker::build_tar;
 pub use docker::DockerBackend;
 
 /// The backend caw-box runs sessions on. Docker is the only one today; a second backend
@@ -99,10 +101,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Whether the backend certainly sees this process's host paths as they are (a bind
     /// mount of a host directory shows that directory); `false`: maybe not, check.
     fn surely_shares_paths(&self) -> bool;
-    /// Sends `signal` (`"USR1"`, ...) to a running container's main process; a container
-    /// that is not running is `Ok`.
-    fn signal_container(&self, name: &str, signal: &str)
-        -> impl Future<Output = Result<()>> + Send;
     /// Removes a container (`force`: also a running one); a missing one is `Ok`.
     fn remove_container(&self, name: &str, force: bool) -> impl Future<Output = Result<()>> + Send;
     /// Runs a short helper container to completion and removes it: (exit code, stdout,
@@ -362,9 +360,8 @@ impl MountSpec {
 }
 
 /// A container's private scratch directory at `mount`: storage of its own, removed with
-/// the container, holding `files` before the container starts. Nothing of it is a host
-/// path, so it works with a daemon that does not share caw-box's filesystem. The files
-/// may be secrets: `Debug` shows their paths only.
+/// the container, holding `files` (owned by `owner`) before the container starts. Nothing of it is a host path, so it works with a daemon that does not share
+/// caw-box's filesystem. The files may be secrets: `Debug` shows their paths only.
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct Scratch {
     pub mount: String,
@@ -441,6 +438,10 @@ pub struct TurnSpec {
     /// The turn's private runtime directory (env file, credentials, stdin, and what the
     /// entrypoint hands back), through the backend's API: never a host path.
     pub runtime: Scratch,
+    /// The runtime files travel on the container's stdin (the driver writes them after
+    /// attaching; the entrypoint unpacks them) instead of being put in before the start:
+    /// no archive request on a headless turn's path. The backend keeps stdin open.
+    pub runtime_over_stdin: bool,
     pub limits: Limits,
     pub network: NetworkPolicy,
     /// A terminal for the vendor's TUI (and its first size, columns x rows), or a headless

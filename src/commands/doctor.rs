@@ -12,15 +12,22 @@ pub async fn doctor() -> Result<i32> {
     let backend = match DockerBackend::connect().await {
         Ok(b) => b,
         Err(e) => {
-            output::println(&format!("✗ docker: {e}"));
+            let (endpoint, why) = crate::backend::docker::endpoint();
+            output::println(&format!("✗ docker: {endpoint} ({why}): {e}"));
             return Err(Error::environment("the Docker daemon is not reachable")
                 .with_hint("start Docker, then run `caw-box doctor` again"));
         }
     };
+    let (endpoint, why) = crate::backend::docker::endpoint();
     output::println(&format!(
-        "✓ docker: daemon {}",
+        "✓ docker: {endpoint} ({why}), daemon {}",
         backend.server_version().await?
     ));
+    if !backend.surely_shares_paths() {
+        output::println(
+            "  the daemon may not see this machine's files: a new session's workspace is copied unless it can (--workspace-mode auto)",
+        );
+    }
     for p in ProviderKind::ALL {
         let image = p.default_image();
         match backend.inspect_image(&image).await? {

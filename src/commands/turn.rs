@@ -53,11 +53,12 @@ fn turn_options(args: &TurnArgs, config: &Resolved) -> Result<TurnOptions> {
 }
 
 pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
-    let flags = Layer::from_flags(
+    let mut flags = Layer::from_flags(
         args.provider.as_deref(),
         args.group.as_deref(),
         &args.turn.settings,
     );
+    flags.user_config_flag(args.user_config);
     let config = Resolved::load(flags, args.turn.settings.workspace.as_deref())?;
     let provider: ProviderKind = config
         .str(Key::Provider)
@@ -77,7 +78,7 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     args.turn.settings = config.settings_args(&args.turn.settings);
     let mut session_settings = settings::new_session_settings(provider, &args.turn.settings)?;
     let mut options = turn_options(&args.turn, &config)?;
-    if args.user_config {
+    if config.yes(Key::UserConfig) {
         options.user_files = user_config(provider, quiet)?;
     }
     let mut printer = Printer::new(args.turn.output, quiet, verbose);

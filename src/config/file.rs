@@ -33,6 +33,7 @@ struct ConfigFile {
     group: Option<Spanned<String>>,
     labels: Option<Spanned<BTreeMap<String, String>>>,
     env_pass: Option<Spanned<Vec<String>>>,
+    user_config: Option<Spanned<bool>>,
 }
 
 /// `memory = "2g"` or `memory = 2147483648` (bytes).
@@ -127,6 +128,10 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
     if let Some(v) = file.labels {
         let span = v.span();
         put(Key::Labels, Value::Map(v.into_inner()), span)?;
+    }
+    if let Some(v) = file.user_config {
+        let span = v.span();
+        put(Key::UserConfig, Value::Bool(v.into_inner()), span)?;
     }
     Ok(layer)
 }

@@ -43,10 +43,11 @@ pub enum Key {
     Group,
     Labels,
     EnvPass,
+    UserConfig,
 }
 
 impl Key {
-    pub const ALL: [Key; 16] = [
+    pub const ALL: [Key; 17] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -63,6 +64,7 @@ impl Key {
         Key::Group,
         Key::Labels,
         Key::EnvPass,
+        Key::UserConfig,
     ];
 
     /// Its name in a config file.
@@ -84,6 +86,7 @@ impl Key {
             Key::Group => "group",
             Key::Labels => "labels",
             Key::EnvPass => "env_pass",
+            Key::UserConfig => "user_config",
         }
     }
 
@@ -115,6 +118,7 @@ pub enum Value {
     Float(f64),
     Int(i64),
     Map(BTreeMap<String, String>),
+    Bool(bool),
 }
 
 impl Value {
@@ -132,6 +136,7 @@ impl Value {
             Value::List(l) => l.join(","),
             Value::Float(f) => f.to_string(),
             Value::Int(i) => i.to_string(),
+            Value::Bool(b) => b.to_string(),
             Value::Map(m) => m
                 .iter()
                 .map(|(k, v)| format!("{k}={v}"))
@@ -207,6 +212,16 @@ impl Layer {
         layer
     }
 
+    /// `run --user-config` (a flag of `run` alone, not of the settings every command shares).
+    pub fn user_config_flag(&mut self, on: bool) {
+        if on {
+            self.0.insert(
+                Key::UserConfig,
+                (Value::Bool(true), Origin::Flag("--user-config".into())),
+            );
+        }
+    }
+
     /// The `CAW_BOX_*` variables that are set (and not empty), each checked like its flag.
     pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Layer> {
         let mut layer = Layer::default();
@@ -215,24 +230,30 @@ impl Layer {
             let Some(raw) = get(&var).filter(|v| !v.trim().is_empty()) else {
                 continue;
             };
-            let value =
-                match key {
-                    Key::AllowHost => Value::List(split_list(&raw)),
-                    Key::Labels => Value::Map(
-                        crate::session::record::parse_labels(&raw)
-                            .into_iter()
-                            .collect(),
-                    ),
-                    Key::Cpus => Value::Float(
-                        raw.trim()
-                            .parse()
-                            .map_err(|_| Error::usage(format!("{var} '{raw}' is not a number")))?,
-                    ),
-                    Key::PidsLimit => Value::Int(raw.trim().parse().map_err(|_| {
+            let value = match key {
+                Key::AllowHost => Value::List(split_list(&raw)),
+                Key::Labels => Value::Map(
+                    crate::session::record::parse_labels(&raw)
+                        .into_iter()
+                        .collect(),
+                ),
+                Key::Cpus => Value::Float(
+                    raw.trim()
+                        .parse()
+                        .map_err(|_| Error::usage(format!("{var} '{raw}' is not a number")))?,
+                ),
+                Key::PidsLimit => {
+                    Value::Int(raw.trim().parse().map_err(|_| {
                         Error::usage(format!("{var} '{raw}' is not a whole number"))
-                    })?),
-                    _ => Value::Str(raw.trim().to_string()),
-                };
+                    })?)
+                }
+                Key::UserConfig => Value::Bool(match raw.trim() {
+                    "1" | "true" | "yes" => true,
+                    "0" | "false" | "no" => false,
+                    _ => return Err(Error::usage(format!("{var} '{raw}' is not true or false"))),
+                }),
+                _ => Value::Str(raw.trim().to_string()),
+            };
             let value = check(key, value, &var)?;
             layer.0.insert(key, (value, Origin::Env(var)));
         }
@@ -430,6 +451,11 @@ impl Resolved {
         self.values.get(&key).map(|(v, _)| v)
     }
 
+    /// A yes/no setting (`user_config`); unset is no.
+    pub fn yes(&self, key: Key) -> bool {
+        matches!(self.get(key), Some(Value::Bool(true)))
+    }
+
     pub fn str(&self, key: Key) -> Option<String> {
         self.get(key).and_then(Value::as_str).map(String::from)
     }
@@ -510,6 +536,7 @@ fn default_value(key: Key, provider: Option<ProviderKind>) -> Option<Value> {
         Key::ConnectTimeout => s("60s"),
         Key::IdleTimeout => s("off"),
         Key::PidsLimit => Some(Value::Int(crate::session::runner::DEFAULT_PIDS_LIMIT)),
+        Key::UserConfig => Some(Value::Bool(false)),
         _ => None,
     }
 }

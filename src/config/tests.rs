@@ -271,3 +271,26 @@ fn variables_are_checked_like_their_flags() {
     );
     assert_eq!(r.labels(), vec![("team".to_string(), "ci".to_string())]);
 }
+
+#[test]
+fn user_config_is_a_yes_no_key_of_files_variables_and_run() {
+    let mut w = World::new("user_config = true\n", "");
+    let none = || Layer::from_flags(None, None, &SettingsArgs::default());
+    let r = w.resolve(none()).unwrap();
+    assert!(r.yes(Key::UserConfig));
+    assert_eq!(
+        w.origin(&r, Key::UserConfig),
+        "user <tmp>/home/.config/caw-box/config.toml:1"
+    );
+    w.env.insert("CAW_BOX_USER_CONFIG".into(), "false".into());
+    assert!(!w.resolve(none()).unwrap().yes(Key::UserConfig));
+    let mut flags = none();
+    flags.user_config_flag(true);
+    assert!(w.resolve(flags).unwrap().yes(Key::UserConfig));
+    w.env.insert("CAW_BOX_USER_CONFIG".into(), "maybe".into());
+    let e = w.resolve(none()).unwrap_err();
+    assert!(e.message.contains("is not true or false"), "{}", e.message);
+    // Unset anywhere: no.
+    let w = World::new("", "");
+    assert!(!w.resolve(none()).unwrap().yes(Key::UserConfig));
+}

@@ -38,13 +38,24 @@ pub(super) async fn drive_headless(
         options,
         home_files,
         home_out,
+        runtime_payload,
         proxy,
     } = ctx;
     place_home_files(backend, name, home_files).await?;
 
     let started = Instant::now();
     let started_at = now_secs();
-    let attach = backend.attach(name, false).await?;
+    let attach = backend.attach(name, runtime_payload.is_some()).await?;
+    // The runtime files go first on stdin; the same stdin takes the record at the end.
+    let feeding = runtime_payload.map(|payload| {
+        let (mut stdin, payload) = (attach.input, payload.to_vec());
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            stdin.write_all(&payload).await?;
+            stdin.flush().await?;
+            Ok::<_, std::io::Error>(stdin)
+        })
+    });
     backend.start_container(name).await?;
     record.turn_started = true;
     let history = StoredHistory::fetch(backend, name, record, turn);
@@ -296,8 +307,22 @@ pub(super) async fn drive_headless(
         events: &events_log,
         stderr: &stderr_tail,
     };
+    let stdin = match feeding {
+        Some(task) if cli_exit.is_some() => match task.await {
+            Ok(Ok(stdin)) => Some(stdin),
+            Ok(Err(e)) => {
+                tracing::debug!("writing the runtime files failed: {e}");
+                None
+            }
+            Err(e) => {
+                tracing::debug!("writing the runtime files failed: {e}");
+                None
+            }
+        },
+        _ => None,
+    };
     let ending = Ending {
-        handoff: cli_exit.is_some(),
+        handoff: stdin,
         home_out,
     };
     save_record(backend, name, record, turn, history, logs, ending).await?;

@@ -10,14 +10,18 @@ use crate::error::{Error, Result};
 use crate::provider::AGENT_HOME;
 use crate::session::record::{labels, roles, SessionRecord, TurnRecord, TurnSummary};
 
-/// The signal that ends the entrypoint's wait for the record hand-off.
-const HANDOFF_SIGNAL: &str = "USR1";
+/// The first line of the record hand-off on the container's stdin:
+/// `caw-box-record <bytes>`, then a tar archive of `session.json` and `turns/*`.
+const HANDOFF_TAG: &str = "caw-box-record";
+
+/// The container's stdin, held by the driver for the record hand-off.
+pub(super) type Stdin = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
 
 /// How a turn's container ended, for [`save_record`].
 #[derive(Default)]
 pub(super) struct Ending<'a> {
-    /// The CLI ended on its own and the entrypoint waits for the record hand-off.
-    pub(super) handoff: bool,
+    /// The CLI ended on its own and the entrypoint waits on this stdin for the record.
+    pub(super) handoff: Option<Stdin>,
     /// Where to put the credential files the entrypoint handed back (the runtime
     /// directory's `auth/home-out`, as a tar), read before the container goes.
     pub(super) home_out: Option<&'a std::sync::Mutex<Option<Vec<u8>>>>,
@@ -120,8 +124,8 @@ pub(super) async fn save_record(
         },
     ];
     let write_record = async {
-        if ending.handoff {
-            match hand_off(backend, name, &files).await {
+        if let Some(stdin) = ending.handoff {
+            match hand_off(backend, name, stdin, &files).await {
                 Ok(true) => return Ok(()),
                 Ok(false) => tracing::debug!("the record hand-off did not happen; uploading"),
                 Err(e) => tracing::debug!("the record hand-off failed ({e}); uploading"),
@@ -178,19 +182,39 @@ async fn being_removed(backend: &impl Backend, name: &str) -> bool {
     }
 }
 
-/// Writes the turn's record files into HOME while the entrypoint waits after the CLI
-/// ended, then tells it to go on; returns whether the record is written. Cheaper than an
-/// upload through the backend's archive API after the container stopped (which mounts its
-/// volumes again).
-async fn hand_off(backend: &impl Backend, name: &str, files: &[TarFile<'_>]) -> Result<bool> {
-    backend
-        .upload_files(name, AGENT_HOME, files, dirs::agent_ids())
-        .await?;
-    tracing::debug!("the record is in HOME");
-    backend.signal_container(name, HANDOFF_SIGNAL).await?;
-    backend.wait_container(name).await?;
-    tracing::debug!("the container exited");
-    Ok(true)
+/// Gives the turn's record files to the entrypoint on its stdin, while it waits after the
+/// CLI ended; it copies them into HOME (`session.json` by rename) and exits 0 once it did.
+/// Returns whether it did. No archive request: a stopped container's volumes would have
+/// to be mounted again for one.
+async fn hand_off(
+    backend: &impl Backend,
+    name: &str,
+    mut stdin: Stdin,
+    files: &[TarFile<'_>],
+) -> Result<bool> {
+    use tokio::io::AsyncWriteExt;
+    // The layout the entrypoint expects: session.json and turns/*, from ~/.caw-box.
+    let mut relative = Vec::new();
+    for f in files {
+        let Some(rel) = f.path.strip_prefix(".caw-box/") else {
+            return Ok(false);
+        };
+        relative.push(TarFile { path: rel, ..*f });
+    }
+    let framed = super::runtime::framed(HANDOFF_TAG, &relative)?;
+    let sent = async {
+        stdin.write_all(&framed).await?;
+        stdin.flush().await?;
+        stdin.shutdown().await
+    };
+    if let Err(e) = sent.await {
+        tracing::debug!("the entrypoint does not take the record: {e}");
+        return Ok(false);
+    }
+    tracing::debug!("the record is on its way");
+    let code = backend.wait_container(name).await?;
+    tracing::debug!("the container exited with {code}");
+    Ok(code == 0)
 }
 
 /// Creates the session's turn-record volume for its latest turn; returns the names of the

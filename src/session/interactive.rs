@@ -44,6 +44,7 @@ pub(super) async fn drive_tui(
         options,
         home_files,
         home_out,
+        runtime_payload: _,
         proxy: _,
     } = ctx;
     place_home_files(backend, name, home_files).await?;
@@ -194,7 +195,7 @@ pub(super) async fn drive_tui(
         stderr: &[],
     };
     let ending = Ending {
-        handoff: false,
+        handoff: None,
         home_out,
     };
     save_record(backend, name, record, turn, history, logs, ending).await?;

@@ -106,7 +106,9 @@ pub async fn run_turn(
     env.push(format!("CAW_BOX_STOP_GRACE={ENTRY_GRACE_SECS}"));
     env.push(format!("CAW_BOX_RUN_DIR={RUN_DIR}"));
     if !options.interactive {
-        env.push("CAW_BOX_HANDOFF=signal".to_string());
+        // The runtime files and, after the CLI, the record: both on the container's stdin.
+        env.push("CAW_BOX_RUNTIME=stdin".to_string());
+        env.push("CAW_BOX_HANDOFF=stdin".to_string());
     }
     if let Some(stdin) = &command.stdin {
         runtime.write("stdin", stdin);
@@ -162,6 +164,11 @@ pub async fn run_turn(
         )
         .cloned()
         .collect();
+    let payload = if options.interactive {
+        None
+    } else {
+        Some(runtime.payload()?)
+    };
     let mut spec = turn_spec(
         record,
         turn,
@@ -170,6 +177,11 @@ pub async fn run_turn(
         env,
         runtime.into_scratch(),
     )?;
+    spec.runtime_over_stdin = payload.is_some();
+    if payload.is_some() {
+        // On stdin instead: nothing to put in before the start.
+        spec.runtime.files.clear();
+    }
     if options.interactive {
         spec.interactive = Some(crate::terminal::size());
     }
@@ -197,6 +209,7 @@ pub async fn run_turn(
         options,
         home_files: &home_files,
         home_out: crate::auth::inject::has_files(&credentials).then_some(&home_out),
+        runtime_payload: payload.as_deref(),
         proxy: egress.as_ref().map(|e| e.proxy.as_str()),
     };
     let outcome = if options.interactive {
@@ -273,6 +286,7 @@ fn turn_spec(
         home: MountSpec::volume(names::state_volume(record.session_id), AGENT_HOME),
         workspace,
         runtime,
+        runtime_over_stdin: false,
         limits: Limits {
             memory: settings.memory,
             cpus: settings.cpus,
@@ -381,7 +395,7 @@ mod tests {
         );
         // The runtime files travel in the spec, never as a host path; Debug shows no secret.
         assert_eq!(spec.runtime.mount, RUNTIME_MOUNT);
-        assert_eq!(spec.runtime.files[0].path, "turn/env");
+        assert_eq!(spec.runtime.files[0].path, "env");
         assert!(!format!("{spec:?}").contains("SECRET"));
         assert_eq!(spec.workspace, None, "workspace mode none");
         assert_eq!(spec.interactive, None);
@@ -533,9 +547,6 @@ mod tests {
         }
         fn surely_shares_paths(&self) -> bool {
             true
-        }
-        async fn signal_container(&self, _: &str, _: &str) -> Result<()> {
-            unexpected!("signal")
         }
         async fn run_to_completion(
             &self,

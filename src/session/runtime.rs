@@ -1,10 +1,11 @@
 //! The per-turn runtime directory: a private scratch directory of the turn's container at
-//! [`RUN_DIR`], through which caw-box and the entrypoint (`caw-box-entry`) talk: the env
-//! file, credentials, stdin and the scrub list go in before the start; the stop files go
-//! in while it runs; the resume key of a TUI and refreshed credentials come out after it
-//! stopped. All of it through the backend's API (a volume of the container's own, removed
-//! with it): nothing is a host path, so a daemon that does not share caw-box's filesystem
-//! runs turns too. Not what goes through it (see `history.rs` for the record hand-off).
+//! [`RUN_DIR`] (in memory, removed with it), through which caw-box and the entrypoint
+//! (`caw-box-entry`) talk: the env file, credentials, stdin and the scrub list go in at the
+//! start (a headless turn's on its stdin, [`Runtime::payload`]; a TUI's through the
+//! archive API before the start); the stop files go in while it runs; the resume key of a
+//! TUI and refreshed credentials come out after it stopped. Nothing is a host path, so a
+//! daemon that does not share caw-box's filesystem runs turns too. Not what goes through
+//! it (see `history.rs` for the record hand-off).
 
 use crate::backend::{Backend, Scratch, ScratchFile};
 use crate::dirs;
@@ -13,9 +14,13 @@ use crate::error::Result;
 /// Where the turn's scratch storage is mounted.
 pub const RUNTIME_MOUNT: &str = "/run/caw-box";
 
-/// The runtime directory in the container (`CAW_BOX_RUN_DIR`): a directory of the agent's
-/// own in the scratch storage (its root belongs to root).
-pub const RUN_DIR: &str = "/run/caw-box/turn";
+/// The runtime directory in the container (`CAW_BOX_RUN_DIR`): the scratch storage's root,
+/// the agent's own.
+pub const RUN_DIR: &str = RUNTIME_MOUNT;
+
+/// The first line of what a headless turn's driver writes on the container's stdin:
+/// `caw-box-runtime <bytes>`, then a tar archive of the runtime files of that length.
+pub(super) const PAYLOAD_TAG: &str = "caw-box-runtime";
 
 /// A file that tells the entrypoint to kill the CLI at the stop signal, without grace.
 pub(super) const STOP_NOW: &str = "stop-now";
@@ -34,10 +39,26 @@ impl Runtime {
     /// `name` relative to the runtime directory; mode 0600.
     pub(super) fn write(&mut self, name: &str, contents: &[u8]) {
         self.files.push(ScratchFile {
-            path: format!("turn/{name}"),
+            path: name.to_string(),
             contents: contents.to_vec(),
             mode: 0o600,
         });
+    }
+
+    /// The files as the entrypoint reads them on stdin: the tag line, then a tar archive.
+    pub(super) fn payload(&self) -> Result<Vec<u8>> {
+        framed(PAYLOAD_TAG, &self.tar_files())
+    }
+
+    fn tar_files(&self) -> Vec<crate::backend::TarFile<'_>> {
+        self.files
+            .iter()
+            .map(|f| crate::backend::TarFile {
+                path: &f.path,
+                contents: &f.contents,
+                mode: f.mode,
+            })
+            .collect()
     }
 
     /// The scratch directory the backend gives the turn's container.
@@ -48,6 +69,16 @@ impl Runtime {
             files: self.files,
         }
     }
+}
+
+/// `<tag> <bytes>\n` and a tar archive of `files` of that length: what the entrypoint
+/// reads from its stdin (`read` the line, `head -c` the bytes into `tar -x`).
+pub(super) fn framed(tag: &str, files: &[crate::backend::TarFile<'_>]) -> Result<Vec<u8>> {
+    let (uid, gid) = dirs::agent_ids();
+    let tar = crate::backend::build_tar(files, uid.into(), gid.into())?;
+    let mut out = format!("{tag} {}\n", tar.len()).into_bytes();
+    out.extend_from_slice(&tar);
+    Ok(out)
 }
 
 /// Puts an empty file `name` in the runtime directory of the running container `container`.

@@ -130,6 +130,9 @@ pub(super) struct TurnContext<'a, B> {
     /// Where the credential files the CLI refreshed go, read from the runtime directory
     /// before the container is removed; `None`: the turn got no credential files.
     pub home_out: Option<&'a std::sync::Mutex<Option<Vec<u8>>>>,
+    /// What a headless turn's driver writes on the container's stdin first (the runtime
+    /// files, `runtime::Runtime::payload`).
+    pub runtime_payload: Option<&'a [u8]>,
     /// The egress proxy's container, when the turn's network is restricted.
     pub proxy: Option<&'a str>,
 }

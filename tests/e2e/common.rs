@@ -275,6 +275,15 @@ impl Rig {
         );
     }
 
+    /// The mounts of a container, as Docker reports them.
+    pub fn mounts_of(&self, container: &str) -> Vec<bollard::models::MountPoint> {
+        self.rt
+            .block_on(self.docker.inspect_container(container, None))
+            .unwrap()
+            .mounts
+            .unwrap_or_default()
+    }
+
     /// Runs `caw-box args` of this rig to completion.
     pub fn caw_run(&self, args: &[&str]) -> Output {
         let mut c = self.caw();

@@ -102,7 +102,10 @@ fn doctor_names_a_missing_image_and_its_fix() {
     let out = run(cmd);
     assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
     let stdout = stdout_of(&out);
-    assert!(stdout.contains("✓ docker: daemon"), "{stdout}");
+    assert!(
+        stdout.contains("✓ docker: ") && stdout.contains(", daemon "),
+        "{stdout}"
+    );
     for p in ["claude_code", "codex", "opencode", "gemini"] {
         assert!(
             stdout.contains(&format!("fix: caw-box image build --provider {p}")),

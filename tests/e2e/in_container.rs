@@ -98,11 +98,7 @@ fn caw_box_in_a_container_with_the_hosts_socket_runs_and_resumes() {
             });
             let container =
                 rig.wait_for_running_turn(Some(&id), std::time::Duration::from_secs(60));
-            let inspect = rig
-                .rt
-                .block_on(rig.docker.inspect_container(&container, None))
-                .unwrap();
-            let mounts = inspect.mounts.unwrap_or_default();
+            let mounts = rig.mounts_of(&container);
             assert!(
                 mounts.iter().all(|m| m.typ.as_deref() == Some("volume")),
                 "{}: a bind mount on the turn container: {mounts:?}",

@@ -18,4 +18,5 @@ mod portable;
 mod restart;
 mod sandbox;
 mod sessions;
+mod ssh_host;
 mod user_config;

@@ -46,6 +46,9 @@ impl DockerBackend {
         spec: &TurnSpec,
     ) -> std::result::Result<String, CreateError> {
         let id = self.create_container(name, spec::turn_body(spec)).await?;
+        if spec.runtime_over_stdin {
+            return Ok(id);
+        }
         // The runtime files, into the container's own scratch volume before it starts.
         if let Err(e) = self
             .upload_files(
@@ -194,26 +197,6 @@ impl DockerBackend {
     }
 
     /// Stops a container: SIGTERM, then SIGKILL after `grace`.
-    pub async fn signal_container(&self, name: &str, signal: &str) -> Result<()> {
-        match self
-            .docker
-            .kill_container(
-                name,
-                Some(bollard::query_parameters::KillContainerOptions {
-                    signal: signal.to_string(),
-                }),
-            )
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(BollardError::DockerResponseServerError {
-                status_code: 404 | 409,
-                ..
-            }) => Ok(()),
-            Err(e) => Err(failed(format_args!("signal container '{name}'"), &e)),
-        }
-    }
-
     pub async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
         match self
             .docker

@@ -60,6 +60,16 @@ impl DockerBackend {
     }
 }
 
+/// The daemon's address and why it is that one: `DOCKER_HOST` (`unix://`, `tcp://`, or
+/// `ssh://user@host`, reached through the user's `ssh` and `docker system dial-stdio` on
+/// the far side), else the default socket.
+pub fn endpoint() -> (String, &'static str) {
+    match std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty()) {
+        Some(h) => (h, "DOCKER_HOST"),
+        None => (docker_host(), "the default socket"),
+    }
+}
+
 fn docker_host() -> String {
     std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".to_string())
 }

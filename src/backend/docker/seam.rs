@@ -132,10 +132,6 @@ impl Backend for DockerBackend {
         DockerBackend::surely_shares_paths(self)
     }
 
-    async fn signal_container(&self, name: &str, signal: &str) -> Result<()> {
-        DockerBackend::signal_container(self, name, signal).await
-    }
-
     async fn download_file(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
         DockerBackend::download_file(self, name, path).await
     }

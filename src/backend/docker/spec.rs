@@ -6,6 +6,18 @@ use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 
 use crate::backend::{HelperSpec, MountSource, MountSpec, NetworkPolicy, TurnSpec};
 
+/// A container's scratch: an anonymous volume, removed with the container (`rm -v`), and
+/// reachable by the archive API while the container exists, stopped too (a tmpfs volume
+/// would lose its files at the stop). It starts as a copy of the image's directory (the
+/// base image makes it writable for any uid).
+fn scratch_mount(s: &crate::backend::Scratch) -> Mount {
+    Mount {
+        target: Some(s.mount.clone()),
+        typ: Some(MountType::VOLUME),
+        ..Default::default()
+    }
+}
+
 fn mount(m: &MountSpec) -> Mount {
     let (typ, source) = match &m.source {
         MountSource::Volume(name) => (MountType::VOLUME, name.clone()),
@@ -31,12 +43,7 @@ fn network_mode(n: &NetworkPolicy) -> Option<String> {
 
 /// A turn's container: the agent's sandbox, locked down whatever the spec says.
 pub(super) fn turn_body(spec: &TurnSpec) -> ContainerCreateBody {
-    // The runtime scratch: an anonymous volume, removed with the container (`rm -v`).
-    let scratch = Mount {
-        target: Some(spec.runtime.mount.clone()),
-        typ: Some(MountType::VOLUME),
-        ..Default::default()
-    };
+    let scratch = scratch_mount(&spec.runtime);
     let host_config = HostConfig {
         mounts: Some(spec.mounts().map(mount).chain([scratch]).collect()),
         cap_drop: Some(vec!["ALL".to_string()]),
@@ -70,6 +77,11 @@ pub(super) fn turn_body(spec: &TurnSpec) -> ContainerCreateBody {
         host_config: Some(host_config),
         ..Default::default()
     };
+    if spec.runtime_over_stdin {
+        body.open_stdin = Some(true);
+        body.stdin_once = Some(true);
+        body.attach_stdin = Some(true);
+    }
     if let Some(size) = spec.interactive {
         // A terminal for the TUI, fed from ours; Docker closes its stdin when we detach.
         body.tty = Some(true);
@@ -98,11 +110,7 @@ pub(super) fn helper_body(spec: &HelperSpec) -> ContainerCreateBody {
         labels: Some(spec.labels.clone()),
         host_config: Some(HostConfig {
             mounts: {
-                let scratch = spec.scratch.as_ref().map(|s| Mount {
-                    target: Some(s.mount.clone()),
-                    typ: Some(MountType::VOLUME),
-                    ..Default::default()
-                });
+                let scratch = spec.scratch.as_ref().map(scratch_mount);
                 let all: Vec<Mount> = spec.mounts.iter().map(mount).chain(scratch).collect();
                 (!all.is_empty()).then_some(all)
             },
@@ -143,6 +151,7 @@ mod tests {
                 mount: "/run/caw-box".into(),
                 ..Default::default()
             },
+            runtime_over_stdin: false,
             limits: Limits {
                 memory: Some(512 << 20),
                 cpus: Some(1.5),
