@@ -48,6 +48,9 @@ pub struct Cli {
     /// Only errors on stderr.
     #[arg(short, long, global = true)]
     pub quiet: bool,
+    /// The Docker context to use, as `docker --context` (also DOCKER_CONTEXT).
+    #[arg(long, global = true, value_name = "NAME")]
+    pub context: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }

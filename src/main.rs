@@ -14,6 +14,11 @@ fn main() {
     };
     let format = cli.output_format();
     init_tracing(cli.verbose, cli.quiet);
+    if let Some(context) = &cli.context {
+        // Before any thread: the endpoint is resolved from the environment, here as in the
+        // detached driver this process may start.
+        std::env::set_var("DOCKER_CONTEXT", context);
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -12,15 +12,16 @@ pub async fn doctor() -> Result<i32> {
     let backend = match DockerBackend::connect().await {
         Ok(b) => b,
         Err(e) => {
-            let (endpoint, why) = crate::backend::docker::endpoint();
-            output::println(&format!("✗ docker: {endpoint} ({why}): {e}"));
+            output::println(&format!("✗ docker: {e}"));
             return Err(Error::environment("the Docker daemon is not reachable")
                 .with_hint("start Docker, then run `caw-box doctor` again"));
         }
     };
-    let (endpoint, why) = crate::backend::docker::endpoint();
+    let endpoint = crate::backend::docker::endpoint()?;
     output::println(&format!(
-        "✓ docker: {endpoint} ({why}), daemon {}",
+        "✓ docker: {} ({}), daemon {}",
+        endpoint.host,
+        endpoint.why,
         backend.server_version().await?
     ));
     if !backend.surely_shares_paths() {

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 mod api_version;
 mod archive;
 mod containers;
+pub mod endpoint;
 mod images;
 mod seam;
 mod spec;
@@ -60,26 +61,31 @@ impl DockerBackend {
     }
 }
 
-/// The daemon's address and why it is that one: `DOCKER_HOST` (`unix://`, `tcp://`, or
-/// `ssh://user@host`, reached through the user's `ssh` and `docker system dial-stdio` on
-/// the far side), else the default socket.
-pub fn endpoint() -> (String, &'static str) {
-    match std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty()) {
-        Some(h) => (h, "DOCKER_HOST"),
-        None => (docker_host(), "the default socket"),
+/// The daemon this process talks to (see [`endpoint`]): resolved once.
+static ENDPOINT: std::sync::OnceLock<endpoint::Endpoint> = std::sync::OnceLock::new();
+
+/// The daemon's address and why it is that one (`unix://`, `tcp://`, or `ssh://user@host`,
+/// reached through the user's `ssh` and `docker system dial-stdio` on the far side).
+pub fn endpoint() -> Result<endpoint::Endpoint> {
+    if let Some(e) = ENDPOINT.get() {
+        return Ok(e.clone());
     }
+    let resolved = endpoint::resolve(&|k| std::env::var(k).ok(), &|p| p.exists())?;
+    Ok(ENDPOINT.get_or_init(|| resolved).clone())
 }
 
 fn docker_host() -> String {
-    std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".to_string())
+    endpoint()
+        .map(|e| e.host)
+        .unwrap_or_else(|_| "unix:///var/run/docker.sock".to_string())
 }
 
 fn unreachable(e: impl std::fmt::Display) -> Error {
-    Error::environment(format!(
-        "cannot reach the Docker daemon at {}: {e}",
-        docker_host()
-    ))
-    .with_hint(
+    let at = match endpoint() {
+        Ok(e) => format!("{} ({})", e.host, e.why),
+        Err(_) => docker_host(),
+    };
+    Error::environment(format!("cannot reach the Docker daemon at {at}: {e}")).with_hint(
         "is Docker running? start it (e.g. `sudo systemctl start docker`) or set DOCKER_HOST",
     )
 }
@@ -138,11 +144,24 @@ impl std::error::Error for SourceError {}
 impl DockerBackend {
     /// Connects (honouring DOCKER_HOST) and checks that the daemon answers.
     pub async fn connect() -> Result<Self> {
-        let host = docker_host();
+        let host = endpoint()?.host;
         if let Some(docker) = Self::connect_cached(&host).await? {
             return Ok(docker);
         }
-        let docker = Docker::connect_with_defaults().map_err(unreachable)?;
+        let api = bollard::API_DEFAULT_VERSION;
+        let secs = PING_TIMEOUT.as_secs();
+        let docker = if host.starts_with("unix://") {
+            Docker::connect_with_unix(&host, secs, api)
+        } else if host.starts_with("tcp://") || host.starts_with("http://") {
+            Docker::connect_with_http(&host, secs, api)
+        } else if host.starts_with("ssh://") {
+            Docker::connect_with_ssh(&host, secs, api, None)
+        } else {
+            return Err(Error::environment(format!(
+                "the Docker endpoint '{host}' is not unix://, tcp:// or ssh://"
+            )));
+        }
+        .map_err(unreachable)?;
         let docker = docker.with_timeout(PING_TIMEOUT);
         let docker = match tokio::time::timeout(PING_TIMEOUT, docker.negotiate_version()).await {
             Ok(Ok(d)) => d,
