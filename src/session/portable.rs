@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::auth::spec::Spec;
-use crate::backend::{Backend, CreateError, HelperSpec, MountSpec, NetworkPolicy};
+use crate::backend::{Backend, HelperSpec, MountSpec, NetworkPolicy};
 use crate::error::{Error, Result};
 use crate::provider::{ProviderKind, AGENT_HOME, WORKSPACE_DIR};
 use crate::session::names::{self, LabelSet};
@@ -134,7 +134,7 @@ pub async fn export(
         .filter(|v| v.mount.is_some())
         .collect();
     let spec = holder(&facts.settings.image, id, &mounted, true);
-    let trees = with_holder(backend, &spec, id, async |name: &str| {
+    let trees = super::workspace::with_holder(backend, spec, id, async |name: &str| {
         let mut trees = Vec::new();
         for v in &mounted {
             let dir = v.mount.as_deref().unwrap_or_default();
@@ -370,7 +370,7 @@ async fn create_all(backend: &impl Backend, checked: &Checked, facts: &VolumeFac
     }
     let mounted: Vec<&VolumeEntry> = checked.trees.iter().map(|(v, _)| v).collect();
     let spec = holder(&facts.settings.image, id, &mounted, false);
-    with_holder(backend, &spec, id, async |name: &str| {
+    super::workspace::with_holder(backend, spec, id, async |name: &str| {
         for (v, tar) in &checked.trees {
             let dir = v.mount.as_deref().unwrap_or_default();
             backend.upload_tar(name, dir, tar.clone()).await?;
@@ -405,26 +405,6 @@ fn holder(image: &str, id: Uuid, volumes: &[&VolumeEntry], read_only: bool) -> H
         network: NetworkPolicy::None,
         ..Default::default()
     }
-}
-
-async fn with_holder<T>(
-    backend: &impl Backend,
-    spec: &HelperSpec,
-    id: Uuid,
-    f: impl AsyncFnOnce(&str) -> Result<T>,
-) -> Result<T> {
-    let name = names::helper_container(id, "portable");
-    match backend.create_helper(&name, spec).await {
-        Ok(_) => {}
-        Err(CreateError::NameTaken) => {
-            backend.remove_container(&name, true).await?;
-            backend.create_helper(&name, spec).await?;
-        }
-        Err(e) => return Err(e.into()),
-    }
-    let out = f(&name).await;
-    let _ = backend.remove_container(&name, true).await;
-    out
 }
 
 /// An entry's path without Docker's leading `./`.

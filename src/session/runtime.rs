@@ -30,15 +30,22 @@ pub(super) const STOP_NOW: &str = "stop-now";
 pub const STOP_REQUEST: &str = "stop-requested";
 
 /// The files a turn's runtime directory starts with, gathered before the container exists.
-#[derive(Default)]
-pub(super) struct Runtime {
-    files: Vec<ScratchFile>,
+pub(super) struct Runtime(Scratch);
+
+impl Default for Runtime {
+    fn default() -> Self {
+        Runtime(Scratch {
+            mount: RUNTIME_MOUNT.to_string(),
+            owner: dirs::agent_ids(),
+            files: Vec::new(),
+        })
+    }
 }
 
 impl Runtime {
     /// `name` relative to the runtime directory; mode 0600.
     pub(super) fn write(&mut self, name: &str, contents: &[u8]) {
-        self.files.push(ScratchFile {
+        self.0.files.push(ScratchFile {
             path: name.to_string(),
             contents: contents.to_vec(),
             mode: 0o600,
@@ -47,27 +54,12 @@ impl Runtime {
 
     /// The files as the entrypoint reads them on stdin: the tag line, then a tar archive.
     pub(super) fn payload(&self) -> Result<Vec<u8>> {
-        framed(PAYLOAD_TAG, &self.tar_files())
-    }
-
-    fn tar_files(&self) -> Vec<crate::backend::TarFile<'_>> {
-        self.files
-            .iter()
-            .map(|f| crate::backend::TarFile {
-                path: &f.path,
-                contents: &f.contents,
-                mode: f.mode,
-            })
-            .collect()
+        framed(PAYLOAD_TAG, &self.0.tar_files())
     }
 
     /// The scratch directory the backend gives the turn's container.
     pub(super) fn into_scratch(self) -> Scratch {
-        Scratch {
-            mount: RUNTIME_MOUNT.to_string(),
-            owner: dirs::agent_ids(),
-            files: self.files,
-        }
+        self.0
     }
 }
 

@@ -151,7 +151,7 @@ fn holder(image: &str, session_id: Uuid, with_state: bool, read_only: bool) -> H
     }
 }
 
-async fn with_holder<T>(
+pub(super) async fn with_holder<T>(
     backend: &impl Backend,
     spec: HelperSpec,
     session_id: Uuid,

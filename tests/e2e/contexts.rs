@@ -4,8 +4,6 @@
 //! `DOCKER_CONTEXT` and `--context` override it; a context whose socket is missing is
 //! exit 3, naming the context.
 
-use sha2::{Digest, Sha256};
-
 use crate::common::*;
 
 /// The rig daemon's socket path.
@@ -18,18 +16,7 @@ fn socket() -> String {
 
 /// A context as `docker context create NAME --docker host=HOST` writes it.
 fn write_context(dir: &std::path::Path, name: &str, host: &str) {
-    let id: String = Sha256::digest(name.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let meta = dir.join("contexts/meta").join(id);
-    std::fs::create_dir_all(&meta).unwrap();
-    let json = serde_json::json!({
-        "Name": name,
-        "Metadata": {},
-        "Endpoints": { "docker": { "Host": host, "SkipTLSVerify": false } }
-    });
-    std::fs::write(meta.join("meta.json"), json.to_string()).unwrap();
+    caw_box::backend::docker::endpoint::write_context(dir, name, host).unwrap();
 }
 
 #[test]

@@ -132,18 +132,18 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Writes a context as the docker CLI does (tests, and users without the docker CLI).
-#[cfg(test)]
-pub fn write_context(dir: &Path, name: &str, host: &str) {
+/// Writes a context under config directory `dir` as `docker context create NAME --docker
+/// host=HOST` does (for tests, and for machines without the docker CLI).
+pub fn write_context(dir: &Path, name: &str, host: &str) -> std::io::Result<()> {
     let id = hex(&Sha256::digest(name.as_bytes()));
     let meta = dir.join("contexts/meta").join(id);
-    std::fs::create_dir_all(&meta).unwrap();
+    std::fs::create_dir_all(&meta)?;
     let json = serde_json::json!({
         "Name": name,
         "Metadata": {},
         "Endpoints": { "docker": { "Host": host, "SkipTLSVerify": false } }
     });
-    std::fs::write(meta.join("meta.json"), json.to_string()).unwrap();
+    std::fs::write(meta.join("meta.json"), json.to_string())
 }
 
 #[cfg(test)]
@@ -166,8 +166,8 @@ mod tests {
     fn contexts_variables_and_sockets_in_the_docker_clis_order() {
         let home = tempfile::tempdir().unwrap();
         let docker = home.path().join(".docker");
-        write_context(&docker, "desk", "unix:///tmp/desk.sock");
-        write_context(&docker, "remote", "ssh://me@build");
+        write_context(&docker, "desk", "unix:///tmp/desk.sock").unwrap();
+        write_context(&docker, "remote", "ssh://me@build").unwrap();
         std::fs::write(docker.join("config.json"), r#"{"currentContext":"desk"}"#).unwrap();
         let h = ("HOME", home.path().display().to_string());
         // The current context of config.json.
@@ -203,6 +203,16 @@ mod tests {
         assert_eq!(e.exit_code(), 3);
         assert!(
             e.message.contains("Docker context 'gone' does not exist"),
+            "{}",
+            e.message
+        );
+        // A context with TLS client certificates: refused, exit 3, naming it.
+        let id = hex(&Sha256::digest(b"remote"));
+        std::fs::create_dir_all(docker.join("contexts/tls").join(id).join("docker")).unwrap();
+        let e = resolve_with(&[h.clone(), ("DOCKER_CONTEXT", "remote".into())], &[]).unwrap_err();
+        assert_eq!(e.exit_code(), 3);
+        assert!(
+            e.message.contains("'remote' uses TLS client certificates"),
             "{}",
             e.message
         );
