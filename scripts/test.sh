@@ -22,5 +22,27 @@ cargo nextest run --workspace --no-fail-fast --test-threads 3 \
 scripts/with-keyring.sh cargo nextest run --no-fail-fast --test keyring "$@"
 cargo nextest run --workspace --no-fail-fast -E 'test(daemon_restart)' "$@"
 
+echo "== podman"
+# The core end-to-end tests once more, against Podman's Docker-compatible service
+# (`podman system service`, started by the Podman rig with the same images).
+podman_tests=(
+    'test(/^sessions::.*_runs_a_tool_and_recalls_after_resume$/)'
+    'test(manage::detach_wait_and_stop)'
+    'test(manage::rm_and_gc)'
+    'test(manage::two_racing_resumes_exactly_one_runs)'
+    'test(manage::management_by_id_prefix_and_name_without_the_host_data_dir)'
+    'test(sandbox::allow_host_admits_only_listed_hosts_through_the_proxy)'
+    'test(sandbox::copy_mode_leaves_the_host_tree_alone_and_exports_and_diffs)'
+    'test(sandbox::files_the_agent_creates_belong_to_a_non_1000_host_user)'
+    'test(control::interrupt_and_busy_session)'
+    'test(bad_input::bad_input_is_refused_cleanly_and_creates_nothing)'
+    'test(/^user_config::/)'
+    'test(portable::an_exported_session_resumes_on_an_emptied_host_by_its_old_handle)'
+    'test(interactive::codex_tui_session_resumes_headless_and_back)'
+)
+filter=$(IFS='|'; echo "${podman_tests[*]}")
+scripts/podman.sh with cargo nextest run --no-fail-fast --test-threads 3 --test e2e \
+    -E "${filter//|/ | }" "$@"
+
 echo "== bench (smoke)"
 scripts/bench.sh --smoke

@@ -101,6 +101,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Whether the backend certainly sees this process's host paths as they are (a bind
     /// mount of a host directory shows that directory); `false`: maybe not, check.
     fn surely_shares_paths(&self) -> bool;
+    /// Whether a new, empty volume gets the image's files at its mount point as soon as a
+    /// container that mounts it is created (Docker). `false`: only when such a container
+    /// first starts, and only if the volume is still empty then (Podman).
+    fn fills_volumes_at_create(&self) -> impl Future<Output = bool> + Send;
     /// Removes a container (`force`: also a running one); a missing one is `Ok`.
     fn remove_container(&self, name: &str, force: bool) -> impl Future<Output = Result<()>> + Send;
     /// Runs a short helper container to completion and removes it: (exit code, stdout,

@@ -1,4 +1,5 @@
-//! The ownership helper: hands a session's volumes to the uid:gid its turns run as.
+//! The volume helpers: one hands a session's volumes to the uid:gid its turns run as; one
+//! lets an engine that fills a new volume only at a container's start (Podman) fill it.
 
 use super::turn::image_hint;
 use crate::backend::Backend;
@@ -61,5 +62,36 @@ pub(super) async fn ensure_owner(backend: &impl Backend, record: &mut SessionRec
         )));
     }
     record.owner = Some(ids);
+    Ok(())
+}
+
+/// Starts (and removes) a container of the session's image on its new state volume, so an
+/// engine that copies the image's HOME into a new volume only when a container first starts
+/// (Podman) has done so before caw-box writes files into it.
+pub(super) async fn fill_new_home(backend: &impl Backend, record: &SessionRecord) -> Result<()> {
+    let id = record.session_id;
+    let (uid, gid) = dirs::agent_ids();
+    let spec = HelperSpec {
+        image: record.settings.image.clone(),
+        entrypoint: vec!["true".into()],
+        user: Some(format!("{uid}:{gid}")),
+        labels: LabelSet::new(id, roles::PROBE).finish(),
+        mounts: vec![MountSpec::volume(names::state_volume(id), AGENT_HOME)],
+        network: NetworkPolicy::None,
+        drop_all_capabilities: true,
+        no_new_privileges: true,
+        ..Default::default()
+    };
+    let name = names::helper_container(id, "fill");
+    let (code, _, err) = backend
+        .run_to_completion(&name, &spec)
+        .await
+        .map_err(|e| image_hint(e, record))?;
+    if code != 0 {
+        return Err(Error::environment(format!(
+            "failed to prepare session {id}'s new volume: {}",
+            err.trim()
+        )));
+    }
     Ok(())
 }

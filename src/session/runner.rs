@@ -15,7 +15,7 @@
 
 use super::egress::Egress;
 use super::liveness::{driver_is_gone, remove_abandoned_turns};
-use super::owner::ensure_owner;
+use super::owner::{ensure_owner, fill_new_home};
 use super::runtime::{Runtime, RUN_DIR};
 use super::turn::{busy, image_hint, Interrupts, TurnContext, ENTRY_GRACE_SECS, STOP_GRACE};
 use crate::backend::{Backend, CreateError};
@@ -127,21 +127,6 @@ pub async fn run_turn(
     }
 
     ensure_owner(backend, record).await?;
-    let allow = crate::settings::expand_allow_hosts(record.provider, &record.settings);
-    let egress = if allow.is_empty() {
-        None
-    } else {
-        Some(Egress::start(backend, record, &allow).await?)
-    };
-    if let Some(e) = &egress {
-        let proxy = format!("http://{PROXY_ALIAS}:{PROXY_PORT}");
-        for var in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
-            env.push(format!("{var}={proxy}"));
-        }
-        env.push("NO_PROXY=localhost,127.0.0.1".to_string());
-        env.push("no_proxy=localhost,127.0.0.1".to_string());
-        tracing::debug!("egress through {} on {}", e.proxy, e.network);
-    }
     // Files an adapter merges into HOME (gemini's settings.json) come with its image and
     // stay in the volume: only a custom image's first turn, or a turn after one in the TUI
     // (where they may have been changed), pays the download and upload of a merge.
@@ -164,6 +149,29 @@ pub async fn run_turn(
         )
         .cloned()
         .collect();
+    // Podman fills a new volume with the image's HOME only when a container first starts,
+    // and not at all if something is in it by then (Docker: when the container is created):
+    // files placed before this first start would keep the image's own out (gemini's
+    // settings, codex's config.toml). A container that starts first lets it fill the volume.
+    if record.turns.is_empty() && !home_files.is_empty() && !backend.fills_volumes_at_create().await
+    {
+        fill_new_home(backend, record).await?;
+    }
+    let allow = crate::settings::expand_allow_hosts(record.provider, &record.settings);
+    let egress = if allow.is_empty() {
+        None
+    } else {
+        Some(Egress::start(backend, record, &allow).await?)
+    };
+    if let Some(e) = &egress {
+        let proxy = format!("http://{PROXY_ALIAS}:{PROXY_PORT}");
+        for var in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
+            env.push(format!("{var}={proxy}"));
+        }
+        env.push("NO_PROXY=localhost,127.0.0.1".to_string());
+        env.push("no_proxy=localhost,127.0.0.1".to_string());
+        tracing::debug!("egress through {} on {}", e.proxy, e.network);
+    }
     let payload = if options.interactive {
         None
     } else {
@@ -546,6 +554,9 @@ mod tests {
             unexpected!("stop")
         }
         fn surely_shares_paths(&self) -> bool {
+            true
+        }
+        async fn fills_volumes_at_create(&self) -> bool {
             true
         }
         async fn run_to_completion(

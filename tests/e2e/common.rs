@@ -444,6 +444,40 @@ impl Rig {
         }
     }
 
+    /// Runs `cmd` in the running `container` (as its user) to its end: its stdout.
+    pub fn exec(&self, container: &str, cmd: &[&str]) -> String {
+        use bollard::exec::{CreateExecOptions, StartExecResults};
+        self.rt.block_on(async {
+            let exec = self
+                .docker
+                .create_exec(
+                    container,
+                    CreateExecOptions {
+                        cmd: Some(cmd.to_vec()),
+                        attach_stdout: Some(true),
+                        attach_stderr: Some(true),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .expect("create an exec");
+            let mut stdout = Vec::new();
+            if let StartExecResults::Attached { mut output, .. } = self
+                .docker
+                .start_exec(&exec.id, None)
+                .await
+                .expect("start an exec")
+            {
+                while let Some(chunk) = output.next().await {
+                    if let Ok(bollard::container::LogOutput::StdOut { message }) = chunk {
+                        stdout.extend_from_slice(&message);
+                    }
+                }
+            }
+            String::from_utf8_lossy(&stdout).into_owned()
+        })
+    }
+
     /// Runs a short container of the test's own (labelled, removed afterwards) to its end:
     /// (exit code, stdout, stderr).
     pub fn run_container(&self, mut body: ContainerCreateBody) -> (i64, String, String) {

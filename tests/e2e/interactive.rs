@@ -7,9 +7,6 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use bollard::exec::{CreateExecOptions, StartExecResults};
-use futures_util::StreamExt;
-
 use crate::common::*;
 
 /// Waits this long at most for the TUI to show something (a CLI's cold start included).
@@ -172,30 +169,9 @@ fn quote(s: &str) -> String {
 
 /// The size (rows, columns) of a running container's terminal, as the TUI sees it.
 fn container_tty_size(rig: &Rig, container: &str) -> String {
-    rig.rt.block_on(async {
-        let exec = rig
-            .docker
-            .create_exec(
-                container,
-                CreateExecOptions {
-                    cmd: Some(vec!["sh", "-c", "stty size </proc/1/fd/0"]),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("exec in the turn container");
-        let mut text = String::new();
-        if let StartExecResults::Attached { mut output, .. } =
-            rig.docker.start_exec(&exec.id, None).await.unwrap()
-        {
-            while let Some(Ok(chunk)) = output.next().await {
-                text.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
-            }
-        }
-        text.trim().to_string()
-    })
+    rig.exec(container, &["sh", "-c", "stty size </proc/1/fd/0"])
+        .trim()
+        .to_string()
 }
 
 /// Waits until the turn container's terminal has `rows` x `columns`.

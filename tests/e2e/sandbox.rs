@@ -154,7 +154,12 @@ fn copy_mode_diff_of_a_repository_is_a_git_diff() {
 /// `cmd`, run as `uid:uid` (with the Docker socket's group, to reach the daemon).
 fn as_user(cmd: &Command, uid: u32) -> Command {
     use std::os::unix::fs::MetadataExt;
-    let socket_gid = std::fs::metadata("/var/run/docker.sock").unwrap().gid();
+    // The engine's socket: DOCKER_HOST's (the Podman rig's), else Docker's default.
+    let socket = std::env::var("DOCKER_HOST")
+        .ok()
+        .and_then(|h| h.strip_prefix("unix://").map(str::to_string))
+        .unwrap_or_else(|| "/var/run/docker.sock".to_string());
+    let socket_gid = std::fs::metadata(socket).unwrap().gid();
     let mut c = Command::new("setpriv");
     c.args([
         "--reuid",

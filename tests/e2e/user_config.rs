@@ -65,5 +65,16 @@ fn the_users_instructions_reach_the_model_and_credentials_stay_home() {
             "{}: the credential file reached the volume",
             p.name
         );
+        // The image's own defaults in HOME are there beside the user's files (Podman fills
+        // a new volume only at a container's first start, and only while it is empty).
+        let defaults = match p.name {
+            "codex" => Some((".codex/config.toml", "[analytics]")),
+            "gemini" => Some((".gemini/settings.json", "telemetry")),
+            _ => None,
+        };
+        if let Some((path, line)) = defaults {
+            let text = in_volume(&rig, id, &["cat", &format!("/h/{path}")]).join("\n");
+            assert!(text.contains(line), "{}: ~/{path}: {text}", p.name);
+        }
     }
 }

@@ -16,25 +16,44 @@ use bollard::query_parameters::{
 
 use bollard::models::{ContainerStateStatusEnum, ContainerSummary, ContainerSummaryStateEnum};
 
-use super::{daemon_message, failed, is_conflict, is_not_found, spec, CreateError, DockerBackend};
+use super::{
+    daemon_message, failed, is_conflict, is_name_taken, is_not_found, spec, CreateError,
+    DockerBackend,
+};
 use crate::backend::{
     Attached, ContainerInfo, ContainerState, HelperSpec, OutputChunk, OutputStream, TurnSpec,
 };
 use crate::error::{Error, Result};
 
+/// A listing that failed on Podman's own "stopped" state (see `list_containers`).
+fn is_podman_stopped_state(e: &bollard::errors::Error) -> bool {
+    matches!(e, bollard::errors::Error::JsonDataError { message, .. }
+        if message.contains("unknown variant `stopped`"))
+}
+
 impl DockerBackend {
     /// Containers (running or not) carrying all of `labels`.
     pub async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>> {
         let filters = HashMap::from([("label".to_string(), labels.to_vec())]);
-        let list = self
-            .docker
-            .list_containers(Some(ListContainersOptions {
-                all: true,
-                filters: Some(filters),
-                ..Default::default()
-            }))
-            .await
-            .map_err(|e| failed("list containers", &e))?;
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        };
+        // Podman (4.3; newer ones map it to "exited") lists a container that has stopped
+        // but is not cleaned up yet as "stopped", a state Docker's API (and bollard) does
+        // not have: the whole list fails to parse. It lasts until Podman's cleanup runs:
+        // ask again, for up to 10 s.
+        let mut attempts = 0;
+        let list = loop {
+            match self.docker.list_containers(Some(options.clone())).await {
+                Err(e) if attempts < 100 && is_podman_stopped_state(&e) => {
+                    attempts += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                other => break other.map_err(|e| failed("list containers", &e))?,
+            }
+        };
         Ok(list.into_iter().map(summary_info).collect())
     }
 
@@ -101,12 +120,21 @@ impl DockerBackend {
             .await
         {
             Ok(r) => Ok(r.id),
-            Err(e) if is_conflict(&e) => Err(CreateError::NameTaken),
+            Err(e) if is_name_taken(&e) => Err(CreateError::NameTaken),
             // Docker answers 404 for a missing image and for a missing network alike; only
-            // its message tells them apart (the one place caw-box reads Docker's wording).
-            Err(e) if is_not_found(&e) && daemon_message(&e).contains("No such image") => Err(
-                CreateError::ImageMissing(failed(format_args!("create container '{name}'"), &e)),
-            ),
+            // its message tells them apart (the one place caw-box reads Docker's wording:
+            // "No such image: X"; Podman's is "no such image: X: image not known").
+            Err(e)
+                if is_not_found(&e)
+                    && daemon_message(&e)
+                        .to_ascii_lowercase()
+                        .contains("no such image") =>
+            {
+                Err(CreateError::ImageMissing(failed(
+                    format_args!("create container '{name}'"),
+                    &e,
+                )))
+            }
             Err(e) => Err(CreateError::Other(failed(
                 format_args!("create container '{name}'"),
                 &e,
@@ -115,11 +143,20 @@ impl DockerBackend {
     }
 
     pub async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
-        match self.docker.inspect_container(name, None).await {
-            Ok(c) => Ok(Some(inspect_info(c))),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(failed(format_args!("inspect container '{name}'"), &e)),
+        // As in `list_containers`: Podman's passing "stopped" state, asked again.
+        for _ in 0..100 {
+            match self.docker.inspect_container(name, None).await {
+                Err(e) if is_podman_stopped_state(&e) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Ok(c) => return Ok(Some(inspect_info(c))),
+                Err(e) if is_not_found(&e) => return Ok(None),
+                Err(e) => return Err(failed(format_args!("inspect container '{name}'"), &e)),
+            }
         }
+        Err(Error::environment(format!(
+            "container '{name}' stayed in Podman's \"stopped\" state for 10 s; `podman container cleanup {name}` ends it"
+        )))
     }
 
     /// Attaches to stdout and stderr (and stdin when `stdin`); call before `start` so no

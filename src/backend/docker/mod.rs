@@ -111,6 +111,14 @@ fn is_conflict(e: &BollardError) -> bool {
     )
 }
 
+/// A create refused because the name is taken: Docker answers 409; Podman (4.3) answers 500
+/// "... the container name \"X\" is already in use by ...".
+fn is_name_taken(e: &BollardError) -> bool {
+    is_conflict(e)
+        || matches!(e, BollardError::DockerResponseServerError { status_code: 500, message }
+            if message.contains("is already in use"))
+}
+
 /// The daemon's own message for an error, without bollard's wrapping.
 pub fn daemon_message(e: &BollardError) -> String {
     match e {
@@ -200,15 +208,41 @@ impl DockerBackend {
         }
     }
 
-    /// "20.10.24 (API 1.41)".
+    /// Whether the daemon is Podman's Docker-compatible service (asked once per process).
+    pub async fn is_podman(&self) -> bool {
+        static PODMAN: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
+        *PODMAN
+            .get_or_init(|| async {
+                match self.docker.version().await {
+                    Ok(v) => v
+                        .components
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.name.starts_with("Podman")),
+                    Err(e) => {
+                        tracing::debug!("could not ask the daemon for its version: {e}");
+                        false
+                    }
+                }
+            })
+            .await
+    }
+
+    /// "20.10.24 (API 1.41)", "Podman 4.3.1 (API 1.41)".
     pub async fn server_version(&self) -> Result<String> {
         let v = self
             .docker
             .version()
             .await
             .map_err(|e| failed("ask Docker for its version", &e))?;
+        let podman = v
+            .components
+            .iter()
+            .flatten()
+            .any(|c| c.name.starts_with("Podman"));
         Ok(format!(
-            "{} (API {})",
+            "{}{} (API {})",
+            if podman { "Podman " } else { "" },
             v.version.unwrap_or_default(),
             v.api_version.unwrap_or_default()
         ))

@@ -132,6 +132,10 @@ impl Backend for DockerBackend {
         DockerBackend::surely_shares_paths(self)
     }
 
+    async fn fills_volumes_at_create(&self) -> bool {
+        !self.is_podman().await
+    }
+
     async fn download_file(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
         DockerBackend::download_file(self, name, path).await
     }

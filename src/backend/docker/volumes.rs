@@ -16,6 +16,15 @@ fn info(v: Volume) -> VolumeInfo {
     }
 }
 
+/// Whether `labels` has every one of `filters` (`key=value`, or a bare `key`), as Docker's
+/// `label` filter means it.
+fn carries_all(labels: &HashMap<String, String>, filters: &[String]) -> bool {
+    filters.iter().all(|f| match f.split_once('=') {
+        Some((key, value)) => labels.get(key).is_some_and(|v| v == value),
+        None => labels.contains_key(f.as_str()),
+    })
+}
+
 impl DockerBackend {
     pub async fn create_volume(&self, name: &str, labels: HashMap<String, String>) -> Result<()> {
         self.docker
@@ -47,10 +56,12 @@ impl DockerBackend {
             }))
             .await
             .map_err(|e| failed("list volumes", &e))?;
+        // Podman (4.3) returns the volumes carrying *any* of the labels: filter again here.
         Ok(res
             .volumes
             .unwrap_or_default()
             .into_iter()
+            .filter(|v| carries_all(&v.labels, labels))
             .map(info)
             .collect())
     }
@@ -127,5 +138,34 @@ impl DockerBackend {
                     &e,
                 )
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_volume_must_carry_every_label_asked_for() {
+        let labels = HashMap::from([
+            ("io.caw-box.session".to_string(), "s1".to_string()),
+            ("io.caw-box.role".to_string(), "state".to_string()),
+        ]);
+        let ask = |f: &[&str]| {
+            carries_all(
+                &labels,
+                &f.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            )
+        };
+        assert!(ask(&[]));
+        assert!(ask(&["io.caw-box.session=s1", "io.caw-box.role=state"]));
+        assert!(ask(&["io.caw-box.session"]));
+        // What Podman 4.3 returned for a turn-record listing: the state volume.
+        assert!(!ask(&[
+            "io.caw-box.session=s1",
+            "io.caw-box.role=turn-record"
+        ]));
+        assert!(!ask(&["io.caw-box.other"]));
+        assert!(!ask(&["io.caw-box.session=s"]));
     }
 }
