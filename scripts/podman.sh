@@ -32,12 +32,9 @@ pm() { as_root env CONTAINERS_CONF="$CONF" podman "$@"; }
 
 answers() { curl -sf --unix-socket "$SOCK" http://d/_ping >/dev/null 2>&1; }
 
-our_pid() {
-    [ -f "$PID_FILE" ] || return 1
-    local pid
-    pid=$(cat "$PID_FILE")
-    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
-}
+# The service processes serving this rig's socket (found by their command line: sudo and
+# setsid may stand between this shell and the service).
+service_pids() { pgrep -f "podman system service --time=0 unix://$SOCK" || true; }
 
 install() {
     local missing=()
@@ -70,13 +67,16 @@ write_conf() {
 
 start_service() {
     rm -f "$PID_FILE" "$SOCK"
-    # setsid: the service outlives this shell and ignores its Ctrl-C; `down` stops this PID.
-    as_root setsid env CONTAINERS_CONF="$CONF" podman system service --time=0 "unix://$SOCK" \
-        >"$LOG_FILE" 2>&1 </dev/null &
-    echo $! >"$PID_FILE"
+    # setsid: the service outlives this shell and ignores its Ctrl-C. A plain command (no
+    # shell function) so no waiting subshell is left behind.
+    local sudo=()
+    [ "$(id -u)" = 0 ] || sudo=(sudo)
+    "${sudo[@]}" setsid env CONTAINERS_CONF="$CONF" podman system service --time=0 \
+        "unix://$SOCK" >"$LOG_FILE" 2>&1 </dev/null &
     local i
     for i in $(seq 1 60); do
         if answers; then
+            service_pids >"$PID_FILE"
             # As Docker's socket: the docker group may use it (a test runs caw-box as
             # another user in that group).
             getent group docker >/dev/null && as_root chgrp docker "$SOCK" && as_root chmod 660 "$SOCK"
@@ -139,16 +139,21 @@ cmd_up() {
 cmd_down() {
     remove_test_objects
     while as_root iptables -D "${FORWARD_RULE[@]}" 2>/dev/null; do :; done
-    local pid
-    pid=$(our_pid) || { rm -f "$PID_FILE"; return 0; }
-    as_root kill -TERM "$pid" 2>/dev/null || true
-    local i
-    for i in $(seq 1 20); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.5
-    done
-    kill -0 "$pid" 2>/dev/null && as_root kill -KILL "$pid" 2>/dev/null
+    local pids i
+    pids=$(service_pids)
+    if [ -n "$pids" ]; then
+        # shellcheck disable=SC2086
+        as_root kill -TERM $pids 2>/dev/null || true
+        for i in $(seq 1 20); do
+            [ -z "$(service_pids)" ] && break
+            sleep 0.5
+        done
+        pids=$(service_pids)
+        # shellcheck disable=SC2086
+        [ -n "$pids" ] && as_root kill -KILL $pids 2>/dev/null
+    fi
     rm -f "$PID_FILE" "$SOCK"
+    return 0
 }
 
 cmd_with() {
