@@ -14,7 +14,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use crate::backend::docker::{BuildEvent, BuildSpec};
 use crate::backend::DockerBackend;
 use crate::backend::ImageInfo;
-use crate::cli::ImageBuildArgs;
+use crate::cli::{ImageBuildArgs, ImagePullArgs};
 use crate::error::{Error, ErrorKind, Result};
 use crate::output;
 use crate::provider::ProviderKind;
@@ -62,18 +62,7 @@ fn context_tar(files: &[(&'static str, Vec<u8>, u32)]) -> Result<Vec<u8>> {
 }
 
 pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i32> {
-    let providers: Vec<ProviderKind> = if args.all {
-        ProviderKind::ALL.to_vec()
-    } else if args.provider.is_empty() {
-        return Err(Error::usage(
-            "say which images to build: --provider P (repeatable) or --all",
-        ));
-    } else {
-        args.provider
-            .iter()
-            .map(|p| p.parse())
-            .collect::<std::result::Result<_, _>>()?
-    };
+    let providers = chosen_providers(&args.provider, args.all, "build")?;
     if args.cli_version.is_some() && providers.len() > 1 {
         return Err(Error::usage(
             "--cli-version applies to one provider; build them one at a time",
@@ -379,6 +368,86 @@ async fn remove_builder_images(backend: &DockerBackend, build_id: &str, interrup
             return;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// `image pull`: `REPO/<image>:TAG` of each provider from the image repository (the images
+/// workflow publishes them), tagged `REPO/<image>:latest` here, which `run` uses.
+pub async fn pull(args: ImagePullArgs, quiet: bool) -> Result<i32> {
+    let providers = chosen_providers(&args.provider, args.all, "pull")?;
+    let repo = crate::provider::image_repo();
+    if repo == crate::provider::DEFAULT_IMAGE_REPO {
+        return Err(Error::usage(
+            "say which repository to pull from: --image-repo REPO (or CAW_BOX_IMAGE_REPO, or image_repo in a config file), e.g. ghcr.io/OWNER/caw-box",
+        )
+        .with_hint(format!(
+            "'{repo}' is the repository of local builds: `caw-box image build` makes its images"
+        )));
+    }
+    crate::settings::validate_image_repo(&repo, "--image-repo")?;
+    if args.tag.is_empty()
+        || !args
+            .tag
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    {
+        return Err(Error::usage(format!("--tag '{}' is not a tag", args.tag)));
+    }
+    let backend = DockerBackend::connect().await?;
+    for p in providers {
+        let image = format!("{repo}/{}:{}", p.image_name(), args.tag);
+        let progress = output::Spinner::new(format!("pulling {image}"), !quiet);
+        let started = std::time::Instant::now();
+        let pulled = backend.pull_image(&image).await;
+        progress.finish();
+        let status = pulled.map_err(|e| {
+            e.with_hint(format!(
+                "is {repo} reachable and does it hold {}? `caw-box image build --provider {p}` builds the image here instead",
+                p.image_name()
+            ))
+        })?;
+        let info = backend
+            .inspect_image(&image)
+            .await?
+            .ok_or_else(|| Error::environment(format!("'{image}' is not here after pulling it")))?;
+        if info.labels.get(labels::PROVIDER).map(String::as_str) != Some(p.as_str()) {
+            return Err(Error::environment(format!(
+                "'{image}' is not a caw-box {p} image (its label {} is not '{p}')",
+                labels::PROVIDER
+            )));
+        }
+        let latest = p.default_image();
+        if image != latest {
+            backend.tag_image(&info.id, &latest).await?;
+        }
+        if !quiet {
+            let version = info
+                .labels
+                .get(labels::CLI_VERSION)
+                .map(|v| format!(", CLI {v}"))
+                .unwrap_or_default();
+            output::eprintln(&format!(
+                "{image}: {status} ({:.1}s{version})",
+                started.elapsed().as_secs_f64()
+            ));
+        }
+    }
+    Ok(0)
+}
+
+/// The providers `--provider P...` or `--all` name; `what` is the verb for the error.
+fn chosen_providers(given: &[String], all: bool, what: &str) -> Result<Vec<ProviderKind>> {
+    if all {
+        Ok(ProviderKind::ALL.to_vec())
+    } else if given.is_empty() {
+        Err(Error::usage(format!(
+            "say which images to {what}: --provider P (repeatable) or --all"
+        )))
+    } else {
+        Ok(given
+            .iter()
+            .map(|p| p.parse())
+            .collect::<std::result::Result<_, _>>()?)
     }
 }
 

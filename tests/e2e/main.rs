@@ -17,6 +17,7 @@ mod interactive;
 mod manage;
 mod patch;
 mod portable;
+mod release;
 mod restart;
 mod sandbox;
 mod sessions;
