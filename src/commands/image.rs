@@ -577,6 +577,27 @@ mod tests {
         }
     }
 
+    /// The version caw-box builds with (and `--version` names) is the one each Dockerfile
+    /// defaults to, so a plain `docker build` of images/ (the images workflow) pins the same.
+    #[test]
+    fn each_dockerfile_defaults_to_the_pinned_cli_version() {
+        for p in ProviderKind::ALL {
+            let pin = format!("ARG CLI_VERSION={}", p.default_cli_version());
+            let args: Vec<&str> = provider_dockerfile(p)
+                .lines()
+                .filter(|l| l.starts_with("ARG CLI_VERSION"))
+                .collect();
+            assert!(!args.is_empty(), "{p}: no ARG CLI_VERSION");
+            for line in args {
+                assert_eq!(line, pin, "images/{}/Dockerfile", p.image_name());
+            }
+        }
+        let version = crate::provider::pinned_cli_versions();
+        for p in ProviderKind::ALL {
+            assert!(version.contains(p.default_cli_version()), "{version}");
+        }
+    }
+
     #[test]
     fn the_inputs_hash_follows_every_input_and_the_base_by_id() {
         let h = |j: &BuildJob, id: &str| inputs_hash(j, Some(id)).unwrap();
