@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2016 # the backquotes of the job summary are Markdown
 # ci/run-turn.sh: the logic of caw-box's CI templates (action.yml, ci/gitlab/caw-box.gitlab-ci.yml),
 # in one place so that a test runs exactly what a runner runs. Three steps, run in order:
 #

@@ -467,3 +467,77 @@ fn the_gitlab_template_runs_a_turn_and_leaves_result_handle_patch_and_dotenv() {
     assert_eq!(code, 0, "{err}");
     assert!(resumed["result"].as_str().unwrap().contains("from-gitlab"));
 }
+
+/// The release and images workflows, read as data (actionlint checks their syntax in
+/// scripts/lint-workflows.sh): every release target, archives holding the man pages and the
+/// completions under the names the install step fetches, and every provider image for two
+/// architectures, from the Dockerfiles the binary embeds.
+#[test]
+fn the_release_and_image_workflows_cover_every_target_and_image() {
+    let read = |p: &str| -> Yaml {
+        serde_yaml::from_str(&std::fs::read_to_string(repo_root().join(p)).unwrap()).unwrap()
+    };
+    let release = read(".github/workflows/release.yml");
+    let targets: Vec<String> = release["jobs"]["build"]["strategy"]["matrix"]["include"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|t| s(&t["target"]))
+        .collect();
+    for t in [
+        "x86_64-unknown-linux-musl",
+        "aarch64-unknown-linux-musl",
+        "x86_64-apple-darwin",
+        "aarch64-apple-darwin",
+    ] {
+        assert!(targets.iter().any(|x| x == t), "no {t} in {targets:?}");
+    }
+    let text = std::fs::read_to_string(repo_root().join(".github/workflows/release.yml")).unwrap();
+    for needle in [
+        "caw-box man --dir docs/man",
+        "completions bash",
+        "completions zsh",
+        "completions fish",
+        "cp -R docs/man docs/completions",
+        r#"name="caw-box-${version}-${{ matrix.target }}""#,
+        r#"> "$name.tar.gz.sha256""#,
+    ] {
+        assert!(text.contains(needle), "release.yml lacks {needle}");
+    }
+    // The names the CI templates' install step downloads.
+    let script = std::fs::read_to_string(repo_root().join("ci/run-turn.sh")).unwrap();
+    assert!(script.contains(r#"name="caw-box-${CAW_BOX_VERSION}-$triple""#));
+    assert!(script.contains(r#""$CAW_BOX_RELEASES/v${CAW_BOX_VERSION}/$name.tar.gz.sha256""#));
+
+    let images = read(".github/workflows/images.yml");
+    let matrix: Vec<String> = images["jobs"]["provider"]["strategy"]["matrix"]["image"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(s)
+        .collect();
+    let mut expected: Vec<String> = caw_box::provider::ProviderKind::ALL
+        .iter()
+        .map(|p| p.image_name().to_string())
+        .collect();
+    expected.sort();
+    let mut got = matrix.clone();
+    got.sort();
+    assert_eq!(got, expected);
+    for p in &matrix {
+        assert!(repo_root()
+            .join("images")
+            .join(p)
+            .join("Dockerfile")
+            .is_file());
+    }
+    assert_eq!(
+        s(&images["env"]["PLATFORMS"]),
+        "linux/amd64,linux/arm64",
+        "multi-arch"
+    );
+    let images_text =
+        std::fs::read_to_string(repo_root().join(".github/workflows/images.yml")).unwrap();
+    assert!(images_text.contains("ghcr.io/$owner/caw-box"));
+    assert!(images_text.contains("docker/build-push-action"));
+}
