@@ -26,6 +26,7 @@ build:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	scripts/lint-workflows.sh
 
 # Everything a test run needs, inside one rig session so a daemon the rig starts is
 # stopped again at the end, pass or fail.

@@ -8,6 +8,7 @@ trap 'scripts/cleanup.sh' EXIT
 echo "== lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+scripts/lint-workflows.sh
 
 echo "== images"
 scripts/images.sh

@@ -33,10 +33,29 @@ Examples:
   caw-box image build --provider codex --cli-version 0.169.0
   caw-box image build --all --base node:20-bookworm-slim --ca-cert /etc/ssl/certs/corp-ca.pem";
 
+/// `caw-box --version`: caw-box's version and the vendor CLI versions its images pin.
+fn long_version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        format!(
+            "{}\nvendor CLIs the images pin (`image build --cli-version` overrides):\n{}",
+            env!("CARGO_PKG_VERSION"),
+            crate::provider::pinned_cli_versions()
+        )
+    })
+}
+
+const IMAGE_PULL_EXAMPLES: &str = "\
+Examples:
+  caw-box image pull --image-repo ghcr.io/OWNER/caw-box --provider codex
+  caw-box --image-repo ghcr.io/OWNER/caw-box run --provider codex \"fix the test\"
+  CAW_BOX_IMAGE_REPO=ghcr.io/OWNER/caw-box caw-box image pull --all --tag 0.1.0";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "caw-box",
     version,
+    long_version = long_version(),
     about = "Run coding-agent CLIs (Claude Code, Codex, opencode, Gemini CLI) in Docker, unattended and resumable",
     after_help = "Examples:\n  caw-box image build --all\n  caw-box run --provider claude \"fix the failing test\"\n  caw-box resume <id> \"now add a test\"\n  caw-box doctor"
 )]
@@ -51,6 +70,10 @@ pub struct Cli {
     /// The Docker context to use, as `docker --context` (also DOCKER_CONTEXT).
     #[arg(long, global = true, value_name = "NAME")]
     pub context: Option<String>,
+    /// The repository of the images: `REPO/<image>:latest` is built, pulled and run (also
+    /// CAW_BOX_IMAGE_REPO, config key image_repo; default caw-box, local builds).
+    #[arg(long, global = true, value_name = "REPO")]
+    pub image_repo: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -526,10 +549,27 @@ pub enum ImageCommand {
     /// Build the base image and provider images from the Dockerfiles built into caw-box.
     #[command(after_help = IMAGE_BUILD_EXAMPLES)]
     Build(ImageBuildArgs),
+    /// Pull the provider images from the image repository (`--image-repo`), instead of
+    /// building them.
+    #[command(after_help = IMAGE_PULL_EXAMPLES)]
+    Pull(ImagePullArgs),
     /// List caw-box images: provider, CLI version, size, age.
     Ls,
     /// Remove untagged caw-box images left behind by earlier builds.
     Prune,
+}
+
+#[derive(Debug, Args)]
+pub struct ImagePullArgs {
+    /// The provider whose image to pull (repeatable).
+    #[arg(long, short = 'p')]
+    pub provider: Vec<String>,
+    /// Pull all four provider images.
+    #[arg(long, conflicts_with = "provider")]
+    pub all: bool,
+    /// The tag to pull (it is tagged `REPO/<image>:latest` here too, which `run` uses).
+    #[arg(long, value_name = "TAG", default_value = "latest")]
+    pub tag: String,
 }
 
 #[derive(Debug, Args)]

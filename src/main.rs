@@ -19,6 +19,14 @@ fn main() {
         // detached driver this process may start.
         std::env::set_var("DOCKER_CONTEXT", context);
     }
+    if let Some(repo) = &cli.image_repo {
+        if let Err(e) = caw_box::settings::validate_image_repo(repo, "--image-repo") {
+            report(&e, format);
+            std::process::exit(e.exit_code());
+        }
+        // Like --context: the variable reaches the config layers and a detached driver.
+        std::env::set_var("CAW_BOX_IMAGE_REPO", repo);
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -9,14 +9,44 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// The repository caw-box's images are tagged under: `caw-box`, or `$CAW_BOX_IMAGE_REPO`
-/// (e.g. a private registry path that a team pushes its built images to).
+/// The repository caw-box's images are tagged under: the `image_repo` setting that the
+/// command resolved (`--image-repo`, `$CAW_BOX_IMAGE_REPO`, a config file; see
+/// [`set_image_repo`]), else `$CAW_BOX_IMAGE_REPO`, else `caw-box` (local builds). E.g. a
+/// registry path the images workflow publishes to: `ghcr.io/OWNER/caw-box`.
 pub fn image_repo() -> String {
-    std::env::var("CAW_BOX_IMAGE_REPO")
-        .ok()
+    IMAGE_REPO
+        .get()
+        .cloned()
+        .or_else(|| std::env::var("CAW_BOX_IMAGE_REPO").ok())
         .map(|r| r.trim_end_matches('/').to_string())
         .filter(|r| !r.is_empty())
-        .unwrap_or_else(|| "caw-box".to_string())
+        .unwrap_or_else(|| DEFAULT_IMAGE_REPO.to_string())
+}
+
+/// The repository `image build` tags under when nothing names another.
+pub const DEFAULT_IMAGE_REPO: &str = "caw-box";
+
+static IMAGE_REPO: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Sets the repository of this process's images once, from the resolved settings.
+pub fn set_image_repo(repo: &str) {
+    let _ = IMAGE_REPO.set(repo.to_string());
+}
+
+/// Every provider's pinned CLI, for `caw-box --version`: one line each.
+pub fn pinned_cli_versions() -> String {
+    ProviderKind::ALL
+        .iter()
+        .map(|p| {
+            format!(
+                "  {:<12} {} {}",
+                p.image_name(),
+                p.npm_package(),
+                p.default_cli_version()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// One vendor CLI.

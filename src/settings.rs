@@ -498,3 +498,23 @@ mod allow_host_tests {
         }
     }
 }
+
+/// An image repository (`ghcr.io/owner/caw-box`, `localhost:5000/x`, `caw-box`): what
+/// `REPO/<image>:latest` can be made of. `what` names the flag, variable or key.
+pub fn validate_image_repo(repo: &str, what: &str) -> Result<()> {
+    let repo = repo.trim_end_matches('/');
+    let ok = !repo.is_empty()
+        && !repo.starts_with('/')
+        && !repo.contains("//")
+        && repo
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/:".contains(c))
+        && !repo.rsplit('/').next().unwrap_or("").contains(':');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::usage(format!(
+            "{what} '{repo}' is not an image repository (e.g. ghcr.io/owner/caw-box, without a tag)"
+        )))
+    }
+}

@@ -436,3 +436,31 @@ fn text_output_keeps_stdout_empty_on_failure() {
     assert_eq!(ran.code, Some(2), "{}", ran.text);
     assert!(!ran.text.contains("--- stdout"), "{}", ran.text);
 }
+
+/// `--version` names the CLI versions the images pin; `-V` is the one line.
+#[test]
+fn version_names_the_pinned_cli_versions() {
+    insta::assert_snapshot!("version", help(&["--version"]));
+    insta::assert_snapshot!("version_short", help(&["-V"]));
+}
+
+#[test]
+fn image_pull_help_and_refusals() {
+    insta::assert_snapshot!("image_pull_help", help(&["image", "pull", "--help"]));
+    // Nothing to pull from: the default repository is that of local builds.
+    insta::assert_snapshot!(
+        "image_pull_without_a_repo",
+        refused(&["image", "pull", "--provider", "codex"], 2)
+    );
+    insta::assert_snapshot!(
+        "image_pull_bad_repo",
+        refused(
+            &["image", "pull", "--all", "--image-repo", "ghcr.io/x/y:v1"],
+            2
+        )
+    );
+    insta::assert_snapshot!(
+        "image_pull_nothing_chosen",
+        refused(&["image", "pull", "--image-repo", "ghcr.io/x/y"], 2)
+    );
+}

@@ -14,7 +14,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use crate::backend::docker::{BuildEvent, BuildSpec};
 use crate::backend::DockerBackend;
 use crate::backend::ImageInfo;
-use crate::cli::ImageBuildArgs;
+use crate::cli::{ImageBuildArgs, ImagePullArgs};
 use crate::error::{Error, ErrorKind, Result};
 use crate::output;
 use crate::provider::ProviderKind;
@@ -62,18 +62,7 @@ fn context_tar(files: &[(&'static str, Vec<u8>, u32)]) -> Result<Vec<u8>> {
 }
 
 pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i32> {
-    let providers: Vec<ProviderKind> = if args.all {
-        ProviderKind::ALL.to_vec()
-    } else if args.provider.is_empty() {
-        return Err(Error::usage(
-            "say which images to build: --provider P (repeatable) or --all",
-        ));
-    } else {
-        args.provider
-            .iter()
-            .map(|p| p.parse())
-            .collect::<std::result::Result<_, _>>()?
-    };
+    let providers = chosen_providers(&args.provider, args.all, "build")?;
     if args.cli_version.is_some() && providers.len() > 1 {
         return Err(Error::usage(
             "--cli-version applies to one provider; build them one at a time",
@@ -382,6 +371,86 @@ async fn remove_builder_images(backend: &DockerBackend, build_id: &str, interrup
     }
 }
 
+/// `image pull`: `REPO/<image>:TAG` of each provider from the image repository (the images
+/// workflow publishes them), tagged `REPO/<image>:latest` here, which `run` uses.
+pub async fn pull(args: ImagePullArgs, quiet: bool) -> Result<i32> {
+    let providers = chosen_providers(&args.provider, args.all, "pull")?;
+    let repo = crate::provider::image_repo();
+    if repo == crate::provider::DEFAULT_IMAGE_REPO {
+        return Err(Error::usage(
+            "say which repository to pull from: --image-repo REPO (or CAW_BOX_IMAGE_REPO, or image_repo in a config file), e.g. ghcr.io/OWNER/caw-box",
+        )
+        .with_hint(format!(
+            "'{repo}' is the repository of local builds: `caw-box image build` makes its images"
+        )));
+    }
+    crate::settings::validate_image_repo(&repo, "--image-repo")?;
+    if args.tag.is_empty()
+        || !args
+            .tag
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    {
+        return Err(Error::usage(format!("--tag '{}' is not a tag", args.tag)));
+    }
+    let backend = DockerBackend::connect().await?;
+    for p in providers {
+        let image = format!("{repo}/{}:{}", p.image_name(), args.tag);
+        let progress = output::Spinner::new(format!("pulling {image}"), !quiet);
+        let started = std::time::Instant::now();
+        let pulled = backend.pull_image(&image).await;
+        progress.finish();
+        let status = pulled.map_err(|e| {
+            e.with_hint(format!(
+                "is {repo} reachable and does it hold {}? `caw-box image build --provider {p}` builds the image here instead",
+                p.image_name()
+            ))
+        })?;
+        let info = backend
+            .inspect_image(&image)
+            .await?
+            .ok_or_else(|| Error::environment(format!("'{image}' is not here after pulling it")))?;
+        if info.labels.get(labels::PROVIDER).map(String::as_str) != Some(p.as_str()) {
+            return Err(Error::environment(format!(
+                "'{image}' is not a caw-box {p} image (its label {} is not '{p}')",
+                labels::PROVIDER
+            )));
+        }
+        let latest = p.default_image();
+        if image != latest {
+            backend.tag_image(&info.id, &latest).await?;
+        }
+        if !quiet {
+            let version = info
+                .labels
+                .get(labels::CLI_VERSION)
+                .map(|v| format!(", CLI {v}"))
+                .unwrap_or_default();
+            output::eprintln(&format!(
+                "{image}: {status} ({:.1}s{version})",
+                started.elapsed().as_secs_f64()
+            ));
+        }
+    }
+    Ok(0)
+}
+
+/// The providers `--provider P...` or `--all` name; `what` is the verb for the error.
+fn chosen_providers(given: &[String], all: bool, what: &str) -> Result<Vec<ProviderKind>> {
+    if all {
+        Ok(ProviderKind::ALL.to_vec())
+    } else if given.is_empty() {
+        Err(Error::usage(format!(
+            "say which images to {what}: --provider P (repeatable) or --all"
+        )))
+    } else {
+        Ok(given
+            .iter()
+            .map(|p| p.parse())
+            .collect::<std::result::Result<_, _>>()?)
+    }
+}
+
 pub async fn ls() -> Result<i32> {
     let backend = DockerBackend::connect().await?;
     let images = backend.list_images(managed_filter(false)).await?;
@@ -505,6 +574,27 @@ mod tests {
                 ("CLI_VERSION".to_string(), version.to_string()),
             ]),
             labels: HashMap::from([(labels::CLI_VERSION.to_string(), version.to_string())]),
+        }
+    }
+
+    /// The version caw-box builds with (and `--version` names) is the one each Dockerfile
+    /// defaults to, so a plain `docker build` of images/ (the images workflow) pins the same.
+    #[test]
+    fn each_dockerfile_defaults_to_the_pinned_cli_version() {
+        for p in ProviderKind::ALL {
+            let pin = format!("ARG CLI_VERSION={}", p.default_cli_version());
+            let args: Vec<&str> = provider_dockerfile(p)
+                .lines()
+                .filter(|l| l.starts_with("ARG CLI_VERSION"))
+                .collect();
+            assert!(!args.is_empty(), "{p}: no ARG CLI_VERSION");
+            for line in args {
+                assert_eq!(line, pin, "images/{}/Dockerfile", p.image_name());
+            }
+        }
+        let version = crate::provider::pinned_cli_versions();
+        for p in ProviderKind::ALL {
+            assert!(version.contains(p.default_cli_version()), "{version}");
         }
     }
 

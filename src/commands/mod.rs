@@ -12,9 +12,28 @@ pub mod turn;
 use crate::cli::{AuthCommand, Cli, Command, ConfigCommand, ImageCommand, SessionCommand};
 use crate::error::Result;
 
+/// Sets this process's image repository from the resolved `image_repo` setting.
+fn apply_image_repo(workspace: Option<&std::path::Path>) -> Result<()> {
+    use crate::config::{Key, Layer, Resolved};
+    if let Some(repo) = Resolved::load(Layer::default(), workspace)?.str(Key::ImageRepo) {
+        crate::provider::set_image_repo(&repo);
+    }
+    Ok(())
+}
+
 /// Runs the parsed command line.
 pub async fn dispatch(cli: Cli) -> Result<i32> {
     let verbose = cli.verbose > 0;
+    // The image repository is a setting like the others (flag > variable > project file >
+    // user file), read here for the commands that name images by it.
+    match &cli.command {
+        Command::Run(args) => apply_image_repo(args.turn.settings.workspace.as_deref())?,
+        Command::Config(ConfigCommand::Show(args)) => {
+            apply_image_repo(args.settings.workspace.as_deref())?
+        }
+        Command::Image(_) | Command::Doctor => apply_image_repo(None)?,
+        _ => {}
+    }
     match cli.command {
         Command::Run(args) => turn::run(args, cli.quiet, verbose).await,
         Command::Resume(args) => turn::resume(args, cli.quiet, verbose).await,
@@ -59,6 +78,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Auth(AuthCommand::Flags { provider }) => auth::flags(&provider),
         Command::Auth(AuthCommand::Rm { provider }) => auth::rm(&provider, cli.quiet),
         Command::Image(ImageCommand::Build(args)) => image::build(args, verbose, cli.quiet).await,
+        Command::Image(ImageCommand::Pull(args)) => image::pull(args, cli.quiet).await,
         Command::Image(ImageCommand::Ls) => image::ls().await,
         Command::Image(ImageCommand::Prune) => image::prune(cli.quiet).await,
         Command::Doctor => doctor::doctor().await,

@@ -44,10 +44,11 @@ pub enum Key {
     Labels,
     EnvPass,
     UserConfig,
+    ImageRepo,
 }
 
 impl Key {
-    pub const ALL: [Key; 17] = [
+    pub const ALL: [Key; 18] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -65,6 +66,7 @@ impl Key {
         Key::Labels,
         Key::EnvPass,
         Key::UserConfig,
+        Key::ImageRepo,
     ];
 
     /// Its name in a config file.
@@ -87,6 +89,7 @@ impl Key {
             Key::Labels => "labels",
             Key::EnvPass => "env_pass",
             Key::UserConfig => "user_config",
+            Key::ImageRepo => "image_repo",
         }
     }
 
@@ -316,6 +319,7 @@ fn check(key: Key, value: Value, what: &str) -> Result<Value> {
             )))
         }
         (Key::Group, _) => settings::validate_name(text, what)?,
+        (Key::ImageRepo, _) => settings::validate_image_repo(text, what)?,
         (Key::EnvPass, Value::List(names)) => {
             for n in names {
                 settings::validate_env_name(n, what)?;
@@ -531,6 +535,7 @@ fn default_value(key: Key, provider: Option<ProviderKind>) -> Option<Value> {
     let s = |v: &str| Some(Value::Str(v.to_string()));
     match key {
         Key::Image => provider.map(|p| Value::Str(p.default_image())),
+        Key::ImageRepo => s(&crate::provider::image_repo()),
         Key::Network => s("open"),
         Key::WorkspaceMode => s("auto"),
         Key::ConnectTimeout => s("60s"),

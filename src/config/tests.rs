@@ -294,3 +294,28 @@ fn user_config_is_a_yes_no_key_of_files_variables_and_run() {
     let w = World::new("", "");
     assert!(!w.resolve(none()).unwrap().yes(Key::UserConfig));
 }
+
+#[test]
+fn image_repo_is_a_layered_key_checked_as_a_repository() {
+    let mut w = World::new(
+        "image_repo = \"ghcr.io/me/caw-box\"\n",
+        "image_repo = \"registry.example.com:5000/team/caw-box\"\n",
+    );
+    let r = w.resolve(Layer::default()).unwrap();
+    assert_eq!(
+        r.str(Key::ImageRepo).as_deref(),
+        Some("registry.example.com:5000/team/caw-box")
+    );
+    assert_eq!(
+        w.origin(&r, Key::ImageRepo),
+        "project <tmp>/repo/.caw-box.toml:1"
+    );
+    w.env
+        .insert("CAW_BOX_IMAGE_REPO".into(), "localhost:5000/x".into());
+    let r = w.resolve(Layer::default()).unwrap();
+    assert_eq!(r.str(Key::ImageRepo).as_deref(), Some("localhost:5000/x"));
+    assert!(refusal("", "\nimage_repo = \"ghcr.io/me/caw-box:v1\"\n")
+        .starts_with("<tmp>/repo/.caw-box.toml:2: image_repo 'ghcr.io/me/caw-box:v1' is not an image repository"));
+    assert!(refusal("image_repo = \"Upper/Case\"\n", "")
+        .contains("config.toml:1: image_repo 'Upper/Case'"));
+}

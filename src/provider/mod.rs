@@ -22,7 +22,10 @@ pub const AGENT_HOME: &str = "/home/agent";
 /// The working directory of every turn: the CLIs key sessions by cwd, so it never changes.
 pub const WORKSPACE_DIR: &str = "/workspace";
 
-pub use crate::provider_kind::{image_repo, ProviderKind, UnknownProvider};
+pub use crate::provider_kind::{
+    image_repo, pinned_cli_versions, set_image_repo, ProviderKind, UnknownProvider,
+    DEFAULT_IMAGE_REPO,
+};
 
 impl ProviderKind {
     /// The adapter for this provider.

@@ -192,7 +192,13 @@ impl Rig {
     /// default `caw-box/*`, or those of `CAW_BOX_E2E_IMAGE_REPO` (`make drift` runs tests
     /// against images of the newest CLIs that way).
     pub fn caw(&self) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_caw-box"));
+        self.caw_env(env!("CARGO_BIN_EXE_caw-box"))
+    }
+
+    /// `program` with the environment `caw()` gives caw-box: for another caw-box binary (an
+    /// installed one) or a script that calls caw-box (the CI templates).
+    pub fn caw_env(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
         c.env("CAW_BOX_DATA_DIR", self.data_dir.path())
             .env("CAW_BOX_LABELS", format!("{TEST_LABEL}={}", self.run_id))
             .env_remove("CAW_BOX_IMAGE_REPO")

@@ -6,6 +6,7 @@ mod common;
 
 mod auth;
 mod bad_input;
+mod ci_action;
 mod config;
 mod contexts;
 mod control;
@@ -16,6 +17,7 @@ mod interactive;
 mod manage;
 mod patch;
 mod portable;
+mod release;
 mod restart;
 mod sandbox;
 mod sessions;

@@ -88,6 +88,36 @@ fn config_dir(get: &dyn Fn(&str) -> Option<String>) -> PathBuf {
     }
 }
 
+/// The registry an image repository lives in, as `docker login` keys it: the first path
+/// part when it looks like a host (`ghcr.io`, `localhost:5000`), else Docker Hub.
+pub fn registry_of(repo: &str) -> &str {
+    match repo.split_once('/') {
+        Some((host, _)) if host.contains('.') || host.contains(':') || host == "localhost" => host,
+        _ => "https://index.docker.io/v1/",
+    }
+}
+
+/// Plain credentials `docker login` stored for the registry of `repo` (the `auths` entries of
+/// `$DOCKER_CONFIG/config.json`; credential helpers are not asked). `None`: pull anonymously.
+pub fn registry_credentials(repo: &str) -> Option<bollard::auth::DockerCredentials> {
+    use base64::Engine;
+    let dir = config_dir(&|v| std::env::var(v).ok());
+    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let registry = registry_of(repo);
+    let auth = json.get("auths")?.get(registry)?.get("auth")?.as_str()?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(auth)
+        .ok()?;
+    let (user, password) = std::str::from_utf8(&decoded).ok()?.split_once(':')?;
+    Some(bollard::auth::DockerCredentials {
+        username: Some(user.to_string()),
+        password: Some(password.to_string()),
+        serveraddress: Some(registry.to_string()),
+        ..Default::default()
+    })
+}
+
 fn current_context(dir: &Path) -> Option<String> {
     let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
     let json: serde_json::Value = serde_json::from_str(&text).ok()?;
@@ -219,6 +249,18 @@ mod tests {
         // DOCKER_CONFIG moves the directory.
         let e = resolve_with(&[("DOCKER_CONFIG", docker.display().to_string())], &[]).unwrap();
         assert_eq!(e.host, "unix:///tmp/desk.sock");
+    }
+
+    #[test]
+    fn the_registry_of_a_repository_is_its_host_or_docker_hub() {
+        assert_eq!(registry_of("ghcr.io/owner/caw-box"), "ghcr.io");
+        assert_eq!(registry_of("127.0.0.1:5000/x"), "127.0.0.1:5000");
+        assert_eq!(registry_of("localhost/x"), "localhost");
+        assert_eq!(registry_of("caw-box"), "https://index.docker.io/v1/");
+        assert_eq!(
+            registry_of("someone/caw-box"),
+            "https://index.docker.io/v1/"
+        );
     }
 
     #[test]

@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 
-use bollard::query_parameters::{BuildImageOptions, ListImagesOptions, RemoveImageOptions};
+use bollard::query_parameters::{
+    BuildImageOptions, CreateImageOptions, ListImagesOptions, RemoveImageOptions,
+};
 use futures_util::StreamExt;
 
 use super::{daemon_message, failed, is_conflict, is_not_found, DockerBackend};
@@ -82,6 +84,58 @@ impl DockerBackend {
             };
             futures_util::stream::iter(events)
         }))
+    }
+
+    /// Pulls `image` (`REPO/NAME:TAG`) from its registry, with the credentials of the
+    /// docker CLI's config for that registry when it has plain ones (`docker login`).
+    /// Returns the pull's last status line.
+    pub async fn pull_image(&self, image: &str) -> Result<String> {
+        let (from, tag) = match image.rsplit_once(':').filter(|(_, t)| !t.contains('/')) {
+            Some((f, t)) => (f.to_string(), t.to_string()),
+            None => (image.to_string(), "latest".to_string()),
+        };
+        let credentials = super::endpoint::registry_credentials(&from);
+        let mut stream = self.docker.create_image(
+            Some(CreateImageOptions {
+                from_image: Some(from),
+                tag: Some(tag),
+                ..Default::default()
+            }),
+            None,
+            credentials,
+        );
+        let mut last = String::new();
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(info) => {
+                    if let Some(message) = info.error_detail.and_then(|d| d.message) {
+                        return Err(crate::error::Error::environment(format!(
+                            "failed to pull '{image}': {message}"
+                        )));
+                    }
+                    if let Some(s) = info.status {
+                        last = s;
+                    }
+                }
+                Err(e) => return Err(failed(format_args!("pull '{image}'"), &e)),
+            }
+        }
+        Ok(last)
+    }
+
+    /// Tags image `id` as `tag` (`REPO/NAME:TAG`).
+    pub async fn tag_image(&self, id: &str, tag: &str) -> Result<()> {
+        let (repo, t) = tag.rsplit_once(':').unwrap_or((tag, "latest"));
+        self.docker
+            .tag_image(
+                id,
+                Some(bollard::query_parameters::TagImageOptions {
+                    repo: Some(repo.to_string()),
+                    tag: Some(t.to_string()),
+                }),
+            )
+            .await
+            .map_err(|e| failed(format_args!("tag image '{id}' as '{tag}'"), &e))
     }
 
     /// Top-level images matching Docker's image list `filters` (e.g. `label`, `dangling`).
