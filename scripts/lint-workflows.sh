@@ -18,5 +18,5 @@ echo "actionlint: .github/workflows ok"
 if ! command -v shellcheck >/dev/null; then
     apt-get install -y -qq shellcheck >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq shellcheck; }
 fi
-shellcheck ci/run-turn.sh scripts/lint-workflows.sh
+shellcheck ci/run-turn.sh scripts/lint-workflows.sh scripts/podman.sh
 echo "shellcheck: ci/run-turn.sh ok"

@@ -73,8 +73,7 @@ start_service() {
     [ "$(id -u)" = 0 ] || sudo=(sudo)
     "${sudo[@]}" setsid env CONTAINERS_CONF="$CONF" podman system service --time=0 \
         "unix://$SOCK" >"$LOG_FILE" 2>&1 </dev/null &
-    local i
-    for i in $(seq 1 60); do
+    for _ in $(seq 1 60); do
         if answers; then
             service_pids >"$PID_FILE"
             # As Docker's socket: the docker group may use it (a test runs caw-box as
@@ -139,12 +138,12 @@ cmd_up() {
 cmd_down() {
     remove_test_objects
     while as_root iptables -D "${FORWARD_RULE[@]}" 2>/dev/null; do :; done
-    local pids i
+    local pids
     pids=$(service_pids)
     if [ -n "$pids" ]; then
         # shellcheck disable=SC2086
         as_root kill -TERM $pids 2>/dev/null || true
-        for i in $(seq 1 20); do
+        for _ in $(seq 1 20); do
             [ -z "$(service_pids)" ] && break
             sleep 0.5
         done
