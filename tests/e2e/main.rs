@@ -13,6 +13,7 @@ mod hardening;
 mod images;
 mod in_container;
 mod interactive;
+mod kubernetes;
 mod manage;
 mod patch;
 mod portable;
