@@ -328,7 +328,26 @@ fn pod_progress(pod: &Pod) -> Progress {
             return Progress::Waiting(format!("{reason} {}", w.message.unwrap_or_default()));
         }
     }
-    let phase = status.phase.unwrap_or_default();
+    let phase = status.phase.clone().unwrap_or_default();
+    if phase == "Failed" || phase == "Succeeded" {
+        // Ended before its container ran (an init container failed).
+        return Progress::Ended(if phase == "Failed" { 1 } else { 0 });
+    }
+    let init_waiting = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.waiting.clone())
+        .find_map(|w| {
+            w.reason
+                .filter(|r| r.contains("Image"))
+                .map(|r| (r, w.message))
+        });
+    if let Some((reason, message)) = init_waiting {
+        if reason != "ImagePulled" {
+            return Progress::ImageMissing(format!("{reason}: {}", message.unwrap_or_default()));
+        }
+    }
     let why = status
         .conditions
         .unwrap_or_default()
@@ -533,6 +552,7 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         enable_service_links: Some(false),
         security_context: Some(pod_security(gid)),
         termination_grace_period_seconds: Some(10),
+        init_containers: Some(vec![seed_home(spec, uid, gid)]),
         containers: vec![Container {
             name: "agent".into(),
             image: Some(spec.image.clone()),
@@ -554,6 +574,40 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         volumes: Some(volumes),
         ..Default::default()
     })
+}
+
+/// Where [`seed_home`] mounts the state claim.
+const SEED_MOUNT: &str = "/caw-box-seed";
+/// The marker [`seed_home`] leaves in HOME once it copied the image's HOME.
+pub const SEEDED_MARKER: &str = ".caw-box/image-home-copied";
+
+/// An init container that copies the image's own HOME (the vendors' config files the
+/// images ship, e.g. codex's config.toml that turns its background traffic off, gemini's
+/// settings.json) into the state claim once, without replacing anything there. Docker
+/// does that by itself for a named volume mounted over a non-empty directory the first
+/// time; a PVC starts empty.
+fn seed_home(spec: &TurnSpec, uid: i64, gid: i64) -> Container {
+    let home = spec.home.target.trim_end_matches('/');
+    let script = format!(
+        "[ -e {seed}/{marker} ] && exit 0; cp -a -n {home}/. {seed}/ 2>/dev/null; mkdir -p {seed}/.caw-box && : > {seed}/{marker}",
+        seed = SEED_MOUNT,
+        marker = SEEDED_MARKER,
+        home = shell_quote(home),
+    );
+    Container {
+        name: "seed-home".into(),
+        image: Some(spec.image.clone()),
+        image_pull_policy: Some(pull_policy()),
+        command: Some(vec!["sh".into(), "-c".into(), script]),
+        security_context: Some(hardened(uid, gid)),
+        volume_mounts: Some(vec![VolumeMount {
+            // The first volume is the state claim (`claim_mounts` of `spec.mounts()`).
+            name: "v0".into(),
+            mount_path: SEED_MOUNT.into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
 }
 
 /// The pod of a helper: `sleep` while files move through it (`hold`), or the helper's own
