@@ -123,7 +123,7 @@ impl ResumeHandle {
         let version = raw.version.ok_or_else(|| bad("no \"version\""))?;
         if version != HANDLE_VERSION && version != SCOPED_HANDLE_VERSION {
             return Err(bad(&format!(
-                "version {version} is not supported (this caw-box reads versions {HANDLE_VERSION} and {SCOPED_HANDLE_VERSION})"
+                "version {version} is not supported (this caw-box reads version {HANDLE_VERSION}, and {SCOPED_HANDLE_VERSION} for a session on Kubernetes)"
             )));
         }
         let backend = match (version, raw.backend) {
@@ -242,8 +242,17 @@ mod tests {
         let cases = [
             ("{", "not valid JSON"),
             (
+                r#"{"version":3,"provider":"codex","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"k","volume":"caw-box-5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b"}"#,
+                "version 3",
+            ),
+            // Version 2 names its backend.
+            (
                 r#"{"version":2,"provider":"codex","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"k","volume":"caw-box-5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b"}"#,
-                "version 2",
+                "no \"backend\"",
+            ),
+            (
+                r#"{"version":2,"provider":"codex","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"k","volume":"caw-box-5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","backend":"nomad"}"#,
+                "not docker or kubernetes",
             ),
             (
                 r#"{"version":1,"provider":"gpt","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"k","volume":"caw-box-5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b"}"#,
