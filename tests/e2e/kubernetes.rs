@@ -181,36 +181,85 @@ fn json_of(out: &Output) -> Value {
     })
 }
 
+impl Lab {
+    /// `k8s-lab restart`: every process of the cluster stopped and started, state kept.
+    fn restart(&self) {
+        let out = Command::new(lab_script())
+            .args(["restart", LAB_DIR])
+            .output()
+            .expect("run k8s-lab restart");
+        assert!(
+            out.status.success(),
+            "k8s-lab restart failed: {}",
+            stderr_of(&out)
+        );
+    }
+
+    /// The stub again after a restart (its pod did not survive the node's): a new IP.
+    fn restart_stub(&self) -> String {
+        let _ = self.kubectl(&[
+            "delete",
+            "pod",
+            "stub-model",
+            "--grace-period=0",
+            "--force",
+            "--wait=true",
+        ]);
+        self.start_stub()
+    }
+
+    /// caw-box's objects left in the namespace (`kind/name`), the stub's excluded.
+    fn caw_objects(&self) -> Vec<String> {
+        self.kubectl_ok(&[
+            "get",
+            "pod,pvc,configmap,secret",
+            "-l",
+            "app.kubernetes.io/managed-by=caw-box",
+            "-o",
+            "name",
+        ])
+        .lines()
+        .map(str::to_string)
+        .collect()
+    }
+}
+
+fn turn_cmd(p: P, data: &std::path::Path, workspace: &std::path::Path, lab: &Lab) -> Command {
+    let mut c = caw_k8s(data, workspace, lab);
+    c.args(["--env", &format!("{}={TEST_KEY}", p.key_var)])
+        .args(["-o", "json"]);
+    c
+}
+
 #[test]
-fn kubernetes_run_and_resume_from_the_handle_alone_for_every_provider() {
+fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
     check("lab up");
     let lab = Lab::up();
-    let images = [
+    check("load images");
+    lab.load_images(&[
         "caw-box/claude-code:latest",
         "caw-box/codex:latest",
         "caw-box/opencode:latest",
         "caw-box/gemini:latest",
         STUB_IMAGE,
-    ];
-    check("load images");
-    lab.load_images(&images);
+    ]);
     check("stub pod");
     let endpoint = lab.start_stub();
 
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
 
+    // Turn 1 of a session per provider.
+    let mut sessions = Vec::new();
     for p in ALL {
-        let data = tempfile::tempdir().unwrap();
         check(&format!("{}: run", p.name));
-        let mut run = caw_k8s(data.path(), workspace.path(), &lab);
-        run.args(["run", "--provider", p.name, "--endpoint", &endpoint])
-            .args(["--env", &format!("{}={TEST_KEY}", p.key_var)])
-            .args(["-o", "json"]);
+        let data = tempfile::tempdir().unwrap();
+        let mut run = turn_cmd(p, data.path(), workspace.path(), &lab);
+        run.args(["run", "--provider", p.name, "--endpoint", &endpoint]);
         if let Some(m) = p.model {
             run.args(["--model", m]);
         }
-        run.arg("Please REMEMBER:quince-42 for later.");
+        run.arg(format!("Please REMEMBER:quince-{} for later.", p.name));
         let out = crate::common::run(run);
         let first = json_of(&out);
         assert_eq!(
@@ -224,7 +273,7 @@ fn kubernetes_run_and_resume_from_the_handle_alone_for_every_provider() {
             first["result"]
                 .as_str()
                 .unwrap_or("")
-                .contains("Noted: quince-42"),
+                .contains(&format!("Noted: quince-{}", p.name)),
             "{first}"
         );
         let id = first["session_id"].as_str().unwrap().to_string();
@@ -233,38 +282,32 @@ fn kubernetes_run_and_resume_from_the_handle_alone_for_every_provider() {
         assert_eq!(h["version"], 2, "{handle}");
         assert_eq!(h["backend"], "kubernetes", "{handle}");
         assert_eq!(h["namespace"], NAMESPACE, "{handle}");
-
-        // The state lives in a claim; no turn pod is left.
-        let claims = lab.kubectl_ok(&[
-            "get",
-            "pvc",
-            "-l",
-            &format!("io.caw-box.session={id}"),
-            "-o",
-            "name",
-        ]);
+        // The state lives in a claim, and no turn pod is left.
+        let objects = lab.caw_objects();
         assert!(
-            claims.contains(&format!("caw-box-{id}")),
-            "no state claim: {claims}"
+            objects.contains(&format!("persistentvolumeclaim/caw-box-{id}")),
+            "no state claim: {objects:?}"
         );
-        let pods = lab.kubectl_ok(&[
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/managed-by=caw-box",
-            "-o",
-            "name",
-        ]);
-        assert!(pods.trim().is_empty(), "pods left behind: {pods}");
+        assert!(
+            !objects.iter().any(|o| o.starts_with("pod/")),
+            "a turn pod was left behind: {objects:?}"
+        );
+        sessions.push((p, id, handle));
+        // The host's caw-box data directory goes with `data`.
+    }
 
-        // The data dir gone: the handle alone resumes, and the CLI recalls turn 1.
+    check("k8s-lab restart");
+    lab.restart();
+    let endpoint = lab.restart_stub();
+
+    for (p, _, handle) in &sessions {
+        // A fresh data directory: the handle alone resumes, and the CLI recalls turn 1.
         check(&format!("{}: resume from the handle", p.name));
-        drop(data);
         let data = tempfile::tempdir().unwrap();
-        let mut resume = caw_k8s(data.path(), workspace.path(), &lab);
+        let mut resume = turn_cmd(*p, data.path(), workspace.path(), &lab);
+        // The stub's pod has a new address after the restart.
         resume
-            .args(["resume", &handle, "-o", "json"])
-            .args(["--env", &format!("{}={TEST_KEY}", p.key_var)])
+            .args(["resume", handle, "--endpoint", &endpoint])
             .arg("RECALL");
         let out = crate::common::run(resume);
         let second = json_of(&out);
@@ -280,18 +323,20 @@ fn kubernetes_run_and_resume_from_the_handle_alone_for_every_provider() {
             second["result"]
                 .as_str()
                 .unwrap_or("")
-                .contains("You told me to remember quince-42"),
+                .contains(&format!("You told me to remember quince-{}", p.name)),
             "{}: the CLI did not get turn 1's history: {second}",
             p.name
         );
 
-        // The Docker backend refuses the handle, saying which backend it needs.
-        check(&format!("{}: the other backend refuses the handle", p.name));
+        check(&format!(
+            "{}: the Docker backend refuses the handle",
+            p.name
+        ));
         let mut docker = Command::new(env!("CARGO_BIN_EXE_caw-box"));
         docker
             .env("CAW_BOX_DATA_DIR", data.path())
             .env_remove("CAW_BOX_BACKEND")
-            .args(["show", &handle]);
+            .args(["show", handle]);
         let out = crate::common::run(docker);
         assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
         assert!(
@@ -301,8 +346,25 @@ fn kubernetes_run_and_resume_from_the_handle_alone_for_every_provider() {
         );
     }
 
-    check("bind refused");
+    check("ls from the API server");
     let data = tempfile::tempdir().unwrap();
+    let mut ls = caw_k8s(data.path(), workspace.path(), &lab);
+    ls.args(["ls", "--json"]);
+    let out = crate::common::run(ls);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let listed: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    for (p, id, _) in &sessions {
+        let row = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["session_id"] == id.as_str())
+            .unwrap_or_else(|| panic!("{id} not listed: {listed}"));
+        assert_eq!(row["provider"], p.name, "{row}");
+        assert_eq!(row["turns"], 2, "{row}");
+    }
+
+    check("bind refused");
     let mut bind = caw_k8s(data.path(), workspace.path(), &lab);
     bind.args(["run", "--provider", "codex", "--workspace-mode", "bind"])
         .args(["--endpoint", &endpoint, "hello"]);
@@ -315,14 +377,31 @@ fn kubernetes_run_and_resume_from_the_handle_alone_for_every_provider() {
     );
 
     check("no secret in the cluster's objects");
-    let yaml = lab.kubectl_ok(&["get", "pod,secret,configmap,pvc", "-o", "yaml"]);
-    let stub_spec_mentions = yaml.matches(TEST_KEY).count();
+    let everything = lab.kubectl_ok(&["get", "pod,secret,configmap,pvc,event", "-o", "yaml"]);
+    let stub = lab.kubectl_ok(&["get", "pod", "stub-model", "-o", "yaml"]);
     // The stub's own pod carries the key it expects (test scaffolding, not caw-box's).
-    let stub_yaml = lab.kubectl_ok(&["get", "pod", "stub-model", "-o", "yaml"]);
     assert_eq!(
-        stub_spec_mentions,
-        stub_yaml.matches(TEST_KEY).count(),
-        "a caw-box object holds the key"
+        everything.matches(TEST_KEY).count(),
+        stub.matches(TEST_KEY).count(),
+        "a caw-box object or event holds the key"
     );
+
+    check("rm");
+    let mut rm = caw_k8s(data.path(), workspace.path(), &lab);
+    rm.arg("rm");
+    for (_, id, _) in &sessions {
+        rm.arg(id);
+    }
+    let out = crate::common::run(rm);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = lab.caw_objects();
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "rm left {left:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
     drop(lab);
 }
