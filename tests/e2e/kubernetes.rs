@@ -224,9 +224,17 @@ impl Lab {
     }
 }
 
-fn turn_cmd(p: P, data: &std::path::Path, workspace: &std::path::Path, lab: &Lab) -> Command {
+/// `caw-box <command...> --env KEY=... -o json` for `p` on the lab.
+fn turn_cmd(
+    p: P,
+    data: &std::path::Path,
+    workspace: &std::path::Path,
+    lab: &Lab,
+    command: &[&str],
+) -> Command {
     let mut c = caw_k8s(data, workspace, lab);
-    c.args(["--env", &format!("{}={TEST_KEY}", p.key_var)])
+    c.args(command)
+        .args(["--env", &format!("{}={TEST_KEY}", p.key_var)])
         .args(["-o", "json"]);
     c
 }
@@ -254,8 +262,13 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
     for p in ALL {
         check(&format!("{}: run", p.name));
         let data = tempfile::tempdir().unwrap();
-        let mut run = turn_cmd(p, data.path(), workspace.path(), &lab);
-        run.args(["run", "--provider", p.name, "--endpoint", &endpoint]);
+        let mut run = turn_cmd(
+            p,
+            data.path(),
+            workspace.path(),
+            &lab,
+            &["run", "--provider", p.name, "--endpoint", &endpoint],
+        );
         if let Some(m) = p.model {
             run.args(["--model", m]);
         }
@@ -304,11 +317,15 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
         // A fresh data directory: the handle alone resumes, and the CLI recalls turn 1.
         check(&format!("{}: resume from the handle", p.name));
         let data = tempfile::tempdir().unwrap();
-        let mut resume = turn_cmd(*p, data.path(), workspace.path(), &lab);
         // The stub's pod has a new address after the restart.
-        resume
-            .args(["resume", handle, "--endpoint", &endpoint])
-            .arg("RECALL");
+        let mut resume = turn_cmd(
+            *p,
+            data.path(),
+            workspace.path(),
+            &lab,
+            &["resume", handle, "--endpoint", &endpoint],
+        );
+        resume.arg("RECALL");
         let out = crate::common::run(resume);
         let second = json_of(&out);
         assert_eq!(
