@@ -16,14 +16,21 @@ fn main() {
     init_tracing(cli.verbose, cli.quiet);
     // Before any thread: the backend and its endpoint are resolved from the environment,
     // here as in the detached driver this process may start.
-    let backend = match caw_box::backend::BackendKind::parse(cli.backend.as_deref().unwrap_or("")) {
+    let backend = match &cli.backend {
+        Some(b) => caw_box::backend::BackendKind::parse(b),
+        // The config files' `backend`, or Docker.
+        None => caw_box::backend::BackendKind::chosen(),
+    };
+    let backend = match backend {
         Ok(b) => b,
         Err(e) => {
             report(&e, format);
             std::process::exit(e.exit_code());
         }
     };
-    std::env::set_var("CAW_BOX_BACKEND", backend.as_str());
+    if cli.backend.is_some() {
+        std::env::set_var("CAW_BOX_BACKEND", backend.as_str());
+    }
     if let Some(namespace) = &cli.namespace {
         std::env::set_var("CAW_BOX_NAMESPACE", namespace);
     }

@@ -38,9 +38,19 @@ impl BackendKind {
         }
     }
 
-    /// The backend this process was asked for: `CAW_BOX_BACKEND` (which `--backend` sets).
+    /// The backend this process was asked for: `CAW_BOX_BACKEND` (which `--backend` sets),
+    /// else the config files' `backend` (project, then user), else Docker.
     pub fn chosen() -> Result<Self> {
-        Self::parse(&std::env::var("CAW_BOX_BACKEND").unwrap_or_default())
+        if let Some(v) = std::env::var("CAW_BOX_BACKEND")
+            .ok()
+            .filter(|v| !v.is_empty())
+        {
+            return Self::parse(&v);
+        }
+        let from_files = crate::config::Resolved::load(crate::config::Layer::default(), None)
+            .ok()
+            .and_then(|c| c.str(crate::config::Key::Backend));
+        Self::parse(from_files.as_deref().unwrap_or(""))
     }
 }
 

@@ -34,6 +34,7 @@ struct ConfigFile {
     labels: Option<Spanned<BTreeMap<String, String>>>,
     env_pass: Option<Spanned<Vec<String>>>,
     user_config: Option<Spanned<bool>>,
+    backend: Option<Spanned<String>>,
 }
 
 /// `memory = "2g"` or `memory = 2147483648` (bytes).
@@ -93,6 +94,7 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
         (Key::ConnectTimeout, file.connect_timeout),
         (Key::WorkspaceMode, file.workspace_mode),
         (Key::Group, file.group),
+        (Key::Backend, file.backend),
     ];
     for (key, v) in strings.into_iter() {
         if let Some(v) = v {

@@ -44,10 +44,11 @@ pub enum Key {
     Labels,
     EnvPass,
     UserConfig,
+    Backend,
 }
 
 impl Key {
-    pub const ALL: [Key; 17] = [
+    pub const ALL: [Key; 18] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -65,6 +66,7 @@ impl Key {
         Key::Labels,
         Key::EnvPass,
         Key::UserConfig,
+        Key::Backend,
     ];
 
     /// Its name in a config file.
@@ -87,6 +89,7 @@ impl Key {
             Key::Labels => "labels",
             Key::EnvPass => "env_pass",
             Key::UserConfig => "user_config",
+            Key::Backend => "backend",
         }
     }
 
@@ -316,6 +319,10 @@ fn check(key: Key, value: Value, what: &str) -> Result<Value> {
             )))
         }
         (Key::Group, _) => settings::validate_name(text, what)?,
+        (Key::Backend, _) => {
+            crate::backend::BackendKind::parse(text)
+                .map_err(|e| Error::usage(format!("{what}: {}", e.message)))?;
+        }
         (Key::EnvPass, Value::List(names)) => {
             for n in names {
                 settings::validate_env_name(n, what)?;
@@ -537,6 +544,7 @@ fn default_value(key: Key, provider: Option<ProviderKind>) -> Option<Value> {
         Key::IdleTimeout => s("off"),
         Key::PidsLimit => Some(Value::Int(crate::session::runner::DEFAULT_PIDS_LIMIT)),
         Key::UserConfig => Some(Value::Bool(false)),
+        Key::Backend => s("docker"),
         _ => None,
     }
 }

@@ -294,3 +294,23 @@ fn user_config_is_a_yes_no_key_of_files_variables_and_run() {
     let w = World::new("", "");
     assert!(!w.resolve(none()).unwrap().yes(Key::UserConfig));
 }
+
+#[test]
+fn backend_comes_from_the_files_or_the_variable_and_must_be_known() {
+    let mut w = World::new("backend = \"kubernetes\"\n", "");
+    let r = w.resolve(Layer::default()).unwrap();
+    assert_eq!(r.str(Key::Backend).as_deref(), Some("kubernetes"));
+    w.env
+        .insert("CAW_BOX_BACKEND".to_string(), "docker".to_string());
+    assert_eq!(
+        w.resolve(Layer::default())
+            .unwrap()
+            .str(Key::Backend)
+            .as_deref(),
+        Some("docker")
+    );
+    let bad = World::new("", "backend = \"nomad\"\n");
+    let e = bad.resolve(Layer::default()).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+    assert!(e.to_string().contains("unknown backend 'nomad'"), "{e}");
+}
