@@ -8,7 +8,7 @@ CA_BUNDLE    ?= /etc/ssl/certs/ca-certificates.crt
 BIN          := target/debug/caw-box
 CA_FLAG      := $(if $(wildcard $(CA_BUNDLE)),--ca-cert $(CA_BUNDLE),)
 
-.PHONY: build test test-unit test-e2e images stub-image demo bench drift fuzz lint clean help
+.PHONY: deps build test test-unit test-e2e images stub-image demo bench drift fuzz lint clean help
 
 help:
 	@echo "make demo    run a session and resume it (stub model, no vendor account needed)"
@@ -20,17 +20,20 @@ help:
 	@echo "make lint    rustfmt --check and clippy -D warnings"
 	@echo "make clean   remove build output and every caw-box test object"
 
-build:
+deps:
+	@$(RIG) build-deps
+
+build: deps
 	$(CARGO) build --workspace --all-targets
 
-lint:
+lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	scripts/lint-workflows.sh
 
 # Everything a test run needs, inside one rig session so a daemon the rig starts is
 # stopped again at the end, pass or fail.
-test:
+test: deps
 	$(RIG) with scripts/test.sh
 
 test-unit:

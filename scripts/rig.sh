@@ -8,6 +8,7 @@
 #   scripts/rig.sh base        build the local base image (debootstrap + node), cached by tag
 #   scripts/rig.sh tools       install the tools the end-to-end tests drive (tmux; sshd and
 #                              ssh for the ssh:// DOCKER_HOST test, which starts its own sshd)
+#   scripts/rig.sh build-deps  install what building caw-box needs besides Rust (OpenSSL headers)
 #   scripts/rig.sh with CMD…   `up`, run CMD, then `down` if `up` started the daemon
 #
 # Quiet on success; every failure says what failed. State lives in $RIG_DIR.
@@ -144,7 +145,13 @@ case "${1:-}" in
         { [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null 2>&1; } \
             || apt_install openssh-server openssh-client
         ;;
+    build-deps)
+        # The Kubernetes client's TLS is the system OpenSSL (rustls refuses the X.509 v1
+        # client certificates kubeconfigs may hold): its headers, and pkg-config to find them.
+        { command -v pkg-config >/dev/null 2>&1 && [ -f /usr/include/openssl/ssl.h ]; } \
+            || apt_install pkg-config libssl-dev
+        ;;
     pid) our_pid || die "no daemon started by the rig is running" ;;
     with) shift; mkdir -p "$RIG_DIR"; cmd_with "$@" ;;
-    *) die "usage: scripts/rig.sh up|down|restart|base|tools|pid|with CMD..." ;;
+    *) die "usage: scripts/rig.sh up|down|restart|base|tools|build-deps|pid|with CMD..." ;;
 esac

@@ -3,7 +3,12 @@
 # CLIs and the stub model. Cleans up every test object by label, also after a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-trap 'scripts/cleanup.sh' EXIT
+# The Kubernetes tests (tests/e2e/kubernetes.rs) bring ../shared/k8s-lab up and take it
+# down themselves; a run killed mid-test still takes the lab down here.
+lab_down() {
+    if [ -x ../shared/k8s-lab/k8s-lab ]; then ../shared/k8s-lab/k8s-lab down >/dev/null 2>&1 || true; fi
+}
+trap 'scripts/cleanup.sh; lab_down' EXIT
 
 echo "== lint"
 cargo fmt --all -- --check

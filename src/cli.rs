@@ -67,13 +67,32 @@ pub struct Cli {
     /// Only errors on stderr.
     #[arg(short, long, global = true)]
     pub quiet: bool,
-    /// The Docker context to use, as `docker --context` (also DOCKER_CONTEXT).
+    /// The Docker context to use, as `docker --context` (also DOCKER_CONTEXT); with
+    /// `--backend kubernetes`, the kubeconfig context.
     #[arg(long, global = true, value_name = "NAME")]
     pub context: Option<String>,
     /// The repository of the images: `REPO/<image>:latest` is built, pulled and run (also
     /// CAW_BOX_IMAGE_REPO, config key image_repo; default caw-box, local builds).
     #[arg(long, global = true, value_name = "REPO")]
     pub image_repo: Option<String>,
+    /// Where sessions run: docker (the default) or kubernetes (also CAW_BOX_BACKEND).
+    #[arg(
+        long,
+        global = true,
+        value_name = "BACKEND",
+        env = "CAW_BOX_BACKEND",
+        hide_env = true
+    )]
+    pub backend: Option<String>,
+    /// The Kubernetes namespace (also CAW_BOX_NAMESPACE; default: the kubeconfig's).
+    #[arg(
+        long,
+        global = true,
+        value_name = "NAME",
+        env = "CAW_BOX_NAMESPACE",
+        hide_env = true
+    )]
+    pub namespace: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }

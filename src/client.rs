@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use crate::backend::Engine;
+use crate::backend::{Backend, Engine};
 use crate::error::{Error, Result};
 use crate::event::{Event, TurnResult};
 use crate::provider::ProviderKind;

@@ -14,10 +14,33 @@ fn main() {
     };
     let format = cli.output_format();
     init_tracing(cli.verbose, cli.quiet);
+    // Before any thread: the backend and its endpoint are resolved from the environment,
+    // here as in the detached driver this process may start.
+    let backend = match &cli.backend {
+        Some(b) => caw_box::backend::BackendKind::parse(b),
+        // The config files' `backend`, or Docker.
+        None => caw_box::backend::BackendKind::chosen(),
+    };
+    let backend = match backend {
+        Ok(b) => b,
+        Err(e) => {
+            report(&e, format);
+            std::process::exit(e.exit_code());
+        }
+    };
+    if cli.backend.is_some() {
+        std::env::set_var("CAW_BOX_BACKEND", backend.as_str());
+    }
+    if let Some(namespace) = &cli.namespace {
+        std::env::set_var("CAW_BOX_NAMESPACE", namespace);
+    }
     if let Some(context) = &cli.context {
-        // Before any thread: the endpoint is resolved from the environment, here as in the
-        // detached driver this process may start.
-        std::env::set_var("DOCKER_CONTEXT", context);
+        match backend {
+            caw_box::backend::BackendKind::Docker => std::env::set_var("DOCKER_CONTEXT", context),
+            caw_box::backend::BackendKind::Kubernetes => {
+                std::env::set_var("CAW_BOX_KUBE_CONTEXT", context)
+            }
+        }
     }
     if let Some(repo) = &cli.image_repo {
         if let Err(e) = caw_box::settings::validate_image_repo(repo, "--image-repo") {

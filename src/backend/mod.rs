@@ -33,19 +33,15 @@
 //!   outside the backend.
 
 pub mod docker;
+pub mod kubernetes;
 
 /// A tar archive of files (parent directories included), owned by uid:gid.
 pub use docker::build_tar;
 pub use docker::DockerBackend;
+pub use kubernetes::KubeBackend;
 
-/// The backend caw-box runs sessions on. Docker is the only one today; a second backend
-/// makes this an enum that dispatches, chosen here and nowhere else.
-pub type Engine = DockerBackend;
-
-/// Connects to the chosen backend (see [`Engine`]).
-pub async fn connect() -> Result<Engine> {
-    DockerBackend::connect().await
-}
+mod engine;
+pub use engine::{connect, scope, BackendKind, Engine, Scope};
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -6,8 +6,8 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::backend::Engine;
 use crate::backend::OutputChunk;
+use crate::backend::{Backend, Engine};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::event::Status;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::Engine;
+use crate::backend::{Backend, Engine};
 use crate::cli::{OutputFormat, ResumeArgs, RunArgs, TurnArgs, WorkspaceModeArg};
 use crate::client::{Client, NewSession, Session};
 use crate::config::{Key, Layer, Resolved};
@@ -302,6 +302,19 @@ async fn place_workspace(
     let Some(dir) = settings.workspace.clone() else {
         return Ok(());
     };
+    if let Engine::Kubernetes(_) = backend {
+        // A cluster has no host directories: the workspace is always copied in.
+        if asked == Some(WorkspaceModeArg::Bind) {
+            return Err(Error::usage(
+                "--workspace-mode bind is not available with the kubernetes backend: a pod cannot mount a directory of this host",
+            )
+            .with_hint("use --workspace-mode copy (the default there) or none"));
+        }
+        if settings.workspace_mode == WorkspaceMode::Bind {
+            settings.workspace_mode = WorkspaceMode::Copy;
+        }
+        return Ok(());
+    }
     let Err(reason) =
         crate::session::workspace::daemon_sees(backend, &settings.image, Path::new(&dir)).await
     else {

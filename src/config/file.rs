@@ -35,6 +35,7 @@ struct ConfigFile {
     env_pass: Option<Spanned<Vec<String>>>,
     user_config: Option<Spanned<bool>>,
     image_repo: Option<Spanned<String>>,
+    backend: Option<Spanned<String>>,
 }
 
 /// `memory = "2g"` or `memory = 2147483648` (bytes).
@@ -95,6 +96,7 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
         (Key::WorkspaceMode, file.workspace_mode),
         (Key::Group, file.group),
         (Key::ImageRepo, file.image_repo),
+        (Key::Backend, file.backend),
     ];
     for (key, v) in strings.into_iter() {
         if let Some(v) = v {

@@ -45,10 +45,11 @@ pub enum Key {
     EnvPass,
     UserConfig,
     ImageRepo,
+    Backend,
 }
 
 impl Key {
-    pub const ALL: [Key; 18] = [
+    pub const ALL: [Key; 19] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -67,6 +68,7 @@ impl Key {
         Key::EnvPass,
         Key::UserConfig,
         Key::ImageRepo,
+        Key::Backend,
     ];
 
     /// Its name in a config file.
@@ -90,6 +92,7 @@ impl Key {
             Key::EnvPass => "env_pass",
             Key::UserConfig => "user_config",
             Key::ImageRepo => "image_repo",
+            Key::Backend => "backend",
         }
     }
 
@@ -320,6 +323,10 @@ fn check(key: Key, value: Value, what: &str) -> Result<Value> {
         }
         (Key::Group, _) => settings::validate_name(text, what)?,
         (Key::ImageRepo, _) => settings::validate_image_repo(text, what)?,
+        (Key::Backend, _) => {
+            crate::backend::BackendKind::parse(text)
+                .map_err(|e| Error::usage(format!("{what}: {}", e.message)))?;
+        }
         (Key::EnvPass, Value::List(names)) => {
             for n in names {
                 settings::validate_env_name(n, what)?;
@@ -542,6 +549,7 @@ fn default_value(key: Key, provider: Option<ProviderKind>) -> Option<Value> {
         Key::IdleTimeout => s("off"),
         Key::PidsLimit => Some(Value::Int(crate::session::runner::DEFAULT_PIDS_LIMIT)),
         Key::UserConfig => Some(Value::Bool(false)),
+        Key::Backend => s("docker"),
         _ => None,
     }
 }

@@ -319,3 +319,23 @@ fn image_repo_is_a_layered_key_checked_as_a_repository() {
     assert!(refusal("image_repo = \"Upper/Case\"\n", "")
         .contains("config.toml:1: image_repo 'Upper/Case'"));
 }
+
+#[test]
+fn backend_comes_from_the_files_or_the_variable_and_must_be_known() {
+    let mut w = World::new("backend = \"kubernetes\"\n", "");
+    let r = w.resolve(Layer::default()).unwrap();
+    assert_eq!(r.str(Key::Backend).as_deref(), Some("kubernetes"));
+    w.env
+        .insert("CAW_BOX_BACKEND".to_string(), "docker".to_string());
+    assert_eq!(
+        w.resolve(Layer::default())
+            .unwrap()
+            .str(Key::Backend)
+            .as_deref(),
+        Some("docker")
+    );
+    let bad = World::new("", "backend = \"nomad\"\n");
+    let e = bad.resolve(Layer::default()).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+    assert!(e.to_string().contains("unknown backend 'nomad'"), "{e}");
+}

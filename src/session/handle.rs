@@ -10,8 +10,12 @@ use uuid::Uuid;
 use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
 
-/// The version this build writes and accepts.
+/// The version this build writes for a Docker session (and the oldest it accepts).
 pub const HANDLE_VERSION: u32 = 1;
+
+/// The version of a handle that names its backend and namespace (a Kubernetes session's);
+/// a version-1 handle is a Docker session's.
+pub const SCOPED_HANDLE_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResumeHandle {
@@ -22,17 +26,67 @@ pub struct ResumeHandle {
     pub resume_key: String,
     /// The state volume: `caw-box-<session_id>`.
     pub volume: String,
+    /// Version 2: the backend (`docker` or `kubernetes`) the session lives on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// Version 2, Kubernetes: the namespace of the session's objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 impl ResumeHandle {
     pub fn new(provider: ProviderKind, session_id: Uuid, resume_key: impl Into<String>) -> Self {
+        Self::in_scope(provider, session_id, resume_key, &crate::backend::scope())
+    }
+
+    /// A handle of a session on the backend `scope`: Docker's keep version 1 (what every
+    /// earlier caw-box reads); others name their backend and namespace (version 2).
+    pub fn in_scope(
+        provider: ProviderKind,
+        session_id: Uuid,
+        resume_key: impl Into<String>,
+        scope: &crate::backend::Scope,
+    ) -> Self {
+        let docker = scope.kind == crate::backend::BackendKind::Docker;
         ResumeHandle {
-            version: HANDLE_VERSION,
+            version: if docker {
+                HANDLE_VERSION
+            } else {
+                SCOPED_HANDLE_VERSION
+            },
             provider,
             session_id,
             resume_key: resume_key.into(),
             volume: crate::session::names::state_volume(session_id),
+            backend: (!docker).then(|| scope.kind.as_str().to_string()),
+            namespace: if docker {
+                None
+            } else {
+                scope.namespace.clone()
+            },
         }
+    }
+
+    /// Refuses (exit 2) a handle of a session that lives on another backend or namespace
+    /// than `scope`, saying which it needs.
+    pub fn check_scope(&self, scope: &crate::backend::Scope) -> Result<()> {
+        let backend = self.backend.as_deref().unwrap_or("docker");
+        if backend != scope.kind.as_str() {
+            return Err(Error::usage(format!(
+                "this handle is of a session on the {backend} backend, not {}",
+                scope.kind.as_str()
+            ))
+            .with_hint(format!("pass --backend {backend}")));
+        }
+        if let (Some(theirs), Some(ours)) = (&self.namespace, &scope.namespace) {
+            if theirs != ours {
+                return Err(Error::usage(format!(
+                    "this handle is of a session in namespace '{theirs}', not '{ours}'"
+                ))
+                .with_hint(format!("pass --namespace {theirs}")));
+            }
+        }
+        Ok(())
     }
 
     /// Whether `s` looks like a handle rather than an id, prefix or name.
@@ -50,6 +104,8 @@ impl ResumeHandle {
             session_id: Option<String>,
             resume_key: Option<String>,
             volume: Option<String>,
+            backend: Option<String>,
+            namespace: Option<String>,
         }
         let bad = |why: &str| {
             Error::usage(format!("malformed resume handle: {why}")).with_hint(
@@ -65,11 +121,22 @@ impl ResumeHandle {
             _ => bad(&format!("not valid JSON ({e})")),
         })?;
         let version = raw.version.ok_or_else(|| bad("no \"version\""))?;
-        if version != HANDLE_VERSION {
+        if version != HANDLE_VERSION && version != SCOPED_HANDLE_VERSION {
             return Err(bad(&format!(
-                "version {version} is not supported (this caw-box reads version {HANDLE_VERSION})"
+                "version {version} is not supported (this caw-box reads version {HANDLE_VERSION}, and {SCOPED_HANDLE_VERSION} for a session on Kubernetes)"
             )));
         }
+        let backend = match (version, raw.backend) {
+            (HANDLE_VERSION, _) => None,
+            (_, Some(b)) if b == "docker" || b == "kubernetes" => Some(b),
+            (_, Some(_)) => return Err(bad("\"backend\" is not docker or kubernetes")),
+            (_, None) => return Err(bad("no \"backend\"")),
+        };
+        let namespace = if version == HANDLE_VERSION {
+            None
+        } else {
+            raw.namespace
+        };
         let provider: ProviderKind = raw
             .provider
             .ok_or_else(|| bad("no \"provider\""))?
@@ -98,6 +165,8 @@ impl ResumeHandle {
             session_id,
             resume_key,
             volume,
+            backend,
+            namespace,
         })
     }
 
@@ -137,12 +206,53 @@ mod tests {
     }
 
     #[test]
+    fn a_kubernetes_handle_names_its_backend_and_namespace_and_the_other_backend_refuses_it() {
+        use crate::backend::{BackendKind, Scope};
+        let kube = Scope {
+            kind: BackendKind::Kubernetes,
+            namespace: Some("agents".into()),
+        };
+        let id = Uuid::parse_str("5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b").unwrap();
+        let h = ResumeHandle::in_scope(ProviderKind::Codex, id, "k", &kube);
+        let json = h.to_json();
+        assert!(json.contains(r#""version":2"#), "{json}");
+        assert!(
+            json.contains(r#""backend":"kubernetes","namespace":"agents""#),
+            "{json}"
+        );
+        let parsed = ResumeHandle::parse(&json).unwrap();
+        assert_eq!(parsed, h);
+        assert!(parsed.check_scope(&kube).is_ok());
+        let e = parsed.check_scope(&Scope::default()).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("kubernetes backend"), "{e}");
+        let other_ns = Scope {
+            namespace: Some("other".into()),
+            ..kube.clone()
+        };
+        assert_eq!(parsed.check_scope(&other_ns).unwrap_err().exit_code(), 2);
+        // An old handle is a Docker session's.
+        let old = ResumeHandle::parse(&sample().to_json()).unwrap();
+        assert!(old.check_scope(&Scope::default()).is_ok());
+        assert_eq!(old.check_scope(&kube).unwrap_err().exit_code(), 2);
+    }
+
+    #[test]
     fn malformed_handles_are_usage_errors_that_say_why() {
         let cases = [
             ("{", "not valid JSON"),
             (
+                r#"{"version":3,"provider":"codex","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"k","volume":"caw-box-5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b"}"#,
+                "version 3",
+            ),
+            // Version 2 names its backend.
+            (
                 r#"{"version":2,"provider":"codex","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"k","volume":"caw-box-5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b"}"#,
-                "version 2",
+                "no \"backend\"",
+            ),
+            (
+                r#"{"version":2,"provider":"codex","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"k","volume":"caw-box-5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","backend":"nomad"}"#,
+                "not docker or kubernetes",
             ),
             (
                 r#"{"version":1,"provider":"gpt","session_id":"5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b","resume_key":"k","volume":"caw-box-5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b"}"#,

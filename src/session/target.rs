@@ -189,7 +189,9 @@ pub fn parse_target(target: &str) -> Result<TargetSpec<'_>> {
         ));
     }
     if ResumeHandle::looks_like_handle(target) {
-        return Ok(TargetSpec::Handle(ResumeHandle::parse(target)?));
+        let handle = ResumeHandle::parse(target)?;
+        handle.check_scope(&crate::backend::scope())?;
+        return Ok(TargetSpec::Handle(handle));
     }
     Ok(TargetSpec::Lookup(target))
 }

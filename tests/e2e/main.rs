@@ -14,6 +14,7 @@ mod hardening;
 mod images;
 mod in_container;
 mod interactive;
+mod kubernetes;
 mod manage;
 mod patch;
 mod portable;

@@ -1,0 +1,240 @@
+//! The backend a process runs sessions on, chosen once: Docker (the default) or Kubernetes
+//! (`--backend kubernetes`, `CAW_BOX_BACKEND`), and the [`Backend`] that dispatches to it.
+//! The session layer stays generic over `impl Backend`; commands that need a backend's own
+//! operations (image builds, `doctor`) match on [`Engine`].
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::{
+    Attached, Backend, ContainerInfo, CreateError, DockerBackend, HelperSpec, ImageInfo,
+    KubeBackend, OutputStream, TarFile, TurnSpec, VolumeInfo,
+};
+use crate::error::{Error, Result};
+
+/// Which backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    #[default]
+    Docker,
+    Kubernetes,
+}
+
+impl BackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Docker => "docker",
+            BackendKind::Kubernetes => "kubernetes",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim() {
+            "docker" | "" => Ok(BackendKind::Docker),
+            "kubernetes" | "k8s" => Ok(BackendKind::Kubernetes),
+            other => Err(Error::usage(format!(
+                "unknown backend '{other}': valid backends are docker, kubernetes"
+            ))),
+        }
+    }
+
+    /// The backend this process was asked for: `CAW_BOX_BACKEND` (which `--backend` sets),
+    /// else the config files' `backend` (project, then user), else Docker.
+    pub fn chosen() -> Result<Self> {
+        if let Some(v) = std::env::var("CAW_BOX_BACKEND")
+            .ok()
+            .filter(|v| !v.is_empty())
+        {
+            return Self::parse(&v);
+        }
+        let from_files = crate::config::Resolved::load(crate::config::Layer::default(), None)
+            .ok()
+            .and_then(|c| c.str(crate::config::Key::Backend));
+        Self::parse(from_files.as_deref().unwrap_or(""))
+    }
+}
+
+/// Where sessions live: the backend, and for Kubernetes the namespace. A handle names it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Scope {
+    pub kind: BackendKind,
+    /// The Kubernetes namespace (`None` on Docker).
+    pub namespace: Option<String>,
+}
+
+static SCOPE: std::sync::OnceLock<Scope> = std::sync::OnceLock::new();
+
+/// The scope of the backend this process connected to; before it connected, the one it
+/// was asked for (the namespace only when given).
+pub fn scope() -> Scope {
+    SCOPE.get().cloned().unwrap_or_else(|| Scope {
+        kind: BackendKind::chosen().unwrap_or_default(),
+        namespace: std::env::var("CAW_BOX_NAMESPACE")
+            .ok()
+            .filter(|n| !n.is_empty()),
+    })
+}
+
+/// A connected backend.
+#[derive(Debug, Clone)]
+pub enum Engine {
+    Docker(DockerBackend),
+    Kubernetes(KubeBackend),
+}
+
+/// Connects to the chosen backend: `CAW_BOX_BACKEND`; Kubernetes takes its context from
+/// `CAW_BOX_KUBE_CONTEXT` (`--context`) and namespace from `CAW_BOX_NAMESPACE`
+/// (`--namespace`), else the kubeconfig's.
+pub async fn connect() -> Result<Engine> {
+    let engine = match BackendKind::chosen()? {
+        BackendKind::Docker => Engine::Docker(DockerBackend::connect().await?),
+        BackendKind::Kubernetes => {
+            let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+            let context = get("CAW_BOX_KUBE_CONTEXT");
+            let namespace = get("CAW_BOX_NAMESPACE");
+            Engine::Kubernetes(
+                KubeBackend::connect(context.as_deref(), namespace.as_deref()).await?,
+            )
+        }
+    };
+    let _ = SCOPE.set(engine.scope());
+    Ok(engine)
+}
+
+impl Engine {
+    pub fn scope(&self) -> Scope {
+        match self {
+            Engine::Docker(_) => Scope::default(),
+            Engine::Kubernetes(k) => Scope {
+                kind: BackendKind::Kubernetes,
+                namespace: Some(k.namespace().to_string()),
+            },
+        }
+    }
+
+    /// The Docker backend, for Docker-only commands; on Kubernetes a usage error.
+    pub fn docker(&self, what: &str) -> Result<&DockerBackend> {
+        match self {
+            Engine::Docker(d) => Ok(d),
+            Engine::Kubernetes(_) => Err(Error::usage(format!(
+                "{what} is not available with the kubernetes backend yet"
+            ))),
+        }
+    }
+}
+
+macro_rules! dispatch {
+    ($self:ident, $b:ident => $e:expr) => {
+        match $self {
+            Engine::Docker($b) => $e,
+            Engine::Kubernetes($b) => $e,
+        }
+    };
+}
+
+impl Backend for Engine {
+    async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>> {
+        dispatch!(self, b => b.list_containers(labels).await)
+    }
+    async fn create_turn(
+        &self,
+        name: &str,
+        spec: &TurnSpec,
+    ) -> std::result::Result<String, CreateError> {
+        dispatch!(self, b => Backend::create_turn(b, name, spec).await)
+    }
+    async fn create_helper(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<String, CreateError> {
+        dispatch!(self, b => Backend::create_helper(b, name, spec).await)
+    }
+    async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
+        dispatch!(self, b => Backend::inspect_container(b, name).await)
+    }
+    async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {
+        dispatch!(self, b => Backend::attach(b, name, stdin).await)
+    }
+    async fn resize_tty(&self, name: &str, columns: u16, rows: u16) -> Result<()> {
+        dispatch!(self, b => Backend::resize_tty(b, name, columns, rows).await)
+    }
+    async fn start_container(&self, name: &str) -> Result<()> {
+        dispatch!(self, b => Backend::start_container(b, name).await)
+    }
+    async fn wait_container(&self, name: &str) -> Result<i64> {
+        dispatch!(self, b => Backend::wait_container(b, name).await)
+    }
+    async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
+        dispatch!(self, b => Backend::stop_container(b, name, grace).await)
+    }
+    fn surely_shares_paths(&self) -> bool {
+        dispatch!(self, b => Backend::surely_shares_paths(b))
+    }
+    async fn fills_volumes_at_create(&self) -> bool {
+        dispatch!(self, b => Backend::fills_volumes_at_create(b).await)
+    }
+    async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
+        dispatch!(self, b => Backend::remove_container(b, name, force).await)
+    }
+    async fn run_to_completion(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<(i64, String, String), CreateError> {
+        dispatch!(self, b => Backend::run_to_completion(b, name, spec).await)
+    }
+    fn follow_logs(&self, name: &str) -> OutputStream {
+        dispatch!(self, b => Backend::follow_logs(b, name))
+    }
+    async fn inspect_image(&self, image: &str) -> Result<Option<ImageInfo>> {
+        dispatch!(self, b => Backend::inspect_image(b, image).await)
+    }
+    async fn create_volume(&self, name: &str, labels: HashMap<String, String>) -> Result<()> {
+        dispatch!(self, b => Backend::create_volume(b, name, labels).await)
+    }
+    async fn inspect_volume(&self, name: &str) -> Result<Option<VolumeInfo>> {
+        dispatch!(self, b => Backend::inspect_volume(b, name).await)
+    }
+    async fn list_volumes(&self, labels: &[String]) -> Result<Vec<VolumeInfo>> {
+        dispatch!(self, b => Backend::list_volumes(b, labels).await)
+    }
+    async fn remove_volume(&self, name: &str) -> Result<()> {
+        dispatch!(self, b => Backend::remove_volume(b, name).await)
+    }
+    async fn create_network(
+        &self,
+        name: &str,
+        internal: bool,
+        labels: HashMap<String, String>,
+    ) -> Result<()> {
+        dispatch!(self, b => Backend::create_network(b, name, internal, labels).await)
+    }
+    async fn list_networks(&self, labels: &[String]) -> Result<Vec<String>> {
+        dispatch!(self, b => Backend::list_networks(b, labels).await)
+    }
+    async fn remove_network(&self, name: &str) -> Result<()> {
+        dispatch!(self, b => Backend::remove_network(b, name).await)
+    }
+    async fn connect_network(&self, network: &str, container: &str, alias: &str) -> Result<()> {
+        dispatch!(self, b => Backend::connect_network(b, network, container, alias).await)
+    }
+    async fn upload_files(
+        &self,
+        name: &str,
+        dir: &str,
+        files: &[TarFile<'_>],
+        owner: (u32, u32),
+    ) -> Result<()> {
+        dispatch!(self, b => Backend::upload_files(b, name, dir, files, owner).await)
+    }
+    async fn upload_tar(&self, name: &str, dir: &str, tar: Vec<u8>) -> Result<()> {
+        dispatch!(self, b => Backend::upload_tar(b, name, dir, tar).await)
+    }
+    async fn download_file(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
+        dispatch!(self, b => Backend::download_file(b, name, path).await)
+    }
+    async fn download_tar(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
+        dispatch!(self, b => Backend::download_tar(b, name, path).await)
+    }
+}

@@ -1,0 +1,1126 @@
+//! The Kubernetes backend (kube-rs): the only code that talks to an API server. Not the
+//! session layer's business how a "container" or a "volume" is kept here; this file maps
+//! caw-box's terms onto Kubernetes objects in one namespace:
+//!
+//! - a state or workspace volume is a PersistentVolumeClaim (ReadWriteOnce, the cluster's
+//!   default storage class unless `CAW_BOX_STORAGE_CLASS` names one);
+//! - a turn-record volume (an empty volume whose labels summarise a turn, the Docker
+//!   backend's trick for labels that cannot change) is a ConfigMap: no storage is
+//!   provisioned for it;
+//! - a turn is a Pod (restartPolicy Never) named like the Docker container, so the pod name
+//!   is the session's lock (the API server refuses a second pod of one name atomically);
+//! - a helper that Docker creates and never starts (to move files through the archive API)
+//!   is a pod that sleeps: files move through `exec tar` while it runs, and it is deleted
+//!   after;
+//! - caw-box's labels are kept whole as annotations (Kubernetes label values are limited to
+//!   63 characters of a small alphabet; caw-box's settings label is JSON) and, where a
+//!   value is a valid label value, also as labels, which is what listing selects on.
+//!
+//! Files move through a *running* pod only (`exec`): a pod that has ended cannot be read or
+//! written, unlike a stopped Docker container. The headless turn never needs that (its
+//! runtime files and its record travel on the pod's stdin through `attach`); what would
+//! (the TUI, `stop`, refreshed credentials) is not available on this backend yet.
+//!
+//! Not here: detached turns, egress proxies and networks, image builds (images come from a
+//! registry, or `k8s-lab load-image` in tests).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, Container, EmptyDirVolumeSource, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
+    ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, AttachParams, DeleteParams, ListParams, LogParams, PostParams};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use super::{
+    Attached, Backend, ContainerInfo, ContainerState, CreateError, HelperSpec, ImageInfo,
+    MountSource, MountSpec, NetworkPolicy, OutputChunk, OutputStream, TarFile, TurnSpec,
+    VolumeInfo,
+};
+use crate::error::{Error, Result};
+
+mod meta;
+pub use meta::{label_selector, valid_label_value};
+
+/// Every object caw-box creates here carries this label too (the Kubernetes convention).
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "caw-box");
+
+/// How long a pod may take to start running (scheduling, a claim to bind, an image).
+const START_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long a deleted pod may take to go.
+const GONE_TIMEOUT: Duration = Duration::from_secs(90);
+const POLL: Duration = Duration::from_millis(250);
+
+/// A connected API server and the namespace caw-box works in.
+#[derive(Clone)]
+pub struct KubeBackend {
+    client: kube::Client,
+    namespace: String,
+    /// Where the client's configuration came from, for messages.
+    origin: String,
+}
+
+impl std::fmt::Debug for KubeBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeBackend")
+            .field("namespace", &self.namespace)
+            .field("origin", &self.origin)
+            .finish()
+    }
+}
+
+fn unreachable(origin: &str, e: impl std::fmt::Display) -> Error {
+    Error::environment(format!(
+        "cannot reach the Kubernetes API server ({origin}): {e}"
+    ))
+    .with_hint("check KUBECONFIG / ~/.kube/config and --context, and that the cluster is up")
+}
+
+/// The API server's own message, or the transport's.
+fn failed(what: impl std::fmt::Display, e: &kube::Error) -> Error {
+    match e {
+        kube::Error::Api(r) => Error::environment(format!("failed to {what}: {}", r.message)),
+        other => Error::environment(format!("failed to {what}: {other}"))
+            .with_hint("is the Kubernetes API server reachable? check KUBECONFIG and --context"),
+    }
+}
+
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(r) if r.code == code)
+}
+
+impl KubeBackend {
+    /// Connects with the kubeconfig (`KUBECONFIG`, `~/.kube/config`, `context` when given)
+    /// or the in-cluster service account, and checks that the API server answers. Nothing
+    /// reads the server's version: a server whose `/version` has no major/minor works.
+    pub async fn connect(context: Option<&str>, namespace: Option<&str>) -> Result<Self> {
+        let (config, origin) = match context {
+            Some(context) => {
+                let options = kube::config::KubeConfigOptions {
+                    context: Some(context.to_string()),
+                    ..Default::default()
+                };
+                let config = kube::Config::from_kubeconfig(&options).await.map_err(|e| {
+                    Error::environment(format!(
+                        "cannot use the kubeconfig context '{context}': {e}"
+                    ))
+                    .with_hint("`kubectl config get-contexts` lists the contexts")
+                })?;
+                (config, format!("context '{context}'"))
+            }
+            None => {
+                let config = kube::Config::infer().await.map_err(|e| {
+                    Error::environment(format!("no Kubernetes configuration found: {e}"))
+                        .with_hint("set KUBECONFIG, or run inside a cluster")
+                })?;
+                (config, "the kubeconfig's current context".to_string())
+            }
+        };
+        let origin = format!("{} at {}", origin, config.cluster_url);
+        let namespace = namespace
+            .map(str::to_string)
+            .unwrap_or_else(|| config.default_namespace.clone());
+        let client = kube::Client::try_from(config).map_err(|e| unreachable(&origin, e))?;
+        let backend = KubeBackend {
+            client,
+            namespace,
+            origin,
+        };
+        let pods = backend.pods();
+        let first = ListParams::default().limit(1);
+        let probe = pods.list_metadata(&first);
+        match tokio::time::timeout(Duration::from_secs(10), probe).await {
+            Ok(Ok(_)) => Ok(backend),
+            Ok(Err(e @ kube::Error::Api(_))) => Err(failed(
+                format!("list pods in namespace '{}'", backend.namespace),
+                &e,
+            )),
+            Ok(Err(e)) => Err(unreachable(&backend.origin, e)),
+            Err(_) => Err(unreachable(&backend.origin, "no answer within 10 s")),
+        }
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn claims(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn config_maps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Creates a pod; a taken name is `NameTaken`.
+    async fn create_pod(&self, pod: &Pod) -> std::result::Result<(), CreateError> {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        match self.pods().create(&PostParams::default(), pod).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, 409) => Err(CreateError::NameTaken),
+            Err(e) => Err(CreateError::Other(failed(
+                format!("create pod '{name}'"),
+                &e,
+            ))),
+        }
+    }
+
+    /// Waits for a created pod's container to run (or to have run already); a pod whose
+    /// image cannot be had is deleted and reported as `ImageMissing`.
+    async fn wait_running(&self, name: &str, image: &str) -> std::result::Result<(), CreateError> {
+        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        let mut last;
+        loop {
+            let pod = self
+                .pods()
+                .get_opt(name)
+                .await
+                .map_err(|e| CreateError::Other(failed(format!("read pod '{name}'"), &e)))?;
+            let Some(pod) = pod else {
+                return Err(CreateError::Other(Error::environment(format!(
+                    "pod '{name}' was deleted before it ran"
+                ))));
+            };
+            match pod_progress(&pod) {
+                Progress::Running | Progress::Ended(_) => return Ok(()),
+                Progress::ImageMissing(why) => {
+                    let _ = self.remove_container(name, true).await;
+                    return Err(CreateError::ImageMissing(Error::environment(format!(
+                        "image '{image}' is not available to the cluster ({why})"
+                    ))));
+                }
+                Progress::Waiting(why) => last = why,
+            }
+            if tokio::time::Instant::now() > deadline {
+                let _ = self.remove_container(name, true).await;
+                return Err(CreateError::Other(Error::environment(format!(
+                    "pod '{name}' did not start within {} s: {last}",
+                    START_TIMEOUT.as_secs()
+                ))
+                .with_hint(format!(
+                    "`kubectl -n {} describe pod {name}` says why (a claim not bound, no node with room?)",
+                    self.namespace
+                ))));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Runs `argv` in the running pod `name`, feeding it `input`; its stdout. A pod that
+    /// has ended cannot run anything: that is an error saying so.
+    async fn exec(&self, name: &str, argv: &[&str], input: Option<Vec<u8>>) -> Result<Vec<u8>> {
+        let what = || format!("run `{}` in pod '{name}'", argv.first().unwrap_or(&""));
+        let params = AttachParams::default()
+            .stdin(input.is_some())
+            .stdout(true)
+            .stderr(true);
+        let mut process = self
+            .pods()
+            .exec(name, argv.iter().copied(), &params)
+            .await
+            .map_err(|e| failed(what(), &e))?;
+        let stdin = process.stdin();
+        let feed = async move {
+            if let (Some(mut stdin), Some(input)) = (stdin, input) {
+                stdin.write_all(&input).await?;
+                stdin.shutdown().await?;
+            }
+            Ok::<_, std::io::Error>(())
+        };
+        let mut stdout = process.stdout().expect("stdout was asked for");
+        let mut stderr = process.stderr().expect("stderr was asked for");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let (fed, read_out, read_err) = tokio::join!(
+            feed,
+            stdout.read_to_end(&mut out),
+            stderr.read_to_end(&mut err)
+        );
+        let status = match process.take_status() {
+            Some(status) => status.await,
+            None => None,
+        };
+        fed.and(read_out)
+            .and(read_err)
+            .map_err(|e| Error::environment(format!("failed to {}: {e}", what())))?;
+        if let Some(status) = status {
+            if status.status.as_deref() == Some("Failure") {
+                let stderr = String::from_utf8_lossy(&err);
+                return Err(Error::environment(format!(
+                    "failed to {}: {} {}",
+                    what(),
+                    status.message.unwrap_or_default(),
+                    stderr.trim()
+                )));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Fails unless the pod runs (files move through running pods only).
+    async fn require_running(&self, name: &str) -> Result<()> {
+        match self.inspect_container(name).await? {
+            Some(c) if c.running() => Ok(()),
+            Some(_) => Err(Error::environment(format!(
+                "pod '{name}' is not running: files move only through a running pod on Kubernetes"
+            ))),
+            None => Err(Error::environment(format!("pod '{name}' does not exist"))),
+        }
+    }
+
+    fn pod(&self, name: &str, labels: &HashMap<String, String>, spec: PodSpec) -> Pod {
+        let (labels, annotations) = meta::split(labels);
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(labels),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            spec: Some(spec),
+            ..Default::default()
+        }
+    }
+}
+
+/// Where a pod is on its way to running.
+enum Progress {
+    Waiting(String),
+    Running,
+    Ended(i64),
+    ImageMissing(String),
+}
+
+fn pod_progress(pod: &Pod) -> Progress {
+    let status = pod.status.clone().unwrap_or_default();
+    let container = status
+        .container_statuses
+        .as_ref()
+        .and_then(|s| s.first().cloned());
+    if let Some(state) = container.as_ref().and_then(|c| c.state.clone()) {
+        if let Some(t) = state.terminated {
+            return Progress::Ended(t.exit_code.into());
+        }
+        if state.running.is_some() {
+            return Progress::Running;
+        }
+        if let Some(w) = state.waiting {
+            let reason = w.reason.unwrap_or_default();
+            if matches!(
+                reason.as_str(),
+                "ErrImageNeverPull" | "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName"
+            ) {
+                return Progress::ImageMissing(format!(
+                    "{reason}: {}",
+                    w.message.unwrap_or_default()
+                ));
+            }
+            return Progress::Waiting(format!("{reason} {}", w.message.unwrap_or_default()));
+        }
+    }
+    let phase = status.phase.clone().unwrap_or_default();
+    if phase == "Failed" || phase == "Succeeded" {
+        // Ended before its container ran (an init container failed).
+        return Progress::Ended(if phase == "Failed" { 1 } else { 0 });
+    }
+    let init_waiting = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.waiting.clone())
+        .find_map(|w| {
+            w.reason
+                .filter(|r| r.contains("Image"))
+                .map(|r| (r, w.message))
+        });
+    if let Some((reason, message)) = init_waiting {
+        if reason != "ImagePulled" {
+            return Progress::ImageMissing(format!("{reason}: {}", message.unwrap_or_default()));
+        }
+    }
+    let why = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.status != "True")
+        .filter_map(|c| c.message)
+        .next()
+        .unwrap_or_default();
+    Progress::Waiting(format!("{phase} {why}").trim().to_string())
+}
+
+fn container_info(pod: &Pod) -> ContainerInfo {
+    let status = pod.status.clone().unwrap_or_default();
+    let (state, finished) = if pod.metadata.deletion_timestamp.is_some() {
+        (ContainerState::Removing, false)
+    } else {
+        match pod_progress(pod) {
+            Progress::Running => (ContainerState::Running, false),
+            Progress::Ended(_) => (ContainerState::Exited, true),
+            _ => match status.phase.as_deref() {
+                Some("Succeeded") | Some("Failed") => (ContainerState::Exited, true),
+                _ => (ContainerState::Created, false),
+            },
+        }
+    };
+    let spec = pod.spec.clone().unwrap_or_default();
+    let claims: HashMap<String, String> = spec
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|v| Some((v.name, v.persistent_volume_claim?.claim_name)))
+        .collect();
+    let mounts = spec
+        .containers
+        .first()
+        .and_then(|c| c.volume_mounts.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| Some((m.mount_path, claims.get(&m.name)?.clone())))
+        .collect();
+    ContainerInfo {
+        id: pod.metadata.uid.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        labels: meta::merged(&pod.metadata),
+        state,
+        created: pod
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| std::time::SystemTime::from(t.0)),
+        finished,
+        mounts,
+    }
+}
+
+/// `uid:gid` into numbers.
+fn parse_user(user: &str) -> Option<(i64, i64)> {
+    let (u, g) = user.split_once(':').unwrap_or((user, user));
+    Some((u.parse().ok()?, g.parse().ok()?))
+}
+
+/// The pod's volumes and mounts for caw-box's mounts: claims only (a host directory is not
+/// something a cluster has).
+fn claim_mounts(mounts: &[&MountSpec]) -> Result<(Vec<Volume>, Vec<VolumeMount>)> {
+    let mut volumes = Vec::new();
+    let mut volume_mounts = Vec::new();
+    for (i, m) in mounts.iter().enumerate() {
+        let claim = match &m.source {
+            MountSource::Volume(v) => v.clone(),
+            MountSource::HostDir(dir) => {
+                return Err(Error::usage(format!(
+                    "the kubernetes backend cannot mount the host directory {dir}"
+                ))
+                .with_hint("use --workspace-mode copy (the default on Kubernetes)"))
+            }
+        };
+        let name = format!("v{i}");
+        volumes.push(Volume {
+            name: name.clone(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim,
+                read_only: Some(m.read_only),
+            }),
+            ..Default::default()
+        });
+        volume_mounts.push(VolumeMount {
+            name,
+            mount_path: m.target.clone(),
+            read_only: Some(m.read_only),
+            ..Default::default()
+        });
+    }
+    Ok((volumes, volume_mounts))
+}
+
+fn empty_dir(name: &str, memory: bool, limit: &str) -> Volume {
+    Volume {
+        name: name.to_string(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: memory.then(|| "Memory".to_string()),
+            size_limit: Some(Quantity(limit.to_string())),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The sandbox every agent pod gets: non-root, no capabilities, no privilege escalation,
+/// a read-only root filesystem.
+fn hardened(uid: i64, gid: i64) -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(uid != 0),
+        run_as_user: Some(uid),
+        run_as_group: Some(gid),
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            add: None,
+        }),
+        ..Default::default()
+    }
+}
+
+fn pod_security(gid: i64) -> PodSecurityContext {
+    PodSecurityContext {
+        fs_group: Some(gid),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_string(),
+            localhost_profile: None,
+        }),
+        ..Default::default()
+    }
+}
+
+fn pull_policy() -> String {
+    std::env::var("CAW_BOX_IMAGE_PULL_POLICY").unwrap_or_else(|_| "IfNotPresent".to_string())
+}
+
+/// The pod of a turn (see the module docs).
+pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
+    if spec.interactive.is_some() {
+        return Err(Error::usage(
+            "the interactive TUI is not available with the kubernetes backend yet",
+        )
+        .with_hint("pass a prompt (an argument, `-` or --prompt-file) for a headless turn"));
+    }
+    match &spec.network {
+        NetworkPolicy::Default => {}
+        other => {
+            return Err(Error::usage(format!(
+                "--network {other:?} and --allow-host are not available with the kubernetes backend yet"
+            )))
+        }
+    }
+    if !spec.runtime.files.is_empty() {
+        return Err(Error::environment(
+            "a turn's runtime files travel on its stdin on Kubernetes: none can be put in a pod before it starts",
+        ));
+    }
+    let mounts: Vec<&MountSpec> = spec.mounts().collect();
+    let (mut volumes, mut volume_mounts) = claim_mounts(&mounts)?;
+    // The runtime directory holds secrets for a moment: memory, never a node's disk.
+    volumes.push(empty_dir("runtime", true, "64Mi"));
+    volume_mounts.push(VolumeMount {
+        name: "runtime".into(),
+        mount_path: spec.runtime.mount.clone(),
+        ..Default::default()
+    });
+    volumes.push(empty_dir("tmp", false, "1Gi"));
+    volume_mounts.push(VolumeMount {
+        name: "tmp".into(),
+        mount_path: "/tmp".into(),
+        ..Default::default()
+    });
+    let (uid, gid) = (i64::from(spec.user.0), i64::from(spec.user.1));
+    let mut limits = BTreeMap::new();
+    if let Some(memory) = spec.limits.memory {
+        limits.insert("memory".to_string(), Quantity(memory.to_string()));
+    }
+    if let Some(cpus) = spec.limits.cpus {
+        limits.insert(
+            "cpu".to_string(),
+            Quantity(format!("{}m", (cpus * 1000.0).ceil() as i64)),
+        );
+    }
+    let env = spec
+        .env
+        .iter()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            k8s_openapi::api::core::v1::EnvVar {
+                name: k.to_string(),
+                value: Some(v.to_string()),
+                value_from: None,
+            }
+        })
+        .collect();
+    Ok(PodSpec {
+        restart_policy: Some("Never".into()),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        security_context: Some(pod_security(gid)),
+        termination_grace_period_seconds: Some(10),
+        init_containers: Some(vec![seed_home(spec, uid, gid)]),
+        containers: vec![Container {
+            name: "agent".into(),
+            image: Some(spec.image.clone()),
+            image_pull_policy: Some(pull_policy()),
+            args: Some(spec.argv.clone()),
+            env: Some(env),
+            working_dir: Some(spec.working_dir.clone()),
+            stdin: Some(spec.runtime_over_stdin),
+            stdin_once: Some(spec.runtime_over_stdin),
+            tty: Some(false),
+            security_context: Some(hardened(uid, gid)),
+            resources: Some(ResourceRequirements {
+                limits: (!limits.is_empty()).then_some(limits),
+                ..Default::default()
+            }),
+            volume_mounts: Some(volume_mounts),
+            ..Default::default()
+        }],
+        volumes: Some(volumes),
+        ..Default::default()
+    })
+}
+
+/// Where [`seed_home`] mounts the state claim.
+const SEED_MOUNT: &str = "/caw-box-seed";
+/// The marker [`seed_home`] leaves in HOME once it copied the image's HOME.
+pub const SEEDED_MARKER: &str = ".caw-box/image-home-copied";
+
+/// An init container that copies the image's own HOME (the vendors' config files the
+/// images ship, e.g. codex's config.toml that turns its background traffic off, gemini's
+/// settings.json) into the state claim once, without replacing anything there. Docker
+/// does that by itself for a named volume mounted over a non-empty directory the first
+/// time; a PVC starts empty.
+fn seed_home(spec: &TurnSpec, uid: i64, gid: i64) -> Container {
+    let home = spec.home.target.trim_end_matches('/');
+    let script = format!(
+        "[ -e {seed}/{marker} ] && exit 0; cp -a -n {home}/. {seed}/ 2>/dev/null; mkdir -p {seed}/.caw-box && : > {seed}/{marker}",
+        seed = SEED_MOUNT,
+        marker = SEEDED_MARKER,
+        home = shell_quote(home),
+    );
+    Container {
+        name: "seed-home".into(),
+        image: Some(spec.image.clone()),
+        image_pull_policy: Some(pull_policy()),
+        command: Some(vec!["sh".into(), "-c".into(), script]),
+        security_context: Some(hardened(uid, gid)),
+        volume_mounts: Some(vec![VolumeMount {
+            // The first volume is the state claim (`claim_mounts` of `spec.mounts()`).
+            name: "v0".into(),
+            mount_path: SEED_MOUNT.into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// The pod of a helper: `sleep` while files move through it (`hold`), or the helper's own
+/// command run to its end.
+pub fn helper_pod_spec(spec: &HelperSpec, hold: bool) -> Result<PodSpec> {
+    if spec.network != NetworkPolicy::None && spec.network != NetworkPolicy::Default {
+        return Err(Error::usage(
+            "helpers on a named network (an egress proxy) are not available with the kubernetes backend yet",
+        ));
+    }
+    let mounts: Vec<&MountSpec> = spec.mounts.iter().collect();
+    let (mut volumes, mut volume_mounts) = claim_mounts(&mounts)?;
+    volumes.push(empty_dir("tmp", false, "256Mi"));
+    volume_mounts.push(VolumeMount {
+        name: "tmp".into(),
+        mount_path: "/tmp".into(),
+        ..Default::default()
+    });
+    let (uid, gid) = spec
+        .user
+        .as_deref()
+        .and_then(parse_user)
+        .unwrap_or_else(|| {
+            let (u, g) = crate::dirs::agent_ids();
+            (u.into(), g.into())
+        });
+    let mut security = hardened(uid, gid);
+    if !spec.add_capabilities.is_empty() {
+        if let Some(caps) = security.capabilities.as_mut() {
+            caps.add = Some(spec.add_capabilities.clone());
+        }
+    }
+    let command = if hold {
+        vec!["sleep".to_string(), "3600".to_string()]
+    } else {
+        spec.entrypoint.clone()
+    };
+    Ok(PodSpec {
+        restart_policy: Some("Never".into()),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        security_context: Some(pod_security(gid)),
+        termination_grace_period_seconds: Some(0),
+        containers: vec![Container {
+            name: "helper".into(),
+            image: Some(spec.image.clone()),
+            image_pull_policy: Some(pull_policy()),
+            command: (!command.is_empty()).then_some(command),
+            args: (!hold && !spec.argv.is_empty()).then(|| spec.argv.clone()),
+            env: Some(
+                spec.env
+                    .iter()
+                    .map(|kv| {
+                        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                        k8s_openapi::api::core::v1::EnvVar {
+                            name: k.to_string(),
+                            value: Some(v.to_string()),
+                            value_from: None,
+                        }
+                    })
+                    .collect(),
+            ),
+            security_context: Some(security),
+            volume_mounts: Some(volume_mounts),
+            ..Default::default()
+        }],
+        volumes: Some(volumes),
+        ..Default::default()
+    })
+}
+
+/// A reader as a stream of output chunks.
+fn chunks(
+    reader: impl AsyncRead + Unpin + Send + 'static,
+    wrap: fn(Vec<u8>) -> OutputChunk,
+) -> OutputStream {
+    Box::pin(futures_util::stream::unfold(
+        reader,
+        move |mut r| async move {
+            let mut buf = vec![0u8; 16 * 1024];
+            match r.read(&mut buf).await {
+                Ok(0) => None,
+                Ok(n) => {
+                    buf.truncate(n);
+                    Some((Ok(wrap(buf)), r))
+                }
+                Err(e) => Some((
+                    Err(Error::environment(format!(
+                        "reading a pod's output failed: {e}"
+                    ))),
+                    r,
+                )),
+            }
+        },
+    ))
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+impl Backend for KubeBackend {
+    async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>> {
+        let params = ListParams::default().labels(&label_selector(labels));
+        let pods = self
+            .pods()
+            .list(&params)
+            .await
+            .map_err(|e| failed(format!("list pods in namespace '{}'", self.namespace), &e))?;
+        Ok(pods
+            .items
+            .iter()
+            .map(container_info)
+            .filter(|c| meta::matches(&c.labels, labels))
+            .collect())
+    }
+
+    async fn create_turn(
+        &self,
+        name: &str,
+        spec: &TurnSpec,
+    ) -> std::result::Result<String, CreateError> {
+        let pod_spec = turn_pod_spec(spec).map_err(CreateError::Other)?;
+        self.create_pod(&self.pod(name, &spec.labels, pod_spec))
+            .await?;
+        self.wait_running(name, &spec.image).await?;
+        Ok(name.to_string())
+    }
+
+    async fn create_helper(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<String, CreateError> {
+        let pod_spec = helper_pod_spec(spec, true).map_err(CreateError::Other)?;
+        self.create_pod(&self.pod(name, &spec.labels, pod_spec))
+            .await?;
+        self.wait_running(name, &spec.image).await?;
+        Ok(name.to_string())
+    }
+
+    async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
+        let pod = self
+            .pods()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read pod '{name}'"), &e))?;
+        Ok(pod.as_ref().map(container_info))
+    }
+
+    async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {
+        let params = AttachParams::default()
+            .stdin(stdin)
+            .stdout(true)
+            .stderr(true)
+            .max_stdout_buf_size(64 * 1024)
+            .max_stderr_buf_size(64 * 1024)
+            .max_stdin_buf_size(64 * 1024);
+        let mut process = self
+            .pods()
+            .attach(name, &params)
+            .await
+            .map_err(|e| failed(format!("attach to pod '{name}'"), &e))?;
+        let stdout = process.stdout().expect("stdout was asked for");
+        let stderr = process.stderr().expect("stderr was asked for");
+        let input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> = match process.stdin() {
+            Some(w) => Box::pin(w),
+            None => Box::pin(tokio::io::sink()),
+        };
+        // The attachment lives as long as its output is read.
+        let keep = futures_util::stream::once(async move {
+            let _ = process.join().await;
+            None
+        })
+        .filter_map(|x: Option<Result<OutputChunk>>| async move { x });
+        let output = futures_util::stream::select(
+            chunks(stdout, OutputChunk::Stdout),
+            chunks(stderr, OutputChunk::Stderr),
+        );
+        let output = futures_util::stream::select(output, keep);
+        Ok(Attached {
+            output: Box::pin(output),
+            input,
+        })
+    }
+
+    async fn resize_tty(&self, _name: &str, _columns: u16, _rows: u16) -> Result<()> {
+        Ok(())
+    }
+
+    async fn start_container(&self, _name: &str) -> Result<()> {
+        // A pod runs once created (create_turn waited for it); its entrypoint waits for
+        // the runtime files on stdin.
+        Ok(())
+    }
+
+    async fn wait_container(&self, name: &str) -> Result<i64> {
+        loop {
+            let pod = self
+                .pods()
+                .get_opt(name)
+                .await
+                .map_err(|e| failed(format!("read pod '{name}'"), &e))?;
+            let Some(pod) = pod else {
+                return Err(Error::environment(format!(
+                    "pod '{name}' was deleted while waiting for it"
+                )));
+            };
+            if let Progress::Ended(code) = pod_progress(&pod) {
+                return Ok(code);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
+        // tini forwards the signal to the entrypoint, which stops the CLI and cleans up.
+        if self.exec(name, &["kill", "-TERM", "1"], None).await.is_ok() {
+            let ended = tokio::time::timeout(grace, self.wait_container(name)).await;
+            if ended.is_ok() {
+                return Ok(());
+            }
+        }
+        self.remove_container(name, true).await
+    }
+
+    fn surely_shares_paths(&self) -> bool {
+        false
+    }
+
+    /// A turn pod's init container ([`seed_home`]) copies the image's HOME into the claim
+    /// without replacing anything caw-box put there first.
+    async fn fills_volumes_at_create(&self) -> bool {
+        true
+    }
+
+    async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
+        let params = DeleteParams {
+            grace_period_seconds: force.then_some(0),
+            ..Default::default()
+        };
+        match self.pods().delete(name, &params).await {
+            Ok(_) => {}
+            Err(e) if is_status(&e, 404) => return Ok(()),
+            Err(e) => return Err(failed(format!("delete pod '{name}'"), &e)),
+        }
+        // Gone for good before this returns: a claim is free (and deletable) only then.
+        let deadline = tokio::time::Instant::now() + GONE_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            match self.pods().get_opt(name).await {
+                Ok(None) => return Ok(()),
+                Ok(Some(_)) => tokio::time::sleep(POLL).await,
+                Err(e) => return Err(failed(format!("read pod '{name}'"), &e)),
+            }
+        }
+        Err(Error::environment(format!(
+            "pod '{name}' was deleted but is still there after {} s",
+            GONE_TIMEOUT.as_secs()
+        )))
+    }
+
+    async fn run_to_completion(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<(i64, String, String), CreateError> {
+        let pod_spec = helper_pod_spec(spec, false).map_err(CreateError::Other)?;
+        self.create_pod(&self.pod(name, &spec.labels, pod_spec))
+            .await?;
+        let run = async {
+            self.wait_running(name, &spec.image).await?;
+            let code = self
+                .wait_container(name)
+                .await
+                .map_err(CreateError::Other)?;
+            // Kubernetes keeps one log per container: stdout and stderr together.
+            let logs = self
+                .pods()
+                .logs(name, &LogParams::default())
+                .await
+                .map_err(|e| CreateError::Other(failed(format!("read pod '{name}'s logs"), &e)))?;
+            Ok((
+                code,
+                logs.clone(),
+                if code == 0 { String::new() } else { logs },
+            ))
+        };
+        let out = run.await;
+        let _ = self.remove_container(name, true).await;
+        out
+    }
+
+    fn follow_logs(&self, name: &str) -> OutputStream {
+        let (pods, name) = (self.pods(), name.to_string());
+        let stream = async move {
+            let params = LogParams {
+                follow: true,
+                ..Default::default()
+            };
+            match pods.log_stream(&name, &params).await {
+                Ok(reader) => {
+                    use tokio_util::compat::FuturesAsyncReadCompatExt;
+                    chunks(reader.compat(), OutputChunk::Stdout)
+                }
+                Err(e) => {
+                    let e = failed(format!("follow pod '{name}'s logs"), &e);
+                    Box::pin(futures_util::stream::once(async move { Err(e) })) as OutputStream
+                }
+            }
+        };
+        Box::pin(futures_util::stream::once(stream).flatten())
+    }
+
+    async fn inspect_image(&self, image: &str) -> Result<Option<ImageInfo>> {
+        // The API server does not say which images its nodes have: a missing one shows
+        // when a pod cannot start (`CreateError::ImageMissing`).
+        Ok(Some(ImageInfo {
+            tags: vec![image.to_string()],
+            ..Default::default()
+        }))
+    }
+
+    async fn create_volume(&self, name: &str, labels: HashMap<String, String>) -> Result<()> {
+        let (k8s_labels, annotations) = meta::split(&labels);
+        let metadata = ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(k8s_labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        };
+        let role = labels.get(crate::session::names::labels::ROLE);
+        let created = if role.map(String::as_str) == Some(crate::session::names::roles::TURN_RECORD)
+        {
+            let map = ConfigMap {
+                metadata,
+                ..Default::default()
+            };
+            self.config_maps()
+                .create(&PostParams::default(), &map)
+                .await
+                .map(|_| ())
+        } else {
+            let size = std::env::var("CAW_BOX_VOLUME_SIZE").unwrap_or_else(|_| "1Gi".into());
+            let claim = PersistentVolumeClaim {
+                metadata,
+                spec: Some(PersistentVolumeClaimSpec {
+                    access_modes: Some(vec!["ReadWriteOnce".into()]),
+                    storage_class_name: std::env::var("CAW_BOX_STORAGE_CLASS").ok(),
+                    resources: Some(ResourceRequirements {
+                        requests: Some(BTreeMap::from([("storage".to_string(), Quantity(size))])),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            self.claims()
+                .create(&PostParams::default(), &claim)
+                .await
+                .map(|_| ())
+        };
+        match created {
+            // Docker's create is idempotent by name; so is this.
+            Err(e) if is_status(&e, 409) => Ok(()),
+            Err(e) => Err(failed(format!("create volume '{name}'"), &e)),
+            Ok(()) => Ok(()),
+        }
+    }
+
+    async fn inspect_volume(&self, name: &str) -> Result<Option<VolumeInfo>> {
+        let claim = self
+            .claims()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read claim '{name}'"), &e))?;
+        if let Some(c) = claim {
+            if c.metadata.deletion_timestamp.is_none() {
+                return Ok(Some(meta::volume(&c.metadata)));
+            }
+            return Ok(None);
+        }
+        let map = self
+            .config_maps()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read config map '{name}'"), &e))?;
+        Ok(map.map(|m| meta::volume(&m.metadata)))
+    }
+
+    async fn list_volumes(&self, labels: &[String]) -> Result<Vec<VolumeInfo>> {
+        let params = ListParams::default().labels(&label_selector(labels));
+        let (claim_api, map_api) = (self.claims(), self.config_maps());
+        let (claims, maps) = tokio::join!(
+            claim_api.list_metadata(&params),
+            map_api.list_metadata(&params)
+        );
+        let what = format!("list volumes in namespace '{}'", self.namespace);
+        let claims = claims.map_err(|e| failed(&what, &e))?;
+        let maps = maps.map_err(|e| failed(&what, &e))?;
+        Ok(claims
+            .items
+            .iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .map(|c| meta::volume(&c.metadata))
+            .chain(maps.items.iter().map(|m| meta::volume(&m.metadata)))
+            .filter(|v| meta::matches(&v.labels, labels))
+            .collect())
+    }
+
+    async fn remove_volume(&self, name: &str) -> Result<()> {
+        let params = DeleteParams::default();
+        let (claim_api, map_api) = (self.claims(), self.config_maps());
+        let (claim, map) = tokio::join!(
+            claim_api.delete(name, &params),
+            map_api.delete(name, &params)
+        );
+        for r in [claim.map(|_| ()), map.map(|_| ())] {
+            match r {
+                Ok(()) => {}
+                Err(e) if is_status(&e, 404) => {}
+                Err(e) => return Err(failed(format!("delete volume '{name}'"), &e)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn create_network(
+        &self,
+        name: &str,
+        _internal: bool,
+        _labels: HashMap<String, String>,
+    ) -> Result<()> {
+        Err(Error::usage(format!(
+            "cannot create network '{name}': --allow-host is not available with the kubernetes backend yet"
+        )))
+    }
+
+    async fn list_networks(&self, _labels: &[String]) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    async fn remove_network(&self, _name: &str) -> Result<()> {
+        Ok(())
+    }
+
+    async fn connect_network(&self, network: &str, _container: &str, _alias: &str) -> Result<()> {
+        Err(Error::usage(format!(
+            "cannot connect to network '{network}': networks are not available with the kubernetes backend yet"
+        )))
+    }
+
+    async fn upload_files(
+        &self,
+        name: &str,
+        dir: &str,
+        files: &[TarFile<'_>],
+        owner: (u32, u32),
+    ) -> Result<()> {
+        let tar = super::build_tar(files, owner.0.into(), owner.1.into())?;
+        self.upload_tar(name, dir, tar).await
+    }
+
+    async fn upload_tar(&self, name: &str, dir: &str, tar: Vec<u8>) -> Result<()> {
+        self.require_running(name).await?;
+        // Not as root: tar keeps the files' modes, and they belong to the pod's user.
+        let script = format!(
+            "mkdir -p {d} && tar -x --no-same-owner -m -f - -C {d}",
+            d = shell_quote(dir)
+        );
+        self.exec(name, &["sh", "-c", &script], Some(tar)).await?;
+        Ok(())
+    }
+
+    async fn download_file(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
+        self.require_running(name).await?;
+        let script = format!(
+            "if [ -f {p} ]; then printf Y; cat {p}; else printf N; fi",
+            p = shell_quote(path)
+        );
+        let out = self.exec(name, &["sh", "-c", &script], None).await?;
+        match out.split_first() {
+            Some((b'Y', rest)) => Ok(Some(rest.to_vec())),
+            _ => Ok(None),
+        }
+    }
+
+    async fn download_tar(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
+        self.require_running(name).await?;
+        let p = std::path::Path::new(path);
+        let parent = p.parent().map(|x| x.to_string_lossy().into_owned());
+        let base = p
+            .file_name()
+            .map(|x| x.to_string_lossy().into_owned())
+            .unwrap_or_else(|| ".".into());
+        let (parent, base) = if path.ends_with("/.") {
+            (path.trim_end_matches("/.").to_string(), ".".to_string())
+        } else {
+            (parent.unwrap_or_else(|| "/".into()), base)
+        };
+        let script = format!(
+            "if [ -e {p} ]; then printf Y; tar -c -f - -C {parent} {base}; else printf N; fi",
+            p = shell_quote(path),
+            parent = shell_quote(&parent),
+            base = shell_quote(&base)
+        );
+        let out = self.exec(name, &["sh", "-c", &script], None).await?;
+        match out.split_first() {
+            Some((b'Y', rest)) => Ok(Some(rest.to_vec())),
+            _ => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,136 @@
+//! The pure parts: label mapping and pod specs. What the API server does with them is
+//! proved by the e2e tests against the lab cluster (tests/e2e/kubernetes.rs).
+
+use std::collections::HashMap;
+
+use super::meta::{label_selector, matches, merged, split, valid_label_value};
+use super::*;
+use crate::backend::{Limits, Scratch};
+
+#[test]
+fn only_valid_values_become_labels_and_every_pair_an_annotation() {
+    let labels = HashMap::from([
+        ("io.caw-box.session".to_string(), "0f6d".to_string()),
+        (
+            "io.caw-box.settings".to_string(),
+            r#"{"image":"caw-box/codex:latest"}"#.to_string(),
+        ),
+    ]);
+    let (k8s, annotations) = split(&labels);
+    assert_eq!(
+        k8s.get("io.caw-box.session").map(String::as_str),
+        Some("0f6d")
+    );
+    assert!(!k8s.contains_key("io.caw-box.settings"));
+    assert_eq!(k8s.get(MANAGED_BY.0).map(String::as_str), Some("caw-box"));
+    assert_eq!(annotations.len(), 2);
+    let meta = ObjectMeta {
+        labels: Some(k8s),
+        annotations: Some(annotations),
+        ..Default::default()
+    };
+    assert_eq!(merged(&meta), labels);
+}
+
+#[test]
+fn label_values_follow_kubernetes_rules() {
+    assert!(valid_label_value("caw-box"));
+    assert!(valid_label_value(""));
+    assert!(!valid_label_value("-x"));
+    assert!(!valid_label_value("a b"));
+    assert!(!valid_label_value(&"a".repeat(64)));
+}
+
+#[test]
+fn the_selector_keeps_what_kubernetes_can_select_and_matches_checks_the_rest() {
+    let filter = vec![
+        "io.caw-box.session=abc".to_string(),
+        "io.caw-box.name=has space".to_string(),
+    ];
+    assert_eq!(
+        label_selector(&filter),
+        "app.kubernetes.io/managed-by=caw-box,io.caw-box.session=abc"
+    );
+    let labels = HashMap::from([
+        ("io.caw-box.session".to_string(), "abc".to_string()),
+        ("io.caw-box.name".to_string(), "has space".to_string()),
+    ]);
+    assert!(matches(&labels, &filter));
+    assert!(!matches(&labels, &["io.caw-box.session=other".to_string()]));
+}
+
+fn turn() -> TurnSpec {
+    TurnSpec {
+        image: "caw-box/codex:latest".into(),
+        argv: vec!["codex".into(), "exec".into()],
+        env: vec!["HOME=/home/agent".into()],
+        user: (1000, 1000),
+        working_dir: "/workspace".into(),
+        labels: HashMap::new(),
+        home: MountSpec::volume("caw-box-x", "/home/agent"),
+        workspace: Some(MountSpec::volume("caw-box-x-workspace", "/workspace")),
+        runtime: Scratch {
+            mount: "/run/caw-box".into(),
+            ..Default::default()
+        },
+        runtime_over_stdin: true,
+        limits: Limits {
+            memory: Some(1 << 30),
+            cpus: Some(1.5),
+            pids: 512,
+        },
+        network: NetworkPolicy::Default,
+        interactive: None,
+    }
+}
+
+#[test]
+fn a_turn_pod_is_hardened_and_carries_no_secret_path() {
+    let spec = turn_pod_spec(&turn()).unwrap();
+    assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    let seccomp = spec
+        .security_context
+        .as_ref()
+        .unwrap()
+        .seccomp_profile
+        .as_ref();
+    assert_eq!(seccomp.unwrap().type_, "RuntimeDefault");
+    let c = &spec.containers[0];
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.run_as_user, Some(1000));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        sc.capabilities.as_ref().unwrap().drop.as_deref(),
+        Some(&["ALL".to_string()][..])
+    );
+    assert_eq!(c.stdin, Some(true));
+    assert_eq!(c.stdin_once, Some(true));
+    let limits = c.resources.as_ref().unwrap().limits.as_ref().unwrap();
+    assert_eq!(limits["cpu"].0, "1500m");
+    assert_eq!(limits["memory"].0, (1u64 << 30).to_string());
+    let volumes = spec.volumes.as_ref().unwrap();
+    let runtime = volumes.iter().find(|v| v.name == "runtime").unwrap();
+    assert_eq!(
+        runtime.empty_dir.as_ref().unwrap().medium.as_deref(),
+        Some("Memory")
+    );
+    assert!(volumes
+        .iter()
+        .all(|v| v.secret.is_none() && v.host_path.is_none()));
+}
+
+#[test]
+fn a_host_directory_an_interactive_turn_and_a_named_network_are_refused() {
+    let mut bind = turn();
+    bind.workspace = Some(MountSpec::host_dir("/src", "/workspace"));
+    assert!(turn_pod_spec(&bind).is_err());
+    let mut tui = turn();
+    tui.interactive = Some(None);
+    assert!(turn_pod_spec(&tui).is_err());
+    let mut net = turn();
+    net.network = NetworkPolicy::Named("gw".into());
+    assert!(turn_pod_spec(&net).is_err());
+}
