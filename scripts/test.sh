@@ -45,6 +45,7 @@ podman_tests=(
     'test(/^user_config::/)'
     'test(portable::an_exported_session_resumes_on_an_emptied_host_by_its_old_handle)'
     'test(interactive::codex_tui_session_resumes_headless_and_back)'
+    'test(release::an_installed_caw_box_builds_its_images_and_runs_a_turn)'
 )
 filter=$(IFS='|'; echo "${podman_tests[*]}")
 scripts/podman.sh with cargo nextest run --no-fail-fast --test-threads 3 --test e2e \
