@@ -48,19 +48,8 @@ pub(super) async fn ensure_owner(backend: &impl Backend, record: &mut SessionRec
         no_new_privileges: true,
         ..Default::default()
     };
-    let name = names::helper_container(id, "chown");
-    let (code, _, err) = backend
-        .run_to_completion(&name, &spec)
-        .await
-        .map_err(|e| image_hint(e, record))?;
-    if code != 0 {
-        return Err(Error::environment(format!(
-            "failed to hand session {id}'s volumes to uid {}:{}: {}",
-            ids.0,
-            ids.1,
-            err.trim()
-        )));
-    }
+    let what = format!("hand session {id}'s volumes to uid {}:{}", ids.0, ids.1);
+    run_helper(backend, record, "chown", &spec, &what).await?;
     record.owner = Some(ids);
     Ok(())
 }
@@ -82,14 +71,26 @@ pub(super) async fn fill_new_home(backend: &impl Backend, record: &SessionRecord
         no_new_privileges: true,
         ..Default::default()
     };
-    let name = names::helper_container(id, "fill");
+    let what = format!("prepare session {id}'s new volume");
+    run_helper(backend, record, "fill", &spec, &what).await
+}
+
+/// Runs one of the session's volume helpers to its end; a failure says what it was to do.
+async fn run_helper(
+    backend: &impl Backend,
+    record: &SessionRecord,
+    suffix: &str,
+    spec: &HelperSpec,
+    what: &str,
+) -> Result<()> {
+    let name = names::helper_container(record.session_id, suffix);
     let (code, _, err) = backend
-        .run_to_completion(&name, &spec)
+        .run_to_completion(&name, spec)
         .await
         .map_err(|e| image_hint(e, record))?;
     if code != 0 {
         return Err(Error::environment(format!(
-            "failed to prepare session {id}'s new volume: {}",
+            "failed to {what}: {}",
             err.trim()
         )));
     }
