@@ -319,6 +319,19 @@ pub struct TurnArgs {
     /// Start the turn in the background, print the session id, and return at once.
     #[arg(short, long)]
     pub detach: bool,
+    /// `broker` (default): the CLI gets a placeholder API key and its model traffic goes
+    /// through a broker container outside the agent's, which adds the real key (logins
+    /// other than API keys, and `--network none|host`, stay injected for now). `inject`:
+    /// the real credentials inside the agent's container, as before. Also CAW_BOX_CREDENTIALS.
+    #[arg(long, value_enum, value_name = "MODE", env = "CAW_BOX_CREDENTIALS")]
+    pub credentials: Option<CredentialsArg>,
+}
+
+/// How a turn gets its credentials (`--credentials`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CredentialsArg {
+    Broker,
+    Inject,
 }
 
 /// The settings of a session that flags, `CAW_BOX_*` variables and config files can set

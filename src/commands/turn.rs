@@ -49,6 +49,7 @@ fn turn_options(args: &TurnArgs, config: &Resolved) -> Result<TurnOptions> {
         idle_timeout: None,
         connect_timeout: None,
         user_files: Vec::new(),
+        inject_credentials: args.credentials == Some(crate::cli::CredentialsArg::Inject),
     })
 }
 
@@ -353,6 +354,8 @@ struct DriveJob {
     timeout_ms: Option<u64>,
     #[serde(default)]
     user_files: Vec<crate::provider::HomeFile>,
+    #[serde(default)]
+    inject_credentials: bool,
 }
 
 impl DriveJob {
@@ -366,6 +369,7 @@ impl DriveJob {
                 .timeout
                 .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             user_files: options.user_files.clone(),
+            inject_credentials: options.inject_credentials,
         }
     }
 
@@ -379,6 +383,7 @@ impl DriveJob {
             idle_timeout: None,
             connect_timeout: None,
             user_files: self.user_files.clone(),
+            inject_credentials: self.inject_credentials,
         }
     }
 }

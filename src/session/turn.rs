@@ -47,6 +47,8 @@ pub struct TurnOptions {
     /// Files put in HOME before this turn, before the adapter's own (which win where both
     /// set a JSON key): the user's CLI setup of `--user-config` (`auth::user_config`).
     pub user_files: Vec<crate::provider::HomeFile>,
+    /// `--credentials inject`: hand the real credentials to the CLI, as before the broker.
+    pub inject_credentials: bool,
 }
 
 /// The container name that is also the session's lock.
@@ -135,6 +137,9 @@ pub(super) struct TurnContext<'a, B> {
     pub runtime_payload: Option<&'a [u8]>,
     /// The egress proxy's container, when the turn's network is restricted.
     pub proxy: Option<&'a str>,
+    /// `Some(true)` once the turn's credential broker listens (`Some(false)`: it failed),
+    /// `Some(true)` from the start when there is none: the runtime files wait for it.
+    pub broker_ready: tokio::sync::watch::Receiver<Option<bool>>,
 }
 
 pub(super) fn append_event(log: &mut Vec<u8>, e: &Event) {
