@@ -12,6 +12,11 @@ Examples:
   echo \"summarise the README\" | caw-box run --provider gemini -
   caw-box run --provider opencode --endpoint http://gateway:8080 --env OPENAI_API_KEY \"hi\"
   caw-box run --provider codex --name live      # no prompt: codex's own TUI, in this terminal
+  caw-box run --provider claude --allow-host @provider \"fix it\"   # recommended locked-down setup
+
+Credentials are brokered by default: a collected API key stays in a broker container outside
+the agent's, and the CLI gets a placeholder (--credentials inject: the real key inside, as
+before; logins kept in files are injected for now).
 
 Settings not given as flags come from CAW_BOX_* variables, then the project's .caw-box.toml,
 then ~/.config/caw-box/config.toml: `caw-box config show` says which.";
@@ -377,6 +382,8 @@ pub struct SettingsArgs {
     pub network: Option<String>,
     /// Egress only to this host (repeatable), through caw-box's proxy: `HOST[:PORT]`,
     /// `*.example.com`, or `@provider` for the provider's API host (or the --endpoint host).
+    /// Recommended: `--allow-host @provider` with the credential broker (the default): model
+    /// traffic leaves through the broker, and the agent holds no key.
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     pub allow_host: Vec<String>,
     /// Send the CLI's model traffic to this base URL (a proxy, gateway or local server).

@@ -74,12 +74,10 @@ module.exports = function broker(config) {
     );
     out.on('error', (e) => {
       process.stderr.write(`caw-box-broker: ${req.method} upstream error: ${e.code || e.message}\n`);
-      if (!res.headersSent) {
-        res.writeHead(502, { 'content-type': 'application/json' });
-        res.end(JSON.stringify({ error: { type: 'caw_box_broker', message: `upstream unreachable: ${e.code || 'error'}` } }));
-      } else {
-        res.destroy();
-      }
+      // The CLI sees its model unreachable as it would without the broker (a dropped
+      // connection it reports and retries), so caw-box still tells `unreachable` apart.
+      res.destroy();
+      req.socket.destroy();
     });
     req.pipe(out);
     req.on('aborted', () => out.destroy());

@@ -249,21 +249,48 @@ fn broker_is_the_way_out_under_allow_host() {
 
 #[test]
 fn broker_is_skipped_with_credentials_inject() {
+    // Also the scan's control: the same search that finds nothing under the broker finds
+    // the injected key in the CLI's environment.
     let rig = Rig::new("broker-optout");
     let home = tempfile::tempdir().unwrap();
     collect_key(&rig, CLAUDE, home.path());
-    let (code, json, stderr) = rig.json_turn(rig.run_cmd_stored_key(
+    let mut cmd = rig.run_cmd_stored_key(
         CLAUDE,
-        "RUN:echo \"key=${ANTHROPIC_API_KEY:-$CAW_BOX_HIDDEN_ANTHROPIC_API_KEY}\" | cut -c1-20",
-        &["--credentials", "inject"],
-    ));
-    assert_eq!(code, 0, "{json}\n{stderr}");
-    // The real key's start (not all of it: the test's output stays clean) reached the CLI.
-    let mut c = rig.caw();
-    c.args(["logs", json["session_id"].as_str().unwrap()]);
-    let logged = stdout_of(&run(c));
-    assert!(
-        logged.contains(&format!("key={}", &TEST_KEY[..16])),
-        "{logged}"
+        "SLEEP:10 REMEMBER:injected",
+        &["--credentials", "inject", "-o", "json"],
     );
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let container = rig.wait_for_running_turn(None, Duration::from_secs(60));
+    let found = (0..40).find_map(|_| {
+        let found = scan(&container, "1000", &key_pieces(), true);
+        if found.iter().any(|f| f.ends_with("/environ")) {
+            return Some(found);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        None
+    });
+    assert!(found.is_some(), "the scan did not find the injected key");
+    assert!(
+        !rig.caw_containers().iter().any(|n| n.contains("-broker-")),
+        "a broker runs with --credentials inject"
+    );
+    let out = wait_with_deadline(child, Duration::from_secs(120));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(stdout_of(&out).contains("Noted: injected."));
+}
+
+#[test]
+fn broker_reports_an_unreachable_upstream_as_unreachable() {
+    let rig = Rig::new("broker-dead");
+    let home = tempfile::tempdir().unwrap();
+    collect_key(&rig, CODEX, home.path());
+    let mut c = rig.caw();
+    c.args(["run", "--provider", "codex", "--network", &rig.network])
+        .args(["--endpoint", &format!("http://nowhere-{}:8080", rig.run_id)])
+        .args(["--model", "gpt-5.5", "--connect-timeout", "5s", "hi"]);
+    let (code, json, stderr) = rig.json_turn(c);
+    assert_eq!(code, 3, "{json}\n{stderr}");
+    assert_eq!(json["status"], "unreachable", "{json}");
+    assert_eq!(rig.caw_containers(), Vec::<String>::new());
 }
