@@ -327,7 +327,7 @@ pub struct TurnArgs {
     /// `broker` (default): the CLI gets a placeholder API key and its model traffic goes
     /// through a broker container outside the agent's, which adds the real key (logins
     /// other than API keys, and `--network none|host`, stay injected for now). `inject`:
-    /// the real credentials inside the agent's container, as before. Also CAW_BOX_CREDENTIALS.
+    /// the real credentials inside the agent's container, as before.
     #[arg(long, value_enum, value_name = "MODE", env = "CAW_BOX_CREDENTIALS")]
     pub credentials: Option<CredentialsArg>,
 }
