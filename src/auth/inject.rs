@@ -223,3 +223,19 @@ pub fn finish(p: ProviderKind, home_out: &[u8]) -> Result<Vec<String>> {
     let store = Store::open()?;
     store::write_back(&store, p, &changed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_have_the_vendors_shape_and_are_fresh() {
+        assert!(placeholder("ANTHROPIC_API_KEY").starts_with("sk-ant-api03-"));
+        assert!(placeholder("OPENAI_API_KEY").starts_with("sk-"));
+        assert!(placeholder("GEMINI_API_KEY").starts_with("AIza"));
+        assert_ne!(placeholder("OPENAI_API_KEY"), placeholder("OPENAI_API_KEY"));
+        for var in BROKERED_VARS {
+            assert!(placeholder(var).len() >= 39, "{var}");
+        }
+    }
+}

@@ -231,6 +231,82 @@ impl Broker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::Secret;
+    use crate::session::record::{SessionSettings, WorkspaceMode};
+
+    fn record(network: &str, endpoint: Option<&str>) -> SessionRecord {
+        SessionRecord {
+            version: 1,
+            session_id: uuid::Uuid::new_v4(),
+            provider: ProviderKind::ClaudeCode,
+            name: None,
+            group: None,
+            resume_key: String::new(),
+            key_confirmed: false,
+            owner: None,
+            created_at: 0,
+            settings: SessionSettings {
+                image: "caw-box/claude-code:latest".into(),
+                network: network.into(),
+                workspace_mode: WorkspaceMode::None,
+                endpoint: endpoint.map(str::to_string),
+                ..Default::default()
+            },
+            turns: Vec::new(),
+            turn_started: false,
+        }
+    }
+
+    fn keys() -> Vec<(String, Secret)> {
+        vec![(
+            "sk-ant-api03-cawbox-placeholder-x".into(),
+            Secret::new("real-key"),
+        )]
+    }
+
+    #[test]
+    fn the_broker_sits_where_the_agent_can_name_it() {
+        // --network open: a network of its own, which the agent joins.
+        let b = Broker::plan(&record("open", None), None, &keys()).unwrap();
+        let own = b.own_network.clone().unwrap();
+        assert_eq!(b.first, NetworkPolicy::Named(own.clone()));
+        assert_eq!(b.agent_network(), Some(NetworkPolicy::Named(own)));
+        assert_eq!(b.url, format!("http://{}:{BROKER_PORT}", b.container));
+        // --network NAME: on it, under its own name (not a shared alias).
+        let b = Broker::plan(&record("gw-net", None), None, &keys()).unwrap();
+        assert_eq!(b.first, NetworkPolicy::Named("gw-net".into()));
+        assert_eq!((b.join.as_deref(), b.agent_network()), (None, None));
+        // --allow-host: on the outer network, and joins the agent's egress network.
+        let b = Broker::plan(&record("open", None), Some("egress-net"), &keys()).unwrap();
+        assert_eq!(b.first, NetworkPolicy::Default);
+        assert_eq!(b.join.as_deref(), Some("egress-net"));
+        assert_eq!(b.agent_network(), None);
+        // Nowhere to put it, or nothing to broker.
+        assert!(Broker::plan(&record("none", None), None, &keys()).is_none());
+        assert!(Broker::plan(&record("host", None), None, &keys()).is_none());
+        assert!(Broker::plan(&record("open", None), None, &[]).is_none());
+    }
+
+    #[test]
+    fn the_upstream_is_the_endpoint_else_the_vendor_and_keys_go_only_to_stdin() {
+        let b = Broker::plan(
+            &record("n", Some("https://gw.example/anthropic/")),
+            None,
+            &keys(),
+        )
+        .unwrap();
+        assert!(b.url.ends_with(":8080/anthropic"), "{}", b.url);
+        let line: serde_json::Value = serde_json::from_slice(b.config.expose()).unwrap();
+        assert_eq!(line["config"]["upstream"], "https://gw.example/anthropic/");
+        assert_eq!(
+            line["config"]["keys"]["sk-ant-api03-cawbox-placeholder-x"],
+            "real-key"
+        );
+        let b = Broker::plan(&record("n", None), None, &keys()).unwrap();
+        let line: serde_json::Value = serde_json::from_slice(b.config.expose()).unwrap();
+        assert_eq!(line["config"]["upstream"], "https://api.anthropic.com");
+        assert!(!LOADER.contains("real-key") && !b.url.contains("real-key"));
+    }
 
     #[test]
     fn the_broker_url_keeps_the_endpoint_path() {
