@@ -3,12 +3,14 @@
 // request to the real upstream (the vendor's API host over TLS, or the --endpoint URL).
 //
 // Everything secret arrives on stdin as one JSON object, never in argv or the environment:
-//   {"port": N, "upstream": "https://api.anthropic.com", "keys": {"<placeholder>": "<real>"}}
-// stdin is closed right after. The broker prints one line "caw-box-broker ready" on stdout
-// once it listens, and otherwise logs nothing that could hold a secret (no headers, no
-// query strings). Credential places it rewrites: x-api-key, Authorization (Bearer),
-// x-goog-api-key, and the `key` query parameter. A value that is not a placeholder passes
-// unchanged: a key the user gave the agent with --env still works.
+//   {"port": N, "upstream": "https://api.anthropic.com", "places": ["x-api-key", ...],
+//    "keys": {"<placeholder>": "<real>"}}
+// on one line. The broker prints one line "caw-box-broker ready" on stdout once it listens,
+// and otherwise logs nothing that could hold a secret (no headers, no query strings).
+// `places` (the vendor's, from its credential spec under auth/) says where the CLI sends its
+// key: header names (a value may be `Bearer <key>`), or `query:<name>`. Only there is a
+// placeholder swapped; a value that is not a placeholder passes unchanged (a key the user
+// gave the agent with --env still works).
 //
 // caw-box ships this file on the broker container's stdin too (the container runs a small
 // loader with `node -e`), so the broker always matches the caw-box that started it.
@@ -18,6 +20,9 @@ module.exports = function broker(config) {
   const https = require('https');
   const upstream = new URL(config.upstream);
   const keys = new Map(Object.entries(config.keys || {}));
+  const places = config.places || ['x-api-key', 'authorization', 'x-goog-api-key', 'query:key'];
+  const headerPlaces = places.filter((p) => !p.startsWith('query:'));
+  const queryPlaces = places.filter((p) => p.startsWith('query:')).map((p) => p.slice(6));
   const client = upstream.protocol === 'https:' ? https : http;
   const base = upstream.pathname.replace(/\/+$/, '');
   const HOP = [
@@ -37,18 +42,15 @@ module.exports = function broker(config) {
     const headers = {};
     for (const [k, v] of Object.entries(req.headers)) {
       if (HOP.includes(k)) continue;
-      headers[k] = k === 'x-api-key' || k === 'authorization' || k === 'x-goog-api-key'
-        ? swap(v)
-        : v;
+      headers[k] = headerPlaces.includes(k) ? swap(v) : v;
     }
     let path = req.url || '/';
     const q = path.indexOf('?');
     if (q >= 0) {
       const params = new URLSearchParams(path.slice(q + 1));
-      if (params.has('key')) {
-        params.set('key', swap(params.get('key')));
-        path = path.slice(0, q) + '?' + params.toString();
-      }
+      const names = queryPlaces.filter((n) => params.has(n));
+      for (const n of names) params.set(n, swap(params.get(n)));
+      if (names.length) path = path.slice(0, q) + '?' + params.toString();
     }
     // A base URL with a path (a gateway at https://gw/openai) keeps it: the CLI's paths
     // come after it.

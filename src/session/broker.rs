@@ -36,13 +36,9 @@ const LOADER: &str = "const c=[];const on=(d)=>{c.push(d);const b=Buffer.concat(
 
 const SCRIPT: &str = include_str!("../auth/broker.js");
 
-/// The vendor's API host when the session has no `--endpoint`.
-pub fn default_upstream(p: ProviderKind) -> &'static str {
-    match p {
-        ProviderKind::ClaudeCode => "https://api.anthropic.com",
-        ProviderKind::Codex | ProviderKind::Opencode => "https://api.openai.com",
-        ProviderKind::Gemini => "https://generativelanguage.googleapis.com",
-    }
+/// The vendor's API host when the session has no `--endpoint` (from its credential spec).
+pub fn default_upstream(p: ProviderKind) -> String {
+    crate::auth::spec::Spec::of(p).broker.upstream
 }
 
 /// The path of a base URL, without a trailing `/` (`""` for none).
@@ -94,7 +90,10 @@ impl Broker {
             .settings
             .endpoint
             .clone()
-            .unwrap_or_else(|| default_upstream(record.provider).to_string());
+            .unwrap_or_else(|| default_upstream(record.provider));
+        let places = crate::auth::spec::Spec::of(record.provider)
+            .broker
+            .key_places;
         let path = url_path(&upstream);
         let mut map = serde_json::Map::new();
         for (placeholder, real) in keys {
@@ -103,7 +102,7 @@ impl Broker {
         }
         let line = serde_json::json!({
             "script": SCRIPT,
-            "config": {"port": BROKER_PORT, "upstream": upstream, "keys": map},
+            "config": {"port": BROKER_PORT, "upstream": upstream, "places": places, "keys": map},
         });
         let mut bytes = serde_json::to_vec(&line).ok()?;
         bytes.push(b'\n');

@@ -224,9 +224,10 @@ fn broker_is_the_way_out_under_allow_host() {
     );
     let id = json["session_id"].as_str().unwrap();
     // From the agent: the stub is refused by the proxy and unreachable directly; the
-    // allowed host answers.
+    // allowed host answers. (A bounded direct attempt: codex's shell tool returns what a
+    // command printed after 10 s, and a name lookup on an internal network can be slow.)
     let probe = format!(
-        "RUN:for h in {stub} {other}; do exec 3<>/dev/tcp/caw-box-proxy/3128; printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; echo \"$h $(head -1 <&3 | tr -d '\\r')\"; exec 3<&-; done; (exec 3<>/dev/tcp/{stub}/8080) 2>/dev/null && echo direct-open || echo direct-blocked",
+        "RUN:for h in {stub} {other}; do exec 3<>/dev/tcp/caw-box-proxy/3128; printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; echo \"$h $(head -1 <&3 | tr -d '\\r')\"; exec 3<&-; done; timeout 3 bash -c 'exec 3<>/dev/tcp/{stub}/8080' 2>/dev/null && echo direct-open || echo direct-blocked",
         stub = rig.stub
     );
     let mut c = rig.caw();
@@ -292,5 +293,36 @@ fn broker_reports_an_unreachable_upstream_as_unreachable() {
     let (code, json, stderr) = rig.json_turn(c);
     assert_eq!(code, 3, "{json}\n{stderr}");
     assert_eq!(json["status"], "unreachable", "{json}");
+    assert_eq!(rig.caw_containers(), Vec::<String>::new());
+}
+
+#[test]
+fn broker_lives_as_long_as_a_detached_turn() {
+    let rig = Rig::new("broker-detach");
+    let home = tempfile::tempdir().unwrap();
+    collect_key(&rig, CODEX, home.path());
+    let out = run(rig.run_cmd_stored_key(CODEX, "SLEEP:6 REMEMBER:later", &["--detach"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let id = stdout_of(&out).trim().to_string();
+    // The caw-box that started it has returned; the broker serves the turn meanwhile.
+    assert!(
+        rig.caw_containers().iter().any(|n| n.contains("-broker-")),
+        "{:?}",
+        rig.caw_containers()
+    );
+    let mut c = rig.caw();
+    c.args(["wait", &id, "-o", "json"]);
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert!(
+        json["result"].as_str().unwrap().contains("Noted: later."),
+        "{json}"
+    );
+    // Removed with the turn.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !rig.caw_containers().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
     assert_eq!(rig.caw_containers(), Vec::<String>::new());
 }
