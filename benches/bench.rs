@@ -7,7 +7,9 @@
 //! Parts: cold start of `caw-box --version`; event parsing and rendering throughput per
 //! provider; listing and TARGET resolution with 1,000 sessions; per provider, a `run` and a
 //! `resume` turn against plain `docker run` of the same image, command, mounts and env,
-//! against the stub model on an internal network (ratios, same run); peak RSS of caw-box
+//! against the stub model on an internal network (ratios, same run; caw-box's turns use a
+//! collected key, so they are brokered, as by default; docker run gets the key in its env);
+//! peak RSS of caw-box
 //! during a turn; 32 turns at once against the same turns one by one.
 //!
 //! To iterate on one number: `--only PART` (`cold`, `parse`, `listing`, `turns`,
@@ -238,6 +240,9 @@ struct ModelRig {
     network: String,
     stub: String,
     label: String,
+    /// caw-box's data directory for the turns: the key collected there, so that caw-box's
+    /// turns are brokered (the default); plain `docker run` gets the key in its env.
+    data_dir: String,
 }
 
 const BENCH_KEY: &str = "sk-bench";
@@ -262,7 +267,27 @@ impl ModelRig {
             network: format!("caw-box-bench-net-{id}"),
             stub: format!("caw-box-bench-stub-{id}"),
             label: format!("{BENCH_LABEL}=bench-turns-{id}"),
+            data_dir: tempfile::tempdir()
+                .unwrap()
+                .keep()
+                .to_string_lossy()
+                .into_owned(),
         };
+        for (p, var) in [
+            ("claude_code", "ANTHROPIC_API_KEY"),
+            ("codex", "OPENAI_API_KEY"),
+            ("opencode", "OPENAI_API_KEY"),
+            ("gemini", "GEMINI_API_KEY"),
+        ] {
+            let out = Command::new(caw_box())
+                .args(["auth", "collect", "--provider", p])
+                .env("CAW_BOX_DATA_DIR", &rig.data_dir)
+                .env("HOME", &rig.data_dir)
+                .env(var, BENCH_KEY)
+                .output()
+                .expect("caw-box auth collect");
+            assert!(out.status.success(), "auth collect --provider {p}");
+        }
         docker_cli(&[
             "network",
             "create",
@@ -292,6 +317,7 @@ impl Drop for ModelRig {
     /// Removes what carries this run's label, and nothing else: other test runs may share
     /// the daemon (scripts/cleanup.sh would remove theirs too).
     fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.data_dir);
         let filter = format!("label={}", self.label);
         let ids = |args: &[&str]| -> Vec<String> {
             Command::new("docker")
@@ -420,16 +446,10 @@ fn caw_turn(
             c.args(["resume", id]);
         }
     }
-    c.args([
-        "--env",
-        &format!("{}={BENCH_KEY}", b.key_var),
-        "-q",
-        "-o",
-        "json",
-        prompt,
-    ])
-    .env("CAW_BOX_LABELS", &rig.label)
-    .current_dir(ws);
+    c.args(["-q", "-o", "json", prompt])
+        .env("CAW_BOX_DATA_DIR", &rig.data_dir)
+        .env("CAW_BOX_LABELS", &rig.label)
+        .current_dir(ws);
     timed(c)
 }
 
@@ -656,12 +676,14 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
     let handles: Vec<_> = (0..n)
         .map(|_| {
             let (network, stub, label) = (rig.network.clone(), rig.stub.clone(), rig.label.clone());
+            let data_dir = rig.data_dir.clone();
             let ws = ws.path().to_path_buf();
             std::thread::spawn(move || {
                 let r = ModelRig {
                     network,
                     stub,
                     label,
+                    data_dir,
                 };
                 let out = caw_turn(&r, &TURN_BENCHES[1], &ws, None, "REMEMBER:par");
                 std::mem::forget(r); // the shared rig is cleaned up once, below

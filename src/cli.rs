@@ -12,6 +12,11 @@ Examples:
   echo \"summarise the README\" | caw-box run --provider gemini -
   caw-box run --provider opencode --endpoint http://gateway:8080 --env OPENAI_API_KEY \"hi\"
   caw-box run --provider codex --name live      # no prompt: codex's own TUI, in this terminal
+  caw-box run --provider claude --allow-host @provider \"fix it\"   # recommended locked-down setup
+
+--credentials broker keeps a collected API key out of the agent's container: a broker
+container beside it adds the key, and the CLI gets a placeholder (the default, inject, hands
+the CLI the real key through a private file; logins kept in files are always injected for now).
 
 Settings not given as flags come from CAW_BOX_* variables, then the project's .caw-box.toml,
 then ~/.config/caw-box/config.toml: `caw-box config show` says which.";
@@ -361,6 +366,19 @@ pub struct TurnArgs {
     /// Start the turn in the background, print the session id, and return at once.
     #[arg(short, long)]
     pub detach: bool,
+    /// `inject` (default): the real credentials reach the CLI through a private file.
+    /// `broker`: the CLI gets a placeholder API key and its model traffic goes through a
+    /// broker container outside the agent's, which adds the real key (logins other than API
+    /// keys, and `--network none|host`, stay injected for now).
+    #[arg(long, value_enum, value_name = "MODE", env = "CAW_BOX_CREDENTIALS")]
+    pub credentials: Option<CredentialsArg>,
+}
+
+/// How a turn gets its credentials (`--credentials`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CredentialsArg {
+    Broker,
+    Inject,
 }
 
 /// The settings of a session that flags, `CAW_BOX_*` variables and config files can set
@@ -406,6 +424,8 @@ pub struct SettingsArgs {
     pub network: Option<String>,
     /// Egress only to this host (repeatable), through caw-box's proxy: `HOST[:PORT]`,
     /// `*.example.com`, or `@provider` for the provider's API host (or the --endpoint host).
+    /// Recommended: `--allow-host @provider --credentials broker`: model traffic leaves
+    /// through the broker, and the agent holds no key.
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     pub allow_host: Vec<String>,
     /// Send the CLI's model traffic to this base URL (a proxy, gateway or local server).

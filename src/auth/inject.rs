@@ -12,6 +12,7 @@ use std::collections::HashMap;
 
 use crate::auth::spec::Spec;
 use crate::auth::store::{self, Store};
+use crate::auth::Secret;
 use crate::clock::now_secs;
 use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
@@ -26,6 +27,9 @@ pub struct Prepared {
     pub files: Vec<(String, Vec<u8>)>,
     /// The names of the variables the CLI will have from the store and the turn's `--env`.
     pub names: Vec<String>,
+    /// Brokered keys: each placeholder the CLI got (in `auth/env`) and the real key the
+    /// broker puts in its place. Empty when the turn's credentials are injected.
+    pub brokered: Vec<(String, Secret)>,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -34,6 +38,7 @@ impl std::fmt::Debug for Prepared {
         f.debug_struct("Prepared")
             .field("files", &paths)
             .field("names", &self.names)
+            .field("brokered", &self.brokered.len())
             .finish()
     }
 }
@@ -43,6 +48,20 @@ impl std::fmt::Debug for Prepared {
 ///
 /// Fails with exit 4 and the exact `auth collect` command when `p` has none.
 pub fn prepare(p: ProviderKind, turn_env: &[(String, String)]) -> Result<Prepared> {
+    prepare_as(p, turn_env, false)
+}
+
+/// [`prepare`], with the collected API keys brokered when `broker` is set and `p`'s
+/// credentials are API keys only: the CLI then gets a placeholder of the key's shape in each
+/// key variable, and [`Prepared::brokered`] pairs each placeholder with the real key. Login
+/// files (OAuth) are still injected as today, and a store holding any keeps the whole turn
+/// injected (their refresh moves into the broker in a later step). `--env` values are the
+/// user's own choice of the agent's environment and pass as given.
+pub fn prepare_as(
+    p: ProviderKind,
+    turn_env: &[(String, String)],
+    broker: bool,
+) -> Result<Prepared> {
     let spec = Spec::of(p);
     let store = Store::open()?;
     let manifest = store.manifest(p);
@@ -78,6 +97,12 @@ pub fn prepare(p: ProviderKind, turn_env: &[(String, String)]) -> Result<Prepare
     }
 
     let mut files = Vec::new();
+    let has_files = spec
+        .home_targets()
+        .iter()
+        .any(|t| store.file(p, t).is_some());
+    let broker = broker && !has_files;
+    let mut brokered = Vec::new();
     for target in spec.home_targets() {
         if let Some(secret) = store.file(p, &target) {
             files.push((
@@ -87,6 +112,13 @@ pub fn prepare(p: ProviderKind, turn_env: &[(String, String)]) -> Result<Prepare
         }
     }
     let vars = store.env(p);
+    // Only keys the broker knows how to swap; anything else (opencode's whole auth JSON in
+    // OPENCODE_AUTH_CONTENT) keeps the turn injected.
+    let broker = broker
+        && !vars.is_empty()
+        && vars
+            .iter()
+            .all(|(k, _)| BROKERED_VARS.contains(&k.as_str()));
     let mut names: Vec<String> = turn_env.iter().map(|(k, _)| k.clone()).collect();
     names.extend(vars.iter().map(|(k, _)| k.to_string()));
     if !vars.is_empty() {
@@ -94,7 +126,13 @@ pub fn prepare(p: ProviderKind, turn_env: &[(String, String)]) -> Result<Prepare
         for (k, v) in &vars {
             bytes.extend_from_slice(k.as_bytes());
             bytes.push(b'=');
-            bytes.extend_from_slice(v.expose());
+            if broker && !v.is_empty() {
+                let stand_in = placeholder(k);
+                bytes.extend_from_slice(stand_in.as_bytes());
+                brokered.push((stand_in, v.clone()));
+            } else {
+                bytes.extend_from_slice(v.expose());
+            }
             bytes.push(0);
         }
         files.push((format!("{AUTH_SUBDIR}/env"), bytes));
@@ -105,7 +143,38 @@ pub fn prepare(p: ProviderKind, turn_env: &[(String, String)]) -> Result<Prepare
         scrub.push(0);
     }
     files.push((SCRUB_FILE.to_string(), scrub));
-    Ok(Prepared { files, names })
+    Ok(Prepared {
+        files,
+        names,
+        brokered,
+    })
+}
+
+/// The key variables whose values the broker swaps in (sent as `x-api-key`,
+/// `Authorization: Bearer`, `x-goog-api-key` or `?key=`).
+pub const BROKERED_VARS: [&str; 7] = [
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "CLAUDE_CODE_OAUTH_TOKEN",
+    "OPENAI_API_KEY",
+    "CODEX_API_KEY",
+    "GEMINI_API_KEY",
+    "GOOGLE_API_KEY",
+];
+
+/// A stand-in for the key in variable `var`, of the shape the vendor's keys have (a CLI
+/// that checks a key's prefix accepts it), fresh for every turn: worth nothing outside the
+/// turn's broker.
+pub fn placeholder(var: &str) -> String {
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    let prefix = match var {
+        "ANTHROPIC_API_KEY" => "sk-ant-api03-cawbox-placeholder-",
+        "ANTHROPIC_AUTH_TOKEN" | "CLAUDE_CODE_OAUTH_TOKEN" => "sk-ant-oat01-cawbox-placeholder-",
+        "OPENAI_API_KEY" | "CODEX_API_KEY" => "sk-proj-cawbox-placeholder-",
+        "GEMINI_API_KEY" | "GOOGLE_API_KEY" => "AIzaCawBoxPlaceholder",
+        _ => "cawbox-placeholder-",
+    };
+    format!("{prefix}{random}")
 }
 
 /// Where the entrypoint hands back the credential files the CLI changed, relative to the
@@ -153,4 +222,20 @@ pub fn finish(p: ProviderKind, home_out: &[u8]) -> Result<Vec<String>> {
     }
     let store = Store::open()?;
     store::write_back(&store, p, &changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_have_the_vendors_shape_and_are_fresh() {
+        assert!(placeholder("ANTHROPIC_API_KEY").starts_with("sk-ant-api03-"));
+        assert!(placeholder("OPENAI_API_KEY").starts_with("sk-"));
+        assert!(placeholder("GEMINI_API_KEY").starts_with("AIza"));
+        assert_ne!(placeholder("OPENAI_API_KEY"), placeholder("OPENAI_API_KEY"));
+        for var in BROKERED_VARS {
+            assert!(placeholder(var).len() >= 39, "{var}");
+        }
+    }
 }

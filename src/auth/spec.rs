@@ -20,6 +20,17 @@ pub struct Spec {
     /// `auth::user_config`).
     #[serde(default)]
     pub user_config: Vec<UserConfigSource>,
+    /// How the credential broker stands in for this CLI's API key.
+    pub broker: BrokerSpec,
+}
+
+/// The broker's data of a vendor in API-key mode (evidence: tests/fixtures/README.md).
+#[derive(Debug, Clone, Deserialize)]
+pub struct BrokerSpec {
+    /// The vendor's API base when the session has no `--endpoint`.
+    pub upstream: String,
+    /// Where the CLI sends its key: header names (lower case), or `query:<name>`.
+    pub key_places: Vec<String>,
 }
 
 /// A file or directory of the user's own CLI setup (instructions, skills, settings).

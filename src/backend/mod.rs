@@ -480,4 +480,6 @@ pub struct HelperSpec {
     pub tmp: Option<String>,
     /// A private runtime directory with files from before the start (a probe's key).
     pub scratch: Option<Scratch>,
+    /// Keep stdin open for `attach` (the credential broker reads its keys there).
+    pub stdin: bool,
 }

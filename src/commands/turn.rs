@@ -49,6 +49,7 @@ fn turn_options(args: &TurnArgs, config: &Resolved) -> Result<TurnOptions> {
         idle_timeout: None,
         connect_timeout: None,
         user_files: Vec::new(),
+        broker_credentials: args.credentials == Some(crate::cli::CredentialsArg::Broker),
     })
 }
 
@@ -366,6 +367,8 @@ struct DriveJob {
     timeout_ms: Option<u64>,
     #[serde(default)]
     user_files: Vec<crate::provider::HomeFile>,
+    #[serde(default)]
+    broker_credentials: bool,
 }
 
 impl DriveJob {
@@ -379,6 +382,7 @@ impl DriveJob {
                 .timeout
                 .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             user_files: options.user_files.clone(),
+            broker_credentials: options.broker_credentials,
         }
     }
 
@@ -392,6 +396,7 @@ impl DriveJob {
             idle_timeout: None,
             connect_timeout: None,
             user_files: self.user_files.clone(),
+            broker_credentials: self.broker_credentials,
         }
     }
 }

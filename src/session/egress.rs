@@ -64,6 +64,7 @@ impl Egress {
             no_new_privileges: true,
             pids_limit: Some(128),
             tmp: None,
+            stdin: false,
         };
         let started = async {
             match backend.create_helper(&e.proxy, &spec).await {

@@ -40,6 +40,7 @@ pub(super) async fn drive_headless(
         home_out,
         runtime_payload,
         proxy,
+        broker_ready: _,
     } = ctx;
     place_home_files(backend, name, home_files).await?;
 
@@ -49,8 +50,12 @@ pub(super) async fn drive_headless(
     // The runtime files go first on stdin; the same stdin takes the record at the end.
     let feeding = runtime_payload.map(|payload| {
         let (mut stdin, payload) = (attach.input, payload.to_vec());
+        let mut ready = ctx.broker_ready.clone();
         tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;
+            // The CLI starts once these are read: not before its broker listens (when it
+            // failed, the CLI reports its model unreachable, and the log says why).
+            let _ = ready.wait_for(Option::is_some).await;
             stdin.write_all(&payload).await?;
             stdin.flush().await?;
             Ok::<_, std::io::Error>(stdin)

@@ -46,6 +46,7 @@ pub(super) async fn drive_tui(
         home_out,
         runtime_payload: _,
         proxy: _,
+        broker_ready: _,
     } = ctx;
     place_home_files(backend, name, home_files).await?;
     sink(&Event::Session {

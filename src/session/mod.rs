@@ -1,6 +1,7 @@
 //! Sessions: the resume handle, the labels and records that make a session live in Docker,
 //! and TARGET resolution.
 
+mod broker;
 mod egress;
 pub mod files;
 pub mod handle;

@@ -51,6 +51,8 @@ pub mod roles {
     pub const TURN_RECORD: &str = "turn-record";
     /// A turn's egress proxy (`--allow-host`) and its internal network.
     pub const PROXY: &str = "proxy";
+    /// A turn's credential broker, and the network made for it on `--network open`.
+    pub const BROKER: &str = "broker";
     /// A copy-mode session's workspace, mounted at /workspace.
     pub const WORKSPACE: &str = "workspace";
 }
@@ -141,6 +143,15 @@ pub fn egress_names(session_id: Uuid, pid: u32) -> (String, String) {
     (
         format!("caw-box-{session_id}-egress-{pid}"),
         format!("caw-box-{session_id}-proxy-{pid}"),
+    )
+}
+
+/// The credential broker's container (also its host name on the agent's network) and the
+/// network made for it on `--network open`, of a turn driven by process `pid`.
+pub fn broker_names(session_id: Uuid, pid: u32) -> (String, String) {
+    (
+        format!("caw-box-{session_id}-broker-{pid}"),
+        format!("caw-box-{session_id}-brokernet-{pid}"),
     )
 }
 

@@ -13,6 +13,7 @@
 //! stored history with the record hand-off (`history.rs`). What other modules use is
 //! re-exported here.
 
+use super::broker::Broker;
 use super::egress::Egress;
 use super::liveness::{driver_is_gone, remove_abandoned_turns};
 use super::owner::{ensure_owner, fill_new_home};
@@ -80,7 +81,30 @@ pub async fn run_turn(
         credential_env: &[],
     };
     let mut runtime = Runtime::default();
-    let credentials = crate::auth::inject::prepare(record.provider, &options.env)?;
+    let allow = crate::settings::expand_allow_hosts(record.provider, &record.settings);
+    let egress_network =
+        (!allow.is_empty()).then(|| names::egress_names(record.session_id, std::process::id()).0);
+    // Brokered when asked for, and the turn has a network to put a broker on.
+    let want_broker = options.broker_credentials
+        && !matches!(
+            NetworkPolicy::from_setting(&record.settings.network),
+            NetworkPolicy::None | NetworkPolicy::Host
+        );
+    let mut credentials =
+        crate::auth::inject::prepare_as(record.provider, &options.env, want_broker)?;
+    let broker = Broker::plan(record, egress_network.as_deref(), &credentials.brokered);
+    if broker.is_none() && !credentials.brokered.is_empty() {
+        credentials = crate::auth::inject::prepare(record.provider, &options.env)?;
+    }
+    if let Some(b) = &broker {
+        tracing::debug!("credentials brokered by {}", b.container);
+    }
+    let request = TurnRequest {
+        endpoint: broker
+            .as_ref()
+            .map_or(request.endpoint, |b| Some(b.url.as_str())),
+        ..request
+    };
     for (path, contents) in &credentials.files {
         runtime.write(path, contents);
     }
@@ -126,7 +150,6 @@ pub async fn run_turn(
         ));
     }
 
-    ensure_owner(backend, record).await?;
     // Files an adapter merges into HOME (gemini's settings.json) come with its image and
     // stay in the volume: only a custom image's first turn, or a turn after one in the TUI
     // (where they may have been changed), pays the download and upload of a merge.
@@ -157,19 +180,44 @@ pub async fn run_turn(
     {
         fill_new_home(backend, record).await?;
     }
-    let allow = crate::settings::expand_allow_hosts(record.provider, &record.settings);
+    let prepare_broker = async {
+        match &broker {
+            Some(b) => b.prepare(backend).await,
+            None => Ok(()),
+        }
+    };
+    let (owned, prepared) = tokio::join!(ensure_owner(backend, record), prepare_broker);
+    if let Err(e) = owned.and(prepared) {
+        if let Some(b) = &broker {
+            b.stop(backend).await;
+        }
+        return Err(e);
+    }
     let egress = if allow.is_empty() {
         None
     } else {
-        Some(Egress::start(backend, record, &allow).await?)
+        match Egress::start(backend, record, &allow).await {
+            Ok(e) => Some(e),
+            Err(e) => {
+                if let Some(b) = &broker {
+                    b.stop(backend).await;
+                }
+                return Err(e);
+            }
+        }
     };
     if let Some(e) = &egress {
         let proxy = format!("http://{PROXY_ALIAS}:{PROXY_PORT}");
         for var in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
             env.push(format!("{var}={proxy}"));
         }
-        env.push("NO_PROXY=localhost,127.0.0.1".to_string());
-        env.push("no_proxy=localhost,127.0.0.1".to_string());
+        // The broker is on the agent's network: model traffic goes to it directly.
+        let mut direct = "localhost,127.0.0.1".to_string();
+        if let Some(b) = &broker {
+            direct = format!("{direct},{}", b.container);
+        }
+        env.push(format!("NO_PROXY={direct}"));
+        env.push(format!("no_proxy={direct}"));
         tracing::debug!("egress through {} on {}", e.proxy, e.network);
     }
     let payload = if options.interactive {
@@ -193,45 +241,69 @@ pub async fn run_turn(
     if options.interactive {
         spec.interactive = Some(crate::terminal::size());
     }
+    if let Some(net) = broker.as_ref().and_then(Broker::agent_network) {
+        spec.network = net;
+    }
     if let Some(e) = &egress {
         spec.network = NetworkPolicy::Named(e.network.clone());
     }
-    let (created, ()) = tokio::join!(
-        create_turn_container(backend, record, &name, &spec),
-        remove_abandoned_turns(backend, &name)
-    );
-    if let Err(err) = created {
-        if let Some(e) = &egress {
-            e.stop(backend).await;
+    // The broker starts beside the agent's container, off the turn's critical path: the
+    // runtime files (and so the CLI) wait for it on the agent's stdin, not its creation.
+    let (ready_tx, ready_rx) = tokio::sync::watch::channel(broker.is_none().then_some(true));
+    let start_broker = async {
+        if let Some(b) = &broker {
+            let started = b.start(backend).await;
+            if let Err(e) = &started {
+                tracing::warn!("{e}");
+            }
+            let _ = ready_tx.send(Some(started.is_ok()));
         }
-        return Err(err);
-    }
-    if let Some(e) = &egress {
-        e.remove_leftovers(backend, record).await;
-    }
-    // From here on the container exists: every path out must remove it.
-    let ctx = TurnContext {
-        backend,
-        name: &name,
-        turn,
-        options,
-        home_files: &home_files,
-        home_out: crate::auth::inject::has_files(&credentials).then_some(&home_out),
-        runtime_payload: payload.as_deref(),
-        proxy: egress.as_ref().map(|e| e.proxy.as_str()),
     };
-    let outcome = if options.interactive {
-        super::interactive::drive_tui(&ctx, record, &mut interrupts, sink).await
-    } else {
-        super::headless::drive_headless(&ctx, record, &mut interrupts, sink).await
+    let main = async {
+        let (created, ()) = tokio::join!(
+            create_turn_container(backend, record, &name, &spec),
+            remove_abandoned_turns(backend, &name)
+        );
+        created?;
+        if let Some(e) = &egress {
+            e.remove_leftovers(backend, record).await;
+        }
+        if let Some(b) = &broker {
+            b.remove_leftovers(backend).await;
+        }
+        // From here on the container exists: every path out must remove it.
+        let ctx = TurnContext {
+            backend,
+            name: &name,
+            turn,
+            options,
+            home_files: &home_files,
+            home_out: crate::auth::inject::has_files(&credentials).then_some(&home_out),
+            runtime_payload: payload.as_deref(),
+            proxy: egress.as_ref().map(|e| e.proxy.as_str()),
+            broker_ready: ready_rx.clone(),
+        };
+        let outcome = if options.interactive {
+            // A TUI's runtime files go in before its start: wait for the broker here.
+            let mut ready = ready_rx.clone();
+            let _ = ready.wait_for(Option::is_some).await;
+            super::interactive::drive_tui(&ctx, record, &mut interrupts, sink).await
+        } else {
+            super::headless::drive_headless(&ctx, record, &mut interrupts, sink).await
+        };
+        if outcome.is_err() {
+            // A recorded turn's container is gone already (save_record released the lock);
+            // removing it again could remove the next turn's.
+            // A stop first, not a kill: the entrypoint then removes the credentials it put
+            // in HOME, and writes back refreshed ones.
+            let _ = backend.stop_container(&name, STOP_GRACE).await;
+            let _ = backend.remove_container(&name, true).await;
+        }
+        outcome
     };
-    if outcome.is_err() {
-        // A recorded turn's container is gone already (save_record released the lock);
-        // removing it again could remove the next turn's.
-        // A stop first, not a kill: the entrypoint then removes the credentials it put in
-        // HOME, and writes back refreshed ones.
-        let _ = backend.stop_container(&name, STOP_GRACE).await;
-        let _ = backend.remove_container(&name, true).await;
+    let ((), outcome) = tokio::join!(start_broker, main);
+    if let Some(b) = &broker {
+        b.stop(backend).await;
     }
     if let Some(e) = &egress {
         e.stop(backend).await;

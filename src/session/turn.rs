@@ -47,6 +47,9 @@ pub struct TurnOptions {
     /// Files put in HOME before this turn, before the adapter's own (which win where both
     /// set a JSON key): the user's CLI setup of `--user-config` (`auth::user_config`).
     pub user_files: Vec<crate::provider::HomeFile>,
+    /// `--credentials broker`: the CLI gets a placeholder API key and a broker container
+    /// beside the turn adds the real one (opt-in while its start costs the turn time).
+    pub broker_credentials: bool,
 }
 
 /// The container name that is also the session's lock.
@@ -135,6 +138,9 @@ pub(super) struct TurnContext<'a, B> {
     pub runtime_payload: Option<&'a [u8]>,
     /// The egress proxy's container, when the turn's network is restricted.
     pub proxy: Option<&'a str>,
+    /// `Some(true)` once the turn's credential broker listens (`Some(false)`: it failed),
+    /// `Some(true)` from the start when there is none: the runtime files wait for it.
+    pub broker_ready: tokio::sync::watch::Receiver<Option<bool>>,
 }
 
 pub(super) fn append_event(log: &mut Vec<u8>, e: &Event) {

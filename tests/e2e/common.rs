@@ -210,6 +210,7 @@ impl Rig {
             .env_remove("OPENCODE_AUTH_CONTENT")
             .env_remove("GEMINI_API_KEY")
             .env_remove("GOOGLE_API_KEY")
+            .env_remove("CAW_BOX_CREDENTIALS")
             .env_remove("CLAUDE_CONFIG_DIR")
             .env_remove("CODEX_HOME")
             .env_remove("XDG_DATA_HOME")

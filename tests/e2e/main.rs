@@ -6,6 +6,7 @@ mod common;
 
 mod auth;
 mod bad_input;
+mod broker;
 mod ci_action;
 mod config;
 mod contexts;

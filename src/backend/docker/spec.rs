@@ -108,6 +108,8 @@ pub(super) fn helper_body(spec: &HelperSpec) -> ContainerCreateBody {
         user: spec.user.clone(),
         network_disabled: (spec.network == NetworkPolicy::None).then_some(true),
         labels: Some(spec.labels.clone()),
+        open_stdin: spec.stdin.then_some(true),
+        attach_stdin: spec.stdin.then_some(true),
         host_config: Some(HostConfig {
             mounts: {
                 let scratch = spec.scratch.as_ref().map(scratch_mount);

@@ -1,0 +1,94 @@
+// caw-box's credential broker: the agent's CLI sends its model traffic here with a
+// placeholder key; the broker swaps each placeholder for the real key and forwards the
+// request to the real upstream (the vendor's API host over TLS, or the --endpoint URL).
+//
+// Everything secret arrives on stdin as one JSON object, never in argv or the environment:
+//   {"port": N, "upstream": "https://api.anthropic.com", "places": ["x-api-key", ...],
+//    "keys": {"<placeholder>": "<real>"}}
+// on one line. The broker prints one line "caw-box-broker ready" on stdout once it listens,
+// and otherwise logs nothing that could hold a secret (no headers, no query strings).
+// `places` (the vendor's, from its credential spec under auth/) says where the CLI sends its
+// key: header names (a value may be `Bearer <key>`), or `query:<name>`. Only there is a
+// placeholder swapped; a value that is not a placeholder passes unchanged (a key the user
+// gave the agent with --env still works).
+//
+// caw-box ships this file on the broker container's stdin too (the container runs a small
+// loader with `node -e`), so the broker always matches the caw-box that started it.
+'use strict';
+module.exports = function broker(config) {
+  const http = require('http');
+  const https = require('https');
+  const upstream = new URL(config.upstream);
+  const keys = new Map(Object.entries(config.keys || {}));
+  const places = config.places || ['x-api-key', 'authorization', 'x-goog-api-key', 'query:key'];
+  const headerPlaces = places.filter((p) => !p.startsWith('query:'));
+  const queryPlaces = places.filter((p) => p.startsWith('query:')).map((p) => p.slice(6));
+  const client = upstream.protocol === 'https:' ? https : http;
+  const base = upstream.pathname.replace(/\/+$/, '');
+  const HOP = [
+    'connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'te',
+    'trailer', 'transfer-encoding', 'upgrade', 'host',
+  ];
+
+  function swap(value) {
+    if (typeof value !== 'string') return value;
+    if (keys.has(value)) return keys.get(value);
+    const m = /^(Bearer\s+)(.*)$/i.exec(value);
+    if (m && keys.has(m[2])) return m[1] + keys.get(m[2]);
+    return value;
+  }
+
+  const server = http.createServer((req, res) => {
+    const headers = {};
+    for (const [k, v] of Object.entries(req.headers)) {
+      if (HOP.includes(k)) continue;
+      headers[k] = headerPlaces.includes(k) ? swap(v) : v;
+    }
+    let path = req.url || '/';
+    const q = path.indexOf('?');
+    if (q >= 0) {
+      const params = new URLSearchParams(path.slice(q + 1));
+      const names = queryPlaces.filter((n) => params.has(n));
+      for (const n of names) params.set(n, swap(params.get(n)));
+      if (names.length) path = path.slice(0, q) + '?' + params.toString();
+    }
+    // A base URL with a path (a gateway at https://gw/openai) keeps it: the CLI's paths
+    // come after it.
+    if (base && !path.startsWith(base + '/') && path !== base) path = base + path;
+    const out = client.request(
+      {
+        protocol: upstream.protocol,
+        hostname: upstream.hostname,
+        port: upstream.port || (upstream.protocol === 'https:' ? 443 : 80),
+        method: req.method,
+        path,
+        headers: { ...headers, host: upstream.host },
+        servername: upstream.hostname,
+      },
+      (up) => {
+        const h = { ...up.headers };
+        delete h.connection;
+        delete h['keep-alive'];
+        delete h['transfer-encoding'];
+        res.writeHead(up.statusCode || 502, h);
+        up.pipe(res);
+      }
+    );
+    out.on('error', (e) => {
+      process.stderr.write(`caw-box-broker: ${req.method} upstream error: ${e.code || e.message}\n`);
+      // The CLI sees its model unreachable as it would without the broker (a dropped
+      // connection it reports and retries), so caw-box still tells `unreachable` apart.
+      res.destroy();
+      req.socket.destroy();
+    });
+    req.pipe(out);
+    req.on('aborted', () => out.destroy());
+  });
+  server.keepAliveTimeout = 65000;
+  server.listen(config.port || 8080, '0.0.0.0', () => {
+    process.stdout.write('caw-box-broker ready\n');
+  });
+  const stop = () => server.close(() => process.exit(0)) && setTimeout(() => process.exit(0), 200);
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+};
