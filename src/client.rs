@@ -182,6 +182,7 @@ impl Client {
                 settings: new.settings,
                 turns: Vec::new(),
                 turn_started: false,
+                summary_only: false,
             },
         })
     }

@@ -253,6 +253,7 @@ mod tests {
             },
             turns: Vec::new(),
             turn_started: false,
+            summary_only: false,
         }
     }
 

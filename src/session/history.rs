@@ -95,6 +95,7 @@ pub(super) async fn save_record(
             stored.turns.into_iter().filter(|t| t.turn < turn).collect();
         turns.extend(record.turns.iter().filter(|t| t.turn >= turn).cloned());
         record.turns = turns;
+        record.summary_only = false;
     }
     let json = serde_json::to_vec_pretty(&*record).expect("records serialize");
     let record_id = record.session_id;

@@ -166,13 +166,17 @@ pub struct SessionRecord {
     /// not discarded.
     #[serde(skip)]
     pub turn_started: bool,
+    /// Whether the latest turn is known only from the turn-record volume's labels, without
+    /// its prompt and result (not stored): the full history is then in the state volume.
+    #[serde(skip)]
+    pub summary_only: bool,
 }
 
 impl SessionRecord {
     /// Whether `turns` holds every turn before `turn`, so no history is missing (a record
     /// rebuilt from labels alone knows only the latest turn).
     pub fn has_every_turn_before(&self, turn: u32) -> bool {
-        self.turns.iter().map(|t| t.turn).eq(1..turn)
+        !self.summary_only && self.turns.iter().map(|t| t.turn).eq(1..turn)
     }
 
     pub fn next_turn(&self) -> u32 {
@@ -254,6 +258,7 @@ mod tests {
                 })
                 .collect(),
             turn_started: false,
+            summary_only: false,
         }
     }
 

@@ -439,6 +439,7 @@ mod tests {
             },
             turns: Vec::new(),
             turn_started: false,
+            summary_only: false,
         }
     }
 

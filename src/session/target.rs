@@ -95,6 +95,7 @@ impl SessionView {
             settings: f.settings.clone(),
             turns: Vec::new(),
             turn_started: false,
+            summary_only: false,
         };
         if let Some(last) = &self.last {
             record.resume_key = last.resume_key.clone();
@@ -121,6 +122,8 @@ impl SessionView {
                         .is_some_and(|t| t.started_at == last.started_at)
             }) {
                 record.turns = cached.turns;
+            } else {
+                record.summary_only = true;
             }
         }
         record

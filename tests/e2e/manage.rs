@@ -239,6 +239,16 @@ fn management_by_id_prefix_and_name_without_the_host_data_dir() {
     let out = caw_out(&rig, &["show", &id, "--json"]);
     let shown: Value = serde_json::from_str(&stdout_of(&out)).unwrap();
     assert_eq!(shown["turns"][0]["prompt"], "REMEMBER:quince");
+    // A turn resumed with no host data keeps the earlier turns' history in the volume.
+    std::fs::remove_dir_all(rig.data_dir.path()).unwrap();
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CLAUDE, &name, "RECALL", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    std::fs::remove_dir_all(rig.data_dir.path()).unwrap();
+    let out = caw_out(&rig, &["show", &id, "--json"]);
+    let shown: Value = serde_json::from_str(&stdout_of(&out)).unwrap();
+    assert_eq!(shown["turns"][0]["prompt"], "REMEMBER:quince", "{shown}");
+    assert_eq!(shown["turns"][0]["result"], "Noted: quince.", "{shown}");
+    assert_eq!(shown["turns"][1]["prompt"], "RECALL", "{shown}");
     let out = caw_out(&rig, &["logs", &name, "--raw", "--turn", "1"]);
     assert!(
         stdout_of(&out).contains("\"type\":\"system\""),
