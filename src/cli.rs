@@ -411,6 +411,16 @@ pub struct SettingsArgs {
     /// Send the CLI's model traffic to this base URL (a proxy, gateway or local server).
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
+    /// Replace the CLI's default system prompt with TEXT (or @FILE's contents). Remembered
+    /// by the session.
+    #[arg(long, value_name = "TEXT|@FILE")]
+    pub system_prompt: Option<String>,
+    /// Add TEXT (or @FILE's contents) to the CLI's system prompt. Remembered by the session.
+    #[arg(long, value_name = "TEXT|@FILE")]
+    pub append_system_prompt: Option<String>,
+    /// How hard the model thinks: low, medium or high. Remembered by the session.
+    #[arg(long, value_name = "LEVEL")]
+    pub effort: Option<String>,
 }
 
 #[derive(Debug, Args)]

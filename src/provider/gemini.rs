@@ -52,7 +52,7 @@ impl Provider for Gemini {
             argv.extend(["--output-format", "stream-json"].map(String::from));
         }
         argv.push("--yolo".to_string());
-        let env = request
+        let mut env = request
             .endpoint
             .map(|endpoint| {
                 vec![(
@@ -61,14 +61,23 @@ impl Provider for Gemini {
                 )]
             })
             .unwrap_or_default();
+        // gemini reads a replacing system prompt from the file this variable names.
+        if request.system_prompt.is_some() {
+            env.push((
+                "GEMINI_SYSTEM_MD".to_string(),
+                in_home(crate::agent_config::SYSTEM_PROMPT_FILE),
+            ));
+        }
+        let mut home_files = vec![HomeFile {
+            path: ".gemini/settings.json".to_string(),
+            contents: SETTINGS.as_bytes().to_vec(),
+            merge_json: true,
+        }];
+        home_files.extend(prompt_files(request));
         TurnCommand {
             argv,
             env,
-            home_files: vec![HomeFile {
-                path: ".gemini/settings.json".to_string(),
-                contents: SETTINGS.as_bytes().to_vec(),
-                merge_json: true,
-            }],
+            home_files,
             stdin: None,
         }
     }
@@ -85,6 +94,16 @@ impl Provider for Gemini {
 
     fn chooses_key_up_front(&self) -> bool {
         true
+    }
+
+    /// No append: gemini adds only its context files (GEMINI.md) to its prompt, which are
+    /// the user's own. No effort: its thinking budget is per model in settings, not a knob.
+    fn support(&self) -> crate::agent_config::Support {
+        crate::agent_config::Support {
+            replace: true,
+            append: false,
+            effort: false,
+        }
     }
 }
 

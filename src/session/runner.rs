@@ -49,6 +49,7 @@ pub async fn run_turn(
     options: &TurnOptions,
     sink: &mut dyn FnMut(&Event),
 ) -> Result<TurnResult> {
+    record.settings.check_agent_config(record.provider)?;
     let provider = record.provider.adapter();
     let turn = record.next_turn();
     let name = container_name(record);
@@ -78,6 +79,9 @@ pub async fn run_turn(
         endpoint: record.settings.endpoint.as_deref(),
         interactive: options.interactive,
         credential_env: &[],
+        system_prompt: record.settings.system_prompt.as_deref(),
+        append_system_prompt: record.settings.append_system_prompt.as_deref(),
+        effort: record.settings.effort,
     };
     let mut runtime = Runtime::default();
     let credentials = crate::auth::inject::prepare(record.provider, &options.env)?;

@@ -1,0 +1,149 @@
+//! How a caller shapes the agent the same way for every vendor: the system prompt (replaced or
+//! appended to) and the reasoning effort. These are settings a session remembers; each
+//! provider adapter maps them to its CLI's own mechanism, and one that has no such mechanism
+//! is refused up front (exit 2, naming the provider), never silently ignored.
+//!
+//! Not here: the mapping itself (each adapter in `provider/`), nor the flags (`cli.rs`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::provider::ProviderKind;
+
+/// Where the texts go in the agent's HOME (relative to it): files the CLI reads, so a long
+/// prompt stays out of the container's argv and environment (and `docker inspect`).
+pub const SYSTEM_PROMPT_FILE: &str = ".caw-box/agent/system-prompt.md";
+pub const APPEND_SYSTEM_PROMPT_FILE: &str = ".caw-box/agent/append-system-prompt.md";
+
+/// The longest system prompt text taken (either kind): it is remembered in the session's
+/// volume labels, which Docker keeps in memory for every `ls`.
+pub const MAX_PROMPT_BYTES: usize = 64 * 1024;
+
+/// `--effort`: how hard the model thinks, in the vocabulary every provider shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Effort {
+    Low,
+    Medium,
+    High,
+}
+
+impl Effort {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effort::Low => "low",
+            Effort::Medium => "medium",
+            Effort::High => "high",
+        }
+    }
+
+    pub fn parse(s: &str, what: &str) -> Result<Effort> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "low" => Ok(Effort::Low),
+            "medium" => Ok(Effort::Medium),
+            "high" => Ok(Effort::High),
+            _ => Err(Error::usage(format!(
+                "{what} '{s}' is not an effort: low, medium or high"
+            ))),
+        }
+    }
+}
+
+/// What a provider's CLI can be told: checked before anything is created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Support {
+    /// It can replace its default system prompt.
+    pub replace: bool,
+    /// It can add to its default system prompt.
+    pub append: bool,
+    /// It has a reasoning-effort knob.
+    pub effort: bool,
+}
+
+/// `TEXT` as is, or `@FILE`'s contents; `what` names the flag or key in errors.
+pub fn read_prompt_arg(value: &str, what: &str) -> Result<String> {
+    let text = match value.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| Error::usage(format!("{what}: cannot read the file '{path}': {e}")))?,
+        None => value.to_string(),
+    };
+    if text.trim().is_empty() {
+        return Err(Error::usage(format!("{what} is empty"))
+            .with_hint("give the text, or @FILE to read it from a file"));
+    }
+    if text.len() > MAX_PROMPT_BYTES {
+        return Err(Error::usage(format!(
+            "{what} is {} bytes; at most {MAX_PROMPT_BYTES} are taken",
+            text.len()
+        )));
+    }
+    Ok(text)
+}
+
+/// Refuses (exit 2) what `provider`'s CLI cannot do, naming the provider.
+pub fn check_support(
+    provider: ProviderKind,
+    system_prompt: bool,
+    append_system_prompt: bool,
+    effort: bool,
+) -> Result<()> {
+    let support = provider.adapter().support();
+    let refuse = |what: &str, hint: &str| {
+        Err(
+            Error::usage(format!("{what} is not supported by the {provider} CLI"))
+                .with_hint(hint.to_string()),
+        )
+    };
+    if system_prompt && !support.replace {
+        return refuse(
+            "--system-prompt (replacing the default system prompt)",
+            "use --append-system-prompt, or another provider",
+        );
+    }
+    if append_system_prompt && !support.append {
+        return refuse(
+            "--append-system-prompt",
+            "use --system-prompt with the whole prompt, or another provider",
+        );
+    }
+    if effort && !support.effort {
+        return refuse("--effort", "leave --effort out for this provider");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_args_read_text_or_a_file_and_refuse_empty_ones() {
+        assert_eq!(
+            read_prompt_arg("be brief", "--system-prompt").unwrap(),
+            "be brief"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.md");
+        std::fs::write(&file, "from a file\n").unwrap();
+        let arg = format!("@{}", file.display());
+        assert_eq!(read_prompt_arg(&arg, "x").unwrap(), "from a file\n");
+        let missing = read_prompt_arg("@/nonexistent/p.md", "--system-prompt").unwrap_err();
+        assert!(
+            missing.message.contains("/nonexistent/p.md"),
+            "{}",
+            missing.message
+        );
+        assert!(read_prompt_arg("  \n", "--system-prompt").is_err());
+        let long = "x".repeat(MAX_PROMPT_BYTES + 1);
+        assert!(read_prompt_arg(&long, "x").is_err());
+    }
+
+    #[test]
+    fn efforts_parse_case_insensitively() {
+        assert_eq!(Effort::parse("HIGH", "x").unwrap(), Effort::High);
+        assert!(Effort::parse("max", "--effort")
+            .unwrap_err()
+            .message
+            .contains("low, medium or high"));
+    }
+}

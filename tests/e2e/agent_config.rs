@@ -1,0 +1,179 @@
+//! Agent settings per provider, against the real CLIs and the stub model: the system prompt
+//! (replaced and appended) reaches the model in the request, the CLI's default prompt is gone
+//! when replaced, a resume keeps the remembered prompt, the effort shows on the wire where
+//! the protocol carries it, and what a CLI cannot take is refused with exit 2.
+
+use serde_json::Value;
+
+use crate::common::*;
+
+/// The system prompt as the request carries it, per wire protocol.
+fn system_text(p: P, body: &Value) -> String {
+    match p.name {
+        "claude_code" => body["system"].to_string(),
+        "codex" => format!("{}{}", body["instructions"], developer_messages(body)),
+        "opencode" => body["messages"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .filter(|m| m["role"] == "system")
+                    .map(|m| m["content"].to_string())
+                    .collect::<String>()
+            })
+            .unwrap_or_default(),
+        _ => body["systemInstruction"].to_string(),
+    }
+}
+
+fn developer_messages(body: &Value) -> String {
+    body["input"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter(|i| i["role"] == "developer")
+                .map(|i| i["content"].to_string())
+                .collect::<String>()
+        })
+        .unwrap_or_default()
+}
+
+/// The model requests of one session's turns (those that carry the prompt `marker`).
+fn requests_with(rig: &Rig, marker: &str) -> Vec<Value> {
+    rig.stub_requests()
+        .into_iter()
+        .filter(|r| r["method"] == "POST" && r["body"].to_string().contains(marker))
+        .map(|r| r["body"].clone())
+        .collect()
+}
+
+fn system_prompt_reaches_the_model(p: P, append: bool, effort: Option<&str>) {
+    let rig = Rig::new(&format!("ac-{}", p.name));
+    // A baseline turn: the CLI's own default system prompt.
+    check("baseline");
+    let (code, out, stderr) = rig.json_turn(rig.run_cmd(p, "baseline-turn-q1", &[]));
+    assert_eq!(code, 0, "baseline failed: {out}\n{stderr}");
+    let baseline = requests_with(&rig, "baseline-turn-q1");
+    let default_system = system_text(p, baseline.last().expect("a baseline request"));
+    // A stable piece of the default: its first words (later parts hold dates and paths).
+    let default_head: String = default_system
+        .trim_start_matches(['"', '[', '{'])
+        .chars()
+        .take(60)
+        .collect();
+    assert!(
+        default_head.len() > 30,
+        "no default system prompt seen: {default_system}"
+    );
+
+    check("replace");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("system.md");
+    std::fs::write(&file, "You are REPLACED-SYS-7781. Answer briefly.\n").unwrap();
+    let file_arg = format!("@{}", file.display());
+    let mut extra = vec!["--system-prompt", file_arg.as_str()];
+    if append {
+        extra.extend(["--append-system-prompt", "APPENDED-SYS-4410 applies too."]);
+    }
+    if let Some(e) = effort {
+        extra.extend(["--effort", e]);
+    }
+    let (code, out, stderr) = rig.json_turn(rig.run_cmd(p, "replaced-turn-q2", &extra));
+    assert_eq!(code, 0, "replace turn failed: {out}\n{stderr}");
+    let id = out["session_id"].as_str().unwrap().to_string();
+    let requests = requests_with(&rig, "replaced-turn-q2");
+    let last = requests.last().expect("a request of the replace turn");
+    let system = system_text(p, last);
+    assert!(
+        system.contains("REPLACED-SYS-7781"),
+        "replace missing: {system}"
+    );
+    assert!(
+        !last.to_string().contains(&default_head),
+        "the default system prompt ({default_head}) is still sent: {system}"
+    );
+    if append {
+        assert!(
+            system.contains("APPENDED-SYS-4410"),
+            "append missing: {system}"
+        );
+    }
+    if p.name == "codex" {
+        assert_eq!(last["reasoning"]["effort"], effort.unwrap(), "{last}");
+    }
+
+    check("resume keeps the prompt");
+    let (code, out, stderr) = rig.json_turn(rig.resume_cmd(p, &id, "resumed-turn-q3", &[]));
+    assert_eq!(code, 0, "resume failed: {out}\n{stderr}");
+    let resumed = requests_with(&rig, "resumed-turn-q3");
+    let system = system_text(p, resumed.last().expect("a request of the resumed turn"));
+    assert!(
+        system.contains("REPLACED-SYS-7781"),
+        "resume lost the prompt: {system}"
+    );
+    if append {
+        assert!(
+            system.contains("APPENDED-SYS-4410"),
+            "resume lost the append: {system}"
+        );
+    }
+    if p.name == "codex" {
+        assert_eq!(
+            resumed.last().unwrap()["reasoning"]["effort"],
+            effort.unwrap()
+        );
+    }
+
+    check("a resume overrides");
+    let (code, out, stderr) = rig.json_turn(rig.resume_cmd(
+        p,
+        &id,
+        "override-turn-q4",
+        &["--system-prompt", "You are OVERRIDE-SYS-5120."],
+    ));
+    assert_eq!(code, 0, "override failed: {out}\n{stderr}");
+    let over = requests_with(&rig, "override-turn-q4");
+    let system = system_text(p, over.last().expect("a request of the override turn"));
+    assert!(system.contains("OVERRIDE-SYS-5120"), "{system}");
+    assert!(!system.contains("REPLACED-SYS-7781"), "{system}");
+}
+
+#[test]
+fn agent_config_claude_code_system_prompt_and_effort() {
+    system_prompt_reaches_the_model(CLAUDE, true, Some("high"));
+}
+
+#[test]
+fn agent_config_codex_system_prompt_and_effort() {
+    system_prompt_reaches_the_model(CODEX, true, Some("high"));
+}
+
+#[test]
+fn agent_config_opencode_system_prompt_and_effort() {
+    system_prompt_reaches_the_model(OPENCODE, true, Some("high"));
+}
+
+#[test]
+fn agent_config_gemini_system_prompt() {
+    system_prompt_reaches_the_model(GEMINI, false, None);
+}
+
+/// What a CLI cannot take is refused before anything is created, naming the provider.
+#[test]
+fn agent_config_unsupported_settings_exit_2() {
+    let rig = Rig::new("ac-refuse");
+    for extra in [
+        &["--append-system-prompt", "more"][..],
+        &["--effort", "low"][..],
+    ] {
+        let out = run(rig.run_cmd(GEMINI, "hello", extra));
+        assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+        assert!(stderr_of(&out).contains("gemini"), "{}", stderr_of(&out));
+    }
+    let out = run(rig.run_cmd(CODEX, "hello", &["--effort", "extreme"]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        rig.caw_volumes().is_empty(),
+        "a refused run created a volume"
+    );
+}
