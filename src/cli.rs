@@ -12,6 +12,7 @@ Examples:
   echo \"summarise the README\" | caw-box run --provider gemini -
   caw-box run --provider opencode --endpoint http://gateway:8080 --env OPENAI_API_KEY \"hi\"
   caw-box run --provider codex --name live      # no prompt: codex's own TUI, in this terminal
+  caw-box run --provider claude --system-prompt @reviewer.md --effort high \"review src/\"
 
 Settings not given as flags come from CAW_BOX_* variables, then the project's .caw-box.toml,
 then ~/.config/caw-box/config.toml: `caw-box config show` says which.";
