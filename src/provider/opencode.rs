@@ -126,7 +126,12 @@ fn config(endpoint: Option<&str>, model: Option<&str>) -> Value {
         let mut models = serde_json::Map::new();
         let model_id = model.and_then(|m| m.strip_prefix(ENDPOINT_PROVIDER)?.strip_prefix('/'));
         if let Some(id) = model_id {
-            models.insert(id.to_string(), json!({ "name": id }));
+            // The `--effort` levels as variants: a provider of our own has none otherwise.
+            let variants: serde_json::Map<String, Value> = ["low", "medium", "high"]
+                .into_iter()
+                .map(|e| (e.to_string(), json!({ "reasoningEffort": e })))
+                .collect();
+            models.insert(id.to_string(), json!({ "name": id, "variants": variants }));
         }
         config["provider"] = json!({
             ENDPOINT_PROVIDER: {
