@@ -146,4 +146,97 @@ mod tests {
             .message
             .contains("low, medium or high"));
     }
+
+    use crate::provider::{TurnCommand, TurnRequest};
+
+    const TEXT: &str = "REPLACE-TEXT-1234 be brief";
+    const MORE: &str = "APPEND-TEXT-5678 and polite";
+
+    fn command(p: ProviderKind, effort: Option<Effort>, append: bool) -> TurnCommand {
+        let support = p.adapter().support();
+        p.adapter().turn_command(&TurnRequest {
+            prompt: "hi",
+            model: Some("caw/stub-model"),
+            endpoint: Some("http://stub:8080"),
+            system_prompt: Some(TEXT),
+            append_system_prompt: (append && support.append).then_some(MORE),
+            effort: effort.filter(|_| support.effort),
+            ..Default::default()
+        })
+    }
+
+    fn visible(c: &TurnCommand) -> String {
+        let env: Vec<String> = c.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!("{:?} {:?}", c.argv, env)
+    }
+
+    /// The texts travel in HOME files the CLI reads, not in argv or env (inspect), except
+    /// codex's appended text, which codex takes only as a value.
+    #[test]
+    fn prompt_texts_go_in_files_the_command_names() {
+        for p in ProviderKind::ALL {
+            let c = command(p, None, true);
+            let shown = visible(&c);
+            assert!(!shown.contains(TEXT), "{p}: {shown}");
+            assert!(shown.contains(SYSTEM_PROMPT_FILE), "{p}: {shown}");
+            let file = c.home_files.iter().find(|f| f.path == SYSTEM_PROMPT_FILE);
+            assert_eq!(
+                file.map(|f| f.contents.as_slice()),
+                Some(TEXT.as_bytes()),
+                "{p}"
+            );
+            if p.adapter().support().append {
+                if p == ProviderKind::Codex {
+                    assert!(
+                        c.argv
+                            .iter()
+                            .any(|a| a == &format!("developer_instructions=\"{MORE}\"")),
+                        "{shown}"
+                    );
+                } else {
+                    assert!(!shown.contains(MORE), "{p}: {shown}");
+                    assert!(shown.contains(APPEND_SYSTEM_PROMPT_FILE), "{p}: {shown}");
+                    assert!(c
+                        .home_files
+                        .iter()
+                        .any(|f| f.path == APPEND_SYSTEM_PROMPT_FILE
+                            && f.contents == MORE.as_bytes()));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn effort_maps_to_each_clis_knob() {
+        let argv = |p| command(p, Some(Effort::High), false).argv.join(" ");
+        assert!(argv(ProviderKind::ClaudeCode).contains("--effort high"));
+        assert!(argv(ProviderKind::Codex).contains("-c model_reasoning_effort=\"high\""));
+        let opencode = command(ProviderKind::Opencode, Some(Effort::High), false);
+        assert!(opencode.argv.contains(&"--variant=high".to_string()));
+        let config = &opencode
+            .env
+            .iter()
+            .find(|(k, _)| k == "OPENCODE_CONFIG_CONTENT")
+            .unwrap()
+            .1;
+        let config: serde_json::Value = serde_json::from_str(config).unwrap();
+        assert_eq!(
+            config["provider"]["caw"]["models"]["stub-model"]["variants"]["high"]
+                ["reasoningEffort"],
+            "high"
+        );
+    }
+
+    #[test]
+    fn what_a_cli_cannot_take_is_refused_naming_it() {
+        for (append, effort) in [(true, false), (false, true)] {
+            let e = check_support(ProviderKind::Gemini, false, append, effort).unwrap_err();
+            assert_eq!(e.exit_code(), 2);
+            assert!(e.message.contains("gemini"), "{}", e.message);
+        }
+        for p in ProviderKind::ALL {
+            assert!(check_support(p, true, false, false).is_ok(), "{p}");
+        }
+        assert!(check_support(ProviderKind::ClaudeCode, true, true, true).is_ok());
+    }
 }

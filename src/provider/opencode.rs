@@ -66,6 +66,19 @@ impl Provider for Opencode {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .into();
         let mut config = config(request.endpoint, model.as_deref());
+        if let (Some(effort), Some(id)) = (request.effort, &model) {
+            // `--variant` picks one of the model's variants; the endpoint's provider (ours)
+            // has none unless defined here.
+            let id = id
+                .strip_prefix(ENDPOINT_PROVIDER)
+                .and_then(|r| r.strip_prefix('/'));
+            if let Some(m) =
+                id.and_then(|id| config["provider"][ENDPOINT_PROVIDER]["models"].get_mut(id))
+            {
+                let level = effort.as_str();
+                m["variants"] = json!({ level: { "reasoningEffort": level } });
+            }
+        }
         // The texts by file reference (a long one would not fit the environment): the build
         // agent's prompt replaces opencode's own; `instructions` files are added to it.
         if request.system_prompt.is_some() {
@@ -126,12 +139,7 @@ fn config(endpoint: Option<&str>, model: Option<&str>) -> Value {
         let mut models = serde_json::Map::new();
         let model_id = model.and_then(|m| m.strip_prefix(ENDPOINT_PROVIDER)?.strip_prefix('/'));
         if let Some(id) = model_id {
-            // The `--effort` levels as variants: a provider of our own has none otherwise.
-            let variants: serde_json::Map<String, Value> = ["low", "medium", "high"]
-                .into_iter()
-                .map(|e| (e.to_string(), json!({ "reasoningEffort": e })))
-                .collect();
-            models.insert(id.to_string(), json!({ "name": id, "variants": variants }));
+            models.insert(id.to_string(), json!({ "name": id }));
         }
         config["provider"] = json!({
             ENDPOINT_PROVIDER: {
