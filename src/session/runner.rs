@@ -134,7 +134,12 @@ pub async fn run_turn(
     // Files an adapter merges into HOME (gemini's settings.json) come with its image and
     // stay in the volume: only a custom image's first turn, or a turn after one in the TUI
     // (where they may have been changed), pays the download and upload of a merge.
+    // Agent settings can live in a merged file (gemini's settings.json): merged every turn
+    // that has them.
+    let agent_merge =
+        record.settings.append_system_prompt.is_some() || record.settings.effort.is_some();
     let merge_due = options.interactive
+        || agent_merge
         || match record.turns.last() {
             Some(last) => last.interactive,
             None => image != record.provider.default_image(),

@@ -126,6 +126,10 @@ fn system_prompt_reaches_the_model(p: P, append: bool, effort: Option<&str>) {
         ("codex", Some(e)) => assert_eq!(last["reasoning"]["effort"], e, "{last}"),
         ("claude_code", Some(e)) => assert_eq!(last["output_config"]["effort"], e, "{last}"),
         ("opencode", Some(e)) => assert_eq!(last["reasoning_effort"], e, "{last}"),
+        ("gemini", Some(_)) => assert_eq!(
+            last["generationConfig"]["thinkingConfig"]["thinkingBudget"], 24576,
+            "{last}"
+        ),
         _ => {}
     }
 
@@ -181,26 +185,62 @@ fn agent_config_opencode_system_prompt_and_effort() {
 }
 
 #[test]
-fn agent_config_gemini_system_prompt() {
-    system_prompt_reaches_the_model(GEMINI, false, None);
+fn agent_config_gemini_system_prompt_and_effort() {
+    system_prompt_reaches_the_model(GEMINI, true, Some("high"));
 }
 
-/// What a CLI cannot take is refused before anything is created, naming the provider.
+/// A bad value is refused before anything is created.
 #[test]
-fn agent_config_unsupported_settings_exit_2() {
+fn agent_config_bad_values_exit_2() {
     let rig = Rig::new("ac-refuse");
     for extra in [
-        &["--append-system-prompt", "more"][..],
-        &["--effort", "low"][..],
+        &["--effort", "extreme"][..],
+        &["--system-prompt", "@/nonexistent/prompt.md"][..],
+        &["--append-system-prompt", " "][..],
     ] {
-        let out = run(rig.run_cmd(GEMINI, "hello", extra));
-        assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
-        assert!(stderr_of(&out).contains("gemini"), "{}", stderr_of(&out));
+        let out = run(rig.run_cmd(CODEX, "hello", extra));
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr_of(&out));
     }
-    let out = run(rig.run_cmd(CODEX, "hello", &["--effort", "extreme"]));
-    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
     assert!(
         rig.caw_volumes().is_empty(),
         "a refused run created a volume"
     );
+}
+
+/// Appending keeps the CLI's own prompt: both reach the model.
+fn append_keeps_the_default(p: P) {
+    let rig = Rig::new(&format!("aca-{}", p.name));
+    let (code, out, stderr) = rig.json_turn(rig.run_cmd(
+        p,
+        "append-turn-q5",
+        &["--append-system-prompt", "APPENDED-ONLY-9931 applies."],
+    ));
+    assert_eq!(code, 0, "append turn failed: {out}\n{stderr}");
+    let requests = requests_with(&rig, "append-turn-q5");
+    let system = system_text(p, requests.last().expect("a request of the append turn"));
+    assert!(
+        system.contains("APPENDED-ONLY-9931"),
+        "append missing: {system}"
+    );
+    assert!(system.len() > 2000, "the default prompt is gone: {system}");
+}
+
+#[test]
+fn agent_config_claude_code_append_keeps_the_default() {
+    append_keeps_the_default(CLAUDE);
+}
+
+#[test]
+fn agent_config_codex_append_keeps_the_default() {
+    append_keeps_the_default(CODEX);
+}
+
+#[test]
+fn agent_config_opencode_append_keeps_the_default() {
+    append_keeps_the_default(OPENCODE);
+}
+
+#[test]
+fn agent_config_gemini_append_keeps_the_default() {
+    append_keeps_the_default(GEMINI);
 }
