@@ -244,3 +244,27 @@ fn agent_config_opencode_append_keeps_the_default() {
 fn agent_config_gemini_append_keeps_the_default() {
     append_keeps_the_default(GEMINI);
 }
+
+/// A long prompt (beyond what one argv word or env value should carry) reaches the model
+/// whole: it travels as a file.
+#[test]
+fn agent_config_long_system_prompt_travels_as_a_file() {
+    let rig = Rig::new("ac-long");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("long.md");
+    let mut text = "Follow these rules.\n".repeat(3000);
+    text.push_str("LONG-PROMPT-END-6620\n");
+    assert!(text.len() > 60_000);
+    std::fs::write(&file, &text).unwrap();
+    let arg = format!("@{}", file.display());
+    let (code, out, stderr) =
+        rig.json_turn(rig.run_cmd(CLAUDE, "long-turn-q6", &["--system-prompt", &arg]));
+    assert_eq!(code, 0, "long prompt turn failed: {out}\n{stderr}");
+    let requests = requests_with(&rig, "long-turn-q6");
+    let system = system_text(CLAUDE, requests.last().expect("a request"));
+    assert!(
+        system.contains("LONG-PROMPT-END-6620"),
+        "the prompt was cut"
+    );
+    assert!(system.matches("Follow these rules.").count() >= 3000);
+}
