@@ -133,6 +133,16 @@ fn system_prompt_reaches_the_model(p: P, append: bool, effort: Option<&str>) {
         _ => {}
     }
 
+    check("show names the settings");
+    let shown = stdout_of(&rig.caw_run(&["show", &id]));
+    assert!(
+        shown.contains("system     You are REPLACED-SYS-7781"),
+        "{shown}"
+    );
+    if let Some(e) = effort {
+        assert!(shown.contains(&format!("effort     {e}")), "{shown}");
+    }
+
     check("resume keeps the prompt");
     let (code, out, stderr) = rig.json_turn(rig.resume_cmd(p, &id, "resumed-turn-q3", &[]));
     assert_eq!(code, 0, "resume failed: {out}\n{stderr}");
