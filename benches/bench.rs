@@ -474,6 +474,7 @@ fn docker_turn(
         endpoint: Some(&endpoint),
         interactive: false,
         credential_env: &[],
+        ..Default::default()
     });
     let run_dir = tempfile::tempdir().unwrap();
     std::os::unix::fs::chown(run_dir.path(), Some(1000), Some(1000)).unwrap();

@@ -13,6 +13,7 @@ Examples:
   caw-box run --provider opencode --endpoint http://gateway:8080 --env OPENAI_API_KEY \"hi\"
   caw-box run --provider codex --name live      # no prompt: codex's own TUI, in this terminal
   caw-box run --provider claude --allow-host @provider \"fix it\"   # recommended locked-down setup
+  caw-box run --provider claude --system-prompt @reviewer.md --effort high \"review src/\"
 
 --credentials broker keeps a collected API key out of the agent's container: a broker
 container beside it adds the key, and the CLI gets a placeholder (the default, inject, hands
@@ -431,6 +432,16 @@ pub struct SettingsArgs {
     /// Send the CLI's model traffic to this base URL (a proxy, gateway or local server).
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
+    /// Replace the CLI's default system prompt with TEXT (or @FILE's contents). Remembered
+    /// by the session.
+    #[arg(long, value_name = "TEXT|@FILE")]
+    pub system_prompt: Option<String>,
+    /// Add TEXT (or @FILE's contents) to the CLI's system prompt. Remembered by the session.
+    #[arg(long, value_name = "TEXT|@FILE")]
+    pub append_system_prompt: Option<String>,
+    /// How hard the model thinks: low, medium or high. Remembered by the session.
+    #[arg(long, value_name = "LEVEL")]
+    pub effort: Option<String>,
 }
 
 #[derive(Debug, Args)]

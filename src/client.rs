@@ -100,6 +100,7 @@ impl Client {
     /// Creates a session's state volume. Checks first (image present, name free), so a
     /// refused session leaves nothing behind.
     pub async fn start_session(&self, new: NewSession) -> Result<Session> {
+        new.settings.check_agent_config(new.provider)?;
         let image = &new.settings.image;
         // Both checks at once: they are independent, and each is a round trip.
         let name_check = async {

@@ -6,6 +6,7 @@
 //! [`event::Event`]s, [`Session::handle`] gives the resume handle, and [`Client::open`]
 //! resumes from a handle, id, prefix or name. See `examples/run_and_resume.rs`.
 
+pub mod agent_config;
 pub mod auth;
 pub mod backend;
 pub mod cli;

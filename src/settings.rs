@@ -328,6 +328,21 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
     if let Some(endpoint) = &args.endpoint {
         settings.endpoint = Some(validate_endpoint(endpoint, "--endpoint")?);
     }
+    if let Some(text) = &args.system_prompt {
+        settings.system_prompt = Some(crate::agent_config::read_prompt_arg(
+            text,
+            "--system-prompt",
+        )?);
+    }
+    if let Some(text) = &args.append_system_prompt {
+        settings.append_system_prompt = Some(crate::agent_config::read_prompt_arg(
+            text,
+            "--append-system-prompt",
+        )?);
+    }
+    if let Some(effort) = &args.effort {
+        settings.effort = Some(crate::agent_config::Effort::parse(effort, "--effort")?);
+    }
     if let Some(network) = &args.network {
         if network.trim().is_empty() {
             return Err(Error::usage(

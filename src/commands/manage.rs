@@ -211,6 +211,15 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     if let Some(e) = &s.endpoint {
         output::println(&format!("endpoint   {e}"));
     }
+    if let Some(p) = &s.system_prompt {
+        output::println(&format!("system     {}", one_line(p, 80)));
+    }
+    if let Some(p) = &s.append_system_prompt {
+        output::println(&format!("append     {}", one_line(p, 80)));
+    }
+    if let Some(e) = s.effort {
+        output::println(&format!("effort     {}", e.as_str()));
+    }
     let mut total_cost = 0.0;
     for t in &record.turns {
         output::println("");

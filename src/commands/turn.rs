@@ -78,6 +78,7 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     }
     args.turn.settings = config.settings_args(&args.turn.settings);
     let mut session_settings = settings::new_session_settings(provider, &args.turn.settings)?;
+    session_settings.check_agent_config(provider)?;
     let mut options = turn_options(&args.turn, &config)?;
     if config.yes(Key::UserConfig) {
         options.user_files = user_config(provider, quiet)?;

@@ -36,6 +36,9 @@ struct ConfigFile {
     user_config: Option<Spanned<bool>>,
     image_repo: Option<Spanned<String>>,
     backend: Option<Spanned<String>>,
+    system_prompt: Option<Spanned<String>>,
+    append_system_prompt: Option<Spanned<String>>,
+    effort: Option<Spanned<String>>,
 }
 
 /// `memory = "2g"` or `memory = 2147483648` (bytes).
@@ -97,6 +100,9 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
         (Key::Group, file.group),
         (Key::ImageRepo, file.image_repo),
         (Key::Backend, file.backend),
+        (Key::SystemPrompt, file.system_prompt),
+        (Key::AppendSystemPrompt, file.append_system_prompt),
+        (Key::Effort, file.effort),
     ];
     for (key, v) in strings.into_iter() {
         if let Some(v) = v {

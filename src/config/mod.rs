@@ -46,10 +46,13 @@ pub enum Key {
     UserConfig,
     ImageRepo,
     Backend,
+    SystemPrompt,
+    AppendSystemPrompt,
+    Effort,
 }
 
 impl Key {
-    pub const ALL: [Key; 19] = [
+    pub const ALL: [Key; 22] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -69,6 +72,9 @@ impl Key {
         Key::UserConfig,
         Key::ImageRepo,
         Key::Backend,
+        Key::SystemPrompt,
+        Key::AppendSystemPrompt,
+        Key::Effort,
     ];
 
     /// Its name in a config file.
@@ -93,6 +99,9 @@ impl Key {
             Key::UserConfig => "user_config",
             Key::ImageRepo => "image_repo",
             Key::Backend => "backend",
+            Key::SystemPrompt => "system_prompt",
+            Key::AppendSystemPrompt => "append_system_prompt",
+            Key::Effort => "effort",
         }
     }
 
@@ -199,6 +208,9 @@ impl Layer {
         put(Key::Model, s(&args.model));
         put(Key::Image, s(&args.image));
         put(Key::Endpoint, s(&args.endpoint));
+        put(Key::SystemPrompt, s(&args.system_prompt));
+        put(Key::AppendSystemPrompt, s(&args.append_system_prompt));
+        put(Key::Effort, s(&args.effort));
         put(Key::Network, s(&args.network));
         put(
             Key::AllowHost,
@@ -322,6 +334,14 @@ fn check(key: Key, value: Value, what: &str) -> Result<Value> {
             )))
         }
         (Key::Group, _) => settings::validate_name(text, what)?,
+        (Key::Effort, _) => {
+            crate::agent_config::Effort::parse(text, what)?;
+        }
+        (Key::SystemPrompt | Key::AppendSystemPrompt, _) if text.trim().is_empty() => {
+            return Err(Error::usage(format!(
+                "{what} is empty: give the text, or @FILE to read it from a file"
+            )))
+        }
         (Key::ImageRepo, _) => settings::validate_image_repo(text, what)?,
         (Key::Backend, _) => {
             crate::backend::BackendKind::parse(text)
@@ -498,6 +518,9 @@ impl Resolved {
         out.model = self.str(Key::Model);
         out.image = self.str(Key::Image);
         out.endpoint = self.str(Key::Endpoint);
+        out.system_prompt = self.str(Key::SystemPrompt);
+        out.append_system_prompt = self.str(Key::AppendSystemPrompt);
+        out.effort = self.str(Key::Effort);
         out.network = self.str(Key::Network);
         out.allow_host = self.list(Key::AllowHost);
         out.memory = self.str(Key::Memory);

@@ -339,3 +339,34 @@ fn backend_comes_from_the_files_or_the_variable_and_must_be_known() {
     assert_eq!(e.exit_code(), 2);
     assert!(e.to_string().contains("unknown backend 'nomad'"), "{e}");
 }
+
+/// The agent settings have config keys, checked like their flags, and reach `run`'s flags.
+#[test]
+fn agent_settings_come_from_config_files() {
+    let w = World::new(
+        "effort = \"low\"\n",
+        "system_prompt = \"@prompts/reviewer.md\"\nappend_system_prompt = \"Be brief.\"\neffort = \"high\"\n",
+    );
+    let r = w.resolve(Layer::default()).unwrap();
+    let args = r.settings_args(&crate::cli::SettingsArgs::default());
+    assert_eq!(args.system_prompt.as_deref(), Some("@prompts/reviewer.md"));
+    assert_eq!(args.append_system_prompt.as_deref(), Some("Be brief."));
+    assert_eq!(
+        args.effort.as_deref(),
+        Some("high"),
+        "the project file wins"
+    );
+    assert!(w
+        .origin(&r, Key::Effort)
+        .starts_with("project <tmp>/repo/.caw-box.toml:3"));
+
+    let bad = World::new("", "effort = \"max\"\n");
+    let e = bad.resolve(Layer::default()).unwrap_err();
+    assert!(
+        e.message.contains(":1") && e.message.contains("low, medium or high"),
+        "{}",
+        e.message
+    );
+    let empty = World::new("", "system_prompt = \" \"\n");
+    assert!(empty.resolve(Layer::default()).is_err());
+}

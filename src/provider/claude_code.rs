@@ -41,6 +41,23 @@ impl Provider for ClaudeCode {
         if let Some(model) = request.model {
             argv.extend(["--model".to_string(), model.to_string()]);
         }
+        // The texts go in files (see `agent_config`): long ones would not fit argv.
+        use crate::agent_config::{APPEND_SYSTEM_PROMPT_FILE, SYSTEM_PROMPT_FILE};
+        if request.system_prompt.is_some() {
+            argv.extend([
+                "--system-prompt-file".to_string(),
+                in_home(SYSTEM_PROMPT_FILE),
+            ]);
+        }
+        if request.append_system_prompt.is_some() {
+            argv.extend([
+                "--append-system-prompt-file".to_string(),
+                in_home(APPEND_SYSTEM_PROMPT_FILE),
+            ]);
+        }
+        if let Some(effort) = request.effort {
+            argv.extend(["--effort".to_string(), effort.as_str().to_string()]);
+        }
         // The TUI opens without an initial prompt (SPEC: no PROMPT means interactive).
         let mut stdin = None;
         if !request.interactive {
@@ -64,7 +81,7 @@ impl Provider for ClaudeCode {
                 endpoint_root(endpoint).to_string(),
             ));
         }
-        let mut home_files = Vec::new();
+        let mut home_files = prompt_files(request);
         if request.interactive {
             // The TUI's first-run screens, which a headless turn never shows: onboarding
             // (its connectivity check fails without a way out to Anthropic), trusting the
@@ -93,6 +110,14 @@ impl Provider for ClaudeCode {
             env,
             home_files,
             stdin,
+        }
+    }
+
+    fn support(&self) -> crate::agent_config::Support {
+        crate::agent_config::Support {
+            replace: true,
+            append: true,
+            effort: true,
         }
     }
 

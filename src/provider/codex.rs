@@ -62,6 +62,27 @@ impl Provider for Codex {
                 format!("model_providers.{p}.request_max_retries=1"),
             ]);
         }
+        // The replacing text goes in a file codex reads (a long one would not fit argv); codex
+        // takes the appended text (its developer message) only as a value.
+        if request.system_prompt.is_some() {
+            let file = in_home(crate::agent_config::SYSTEM_PROMPT_FILE);
+            argv.extend([
+                "-c".to_string(),
+                format!("model_instructions_file={}", toml_string(&file)),
+            ]);
+        }
+        if let Some(text) = request.append_system_prompt {
+            argv.extend([
+                "-c".to_string(),
+                format!("developer_instructions={}", toml_string(text)),
+            ]);
+        }
+        if let Some(effort) = request.effort {
+            argv.extend([
+                "-c".to_string(),
+                format!("model_reasoning_effort={}", toml_string(effort.as_str())),
+            ]);
+        }
         let mut stdin = None;
         if request.interactive {
             // The TUI opens without an initial prompt (SPEC: no PROMPT means interactive).
@@ -82,10 +103,17 @@ impl Provider for Codex {
                 argv.extend(["--".to_string(), request.prompt.to_string()]);
             }
         }
+        let home_files = match request.system_prompt {
+            Some(_) => prompt_files(&TurnRequest {
+                append_system_prompt: None,
+                ..request.clone()
+            }),
+            None => Vec::new(),
+        };
         TurnCommand {
             argv,
             env: Vec::new(),
-            home_files: Vec::new(),
+            home_files,
             stdin,
         }
     }
@@ -96,6 +124,14 @@ impl Provider for Codex {
             last_reported: context.previous_cumulative_usage.unwrap_or_default(),
             ..CodexParser::default()
         })
+    }
+
+    fn support(&self) -> crate::agent_config::Support {
+        crate::agent_config::Support {
+            replace: true,
+            append: true,
+            effort: true,
+        }
     }
 
     fn latest_key_script(&self) -> String {

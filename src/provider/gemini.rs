@@ -52,7 +52,7 @@ impl Provider for Gemini {
             argv.extend(["--output-format", "stream-json"].map(String::from));
         }
         argv.push("--yolo".to_string());
-        let env = request
+        let mut env = request
             .endpoint
             .map(|endpoint| {
                 vec![(
@@ -61,14 +61,44 @@ impl Provider for Gemini {
                 )]
             })
             .unwrap_or_default();
+        // gemini reads a replacing system prompt from the file this variable names.
+        if request.system_prompt.is_some() {
+            env.push((
+                "GEMINI_SYSTEM_MD".to_string(),
+                in_home(crate::agent_config::SYSTEM_PROMPT_FILE),
+            ));
+        }
+        // The agent settings go into the user settings, merged (system settings files must
+        // belong to root, which the volume's are not).
+        let settings = match agent_settings(request) {
+            Some(agent) => {
+                let mut settings: serde_json::Value =
+                    serde_json::from_str(SETTINGS).expect("static JSON");
+                crate::session::files::merge_json(&mut settings, &agent);
+                settings.to_string().into_bytes()
+            }
+            None => SETTINGS.as_bytes().to_vec(),
+        };
+        let mut home_files = vec![HomeFile {
+            path: ".gemini/settings.json".to_string(),
+            contents: settings,
+            merge_json: true,
+        }];
+        home_files.extend(prompt_files(&TurnRequest {
+            append_system_prompt: None,
+            ..request.clone()
+        }));
+        if let Some(text) = request.append_system_prompt {
+            home_files.push(HomeFile {
+                path: format!(".gemini/{APPEND_CONTEXT_FILE}"),
+                contents: text.as_bytes().to_vec(),
+                merge_json: false,
+            });
+        }
         TurnCommand {
             argv,
             env,
-            home_files: vec![HomeFile {
-                path: ".gemini/settings.json".to_string(),
-                contents: SETTINGS.as_bytes().to_vec(),
-                merge_json: true,
-            }],
+            home_files,
             stdin: None,
         }
     }
@@ -86,6 +116,46 @@ impl Provider for Gemini {
     fn chooses_key_up_front(&self) -> bool {
         true
     }
+
+    fn support(&self) -> crate::agent_config::Support {
+        crate::agent_config::Support {
+            replace: true,
+            append: true,
+            effort: true,
+        }
+    }
+}
+
+/// `--append-system-prompt`: an extra context file name. gemini adds the global context files
+/// it finds in `~/.gemini/` (GEMINI.md and the names `context.fileName` lists) to its system
+/// prompt, after its own.
+const APPEND_CONTEXT_FILE: &str = "CAW-BOX-APPEND.md";
+
+/// The thinking budget (tokens) of each `--effort`, within every 2.5 model's range
+/// (flash and flash-lite: up to 24576).
+fn thinking_budget(effort: crate::agent_config::Effort) -> u32 {
+    match effort {
+        crate::agent_config::Effort::Low => 1024,
+        crate::agent_config::Effort::Medium => 8192,
+        crate::agent_config::Effort::High => 24576,
+    }
+}
+
+fn agent_settings(request: &TurnRequest<'_>) -> Option<serde_json::Value> {
+    let mut settings = serde_json::json!({});
+    if request.append_system_prompt.is_some() {
+        settings["context"] = serde_json::json!({ "fileName": ["GEMINI.md", APPEND_CONTEXT_FILE] });
+    }
+    if let Some(effort) = request.effort {
+        // Scope `core`: the main agent's requests (not those of its helper models).
+        settings["modelConfigs"] = serde_json::json!({ "customOverrides": [{
+            "match": { "overrideScope": "core" },
+            "modelConfig": { "generateContentConfig": {
+                "thinkingConfig": { "thinkingBudget": thinking_budget(effort) }
+            } }
+        }] });
+    }
+    (settings != serde_json::json!({})).then_some(settings)
 }
 
 /// Adds the prompt so that yargs takes it verbatim. yargs does not take a following word that

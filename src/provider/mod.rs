@@ -55,6 +55,12 @@ pub struct TurnRequest<'a> {
     /// Names of the variables the CLI's environment will hold from credentials and `--env`
     /// (names only: their values never reach an adapter).
     pub credential_env: &'a [String],
+    /// `--system-prompt`: the text that replaces the CLI's default system prompt.
+    pub system_prompt: Option<&'a str>,
+    /// `--append-system-prompt`: the text added to the CLI's system prompt.
+    pub append_system_prompt: Option<&'a str>,
+    /// `--effort`.
+    pub effort: Option<crate::agent_config::Effort>,
 }
 
 /// The entrypoint's variable naming variables it passes on as `CAW_BOX_HIDDEN_<NAME>`
@@ -145,6 +151,33 @@ pub trait Provider: Send + Sync {
     /// exited and prints the vendor key of the conversation written last (nothing when there
     /// is none). The TUIs do not report their key in a form meant for programs.
     fn latest_key_script(&self) -> String;
+    /// Which of the agent settings (`agent_config`) this CLI can take; the rest is refused
+    /// before a turn starts.
+    fn support(&self) -> crate::agent_config::Support;
+}
+
+/// The files holding a turn's system prompt texts (see `agent_config`), for
+/// [`TurnCommand::home_files`]: the CLI reads them from there.
+pub fn prompt_files(request: &TurnRequest<'_>) -> Vec<HomeFile> {
+    use crate::agent_config::{APPEND_SYSTEM_PROMPT_FILE, SYSTEM_PROMPT_FILE};
+    [
+        (SYSTEM_PROMPT_FILE, request.system_prompt),
+        (APPEND_SYSTEM_PROMPT_FILE, request.append_system_prompt),
+    ]
+    .into_iter()
+    .filter_map(|(path, text)| {
+        Some(HomeFile {
+            path: path.to_string(),
+            contents: text?.as_bytes().to_vec(),
+            merge_json: false,
+        })
+    })
+    .collect()
+}
+
+/// A HOME-relative path as the CLI sees it.
+pub fn in_home(path: &str) -> String {
+    format!("{AGENT_HOME}/{path}")
 }
 
 #[cfg(test)]

@@ -52,6 +52,9 @@ impl Provider for Opencode {
         if let Some(model) = &model {
             argv.extend(["--model".to_string(), model.clone()]);
         }
+        if let Some(effort) = request.effort {
+            argv.push(format!("--variant={}", effort.as_str()));
+        }
         // opencode joins argv words and wraps those with spaces in quotes: the prompt goes on
         // stdin, untouched. The TUI opens without an initial prompt.
         let stdin = (!request.interactive).then(|| request.prompt.as_bytes().to_vec());
@@ -62,20 +65,49 @@ impl Provider for Opencode {
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .into();
-        env.push((
-            "OPENCODE_CONFIG_CONTENT".to_string(),
-            config(request.endpoint, model.as_deref()).to_string(),
-        ));
+        let mut config = config(request.endpoint, model.as_deref());
+        if let (Some(effort), Some(id)) = (request.effort, &model) {
+            // `--variant` picks one of the model's variants; the endpoint's provider (ours)
+            // has none unless defined here.
+            let id = id
+                .strip_prefix(ENDPOINT_PROVIDER)
+                .and_then(|r| r.strip_prefix('/'));
+            if let Some(m) =
+                id.and_then(|id| config["provider"][ENDPOINT_PROVIDER]["models"].get_mut(id))
+            {
+                let level = effort.as_str();
+                m["variants"] = json!({ level: { "reasoningEffort": level } });
+            }
+        }
+        // The texts by file reference (a long one would not fit the environment): the build
+        // agent's prompt replaces opencode's own; `instructions` files are added to it.
+        if request.system_prompt.is_some() {
+            let file = in_home(crate::agent_config::SYSTEM_PROMPT_FILE);
+            config["agent"] = json!({ "build": { "prompt": format!("{{file:{file}}}") } });
+        }
+        if request.append_system_prompt.is_some() {
+            config["instructions"] =
+                json!([in_home(crate::agent_config::APPEND_SYSTEM_PROMPT_FILE)]);
+        }
+        env.push(("OPENCODE_CONFIG_CONTENT".to_string(), config.to_string()));
         TurnCommand {
             argv,
             env,
-            home_files: Vec::new(),
+            home_files: prompt_files(request),
             stdin,
         }
     }
 
     fn parser(&self, _context: ParseContext) -> Box<dyn StreamParser> {
         Box::new(OpencodeParser::default())
+    }
+
+    fn support(&self) -> crate::agent_config::Support {
+        crate::agent_config::Support {
+            replace: true,
+            append: true,
+            effort: true,
+        }
     }
 
     fn latest_key_script(&self) -> String {

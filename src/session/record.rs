@@ -68,6 +68,27 @@ pub struct SessionSettings {
     /// stands for the provider's API host, or the `--endpoint` host).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_hosts: Vec<String>,
+    /// `--system-prompt`: replaces the CLI's default system prompt (see `agent_config`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    /// `--append-system-prompt`: added to the CLI's system prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub append_system_prompt: Option<String>,
+    /// `--effort`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effort: Option<crate::agent_config::Effort>,
+}
+
+impl SessionSettings {
+    /// Refuses (exit 2) an agent setting that `provider`'s CLI cannot take.
+    pub fn check_agent_config(&self, provider: ProviderKind) -> crate::error::Result<()> {
+        crate::agent_config::check_support(
+            provider,
+            self.system_prompt.is_some(),
+            self.append_system_prompt.is_some(),
+            self.effort.is_some(),
+        )
+    }
 }
 
 fn default_network() -> String {

@@ -50,6 +50,7 @@ pub async fn run_turn(
     options: &TurnOptions,
     sink: &mut dyn FnMut(&Event),
 ) -> Result<TurnResult> {
+    record.settings.check_agent_config(record.provider)?;
     let provider = record.provider.adapter();
     let turn = record.next_turn();
     let name = container_name(record);
@@ -79,6 +80,9 @@ pub async fn run_turn(
         endpoint: record.settings.endpoint.as_deref(),
         interactive: options.interactive,
         credential_env: &[],
+        system_prompt: record.settings.system_prompt.as_deref(),
+        append_system_prompt: record.settings.append_system_prompt.as_deref(),
+        effort: record.settings.effort,
     };
     let mut runtime = Runtime::default();
     let allow = crate::settings::expand_allow_hosts(record.provider, &record.settings);
@@ -153,7 +157,12 @@ pub async fn run_turn(
     // Files an adapter merges into HOME (gemini's settings.json) come with its image and
     // stay in the volume: only a custom image's first turn, or a turn after one in the TUI
     // (where they may have been changed), pays the download and upload of a merge.
+    // Agent settings can live in a merged file (gemini's settings.json): merged every turn
+    // that has them.
+    let agent_merge =
+        record.settings.append_system_prompt.is_some() || record.settings.effort.is_some();
     let merge_due = options.interactive
+        || agent_merge
         || match record.turns.last() {
             Some(last) => last.interactive,
             None => image != record.provider.default_image(),

@@ -25,7 +25,7 @@ pub const TEST_KEY: &str = "sk-test-caw-box-0123456789";
 pub const TEST_LABEL: &str = "io.caw-box.test-run";
 
 /// The `CAW_BOX_*` variables that set defaults of `run` (`CAW_BOX_LABELS` the rig sets).
-const CONFIG_VARS: [&str; 14] = [
+const CONFIG_VARS: [&str; 17] = [
     "CAW_BOX_PROVIDER",
     "CAW_BOX_MODEL",
     "CAW_BOX_IMAGE",
@@ -40,6 +40,9 @@ const CONFIG_VARS: [&str; 14] = [
     "CAW_BOX_CONNECT_TIMEOUT",
     "CAW_BOX_WORKSPACE_MODE",
     "CAW_BOX_GROUP",
+    "CAW_BOX_SYSTEM_PROMPT",
+    "CAW_BOX_APPEND_SYSTEM_PROMPT",
+    "CAW_BOX_EFFORT",
 ];
 
 /// A provider as the tests drive it: its name, its key variable, a model the stub accepts.

@@ -1,0 +1,280 @@
+//! Agent settings per provider, against the real CLIs and the stub model: the system prompt
+//! (replaced and appended) reaches the model in the request, the CLI's default prompt is gone
+//! when replaced, a resume keeps the remembered prompt, the effort shows on the wire where
+//! the protocol carries it, and what a CLI cannot take is refused with exit 2.
+
+use serde_json::Value;
+
+use crate::common::*;
+
+/// The system prompt as the request carries it, per wire protocol.
+fn system_text(p: P, body: &Value) -> String {
+    match p.name {
+        "claude_code" => body["system"].to_string(),
+        "codex" => format!("{}{}", body["instructions"], developer_messages(body)),
+        "opencode" => body["messages"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .filter(|m| m["role"] == "system")
+                    .map(|m| m["content"].to_string())
+                    .collect::<String>()
+            })
+            .unwrap_or_default(),
+        _ => body["systemInstruction"].to_string(),
+    }
+}
+
+fn developer_messages(body: &Value) -> String {
+    body["input"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter(|i| i["role"] == "developer")
+                .map(|i| i["content"].to_string())
+                .collect::<String>()
+        })
+        .unwrap_or_default()
+}
+
+/// Every string inside `v`, unescaped.
+fn texts(v: &str) -> Vec<String> {
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::String(s) => out.push(s.clone()),
+            Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            Value::Object(o) => o.values().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    let mut stream = serde_json::Deserializer::from_str(v).into_iter::<Value>();
+    while let Some(Ok(value)) = stream.next() {
+        walk(&value, &mut out);
+    }
+    out
+}
+
+/// The model requests of one session's turns (those that carry the prompt `marker`).
+fn requests_with(rig: &Rig, marker: &str) -> Vec<Value> {
+    rig.stub_requests()
+        .into_iter()
+        .filter(|r| r["method"] == "POST" && r["body"].to_string().contains(marker))
+        .map(|r| r["body"].clone())
+        .collect()
+}
+
+fn system_prompt_reaches_the_model(p: P, append: bool, effort: Option<&str>) {
+    let rig = Rig::new(&format!("ac-{}", p.name));
+    // A baseline turn: the CLI's own default system prompt.
+    check("baseline");
+    let (code, out, stderr) = rig.json_turn(rig.run_cmd(p, "baseline-turn-q1", &[]));
+    assert_eq!(code, 0, "baseline failed: {out}\n{stderr}");
+    let baseline = requests_with(&rig, "baseline-turn-q1");
+    let default_system = system_text(p, baseline.last().expect("a baseline request"));
+    // A stable piece of the default: the first words of its longest text (the main prompt;
+    // shorter ones are headers, later parts hold dates and paths).
+    let default_head: String = texts(&default_system)
+        .into_iter()
+        .max_by_key(|t| t.len())
+        .unwrap_or_default()
+        .chars()
+        .take(60)
+        .collect();
+    assert!(
+        default_head.len() > 30,
+        "no default system prompt seen: {default_system}"
+    );
+
+    check("replace");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("system.md");
+    std::fs::write(&file, "You are REPLACED-SYS-7781. Answer briefly.\n").unwrap();
+    let file_arg = format!("@{}", file.display());
+    let mut extra = vec!["--system-prompt", file_arg.as_str()];
+    if append {
+        extra.extend(["--append-system-prompt", "APPENDED-SYS-4410 applies too."]);
+    }
+    if let Some(e) = effort {
+        extra.extend(["--effort", e]);
+    }
+    let (code, out, stderr) = rig.json_turn(rig.run_cmd(p, "replaced-turn-q2", &extra));
+    assert_eq!(code, 0, "replace turn failed: {out}\n{stderr}");
+    let id = out["session_id"].as_str().unwrap().to_string();
+    let requests = requests_with(&rig, "replaced-turn-q2");
+    let last = requests.last().expect("a request of the replace turn");
+    let system = system_text(p, last);
+    assert!(
+        system.contains("REPLACED-SYS-7781"),
+        "replace missing: {system}"
+    );
+    assert!(
+        !texts(&last.to_string())
+            .iter()
+            .any(|t| t.contains(&default_head)),
+        "the default system prompt ({default_head}) is still sent: {system}"
+    );
+    if append {
+        assert!(
+            system.contains("APPENDED-SYS-4410"),
+            "append missing: {system}"
+        );
+    }
+    // The effort, where the wire carries it.
+    match (p.name, effort) {
+        ("codex", Some(e)) => assert_eq!(last["reasoning"]["effort"], e, "{last}"),
+        ("claude_code", Some(e)) => assert_eq!(last["output_config"]["effort"], e, "{last}"),
+        ("opencode", Some(e)) => assert_eq!(last["reasoning_effort"], e, "{last}"),
+        ("gemini", Some(_)) => assert_eq!(
+            last["generationConfig"]["thinkingConfig"]["thinkingBudget"], 24576,
+            "{last}"
+        ),
+        _ => {}
+    }
+
+    check("show names the settings");
+    let shown = stdout_of(&rig.caw_run(&["show", &id]));
+    assert!(
+        shown.contains("system     You are REPLACED-SYS-7781"),
+        "{shown}"
+    );
+    if let Some(e) = effort {
+        assert!(shown.contains(&format!("effort     {e}")), "{shown}");
+    }
+
+    check("resume keeps the prompt");
+    let (code, out, stderr) = rig.json_turn(rig.resume_cmd(p, &id, "resumed-turn-q3", &[]));
+    assert_eq!(code, 0, "resume failed: {out}\n{stderr}");
+    let resumed = requests_with(&rig, "resumed-turn-q3");
+    let system = system_text(p, resumed.last().expect("a request of the resumed turn"));
+    assert!(
+        system.contains("REPLACED-SYS-7781"),
+        "resume lost the prompt: {system}"
+    );
+    if append {
+        assert!(
+            system.contains("APPENDED-SYS-4410"),
+            "resume lost the append: {system}"
+        );
+    }
+    if p.name == "codex" {
+        assert_eq!(
+            resumed.last().unwrap()["reasoning"]["effort"],
+            effort.unwrap()
+        );
+    }
+
+    check("a resume overrides");
+    let (code, out, stderr) = rig.json_turn(rig.resume_cmd(
+        p,
+        &id,
+        "override-turn-q4",
+        &["--system-prompt", "You are OVERRIDE-SYS-5120."],
+    ));
+    assert_eq!(code, 0, "override failed: {out}\n{stderr}");
+    let over = requests_with(&rig, "override-turn-q4");
+    let system = system_text(p, over.last().expect("a request of the override turn"));
+    assert!(system.contains("OVERRIDE-SYS-5120"), "{system}");
+    assert!(!system.contains("REPLACED-SYS-7781"), "{system}");
+}
+
+#[test]
+fn agent_config_claude_code_system_prompt_and_effort() {
+    system_prompt_reaches_the_model(CLAUDE, true, Some("high"));
+}
+
+#[test]
+fn agent_config_codex_system_prompt_and_effort() {
+    system_prompt_reaches_the_model(CODEX, true, Some("high"));
+}
+
+#[test]
+fn agent_config_opencode_system_prompt_and_effort() {
+    system_prompt_reaches_the_model(OPENCODE, true, Some("high"));
+}
+
+#[test]
+fn agent_config_gemini_system_prompt_and_effort() {
+    system_prompt_reaches_the_model(GEMINI, true, Some("high"));
+}
+
+/// A bad value is refused before anything is created.
+#[test]
+fn agent_config_bad_values_exit_2() {
+    let rig = Rig::new("ac-refuse");
+    for extra in [
+        &["--effort", "extreme"][..],
+        &["--system-prompt", "@/nonexistent/prompt.md"][..],
+        &["--append-system-prompt", " "][..],
+    ] {
+        let out = run(rig.run_cmd(CODEX, "hello", extra));
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr_of(&out));
+    }
+    assert!(
+        rig.caw_volumes().is_empty(),
+        "a refused run created a volume"
+    );
+}
+
+/// Appending keeps the CLI's own prompt: both reach the model.
+fn append_keeps_the_default(p: P) {
+    let rig = Rig::new(&format!("aca-{}", p.name));
+    let (code, out, stderr) = rig.json_turn(rig.run_cmd(
+        p,
+        "append-turn-q5",
+        &["--append-system-prompt", "APPENDED-ONLY-9931 applies."],
+    ));
+    assert_eq!(code, 0, "append turn failed: {out}\n{stderr}");
+    let requests = requests_with(&rig, "append-turn-q5");
+    let system = system_text(p, requests.last().expect("a request of the append turn"));
+    assert!(
+        system.contains("APPENDED-ONLY-9931"),
+        "append missing: {system}"
+    );
+    assert!(system.len() > 2000, "the default prompt is gone: {system}");
+}
+
+#[test]
+fn agent_config_claude_code_append_keeps_the_default() {
+    append_keeps_the_default(CLAUDE);
+}
+
+#[test]
+fn agent_config_codex_append_keeps_the_default() {
+    append_keeps_the_default(CODEX);
+}
+
+#[test]
+fn agent_config_opencode_append_keeps_the_default() {
+    append_keeps_the_default(OPENCODE);
+}
+
+#[test]
+fn agent_config_gemini_append_keeps_the_default() {
+    append_keeps_the_default(GEMINI);
+}
+
+/// A long prompt (beyond what one argv word or env value should carry) reaches the model
+/// whole: it travels as a file.
+#[test]
+fn agent_config_long_system_prompt_travels_as_a_file() {
+    let rig = Rig::new("ac-long");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("long.md");
+    let mut text = "Follow these rules.\n".repeat(3000);
+    text.push_str("LONG-PROMPT-END-6620\n");
+    assert!(text.len() > 60_000);
+    std::fs::write(&file, &text).unwrap();
+    let arg = format!("@{}", file.display());
+    let (code, out, stderr) =
+        rig.json_turn(rig.run_cmd(CLAUDE, "long-turn-q6", &["--system-prompt", &arg]));
+    assert_eq!(code, 0, "long prompt turn failed: {out}\n{stderr}");
+    let requests = requests_with(&rig, "long-turn-q6");
+    let system = system_text(CLAUDE, requests.last().expect("a request"));
+    assert!(
+        system.contains("LONG-PROMPT-END-6620"),
+        "the prompt was cut"
+    );
+    assert!(system.matches("Follow these rules.").count() >= 3000);
+}
