@@ -56,6 +56,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a deleted pod may take to go.
 const GONE_TIMEOUT: Duration = Duration::from_secs(90);
 const POLL: Duration = Duration::from_millis(250);
+/// How long a turn pod whose CLI ended waits for its record (the entrypoint's
+/// `CAW_BOX_HANDOFF_WAIT`): long, so that a detached turn whose driver is gone is still
+/// recorded by the next `caw-box wait` (Docker's 5 s suit a driver that is always there).
+const HANDOFF_WAIT: Duration = Duration::from_secs(6 * 3600);
 
 /// A connected API server and the namespace caw-box works in.
 #[derive(Clone)]
@@ -266,15 +270,100 @@ impl KubeBackend {
         Ok(out)
     }
 
-    /// Fails unless the pod runs (files move through running pods only).
-    async fn require_running(&self, name: &str) -> Result<()> {
-        match self.inspect_container(name).await? {
-            Some(c) if c.running() => Ok(()),
-            Some(_) => Err(Error::environment(format!(
-                "pod '{name}' is not running: files move only through a running pod on Kubernetes"
-            ))),
-            None => Err(Error::environment(format!("pod '{name}' does not exist"))),
+    /// The running pod files of pod `name`'s claims move through: `name` itself while it
+    /// runs; once it ended, a short-lived pod mounting the same claims on the same node
+    /// (`Some` of its name: the caller deletes it). A pod's own memory and empty dirs are
+    /// gone with it.
+    async fn through(&self, name: &str) -> Result<(String, Option<String>)> {
+        let pod = self
+            .pods()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read pod '{name}'"), &e))?
+            .ok_or_else(|| Error::environment(format!("pod '{name}' does not exist")))?;
+        if container_info(&pod).running() {
+            return Ok((name.to_string(), None));
         }
+        let spec = pod.spec.clone().unwrap_or_default();
+        let main = spec.containers.first().cloned().unwrap_or_default();
+        let claims: Vec<Volume> = spec
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|v| v.persistent_volume_claim.is_some())
+            .collect();
+        let mounts: Vec<VolumeMount> = main
+            .volume_mounts
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| claims.iter().any(|v| v.name == m.name))
+            .collect();
+        let helper = format!("{name}-files");
+        let labels = [
+            (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
+            (
+                crate::session::names::labels::MANAGED.to_string(),
+                "true".to_string(),
+            ),
+        ]
+        .into_iter()
+        .chain(
+            meta::merged(&pod.metadata)
+                .into_iter()
+                .filter(|(k, _)| k == crate::session::names::labels::SESSION),
+        )
+        .chain([(
+            crate::session::names::labels::ROLE.to_string(),
+            crate::session::names::roles::PROBE.to_string(),
+        )])
+        .collect::<HashMap<_, _>>();
+        let pod_spec = PodSpec {
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            node_name: spec.node_name.clone(),
+            security_context: spec.security_context.clone(),
+            termination_grace_period_seconds: Some(0),
+            containers: vec![Container {
+                name: "files".into(),
+                image: main.image.clone(),
+                image_pull_policy: main.image_pull_policy.clone(),
+                command: Some(vec!["sleep".into(), "600".into()]),
+                security_context: main.security_context.clone(),
+                volume_mounts: Some(mounts),
+                ..Default::default()
+            }],
+            volumes: Some(claims),
+            ..Default::default()
+        };
+        // A leftover of an earlier attempt goes first.
+        self.remove_container(&helper, true).await?;
+        let image = main.image.clone().unwrap_or_default();
+        let made = async {
+            self.create_pod(&self.pod(&helper, &labels, pod_spec))
+                .await?;
+            self.wait_running(&helper, &image).await
+        };
+        if let Err(e) = made.await {
+            let _ = self.remove_container(&helper, true).await;
+            return Err(e.into());
+        }
+        Ok((helper.clone(), Some(helper)))
+    }
+
+    /// Runs `argv` with `input` through [`Self::through`] pod `name`: its stdout.
+    async fn exec_files(
+        &self,
+        name: &str,
+        argv: &[&str],
+        input: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        let (pod, helper) = self.through(name).await?;
+        let out = self.exec(&pod, argv, input).await;
+        if let Some(helper) = helper {
+            let _ = self.remove_container(&helper, true).await;
+        }
+        out
     }
 
     fn pod(&self, name: &str, labels: &HashMap<String, String>, spec: PodSpec) -> Pod {
@@ -534,9 +623,13 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
             Quantity(format!("{}m", (cpus * 1000.0).ceil() as i64)),
         );
     }
+    let handoff_wait = spec
+        .runtime_over_stdin
+        .then(|| format!("CAW_BOX_HANDOFF_WAIT={}", HANDOFF_WAIT.as_secs()));
     let env = spec
         .env
         .iter()
+        .chain(handoff_wait.as_ref())
         .map(|kv| {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             k8s_openapi::api::core::v1::EnvVar {
@@ -561,7 +654,9 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
             env: Some(env),
             working_dir: Some(spec.working_dir.clone()),
             stdin: Some(spec.runtime_over_stdin),
-            stdin_once: Some(spec.runtime_over_stdin),
+            // Open across attachments: the driver's attachment may end (a detached turn's
+            // driver killed) and another caw-box hand the record in (`adopt`).
+            stdin_once: Some(false),
             tty: Some(false),
             security_context: Some(hardened(uid, gid)),
             resources: Some(ResourceRequirements {
@@ -838,6 +933,24 @@ impl Backend for KubeBackend {
         false
     }
 
+    fn turns_outlive_driver(&self) -> bool {
+        true
+    }
+
+    async fn note_stop(&self, name: &str) -> Result<()> {
+        let key = crate::session::names::labels::STOP_REQUESTED;
+        let patch = serde_json::json!({"metadata": {"annotations": {key: "true"}}});
+        self.pods()
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|e| failed(format!("annotate pod '{name}'"), &e))?;
+        Ok(())
+    }
+
     /// A turn pod's init container ([`seed_home`]) copies the image's HOME into the claim
     /// without replacing anything caw-box put there first.
     async fn fills_volumes_at_create(&self) -> bool {
@@ -1072,23 +1185,22 @@ impl Backend for KubeBackend {
     }
 
     async fn upload_tar(&self, name: &str, dir: &str, tar: Vec<u8>) -> Result<()> {
-        self.require_running(name).await?;
         // Not as root: tar keeps the files' modes, and they belong to the pod's user.
         let script = format!(
             "mkdir -p {d} && tar -x --no-same-owner -m -f - -C {d}",
             d = shell_quote(dir)
         );
-        self.exec(name, &["sh", "-c", &script], Some(tar)).await?;
+        self.exec_files(name, &["sh", "-c", &script], Some(tar))
+            .await?;
         Ok(())
     }
 
     async fn download_file(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
-        self.require_running(name).await?;
         let script = format!(
             "if [ -f {p} ]; then printf Y; cat {p}; else printf N; fi",
             p = shell_quote(path)
         );
-        let out = self.exec(name, &["sh", "-c", &script], None).await?;
+        let out = self.exec_files(name, &["sh", "-c", &script], None).await?;
         match out.split_first() {
             Some((b'Y', rest)) => Ok(Some(rest.to_vec())),
             _ => Ok(None),
@@ -1096,7 +1208,6 @@ impl Backend for KubeBackend {
     }
 
     async fn download_tar(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
-        self.require_running(name).await?;
         let p = std::path::Path::new(path);
         let parent = p.parent().map(|x| x.to_string_lossy().into_owned());
         let base = p
@@ -1114,7 +1225,7 @@ impl Backend for KubeBackend {
             parent = shell_quote(&parent),
             base = shell_quote(&base)
         );
-        let out = self.exec(name, &["sh", "-c", &script], None).await?;
+        let out = self.exec_files(name, &["sh", "-c", &script], None).await?;
         match out.split_first() {
             Some((b'Y', rest)) => Ok(Some(rest.to_vec())),
             _ => Ok(None),
