@@ -629,6 +629,56 @@ fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
         );
     }
 
+    check("errors: one line, exit 3, the session kept");
+    let config = std::fs::read_to_string(&lab.kubeconfig).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let variant = |file: &str, text: String| {
+        let path = dir.path().join(file);
+        std::fs::write(&path, text).unwrap();
+        let mut c = caw_k8s(data.path(), workspace.path(), &lab);
+        c.env("KUBECONFIG", path).args(["show", &id]);
+        crate::common::run(c)
+    };
+    let unreachable = variant(
+        "unreachable",
+        config.replace("https://127.0.0.1:16443", "https://127.0.0.1:1"),
+    );
+    // RBAC: the admin acting as a user with no rights.
+    let forbidden = variant(
+        "forbidden",
+        config.replace("user: {", "user: {as: caw-box-e2e-nobody, "),
+    );
+    let mut absent = resume(&id, "hello", false);
+    absent
+        .args(["--image", "caw-box/absent:latest"])
+        .env("CAW_BOX_IMAGE_PULL_POLICY", "Never");
+    let absent = crate::common::run(absent);
+    for (what, out, words) in [
+        (
+            "unreachable",
+            &unreachable,
+            "cannot reach the Kubernetes API server",
+        ),
+        ("forbidden", &forbidden, "forbidden"),
+        ("image missing", &absent, "caw-box/absent:latest"),
+    ] {
+        assert_eq!(out.status.code(), Some(3), "{what}: {}", stderr_of(out));
+        let first = stderr_of(out);
+        let first = first.lines().next().unwrap_or("");
+        assert!(
+            first.starts_with("caw-box: error: ") && first.contains(words),
+            "{what}: {}",
+            stderr_of(out)
+        );
+    }
+    let (shown, _d) = fresh(&lab, workspace.path(), &["show", &id]);
+    assert_eq!(shown.status.code(), Some(0), "{}", stderr_of(&shown));
+    assert!(
+        !lab.caw_objects().iter().any(|o| o.starts_with("pod/")),
+        "a pod was left: {:?}",
+        lab.caw_objects()
+    );
+
     check("rm");
     let mut rm = caw_k8s(data.path(), workspace.path(), &lab);
     rm.arg("rm").arg(&id).args(&ids);

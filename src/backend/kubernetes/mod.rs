@@ -16,12 +16,17 @@
 //!   63 characters of a small alphabet; caw-box's settings label is JSON) and, where a
 //!   value is a valid label value, also as labels, which is what listing selects on.
 //!
-//! Files move through a *running* pod only (`exec`): a pod that has ended cannot be read or
-//! written, unlike a stopped Docker container. The headless turn never needs that (its
-//! runtime files and its record travel on the pod's stdin through `attach`); what would
-//! (the TUI, `stop`, refreshed credentials) is not available on this backend yet.
+//! Files move through a running pod (`exec`): the pod itself while it runs; once it ended,
+//! a short-lived pod that mounts the same claims on the same node (as Docker reads a
+//! stopped container). What lived in the ended pod's own memory or empty dirs (its runtime
+//! directory, refreshed credentials) is gone with it.
 //!
-//! Not here: detached turns, egress proxies and networks, image builds (images come from a
+//! A turn outlives its driver ([`Backend::turns_outlive_driver`]): the pod's stdin stays
+//! open across attachments and its entrypoint waits hours for the record, so any caw-box
+//! can finish a turn whose driver is gone (`session::headless::adopt`). `caw-box stop`
+//! annotates the pod (`note_stop`), read after the pod ended.
+//!
+//! Not here: egress proxies and networks, the TUI, image builds (images come from a
 //! registry, or `k8s-lab load-image` in tests).
 
 use std::collections::{BTreeMap, HashMap};
@@ -274,7 +279,9 @@ impl KubeBackend {
     /// runs; once it ended, a short-lived pod mounting the same claims on the same node
     /// (`Some` of its name: the caller deletes it). A pod's own memory and empty dirs are
     /// gone with it.
-    async fn through(&self, name: &str) -> Result<(String, Option<String>)> {
+    /// A path off the ended pod's claims (its runtime directory, say) is gone with it:
+    /// `None`.
+    async fn through(&self, name: &str, path: &str) -> Result<Option<(String, Option<String>)>> {
         let pod = self
             .pods()
             .get_opt(name)
@@ -282,7 +289,7 @@ impl KubeBackend {
             .map_err(|e| failed(format!("read pod '{name}'"), &e))?
             .ok_or_else(|| Error::environment(format!("pod '{name}' does not exist")))?;
         if container_info(&pod).running() {
-            return Ok((name.to_string(), None));
+            return Ok(Some((name.to_string(), None)));
         }
         let spec = pod.spec.clone().unwrap_or_default();
         let main = spec.containers.first().cloned().unwrap_or_default();
@@ -298,6 +305,13 @@ impl KubeBackend {
             .into_iter()
             .filter(|m| claims.iter().any(|v| v.name == m.name))
             .collect();
+        let on_a_claim = mounts.iter().any(|m| {
+            let dir = m.mount_path.trim_end_matches('/');
+            path == dir || path.starts_with(&format!("{dir}/"))
+        });
+        if !on_a_claim {
+            return Ok(None);
+        }
         let helper = format!("{name}-files");
         let labels = [
             (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
@@ -348,22 +362,26 @@ impl KubeBackend {
             let _ = self.remove_container(&helper, true).await;
             return Err(e.into());
         }
-        Ok((helper.clone(), Some(helper)))
+        Ok(Some((helper.clone(), Some(helper))))
     }
 
-    /// Runs `argv` with `input` through [`Self::through`] pod `name`: its stdout.
+    /// Runs `argv` with `input` through [`Self::through`] pod `name`, for `path`: its
+    /// stdout; `None` when `path` went with the ended pod.
     async fn exec_files(
         &self,
         name: &str,
+        path: &str,
         argv: &[&str],
         input: Option<Vec<u8>>,
-    ) -> Result<Vec<u8>> {
-        let (pod, helper) = self.through(name).await?;
+    ) -> Result<Option<Vec<u8>>> {
+        let Some((pod, helper)) = self.through(name, path).await? else {
+            return Ok(None);
+        };
         let out = self.exec(&pod, argv, input).await;
         if let Some(helper) = helper {
             let _ = self.remove_container(&helper, true).await;
         }
-        out
+        out.map(Some)
     }
 
     fn pod(&self, name: &str, labels: &HashMap<String, String>, spec: PodSpec) -> Pod {
@@ -1190,8 +1208,14 @@ impl Backend for KubeBackend {
             "mkdir -p {d} && tar -x --no-same-owner -m -f - -C {d}",
             d = shell_quote(dir)
         );
-        self.exec_files(name, &["sh", "-c", &script], Some(tar))
+        let put = self
+            .exec_files(name, dir, &["sh", "-c", &script], Some(tar))
             .await?;
+        if put.is_none() {
+            return Err(Error::environment(format!(
+                "pod '{name}' has ended: {dir} went with it"
+            )));
+        }
         Ok(())
     }
 
@@ -1200,7 +1224,12 @@ impl Backend for KubeBackend {
             "if [ -f {p} ]; then printf Y; cat {p}; else printf N; fi",
             p = shell_quote(path)
         );
-        let out = self.exec_files(name, &["sh", "-c", &script], None).await?;
+        let Some(out) = self
+            .exec_files(name, path, &["sh", "-c", &script], None)
+            .await?
+        else {
+            return Ok(None);
+        };
         match out.split_first() {
             Some((b'Y', rest)) => Ok(Some(rest.to_vec())),
             _ => Ok(None),
@@ -1225,7 +1254,12 @@ impl Backend for KubeBackend {
             parent = shell_quote(&parent),
             base = shell_quote(&base)
         );
-        let out = self.exec_files(name, &["sh", "-c", &script], None).await?;
+        let Some(out) = self
+            .exec_files(name, path, &["sh", "-c", &script], None)
+            .await?
+        else {
+            return Ok(None);
+        };
         match out.split_first() {
             Some((b'Y', rest)) => Ok(Some(rest.to_vec())),
             _ => Ok(None),
