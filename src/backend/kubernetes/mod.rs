@@ -410,6 +410,23 @@ enum Progress {
 
 fn pod_progress(pod: &Pod) -> Progress {
     let status = pod.status.clone().unwrap_or_default();
+    // An init container that cannot get its image (the turn's own): the main container
+    // only says PodInitializing meanwhile.
+    let init_waiting = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.waiting.clone())
+        .find_map(|w| {
+            w.reason
+                .filter(|r| r.contains("Image"))
+                .map(|r| (r, w.message))
+        });
+    if let Some((reason, message)) = init_waiting {
+        if reason != "ImagePulled" {
+            return Progress::ImageMissing(format!("{reason}: {}", message.unwrap_or_default()));
+        }
+    }
     let container = status
         .container_statuses
         .as_ref()
@@ -439,21 +456,6 @@ fn pod_progress(pod: &Pod) -> Progress {
     if phase == "Failed" || phase == "Succeeded" {
         // Ended before its container ran (an init container failed).
         return Progress::Ended(if phase == "Failed" { 1 } else { 0 });
-    }
-    let init_waiting = status
-        .init_container_statuses
-        .iter()
-        .flatten()
-        .filter_map(|c| c.state.as_ref()?.waiting.clone())
-        .find_map(|w| {
-            w.reason
-                .filter(|r| r.contains("Image"))
-                .map(|r| (r, w.message))
-        });
-    if let Some((reason, message)) = init_waiting {
-        if reason != "ImagePulled" {
-            return Progress::ImageMissing(format!("{reason}: {}", message.unwrap_or_default()));
-        }
     }
     let why = status
         .conditions

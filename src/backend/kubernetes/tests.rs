@@ -142,3 +142,25 @@ fn a_host_directory_an_interactive_turn_and_a_named_network_are_refused() {
     net.network = NetworkPolicy::Named("gw".into());
     assert!(turn_pod_spec(&net).is_err());
 }
+
+/// The turn's image missing shows first on its init container (the main one only says
+/// PodInitializing): that is a missing image, not a pod still on its way.
+#[test]
+fn an_init_container_without_its_image_is_a_missing_image() {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "status": {
+            "phase": "Pending",
+            "initContainerStatuses": [{"name": "seed-home", "image": "x", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ErrImageNeverPull", "message": "never pull"}}}],
+            "containerStatuses": [{"name": "agent", "image": "x", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "PodInitializing"}}}]
+        }
+    }))
+    .unwrap();
+    match pod_progress(&pod) {
+        Progress::ImageMissing(why) => assert!(why.contains("ErrImageNeverPull"), "{why}"),
+        _ => panic!("not taken for a missing image"),
+    }
+}
