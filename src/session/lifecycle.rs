@@ -105,6 +105,18 @@ pub async fn stop(backend: &impl Backend, id: Uuid) -> Result<()> {
         .await?
         .filter(|c| c.running())
         .ok_or_else(|| Error::usage(format!("session {id} has no running turn")))?;
+    if backend.turns_outlive_driver() {
+        // Right after `resume -d` returned, the pod runs but its driver may not have fed
+        // it yet: stopped then, the driver would find the pod gone and record nothing. The
+        // prompt arrives with the runtime files, once the driver is attached.
+        let prompt = super::headless::PROMPT_FILE;
+        for _ in 0..100 {
+            if super::runtime::has_file(backend, &container, prompt).await {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
     // Tell the turn's driver that this is a stop, not a crash (through the backend: the
     // driver may run on another machine).
     let _ = inspect;
