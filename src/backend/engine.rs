@@ -168,6 +168,12 @@ impl Backend for Engine {
     async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
         dispatch!(self, b => Backend::stop_container(b, name, grace).await)
     }
+    fn turns_outlive_driver(&self) -> bool {
+        dispatch!(self, b => Backend::turns_outlive_driver(b))
+    }
+    async fn note_stop(&self, name: &str) -> Result<()> {
+        dispatch!(self, b => Backend::note_stop(b, name).await)
+    }
     fn surely_shares_paths(&self) -> bool {
         dispatch!(self, b => Backend::surely_shares_paths(b))
     }

@@ -94,6 +94,19 @@ pub trait Backend: Clone + Send + Sync + 'static {
         name: &str,
         grace: Duration,
     ) -> impl Future<Output = Result<()>> + Send;
+    /// Whether a headless turn goes on to its end when its driver is gone (Kubernetes: the
+    /// pod keeps its stdin and waits for its record, which any caw-box can then hand it,
+    /// see `session::headless::adopt`); `false` on Docker, where the driver owns the turn.
+    fn turns_outlive_driver(&self) -> bool {
+        false
+    }
+    /// Notes on a running turn that `caw-box stop` ends it, where the driver can read it
+    /// after the container ended (Kubernetes: an annotation; its runtime directory is gone
+    /// with the pod). Docker needs none: the stop request in the runtime directory is read
+    /// from the stopped container.
+    fn note_stop(&self, _name: &str) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
     /// Whether the backend certainly sees this process's host paths as they are (a bind
     /// mount of a host directory shows that directory); `false`: maybe not, check.
     fn surely_shares_paths(&self) -> bool;

@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::event::{Event, Status, TurnResult};
 use crate::lines::LineBuffer;
 use crate::provider::ParseContext;
-use crate::session::record::{now_secs, SessionRecord, TurnRecord};
+use crate::session::record::{labels, now_secs, SessionRecord, TurnRecord};
 
 /// The line the entrypoint prints on stdout after the CLI ended on its own, with its exit
 /// code, before it waits for the turn's record (the record hand-off, see `caw-box-entry`).
@@ -30,6 +30,98 @@ pub(super) async fn drive_headless(
     record: &mut SessionRecord,
     interrupts: &mut Interrupts,
     sink: &mut dyn FnMut(&Event),
+) -> Result<TurnResult> {
+    drive(ctx, record, interrupts, sink, None).await
+}
+
+/// A turn taken over from a driver that is gone: when its container started.
+#[derive(Clone, Copy)]
+struct Adopted {
+    started_at: u64,
+    running_for: Duration,
+}
+
+/// Finishes the running headless turn `turn` of `record`'s session in container `name`
+/// whose driver is gone (a detached turn's `caw-box __drive` killed), on a backend where
+/// the turn outlives its driver ([`Backend::turns_outlive_driver`], Kubernetes): the CLI's
+/// output is read from the container's log from its start (stdout and stderr as one
+/// stream: the log keeps them together), and once the CLI ended the record is handed in
+/// on the container's stdin, which stayed open, as the driver would have. `record` is the
+/// stored one (before this turn). The driver's `--timeout` is not kept: the turn runs to
+/// its end or to `caw-box stop`.
+pub(super) async fn adopt(
+    backend: &impl Backend,
+    record: &mut SessionRecord,
+    name: &str,
+    turn: u32,
+    created: Option<std::time::SystemTime>,
+) -> Result<TurnResult> {
+    let mut interrupts = Interrupts::install()?;
+    let prompt = backend
+        .download_file(name, &format!("{}/{PROMPT_FILE}", super::runtime::RUN_DIR))
+        .await
+        .ok()
+        .flatten()
+        .map(|p| String::from_utf8_lossy(&p).into_owned())
+        .unwrap_or_default();
+    let options = super::turn::TurnOptions {
+        prompt,
+        ..Default::default()
+    };
+    let running_for = created.and_then(|t| t.elapsed().ok()).unwrap_or_default();
+    let adopted = Adopted {
+        started_at: now_secs().saturating_sub(running_for.as_secs()),
+        running_for,
+    };
+    let ctx = TurnContext {
+        backend,
+        name,
+        turn,
+        options: &options,
+        home_files: &[],
+        home_out: None,
+        runtime_payload: None,
+        proxy: None,
+    };
+    drive(&ctx, record, &mut interrupts, &mut |_| {}, Some(adopted)).await
+}
+
+/// The runtime file that holds a turn's prompt, for [`adopt`] (on backends where turns
+/// outlive their driver).
+pub(super) const PROMPT_FILE: &str = "prompt";
+
+/// The container's stdin for the record hand-off, through an attachment of its own (an
+/// adopted turn's): the attachment lives as long as this.
+struct Attachment(crate::backend::Attached);
+
+impl tokio::io::AsyncWrite for Attachment {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.0.input.as_mut().poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.0.input.as_mut().poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.0.input.as_mut().poll_shutdown(cx)
+    }
+}
+
+async fn drive(
+    ctx: &TurnContext<'_, impl Backend>,
+    record: &mut SessionRecord,
+    interrupts: &mut Interrupts,
+    sink: &mut dyn FnMut(&Event),
+    adopted: Option<Adopted>,
 ) -> Result<TurnResult> {
     let &TurnContext {
         backend,
@@ -44,9 +136,18 @@ pub(super) async fn drive_headless(
     } = ctx;
     place_home_files(backend, name, home_files).await?;
 
-    let started = Instant::now();
-    let started_at = now_secs();
-    let attach = backend.attach(name, runtime_payload.is_some()).await?;
+    let started = adopted
+        .and_then(|a| Instant::now().checked_sub(a.running_for))
+        .unwrap_or_else(Instant::now);
+    let started_at = adopted.map(|a| a.started_at).unwrap_or_else(now_secs);
+    let attach = match adopted {
+        // The CLI's output so far and to come; nothing to write until the record.
+        Some(_) => crate::backend::Attached {
+            output: backend.follow_logs(name),
+            input: Box::pin(tokio::io::sink()),
+        },
+        None => backend.attach(name, runtime_payload.is_some()).await?,
+    };
     // The runtime files go first on stdin; the same stdin takes the record at the end.
     let feeding = runtime_payload.map(|payload| {
         let (mut stdin, payload) = (attach.input, payload.to_vec());
@@ -61,7 +162,9 @@ pub(super) async fn drive_headless(
             Ok::<_, std::io::Error>(stdin)
         })
     });
-    backend.start_container(name).await?;
+    if adopted.is_none() {
+        backend.start_container(name).await?;
+    }
     record.turn_started = true;
     let history = StoredHistory::fetch(backend, name, record, turn);
 
@@ -142,6 +245,13 @@ pub(super) async fn drive_headless(
                 break;
             }
             _ = interrupts.recv() => {
+                if adopted.is_some() {
+                    // Only the waiting ends: the turn is not this process's to stop.
+                    return Err(crate::Error::new(
+                        crate::error::ErrorKind::Interrupted,
+                        "interrupted while waiting; the turn goes on",
+                    ));
+                }
                 ended_early = Some(EndedEarly::Interrupted);
                 break;
             }
@@ -168,7 +278,12 @@ pub(super) async fn drive_headless(
         let drain = async {
             while let Some(Ok(chunk)) = output.next().await {
                 if let OutputChunk::Stdout(message) = chunk {
-                    lines.feed(&message, |l| reader.stdout_line(l));
+                    lines.feed(&message, |l| match l.strip_prefix(EXIT_MARKER) {
+                        // The CLI ended as it was stopped: the entrypoint waits for the
+                        // record (a stop that reached the CLI, not the entrypoint).
+                        Some(code) => cli_exit = code.trim().parse().ok(),
+                        None => reader.stdout_line(l),
+                    });
                 }
             }
         };
@@ -191,7 +306,17 @@ pub(super) async fn drive_headless(
     }
     // `caw-box stop` leaves word in the runtime directory; a CLI that ended on its own
     // was not stopped (and the file is not worth a request).
-    let stop_requested = cli_exit.is_none() && has_file(backend, name, STOP_REQUEST).await;
+    // Where the container ended before this could look (a pod's runtime directory is gone
+    // with it), `caw-box stop` noted it on the container too.
+    let stop_requested = cli_exit.is_none()
+        && (has_file(backend, name, STOP_REQUEST).await
+            || backend.turns_outlive_driver()
+                && backend
+                    .inspect_container(name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|c| c.label(labels::STOP_REQUESTED) == Some("true")));
     if stop_requested {
         ended_early = Some(EndedEarly::Interrupted);
     }
@@ -313,6 +438,14 @@ pub(super) async fn drive_headless(
         stderr: &stderr_tail,
     };
     let stdin = match feeding {
+        // An adopted turn's record goes in through an attachment of this process's own.
+        _ if adopted.is_some() && cli_exit.is_some() => match backend.attach(name, true).await {
+            Ok(attached) => Some(Box::pin(Attachment(attached)) as super::history::Stdin),
+            Err(e) => {
+                tracing::debug!("cannot attach for the record hand-off: {e}");
+                None
+            }
+        },
         Some(task) if cli_exit.is_some() => match task.await {
             Ok(Ok(stdin)) => Some(stdin),
             Ok(Err(e)) => {

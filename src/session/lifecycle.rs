@@ -105,11 +105,26 @@ pub async fn stop(backend: &impl Backend, id: Uuid) -> Result<()> {
         .await?
         .filter(|c| c.running())
         .ok_or_else(|| Error::usage(format!("session {id} has no running turn")))?;
+    if backend.turns_outlive_driver() {
+        // Right after `resume -d` returned, the pod runs but its driver may not have fed
+        // it yet: stopped then, the driver would find the pod gone and record nothing. The
+        // prompt arrives with the runtime files, once the driver is attached.
+        let prompt = super::headless::PROMPT_FILE;
+        for _ in 0..100 {
+            if super::runtime::has_file(backend, &container, prompt).await {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
     // Tell the turn's driver that this is a stop, not a crash (through the backend: the
     // driver may run on another machine).
     let _ = inspect;
     if let Err(e) = super::runtime::signal_file(backend, &container, STOP_REQUEST).await {
         tracing::debug!("could not leave the stop request: {e}");
+    }
+    if let Err(e) = backend.note_stop(&container).await {
+        tracing::debug!("could not note the stop on the container: {e}");
     }
     backend.stop_container(&container, STOP_GRACE).await?;
     // Return once the driver recorded the turn and released the session.
@@ -136,6 +151,14 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
     let mut stopped_since: Option<Instant> = None;
     let is_running = |c: &crate::backend::ContainerInfo| c.running();
     while let Some(c) = backend.inspect_container(&container).await? {
+        if is_running(&c) && backend.turns_outlive_driver() && super::liveness::driver_is_gone(&c) {
+            // A detached turn whose driver was killed: it runs on, and this process
+            // finishes it (reads its output, hands its record in).
+            if let Some(result) = adopt(backend, facts, &c).await? {
+                return Ok(result);
+            }
+            continue;
+        }
         if is_running(&c) {
             if let Err(e) = backend.wait_container(&container).await {
                 // The turn may have ended, and its driver removed the container, between
@@ -168,6 +191,35 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
         return Err(Error::usage(format!("session {id} has no finished turn")));
     };
     Ok(result_of(&record, last))
+}
+
+/// Finishes turn container `c` of a session whose driver is gone (see
+/// [`super::headless::adopt`]); `None` when it is not this session's next turn.
+async fn adopt(
+    backend: &impl Backend,
+    facts: &VolumeFacts,
+    c: &crate::backend::ContainerInfo,
+) -> Result<Option<TurnResult>> {
+    // The record the driver started from (labels, the host cache): the stored history
+    // joins it when the turn is saved, as for the driver.
+    let mut record = target::resolve(backend, &facts.session_id.to_string()).await?;
+    let turn = c.label(labels::TURN).and_then(|t| t.parse::<u32>().ok());
+    if turn != Some(record.next_turn()) {
+        tracing::debug!(
+            "turn container {} is not the next turn: not adopted",
+            c.name
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        return Ok(None);
+    }
+    tracing::info!(
+        "finishing turn {:?} of session {}: its driver is gone",
+        turn,
+        facts.session_id
+    );
+    let turn = record.next_turn();
+    let result = super::headless::adopt(backend, &mut record, &c.name, turn, c.created).await?;
+    Ok(Some(result))
 }
 
 /// The result object of a recorded turn.

@@ -51,10 +51,24 @@ pub(super) async fn remove_abandoned_turns(backend: &impl Backend, own: &str) {
 fn is_a_caw_box(pid: u32) -> bool {
     let comm = |p: &str| std::fs::read_to_string(format!("/proc/{p}/comm"));
     dirs::process_is_alive(pid)
+        && !is_a_zombie(pid)
         && match (comm(&pid.to_string()), comm("self")) {
             (Ok(theirs), Ok(ours)) => theirs == ours,
             _ => true,
         }
+}
+
+/// Whether `pid` has ended and waits to be reaped (a killed driver whose parent is gone,
+/// where nobody reaps orphans, e.g. a container's init that does not): dead for caw-box.
+fn is_a_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // "pid (comm) S ...": the state follows the last ')' (comm may hold any byte).
+            let (_, rest) = s.rsplit_once(')')?;
+            rest.split_whitespace().next().map(|state| state == "Z")
+        })
+        .unwrap_or(false)
 }
 
 #[cfg(test)]
@@ -72,7 +86,11 @@ mod tests {
         // Alive, but another program (a dead driver's pid, reused).
         assert!(!is_a_caw_box(pid));
         other.kill().unwrap();
+        // Killed, not yet reaped: a zombie, as gone as a reaped one.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(is_a_zombie(pid));
         other.wait().unwrap();
         assert!(!is_a_caw_box(pid));
+        assert!(!is_a_zombie(std::process::id()));
     }
 }

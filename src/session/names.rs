@@ -26,6 +26,9 @@ pub mod labels {
     /// On a turn container: the process that drives the turn, and its host.
     pub const DRIVER_PID: &str = "io.caw-box.driver-pid";
     pub const DRIVER_HOST: &str = "io.caw-box.driver-host";
+    /// On a turn pod (Kubernetes): `caw-box stop` ended it (its runtime directory, where
+    /// Docker's stop request goes, is gone with the pod).
+    pub const STOP_REQUESTED: &str = "io.caw-box.stop-requested";
     /// On a turn-record volume: the [`crate::session::record::TurnSummary`] of the session's latest turn.
     pub const SUMMARY: &str = "io.caw-box.summary";
     /// On an image: a hash of everything it was built from; `image build` skips an image

@@ -125,6 +125,10 @@ pub async fn run_turn(
         env_file.push(0);
     }
     runtime.write("env", &env_file);
+    if !options.interactive && backend.turns_outlive_driver() {
+        // For whoever finishes the turn if this process is gone (`headless::adopt`).
+        runtime.write(super::headless::PROMPT_FILE, options.prompt.as_bytes());
+    }
     let mut env: Vec<String> = command
         .env
         .iter()

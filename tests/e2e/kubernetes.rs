@@ -422,3 +422,281 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
     }
     drop(lab);
 }
+
+impl Lab {
+    /// The annotation caw-box keeps a label in, on session `id`'s turn pod.
+    fn turn_pod_annotation(&self, id: &str, key: &str) -> String {
+        let path = format!("{{.metadata.annotations.{}}}", key.replace('.', "\\."));
+        self.kubectl_ok(&[
+            "get",
+            "pod",
+            &format!("caw-box-{id}"),
+            "-o",
+            &format!("jsonpath={path}"),
+        ])
+    }
+}
+
+/// `caw-box` for the lab from a fresh process with a fresh data directory: only the
+/// kubeconfig (and the id) to go on.
+fn fresh(lab: &Lab, workspace: &std::path::Path, args: &[&str]) -> (Output, tempfile::TempDir) {
+    let data = tempfile::tempdir().unwrap();
+    let mut c = caw_k8s(data.path(), workspace, lab);
+    c.args(args);
+    (crate::common::run(c), data)
+}
+
+fn result_text(v: &Value) -> String {
+    v["result"].as_str().unwrap_or("").to_string()
+}
+
+#[test]
+fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
+    const P: P = CODEX;
+    check("lab up");
+    let lab = Lab::up();
+    check("load images");
+    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    let endpoint = lab.start_stub();
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let detached_run = |prompt: &str| {
+        let mut run = turn_cmd(
+            P,
+            data.path(),
+            workspace.path(),
+            &lab,
+            &["run", "-d", "--provider", P.name, "--endpoint", &endpoint],
+        );
+        run.args(["--model", P.model.unwrap()]).arg(prompt);
+        run
+    };
+    let resume = |id: &str, prompt: &str, detach: bool| {
+        let mut c = turn_cmd(
+            P,
+            data.path(),
+            workspace.path(),
+            &lab,
+            &["resume", id, "--endpoint", &endpoint],
+        );
+        if detach {
+            c.arg("-d");
+        }
+        c.arg(prompt);
+        c
+    };
+
+    check("run -d, then logs -f and wait from fresh processes");
+    let started = Instant::now();
+    let out = crate::common::run(detached_run("SLEEP:4 REMEMBER:fig"));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let id = json_of(&out)["session_id"].as_str().unwrap().to_string();
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "run -d took {:?}",
+        started.elapsed()
+    );
+    let (logs, _d) = fresh(&lab, workspace.path(), &["logs", &id, "-f"]);
+    assert_eq!(logs.status.code(), Some(0), "{}", stderr_of(&logs));
+    assert!(
+        stdout_of(&logs).contains("Noted: fig"),
+        "logs -f: {}",
+        stdout_of(&logs)
+    );
+    let (waited, _d) = fresh(&lab, workspace.path(), &["wait", &id, "-o", "json"]);
+    assert_eq!(waited.status.code(), Some(0), "{}", stderr_of(&waited));
+    let w = json_of(&waited);
+    assert_eq!(w["turn"], 1, "{w}");
+    assert!(result_text(&w).contains("Noted: fig"), "{w}");
+
+    check("resume -d, the driver SIGKILLed: the turn goes on and wait records it");
+    let out = crate::common::run(resume(&id, "SLEEP:8 REMEMBER:plum", true));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    // Past the driver's first moment, when it feeds the pod its runtime files (a driver
+    // killed before that leaves a pod that waits for them: see the README).
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = lab.turn_pod_annotation(&id, "io.caw-box.driver-pid");
+    let pid: i32 = pid
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no driver pid: {pid:?}"));
+    let killed = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "kill -KILL {pid}");
+    let (waited, _d) = fresh(&lab, workspace.path(), &["wait", &id, "-o", "json"]);
+    assert_eq!(
+        waited.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout_of(&waited),
+        stderr_of(&waited)
+    );
+    let w = json_of(&waited);
+    assert_eq!(w["turn"], 2, "{w}");
+    assert!(result_text(&w).contains("Noted: plum"), "{w}");
+    assert!(
+        !lab.caw_objects().iter().any(|o| o.starts_with("pod/")),
+        "a pod was left: {:?}",
+        lab.caw_objects()
+    );
+
+    check("stop from a fresh process: wait says 130, the session recalls");
+    let out = crate::common::run(resume(&id, "SLEEP:120 REMEMBER:never", true));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let (stopped, _d) = fresh(&lab, workspace.path(), &["stop", &id]);
+    assert_eq!(stopped.status.code(), Some(0), "{}", stderr_of(&stopped));
+    let (waited, _d) = fresh(&lab, workspace.path(), &["wait", &id, "-o", "json"]);
+    assert_eq!(
+        waited.status.code(),
+        Some(130),
+        "{}\n{}",
+        stdout_of(&waited),
+        stderr_of(&waited)
+    );
+    assert_eq!(json_of(&waited)["status"], "interrupted");
+    let out = crate::common::run(resume(&id, "RECALL", false));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let r = json_of(&out);
+    assert_eq!(r["turn"], 4, "{r}");
+    // The vendor conversation goes on: plum, or the stopped turn's word when its request
+    // reached the model before the stop (the CLI keeps the prompt it sent).
+    let recalled = result_text(&r);
+    assert!(
+        recalled.contains("You told me to remember plum")
+            || recalled.contains("You told me to remember never"),
+        "{r}"
+    );
+
+    check("two racing resumes: one runs, one is busy");
+    let spawn = |c: &mut Command| {
+        c.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let a = spawn(&mut resume(&id, "SLEEP:3 REMEMBER:pear", false));
+    let b = spawn(&mut resume(&id, "SLEEP:3 REMEMBER:pear", false));
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let mut codes = [a.status.code(), b.status.code()];
+    codes.sort();
+    assert_eq!(
+        codes,
+        [Some(0), Some(2)],
+        "a: {}\nb: {}",
+        stderr_of(&a),
+        stderr_of(&b)
+    );
+    let loser = if a.status.code() == Some(2) { &a } else { &b };
+    assert!(stderr_of(loser).contains("is busy"), "{}", stderr_of(loser));
+
+    check("16 detached turns of 16 sessions at once");
+    const N: usize = 16;
+    let children: Vec<_> = (0..N)
+        .map(|i| spawn(&mut detached_run(&format!("SLEEP:2 REMEMBER:many-{i}"))))
+        .collect();
+    let mut ids = Vec::new();
+    for (i, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{i}: {}", stderr_of(&out));
+        ids.push(json_of(&out)["session_id"].as_str().unwrap().to_string());
+    }
+    let (ls, _d) = fresh(&lab, workspace.path(), &["ls", "--json"]);
+    assert_eq!(ls.status.code(), Some(0), "{}", stderr_of(&ls));
+    let listed: Value = serde_json::from_str(stdout_of(&ls).trim()).unwrap();
+    for id in &ids {
+        assert!(
+            listed
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["session_id"] == id.as_str()),
+            "{id} not listed: {listed}"
+        );
+    }
+    let waits: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let mut c = caw_k8s(data.path(), workspace.path(), &lab);
+            c.args(["wait", id, "-o", "json"]);
+            spawn(&mut c)
+        })
+        .collect();
+    for (i, child) in waits.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{i}: {}", stderr_of(&out));
+        let w = json_of(&out);
+        assert!(
+            result_text(&w).contains(&format!("Noted: many-{i}")),
+            "{i}: {w}"
+        );
+    }
+
+    check("errors: one line, exit 3, the session kept");
+    let config = std::fs::read_to_string(&lab.kubeconfig).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let variant = |file: &str, text: String| {
+        let path = dir.path().join(file);
+        std::fs::write(&path, text).unwrap();
+        let mut c = caw_k8s(data.path(), workspace.path(), &lab);
+        c.env("KUBECONFIG", path).args(["show", &id]);
+        crate::common::run(c)
+    };
+    let unreachable = variant(
+        "unreachable",
+        config.replace("https://127.0.0.1:16443", "https://127.0.0.1:1"),
+    );
+    // RBAC: the admin acting as a user with no rights.
+    let forbidden = variant(
+        "forbidden",
+        config.replace("user: {", "user: {as: caw-box-e2e-nobody, "),
+    );
+    let mut absent = resume(&id, "hello", false);
+    absent
+        .args(["--image", "caw-box/absent:latest"])
+        .env("CAW_BOX_IMAGE_PULL_POLICY", "Never");
+    let absent = crate::common::run(absent);
+    for (what, out, words) in [
+        (
+            "unreachable",
+            &unreachable,
+            "cannot reach the Kubernetes API server",
+        ),
+        ("forbidden", &forbidden, "forbidden"),
+        ("image missing", &absent, "caw-box/absent:latest"),
+    ] {
+        assert_eq!(out.status.code(), Some(3), "{what}: {}", stderr_of(out));
+        let first = stderr_of(out);
+        let first = first.lines().next().unwrap_or("");
+        assert!(
+            first.starts_with("caw-box: error: ") && first.contains(words),
+            "{what}: {}",
+            stderr_of(out)
+        );
+    }
+    let (shown, _d) = fresh(&lab, workspace.path(), &["show", &id]);
+    assert_eq!(shown.status.code(), Some(0), "{}", stderr_of(&shown));
+    assert!(
+        !lab.caw_objects().iter().any(|o| o.starts_with("pod/")),
+        "a pod was left: {:?}",
+        lab.caw_objects()
+    );
+
+    check("rm");
+    let mut rm = caw_k8s(data.path(), workspace.path(), &lab);
+    rm.arg("rm").arg(&id).args(&ids);
+    let out = crate::common::run(rm);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let left = lab.caw_objects();
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "rm left {left:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    drop(lab);
+}

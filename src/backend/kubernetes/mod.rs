@@ -16,12 +16,17 @@
 //!   63 characters of a small alphabet; caw-box's settings label is JSON) and, where a
 //!   value is a valid label value, also as labels, which is what listing selects on.
 //!
-//! Files move through a *running* pod only (`exec`): a pod that has ended cannot be read or
-//! written, unlike a stopped Docker container. The headless turn never needs that (its
-//! runtime files and its record travel on the pod's stdin through `attach`); what would
-//! (the TUI, `stop`, refreshed credentials) is not available on this backend yet.
+//! Files move through a running pod (`exec`): the pod itself while it runs; once it ended,
+//! a short-lived pod that mounts the same claims on the same node (as Docker reads a
+//! stopped container). What lived in the ended pod's own memory or empty dirs (its runtime
+//! directory, refreshed credentials) is gone with it.
 //!
-//! Not here: detached turns, egress proxies and networks, image builds (images come from a
+//! A turn outlives its driver ([`Backend::turns_outlive_driver`]): the pod's stdin stays
+//! open across attachments and its entrypoint waits hours for the record, so any caw-box
+//! can finish a turn whose driver is gone (`session::headless::adopt`). `caw-box stop`
+//! annotates the pod (`note_stop`), read after the pod ended.
+//!
+//! Not here: egress proxies and networks, the TUI, image builds (images come from a
 //! registry, or `k8s-lab load-image` in tests).
 
 use std::collections::{BTreeMap, HashMap};
@@ -56,6 +61,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a deleted pod may take to go.
 const GONE_TIMEOUT: Duration = Duration::from_secs(90);
 const POLL: Duration = Duration::from_millis(250);
+/// How long a turn pod whose CLI ended waits for its record (the entrypoint's
+/// `CAW_BOX_HANDOFF_WAIT`): long, so that a detached turn whose driver is gone is still
+/// recorded by the next `caw-box wait` (Docker's 5 s suit a driver that is always there).
+const HANDOFF_WAIT: Duration = Duration::from_secs(6 * 3600);
 
 /// A connected API server and the namespace caw-box works in.
 #[derive(Clone)]
@@ -266,15 +275,113 @@ impl KubeBackend {
         Ok(out)
     }
 
-    /// Fails unless the pod runs (files move through running pods only).
-    async fn require_running(&self, name: &str) -> Result<()> {
-        match self.inspect_container(name).await? {
-            Some(c) if c.running() => Ok(()),
-            Some(_) => Err(Error::environment(format!(
-                "pod '{name}' is not running: files move only through a running pod on Kubernetes"
-            ))),
-            None => Err(Error::environment(format!("pod '{name}' does not exist"))),
+    /// The running pod files of pod `name`'s claims move through: `name` itself while it
+    /// runs; once it ended, a short-lived pod mounting the same claims on the same node
+    /// (`Some` of its name: the caller deletes it). A pod's own memory and empty dirs are
+    /// gone with it.
+    /// A path off the ended pod's claims (its runtime directory, say) is gone with it:
+    /// `None`.
+    async fn through(&self, name: &str, path: &str) -> Result<Option<(String, Option<String>)>> {
+        let pod = self
+            .pods()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read pod '{name}'"), &e))?
+            .ok_or_else(|| Error::environment(format!("pod '{name}' does not exist")))?;
+        if container_info(&pod).running() {
+            return Ok(Some((name.to_string(), None)));
         }
+        let spec = pod.spec.clone().unwrap_or_default();
+        let main = spec.containers.first().cloned().unwrap_or_default();
+        let claims: Vec<Volume> = spec
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|v| v.persistent_volume_claim.is_some())
+            .collect();
+        let mounts: Vec<VolumeMount> = main
+            .volume_mounts
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| claims.iter().any(|v| v.name == m.name))
+            .collect();
+        let on_a_claim = mounts.iter().any(|m| {
+            let dir = m.mount_path.trim_end_matches('/');
+            path == dir || path.starts_with(&format!("{dir}/"))
+        });
+        if !on_a_claim {
+            return Ok(None);
+        }
+        let helper = format!("{name}-files");
+        let labels = [
+            (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
+            (
+                crate::session::names::labels::MANAGED.to_string(),
+                "true".to_string(),
+            ),
+        ]
+        .into_iter()
+        .chain(
+            meta::merged(&pod.metadata)
+                .into_iter()
+                .filter(|(k, _)| k == crate::session::names::labels::SESSION),
+        )
+        .chain([(
+            crate::session::names::labels::ROLE.to_string(),
+            crate::session::names::roles::PROBE.to_string(),
+        )])
+        .collect::<HashMap<_, _>>();
+        let pod_spec = PodSpec {
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            node_name: spec.node_name.clone(),
+            security_context: spec.security_context.clone(),
+            termination_grace_period_seconds: Some(0),
+            containers: vec![Container {
+                name: "files".into(),
+                image: main.image.clone(),
+                image_pull_policy: main.image_pull_policy.clone(),
+                command: Some(vec!["sleep".into(), "600".into()]),
+                security_context: main.security_context.clone(),
+                volume_mounts: Some(mounts),
+                ..Default::default()
+            }],
+            volumes: Some(claims),
+            ..Default::default()
+        };
+        // A leftover of an earlier attempt goes first.
+        self.remove_container(&helper, true).await?;
+        let image = main.image.clone().unwrap_or_default();
+        let made = async {
+            self.create_pod(&self.pod(&helper, &labels, pod_spec))
+                .await?;
+            self.wait_running(&helper, &image).await
+        };
+        if let Err(e) = made.await {
+            let _ = self.remove_container(&helper, true).await;
+            return Err(e.into());
+        }
+        Ok(Some((helper.clone(), Some(helper))))
+    }
+
+    /// Runs `argv` with `input` through [`Self::through`] pod `name`, for `path`: its
+    /// stdout; `None` when `path` went with the ended pod.
+    async fn exec_files(
+        &self,
+        name: &str,
+        path: &str,
+        argv: &[&str],
+        input: Option<Vec<u8>>,
+    ) -> Result<Option<Vec<u8>>> {
+        let Some((pod, helper)) = self.through(name, path).await? else {
+            return Ok(None);
+        };
+        let out = self.exec(&pod, argv, input).await;
+        if let Some(helper) = helper {
+            let _ = self.remove_container(&helper, true).await;
+        }
+        out.map(Some)
     }
 
     fn pod(&self, name: &str, labels: &HashMap<String, String>, spec: PodSpec) -> Pod {
@@ -303,6 +410,23 @@ enum Progress {
 
 fn pod_progress(pod: &Pod) -> Progress {
     let status = pod.status.clone().unwrap_or_default();
+    // An init container that cannot get its image (the turn's own): the main container
+    // only says PodInitializing meanwhile.
+    let init_waiting = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.waiting.clone())
+        .find_map(|w| {
+            w.reason
+                .filter(|r| r.contains("Image"))
+                .map(|r| (r, w.message))
+        });
+    if let Some((reason, message)) = init_waiting {
+        if reason != "ImagePulled" {
+            return Progress::ImageMissing(format!("{reason}: {}", message.unwrap_or_default()));
+        }
+    }
     let container = status
         .container_statuses
         .as_ref()
@@ -332,21 +456,6 @@ fn pod_progress(pod: &Pod) -> Progress {
     if phase == "Failed" || phase == "Succeeded" {
         // Ended before its container ran (an init container failed).
         return Progress::Ended(if phase == "Failed" { 1 } else { 0 });
-    }
-    let init_waiting = status
-        .init_container_statuses
-        .iter()
-        .flatten()
-        .filter_map(|c| c.state.as_ref()?.waiting.clone())
-        .find_map(|w| {
-            w.reason
-                .filter(|r| r.contains("Image"))
-                .map(|r| (r, w.message))
-        });
-    if let Some((reason, message)) = init_waiting {
-        if reason != "ImagePulled" {
-            return Progress::ImageMissing(format!("{reason}: {}", message.unwrap_or_default()));
-        }
     }
     let why = status
         .conditions
@@ -534,9 +643,13 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
             Quantity(format!("{}m", (cpus * 1000.0).ceil() as i64)),
         );
     }
+    let handoff_wait = spec
+        .runtime_over_stdin
+        .then(|| format!("CAW_BOX_HANDOFF_WAIT={}", HANDOFF_WAIT.as_secs()));
     let env = spec
         .env
         .iter()
+        .chain(handoff_wait.as_ref())
         .map(|kv| {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             k8s_openapi::api::core::v1::EnvVar {
@@ -561,7 +674,9 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
             env: Some(env),
             working_dir: Some(spec.working_dir.clone()),
             stdin: Some(spec.runtime_over_stdin),
-            stdin_once: Some(spec.runtime_over_stdin),
+            // Open across attachments: the driver's attachment may end (a detached turn's
+            // driver killed) and another caw-box hand the record in (`adopt`).
+            stdin_once: Some(false),
             tty: Some(false),
             security_context: Some(hardened(uid, gid)),
             resources: Some(ResourceRequirements {
@@ -838,6 +953,24 @@ impl Backend for KubeBackend {
         false
     }
 
+    fn turns_outlive_driver(&self) -> bool {
+        true
+    }
+
+    async fn note_stop(&self, name: &str) -> Result<()> {
+        let key = crate::session::names::labels::STOP_REQUESTED;
+        let patch = serde_json::json!({"metadata": {"annotations": {key: "true"}}});
+        self.pods()
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|e| failed(format!("annotate pod '{name}'"), &e))?;
+        Ok(())
+    }
+
     /// A turn pod's init container ([`seed_home`]) copies the image's HOME into the claim
     /// without replacing anything caw-box put there first.
     async fn fills_volumes_at_create(&self) -> bool {
@@ -1072,23 +1205,33 @@ impl Backend for KubeBackend {
     }
 
     async fn upload_tar(&self, name: &str, dir: &str, tar: Vec<u8>) -> Result<()> {
-        self.require_running(name).await?;
         // Not as root: tar keeps the files' modes, and they belong to the pod's user.
         let script = format!(
             "mkdir -p {d} && tar -x --no-same-owner -m -f - -C {d}",
             d = shell_quote(dir)
         );
-        self.exec(name, &["sh", "-c", &script], Some(tar)).await?;
+        let put = self
+            .exec_files(name, dir, &["sh", "-c", &script], Some(tar))
+            .await?;
+        if put.is_none() {
+            return Err(Error::environment(format!(
+                "pod '{name}' has ended: {dir} went with it"
+            )));
+        }
         Ok(())
     }
 
     async fn download_file(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
-        self.require_running(name).await?;
         let script = format!(
             "if [ -f {p} ]; then printf Y; cat {p}; else printf N; fi",
             p = shell_quote(path)
         );
-        let out = self.exec(name, &["sh", "-c", &script], None).await?;
+        let Some(out) = self
+            .exec_files(name, path, &["sh", "-c", &script], None)
+            .await?
+        else {
+            return Ok(None);
+        };
         match out.split_first() {
             Some((b'Y', rest)) => Ok(Some(rest.to_vec())),
             _ => Ok(None),
@@ -1096,7 +1239,6 @@ impl Backend for KubeBackend {
     }
 
     async fn download_tar(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
-        self.require_running(name).await?;
         let p = std::path::Path::new(path);
         let parent = p.parent().map(|x| x.to_string_lossy().into_owned());
         let base = p
@@ -1114,7 +1256,12 @@ impl Backend for KubeBackend {
             parent = shell_quote(&parent),
             base = shell_quote(&base)
         );
-        let out = self.exec(name, &["sh", "-c", &script], None).await?;
+        let Some(out) = self
+            .exec_files(name, path, &["sh", "-c", &script], None)
+            .await?
+        else {
+            return Ok(None);
+        };
         match out.split_first() {
             Some((b'Y', rest)) => Ok(Some(rest.to_vec())),
             _ => Ok(None),

@@ -107,7 +107,15 @@ fn a_turn_pod_is_hardened_and_carries_no_secret_path() {
         Some(&["ALL".to_string()][..])
     );
     assert_eq!(c.stdin, Some(true));
-    assert_eq!(c.stdin_once, Some(true));
+    // Open across attachments (a driver that is gone, another caw-box hands the record in),
+    // and the entrypoint waits long for it.
+    assert_eq!(c.stdin_once, Some(false));
+    let env = c.env.as_ref().unwrap();
+    assert!(
+        env.iter().any(|e| e.name == "CAW_BOX_HANDOFF_WAIT"
+            && e.value.as_deref().unwrap_or("").parse::<u64>().unwrap_or(0) >= 3600),
+        "{env:?}"
+    );
     let limits = c.resources.as_ref().unwrap().limits.as_ref().unwrap();
     assert_eq!(limits["cpu"].0, "1500m");
     assert_eq!(limits["memory"].0, (1u64 << 30).to_string());
@@ -133,4 +141,26 @@ fn a_host_directory_an_interactive_turn_and_a_named_network_are_refused() {
     let mut net = turn();
     net.network = NetworkPolicy::Named("gw".into());
     assert!(turn_pod_spec(&net).is_err());
+}
+
+/// The turn's image missing shows first on its init container (the main one only says
+/// PodInitializing): that is a missing image, not a pod still on its way.
+#[test]
+fn an_init_container_without_its_image_is_a_missing_image() {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "status": {
+            "phase": "Pending",
+            "initContainerStatuses": [{"name": "seed-home", "image": "x", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ErrImageNeverPull", "message": "never pull"}}}],
+            "containerStatuses": [{"name": "agent", "image": "x", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "PodInitializing"}}}]
+        }
+    }))
+    .unwrap();
+    match pod_progress(&pod) {
+        Progress::ImageMissing(why) => assert!(why.contains("ErrImageNeverPull"), "{why}"),
+        _ => panic!("not taken for a missing image"),
+    }
 }
