@@ -82,6 +82,8 @@ pub(super) async fn adopt(
         home_out: None,
         runtime_payload: None,
         proxy: None,
+        // Nothing to feed an adopted turn: no broker to wait for.
+        broker_ready: tokio::sync::watch::channel(Some(true)).1,
     };
     drive(&ctx, record, &mut interrupts, &mut |_| {}, Some(adopted)).await
 }
