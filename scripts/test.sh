@@ -5,8 +5,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The Kubernetes tests (tests/e2e/kubernetes.rs) bring ../shared/k8s-lab up and take it
 # down themselves; a run killed mid-test still takes the lab down here.
+# The lab's script, found as the tests find it: CAW_BOX_K8S_LAB, else shared/k8s-lab beside
+# the checkout or one of its parent folders, else the machine's /work/shared.
+lab_script() {
+    local dir=$PWD
+    if [ -n "${CAW_BOX_K8S_LAB:-}" ]; then echo "$CAW_BOX_K8S_LAB"; return; fi
+    while [ "$dir" != / ]; do
+        dir=$(dirname "$dir")
+        if [ -x "$dir/shared/k8s-lab/k8s-lab" ]; then echo "$dir/shared/k8s-lab/k8s-lab"; return; fi
+    done
+    echo /work/shared/k8s-lab/k8s-lab
+}
 lab_down() {
-    if [ -x ../shared/k8s-lab/k8s-lab ]; then ../shared/k8s-lab/k8s-lab down >/dev/null 2>&1 || true; fi
+    local lab
+    lab=$(lab_script)
+    if [ -x "$lab" ]; then "$lab" down >/dev/null 2>&1 || true; fi
 }
 trap 'scripts/cleanup.sh; lab_down' EXIT
 

@@ -5,7 +5,7 @@
 //! takes the lab down when it ends, also on failure. One test drives all four providers in
 //! turn: there is one lab per machine.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -17,8 +17,21 @@ const LAB_DIR: &str = "/tmp/k8s-lab";
 const KUBECTL: &str = "/var/cache/k8s-lab/bin/kubectl";
 const NAMESPACE: &str = "default";
 
+/// The lab's script: `CAW_BOX_K8S_LAB`, else `shared/k8s-lab/k8s-lab` beside the checkout
+/// or beside one of its parent folders, else the machine's `/work/shared` (a CI checkout may
+/// live anywhere, e.g. under /tmp).
 fn lab_script() -> PathBuf {
-    repo_root().join("../shared/k8s-lab/k8s-lab")
+    if let Some(p) = std::env::var_os("CAW_BOX_K8S_LAB") {
+        return PathBuf::from(p);
+    }
+    let relative = Path::new("shared/k8s-lab/k8s-lab");
+    repo_root()
+        .ancestors()
+        .skip(1)
+        .map(|dir| dir.join(relative))
+        .chain([Path::new("/work").join(relative)])
+        .find(|p| p.exists())
+        .unwrap_or_else(|| repo_root().join("..").join(relative))
 }
 
 /// The lab while it is up; `k8s-lab down` when dropped (a failed assertion included).
@@ -31,7 +44,7 @@ impl Lab {
         let script = lab_script();
         assert!(
             script.exists(),
-            "the lab script {} is missing (shared/k8s-lab beside the repo)",
+            "the lab script {} is missing (shared/k8s-lab beside the repo; or set CAW_BOX_K8S_LAB)",
             script.display()
         );
         // Whatever an earlier, killed run left.
