@@ -1226,16 +1226,7 @@ impl Backend for KubeBackend {
             "if [ -f {p} ]; then printf Y; cat {p}; else printf N; fi",
             p = shell_quote(path)
         );
-        let Some(out) = self
-            .exec_files(name, path, &["sh", "-c", &script], None)
-            .await?
-        else {
-            return Ok(None);
-        };
-        match out.split_first() {
-            Some((b'Y', rest)) => Ok(Some(rest.to_vec())),
-            _ => Ok(None),
-        }
+        self.exec_marked(name, path, &script).await
     }
 
     async fn download_tar(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
@@ -1256,8 +1247,16 @@ impl Backend for KubeBackend {
             parent = shell_quote(&parent),
             base = shell_quote(&base)
         );
+        self.exec_marked(name, path, &script).await
+    }
+}
+
+impl KubeBackend {
+    /// Runs `script` in `name` for `path`: its output after a leading `Y` (found), or `None`
+    /// (`N`: not there, or the pod is gone).
+    async fn exec_marked(&self, name: &str, path: &str, script: &str) -> Result<Option<Vec<u8>>> {
         let Some(out) = self
-            .exec_files(name, path, &["sh", "-c", &script], None)
+            .exec_files(name, path, &["sh", "-c", script], None)
             .await?
         else {
             return Ok(None);
