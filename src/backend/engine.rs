@@ -183,6 +183,9 @@ impl Backend for Engine {
     async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
         dispatch!(self, b => Backend::remove_container(b, name, force).await)
     }
+    async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
+        dispatch!(self, b => Backend::remove_found(b, found).await)
+    }
     async fn run_to_completion(
         &self,
         name: &str,

@@ -116,6 +116,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn fills_volumes_at_create(&self) -> impl Future<Output = bool> + Send;
     /// Removes a container (`force`: also a running one); a missing one is `Ok`.
     fn remove_container(&self, name: &str, force: bool) -> impl Future<Output = Result<()>> + Send;
+    /// Force-removes exactly the container `found` describes (listed or inspected before),
+    /// never a newer one that took its name since (a session's next turn); one already
+    /// gone is `Ok`.
+    fn remove_found(&self, found: &ContainerInfo) -> impl Future<Output = Result<()>> + Send;
     /// Runs a short helper container to completion and removes it: (exit code, stdout,
     /// stderr).
     fn run_to_completion(

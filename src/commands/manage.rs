@@ -2,6 +2,8 @@
 //! from Docker itself (labels, volumes, containers), so they work with the host's data
 //! directory gone.
 
+use std::time::Duration;
+
 use futures_util::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
@@ -294,7 +296,9 @@ pub async fn logs(target_arg: &str, turn: Option<u32>, raw: bool, follow: bool) 
     Ok(0)
 }
 
-/// Follows a running turn's container output, parsed as the turn's own driver does.
+/// Follows a running turn's container output, parsed as the turn's own driver does; once
+/// it ended, the rest of the turn's recorded log (its result event, and on Podman lines its
+/// log stream may not have delivered before it closed) from the state volume.
 async fn follow_turn(
     backend: &Engine,
     view: &SessionView,
@@ -308,9 +312,15 @@ async fn follow_turn(
     let mut stream = backend.follow_logs(container);
     let mut lines = crate::lines::LineBuffer::default();
     let mut events = Vec::new();
+    let mut printed = 0usize;
     let mut emit = |line: &str| {
+        if line.starts_with(crate::session::EXIT_MARKER) {
+            // The entrypoint's hand-off marker, for the driver.
+            return;
+        }
         if raw {
             output::println(line);
+            printed += 1;
             return;
         }
         events.clear();
@@ -318,17 +328,46 @@ async fn follow_turn(
         for e in &events {
             if let Ok(json) = serde_json::to_string(e) {
                 output::println(&json);
+                printed += 1;
             }
         }
     };
     while let Some(chunk) = stream.next().await {
-        let Ok(OutputChunk::Stdout(message)) = chunk else {
-            continue;
-        };
-        lines.feed(&message, &mut emit);
+        match chunk {
+            Ok(OutputChunk::Stdout(message)) => lines.feed(&message, &mut emit),
+            Ok(_) => {}
+            Err(e) => tracing::debug!("{e}"),
+        }
     }
     lines.finish(emit);
     tracing::debug!("turn {turn} of {} ended", view.facts.session_id);
+    // The turn's driver records it, then removes the container.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        let same_turn = backend
+            .inspect_container(container)
+            .await?
+            .is_some_and(|c| c.label(labels::TURN) == Some(turn.to_string().as_str()));
+        if !same_turn {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let path = format!(
+        ".caw-box/turns/{turn}.{}.jsonl",
+        if raw { "raw" } else { "events" }
+    );
+    match target::read_volume_file(backend, &view.facts, &path).await {
+        Ok(Some(recorded)) => {
+            let rest: Vec<&[u8]> = recorded
+                .split_inclusive(|b| *b == b'\n')
+                .skip(printed)
+                .collect();
+            output::write_stdout(&rest.concat());
+        }
+        Ok(None) => tracing::debug!("turn {turn} was not recorded"),
+        Err(e) => tracing::debug!("reading turn {turn}'s record: {e}"),
+    }
     Ok(0)
 }
 

@@ -22,7 +22,7 @@ use crate::session::record::{labels, now_secs, SessionRecord, TurnRecord};
 
 /// The line the entrypoint prints on stdout after the CLI ended on its own, with its exit
 /// code, before it waits for the turn's record (the record hand-off, see `caw-box-entry`).
-const EXIT_MARKER: &str = "\u{1e}caw-box-exit ";
+pub(crate) const EXIT_MARKER: &str = "\u{1e}caw-box-exit ";
 
 /// Runs a headless turn in its created container, to its recorded end.
 pub(super) async fn drive_headless(

@@ -151,7 +151,19 @@ pub(super) async fn save_record(
     };
     // The record goes into the volume while the new turn-record volume is made: independent.
     let record_now: &SessionRecord = record;
-    let ((), stale) = tokio::try_join!(write_record, write_turn_summary(backend, record_now))?;
+    let (written, stale) = tokio::join!(write_record, write_turn_summary(backend, record_now));
+    if let Err(e) = written {
+        // Not recorded: its turn-record volume must not claim it was (nor outlive a session
+        // removed meanwhile, `caw-box rm --force`).
+        if stale.is_ok() {
+            let fresh = super::names::turn_record_volume(record.session_id, turn);
+            if let Err(e) = backend.remove_volume(&fresh).await {
+                tracing::debug!("could not remove the unrecorded turn's record volume: {e}");
+            }
+        }
+        return Err(e);
+    }
+    let stale = stale?;
     // The turn is recorded: release the session's lock (the container) while the older
     // turn-record volumes go. A listing meanwhile finds the new one, the latest.
     let remove_stale = futures_util::future::join_all(stale.iter().map(|v| async move {

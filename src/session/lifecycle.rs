@@ -59,9 +59,17 @@ pub fn running_refusal(id: Uuid, turn: u32) -> Error {
 /// host cache. A running turn is killed with it; callers that must not do that check
 /// [`running_turns`] first.
 pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
-    backend
-        .remove_container(&names::turn_container(id), true)
-        .await?;
+    let container = names::turn_container(id);
+    if let Some(turn) = backend.inspect_container(&container).await? {
+        // A running turn's driver records the turn once its container ends: killed, it
+        // would do so into a session removed meanwhile (a turn-record volume made after the
+        // volumes went). Killed first, and its driver given the time to finish.
+        if turn.running() {
+            backend.stop_container(&container, Duration::ZERO).await?;
+            await_release(backend, &container, Duration::from_secs(10)).await?;
+        }
+    }
+    backend.remove_container(&container, true).await?;
     for c in backend
         .list_containers(&[format!("{}={id}", labels::SESSION)])
         .await?
@@ -127,13 +135,19 @@ pub async fn stop(backend: &impl Backend, id: Uuid) -> Result<()> {
         tracing::debug!("could not note the stop on the container: {e}");
     }
     backend.stop_container(&container, STOP_GRACE).await?;
-    // Return once the driver recorded the turn and released the session.
-    for _ in 0..300 {
-        match backend.inspect_container(&container).await? {
+    await_release(backend, &container, Duration::from_secs(30)).await
+}
+
+/// Returns once the driver of the ended turn in `container` recorded the turn and released
+/// the session (removed the container), or after `limit`.
+async fn await_release(backend: &impl Backend, container: &str, limit: Duration) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        match backend.inspect_container(container).await? {
             None => break,
             // A driver killed too hard to record the turn: nobody else will remove it.
             Some(c) if !c.running() && super::liveness::driver_is_gone(&c) => {
-                backend.remove_container(&container, true).await?;
+                backend.remove_found(&c).await?;
                 break;
             }
             Some(_) => {}

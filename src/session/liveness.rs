@@ -41,7 +41,7 @@ pub(super) async fn remove_abandoned_turns(backend: &impl Backend, own: &str) {
         if c.name != own && c.state == crate::backend::ContainerState::Exited && driver_is_gone(&c)
         {
             tracing::debug!("removing {}, abandoned by its driver", c.name);
-            let _ = backend.remove_container(&c.name, true).await;
+            let _ = backend.remove_found(&c).await;
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod patch;
 pub mod portable;
 pub mod record;
 pub mod runner;
+pub(crate) use headless::EXIT_MARKER;
 mod runtime;
 pub mod target;
 mod turn;

@@ -413,11 +413,13 @@ async fn create_turn_container(
                 let running = existing.as_ref().is_some_and(|c| c.running());
                 // Not found right after a taken name is a container still being registered
                 // (Docker reserves the name first): busy, never a leftover to remove.
-                if running || !existing.as_ref().is_some_and(driver_is_gone) {
-                    return Err(busy(record, &turn));
-                }
+                let leftover = match existing {
+                    Some(c) if !running && driver_is_gone(&c) => c,
+                    _ => return Err(busy(record, &turn)),
+                };
                 // A leftover of a turn whose caw-box was killed: it holds nothing we need.
-                backend.remove_container(name, true).await?;
+                // Removed by id: a racing resume may have replaced it meanwhile.
+                backend.remove_found(&leftover).await?;
             }
         }
     }
@@ -613,6 +615,9 @@ mod tests {
             self.log(format!("remove {name} force={force}"));
             self.0.lock().unwrap().existing = None;
             Ok(())
+        }
+        async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
+            self.remove_container(&found.name, true).await
         }
         async fn list_containers(&self, _: &[String]) -> Result<Vec<ContainerInfo>> {
             unexpected!("list containers")

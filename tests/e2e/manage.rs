@@ -87,6 +87,10 @@ fn detach_wait_and_stop() {
             .any(|e| e["type"] == "text" && e["text"] == "You told me to remember lime."),
         "{followed:?}"
     );
+    // ... and ends with the turn's result, as `logs` of the recorded turn does.
+    let last = followed.last().unwrap();
+    assert_eq!(last["type"], "result", "{followed:?}");
+    assert_eq!(last["status"], "success", "{last}");
     let out = caw_out(&rig, &["wait", &id]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     assert!(

@@ -31,6 +31,14 @@ fn is_podman_stopped_state(e: &bollard::errors::Error) -> bool {
         if message.contains("unknown variant `stopped`"))
 }
 
+/// A request that failed because Podman removed a container while serving it (Podman
+/// issues #418, #10120: a listing looks each one up after taking the list; an inspect or
+/// remove finds the name, then no container).
+fn is_podman_listing_race(e: &bollard::errors::Error) -> bool {
+    matches!(e, bollard::errors::Error::DockerResponseServerError { message, .. }
+        if message.contains("does not exist in database"))
+}
+
 impl DockerBackend {
     /// Containers (running or not) carrying all of `labels`.
     pub async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>> {
@@ -47,7 +55,10 @@ impl DockerBackend {
         let mut attempts = 0;
         let list = loop {
             match self.docker.list_containers(Some(options.clone())).await {
-                Err(e) if attempts < 100 && is_podman_stopped_state(&e) => {
+                Err(e)
+                    if attempts < 100
+                        && (is_podman_stopped_state(&e) || is_podman_listing_race(&e)) =>
+                {
                     attempts += 1;
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
@@ -150,7 +161,8 @@ impl DockerBackend {
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
                 Ok(c) => return Ok(Some(inspect_info(c))),
-                Err(e) if is_not_found(&e) => return Ok(None),
+                // Podman: removed between its lookup of the name and reading the container.
+                Err(e) if is_not_found(&e) || is_podman_listing_race(&e) => return Ok(None),
                 Err(e) => return Err(failed(format_args!("inspect container '{name}'"), &e)),
             }
         }
@@ -270,7 +282,7 @@ impl DockerBackend {
             .await
         {
             Ok(()) => Ok(()),
-            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) if is_not_found(&e) || is_podman_listing_race(&e) => Ok(()),
             // "removal already in progress"
             Err(e) if is_conflict(&e) => Ok(()),
             Err(e) => Err(failed(format_args!("remove container '{name}'"), &e)),

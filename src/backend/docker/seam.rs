@@ -61,6 +61,16 @@ impl Backend for DockerBackend {
         DockerBackend::remove_container(self, name, force).await
     }
 
+    async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
+        // By id: a name passes on to the next container that takes it.
+        let id = if found.id.is_empty() {
+            &found.name
+        } else {
+            &found.id
+        };
+        DockerBackend::remove_container(self, id, true).await
+    }
+
     async fn run_to_completion(
         &self,
         name: &str,

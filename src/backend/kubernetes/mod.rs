@@ -105,6 +105,39 @@ fn is_status(e: &kube::Error, code: u16) -> bool {
 }
 
 impl KubeBackend {
+    /// Deletes pod `name` (only the one of `uid`, when given: not a newer pod that took the
+    /// name) and returns once it is gone for good: a claim is free (and deletable) only then.
+    async fn delete_pod(&self, name: &str, uid: Option<String>, force: bool) -> Result<()> {
+        let params = DeleteParams {
+            grace_period_seconds: force.then_some(0),
+            preconditions: uid.clone().map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match self.pods().delete(name, &params).await {
+            Ok(_) => {}
+            Err(e) if is_status(&e, 404) => return Ok(()),
+            // Another pod of that name by now: the one meant is gone.
+            Err(e) if uid.is_some() && is_status(&e, 409) => return Ok(()),
+            Err(e) => return Err(failed(format!("delete pod '{name}'"), &e)),
+        }
+        let deadline = tokio::time::Instant::now() + GONE_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            match self.pods().get_opt(name).await {
+                Ok(None) => return Ok(()),
+                Ok(Some(p)) if uid.is_some() && p.metadata.uid != uid => return Ok(()),
+                Ok(Some(_)) => tokio::time::sleep(POLL).await,
+                Err(e) => return Err(failed(format!("read pod '{name}'"), &e)),
+            }
+        }
+        Err(Error::environment(format!(
+            "pod '{name}' was deleted but is still there after {} s",
+            GONE_TIMEOUT.as_secs()
+        )))
+    }
+
     /// Connects with the kubeconfig (`KUBECONFIG`, `~/.kube/config`, `context` when given)
     /// or the in-cluster service account, and checks that the API server answers. Nothing
     /// reads the server's version: a server whose `/version` has no major/minor works.
@@ -978,28 +1011,12 @@ impl Backend for KubeBackend {
     }
 
     async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
-        let params = DeleteParams {
-            grace_period_seconds: force.then_some(0),
-            ..Default::default()
-        };
-        match self.pods().delete(name, &params).await {
-            Ok(_) => {}
-            Err(e) if is_status(&e, 404) => return Ok(()),
-            Err(e) => return Err(failed(format!("delete pod '{name}'"), &e)),
-        }
-        // Gone for good before this returns: a claim is free (and deletable) only then.
-        let deadline = tokio::time::Instant::now() + GONE_TIMEOUT;
-        while tokio::time::Instant::now() < deadline {
-            match self.pods().get_opt(name).await {
-                Ok(None) => return Ok(()),
-                Ok(Some(_)) => tokio::time::sleep(POLL).await,
-                Err(e) => return Err(failed(format!("read pod '{name}'"), &e)),
-            }
-        }
-        Err(Error::environment(format!(
-            "pod '{name}' was deleted but is still there after {} s",
-            GONE_TIMEOUT.as_secs()
-        )))
+        self.delete_pod(name, None, force).await
+    }
+
+    async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
+        let uid = (!found.id.is_empty()).then(|| found.id.clone());
+        self.delete_pod(&found.name, uid, true).await
     }
 
     async fn run_to_completion(
