@@ -617,7 +617,9 @@ mod tests {
             Ok(())
         }
         async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
-            self.remove_container(&found.name, true).await
+            self.log(format!("remove id {}", found.id));
+            self.0.lock().unwrap().existing = None;
+            Ok(())
         }
         async fn list_containers(&self, _: &[String]) -> Result<Vec<ContainerInfo>> {
             unexpected!("list containers")
@@ -722,6 +724,7 @@ mod tests {
                 (labels::DRIVER_HOST.to_string(), dirs::host_name()),
             ]),
             state,
+            id: "leftover-id".into(),
             ..Default::default()
         }
     }
@@ -780,7 +783,8 @@ mod tests {
             vec![
                 format!("create {name}"),
                 format!("inspect {name}"),
-                format!("remove {name} force=true"),
+                // By id, never by name: a racing resume may hold the name by then.
+                "remove id leftover-id".to_string(),
                 format!("create {name}"),
             ]
         );
