@@ -1,5 +1,5 @@
 //! How a caller shapes the agent the same way for every vendor: the system prompt (replaced or
-//! appended to) and the reasoning effort. These are settings a session remembers; each
+//! appended to), the reasoning effort and the tools it may use. These are settings a session remembers; each
 //! provider adapter maps them to its CLI's own mechanism, and one that has no such mechanism
 //! is refused up front (exit 2, naming the provider), never silently ignored.
 //!
@@ -58,6 +58,217 @@ pub struct Support {
     pub append: bool,
     /// It has a reasoning-effort knob.
     pub effort: bool,
+    /// The tool groups it can take away from the agent (`--tools`).
+    pub tool_groups: &'static [ToolGroup],
+    /// It takes tool names to allow and deny (`--allow-tool`, `--deny-tool`).
+    pub tool_names: bool,
+}
+
+/// `--tools`: the vendor-neutral groups of tools an agent may be given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolGroup {
+    /// Reading and searching files.
+    Read,
+    /// Writing and editing files.
+    Edit,
+    /// Running commands.
+    Shell,
+    /// Fetching pages and searching the web.
+    Web,
+    /// Tools of MCP servers.
+    Mcp,
+}
+
+impl ToolGroup {
+    pub const ALL: [ToolGroup; 5] = [
+        ToolGroup::Read,
+        ToolGroup::Edit,
+        ToolGroup::Shell,
+        ToolGroup::Web,
+        ToolGroup::Mcp,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolGroup::Read => "read",
+            ToolGroup::Edit => "edit",
+            ToolGroup::Shell => "shell",
+            ToolGroup::Web => "web",
+            ToolGroup::Mcp => "mcp",
+        }
+    }
+}
+
+impl std::fmt::Display for ToolGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which tools a session's agent may use: remembered by the session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolPolicy {
+    /// `--tools`: the groups the agent may use; `None`: every group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<Vec<ToolGroup>>,
+    /// `--allow-tool`: vendor tool names kept although their group is not given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    /// `--deny-tool`: vendor tool names taken away.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
+}
+
+impl ToolPolicy {
+    /// Nothing is taken away.
+    pub fn is_unrestricted(&self) -> bool {
+        self.groups.is_none() && self.deny.is_empty()
+    }
+
+    /// The groups not given to `--tools`.
+    pub fn denied_groups(&self) -> Vec<ToolGroup> {
+        match &self.groups {
+            None => Vec::new(),
+            Some(given) => ToolGroup::ALL
+                .into_iter()
+                .filter(|g| !given.contains(g))
+                .collect(),
+        }
+    }
+
+    /// The vendor tool names to take away, given a CLI's names per group: those of the
+    /// denied groups and `--deny-tool`'s, less `--allow-tool`'s.
+    pub fn denied_names(&self, table: &[(ToolGroup, &[&str])]) -> Vec<String> {
+        let denied = self.denied_groups();
+        let mut names: Vec<String> = table
+            .iter()
+            .filter(|(g, _)| denied.contains(g))
+            .flat_map(|(_, names)| names.iter().map(|n| n.to_string()))
+            .chain(self.deny.iter().cloned())
+            .filter(|n| !self.allow.contains(n))
+            .collect();
+        names.dedup();
+        names
+    }
+
+    /// Reads `--tools`: `all`, `none`, or groups separated by commas.
+    pub fn parse_groups(value: &str, what: &str) -> Result<Option<Vec<ToolGroup>>> {
+        let value = value.trim().to_ascii_lowercase();
+        match value.as_str() {
+            "all" => return Ok(None),
+            "none" => return Ok(Some(Vec::new())),
+            _ => {}
+        }
+        let mut groups = Vec::new();
+        for word in value.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            let group = ToolGroup::ALL
+                .into_iter()
+                .find(|g| g.as_str() == word)
+                .ok_or_else(|| {
+                    Error::usage(format!(
+                        "{what}: '{word}' is not a tool group: read, edit, shell, web, mcp \
+                         (or all, none)"
+                    ))
+                })?;
+            if !groups.contains(&group) {
+                groups.push(group);
+            }
+        }
+        if groups.is_empty() {
+            return Err(Error::usage(format!(
+                "{what} is empty: give groups (read,edit,shell,web,mcp), all or none"
+            )));
+        }
+        groups.sort();
+        Ok(Some(groups))
+    }
+
+    /// Reads one `--allow-tool` / `--deny-tool` name.
+    pub fn check_name(name: &str, what: &str) -> Result<String> {
+        let name = name.trim();
+        if name.is_empty() || name.len() > 200 || name.chars().any(char::is_control) {
+            return Err(Error::usage(format!("{what} '{name}' is not a tool name")));
+        }
+        Ok(name.to_string())
+    }
+
+    /// `show`'s line.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        match &self.groups {
+            None => parts.push("all".to_string()),
+            Some(g) if g.is_empty() => parts.push("none".to_string()),
+            Some(g) => parts.push(g.iter().map(|g| g.as_str()).collect::<Vec<_>>().join(",")),
+        }
+        if !self.allow.is_empty() {
+            parts.push(format!("allow {}", self.allow.join(",")));
+        }
+        if !self.deny.is_empty() {
+            parts.push(format!("deny {}", self.deny.join(",")));
+        }
+        parts.join("; ")
+    }
+}
+
+/// The group of a vendor tool name, from a CLI's table; `mcp__…` names are MCP tools.
+pub fn group_of(table: &[(ToolGroup, &[&str])], name: &str) -> Option<ToolGroup> {
+    if name.starts_with("mcp__") {
+        return Some(ToolGroup::Mcp);
+    }
+    table
+        .iter()
+        .find(|(_, names)| names.contains(&name))
+        .map(|(g, _)| *g)
+}
+
+/// Adds the tool group to each `tool_call` event that has none, from `provider`'s table.
+pub fn tag_tool_groups(provider: ProviderKind, events: &mut [crate::event::Event]) {
+    let table = provider.adapter().tool_names();
+    for e in events {
+        if let crate::event::Event::ToolCall { name, group, .. } = e {
+            if group.is_none() {
+                *group = group_of(table, name);
+            }
+        }
+    }
+}
+
+/// Refuses (exit 2) a tool restriction `provider`'s CLI cannot make, naming the provider.
+pub fn check_tools(provider: ProviderKind, tools: &ToolPolicy) -> Result<()> {
+    refuse_tools(provider, provider.adapter().support(), tools)
+}
+
+fn refuse_tools(provider: ProviderKind, support: Support, tools: &ToolPolicy) -> Result<()> {
+    for group in tools.denied_groups() {
+        if !support.tool_groups.contains(&group) {
+            let can: Vec<&str> = support.tool_groups.iter().map(|g| g.as_str()).collect();
+            return Err(Error::usage(format!(
+                "--tools: the {provider} CLI cannot take away its '{group}' tools"
+            ))
+            .with_hint(format!(
+                "give --tools a list that includes {group} (the {provider} CLI can restrict: {})",
+                if can.is_empty() {
+                    "none".to_string()
+                } else {
+                    can.join(", ")
+                }
+            )));
+        }
+    }
+    if !support.tool_names && (!tools.allow.is_empty() || !tools.deny.is_empty()) {
+        let flag = if tools.deny.is_empty() {
+            "--allow-tool"
+        } else {
+            "--deny-tool"
+        };
+        return Err(Error::usage(format!(
+            "{flag} is not supported by the {provider} CLI: it has no list of tool names to \
+             allow or deny"
+        ))
+        .with_hint("use --tools with groups instead".to_string()));
+    }
+    Ok(())
 }
 
 /// `TEXT` as is, or `@FILE`'s contents; `what` names the flag or key in errors.
@@ -253,5 +464,226 @@ mod tests {
             assert!(e.message.contains("gemini CLI"), "{}", e.message);
         }
         assert!(refuse_unsupported(ProviderKind::Gemini, none, [false; 3]).is_ok());
+    }
+
+    fn policy(groups: &str, allow: &[&str], deny: &[&str]) -> ToolPolicy {
+        ToolPolicy {
+            groups: ToolPolicy::parse_groups(groups, "--tools").unwrap(),
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+            deny: deny.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn tool_groups_parse() {
+        assert_eq!(ToolPolicy::parse_groups("all", "x").unwrap(), None);
+        assert_eq!(ToolPolicy::parse_groups("none", "x").unwrap(), Some(vec![]));
+        assert_eq!(
+            ToolPolicy::parse_groups(" Web,read , web", "x").unwrap(),
+            Some(vec![ToolGroup::Read, ToolGroup::Web])
+        );
+        let e = ToolPolicy::parse_groups("read,files", "--tools").unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.message.contains("'files'"), "{}", e.message);
+        assert!(ToolPolicy::parse_groups(" , ", "--tools").is_err());
+        assert!(ToolPolicy::check_name("", "--deny-tool").is_err());
+        assert!(ToolPolicy::check_name("a\nb", "--deny-tool").is_err());
+        assert_eq!(ToolPolicy::check_name(" Bash ", "x").unwrap(), "Bash");
+    }
+
+    #[test]
+    fn denied_names_are_the_denied_groups_and_deny_tool_less_allow_tool() {
+        const TABLE: &[(ToolGroup, &[&str])] = &[
+            (ToolGroup::Read, &["Read", "Grep"]),
+            (ToolGroup::Shell, &["Bash"]),
+            (ToolGroup::Web, &["WebFetch"]),
+        ];
+        let p = policy("read,edit", &["WebFetch"], &["Grep"]);
+        assert_eq!(
+            p.denied_groups(),
+            [ToolGroup::Shell, ToolGroup::Web, ToolGroup::Mcp]
+        );
+        assert_eq!(p.denied_names(TABLE), ["Bash", "Grep"]);
+        assert_eq!(group_of(TABLE, "Grep"), Some(ToolGroup::Read));
+        assert_eq!(group_of(TABLE, "mcp__srv__echo"), Some(ToolGroup::Mcp));
+        assert_eq!(group_of(TABLE, "Task"), None);
+        assert!(policy("all", &[], &[]).is_unrestricted());
+        assert_eq!(p.describe(), "read,edit; allow WebFetch; deny Grep");
+    }
+
+    /// A group a CLI cannot take away, or tool names it has no list for: exit 2 naming it.
+    #[test]
+    fn a_tool_restriction_a_cli_cannot_make_is_refused_naming_it() {
+        for p in ProviderKind::ALL {
+            assert!(check_tools(p, &policy("all", &[], &[])).is_ok(), "{p}");
+            assert!(
+                check_tools(p, &policy("read,edit", &[], &[])).is_ok()
+                    || p == ProviderKind::Opencode,
+                "{p}"
+            );
+        }
+        let e = check_tools(ProviderKind::Codex, &policy("shell,web,mcp", &[], &[])).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.message.contains("codex CLI"), "{}", e.message);
+        assert!(e.message.contains("'read'"), "{}", e.message);
+        let e = check_tools(ProviderKind::Codex, &policy("all", &[], &["shell"])).unwrap_err();
+        assert!(
+            e.message.contains("--deny-tool") && e.message.contains("codex"),
+            "{}",
+            e.message
+        );
+        let e = check_tools(
+            ProviderKind::Opencode,
+            &policy("read,edit,shell,web", &[], &[]),
+        )
+        .unwrap_err();
+        assert!(
+            e.message.contains("opencode CLI") && e.message.contains("'mcp'"),
+            "{}",
+            e.message
+        );
+        // What each can do.
+        assert!(check_tools(ProviderKind::Codex, &policy("read,edit", &[], &[])).is_ok());
+        assert!(check_tools(
+            ProviderKind::ClaudeCode,
+            &policy("none", &["Bash"], &["Read"])
+        )
+        .is_ok());
+        assert!(check_tools(ProviderKind::Gemini, &policy("none", &[], &[])).is_ok());
+        assert!(check_tools(ProviderKind::Opencode, &policy("mcp", &["bash"], &[])).is_ok());
+        let none = Support::default();
+        let e = refuse_tools(
+            ProviderKind::Gemini,
+            none,
+            &policy("read,edit,shell,mcp", &[], &[]),
+        )
+        .unwrap_err();
+        assert!(
+            e.message.contains("gemini CLI") && e.message.contains("'web'"),
+            "{}",
+            e.message
+        );
+    }
+
+    fn tools_command(p: ProviderKind, tools: &ToolPolicy) -> TurnCommand {
+        p.adapter().turn_command(&TurnRequest {
+            prompt: "hi",
+            model: Some("caw/stub-model"),
+            endpoint: Some("http://stub:8080"),
+            tools: Some(tools),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn tool_restrictions_map_to_each_clis_lists() {
+        let p = policy(
+            "read,edit",
+            &["WebFetch", "webfetch", "web_fetch"],
+            &["Grep", "grep", "glob"],
+        );
+        let claude = tools_command(ProviderKind::ClaudeCode, &p).argv;
+        let deny = claude
+            .iter()
+            .find(|a| a.starts_with("--disallowedTools="))
+            .unwrap();
+        assert!(
+            deny.contains("Bash") && deny.contains("WebSearch") && deny.contains("Grep"),
+            "{deny}"
+        );
+        assert!(
+            !deny.contains("WebFetch") && !deny.contains("Read,"),
+            "{deny}"
+        );
+        assert!(claude.contains(&"--strict-mcp-config".to_string()));
+
+        let codex = tools_command(ProviderKind::Codex, &policy("read,edit", &[], &[]))
+            .argv
+            .join(" ");
+        assert!(codex.contains("-c features.shell_tool=false"), "{codex}");
+        assert!(codex.contains("-c web_search=\"disabled\""), "{codex}");
+        assert!(codex.contains("-c mcp_servers={}"), "{codex}");
+
+        let opencode = tools_command(
+            ProviderKind::Opencode,
+            &policy("read,edit,mcp", &["webfetch"], &["grep"]),
+        );
+        let config = &opencode
+            .env
+            .iter()
+            .find(|(k, _)| k == "OPENCODE_CONFIG_CONTENT")
+            .unwrap()
+            .1;
+        let config: serde_json::Value = serde_json::from_str(config).unwrap();
+        assert_eq!(config["tools"]["bash"], false);
+        assert_eq!(config["tools"]["grep"], false);
+        assert_eq!(config["tools"]["websearch"], false);
+        assert_eq!(config["tools"]["webfetch"], true);
+        assert!(config["tools"].get("read").is_none());
+
+        let gemini = tools_command(ProviderKind::Gemini, &p);
+        let settings = gemini
+            .home_files
+            .iter()
+            .find(|f| f.path == ".gemini/settings.json")
+            .unwrap();
+        let settings: serde_json::Value = serde_json::from_slice(&settings.contents).unwrap();
+        let exclude: Vec<&str> = settings["tools"]["exclude"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert!(
+            exclude.contains(&"run_shell_command") && exclude.contains(&"glob"),
+            "{exclude:?}"
+        );
+        assert!(
+            !exclude.contains(&"web_fetch") && !exclude.contains(&"read_file"),
+            "{exclude:?}"
+        );
+        assert_eq!(settings["mcp"]["allowed"], serde_json::json!([]));
+        // Every group given again: the earlier lists are written empty or removed.
+        let gemini = tools_command(ProviderKind::Gemini, &policy("all", &[], &[]));
+        let settings: serde_json::Value =
+            serde_json::from_slice(&gemini.home_files[0].contents).unwrap();
+        assert_eq!(settings["tools"]["exclude"], serde_json::json!([]));
+        assert!(settings["mcp"]["allowed"].is_null() && settings["mcp"].get("allowed").is_some());
+    }
+
+    #[test]
+    fn tool_calls_get_their_group() {
+        use crate::event::Event;
+        let call = |name: &str| Event::ToolCall {
+            id: "1".into(),
+            name: name.into(),
+            input: serde_json::Value::Null,
+            group: None,
+        };
+        let mut events = vec![
+            call("Bash"),
+            call("mcp__srv__echo"),
+            call("Task"),
+            call("shell"),
+        ];
+        tag_tool_groups(ProviderKind::ClaudeCode, &mut events);
+        let groups: Vec<Option<ToolGroup>> = events
+            .iter()
+            .map(|e| match e {
+                Event::ToolCall { group, .. } => *group,
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            groups,
+            [Some(ToolGroup::Shell), Some(ToolGroup::Mcp), None, None]
+        );
+        let json = serde_json::to_value(&events[0]).unwrap();
+        assert_eq!(json["group"], "shell");
+        assert_eq!(json["name"], "Bash");
+        assert!(serde_json::to_value(&events[2])
+            .unwrap()
+            .get("group")
+            .is_none());
     }
 }

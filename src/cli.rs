@@ -14,6 +14,7 @@ Examples:
   caw-box run --provider codex --name live      # no prompt: codex's own TUI, in this terminal
   caw-box run --provider claude --allow-host @provider \"fix it\"   # recommended locked-down setup
   caw-box run --provider claude --system-prompt @reviewer.md --effort high \"review src/\"
+  caw-box run --provider gemini --tools read,web --deny-tool web_fetch \"what does it do?\"
 
 --credentials broker keeps a collected API key out of the agent's container: a broker
 container beside it adds the key, and the CLI gets a placeholder (the default, inject, hands
@@ -442,6 +443,18 @@ pub struct SettingsArgs {
     /// How hard the model thinks: low, medium or high. Remembered by the session.
     #[arg(long, value_name = "LEVEL")]
     pub effort: Option<String>,
+    /// The tool groups the agent may use: some of read,edit,shell,web,mcp (the others are
+    /// taken away), `all` or `none`. A group the CLI cannot take away is refused (exit 2).
+    /// Remembered by the session.
+    #[arg(long, value_name = "GROUPS")]
+    pub tools: Option<String>,
+    /// Keep this tool (the CLI's own name) although its group is not in --tools
+    /// (repeatable). Remembered by the session.
+    #[arg(long = "allow-tool", value_name = "NAME")]
+    pub allow_tool: Vec<String>,
+    /// Take this tool (the CLI's own name) away (repeatable). Remembered by the session.
+    #[arg(long = "deny-tool", value_name = "NAME")]
+    pub deny_tool: Vec<String>,
 }
 
 #[derive(Debug, Args)]

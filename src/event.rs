@@ -153,8 +153,12 @@ pub enum Event {
     },
     ToolCall {
         id: String,
+        /// The vendor's own tool name (`mcp__server__tool` for an MCP server's tool).
         name: String,
         input: serde_json::Value,
+        /// The vendor-neutral group (`--tools`) the tool belongs to, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        group: Option<crate::agent_config::ToolGroup>,
     },
     ToolResult {
         id: String,

@@ -343,6 +343,33 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
     if let Some(effort) = &args.effort {
         settings.effort = Some(crate::agent_config::Effort::parse(effort, "--effort")?);
     }
+    if args.tools.is_some() || !args.allow_tool.is_empty() || !args.deny_tool.is_empty() {
+        use crate::agent_config::ToolPolicy;
+        // --tools replaces the remembered groups; tool names add to the remembered ones.
+        let mut tools = settings.tools.take().unwrap_or_default();
+        if let Some(groups) = &args.tools {
+            tools.groups = ToolPolicy::parse_groups(groups, "--tools")?;
+        }
+        for (names, list, what) in [
+            (&args.allow_tool, &mut tools.allow, "--allow-tool"),
+            (&args.deny_tool, &mut tools.deny, "--deny-tool"),
+        ] {
+            for name in names {
+                let name = ToolPolicy::check_name(name, what)?;
+                if !list.contains(&name) {
+                    list.push(name);
+                }
+            }
+        }
+        // A name given now wins over the same name on the other list from before.
+        tools
+            .allow
+            .retain(|n| !args.deny_tool.iter().any(|d| d.trim() == n));
+        tools
+            .deny
+            .retain(|n| !args.allow_tool.iter().any(|a| a.trim() == n));
+        settings.tools = (tools != ToolPolicy::default()).then_some(tools);
+    }
     if let Some(network) = &args.network {
         if network.trim().is_empty() {
             return Err(Error::usage(

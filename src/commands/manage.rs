@@ -222,6 +222,9 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     if let Some(e) = s.effort {
         output::println(&format!("effort     {}", e.as_str()));
     }
+    if let Some(t) = &s.tools {
+        output::println(&format!("tools      {}", t.describe()));
+    }
     let mut total_cost = 0.0;
     for t in &record.turns {
         output::println("");
@@ -306,7 +309,8 @@ async fn follow_turn(
     turn: u32,
     raw: bool,
 ) -> Result<i32> {
-    let mut parser = view.facts.provider.adapter().parser(ParseContext {
+    let provider = view.facts.provider;
+    let mut parser = provider.adapter().parser(ParseContext {
         previous_cumulative_usage: view.last.as_ref().and_then(|l| l.cumulative_usage),
     });
     let mut stream = backend.follow_logs(container);
@@ -325,6 +329,7 @@ async fn follow_turn(
         }
         events.clear();
         parser.parse_line(line, &mut events);
+        crate::agent_config::tag_tool_groups(provider, &mut events);
         for e in &events {
             if let Ok(json) = serde_json::to_string(e) {
                 output::println(&json);

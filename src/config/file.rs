@@ -39,6 +39,9 @@ struct ConfigFile {
     system_prompt: Option<Spanned<String>>,
     append_system_prompt: Option<Spanned<String>>,
     effort: Option<Spanned<String>>,
+    tools: Option<Spanned<String>>,
+    allow_tool: Option<Spanned<Vec<String>>>,
+    deny_tool: Option<Spanned<Vec<String>>>,
 }
 
 /// `memory = "2g"` or `memory = 2147483648` (bytes).
@@ -103,6 +106,7 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
         (Key::SystemPrompt, file.system_prompt),
         (Key::AppendSystemPrompt, file.append_system_prompt),
         (Key::Effort, file.effort),
+        (Key::Tools, file.tools),
     ];
     for (key, v) in strings.into_iter() {
         if let Some(v) = v {
@@ -113,6 +117,8 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
     for (key, v) in [
         (Key::AllowHost, file.allow_host),
         (Key::EnvPass, file.env_pass),
+        (Key::AllowTool, file.allow_tool),
+        (Key::DenyTool, file.deny_tool),
     ] {
         if let Some(v) = v {
             let span = v.span();

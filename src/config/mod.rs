@@ -49,10 +49,13 @@ pub enum Key {
     SystemPrompt,
     AppendSystemPrompt,
     Effort,
+    Tools,
+    AllowTool,
+    DenyTool,
 }
 
 impl Key {
-    pub const ALL: [Key; 22] = [
+    pub const ALL: [Key; 25] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -75,6 +78,9 @@ impl Key {
         Key::SystemPrompt,
         Key::AppendSystemPrompt,
         Key::Effort,
+        Key::Tools,
+        Key::AllowTool,
+        Key::DenyTool,
     ];
 
     /// Its name in a config file.
@@ -102,6 +108,9 @@ impl Key {
             Key::SystemPrompt => "system_prompt",
             Key::AppendSystemPrompt => "append_system_prompt",
             Key::Effort => "effort",
+            Key::Tools => "tools",
+            Key::AllowTool => "allow_tool",
+            Key::DenyTool => "deny_tool",
         }
     }
 
@@ -211,6 +220,15 @@ impl Layer {
         put(Key::SystemPrompt, s(&args.system_prompt));
         put(Key::AppendSystemPrompt, s(&args.append_system_prompt));
         put(Key::Effort, s(&args.effort));
+        put(Key::Tools, s(&args.tools));
+        put(
+            Key::AllowTool,
+            (!args.allow_tool.is_empty()).then(|| Value::List(args.allow_tool.clone())),
+        );
+        put(
+            Key::DenyTool,
+            (!args.deny_tool.is_empty()).then(|| Value::List(args.deny_tool.clone())),
+        );
         put(Key::Network, s(&args.network));
         put(
             Key::AllowHost,
@@ -249,7 +267,7 @@ impl Layer {
                 continue;
             };
             let value = match key {
-                Key::AllowHost => Value::List(split_list(&raw)),
+                Key::AllowHost | Key::AllowTool | Key::DenyTool => Value::List(split_list(&raw)),
                 Key::Labels => Value::Map(
                     crate::session::record::parse_labels(&raw)
                         .into_iter()
@@ -336,6 +354,14 @@ fn check(key: Key, value: Value, what: &str) -> Result<Value> {
         (Key::Group, _) => settings::validate_name(text, what)?,
         (Key::Effort, _) => {
             crate::agent_config::Effort::parse(text, what)?;
+        }
+        (Key::Tools, _) => {
+            crate::agent_config::ToolPolicy::parse_groups(text, what)?;
+        }
+        (Key::AllowTool | Key::DenyTool, Value::List(names)) => {
+            for n in names {
+                crate::agent_config::ToolPolicy::check_name(n, what)?;
+            }
         }
         (Key::SystemPrompt | Key::AppendSystemPrompt, _) if text.trim().is_empty() => {
             return Err(Error::usage(format!(
@@ -521,6 +547,9 @@ impl Resolved {
         out.system_prompt = self.str(Key::SystemPrompt);
         out.append_system_prompt = self.str(Key::AppendSystemPrompt);
         out.effort = self.str(Key::Effort);
+        out.tools = self.str(Key::Tools);
+        out.allow_tool = self.list(Key::AllowTool);
+        out.deny_tool = self.list(Key::DenyTool);
         out.network = self.str(Key::Network);
         out.allow_host = self.list(Key::AllowHost);
         out.memory = self.str(Key::Memory);

@@ -22,6 +22,29 @@ pub struct ClaudeCode;
 
 const API_KEY_VAR: &str = "ANTHROPIC_API_KEY";
 
+use crate::agent_config::ToolGroup;
+
+/// Claude Code's built-in tools per group (its MCP tools are `mcp__server__tool`).
+const TOOLS: ToolTable = &[
+    (
+        ToolGroup::Read,
+        &["Read", "Glob", "Grep", "LS", "NotebookRead"],
+    ),
+    (
+        ToolGroup::Edit,
+        &["Edit", "MultiEdit", "Write", "NotebookEdit"],
+    ),
+    (
+        ToolGroup::Shell,
+        &["Bash", "BashOutput", "KillShell", "KillBash"],
+    ),
+    (ToolGroup::Web, &["WebFetch", "WebSearch"]),
+    (
+        ToolGroup::Mcp,
+        &["ListMcpResourcesTool", "ReadMcpResourceTool"],
+    ),
+];
+
 impl Provider for ClaudeCode {
     fn kind(&self) -> ProviderKind {
         ProviderKind::ClaudeCode
@@ -57,6 +80,18 @@ impl Provider for ClaudeCode {
         }
         if let Some(effort) = request.effort {
             argv.extend(["--effort".to_string(), effort.as_str().to_string()]);
+        }
+        if let Some(tools) = request.tools {
+            // Denied tools are taken out of what the model is offered. One `=` word: the
+            // option takes several values, and would swallow the words after it.
+            let denied = tools.denied_names(TOOLS);
+            if !denied.is_empty() {
+                argv.push(format!("--disallowedTools={}", denied.join(",")));
+            }
+            // Only the servers of --mcp-config (none): no MCP server starts.
+            if tools.denied_groups().contains(&ToolGroup::Mcp) {
+                argv.push("--strict-mcp-config".to_string());
+            }
         }
         // The TUI opens without an initial prompt (SPEC: no PROMPT means interactive).
         let mut stdin = None;
@@ -118,7 +153,13 @@ impl Provider for ClaudeCode {
             replace: true,
             append: true,
             effort: true,
+            tool_groups: &ToolGroup::ALL,
+            tool_names: true,
         }
+    }
+
+    fn tool_names(&self) -> ToolTable {
+        TOOLS
     }
 
     fn latest_key_script(&self) -> String {
@@ -269,6 +310,7 @@ impl ClaudeParser {
                         id: block.id.unwrap_or_default(),
                         name: block.name.unwrap_or_default(),
                         input: block.input.unwrap_or(Value::Null),
+                        group: None,
                     });
                 }
                 BlockKind::ToolResult | BlockKind::Other => {}
@@ -766,6 +808,7 @@ mod tests {
                     id: "toolu_01A".into(),
                     name: "Bash".into(),
                     input: json!({"command": "ls", "description": "List files"}),
+                    group: None,
                 },
                 Event::ToolResult {
                     id: "toolu_01A".into(),
@@ -776,6 +819,7 @@ mod tests {
                     id: "toolu_01B".into(),
                     name: "Read".into(),
                     input: json!({"file_path": "/workspace/missing.txt"}),
+                    group: None,
                 },
                 Event::ToolResult {
                     id: "toolu_01B".into(),

@@ -22,6 +22,15 @@ pub struct Codex;
 /// The model provider id `--endpoint` defines in codex's config.
 const ENDPOINT_PROVIDER: &str = "caw";
 
+use crate::agent_config::ToolGroup;
+
+/// codex's tools per group, under the names its `tool_call` events carry.
+const TOOLS: ToolTable = &[
+    (ToolGroup::Edit, &["apply_patch"]),
+    (ToolGroup::Shell, &["shell"]),
+    (ToolGroup::Web, &["web_search"]),
+];
+
 impl Provider for Codex {
     fn kind(&self) -> ProviderKind {
         ProviderKind::Codex
@@ -77,6 +86,24 @@ impl Provider for Codex {
                 format!("developer_instructions={}", toml_string(text)),
             ]);
         }
+        if let Some(tools) = request.tools {
+            for group in tools.denied_groups() {
+                let settings: &[&str] = match group {
+                    // Both of its ways to run commands.
+                    ToolGroup::Shell => {
+                        &["features.shell_tool=false", "features.unified_exec=false"]
+                    }
+                    ToolGroup::Web => &["web_search=\"disabled\""],
+                    // No MCP server: an empty table replaces the config's own.
+                    ToolGroup::Mcp => &["mcp_servers={}", "features.apps=false"],
+                    // Refused up front (`support`): codex reads and edits through its shell.
+                    ToolGroup::Read | ToolGroup::Edit => &[],
+                };
+                for setting in settings {
+                    argv.extend(["-c".to_string(), setting.to_string()]);
+                }
+            }
+        }
         if let Some(effort) = request.effort {
             argv.extend([
                 "-c".to_string(),
@@ -131,7 +158,15 @@ impl Provider for Codex {
             replace: true,
             append: true,
             effort: true,
+            // Its read and edit tools cannot be taken away alone (reading is a shell
+            // command; `apply_patch` comes with the model), nor single tools by name.
+            tool_groups: &[ToolGroup::Shell, ToolGroup::Web, ToolGroup::Mcp],
+            tool_names: false,
         }
+    }
+
+    fn tool_names(&self) -> ToolTable {
+        TOOLS
     }
 
     fn latest_key_script(&self) -> String {
@@ -371,6 +406,7 @@ fn tool_call(item: &Item) -> Option<Event> {
         id: item.id.clone(),
         name,
         input,
+        group: None,
     })
 }
 
@@ -723,7 +759,8 @@ mod tests {
                 Event::ToolCall {
                     id: "item_1".into(),
                     name: "shell".into(),
-                    input: json!({"command": "bash -lc ls"})
+                    input: json!({"command": "bash -lc ls"}),
+                    group: None
                 },
                 Event::ToolResult {
                     id: "item_1".into(),
@@ -733,7 +770,8 @@ mod tests {
                 Event::ToolCall {
                     id: "item_2".into(),
                     name: "shell".into(),
-                    input: json!({"command": "bash -lc 'cat missing.txt'"})
+                    input: json!({"command": "bash -lc 'cat missing.txt'"}),
+                    group: None
                 },
                 Event::ToolResult {
                     id: "item_2".into(),
@@ -743,7 +781,8 @@ mod tests {
                 Event::ToolCall {
                     id: "item_3".into(),
                     name: "apply_patch".into(),
-                    input: json!({"changes": [{"path": "/workspace/notes.md", "kind": "add"}]})
+                    input: json!({"changes": [{"path": "/workspace/notes.md", "kind": "add"}]}),
+                    group: None
                 },
                 Event::ToolResult {
                     id: "item_3".into(),
@@ -756,7 +795,8 @@ mod tests {
                 Event::ToolCall {
                     id: "item_5".into(),
                     name: "mcp__docs__search".into(),
-                    input: json!({"q": "caw"})
+                    input: json!({"q": "caw"}),
+                    group: None
                 },
                 Event::ToolResult {
                     id: "item_5".into(),

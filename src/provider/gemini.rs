@@ -75,6 +75,10 @@ impl Provider for Gemini {
                 let mut settings: serde_json::Value =
                     serde_json::from_str(SETTINGS).expect("static JSON");
                 crate::session::files::merge_json(&mut settings, &agent);
+                // Kept as `null` for the merge into HOME's file, where it removes the key.
+                if agent["mcp"]["allowed"].is_null() && agent.get("mcp").is_some() {
+                    settings["mcp"] = serde_json::json!({ "allowed": null });
+                }
                 settings.to_string().into_bytes()
             }
             None => SETTINGS.as_bytes().to_vec(),
@@ -122,9 +126,36 @@ impl Provider for Gemini {
             replace: true,
             append: true,
             effort: true,
+            tool_groups: &ToolGroup::ALL,
+            tool_names: true,
         }
     }
+
+    fn tool_names(&self) -> ToolTable {
+        TOOLS
+    }
 }
+
+use crate::agent_config::ToolGroup;
+
+/// Gemini CLI's built-in tools per group.
+const TOOLS: ToolTable = &[
+    (
+        ToolGroup::Read,
+        &[
+            "read_file",
+            "read_many_files",
+            "glob",
+            "grep_search",
+            "search_file_content",
+            "list_directory",
+        ],
+    ),
+    (ToolGroup::Edit, &["replace", "write_file"]),
+    (ToolGroup::Shell, &["run_shell_command"]),
+    (ToolGroup::Web, &["web_fetch", "google_web_search"]),
+    (ToolGroup::Mcp, &["list_mcp_resources", "read_mcp_resource"]),
+];
 
 /// `--append-system-prompt`: an extra context file name. gemini adds the global context files
 /// it finds in `~/.gemini/` (GEMINI.md and the names `context.fileName` lists) to its system
@@ -154,6 +185,18 @@ fn agent_settings(request: &TurnRequest<'_>) -> Option<serde_json::Value> {
                 "thinkingConfig": { "thinkingBudget": thinking_budget(effort) }
             } }
         }] });
+    }
+    if let Some(tools) = request.tools {
+        // Written in full every turn it is set, so that a resume's new policy replaces the
+        // old one in the merged file (`null` removes a key).
+        let denied = tools.denied_names(TOOLS);
+        settings["tools"] = serde_json::json!({ "exclude": denied });
+        settings["mcp"] = if tools.denied_groups().contains(&ToolGroup::Mcp) {
+            // An allow-list that names no server: none starts.
+            serde_json::json!({ "allowed": [] })
+        } else {
+            serde_json::json!({ "allowed": null })
+        };
     }
     (settings != serde_json::json!({})).then_some(settings)
 }
@@ -212,6 +255,7 @@ impl GeminiParser {
                     id: line.tool_id.unwrap_or_default(),
                     name: line.tool_name.unwrap_or_default(),
                     input: line.parameters.unwrap_or(Value::Null),
+                    group: None,
                 });
             }
             "tool_result" => {
@@ -583,7 +627,8 @@ mod tests {
                 Event::ToolCall {
                     id: "run_shell_command-1763766400123-a1b2c3".into(),
                     name: "run_shell_command".into(),
-                    input: json!({"command": "ls", "description": "List files"})
+                    input: json!({"command": "ls", "description": "List files"}),
+                    group: None
                 },
                 Event::ToolResult {
                     id: "run_shell_command-1763766400123-a1b2c3".into(),
@@ -593,7 +638,8 @@ mod tests {
                 Event::ToolCall {
                     id: "read_file-1763766400456-d4e5f6".into(),
                     name: "read_file".into(),
-                    input: json!({"absolute_path": "/workspace/missing.txt"})
+                    input: json!({"absolute_path": "/workspace/missing.txt"}),
+                    group: None
                 },
                 Event::ToolResult {
                     id: "read_file-1763766400456-d4e5f6".into(),

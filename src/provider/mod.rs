@@ -61,7 +61,12 @@ pub struct TurnRequest<'a> {
     pub append_system_prompt: Option<&'a str>,
     /// `--effort`.
     pub effort: Option<crate::agent_config::Effort>,
+    /// `--tools`, `--allow-tool`, `--deny-tool`; `None`: every tool.
+    pub tools: Option<&'a crate::agent_config::ToolPolicy>,
 }
+
+/// A CLI's own tool names per vendor-neutral group (see `agent_config::ToolGroup`).
+pub type ToolTable = &'static [(crate::agent_config::ToolGroup, &'static [&'static str])];
 
 /// The entrypoint's variable naming variables it passes on as `CAW_BOX_HIDDEN_<NAME>`
 /// instead of `<NAME>` (see `images/base/caw-box-entry`).
@@ -154,6 +159,9 @@ pub trait Provider: Send + Sync {
     /// Which of the agent settings (`agent_config`) this CLI can take; the rest is refused
     /// before a turn starts.
     fn support(&self) -> crate::agent_config::Support;
+    /// The CLI's built-in tool names per group: what `--tools` takes away and what a
+    /// `tool_call` event's group is.
+    fn tool_names(&self) -> ToolTable;
 }
 
 /// The files holding a turn's system prompt texts (see `agent_config`), for

@@ -26,6 +26,19 @@ const ENDPOINT_PROVIDER: &str = "caw";
 /// opencode's own session title limit (it truncates prompts to this for titles).
 const TITLE_CHARS: usize = 50;
 
+use crate::agent_config::ToolGroup;
+
+/// opencode's built-in tools per group.
+const TOOLS: ToolTable = &[
+    (ToolGroup::Read, &["read", "glob", "grep", "list"]),
+    (
+        ToolGroup::Edit,
+        &["edit", "write", "patch", "multiedit", "apply_patch"],
+    ),
+    (ToolGroup::Shell, &["bash"]),
+    (ToolGroup::Web, &["webfetch", "websearch", "codesearch"]),
+];
+
 impl Provider for Opencode {
     fn kind(&self) -> ProviderKind {
         ProviderKind::Opencode
@@ -89,6 +102,19 @@ impl Provider for Opencode {
             config["instructions"] =
                 json!([in_home(crate::agent_config::APPEND_SYSTEM_PROMPT_FILE)]);
         }
+        if let Some(tools) = request.tools {
+            // `false` takes a tool out of what the model is offered.
+            let mut map = serde_json::Map::new();
+            for name in tools.denied_names(TOOLS) {
+                map.insert(name, json!(false));
+            }
+            for name in &tools.allow {
+                map.insert(name.clone(), json!(true));
+            }
+            if !map.is_empty() {
+                config["tools"] = serde_json::Value::Object(map);
+            }
+        }
         env.push(("OPENCODE_CONFIG_CONTENT".to_string(), config.to_string()));
         TurnCommand {
             argv,
@@ -107,7 +133,19 @@ impl Provider for Opencode {
             replace: true,
             append: true,
             effort: true,
+            // Its MCP tools are named after servers it may have from the user's config.
+            tool_groups: &[
+                ToolGroup::Read,
+                ToolGroup::Edit,
+                ToolGroup::Shell,
+                ToolGroup::Web,
+            ],
+            tool_names: true,
         }
+    }
+
+    fn tool_names(&self) -> ToolTable {
+        TOOLS
     }
 
     fn latest_key_script(&self) -> String {
@@ -319,6 +357,7 @@ impl OpencodeParser {
                     id: id.clone(),
                     name: part.tool.unwrap_or_default(),
                     input: state.input.unwrap_or(Value::Null),
+                    group: None,
                 });
                 if !finished {
                     // opencode emits tools once finished; should a running one show up, its
@@ -662,7 +701,8 @@ mod tests {
                 Event::ToolCall {
                     id: "call_0a1b".into(),
                     name: "bash".into(),
-                    input: json!({"command": "ls", "description": "List files"})
+                    input: json!({"command": "ls", "description": "List files"}),
+                    group: None
                 },
                 Event::ToolResult {
                     id: "call_0a1b".into(),
@@ -672,7 +712,8 @@ mod tests {
                 Event::ToolCall {
                     id: "call_0a1c".into(),
                     name: "read".into(),
-                    input: json!({"filePath": "/workspace/missing.txt"})
+                    input: json!({"filePath": "/workspace/missing.txt"}),
+                    group: None
                 },
                 Event::ToolResult {
                     id: "call_0a1c".into(),
@@ -682,7 +723,8 @@ mod tests {
                 Event::ToolCall {
                     id: "call_0a1d".into(),
                     name: "bash".into(),
-                    input: json!({"command": "false", "description": "Fail"})
+                    input: json!({"command": "false", "description": "Fail"}),
+                    group: None
                 },
                 Event::ToolResult {
                     id: "call_0a1d".into(),
@@ -785,7 +827,8 @@ mod tests {
             [Event::ToolCall {
                 id: "c".into(),
                 name: "bash".into(),
-                input: Value::Null
+                input: Value::Null,
+                group: None
             }]
         );
         assert_eq!(parser.resume_key(), None);

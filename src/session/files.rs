@@ -9,6 +9,11 @@ pub fn merge_json(base: &mut serde_json::Value, overlay: &serde_json::Value) {
     match (base, overlay) {
         (serde_json::Value::Object(b), serde_json::Value::Object(o)) => {
             for (k, v) in o {
+                // `null` removes the key: a setting an earlier turn wrote is taken back.
+                if v.is_null() {
+                    b.remove(k);
+                    continue;
+                }
                 merge_json(b.entry(k.clone()).or_insert(serde_json::Value::Null), v);
             }
         }

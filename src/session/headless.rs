@@ -523,6 +523,7 @@ impl TurnReader<'_> {
         let mut events = std::mem::take(&mut self.events);
         events.clear();
         self.parser.parse_line(line, &mut events);
+        crate::agent_config::tag_tool_groups(self.provider, &mut events);
         if !self.session_announced {
             if let Some(key) = self.parser.resume_key().map(str::to_string) {
                 self.announce(Some(key));

@@ -77,6 +77,9 @@ pub struct SessionSettings {
     /// `--effort`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effort: Option<crate::agent_config::Effort>,
+    /// `--tools`, `--allow-tool`, `--deny-tool`: the tools the agent may use; `None`: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<crate::agent_config::ToolPolicy>,
 }
 
 impl SessionSettings {
@@ -87,7 +90,11 @@ impl SessionSettings {
             self.system_prompt.is_some(),
             self.append_system_prompt.is_some(),
             self.effort.is_some(),
-        )
+        )?;
+        match &self.tools {
+            Some(tools) => crate::agent_config::check_tools(provider, tools),
+            None => Ok(()),
+        }
     }
 }
 

@@ -83,6 +83,7 @@ pub async fn run_turn(
         system_prompt: record.settings.system_prompt.as_deref(),
         append_system_prompt: record.settings.append_system_prompt.as_deref(),
         effort: record.settings.effort,
+        tools: record.settings.tools.as_ref(),
     };
     let mut runtime = Runtime::default();
     let allow = crate::settings::expand_allow_hosts(record.provider, &record.settings);
@@ -163,8 +164,9 @@ pub async fn run_turn(
     // (where they may have been changed), pays the download and upload of a merge.
     // Agent settings can live in a merged file (gemini's settings.json): merged every turn
     // that has them.
-    let agent_merge =
-        record.settings.append_system_prompt.is_some() || record.settings.effort.is_some();
+    let agent_merge = record.settings.append_system_prompt.is_some()
+        || record.settings.effort.is_some()
+        || record.settings.tools.is_some();
     let merge_due = options.interactive
         || agent_merge
         || match record.turns.last() {

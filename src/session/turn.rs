@@ -178,7 +178,10 @@ pub(super) async fn place_home_files(
                         .await?
                 }
             }
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            // Nothing there yet: merged onto nothing, so that its `null`s (keys to remove)
+            // are not written.
+            .or_else(|| Some(serde_json::json!({})));
             if let (Some(mut base), Ok(overlay)) = (
                 existing,
                 serde_json::from_slice::<serde_json::Value>(&f.contents),
