@@ -615,11 +615,13 @@ mod tests {
             .unwrap()
             .1;
         let config: serde_json::Value = serde_json::from_str(config).unwrap();
-        assert_eq!(config["tools"]["bash"], false);
-        assert_eq!(config["tools"]["grep"], false);
-        assert_eq!(config["tools"]["websearch"], false);
-        assert_eq!(config["tools"]["webfetch"], true);
-        assert!(config["tools"].get("read").is_none());
+        let permission = &config["permission"];
+        assert_eq!(permission["*"], "allow");
+        assert_eq!(permission["bash"], "deny");
+        assert_eq!(permission["grep"], "deny");
+        assert_eq!(permission["websearch"], "deny");
+        assert!(permission.get("webfetch").is_none(), "{permission}");
+        assert!(permission.get("read").is_none(), "{permission}");
 
         let gemini = tools_command(ProviderKind::Gemini, &p);
         let settings = gemini

@@ -103,16 +103,15 @@ impl Provider for Opencode {
                 json!([in_home(crate::agent_config::APPEND_SYSTEM_PROMPT_FILE)]);
         }
         if let Some(tools) = request.tools {
-            // `false` takes a tool out of what the model is offered.
-            let mut map = serde_json::Map::new();
+            // A tool whose permission is `deny` is not offered to the model (its `tools` key
+            // is deprecated and no longer does that); the rest stays allowed.
+            let mut permission = serde_json::Map::new();
+            permission.insert("*".to_string(), json!("allow"));
             for name in tools.denied_names(TOOLS) {
-                map.insert(name, json!(false));
+                permission.insert(name, json!("deny"));
             }
-            for name in &tools.allow {
-                map.insert(name.clone(), json!(true));
-            }
-            if !map.is_empty() {
-                config["tools"] = serde_json::Value::Object(map);
+            if permission.len() > 1 {
+                config["permission"] = serde_json::Value::Object(permission);
             }
         }
         env.push(("OPENCODE_CONFIG_CONTENT".to_string(), config.to_string()));

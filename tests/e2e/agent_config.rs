@@ -278,3 +278,224 @@ fn agent_config_long_system_prompt_travels_as_a_file() {
     );
     assert!(system.matches("Follow these rules.").count() >= 3000);
 }
+
+/// The names of the tools a request offered the model, per wire protocol.
+fn offered_tools(p: P, body: &Value) -> Vec<String> {
+    let tools = body["tools"].as_array().cloned().unwrap_or_default();
+    let name = |t: &Value, keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| t.pointer(k).and_then(Value::as_str))
+            .map(str::to_string)
+    };
+    match p.name {
+        "gemini" => tools
+            .iter()
+            .flat_map(|t| {
+                t["functionDeclarations"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|d| name(&d, &["/name"]))
+            .collect(),
+        "opencode" => tools
+            .iter()
+            .filter_map(|t| name(t, &["/function/name", "/name"]))
+            .collect(),
+        // Responses built-in tools have a type and no name.
+        "codex" => tools
+            .iter()
+            .filter_map(|t| name(t, &["/name", "/type"]))
+            .collect(),
+        _ => tools.iter().filter_map(|t| name(t, &["/name"])).collect(),
+    }
+}
+
+/// Per provider: `--tools` and `--deny-tool` to give, the names that must then be gone (a
+/// denied group's and the denied name), and names that must stay.
+struct ToolCase {
+    tools: &'static str,
+    deny: Option<&'static str>,
+    gone: &'static [&'static str],
+    kept: &'static [&'static str],
+}
+
+fn tool_case(p: P) -> ToolCase {
+    match p.name {
+        "claude_code" => ToolCase {
+            tools: "read,edit",
+            deny: Some("Grep"),
+            gone: &["Bash", "WebFetch", "WebSearch", "Grep"],
+            kept: &["Read", "Edit"],
+        },
+        // codex cannot take away read or edit alone, nor single tools.
+        "codex" => ToolCase {
+            tools: "read,edit",
+            deny: None,
+            gone: &[
+                "shell",
+                "exec_command",
+                "write_stdin",
+                "shell_command",
+                "local_shell",
+                "web_search",
+            ],
+            kept: &[],
+        },
+        // opencode cannot take away its MCP tools.
+        "opencode" => ToolCase {
+            tools: "read,edit,mcp",
+            deny: Some("grep"),
+            gone: &["bash", "webfetch", "websearch", "grep"],
+            kept: &["read", "edit"],
+        },
+        _ => ToolCase {
+            tools: "read,edit",
+            deny: Some("glob"),
+            gone: &[
+                "run_shell_command",
+                "web_fetch",
+                "google_web_search",
+                "glob",
+            ],
+            kept: &["read_file", "replace"],
+        },
+    }
+}
+
+/// A denied group's tools are not offered to the model (a `RUN:` finds no shell), the
+/// session remembers that, and a resume's `--tools all` gives them back: the shell call
+/// round-trips and its `tool_call` event names the group.
+fn tools_reach_the_model(p: P) {
+    let rig = Rig::new(&format!("act-{}", p.name));
+    let case = tool_case(p);
+
+    check("baseline: every tool");
+    let (code, out, stderr) = rig.json_turn(rig.run_cmd(p, "tools-baseline-q1", &[]));
+    assert_eq!(code, 0, "baseline failed: {out}\n{stderr}");
+    let baseline = requests_with(&rig, "tools-baseline-q1");
+    let offered = offered_tools(p, baseline.last().expect("a baseline request"));
+    assert!(
+        case.gone.iter().any(|g| offered.iter().any(|o| o == g)),
+        "the baseline offers none of {:?}: {offered:?}",
+        case.gone
+    );
+
+    check("restricted");
+    let mut extra = vec!["--tools", case.tools];
+    if let Some(d) = case.deny {
+        extra.extend(["--deny-tool", d]);
+    }
+    let (code, out, stderr) =
+        rig.json_turn(rig.run_cmd(p, "tools-restricted-q2 RUN:echo DENIED-RAN-8812", &extra));
+    assert_eq!(code, 0, "restricted turn failed: {out}\n{stderr}");
+    let id = out["session_id"].as_str().unwrap().to_string();
+    assert!(
+        out["result"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("No shell tool offered"),
+        "a shell was offered: {out}"
+    );
+    for body in requests_with(&rig, "tools-restricted-q2") {
+        let offered = offered_tools(p, &body);
+        for gone in case.gone {
+            assert!(
+                !offered.iter().any(|o| o == gone),
+                "{gone} is still offered: {offered:?}"
+            );
+        }
+        for kept in case.kept {
+            assert!(
+                offered.iter().any(|o| o == kept),
+                "{kept} was taken away: {offered:?}"
+            );
+        }
+    }
+    let shown = stdout_of(&rig.caw_run(&["show", &id]));
+    assert!(
+        shown.contains(&format!("tools      {}", case.tools)),
+        "{shown}"
+    );
+
+    check("resume keeps the restriction");
+    let (code, out, stderr) =
+        rig.json_turn(rig.resume_cmd(p, &id, "tools-resumed-q3 RUN:echo DENIED-RAN-8813", &[]));
+    assert_eq!(code, 0, "resume failed: {out}\n{stderr}");
+    assert!(
+        out["result"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("No shell tool offered"),
+        "the resume offered a shell: {out}"
+    );
+
+    check("a resume gives every tool back");
+    let (code, out, stderr) = rig.json_turn(rig.resume_cmd(
+        p,
+        &id,
+        "tools-all-q4 RUN:echo TOOLS-BACK-5519",
+        &["--tools", "all"],
+    ));
+    assert_eq!(code, 0, "override failed: {out}\n{stderr}");
+    assert!(
+        out["result"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("TOOLS-BACK-5519"),
+        "the shell call did not round-trip: {out}"
+    );
+    let turn = out["turn"].to_string();
+    let logs = stdout_of(&rig.caw_run(&["logs", &id, "--turn", &turn]));
+    let call = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["type"] == "tool_call")
+        .unwrap_or_else(|| panic!("no tool_call event: {logs}"));
+    assert_eq!(call["group"], "shell", "{call}");
+}
+
+#[test]
+fn agent_config_claude_code_tools() {
+    tools_reach_the_model(CLAUDE);
+}
+
+#[test]
+fn agent_config_codex_tools() {
+    tools_reach_the_model(CODEX);
+}
+
+#[test]
+fn agent_config_opencode_tools() {
+    tools_reach_the_model(OPENCODE);
+}
+
+#[test]
+fn agent_config_gemini_tools() {
+    tools_reach_the_model(GEMINI);
+}
+
+/// What a CLI cannot take away is refused before anything is created, naming the CLI.
+#[test]
+fn agent_config_tools_a_cli_cannot_restrict_exit_2() {
+    let rig = Rig::new("act-refuse");
+    for (p, extra, says) in [
+        (CODEX, &["--tools", "shell,web,mcp"][..], "codex"),
+        (CODEX, &["--deny-tool", "shell"][..], "codex"),
+        (
+            OPENCODE,
+            &["--tools", "read,edit,shell,web"][..],
+            "opencode",
+        ),
+        (GEMINI, &["--tools", "read,files"][..], "files"),
+    ] {
+        let out = run(rig.run_cmd(p, "hello", extra));
+        let stderr = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(stderr.contains(says), "{extra:?}: {stderr}");
+    }
+    assert!(
+        rig.caw_volumes().is_empty(),
+        "a refused run created a volume"
+    );
+}
