@@ -1,5 +1,5 @@
-//! Shaping the agent through the library: a session whose system prompt is replaced and
-//! whose effort is set (remembered by the session), then one turn with an appended prompt.
+//! Shaping the agent through the library: a session whose system prompt is replaced, whose
+//! effort is set and whose agent gets no shell (remembered by the session), then one turn with an appended prompt.
 //!
 //! ```text
 //! cargo run --example agent_config -- codex http://model-gateway:8080 my-network
@@ -9,7 +9,7 @@
 
 #![allow(clippy::print_stdout)] // an example prints its results
 
-use caw_box::agent_config::Effort;
+use caw_box::agent_config::{Effort, ToolGroup, ToolPolicy};
 use caw_box::{Client, NewSession, ProviderKind, TurnOptions};
 
 #[tokio::main(flavor = "current_thread")]
@@ -25,6 +25,16 @@ async fn main() -> caw_box::Result<()> {
     // Remembered by the session: every later turn, resumed ones too, gets them.
     new.settings.system_prompt = Some("You review code. Answer in one paragraph.".into());
     new.settings.effort = Some(Effort::High);
+    // Every group but the shell (each provider can take that one away).
+    new.settings.tools = Some(ToolPolicy {
+        groups: Some(vec![
+            ToolGroup::Read,
+            ToolGroup::Edit,
+            ToolGroup::Web,
+            ToolGroup::Mcp,
+        ]),
+        ..ToolPolicy::default()
+    });
     let env: Vec<(String, String)> = provider
         .endpoint_key_vars()
         .iter()

@@ -370,3 +370,36 @@ fn agent_settings_come_from_config_files() {
     let empty = World::new("", "system_prompt = \" \"\n");
     assert!(empty.resolve(Layer::default()).is_err());
 }
+
+/// The tool settings have config keys, checked like their flags, and reach `run`'s flags.
+#[test]
+fn tool_settings_come_from_config_files() {
+    let w = World::new(
+        "tools = \"all\"\n",
+        "tools = \"read,edit\"\nallow_tool = [\"WebFetch\"]\ndeny_tool = [\"Grep\", \"Glob\"]\n",
+    );
+    let r = w.resolve(Layer::default()).unwrap();
+    let args = r.settings_args(&crate::cli::SettingsArgs::default());
+    assert_eq!(
+        args.tools.as_deref(),
+        Some("read,edit"),
+        "the project file wins"
+    );
+    assert_eq!(args.allow_tool, ["WebFetch"]);
+    assert_eq!(args.deny_tool, ["Grep", "Glob"]);
+    let mut settings = crate::session::record::SessionSettings::default();
+    crate::settings::apply_overrides(&mut settings, &args).unwrap();
+    let tools = settings.tools.unwrap();
+    assert_eq!(
+        tools.describe(),
+        "read,edit; allow WebFetch; deny Grep,Glob"
+    );
+
+    let bad = World::new("", "tools = \"read,files\"\n");
+    let e = bad.resolve(Layer::default()).unwrap_err();
+    assert!(
+        e.message.contains(":1") && e.message.contains("'files'"),
+        "{}",
+        e.message
+    );
+}
