@@ -222,16 +222,201 @@ pub fn group_of(table: &[(ToolGroup, &[&str])], name: &str) -> Option<ToolGroup>
         .map(|(g, _)| *g)
 }
 
-/// Adds the tool group to each `tool_call` event that has none, from `provider`'s table.
-pub fn tag_tool_groups(provider: ProviderKind, events: &mut [crate::event::Event]) {
+/// Adds the tool group to each `tool_call` event that has none, from `provider`'s table, and
+/// names the tools of the session's MCP servers (`mcp_servers`) `mcp__server__tool`.
+pub fn tag_tool_groups(
+    provider: ProviderKind,
+    mcp_servers: &[String],
+    events: &mut [crate::event::Event],
+) {
     let table = provider.adapter().tool_names();
     for e in events {
         if let crate::event::Event::ToolCall { name, group, .. } = e {
+            if let Some(unified) = unified_mcp_name(mcp_servers, name) {
+                *name = unified;
+            }
             if group.is_none() {
                 *group = group_of(table, name);
             }
         }
     }
+}
+
+/// `--mcp`: an MCP server the agent's CLI starts (stdio, inside the agent's container) or
+/// connects to (HTTP). Remembered by the session; secret values never are (see
+/// [`mcp_header_var`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct McpServer {
+    pub name: String,
+    #[serde(flatten)]
+    pub transport: McpTransport,
+    /// Names of the variables the server gets (`--mcp-env NAME:KEY=VALUE`; values travel
+    /// like `--env` values, under the name KEY).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Names of the headers sent to an HTTP server (`--mcp-header NAME:HEADER=VALUE`; values
+    /// travel like `--env` values, in [`mcp_header_var`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "transport", rename_all = "lowercase")]
+pub enum McpTransport {
+    /// A command (program and arguments) run in the agent's container.
+    Stdio { command: Vec<String> },
+    /// A streamable-HTTP server's URL.
+    Http { url: String },
+}
+
+impl McpServer {
+    /// Reads `--mcp NAME=COMMAND...` or `--mcp NAME=URL`.
+    pub fn parse(value: &str, what: &str) -> Result<McpServer> {
+        let (name, rest) = value.split_once('=').ok_or_else(|| {
+            Error::usage(format!("{what} '{value}' is not NAME=COMMAND or NAME=URL"))
+        })?;
+        let name = check_mcp_name(name.trim(), what)?;
+        let rest = rest.trim();
+        let transport = if rest.starts_with("http://") || rest.starts_with("https://") {
+            let url = crate::settings::validate_endpoint(rest, &format!("{what} {name}"))?;
+            if crate::settings::endpoint_host(&url).is_none() {
+                return Err(Error::usage(format!("{what} {name}: the URL has no host")));
+            }
+            McpTransport::Http { url }
+        } else {
+            let command = shlex::split(rest)
+                .filter(|c| !c.is_empty())
+                .ok_or_else(|| Error::usage(format!("{what} {name}: no command given")))?;
+            McpTransport::Stdio { command }
+        };
+        Ok(McpServer {
+            name,
+            transport,
+            env: Vec::new(),
+            headers: Vec::new(),
+        })
+    }
+
+    /// The URL's `host[:port]`, for `--allow-host`.
+    pub fn http_host(&self) -> Option<String> {
+        let McpTransport::Http { url } = &self.transport else {
+            return None;
+        };
+        crate::settings::endpoint_host(url)
+    }
+}
+
+/// The MCP servers a turn's CLI gets: none when `--tools` takes the `mcp` group away.
+pub fn mcp_for_turn<'a>(servers: &'a [McpServer], tools: Option<&ToolPolicy>) -> &'a [McpServer] {
+    match tools {
+        Some(t) if t.denied_groups().contains(&ToolGroup::Mcp) => &[],
+        _ => servers,
+    }
+}
+
+/// The `mcpServers` JSON most CLIs read (claude, gemini): secret values as references to
+/// the variables that carry them, in the CLI's own syntax (`ref_of(VAR)`).
+pub fn mcp_servers_json(
+    servers: &[McpServer],
+    url_key: &str,
+    ref_of: impl Fn(&str) -> String,
+) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for m in servers {
+        let mut entry = serde_json::Map::new();
+        match &m.transport {
+            McpTransport::Stdio { command } => {
+                entry.insert("type".into(), "stdio".into());
+                entry.insert("command".into(), command[0].clone().into());
+                entry.insert("args".into(), command[1..].to_vec().into());
+                let env: serde_json::Map<String, serde_json::Value> = m
+                    .env
+                    .iter()
+                    .map(|k| (k.clone(), ref_of(k).into()))
+                    .collect();
+                entry.insert("env".into(), env.into());
+            }
+            McpTransport::Http { url } => {
+                entry.insert("type".into(), "http".into());
+                entry.insert(url_key.into(), url.clone().into());
+                let headers: serde_json::Map<String, serde_json::Value> = m
+                    .headers
+                    .iter()
+                    .map(|h| (h.clone(), ref_of(&mcp_header_var(&m.name, h)).into()))
+                    .collect();
+                entry.insert("headers".into(), headers.into());
+            }
+        }
+        out.insert(m.name.clone(), entry.into());
+    }
+    out.into()
+}
+
+/// A server name: letters, digits and `-` (it becomes part of tool names, `mcp__NAME__tool`).
+fn check_mcp_name(name: &str, what: &str) -> Result<String> {
+    if name.is_empty()
+        || name.len() > 40
+        || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    {
+        return Err(Error::usage(format!(
+            "{what}: '{name}' is not a server name (letters, digits and '-')"
+        )));
+    }
+    Ok(name.to_string())
+}
+
+/// Reads `--mcp-env` / `--mcp-header`: `NAME:KEY=VALUE`, into (server, key, value).
+pub fn parse_mcp_secret(value: &str, what: &str) -> Result<(String, String, String)> {
+    let bad = || {
+        Error::usage(format!(
+            "{what} takes NAME:KEY=VALUE (NAME: an --mcp server)"
+        ))
+    };
+    let (server, kv) = value.split_once(':').ok_or_else(bad)?;
+    let (key, secret) = kv.split_once('=').ok_or_else(bad)?;
+    let server = check_mcp_name(server.trim(), what)?;
+    let key = key.trim();
+    if key.is_empty()
+        || !key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(Error::usage(format!(
+            "{what}: '{key}' is not a variable or header name"
+        )));
+    }
+    Ok((server, key.to_string(), secret.to_string()))
+}
+
+/// The variable that carries an MCP header's value to the CLI (whose config names it).
+pub fn mcp_header_var(server: &str, header: &str) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_uppercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    format!("CAW_BOX_MCP_{}_{}", clean(server), clean(header))
+}
+
+/// A vendor's name of an MCP tool (`srv_echo`, `mcp_srv_echo`, `srv__echo`) as
+/// `mcp__srv__echo`, for the servers a session has.
+pub fn unified_mcp_name(servers: &[String], name: &str) -> Option<String> {
+    if name.starts_with("mcp__") {
+        return None;
+    }
+    let bare = name.strip_prefix("mcp_").unwrap_or(name);
+    servers.iter().find_map(|s| {
+        let tool = bare
+            .strip_prefix(s.as_str())
+            .and_then(|r| r.strip_prefix("__").or_else(|| r.strip_prefix('_')))?;
+        (!tool.is_empty()).then(|| format!("mcp__{s}__{tool}"))
+    })
 }
 
 /// Refuses (exit 2) a tool restriction `provider`'s CLI cannot make, naming the provider.
@@ -668,7 +853,7 @@ mod tests {
             call("Task"),
             call("shell"),
         ];
-        tag_tool_groups(ProviderKind::ClaudeCode, &mut events);
+        tag_tool_groups(ProviderKind::ClaudeCode, &[], &mut events);
         let groups: Vec<Option<ToolGroup>> = events
             .iter()
             .map(|e| match e {

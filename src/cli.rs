@@ -15,6 +15,7 @@ Examples:
   caw-box run --provider claude --allow-host @provider \"fix it\"   # recommended locked-down setup
   caw-box run --provider claude --system-prompt @reviewer.md --effort high \"review src/\"
   caw-box run --provider gemini --tools read,web --deny-tool web_fetch \"what does it do?\"
+  caw-box run --provider claude --mcp \"docs=node /workspace/tools/mcp.js\" \"look it up\"
 
 --credentials broker keeps a collected API key out of the agent's container: a broker
 container beside it adds the key, and the CLI gets a placeholder (the default, inject, hands
@@ -455,6 +456,19 @@ pub struct SettingsArgs {
     /// Take this tool (the CLI's own name) away (repeatable). Remembered by the session.
     #[arg(long = "deny-tool", value_name = "NAME")]
     pub deny_tool: Vec<String>,
+    /// An MCP server for the agent (repeatable): `NAME=COMMAND ARGS...` runs in the agent's
+    /// container (stdio), `NAME=URL` is an HTTP server (with --allow-host, its host is
+    /// admitted). Remembered by the session; a resume's `--mcp NAME=...` replaces NAME.
+    #[arg(long = "mcp", value_name = "NAME=COMMAND|URL")]
+    pub mcp: Vec<String>,
+    /// A variable for MCP server NAME's process (repeatable). The value is a secret: not
+    /// remembered, never in container config or logs; pass it again on resume.
+    #[arg(long = "mcp-env", value_name = "NAME:KEY=VALUE")]
+    pub mcp_env: Vec<String>,
+    /// A header for HTTP MCP server NAME (repeatable), e.g. `docs:Authorization=Bearer x`.
+    /// The value is a secret like --mcp-env's.
+    #[arg(long = "mcp-header", value_name = "NAME:HEADER=VALUE")]
+    pub mcp_header: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -45,6 +45,26 @@ pub fn resolve_prompt(args: &TurnArgs) -> Result<Option<String>> {
 ///
 /// Errors name the argument by its position, never by its text: a mistyped `--env` is often
 /// a secret (`--env $API_KEY` instead of `--env API_KEY`), and secrets stay out of errors.
+/// The secret values of `--mcp-env` and `--mcp-header`, as the variables that carry them to
+/// the CLI (whose MCP config names them): they travel like `--env` values.
+pub fn resolve_mcp_env(args: &SettingsArgs) -> Result<Vec<(String, String)>> {
+    let mut env = Vec::new();
+    for value in &args.mcp_env {
+        let (_, key, secret) = crate::agent_config::parse_mcp_secret(value, "--mcp-env")?;
+        validate_env_name(&key, "--mcp-env")?;
+        env.push((key, secret));
+    }
+    for value in &args.mcp_header {
+        let (server, header, secret) =
+            crate::agent_config::parse_mcp_secret(value, "--mcp-header")?;
+        env.push((
+            crate::agent_config::mcp_header_var(&server, &header),
+            secret,
+        ));
+    }
+    Ok(env)
+}
+
 pub fn resolve_env(values: &[String]) -> Result<Vec<(String, String)>> {
     values
         .iter()
@@ -370,6 +390,49 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
             .retain(|n| !args.allow_tool.iter().any(|a| a.trim() == n));
         settings.tools = (tools != ToolPolicy::default()).then_some(tools);
     }
+    for value in &args.mcp {
+        let server = crate::agent_config::McpServer::parse(value, "--mcp")?;
+        settings.mcp.retain(|m| m.name != server.name);
+        settings.mcp.push(server);
+    }
+    for (values, what, header) in [
+        (&args.mcp_env, "--mcp-env", false),
+        (&args.mcp_header, "--mcp-header", true),
+    ] {
+        for value in values {
+            let (name, key, _) = crate::agent_config::parse_mcp_secret(value, what)?;
+            let server = settings
+                .mcp
+                .iter_mut()
+                .find(|m| m.name == name)
+                .ok_or_else(|| {
+                    Error::usage(format!("{what}: this session has no MCP server '{name}'"))
+                        .with_hint("add it with --mcp NAME=COMMAND or --mcp NAME=URL")
+                })?;
+            let is_http = matches!(
+                server.transport,
+                crate::agent_config::McpTransport::Http { .. }
+            );
+            if header != is_http {
+                return Err(Error::usage(format!(
+                    "{what}: MCP server '{name}' is {}",
+                    if is_http {
+                        "an HTTP server: give it --mcp-header"
+                    } else {
+                        "a command: give it --mcp-env"
+                    }
+                )));
+            }
+            let keys = if header {
+                &mut server.headers
+            } else {
+                &mut server.env
+            };
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+    }
     if let Some(network) = &args.network {
         if network.trim().is_empty() {
             return Err(Error::usage(
@@ -399,6 +462,14 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
         validate_allow_host(host, "--allow-host")?;
         if !settings.allow_hosts.contains(host) {
             settings.allow_hosts.push(host.clone());
+        }
+    }
+    // An HTTP MCP server's host is admitted where egress is limited to named hosts.
+    if !settings.allow_hosts.is_empty() {
+        for host in settings.mcp.iter().filter_map(|m| m.http_host()) {
+            if !settings.allow_hosts.contains(&host) {
+                settings.allow_hosts.push(host);
+            }
         }
     }
     if settings.network == "none" {

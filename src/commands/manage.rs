@@ -225,6 +225,13 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     if let Some(t) = &s.tools {
         output::println(&format!("tools      {}", t.describe()));
     }
+    for m in &s.mcp {
+        let what = match &m.transport {
+            crate::agent_config::McpTransport::Stdio { command } => command.join(" "),
+            crate::agent_config::McpTransport::Http { url } => url.clone(),
+        };
+        output::println(&format!("mcp        {}={}", m.name, one_line(&what, 80)));
+    }
     let mut total_cost = 0.0;
     for t in &record.turns {
         output::println("");
@@ -310,6 +317,7 @@ async fn follow_turn(
     raw: bool,
 ) -> Result<i32> {
     let provider = view.facts.provider;
+    let mcp_servers = view.record().settings.mcp_names();
     let mut parser = provider.adapter().parser(ParseContext {
         previous_cumulative_usage: view.last.as_ref().and_then(|l| l.cumulative_usage),
     });
@@ -329,7 +337,7 @@ async fn follow_turn(
         }
         events.clear();
         parser.parse_line(line, &mut events);
-        crate::agent_config::tag_tool_groups(provider, &mut events);
+        crate::agent_config::tag_tool_groups(provider, &mcp_servers, &mut events);
         for e in &events {
             if let Ok(json) = serde_json::to_string(e) {
                 output::println(&json);

@@ -32,6 +32,7 @@ fn turn_options(args: &TurnArgs, config: &Resolved) -> Result<TurnOptions> {
         ));
     }
     let mut env = settings::resolve_env(&args.env)?;
+    env.extend(settings::resolve_mcp_env(&args.settings)?);
     settings::add_passed_env(&mut env, &config.env_pass());
     record::set_extra_labels(config.labels());
     let timeout = args

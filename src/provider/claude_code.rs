@@ -24,6 +24,11 @@ const API_KEY_VAR: &str = "ANTHROPIC_API_KEY";
 
 use crate::agent_config::ToolGroup;
 
+/// The MCP servers of `--mcp`, for `--mcp-config` (relative to HOME).
+const MCP_CONFIG_FILE: &str = ".caw-box/agent/claude-mcp.json";
+/// claude's cache (its MCP logs) when it has MCP servers: outside the state volume.
+const MCP_CACHE_DIR: &str = "/tmp/caw-box-cache";
+
 /// Claude Code's built-in tools per group (its MCP tools are `mcp__server__tool`).
 const TOOLS: ToolTable = &[
     (
@@ -93,6 +98,21 @@ impl Provider for ClaudeCode {
                 argv.push("--strict-mcp-config".to_string());
             }
         }
+        let mcp = crate::agent_config::mcp_for_turn(request.mcp, request.tools);
+        let mut mcp_file = None;
+        if !mcp.is_empty() {
+            // claude expands `${VAR}` in it: the secrets stay in its environment.
+            let servers =
+                crate::agent_config::mcp_servers_json(mcp, "url", |v| format!("${{{v}}}"));
+            mcp_file = Some(HomeFile {
+                path: MCP_CONFIG_FILE.to_string(),
+                contents: serde_json::json!({ "mcpServers": servers })
+                    .to_string()
+                    .into_bytes(),
+                merge_json: false,
+            });
+            argv.push(format!("--mcp-config={}", in_home(MCP_CONFIG_FILE)));
+        }
         // The TUI opens without an initial prompt (SPEC: no PROMPT means interactive).
         let mut stdin = None;
         if !request.interactive {
@@ -110,6 +130,11 @@ impl Provider for ClaudeCode {
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".to_string(),
             "1".to_string(),
         )];
+        if mcp_file.is_some() {
+            // claude logs each MCP server's traffic, headers included, under its cache dir:
+            // kept out of HOME (the state volume), so no MCP secret is left at rest.
+            env.push(("XDG_CACHE_HOME".to_string(), MCP_CACHE_DIR.to_string()));
+        }
         if let Some(endpoint) = request.endpoint {
             env.push((
                 "ANTHROPIC_BASE_URL".to_string(),
@@ -117,6 +142,7 @@ impl Provider for ClaudeCode {
             ));
         }
         let mut home_files = prompt_files(request);
+        home_files.extend(mcp_file);
         if request.interactive {
             // The TUI's first-run screens, which a headless turn never shows: onboarding
             // (its connectivity check fails without a way out to Anthropic), trusting the

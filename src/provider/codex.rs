@@ -104,6 +104,53 @@ impl Provider for Codex {
                 }
             }
         }
+        // `-c` settings per server; a secret is named by its variable (`env_vars` passes
+        // one on to a command, `env_http_headers` reads a header from one).
+        for m in crate::agent_config::mcp_for_turn(request.mcp, request.tools) {
+            let key = format!("mcp_servers.{}", m.name);
+            let strings = |v: &[String]| {
+                format!(
+                    "[{}]",
+                    v.iter()
+                        .map(|s| toml_string(s))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            let mut settings = Vec::new();
+            match &m.transport {
+                crate::agent_config::McpTransport::Stdio { command } => {
+                    settings.push(format!("{key}.command={}", toml_string(&command[0])));
+                    settings.push(format!("{key}.args={}", strings(&command[1..])));
+                    if !m.env.is_empty() {
+                        settings.push(format!("{key}.env_vars={}", strings(&m.env)));
+                    }
+                }
+                crate::agent_config::McpTransport::Http { url } => {
+                    settings.push(format!("{key}.url={}", toml_string(url)));
+                    if !m.headers.is_empty() {
+                        let headers: Vec<String> = m
+                            .headers
+                            .iter()
+                            .map(|h| {
+                                format!(
+                                    "{} = {}",
+                                    toml_string(h),
+                                    toml_string(&crate::agent_config::mcp_header_var(&m.name, h))
+                                )
+                            })
+                            .collect();
+                        settings.push(format!(
+                            "{key}.env_http_headers={{ {} }}",
+                            headers.join(", ")
+                        ));
+                    }
+                }
+            }
+            for setting in settings {
+                argv.extend(["-c".to_string(), setting]);
+            }
+        }
         if let Some(effort) = request.effort {
             argv.extend([
                 "-c".to_string(),

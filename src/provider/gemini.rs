@@ -198,6 +198,22 @@ fn agent_settings(request: &TurnRequest<'_>) -> Option<serde_json::Value> {
             serde_json::json!({ "allowed": null })
         };
     }
+    let mcp = crate::agent_config::mcp_for_turn(request.mcp, request.tools);
+    if !mcp.is_empty() {
+        // gemini expands `$VAR` in its settings: the secrets stay in its environment.
+        let mut servers =
+            crate::agent_config::mcp_servers_json(mcp, "httpUrl", |v| format!("${v}"));
+        for entry in servers
+            .as_object_mut()
+            .into_iter()
+            .flat_map(|o| o.values_mut())
+        {
+            if let Some(e) = entry.as_object_mut() {
+                e.remove("type");
+            }
+        }
+        settings["mcpServers"] = servers;
+    }
     (settings != serde_json::json!({})).then_some(settings)
 }
 

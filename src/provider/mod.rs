@@ -63,6 +63,9 @@ pub struct TurnRequest<'a> {
     pub effort: Option<crate::agent_config::Effort>,
     /// `--tools`, `--allow-tool`, `--deny-tool`; `None`: every tool.
     pub tools: Option<&'a crate::agent_config::ToolPolicy>,
+    /// `--mcp`: the MCP servers to configure (secret values are in the CLI's environment,
+    /// which the config names: see `agent_config::McpServer`).
+    pub mcp: &'a [crate::agent_config::McpServer],
 }
 
 /// A CLI's own tool names per vendor-neutral group (see `agent_config::ToolGroup`).

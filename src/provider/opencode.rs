@@ -114,6 +114,36 @@ impl Provider for Opencode {
                 config["permission"] = serde_json::Value::Object(permission);
             }
         }
+        let mcp = crate::agent_config::mcp_for_turn(request.mcp, request.tools);
+        if !mcp.is_empty() {
+            // opencode reads `{env:VAR}` in its config: the secrets stay in its environment.
+            let mut servers = serde_json::Map::new();
+            for m in mcp {
+                let entry = match &m.transport {
+                    crate::agent_config::McpTransport::Stdio { command } => {
+                        let env: serde_json::Map<String, serde_json::Value> = m
+                            .env
+                            .iter()
+                            .map(|k| (k.clone(), json!(format!("{{env:{k}}}"))))
+                            .collect();
+                        json!({ "type": "local", "command": command, "environment": env })
+                    }
+                    crate::agent_config::McpTransport::Http { url } => {
+                        let headers: serde_json::Map<String, serde_json::Value> = m
+                            .headers
+                            .iter()
+                            .map(|h| {
+                                let var = crate::agent_config::mcp_header_var(&m.name, h);
+                                (h.clone(), json!(format!("{{env:{var}}}")))
+                            })
+                            .collect();
+                        json!({ "type": "remote", "url": url, "headers": headers })
+                    }
+                };
+                servers.insert(m.name.clone(), entry);
+            }
+            config["mcp"] = serde_json::Value::Object(servers);
+        }
         env.push(("OPENCODE_CONFIG_CONTENT".to_string(), config.to_string()));
         TurnCommand {
             argv,

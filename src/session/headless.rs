@@ -177,6 +177,7 @@ async fn drive(
         sink,
         session_id: record.session_id.to_string(),
         provider: record.provider,
+        mcp_servers: record.settings.mcp_names(),
         session_announced: false,
         raw: Vec::new(),
         events_log: Vec::new(),
@@ -492,6 +493,8 @@ struct TurnReader<'s> {
     sink: &'s mut dyn FnMut(&Event),
     session_id: String,
     provider: crate::provider::ProviderKind,
+    /// The session's MCP servers, whose tools the events name `mcp__server__tool`.
+    mcp_servers: Vec<String>,
     session_announced: bool,
     /// The CLI's stdout, line by line (`logs --raw`).
     raw: Vec<u8>,
@@ -523,7 +526,7 @@ impl TurnReader<'_> {
         let mut events = std::mem::take(&mut self.events);
         events.clear();
         self.parser.parse_line(line, &mut events);
-        crate::agent_config::tag_tool_groups(self.provider, &mut events);
+        crate::agent_config::tag_tool_groups(self.provider, &self.mcp_servers, &mut events);
         if !self.session_announced {
             if let Some(key) = self.parser.resume_key().map(str::to_string) {
                 self.announce(Some(key));

@@ -80,9 +80,17 @@ pub struct SessionSettings {
     /// `--tools`, `--allow-tool`, `--deny-tool`: the tools the agent may use; `None`: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<crate::agent_config::ToolPolicy>,
+    /// `--mcp`: the MCP servers the CLI is given (no secret values: those travel per turn).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp: Vec<crate::agent_config::McpServer>,
 }
 
 impl SessionSettings {
+    /// The names of the session's MCP servers.
+    pub fn mcp_names(&self) -> Vec<String> {
+        self.mcp.iter().map(|m| m.name.clone()).collect()
+    }
+
     /// Refuses (exit 2) an agent setting that `provider`'s CLI cannot take.
     pub fn check_agent_config(&self, provider: ProviderKind) -> crate::error::Result<()> {
         crate::agent_config::check_support(

@@ -84,6 +84,7 @@ pub async fn run_turn(
         append_system_prompt: record.settings.append_system_prompt.as_deref(),
         effort: record.settings.effort,
         tools: record.settings.tools.as_ref(),
+        mcp: &record.settings.mcp,
     };
     let mut runtime = Runtime::default();
     let allow = crate::settings::expand_allow_hosts(record.provider, &record.settings);
@@ -166,7 +167,8 @@ pub async fn run_turn(
     // that has them.
     let agent_merge = record.settings.append_system_prompt.is_some()
         || record.settings.effort.is_some()
-        || record.settings.tools.is_some();
+        || record.settings.tools.is_some()
+        || !record.settings.mcp.is_empty();
     let merge_due = options.interactive
         || agent_merge
         || match record.turns.last() {

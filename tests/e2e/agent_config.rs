@@ -3,6 +3,8 @@
 //! when replaced, a resume keeps the remembered prompt, the effort shows on the wire where
 //! the protocol carries it, and what a CLI cannot take is refused with exit 2.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
 use crate::common::*;
@@ -498,4 +500,201 @@ fn agent_config_tools_a_cli_cannot_restrict_exit_2() {
         rig.caw_volumes().is_empty(),
         "a refused run created a volume"
     );
+}
+
+/// A workspace holding the test's stdio MCP server (`/workspace/echo-server.js`).
+fn mcp_workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        repo_root().join("tests/fixtures/mcp/echo-server.js"),
+        dir.path().join("echo-server.js"),
+    )
+    .unwrap();
+    // The server marks the workspace when listed, as whichever user the agent runs as.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    dir
+}
+
+/// An MCP stdio server given with `--mcp` runs in the agent's container: its tool is offered
+/// to the model, the model's call round-trips (the result reaches the next request), the
+/// server gets its `--mcp-env` variable, and the `tool_call` event is `mcp__caw__echo`
+/// (codex: see below).
+fn mcp_stdio_round_trips(p: P) {
+    let rig = Rig::new(&format!("acm-{}", p.name));
+    let ws = mcp_workspace();
+    let ws_arg = ws.path().display().to_string();
+    let extra = [
+        "--workspace",
+        ws_arg.as_str(),
+        "--mcp",
+        "caw=node /workspace/echo-server.js",
+        "--mcp-env",
+        "caw:MCP_ECHO_SECRET=SECRET-7310",
+    ];
+    let (code, out, stderr) =
+        rig.json_turn(rig.run_cmd(p, "mcp-q1 CALL:echo MCP-ROUNDTRIP-4471", &extra));
+    assert_eq!(code, 0, "mcp turn failed: {out}\n{stderr}");
+    let id = out["session_id"].as_str().unwrap().to_string();
+    let listed = std::fs::read_to_string(ws.path().join("mcp-echo-listed")).unwrap_or_default();
+    assert!(
+        listed.contains("listed"),
+        "the CLI did not start the server and list its tools"
+    );
+    let requests = requests_with(&rig, "mcp-q1");
+    let offered = offered_tools(p, requests.first().expect("a request"));
+    if p.name == "codex" {
+        // codex 0.169 offers MCP tools only through its `tool_search` built-in (found by a
+        // search call, which the stub does not make): the server ran and listed its tools,
+        // and the search that would find them is offered.
+        assert!(
+            offered.iter().any(|t| t == "tool_search"),
+            "no tool_search: {offered:?}"
+        );
+        return;
+    }
+    assert!(
+        offered.iter().any(|t| t.ends_with("echo")),
+        "the MCP tool is not offered: {offered:?}"
+    );
+    assert!(
+        out["result"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("ECHO:MCP-ROUNDTRIP-4471 (secret of 11 chars)"),
+        "the MCP call did not round-trip: {out}"
+    );
+    let logs = stdout_of(&rig.caw_run(&["logs", &id]));
+    let call = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["type"] == "tool_call")
+        .unwrap_or_else(|| panic!("no tool_call event: {logs}"));
+    assert_eq!(call["name"], "mcp__caw__echo", "{call}");
+    assert_eq!(call["group"], "mcp", "{call}");
+    let shown = stdout_of(&rig.caw_run(&["show", &id]));
+    assert!(
+        shown.contains("mcp        caw=node /workspace/echo-server.js"),
+        "{shown}"
+    );
+    assert!(
+        volume_files_containing(&rig, &id, "SECRET-7310").is_empty(),
+        "the --mcp-env value is at rest in the volume"
+    );
+}
+
+#[test]
+fn agent_config_claude_code_mcp_stdio() {
+    mcp_stdio_round_trips(CLAUDE);
+}
+
+#[test]
+fn agent_config_codex_mcp_stdio() {
+    mcp_stdio_round_trips(CODEX);
+}
+
+#[test]
+fn agent_config_opencode_mcp_stdio() {
+    mcp_stdio_round_trips(OPENCODE);
+}
+
+#[test]
+fn agent_config_gemini_mcp_stdio() {
+    mcp_stdio_round_trips(GEMINI);
+}
+
+const MCP_SECRET: &str = "mcp-secret-header-5d81c2";
+
+/// An HTTP MCP server with a secret header: the CLI sends it to the server, and it shows
+/// nowhere else — not in docker inspect of the running turn, the events, the logs, `show`
+/// or the state volume at rest.
+fn mcp_header_secret_stays_secret(p: P) {
+    let rig = Rig::new(&format!("acs-{}", p.name));
+    let url = format!("{}/mcp", rig.endpoint());
+    let server = format!("docs={url}");
+    let header = format!("docs:X-Api-Key={MCP_SECRET}");
+    let mut cmd = rig.run_cmd(
+        p,
+        "mcp-secret-q1 SLEEP:4 REMEMBER:kept",
+        &[
+            "--mcp",
+            &server,
+            "--mcp-header",
+            &header,
+            "-o",
+            "stream-json",
+        ],
+    );
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let container = rig.wait_for_running_turn(None, Duration::from_secs(60));
+    let inspect = rig
+        .rt
+        .block_on(rig.docker.inspect_container(&container, None))
+        .unwrap();
+    assert!(
+        !serde_json::to_string(&inspect)
+            .unwrap()
+            .contains(MCP_SECRET),
+        "the MCP secret shows in docker inspect"
+    );
+    let out = wait_with_deadline(child, Duration::from_secs(180));
+    let events = stdout_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{events}\n{}", stderr_of(&out));
+    assert!(events.contains("Noted: kept."), "{events}");
+    assert!(!events.contains(MCP_SECRET), "the secret is in the events");
+    assert!(
+        !stderr_of(&out).contains(MCP_SECRET),
+        "the secret is on stderr"
+    );
+    let result = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["type"] == "result")
+        .expect("a result event");
+    let id = result["session_id"].as_str().unwrap().to_string();
+    // The CLI did send it to the server (the stub, which answers 404).
+    let sent = rig
+        .stub_requests()
+        .into_iter()
+        .filter(|r| r["path"].as_str().unwrap_or_default().starts_with("/mcp"))
+        .collect::<Vec<_>>();
+    assert!(
+        sent.iter().any(|r| r.to_string().contains(MCP_SECRET)),
+        "the CLI sent no request with the header to the MCP server: {sent:?}"
+    );
+    for args in [
+        vec!["logs", &id],
+        vec!["logs", &id, "--raw"],
+        vec!["show", &id],
+    ] {
+        let shown = rig.caw_run(&args);
+        assert!(
+            !stdout_of(&shown).contains(MCP_SECRET) && !stderr_of(&shown).contains(MCP_SECRET),
+            "the secret shows in {args:?}"
+        );
+    }
+    let at_rest = volume_files_containing(&rig, &id, MCP_SECRET);
+    assert!(at_rest.is_empty(), "the secret is at rest in: {at_rest:?}");
+}
+
+#[test]
+fn agent_config_claude_code_mcp_secret_header() {
+    mcp_header_secret_stays_secret(CLAUDE);
+}
+
+#[test]
+fn agent_config_codex_mcp_secret_header() {
+    mcp_header_secret_stays_secret(CODEX);
+}
+
+#[test]
+fn agent_config_opencode_mcp_secret_header() {
+    mcp_header_secret_stays_secret(OPENCODE);
+}
+
+#[test]
+fn agent_config_gemini_mcp_secret_header() {
+    mcp_header_secret_stays_secret(GEMINI);
 }

@@ -42,6 +42,9 @@ pub struct Directives {
     pub fail: Option<u16>,
     /// `THINK`.
     pub think: bool,
+    /// `CALL:<tool> <text>`: the tool's name (an offered tool named so, or ending in
+    /// `_<tool>`: MCP tools carry their server's name first) and the rest of the line.
+    pub call: Option<(String, String)>,
 }
 
 impl Directives {
@@ -64,6 +67,13 @@ impl Directives {
                 .collect();
             let secs: f64 = number.parse().ok()?;
             Some(Duration::from_secs_f64(secs.clamp(0.0, MAX_SLEEP_SECS)))
+        });
+        found.call = tokens_with_value(text, "CALL:").find_map(|v| {
+            let line = v.lines().next().unwrap_or("");
+            let tool = word(line);
+            let rest = line[tool.len()..].trim();
+            let rest = rest.trim_end_matches(['"', '\'']).trim_end();
+            (!tool.is_empty()).then(|| (tool.to_string(), rest.to_string()))
         });
         found.fail = tokens_with_value(text, "FAIL:").find_map(|v| {
             let digits: String = v.chars().take_while(char::is_ascii_digit).collect();
@@ -225,6 +235,8 @@ pub enum Outcome {
     Text { text: String, label: String },
     /// Call the shell tool with this command.
     Run(String),
+    /// Call the offered tool of this name with `{"text": …}`.
+    Call { tool: String, text: String },
 }
 
 impl Decision {
@@ -238,6 +250,8 @@ impl Decision {
             text(format!("Tool said: {quoted}"), "tool_result".into())
         } else if let Some(command) = latest.run {
             Outcome::Run(command)
+        } else if let Some((tool, text)) = latest.call {
+            Outcome::Call { tool, text }
         } else if let Some(word) = latest.remember {
             text(format!("Noted: {word}."), format!("remember:{word}"))
         } else if latest.recall {
@@ -269,6 +283,7 @@ impl Decision {
             Outcome::Fail(status) => format!("fail:{status}"),
             Outcome::Text { label, .. } => label.clone(),
             Outcome::Run(_) => "run".into(),
+            Outcome::Call { tool, .. } => format!("call:{tool}"),
         };
         if let Some(sleep) = self.sleep {
             label.push_str(&format!("+sleep:{}", sleep.as_secs_f64()));
@@ -310,6 +325,34 @@ pub fn pick_shell_tool(tools: Vec<Tool>) -> Option<Tool> {
         .filter_map(|tool| rank(&tool).map(|r| (r, tool)))
         .min_by_key(|(r, _)| *r)
         .map(|(_, tool)| tool)
+}
+
+/// The offered tool a `CALL:<tool>` means: named so, or ending in `_<tool>` (an MCP tool
+/// named after its server: `mcp__srv__echo`, `srv_echo`).
+pub fn pick_named_tool(tools: Vec<Tool>, wanted: &str) -> Option<Tool> {
+    let suffix = format!("_{wanted}");
+    tools
+        .into_iter()
+        .find(|t| t.kind == ToolKind::Function && (t.name == wanted || t.name.ends_with(&suffix)))
+}
+
+/// Arguments for a called tool: `text`, plus placeholders for its other required properties.
+pub fn call_args(schema: &Value, text: &str) -> Value {
+    let mut args = Map::new();
+    args.insert("text".to_string(), json!(text));
+    let empty = Map::new();
+    let properties = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    let required = schema.get("required").and_then(Value::as_array);
+    for name in required.into_iter().flatten().filter_map(Value::as_str) {
+        if !args.contains_key(name) {
+            let prop = properties.get(name).unwrap_or(&Value::Null);
+            args.insert(name.to_string(), placeholder(prop));
+        }
+    }
+    Value::Object(args)
 }
 
 /// A call of the shell tool, ready for a protocol module to encode.
@@ -679,5 +722,18 @@ mod tests {
             }
         );
         assert_eq!(usage.total(), 106);
+    }
+
+    #[test]
+    fn call_names_a_tool_and_its_text() {
+        let d = Directives::parse("please CALL:echo hello there\nmore");
+        assert_eq!(d.call, Some(("echo".into(), "hello there".into())));
+        let tools = vec![tool("Read"), tool("mcp__caw__echo")];
+        assert_eq!(
+            pick_named_tool(tools, "echo").unwrap().name,
+            "mcp__caw__echo"
+        );
+        assert_eq!(pick_named_tool(vec![tool("necho")], "echo"), None);
+        assert_eq!(call_args(&json!({}), "hi"), json!({"text": "hi"}));
     }
 }

@@ -21,8 +21,8 @@ use tokio::net::TcpListener;
 use crate::anthropic::Anthropic;
 use crate::chat::Chat;
 use crate::conversation::{
-    example_for_schema, pick_shell_tool, shell_args, Decision, Outcome, ToolCall, Usage,
-    NO_SHELL_TOOL,
+    call_args, example_for_schema, pick_named_tool, pick_shell_tool, shell_args, Decision, Outcome,
+    ToolCall, Usage, NO_SHELL_TOOL,
 };
 use crate::gemini::Gemini;
 use crate::protocol::{new_id, Protocol, Rendered, Reply, Turn};
@@ -395,6 +395,30 @@ fn model_turn(
             text: text.clone(),
             think: decision.think,
         },
+        Outcome::Call { tool: wanted, text } => {
+            match pick_named_tool(protocol.tools(body), wanted) {
+                Some(called) => {
+                    tool = Some(called.name.clone());
+                    Reply::ToolCall(ToolCall {
+                        id: new_id(protocol.call_id_prefix()),
+                        args: call_args(&called.schema, text),
+                        name: called.name,
+                        kind: called.kind,
+                    })
+                }
+                None => {
+                    let said = format!("No tool {wanted} offered.");
+                    decision.outcome = Outcome::Text {
+                        text: said.clone(),
+                        label: "no_such_tool".into(),
+                    };
+                    Reply::Text {
+                        text: said,
+                        think: decision.think,
+                    }
+                }
+            }
+        }
         Outcome::Run(command) => match pick_shell_tool(protocol.tools(body)) {
             Some(shell) => {
                 tool = Some(shell.name.clone());
