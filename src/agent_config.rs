@@ -873,4 +873,161 @@ mod tests {
             .get("group")
             .is_none());
     }
+
+    #[test]
+    fn mcp_servers_parse_as_commands_or_urls() {
+        let stdio = McpServer::parse("docs=node '/work space/mcp.js' --flag", "--mcp").unwrap();
+        assert_eq!(stdio.name, "docs");
+        assert_eq!(
+            stdio.transport,
+            McpTransport::Stdio {
+                command: vec!["node".into(), "/work space/mcp.js".into(), "--flag".into()]
+            }
+        );
+        let http = McpServer::parse("search=https://mcp.example.com/v1/", "--mcp").unwrap();
+        assert_eq!(
+            http.transport,
+            McpTransport::Http {
+                url: "https://mcp.example.com/v1".into()
+            }
+        );
+        assert_eq!(http.http_host().as_deref(), Some("mcp.example.com:443"));
+        assert_eq!(stdio.http_host(), None);
+        for bad in ["docs", "=node x", "my_docs=node", "docs=", "docs='unclosed"] {
+            let e = McpServer::parse(bad, "--mcp").unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad}");
+        }
+        assert_eq!(
+            parse_mcp_secret("docs:Authorization=Bearer a=b", "--mcp-header").unwrap(),
+            ("docs".into(), "Authorization".into(), "Bearer a=b".into())
+        );
+        assert!(parse_mcp_secret("docs=x", "--mcp-env").is_err());
+        assert!(parse_mcp_secret("docs:A B=x", "--mcp-env").is_err());
+        assert_eq!(
+            mcp_header_var("my-docs", "X-Api-Key"),
+            "CAW_BOX_MCP_MY_DOCS_X_API_KEY"
+        );
+    }
+
+    #[test]
+    fn mcp_tool_names_become_mcp_server_tool() {
+        let servers = ["caw".to_string(), "my-docs".to_string()];
+        for (vendor, unified) in [
+            ("caw_echo", Some("mcp__caw__echo")),
+            ("mcp_caw_echo", Some("mcp__caw__echo")),
+            ("caw__echo", Some("mcp__caw__echo")),
+            ("my-docs_find_page", Some("mcp__my-docs__find_page")),
+            ("mcp__caw__echo", None),
+            ("bash", None),
+            ("caw_", None),
+        ] {
+            assert_eq!(
+                unified_mcp_name(&servers, vendor).as_deref(),
+                unified,
+                "{vendor}"
+            );
+        }
+    }
+
+    const SECRET_VAR_HEADER: &str = "CAW_BOX_MCP_DOCS_X_API_KEY";
+
+    fn mcp_command(p: ProviderKind, tools: Option<&ToolPolicy>) -> TurnCommand {
+        let mut stdio = McpServer::parse("caw=node /workspace/echo.js", "x").unwrap();
+        stdio.env = vec!["ECHO_TOKEN".into()];
+        let mut http = McpServer::parse("docs=http://docs:8080/mcp", "x").unwrap();
+        http.headers = vec!["X-Api-Key".into()];
+        let servers = [stdio, http];
+        p.adapter().turn_command(&TurnRequest {
+            prompt: "hi",
+            model: Some("caw/stub-model"),
+            endpoint: Some("http://stub:8080"),
+            tools,
+            mcp: &servers,
+            ..Default::default()
+        })
+    }
+
+    /// Every CLI gets both servers in its own config, which names the variables holding the
+    /// secrets (their values never reach an adapter).
+    #[test]
+    fn mcp_servers_map_to_each_clis_config() {
+        let claude = mcp_command(ProviderKind::ClaudeCode, None);
+        let file = claude
+            .home_files
+            .iter()
+            .find(|f| f.path.ends_with("claude-mcp.json"))
+            .unwrap();
+        let config: serde_json::Value = serde_json::from_slice(&file.contents).unwrap();
+        assert_eq!(config["mcpServers"]["caw"]["command"], "node");
+        assert_eq!(
+            config["mcpServers"]["caw"]["env"]["ECHO_TOKEN"],
+            "${ECHO_TOKEN}"
+        );
+        assert_eq!(
+            config["mcpServers"]["docs"]["headers"]["X-Api-Key"],
+            format!("${{{SECRET_VAR_HEADER}}}")
+        );
+        assert!(claude
+            .argv
+            .iter()
+            .any(|a| a.starts_with("--mcp-config=/home/agent/")));
+
+        let codex = mcp_command(ProviderKind::Codex, None).argv.join(" ");
+        assert!(
+            codex.contains("-c mcp_servers.caw.command=\"node\""),
+            "{codex}"
+        );
+        assert!(
+            codex.contains("-c mcp_servers.caw.env_vars=[\"ECHO_TOKEN\"]"),
+            "{codex}"
+        );
+        assert!(
+            codex.contains(&format!(
+                "-c mcp_servers.docs.env_http_headers={{ \"X-Api-Key\" = \"{SECRET_VAR_HEADER}\" }}"
+            )),
+            "{codex}"
+        );
+
+        let opencode = mcp_command(ProviderKind::Opencode, None);
+        let config = &opencode
+            .env
+            .iter()
+            .find(|(k, _)| k == "OPENCODE_CONFIG_CONTENT")
+            .unwrap()
+            .1;
+        let config: serde_json::Value = serde_json::from_str(config).unwrap();
+        assert_eq!(
+            config["mcp"]["caw"]["command"],
+            serde_json::json!(["node", "/workspace/echo.js"])
+        );
+        assert_eq!(
+            config["mcp"]["caw"]["environment"]["ECHO_TOKEN"],
+            "{env:ECHO_TOKEN}"
+        );
+        assert_eq!(
+            config["mcp"]["docs"]["headers"]["X-Api-Key"],
+            format!("{{env:{SECRET_VAR_HEADER}}}")
+        );
+
+        let gemini = mcp_command(ProviderKind::Gemini, None);
+        let settings: serde_json::Value =
+            serde_json::from_slice(&gemini.home_files[0].contents).unwrap();
+        assert_eq!(
+            settings["mcpServers"]["docs"]["httpUrl"],
+            "http://docs:8080/mcp"
+        );
+        assert_eq!(
+            settings["mcpServers"]["docs"]["headers"]["X-Api-Key"],
+            format!("${SECRET_VAR_HEADER}")
+        );
+
+        // `--tools` without mcp: no server is configured.
+        let no_mcp = policy("read,edit,shell,web", &[], &[]);
+        let claude = mcp_command(ProviderKind::ClaudeCode, Some(&no_mcp));
+        assert!(!claude.argv.iter().any(|a| a.starts_with("--mcp-config")));
+        let codex = mcp_command(ProviderKind::Codex, Some(&no_mcp))
+            .argv
+            .join(" ");
+        assert!(!codex.contains("mcp_servers.caw"), "{codex}");
+    }
 }

@@ -631,3 +631,63 @@ pub fn validate_image_repo(repo: &str, what: &str) -> Result<()> {
         )))
     }
 }
+
+#[cfg(test)]
+mod mcp_tests {
+    use super::*;
+
+    fn args(mcp: &[&str], env: &[&str], header: &[&str], allow: &[&str]) -> SettingsArgs {
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        SettingsArgs {
+            mcp: v(mcp),
+            mcp_env: v(env),
+            mcp_header: v(header),
+            allow_host: v(allow),
+            ..Default::default()
+        }
+    }
+
+    /// Servers are remembered by name (a resume's `--mcp` replaces one), their secrets by key
+    /// name only, and an HTTP server's host is admitted where egress is limited.
+    #[test]
+    fn mcp_flags_resolve_into_remembered_settings() {
+        let mut s = SessionSettings::default();
+        let a = args(
+            &["caw=node /workspace/e.js", "docs=http://docs:8080/mcp"],
+            &["caw:TOKEN=s3cret"],
+            &["docs:X-Api-Key=k3y"],
+            &["@provider"],
+        );
+        apply_overrides(&mut s, &a).unwrap();
+        assert_eq!(s.mcp.len(), 2);
+        assert_eq!(s.mcp[0].env, ["TOKEN"]);
+        assert_eq!(s.mcp[1].headers, ["X-Api-Key"]);
+        assert!(
+            s.allow_hosts.contains(&"docs:8080".to_string()),
+            "{:?}",
+            s.allow_hosts
+        );
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(!json.contains("s3cret") && !json.contains("k3y"), "{json}");
+        assert_eq!(
+            resolve_mcp_env(&a).unwrap(),
+            [
+                ("TOKEN".to_string(), "s3cret".to_string()),
+                ("CAW_BOX_MCP_DOCS_X_API_KEY".to_string(), "k3y".to_string())
+            ]
+        );
+
+        apply_overrides(&mut s, &args(&["caw=python3 e.py"], &[], &[], &[])).unwrap();
+        assert_eq!(s.mcp.len(), 2);
+        assert_eq!(s.mcp_names(), ["docs", "caw"]);
+
+        for bad in [
+            args(&[], &["nope:K=v"], &[], &[]),
+            args(&[], &["docs:K=v"], &[], &[]),
+            args(&[], &[], &["caw:H=v"], &[]),
+        ] {
+            let e = apply_overrides(&mut s.clone(), &bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{}", e.message);
+        }
+    }
+}
