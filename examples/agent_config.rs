@@ -1,5 +1,6 @@
 //! Shaping the agent through the library: a session whose system prompt is replaced, whose
-//! effort is set and whose agent gets no shell (remembered by the session), then one turn with an appended prompt.
+//! effort is set, whose agent gets no shell and an MCP server run from the workspace
+//! (remembered by the session), then one turn with an appended prompt.
 //!
 //! ```text
 //! cargo run --example agent_config -- codex http://model-gateway:8080 my-network
@@ -9,7 +10,7 @@
 
 #![allow(clippy::print_stdout)] // an example prints its results
 
-use caw_box::agent_config::{Effort, ToolGroup, ToolPolicy};
+use caw_box::agent_config::{Effort, McpServer, ToolGroup, ToolPolicy};
 use caw_box::{Client, NewSession, ProviderKind, TurnOptions};
 
 #[tokio::main(flavor = "current_thread")]
@@ -35,11 +36,21 @@ async fn main() -> caw_box::Result<()> {
         ]),
         ..ToolPolicy::default()
     });
-    let env: Vec<(String, String)> = provider
+    // A stdio MCP server, run in the agent's container (here a script the workspace would
+    // hold; one that does not start only leaves the agent without its tools). Its token is a
+    // secret: only the name
+    // is remembered, the value goes with each turn's env.
+    let mut docs = McpServer::parse("docs=node /workspace/tools/docs-mcp.js", "mcp")?;
+    docs.env = vec!["DOCS_TOKEN".into()];
+    new.settings.mcp = vec![docs];
+    let mut env: Vec<(String, String)> = provider
         .endpoint_key_vars()
         .iter()
         .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
         .collect();
+    if let Ok(token) = std::env::var("DOCS_TOKEN") {
+        env.push(("DOCS_TOKEN".into(), token));
+    }
 
     let client = Client::connect().await?;
     let mut session = client.start_session(new).await?;
