@@ -577,6 +577,22 @@ fn mcp_stdio_round_trips(p: P) {
         shown.contains("mcp        caw=node /workspace/echo-server.js"),
         "{shown}"
     );
+
+    check("a resume keeps the server; its secret is given again");
+    let (code, out, stderr) = rig.json_turn(rig.resume_cmd(
+        p,
+        &id,
+        "mcp-q2 CALL:echo MCP-RESUMED-2290",
+        &["--mcp-env", "caw:MCP_ECHO_SECRET=SECRET-7310"],
+    ));
+    assert_eq!(code, 0, "resume failed: {out}\n{stderr}");
+    assert!(
+        out["result"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("ECHO:MCP-RESUMED-2290 (secret of 11 chars)"),
+        "the resumed MCP call did not round-trip: {out}"
+    );
     assert!(
         volume_files_containing(&rig, &id, "SECRET-7310").is_empty(),
         "the --mcp-env value is at rest in the volume"
