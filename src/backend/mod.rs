@@ -499,4 +499,6 @@ pub struct HelperSpec {
     pub scratch: Option<Scratch>,
     /// Keep stdin open for `attach` (the credential broker reads its keys there).
     pub stdin: bool,
+    /// Removed by the engine once it exits (a shared credential broker that idled out).
+    pub auto_remove: bool,
 }
