@@ -89,7 +89,9 @@ pub async fn run_turn(
     let egress_network =
         (!allow.is_empty()).then(|| names::egress_names(record.session_id, std::process::id()).0);
     // Brokered when asked for, and the turn has a network to put a broker on.
-    let want_broker = options.broker_credentials
+    let want_broker = !options.inject_credentials
+        // A cluster has no broker yet: its turns stay injected.
+        && !backend.turns_outlive_driver()
         && !matches!(
             NetworkPolicy::from_setting(&record.settings.network),
             NetworkPolicy::None | NetworkPolicy::Host

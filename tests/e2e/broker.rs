@@ -15,19 +15,14 @@ use serde_json::Value;
 
 use crate::common::*;
 
-/// A caw-box command with the broker asked for (`--credentials broker` is opt-in for now:
-/// `CAW_BOX_CREDENTIALS` reaches run and resume, and a `--credentials` flag still wins).
+/// A caw-box command as a user types it: brokered is the default.
 fn brokered(rig: &Rig) -> Command {
-    let mut c = rig.caw();
-    c.env("CAW_BOX_CREDENTIALS", "broker");
-    c
+    rig.caw()
 }
 
-/// `Rig::run_cmd_stored_key` with the broker asked for.
+/// `Rig::run_cmd_stored_key`: a turn with the collected key, brokered by default.
 fn brokered_run(rig: &Rig, p: P, prompt: &str, extra: &[&str]) -> Command {
-    let mut c = rig.run_cmd_stored_key(p, prompt, extra);
-    c.env("CAW_BOX_CREDENTIALS", "broker");
-    c
+    rig.run_cmd_stored_key(p, prompt, extra)
 }
 
 /// Every 12-byte piece of the key: none may show anywhere the agent can look.
