@@ -144,12 +144,15 @@ async fn lock_brokers() -> Result<BrokerLock> {
 impl Broker {
     /// The broker for `record`'s turn with `keys` (placeholder, real key), or `None` when
     /// the turn cannot be brokered (`--network none|host`: nothing to put it on).
+    /// `shared`: whether the backend can keep a broker for several turns
+    /// ([`Backend::keeps_stdin_across_attaches`]); else each turn has its own.
     pub(super) fn plan(
         record: &SessionRecord,
         egress_network: Option<&str>,
         keys: &[(String, crate::auth::Secret)],
+        shared: bool,
     ) -> Option<Broker> {
-        Self::plan_salted(record, egress_network, keys, salt)
+        Self::plan_salted(record, egress_network, keys, shared.then_some(salt))
     }
 
     /// [`Broker::plan`], with the salt of shared brokers' names from `salt`.
@@ -157,7 +160,7 @@ impl Broker {
         record: &SessionRecord,
         egress_network: Option<&str>,
         keys: &[(String, crate::auth::Secret)],
-        salt: fn() -> Result<Vec<u8>>,
+        salt: Option<fn() -> Result<Vec<u8>>>,
     ) -> Option<Broker> {
         if keys.is_empty() {
             return None;
@@ -166,7 +169,7 @@ impl Broker {
         if matches!(outer, NetworkPolicy::None | NetworkPolicy::Host) {
             return None;
         }
-        if egress_network.is_none() {
+        if let (None, Some(salt)) = (egress_network, salt) {
             return Self::plan_shared(record, &outer, keys, salt);
         }
         let (container, net) = names::broker_names(record.session_id, std::process::id());
@@ -607,7 +610,7 @@ mod tests {
     }
 
     fn plan(r: &SessionRecord, egress: Option<&str>, keys: &[(String, Secret)]) -> Option<Broker> {
-        Broker::plan_salted(r, egress, keys, test_salt)
+        Broker::plan_salted(r, egress, keys, Some(test_salt))
     }
 
     fn keys() -> Vec<(String, Secret)> {
@@ -691,11 +694,20 @@ mod tests {
         assert_ne!(name("n", "k1"), name("m", "k1"));
         assert_ne!(name("n", "k1"), name("open", "k1"));
         let salted = |salt: fn() -> Result<Vec<u8>>| {
-            Broker::plan_salted(&record("n", None), None, &keys(), salt)
+            Broker::plan_salted(&record("n", None), None, &keys(), Some(salt))
                 .unwrap()
                 .container
         };
         assert_ne!(salted(test_salt), salted(|| Ok(vec![8; 32])));
+        // A backend that cannot share one (Podman): the turn's own, on its own network.
+        let own = Broker::plan_salted(&record("open", None), None, &keys(), None).unwrap();
+        assert!(own.shared.is_none());
+        assert!(
+            own.container.contains(&own.session.to_string()),
+            "{}",
+            own.container
+        );
+        assert!(own.own_network.is_some());
     }
 
     #[test]

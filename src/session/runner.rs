@@ -98,7 +98,13 @@ pub async fn run_turn(
         );
     let mut credentials =
         crate::auth::inject::prepare_as(record.provider, &options.env, want_broker)?;
-    let broker = Broker::plan(record, egress_network.as_deref(), &credentials.brokered);
+    let shared = !credentials.brokered.is_empty() && backend.keeps_stdin_across_attaches().await;
+    let broker = Broker::plan(
+        record,
+        egress_network.as_deref(),
+        &credentials.brokered,
+        shared,
+    );
     if broker.is_none() && !credentials.brokered.is_empty() {
         credentials = crate::auth::inject::prepare(record.provider, &options.env)?;
     }
@@ -617,6 +623,9 @@ mod tests {
             self.log(format!("remove {name} force={force}"));
             self.0.lock().unwrap().existing = None;
             Ok(())
+        }
+        async fn keeps_stdin_across_attaches(&self) -> bool {
+            true
         }
         async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
             self.log(format!("remove id {}", found.id));
