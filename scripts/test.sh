@@ -63,6 +63,8 @@ podman_tests=(
     'test(/^user_config::/)'
     'test(portable::an_exported_session_resumes_on_an_emptied_host_by_its_old_handle)'
     'test(interactive::codex_tui_session_resumes_headless_and_back)'
+    'test(broker::broker_prompt_injection_dumps_no_secret)'
+    'test(broker::broker_is_the_way_out_under_allow_host)'
 )
 filter=$(IFS='|'; echo "${podman_tests[*]}")
 eval "$(scripts/podman.sh up)"

@@ -17,9 +17,10 @@ Examples:
   caw-box run --provider gemini --tools read,web --deny-tool web_fetch \"what does it do?\"
   caw-box run --provider claude --mcp \"docs=node /workspace/tools/mcp.js\" \"look it up\"
 
---credentials broker keeps a collected API key out of the agent's container: a broker
-container beside it adds the key, and the CLI gets a placeholder (the default, inject, hands
-the CLI the real key through a private file; logins kept in files are always injected for now).
+A collected API key never enters the agent's container: the CLI gets a placeholder, and a
+credential broker outside it adds the real key on the way to the model (--credentials
+inject hands the CLI the real key through a private file instead; logins kept in files,
+--network none|host and the kubernetes backend are always injected for now).
 
 Settings not given as flags come from CAW_BOX_* variables, then the project's .caw-box.toml,
 then ~/.config/caw-box/config.toml: `caw-box config show` says which.";
@@ -369,10 +370,11 @@ pub struct TurnArgs {
     /// Start the turn in the background, print the session id, and return at once.
     #[arg(short, long)]
     pub detach: bool,
-    /// `inject` (default): the real credentials reach the CLI through a private file.
-    /// `broker`: the CLI gets a placeholder API key and its model traffic goes through a
-    /// broker container outside the agent's, which adds the real key (logins other than API
-    /// keys, and `--network none|host`, stay injected for now).
+    /// `broker` (default where it works): a collected API key stays outside the agent's
+    /// container; the CLI gets a placeholder, and a credential broker (one per network and
+    /// key, shared by the turns there) adds the real key on the way to the model. `inject`:
+    /// the real credentials reach the CLI through a private file (always so for logins kept
+    /// in files, `--network none|host` and the kubernetes backend, for now).
     #[arg(long, value_enum, value_name = "MODE", env = "CAW_BOX_CREDENTIALS")]
     pub credentials: Option<CredentialsArg>,
 }
@@ -427,8 +429,9 @@ pub struct SettingsArgs {
     pub network: Option<String>,
     /// Egress only to this host (repeatable), through caw-box's proxy: `HOST[:PORT]`,
     /// `*.example.com`, or `@provider` for the provider's API host (or the --endpoint host).
-    /// Recommended: `--allow-host @provider --credentials broker`: model traffic leaves
-    /// through the broker, and the agent holds no key.
+    /// Recommended, with a collected API key: `--allow-host @provider`: model traffic leaves
+    /// through the credential broker, the provider's host need not be reachable from the
+    /// agent, and the agent holds no key.
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     pub allow_host: Vec<String>,
     /// Send the CLI's model traffic to this base URL (a proxy, gateway or local server).

@@ -7,6 +7,15 @@
 //    "keys": {"<placeholder>": "<real>"}}
 // on one line. The broker prints one line "caw-box-broker ready" on stdout once it listens,
 // and otherwise logs nothing that could hold a secret (no headers, no query strings).
+//
+// A shared broker (`"shared": true`, one per network, upstream and key set, reused by the
+// turns of every session there) swaps no key directly: `keys` are named slots, and each turn
+// leases its own placeholders on stdin, while it runs:
+//   lease <id> <ttl-ms> <placeholder>=<slot> ...   (again before the ttl ends; answered
+//                                                    "caw-box-broker ok <id>" on stdout)
+//   release <id>
+// A placeholder works only while its lease holds. With no lease left for `idle_ms`, the
+// broker exits; once it decided to, it answers no lease (the turn then starts a new one).
 // `places` (the vendor's, from its credential spec under auth/) says where the CLI sends its
 // key: header names (a value may be `Bearer <key>`), or `query:<name>`. Only there is a
 // placeholder swapped; a value that is not a placeholder passes unchanged (a key the user
@@ -15,11 +24,17 @@
 // caw-box ships this file on the broker container's stdin too (the container runs a small
 // loader with `node -e`), so the broker always matches the caw-box that started it.
 'use strict';
-module.exports = function broker(config) {
+module.exports = function broker(config, rest) {
   const http = require('http');
   const https = require('https');
   const upstream = new URL(config.upstream);
   const keys = new Map(Object.entries(config.keys || {}));
+  const shared = config.shared === true;
+  // placeholder -> slot, for the leases that hold (shared brokers).
+  const aliases = new Map();
+  const leases = new Map();
+  let idleSince = Date.now();
+  let leaving = false;
   const places = config.places || ['x-api-key', 'authorization', 'x-goog-api-key', 'query:key'];
   const headerPlaces = places.filter((p) => !p.startsWith('query:'));
   const queryPlaces = places.filter((p) => p.startsWith('query:')).map((p) => p.slice(6));
@@ -30,12 +45,73 @@ module.exports = function broker(config) {
     'trailer', 'transfer-encoding', 'upgrade', 'host',
   ];
 
+  function real(placeholder) {
+    if (shared) return aliases.has(placeholder) ? keys.get(aliases.get(placeholder)) : undefined;
+    return keys.get(placeholder);
+  }
+
   function swap(value) {
     if (typeof value !== 'string') return value;
-    if (keys.has(value)) return keys.get(value);
+    const whole = real(value);
+    if (whole !== undefined) return whole;
     const m = /^(Bearer\s+)(.*)$/i.exec(value);
-    if (m && keys.has(m[2])) return m[1] + keys.get(m[2]);
+    const inner = m ? real(m[2]) : undefined;
+    if (inner !== undefined) return m[1] + inner;
     return value;
+  }
+
+  function unlease(id) {
+    const l = leases.get(id);
+    if (!l) return;
+    leases.delete(id);
+    for (const p of l.placeholders) aliases.delete(p);
+    if (leases.size === 0) idleSince = Date.now();
+  }
+
+  function command(line) {
+    const [verb, id, ...args] = line.trim().split(/\s+/);
+    if (verb === 'lease' && id && !leaving) {
+      const ttl = Number(args.shift()) || 60000;
+      const old = leases.get(id);
+      const placeholders = old ? old.placeholders : [];
+      for (const pair of args) {
+        const i = pair.indexOf('=');
+        if (i <= 0 || !keys.has(pair.slice(i + 1))) continue;
+        aliases.set(pair.slice(0, i), pair.slice(i + 1));
+        placeholders.push(pair.slice(0, i));
+      }
+      leases.set(id, { until: Date.now() + ttl, placeholders });
+      process.stdout.write(`caw-box-broker ok ${id}\n`);
+    } else if (verb === 'release' && id) {
+      unlease(id);
+    }
+  }
+
+  if (shared) {
+    let buf = rest && rest.length ? rest.toString() : '';
+    const take = () => {
+      let i;
+      while ((i = buf.indexOf('\n')) >= 0) {
+        command(buf.slice(0, i));
+        buf = buf.slice(i + 1);
+      }
+    };
+    process.stdin.on('data', (d) => {
+      buf += d.toString();
+      take();
+    });
+    process.stdin.resume();
+    take();
+    const idleMs = Number(config.idle_ms) || 300000;
+    setInterval(() => {
+      const now = Date.now();
+      for (const [id, l] of leases) if (l.until < now) unlease(id);
+      if (!leaving && leases.size === 0 && now - idleSince > idleMs) {
+        leaving = true;
+        server.close(() => process.exit(0));
+        setTimeout(() => process.exit(0), 2000);
+      }
+    }, 1000).unref();
   }
 
   const server = http.createServer((req, res) => {

@@ -180,6 +180,9 @@ impl Backend for Engine {
     async fn fills_volumes_at_create(&self) -> bool {
         dispatch!(self, b => Backend::fills_volumes_at_create(b).await)
     }
+    async fn keeps_stdin_across_attaches(&self) -> bool {
+        dispatch!(self, b => Backend::keeps_stdin_across_attaches(b).await)
+    }
     async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
         dispatch!(self, b => Backend::remove_container(b, name, force).await)
     }

@@ -114,6 +114,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// container that mounts it is created (Docker). `false`: only when such a container
     /// first starts, and only if the volume is still empty then (Podman).
     fn fills_volumes_at_create(&self) -> impl Future<Output = bool> + Send;
+    /// Whether a container's stdin stays open across several attachments, one after the
+    /// other and at once (Docker), as a credential broker shared by turns needs: each turn
+    /// leases it through an attachment of its own. Podman 4.3 ends the container then.
+    fn keeps_stdin_across_attaches(&self) -> impl Future<Output = bool> + Send;
     /// Removes a container (`force`: also a running one); a missing one is `Ok`.
     fn remove_container(&self, name: &str, force: bool) -> impl Future<Output = Result<()>> + Send;
     /// Force-removes exactly the container `found` describes (listed or inspected before),
@@ -499,4 +503,6 @@ pub struct HelperSpec {
     pub scratch: Option<Scratch>,
     /// Keep stdin open for `attach` (the credential broker reads its keys there).
     pub stdin: bool,
+    /// Removed by the engine once it exits (a shared credential broker that idled out).
+    pub auto_remove: bool,
 }

@@ -50,8 +50,22 @@ fn turn_options(args: &TurnArgs, config: &Resolved) -> Result<TurnOptions> {
         idle_timeout: None,
         connect_timeout: None,
         user_files: Vec::new(),
-        broker_credentials: args.credentials == Some(crate::cli::CredentialsArg::Broker),
+        inject_credentials: args.credentials == Some(crate::cli::CredentialsArg::Inject),
     })
+}
+
+/// `--credentials broker` asked of a backend that has no broker yet (Kubernetes): refused
+/// before anything is created. Without the flag, such turns are injected.
+fn check_credentials_mode(args: &TurnArgs, backend: &Engine) -> Result<()> {
+    if args.credentials == Some(crate::cli::CredentialsArg::Broker)
+        && matches!(backend, Engine::Kubernetes(_))
+    {
+        return Err(Error::usage(
+            "--credentials broker is not available with the kubernetes backend yet: a turn's pod gets its credentials injected",
+        )
+        .with_hint("drop --credentials (or pass --credentials inject)"));
+    }
+    Ok(())
 }
 
 pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
@@ -87,6 +101,7 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
 
     let client = Client::connect().await?;
+    check_credentials_mode(&args.turn, client.backend())?;
     if session_settings.workspace_mode == WorkspaceMode::Bind {
         place_workspace(
             client.backend(),
@@ -151,6 +166,7 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
     let options = turn_options(&args.turn, &config)?;
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
     let client = Client::connect().await?;
+    check_credentials_mode(&args.turn, client.backend())?;
     let mut session = client.open(&target).await?;
     settings::apply_resume_overrides(session.settings_mut(), &args.turn.settings)?;
     if args.turn.detach {
@@ -199,6 +215,7 @@ async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32>
     let config = Resolved::load(Layer::default(), turn_args.settings.workspace.as_deref())?;
     let options = turn_options(&turn_args, &config)?;
     let client = Client::connect().await?;
+    check_credentials_mode(&turn_args, client.backend())?;
     let members: Vec<_> = target::list_sessions(client.backend())
         .await?
         .into_iter()
@@ -370,7 +387,7 @@ struct DriveJob {
     #[serde(default)]
     user_files: Vec<crate::provider::HomeFile>,
     #[serde(default)]
-    broker_credentials: bool,
+    inject_credentials: bool,
 }
 
 impl DriveJob {
@@ -384,7 +401,7 @@ impl DriveJob {
                 .timeout
                 .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             user_files: options.user_files.clone(),
-            broker_credentials: options.broker_credentials,
+            inject_credentials: options.inject_credentials,
         }
     }
 
@@ -398,7 +415,7 @@ impl DriveJob {
             idle_timeout: None,
             connect_timeout: None,
             user_files: self.user_files.clone(),
-            broker_credentials: self.broker_credentials,
+            inject_credentials: self.inject_credentials,
         }
     }
 }

@@ -32,7 +32,7 @@ pub const BROKER_PORT: u16 = 8080;
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Loads the program that follows on stdin: one JSON line `{"script", "config"}`.
-const LOADER: &str = "const c=[];const on=(d)=>{c.push(d);const b=Buffer.concat(c);const i=b.indexOf(10);if(i<0)return;process.stdin.off('data',on);process.stdin.pause();const j=JSON.parse(b.subarray(0,i).toString());c.length=0;const m={exports:{}};new Function('module','require',j.script)(m,require);m.exports(j.config);};process.stdin.on('data',on);";
+const LOADER: &str = "const c=[];const on=(d)=>{c.push(d);const b=Buffer.concat(c);const i=b.indexOf(10);if(i<0)return;process.stdin.off('data',on);process.stdin.pause();const j=JSON.parse(b.subarray(0,i).toString());c.length=0;const m={exports:{}};new Function('module','require',j.script)(m,require);m.exports(j.config,b.subarray(i+1));};process.stdin.on('data',on);";
 
 const SCRIPT: &str = include_str!("../auth/broker.js");
 
@@ -65,20 +65,113 @@ pub(super) struct Broker {
     config: crate::auth::Secret,
     /// What the adapter gets as `--endpoint`.
     pub(super) url: String,
+    /// A shared broker's lease for this turn; `None`: the broker is this turn's own.
+    shared: Option<Shared>,
+}
+
+/// This turn's part of a shared broker (see the module docs).
+struct Shared {
+    /// The broker's name hash: its network's, and the label that finds both.
+    hash: String,
+    /// The lease line's id and its `placeholder=slot` pairs.
+    lease_id: String,
+    pairs: String,
+    /// The running lease: ended (released) by [`Broker::stop`].
+    held: std::sync::Mutex<Option<Lease>>,
+}
+
+/// A lease renewed in the background while the turn runs.
+struct Lease {
+    end: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The label that names a shared broker (and its network) by its hash.
+const SHARED_LABEL: &str = "io.caw-box.broker";
+
+/// How long a lease holds without renewal, and how often it is renewed.
+const LEASE_TTL: Duration = Duration::from_secs(60);
+const LEASE_RENEW: Duration = Duration::from_secs(20);
+
+/// How long a shared broker without a lease stays (`CAW_BOX_BROKER_IDLE`, seconds).
+fn idle_ms() -> u64 {
+    std::env::var("CAW_BOX_BROKER_IDLE")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(300)
+        .saturating_mul(1000)
+}
+
+/// The salt of shared brokers' names: random, private to this data directory, so a name
+/// tells nothing about the keys behind it (and only caw-box runs that share the data
+/// directory share brokers).
+fn salt() -> Result<Vec<u8>> {
+    let dir = dirs::data_dir()?;
+    dirs::ensure_private_dir(&dir)?;
+    let path = dir.join("broker-salt");
+    if let Ok(s) = std::fs::read(&path) {
+        if s.len() >= 32 {
+            return Ok(s);
+        }
+    }
+    let fresh: Vec<u8> = [uuid::Uuid::new_v4(), uuid::Uuid::new_v4()]
+        .iter()
+        .flat_map(|u| *u.as_bytes())
+        .collect();
+    dirs::write_private(&path, &fresh)?;
+    Ok(fresh)
+}
+
+/// Holds the data directory's broker lock (finding or starting a shared broker) while alive.
+struct BrokerLock(#[allow(dead_code)] std::fs::File);
+
+async fn lock_brokers() -> Result<BrokerLock> {
+    let path = dirs::data_dir()?.join("broker.lock");
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.lock().map(|()| f))
+            .map_err(|e| Error::environment(format!("failed to lock '{}': {e}", path.display())))?;
+        Ok(BrokerLock(file))
+    })
+    .await
+    .map_err(|e| Error::environment(format!("locking the brokers failed: {e}")))?
 }
 
 impl Broker {
     /// The broker for `record`'s turn with `keys` (placeholder, real key), or `None` when
     /// the turn cannot be brokered (`--network none|host`: nothing to put it on).
+    /// `shared`: whether the backend can keep a broker for several turns
+    /// ([`Backend::keeps_stdin_across_attaches`]); else each turn has its own.
     pub(super) fn plan(
         record: &SessionRecord,
         egress_network: Option<&str>,
         keys: &[(String, crate::auth::Secret)],
+        shared: bool,
+    ) -> Option<Broker> {
+        Self::plan_salted(record, egress_network, keys, shared.then_some(salt))
+    }
+
+    /// [`Broker::plan`], with the salt of shared brokers' names from `salt`.
+    fn plan_salted(
+        record: &SessionRecord,
+        egress_network: Option<&str>,
+        keys: &[(String, crate::auth::Secret)],
+        salt: Option<fn() -> Result<Vec<u8>>>,
     ) -> Option<Broker> {
         if keys.is_empty() {
             return None;
         }
         let outer = NetworkPolicy::from_setting(&record.settings.network);
+        if matches!(outer, NetworkPolicy::None | NetworkPolicy::Host) {
+            return None;
+        }
+        if let (None, Some(salt)) = (egress_network, salt) {
+            return Self::plan_shared(record, &outer, keys, salt);
+        }
         let (container, net) = names::broker_names(record.session_id, std::process::id());
         let (first, join, own_network) = match (egress_network, &outer) {
             (_, NetworkPolicy::None | NetworkPolicy::Host) => return None,
@@ -116,7 +209,128 @@ impl Broker {
             provider: record.provider,
             session: record.session_id,
             config: crate::auth::Secret::new(bytes),
+            shared: None,
         })
+    }
+
+    /// A shared broker for `record`'s turn: one per network, upstream and key set, found or
+    /// started by [`Broker::start`]. `None` when the salt cannot be had (the turn then has
+    /// none: injected).
+    fn plan_shared(
+        record: &SessionRecord,
+        outer: &NetworkPolicy,
+        keys: &[(String, crate::auth::Secret)],
+        salt: fn() -> Result<Vec<u8>>,
+    ) -> Option<Broker> {
+        use sha2::{Digest, Sha256};
+        let upstream = record
+            .settings
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| default_upstream(record.provider));
+        let mut reals: Vec<&[u8]> = keys.iter().map(|(_, r)| r.expose()).collect();
+        reals.sort();
+        reals.dedup();
+        let salt = match salt() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("{e}");
+                return None;
+            }
+        };
+        let mut h = Sha256::new();
+        h.update(&salt);
+        for part in [
+            record.provider.as_str(),
+            &upstream,
+            &record.settings.network,
+            &names::render_labels(&names::extra_labels()),
+            &record.settings.image,
+        ] {
+            h.update(part.as_bytes());
+            h.update([0]);
+        }
+        for r in &reals {
+            h.update(r);
+            h.update([0]);
+        }
+        let hash: String = h.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let slot =
+            |real: &[u8]| format!("slot{}", reals.iter().position(|r| *r == real).unwrap_or(0));
+        let pairs = keys
+            .iter()
+            .map(|(placeholder, real)| format!("{placeholder}={}", slot(real.expose())))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut map = serde_json::Map::new();
+        for r in &reals {
+            map.insert(
+                slot(r),
+                serde_json::Value::String(String::from_utf8_lossy(r).into_owned()),
+            );
+        }
+        let places = crate::auth::spec::Spec::of(record.provider)
+            .broker
+            .key_places;
+        let path = url_path(&upstream);
+        let line = serde_json::json!({
+            "script": SCRIPT,
+            "config": {"port": BROKER_PORT, "upstream": upstream, "places": places, "keys": map,
+                       "shared": true, "idle_ms": idle_ms()},
+        });
+        let mut bytes = serde_json::to_vec(&line).ok()?;
+        bytes.push(b'\n');
+        let container = format!("caw-box-broker-{hash}");
+        let (first, own_network) = match outer {
+            NetworkPolicy::Named(_) => (outer.clone(), None),
+            _ => {
+                let net = format!("caw-box-brokernet-{hash}");
+                (NetworkPolicy::Named(net.clone()), Some(net))
+            }
+        };
+        Some(Broker {
+            url: format!("http://{container}:{BROKER_PORT}{path}"),
+            container,
+            own_network,
+            first,
+            join: None,
+            image: record.settings.image.clone(),
+            provider: record.provider,
+            session: record.session_id,
+            config: crate::auth::Secret::new(bytes),
+            shared: Some(Shared {
+                hash,
+                lease_id: uuid::Uuid::new_v4().simple().to_string(),
+                pairs,
+                held: std::sync::Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The labels of this turn's broker and the network made for it.
+    fn labels(&self) -> std::collections::HashMap<String, String> {
+        match &self.shared {
+            None => LabelSet::new(self.session, roles::BROKER).finish(),
+            // Of no session: `rm` of one leaves it to the others.
+            Some(s) => names::with_extra_labels(std::collections::HashMap::from([
+                (labels::MANAGED.to_string(), "true".to_string()),
+                (labels::ROLE.to_string(), roles::BROKER.to_string()),
+                (SHARED_LABEL.to_string(), s.hash.clone()),
+            ])),
+        }
+    }
+
+    /// This turn's lease line: its placeholders, valid for [`LEASE_TTL`].
+    fn lease_line(s: &Shared) -> String {
+        format!(
+            "lease {} {} {}\n",
+            s.lease_id,
+            LEASE_TTL.as_millis(),
+            s.pairs
+        )
     }
 
     /// The agent's network when the broker made one.
@@ -126,15 +340,87 @@ impl Broker {
 
     /// Makes the network the broker needs before the agent's container can be created.
     pub(super) async fn prepare(&self, backend: &impl Backend) -> Result<()> {
-        if let Some(n) = &self.own_network {
-            let labels = LabelSet::new(self.session, roles::BROKER).finish();
-            backend.create_network(n, false, labels).await?;
+        let Some(n) = &self.own_network else {
+            return Ok(());
+        };
+        if let Some(s) = &self.shared {
+            // Kept with the broker: made once, under the lock (Docker may allow two of a name).
+            let _lock = lock_brokers().await?;
+            let filter = [format!("{SHARED_LABEL}={}", s.hash)];
+            if backend.list_networks(&filter).await?.contains(n) {
+                return Ok(());
+            }
+            return backend.create_network(n, false, self.labels()).await;
         }
-        Ok(())
+        backend.create_network(n, false, self.labels()).await
     }
 
-    /// Creates and starts the broker, hands it its keys, and returns once it listens.
+    /// Returns once the turn's broker listens with its keys: a shared one found running and
+    /// leased, else one started.
     pub(super) async fn start(&self, backend: &impl Backend) -> Result<()> {
+        let Some(s) = &self.shared else {
+            return self.start_own(backend, None).await.map(|_| ());
+        };
+        let _lock = lock_brokers().await?;
+        for _ in 0..3 {
+            match backend.inspect_container(&self.container).await? {
+                Some(c) if c.running() => {
+                    let mut attached = backend.attach(&self.container, true).await?;
+                    if lease(&mut attached, s, Duration::from_secs(3))
+                        .await
+                        .is_ok()
+                    {
+                        tracing::debug!("leased the running broker {}", self.container);
+                        self.keep(attached);
+                        return Ok(());
+                    }
+                    // On its way out: it answers no lease any more.
+                    backend.remove_found(&c).await?;
+                }
+                Some(c) => backend.remove_found(&c).await?,
+                None => {
+                    let attached = self.start_own(backend, Some(s)).await?;
+                    self.keep(attached);
+                    return Ok(());
+                }
+            }
+        }
+        Err(Error::environment(format!(
+            "could not start or lease the credential broker {}",
+            self.container
+        )))
+    }
+
+    /// Renews this turn's lease on `attached` until [`Broker::stop`].
+    fn keep(&self, mut attached: crate::backend::Attached) {
+        let Some(s) = &self.shared else { return };
+        let (end, mut ended) = tokio::sync::oneshot::channel::<()>();
+        let (renew, release) = (Self::lease_line(s), format!("release {}\n", s.lease_id));
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = &mut ended => break,
+                    () = tokio::time::sleep(LEASE_RENEW) => {
+                        if attached.input.write_all(renew.as_bytes()).await.is_err() {
+                            tracing::warn!("lost the credential broker's lease channel");
+                        }
+                        let _ = attached.input.flush().await;
+                    }
+                }
+            }
+            let _ = attached.input.write_all(release.as_bytes()).await;
+            let _ = attached.input.flush().await;
+        });
+        *s.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lease { end, task });
+    }
+
+    /// Creates and starts a broker, hands it its keys (and a shared one this turn's lease),
+    /// and returns its attachment once it listens.
+    async fn start_own(
+        &self,
+        backend: &impl Backend,
+        shared: Option<&Shared>,
+    ) -> Result<crate::backend::Attached> {
         let (uid, gid) = dirs::agent_ids();
         let spec = HelperSpec {
             scratch: None,
@@ -143,7 +429,7 @@ impl Broker {
             argv: vec![],
             env: vec![],
             user: Some(format!("{uid}:{gid}")),
-            labels: LabelSet::new(self.session, roles::BROKER).finish(),
+            labels: self.labels(),
             mounts: vec![],
             network: self.first.clone(),
             read_only_root: true,
@@ -153,6 +439,7 @@ impl Broker {
             pids_limit: Some(64),
             tmp: None,
             stdin: true,
+            auto_remove: shared.is_some(),
         };
         backend
             .create_helper(&self.container, &spec)
@@ -165,19 +452,28 @@ impl Broker {
         }
         let mut attached = backend.attach(&self.container, true).await?;
         backend.start_container(&self.container).await?;
+        let mut first = self.config.expose().to_vec();
+        if let Some(s) = shared {
+            first.extend_from_slice(Self::lease_line(s).as_bytes());
+        }
         attached
             .input
-            .write_all(self.config.expose())
+            .write_all(&first)
             .await
             .map_err(|e| Error::environment(format!("could not hand the broker its keys: {e}")))?;
         attached.input.flush().await.ok();
+        let leased = shared.map(|s| format!("caw-box-broker ok {}", s.lease_id));
+        let output = &mut attached.output;
         let ready = async {
             let mut seen = Vec::new();
-            while let Some(chunk) = attached.output.next().await {
+            while let Some(chunk) = output.next().await {
                 match chunk {
                     Ok(OutputChunk::Stdout(b)) => {
                         seen.extend_from_slice(&b);
-                        if String::from_utf8_lossy(&seen).contains("caw-box-broker ready") {
+                        let text = String::from_utf8_lossy(&seen);
+                        if text.contains("caw-box-broker ready")
+                            && leased.as_ref().is_none_or(|l| text.contains(l.as_str()))
+                        {
                             return Ok(());
                         }
                     }
@@ -193,14 +489,24 @@ impl Broker {
             ))
         };
         match tokio::time::timeout(READY_TIMEOUT, ready).await {
-            Ok(r) => r,
+            Ok(r) => r.map(|()| attached),
             Err(_) => Err(Error::environment(
                 "the credential broker did not start listening within 30 s",
             )),
         }
     }
 
+    /// Ends the turn's use of its broker: a shared one's lease is released (the broker
+    /// stays for the next turns), a turn's own broker is removed.
     pub(super) async fn stop(&self, backend: &impl Backend) {
+        if let Some(s) = &self.shared {
+            let held = s.held.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(l) = held {
+                let _ = l.end.send(());
+                let _ = tokio::time::timeout(Duration::from_secs(2), l.task).await;
+            }
+            return;
+        }
         let _ = backend.remove_container(&self.container, true).await;
         if let Some(n) = &self.own_network {
             let _ = backend.remove_network(n).await;
@@ -210,6 +516,10 @@ impl Broker {
     /// Removes the session's other brokers and their networks: once this turn holds the
     /// session's lock, they are leftovers of turns whose caw-box was killed.
     pub(super) async fn remove_leftovers(&self, backend: &impl Backend) {
+        if self.shared.is_some() {
+            // Shared: not this session's alone (a per-turn leftover goes with `rm`/`gc`).
+            return;
+        }
         let filter = [
             format!("{}={}", labels::SESSION, self.session),
             format!("{}={}", labels::ROLE, roles::BROKER),
@@ -225,6 +535,44 @@ impl Broker {
             }
         }
     }
+}
+
+/// Sends this turn's lease to a running shared broker and waits for its answer (sent
+/// again every 500 ms: a line may arrive before the broker reads its stdin).
+async fn lease(attached: &mut crate::backend::Attached, s: &Shared, limit: Duration) -> Result<()> {
+    let want = format!("caw-box-broker ok {}", s.lease_id);
+    let line = Broker::lease_line(s);
+    let answered = async {
+        let mut seen = Vec::new();
+        loop {
+            attached
+                .input
+                .write_all(line.as_bytes())
+                .await
+                .map_err(|e| Error::environment(format!("could not lease the broker: {e}")))?;
+            attached.input.flush().await.ok();
+            let wait = tokio::time::sleep(Duration::from_millis(500));
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    () = &mut wait => break,
+                    chunk = attached.output.next() => match chunk {
+                        Some(Ok(OutputChunk::Stdout(b))) => {
+                            seen.extend_from_slice(&b);
+                            if String::from_utf8_lossy(&seen).contains(&want) {
+                                return Ok(());
+                            }
+                        }
+                        Some(_) => {}
+                        None => return Err(Error::environment("the credential broker is gone")),
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout(limit, answered)
+        .await
+        .unwrap_or_else(|_| Err(Error::environment("the credential broker answers no lease")))
 }
 
 #[cfg(test)]
@@ -257,6 +605,14 @@ mod tests {
         }
     }
 
+    fn test_salt() -> Result<Vec<u8>> {
+        Ok(vec![7; 32])
+    }
+
+    fn plan(r: &SessionRecord, egress: Option<&str>, keys: &[(String, Secret)]) -> Option<Broker> {
+        Broker::plan_salted(r, egress, keys, Some(test_salt))
+    }
+
     fn keys() -> Vec<(String, Secret)> {
         vec![(
             "sk-ant-api03-cawbox-placeholder-x".into(),
@@ -267,31 +623,32 @@ mod tests {
     #[test]
     fn the_broker_sits_where_the_agent_can_name_it() {
         // --network open: a network of its own, which the agent joins.
-        let b = Broker::plan(&record("open", None), None, &keys()).unwrap();
+        let b = plan(&record("open", None), None, &keys()).unwrap();
         let own = b.own_network.clone().unwrap();
         assert_eq!(b.first, NetworkPolicy::Named(own.clone()));
         assert_eq!(b.agent_network(), Some(NetworkPolicy::Named(own)));
         assert_eq!(b.url, format!("http://{}:{BROKER_PORT}", b.container));
         // --network NAME: on it, under its own name (not a shared alias).
-        let b = Broker::plan(&record("gw-net", None), None, &keys()).unwrap();
+        let b = plan(&record("gw-net", None), None, &keys()).unwrap();
         assert_eq!(b.first, NetworkPolicy::Named("gw-net".into()));
         assert_eq!((b.join.as_deref(), b.agent_network()), (None, None));
         // --allow-host: on the outer network, and joins the agent's egress network.
-        let b = Broker::plan(&record("open", None), Some("egress-net"), &keys()).unwrap();
+        let b = plan(&record("open", None), Some("egress-net"), &keys()).unwrap();
         assert_eq!(b.first, NetworkPolicy::Default);
         assert_eq!(b.join.as_deref(), Some("egress-net"));
         assert_eq!(b.agent_network(), None);
         // Nowhere to put it, or nothing to broker.
-        assert!(Broker::plan(&record("none", None), None, &keys()).is_none());
-        assert!(Broker::plan(&record("host", None), None, &keys()).is_none());
-        assert!(Broker::plan(&record("open", None), None, &[]).is_none());
+        assert!(plan(&record("none", None), None, &keys()).is_none());
+        assert!(plan(&record("host", None), None, &keys()).is_none());
+        assert!(plan(&record("open", None), None, &[]).is_none());
     }
 
     #[test]
     fn the_upstream_is_the_endpoint_else_the_vendor_and_keys_go_only_to_stdin() {
-        let b = Broker::plan(
+        // A turn's own broker (--allow-host): the placeholder is the key's name.
+        let b = plan(
             &record("n", Some("https://gw.example/anthropic/")),
-            None,
+            Some("egress"),
             &keys(),
         )
         .unwrap();
@@ -302,10 +659,55 @@ mod tests {
             line["config"]["keys"]["sk-ant-api03-cawbox-placeholder-x"],
             "real-key"
         );
-        let b = Broker::plan(&record("n", None), None, &keys()).unwrap();
+        // A shared one: slots, and the turn's placeholder only in its lease line.
+        let b = plan(&record("n", None), None, &keys()).unwrap();
         let line: serde_json::Value = serde_json::from_slice(b.config.expose()).unwrap();
         assert_eq!(line["config"]["upstream"], "https://api.anthropic.com");
+        assert_eq!(line["config"]["shared"], true);
+        assert_eq!(
+            line["config"]["keys"],
+            serde_json::json!({"slot0": "real-key"})
+        );
+        let lease = Broker::lease_line(b.shared.as_ref().unwrap());
+        assert!(
+            lease.ends_with(" sk-ant-api03-cawbox-placeholder-x=slot0\n"),
+            "{lease}"
+        );
+        assert!(!lease.contains("real-key"));
         assert!(!LOADER.contains("real-key") && !b.url.contains("real-key"));
+        assert!(!b.container.contains("real-key"));
+    }
+
+    /// Turns with the same network, upstream, labels and key share a broker; any difference
+    /// gives another (another key: never a broker holding the old one).
+    #[test]
+    fn a_shared_broker_is_named_by_what_it_holds() {
+        let name = |network: &str, key: &str| {
+            let k = vec![(
+                "sk-ant-api03-cawbox-placeholder-y".to_string(),
+                Secret::new(key),
+            )];
+            plan(&record(network, None), None, &k).unwrap().container
+        };
+        assert_eq!(name("n", "k1"), name("n", "k1"));
+        assert_ne!(name("n", "k1"), name("n", "k2"));
+        assert_ne!(name("n", "k1"), name("m", "k1"));
+        assert_ne!(name("n", "k1"), name("open", "k1"));
+        let salted = |salt: fn() -> Result<Vec<u8>>| {
+            Broker::plan_salted(&record("n", None), None, &keys(), Some(salt))
+                .unwrap()
+                .container
+        };
+        assert_ne!(salted(test_salt), salted(|| Ok(vec![8; 32])));
+        // A backend that cannot share one (Podman): the turn's own, on its own network.
+        let own = Broker::plan_salted(&record("open", None), None, &keys(), None).unwrap();
+        assert!(own.shared.is_none());
+        assert!(
+            own.container.contains(&own.session.to_string()),
+            "{}",
+            own.container
+        );
+        assert!(own.own_network.is_some());
     }
 
     #[test]
@@ -318,6 +720,6 @@ mod tests {
     #[test]
     fn the_loader_reads_one_line_and_the_script_exports_a_function() {
         assert!(LOADER.contains("indexOf(10)") && !LOADER.contains('\n'));
-        assert!(SCRIPT.contains("module.exports = function broker(config)"));
+        assert!(SCRIPT.contains("module.exports = function broker(config, rest)"));
     }
 }

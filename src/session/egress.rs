@@ -65,6 +65,7 @@ impl Egress {
             pids_limit: Some(128),
             tmp: None,
             stdin: false,
+            auto_remove: false,
         };
         let started = async {
             match backend.create_helper(&e.proxy, &spec).await {

@@ -91,14 +91,22 @@ pub async fn run_turn(
     let egress_network =
         (!allow.is_empty()).then(|| names::egress_names(record.session_id, std::process::id()).0);
     // Brokered when asked for, and the turn has a network to put a broker on.
-    let want_broker = options.broker_credentials
+    let want_broker = !options.inject_credentials
+        // A cluster has no broker yet: its turns stay injected.
+        && !backend.turns_outlive_driver()
         && !matches!(
             NetworkPolicy::from_setting(&record.settings.network),
             NetworkPolicy::None | NetworkPolicy::Host
         );
     let mut credentials =
         crate::auth::inject::prepare_as(record.provider, &options.env, want_broker)?;
-    let broker = Broker::plan(record, egress_network.as_deref(), &credentials.brokered);
+    let shared = !credentials.brokered.is_empty() && backend.keeps_stdin_across_attaches().await;
+    let broker = Broker::plan(
+        record,
+        egress_network.as_deref(),
+        &credentials.brokered,
+        shared,
+    );
     if broker.is_none() && !credentials.brokered.is_empty() {
         credentials = crate::auth::inject::prepare(record.provider, &options.env)?;
     }
@@ -619,6 +627,9 @@ mod tests {
             self.log(format!("remove {name} force={force}"));
             self.0.lock().unwrap().existing = None;
             Ok(())
+        }
+        async fn keeps_stdin_across_attaches(&self) -> bool {
+            true
         }
         async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
             self.log(format!("remove id {}", found.id));

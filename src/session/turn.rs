@@ -47,9 +47,11 @@ pub struct TurnOptions {
     /// Files put in HOME before this turn, before the adapter's own (which win where both
     /// set a JSON key): the user's CLI setup of `--user-config` (`auth::user_config`).
     pub user_files: Vec<crate::provider::HomeFile>,
-    /// `--credentials broker`: the CLI gets a placeholder API key and a broker container
-    /// beside the turn adds the real one (opt-in while its start costs the turn time).
-    pub broker_credentials: bool,
+    /// `--credentials inject`: the real credentials reach the CLI (through a private file).
+    /// Unset (the default), collected API keys are brokered where the turn can have a broker
+    /// (Docker, a network other than `none`/`host`): the CLI gets a placeholder key, and a
+    /// credential broker outside its container adds the real one.
+    pub inject_credentials: bool,
 }
 
 /// The container name that is also the session's lock.

@@ -3,7 +3,9 @@
 //! stub accepts only the real key (`STUB_EXPECT_KEY`), so a turn that succeeds proves the
 //! swap; scans inside the running agent container, `docker inspect` of every container of the
 //! turn, the state volume after it, and a prompt injection that dumps the CLI's environment
-//! and credential files prove that the key never reaches the agent.
+//! and credential files prove that the key never reaches the agent. A broker is shared by
+//! the turns on one network with one key (each turn leases its own placeholder) and leaves
+//! once no turn leased it for `CAW_BOX_BROKER_IDLE` seconds.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -13,25 +15,28 @@ use serde_json::Value;
 
 use crate::common::*;
 
-/// A caw-box command with the broker asked for (`--credentials broker` is opt-in for now:
-/// `CAW_BOX_CREDENTIALS` reaches run and resume, and a `--credentials` flag still wins).
+/// A caw-box command as a user types it: brokered is the default.
 fn brokered(rig: &Rig) -> Command {
-    let mut c = rig.caw();
-    c.env("CAW_BOX_CREDENTIALS", "broker");
-    c
+    rig.caw()
 }
 
-/// `Rig::run_cmd_stored_key` with the broker asked for.
+/// `Rig::run_cmd_stored_key`: a turn with the collected key, brokered by default.
 fn brokered_run(rig: &Rig, p: P, prompt: &str, extra: &[&str]) -> Command {
-    let mut c = rig.run_cmd_stored_key(p, prompt, extra);
-    c.env("CAW_BOX_CREDENTIALS", "broker");
-    c
+    rig.run_cmd_stored_key(p, prompt, extra)
 }
 
 /// Every 12-byte piece of the key: none may show anywhere the agent can look.
 fn key_pieces() -> Vec<String> {
     (0..=TEST_KEY.len() - 12)
         .map(|i| TEST_KEY[i..i + 12].to_string())
+        .collect()
+}
+
+/// The test's containers that are not shared brokers (which outlive the turns that used them).
+fn all_but_brokers(rig: &Rig) -> Vec<String> {
+    rig.caw_containers()
+        .into_iter()
+        .filter(|n| !n.trim_start_matches('/').starts_with("caw-box-broker-"))
         .collect()
 }
 
@@ -155,7 +160,7 @@ fn broker_keeps_collected_api_keys_out_of_every_agent_container() {
         );
         assert!(!holds_a_piece(&stdout_of(&out)) && !holds_a_piece(&stderr_of(&out)));
         let id = json["session_id"].as_str().unwrap();
-        // Nothing at rest: not in the state volume, and the broker is gone with the turn.
+        // Nothing at rest: not in the state volume; only the shared broker stays.
         let mut grep = vec!["grep", "-rlaF"];
         let pieces = key_pieces();
         for piece in &pieces {
@@ -168,7 +173,7 @@ fn broker_keeps_collected_api_keys_out_of_every_agent_container() {
             "{}",
             p.name
         );
-        assert_eq!(rig.caw_containers(), Vec::<String>::new(), "{}", p.name);
+        assert_eq!(all_but_brokers(&rig), Vec::<String>::new(), "{}", p.name);
     }
     // The stub takes only the real key: every model request carried it, none was refused.
     let requests = rig.stub_requests();
@@ -313,7 +318,7 @@ fn broker_reports_an_unreachable_upstream_as_unreachable() {
     let (code, json, stderr) = rig.json_turn(c);
     assert_eq!(code, 3, "{json}\n{stderr}");
     assert_eq!(json["status"], "unreachable", "{json}");
-    assert_eq!(rig.caw_containers(), Vec::<String>::new());
+    assert_eq!(all_but_brokers(&rig), Vec::<String>::new());
 }
 
 #[test]
@@ -321,12 +326,9 @@ fn broker_lives_as_long_as_a_detached_turn() {
     let rig = Rig::new("broker-detach");
     let home = tempfile::tempdir().unwrap();
     collect_key(&rig, CODEX, home.path());
-    let out = run(brokered_run(
-        &rig,
-        CODEX,
-        "SLEEP:6 REMEMBER:later",
-        &["--detach"],
-    ));
+    let mut c = brokered_run(&rig, CODEX, "SLEEP:6 REMEMBER:later", &["--detach"]);
+    c.env("CAW_BOX_BROKER_IDLE", "1");
+    let out = run(c);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let id = stdout_of(&out).trim().to_string();
     // The caw-box that started it has returned; the broker serves the turn meanwhile.
@@ -344,10 +346,87 @@ fn broker_lives_as_long_as_a_detached_turn() {
         json["result"].as_str().unwrap().contains("Noted: later."),
         "{json}"
     );
-    // Removed with the turn.
+    // Its lease ended with the turn: idle for a second, the broker leaves.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !rig.caw_containers().is_empty() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(rig.caw_containers(), Vec::<String>::new());
+}
+
+/// The broker a session's turn leased (the test's only one).
+fn the_broker(rig: &Rig) -> String {
+    let brokers: Vec<String> = rig
+        .caw_containers()
+        .into_iter()
+        .map(|n| n.trim_start_matches('/').to_string())
+        .filter(|n| n.starts_with("caw-box-broker-"))
+        .collect();
+    assert_eq!(brokers.len(), 1, "{brokers:?}");
+    brokers[0].clone()
+}
+
+#[test]
+fn a_shared_broker_serves_the_next_turns_and_leaves_when_idle() {
+    let rig = Rig::new("broker-shared");
+    let home = tempfile::tempdir().unwrap();
+    collect_key(&rig, CODEX, home.path());
+    let idle = |mut c: Command| {
+        c.env("CAW_BOX_BROKER_IDLE", "4");
+        c
+    };
+    // The first turn starts the broker; the second session's turn leases the same one.
+    let (code, json, stderr) = rig.json_turn(idle(brokered_run(
+        &rig,
+        CODEX,
+        "RUN:echo $OPENAI_API_KEY",
+        &[],
+    )));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    let placeholder = json["result"]
+        .as_str()
+        .unwrap()
+        .split_whitespace()
+        .find(|w| w.contains("placeholder"))
+        .unwrap_or_else(|| panic!("the CLI's key is no placeholder: {json}"))
+        .to_string();
+    let broker = the_broker(&rig);
+    let id_of = |name: &str| rig.exec_inspect_id(name);
+    let first = id_of(&broker);
+    let (code, json, stderr) =
+        rig.json_turn(idle(brokered_run(&rig, CODEX, "REMEMBER:shared", &[])));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert_eq!(the_broker(&rig), broker);
+    assert_eq!(
+        id_of(&broker),
+        first,
+        "the second turn started a broker of its own"
+    );
+
+    // A placeholder is worth nothing once its turn ended: from a container on the
+    // network, the broker passes it on as it is, and the stub (real key only) refuses it.
+    let probe = format!(
+        "fetch('http://{broker}:8080/v1/responses',{{method:'POST',headers:{{authorization:'Bearer {placeholder}','content-type':'application/json'}},body:'{{}}'}}).then(r=>console.log('status',r.status)).catch(e=>console.log('error',e.message))"
+    );
+    let answer = rig.exec(&rig.stub, &["node", "-e", &probe]);
+    assert!(answer.contains("status 401"), "{answer}");
+
+    // With no lease, it leaves after its idle time (and is removed); a new turn starts a
+    // new one.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !rig.caw_containers().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(rig.caw_containers(), Vec::<String>::new());
+    let (code, json, stderr) =
+        rig.json_turn(idle(brokered_run(&rig, CODEX, "REMEMBER:again", &[])));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert_ne!(id_of(&the_broker(&rig)), first);
+    assert!(
+        rig.stub_requests()
+            .iter()
+            .filter(|r| r["status"] == 401)
+            .count()
+            == 1
+    );
 }

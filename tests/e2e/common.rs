@@ -463,6 +463,18 @@ impl Rig {
         }
     }
 
+    /// The id of container `name`.
+    pub fn exec_inspect_id(&self, name: &str) -> String {
+        self.rt.block_on(async {
+            self.docker
+                .inspect_container(name, None)
+                .await
+                .expect("inspect")
+                .id
+                .unwrap_or_default()
+        })
+    }
+
     /// Runs `cmd` in the running `container` (as its user) to its end: its stdout.
     pub fn exec(&self, container: &str, cmd: &[&str]) -> String {
         use bollard::exec::{CreateExecOptions, StartExecResults};

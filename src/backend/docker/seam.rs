@@ -146,6 +146,10 @@ impl Backend for DockerBackend {
         !self.is_podman().await
     }
 
+    async fn keeps_stdin_across_attaches(&self) -> bool {
+        !self.is_podman().await
+    }
+
     async fn download_file(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
         DockerBackend::download_file(self, name, path).await
     }

@@ -124,6 +124,7 @@ pub(super) fn helper_body(spec: &HelperSpec) -> ContainerCreateBody {
                 .no_new_privileges
                 .then(|| vec!["no-new-privileges".to_string()]),
             pids_limit: spec.pids_limit,
+            auto_remove: spec.auto_remove.then_some(true),
             tmpfs: spec
                 .tmp
                 .as_ref()

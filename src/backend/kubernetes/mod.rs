@@ -1010,6 +1010,10 @@ impl Backend for KubeBackend {
         true
     }
 
+    async fn keeps_stdin_across_attaches(&self) -> bool {
+        false
+    }
+
     async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
         self.delete_pod(name, None, force).await
     }
