@@ -343,6 +343,12 @@ async fn drive(
             unreachable_words = Some(outcome.result.clone());
         }
     }
+    // A CLI that failed because its pod hit a wall outside it (memory, an eviction): the
+    // environment's failure (exit 3), not the agent's.
+    let environment = match ended_early {
+        None if failed => backend.ended_by_environment(name).await,
+        _ => None,
+    };
     if let Some(key) = reader.parser.resume_key() {
         record.resume_key = key.to_string();
         record.key_confirmed = true;
@@ -381,6 +387,9 @@ async fn drive(
                 (Status::Interrupted, "the turn was interrupted".to_string())
             }
         };
+    } else if let Some(why) = &environment {
+        outcome.status = Status::Error;
+        outcome.result = why.clone();
     } else if outcome.status != Status::Success && outcome.result.trim().is_empty() {
         outcome.result = last_line(&stderr_tail)
             .unwrap_or_else(|| format!("the CLI exited with code {exit_code}"));
@@ -396,6 +405,10 @@ async fn drive(
         ..
     } = reader;
 
+    let exit_code = match environment {
+        Some(_) => crate::error::ErrorKind::Environment.exit_code(),
+        None => outcome.status.exit_code(),
+    };
     let duration_ms = started.elapsed().as_millis() as u64;
     let turn_record = TurnRecord {
         turn,
@@ -405,7 +418,7 @@ async fn drive(
         usage: outcome.usage,
         started_at,
         duration_ms,
-        exit_code: outcome.status.exit_code(),
+        exit_code,
         cumulative_usage: outcome.cumulative_usage,
         interactive: false,
     };
@@ -420,7 +433,7 @@ async fn drive(
         resume_handle: handle_of(record).to_json(),
         usage: outcome.usage,
         duration_ms,
-        exit_code: outcome.status.exit_code(),
+        exit_code,
     };
     if !session_announced {
         sink(&Event::Session {

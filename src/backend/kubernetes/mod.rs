@@ -38,6 +38,7 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
     ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, AttachParams, DeleteParams, ListParams, LogParams, PostParams};
@@ -60,6 +61,9 @@ pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "caw-box")
 const START_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a deleted pod may take to go.
 const GONE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a turn's claims may take to bind before the turn is refused (the lab's bind
+/// within a second; a provisioner in the cloud takes some seconds).
+const CLAIM_BIND_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(250);
 /// How long a turn pod whose CLI ended waits for its record (the entrypoint's
 /// `CAW_BOX_HANDOFF_WAIT`): long, so that a detached turn whose driver is gone is still
@@ -220,7 +224,8 @@ impl KubeBackend {
     /// Waits for a created pod's container to run (or to have run already); a pod whose
     /// image cannot be had is deleted and reported as `ImageMissing`.
     async fn wait_running(&self, name: &str, image: &str) -> std::result::Result<(), CreateError> {
-        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        let started = tokio::time::Instant::now();
+        let deadline = started + START_TIMEOUT;
         let mut last;
         loop {
             let pod = self
@@ -242,6 +247,25 @@ impl KubeBackend {
                     ))));
                 }
                 Progress::Waiting(why) => last = why,
+            }
+            // A claim that does not bind (no default storage class, a provisioner that
+            // fails) keeps the pod unscheduled for ever: told, not waited out.
+            if started.elapsed() > CLAIM_BIND_TIMEOUT && !pod_scheduled(&pod) {
+                let unbound = self.unbound_claims(&pod).await;
+                if !unbound.is_empty() {
+                    let _ = self.remove_container(name, true).await;
+                    return Err(CreateError::Other(
+                        Error::environment(format!(
+                            "pod '{name}' cannot start: claim {} not bound after {} s",
+                            unbound.join(", claim "),
+                            CLAIM_BIND_TIMEOUT.as_secs()
+                        ))
+                        .with_hint(format!(
+                            "`kubectl -n {} describe pvc` says why (a storage class that does not exist or cannot provision?)",
+                            self.namespace
+                        )),
+                    ));
+                }
             }
             if tokio::time::Instant::now() > deadline {
                 let _ = self.remove_container(name, true).await;
@@ -499,6 +523,91 @@ fn pod_progress(pod: &Pod) -> Progress {
         .next()
         .unwrap_or_default();
     Progress::Waiting(format!("{phase} {why}").trim().to_string())
+}
+
+/// Reads a pod's memory cgroup counters (cgroup v1 and v2; one of them is there).
+const OOM_COUNTERS: &str =
+    "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null; true";
+
+/// The kernel's OOM kills in [`OOM_COUNTERS`]' output (`oom_kill N` lines).
+fn oom_kills(counters: &str) -> u64 {
+    counters
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("oom_kill "))
+        .filter_map(|n| n.trim().parse::<u64>().ok())
+        .sum()
+}
+
+/// The result line of a turn whose pod hit its memory limit.
+fn out_of_memory(pod: &Pod) -> String {
+    let limit = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| {
+            c.resources
+                .as_ref()?
+                .limits
+                .as_ref()?
+                .get("memory")
+                .cloned()
+        })
+        .map(|q| format!("its memory limit of {} (--memory)", readable_bytes(&q.0)))
+        .unwrap_or_else(|| "the node's memory".to_string());
+    format!("the turn's pod was OOM-killed: a process of it used up {limit}")
+}
+
+/// A quantity of bytes as written (`134217728` is `128Mi`).
+fn readable_bytes(quantity: &str) -> String {
+    match quantity.parse::<u64>() {
+        Ok(n) if n > 0 && n % (1 << 30) == 0 => format!("{}Gi", n >> 30),
+        Ok(n) if n > 0 && n % (1 << 20) == 0 => format!("{}Mi", n >> 20),
+        _ => quantity.to_string(),
+    }
+}
+
+/// Why the cluster ended a pod, when its status says: the kubelet evicted it (node
+/// pressure), or killed its container for memory.
+fn pod_failure(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    if status.reason.as_deref() == Some("Evicted") {
+        return Some(format!(
+            "the turn's pod was evicted by its node: {}",
+            status
+                .message
+                .as_deref()
+                .unwrap_or("no reason given")
+                .trim()
+        ));
+    }
+    let oom = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+        .any(|t| t.reason.as_deref() == Some("OOMKilled"));
+    oom.then(|| out_of_memory(pod))
+}
+
+/// A turn's pod gone before the turn ended: the API's eviction (a node drain) deletes the
+/// pod, and on this side that looks as a deletion does.
+fn deleted_under_turn(name: &str) -> Error {
+    let id = name.strip_prefix("caw-box-").unwrap_or(name);
+    Error::environment(format!(
+        "the turn's pod '{name}' was deleted before the turn ended: evicted (a node drain, the Eviction API) or deleted by someone"
+    ))
+    .with_hint(format!(
+        "the session is kept: resume it with `caw-box resume {id}`"
+    ))
+}
+
+fn pod_scheduled(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "PodScheduled" && c.status == "True")
 }
 
 fn container_info(pod: &Pod) -> ContainerInfo {
@@ -960,15 +1069,31 @@ impl Backend for KubeBackend {
                 .await
                 .map_err(|e| failed(format!("read pod '{name}'"), &e))?;
             let Some(pod) = pod else {
-                return Err(Error::environment(format!(
-                    "pod '{name}' was deleted while waiting for it"
-                )));
+                return Err(deleted_under_turn(name));
             };
             if let Progress::Ended(code) = pod_progress(&pod) {
                 return Ok(code);
             }
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    async fn ended_by_environment(&self, name: &str) -> Option<String> {
+        let pod = self.pods().get_opt(name).await.ok().flatten()?;
+        if let Some(why) = pod_failure(&pod) {
+            return Some(why);
+        }
+        if !container_info(&pod).running() {
+            return None;
+        }
+        // The pod still waits for its record: its memory cgroup counts the kernel's kills
+        // (cgroup v1 `memory.oom_control`, v2 `memory.events`), those of a tool's process
+        // as well as the CLI's.
+        let out = self
+            .exec(name, &["sh", "-c", OOM_COUNTERS], None)
+            .await
+            .ok()?;
+        (oom_kills(&String::from_utf8_lossy(&out)) > 0).then(|| out_of_memory(&pod))
     }
 
     async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
@@ -1101,12 +1226,16 @@ impl Backend for KubeBackend {
                 .await
                 .map(|_| ())
         } else {
+            let class = std::env::var("CAW_BOX_STORAGE_CLASS").ok();
+            if let Some(class) = &class {
+                self.check_storage_class(name, class).await?;
+            }
             let size = std::env::var("CAW_BOX_VOLUME_SIZE").unwrap_or_else(|_| "1Gi".into());
             let claim = PersistentVolumeClaim {
                 metadata,
                 spec: Some(PersistentVolumeClaimSpec {
                     access_modes: Some(vec!["ReadWriteOnce".into()]),
-                    storage_class_name: std::env::var("CAW_BOX_STORAGE_CLASS").ok(),
+                    storage_class_name: class,
                     resources: Some(ResourceRequirements {
                         requests: Some(BTreeMap::from([("storage".to_string(), Quantity(size))])),
                         ..Default::default()
@@ -1269,6 +1398,53 @@ impl Backend for KubeBackend {
 }
 
 impl KubeBackend {
+    /// A claim of a storage class that does not exist would stay Pending for ever: refused
+    /// before it is made. Where the user may not read storage classes (cluster-scoped), the
+    /// claim's binding tells instead ([`Self::wait_running`]).
+    async fn check_storage_class(&self, claim: &str, class: &str) -> Result<()> {
+        let classes: Api<StorageClass> = Api::all(self.client.clone());
+        match classes.get_opt(class).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(Error::environment(format!(
+                "cannot create claim '{claim}': storage class '{class}' (CAW_BOX_STORAGE_CLASS) does not exist, so the claim would stay Pending"
+            ))
+            .with_hint("`kubectl get storageclass` lists the classes; unset CAW_BOX_STORAGE_CLASS for the default one")),
+            Err(e) if is_status(&e, 403) => Ok(()),
+            Err(e) => Err(failed(format!("read storage class '{class}'"), &e)),
+        }
+    }
+
+    /// The claims of pod `pod` that are not bound yet, with their phase.
+    async fn unbound_claims(&self, pod: &Pod) -> Vec<String> {
+        let mut unbound = Vec::new();
+        let volumes = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.clone())
+            .unwrap_or_default();
+        for claim in volumes
+            .into_iter()
+            .filter_map(|v| v.persistent_volume_claim)
+        {
+            let name = claim.claim_name;
+            let (phase, class) = match self.claims().get_opt(&name).await {
+                Ok(Some(c)) => (
+                    c.status.and_then(|s| s.phase).unwrap_or_default(),
+                    c.spec.and_then(|s| s.storage_class_name),
+                ),
+                Ok(None) => ("missing".to_string(), None),
+                Err(_) => continue,
+            };
+            if phase != "Bound" {
+                let class = class
+                    .map(|c| format!("storage class '{c}'"))
+                    .unwrap_or_else(|| "the default storage class".to_string());
+                unbound.push(format!("'{name}' ({phase}, {class})"));
+            }
+        }
+        unbound
+    }
+
     /// Runs `script` in `name` for `path`: its output after a leading `Y` (found), or `None`
     /// (`N`: not there, or the pod is gone).
     async fn exec_marked(&self, name: &str, path: &str, script: &str) -> Result<Option<Vec<u8>>> {
