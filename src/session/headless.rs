@@ -47,8 +47,8 @@ struct Adopted {
 /// output is read from the container's log from its start (stdout and stderr as one
 /// stream: the log keeps them together), and once the CLI ended the record is handed in
 /// on the container's stdin, which stayed open, as the driver would have. `record` is the
-/// stored one (before this turn). The driver's `--timeout` is not kept: the turn runs to
-/// its end or to `caw-box stop`.
+/// stored one (before this turn). The driver's `--timeout` holds, counted from the pod's
+/// start (the driver left it in the runtime directory).
 pub(super) async fn adopt(
     backend: &impl Backend,
     record: &mut SessionRecord,
@@ -64,8 +64,17 @@ pub(super) async fn adopt(
         .flatten()
         .map(|p| String::from_utf8_lossy(&p).into_owned())
         .unwrap_or_default();
+    // The driver's --timeout, kept from the turn's start.
+    let timeout = backend
+        .download_file(name, &format!("{}/{TIMEOUT_FILE}", super::runtime::RUN_DIR))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|t| String::from_utf8_lossy(&t).trim().parse::<u64>().ok())
+        .map(Duration::from_millis);
     let options = super::turn::TurnOptions {
         prompt,
+        timeout,
         ..Default::default()
     };
     let running_for = created.and_then(|t| t.elapsed().ok()).unwrap_or_default();
@@ -91,6 +100,8 @@ pub(super) async fn adopt(
 /// The runtime file that holds a turn's prompt, for [`adopt`] (on backends where turns
 /// outlive their driver).
 pub(super) const PROMPT_FILE: &str = "prompt";
+/// The runtime file that holds a turn's `--timeout` in milliseconds, for [`adopt`].
+pub(super) const TIMEOUT_FILE: &str = "timeout";
 
 /// The container's stdin for the record hand-off, through an attachment of its own (an
 /// adopted turn's): the attachment lives as long as this.
@@ -192,7 +203,9 @@ async fn drive(
     let mut stderr_lines = LineBuffer::default();
     let mut ended_early = None;
     let now = tokio::time::Instant::now;
-    let deadline = options.timeout.map(|t| now() + t);
+    // An adopted turn's time started with its pod.
+    let ran = adopted.map(|a| a.running_for).unwrap_or_default();
+    let deadline = options.timeout.map(|t| now() + t.saturating_sub(ran));
     // Reset by every line the CLI prints.
     let mut idle_deadline = options.idle_timeout.map(|t| now() + t);
     // Armed while the CLI reports that it cannot reach its model: `--connect-timeout`
