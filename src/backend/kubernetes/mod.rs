@@ -77,7 +77,12 @@ pub struct KubeBackend {
     namespace: String,
     /// Where the client's configuration came from, for messages.
     origin: String,
+    /// The terminal size senders of this process's TTY attachments, by pod name.
+    terminals: std::sync::Arc<std::sync::Mutex<HashMap<String, Resizer>>>,
 }
+
+/// Sends a TTY attachment's new size (columns, rows); `false` once the attachment ended.
+type Resizer = Box<dyn FnMut(u16, u16) -> bool + Send>;
 
 impl std::fmt::Debug for KubeBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -177,6 +182,7 @@ impl KubeBackend {
             client,
             namespace,
             origin,
+            terminals: Default::default(),
         };
         let pods = backend.pods();
         let first = ListParams::default().limit(1);
@@ -740,12 +746,7 @@ fn pull_policy() -> String {
 
 /// The pod of a turn (see the module docs).
 pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
-    if spec.interactive.is_some() {
-        return Err(Error::usage(
-            "the interactive TUI is not available with the kubernetes backend yet",
-        )
-        .with_hint("pass a prompt (an argument, `-` or --prompt-file) for a headless turn"));
-    }
+    let interactive = spec.interactive.is_some();
     match &spec.network {
         NetworkPolicy::Default => {}
         other => {
@@ -754,7 +755,7 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
             )))
         }
     }
-    if !spec.runtime.files.is_empty() {
+    if !interactive && !spec.runtime.files.is_empty() {
         return Err(Error::environment(
             "a turn's runtime files travel on its stdin on Kubernetes: none can be put in a pod before it starts",
         ));
@@ -812,14 +813,17 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
             name: "agent".into(),
             image: Some(spec.image.clone()),
             image_pull_policy: Some(pull_policy()),
+            // A TUI's runtime files are put in once the pod runs (a terminal's stdin is no
+            // way for an archive): the image's entrypoint starts when they are there.
+            command: interactive.then(|| tui_command(&spec.runtime.mount)),
             args: Some(spec.argv.clone()),
             env: Some(env),
             working_dir: Some(spec.working_dir.clone()),
-            stdin: Some(spec.runtime_over_stdin),
+            stdin: Some(spec.runtime_over_stdin || interactive),
             // Open across attachments: the driver's attachment may end (a detached turn's
             // driver killed) and another caw-box hand the record in (`adopt`).
             stdin_once: Some(false),
-            tty: Some(false),
+            tty: Some(interactive),
             security_context: Some(hardened(uid, gid)),
             resources: Some(ResourceRequirements {
                 limits: (!limits.is_empty()).then_some(limits),
@@ -831,6 +835,19 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         volumes: Some(volumes),
         ..Default::default()
     })
+}
+
+/// The file in a TUI pod's runtime directory that says its runtime files are all there.
+const RUNTIME_READY: &str = ".caw-box-ready";
+
+/// A TUI pod's command: waits for its runtime files, then becomes the caw-box image's
+/// entrypoint (tini, `caw-box-entry`) with the turn's argv.
+fn tui_command(run_dir: &str) -> Vec<String> {
+    let script = format!(
+        "while [ ! -e {ready} ]; do sleep 0.1; done; exec /usr/bin/tini -- /usr/local/bin/caw-box-entry \"$@\"",
+        ready = shell_quote(&format!("{run_dir}/{RUNTIME_READY}"))
+    );
+    vec!["sh".into(), "-c".into(), script, "caw-box-tui".into()]
 }
 
 /// Where [`seed_home`] mounts the state claim.
@@ -991,6 +1008,23 @@ impl Backend for KubeBackend {
         self.create_pod(&self.pod(name, &spec.labels, pod_spec))
             .await?;
         self.wait_running(name, &spec.image).await?;
+        if spec.interactive.is_some() {
+            let dir = &spec.runtime.mount;
+            let mut files = spec.runtime.tar_files();
+            files.push(TarFile {
+                path: RUNTIME_READY,
+                contents: b"",
+                mode: 0o600,
+            });
+            let put = self
+                .upload_files(name, dir, &files, spec.user)
+                .await
+                .map_err(CreateError::Other);
+            if let Err(e) = put {
+                let _ = self.remove_container(name, true).await;
+                return Err(e);
+            }
+        }
         Ok(name.to_string())
     }
 
@@ -1016,10 +1050,18 @@ impl Backend for KubeBackend {
     }
 
     async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {
+        let tty = self
+            .pods()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read pod '{name}'"), &e))?
+            .and_then(|p| p.spec?.containers.first()?.tty)
+            .unwrap_or(false);
         let params = AttachParams::default()
             .stdin(stdin)
             .stdout(true)
-            .stderr(true)
+            .stderr(!tty)
+            .tty(tty)
             .max_stdout_buf_size(64 * 1024)
             .max_stderr_buf_size(64 * 1024)
             .max_stdin_buf_size(64 * 1024);
@@ -1028,8 +1070,22 @@ impl Backend for KubeBackend {
             .attach(name, &params)
             .await
             .map_err(|e| failed(format!("attach to pod '{name}'"), &e))?;
+        if let Some(mut sender) = process.terminal_size() {
+            let resize: Resizer = Box::new(move |width, height| {
+                sender
+                    .try_send(kube::api::TerminalSize { width, height })
+                    .is_ok()
+            });
+            if let Ok(mut terminals) = self.terminals.lock() {
+                terminals.insert(name.to_string(), resize);
+            }
+        }
         let stdout = process.stdout().expect("stdout was asked for");
-        let stderr = process.stderr().expect("stderr was asked for");
+        let stderr: OutputStream = match process.stderr() {
+            Some(stderr) => chunks(stderr, OutputChunk::Stderr),
+            // A terminal has one stream.
+            None => Box::pin(futures_util::stream::empty()),
+        };
         let input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> = match process.stdin() {
             Some(w) => Box::pin(w),
             None => Box::pin(tokio::io::sink()),
@@ -1040,10 +1096,7 @@ impl Backend for KubeBackend {
             None
         })
         .filter_map(|x: Option<Result<OutputChunk>>| async move { x });
-        let output = futures_util::stream::select(
-            chunks(stdout, OutputChunk::Stdout),
-            chunks(stderr, OutputChunk::Stderr),
-        );
+        let output = futures_util::stream::select(chunks(stdout, OutputChunk::Stdout), stderr);
         let output = futures_util::stream::select(output, keep);
         Ok(Attached {
             output: Box::pin(output),
@@ -1051,7 +1104,16 @@ impl Backend for KubeBackend {
         })
     }
 
-    async fn resize_tty(&self, _name: &str, _columns: u16, _rows: u16) -> Result<()> {
+    async fn resize_tty(&self, name: &str, columns: u16, rows: u16) -> Result<()> {
+        let mut terminals = self
+            .terminals
+            .lock()
+            .map_err(|_| Error::environment("the terminal sizes' lock is poisoned"))?;
+        if let Some(resize) = terminals.get_mut(name) {
+            if !resize(columns, rows) {
+                terminals.remove(name);
+            }
+        }
         Ok(())
     }
 
