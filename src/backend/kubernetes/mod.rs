@@ -26,8 +26,14 @@
 //! can finish a turn whose driver is gone (`session::headless::adopt`). `caw-box stop`
 //! annotates the pod (`note_stop`), read after the pod ended.
 //!
-//! Not here: egress proxies and networks, the TUI, image builds (images come from a
-//! registry, or `k8s-lab load-image` in tests).
+//! A TUI turn's pod has a terminal and waits for its runtime files, which are put in once
+//! it runs (a terminal's stdin is no way for an archive); `resize_tty` reaches the
+//! attachment this process holds. A turn failed by its environment is told by
+//! `ended_by_environment` (OOM kills counted by the pod's memory cgroup, an eviction).
+//!
+//! Not here: egress proxies and networks (refused before a turn: see the README), a
+//! process limit (a pod has none; a kubelet's `podPidsLimit` is the node's), image builds
+//! (images come from a registry, or `k8s-lab load-image` in tests).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
