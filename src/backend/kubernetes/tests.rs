@@ -206,7 +206,10 @@ fn an_evicted_or_oom_killed_pod_names_its_cause() {
     }))
     .unwrap();
     let why = pod_failure(&evicted).unwrap();
-    assert!(why.contains("evicted") && why.contains("low on resource"), "{why}");
+    assert!(
+        why.contains("evicted") && why.contains("low on resource"),
+        "{why}"
+    );
     let oom: Pod = serde_json::from_value(serde_json::json!({
         "spec": {"containers": [{"name": "agent",
                  "resources": {"limits": {"memory": "134217728"}}}]},
@@ -216,7 +219,10 @@ fn an_evicted_or_oom_killed_pod_names_its_cause() {
     }))
     .unwrap();
     let why = pod_failure(&oom).unwrap();
-    assert!(why.contains("OOM-killed") && why.contains("128Mi (--memory)"), "{why}");
+    assert!(
+        why.contains("OOM-killed") && why.contains("128Mi (--memory)"),
+        "{why}"
+    );
     let ended: Pod = serde_json::from_value(serde_json::json!({
         "status": {"phase": "Failed", "containerStatuses": [{"name": "agent", "image": "x",
             "imageID": "", "ready": false, "restartCount": 0,
