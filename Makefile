@@ -8,13 +8,14 @@ CA_BUNDLE    ?= /etc/ssl/certs/ca-certificates.crt
 BIN          := target/debug/caw-box
 CA_FLAG      := $(if $(wildcard $(CA_BUNDLE)),--ca-cert $(CA_BUNDLE),)
 
-.PHONY: deps build test test-unit test-e2e images stub-image demo bench drift fuzz lint clean help
+.PHONY: deps build test test-unit test-e2e images stub-image demo bench bench-cluster drift fuzz lint clean help
 
 help:
 	@echo "make demo    run a session and resume it (stub model, no vendor account needed)"
 	@echo "make test    lint + every test (starts Docker, builds images as needed)"
 	@echo "make images  build the base and the four provider images"
 	@echo "make bench   benchmarks against plain docker run"
+	@echo "make bench-cluster  a turn on ../shared/k8s-lab against a plain pod (takes the lab)"
 	@echo "make drift   the newest vendor CLIs against the core e2e checks (table + target/drift.json)"
 	@echo "make fuzz    property tests of every parser of untrusted input, 10^6 inputs each"
 	@echo "make lint    rustfmt --check and clippy -D warnings"
@@ -47,6 +48,10 @@ demo: build
 
 bench: build
 	$(RIG) with scripts/bench.sh
+
+# Not part of `bench`: it takes the machine's one k8s-lab (up, then down when it ends).
+bench-cluster: build
+	$(RIG) with scripts/bench.sh --only cluster
 
 # Not part of `test`: the newest CLI releases, built as caw-box-drift/* images.
 drift: build

@@ -12,8 +12,11 @@
 //! peak RSS of caw-box
 //! during a turn; 32 turns at once against the same turns one by one.
 //!
+//! `--only cluster` (`make bench-cluster`; never part of the default run: it takes the
+//! machine's one k8s-lab) times a codex turn on the lab against a plain pod.
+//!
 //! To iterate on one number: `--only PART` (`cold`, `parse`, `listing`, `turns`,
-//! `concurrent`; repeatable) runs just those parts, `--provider P` (repeatable) just those
+//! `concurrent`, `cluster`; repeatable) runs just those parts, `--provider P` (repeatable) just those
 //! providers' turns, `--reps N` sets the repetitions of each turn (default 11).
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
@@ -732,12 +735,17 @@ fn main() {
     if filter.wants("turns") || filter.wants("concurrent") {
         results.extend(turns(smoke, &filter));
     }
+    // Only when asked: it takes the machine's one k8s-lab (`make test` runs its own).
+    if filter.parts.iter().any(|p| p == "cluster") {
+        results.extend(cluster(filter.reps.unwrap_or(5)));
+    }
 
     println!("{:<52} {:>12}   {:<14} met", "measure", "median", "target");
     for m in &results {
         let met = match m.met {
             Some(true) => "yes",
             Some(false) => "NO",
+            None if m.target == "(reported)" => "-",
             None => "(smoke)",
         };
         let digits = if m.unit == "x" { 2 } else { 1 };
@@ -752,4 +760,257 @@ fn main() {
     if results.iter().any(|m| m.met == Some(false)) {
         std::process::exit(1);
     }
+}
+
+/// The lab script: `CAW_BOX_K8S_LAB`, else `shared/k8s-lab/k8s-lab` beside the checkout or
+/// one of its parents.
+fn lab_script() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("CAW_BOX_K8S_LAB") {
+        return p.into();
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    root.ancestors()
+        .skip(1)
+        .map(|d| d.join("shared/k8s-lab/k8s-lab"))
+        .find(|p| p.exists())
+        .expect("the k8s-lab script (shared/k8s-lab beside the checkout, or CAW_BOX_K8S_LAB)")
+}
+
+const LAB_DIR: &str = "/tmp/k8s-lab";
+const LAB_KUBECTL: &str = "/var/cache/k8s-lab/bin/kubectl";
+
+fn lab_kubectl(args: &[&str], stdin: Option<&str>) -> String {
+    let mut c = Command::new(LAB_KUBECTL);
+    c.env("KUBECONFIG", format!("{LAB_DIR}/kubeconfig"))
+        .args(["-n", "default"])
+        .args(args);
+    if stdin.is_some() {
+        c.stdin(std::process::Stdio::piped());
+    }
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("kubectl");
+    if let Some(text) = stdin {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The lab while the cluster part runs; `k8s-lab down` when dropped.
+struct LabUp;
+
+impl Drop for LabUp {
+    fn drop(&mut self) {
+        let _ = Command::new(lab_script()).args(["down", LAB_DIR]).output();
+    }
+}
+
+/// `--only cluster`: a codex turn through caw-box on ../shared/k8s-lab (`resume` of a
+/// session, so its claims exist) against the same turn as a plain pod: `kubectl run --rm
+/// -i` of the same image, CLI command, env and hardening, with a claim of its own at HOME.
+/// Both answered by the stub model as a pod (by pod IP: the lab has no DNS). Ratio of
+/// medians; no target yet (reported, not held).
+fn cluster(reps: usize) -> Vec<Measure> {
+    use caw_box::provider::TurnRequest;
+    let script = lab_script();
+    let _ = Command::new(&script).args(["down", LAB_DIR]).output();
+    let up = Command::new(&script)
+        .args(["up", LAB_DIR])
+        .output()
+        .unwrap();
+    assert!(
+        up.status.success(),
+        "k8s-lab up: {}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let _lab = LabUp;
+    let stub_image = "caw-box-test/stub-model:latest";
+    let load = Command::new(&script)
+        .args(["load-image", "caw-box/codex:latest", stub_image])
+        .output()
+        .unwrap();
+    assert!(
+        load.status.success(),
+        "load-image: {}",
+        String::from_utf8_lossy(&load.stderr)
+    );
+    let stub = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "bench-stub", "labels": {"app.kubernetes.io/managed-by": "caw-box-bench"}},
+        "spec": {"restartPolicy": "Never", "automountServiceAccountToken": false,
+            "containers": [{"name": "stub", "image": stub_image, "imagePullPolicy": "Never",
+                "env": [{"name": "STUB_EXPECT_KEY", "value": BENCH_KEY}]}]}
+    });
+    lab_kubectl(&["apply", "-f", "-"], Some(&stub.to_string()));
+    lab_kubectl(
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/bench-stub",
+            "--timeout=120s",
+        ],
+        None,
+    );
+    let ip = lab_kubectl(
+        &["get", "pod", "bench-stub", "-o", "jsonpath={.status.podIP}"],
+        None,
+    );
+    let endpoint = format!("http://{}:8080", ip.trim());
+    // The stub listens a moment after its pod is ready.
+    for _ in 0..50 {
+        let addr = format!("{}:8080", ip.trim()).parse().unwrap();
+        if std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(200))
+            .is_ok()
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+
+    let data = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("README.md"), "bench\n").unwrap();
+    let caw = |args: &[&str]| {
+        let mut c = Command::new(caw_box());
+        c.args(["--backend", "kubernetes", "--namespace", "default"])
+            .args(args)
+            .args([
+                "--env",
+                &format!("OPENAI_API_KEY={BENCH_KEY}"),
+                "-q",
+                "-o",
+                "json",
+            ])
+            .env("CAW_BOX_DATA_DIR", data.path())
+            .env("KUBECONFIG", format!("{LAB_DIR}/kubeconfig"))
+            .env_remove("CAW_BOX_BACKEND")
+            .current_dir(ws.path());
+        c
+    };
+    let (_, first, _) = timed(caw(&[
+        "run",
+        "--provider",
+        "codex",
+        "--model",
+        "gpt-5.5",
+        "--endpoint",
+        &endpoint,
+        "REMEMBER:bench",
+    ]));
+    let id = serde_json::from_str::<serde_json::Value>(first.trim()).unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let caw_times: Vec<f64> = (0..reps)
+        .map(|_| timed(caw(&["resume", &id, "hello"])).0)
+        .collect();
+
+    let claim = serde_json::json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "bench-plain-home", "labels": {"app.kubernetes.io/managed-by": "caw-box-bench"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    });
+    lab_kubectl(&["apply", "-f", "-"], Some(&claim.to_string()));
+    let command = ProviderKind::Codex.adapter().turn_command(&TurnRequest {
+        prompt: "hello",
+        model: Some("gpt-5.5"),
+        endpoint: Some(&endpoint),
+        ..Default::default()
+    });
+    let mut env = vec![
+        serde_json::json!({"name": "HOME", "value": "/home/agent"}),
+        serde_json::json!({"name": "OPENAI_API_KEY", "value": BENCH_KEY}),
+    ];
+    env.extend(
+        command
+            .env
+            .iter()
+            .map(|(k, v)| serde_json::json!({"name": k, "value": v})),
+    );
+    let plain_times: Vec<f64> = (0..reps)
+        .map(|i| {
+            let name = format!("bench-plain-{i}");
+            let overrides = serde_json::json!({
+                "spec": {
+                    "restartPolicy": "Never", "automountServiceAccountToken": false,
+                    "securityContext": {"fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": name, "image": "caw-box/codex:latest", "imagePullPolicy": "Never",
+                        "args": command.argv, "env": env, "workingDir": "/workspace",
+                        "stdin": command.stdin.is_some(), "stdinOnce": true,
+                        "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": true,
+                            "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                            "capabilities": {"drop": ["ALL"]}},
+                        "volumeMounts": [{"name": "home", "mountPath": "/home/agent"},
+                            {"name": "tmp", "mountPath": "/tmp"},
+                            {"name": "ws", "mountPath": "/workspace"}]
+                    }],
+                    "volumes": [{"name": "home", "persistentVolumeClaim": {"claimName": "bench-plain-home"}},
+                        {"name": "tmp", "emptyDir": {}}, {"name": "ws", "emptyDir": {}}]
+                }
+            });
+            let mut c = Command::new(LAB_KUBECTL);
+            c.env("KUBECONFIG", format!("{LAB_DIR}/kubeconfig"))
+                .args(["-n", "default", "run", &name, "--rm", "-i", "--quiet"])
+                .args(["--restart=Never", "--image=caw-box/codex:latest", "--image-pull-policy=Never"])
+                .arg(format!("--overrides={overrides}"));
+            if let Some(stdin) = &command.stdin {
+                let file = data.path().join(format!("stdin-{i}"));
+                std::fs::write(&file, stdin).unwrap();
+                c.stdin(std::fs::File::open(file).unwrap());
+            } else {
+                c.stdin(std::process::Stdio::null());
+            }
+            timed(c).0
+        })
+        .collect();
+    let (caw, plain) = (median(caw_times), median(plain_times));
+    let _ = Command::new(caw_box())
+        .args([
+            "--backend",
+            "kubernetes",
+            "--namespace",
+            "default",
+            "rm",
+            "--force",
+            &id,
+        ])
+        .env("CAW_BOX_DATA_DIR", data.path())
+        .env("KUBECONFIG", format!("{LAB_DIR}/kubeconfig"))
+        .output();
+    vec![
+        Measure {
+            name: "cluster: codex resume turn, caw-box (s)".into(),
+            value: caw,
+            unit: "s",
+            target: "(reported)".into(),
+            met: None,
+        },
+        Measure {
+            name: "cluster: the same turn, kubectl run --rm -i (s)".into(),
+            value: plain,
+            unit: "s",
+            target: "(reported)".into(),
+            met: None,
+        },
+        Measure {
+            name: "cluster: caw-box / plain pod".into(),
+            value: caw / plain,
+            unit: "x",
+            target: "(reported)".into(),
+            met: None,
+        },
+    ]
 }

@@ -171,6 +171,9 @@ impl Backend for Engine {
     fn turns_outlive_driver(&self) -> bool {
         dispatch!(self, b => Backend::turns_outlive_driver(b))
     }
+    async fn ended_by_environment(&self, name: &str) -> Option<String> {
+        dispatch!(self, b => Backend::ended_by_environment(b, name).await)
+    }
     async fn note_stop(&self, name: &str) -> Result<()> {
         dispatch!(self, b => Backend::note_stop(b, name).await)
     }

@@ -107,6 +107,13 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn note_stop(&self, _name: &str) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
+    /// Why a turn's container failed when the cause lies outside the CLI, for the turn's
+    /// result: the kernel killed a process of it for memory (its limit), or the cluster
+    /// evicted it. `None`: nothing of the kind is known (Docker reports none here: its
+    /// turns keep their Docker behaviour).
+    fn ended_by_environment(&self, _name: &str) -> impl Future<Output = Option<String>> + Send {
+        async { None }
+    }
     /// Whether the backend certainly sees this process's host paths as they are (a bind
     /// mount of a host directory shows that directory); `false`: maybe not, check.
     fn surely_shares_paths(&self) -> bool;

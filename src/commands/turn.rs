@@ -111,6 +111,7 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
         )
         .await?;
     }
+    refuse_unsupported(client.backend(), &session_settings)?;
     if models::needs_discovery(provider, &session_settings) {
         let (model, how) =
             models::discover(client.backend(), provider, &session_settings, &options.env).await?;
@@ -169,6 +170,7 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
     check_credentials_mode(&args.turn, client.backend())?;
     let mut session = client.open(&target).await?;
     settings::apply_resume_overrides(session.settings_mut(), &args.turn.settings)?;
+    refuse_unsupported(client.backend(), session.settings_mut())?;
     if args.turn.detach {
         detach(client.backend(), &session, &options).await?;
         return Ok(print_detached(&session, args.turn.output));
@@ -229,6 +231,7 @@ async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32>
     for view in &members {
         let mut session = client.open(&view.facts.session_id.to_string()).await?;
         settings::apply_resume_overrides(session.settings_mut(), &turn_args.settings)?;
+        refuse_unsupported(client.backend(), session.settings_mut())?;
         sessions.push(session);
     }
     if !quiet && turn_args.output == OutputFormat::Text {
@@ -309,6 +312,37 @@ fn finish(result: &TurnResult) -> Result<i32> {
         None => Ok(0),
         Some(e) => Err(e.with_result_printed()),
     }
+}
+
+/// Settings a backend cannot honour are refused before anything is made, never ignored:
+/// Kubernetes has no per-pod process limit (a node's kubelet sets `podPidsLimit` for all
+/// its pods, or none); and a pod's egress cannot be held to `--allow-host` by caw-box
+/// alone (a proxy beside the agent is only advice without a NetworkPolicy that a cluster
+/// may not enforce), nor put on a Docker network.
+fn refuse_unsupported(backend: &Engine, settings: &SessionSettings) -> Result<()> {
+    let Engine::Kubernetes(_) = backend else {
+        return Ok(());
+    };
+    if !settings.allow_hosts.is_empty() {
+        return Err(Error::usage(
+            "--allow-host is not available with the kubernetes backend: caw-box cannot hold a pod's egress to a list on its own (that takes a NetworkPolicy the cluster enforces)",
+        )
+        .with_hint("drop --allow-host (and `allow_host` from config files); restrict the namespace's egress with a NetworkPolicy"));
+    }
+    if !matches!(settings.network.as_str(), "open" | "") {
+        return Err(Error::usage(format!(
+            "--network {} is not available with the kubernetes backend: pods use the cluster's network",
+            settings.network
+        ))
+        .with_hint("drop --network (and `network` from config files)"));
+    }
+    if let Some(limit) = settings.pids_limit {
+        return Err(Error::usage(format!(
+            "--pids-limit {limit} is not available with the kubernetes backend: a pod spec has no process limit (a node's kubelet sets one for all its pods, `podPidsLimit`)"
+        ))
+        .with_hint("drop --pids-limit (and `pids_limit` from config files); ask the cluster's admin for a kubelet podPidsLimit"));
+    }
+    Ok(())
 }
 
 /// `--workspace-mode auto` (the default): bind when the daemon sees the directory, else

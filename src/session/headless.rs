@@ -47,8 +47,8 @@ struct Adopted {
 /// output is read from the container's log from its start (stdout and stderr as one
 /// stream: the log keeps them together), and once the CLI ended the record is handed in
 /// on the container's stdin, which stayed open, as the driver would have. `record` is the
-/// stored one (before this turn). The driver's `--timeout` is not kept: the turn runs to
-/// its end or to `caw-box stop`.
+/// stored one (before this turn). The driver's `--timeout` holds, counted from the pod's
+/// start (the driver left it in the runtime directory).
 pub(super) async fn adopt(
     backend: &impl Backend,
     record: &mut SessionRecord,
@@ -64,8 +64,17 @@ pub(super) async fn adopt(
         .flatten()
         .map(|p| String::from_utf8_lossy(&p).into_owned())
         .unwrap_or_default();
+    // The driver's --timeout, kept from the turn's start.
+    let timeout = backend
+        .download_file(name, &format!("{}/{TIMEOUT_FILE}", super::runtime::RUN_DIR))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|t| String::from_utf8_lossy(&t).trim().parse::<u64>().ok())
+        .map(Duration::from_millis);
     let options = super::turn::TurnOptions {
         prompt,
+        timeout,
         ..Default::default()
     };
     let running_for = created.and_then(|t| t.elapsed().ok()).unwrap_or_default();
@@ -91,6 +100,8 @@ pub(super) async fn adopt(
 /// The runtime file that holds a turn's prompt, for [`adopt`] (on backends where turns
 /// outlive their driver).
 pub(super) const PROMPT_FILE: &str = "prompt";
+/// The runtime file that holds a turn's `--timeout` in milliseconds, for [`adopt`].
+pub(super) const TIMEOUT_FILE: &str = "timeout";
 
 /// The container's stdin for the record hand-off, through an attachment of its own (an
 /// adopted turn's): the attachment lives as long as this.
@@ -193,7 +204,9 @@ async fn drive(
     let mut stderr_lines = LineBuffer::default();
     let mut ended_early = None;
     let now = tokio::time::Instant::now;
-    let deadline = options.timeout.map(|t| now() + t);
+    // An adopted turn's time started with its pod.
+    let ran = adopted.map(|a| a.running_for).unwrap_or_default();
+    let deadline = options.timeout.map(|t| now() + t.saturating_sub(ran));
     // Reset by every line the CLI prints.
     let mut idle_deadline = options.idle_timeout.map(|t| now() + t);
     // Armed while the CLI reports that it cannot reach its model: `--connect-timeout`
@@ -344,6 +357,12 @@ async fn drive(
             unreachable_words = Some(outcome.result.clone());
         }
     }
+    // A CLI that failed because its pod hit a wall outside it (memory, an eviction): the
+    // environment's failure (exit 3), not the agent's.
+    let environment = match ended_early {
+        None if failed => backend.ended_by_environment(name).await,
+        _ => None,
+    };
     if let Some(key) = reader.parser.resume_key() {
         record.resume_key = key.to_string();
         record.key_confirmed = true;
@@ -382,6 +401,9 @@ async fn drive(
                 (Status::Interrupted, "the turn was interrupted".to_string())
             }
         };
+    } else if let Some(why) = &environment {
+        outcome.status = Status::Error;
+        outcome.result = why.clone();
     } else if outcome.status != Status::Success && outcome.result.trim().is_empty() {
         outcome.result = last_line(&stderr_tail)
             .unwrap_or_else(|| format!("the CLI exited with code {exit_code}"));
@@ -397,6 +419,10 @@ async fn drive(
         ..
     } = reader;
 
+    let exit_code = match environment {
+        Some(_) => crate::error::ErrorKind::Environment.exit_code(),
+        None => outcome.status.exit_code(),
+    };
     let duration_ms = started.elapsed().as_millis() as u64;
     let turn_record = TurnRecord {
         turn,
@@ -406,7 +432,7 @@ async fn drive(
         usage: outcome.usage,
         started_at,
         duration_ms,
-        exit_code: outcome.status.exit_code(),
+        exit_code,
         cumulative_usage: outcome.cumulative_usage,
         interactive: false,
     };
@@ -421,7 +447,7 @@ async fn drive(
         resume_handle: handle_of(record).to_json(),
         usage: outcome.usage,
         duration_ms,
-        exit_code: outcome.status.exit_code(),
+        exit_code,
     };
     if !session_announced {
         sink(&Event::Session {

@@ -137,7 +137,12 @@ pub(super) async fn drive_tui(
 
     let key_file = format!("{RUN_DIR}/{RESUME_KEY_FILE}");
     let key_text = backend.download_file(name, &key_file).await.ok().flatten();
-    if let Some(key) = key_text.and_then(|t| plausible_key(&String::from_utf8_lossy(&t))) {
+    let mut key = key_text.and_then(|t| plausible_key(&String::from_utf8_lossy(&t)));
+    if key.is_none() && backend.turns_outlive_driver() {
+        // A pod's runtime directory is gone with it: the same script, on the state claim.
+        key = key_in_state(backend, record).await;
+    }
+    if let Some(key) = key {
         record.resume_key = key;
         record.key_confirmed = true;
     }
@@ -225,6 +230,52 @@ async fn window_changed(signal: &mut Option<tokio::signal::unix::Signal>) {
             s.recv().await;
         }
         None => std::future::pending().await,
+    }
+}
+
+/// The vendor key of the conversation the TUI wrote, read from the session's state by a
+/// helper that runs the adapter's key script there (where the turn's runtime directory,
+/// which held the entrypoint's answer, went with its pod).
+async fn key_in_state(backend: &impl Backend, record: &SessionRecord) -> Option<String> {
+    use super::names;
+    let id = record.session_id;
+    let spec = crate::backend::HelperSpec {
+        image: record.settings.image.clone(),
+        entrypoint: vec![
+            "bash".into(),
+            "-c".into(),
+            record.provider.adapter().latest_key_script(),
+        ],
+        env: vec![format!("HOME={}", crate::provider::AGENT_HOME)],
+        user: Some({
+            let (uid, gid) = crate::dirs::agent_ids();
+            format!("{uid}:{gid}")
+        }),
+        labels: names::LabelSet::new(id, names::roles::PROBE).finish(),
+        mounts: vec![crate::backend::MountSpec::volume(
+            names::state_volume(id),
+            crate::provider::AGENT_HOME,
+        )
+        .read_only()],
+        network: crate::backend::NetworkPolicy::None,
+        drop_all_capabilities: true,
+        no_new_privileges: true,
+        ..Default::default()
+    };
+    let name = names::helper_container(id, "key");
+    match backend.run_to_completion(&name, &spec).await {
+        Ok((0, out, _)) => plausible_key(&out),
+        Ok((code, _, err)) => {
+            tracing::debug!("the key script exited with {code}: {err}");
+            None
+        }
+        Err(e) => {
+            tracing::debug!(
+                "cannot read the TUI's key from the state: {}",
+                Error::from(e)
+            );
+            None
+        }
     }
 }
 

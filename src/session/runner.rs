@@ -138,6 +138,10 @@ pub async fn run_turn(
     if !options.interactive && backend.turns_outlive_driver() {
         // For whoever finishes the turn if this process is gone (`headless::adopt`).
         runtime.write(super::headless::PROMPT_FILE, options.prompt.as_bytes());
+        if let Some(timeout) = options.timeout {
+            let millis = timeout.as_millis().to_string();
+            runtime.write(super::headless::TIMEOUT_FILE, millis.as_bytes());
+        }
     }
     let mut env: Vec<String> = command
         .env

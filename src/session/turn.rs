@@ -9,7 +9,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::backend::TarFile;
 use crate::backend::{Backend, CreateError};
 use crate::dirs;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::provider::AGENT_HOME;
 use crate::session::files;
@@ -214,6 +214,9 @@ pub(super) async fn place_home_files(
 /// success).
 pub fn turn_error(result: &TurnResult) -> Option<Error> {
     let kind = result.status.error_kind()?;
+    // A turn's exit code can name the failure better than its status: an `error` turn
+    // whose pod ran out of memory is the environment's (exit 3).
+    let kind = ErrorKind::from_exit_code(result.exit_code).unwrap_or(kind);
     let summary = result.result.lines().next().unwrap_or("").trim();
     let mut e = Error::new(
         kind,

@@ -713,3 +713,419 @@ fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
     }
     drop(lab);
 }
+
+/// The one `caw-box: error:` line of a failed command's stderr (with `-q`, nothing else).
+fn error_line(out: &Output) -> String {
+    let stderr = stderr_of(out);
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("caw-box: error: "))
+        .collect();
+    assert_eq!(errors.len(), 1, "not one error line: {stderr}");
+    errors[0].to_string()
+}
+
+#[test]
+fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
+    const P: P = CODEX;
+    check("lab up");
+    let lab = Lab::up();
+    check("load images");
+    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    let endpoint = lab.start_stub();
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str], prompt: &str| {
+        let mut c = turn_cmd(
+            P,
+            data.path(),
+            workspace.path(),
+            &lab,
+            &["-q", "run", "--provider", P.name, "--endpoint", &endpoint],
+        );
+        c.args(["--model", P.model.unwrap()])
+            .args(extra)
+            .arg(prompt);
+        c
+    };
+    let resume = |id: &str, extra: &[&str], prompt: &str| {
+        let mut c = turn_cmd(
+            P,
+            data.path(),
+            workspace.path(),
+            &lab,
+            &["-q", "resume", id, "--endpoint", &endpoint],
+        );
+        c.args(extra).arg(prompt);
+        c
+    };
+    let session_of = |out: &Output| {
+        let line = error_line(out);
+        let start = line.find("session ").expect("a session id") + "session ".len();
+        line[start..start + 36].to_string()
+    };
+
+    check("OOM-killed: one line naming it, exit 3; resumed with more memory, it recalls");
+    let out = crate::common::run(run(
+        &["--memory", "128m"],
+        "REMEMBER:plum RUN:head -c 600m /dev/zero | tail",
+    ));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
+    let line = error_line(&out);
+    assert!(
+        line.contains("OOM-killed") && line.contains("128Mi (--memory)"),
+        "{line}"
+    );
+    let id = session_of(&out);
+    assert_eq!(json_of(&out)["exit_code"], 3);
+    let out = crate::common::run(resume(&id, &["--memory", "1g"], "RECALL"));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        result_text(&json_of(&out)).contains("You told me to remember plum"),
+        "{}",
+        stdout_of(&out)
+    );
+
+    check("evicted (the Eviction API, as a node drain does): one line, exit 3, resumable");
+    let child = run(&[], "REMEMBER:pear SLEEP:60")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The newest turn pod, once it runs and its driver fed it.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let pod = loop {
+        let pods = lab.kubectl_ok(&[
+            "get",
+            "pod",
+            "-l",
+            "app.kubernetes.io/managed-by=caw-box",
+            "--field-selector=status.phase=Running",
+            "-o",
+            "name",
+        ]);
+        // A turn pod is named caw-box-<session id> (not a helper's caw-box-probe-...).
+        let turn = pods
+            .lines()
+            .map(|p| p.trim_start_matches("pod/"))
+            .find(|p| p.len() == "caw-box-".len() + 36);
+        if let Some(p) = turn {
+            break p.to_string();
+        }
+        assert!(Instant::now() < deadline, "no turn pod ran");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    std::thread::sleep(Duration::from_secs(4));
+    let eviction = serde_json::json!({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod, "namespace": NAMESPACE}
+    });
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), eviction.to_string()).unwrap();
+    lab.kubectl_ok(&[
+        "create",
+        "--raw",
+        &format!("/api/v1/namespaces/{NAMESPACE}/pods/{pod}/eviction"),
+        "-f",
+        &file.path().to_string_lossy(),
+    ]);
+    let out = crate::common::wait_with_deadline(child, Duration::from_secs(120));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
+    let line = error_line(&out);
+    assert!(line.contains("evicted") && line.contains(&pod), "{line}");
+    let evicted = pod.trim_start_matches("caw-box-").to_string();
+    let out = crate::common::run(resume(&evicted, &[], "hello again"));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+
+    check("a claim that cannot bind: one line naming it, exit 3, nothing left");
+    let before = lab.caw_objects();
+    let mut nope = run(&[], "hello");
+    nope.env("CAW_BOX_STORAGE_CLASS", "caw-box-e2e-absent");
+    let out = crate::common::run(nope);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
+    let line = error_line(&out);
+    assert!(
+        line.contains("claim 'caw-box-") && line.contains("'caw-box-e2e-absent'"),
+        "{line}"
+    );
+    assert_eq!(lab.caw_objects(), before, "something was left");
+    // A class that exists but never provisions: the claims stay Pending.
+    let class = serde_json::json!({
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": "caw-box-e2e-never-binds",
+                     "labels": {"app.kubernetes.io/managed-by": "caw-box-e2e"}},
+        "provisioner": "example.invalid/none"
+    });
+    std::fs::write(file.path(), class.to_string()).unwrap();
+    lab.kubectl_ok(&["apply", "-f", &file.path().to_string_lossy()]);
+    let mut pending = run(&[], "hello");
+    pending.env("CAW_BOX_STORAGE_CLASS", "caw-box-e2e-never-binds");
+    let out = crate::common::run(pending);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
+    let line = error_line(&out);
+    assert!(
+        line.contains("claim 'caw-box-") && line.contains("not bound"),
+        "{line}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while lab.caw_objects() != before {
+        assert!(Instant::now() < deadline, "left: {:?}", lab.caw_objects());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    check("--pids-limit: refused with exit 2, nothing made");
+    let out = crate::common::run(run(&["--pids-limit", "100"], "hello"));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        error_line(&out).contains("--pids-limit"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert_eq!(lab.caw_objects(), before, "something was made");
+    let out = crate::common::run(resume(&id, &["--pids-limit", "100"], "hello"));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+
+    check("--allow-host: refused with exit 2 (no NetworkPolicy to hold it), nothing made");
+    let out = crate::common::run(run(&["--allow-host", "@provider"], "hello"));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        error_line(&out).contains("--allow-host"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert_eq!(lab.caw_objects(), before, "something was made");
+
+    check("wait on a turn whose driver is gone keeps its --timeout");
+    let out = crate::common::run(resume(
+        &id,
+        &["-d", "--timeout", "15s"],
+        "SLEEP:120 REMEMBER:never",
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = lab.turn_pod_annotation(&id, "io.caw-box.driver-pid");
+    let pid: i32 = pid
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no pid: {pid:?}"));
+    assert!(Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let started = Instant::now();
+    let (waited, _d) = fresh(&lab, workspace.path(), &["wait", &id, "-o", "json"]);
+    assert_eq!(
+        waited.status.code(),
+        Some(124),
+        "{}\n{}",
+        stdout_of(&waited),
+        stderr_of(&waited)
+    );
+    assert_eq!(json_of(&waited)["status"], "timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "wait took {:?} (the turn sleeps 120 s)",
+        started.elapsed()
+    );
+    let _ = lab.kubectl(&["delete", "storageclass", "caw-box-e2e-never-binds"]);
+    drop(lab);
+}
+
+/// A tmux server of the test's own (its own socket), one window running `caw-box` on the
+/// lab; killed when dropped.
+struct LabTmux {
+    socket: String,
+}
+
+impl LabTmux {
+    fn tmux(&self) -> Command {
+        let mut c = Command::new("tmux");
+        c.args(["-L", &self.socket]).env_remove("TMUX");
+        c
+    }
+
+    fn ok(&self, args: &[&str]) {
+        let out = self.tmux().args(args).output().expect("tmux");
+        assert!(out.status.success(), "tmux {args:?}: {}", stderr_of(&out));
+    }
+
+    /// Starts `c` (a caw-box command) in a 120x40 window; when it ends the window prints
+    /// `EXIT=<code>`.
+    fn start(socket: &str, c: &Command, dir: &Path) -> LabTmux {
+        let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+        let mut script = String::from("set +e\n");
+        for (k, v) in c.get_envs() {
+            let k = k.to_string_lossy();
+            match v {
+                Some(v) => {
+                    script.push_str(&format!("export {k}={}\n", quote(&v.to_string_lossy())))
+                }
+                None => script.push_str(&format!("unset {k}\n")),
+            }
+        }
+        if let Some(cwd) = c.get_current_dir() {
+            script.push_str(&format!("cd {}\n", quote(&cwd.to_string_lossy())));
+        }
+        script.push_str(&quote(&c.get_program().to_string_lossy()));
+        for a in c.get_args() {
+            script.push(' ');
+            script.push_str(&quote(&a.to_string_lossy()));
+        }
+        script.push_str("\necho \"EXIT=$?\"\nsleep 600\n");
+        let path = dir.join("tui.sh");
+        std::fs::write(&path, script).unwrap();
+        let tmux = LabTmux {
+            socket: socket.to_string(),
+        };
+        let _ = tmux.tmux().arg("kill-server").output();
+        tmux.ok(&[
+            "new-session",
+            "-d",
+            "-s",
+            "main",
+            "-x",
+            "120",
+            "-y",
+            "40",
+            &format!("bash {}", path.display()),
+        ]);
+        tmux
+    }
+
+    fn screen(&self) -> String {
+        let out = self
+            .tmux()
+            .args(["capture-pane", "-p", "-t", "main"])
+            .output()
+            .unwrap();
+        stdout_of(&out)
+    }
+
+    fn wait_for(&self, needle: &str, what: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let screen = self.screen();
+            if screen.contains(needle) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: '{needle}' did not appear; the screen:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Types `text`, waits until the TUI shows it, then presses Enter.
+    fn type_line(&self, text: &str) {
+        self.ok(&["send-keys", "-t", "main", "-l", text]);
+        self.wait_for(text, "the TUI did not show the typed text");
+        std::thread::sleep(Duration::from_millis(800));
+        self.ok(&["send-keys", "-t", "main", "Enter"]);
+    }
+}
+
+impl Drop for LabTmux {
+    fn drop(&mut self) {
+        let _ = self.tmux().arg("kill-server").output();
+    }
+}
+
+impl Lab {
+    /// Waits until the terminal of pod `pod` (as its entrypoint sees it) has `rows columns`.
+    fn assert_tty_size(&self, pod: &str, rows: u16, columns: u16) {
+        let want = format!("{rows} {columns}");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let out = self.kubectl(&[
+                "exec",
+                pod,
+                "-c",
+                "agent",
+                "--",
+                "sh",
+                "-c",
+                "stty size </proc/1/fd/0",
+            ]);
+            let got = stdout_of(&out).trim().to_string();
+            if got == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the pod's terminal is {got:?} ({}), not {want}",
+                stderr_of(&out)
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+}
+
+#[test]
+fn kubernetes_codex_tui_through_attach_follows_resizes_and_resumes_headless() {
+    check("lab up");
+    let lab = Lab::up();
+    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    let endpoint = lab.start_stub();
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let name = format!("tui-{}", std::process::id());
+
+    check("the codex TUI in tmux, attached to its pod with a terminal");
+    let mut c = caw_k8s(data.path(), workspace.path(), &lab);
+    // gpt-6-sol: for gpt-5.5 the TUI first offers a model upgrade (a one-time question).
+    c.args(["run", "--provider", "codex", "--name", &name])
+        .args(["--endpoint", &endpoint, "--model", "gpt-6-sol"])
+        .args(["--env", &format!("OPENAI_API_KEY={TEST_KEY}")]);
+    let tmux = LabTmux::start(&format!("cbk-{name}"), &c, data.path());
+    tmux.wait_for("Ask Codex to do anything", "codex's TUI did not come up");
+    let pods = lab.kubectl_ok(&[
+        "get",
+        "pod",
+        "-l",
+        "app.kubernetes.io/managed-by=caw-box",
+        "-o",
+        "name",
+    ]);
+    let pod = pods
+        .lines()
+        .map(|p| p.trim_start_matches("pod/"))
+        .find(|p| p.len() == "caw-box-".len() + 36)
+        .unwrap_or_else(|| panic!("no turn pod: {pods}"))
+        .to_string();
+    lab.assert_tty_size(&pod, 40, 120);
+    tmux.type_line("REMEMBER:zebra");
+    tmux.wait_for("Noted: zebra.", "the TUI did not answer");
+    tmux.ok(&["resize-window", "-t", "main", "-x", "100", "-y", "30"]);
+    lab.assert_tty_size(&pod, 30, 100);
+    tmux.ok(&["send-keys", "-t", "main", "C-c"]);
+    let screen = tmux.wait_for("EXIT=", "caw-box did not end after the TUI");
+    assert!(screen.contains("EXIT=0"), "{screen}");
+
+    check("a headless resume recalls what was told in the TUI");
+    let mut resume = turn_cmd(
+        CODEX,
+        data.path(),
+        workspace.path(),
+        &lab,
+        &["resume", &name],
+    );
+    resume.arg("RECALL");
+    let out = crate::common::run(resume);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let r = json_of(&out);
+    assert_eq!(r["turn"], 2, "{r}");
+    assert_eq!(result_text(&r), "You told me to remember zebra.", "{r}");
+    assert!(
+        !lab.caw_objects().iter().any(|o| o.starts_with("pod/")),
+        "a pod was left: {:?}",
+        lab.caw_objects()
+    );
+    drop(tmux);
+    drop(lab);
+}

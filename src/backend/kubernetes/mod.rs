@@ -26,8 +26,14 @@
 //! can finish a turn whose driver is gone (`session::headless::adopt`). `caw-box stop`
 //! annotates the pod (`note_stop`), read after the pod ended.
 //!
-//! Not here: egress proxies and networks, the TUI, image builds (images come from a
-//! registry, or `k8s-lab load-image` in tests).
+//! A TUI turn's pod has a terminal and waits for its runtime files, which are put in once
+//! it runs (a terminal's stdin is no way for an archive); `resize_tty` reaches the
+//! attachment this process holds. A turn failed by its environment is told by
+//! `ended_by_environment` (OOM kills counted by the pod's memory cgroup, an eviction).
+//!
+//! Not here: egress proxies and networks (refused before a turn: see the README), a
+//! process limit (a pod has none; a kubelet's `podPidsLimit` is the node's), image builds
+//! (images come from a registry, or `k8s-lab load-image` in tests).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -38,6 +44,7 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
     ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, AttachParams, DeleteParams, ListParams, LogParams, PostParams};
@@ -60,6 +67,9 @@ pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "caw-box")
 const START_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a deleted pod may take to go.
 const GONE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a turn's claims may take to bind before the turn is refused (the lab's bind
+/// within a second; a provisioner in the cloud takes some seconds).
+const CLAIM_BIND_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(250);
 /// How long a turn pod whose CLI ended waits for its record (the entrypoint's
 /// `CAW_BOX_HANDOFF_WAIT`): long, so that a detached turn whose driver is gone is still
@@ -73,7 +83,12 @@ pub struct KubeBackend {
     namespace: String,
     /// Where the client's configuration came from, for messages.
     origin: String,
+    /// The terminal size senders of this process's TTY attachments, by pod name.
+    terminals: std::sync::Arc<std::sync::Mutex<HashMap<String, Resizer>>>,
 }
+
+/// Sends a TTY attachment's new size (columns, rows); `false` once the attachment ended.
+type Resizer = Box<dyn FnMut(u16, u16) -> bool + Send>;
 
 impl std::fmt::Debug for KubeBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -173,6 +188,7 @@ impl KubeBackend {
             client,
             namespace,
             origin,
+            terminals: Default::default(),
         };
         let pods = backend.pods();
         let first = ListParams::default().limit(1);
@@ -220,7 +236,8 @@ impl KubeBackend {
     /// Waits for a created pod's container to run (or to have run already); a pod whose
     /// image cannot be had is deleted and reported as `ImageMissing`.
     async fn wait_running(&self, name: &str, image: &str) -> std::result::Result<(), CreateError> {
-        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        let started = tokio::time::Instant::now();
+        let deadline = started + START_TIMEOUT;
         let mut last;
         loop {
             let pod = self
@@ -242,6 +259,25 @@ impl KubeBackend {
                     ))));
                 }
                 Progress::Waiting(why) => last = why,
+            }
+            // A claim that does not bind (no default storage class, a provisioner that
+            // fails) keeps the pod unscheduled for ever: told, not waited out.
+            if started.elapsed() > CLAIM_BIND_TIMEOUT && !pod_scheduled(&pod) {
+                let unbound = self.unbound_claims(&pod).await;
+                if !unbound.is_empty() {
+                    let _ = self.remove_container(name, true).await;
+                    return Err(CreateError::Other(
+                        Error::environment(format!(
+                            "pod '{name}' cannot start: claim {} not bound after {} s",
+                            unbound.join(", claim "),
+                            CLAIM_BIND_TIMEOUT.as_secs()
+                        ))
+                        .with_hint(format!(
+                            "`kubectl -n {} describe pvc` says why (a storage class that does not exist or cannot provision?)",
+                            self.namespace
+                        )),
+                    ));
+                }
             }
             if tokio::time::Instant::now() > deadline {
                 let _ = self.remove_container(name, true).await;
@@ -501,6 +537,91 @@ fn pod_progress(pod: &Pod) -> Progress {
     Progress::Waiting(format!("{phase} {why}").trim().to_string())
 }
 
+/// Reads a pod's memory cgroup counters (cgroup v1 and v2; one of them is there).
+const OOM_COUNTERS: &str =
+    "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null; true";
+
+/// The kernel's OOM kills in [`OOM_COUNTERS`]' output (`oom_kill N` lines).
+fn oom_kills(counters: &str) -> u64 {
+    counters
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("oom_kill "))
+        .filter_map(|n| n.trim().parse::<u64>().ok())
+        .sum()
+}
+
+/// The result line of a turn whose pod hit its memory limit.
+fn out_of_memory(pod: &Pod) -> String {
+    let limit = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| {
+            c.resources
+                .as_ref()?
+                .limits
+                .as_ref()?
+                .get("memory")
+                .cloned()
+        })
+        .map(|q| format!("its memory limit of {} (--memory)", readable_bytes(&q.0)))
+        .unwrap_or_else(|| "the node's memory".to_string());
+    format!("the turn's pod was OOM-killed: a process of it used up {limit}")
+}
+
+/// A quantity of bytes as written (`134217728` is `128Mi`).
+fn readable_bytes(quantity: &str) -> String {
+    match quantity.parse::<u64>() {
+        Ok(n) if n > 0 && n % (1 << 30) == 0 => format!("{}Gi", n >> 30),
+        Ok(n) if n > 0 && n % (1 << 20) == 0 => format!("{}Mi", n >> 20),
+        _ => quantity.to_string(),
+    }
+}
+
+/// Why the cluster ended a pod, when its status says: the kubelet evicted it (node
+/// pressure), or killed its container for memory.
+fn pod_failure(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    if status.reason.as_deref() == Some("Evicted") {
+        return Some(format!(
+            "the turn's pod was evicted by its node: {}",
+            status
+                .message
+                .as_deref()
+                .unwrap_or("no reason given")
+                .trim()
+        ));
+    }
+    let oom = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+        .any(|t| t.reason.as_deref() == Some("OOMKilled"));
+    oom.then(|| out_of_memory(pod))
+}
+
+/// A turn's pod gone before the turn ended: the API's eviction (a node drain) deletes the
+/// pod, and on this side that looks as a deletion does.
+fn deleted_under_turn(name: &str) -> Error {
+    let id = name.strip_prefix("caw-box-").unwrap_or(name);
+    Error::environment(format!(
+        "the turn's pod '{name}' was deleted before the turn ended: evicted (a node drain, the Eviction API) or deleted by someone"
+    ))
+    .with_hint(format!(
+        "the session is kept: resume it with `caw-box resume {id}`"
+    ))
+}
+
+fn pod_scheduled(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "PodScheduled" && c.status == "True")
+}
+
 fn container_info(pod: &Pod) -> ContainerInfo {
     let status = pod.status.clone().unwrap_or_default();
     let (state, finished) = if pod.metadata.deletion_timestamp.is_some() {
@@ -631,12 +752,7 @@ fn pull_policy() -> String {
 
 /// The pod of a turn (see the module docs).
 pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
-    if spec.interactive.is_some() {
-        return Err(Error::usage(
-            "the interactive TUI is not available with the kubernetes backend yet",
-        )
-        .with_hint("pass a prompt (an argument, `-` or --prompt-file) for a headless turn"));
-    }
+    let interactive = spec.interactive.is_some();
     match &spec.network {
         NetworkPolicy::Default => {}
         other => {
@@ -645,7 +761,7 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
             )))
         }
     }
-    if !spec.runtime.files.is_empty() {
+    if !interactive && !spec.runtime.files.is_empty() {
         return Err(Error::environment(
             "a turn's runtime files travel on its stdin on Kubernetes: none can be put in a pod before it starts",
         ));
@@ -703,14 +819,17 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
             name: "agent".into(),
             image: Some(spec.image.clone()),
             image_pull_policy: Some(pull_policy()),
+            // A TUI's runtime files are put in once the pod runs (a terminal's stdin is no
+            // way for an archive): the image's entrypoint starts when they are there.
+            command: interactive.then(|| tui_command(&spec.runtime.mount)),
             args: Some(spec.argv.clone()),
             env: Some(env),
             working_dir: Some(spec.working_dir.clone()),
-            stdin: Some(spec.runtime_over_stdin),
+            stdin: Some(spec.runtime_over_stdin || interactive),
             // Open across attachments: the driver's attachment may end (a detached turn's
             // driver killed) and another caw-box hand the record in (`adopt`).
             stdin_once: Some(false),
-            tty: Some(false),
+            tty: Some(interactive),
             security_context: Some(hardened(uid, gid)),
             resources: Some(ResourceRequirements {
                 limits: (!limits.is_empty()).then_some(limits),
@@ -722,6 +841,19 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         volumes: Some(volumes),
         ..Default::default()
     })
+}
+
+/// The file in a TUI pod's runtime directory that says its runtime files are all there.
+const RUNTIME_READY: &str = ".caw-box-ready";
+
+/// A TUI pod's command: waits for its runtime files, then becomes the caw-box image's
+/// entrypoint (tini, `caw-box-entry`) with the turn's argv.
+fn tui_command(run_dir: &str) -> Vec<String> {
+    let script = format!(
+        "while [ ! -e {ready} ]; do sleep 0.1; done; exec /usr/bin/tini -- /usr/local/bin/caw-box-entry \"$@\"",
+        ready = shell_quote(&format!("{run_dir}/{RUNTIME_READY}"))
+    );
+    vec!["sh".into(), "-c".into(), script, "caw-box-tui".into()]
 }
 
 /// Where [`seed_home`] mounts the state claim.
@@ -882,6 +1014,23 @@ impl Backend for KubeBackend {
         self.create_pod(&self.pod(name, &spec.labels, pod_spec))
             .await?;
         self.wait_running(name, &spec.image).await?;
+        if spec.interactive.is_some() {
+            let dir = &spec.runtime.mount;
+            let mut files = spec.runtime.tar_files();
+            files.push(TarFile {
+                path: RUNTIME_READY,
+                contents: b"",
+                mode: 0o600,
+            });
+            let put = self
+                .upload_files(name, dir, &files, spec.user)
+                .await
+                .map_err(CreateError::Other);
+            if let Err(e) = put {
+                let _ = self.remove_container(name, true).await;
+                return Err(e);
+            }
+        }
         Ok(name.to_string())
     }
 
@@ -907,10 +1056,18 @@ impl Backend for KubeBackend {
     }
 
     async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {
+        let tty = self
+            .pods()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read pod '{name}'"), &e))?
+            .and_then(|p| p.spec?.containers.first()?.tty)
+            .unwrap_or(false);
         let params = AttachParams::default()
             .stdin(stdin)
             .stdout(true)
-            .stderr(true)
+            .stderr(!tty)
+            .tty(tty)
             .max_stdout_buf_size(64 * 1024)
             .max_stderr_buf_size(64 * 1024)
             .max_stdin_buf_size(64 * 1024);
@@ -919,8 +1076,22 @@ impl Backend for KubeBackend {
             .attach(name, &params)
             .await
             .map_err(|e| failed(format!("attach to pod '{name}'"), &e))?;
+        if let Some(mut sender) = process.terminal_size() {
+            let resize: Resizer = Box::new(move |width, height| {
+                sender
+                    .try_send(kube::api::TerminalSize { width, height })
+                    .is_ok()
+            });
+            if let Ok(mut terminals) = self.terminals.lock() {
+                terminals.insert(name.to_string(), resize);
+            }
+        }
         let stdout = process.stdout().expect("stdout was asked for");
-        let stderr = process.stderr().expect("stderr was asked for");
+        let stderr: OutputStream = match process.stderr() {
+            Some(stderr) => chunks(stderr, OutputChunk::Stderr),
+            // A terminal has one stream.
+            None => Box::pin(futures_util::stream::empty()),
+        };
         let input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> = match process.stdin() {
             Some(w) => Box::pin(w),
             None => Box::pin(tokio::io::sink()),
@@ -931,10 +1102,7 @@ impl Backend for KubeBackend {
             None
         })
         .filter_map(|x: Option<Result<OutputChunk>>| async move { x });
-        let output = futures_util::stream::select(
-            chunks(stdout, OutputChunk::Stdout),
-            chunks(stderr, OutputChunk::Stderr),
-        );
+        let output = futures_util::stream::select(chunks(stdout, OutputChunk::Stdout), stderr);
         let output = futures_util::stream::select(output, keep);
         Ok(Attached {
             output: Box::pin(output),
@@ -942,7 +1110,16 @@ impl Backend for KubeBackend {
         })
     }
 
-    async fn resize_tty(&self, _name: &str, _columns: u16, _rows: u16) -> Result<()> {
+    async fn resize_tty(&self, name: &str, columns: u16, rows: u16) -> Result<()> {
+        let mut terminals = self
+            .terminals
+            .lock()
+            .map_err(|_| Error::environment("the terminal sizes' lock is poisoned"))?;
+        if let Some(resize) = terminals.get_mut(name) {
+            if !resize(columns, rows) {
+                terminals.remove(name);
+            }
+        }
         Ok(())
     }
 
@@ -960,15 +1137,31 @@ impl Backend for KubeBackend {
                 .await
                 .map_err(|e| failed(format!("read pod '{name}'"), &e))?;
             let Some(pod) = pod else {
-                return Err(Error::environment(format!(
-                    "pod '{name}' was deleted while waiting for it"
-                )));
+                return Err(deleted_under_turn(name));
             };
             if let Progress::Ended(code) = pod_progress(&pod) {
                 return Ok(code);
             }
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    async fn ended_by_environment(&self, name: &str) -> Option<String> {
+        let pod = self.pods().get_opt(name).await.ok().flatten()?;
+        if let Some(why) = pod_failure(&pod) {
+            return Some(why);
+        }
+        if !container_info(&pod).running() {
+            return None;
+        }
+        // The pod still waits for its record: its memory cgroup counts the kernel's kills
+        // (cgroup v1 `memory.oom_control`, v2 `memory.events`), those of a tool's process
+        // as well as the CLI's.
+        let out = self
+            .exec(name, &["sh", "-c", OOM_COUNTERS], None)
+            .await
+            .ok()?;
+        (oom_kills(&String::from_utf8_lossy(&out)) > 0).then(|| out_of_memory(&pod))
     }
 
     async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
@@ -1105,12 +1298,16 @@ impl Backend for KubeBackend {
                 .await
                 .map(|_| ())
         } else {
+            let class = std::env::var("CAW_BOX_STORAGE_CLASS").ok();
+            if let Some(class) = &class {
+                self.check_storage_class(name, class).await?;
+            }
             let size = std::env::var("CAW_BOX_VOLUME_SIZE").unwrap_or_else(|_| "1Gi".into());
             let claim = PersistentVolumeClaim {
                 metadata,
                 spec: Some(PersistentVolumeClaimSpec {
                     access_modes: Some(vec!["ReadWriteOnce".into()]),
-                    storage_class_name: std::env::var("CAW_BOX_STORAGE_CLASS").ok(),
+                    storage_class_name: class,
                     resources: Some(ResourceRequirements {
                         requests: Some(BTreeMap::from([("storage".to_string(), Quantity(size))])),
                         ..Default::default()
@@ -1273,6 +1470,53 @@ impl Backend for KubeBackend {
 }
 
 impl KubeBackend {
+    /// A claim of a storage class that does not exist would stay Pending for ever: refused
+    /// before it is made. Where the user may not read storage classes (cluster-scoped), the
+    /// claim's binding tells instead ([`Self::wait_running`]).
+    async fn check_storage_class(&self, claim: &str, class: &str) -> Result<()> {
+        let classes: Api<StorageClass> = Api::all(self.client.clone());
+        match classes.get_opt(class).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(Error::environment(format!(
+                "cannot create claim '{claim}': storage class '{class}' (CAW_BOX_STORAGE_CLASS) does not exist, so the claim would stay Pending"
+            ))
+            .with_hint("`kubectl get storageclass` lists the classes; unset CAW_BOX_STORAGE_CLASS for the default one")),
+            Err(e) if is_status(&e, 403) => Ok(()),
+            Err(e) => Err(failed(format!("read storage class '{class}'"), &e)),
+        }
+    }
+
+    /// The claims of pod `pod` that are not bound yet, with their phase.
+    async fn unbound_claims(&self, pod: &Pod) -> Vec<String> {
+        let mut unbound = Vec::new();
+        let volumes = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.clone())
+            .unwrap_or_default();
+        for claim in volumes
+            .into_iter()
+            .filter_map(|v| v.persistent_volume_claim)
+        {
+            let name = claim.claim_name;
+            let (phase, class) = match self.claims().get_opt(&name).await {
+                Ok(Some(c)) => (
+                    c.status.and_then(|s| s.phase).unwrap_or_default(),
+                    c.spec.and_then(|s| s.storage_class_name),
+                ),
+                Ok(None) => ("missing".to_string(), None),
+                Err(_) => continue,
+            };
+            if phase != "Bound" {
+                let class = class
+                    .map(|c| format!("storage class '{c}'"))
+                    .unwrap_or_else(|| "the default storage class".to_string());
+                unbound.push(format!("'{name}' ({phase}, {class})"));
+            }
+        }
+        unbound
+    }
+
     /// Runs `script` in `name` for `path`: its output after a leading `Y` (found), or `None`
     /// (`N`: not there, or the pod is gone).
     async fn exec_marked(&self, name: &str, path: &str, script: &str) -> Result<Option<Vec<u8>>> {

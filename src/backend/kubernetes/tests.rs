@@ -131,13 +131,10 @@ fn a_turn_pod_is_hardened_and_carries_no_secret_path() {
 }
 
 #[test]
-fn a_host_directory_an_interactive_turn_and_a_named_network_are_refused() {
+fn a_host_directory_and_a_named_network_are_refused() {
     let mut bind = turn();
     bind.workspace = Some(MountSpec::host_dir("/src", "/workspace"));
     assert!(turn_pod_spec(&bind).is_err());
-    let mut tui = turn();
-    tui.interactive = Some(None);
-    assert!(turn_pod_spec(&tui).is_err());
     let mut net = turn();
     net.network = NetworkPolicy::Named("gw".into());
     assert!(turn_pod_spec(&net).is_err());
@@ -163,4 +160,76 @@ fn an_init_container_without_its_image_is_a_missing_image() {
         Progress::ImageMissing(why) => assert!(why.contains("ErrImageNeverPull"), "{why}"),
         _ => panic!("not taken for a missing image"),
     }
+}
+
+/// A TUI's pod has a terminal and a stdin, and starts the image's entrypoint only once its
+/// runtime files are in (they are put in after it runs).
+#[test]
+fn a_tui_pod_has_a_terminal_and_waits_for_its_runtime_files() {
+    let mut tui = turn();
+    tui.interactive = Some(Some((120, 40)));
+    tui.runtime_over_stdin = false;
+    tui.runtime.files = vec![crate::backend::ScratchFile {
+        path: "env".into(),
+        contents: b"K=V".to_vec(),
+        mode: 0o600,
+    }];
+    let spec = turn_pod_spec(&tui).unwrap();
+    let c = &spec.containers[0];
+    assert_eq!(c.tty, Some(true));
+    assert_eq!(c.stdin, Some(true));
+    let command = c.command.as_ref().unwrap().join(" ");
+    assert!(command.contains("/run/caw-box/.caw-box-ready"), "{command}");
+    assert!(command.contains("exec /usr/bin/tini -- /usr/local/bin/caw-box-entry"));
+    assert_eq!(c.args.as_deref(), Some(&tui.argv[..]));
+    // A headless turn keeps the image's entrypoint and no terminal.
+    let headless = turn_pod_spec(&turn()).unwrap();
+    assert_eq!(headless.containers[0].tty, Some(false));
+    assert_eq!(headless.containers[0].command, None);
+}
+
+#[test]
+fn oom_kills_are_read_from_cgroup_v1_and_v2_counters() {
+    let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n";
+    assert_eq!(oom_kills(v1), 2);
+    let v2 = "low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\n";
+    assert_eq!(oom_kills(v2), 1);
+    assert_eq!(oom_kills("oom_kill_disable 0\noom_kill 0\n"), 0);
+    assert_eq!(oom_kills(""), 0);
+}
+
+#[test]
+fn an_evicted_or_oom_killed_pod_names_its_cause() {
+    let evicted: Pod = serde_json::from_value(serde_json::json!({
+        "status": {"phase": "Failed", "reason": "Evicted",
+                   "message": "The node was low on resource: memory."}
+    }))
+    .unwrap();
+    let why = pod_failure(&evicted).unwrap();
+    assert!(
+        why.contains("evicted") && why.contains("low on resource"),
+        "{why}"
+    );
+    let oom: Pod = serde_json::from_value(serde_json::json!({
+        "spec": {"containers": [{"name": "agent",
+                 "resources": {"limits": {"memory": "134217728"}}}]},
+        "status": {"phase": "Failed", "containerStatuses": [{"name": "agent", "image": "x",
+            "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}
+    }))
+    .unwrap();
+    let why = pod_failure(&oom).unwrap();
+    assert!(
+        why.contains("OOM-killed") && why.contains("128Mi (--memory)"),
+        "{why}"
+    );
+    let ended: Pod = serde_json::from_value(serde_json::json!({
+        "status": {"phase": "Failed", "containerStatuses": [{"name": "agent", "image": "x",
+            "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}
+    }))
+    .unwrap();
+    assert_eq!(pod_failure(&ended), None);
+    assert_eq!(readable_bytes("1073741824"), "1Gi");
+    assert_eq!(readable_bytes("1000"), "1000");
 }
