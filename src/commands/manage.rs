@@ -33,6 +33,25 @@ struct Row {
     created_at: u64,
     last_activity: u64,
     resume_handle: Option<String>,
+    /// The session's cost so far (turns of unknown cost count for nothing); `null` when no
+    /// turn has a known cost.
+    cost_usd: Option<f64>,
+    /// The same sum over every listed session of this row's group.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    group_cost_usd: Option<f64>,
+}
+
+/// Sums `cost_usd` per group into each grouped row's `group_cost_usd`.
+fn sum_groups(rows: &mut [Row]) {
+    let mut sums: std::collections::HashMap<String, f64> = std::collections::HashMap::new();
+    for r in rows.iter() {
+        if let (Some(g), Some(c)) = (&r.group, r.cost_usd) {
+            *sums.entry(g.clone()).or_default() += c;
+        }
+    }
+    for r in rows.iter_mut() {
+        r.group_cost_usd = r.group.as_ref().and_then(|g| sums.get(g).copied());
+    }
 }
 
 fn row(view: &SessionView, running: Option<u32>) -> Row {
@@ -61,6 +80,8 @@ fn row(view: &SessionView, running: Option<u32>) -> Row {
             view.last_activity()
         },
         resume_handle: handle,
+        cost_usd: view.last.as_ref().and_then(|l| l.total_cost_usd),
+        group_cost_usd: None,
     }
 }
 
@@ -90,6 +111,7 @@ pub async fn ls(json: bool, all: bool, group: Option<String>) -> Result<i32> {
     if all {
         rows.extend(removed_but_cached(&views, group.as_deref()));
     }
+    sum_groups(&mut rows);
     rows.sort_by(|a, b| {
         b.last_activity
             .cmp(&a.last_activity)
@@ -151,6 +173,8 @@ fn removed_but_cached(views: &[SessionView], group: Option<&str>) -> Vec<Row> {
                 .last()
                 .map_or(r.created_at, |t| t.started_at + t.duration_ms / 1000),
             resume_handle: None,
+            cost_usd: r.total_cost_usd(),
+            group_cost_usd: None,
         })
         .collect()
 }
@@ -182,11 +206,14 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
         #[derive(Serialize)]
         struct Shown<'a> {
             status: &'a str,
+            /// The sum of the turns' known costs.
+            total_cost_usd: Option<f64>,
             #[serde(flatten)]
             record: &'a SessionRecord,
         }
         output::print_json(&Shown {
             status: &status,
+            total_cost_usd: record.total_cost_usd(),
             record: &record,
         });
         return Ok(0);
@@ -222,13 +249,9 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     if let Some(e) = s.effort {
         output::println(&format!("effort     {}", e.as_str()));
     }
-    let mut total_cost = 0.0;
     for t in &record.turns {
         output::println("");
-        let cost = t.usage.cost_usd.map(|c| {
-            total_cost += c;
-            format!("  ${c:.4}")
-        });
+        let cost = t.usage.cost_usd.map(|c| format!("  ${c:.4}"));
         output::println(&format!(
             "turn {}  {}  {:.1}s  {} in / {} out tokens{}",
             t.turn,
@@ -245,8 +268,8 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
         }
         output::println(&format!("  < {}", one_line(&t.result, 400)));
     }
-    if total_cost > 0.0 {
-        output::println(&format!("\ntotal cost ${total_cost:.4}"));
+    if let Some(total) = record.total_cost_usd() {
+        output::println(&format!("\ntotal cost ${total:.4}"));
     }
     Ok(0)
 }

@@ -127,6 +127,9 @@ pub struct TurnSummary {
     pub key_confirmed: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cumulative_usage: Option<Usage>,
+    /// The session's cost so far: the sum over its turns of those with a known cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_cost_usd: Option<f64>,
     /// The uid:gid HOME (and a copy-mode workspace) belong to; `None`: the image's 1000:1000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<(u32, u32)>,
@@ -202,6 +205,14 @@ impl SessionRecord {
 
     pub fn next_turn(&self) -> u32 {
         self.turns.last().map_or(1, |t| t.turn + 1)
+    }
+
+    /// The sum of the turns' costs; `None` when no turn has a known cost.
+    pub fn total_cost_usd(&self) -> Option<f64> {
+        self.turns
+            .iter()
+            .filter_map(|t| t.usage.cost_usd)
+            .fold(None, |sum, c| Some(sum.unwrap_or(0.0) + c))
     }
 
     pub fn last_cumulative_usage(&self) -> Option<Usage> {

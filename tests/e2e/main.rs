@@ -12,6 +12,7 @@ mod ci_action;
 mod config;
 mod contexts;
 mod control;
+mod cost;
 mod hardening;
 mod images;
 mod in_container;
