@@ -14,6 +14,7 @@ Examples:
   caw-box run --provider codex --name live      # no prompt: codex's own TUI, in this terminal
   caw-box run --provider claude --allow-host @provider \"fix it\"   # recommended locked-down setup
   caw-box run --provider claude --system-prompt @reviewer.md --effort high \"review src/\"
+  caw-box run --provider opencode --on-limit wait --max-wait 30m \"fix it\"   # wait out a limit
 
 --credentials broker keeps a collected API key out of the agent's container: a broker
 container beside it adds the key, and the CLI gets a placeholder (the default, inject, hands
@@ -29,6 +30,7 @@ Examples:
   caw-box resume \"$(caw-box handle fixer)\" \"go on\"  # the handle alone
   caw-box resume --group team \"rebase on main\"      # every session of a group
   caw-box resume fixer                          # no prompt: the same conversation in the TUI
+  caw-box resume fixer --on-limit wait \"go on\"   # a usage limit: wait for its reset, then again
 
 A resumed session keeps the settings it was started with (flags override them); of the config
 files and CAW_BOX_* variables only env_pass and labels apply to its turns.";
@@ -373,6 +375,15 @@ pub struct TurnArgs {
     /// keys, and `--network none|host`, stay injected for now).
     #[arg(long, value_enum, value_name = "MODE", env = "CAW_BOX_CREDENTIALS")]
     pub credentials: Option<CredentialsArg>,
+    /// When the vendor's usage or rate limit stops the turn: `fail` (exit 5, the default),
+    /// `wait` (for the reset the CLI reports, with a progress line; then the same prompt
+    /// again in the same session).
+    #[arg(long, value_name = "fail|wait")]
+    pub on_limit: Option<String>,
+    /// The longest `--on-limit wait` waits in all, e.g. `10m` (default 6h); a reset further
+    /// off ends the turn with exit 5.
+    #[arg(long, value_name = "DURATION")]
+    pub max_wait: Option<String>,
 }
 
 /// How a turn gets its credentials (`--credentials`).

@@ -16,6 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::output::{self, Printer};
 use crate::provider::ProviderKind;
+use crate::session::limits::{self, OnLimit};
 use crate::session::record::{self, labels, SessionSettings, WorkspaceMode};
 use crate::session::runner::{self, TurnOptions};
 use crate::session::{models, target};
@@ -80,6 +81,7 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     let mut session_settings = settings::new_session_settings(provider, &args.turn.settings)?;
     session_settings.check_agent_config(provider)?;
     let mut options = turn_options(&args.turn, &config)?;
+    let limit = limit_args(&args.turn)?;
     if config.yes(Key::UserConfig) {
         options.user_files = user_config(provider, quiet)?;
     }
@@ -128,7 +130,15 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
         }
         printer.event(e)
     };
-    match session.send(options, on_event).await {
+    match send(
+        &mut session,
+        options,
+        &limit,
+        &printer_progress(quiet),
+        on_event,
+    )
+    .await
+    {
         Ok(result) => finish(&result),
         Err(e) => {
             // The first turn never ran: take the session back, so nothing half-made stays.
@@ -140,6 +150,11 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
 
 pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32> {
     if let Some(group) = args.group.clone() {
+        if args.turn.on_limit.is_some() || args.turn.max_wait.is_some() {
+            return Err(Error::usage(
+                "--on-limit and --max-wait take one session, not a --group",
+            ));
+        }
         return resume_group(args, &group, quiet).await;
     }
     let target = args.target.clone().ok_or_else(|| {
@@ -148,6 +163,7 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
     })?;
     let config = Resolved::load(Layer::default(), args.turn.settings.workspace.as_deref())?;
     let options = turn_options(&args.turn, &config)?;
+    let limit = limit_args(&args.turn)?;
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
     let client = Client::connect().await?;
     let mut session = client.open(&target).await?;
@@ -169,8 +185,73 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
         }
         printer.event(e)
     };
-    let result = session.send(options, on_event).await?;
+    let result = send(
+        &mut session,
+        options,
+        &limit,
+        &printer_progress(quiet),
+        on_event,
+    )
+    .await?;
     finish(&result)
+}
+
+/// `--on-limit` and `--max-wait`, checked before anything runs.
+#[derive(Debug)]
+struct LimitArgs {
+    on_limit: OnLimit,
+    max_wait: Duration,
+}
+
+fn limit_args(args: &TurnArgs) -> Result<LimitArgs> {
+    let on_limit = match &args.on_limit {
+        Some(s) => s.parse::<OnLimit>()?,
+        None => OnLimit::Fail,
+    };
+    if let OnLimit::Fallback(_) = on_limit {
+        return Err(Error::usage("--on-limit fallback is not supported yet")
+            .with_hint("use --on-limit wait or fail"));
+    }
+    let max_wait = match &args.max_wait {
+        Some(s) => settings::parse_duration(s, "--max-wait")?,
+        None => limits::DEFAULT_MAX_WAIT,
+    };
+    if args.max_wait.is_some() && on_limit != OnLimit::Wait {
+        return Err(Error::usage("--max-wait needs --on-limit wait"));
+    }
+    if on_limit != OnLimit::Fail && args.detach {
+        return Err(Error::usage(
+            "--on-limit needs a turn in the foreground, not --detach",
+        ));
+    }
+    Ok(LimitArgs { on_limit, max_wait })
+}
+
+/// A progress line on stderr (unless `--quiet`).
+fn printer_progress(quiet: bool) -> impl Fn(&str) {
+    move |line: &str| {
+        if !quiet {
+            output::eprintln(line);
+        }
+    }
+}
+
+/// One turn as `--on-limit` says.
+async fn send(
+    session: &mut Session,
+    options: TurnOptions,
+    limit: &LimitArgs,
+    progress: &impl Fn(&str),
+    on_event: impl FnMut(&Event),
+) -> Result<TurnResult> {
+    match limit.on_limit {
+        OnLimit::Wait => {
+            session
+                .send_waiting(options, limit.max_wait, progress, on_event)
+                .await
+        }
+        _ => session.send(options, on_event).await,
+    }
 }
 
 /// `resume --group G PROMPT`: every session of the group, in parallel, each with its own

@@ -21,6 +21,12 @@ use futures_util::StreamExt;
 use serde_json::Value;
 
 pub const STUB_IMAGE: &str = "caw-box-test/stub-model:latest";
+
+/// The stub's image: `CAW_BOX_TEST_STUB_IMAGE` when set (a branch's own build of the stub,
+/// on a daemon others test on too), else [`STUB_IMAGE`].
+pub fn stub_image() -> String {
+    std::env::var("CAW_BOX_TEST_STUB_IMAGE").unwrap_or_else(|_| STUB_IMAGE.to_string())
+}
 pub const TEST_KEY: &str = "sk-test-caw-box-0123456789";
 pub const TEST_LABEL: &str = "io.caw-box.test-run";
 
@@ -169,7 +175,7 @@ impl Rig {
                     ..Default::default()
                 }),
                 ContainerCreateBody {
-                    image: Some(STUB_IMAGE.to_string()),
+                    image: Some(stub_image()),
                     env: Some(env),
                     labels: Some(self.labels()),
                     host_config: Some(HostConfig {
@@ -700,7 +706,7 @@ pub fn in_volume(rig: &Rig, id: &str, cmd: &[&str]) -> Vec<String> {
 pub fn in_named_volume(rig: &Rig, volume: &str, cmd: &[&str]) -> Vec<String> {
     use bollard::models::{ContainerCreateBody, HostConfig};
     let (_, out, _) = rig.run_container(ContainerCreateBody {
-        image: Some(STUB_IMAGE.to_string()),
+        image: Some(stub_image()),
         entrypoint: Some(vec![cmd[0].to_string()]),
         cmd: Some(cmd[1..].iter().map(|s| s.to_string()).collect()),
         user: Some("0".into()),

@@ -18,6 +18,7 @@ mod images;
 mod in_container;
 mod interactive;
 mod kubernetes;
+mod limits;
 mod manage;
 mod patch;
 mod portable;

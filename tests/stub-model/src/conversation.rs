@@ -42,6 +42,9 @@ pub struct Directives {
     pub fail: Option<u16>,
     /// `THINK`.
     pub think: bool,
+    /// `LIMIT:<seconds>`: a 429 naming its reset until that long after the stub first saw
+    /// this prompt, then the answer the rest of the prompt asks for.
+    pub limit: Option<Duration>,
 }
 
 impl Directives {
@@ -64,6 +67,11 @@ impl Directives {
                 .collect();
             let secs: f64 = number.parse().ok()?;
             Some(Duration::from_secs_f64(secs.clamp(0.0, MAX_SLEEP_SECS)))
+        });
+        found.limit = tokens_with_value(text, "LIMIT:").find_map(|v| {
+            let number: String = v.chars().take_while(char::is_ascii_digit).collect();
+            let secs: u64 = number.parse().ok()?;
+            Some(Duration::from_secs(secs.min(MAX_SLEEP_SECS as u64)))
         });
         found.fail = tokens_with_value(text, "FAIL:").find_map(|v| {
             let digits: String = v.chars().take_while(char::is_ascii_digit).collect();
