@@ -44,7 +44,10 @@ async fn main() -> caw_box::Result<()> {
             |_| {},
         )
         .await?;
-    println!("{} after turn {}: {}", result.status, result.turn, result.result);
+    println!(
+        "{} after turn {}: {}",
+        result.status, result.turn, result.result
+    );
     match result.usage.cost_usd {
         Some(cost) => println!("cost: ${cost:.4}"),
         None => println!("cost: unknown (a model caw-box has no price for)"),

@@ -15,6 +15,7 @@ Examples:
   caw-box run --provider claude --allow-host @provider \"fix it\"   # recommended locked-down setup
   caw-box run --provider claude --system-prompt @reviewer.md --effort high \"review src/\"
   caw-box run --provider opencode --on-limit wait --max-wait 30m \"fix it\"   # wait out a limit
+  caw-box run --provider codex --on-limit fallback=claude,gemini \"fix it\"    # or go elsewhere
 
 --credentials broker keeps a collected API key out of the agent's container: a broker
 container beside it adds the key, and the CLI gets a placeholder (the default, inject, hands
@@ -377,8 +378,9 @@ pub struct TurnArgs {
     pub credentials: Option<CredentialsArg>,
     /// When the vendor's usage or rate limit stops the turn: `fail` (exit 5, the default),
     /// `wait` (for the reset the CLI reports, with a progress line; then the same prompt
-    /// again in the same session).
-    #[arg(long, value_name = "fail|wait")]
+    /// again in the same session), or `fallback=PROVIDER[,PROVIDER]` (the same prompt and
+    /// settings in a new, linked session of the next provider; `show` and `ls` show the link).
+    #[arg(long, value_name = "fail|wait|fallback=P[,P]")]
     pub on_limit: Option<String>,
     /// The longest `--on-limit wait` waits in all, e.g. `10m` (default 6h); a reset further
     /// off ends the turn with exit 5.

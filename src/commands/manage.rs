@@ -39,6 +39,21 @@ struct Row {
     /// The same sum over every listed session of this row's group.
     #[serde(skip_serializing_if = "Option::is_none")]
     group_cost_usd: Option<f64>,
+    /// `--on-limit fallback`: the session this one took over from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fallback_of: Option<String>,
+    /// ... and the sessions that took over from this one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    fallback_to: Vec<String>,
+}
+
+/// The sessions that took over from `id` after a usage limit (`--on-limit fallback`).
+fn fallbacks_of(views: &[SessionView], id: uuid::Uuid) -> Vec<String> {
+    views
+        .iter()
+        .filter(|v| v.facts.settings.fallback_of == Some(id))
+        .map(|v| v.facts.session_id.to_string())
+        .collect()
 }
 
 /// Sums `cost_usd` per group into each grouped row's `group_cost_usd`.
@@ -82,6 +97,8 @@ fn row(view: &SessionView, running: Option<u32>) -> Row {
         resume_handle: handle,
         cost_usd: view.last.as_ref().and_then(|l| l.total_cost_usd),
         group_cost_usd: None,
+        fallback_of: f.settings.fallback_of.map(|id| id.to_string()),
+        fallback_to: Vec::new(),
     }
 }
 
@@ -106,7 +123,11 @@ pub async fn ls(json: bool, all: bool, group: Option<String>) -> Result<i32> {
     let mut rows: Vec<Row> = views
         .iter()
         .filter(|v| group.is_none() || v.facts.group == group)
-        .map(|v| row(v, running.get(&v.facts.session_id).copied()))
+        .map(|v| {
+            let mut r = row(v, running.get(&v.facts.session_id).copied());
+            r.fallback_to = fallbacks_of(&views, v.facts.session_id);
+            r
+        })
         .collect();
     if all {
         rows.extend(removed_but_cached(&views, group.as_deref()));
@@ -175,6 +196,8 @@ fn removed_but_cached(views: &[SessionView], group: Option<&str>) -> Vec<Row> {
             resume_handle: None,
             cost_usd: r.total_cost_usd(),
             group_cost_usd: None,
+            fallback_of: r.settings.fallback_of.map(|id| id.to_string()),
+            fallback_to: Vec::new(),
         })
         .collect()
 }
@@ -202,18 +225,27 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
             .last()
             .map_or("new".to_string(), |t| t.status.to_string())
     };
+    let fallback_to = fallbacks_of(&target::list_sessions(&backend).await?, record.session_id);
     if json {
         #[derive(Serialize)]
         struct Shown<'a> {
             status: &'a str,
             /// The sum of the turns' known costs.
             total_cost_usd: Option<f64>,
+            /// `--on-limit fallback`: the session this one took over from, and those that
+            /// took over from it.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            fallback_of: Option<String>,
+            #[serde(skip_serializing_if = "Vec::is_empty")]
+            fallback_to: Vec<String>,
             #[serde(flatten)]
             record: &'a SessionRecord,
         }
         output::print_json(&Shown {
             status: &status,
             total_cost_usd: record.total_cost_usd(),
+            fallback_of: record.settings.fallback_of.map(|id| id.to_string()),
+            fallback_to: fallback_to.clone(),
             record: &record,
         });
         return Ok(0);
@@ -248,6 +280,12 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     }
     if let Some(e) = s.effort {
         output::println(&format!("effort     {}", e.as_str()));
+    }
+    if let Some(id) = s.fallback_of {
+        output::println(&format!("fallback of {id} (its usage limit)"));
+    }
+    for id in &fallback_to {
+        output::println(&format!("fell back to {id} (a usage limit)"));
     }
     for t in &record.turns {
         output::println("");

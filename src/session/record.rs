@@ -50,6 +50,10 @@ pub struct SessionSettings {
     pub workspace: Option<String>,
     #[serde(default)]
     pub workspace_mode: WorkspaceMode,
+    /// `--on-limit fallback`: the session whose usage limit this one took the prompt over
+    /// from (the other side of the link is found by listing: labels are fixed at creation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_of: Option<Uuid>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -73,3 +73,50 @@ fn limits_max_wait_exits_5() {
     assert!(stderr.contains("beyond --max-wait 1s"), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(60));
 }
+
+/// `--on-limit fallback=claude_code` on a codex session limited on OpenAI's wire only: the
+/// same prompt goes to a new claude session, which answers; both sessions show the link.
+#[test]
+fn limits_fallback_answers_through_claude() {
+    let rig = Rig::new("lim-fb");
+    let anthropic_key = format!("ANTHROPIC_API_KEY={TEST_KEY}");
+    let (code, out, stderr) = rig.json_turn(rig.run_cmd(
+        CODEX,
+        "LIMIT:600@openai REMEMBER:kite",
+        &[
+            "--on-limit",
+            "fallback=claude_code",
+            "--env",
+            &anthropic_key,
+        ],
+    ));
+    assert_eq!(code, 0, "the fallback did not answer: {out}\n{stderr}");
+    assert_eq!(out["provider"], "claude_code", "{out}");
+    assert_eq!(out["result"], "Noted: kite.", "{out}");
+    assert!(
+        stderr.contains("falling back to claude_code")
+            && stderr.contains("answered by claude_code"),
+        "{stderr}"
+    );
+    let claude_id = out["session_id"].as_str().unwrap();
+    let listed: Value = serde_json::from_str(&stdout_of(&rig.caw_run(&["ls", "--json"]))).unwrap();
+    let codex_row = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["provider"] == "codex" && r["fallback_to"][0] == claude_id)
+        .unwrap_or_else(|| panic!("no codex session links to {claude_id}: {listed}"));
+    let codex_id = codex_row["session_id"].as_str().unwrap();
+    assert_eq!(codex_row["status"], "usage_limit", "{codex_row}");
+    let shown: Value =
+        serde_json::from_str(&stdout_of(&rig.caw_run(&["show", claude_id, "--json"]))).unwrap();
+    assert_eq!(shown["fallback_of"], codex_id, "{shown}");
+    let shown: Value =
+        serde_json::from_str(&stdout_of(&rig.caw_run(&["show", codex_id, "--json"]))).unwrap();
+    assert_eq!(shown["fallback_to"][0], claude_id, "{shown}");
+    let text = stdout_of(&rig.caw_run(&["show", codex_id]));
+    assert!(
+        text.contains(&format!("fell back to {claude_id}")),
+        "{text}"
+    );
+}

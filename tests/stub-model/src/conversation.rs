@@ -42,9 +42,10 @@ pub struct Directives {
     pub fail: Option<u16>,
     /// `THINK`.
     pub think: bool,
-    /// `LIMIT:<seconds>`: a 429 naming its reset until that long after the stub first saw
-    /// this prompt, then the answer the rest of the prompt asks for.
-    pub limit: Option<Duration>,
+    /// `LIMIT:<seconds>[@anthropic|@openai|@google]`: a 429 naming its reset until that
+    /// long after the stub first saw this prompt (on that vendor's wire only, when named),
+    /// then the answer the rest of the prompt asks for.
+    pub limit: Option<(Duration, Option<String>)>,
 }
 
 impl Directives {
@@ -71,7 +72,10 @@ impl Directives {
         found.limit = tokens_with_value(text, "LIMIT:").find_map(|v| {
             let number: String = v.chars().take_while(char::is_ascii_digit).collect();
             let secs: u64 = number.parse().ok()?;
-            Some(Duration::from_secs(secs.min(MAX_SLEEP_SECS as u64)))
+            let wire = v[number.len()..]
+                .strip_prefix('@')
+                .map(|w| word(w).to_string());
+            Some((Duration::from_secs(secs.min(MAX_SLEEP_SECS as u64)), wire))
         });
         found.fail = tokens_with_value(text, "FAIL:").find_map(|v| {
             let digits: String = v.chars().take_while(char::is_ascii_digit).collect();
@@ -495,6 +499,17 @@ mod tests {
     fn directives_need_word_boundaries() {
         let d = Directives::parse("PRERUN:x RECALLED THINKING XFAIL:500 SLEEPY");
         assert_eq!(d, Directives::default());
+    }
+
+    #[test]
+    fn limit_takes_seconds_and_an_optional_wire() {
+        let d = |s| Duration::from_secs(s);
+        assert_eq!(Directives::parse("LIMIT:6 hi").limit, Some((d(6), None)));
+        assert_eq!(
+            Directives::parse("x LIMIT:600@openai REMEMBER:kite").limit,
+            Some((d(600), Some("openai".into())))
+        );
+        assert_eq!(Directives::parse("LIMIT:soon").limit, None);
     }
 
     #[test]

@@ -340,7 +340,14 @@ async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<Presente
                 let google = model.is_some();
                 let model = model.unwrap_or_else(|| protocol.model(&body));
                 let stream = stream.unwrap_or_else(|| protocol.stream(&body));
-                limited(state, protocol, &body, google)
+                let wire = if google {
+                    "google"
+                } else if parts.uri.path().ends_with("/messages") {
+                    "anthropic"
+                } else {
+                    "openai"
+                };
+                limited(state, protocol, &body, wire)
                     .unwrap_or_else(|| model_turn(protocol, &body, bytes.len(), model, stream))
             }
             Err(answer) => answer,
@@ -351,10 +358,13 @@ async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<Presente
 
 /// A `LIMIT:<seconds>` prompt within its window: a 429 naming its reset in the API's own
 /// words (OpenAI's `Please try again in 5s.`, Google's `Please retry in 5s.`).
-fn limited(state: &State, protocol: &dyn Protocol, body: &Value, google: bool) -> Option<Answer> {
+fn limited(state: &State, protocol: &dyn Protocol, body: &Value, wire: &str) -> Option<Answer> {
     let conversation = protocol.conversation(body);
     let text = conversation.latest_user_text().to_string();
-    let window = Directives::parse(&text).limit?;
+    let (window, only) = Directives::parse(&text).limit?;
+    if only.is_some_and(|w| w != wire) {
+        return None;
+    }
     let now = std::time::Instant::now();
     let since = *state
         .limited_since
@@ -367,7 +377,7 @@ fn limited(state: &State, protocol: &dyn Protocol, body: &Value, google: bool) -
         return None;
     }
     let secs = left.as_secs_f64().ceil() as u64;
-    let message = if google {
+    let message = if wire == "google" {
         format!("Quota exceeded for quota metric 'Generate Content API requests per minute'. Please retry in {secs}s.")
     } else {
         format!("Rate limit reached for requests per min (RPM). Please try again in {secs}s.")
