@@ -201,6 +201,15 @@ mod tests {
     }
 
     #[test]
+    fn recorded_limit_turns() {
+        // tests/fixtures/README.md, "Usage limits": the stub's LIMIT:60 through the real CLIs.
+        let opencode = include_str!("../../tests/fixtures/opencode/limit-429.jsonl");
+        assert_eq!(reset_after(opencode), Some(Duration::from_secs(60)));
+        let codex = include_str!("../../tests/fixtures/codex/limit-429.jsonl");
+        assert_eq!(reset_after(codex), None);
+    }
+
+    #[test]
     fn no_reset_named() {
         // The recorded 429s of the stub's FAIL:429 (`retry-after: 0`) name none but zero.
         assert_eq!(reset_after("exceeded retry limit, last status: 429"), None);
