@@ -16,6 +16,8 @@ Examples:
   caw-box run --provider claude --system-prompt @reviewer.md --effort high \"review src/\"
   caw-box run --provider gemini --tools read,web --deny-tool web_fetch \"what does it do?\"
   caw-box run --provider claude --mcp \"docs=node /workspace/tools/mcp.js\" \"look it up\"
+  caw-box run --provider opencode --on-limit wait --max-wait 30m \"fix it\"   # wait out a limit
+  caw-box run --provider codex --on-limit fallback=claude,gemini \"fix it\"    # or go elsewhere
 
 A collected API key never enters the agent's container: the CLI gets a placeholder, and a
 credential broker outside it adds the real key on the way to the model (--credentials
@@ -32,6 +34,7 @@ Examples:
   caw-box resume \"$(caw-box handle fixer)\" \"go on\"  # the handle alone
   caw-box resume --group team \"rebase on main\"      # every session of a group
   caw-box resume fixer                          # no prompt: the same conversation in the TUI
+  caw-box resume fixer --on-limit wait \"go on\"   # a usage limit: wait for its reset, then again
 
 A resumed session keeps the settings it was started with (flags override them); of the config
 files and CAW_BOX_* variables only env_pass and labels apply to its turns.";
@@ -377,6 +380,16 @@ pub struct TurnArgs {
     /// in files, `--network none|host` and the kubernetes backend, for now).
     #[arg(long, value_enum, value_name = "MODE", env = "CAW_BOX_CREDENTIALS")]
     pub credentials: Option<CredentialsArg>,
+    /// When the vendor's usage or rate limit stops the turn: `fail` (exit 5, the default),
+    /// `wait` (for the reset the CLI reports, with a progress line; then the same prompt
+    /// again in the same session), or `fallback=PROVIDER[,PROVIDER]` (the same prompt and
+    /// settings in a new, linked session of the next provider; `show` and `ls` show the link).
+    #[arg(long, value_name = "fail|wait|fallback=P[,P]")]
+    pub on_limit: Option<String>,
+    /// The longest `--on-limit wait` waits in all, e.g. `10m` (default 6h); a reset further
+    /// off ends the turn with exit 5.
+    #[arg(long, value_name = "DURATION")]
+    pub max_wait: Option<String>,
 }
 
 /// How a turn gets its credentials (`--credentials`).

@@ -28,13 +28,13 @@ use uuid::Uuid;
 
 use crate::backend::{Backend, Engine};
 use crate::error::{Error, Result};
-use crate::event::{Event, TurnResult};
+use crate::event::{Event, Status, TurnResult};
 use crate::provider::ProviderKind;
 use crate::session::handle::ResumeHandle;
 use crate::session::names;
 use crate::session::record::{now_secs, volume_labels, SessionRecord, SessionSettings};
 use crate::session::runner::{self, TurnOptions};
-use crate::session::{lifecycle, target};
+use crate::session::{lifecycle, limits, target};
 
 /// A connection to the Docker daemon that sessions run on.
 #[derive(Debug, Clone)]
@@ -277,6 +277,67 @@ impl Session {
             options.connect_timeout = settings.connect_timeout_secs.map(Duration::from_secs);
         }
         runner::run_turn(&self.backend, &mut self.record, &options, &mut on_event).await
+    }
+
+    /// [`Session::send`], waiting out a usage limit as `--on-limit wait` does: when the
+    /// turn ends in `usage_limit` and the CLI's words name a reset within `max_wait` in all
+    /// ([`limits::reset_after`]), `progress` is told how long, this waits (Ctrl-C ends the
+    /// wait: exit 130, the session stays resumable), and the same prompt is sent again in
+    /// this session. The `result` event of a turn that is sent again is held back, so
+    /// `on_event` sees one. When it does not wait (no reset named, or one beyond
+    /// `max_wait`), `progress` says why and the `usage_limit` result is returned as is.
+    pub async fn send_waiting(
+        &mut self,
+        options: TurnOptions,
+        max_wait: Duration,
+        mut progress: impl FnMut(&str),
+        mut on_event: impl FnMut(&Event),
+    ) -> Result<TurnResult> {
+        let mut waited = Duration::ZERO;
+        loop {
+            let mut held = None;
+            let result = self
+                .send(options.clone(), |e: &Event| match e {
+                    Event::Result { result } if result.status == Status::UsageLimit => {
+                        held = Some(e.clone())
+                    }
+                    _ => on_event(e),
+                })
+                .await?;
+            let what = format!("the {} turn", self.record.provider);
+            let wait = (result.status == Status::UsageLimit).then(|| {
+                // A reset just passed but still limited: a second before asking again.
+                let reset =
+                    limits::reset_after(&result.result).map(|d| d.max(Duration::from_secs(1)));
+                limits::check_wait(reset, max_wait.saturating_sub(waited), &what)
+            });
+            let wait = match wait {
+                Some(Ok(wait)) => wait,
+                Some(Err(why)) => {
+                    progress(&why.to_string());
+                    if let Some(e) = held {
+                        on_event(&e);
+                    }
+                    return Ok(result);
+                }
+                None => return Ok(result),
+            };
+            progress(&format!(
+                "usage limit: waiting {} for it to reset, then sending the prompt again (Ctrl-C to stop)",
+                humantime::format_duration(Duration::from_secs(wait.as_secs_f64().ceil() as u64))
+            ));
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = tokio::signal::ctrl_c() => {
+                    return Err(Error::new(
+                        crate::error::ErrorKind::Interrupted,
+                        "interrupted while waiting for a usage limit to reset",
+                    )
+                    .with_hint(format!("the session stays resumable: caw-box resume {}", self.id())));
+                }
+            }
+            waited += wait;
+        }
     }
 
     /// Stops this session's running turn, wherever it runs (see [`Client::stop`]).

@@ -33,6 +33,40 @@ struct Row {
     created_at: u64,
     last_activity: u64,
     resume_handle: Option<String>,
+    /// The session's cost so far (turns of unknown cost count for nothing); `null` when no
+    /// turn has a known cost.
+    cost_usd: Option<f64>,
+    /// The same sum over every listed session of this row's group.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    group_cost_usd: Option<f64>,
+    /// `--on-limit fallback`: the session this one took over from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fallback_of: Option<String>,
+    /// ... and the sessions that took over from this one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    fallback_to: Vec<String>,
+}
+
+/// The sessions that took over from `id` after a usage limit (`--on-limit fallback`).
+fn fallbacks_of(views: &[SessionView], id: uuid::Uuid) -> Vec<String> {
+    views
+        .iter()
+        .filter(|v| v.facts.settings.fallback_of == Some(id))
+        .map(|v| v.facts.session_id.to_string())
+        .collect()
+}
+
+/// Sums `cost_usd` per group into each grouped row's `group_cost_usd`.
+fn sum_groups(rows: &mut [Row]) {
+    let mut sums: std::collections::HashMap<String, f64> = std::collections::HashMap::new();
+    for r in rows.iter() {
+        if let (Some(g), Some(c)) = (&r.group, r.cost_usd) {
+            *sums.entry(g.clone()).or_default() += c;
+        }
+    }
+    for r in rows.iter_mut() {
+        r.group_cost_usd = r.group.as_ref().and_then(|g| sums.get(g).copied());
+    }
 }
 
 fn row(view: &SessionView, running: Option<u32>) -> Row {
@@ -61,6 +95,10 @@ fn row(view: &SessionView, running: Option<u32>) -> Row {
             view.last_activity()
         },
         resume_handle: handle,
+        cost_usd: view.last.as_ref().and_then(|l| l.total_cost_usd),
+        group_cost_usd: None,
+        fallback_of: f.settings.fallback_of.map(|id| id.to_string()),
+        fallback_to: Vec::new(),
     }
 }
 
@@ -85,11 +123,16 @@ pub async fn ls(json: bool, all: bool, group: Option<String>) -> Result<i32> {
     let mut rows: Vec<Row> = views
         .iter()
         .filter(|v| group.is_none() || v.facts.group == group)
-        .map(|v| row(v, running.get(&v.facts.session_id).copied()))
+        .map(|v| {
+            let mut r = row(v, running.get(&v.facts.session_id).copied());
+            r.fallback_to = fallbacks_of(&views, v.facts.session_id);
+            r
+        })
         .collect();
     if all {
         rows.extend(removed_but_cached(&views, group.as_deref()));
     }
+    sum_groups(&mut rows);
     rows.sort_by(|a, b| {
         b.last_activity
             .cmp(&a.last_activity)
@@ -151,6 +194,10 @@ fn removed_but_cached(views: &[SessionView], group: Option<&str>) -> Vec<Row> {
                 .last()
                 .map_or(r.created_at, |t| t.started_at + t.duration_ms / 1000),
             resume_handle: None,
+            cost_usd: r.total_cost_usd(),
+            group_cost_usd: None,
+            fallback_of: r.settings.fallback_of.map(|id| id.to_string()),
+            fallback_to: Vec::new(),
         })
         .collect()
 }
@@ -178,15 +225,27 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
             .last()
             .map_or("new".to_string(), |t| t.status.to_string())
     };
+    let fallback_to = fallbacks_of(&target::list_sessions(&backend).await?, record.session_id);
     if json {
         #[derive(Serialize)]
         struct Shown<'a> {
             status: &'a str,
+            /// The sum of the turns' known costs.
+            total_cost_usd: Option<f64>,
+            /// `--on-limit fallback`: the session this one took over from, and those that
+            /// took over from it.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            fallback_of: Option<String>,
+            #[serde(skip_serializing_if = "Vec::is_empty")]
+            fallback_to: Vec<String>,
             #[serde(flatten)]
             record: &'a SessionRecord,
         }
         output::print_json(&Shown {
             status: &status,
+            total_cost_usd: record.total_cost_usd(),
+            fallback_of: record.settings.fallback_of.map(|id| id.to_string()),
+            fallback_to: fallback_to.clone(),
             record: &record,
         });
         return Ok(0);
@@ -232,13 +291,15 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
         };
         output::println(&format!("mcp        {}={}", m.name, one_line(&what, 80)));
     }
-    let mut total_cost = 0.0;
+    if let Some(id) = s.fallback_of {
+        output::println(&format!("fallback of {id} (its usage limit)"));
+    }
+    for id in &fallback_to {
+        output::println(&format!("fell back to {id} (a usage limit)"));
+    }
     for t in &record.turns {
         output::println("");
-        let cost = t.usage.cost_usd.map(|c| {
-            total_cost += c;
-            format!("  ${c:.4}")
-        });
+        let cost = t.usage.cost_usd.map(|c| format!("  ${c:.4}"));
         output::println(&format!(
             "turn {}  {}  {:.1}s  {} in / {} out tokens{}",
             t.turn,
@@ -255,8 +316,8 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
         }
         output::println(&format!("  < {}", one_line(&t.result, 400)));
     }
-    if total_cost > 0.0 {
-        output::println(&format!("\ntotal cost ${total_cost:.4}"));
+    if let Some(total) = record.total_cost_usd() {
+        output::println(&format!("\ntotal cost ${total:.4}"));
     }
     Ok(0)
 }

@@ -16,6 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::output::{self, Printer};
 use crate::provider::ProviderKind;
+use crate::session::limits::{self, OnLimit};
 use crate::session::record::{self, labels, SessionSettings, WorkspaceMode};
 use crate::session::runner::{self, TurnOptions};
 use crate::session::{models, target};
@@ -95,6 +96,7 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     let mut session_settings = settings::new_session_settings(provider, &args.turn.settings)?;
     session_settings.check_agent_config(provider)?;
     let mut options = turn_options(&args.turn, &config)?;
+    let limit = limit_args(&args.turn)?;
     if config.yes(Key::UserConfig) {
         options.user_files = user_config(provider, quiet)?;
     }
@@ -145,7 +147,16 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
         }
         printer.event(e)
     };
-    match session.send(options, on_event).await {
+    match send(
+        &client,
+        &mut session,
+        options,
+        &limit,
+        &printer_progress(quiet),
+        on_event,
+    )
+    .await
+    {
         Ok(result) => finish(&result),
         Err(e) => {
             // The first turn never ran: take the session back, so nothing half-made stays.
@@ -157,6 +168,11 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
 
 pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32> {
     if let Some(group) = args.group.clone() {
+        if args.turn.on_limit.is_some() || args.turn.max_wait.is_some() {
+            return Err(Error::usage(
+                "--on-limit and --max-wait take one session, not a --group",
+            ));
+        }
         return resume_group(args, &group, quiet).await;
     }
     let target = args.target.clone().ok_or_else(|| {
@@ -165,6 +181,7 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
     })?;
     let config = Resolved::load(Layer::default(), args.turn.settings.workspace.as_deref())?;
     let options = turn_options(&args.turn, &config)?;
+    let limit = limit_args(&args.turn)?;
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
     let client = Client::connect().await?;
     check_credentials_mode(&args.turn, client.backend())?;
@@ -188,8 +205,153 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
         }
         printer.event(e)
     };
-    let result = session.send(options, on_event).await?;
+    let result = send(
+        &client,
+        &mut session,
+        options,
+        &limit,
+        &printer_progress(quiet),
+        on_event,
+    )
+    .await?;
     finish(&result)
+}
+
+/// `--on-limit` and `--max-wait`, checked before anything runs.
+#[derive(Debug)]
+struct LimitArgs {
+    on_limit: OnLimit,
+    max_wait: Duration,
+}
+
+fn limit_args(args: &TurnArgs) -> Result<LimitArgs> {
+    let on_limit = match &args.on_limit {
+        Some(s) => s.parse::<OnLimit>()?,
+        None => OnLimit::Fail,
+    };
+    let max_wait = match &args.max_wait {
+        Some(s) => settings::parse_duration(s, "--max-wait")?,
+        None => limits::DEFAULT_MAX_WAIT,
+    };
+    if args.max_wait.is_some() && on_limit != OnLimit::Wait {
+        return Err(Error::usage("--max-wait needs --on-limit wait"));
+    }
+    if on_limit != OnLimit::Fail && args.detach {
+        return Err(Error::usage(
+            "--on-limit needs a turn in the foreground, not --detach",
+        ));
+    }
+    Ok(LimitArgs { on_limit, max_wait })
+}
+
+/// A progress line on stderr (unless `--quiet`).
+fn printer_progress(quiet: bool) -> impl Fn(&str) {
+    move |line: &str| {
+        if !quiet {
+            output::eprintln(line);
+        }
+    }
+}
+
+/// One turn as `--on-limit` says.
+async fn send(
+    client: &Client,
+    session: &mut Session,
+    options: TurnOptions,
+    limit: &LimitArgs,
+    progress: &impl Fn(&str),
+    mut on_event: impl FnMut(&Event),
+) -> Result<TurnResult> {
+    match &limit.on_limit {
+        OnLimit::Wait => {
+            session
+                .send_waiting(options, limit.max_wait, progress, on_event)
+                .await
+        }
+        OnLimit::Fallback(providers) => {
+            fall_back(client, session, options, providers, progress, on_event).await
+        }
+        OnLimit::Fail => session.send(options, &mut on_event).await,
+    }
+}
+
+/// `--on-limit fallback=P,...`: a turn stopped by a usage limit goes, with the same prompt
+/// and settings (the model aside: it is the vendor's), to a new session of each provider in
+/// turn until one is not limited. Each new session records the one it took over from. The
+/// `result` event of a limited turn that is handed on is held back: one result is printed.
+async fn fall_back(
+    client: &Client,
+    session: &mut Session,
+    options: TurnOptions,
+    providers: &[ProviderKind],
+    progress: &impl Fn(&str),
+    mut on_event: impl FnMut(&Event),
+) -> Result<TurnResult> {
+    let mut from = session.record().clone();
+    let mut next = providers.iter();
+    let mut held: Option<Event> = None;
+    let mut result = session
+        .send(options.clone(), |e| {
+            hold_limited(e, &mut held, &mut on_event)
+        })
+        .await?;
+    while result.status == Status::UsageLimit {
+        let Some(&provider) = next.next() else { break };
+        let mut settings = from.settings.clone();
+        settings.image = provider.default_image();
+        settings.model = None;
+        settings.fallback_of = Some(from.session_id);
+        if let Err(e) = settings.check_agent_config(provider) {
+            progress(&format!("usage limit: cannot fall back to {provider}: {e}"));
+            continue;
+        }
+        let mut fallback = client
+            .start_session(NewSession {
+                provider,
+                name: None,
+                group: from.group.clone(),
+                settings,
+            })
+            .await?;
+        progress(&format!(
+            "usage limit on {} session {}: falling back to {provider}, session {}",
+            from.provider,
+            from.session_id,
+            fallback.id()
+        ));
+        held = None;
+        result = match fallback
+            .send(options.clone(), |e| {
+                hold_limited(e, &mut held, &mut on_event)
+            })
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = fallback.discard_if_unused().await;
+                return Err(e);
+            }
+        };
+        if result.status != Status::UsageLimit {
+            progress(&format!(
+                "answered by {provider} (session {})",
+                fallback.id()
+            ));
+        }
+        from = fallback.record().clone();
+    }
+    if let Some(e) = held {
+        on_event(&e);
+    }
+    Ok(result)
+}
+
+/// Passes `e` on, except a `usage_limit` result, which waits in `held`.
+fn hold_limited(e: &Event, held: &mut Option<Event>, on_event: &mut impl FnMut(&Event)) {
+    match e {
+        Event::Result { result } if result.status == Status::UsageLimit => *held = Some(e.clone()),
+        _ => on_event(e),
+    }
 }
 
 /// `resume --group G PROMPT`: every session of the group, in parallel, each with its own

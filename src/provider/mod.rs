@@ -13,6 +13,7 @@ mod codex;
 mod common;
 mod gemini;
 mod opencode;
+pub mod pricing;
 #[cfg(test)]
 mod test_support;
 

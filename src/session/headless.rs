@@ -411,6 +411,12 @@ async fn drive(
     if outcome.status == Status::Success && exit_code != 0 {
         outcome.status = Status::Error;
     }
+    // The CLI's own cost when it gives one, else the pricing table's.
+    crate::provider::pricing::fill_cost(
+        record.provider,
+        record.settings.model.as_deref(),
+        &mut outcome.usage,
+    );
     let TurnReader {
         raw,
         mut events_log,

@@ -245,6 +245,7 @@ async fn write_turn_summary(backend: &impl Backend, record: &SessionRecord) -> R
         resume_key: record.resume_key.clone(),
         key_confirmed: record.key_confirmed,
         cumulative_usage: record.last_cumulative_usage(),
+        total_cost_usd: record.total_cost_usd(),
         owner: record.owner,
         interactive: last.interactive,
     };

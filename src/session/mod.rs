@@ -9,6 +9,7 @@ mod headless;
 mod history;
 mod interactive;
 pub mod lifecycle;
+pub mod limits;
 mod liveness;
 pub mod models;
 pub mod names;

@@ -50,6 +50,10 @@ pub struct SessionSettings {
     pub workspace: Option<String>,
     #[serde(default)]
     pub workspace_mode: WorkspaceMode,
+    /// `--on-limit fallback`: the session whose usage limit this one took the prompt over
+    /// from (the other side of the link is found by listing: labels are fixed at creation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_of: Option<Uuid>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -142,6 +146,9 @@ pub struct TurnSummary {
     pub key_confirmed: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cumulative_usage: Option<Usage>,
+    /// The session's cost so far: the sum over its turns of those with a known cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_cost_usd: Option<f64>,
     /// The uid:gid HOME (and a copy-mode workspace) belong to; `None`: the image's 1000:1000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<(u32, u32)>,
@@ -217,6 +224,14 @@ impl SessionRecord {
 
     pub fn next_turn(&self) -> u32 {
         self.turns.last().map_or(1, |t| t.turn + 1)
+    }
+
+    /// The sum of the turns' costs; `None` when no turn has a known cost.
+    pub fn total_cost_usd(&self) -> Option<f64> {
+        self.turns
+            .iter()
+            .filter_map(|t| t.usage.cost_usd)
+            .fold(None, |sum, c| Some(sum.unwrap_or(0.0) + c))
     }
 
     pub fn last_cumulative_usage(&self) -> Option<Usage> {

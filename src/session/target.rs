@@ -224,6 +224,7 @@ pub async fn resolve_view(backend: &impl Backend, target: &str) -> Result<Sessio
             resume_key: String::new(),
             key_confirmed: false,
             cumulative_usage: None,
+            total_cost_usd: None,
             owner: None,
             interactive: false,
         });

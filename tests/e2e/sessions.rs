@@ -175,6 +175,12 @@ fn output_shapes_match_the_spec() {
         assert!(redacted["usage"][k].is_u64(), "usage.{k}: {json}");
         redacted["usage"][k] = Value::String("[n]".into());
     }
+    // gpt-5.5 is in the pricing table: a cost, whatever the token counts were.
+    assert!(
+        redacted["usage"]["cost_usd"].is_f64(),
+        "usage.cost_usd: {json}"
+    );
+    redacted["usage"]["cost_usd"] = Value::String("[usd]".into());
     insta::assert_json_snapshot!("json_output_codex", redacted);
 
     let id = json["session_id"].as_str().unwrap();

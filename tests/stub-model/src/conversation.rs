@@ -45,6 +45,10 @@ pub struct Directives {
     /// `CALL:<tool> <text>`: the tool's name (an offered tool named so, or ending in
     /// `_<tool>`: MCP tools carry their server's name first) and the rest of the line.
     pub call: Option<(String, String)>,
+    /// `LIMIT:<seconds>[@anthropic|@openai|@google]`: a 429 naming its reset until that
+    /// long after the stub first saw this prompt (on that vendor's wire only, when named),
+    /// then the answer the rest of the prompt asks for.
+    pub limit: Option<(Duration, Option<String>)>,
 }
 
 impl Directives {
@@ -74,6 +78,14 @@ impl Directives {
             let rest = line[tool.len()..].trim();
             let rest = rest.trim_end_matches(['"', '\'']).trim_end();
             (!tool.is_empty()).then(|| (tool.to_string(), rest.to_string()))
+        });
+        found.limit = tokens_with_value(text, "LIMIT:").find_map(|v| {
+            let number: String = v.chars().take_while(char::is_ascii_digit).collect();
+            let secs: u64 = number.parse().ok()?;
+            let wire = v[number.len()..]
+                .strip_prefix('@')
+                .map(|w| word(w).to_string());
+            Some((Duration::from_secs(secs.min(MAX_SLEEP_SECS as u64)), wire))
         });
         found.fail = tokens_with_value(text, "FAIL:").find_map(|v| {
             let digits: String = v.chars().take_while(char::is_ascii_digit).collect();
@@ -530,6 +542,17 @@ mod tests {
     fn directives_need_word_boundaries() {
         let d = Directives::parse("PRERUN:x RECALLED THINKING XFAIL:500 SLEEPY");
         assert_eq!(d, Directives::default());
+    }
+
+    #[test]
+    fn limit_takes_seconds_and_an_optional_wire() {
+        let d = |s| Duration::from_secs(s);
+        assert_eq!(Directives::parse("LIMIT:6 hi").limit, Some((d(6), None)));
+        assert_eq!(
+            Directives::parse("x LIMIT:600@openai REMEMBER:kite").limit,
+            Some((d(600), Some("openai".into())))
+        );
+        assert_eq!(Directives::parse("LIMIT:soon").limit, None);
     }
 
     #[test]

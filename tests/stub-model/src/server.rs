@@ -21,8 +21,8 @@ use tokio::net::TcpListener;
 use crate::anthropic::Anthropic;
 use crate::chat::Chat;
 use crate::conversation::{
-    call_args, example_for_schema, pick_named_tool, pick_shell_tool, shell_args, Decision, Outcome,
-    ToolCall, Usage, NO_SHELL_TOOL,
+    call_args, example_for_schema, pick_named_tool, pick_shell_tool, shell_args, Decision,
+    Directives, Outcome, ToolCall, Usage, NO_SHELL_TOOL,
 };
 use crate::gemini::Gemini;
 use crate::protocol::{new_id, Protocol, Rendered, Reply, Turn};
@@ -47,6 +47,8 @@ pub struct Config {
 struct State {
     config: Config,
     recorder: Recorder,
+    /// When each `LIMIT:` prompt was first seen.
+    limited_since: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 /// Serves connections from `listener` until the task is dropped.
@@ -54,6 +56,7 @@ pub async fn serve(listener: TcpListener, config: Config) {
     let state = Arc::new(State {
         recorder: Recorder::new(config.echo),
         config,
+        limited_since: Default::default(),
     });
     loop {
         let stream = match listener.accept().await {
@@ -333,14 +336,59 @@ async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<Presente
         },
         Route::Turn { model, stream, .. } => match parse_body(protocol, bytes) {
             Ok(body) => {
+                // Gemini names the model in the path.
+                let google = model.is_some();
                 let model = model.unwrap_or_else(|| protocol.model(&body));
                 let stream = stream.unwrap_or_else(|| protocol.stream(&body));
-                model_turn(protocol, &body, bytes.len(), model, stream)
+                let wire = if google {
+                    "google"
+                } else if parts.uri.path().ends_with("/messages") {
+                    "anthropic"
+                } else {
+                    "openai"
+                };
+                limited(state, protocol, &body, wire)
+                    .unwrap_or_else(|| model_turn(protocol, &body, bytes.len(), model, stream))
             }
             Err(answer) => answer,
         },
         Route::Probe | Route::NotFound => not_found(&parts.method, parts.uri.path()),
     }
+}
+
+/// A `LIMIT:<seconds>` prompt within its window: a 429 naming its reset in the API's own
+/// words (OpenAI's `Please try again in 5s.`, Google's `Please retry in 5s.`).
+fn limited(state: &State, protocol: &dyn Protocol, body: &Value, wire: &str) -> Option<Answer> {
+    let conversation = protocol.conversation(body);
+    let text = conversation.latest_user_text().to_string();
+    let (window, only) = Directives::parse(&text).limit?;
+    if only.is_some_and(|w| w != wire) {
+        return None;
+    }
+    let now = std::time::Instant::now();
+    let since = *state
+        .limited_since
+        .lock()
+        .expect("not poisoned")
+        .entry(text)
+        .or_insert(now);
+    let left = window.checked_sub(now.duration_since(since))?;
+    if left.is_zero() {
+        return None;
+    }
+    let secs = left.as_secs_f64().ceil() as u64;
+    let message = if wire == "google" {
+        format!("Quota exceeded for quota metric 'Generate Content API requests per minute'. Please retry in {secs}s.")
+    } else {
+        format!("Rate limit reached for requests per min (RPM). Please try again in {secs}s.")
+    };
+    // `retry-after: 0` as on any 429 of the stub: every CLI waits out a longer
+    // `retry-after` on its own (each did, for 6 s), and a vendor's usage limit is hours.
+    Some(Answer::json(
+        429,
+        &protocol.error_body(429, &message),
+        "limit",
+    ))
 }
 
 fn parse_body(protocol: &dyn Protocol, bytes: &Bytes) -> Result<Value, Answer> {
