@@ -1,6 +1,9 @@
 //! Waiting out a usage limit through the library, as `--on-limit wait --max-wait 30m` does:
 //! a turn stopped by the vendor's limit is sent again in the same session once the reset the
 //! CLI named has passed; a reset further off than the bound leaves the `usage_limit` result.
+//! With `FALLBACK=claude_code,gemini` in the environment it falls back instead, as
+//! `--on-limit fallback=claude_code,gemini` does: the same prompt in a new, linked session of
+//! the next provider.
 //! The cost of each turn is in `usage.cost_usd` (the CLI's own, else caw-box's price table).
 //!
 //! ```text
@@ -36,14 +39,32 @@ async fn main() -> caw_box::Result<()> {
         env,
         ..TurnOptions::prompt("Summarise the README in three lines.")
     };
-    let result = session
-        .send_waiting(
-            turn,
-            Duration::from_secs(30 * 60),
-            |progress| eprintln!("{progress}"),
-            |_| {},
-        )
-        .await?;
+    let fallback: Vec<ProviderKind> = std::env::var("FALLBACK")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(str::parse::<ProviderKind>)
+        .collect::<Result<_, _>>()?;
+    let result = if fallback.is_empty() {
+        session
+            .send_waiting(
+                turn,
+                Duration::from_secs(30 * 60),
+                |progress| eprintln!("{progress}"),
+                |_| {},
+            )
+            .await?
+    } else {
+        client
+            .send_falling_back(
+                &mut session,
+                turn,
+                &fallback,
+                |progress| eprintln!("{progress}"),
+                |_| {},
+            )
+            .await?
+    };
     println!(
         "{} after turn {}: {}",
         result.status, result.turn, result.result

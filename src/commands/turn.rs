@@ -269,88 +269,11 @@ async fn send(
                 .await
         }
         OnLimit::Fallback(providers) => {
-            fall_back(client, session, options, providers, progress, on_event).await
+            client
+                .send_falling_back(session, options, providers, progress, on_event)
+                .await
         }
         OnLimit::Fail => session.send(options, &mut on_event).await,
-    }
-}
-
-/// `--on-limit fallback=P,...`: a turn stopped by a usage limit goes, with the same prompt
-/// and settings (the model aside: it is the vendor's), to a new session of each provider in
-/// turn until one is not limited. Each new session records the one it took over from. The
-/// `result` event of a limited turn that is handed on is held back: one result is printed.
-async fn fall_back(
-    client: &Client,
-    session: &mut Session,
-    options: TurnOptions,
-    providers: &[ProviderKind],
-    progress: &impl Fn(&str),
-    mut on_event: impl FnMut(&Event),
-) -> Result<TurnResult> {
-    let mut from = session.record().clone();
-    let mut next = providers.iter();
-    let mut held: Option<Event> = None;
-    let mut result = session
-        .send(options.clone(), |e| {
-            hold_limited(e, &mut held, &mut on_event)
-        })
-        .await?;
-    while result.status == Status::UsageLimit {
-        let Some(&provider) = next.next() else { break };
-        let mut settings = from.settings.clone();
-        settings.image = provider.default_image();
-        settings.model = None;
-        settings.fallback_of = Some(from.session_id);
-        if let Err(e) = settings.check_agent_config(provider) {
-            progress(&format!("usage limit: cannot fall back to {provider}: {e}"));
-            continue;
-        }
-        let mut fallback = client
-            .start_session(NewSession {
-                provider,
-                name: None,
-                group: from.group.clone(),
-                settings,
-            })
-            .await?;
-        progress(&format!(
-            "usage limit on {} session {}: falling back to {provider}, session {}",
-            from.provider,
-            from.session_id,
-            fallback.id()
-        ));
-        held = None;
-        result = match fallback
-            .send(options.clone(), |e| {
-                hold_limited(e, &mut held, &mut on_event)
-            })
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = fallback.discard_if_unused().await;
-                return Err(e);
-            }
-        };
-        if result.status != Status::UsageLimit {
-            progress(&format!(
-                "answered by {provider} (session {})",
-                fallback.id()
-            ));
-        }
-        from = fallback.record().clone();
-    }
-    if let Some(e) = held {
-        on_event(&e);
-    }
-    Ok(result)
-}
-
-/// Passes `e` on, except a `usage_limit` result, which waits in `held`.
-fn hold_limited(e: &Event, held: &mut Option<Event>, on_event: &mut impl FnMut(&Event)) {
-    match e {
-        Event::Result { result } if result.status == Status::UsageLimit => *held = Some(e.clone()),
-        _ => on_event(e),
     }
 }
 
