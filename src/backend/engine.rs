@@ -171,6 +171,9 @@ impl Backend for Engine {
     fn turns_outlive_driver(&self) -> bool {
         dispatch!(self, b => Backend::turns_outlive_driver(b))
     }
+    fn removed_under_turn(&self, name: &str) -> Error {
+        dispatch!(self, b => Backend::removed_under_turn(b, name))
+    }
     async fn ended_by_environment(&self, name: &str) -> Option<String> {
         dispatch!(self, b => Backend::ended_by_environment(b, name).await)
     }

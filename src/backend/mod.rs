@@ -111,6 +111,17 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// result: the kernel killed a process of it for memory (its limit), or the cluster
     /// evicted it. `None`: nothing of the kind is known (Docker reports none here: its
     /// turns keep their Docker behaviour).
+    /// The error of a turn whose container `name` was removed from outside while it ran, so
+    /// that its record could not be written (the session stays resumable).
+    fn removed_under_turn(&self, name: &str) -> Error {
+        let id = name.strip_prefix("caw-box-").unwrap_or(name);
+        Error::environment(format!(
+            "the turn's container '{name}' was removed while the turn ran (`docker rm`, a prune?), so the turn is not recorded"
+        ))
+        .with_hint(format!(
+            "the session's state is kept: `caw-box resume {id}` continues it"
+        ))
+    }
     fn ended_by_environment(&self, _name: &str) -> impl Future<Output = Option<String>> + Send {
         async { None }
     }

@@ -98,7 +98,6 @@ pub(super) async fn save_record(
         record.summary_only = false;
     }
     let json = serde_json::to_vec_pretty(&*record).expect("records serialize");
-    let record_id = record.session_id;
     let raw_path = format!(".caw-box/turns/{turn}.raw.jsonl");
     let events_path = format!(".caw-box/turns/{turn}.events.jsonl");
     let stderr_path = format!(".caw-box/turns/{turn}.stderr.log");
@@ -138,13 +137,7 @@ pub(super) async fn save_record(
         {
             Err(e) if being_removed(backend, name).await => {
                 tracing::debug!("{e}");
-                Err(Error::environment(format!(
-                    "the turn's container '{name}' was removed while the turn ran (`docker rm`, a prune?), so the turn is not recorded"
-                ))
-                .with_hint(format!(
-                    "the session's state is kept: `caw-box resume {}` continues it",
-                    record_id
-                )))
+                Err(backend.removed_under_turn(name))
             }
             other => other,
         }

@@ -1146,6 +1146,10 @@ impl Backend for KubeBackend {
         }
     }
 
+    fn removed_under_turn(&self, name: &str) -> Error {
+        deleted_under_turn(name)
+    }
+
     async fn ended_by_environment(&self, name: &str) -> Option<String> {
         let pod = self.pods().get_opt(name).await.ok().flatten()?;
         if let Some(why) = pod_failure(&pod) {
