@@ -6,7 +6,7 @@
 #   scripts/rig.sh down        stop the daemon that `up` started (by its PID), nothing else
 #   scripts/rig.sh restart     stop and start the daemon that `up` started (tests use this)
 #   scripts/rig.sh base        build the local base image (debootstrap + node), cached by tag
-#   scripts/rig.sh tools       install the tools the end-to-end tests drive (tmux; sshd and
+#   scripts/rig.sh tools       install the tools the end-to-end tests drive (tmux; openssl; sshd and
 #                              ssh for the ssh:// DOCKER_HOST test, which starts its own sshd)
 #   scripts/rig.sh build-deps  install what building caw-box needs besides Rust (OpenSSL headers)
 #   scripts/rig.sh with CMD…   `up`, run CMD, then `down` if `up` started the daemon
@@ -142,6 +142,8 @@ case "${1:-}" in
     base) mkdir -p "$RIG_DIR"; cmd_base ;;
     tools)
         command -v tmux >/dev/null 2>&1 || apt_install tmux
+        # The TLS endpoint test makes its certificates with it.
+        command -v openssl >/dev/null 2>&1 || apt_install openssl
         { [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null 2>&1; } \
             || apt_install openssh-server openssh-client
         ;;

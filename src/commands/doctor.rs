@@ -18,8 +18,12 @@ pub async fn doctor() -> Result<i32> {
         }
     };
     let endpoint = crate::backend::docker::endpoint()?;
+    let tls = match &endpoint.tls {
+        Some(tls) => format!(", TLS with the client certificate {}", tls.cert.display()),
+        None => String::new(),
+    };
     output::println(&format!(
-        "✓ docker: {} ({}), daemon {}",
+        "✓ docker: {} ({}){tls}, daemon {}",
         endpoint.host,
         endpoint.why,
         backend.server_version().await?

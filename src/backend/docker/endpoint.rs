@@ -1,7 +1,9 @@
 //! Which Docker daemon to talk to, resolved as the docker CLI does: a context named by
 //! `--context` / `DOCKER_CONTEXT`, else `DOCKER_HOST`, else the current context of the
 //! docker CLI's config (`$DOCKER_CONFIG/config.json`, default `~/.docker`), else the first
-//! socket that exists of the default one, rootless Docker's and Podman's. Pure but for
+//! socket that exists of the default one, rootless Docker's and Podman's. A `tcp://` daemon
+//! is reached over TLS with client certificates as the docker CLI does: a context's
+//! `contexts/tls/<id>/docker/`, or `DOCKER_TLS_VERIFY` with `DOCKER_CERT_PATH`. Pure but for
 //! reading files: the lookups are passed in, so tests give their own.
 
 use std::path::{Path, PathBuf};
@@ -17,6 +19,38 @@ pub struct Endpoint {
     pub host: String,
     /// Where it came from, for `doctor` and error lines.
     pub why: String,
+    /// The client certificates of a TLS endpoint (`tcp://` only).
+    pub tls: Option<Tls>,
+}
+
+/// A TLS endpoint's certificate files, as the docker CLI keeps them in one directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl Tls {
+    /// `ca.pem`, `cert.pem` and `key.pem` of `dir`; a missing one is exit 3, naming it and
+    /// what the directory is for (`whose`).
+    fn in_dir(dir: &Path, whose: &str, exists: &dyn Fn(&Path) -> bool) -> Result<Tls> {
+        let tls = Tls {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("cert.pem"),
+            key: dir.join("key.pem"),
+        };
+        for file in [&tls.ca, &tls.cert, &tls.key] {
+            if !exists(file) {
+                return Err(Error::environment(format!(
+                    "{whose}: TLS certificate file {} is missing",
+                    file.display()
+                ))
+                .with_hint("the directory needs ca.pem, cert.pem and key.pem, as `docker --tlsverify` does"));
+            }
+        }
+        Ok(tls)
+    }
 }
 
 /// The default socket of a rootful Docker.
@@ -31,30 +65,45 @@ pub fn resolve(
     let asked = var("DOCKER_CONTEXT");
     if let Some(name) = &asked {
         if name != "default" {
-            let host = context_host(&config_dir(get), name)?;
+            let (host, tls) = context_endpoint(&config_dir(get), name, exists)?;
             return Ok(Endpoint {
                 host,
                 why: format!("context {name}, from --context or DOCKER_CONTEXT"),
+                tls,
             });
         }
     }
     if let Some(host) = var("DOCKER_HOST") {
-        return Ok(Endpoint {
-            host,
-            why: "DOCKER_HOST".into(),
-        });
+        // The docker CLI's `DOCKER_TLS_VERIFY`: any non-empty value turns TLS on, with the
+        // certificates of `DOCKER_CERT_PATH` (default the config directory).
+        let tls = match var("DOCKER_TLS_VERIFY") {
+            Some(_) if host.starts_with("tcp://") => {
+                let dir = var("DOCKER_CERT_PATH")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| config_dir(get));
+                Some(Tls::in_dir(&dir, "DOCKER_TLS_VERIFY", exists)?)
+            }
+            _ => None,
+        };
+        let why = if tls.is_some() {
+            "DOCKER_HOST, with TLS from DOCKER_TLS_VERIFY".into()
+        } else {
+            "DOCKER_HOST".into()
+        };
+        return Ok(Endpoint { host, why, tls });
     }
     let dir = config_dir(get);
     // `DOCKER_CONTEXT=default` asks for the default context: no current one.
     let current = current_context(&dir).filter(|n| n != "default" && asked.is_none());
     if let Some(name) = current {
-        let host = context_host(&dir, &name)?;
+        let (host, tls) = context_endpoint(&dir, &name, exists)?;
         return Ok(Endpoint {
             host,
             why: format!(
                 "context {name}, the current one in {}",
                 dir.join("config.json").display()
             ),
+            tls,
         });
     }
     let mut candidates = vec![(PathBuf::from(DEFAULT_SOCKET), "the default socket")];
@@ -77,6 +126,7 @@ pub fn resolve(
     Ok(Endpoint {
         host: format!("unix://{}", path.display()),
         why: why.into(),
+        tls: None,
     })
 }
 
@@ -124,8 +174,13 @@ fn current_context(dir: &Path) -> Option<String> {
     json.get("currentContext")?.as_str().map(str::to_string)
 }
 
-/// A context's docker endpoint, from `contexts/meta/<sha256 of its name>/meta.json`.
-fn context_host(dir: &Path, name: &str) -> Result<String> {
+/// A context's docker endpoint, from `contexts/meta/<sha256 of its name>/meta.json`, and
+/// for a `tcp://` one its TLS certificates in `contexts/tls/<sha256>/docker/`, if any.
+fn context_endpoint(
+    dir: &Path,
+    name: &str,
+    exists: &dyn Fn(&Path) -> bool,
+) -> Result<(String, Option<Tls>)> {
     let id = hex(&Sha256::digest(name.as_bytes()));
     let meta = dir.join("contexts/meta").join(&id).join("meta.json");
     let not_found = || {
@@ -149,13 +204,18 @@ fn context_host(dir: &Path, name: &str) -> Result<String> {
         .ok_or_else(|| {
             Error::environment(format!("Docker context '{name}' names no docker endpoint"))
         })?;
-    if dir.join("contexts/tls").join(&id).join("docker").is_dir() {
-        return Err(Error::environment(format!(
-            "Docker context '{name}' uses TLS client certificates, which caw-box does not support yet"
-        ))
-        .with_hint("reach that daemon over ssh:// or a local socket, or set DOCKER_HOST"));
+    let tls_dir = dir.join("contexts/tls").join(&id).join("docker");
+    if !host.starts_with("tcp://") || !exists(&tls_dir) {
+        return Ok((host.to_string(), None));
     }
-    Ok(host.to_string())
+    if json.pointer("/Endpoints/docker/SkipTLSVerify") == Some(&serde_json::Value::Bool(true)) {
+        return Err(Error::environment(format!(
+            "Docker context '{name}' skips verifying the daemon's TLS certificate, which caw-box does not do"
+        ))
+        .with_hint("give the context the daemon's CA (`docker context update --docker ca=...`)"));
+    }
+    let tls = Tls::in_dir(&tls_dir, &format!("Docker context '{name}'"), exists)?;
+    Ok((host.to_string(), Some(tls)))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -174,6 +234,18 @@ pub fn write_context(dir: &Path, name: &str, host: &str) -> std::io::Result<()> 
         "Endpoints": { "docker": { "Host": host, "SkipTLSVerify": false } }
     });
     std::fs::write(meta.join("meta.json"), json.to_string())
+}
+
+/// Gives context `name` under `dir` the TLS files of directory `from` (`ca.pem`, `cert.pem`,
+/// `key.pem`), as `docker context create --docker ca=,cert=,key=` stores them.
+pub fn write_context_tls(dir: &Path, name: &str, from: &Path) -> std::io::Result<()> {
+    let id = hex(&Sha256::digest(name.as_bytes()));
+    let tls = dir.join("contexts/tls").join(id).join("docker");
+    std::fs::create_dir_all(&tls)?;
+    for file in ["ca.pem", "cert.pem", "key.pem"] {
+        std::fs::copy(from.join(file), tls.join(file))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -236,19 +308,95 @@ mod tests {
             "{}",
             e.message
         );
-        // A context with TLS client certificates: refused, exit 3, naming it.
-        let id = hex(&Sha256::digest(b"remote"));
-        std::fs::create_dir_all(docker.join("contexts/tls").join(id).join("docker")).unwrap();
-        let e = resolve_with(&[h.clone(), ("DOCKER_CONTEXT", "remote".into())], &[]).unwrap_err();
-        assert_eq!(e.exit_code(), 3);
-        assert!(
-            e.message.contains("'remote' uses TLS client certificates"),
-            "{}",
-            e.message
-        );
         // DOCKER_CONFIG moves the directory.
         let e = resolve_with(&[("DOCKER_CONFIG", docker.display().to_string())], &[]).unwrap();
         assert_eq!(e.host, "unix:///tmp/desk.sock");
+    }
+
+    #[test]
+    fn tls_certificates_come_from_the_context_or_docker_tls_verify() {
+        let home = tempfile::tempdir().unwrap();
+        let docker = home.path().join(".docker");
+        let certs = home.path().join("certs");
+        std::fs::create_dir_all(&certs).unwrap();
+        for f in ["ca.pem", "cert.pem", "key.pem"] {
+            std::fs::write(certs.join(f), "pem").unwrap();
+        }
+        write_context(&docker, "remote", "tcp://build:2376").unwrap();
+        write_context_tls(&docker, "remote", &certs).unwrap();
+        let vars = |extra: &[(&str, &str)]| {
+            let mut v: HashMap<String, String> =
+                HashMap::from([("HOME".into(), home.path().display().to_string())]);
+            v.extend(extra.iter().map(|(k, x)| (k.to_string(), x.to_string())));
+            v
+        };
+        let resolve_in =
+            |v: HashMap<String, String>| resolve(&|k| v.get(k).cloned(), &|p| p.exists());
+
+        // A context's own certificates.
+        let e = resolve_in(vars(&[("DOCKER_CONTEXT", "remote")])).unwrap();
+        let id = hex(&Sha256::digest(b"remote"));
+        let dir = docker.join("contexts/tls").join(&id).join("docker");
+        assert_eq!(e.host, "tcp://build:2376");
+        assert_eq!(
+            e.tls,
+            Some(Tls {
+                ca: dir.join("ca.pem"),
+                cert: dir.join("cert.pem"),
+                key: dir.join("key.pem")
+            })
+        );
+        // A missing one: exit 3, naming the file and the context.
+        std::fs::remove_file(dir.join("key.pem")).unwrap();
+        let e = resolve_in(vars(&[("DOCKER_CONTEXT", "remote")])).unwrap_err();
+        assert_eq!(e.exit_code(), 3);
+        assert!(
+            e.message
+                .starts_with("Docker context 'remote': TLS certificate file"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("key.pem is missing"), "{}", e.message);
+        // A context that skips verification is refused.
+        write_context_tls(&docker, "remote", &certs).unwrap();
+        let meta = docker.join("contexts/meta").join(&id).join("meta.json");
+        let text = std::fs::read_to_string(&meta).unwrap();
+        std::fs::write(
+            &meta,
+            text.replace("\"SkipTLSVerify\":false", "\"SkipTLSVerify\":true"),
+        )
+        .unwrap();
+        let e = resolve_in(vars(&[("DOCKER_CONTEXT", "remote")])).unwrap_err();
+        assert!(e.message.contains("skips verifying"), "{}", e.message);
+
+        // DOCKER_TLS_VERIFY: DOCKER_CERT_PATH's files, else the config directory's.
+        let tcp = ("DOCKER_HOST", "tcp://build:2376");
+        let cert_path = certs.display().to_string();
+        let e = resolve_in(vars(&[
+            tcp,
+            ("DOCKER_TLS_VERIFY", "1"),
+            ("DOCKER_CERT_PATH", &cert_path),
+        ]))
+        .unwrap();
+        assert_eq!(e.tls.unwrap().cert, certs.join("cert.pem"));
+        assert_eq!(e.why, "DOCKER_HOST, with TLS from DOCKER_TLS_VERIFY");
+        let e = resolve_in(vars(&[tcp, ("DOCKER_TLS_VERIFY", "1")])).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("DOCKER_TLS_VERIFY: TLS certificate file"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains(".docker/ca.pem"), "{}", e.message);
+        // Without it, or for a socket, no TLS.
+        assert_eq!(resolve_in(vars(&[tcp])).unwrap().tls, None);
+        let unix = ("DOCKER_HOST", "unix:///s.sock");
+        assert_eq!(
+            resolve_in(vars(&[unix, ("DOCKER_TLS_VERIFY", "1")]))
+                .unwrap()
+                .tls,
+            None
+        );
     }
 
     #[test]

@@ -80,6 +80,21 @@ fn docker_host() -> String {
         .unwrap_or_else(|_| "unix:///var/run/docker.sock".to_string())
 }
 
+/// An error with the causes under it (`client error (Connect): invalid peer certificate:
+/// UnknownIssuer`), each once: a connection failure's reason is at the bottom.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        cause = c.source();
+    }
+    text
+}
+
 fn unreachable(e: impl std::fmt::Display) -> Error {
     let at = match endpoint() {
         Ok(e) => format!("{} ({})", e.host, e.why),
@@ -132,7 +147,7 @@ fn failed(what: impl std::fmt::Display, e: &BollardError) -> Error {
         BollardError::DockerResponseServerError { .. } => {
             Error::environment(format!("failed to {what}: {}", daemon_message(e)))
         }
-        other => unreachable(format!("while trying to {what}: {other}")),
+        other => unreachable(format!("while trying to {what}: {}", with_causes(other))),
     };
     error.with_source(SourceError(e.to_string()))
 }
@@ -152,7 +167,8 @@ impl std::error::Error for SourceError {}
 impl DockerBackend {
     /// Connects (honouring DOCKER_HOST) and checks that the daemon answers.
     pub async fn connect() -> Result<Self> {
-        let host = endpoint()?.host;
+        let endpoint = endpoint()?;
+        let host = endpoint.host;
         if let Some(docker) = Self::connect_cached(&host).await? {
             return Ok(docker);
         }
@@ -160,6 +176,8 @@ impl DockerBackend {
         let secs = PING_TIMEOUT.as_secs();
         let docker = if host.starts_with("unix://") {
             Docker::connect_with_unix(&host, secs, api)
+        } else if let (Some(tls), true) = (&endpoint.tls, host.starts_with("tcp://")) {
+            Docker::connect_with_ssl(&host, &tls.key, &tls.cert, &tls.ca, secs, api)
         } else if host.starts_with("tcp://") || host.starts_with("http://") {
             Docker::connect_with_http(&host, secs, api)
         } else if host.starts_with("ssh://") {
@@ -173,7 +191,7 @@ impl DockerBackend {
         let docker = docker.with_timeout(PING_TIMEOUT);
         let docker = match tokio::time::timeout(PING_TIMEOUT, docker.negotiate_version()).await {
             Ok(Ok(d)) => d,
-            Ok(Err(e)) => return Err(unreachable(e)),
+            Ok(Err(e)) => return Err(unreachable(with_causes(&e))),
             Err(_) => return Err(unreachable("no answer within 10 s")),
         };
         if host.starts_with("unix://") {
@@ -203,7 +221,7 @@ impl DockerBackend {
                 tracing::debug!("the daemon refused the cached API version: {e}");
                 Ok(None)
             }
-            Ok(Err(e)) => Err(unreachable(e)),
+            Ok(Err(e)) => Err(unreachable(with_causes(&e))),
             Err(_) => Err(unreachable("no answer within 10 s")),
         }
     }
