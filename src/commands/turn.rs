@@ -34,6 +34,12 @@ fn turn_options(args: &TurnArgs, config: &Resolved) -> Result<TurnOptions> {
     }
     let mut env = settings::resolve_env(&args.env)?;
     env.extend(settings::resolve_mcp_env(&args.settings)?);
+    // A config file's MCP servers' secrets (on `resume`, where no flag names them).
+    for (k, v) in config.mcp_env()? {
+        if !env.iter().any(|(have, _)| *have == k) {
+            env.push((k, v));
+        }
+    }
     settings::add_passed_env(&mut env, &config.env_pass());
     record::set_extra_labels(config.labels());
     let timeout = args
@@ -92,7 +98,7 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     if let Some(group) = &args.group {
         settings::validate_name(group, "--group")?;
     }
-    args.turn.settings = config.settings_args(&args.turn.settings);
+    args.turn.settings = config.settings_args(&args.turn.settings)?;
     let mut session_settings = settings::new_session_settings(provider, &args.turn.settings)?;
     session_settings.check_agent_config(provider)?;
     let mut options = turn_options(&args.turn, &config)?;
