@@ -91,8 +91,12 @@ struct Answer {
     tool: Option<String>,
     sleep: Option<Duration>,
     /// Headers beyond the usual ones (a vendor's rate-limit headers).
-    headers: Vec<(&'static str, String)>,
+    headers: Option<Box<ExtraHeaders>>,
 }
+
+/// Headers beyond the usual ones, boxed: most answers have none.
+#[derive(Debug)]
+struct ExtraHeaders(Vec<(&'static str, String)>);
 
 impl Answer {
     fn json(status: u16, body: &Value, directive: &str) -> Self {
@@ -108,7 +112,7 @@ impl Answer {
             directive: directive.to_string(),
             tool: None,
             sleep: None,
-            headers: Vec::new(),
+            headers: None,
         }
     }
 }
@@ -170,7 +174,7 @@ fn into_response(answer: Answer) -> Response<Full<Bytes>> {
     if answer.retry_after {
         headers.insert("retry-after", HeaderValue::from_static("0"));
     }
-    for (name, value) in answer.headers {
+    for (name, value) in answer.headers.map(|h| h.0).unwrap_or_default() {
         if let Ok(value) = HeaderValue::from_str(&value) {
             headers.insert(name, value);
         }
@@ -432,7 +436,7 @@ fn quota(protocol: &dyn Protocol, wire: &str, left: Duration) -> Answer {
                 "This request would exceed your account's rate limit. Please try again later.",
             );
             let mut answer = Answer::json(429, &body, "quota");
-            answer.headers = vec![
+            answer.headers = Some(Box::new(ExtraHeaders(vec![
                 ("anthropic-ratelimit-unified-status", "rejected".into()),
                 ("anthropic-ratelimit-unified-reset", reset_at.to_string()),
                 (
@@ -442,7 +446,7 @@ fn quota(protocol: &dyn Protocol, wire: &str, left: Duration) -> Answer {
                 ("anthropic-ratelimit-unified-5h-status", "rejected".into()),
                 ("anthropic-ratelimit-unified-5h-reset", reset_at.to_string()),
                 ("anthropic-ratelimit-unified-5h-utilization", "1.0".into()),
-            ];
+            ])));
             answer
         }
         "google" => {
