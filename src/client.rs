@@ -423,9 +423,13 @@ impl Session {
             waited += wait;
             // The prompt goes again as the same turn: the session records one turn, the
             // one that answered, in place of the limited one.
-            if let Some(limited) = self.record.turns.last().filter(|t| t.turn == result.turn) {
-                tracing::debug!("turn {} is sent again after its usage limit", limited.turn);
-                self.record.turns.pop();
+            // (Unless the record lacks the turn before it: then it is sent as the next one.)
+            if let Some(limited) = self.record.turns.pop() {
+                if limited.turn == result.turn && self.record.next_turn() == limited.turn {
+                    tracing::debug!("turn {} is sent again after its usage limit", limited.turn);
+                } else {
+                    self.record.turns.push(limited);
+                }
             }
         }
     }
