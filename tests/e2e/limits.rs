@@ -209,3 +209,35 @@ fn limits_fallback_answers_through_claude() {
         "{text}"
     );
 }
+
+/// A later turn waited out: the session keeps its earlier turn and records the limited one
+/// once, as the turn that answered (which still knows the conversation).
+#[test]
+fn limits_a_resumed_turn_waits_as_the_same_turn() {
+    let rig = Rig::new("lim-resume");
+    let (code, out, stderr) = rig.json_turn(rig.run_cmd(OPENCODE, "REMEMBER:puffin", &[]));
+    assert_eq!(code, 0, "{out}\n{stderr}");
+    let id = out["session_id"].as_str().unwrap().to_string();
+    let (code, out, stderr) = rig.json_turn(rig.resume_cmd(
+        OPENCODE,
+        &id,
+        "QUOTA:6 RECALL",
+        &["--on-limit", "wait", "--max-wait", "2m"],
+    ));
+    assert_eq!(code, 0, "{out}\n{stderr}");
+    assert!(stderr.contains("usage limit: waiting"), "{stderr}");
+    assert_eq!(out["turn"], 2, "{out}");
+    assert_eq!(out["result"], "You told me to remember puffin.", "{out}");
+    let shown: Value =
+        serde_json::from_str(&stdout_of(&rig.caw_run(&["show", &id, "--json"]))).unwrap();
+    let turns = shown["turns"].as_array().unwrap();
+    let numbers: Vec<_> = turns.iter().map(|t| t["turn"].clone()).collect();
+    assert_eq!(numbers, [1, 2], "{shown}");
+    assert_eq!(turns[1]["status"], "success", "{shown}");
+    assert_eq!(turns[1]["prompt"], "QUOTA:6 RECALL", "{shown}");
+    let logs = stdout_of(&rig.caw_run(&["logs", &id, "--turn", "2"]));
+    assert!(
+        logs.contains("puffin"),
+        "turn 2's logs are the answering run's: {logs}"
+    );
+}
