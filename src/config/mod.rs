@@ -736,24 +736,34 @@ impl Resolved {
         Ok(out)
     }
 
-    /// The secret values of a config file's MCP servers, as the variables that carry them to
-    /// the CLI (what [`settings::resolve_mcp_env`] gives for the flags): for a turn of a
-    /// session whose servers came from the file, on `resume` too.
-    pub fn mcp_env(&self) -> Result<Vec<(String, String)>> {
+    /// The secret values a session's MCP servers (`servers`) take from a config file's
+    /// servers of the same name, as the variables that carry them to the CLI (what
+    /// [`settings::resolve_mcp_env`] gives for the flags): on `run`, and on `resume` where no
+    /// flag names them. A session that does not use a file's server gets none of its secrets,
+    /// and an unset variable of such a server is no error.
+    pub fn mcp_env_for(
+        &self,
+        servers: &[crate::agent_config::McpServer],
+    ) -> Result<Vec<(String, String)>> {
         let mut env = Vec::new();
-        if let Some((Value::Mcp(servers), origin)) = self.values.get(&Key::Mcp) {
+        if let Some((Value::Mcp(file), origin)) = self.values.get(&Key::Mcp) {
             if matches!(origin, Origin::Flag(_)) {
                 return Ok(env);
             }
-            for (name, e) in servers {
-                for var in &e.env {
+            for (name, e) in file {
+                let Some(used) = servers.iter().find(|s| s.name == *name) else {
+                    continue;
+                };
+                for var in e.env.iter().filter(|v| used.env.contains(v)) {
                     env.push((var.clone(), host_var(var, name, origin)?));
                 }
                 for (header, var) in e.header_vars() {
-                    env.push((
-                        crate::agent_config::mcp_header_var(name, header),
-                        host_var(var, name, origin)?,
-                    ));
+                    if used.headers.iter().any(|h| h == header) {
+                        env.push((
+                            crate::agent_config::mcp_header_var(name, header),
+                            host_var(var, name, origin)?,
+                        ));
+                    }
                 }
             }
         }

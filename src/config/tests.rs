@@ -444,12 +444,19 @@ fn mcp_servers_come_from_config_files() {
     assert_eq!(settings.mcp[0].env, ["HOME"]);
     assert_eq!(settings.mcp[1].headers, ["Authorization"]);
     // The values travel like --env values, under the names the CLI's config names.
-    let env = r.mcp_env().unwrap();
+    let env = r.mcp_env_for(&settings.mcp).unwrap();
     assert!(env.contains(&("HOME".to_string(), home.clone())));
     assert!(env.contains(&(
         crate::agent_config::mcp_header_var("search", "Authorization"),
-        home
+        home.clone()
     )));
+    // A session that uses only one of the servers gets only that server's secret; one that
+    // uses none (started before the file named them, or with other --mcp) gets none.
+    assert_eq!(
+        r.mcp_env_for(&settings.mcp[..1]).unwrap(),
+        [("HOME".to_string(), home)]
+    );
+    assert!(r.mcp_env_for(&[]).unwrap().is_empty());
     // `config show` names the variables, never their values.
     let shown = r.get(Key::Mcp).unwrap().display();
     assert_eq!(
@@ -467,7 +474,7 @@ fn mcp_servers_come_from_config_files() {
         r.settings_args(&flags).unwrap().mcp,
         ["other=http://other:1/mcp"]
     );
-    assert!(r.mcp_env().unwrap().is_empty());
+    assert!(r.mcp_env_for(&settings.mcp).unwrap().is_empty());
 }
 
 #[test]
