@@ -357,8 +357,9 @@ impl Session {
     /// turn ends in `usage_limit` and the CLI's words name a reset within `max_wait` in all
     /// ([`limits::reset_after`]), `progress` is told how long, this waits (Ctrl-C ends the
     /// wait: exit 130, the session stays resumable), and the same prompt is sent again in
-    /// this session. The `result` event of a turn that is sent again is held back, so
-    /// `on_event` sees one. When it does not wait (no reset named, or one beyond
+    /// this session as the same turn, which replaces the limited one in the session's
+    /// record (the session records one turn). The `result` event of a turn that is sent
+    /// again is held back, so `on_event` sees one. When it does not wait (no reset named, or one beyond
     /// `max_wait`), `progress` says why and the `usage_limit` result is returned as is.
     pub async fn send_waiting(
         &mut self,
@@ -380,9 +381,18 @@ impl Session {
                 .await?;
             let what = format!("the {} turn", self.record.provider);
             let wait = (result.status == Status::UsageLimit).then(|| {
+                // What the CLI's whole output named (recorded with the turn), else its words.
+                let recorded = self
+                    .record
+                    .turns
+                    .last()
+                    .filter(|t| t.turn == result.turn)
+                    .and_then(|t| t.limit_resets_at)
+                    .map(|at| Duration::from_secs_f64((at as f64 - limits::now_unix()).max(0.0)));
                 // A reset just passed but still limited: a second before asking again.
-                let reset =
-                    limits::reset_after(&result.result).map(|d| d.max(Duration::from_secs(1)));
+                let reset = recorded
+                    .or_else(|| limits::reset_after(&result.result))
+                    .map(|d| d.max(Duration::from_secs(1)));
                 limits::check_wait(reset, max_wait.saturating_sub(waited), &what)
             });
             let wait = match wait {
@@ -411,6 +421,16 @@ impl Session {
                 }
             }
             waited += wait;
+            // The prompt goes again as the same turn: the session records one turn, the
+            // one that answered, in place of the limited one.
+            // (Unless the record lacks the turn before it: then it is sent as the next one.)
+            if let Some(limited) = self.record.turns.pop() {
+                if limited.turn == result.turn && self.record.next_turn() == limited.turn {
+                    tracing::debug!("turn {} is sent again after its usage limit", limited.turn);
+                } else {
+                    self.record.turns.push(limited);
+                }
+            }
         }
     }
 

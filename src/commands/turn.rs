@@ -22,6 +22,21 @@ use crate::session::runner::{self, TurnOptions};
 use crate::session::{models, target};
 use crate::settings;
 
+/// The secrets of a config file's MCP servers that the session's own servers take, added to
+/// a turn's variables unless a flag gave them (see [`Resolved::mcp_env_for`]).
+fn add_config_mcp_env(
+    options: &mut TurnOptions,
+    config: &Resolved,
+    settings: &SessionSettings,
+) -> Result<()> {
+    for (k, v) in config.mcp_env_for(&settings.mcp)? {
+        if !options.env.iter().any(|(have, _)| *have == k) {
+            options.env.push((k, v));
+        }
+    }
+    Ok(())
+}
+
 /// Everything about a turn that can be checked before Docker is touched; `config` gives the
 /// turn-level keys (`env_pass`, `labels`).
 fn turn_options(args: &TurnArgs, config: &Resolved) -> Result<TurnOptions> {
@@ -92,10 +107,11 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     if let Some(group) = &args.group {
         settings::validate_name(group, "--group")?;
     }
-    args.turn.settings = config.settings_args(&args.turn.settings);
+    args.turn.settings = config.settings_args(&args.turn.settings)?;
     let mut session_settings = settings::new_session_settings(provider, &args.turn.settings)?;
     session_settings.check_agent_config(provider)?;
     let mut options = turn_options(&args.turn, &config)?;
+    add_config_mcp_env(&mut options, &config, &session_settings)?;
     let limit = limit_args(&args.turn)?;
     if config.yes(Key::UserConfig) {
         options.user_files = user_config(provider, quiet)?;
@@ -180,7 +196,7 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
             .with_hint("`caw-box ls` lists sessions")
     })?;
     let config = Resolved::load(Layer::default(), args.turn.settings.workspace.as_deref())?;
-    let options = turn_options(&args.turn, &config)?;
+    let mut options = turn_options(&args.turn, &config)?;
     let limit = limit_args(&args.turn)?;
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
     let client = Client::connect().await?;
@@ -188,6 +204,7 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
     let mut session = client.open(&target).await?;
     settings::apply_resume_overrides(session.settings_mut(), &args.turn.settings)?;
     refuse_unsupported(client.backend(), session.settings_mut())?;
+    add_config_mcp_env(&mut options, &config, session.settings_mut())?;
     if args.turn.detach {
         detach(client.backend(), &session, &options).await?;
         return Ok(print_detached(&session, args.turn.output));
@@ -325,13 +342,19 @@ async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32>
             sessions.len()
         ));
     }
-    let runs = sessions.iter_mut().map(|s| {
-        let options = options.clone();
-        async move {
+    let mut each = Vec::new();
+    for s in &mut sessions {
+        let mut options = options.clone();
+        add_config_mcp_env(&mut options, &config, s.settings_mut())?;
+        each.push(options);
+    }
+    let runs = sessions
+        .iter_mut()
+        .zip(each)
+        .map(|(s, options)| async move {
             let id = s.id();
             (id, s.send(options, |_| {}).await)
-        }
-    });
+        });
     let outcomes = futures_util::future::join_all(runs).await;
     let mut exit = 0;
     let mut failed = 0;

@@ -42,6 +42,27 @@ struct ConfigFile {
     tools: Option<Spanned<String>>,
     allow_tool: Option<Spanned<Vec<String>>>,
     deny_tool: Option<Spanned<Vec<String>>>,
+    mcp: Option<Spanned<BTreeMap<String, McpFileEntry>>>,
+}
+
+/// One server of the `mcp` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct McpFileEntry {
+    command: Option<CommandLine>,
+    url: Option<String>,
+    #[serde(default)]
+    env: Vec<String>,
+    #[serde(default)]
+    headers: Vec<String>,
+}
+
+/// `command = "node /x/mcp.js"` or `command = ["node", "/x/mcp.js"]`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum CommandLine {
+    Line(String),
+    Words(Vec<String>),
 }
 
 /// `memory = "2g"` or `memory = 2147483648` (bytes).
@@ -144,6 +165,28 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
     if let Some(v) = file.labels {
         let span = v.span();
         put(Key::Labels, Value::Map(v.into_inner()), span)?;
+    }
+    if let Some(v) = file.mcp {
+        let span = v.span();
+        let servers = v
+            .into_inner()
+            .into_iter()
+            .map(|(name, e)| {
+                let command = e.command.map(|c| match c {
+                    CommandLine::Line(l) => l,
+                    CommandLine::Words(w) => shlex::try_join(w.iter().map(String::as_str))
+                        .unwrap_or_else(|_| w.join(" ")),
+                });
+                let entry = super::McpEntry {
+                    command,
+                    url: e.url,
+                    env: e.env,
+                    headers: e.headers,
+                };
+                (name, entry)
+            })
+            .collect();
+        put(Key::Mcp, Value::Mcp(servers), span)?;
     }
     if let Some(v) = file.user_config {
         let span = v.span();

@@ -52,10 +52,11 @@ pub enum Key {
     Tools,
     AllowTool,
     DenyTool,
+    Mcp,
 }
 
 impl Key {
-    pub const ALL: [Key; 25] = [
+    pub const ALL: [Key; 26] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -81,6 +82,7 @@ impl Key {
         Key::Tools,
         Key::AllowTool,
         Key::DenyTool,
+        Key::Mcp,
     ];
 
     /// Its name in a config file.
@@ -111,6 +113,7 @@ impl Key {
             Key::Tools => "tools",
             Key::AllowTool => "allow_tool",
             Key::DenyTool => "deny_tool",
+            Key::Mcp => "mcp",
         }
     }
 
@@ -123,11 +126,11 @@ impl Key {
     }
 
     /// The `CAW_BOX_*` variable that sets it: each key but `env_pass` (a variable naming
-    /// variables would only hide where a value came from). Lists are comma-separated,
-    /// labels `k=v,k=v` (the variable caw-box always had).
+    /// variables would only hide where a value came from) and `mcp` (a table). Lists are
+    /// comma-separated, labels `k=v,k=v` (the variable caw-box always had).
     pub fn env_var(self) -> Option<String> {
         match self {
-            Key::EnvPass => None,
+            Key::EnvPass | Key::Mcp => None,
             k => Some(format!("CAW_BOX_{}", k.name().to_ascii_uppercase())),
         }
     }
@@ -143,6 +146,43 @@ pub enum Value {
     Int(i64),
     Map(BTreeMap<String, String>),
     Bool(bool),
+    /// `mcp`: the MCP servers by name.
+    Mcp(BTreeMap<String, McpEntry>),
+}
+
+/// One MCP server of a config file's `mcp` table (or of `--mcp` flags, for `config show`):
+/// what `--mcp NAME=...` takes, and the NAMES of the host variables that hold its secrets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct McpEntry {
+    /// A command (run in the agent's container) or an `http(s)://` URL, as `--mcp` takes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Host variables the server gets, each under its own name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// `HEADER=VARIABLE`: the header sent to an HTTP server holds the host variable's value.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<String>,
+}
+
+impl McpEntry {
+    /// What `--mcp NAME=` takes.
+    fn spec(&self) -> &str {
+        self.command
+            .as_deref()
+            .or(self.url.as_deref())
+            .unwrap_or_default()
+    }
+
+    /// The (header, variable) pairs of `headers`.
+    fn header_vars(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.headers
+            .iter()
+            .filter_map(|h| h.split_once('='))
+            .map(|(h, v)| (h.trim(), v.trim()))
+    }
 }
 
 impl Value {
@@ -166,6 +206,20 @@ impl Value {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(","),
+            Value::Mcp(servers) => servers
+                .iter()
+                .map(|(name, e)| {
+                    let mut s = format!("{name}={}", e.spec());
+                    if !e.env.is_empty() {
+                        s.push_str(&format!(" (env {})", e.env.join(",")));
+                    }
+                    if !e.headers.is_empty() {
+                        s.push_str(&format!(" (headers {})", e.headers.join(",")));
+                    }
+                    s
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
         }
     }
 }
@@ -230,6 +284,7 @@ impl Layer {
             (!args.deny_tool.is_empty()).then(|| Value::List(args.deny_tool.clone())),
         );
         put(Key::Network, s(&args.network));
+        put(Key::Mcp, mcp_flags(args).map(Value::Mcp));
         put(
             Key::AllowHost,
             (!args.allow_host.is_empty()).then(|| Value::List(args.allow_host.clone())),
@@ -295,6 +350,42 @@ impl Layer {
         }
         Ok(layer)
     }
+}
+
+/// `--mcp`, `--mcp-env` and `--mcp-header` as a value of the `mcp` key (names only: the
+/// flags' secret values stay out of it); `None` without `--mcp`.
+fn mcp_flags(args: &SettingsArgs) -> Option<BTreeMap<String, McpEntry>> {
+    let mut servers = BTreeMap::new();
+    for flag in &args.mcp {
+        let (name, spec) = flag.split_once('=').unwrap_or((flag, ""));
+        let spec = spec.trim().to_string();
+        let http = spec.starts_with("http://") || spec.starts_with("https://");
+        servers.insert(
+            name.trim().to_string(),
+            McpEntry {
+                command: (!http).then(|| spec.clone()),
+                url: http.then_some(spec),
+                env: Vec::new(),
+                headers: Vec::new(),
+            },
+        );
+    }
+    for (values, header) in [(&args.mcp_env, false), (&args.mcp_header, true)] {
+        for v in values {
+            let Some((name, kv)) = v.split_once(':') else {
+                continue;
+            };
+            let key = kv.split_once('=').map_or(kv, |(k, _)| k).trim().to_string();
+            if let Some(e) = servers.get_mut(name.trim()) {
+                if header {
+                    e.headers.push(format!("{key}=(--mcp-header)"));
+                } else {
+                    e.env.push(key);
+                }
+            }
+        }
+    }
+    (!servers.is_empty()).then_some(servers)
 }
 
 fn split_list(raw: &str) -> Vec<String> {
@@ -376,6 +467,55 @@ fn check(key: Key, value: Value, what: &str) -> Result<Value> {
         (Key::EnvPass, Value::List(names)) => {
             for n in names {
                 settings::validate_env_name(n, what)?;
+            }
+        }
+        (Key::Mcp, Value::Mcp(servers)) => {
+            for (name, e) in servers {
+                let here = format!("{what}.{name}");
+                let (http, spec) = match (&e.command, &e.url) {
+                    (Some(c), None) => (false, c),
+                    (None, Some(u)) => (true, u),
+                    _ => {
+                        return Err(Error::usage(format!(
+                            "{here}: give either command or url"
+                        )))
+                    }
+                };
+                let server =
+                    crate::agent_config::McpServer::parse(&format!("{name}={spec}"), &here)?;
+                let is_http = matches!(server.transport, crate::agent_config::McpTransport::Http { .. });
+                if is_http != http {
+                    return Err(Error::usage(format!(
+                        "{here}: {} ",
+                        if http { "url is not an http(s):// URL" } else { "command is a URL: give it as url" }
+                    ).trim_end().to_string()));
+                }
+                for n in &e.env {
+                    settings::validate_env_name(n, &format!("{here}.env"))?;
+                }
+                if is_http && !e.env.is_empty() {
+                    return Err(Error::usage(format!(
+                        "{here}: env is for a command; an HTTP server takes headers"
+                    )));
+                }
+                if !is_http && !e.headers.is_empty() {
+                    return Err(Error::usage(format!(
+                        "{here}: headers are for an HTTP server; a command takes env"
+                    )));
+                }
+                for h in &e.headers {
+                    let bad = || {
+                        Error::usage(format!(
+                            "{here}.headers: each is HEADER=VARIABLE (the host variable that holds the value)"
+                        ))
+                    };
+                    let (header, var) = h.split_once('=').ok_or_else(bad)?;
+                    crate::agent_config::parse_mcp_secret(
+                        &format!("{name}:{}=x", header.trim()),
+                        &format!("{here}.headers"),
+                    )?;
+                    settings::validate_env_name(var.trim(), &format!("{here}.headers"))?;
+                }
             }
         }
         _ => {}
@@ -539,8 +679,30 @@ impl Resolved {
 
     /// The session flags with every unset one filled from the winning layer: what
     /// `settings` then checks and applies as if typed.
-    pub fn settings_args(&self, flags: &SettingsArgs) -> SettingsArgs {
+    pub fn settings_args(&self, flags: &SettingsArgs) -> Result<SettingsArgs> {
         let mut out = flags.clone();
+        if let Some((Value::Mcp(servers), origin)) = self.values.get(&Key::Mcp) {
+            if !matches!(origin, Origin::Flag(_)) {
+                // The file's servers, as if given by --mcp; their secrets come from the
+                // host variables the file names, as --mcp-env / --mcp-header values.
+                out.mcp = servers
+                    .iter()
+                    .map(|(name, e)| format!("{name}={}", e.spec()))
+                    .collect();
+                out.mcp_env.clear();
+                out.mcp_header.clear();
+                for (name, e) in servers {
+                    for var in &e.env {
+                        out.mcp_env
+                            .push(format!("{name}:{var}={}", host_var(var, name, origin)?));
+                    }
+                    for (header, var) in e.header_vars() {
+                        out.mcp_header
+                            .push(format!("{name}:{header}={}", host_var(var, name, origin)?));
+                    }
+                }
+            }
+        }
         out.model = self.str(Key::Model);
         out.image = self.str(Key::Image);
         out.endpoint = self.str(Key::Endpoint);
@@ -571,7 +733,41 @@ impl Resolved {
             "none" => Some(WorkspaceModeArg::None),
             _ => None,
         });
-        out
+        Ok(out)
+    }
+
+    /// The secret values a session's MCP servers (`servers`) take from a config file's
+    /// servers of the same name, as the variables that carry them to the CLI (what
+    /// [`settings::resolve_mcp_env`] gives for the flags): on `run`, and on `resume` where no
+    /// flag names them. A session that does not use a file's server gets none of its secrets,
+    /// and an unset variable of such a server is no error.
+    pub fn mcp_env_for(
+        &self,
+        servers: &[crate::agent_config::McpServer],
+    ) -> Result<Vec<(String, String)>> {
+        let mut env = Vec::new();
+        if let Some((Value::Mcp(file), origin)) = self.values.get(&Key::Mcp) {
+            if matches!(origin, Origin::Flag(_)) {
+                return Ok(env);
+            }
+            for (name, e) in file {
+                let Some(used) = servers.iter().find(|s| s.name == *name) else {
+                    continue;
+                };
+                for var in e.env.iter().filter(|v| used.env.contains(v)) {
+                    env.push((var.clone(), host_var(var, name, origin)?));
+                }
+                for (header, var) in e.header_vars() {
+                    if used.headers.iter().any(|h| h == header) {
+                        env.push((
+                            crate::agent_config::mcp_header_var(name, header),
+                            host_var(var, name, origin)?,
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(env)
     }
 
     /// Every key with its value and origin, built-in defaults filled in: `config show`.
@@ -587,6 +783,19 @@ impl Resolved {
             })
             .collect()
     }
+}
+
+/// The value of host variable `var`, which MCP server `server` of the file at `origin`
+/// names; unset is an error (the server would run without its credential).
+fn host_var(var: &str, server: &str, origin: &Origin) -> Result<String> {
+    std::env::var(var).map_err(|_| {
+        Error::usage(format!(
+            "MCP server '{server}' ({origin}) needs host variable {var}, which is not set"
+        ))
+        .with_hint(format!(
+            "export {var}=..., or remove it from the config file"
+        ))
+    })
 }
 
 /// caw-box's own default for `key` (none where the CLI's own default applies).

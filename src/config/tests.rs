@@ -107,7 +107,7 @@ fn each_key_is_settled_on_its_own() {
         "allow_host = [\"@provider\"]\nmemory = 1073741824\nenv_pass = [\"OPENAI_API_KEY\"]\n",
     );
     let r = w.resolve(Layer::default()).unwrap();
-    let args = r.settings_args(&SettingsArgs::default());
+    let args = r.settings_args(&SettingsArgs::default()).unwrap();
     assert_eq!(r.str(Key::Provider).as_deref(), Some("codex"));
     assert_eq!(args.memory.as_deref(), Some("1073741824"));
     assert_eq!(args.cpus, Some(2.0));
@@ -134,7 +134,9 @@ fn a_list_from_a_flag_replaces_the_files_list() {
     );
     let r = w.resolve(flags).unwrap();
     assert_eq!(
-        r.settings_args(&SettingsArgs::default()).allow_host,
+        r.settings_args(&SettingsArgs::default())
+            .unwrap()
+            .allow_host,
         vec!["c.example.com"]
     );
 }
@@ -266,7 +268,9 @@ fn variables_are_checked_like_their_flags() {
     );
     let r = w.resolve(Layer::default()).unwrap();
     assert_eq!(
-        r.settings_args(&SettingsArgs::default()).allow_host,
+        r.settings_args(&SettingsArgs::default())
+            .unwrap()
+            .allow_host,
         vec!["a.example.com", "@provider"]
     );
     assert_eq!(r.labels(), vec![("team".to_string(), "ci".to_string())]);
@@ -348,7 +352,9 @@ fn agent_settings_come_from_config_files() {
         "system_prompt = \"@prompts/reviewer.md\"\nappend_system_prompt = \"Be brief.\"\neffort = \"high\"\n",
     );
     let r = w.resolve(Layer::default()).unwrap();
-    let args = r.settings_args(&crate::cli::SettingsArgs::default());
+    let args = r
+        .settings_args(&crate::cli::SettingsArgs::default())
+        .unwrap();
     assert_eq!(args.system_prompt.as_deref(), Some("@prompts/reviewer.md"));
     assert_eq!(args.append_system_prompt.as_deref(), Some("Be brief."));
     assert_eq!(
@@ -379,7 +385,9 @@ fn tool_settings_come_from_config_files() {
         "tools = \"read,edit\"\nallow_tool = [\"WebFetch\"]\ndeny_tool = [\"Grep\", \"Glob\"]\n",
     );
     let r = w.resolve(Layer::default()).unwrap();
-    let args = r.settings_args(&crate::cli::SettingsArgs::default());
+    let args = r
+        .settings_args(&crate::cli::SettingsArgs::default())
+        .unwrap();
     assert_eq!(
         args.tools.as_deref(),
         Some("read,edit"),
@@ -399,6 +407,105 @@ fn tool_settings_come_from_config_files() {
     let e = bad.resolve(Layer::default()).unwrap_err();
     assert!(
         e.message.contains(":1") && e.message.contains("'files'"),
+        "{}",
+        e.message
+    );
+}
+
+/// MCP servers have a config table: a command or a URL, and the NAMES of the host variables
+/// that hold their secrets; they reach `run`'s flags with those variables' values.
+#[test]
+fn mcp_servers_come_from_config_files() {
+    let w = World::new(
+        "[mcp.docs]\ncommand = \"node /user/mcp.js\"\n",
+        "[mcp.docs]\ncommand = [\"node\", \"/workspace/tools/mcp.js\"]\nenv = [\"HOME\"]\n\n\
+         [mcp.search]\nurl = \"http://search:8080/mcp\"\nheaders = [\"Authorization=HOME\"]\n",
+    );
+    let r = w.resolve(Layer::default()).unwrap();
+    assert!(w
+        .origin(&r, Key::Mcp)
+        .starts_with("project <tmp>/repo/.caw-box.toml:"));
+    let home = std::env::var("HOME").unwrap();
+    let args = r
+        .settings_args(&crate::cli::SettingsArgs::default())
+        .unwrap();
+    assert_eq!(
+        args.mcp,
+        [
+            "docs=node /workspace/tools/mcp.js",
+            "search=http://search:8080/mcp"
+        ]
+    );
+    assert_eq!(args.mcp_env, [format!("docs:HOME={home}")]);
+    assert_eq!(args.mcp_header, [format!("search:Authorization={home}")]);
+    let mut settings = crate::session::record::SessionSettings::default();
+    crate::settings::apply_overrides(&mut settings, &args).unwrap();
+    assert_eq!(settings.mcp.len(), 2);
+    assert_eq!(settings.mcp[0].env, ["HOME"]);
+    assert_eq!(settings.mcp[1].headers, ["Authorization"]);
+    // The values travel like --env values, under the names the CLI's config names.
+    let env = r.mcp_env_for(&settings.mcp).unwrap();
+    assert!(env.contains(&("HOME".to_string(), home.clone())));
+    assert!(env.contains(&(
+        crate::agent_config::mcp_header_var("search", "Authorization"),
+        home.clone()
+    )));
+    // A session that uses only one of the servers gets only that server's secret; one that
+    // uses none (started before the file named them, or with other --mcp) gets none.
+    assert_eq!(
+        r.mcp_env_for(&settings.mcp[..1]).unwrap(),
+        [("HOME".to_string(), home)]
+    );
+    assert!(r.mcp_env_for(&[]).unwrap().is_empty());
+    // `config show` names the variables, never their values.
+    let shown = r.get(Key::Mcp).unwrap().display();
+    assert_eq!(
+        shown,
+        "docs=node /workspace/tools/mcp.js (env HOME); search=http://search:8080/mcp (headers Authorization=HOME)"
+    );
+
+    // A flag wins over the files, as for every key, and its secrets stay its own.
+    let flags = crate::cli::SettingsArgs {
+        mcp: vec!["other=http://other:1/mcp".into()],
+        ..Default::default()
+    };
+    let r = w.resolve(Layer::from_flags(None, None, &flags)).unwrap();
+    assert_eq!(
+        r.settings_args(&flags).unwrap().mcp,
+        ["other=http://other:1/mcp"]
+    );
+    assert!(r.mcp_env_for(&settings.mcp).unwrap().is_empty());
+}
+
+#[test]
+fn mcp_config_refusals() {
+    for (project, says) in [
+        // A secret value, where a variable's name belongs: the usual refusal.
+        ("[mcp.s]\nurl = \"http://s/mcp\"\nheaders = [\"Authorization=sk-ant-api03-abcdefghijklmnopqrstuvwxyz\"]\n", "looks like an API key"),
+        ("[mcp.s]\nurl = \"http://s/mcp\"\nheaders = [\"Authorization=Bearer x\"]\n", "not NAME=VALUE"),
+        ("[mcp.s]\ncommand = \"x\"\nurl = \"http://s/mcp\"\n", "either command or url"),
+        ("[mcp.s]\nurl = \"http://s/mcp\"\nenv = [\"X\"]\n", "takes headers"),
+        ("[mcp.s]\ncommand = \"x\"\nheaders = [\"A=B\"]\n", "a command takes env"),
+        ("[mcp.s]\ncommand = \"x\"\ntoken = \"y\"\n", "token"),
+        ("[mcp.\"bad name\"]\ncommand = \"x\"\n", "not a server name"),
+    ] {
+        let w = World::new("", project);
+        let e = w.resolve(Layer::default()).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.message.contains(says), "{project}: {}", e.message);
+        assert!(!e.message.contains("abcdefghij"), "{}", e.message);
+    }
+    // A variable the file names but the host lacks: refused when the turn needs it.
+    let w = World::new(
+        "",
+        "[mcp.s]\ncommand = \"x\"\nenv = [\"CAW_BOX_TEST_SURELY_UNSET_VAR\"]\n",
+    );
+    let r = w.resolve(Layer::default()).unwrap();
+    let e = r
+        .settings_args(&crate::cli::SettingsArgs::default())
+        .unwrap_err();
+    assert!(
+        e.message.contains("CAW_BOX_TEST_SURELY_UNSET_VAR"),
         "{}",
         e.message
     );

@@ -63,7 +63,11 @@ pub fn default_model(provider: ProviderKind) -> Option<&'static str> {
     match provider {
         ProviderKind::ClaudeCode => Some("claude-opus-4-8"),
         ProviderKind::Gemini => Some("gemini-2.5-flash"),
-        ProviderKind::Codex | ProviderKind::Opencode => None,
+        // codex 0.169.0 with an API key: its bundled model catalog's default (e2e
+        // `cost_codex_default_model_from_the_table` checks the wire still says so).
+        ProviderKind::Codex => Some("gpt-6.1-sol"),
+        // opencode's default is whatever its own config and providers pick: not known here.
+        ProviderKind::Opencode => None,
     }
 }
 
@@ -264,7 +268,22 @@ mod tests {
         let mut u = usage(100, 10, 0, 0);
         fill_cost(ProviderKind::Opencode, Some("stub-model"), &mut u);
         assert_eq!(u.cost_usd, None);
-        fill_cost(ProviderKind::Codex, None, &mut u);
+        // opencode's default model is its own config's: not known, so not guessed.
+        fill_cost(ProviderKind::Opencode, None, &mut u);
         assert_eq!(u.cost_usd, None);
+    }
+
+    #[test]
+    fn codex_without_a_model_is_priced_at_its_default() {
+        let mut u = usage(100, 10, 0, 0);
+        fill_cost(ProviderKind::Codex, None, &mut u);
+        assert_eq!(
+            u.cost_usd,
+            Some(
+                price(ProviderKind::Codex, "gpt-6.1-sol")
+                    .unwrap()
+                    .cost(&usage(100, 10, 0, 0))
+            )
+        );
     }
 }

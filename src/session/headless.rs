@@ -430,6 +430,15 @@ async fn drive(
         None => outcome.status.exit_code(),
     };
     let duration_ms = started.elapsed().as_millis() as u64;
+    // The CLI's whole output, for the words and events that name the reset (claude's
+    // `rate_limit_event`, an API body opencode quotes), not only its final message.
+    let limit_resets_at = (outcome.status == Status::UsageLimit)
+        .then(|| {
+            let said = format!("{}\n{}", String::from_utf8_lossy(&raw), outcome.result);
+            crate::session::limits::reset_at(&said, crate::session::limits::now_unix())
+        })
+        .flatten()
+        .map(|at| at.ceil() as u64);
     let turn_record = TurnRecord {
         turn,
         prompt: options.prompt.clone(),
@@ -441,6 +450,7 @@ async fn drive(
         exit_code,
         cumulative_usage: outcome.cumulative_usage,
         interactive: false,
+        limit_resets_at,
     };
     record.turns.push(turn_record);
     let result = TurnResult {

@@ -177,6 +177,7 @@ pub(super) async fn drive_tui(
         exit_code: status.exit_code(),
         cumulative_usage: record.last_cumulative_usage(),
         interactive: true,
+        limit_resets_at: None,
     });
     let result = TurnResult {
         session_id: record.session_id.to_string(),

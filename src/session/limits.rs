@@ -1,13 +1,23 @@
 //! What to do when a turn hits a vendor's usage or rate limit (`--on-limit`, `--max-wait`),
-//! and when the limit resets, read from the words the CLI printed. It decides; the caller
+//! and when the limit resets, read from what the CLI printed. It decides; the caller
 //! (the CLI's `run`/`resume`, or a library user through [`crate::client::Session`]) waits
 //! and sends again.
 //!
-//! The reset wordings understood, each as a CLI passes it on:
+//! The reset wordings understood, each as a CLI passes it on (tests/fixtures/README.md,
+//! "Usage limits", has the recorded turns):
 //! - OpenAI's API (codex, opencode): `Please try again in 1m30s.` / `in 20ms` / `in 5s`
-//! - Google's API (gemini): `Please retry in 5.2s.`, or a `"retryDelay": "5s"` it quotes
-//! - codex's own: `try again in 2 days 3 hours`
+//! - Google's API (gemini): `Please retry in 5.2s.`, `Suggested retry after 5s.`, or a
+//!   `"retryDelay": "5s"` it quotes
+//! - codex's own: `try again in 2 days 3 hours`; its subscription limit (ChatGPT's
+//!   `usage_limit_reached`): `… or try again at 2:09 PM.` / `at Nov 25th, 2026 2:09 PM.`
+//! - claude's subscription limit: `You've hit your session limit · resets 2:14pm (UTC)`
+//!   (`3pm`, `Nov 26, 3pm`), with the exact time in its `rate_limit_event`
+//!   (`"resetsAt":1795529654`); the older `Claude AI usage limit reached|1795529654`
+//! - an API body quoted whole (opencode): `"resets_at":1795529389`, `"resets_in_seconds":111`
 //! - any CLI quoting the response headers: `"retry-after":"5"` (opencode's error events)
+//!
+//! A clock time names a minute of the container's clock, which is UTC (caw-box sets no
+//! `TZ`): the reset is taken as the end of that minute. A time in another zone is not read.
 
 use std::time::Duration;
 
@@ -57,35 +67,230 @@ impl std::str::FromStr for OnLimit {
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(6 * 3600);
 
 /// How long until the limit the CLI reported resets, from its words; `None` when they name
-/// no reset. The longest wait found wins (a message may quote several windows).
+/// no reset. See [`reset_at`].
 pub fn reset_after(text: &str) -> Option<Duration> {
-    let lower = text.to_lowercase();
-    let mut found: Vec<Duration> = Vec::new();
-    for marker in [
-        "try again in ",
-        "retry in ",
-        "\"retrydelay\":\"",
-        "\"retrydelay\": \"",
-    ] {
-        let mut rest = lower.as_str();
-        while let Some(at) = rest.find(marker) {
-            rest = &rest[at + marker.len()..];
-            if let Some(d) = parse_spoken_duration(rest) {
-                found.push(d);
-            }
+    let now = now_unix();
+    let found = Resets::read(text, now);
+    let until = |at: f64| Duration::from_secs_f64((at - now).max(0.0));
+    let exact = found.at.iter().map(|&at| until(at)).chain(found.within);
+    exact
+        .max()
+        .or_else(|| found.clock.into_iter().reduce(f64::max).map(until))
+}
+
+/// Seconds since the Unix epoch, now.
+pub fn now_unix() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// When (Unix seconds) the limit the CLI reported resets, from its words (the result text,
+/// or its whole raw output), `now` being the current Unix time; `None` when they name no
+/// reset. The latest reset found wins (a message may quote several windows); a time to the
+/// second (a delay, a Unix time) wins over a clock time to the minute.
+pub fn reset_at(text: &str, now: f64) -> Option<f64> {
+    let found = Resets::read(text, now);
+    let exact = found
+        .at
+        .into_iter()
+        .chain(found.within.into_iter().map(|d| now + d.as_secs_f64()));
+    exact
+        .reduce(f64::max)
+        .or_else(|| found.clock.into_iter().reduce(f64::max))
+}
+
+/// Every reset a text names, by kind.
+#[derive(Default)]
+struct Resets {
+    /// Delays (`try again in 5s`, `retry-after`, `resets_in_seconds`).
+    within: Vec<Duration>,
+    /// Unix times (`resets_at`, claude's `resetsAt`).
+    at: Vec<f64>,
+    /// Ends of the minutes clock times name (`try again at 2:09 PM`).
+    clock: Vec<f64>,
+}
+
+impl Resets {
+    fn read(text: &str, now: f64) -> Resets {
+        // A body quoted inside a JSON string has its quotes escaped.
+        let lower = text.to_lowercase().replace("\\\"", "\"");
+        let mut found = Resets::default();
+        for marker in [
+            "try again in ",
+            "retry in ",
+            "suggested retry after ",
+            "\"retrydelay\":\"",
+            "\"retrydelay\": \"",
+        ] {
+            found
+                .within
+                .extend(after_each(&lower, marker).filter_map(parse_spoken_duration));
+        }
+        for marker in [
+            "\"retry-after\":\"",
+            "\"retry-after\": \"",
+            "retry-after: ",
+            "\"resets_in_seconds\":",
+            "\"resets_in_seconds\": ",
+        ] {
+            found.within.extend(
+                after_each(&lower, marker)
+                    .filter_map(leading_number)
+                    .map(Duration::from_secs_f64),
+            );
+        }
+        for marker in [
+            "\"resets_at\":",
+            "\"resets_at\": ",
+            "\"resetsat\":",
+            "\"resetsat\": ",
+            "usage limit reached|",
+        ] {
+            // A Unix time in seconds (claude's, codex's) or, when that large, milliseconds.
+            found.at.extend(
+                after_each(&lower, marker)
+                    .filter_map(leading_number)
+                    .filter(|&n| n > 1e9)
+                    .map(|at| if at > 1e11 { at / 1000.0 } else { at }),
+            );
+        }
+        for marker in ["try again at ", "resets "] {
+            found
+                .clock
+                .extend(after_each(&lower, marker).filter_map(|rest| parse_clock_time(rest, now)));
+        }
+        found
+    }
+}
+
+/// The text after each occurrence of `marker` in `text`.
+fn after_each<'a>(text: &'a str, marker: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    text.match_indices(marker)
+        .map(move |(at, _)| &text[at + marker.len()..])
+}
+
+/// The number `s` starts with (`111`, `"5"`, `5.5`).
+fn leading_number(s: &str) -> Option<f64> {
+    let s = s.trim_start_matches('"');
+    let number: String = s
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    number.parse().ok()
+}
+
+const MONTHS: [&str; 12] = [
+    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+];
+
+/// `2:09 pm.`, `3pm (utc)`, `nov 26, 3pm (utc)`, `jan 2, 2027, 3:05pm`,
+/// `nov 25th, 2026 2:09 pm`: the end (Unix seconds) of the minute it names on a UTC clock;
+/// with no date, the occurrence of that time nearest to `now`. `None` when `s` does not
+/// start with such a time, or names a zone other than UTC.
+fn parse_clock_time(s: &str, now: f64) -> Option<f64> {
+    let line = s.lines().next().unwrap_or("");
+    let mut words = line
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|w| !w.is_empty())
+        .peekable();
+    let (mut month, mut day, mut year) = (None, None, None);
+    if let Some(m) = words
+        .peek()
+        .and_then(|w| MONTHS.iter().position(|m| w.starts_with(m)))
+    {
+        month = Some(m as u32 + 1);
+        words.next();
+        let d = words.next()?;
+        let digits: String = d.chars().take_while(char::is_ascii_digit).collect();
+        day = Some(
+            digits
+                .parse::<u32>()
+                .ok()
+                .filter(|d| (1..=31).contains(d))?,
+        );
+        if let Some(y) = words
+            .peek()
+            .filter(|w| w.len() == 4 && w.chars().all(|c| c.is_ascii_digit()))
+        {
+            year = y.parse::<i64>().ok();
+            words.next();
         }
     }
-    for marker in ["\"retry-after\":\"", "\"retry-after\": \"", "retry-after: "] {
-        let mut rest = lower.as_str();
-        while let Some(at) = rest.find(marker) {
-            rest = &rest[at + marker.len()..];
-            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            if let Ok(secs) = digits.parse::<u64>() {
-                found.push(Duration::from_secs(secs));
-            }
+    // `2:09`, `pm.` / `2:09pm` / `3pm`
+    let bare = |w: &str| {
+        w.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '/')
+            .to_string()
+    };
+    let mut time = bare(words.next()?);
+    if !(time.ends_with("am") || time.ends_with("pm")) {
+        time.push_str(&bare(words.next().unwrap_or("")));
+    }
+    let time = time.as_str();
+    let (clock, pm) = match (time.strip_suffix("am"), time.strip_suffix("pm")) {
+        (Some(c), _) => (c, false),
+        (_, Some(c)) => (c, true),
+        _ => return None,
+    };
+    let (hour, minute) = match clock.split_once(':') {
+        Some((h, m)) => (h.parse::<u32>().ok()?, m.parse::<u32>().ok()?),
+        None => (clock.parse::<u32>().ok()?, 0),
+    };
+    if !(1..=12).contains(&hour) || minute > 59 {
+        return None;
+    }
+    if let Some(zone) = words.next().filter(|w| w.starts_with('(')) {
+        if !matches!(bare(zone).as_str(), "utc" | "gmt" | "etc/utc" | "z") {
+            return None;
         }
     }
-    found.into_iter().max()
+    let hour = hour % 12 + if pm { 12 } else { 0 };
+    let of_day = f64::from(hour * 3600 + minute * 60);
+    let named = match (month, day) {
+        (Some(month), Some(day)) => {
+            let this_year = civil_from_days((now / 86400.0).floor() as i64).0;
+            let at = |y: i64| (days_from_civil(y, month, day) * 86400) as f64 + of_day;
+            match year {
+                Some(y) => at(y),
+                // A date without a year is within the next months: this year's or next.
+                None if at(this_year) + 86400.0 < now => at(this_year + 1),
+                None => at(this_year),
+            }
+        }
+        _ => {
+            let midnight = (now / 86400.0).floor() * 86400.0;
+            [midnight - 86400.0, midnight, midnight + 86400.0]
+                .into_iter()
+                .map(|d| d + of_day)
+                .min_by(|a, b| (a - now).abs().total_cmp(&(b - now).abs()))?
+        }
+    };
+    Some(named + 60.0)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146097 + doe - 719468
+}
+
+/// The (year, month, day) of a day since 1970-01-01.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 /// `5s`, `1.5s`, `20ms`, `1m30s`, `6m0s`, `2 days 3 hours`, `5 seconds`: the leading
@@ -207,6 +412,75 @@ mod tests {
         assert_eq!(reset_after(opencode), Some(Duration::from_secs(60)));
         let codex = include_str!("../../tests/fixtures/codex/limit-429.jsonl");
         assert_eq!(reset_after(codex), None);
+    }
+
+    /// 2026-11-24 14:07:52 UTC, when the quota fixtures were recorded.
+    const RECORDED_AT: f64 = 1_795_529_272.0;
+
+    #[test]
+    fn subscription_limits_as_each_cli_passes_them_on() {
+        // tests/fixtures/README.md, "Usage limits": the stub's QUOTA: through the real CLIs.
+        // claude (a claude.ai login): the exact time of its rate_limit_event.
+        let claude = include_str!("../../tests/fixtures/claude_code/quota-429-subscription.jsonl");
+        assert_eq!(reset_at(claude, RECORDED_AT), Some(1_795_529_654.0));
+        // codex: only a clock time to the minute; the reset is taken at the minute's end.
+        let codex = include_str!("../../tests/fixtures/codex/quota-429.jsonl");
+        let at = reset_at(codex, RECORDED_AT).unwrap();
+        assert_eq!(
+            at,
+            (days_from_civil(2026, 11, 24) * 86400 + 14 * 3600 + 10 * 60) as f64
+        );
+        // opencode quotes the API's body: resets_at is the latest time it names.
+        let opencode = include_str!("../../tests/fixtures/opencode/quota-429.jsonl");
+        assert_eq!(reset_at(opencode, RECORDED_AT), Some(1_795_529_389.0));
+        // gemini, a retry delay beyond what it waits out itself (300 s).
+        let gemini = include_str!("../../tests/fixtures/gemini/quota-429.jsonl");
+        assert_eq!(reset_at(gemini, RECORDED_AT), Some(RECORDED_AT + 598.0));
+        // claude with an API key retries the 429 and then names no reset.
+        let claude = include_str!("../../tests/fixtures/claude_code/quota-429-api-key.jsonl");
+        assert_eq!(reset_at(claude, RECORDED_AT), None);
+    }
+
+    #[test]
+    fn clock_times() {
+        let now = (days_from_civil(2026, 11, 24) * 86400 + 14 * 3600 + 7 * 60 + 52) as f64;
+        let at = |h: i64, m: i64| {
+            (days_from_civil(2026, 11, 24) * 86400 + h * 3600 + m * 60 + 60) as f64
+        };
+        let r = |s: &str| reset_at(s, now);
+        assert_eq!(
+            r("You've hit your session limit · resets 2:14pm (UTC)"),
+            Some(at(14, 14))
+        );
+        assert_eq!(
+            r("You've hit your weekly limit · resets 3pm (UTC)"),
+            Some(at(15, 0))
+        );
+        // Within its named minute still: the end of that minute.
+        assert_eq!(r("… or try again at 2:07 PM."), Some(at(14, 7)));
+        // Past midnight: the nearest 1:05 AM is tomorrow's.
+        assert_eq!(r("try again at 1:05 AM."), Some(at(24 + 1, 5)));
+        assert_eq!(
+            r("You've hit your weekly limit · resets Nov 26, 3pm (UTC)"),
+            Some(at(48 + 15, 0))
+        );
+        assert_eq!(
+            r("You’ve hit your usage limit. … try again at Nov 25th, 2026 2:09 PM."),
+            Some(at(24 + 14, 9))
+        );
+        assert_eq!(
+            r("resets Jan 2, 2027, 3:05pm (UTC)"),
+            Some((days_from_civil(2027, 1, 2) * 86400 + 15 * 3600 + 5 * 60 + 60) as f64)
+        );
+        // A zone caw-box cannot convert, or no time at all: not read.
+        assert_eq!(r("resets 2:14pm (Europe/Berlin)"), None);
+        assert_eq!(r("this resets the counter"), None);
+        // The older claude wording, a Unix time.
+        assert_eq!(
+            r("Claude AI usage limit reached|1795529654"),
+            Some(1_795_529_654.0)
+        );
+        assert_eq!(civil_from_days(days_from_civil(2024, 2, 29)), (2024, 2, 29));
     }
 
     #[test]

@@ -131,6 +131,10 @@ pub struct TurnRecord {
     /// A turn in the vendor's TUI (no prompt: what was typed is in the vendor's own state).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interactive: bool,
+    /// A `usage_limit` turn: when (Unix seconds) the vendor said the limit resets, read from
+    /// the CLI's whole output (`session::limits::reset_at`), for `--on-limit wait`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_resets_at: Option<u64>,
 }
 
 /// The latest turn of a session, as carried by its turn-record volume's labels.
@@ -306,6 +310,7 @@ mod tests {
                     exit_code: 0,
                     cumulative_usage: None,
                     interactive: false,
+                    limit_resets_at: None,
                 })
                 .collect(),
             turn_started: false,

@@ -112,6 +112,7 @@ impl SessionView {
                 exit_code: last.status.exit_code(),
                 cumulative_usage: last.cumulative_usage,
                 interactive: last.interactive,
+                limit_resets_at: None,
             });
             // The host cache completes the history when it agrees with the labels on the
             // latest turn (else the next turn reads it from the state volume).

@@ -714,3 +714,81 @@ fn agent_config_opencode_mcp_secret_header() {
 fn agent_config_gemini_mcp_secret_header() {
     mcp_header_secret_stays_secret(GEMINI);
 }
+
+/// An MCP server in the project's `.caw-box.toml` (its secret named by a host variable, not
+/// written there): `config show` lists it from the file, the model is offered its tool and
+/// the call round-trips with the variable's value, on a resume too (the file gives the value
+/// again), and the value is not at rest in the volume.
+#[test]
+fn agent_config_mcp_from_project_file() {
+    let p = CLAUDE;
+    let rig = Rig::new("acm-file");
+    let ws = mcp_workspace();
+    std::fs::write(
+        ws.path().join(".caw-box.toml"),
+        "[mcp.caw]\ncommand = [\"node\", \"/workspace/echo-server.js\"]\nenv = [\"MCP_ECHO_SECRET\"]\n",
+    )
+    .unwrap();
+    let mut show = rig.caw();
+    show.args(["config", "show"]).current_dir(ws.path());
+    let shown = stdout_of(&run(show));
+    let row = shown
+        .lines()
+        .find(|l| l.starts_with("mcp "))
+        .unwrap_or_else(|| panic!("no mcp row: {shown}"));
+    assert!(
+        row.contains("caw=node /workspace/echo-server.js (env MCP_ECHO_SECRET)")
+            && row.contains("project ")
+            && row.contains(".caw-box.toml:1"),
+        "{row}"
+    );
+
+    let mut cmd = rig.run_cmd(p, "mcp-file-q1 CALL:echo MCP-FILE-5521", &[]);
+    cmd.current_dir(ws.path())
+        .env("MCP_ECHO_SECRET", "SECRET-7310");
+    let (code, out, stderr) = rig.json_turn(cmd);
+    assert_eq!(code, 0, "mcp turn failed: {out}\n{stderr}");
+    let id = out["session_id"].as_str().unwrap().to_string();
+    let requests = requests_with(&rig, "mcp-file-q1");
+    let offered = offered_tools(p, requests.first().expect("a request"));
+    assert!(
+        offered.iter().any(|t| t == "mcp__caw__echo"),
+        "the project file's MCP tool is not offered: {offered:?}"
+    );
+    assert!(
+        out["result"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("ECHO:MCP-FILE-5521 (secret of 11 chars)"),
+        "the MCP call did not round-trip with the variable's value: {out}"
+    );
+
+    check("a resume gets the value from the file's variable again");
+    let mut cmd = rig.resume_cmd(p, &id, "mcp-file-q2 CALL:echo MCP-FILE-RESUMED", &[]);
+    cmd.current_dir(ws.path())
+        .env("MCP_ECHO_SECRET", "SECRET-7310");
+    let (code, out, stderr) = rig.json_turn(cmd);
+    assert_eq!(code, 0, "resume failed: {out}\n{stderr}");
+    assert!(
+        out["result"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("ECHO:MCP-FILE-RESUMED (secret of 11 chars)"),
+        "{out}"
+    );
+    assert!(
+        volume_files_containing(&rig, &id, "SECRET-7310").is_empty(),
+        "the variable's value is at rest in the volume"
+    );
+
+    check("without the variable on the host: exit 2 naming it");
+    let mut cmd = rig.run_cmd(p, "mcp-file-q3", &[]);
+    cmd.current_dir(ws.path()).env_remove("MCP_ECHO_SECRET");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("MCP_ECHO_SECRET"),
+        "{}",
+        stderr_of(&out)
+    );
+}

@@ -143,6 +143,42 @@ fn cost_gemini_from_the_table() {
     );
 }
 
+/// codex without `--model`: the model its pinned version sends (seen by the stub) is the one
+/// caw-box prices, so `cost_usd` is the table's, not null.
+#[test]
+fn cost_codex_default_model_from_the_table() {
+    let rig = Rig::new("cost-codex-default");
+    let (code, out, stderr) = rig.json_turn(rig.run_cmd(
+        P {
+            model: None,
+            ..CODEX
+        },
+        "cost-default-q1",
+        &[],
+    ));
+    assert_eq!(code, 0, "turn failed: {out}\n{stderr}");
+    let sent: Vec<String> = rig
+        .stub_requests()
+        .iter()
+        .filter(|r| r["body"].to_string().contains("cost-default-q1"))
+        .filter_map(|r| r["body"]["model"].as_str().map(String::from))
+        .collect();
+    assert!(!sent.is_empty(), "no request carried the prompt");
+    assert!(
+        sent.iter().all(|m| m == "gpt-6.1-sol"),
+        "codex's default model changed: {sent:?}"
+    );
+    let usage = &out["usage"];
+    let cost = usage["cost_usd"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("null cost: {out}"));
+    let expected = expected_cost(&table_price("openai", "gpt-6.1-sol"), usage);
+    assert!(
+        close(cost, expected),
+        "cost {cost}, the table gives {expected}: {usage}"
+    );
+}
+
 /// A model the table does not know: `cost_usd` is null, not a guess (codex reports none).
 #[test]
 fn cost_unknown_model_is_null() {

@@ -49,6 +49,10 @@ pub struct Directives {
     /// long after the stub first saw this prompt (on that vendor's wire only, when named),
     /// then the answer the rest of the prompt asks for.
     pub limit: Option<(Duration, Option<String>)>,
+    /// `QUOTA:<seconds>[@anthropic|@openai|@google]`: like `LIMIT:`, but the 429 is the
+    /// vendor's subscription usage limit in its own format (headers and body), naming its
+    /// reset as that vendor does.
+    pub quota: Option<(Duration, Option<String>)>,
 }
 
 impl Directives {
@@ -79,20 +83,24 @@ impl Directives {
             let rest = rest.trim_end_matches(['"', '\'']).trim_end();
             (!tool.is_empty()).then(|| (tool.to_string(), rest.to_string()))
         });
-        found.limit = tokens_with_value(text, "LIMIT:").find_map(|v| {
-            let number: String = v.chars().take_while(char::is_ascii_digit).collect();
-            let secs: u64 = number.parse().ok()?;
-            let wire = v[number.len()..]
-                .strip_prefix('@')
-                .map(|w| word(w).to_string());
-            Some((Duration::from_secs(secs.min(MAX_SLEEP_SECS as u64)), wire))
-        });
+        found.limit = tokens_with_value(text, "LIMIT:").find_map(window_and_wire);
+        found.quota = tokens_with_value(text, "QUOTA:").find_map(window_and_wire);
         found.fail = tokens_with_value(text, "FAIL:").find_map(|v| {
             let digits: String = v.chars().take_while(char::is_ascii_digit).collect();
             digits.parse().ok().filter(|s| (400..=599).contains(s))
         });
         found
     }
+}
+
+/// `<seconds>[@wire]`, the value of `LIMIT:` and `QUOTA:`.
+fn window_and_wire(v: &str) -> Option<(Duration, Option<String>)> {
+    let number: String = v.chars().take_while(char::is_ascii_digit).collect();
+    let secs: u64 = number.parse().ok()?;
+    let wire = v[number.len()..]
+        .strip_prefix('@')
+        .map(|w| word(w).to_string());
+    Some((Duration::from_secs(secs.min(MAX_SLEEP_SECS as u64)), wire))
 }
 
 /// The text after each word-initial occurrence of `token`.
@@ -553,6 +561,11 @@ mod tests {
             Some((d(600), Some("openai".into())))
         );
         assert_eq!(Directives::parse("LIMIT:soon").limit, None);
+        assert_eq!(
+            Directives::parse("QUOTA:5@google hi").quota,
+            Some((d(5), Some("google".into())))
+        );
+        assert_eq!(Directives::parse("QUOTA:5 hi").limit, None);
     }
 
     #[test]

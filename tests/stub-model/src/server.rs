@@ -90,7 +90,13 @@ struct Answer {
     directive: String,
     tool: Option<String>,
     sleep: Option<Duration>,
+    /// Headers beyond the usual ones (a vendor's rate-limit headers).
+    headers: Option<Box<ExtraHeaders>>,
 }
+
+/// Headers beyond the usual ones, boxed: most answers have none.
+#[derive(Debug)]
+struct ExtraHeaders(Vec<(&'static str, String)>);
 
 impl Answer {
     fn json(status: u16, body: &Value, directive: &str) -> Self {
@@ -106,6 +112,7 @@ impl Answer {
             directive: directive.to_string(),
             tool: None,
             sleep: None,
+            headers: None,
         }
     }
 }
@@ -166,6 +173,11 @@ fn into_response(answer: Answer) -> Response<Full<Bytes>> {
     }
     if answer.retry_after {
         headers.insert("retry-after", HeaderValue::from_static("0"));
+    }
+    for (name, value) in answer.headers.map(|h| h.0).unwrap_or_default() {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(name, value);
+        }
     }
     response
 }
@@ -356,15 +368,22 @@ async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<Presente
     }
 }
 
-/// A `LIMIT:<seconds>` prompt within its window: a 429 naming its reset in the API's own
-/// words (OpenAI's `Please try again in 5s.`, Google's `Please retry in 5s.`).
+/// A `LIMIT:<seconds>` or `QUOTA:<seconds>` prompt within its window: a 429 naming its
+/// reset. `LIMIT:` in the API's own words (OpenAI's `Please try again in 5s.`, Google's
+/// `Please retry in 5s.`); `QUOTA:` as the vendor's subscription usage limit (see [`quota`]).
 fn limited(state: &State, protocol: &dyn Protocol, body: &Value, wire: &str) -> Option<Answer> {
     let conversation = protocol.conversation(body);
     let text = conversation.latest_user_text().to_string();
-    let (window, only) = Directives::parse(&text).limit?;
-    if only.is_some_and(|w| w != wire) {
-        return None;
-    }
+    let directives = Directives::parse(&text);
+    let on_wire = |d: &Option<(Duration, Option<String>)>| {
+        d.clone()
+            .filter(|(_, only)| only.as_deref().is_none_or(|w| w == wire))
+    };
+    let (window, subscription) = match (on_wire(&directives.limit), on_wire(&directives.quota)) {
+        (Some((w, _)), _) => (w, false),
+        (None, Some((w, _))) => (w, true),
+        (None, None) => return None,
+    };
     let now = std::time::Instant::now();
     let since = *state
         .limited_since
@@ -377,6 +396,9 @@ fn limited(state: &State, protocol: &dyn Protocol, body: &Value, wire: &str) -> 
         return None;
     }
     let secs = left.as_secs_f64().ceil() as u64;
+    if subscription {
+        return Some(quota(protocol, wire, left));
+    }
     let message = if wire == "google" {
         format!("Quota exceeded for quota metric 'Generate Content API requests per minute'. Please retry in {secs}s.")
     } else {
@@ -389,6 +411,69 @@ fn limited(state: &State, protocol: &dyn Protocol, body: &Value, wire: &str) -> 
         &protocol.error_body(429, &message),
         "limit",
     ))
+}
+
+/// A subscription usage limit that resets in `left`, as each vendor answers it:
+/// - Anthropic: `anthropic-ratelimit-unified-status: rejected` with the reset as a Unix time
+///   in `anthropic-ratelimit-unified-reset` and the window in `-representative-claim`
+///   (the headers claude 2.1.197 reads into "You've hit your session limit · resets …").
+/// - OpenAI: an `usage_limit_reached` error with `plan_type`, `resets_at` (Unix time) and
+///   `resets_in_seconds` (the fields codex 0.169.0 reads into "… Try again at …").
+/// - Google: `RESOURCE_EXHAUSTED` with a `QuotaFailure` and a `RetryInfo` `retryDelay`
+///   (what gemini 0.61.0 classifies into a retryable or terminal quota error).
+fn quota(protocol: &dyn Protocol, wire: &str, left: Duration) -> Answer {
+    let secs = left.as_secs_f64().ceil() as u64;
+    let reset_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_add(left)
+        .as_secs_f64()
+        .ceil() as u64;
+    match wire {
+        "anthropic" => {
+            let body = protocol.error_body(
+                429,
+                "This request would exceed your account's rate limit. Please try again later.",
+            );
+            let mut answer = Answer::json(429, &body, "quota");
+            answer.headers = Some(Box::new(ExtraHeaders(vec![
+                ("anthropic-ratelimit-unified-status", "rejected".into()),
+                ("anthropic-ratelimit-unified-reset", reset_at.to_string()),
+                (
+                    "anthropic-ratelimit-unified-representative-claim",
+                    "five_hour".into(),
+                ),
+                ("anthropic-ratelimit-unified-5h-status", "rejected".into()),
+                ("anthropic-ratelimit-unified-5h-reset", reset_at.to_string()),
+                ("anthropic-ratelimit-unified-5h-utilization", "1.0".into()),
+            ])));
+            answer
+        }
+        "google" => {
+            let body = json!({"error":{
+            "code": 429,
+            "message": format!("You exceeded your current quota, please check your plan and billing details. Please retry in {secs}s."),
+            "status": "RESOURCE_EXHAUSTED",
+            "details": [
+                {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [{
+                    "quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+                    "quotaId": "GenerateRequestsPerMinutePerProjectPerModel-FreeTier",
+                    "quotaDimensions": {"location": "global", "model": "gemini-2.5-pro"},
+                    "quotaValue": "2"}]},
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": format!("{secs}s")}
+            ]}});
+            Answer::json(429, &body, "quota")
+        }
+        _ => {
+            let body = json!({"error":{
+                "type": "usage_limit_reached",
+                "message": "The usage limit has been reached",
+                "plan_type": "plus",
+                "resets_at": reset_at,
+                "resets_in_seconds": secs}});
+            Answer::json(429, &body, "quota")
+        }
+    }
 }
 
 fn parse_body(protocol: &dyn Protocol, bytes: &Bytes) -> Result<Value, Answer> {
