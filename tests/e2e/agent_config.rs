@@ -792,3 +792,40 @@ fn agent_config_mcp_from_project_file() {
         stderr_of(&out)
     );
 }
+
+/// `--mcp NAME=URL` under `--allow-host`: the URL's host is admitted through the egress proxy
+/// without being listed — the CLI's request, with its header, reaches that server — while
+/// the allowlist still refuses every other host, also on resume.
+#[test]
+fn agent_config_mcp_url_host_is_admitted_under_allow_host() {
+    let rig = Rig::new("acm-allow");
+    let docs = rig.start_server_named("docs");
+    let third = rig.start_server_named("third");
+    let allow = format!("{}:8080", rig.stub);
+    let server = format!("docs=http://{docs}:8080/mcp");
+    let (code, out, stderr) = rig.json_turn(rig.run_cmd(
+        CODEX,
+        "mcp-allow-q1 REMEMBER:admitted",
+        &[
+            "--allow-host",
+            &allow,
+            "--mcp",
+            &server,
+            "--mcp-header",
+            "docs:X-Probe=probe-3387",
+        ],
+    ));
+    assert_eq!(code, 0, "{out}\n{stderr}");
+    let id = out["session_id"].as_str().unwrap().to_string();
+    let sent = rig.requests_of(&docs);
+    assert!(
+        sent.iter().any(
+            |r| r["path"].as_str().unwrap_or_default().starts_with("/mcp")
+                && r.to_string().contains("probe-3387")
+        ),
+        "the MCP server's host was not reached through the proxy: {sent:?}"
+    );
+    // The allowlist still holds for everything else: the model's host answers, a third
+    // server is refused, nothing gets out directly.
+    rig.assert_only_the_stub_is_reachable(&id, &third);
+}

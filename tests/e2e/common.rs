@@ -247,9 +247,36 @@ impl Rig {
     /// A second server on the test's network (the stub image, not the model's stub), for
     /// an allowlist not to name; returns its name.
     pub fn start_other_server(&self) -> String {
-        let other = format!("other-{}", self.run_id);
-        self.rt.block_on(self.start_stub_image(&other, Vec::new()));
-        other
+        self.start_server_named("other")
+    }
+
+    /// Like [`Rig::start_other_server`], for a test that needs more than one: the server is
+    /// `<what>-<run id>`.
+    pub fn start_server_named(&self, what: &str) -> String {
+        let name = format!("{what}-{}", self.run_id);
+        self.rt.block_on(self.start_stub_image(&name, Vec::new()));
+        name
+    }
+
+    /// The record of every request server `name` (a stub-image container of this test) got.
+    pub fn requests_of(&self, name: &str) -> Vec<Value> {
+        self.rt.block_on(async {
+            let mut logs = self.docker.logs(
+                name,
+                Some(LogsOptions {
+                    stdout: true,
+                    ..Default::default()
+                }),
+            );
+            let mut text = String::new();
+            while let Some(Ok(chunk)) = logs.next().await {
+                text.push_str(&chunk.to_string());
+            }
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|v| v["stub"] == "request")
+                .collect()
+        })
     }
 
     /// Resumes codex session `id` (started with `--allow-host <stub>:8080`) with a probe: the
@@ -358,23 +385,7 @@ impl Rig {
 
     /// The stub's record of every request it got.
     pub fn stub_requests(&self) -> Vec<Value> {
-        self.rt.block_on(async {
-            let mut logs = self.docker.logs(
-                &self.stub,
-                Some(LogsOptions {
-                    stdout: true,
-                    ..Default::default()
-                }),
-            );
-            let mut text = String::new();
-            while let Some(Ok(chunk)) = logs.next().await {
-                text.push_str(&chunk.to_string());
-            }
-            text.lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .filter(|v| v["stub"] == "request")
-                .collect()
-        })
+        self.requests_of(&self.stub)
     }
 
     /// Containers of this test that caw-box made (turns, probes).
