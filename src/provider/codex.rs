@@ -867,6 +867,40 @@ mod tests {
         );
     }
 
+    /// Recorded: an MCP call codex made after its `tool_search` loaded the tool (the search
+    /// itself leaves no line in `--json` output).
+    #[test]
+    fn a_recorded_mcp_call() {
+        let (events, key, outcome) = parse(
+            include_str!("../../tests/fixtures/codex/mcp-call.jsonl"),
+            None,
+            0,
+        );
+        assert_eq!(key.as_deref(), Some("01a20e0c-31cf-7c11-9881-b578c2b57c4c"));
+        let answer = "Tool said: Wall time: 0.0030 seconds\nOutput:\nECHO:MCP-ROUNDTRIP-4471 (secret of 11 chars)";
+        assert_eq!(
+            events[..3],
+            [
+                Event::ToolCall {
+                    id: "item_0".into(),
+                    name: "mcp__caw__echo".into(),
+                    input: json!({"text": "MCP-ROUNDTRIP-4471"}),
+                    group: None
+                },
+                Event::ToolResult {
+                    id: "item_0".into(),
+                    output: "ECHO:MCP-ROUNDTRIP-4471 (secret of 11 chars)".into(),
+                    is_error: false
+                },
+                Event::Text {
+                    text: answer.into()
+                },
+            ]
+        );
+        assert_eq!(outcome.status, Status::Success);
+        assert_eq!(outcome.result, answer);
+    }
+
     #[test]
     fn cumulative_usage_over_two_turns() {
         let (_, _, first) = parse(

@@ -516,10 +516,40 @@ fn mcp_workspace() -> tempfile::TempDir {
     dir
 }
 
+/// The MCP tools a codex turn's tool searches loaded (`tool_search_output` items in the
+/// requests' input), named `<namespace>__<tool>`.
+fn codex_searched_tools(requests: &[Value]) -> Vec<String> {
+    let outputs = requests
+        .iter()
+        .filter_map(|b| b["input"].as_array())
+        .flatten()
+        .filter(|i| i["type"] == "tool_search_output");
+    let namespaces = outputs.filter_map(|o| o["tools"].as_array()).flatten();
+    namespaces
+        .flat_map(|ns| {
+            let members = ns["tools"].as_array().cloned().unwrap_or_default();
+            let ns = ns["name"].as_str().unwrap_or_default().to_string();
+            members
+                .into_iter()
+                .filter_map(move |t| Some(format!("{ns}__{}", t["name"].as_str()?)))
+        })
+        .collect()
+}
+
+/// The first `tool_call` event of a session's turn.
+fn first_tool_call(rig: &Rig, id: &str, turn: &str) -> Value {
+    let logs = stdout_of(&rig.caw_run(&["logs", id, "--turn", turn]));
+    logs.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["type"] == "tool_call")
+        .unwrap_or_else(|| panic!("no tool_call event in turn {turn}: {logs}"))
+}
+
 /// An MCP stdio server given with `--mcp` runs in the agent's container: its tool is offered
 /// to the model, the model's call round-trips (the result reaches the next request), the
-/// server gets its `--mcp-env` variable, and the `tool_call` event is `mcp__caw__echo`
-/// (codex: see below).
+/// server gets its `--mcp-env` variable, and the `tool_call` event is `mcp__caw__echo`.
+/// codex offers MCP tools through its `tool_search` built-in: the stub searches, then calls
+/// the tool the search loaded.
 fn mcp_stdio_round_trips(p: P) {
     let rig = Rig::new(&format!("acm-{}", p.name));
     let ws = mcp_workspace();
@@ -544,19 +574,24 @@ fn mcp_stdio_round_trips(p: P) {
     let requests = requests_with(&rig, "mcp-q1");
     let offered = offered_tools(p, requests.first().expect("a request"));
     if p.name == "codex" {
-        // codex 0.169 offers MCP tools only through its `tool_search` built-in (found by a
-        // search call, which the stub does not make): the server ran and listed its tools,
-        // and the search that would find them is offered.
+        // codex 0.169 defers MCP tools: the first request offers its client-run `tool_search`
+        // only, and the search (the stub's first answer) loads the tool, in namespace
+        // `mcp__caw`.
         assert!(
-            offered.iter().any(|t| t == "tool_search"),
-            "no tool_search: {offered:?}"
+            offered.iter().any(|t| t == "tool_search") && !offered.iter().any(|t| t == "echo"),
+            "not offered through tool_search: {offered:?}"
         );
-        return;
+        let searched = codex_searched_tools(&requests);
+        assert!(
+            searched.iter().any(|t| t == "mcp__caw__echo"),
+            "the tool search did not find the MCP tool: {searched:?}"
+        );
+    } else {
+        assert!(
+            offered.iter().any(|t| t.ends_with("echo")),
+            "the MCP tool is not offered: {offered:?}"
+        );
     }
-    assert!(
-        offered.iter().any(|t| t.ends_with("echo")),
-        "the MCP tool is not offered: {offered:?}"
-    );
     assert!(
         out["result"]
             .as_str()
@@ -564,12 +599,7 @@ fn mcp_stdio_round_trips(p: P) {
             .contains("ECHO:MCP-ROUNDTRIP-4471 (secret of 11 chars)"),
         "the MCP call did not round-trip: {out}"
     );
-    let logs = stdout_of(&rig.caw_run(&["logs", &id]));
-    let call = logs
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|e| e["type"] == "tool_call")
-        .unwrap_or_else(|| panic!("no tool_call event: {logs}"));
+    let call = first_tool_call(&rig, &id, "1");
     assert_eq!(call["name"], "mcp__caw__echo", "{call}");
     assert_eq!(call["group"], "mcp", "{call}");
     let shown = stdout_of(&rig.caw_run(&["show", &id]));
@@ -593,6 +623,9 @@ fn mcp_stdio_round_trips(p: P) {
             .contains("ECHO:MCP-RESUMED-2290 (secret of 11 chars)"),
         "the resumed MCP call did not round-trip: {out}"
     );
+    let call = first_tool_call(&rig, &id, "2");
+    assert_eq!(call["name"], "mcp__caw__echo", "{call}");
+    assert_eq!(call["group"], "mcp", "{call}");
     assert!(
         volume_files_containing(&rig, &id, "SECRET-7310").is_empty(),
         "the --mcp-env value is at rest in the volume"

@@ -158,6 +158,8 @@ pub enum Item {
     ToolResult(String),
     /// Anything the model said or called.
     Assistant,
+    /// The tools a tool search found, sent back by the CLI (codex's `tool_search_output`).
+    ToolSearchResult,
 }
 
 /// The vendor-neutral view of a request's conversation.
@@ -167,6 +169,8 @@ pub struct Conversation {
     pub user_texts: Vec<String>,
     /// The tool output, when the conversation's last item is a tool result.
     pub tool_result: Option<String>,
+    /// Whether a tool search's result came back after the latest genuine user message.
+    pub searched: bool,
 }
 
 impl Conversation {
@@ -179,10 +183,15 @@ impl Conversation {
                     if !is_injected_context(&text) {
                         conversation.user_texts.push(text.trim().to_string());
                         conversation.tool_result = None;
+                        conversation.searched = false;
                     }
                 }
                 Item::ToolResult(output) => conversation.tool_result = Some(output),
                 Item::Assistant => conversation.tool_result = None,
+                Item::ToolSearchResult => {
+                    conversation.tool_result = None;
+                    conversation.searched = true;
+                }
             }
         }
         conversation
@@ -322,6 +331,9 @@ pub enum ToolKind {
     Function,
     /// The Responses API's built-in `local_shell` tool.
     LocalShell,
+    /// A tool search the client runs (codex's `tool_search`, `execution: "client"`): called
+    /// with `{"query": …}`, it answers with the tools it found, which the next request offers.
+    ToolSearch,
 }
 
 /// A tool the request offered.
@@ -354,6 +366,11 @@ pub fn pick_named_tool(tools: Vec<Tool>, wanted: &str) -> Option<Tool> {
     tools
         .into_iter()
         .find(|t| t.kind == ToolKind::Function && (t.name == wanted || t.name.ends_with(&suffix)))
+}
+
+/// The offered tool search, used when `CALL:<tool>` names a tool not offered yet.
+pub fn pick_tool_search(tools: Vec<Tool>) -> Option<Tool> {
+    tools.into_iter().find(|t| t.kind == ToolKind::ToolSearch)
 }
 
 /// Arguments for a called tool: `text`, plus placeholders for its other required properties.
@@ -771,5 +788,39 @@ mod tests {
         );
         assert_eq!(pick_named_tool(vec![tool("necho")], "echo"), None);
         assert_eq!(call_args(&json!({}), "hi"), json!({"text": "hi"}));
+    }
+
+    #[test]
+    fn a_tool_search_result_is_no_tool_result_and_counts_until_the_next_user_message() {
+        let items = vec![
+            Item::User("CALL:echo hi".into()),
+            Item::Assistant,
+            Item::ToolSearchResult,
+        ];
+        let conversation = Conversation::from_items(items.clone());
+        assert!(conversation.searched);
+        assert_eq!(conversation.tool_result, None);
+        assert_eq!(
+            decide(items.clone()).outcome,
+            Outcome::Call {
+                tool: "echo".into(),
+                text: "hi".into()
+            }
+        );
+        let mut later = items;
+        later.push(Item::User("CALL:echo again".into()));
+        assert!(!Conversation::from_items(later).searched);
+
+        let search = Tool {
+            name: "tool_search".into(),
+            schema: json!({}),
+            kind: ToolKind::ToolSearch,
+        };
+        assert_eq!(pick_named_tool(vec![search.clone()], "tool_search"), None);
+        assert_eq!(
+            pick_tool_search(vec![tool("Read"), search.clone()]),
+            Some(search)
+        );
+        assert_eq!(pick_tool_search(vec![tool("Read")]), None);
     }
 }

@@ -23,23 +23,32 @@ impl Protocol for Responses {
 
     fn tools(&self, body: &Value) -> Vec<Tool> {
         let tools = body.get("tools").and_then(Value::as_array);
-        tools
-            .into_iter()
-            .flatten()
-            .filter_map(|tool| match tool.get("type")?.as_str()? {
-                "function" => Some(Tool {
-                    name: tool.get("name")?.as_str()?.to_string(),
-                    schema: tool.get("parameters").cloned().unwrap_or(json!({})),
-                    kind: ToolKind::Function,
-                }),
-                "local_shell" => Some(Tool {
-                    name: "local_shell".into(),
-                    schema: json!({"properties":{"command":{"type":"array"}}}),
-                    kind: ToolKind::LocalShell,
-                }),
-                _ => None,
-            })
-            .collect()
+        let top_level =
+            tools
+                .into_iter()
+                .flatten()
+                .filter_map(|tool| match tool.get("type")?.as_str()? {
+                    "function" => function_tool(tool),
+                    "local_shell" => Some(Tool {
+                        name: "local_shell".into(),
+                        schema: json!({"properties":{"command":{"type":"array"}}}),
+                        kind: ToolKind::LocalShell,
+                    }),
+                    "tool_search" if tool.get("execution")? == "client" => Some(Tool {
+                        name: "tool_search".into(),
+                        schema: tool.get("parameters").cloned().unwrap_or(json!({})),
+                        kind: ToolKind::ToolSearch,
+                    }),
+                    _ => None,
+                });
+        let loaded = loaded_functions(body).filter_map(|(namespace, tool)| {
+            let mut found = function_tool(tool)?;
+            if let Some(namespace) = namespace {
+                found.name = namespaced_name(namespace, &found.name);
+            }
+            Some(found)
+        });
+        top_level.chain(loaded).collect()
     }
 
     fn output_schema<'a>(&self, body: &'a Value) -> Option<&'a Value> {
@@ -52,7 +61,7 @@ impl Protocol for Responses {
     }
 
     fn render(&self, reply: &Reply, turn: &Turn) -> Rendered {
-        let item = output_item(reply);
+        let item = output_item(reply, turn.body);
         let usage = json!({
             "input_tokens": turn.usage.input_tokens,
             "input_tokens_details": {"cached_tokens": 0},
@@ -124,6 +133,73 @@ impl Protocol for Responses {
     }
 }
 
+/// A `{"type":"function"}` tool.
+fn function_tool(tool: &Value) -> Option<Tool> {
+    (tool.get("type")? == "function").then_some(())?;
+    Some(Tool {
+        name: tool.get("name")?.as_str()?.to_string(),
+        schema: tool.get("parameters").cloned().unwrap_or(json!({})),
+        kind: ToolKind::Function,
+    })
+}
+
+/// Function tools beyond the top-level ones, with their namespace when they have one: the
+/// functions of offered namespaces, and the tools a tool search loaded (`tool_search_output`
+/// items in the input: namespaces or plain functions).
+fn loaded_functions(body: &Value) -> impl Iterator<Item = (Option<&str>, &Value)> {
+    let offered = body
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten();
+    let input = body
+        .get("input")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten();
+    let searched = input
+        .filter(|item| item.get("type").and_then(Value::as_str) == Some("tool_search_output"))
+        .filter_map(|item| item.get("tools").and_then(Value::as_array))
+        .flatten();
+    let offered_namespaces =
+        offered.filter(|t| t.get("type").and_then(Value::as_str) == Some("namespace"));
+    offered_namespaces.chain(searched).flat_map(|tool| {
+        match tool.get("type").and_then(Value::as_str) {
+            Some("namespace") => {
+                let namespace = tool.get("name").and_then(Value::as_str);
+                let members = tool.get("tools").and_then(Value::as_array);
+                members
+                    .into_iter()
+                    .flatten()
+                    .map(|member| (namespace, member))
+                    .collect()
+            }
+            Some("function") => vec![(None, tool)],
+            _ => Vec::new(),
+        }
+    })
+}
+
+/// The name the stub knows a namespaced function by: `mcp__srv` + `echo` → `mcp__srv__echo`
+/// (the MCP convention, so `CALL:echo` finds it).
+fn namespaced_name(namespace: &str, name: &str) -> String {
+    if namespace.ends_with('_') {
+        format!("{namespace}{name}")
+    } else {
+        format!("{namespace}__{name}")
+    }
+}
+
+/// The namespace and plain name of a called function, when the request offers it inside a
+/// namespace.
+fn split_namespaced<'a>(body: &'a Value, called: &str) -> Option<(&'a str, &'a str)> {
+    loaded_functions(body).find_map(|(namespace, tool)| {
+        let namespace = namespace?;
+        let name = tool.get("name")?.as_str()?;
+        (namespaced_name(namespace, name) == called).then_some((namespace, name))
+    })
+}
+
 /// The OpenAI error document (Responses and chat completions alike).
 pub fn openai_error(status: u16, message: &str) -> Value {
     let (kind, code) = match status {
@@ -151,9 +227,9 @@ fn input_item(item: &Value) -> Option<Item> {
             "assistant" => Some(Item::Assistant),
             _ => None,
         },
-        "function_call" | "custom_tool_call" | "local_shell_call" | "web_search_call" => {
-            Some(Item::Assistant)
-        }
+        "function_call" | "custom_tool_call" | "local_shell_call" | "web_search_call"
+        | "tool_search_call" => Some(Item::Assistant),
+        "tool_search_output" => Some(Item::ToolSearchResult),
         "function_call_output" | "custom_tool_call_output" | "local_shell_call_output" => Some(
             Item::ToolResult(output_text(item.get("output").unwrap_or(&Value::Null))),
         ),
@@ -176,7 +252,7 @@ fn output_text(output: &Value) -> String {
 }
 
 /// The finished output item of a reply.
-fn output_item(reply: &Reply) -> Value {
+fn output_item(reply: &Reply, body: &Value) -> Value {
     match reply {
         Reply::Text { text, .. } => json!({
             "type": "message", "id": new_id("msg"), "status": "completed", "role": "assistant",
@@ -188,10 +264,21 @@ fn output_item(reply: &Reply) -> Value {
             "action": {"type":"exec","command":call.args["command"],"timeout_ms":null,
                 "working_directory":null,"env":null,"user":null},
         }),
-        Reply::ToolCall(call) => json!({
-            "type": "function_call", "id": new_id("fc"), "status": "completed",
-            "call_id": call.id, "name": call.name, "arguments": call.args.to_string(),
+        Reply::ToolCall(call) if call.kind == ToolKind::ToolSearch => json!({
+            "type": "tool_search_call", "id": new_id("tsc"), "call_id": call.id,
+            "status": "completed", "execution": "client", "arguments": call.args,
         }),
+        Reply::ToolCall(call) => {
+            let mut item = json!({
+                "type": "function_call", "id": new_id("fc"), "status": "completed",
+                "call_id": call.id, "name": call.name, "arguments": call.args.to_string(),
+            });
+            if let Some((namespace, name)) = split_namespaced(body, &call.name) {
+                item["namespace"] = json!(namespace);
+                item["name"] = json!(name);
+            }
+            item
+        }
     }
 }
 
@@ -371,14 +458,86 @@ mod tests {
 
     #[test]
     fn local_shell_calls_carry_an_exec_action() {
-        let item = output_item(&Reply::ToolCall(ToolCall {
-            id: "call_2".into(),
-            name: "local_shell".into(),
-            kind: ToolKind::LocalShell,
-            args: json!({"command":["bash","-lc","ls"]}),
-        }));
+        let item = output_item(
+            &Reply::ToolCall(ToolCall {
+                id: "call_2".into(),
+                name: "local_shell".into(),
+                kind: ToolKind::LocalShell,
+                args: json!({"command":["bash","-lc","ls"]}),
+            }),
+            &Value::Null,
+        );
         assert_eq!(item["type"], "local_shell_call");
         assert_eq!(item["action"]["command"], json!(["bash", "-lc", "ls"]));
+    }
+
+    #[test]
+    fn offers_client_tool_search_and_namespaced_functions() {
+        let ns = |name: &str| {
+            json!({"type":"namespace","name":name,"description":"d","tools":[
+                {"type":"function","name":"echo","parameters":{"type":"object"}}]})
+        };
+        let body = json!({
+            "tools": [{"type":"tool_search","execution":"client","parameters":{"type":"object"}},
+                {"type":"tool_search"}, ns("crm")],
+            "input": [{"type":"tool_search_output","call_id":"c","execution":"client",
+                "tools":[ns("mcp__caw__"),
+                    {"type":"function","name":"plain","parameters":{"type":"object"}}]}]
+        });
+        let tools = Responses.tools(&body);
+        let names: Vec<_> = tools.iter().map(|t| (t.name.as_str(), t.kind)).collect();
+        assert_eq!(
+            names,
+            [
+                ("tool_search", ToolKind::ToolSearch),
+                ("crm__echo", ToolKind::Function),
+                ("mcp__caw__echo", ToolKind::Function),
+                ("plain", ToolKind::Function),
+            ]
+        );
+        let call = |name: &str| {
+            output_item(
+                &Reply::ToolCall(ToolCall {
+                    id: "call_3".into(),
+                    name: name.into(),
+                    kind: ToolKind::Function,
+                    args: json!({"text":"x"}),
+                }),
+                &body,
+            )
+        };
+        let item = call("mcp__caw__echo");
+        assert_eq!(
+            (&item["namespace"], &item["name"]),
+            (&json!("mcp__caw__"), &json!("echo"))
+        );
+        let item = call("plain");
+        assert_eq!(
+            (item.get("namespace"), &item["name"]),
+            (None, &json!("plain"))
+        );
+    }
+
+    #[test]
+    fn a_tool_search_call_carries_its_arguments_as_an_object() {
+        let item = output_item(
+            &Reply::ToolCall(ToolCall {
+                id: "call_4".into(),
+                name: "tool_search".into(),
+                kind: ToolKind::ToolSearch,
+                args: json!({"query":"echo"}),
+            }),
+            &Value::Null,
+        );
+        assert_eq!(item["type"], "tool_search_call");
+        assert_eq!(item["call_id"], "call_4");
+        assert_eq!(item["execution"], "client");
+        assert_eq!(item["arguments"], json!({"query":"echo"}));
+        let body = json!({"input":[{"role":"user","content":"CALL:echo x"}, item,
+            {"type":"tool_search_output","call_id":"call_4","tools":[]}]});
+        let conversation = Responses.conversation(&body);
+        assert!(conversation.searched);
+        assert_eq!(conversation.tool_result, None);
     }
 
     #[test]

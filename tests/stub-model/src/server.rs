@@ -21,8 +21,8 @@ use tokio::net::TcpListener;
 use crate::anthropic::Anthropic;
 use crate::chat::Chat;
 use crate::conversation::{
-    call_args, example_for_schema, pick_named_tool, pick_shell_tool, shell_args, Decision,
-    Directives, Outcome, ToolCall, Usage, NO_SHELL_TOOL,
+    call_args, example_for_schema, pick_named_tool, pick_shell_tool, pick_tool_search, shell_args,
+    Decision, Directives, Outcome, ToolCall, Usage, NO_SHELL_TOOL,
 };
 use crate::gemini::Gemini;
 use crate::protocol::{new_id, Protocol, Rendered, Reply, Turn};
@@ -502,7 +502,8 @@ fn model_turn(
     model: String,
     stream: bool,
 ) -> Answer {
-    let mut decision = Decision::decide(&protocol.conversation(body));
+    let conversation = protocol.conversation(body);
+    let mut decision = Decision::decide(&conversation);
     let mut tool = None;
     let reply = match &decision.outcome {
         Outcome::Fail(status) => {
@@ -529,8 +530,12 @@ fn model_turn(
             think: decision.think,
         },
         Outcome::Call { tool: wanted, text } => {
-            match pick_named_tool(protocol.tools(body), wanted) {
-                Some(called) => {
+            let tools = protocol.tools(body);
+            // A tool not offered yet may be found by the client's tool search (codex offers
+            // its MCP tools so): search for it once, then call what the search loaded.
+            let search = pick_tool_search(tools.clone()).filter(|_| !conversation.searched);
+            match (pick_named_tool(tools, wanted), search) {
+                (Some(called), _) => {
                     tool = Some(called.name.clone());
                     Reply::ToolCall(ToolCall {
                         id: new_id(protocol.call_id_prefix()),
@@ -539,7 +544,16 @@ fn model_turn(
                         kind: called.kind,
                     })
                 }
-                None => {
+                (None, Some(search)) => {
+                    tool = Some(search.name.clone());
+                    Reply::ToolCall(ToolCall {
+                        id: new_id(protocol.call_id_prefix()),
+                        args: json!({ "query": wanted }),
+                        name: search.name,
+                        kind: search.kind,
+                    })
+                }
+                (None, None) => {
                     let said = format!("No tool {wanted} offered.");
                     decision.outcome = Outcome::Text {
                         text: said.clone(),

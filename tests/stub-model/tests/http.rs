@@ -180,6 +180,72 @@ async fn responses_stream_a_shell_call_then_quote_its_output() {
     assert_eq!(done["item"]["content"][0]["text"], "Tool said: hi");
 }
 
+/// codex 0.169 offers MCP tools through a client-run `tool_search` (shapes as it sent them):
+/// `CALL:` searches, then calls the namespaced tool the search loaded, then quotes its output.
+#[tokio::test]
+async fn responses_call_searches_for_a_deferred_tool_then_calls_it() {
+    let addr = start(Some(KEY)).await;
+    let auth = format!("Bearer {KEY}");
+    let tools = json!([{"type":"tool_search","execution":"client","description":"Tool discovery",
+        "parameters":{"type":"object","properties":{"query":{"type":"string"},
+        "limit":{"type":"number"}},"required":["query"],"additionalProperties":false}},
+        {"type":"web_search","external_web_access":true}]);
+    let mut body = json!({"model":"gpt-5.5","stream":true,"tools":tools,"input":[
+        {"type":"message","role":"user","content":[{"type":"input_text","text":"CALL:echo EH-1"}]}]});
+    let done = |reply: &Reply| {
+        let events: Vec<Value> = reply.events().iter().map(sse::Event::json).collect();
+        assert_eq!(events.last().unwrap()["type"], "response.completed");
+        events
+            .iter()
+            .find(|e| e["type"] == "response.output_item.done")
+            .unwrap()["item"]
+            .clone()
+    };
+    let search = done(&post(addr, "/v1/responses", &[("authorization", &auth)], &body).await);
+    assert_eq!(search["type"], "tool_search_call");
+    assert_eq!(search["execution"], "client");
+    assert_eq!(search["arguments"], json!({"query": "echo"}));
+    let call_id = search["call_id"].as_str().unwrap().to_string();
+
+    let input = body["input"].as_array_mut().unwrap();
+    input.push(search.clone());
+    input.push(
+        json!({"type":"tool_search_output","call_id":call_id,"execution":"client",
+        "status":"completed","tools":[{"type":"namespace","name":"mcp__caw",
+        "description":"Tools in the mcp__caw namespace.","tools":[{"type":"function",
+        "name":"echo","defer_loading":true,"strict":false,"parameters":{"type":"object",
+        "properties":{"text":{"type":"string"}},"required":["text"]}}]}]}),
+    );
+    let call = done(&post(addr, "/v1/responses", &[("authorization", &auth)], &body).await);
+    assert_eq!(call["type"], "function_call");
+    assert_eq!(call["namespace"], "mcp__caw");
+    assert_eq!(call["name"], "echo");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"text": "EH-1"}));
+
+    let input = body["input"].as_array_mut().unwrap();
+    input.push(call.clone());
+    input.push(
+        json!({"type":"function_call_output","call_id":call["call_id"],
+        "output":[{"type":"input_text","text":"ECHO:EH-1"}]}),
+    );
+    let answer = done(&post(addr, "/v1/responses", &[("authorization", &auth)], &body).await);
+    assert_eq!(answer["content"][0]["text"], "Tool said: ECHO:EH-1");
+
+    // A search that found nothing is not repeated.
+    let mut empty = json!({"model":"gpt-5.5","stream":true,"tools":tools,"input":[
+        {"type":"message","role":"user","content":[{"type":"input_text","text":"CALL:nope x"}]},
+        {"type":"tool_search_call","call_id":"c1","execution":"client","arguments":{"query":"nope"}},
+        {"type":"tool_search_output","call_id":"c1","execution":"client","tools":[]}]});
+    let said = done(&post(addr, "/v1/responses", &[("authorization", &auth)], &empty).await);
+    assert_eq!(said["content"][0]["text"], "No tool nope offered.");
+    // Without a tool search, nothing is searched.
+    empty["tools"] = json!([]);
+    empty["input"].as_array_mut().unwrap().truncate(1);
+    let said = done(&post(addr, "/v1/responses", &[("authorization", &auth)], &empty).await);
+    assert_eq!(said["content"][0]["text"], "No tool nope offered.");
+}
+
 #[tokio::test]
 async fn chat_completions_stream_with_usage_and_done() {
     let addr = start(Some(KEY)).await;
