@@ -30,6 +30,103 @@ pub struct Prepared {
     /// Brokered keys: each placeholder the CLI got (in `auth/env`) and the real key the
     /// broker puts in its place. Empty when the turn's credentials are injected.
     pub brokered: Vec<(String, Secret)>,
+    /// Brokered OAuth logins: the CLI got a placeholder login file (see [`placeholder_login`]).
+    pub logins: Vec<BrokeredLogin>,
+}
+
+/// An OAuth login the broker holds for a turn: the CLI's file has `placeholder` as its
+/// access token, no refresh token and a far expiry; the broker swaps the placeholder for
+/// the real access token and refreshes it.
+pub struct BrokeredLogin {
+    pub placeholder: String,
+    /// The login file under HOME (as stored).
+    pub target: String,
+    /// The stored login file (the real tokens).
+    pub real: Secret,
+}
+
+impl std::fmt::Debug for BrokeredLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokeredLogin")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The expiry a placeholder login states: 2100-01-01, so the CLI never refreshes it.
+pub const PLACEHOLDER_EXPIRY_SECS: u64 = 4_102_444_800;
+
+/// What every placeholder (key or login token) contains: write-back never stores a file
+/// holding it.
+pub const PLACEHOLDER_MARK: &str = "cawbox-placeholder";
+
+/// The value at a dotted JSON path.
+pub fn json_at<'a>(v: &'a serde_json::Value, path: &str) -> Option<&'a serde_json::Value> {
+    path.split('.').try_fold(v, |v, k| v.get(k))
+}
+
+fn json_set(v: &mut serde_json::Value, path: &str, new: serde_json::Value) -> bool {
+    let mut cur = v;
+    let parts: Vec<&str> = path.split('.').collect();
+    for k in &parts[..parts.len() - 1] {
+        match cur.get_mut(*k) {
+            Some(next) => cur = next,
+            None => return false,
+        }
+    }
+    match cur.as_object_mut() {
+        Some(o) => {
+            o.insert(parts[parts.len() - 1].to_string(), new);
+            true
+        }
+        None => false,
+    }
+}
+
+/// The login file the CLI gets instead of `real`: `placeholder` as its access token, a
+/// placeholder refresh token and a far expiry (the rest, such as scopes and the
+/// subscription type, as stored). `None` when `real` is not a login of `spec`'s shape.
+pub fn placeholder_login(
+    spec: &crate::auth::spec::OAuthSpec,
+    real: &[u8],
+    placeholder: &str,
+) -> Option<Vec<u8>> {
+    let mut v: serde_json::Value = serde_json::from_slice(real).ok()?;
+    json_at(&v, &spec.access)?.as_str()?;
+    json_at(&v, &spec.refresh)?.as_str()?;
+    let expiry = match spec.expiry_unit.as_str() {
+        "ms" => PLACEHOLDER_EXPIRY_SECS * 1000,
+        _ => PLACEHOLDER_EXPIRY_SECS,
+    };
+    let refresh = format!("{PLACEHOLDER_MARK}-refresh-not-a-token");
+    let ok = json_set(&mut v, &spec.access, placeholder.into())
+        && json_set(&mut v, &spec.refresh, refresh.into())
+        && json_set(&mut v, &spec.expiry, expiry.into());
+    ok.then(|| serde_json::to_vec(&v).ok()).flatten()
+}
+
+/// `stored` with the tokens of a refresh: `None` unless its refresh token is `previous`
+/// (another process stored a newer login meanwhile, or it is not a login).
+pub fn refreshed_login(
+    spec: &crate::auth::spec::OAuthSpec,
+    stored: &[u8],
+    previous: &str,
+    access: &str,
+    refresh: &str,
+    expires_ms: u64,
+) -> Option<Vec<u8>> {
+    let mut v: serde_json::Value = serde_json::from_slice(stored).ok()?;
+    if json_at(&v, &spec.refresh)?.as_str()? != previous {
+        return None;
+    }
+    let expiry = match spec.expiry_unit.as_str() {
+        "ms" => expires_ms,
+        _ => expires_ms / 1000,
+    };
+    let ok = json_set(&mut v, &spec.access, access.into())
+        && json_set(&mut v, &spec.refresh, refresh.into())
+        && json_set(&mut v, &spec.expiry, expiry.into());
+    ok.then(|| serde_json::to_vec(&v).ok()).flatten()
 }
 
 impl std::fmt::Debug for Prepared {
@@ -101,9 +198,40 @@ pub fn prepare_as(
         .home_targets()
         .iter()
         .any(|t| store.file(p, t).is_some());
-    let broker = broker && !has_files;
+    let vars = store.env(p);
+    // Only keys the broker knows how to swap; anything else (opencode's whole auth JSON in
+    // OPENCODE_AUTH_CONTENT) keeps the turn injected.
+    let broker = broker
+        && vars
+            .iter()
+            .all(|(k, _)| BROKERED_VARS.contains(&k.as_str()));
+    // A login the broker can hold (an OAuth spec, a file of its shape, and no other
+    // credential file) is brokered; any other file keeps the whole turn injected.
+    let mut logins = Vec::new();
+    if let (true, Some(o)) = (broker, &spec.oauth) {
+        let others = spec
+            .home_targets()
+            .iter()
+            .any(|t| *t != o.target && store.file(p, t).is_some());
+        if let Some(real) = store.file(p, &o.target).filter(|_| !others) {
+            let stand_in = format!("{}{}", o.placeholder_prefix, uuid::Uuid::new_v4().simple());
+            if let Some(file) = placeholder_login(o, real.expose(), &stand_in) {
+                files.push((format!("{AUTH_SUBDIR}/home/{}", o.target), file));
+                logins.push(BrokeredLogin {
+                    placeholder: stand_in,
+                    target: o.target.clone(),
+                    real,
+                });
+            }
+        }
+    }
+    let broker =
+        broker && (!has_files || !logins.is_empty()) && (!vars.is_empty() || !logins.is_empty());
     let mut brokered = Vec::new();
     for target in spec.home_targets() {
+        if logins.iter().any(|l| l.target == target) {
+            continue;
+        }
         if let Some(secret) = store.file(p, &target) {
             files.push((
                 format!("{AUTH_SUBDIR}/home/{target}"),
@@ -111,14 +239,6 @@ pub fn prepare_as(
             ));
         }
     }
-    let vars = store.env(p);
-    // Only keys the broker knows how to swap; anything else (opencode's whole auth JSON in
-    // OPENCODE_AUTH_CONTENT) keeps the turn injected.
-    let broker = broker
-        && !vars.is_empty()
-        && vars
-            .iter()
-            .all(|(k, _)| BROKERED_VARS.contains(&k.as_str()));
     let mut names: Vec<String> = turn_env.iter().map(|(k, _)| k.clone()).collect();
     names.extend(vars.iter().map(|(k, _)| k.to_string()));
     if !vars.is_empty() {
@@ -147,6 +267,7 @@ pub fn prepare_as(
         files,
         names,
         brokered,
+        logins,
     })
 }
 
