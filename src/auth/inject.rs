@@ -349,6 +349,45 @@ pub fn finish(p: ProviderKind, home_out: &[u8]) -> Result<Vec<String>> {
 mod tests {
     use super::*;
 
+    const LOGIN: &str = r#"{"claudeAiOauth":{"accessToken":"real-a","refreshToken":"real-r","expiresAt":1700000000000,"scopes":["user:inference"],"subscriptionType":"max"}}"#;
+
+    #[test]
+    fn a_placeholder_login_holds_no_real_token_and_never_expires() {
+        let spec = Spec::of(ProviderKind::ClaudeCode).oauth.unwrap();
+        let file = placeholder_login(&spec, LOGIN.as_bytes(), "sk-ant-oat01-cawbox-placeholder-1")
+            .unwrap();
+        let text = String::from_utf8(file).unwrap();
+        assert!(
+            !text.contains("real-a") && !text.contains("real-r"),
+            "{text}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let o = &v["claudeAiOauth"];
+        assert_eq!(o["accessToken"], "sk-ant-oat01-cawbox-placeholder-1");
+        assert_eq!(o["expiresAt"], PLACEHOLDER_EXPIRY_SECS * 1000);
+        assert!(o["refreshToken"]
+            .as_str()
+            .unwrap()
+            .contains(PLACEHOLDER_MARK));
+        // What the CLI reads besides the tokens stays.
+        assert_eq!(o["subscriptionType"], "max");
+        // Not a login of that shape: not brokered.
+        assert!(placeholder_login(&spec, br#"{"OPENAI_API_KEY":"k"}"#, "p").is_none());
+    }
+
+    #[test]
+    fn a_refresh_is_stored_only_over_the_login_it_replaces() {
+        let spec = Spec::of(ProviderKind::ClaudeCode).oauth.unwrap();
+        let new = refreshed_login(&spec, LOGIN.as_bytes(), "real-r", "a2", "r2", 42).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&new).unwrap();
+        assert_eq!(v["claudeAiOauth"]["accessToken"], "a2");
+        assert_eq!(v["claudeAiOauth"]["refreshToken"], "r2");
+        assert_eq!(v["claudeAiOauth"]["expiresAt"], 42);
+        assert_eq!(v["claudeAiOauth"]["subscriptionType"], "max");
+        // Another process stored a newer login meanwhile: left alone.
+        assert!(refreshed_login(&spec, &new, "real-r", "a3", "r3", 43).is_none());
+    }
+
     #[test]
     fn placeholders_have_the_vendors_shape_and_are_fresh() {
         assert!(placeholder("ANTHROPIC_API_KEY").starts_with("sk-ant-api03-"));

@@ -960,6 +960,73 @@ mod tests {
         assert!(own.own_network.is_some());
     }
 
+    fn login() -> BrokeredLogin {
+        BrokeredLogin {
+            placeholder: "sk-ant-oat01-cawbox-placeholder-z".into(),
+            target: ".claude/.credentials.json".into(),
+            real: Secret::new(
+                r#"{"claudeAiOauth":{"accessToken":"real-a","refreshToken":"real-r","expiresAt":1700000000000,"scopes":["user:inference","user:profile"]}}"#,
+            ),
+        }
+    }
+
+    #[test]
+    fn a_login_goes_to_the_broker_as_a_slot_and_its_placeholder_in_the_lease() {
+        let b =
+            Broker::plan_salted_logins(&record("n", None), None, &[], &[login()], Some(test_salt))
+                .unwrap();
+        let line: serde_json::Value = serde_json::from_slice(b.config.expose()).unwrap();
+        let slot = &line["config"]["oauth"]["login0"];
+        assert_eq!(slot["access"], "real-a");
+        assert_eq!(slot["refresh"], "real-r");
+        assert_eq!(slot["expires_ms"], 1_700_000_000_000u64);
+        assert_eq!(slot["client_id"], "9d1c250a-e61b-44d9-88ed-5944d1962f5e");
+        assert_eq!(slot["scope"], "user:inference user:profile");
+        assert_eq!(line["config"]["seal"].as_str().unwrap().len(), 64);
+        let lease = Broker::lease_line(b.shared.as_ref().unwrap());
+        assert!(
+            lease.ends_with(" sk-ant-oat01-cawbox-placeholder-z=login0\n"),
+            "{lease}"
+        );
+        assert!(!lease.contains("real-"));
+        // Another login (a refresh stored meanwhile): another broker.
+        let mut other = login();
+        other.real = Secret::new(
+            r#"{"claudeAiOauth":{"accessToken":"a2","refreshToken":"r2","expiresAt":1}}"#,
+        );
+        let b2 =
+            Broker::plan_salted_logins(&record("n", None), None, &[], &[other], Some(test_salt))
+                .unwrap();
+        assert_ne!(b.container, b2.container);
+        assert_ne!(b.seal, b2.seal);
+    }
+
+    /// A sealed report (broker.js's layout: iv, ciphertext, tag) opens with the seal key only
+    /// (the e2e oauth test opens those node sealed).
+    #[test]
+    fn a_sealed_login_opens_with_the_seal_key_only() {
+        let key = [9u8; 32];
+        let iv = [1u8; 12];
+        let mut tag = [0u8; 16];
+        let plain = br#"{"previous":"r1","access":"a2","refresh":"r2","expires_ms":5}"#;
+        let ct = openssl::symm::encrypt_aead(
+            openssl::symm::Cipher::aes_256_gcm(),
+            &key,
+            Some(&iv),
+            &[],
+            plain,
+            &mut tag,
+        )
+        .unwrap();
+        use base64::Engine;
+        let sealed =
+            base64::engine::general_purpose::STANDARD.encode([&iv[..], &ct, &tag].concat());
+        let opened = open_sealed(&key, &sealed).unwrap();
+        assert_eq!(opened["refresh"], "r2");
+        assert!(open_sealed(&[8u8; 32], &sealed).is_none());
+        assert!(open_sealed(&key, "bm90IHNlYWxlZA==").is_none());
+    }
+
     #[test]
     fn the_broker_url_keeps_the_endpoint_path() {
         assert_eq!(url_path("http://stub:8080"), "");

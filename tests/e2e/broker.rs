@@ -86,7 +86,7 @@ grep -rlsaF -D skip -f /dev/stdin "${d[@]}" /proc/[0-9]*/environ /proc/[0-9]*/cm
 }
 
 /// `docker inspect` of every container of this test that caw-box made, as JSON.
-pub(crate) fn inspect_all(rig: &Rig) -> Vec<(String, String)> {
+fn inspect_all(rig: &Rig) -> Vec<(String, String)> {
     rig.caw_containers()
         .into_iter()
         .map(|name| {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::broker::{inspect_all, scan};
+use crate::broker::scan;
 use crate::common::*;
 
 /// How many sessions run turns at once.
@@ -41,6 +41,22 @@ fn expire(rig: &Rig) {
         ],
     );
     assert!(out.contains("200"), "{out}");
+}
+
+/// `docker inspect` of every container of this test still there, as JSON (turns of other
+/// sessions may end while it runs).
+fn inspect_all(rig: &Rig) -> Vec<(String, String)> {
+    rig.caw_containers()
+        .into_iter()
+        .filter_map(|name| {
+            let name = name.trim_start_matches('/').to_string();
+            let c = rig
+                .rt
+                .block_on(rig.docker.inspect_container(&name, None))
+                .ok()?;
+            Some((name, serde_json::to_string(&c).unwrap()))
+        })
+        .collect()
 }
 
 /// The stored login (the auth store under the rig's data directory).
@@ -161,7 +177,7 @@ fn the_broker_refreshes_a_claude_login_once_for_eight_parallel_sessions() {
     let mut seen_tokens = vec![access.clone(), refresh.clone()];
     for round in 2..=3u64 {
         expire(&rig);
-        let slow = if round == 3 { "SLEEP:12 " } else { "" };
+        let slow = if round == 3 { "SLEEP:25 " } else { "" };
         let children: Vec<(Child, String)> = ids
             .iter()
             .enumerate()
@@ -218,6 +234,19 @@ fn the_broker_refreshes_a_claude_login_once_for_eight_parallel_sessions() {
         seen_tokens.push(newest.to_string());
         seen_tokens.push(access_now.to_string());
     }
+    // `--credentials inject` still hands the CLI the real (current) login, no broker.
+    let prompt = "REMEMBER:injected";
+    let args = base(prompt);
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.splice(1..1, ["--credentials", "inject"]);
+    let injected = all_ok(vec![(
+        turn(&rig, &args).spawn().unwrap(),
+        "injected".into(),
+    )]);
+    assert_eq!(injected.len(), 1);
+    let s = oauth_status(&rig);
+    assert_eq!(s["refreshes"].as_u64(), Some(2), "{s}");
+
     // The model saw the real (current) tokens only: every request the CLI sent reached it
     // with a bearer token, and only the broker's first tries after an expiry were refused.
     let requests = rig.stub_requests();
