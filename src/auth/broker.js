@@ -253,6 +253,10 @@ module.exports = function broker(config, rest) {
       const l = logins.get(slot);
       if (l.expires_ms - Date.now() < margin) await refresh(slot, l.access);
       let path = req.url || '/';
+      // A login's own API (codex: chatgpt.com/backend-api/codex) has no `/v1` where the
+      // CLI's base URL has one.
+      const cp = config.cli_prefix;
+      if (cp && path.startsWith(cp + '/')) path = path.slice(cp.length);
       if (base && !path.startsWith(base + '/') && path !== base) path = base + path;
       const send = (retry) => {
         const access = l.access;

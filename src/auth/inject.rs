@@ -83,26 +83,66 @@ fn json_set(v: &mut serde_json::Value, path: &str, new: serde_json::Value) -> bo
     }
 }
 
-/// The login file the CLI gets instead of `real`: `placeholder` as its access token, a
-/// placeholder refresh token and a far expiry (the rest, such as scopes and the
-/// subscription type, as stored). `None` when `real` is not a login of `spec`'s shape.
+/// A JWT of `real`'s header and claims, with `exp` far off and `signature` for its signature
+/// (unsigned: the CLI only decodes it). `None` when `real` is no JWT.
+fn placeholder_jwt(real: &str, signature: &str) -> Option<String> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut parts = real.split('.');
+    let (header, payload) = (parts.next()?, parts.next()?);
+    let mut claims: serde_json::Value = serde_json::from_slice(&b64.decode(payload).ok()?).ok()?;
+    claims
+        .as_object_mut()?
+        .insert("exp".into(), PLACEHOLDER_EXPIRY_SECS.into());
+    let payload = b64.encode(serde_json::to_vec(&claims).ok()?);
+    Some(format!("{header}.{payload}.{signature}"))
+}
+
+/// The login file the CLI gets instead of `real`, and its placeholder access token (made of
+/// `stand_in`): no real token, a far expiry (a JWT-shaped access or identity token keeps its
+/// claims, with a far `exp`), a fresh `last_refresh`; the rest, such as scopes and the
+/// subscription type, as stored. `None` when `real` is not a login of `spec`'s shape.
 pub fn placeholder_login(
     spec: &crate::auth::spec::OAuthSpec,
     real: &[u8],
-    placeholder: &str,
-) -> Option<Vec<u8>> {
+    stand_in: &str,
+) -> Option<(Vec<u8>, String)> {
     let mut v: serde_json::Value = serde_json::from_slice(real).ok()?;
-    json_at(&v, &spec.access)?.as_str()?;
+    let access = json_at(&v, &spec.access)?.as_str()?.to_string();
     json_at(&v, &spec.refresh)?.as_str()?;
-    let expiry = match spec.expiry_unit.as_str() {
-        "ms" => PLACEHOLDER_EXPIRY_SECS * 1000,
-        _ => PLACEHOLDER_EXPIRY_SECS,
-    };
     let refresh = format!("{PLACEHOLDER_MARK}-refresh-not-a-token");
-    let ok = json_set(&mut v, &spec.access, placeholder.into())
-        && json_set(&mut v, &spec.refresh, refresh.into())
-        && json_set(&mut v, &spec.expiry, expiry.into());
-    ok.then(|| serde_json::to_vec(&v).ok()).flatten()
+    let placeholder = match spec.expiry_unit.as_str() {
+        "jwt" => placeholder_jwt(&access, stand_in)?,
+        _ => stand_in.to_string(),
+    };
+    let mut ok = json_set(&mut v, &spec.access, placeholder.clone().into())
+        && json_set(&mut v, &spec.refresh, refresh.into());
+    match spec.expiry_unit.as_str() {
+        "jwt" => {}
+        "ms" => {
+            ok &= json_set(
+                &mut v,
+                &spec.expiry,
+                (PLACEHOLDER_EXPIRY_SECS * 1000).into(),
+            )
+        }
+        _ => ok &= json_set(&mut v, &spec.expiry, PLACEHOLDER_EXPIRY_SECS.into()),
+    }
+    if let Some(path) = &spec.id_token {
+        let id = json_at(&v, path)
+            .and_then(|t| t.as_str())
+            .map(str::to_string);
+        if let Some(id) = id {
+            let fake = placeholder_jwt(&id, &format!("{PLACEHOLDER_MARK}-id"))?;
+            ok &= json_set(&mut v, path, fake.into());
+        }
+    }
+    if let Some(path) = &spec.last_refresh {
+        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        ok &= json_set(&mut v, path, now.into());
+    }
+    ok.then(|| Some((serde_json::to_vec(&v).ok()?, placeholder)))
+        .flatten()
 }
 
 /// `stored` with the tokens of a refresh: `None` unless its refresh token is `previous`
@@ -111,22 +151,43 @@ pub fn refreshed_login(
     spec: &crate::auth::spec::OAuthSpec,
     stored: &[u8],
     previous: &str,
-    access: &str,
-    refresh: &str,
-    expires_ms: u64,
+    tokens: &RefreshedTokens,
 ) -> Option<Vec<u8>> {
     let mut v: serde_json::Value = serde_json::from_slice(stored).ok()?;
     if json_at(&v, &spec.refresh)?.as_str()? != previous {
         return None;
     }
-    let expiry = match spec.expiry_unit.as_str() {
-        "ms" => expires_ms,
-        _ => expires_ms / 1000,
-    };
-    let ok = json_set(&mut v, &spec.access, access.into())
-        && json_set(&mut v, &spec.refresh, refresh.into())
-        && json_set(&mut v, &spec.expiry, expiry.into());
+    let mut ok = json_set(&mut v, &spec.access, tokens.access.as_str().into())
+        && json_set(&mut v, &spec.refresh, tokens.refresh.as_str().into());
+    match spec.expiry_unit.as_str() {
+        "jwt" => {}
+        "ms" => ok &= json_set(&mut v, &spec.expiry, tokens.expires_ms.into()),
+        _ => ok &= json_set(&mut v, &spec.expiry, (tokens.expires_ms / 1000).into()),
+    }
+    if let (Some(path), Some(id)) = (&spec.id_token, &tokens.id_token) {
+        ok &= json_set(&mut v, path, id.as_str().into());
+    }
+    if let Some(path) = &spec.last_refresh {
+        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        ok &= json_set(&mut v, path, now.into());
+    }
     ok.then(|| serde_json::to_vec(&v).ok()).flatten()
+}
+
+/// The tokens a broker's refresh gave.
+pub struct RefreshedTokens {
+    pub access: String,
+    pub refresh: String,
+    pub id_token: Option<String>,
+    pub expires_ms: u64,
+}
+
+impl std::fmt::Debug for RefreshedTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RefreshedTokens")
+            .field("expires_ms", &self.expires_ms)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for Prepared {
@@ -208,14 +269,14 @@ pub fn prepare_as(
     // A login the broker can hold (an OAuth spec, a file of its shape, and no other
     // credential file) is brokered; any other file keeps the whole turn injected.
     let mut logins = Vec::new();
-    if let (true, Some(o)) = (broker, &spec.oauth) {
+    if let (true, Some(o)) = (broker, spec.oauth.as_ref().filter(|o| o.brokered)) {
         let others = spec
             .home_targets()
             .iter()
             .any(|t| *t != o.target && store.file(p, t).is_some());
         if let Some(real) = store.file(p, &o.target).filter(|_| !others) {
             let stand_in = format!("{}{}", o.placeholder_prefix, uuid::Uuid::new_v4().simple());
-            if let Some(file) = placeholder_login(o, real.expose(), &stand_in) {
+            if let Some((file, stand_in)) = placeholder_login(o, real.expose(), &stand_in) {
                 files.push((format!("{AUTH_SUBDIR}/home/{}", o.target), file));
                 logins.push(BrokeredLogin {
                     placeholder: stand_in,
@@ -354,8 +415,10 @@ mod tests {
     #[test]
     fn a_placeholder_login_holds_no_real_token_and_never_expires() {
         let spec = Spec::of(ProviderKind::ClaudeCode).oauth.unwrap();
-        let file = placeholder_login(&spec, LOGIN.as_bytes(), "sk-ant-oat01-cawbox-placeholder-1")
-            .unwrap();
+        let (file, placeholder) =
+            placeholder_login(&spec, LOGIN.as_bytes(), "sk-ant-oat01-cawbox-placeholder-1")
+                .unwrap();
+        assert_eq!(placeholder, "sk-ant-oat01-cawbox-placeholder-1");
         let text = String::from_utf8(file).unwrap();
         assert!(
             !text.contains("real-a") && !text.contains("real-r"),
@@ -376,16 +439,61 @@ mod tests {
     }
 
     #[test]
+    fn a_codex_placeholder_keeps_the_jwt_claims_with_a_far_expiry() {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let claims =
+            b64.encode(br#"{"exp":1,"https://api.openai.com/auth":{"chatgpt_account_id":"acct"}}"#);
+        let real = format!(
+            r#"{{"tokens":{{"access_token":"h.{claims}.realsig","id_token":"h.{claims}.realidsig","refresh_token":"rt","account_id":"acct"}},"last_refresh":"2020-01-01T00:00:00Z"}}"#
+        );
+        let spec = Spec::of(ProviderKind::Codex).oauth.unwrap();
+        let (file, placeholder) =
+            placeholder_login(&spec, real.as_bytes(), "cawbox-placeholder-7").unwrap();
+        let text = String::from_utf8(file).unwrap();
+        assert!(
+            !text.contains("realsig") && !text.contains("realidsig") && !text.contains("\"rt\"")
+        );
+        assert!(
+            placeholder.ends_with(".cawbox-placeholder-7"),
+            "{placeholder}"
+        );
+        assert_eq!(
+            crate::auth::spec::jwt_exp(&placeholder),
+            Some(PLACEHOLDER_EXPIRY_SECS)
+        );
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["tokens"]["access_token"], placeholder.as_str());
+        assert_ne!(v["last_refresh"], "2020-01-01T00:00:00Z");
+        let claims = placeholder.split('.').nth(1).unwrap();
+        let claims: serde_json::Value =
+            serde_json::from_slice(&b64.decode(claims).unwrap()).unwrap();
+        assert_eq!(
+            claims["https://api.openai.com/auth"]["chatgpt_account_id"],
+            "acct"
+        );
+        // Known, not brokered yet: a codex login stays injected.
+        assert!(!spec.brokered);
+    }
+
+    #[test]
     fn a_refresh_is_stored_only_over_the_login_it_replaces() {
         let spec = Spec::of(ProviderKind::ClaudeCode).oauth.unwrap();
-        let new = refreshed_login(&spec, LOGIN.as_bytes(), "real-r", "a2", "r2", 42).unwrap();
+        let tokens = |a: &str, r: &str, ms| RefreshedTokens {
+            access: a.into(),
+            refresh: r.into(),
+            id_token: None,
+            expires_ms: ms,
+        };
+        let new =
+            refreshed_login(&spec, LOGIN.as_bytes(), "real-r", &tokens("a2", "r2", 42)).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&new).unwrap();
         assert_eq!(v["claudeAiOauth"]["accessToken"], "a2");
         assert_eq!(v["claudeAiOauth"]["refreshToken"], "r2");
         assert_eq!(v["claudeAiOauth"]["expiresAt"], 42);
         assert_eq!(v["claudeAiOauth"]["subscriptionType"], "max");
         // Another process stored a newer login meanwhile: left alone.
-        assert!(refreshed_login(&spec, &new, "real-r", "a3", "r3", 43).is_none());
+        assert!(refreshed_login(&spec, &new, "real-r", &tokens("a3", "r3", 43)).is_none());
     }
 
     #[test]

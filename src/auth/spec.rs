@@ -44,9 +44,22 @@ pub struct OAuthSpec {
     /// Dotted JSON paths in the login file.
     pub access: String,
     pub refresh: String,
+    /// Where the expiry sits: a number (`expiry_unit` `ms` or `s`, epoch), or, with
+    /// `expiry_unit` `jwt`, the JWT whose `exp` claim it is (then the access token's path).
     pub expiry: String,
-    /// `ms` or `s` (epoch).
     pub expiry_unit: String,
+    /// A JWT identity token the CLI decodes (its claims kept in the placeholder's).
+    #[serde(default)]
+    pub id_token: Option<String>,
+    /// When the CLI last refreshed (RFC 3339): set to now, so it does not refresh by age.
+    #[serde(default)]
+    pub last_refresh: Option<String>,
+    /// The model API a login is used with, when not the API key's (no `--endpoint`), and
+    /// the path prefix the CLI puts before its paths (replaced by the upstream's path).
+    #[serde(default)]
+    pub upstream: Option<String>,
+    #[serde(default)]
+    pub cli_prefix: Option<String>,
     /// Where the login lists its scopes (sent back on refresh), and the CLI's default.
     #[serde(default)]
     pub scopes: Option<String>,
@@ -54,6 +67,14 @@ pub struct OAuthSpec {
     pub default_scope: Option<String>,
     /// The placeholder access token's prefix (the shape of the vendor's tokens).
     pub placeholder_prefix: String,
+    /// Whether logins are brokered (`false`: the data is known, the login stays injected;
+    /// why, in tests/fixtures/README.md).
+    #[serde(default = "yes")]
+    pub brokered: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The broker's data of a vendor in API-key mode (evidence: tests/fixtures/README.md).

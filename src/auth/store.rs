@@ -525,9 +525,7 @@ pub fn store_refresh(
     store: &Store,
     p: ProviderKind,
     previous: &str,
-    access: &str,
-    refresh: &str,
-    expires_ms: u64,
+    tokens: &crate::auth::inject::RefreshedTokens,
 ) -> Result<bool> {
     let spec = Spec::of(p);
     let Some(o) = &spec.oauth else {
@@ -537,14 +535,8 @@ pub fn store_refresh(
     let Some(stored) = store.file(p, &o.target) else {
         return Ok(false);
     };
-    let Some(fresh) = crate::auth::inject::refreshed_login(
-        o,
-        stored.expose(),
-        previous,
-        access,
-        refresh,
-        expires_ms,
-    ) else {
+    let Some(fresh) = crate::auth::inject::refreshed_login(o, stored.expose(), previous, tokens)
+    else {
         return Ok(false);
     };
     let fresh = Secret::new(fresh);
@@ -555,7 +547,11 @@ pub fn store_refresh(
         let item = Item {
             refreshed_at: Some(now),
             sha256: sha256_hex(fresh.expose()),
-            expires_at: Some(expires_ms / 1000),
+            expires_at: spec
+                .expiry_of(&o.target)
+                .map_or(Some(tokens.expires_ms / 1000), |r| {
+                    spec::expiry_secs(r, fresh.expose())
+                }),
             ..i.clone()
         };
         manifest.upsert(item);

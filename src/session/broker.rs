@@ -145,6 +145,21 @@ async fn lock_brokers() -> Result<BrokerLock> {
     .map_err(|e| Error::environment(format!("locking the brokers failed: {e}")))?
 }
 
+/// Where the broker forwards to: the `--endpoint` URL, else the vendor's API for a login
+/// (with the path prefix the CLI puts before its paths there), else the API key's.
+fn upstream_of(record: &SessionRecord, logins: &[BrokeredLogin]) -> (String, Option<String>) {
+    if let Some(e) = &record.settings.endpoint {
+        return (e.clone(), None);
+    }
+    let oauth = crate::auth::spec::Spec::of(record.provider).oauth;
+    match oauth {
+        Some(o) if !logins.is_empty() && o.upstream.is_some() => {
+            (o.upstream.unwrap_or_default(), o.cli_prefix)
+        }
+        _ => (default_upstream(record.provider), None),
+    }
+}
+
 /// How near its expiry a brokered login is refreshed (`CAW_BOX_BROKER_MARGIN`, seconds;
 /// 300 by default, as the CLIs themselves do).
 fn margin_ms() -> u64 {
@@ -185,13 +200,18 @@ fn login_slots(
             continue;
         };
         let text = |path: &str| json_at(&v, path).and_then(|x| x.as_str()).unwrap_or("");
-        let expiry = json_at(&v, &o.expiry)
-            .and_then(serde_json::Value::as_u64)
-            .unwrap_or(0);
-        let expires_ms = if o.expiry_unit == "ms" {
-            expiry
-        } else {
-            expiry * 1000
+        let expires_ms = match o.expiry_unit.as_str() {
+            "jwt" => crate::auth::spec::jwt_exp(text(&o.expiry)).unwrap_or(0) * 1000,
+            unit => {
+                let n = json_at(&v, &o.expiry)
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0);
+                if unit == "ms" {
+                    n
+                } else {
+                    n * 1000
+                }
+            }
         };
         let scope = o
             .scopes
@@ -285,19 +305,21 @@ impl LoginWatch {
                 tracing::warn!("the credential broker reported a login caw-box cannot open");
                 continue;
             };
-            let field = |k: &str| t.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
-            let (previous, access, refresh) =
-                (field("previous"), field("access"), field("refresh"));
-            let expires_ms = t
-                .get("expires_ms")
-                .and_then(serde_json::Value::as_u64)
-                .unwrap_or(0);
+            let field = |k: &str| t.get(k).and_then(|v| v.as_str()).map(str::to_string);
+            let previous = field("previous").unwrap_or_default();
+            let tokens = crate::auth::inject::RefreshedTokens {
+                access: field("access").unwrap_or_default(),
+                refresh: field("refresh").unwrap_or_default(),
+                id_token: field("id_token"),
+                expires_ms: t
+                    .get("expires_ms")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0),
+            };
             let p = self.provider;
             let stored = tokio::task::spawn_blocking(move || {
                 let store = crate::auth::store::Store::open()?;
-                crate::auth::store::store_refresh(
-                    &store, p, &previous, &access, &refresh, expires_ms,
-                )
+                crate::auth::store::store_refresh(&store, p, &previous, &tokens)
             })
             .await;
             match stored {
@@ -362,15 +384,15 @@ impl Broker {
             (None, NetworkPolicy::Named(_)) => (outer.clone(), None, None),
             (None, NetworkPolicy::Default) => (NetworkPolicy::Named(net.clone()), None, Some(net)),
         };
-        let upstream = record
-            .settings
-            .endpoint
-            .clone()
-            .unwrap_or_else(|| default_upstream(record.provider));
+        let (upstream, cli_prefix) = upstream_of(record, logins);
         let places = crate::auth::spec::Spec::of(record.provider)
             .broker
             .key_places;
-        let path = url_path(&upstream);
+        let path = if cli_prefix.is_some() {
+            String::new()
+        } else {
+            url_path(&upstream)
+        };
         let mut map = serde_json::Map::new();
         for (placeholder, real) in keys {
             let real = String::from_utf8_lossy(real.expose()).into_owned();
@@ -387,7 +409,8 @@ impl Broker {
         let line = serde_json::json!({
             "script": SCRIPT,
             "config": {"port": BROKER_PORT, "upstream": upstream, "places": places, "keys": map,
-                       "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms()},
+                       "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms(),
+                       "cli_prefix": cli_prefix},
         });
         let mut bytes = serde_json::to_vec(&line).ok()?;
         bytes.push(b'\n');
@@ -418,11 +441,7 @@ impl Broker {
         salt: fn() -> Result<Vec<u8>>,
     ) -> Option<Broker> {
         use sha2::{Digest, Sha256};
-        let upstream = record
-            .settings
-            .endpoint
-            .clone()
-            .unwrap_or_else(|| default_upstream(record.provider));
+        let (upstream, cli_prefix) = upstream_of(record, logins);
         let mut reals: Vec<&[u8]> = keys.iter().map(|(_, r)| r.expose()).collect();
         reals.sort();
         reals.dedup();
@@ -485,7 +504,11 @@ impl Broker {
         let places = crate::auth::spec::Spec::of(record.provider)
             .broker
             .key_places;
-        let path = url_path(&upstream);
+        let path = if cli_prefix.is_some() {
+            String::new()
+        } else {
+            url_path(&upstream)
+        };
         let mut n = 0;
         let oauth = login_slots(record.provider, logins, |_| {
             n += 1;
@@ -496,7 +519,8 @@ impl Broker {
             "script": SCRIPT,
             "config": {"port": BROKER_PORT, "upstream": upstream, "places": places, "keys": map,
                        "shared": true, "idle_ms": idle_ms(),
-                       "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms()},
+                       "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms(),
+                       "cli_prefix": cli_prefix},
         });
         let mut bytes = serde_json::to_vec(&line).ok()?;
         bytes.push(b'\n');
