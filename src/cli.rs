@@ -19,10 +19,11 @@ Examples:
   caw-box run --provider opencode --on-limit wait --max-wait 30m \"fix it\"   # wait out a limit
   caw-box run --provider codex --on-limit fallback=claude,gemini \"fix it\"    # or go elsewhere
 
-A collected API key never enters the agent's container: the CLI gets a placeholder, and a
-credential broker outside it adds the real key on the way to the model (--credentials
-inject hands the CLI the real key through a private file instead; logins kept in files,
---network none|host and the kubernetes backend are always injected for now).
+A collected API key or Claude login never enters the agent's container: the CLI gets a
+placeholder, and a credential broker outside it adds the real key (or access token, which it
+refreshes) on the way to the model (--credentials inject hands the CLI the real ones through
+a private file instead; other logins kept in files, --network none|host and the kubernetes
+backend are always injected for now).
 
 Settings not given as flags come from CAW_BOX_* variables, then the project's .caw-box.toml,
 then ~/.config/caw-box/config.toml: `caw-box config show` says which.";
@@ -373,11 +374,13 @@ pub struct TurnArgs {
     /// Start the turn in the background, print the session id, and return at once.
     #[arg(short, long)]
     pub detach: bool,
-    /// `broker` (default where it works): a collected API key stays outside the agent's
-    /// container; the CLI gets a placeholder, and a credential broker (one per network and
-    /// key, shared by the turns there) adds the real key on the way to the model. `inject`:
-    /// the real credentials reach the CLI through a private file (always so for logins kept
-    /// in files, `--network none|host` and the kubernetes backend, for now).
+    /// `broker` (default where it works): a collected API key or Claude login
+    /// (`.credentials.json`, Keychain) stays outside the agent's container; the CLI gets a
+    /// placeholder, and a credential broker (one per network and key, shared by the turns
+    /// there) adds the real key on the way to the model, and refreshes the login for all of
+    /// them. `inject`: the real credentials reach the CLI through a private file (always so
+    /// for codex, gemini and opencode logins, `--network none|host` and the kubernetes
+    /// backend, for now).
     #[arg(long, value_enum, value_name = "MODE", env = "CAW_BOX_CREDENTIALS")]
     pub credentials: Option<CredentialsArg>,
     /// When the vendor's usage or rate limit stops the turn: `fail` (exit 5, the default),

@@ -21,6 +21,16 @@
 // placeholder swapped; a value that is not a placeholder passes unchanged (a key the user
 // gave the agent with --env still works).
 //
+// OAuth logins (`oauth`: {"<slot>": {access, refresh, expires_ms, token_url, client_id,
+// body, scope}}, placeholders leased like keys, or, for a turn's own broker, slots named
+// by their placeholder): the broker swaps the placeholder access token for the real one,
+// refreshes it when it is within `margin_ms` of expiry or the upstream answers 401 (once
+// for all concurrent requests: one refresh in flight per login, and never again for an
+// access token that was already replaced), retries the request once, and reports the new
+// tokens on stdout sealed (AES-256-GCM with the `seal` key, which only caw-box holds):
+//   caw-box-broker login <slot> <base64 of iv | ciphertext | tag>
+// so the caw-box processes attached store them (under the store's lock).
+//
 // caw-box ships this file on the broker container's stdin too (the container runs a small
 // loader with `node -e`), so the broker always matches the caw-box that started it.
 'use strict';
@@ -29,6 +39,7 @@ module.exports = function broker(config, rest) {
   const https = require('https');
   const upstream = new URL(config.upstream);
   const keys = new Map(Object.entries(config.keys || {}));
+  const logins = new Map(Object.entries(config.oauth || {}));
   const shared = config.shared === true;
   // placeholder -> slot, for the leases that hold (shared brokers).
   const aliases = new Map();
@@ -76,7 +87,7 @@ module.exports = function broker(config, rest) {
       const placeholders = old ? old.placeholders : [];
       for (const pair of args) {
         const i = pair.indexOf('=');
-        if (i <= 0 || !keys.has(pair.slice(i + 1))) continue;
+        if (i <= 0 || !(keys.has(pair.slice(i + 1)) || logins.has(pair.slice(i + 1)))) continue;
         aliases.set(pair.slice(0, i), pair.slice(i + 1));
         placeholders.push(pair.slice(0, i));
       }
@@ -115,6 +126,8 @@ module.exports = function broker(config, rest) {
   }
 
   const server = http.createServer((req, res) => {
+    const slot = loginOf(req);
+    if (slot !== undefined) return viaLogin(req, res, slot);
     const headers = {};
     for (const [k, v] of Object.entries(req.headers)) {
       if (HOP.includes(k)) continue;
@@ -160,6 +173,129 @@ module.exports = function broker(config, rest) {
     req.pipe(out);
     req.on('aborted', () => out.destroy());
   });
+  // --- OAuth logins ---
+  const crypto = require('crypto');
+  const margin = Number(config.margin_ms) || 300000;
+  const inflight = new Map();
+
+  // The login slot whose placeholder a request carries (as `Bearer <placeholder>`).
+  function loginOf(req) {
+    for (const k of headerPlaces) {
+      const v = req.headers[k];
+      if (typeof v !== 'string') continue;
+      const m = /^(?:Bearer\s+)?(.*)$/i.exec(v);
+      const s = shared ? aliases.get(m[1]) : m[1];
+      if (s !== undefined && logins.has(s)) return s;
+    }
+    return undefined;
+  }
+
+  function seal(obj) {
+    const iv = crypto.randomBytes(12);
+    const c = crypto.createCipheriv('aes-256-gcm', Buffer.from(config.seal, 'hex'), iv);
+    const ct = Buffer.concat([c.update(JSON.stringify(obj)), c.final()]);
+    return Buffer.concat([iv, ct, c.getAuthTag()]).toString('base64');
+  }
+
+  function post(url, body, type) {
+    return new Promise((resolve, reject) => {
+      const u = new URL(url);
+      const r = (u.protocol === 'https:' ? https : http).request(
+        { method: 'POST', hostname: u.hostname, port: u.port || (u.protocol === 'https:' ? 443 : 80),
+          path: u.pathname + u.search, servername: u.hostname,
+          headers: { 'content-type': type, 'content-length': Buffer.byteLength(body) } },
+        (up) => {
+          const parts = [];
+          up.on('data', (d) => parts.push(d));
+          up.on('end', () => resolve({ status: up.statusCode, body: Buffer.concat(parts).toString() }));
+        });
+      r.on('error', reject);
+      r.setTimeout(30000, () => r.destroy(new Error('timeout')));
+      r.end(body);
+    });
+  }
+
+  // Refreshes `slot` unless its access token is no longer `stale` (another request did).
+  function refresh(slot, stale) {
+    const l = logins.get(slot);
+    if (l.access !== stale) return Promise.resolve();
+    if (inflight.has(slot)) return inflight.get(slot);
+    const p = (async () => {
+      const fields = { grant_type: 'refresh_token', refresh_token: l.refresh, client_id: l.client_id };
+      if (l.scope) fields.scope = l.scope;
+      const form = l.body === 'form';
+      const body = form ? new URLSearchParams(fields).toString() : JSON.stringify(fields);
+      const type = form ? 'application/x-www-form-urlencoded' : 'application/json';
+      const r = await post(l.token_url, body, type);
+      if (r.status !== 200) throw new Error(`token endpoint answered ${r.status}`);
+      const t = JSON.parse(r.body);
+      if (typeof t.access_token !== 'string') throw new Error('no access_token in the answer');
+      const previous = l.refresh;
+      l.access = t.access_token;
+      if (typeof t.refresh_token === 'string') l.refresh = t.refresh_token;
+      l.expires_ms = Date.now() + (Number(t.expires_in) || 3600) * 1000;
+      if (typeof t.id_token === 'string') l.id_token = t.id_token;
+      const sealed = seal({ previous, access: l.access, refresh: l.refresh,
+                            expires_ms: l.expires_ms, id_token: l.id_token });
+      process.stdout.write(`caw-box-broker login ${slot} ${sealed}\n`);
+    })().catch((e) => {
+      process.stderr.write(`caw-box-broker: refresh failed: ${e.message}\n`);
+    }).finally(() => inflight.delete(slot));
+    inflight.set(slot, p);
+    return p;
+  }
+
+  function viaLogin(req, res, slot) {
+    const parts = [];
+    req.on('data', (d) => parts.push(d));
+    req.on('end', async () => {
+      const body = Buffer.concat(parts);
+      const l = logins.get(slot);
+      if (l.expires_ms - Date.now() < margin) await refresh(slot, l.access);
+      let path = req.url || '/';
+      // A login's own API (codex: chatgpt.com/backend-api/codex) has no `/v1` where the
+      // CLI's base URL has one.
+      const cp = config.cli_prefix;
+      if (cp && path.startsWith(cp + '/')) path = path.slice(cp.length);
+      if (base && !path.startsWith(base + '/') && path !== base) path = base + path;
+      const send = (retry) => {
+        const access = l.access;
+        const headers = {};
+        for (const [k, v] of Object.entries(req.headers)) {
+          if (HOP.includes(k) || k === 'content-length') continue;
+          headers[k] = headerPlaces.includes(k) && loginOf({ headers: { [k]: v } }) !== undefined
+            ? `Bearer ${access}` : v;
+        }
+        headers['content-length'] = body.length;
+        const out = client.request(
+          { protocol: upstream.protocol, hostname: upstream.hostname,
+            port: upstream.port || (upstream.protocol === 'https:' ? 443 : 80),
+            method: req.method, path, headers: { ...headers, host: upstream.host },
+            servername: upstream.hostname },
+          (up) => {
+            if (up.statusCode === 401 && retry) {
+              up.resume();
+              refresh(slot, access).then(() => send(false));
+              return;
+            }
+            const h = { ...up.headers };
+            delete h.connection;
+            delete h['keep-alive'];
+            delete h['transfer-encoding'];
+            res.writeHead(up.statusCode || 502, h);
+            up.pipe(res);
+          });
+        out.on('error', (e) => {
+          process.stderr.write(`caw-box-broker: ${req.method} upstream error: ${e.code || e.message}\n`);
+          res.destroy();
+          req.socket.destroy();
+        });
+        out.end(body);
+      };
+      send(true);
+    });
+  }
+
   server.keepAliveTimeout = 65000;
   server.listen(config.port || 8080, '0.0.0.0', () => {
     process.stdout.write('caw-box-broker ready\n');

@@ -30,6 +30,164 @@ pub struct Prepared {
     /// Brokered keys: each placeholder the CLI got (in `auth/env`) and the real key the
     /// broker puts in its place. Empty when the turn's credentials are injected.
     pub brokered: Vec<(String, Secret)>,
+    /// Brokered OAuth logins: the CLI got a placeholder login file (see [`placeholder_login`]).
+    pub logins: Vec<BrokeredLogin>,
+}
+
+/// An OAuth login the broker holds for a turn: the CLI's file has `placeholder` as its
+/// access token, no refresh token and a far expiry; the broker swaps the placeholder for
+/// the real access token and refreshes it.
+pub struct BrokeredLogin {
+    pub placeholder: String,
+    /// The login file under HOME (as stored).
+    pub target: String,
+    /// The stored login file (the real tokens).
+    pub real: Secret,
+}
+
+impl std::fmt::Debug for BrokeredLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokeredLogin")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The expiry a placeholder login states: 2100-01-01, so the CLI never refreshes it.
+pub const PLACEHOLDER_EXPIRY_SECS: u64 = 4_102_444_800;
+
+/// What every placeholder (key or login token) contains: write-back never stores a file
+/// holding it.
+pub const PLACEHOLDER_MARK: &str = "cawbox-placeholder";
+
+/// The value at a dotted JSON path.
+pub fn json_at<'a>(v: &'a serde_json::Value, path: &str) -> Option<&'a serde_json::Value> {
+    path.split('.').try_fold(v, |v, k| v.get(k))
+}
+
+fn json_set(v: &mut serde_json::Value, path: &str, new: serde_json::Value) -> bool {
+    let mut cur = v;
+    let parts: Vec<&str> = path.split('.').collect();
+    for k in &parts[..parts.len() - 1] {
+        match cur.get_mut(*k) {
+            Some(next) => cur = next,
+            None => return false,
+        }
+    }
+    match cur.as_object_mut() {
+        Some(o) => {
+            o.insert(parts[parts.len() - 1].to_string(), new);
+            true
+        }
+        None => false,
+    }
+}
+
+/// A JWT of `real`'s header and claims, with `exp` far off and `signature` for its signature
+/// (unsigned: the CLI only decodes it). `None` when `real` is no JWT.
+fn placeholder_jwt(real: &str, signature: &str) -> Option<String> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut parts = real.split('.');
+    let (header, payload) = (parts.next()?, parts.next()?);
+    let mut claims: serde_json::Value = serde_json::from_slice(&b64.decode(payload).ok()?).ok()?;
+    claims
+        .as_object_mut()?
+        .insert("exp".into(), PLACEHOLDER_EXPIRY_SECS.into());
+    let payload = b64.encode(serde_json::to_vec(&claims).ok()?);
+    Some(format!("{header}.{payload}.{signature}"))
+}
+
+/// The login file the CLI gets instead of `real`, and its placeholder access token (made of
+/// `stand_in`): no real token, a far expiry (a JWT-shaped access or identity token keeps its
+/// claims, with a far `exp`), a fresh `last_refresh`; the rest, such as scopes and the
+/// subscription type, as stored. `None` when `real` is not a login of `spec`'s shape.
+pub fn placeholder_login(
+    spec: &crate::auth::spec::OAuthSpec,
+    real: &[u8],
+    stand_in: &str,
+) -> Option<(Vec<u8>, String)> {
+    let mut v: serde_json::Value = serde_json::from_slice(real).ok()?;
+    let access = json_at(&v, &spec.access)?.as_str()?.to_string();
+    json_at(&v, &spec.refresh)?.as_str()?;
+    let refresh = format!("{PLACEHOLDER_MARK}-refresh-not-a-token");
+    let placeholder = match spec.expiry_unit.as_str() {
+        "jwt" => placeholder_jwt(&access, stand_in)?,
+        _ => stand_in.to_string(),
+    };
+    let mut ok = json_set(&mut v, &spec.access, placeholder.clone().into())
+        && json_set(&mut v, &spec.refresh, refresh.into());
+    match spec.expiry_unit.as_str() {
+        "jwt" => {}
+        "ms" => {
+            ok &= json_set(
+                &mut v,
+                &spec.expiry,
+                (PLACEHOLDER_EXPIRY_SECS * 1000).into(),
+            )
+        }
+        _ => ok &= json_set(&mut v, &spec.expiry, PLACEHOLDER_EXPIRY_SECS.into()),
+    }
+    if let Some(path) = &spec.id_token {
+        let id = json_at(&v, path)
+            .and_then(|t| t.as_str())
+            .map(str::to_string);
+        if let Some(id) = id {
+            let fake = placeholder_jwt(&id, &format!("{PLACEHOLDER_MARK}-id"))?;
+            ok &= json_set(&mut v, path, fake.into());
+        }
+    }
+    if let Some(path) = &spec.last_refresh {
+        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        ok &= json_set(&mut v, path, now.into());
+    }
+    ok.then(|| Some((serde_json::to_vec(&v).ok()?, placeholder)))
+        .flatten()
+}
+
+/// `stored` with the tokens of a refresh: `None` unless its refresh token is `previous`
+/// (another process stored a newer login meanwhile, or it is not a login).
+pub fn refreshed_login(
+    spec: &crate::auth::spec::OAuthSpec,
+    stored: &[u8],
+    previous: &str,
+    tokens: &RefreshedTokens,
+) -> Option<Vec<u8>> {
+    let mut v: serde_json::Value = serde_json::from_slice(stored).ok()?;
+    if json_at(&v, &spec.refresh)?.as_str()? != previous {
+        return None;
+    }
+    let mut ok = json_set(&mut v, &spec.access, tokens.access.as_str().into())
+        && json_set(&mut v, &spec.refresh, tokens.refresh.as_str().into());
+    match spec.expiry_unit.as_str() {
+        "jwt" => {}
+        "ms" => ok &= json_set(&mut v, &spec.expiry, tokens.expires_ms.into()),
+        _ => ok &= json_set(&mut v, &spec.expiry, (tokens.expires_ms / 1000).into()),
+    }
+    if let (Some(path), Some(id)) = (&spec.id_token, &tokens.id_token) {
+        ok &= json_set(&mut v, path, id.as_str().into());
+    }
+    if let Some(path) = &spec.last_refresh {
+        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        ok &= json_set(&mut v, path, now.into());
+    }
+    ok.then(|| serde_json::to_vec(&v).ok()).flatten()
+}
+
+/// The tokens a broker's refresh gave.
+pub struct RefreshedTokens {
+    pub access: String,
+    pub refresh: String,
+    pub id_token: Option<String>,
+    pub expires_ms: u64,
+}
+
+impl std::fmt::Debug for RefreshedTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RefreshedTokens")
+            .field("expires_ms", &self.expires_ms)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for Prepared {
@@ -101,9 +259,40 @@ pub fn prepare_as(
         .home_targets()
         .iter()
         .any(|t| store.file(p, t).is_some());
-    let broker = broker && !has_files;
+    let vars = store.env(p);
+    // Only keys the broker knows how to swap; anything else (opencode's whole auth JSON in
+    // OPENCODE_AUTH_CONTENT) keeps the turn injected.
+    let broker = broker
+        && vars
+            .iter()
+            .all(|(k, _)| BROKERED_VARS.contains(&k.as_str()));
+    // A login the broker can hold (an OAuth spec, a file of its shape, and no other
+    // credential file) is brokered; any other file keeps the whole turn injected.
+    let mut logins = Vec::new();
+    if let (true, Some(o)) = (broker, spec.oauth.as_ref().filter(|o| o.brokered)) {
+        let others = spec
+            .home_targets()
+            .iter()
+            .any(|t| *t != o.target && store.file(p, t).is_some());
+        if let Some(real) = store.file(p, &o.target).filter(|_| !others) {
+            let stand_in = format!("{}{}", o.placeholder_prefix, uuid::Uuid::new_v4().simple());
+            if let Some((file, stand_in)) = placeholder_login(o, real.expose(), &stand_in) {
+                files.push((format!("{AUTH_SUBDIR}/home/{}", o.target), file));
+                logins.push(BrokeredLogin {
+                    placeholder: stand_in,
+                    target: o.target.clone(),
+                    real,
+                });
+            }
+        }
+    }
+    let broker =
+        broker && (!has_files || !logins.is_empty()) && (!vars.is_empty() || !logins.is_empty());
     let mut brokered = Vec::new();
     for target in spec.home_targets() {
+        if logins.iter().any(|l| l.target == target) {
+            continue;
+        }
         if let Some(secret) = store.file(p, &target) {
             files.push((
                 format!("{AUTH_SUBDIR}/home/{target}"),
@@ -111,14 +300,6 @@ pub fn prepare_as(
             ));
         }
     }
-    let vars = store.env(p);
-    // Only keys the broker knows how to swap; anything else (opencode's whole auth JSON in
-    // OPENCODE_AUTH_CONTENT) keeps the turn injected.
-    let broker = broker
-        && !vars.is_empty()
-        && vars
-            .iter()
-            .all(|(k, _)| BROKERED_VARS.contains(&k.as_str()));
     let mut names: Vec<String> = turn_env.iter().map(|(k, _)| k.clone()).collect();
     names.extend(vars.iter().map(|(k, _)| k.to_string()));
     if !vars.is_empty() {
@@ -147,6 +328,7 @@ pub fn prepare_as(
         files,
         names,
         brokered,
+        logins,
     })
 }
 
@@ -227,6 +409,92 @@ pub fn finish(p: ProviderKind, home_out: &[u8]) -> Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const LOGIN: &str = r#"{"claudeAiOauth":{"accessToken":"real-a","refreshToken":"real-r","expiresAt":1700000000000,"scopes":["user:inference"],"subscriptionType":"max"}}"#;
+
+    #[test]
+    fn a_placeholder_login_holds_no_real_token_and_never_expires() {
+        let spec = Spec::of(ProviderKind::ClaudeCode).oauth.unwrap();
+        let (file, placeholder) =
+            placeholder_login(&spec, LOGIN.as_bytes(), "sk-ant-oat01-cawbox-placeholder-1")
+                .unwrap();
+        assert_eq!(placeholder, "sk-ant-oat01-cawbox-placeholder-1");
+        let text = String::from_utf8(file).unwrap();
+        assert!(
+            !text.contains("real-a") && !text.contains("real-r"),
+            "{text}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let o = &v["claudeAiOauth"];
+        assert_eq!(o["accessToken"], "sk-ant-oat01-cawbox-placeholder-1");
+        assert_eq!(o["expiresAt"], PLACEHOLDER_EXPIRY_SECS * 1000);
+        assert!(o["refreshToken"]
+            .as_str()
+            .unwrap()
+            .contains(PLACEHOLDER_MARK));
+        // What the CLI reads besides the tokens stays.
+        assert_eq!(o["subscriptionType"], "max");
+        // Not a login of that shape: not brokered.
+        assert!(placeholder_login(&spec, br#"{"OPENAI_API_KEY":"k"}"#, "p").is_none());
+    }
+
+    #[test]
+    fn a_codex_placeholder_keeps_the_jwt_claims_with_a_far_expiry() {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let claims =
+            b64.encode(br#"{"exp":1,"https://api.openai.com/auth":{"chatgpt_account_id":"acct"}}"#);
+        let real = format!(
+            r#"{{"tokens":{{"access_token":"h.{claims}.realsig","id_token":"h.{claims}.realidsig","refresh_token":"rt","account_id":"acct"}},"last_refresh":"2020-01-01T00:00:00Z"}}"#
+        );
+        let spec = Spec::of(ProviderKind::Codex).oauth.unwrap();
+        let (file, placeholder) =
+            placeholder_login(&spec, real.as_bytes(), "cawbox-placeholder-7").unwrap();
+        let text = String::from_utf8(file).unwrap();
+        assert!(
+            !text.contains("realsig") && !text.contains("realidsig") && !text.contains("\"rt\"")
+        );
+        assert!(
+            placeholder.ends_with(".cawbox-placeholder-7"),
+            "{placeholder}"
+        );
+        assert_eq!(
+            crate::auth::spec::jwt_exp(&placeholder),
+            Some(PLACEHOLDER_EXPIRY_SECS)
+        );
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["tokens"]["access_token"], placeholder.as_str());
+        assert_ne!(v["last_refresh"], "2020-01-01T00:00:00Z");
+        let claims = placeholder.split('.').nth(1).unwrap();
+        let claims: serde_json::Value =
+            serde_json::from_slice(&b64.decode(claims).unwrap()).unwrap();
+        assert_eq!(
+            claims["https://api.openai.com/auth"]["chatgpt_account_id"],
+            "acct"
+        );
+        // Known, not brokered yet: a codex login stays injected.
+        assert!(!spec.brokered);
+    }
+
+    #[test]
+    fn a_refresh_is_stored_only_over_the_login_it_replaces() {
+        let spec = Spec::of(ProviderKind::ClaudeCode).oauth.unwrap();
+        let tokens = |a: &str, r: &str, ms| RefreshedTokens {
+            access: a.into(),
+            refresh: r.into(),
+            id_token: None,
+            expires_ms: ms,
+        };
+        let new =
+            refreshed_login(&spec, LOGIN.as_bytes(), "real-r", &tokens("a2", "r2", 42)).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&new).unwrap();
+        assert_eq!(v["claudeAiOauth"]["accessToken"], "a2");
+        assert_eq!(v["claudeAiOauth"]["refreshToken"], "r2");
+        assert_eq!(v["claudeAiOauth"]["expiresAt"], 42);
+        assert_eq!(v["claudeAiOauth"]["subscriptionType"], "max");
+        // Another process stored a newer login meanwhile: left alone.
+        assert!(refreshed_login(&spec, &new, "real-r", &tokens("a3", "r3", 43)).is_none());
+    }
 
     #[test]
     fn placeholders_have_the_vendors_shape_and_are_fresh() {

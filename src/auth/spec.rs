@@ -22,6 +22,59 @@ pub struct Spec {
     pub user_config: Vec<UserConfigSource>,
     /// How the credential broker stands in for this CLI's API key.
     pub broker: BrokerSpec,
+    /// How the broker stands in for this CLI's OAuth login and refreshes it; `None`: the
+    /// login cannot be brokered (it stays injected).
+    #[serde(default)]
+    pub oauth: Option<OAuthSpec>,
+}
+
+/// A vendor's OAuth login as the broker holds it (evidence: tests/fixtures/README.md).
+#[derive(Debug, Clone, Deserialize)]
+pub struct OAuthSpec {
+    /// The login file (its target under HOME).
+    pub target: String,
+    /// Where the CLI sends the access token (as `Bearer`).
+    pub places: Vec<String>,
+    /// The token endpoint refresh posts to.
+    pub token_url: String,
+    /// The CLI's OAuth client id, sent with each refresh.
+    pub client_id: String,
+    /// The refresh body's encoding: `json` or `form`.
+    pub body: String,
+    /// Dotted JSON paths in the login file.
+    pub access: String,
+    pub refresh: String,
+    /// Where the expiry sits: a number (`expiry_unit` `ms` or `s`, epoch), or, with
+    /// `expiry_unit` `jwt`, the JWT whose `exp` claim it is (then the access token's path).
+    pub expiry: String,
+    pub expiry_unit: String,
+    /// A JWT identity token the CLI decodes (its claims kept in the placeholder's).
+    #[serde(default)]
+    pub id_token: Option<String>,
+    /// When the CLI last refreshed (RFC 3339): set to now, so it does not refresh by age.
+    #[serde(default)]
+    pub last_refresh: Option<String>,
+    /// The model API a login is used with, when not the API key's (no `--endpoint`), and
+    /// the path prefix the CLI puts before its paths (replaced by the upstream's path).
+    #[serde(default)]
+    pub upstream: Option<String>,
+    #[serde(default)]
+    pub cli_prefix: Option<String>,
+    /// Where the login lists its scopes (sent back on refresh), and the CLI's default.
+    #[serde(default)]
+    pub scopes: Option<String>,
+    #[serde(default)]
+    pub default_scope: Option<String>,
+    /// The placeholder access token's prefix (the shape of the vendor's tokens).
+    pub placeholder_prefix: String,
+    /// Whether logins are brokered (`false`: the data is known, the login stays injected;
+    /// why, in tests/fixtures/README.md).
+    #[serde(default = "yes")]
+    pub brokered: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The broker's data of a vendor in API-key mode (evidence: tests/fixtures/README.md).

@@ -476,6 +476,11 @@ pub fn write_back(
         let Some(bytes) = changed.get(&target).cloned() else {
             continue;
         };
+        // A brokered turn's placeholder login: the real one stays (the broker refreshes it).
+        let mark = crate::auth::inject::PLACEHOLDER_MARK.as_bytes();
+        if bytes.windows(mark.len()).any(|w| w == mark) {
+            continue;
+        }
         let fresh = Secret::new(bytes);
         let rule = spec.expiry_of(&target);
         let fresh_exp = rule.and_then(|r| spec::expiry_secs(r, fresh.expose()));
@@ -511,4 +516,46 @@ pub fn write_back(
         store.save_manifest(p, &manifest)?;
     }
     Ok(updated)
+}
+
+/// Stores the tokens of a refresh the credential broker made for `p`'s OAuth login, under
+/// the store's lock, if the stored login still has `previous` as its refresh token (else a
+/// newer one is stored already: nothing changes). Returns whether it was stored.
+pub fn store_refresh(
+    store: &Store,
+    p: ProviderKind,
+    previous: &str,
+    tokens: &crate::auth::inject::RefreshedTokens,
+) -> Result<bool> {
+    let spec = Spec::of(p);
+    let Some(o) = &spec.oauth else {
+        return Ok(false);
+    };
+    let _lock = store.lock()?;
+    let Some(stored) = store.file(p, &o.target) else {
+        return Ok(false);
+    };
+    let Some(fresh) = crate::auth::inject::refreshed_login(o, stored.expose(), previous, tokens)
+    else {
+        return Ok(false);
+    };
+    let fresh = Secret::new(fresh);
+    store.put_file(p, &o.target, &fresh)?;
+    let mut manifest = store.manifest(p);
+    let now = now_secs();
+    if let Some(i) = manifest.items.iter().find(|i| i.target == o.target) {
+        let item = Item {
+            refreshed_at: Some(now),
+            sha256: sha256_hex(fresh.expose()),
+            expires_at: spec
+                .expiry_of(&o.target)
+                .map_or(Some(tokens.expires_ms / 1000), |r| {
+                    spec::expiry_secs(r, fresh.expose())
+                }),
+            ..i.clone()
+        };
+        manifest.upsert(item);
+        store.save_manifest(p, &manifest)?;
+    }
+    Ok(true)
 }

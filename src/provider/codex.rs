@@ -59,10 +59,26 @@ impl Provider for Codex {
                 (format!("model_providers.{p}.name"), p),
                 (format!("model_providers.{p}.base_url"), base_url.as_str()),
                 (format!("model_providers.{p}.wire_api"), "responses"),
-                (format!("model_providers.{p}.env_key"), "OPENAI_API_KEY"),
             ] {
                 argv.extend(["-c".to_string(), format!("{key}={}", toml_string(value))]);
             }
+            // With no API key, codex's own login (`auth.json`, a ChatGPT login: its access
+            // token as `Bearer`, and `chatgpt-account-id`) is what the provider uses.
+            let keyed = request
+                .credential_env
+                .iter()
+                .any(|n| n == "OPENAI_API_KEY" || n == "CODEX_API_KEY");
+            argv.extend([
+                "-c".to_string(),
+                if keyed {
+                    format!(
+                        "model_providers.{p}.env_key={}",
+                        toml_string("OPENAI_API_KEY")
+                    )
+                } else {
+                    format!("model_providers.{p}.requires_openai_auth=true")
+                },
+            ]);
             // One silent request retry instead of four (~30 s of backoff before codex says
             // anything): a dead endpoint shows as "Reconnecting... waiting for network" after
             // ~10 s, and codex's reconnect loop still retries after that.
@@ -696,6 +712,16 @@ mod tests {
 
     #[test]
     fn endpoint_becomes_a_custom_model_provider() {
+        let keyed = vec!["OPENAI_API_KEY".to_string()];
+        // With no API key, the provider uses codex's own (ChatGPT) login.
+        let login = Codex.turn_command(&TurnRequest {
+            endpoint: Some("http://stub:8080"),
+            ..request("hi")
+        });
+        assert!(login
+            .argv
+            .contains(&"model_providers.caw.requires_openai_auth=true".to_string()));
+        assert!(!login.argv.iter().any(|a| a.contains("env_key")));
         for endpoint in [
             "http://stub:8080",
             "http://stub:8080/",
@@ -704,6 +730,7 @@ mod tests {
             let command = Codex.turn_command(&TurnRequest {
                 endpoint: Some(endpoint),
                 model: Some("gpt-5.5"),
+                credential_env: &keyed,
                 ..request("hi")
             });
             let overrides: Vec<&str> = command

@@ -18,6 +18,7 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use super::turn::image_hint_for;
+use crate::auth::inject::BrokeredLogin;
 use crate::backend::{Backend, HelperSpec, NetworkPolicy, OutputChunk};
 use crate::dirs;
 use crate::error::{Error, Result};
@@ -67,6 +68,9 @@ pub(super) struct Broker {
     pub(super) url: String,
     /// A shared broker's lease for this turn; `None`: the broker is this turn's own.
     shared: Option<Shared>,
+    /// The key the broker seals refreshed tokens with, and whether it holds logins.
+    seal: [u8; 32],
+    logins: bool,
 }
 
 /// This turn's part of a shared broker (see the module docs).
@@ -141,28 +145,229 @@ async fn lock_brokers() -> Result<BrokerLock> {
     .map_err(|e| Error::environment(format!("locking the brokers failed: {e}")))?
 }
 
+/// Where the broker forwards to: the `--endpoint` URL, else the vendor's API for a login
+/// (with the path prefix the CLI puts before its paths there), else the API key's.
+fn upstream_of(record: &SessionRecord, logins: &[BrokeredLogin]) -> (String, Option<String>) {
+    if let Some(e) = &record.settings.endpoint {
+        return (e.clone(), None);
+    }
+    let oauth = crate::auth::spec::Spec::of(record.provider).oauth;
+    match oauth {
+        Some(o) if !logins.is_empty() && o.upstream.is_some() => {
+            (o.upstream.unwrap_or_default(), o.cli_prefix)
+        }
+        _ => (default_upstream(record.provider), None),
+    }
+}
+
+/// How near its expiry a brokered login is refreshed (`CAW_BOX_BROKER_MARGIN`, seconds;
+/// 300 by default, as the CLIs themselves do).
+fn margin_ms() -> u64 {
+    std::env::var("CAW_BOX_BROKER_MARGIN")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(300)
+        .saturating_mul(1000)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The vendor's token endpoint, unless `CAW_BOX_OAUTH_TOKEN_URL` names another (a stub in
+/// tests, a gateway).
+fn token_url(spec: &crate::auth::spec::OAuthSpec) -> String {
+    std::env::var("CAW_BOX_OAUTH_TOKEN_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| spec.token_url.clone())
+}
+
+/// The broker's `oauth` config: each login's real tokens and how to refresh them, under the
+/// slot `name` gives it.
+fn login_slots(
+    p: ProviderKind,
+    logins: &[BrokeredLogin],
+    mut name: impl FnMut(&BrokeredLogin) -> String,
+) -> serde_json::Value {
+    use crate::auth::inject::json_at;
+    let mut out = serde_json::Map::new();
+    let Some(o) = crate::auth::spec::Spec::of(p).oauth else {
+        return out.into();
+    };
+    for l in logins {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(l.real.expose()) else {
+            continue;
+        };
+        let text = |path: &str| json_at(&v, path).and_then(|x| x.as_str()).unwrap_or("");
+        let expires_ms = match o.expiry_unit.as_str() {
+            "jwt" => crate::auth::spec::jwt_exp(text(&o.expiry)).unwrap_or(0) * 1000,
+            unit => {
+                let n = json_at(&v, &o.expiry)
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0);
+                if unit == "ms" {
+                    n
+                } else {
+                    n * 1000
+                }
+            }
+        };
+        let scope = o
+            .scopes
+            .as_deref()
+            .and_then(|path| json_at(&v, path))
+            .and_then(|s| s.as_array().cloned())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .filter(|s| !s.is_empty())
+            .or_else(|| o.default_scope.clone());
+        out.insert(
+            name(l),
+            serde_json::json!({
+                "access": text(&o.access),
+                "refresh": text(&o.refresh),
+                "expires_ms": expires_ms,
+                "token_url": token_url(&o),
+                "client_id": o.client_id,
+                "body": o.body,
+                "scope": scope,
+            }),
+        );
+    }
+    out.into()
+}
+
+/// `places` and, with logins, where the CLI sends its access token.
+fn with_login_places(
+    mut places: Vec<String>,
+    p: ProviderKind,
+    logins: &[BrokeredLogin],
+) -> Vec<String> {
+    if let (false, Some(o)) = (logins.is_empty(), crate::auth::spec::Spec::of(p).oauth) {
+        for place in o.places {
+            if !places.contains(&place) {
+                places.push(place);
+            }
+        }
+    }
+    places
+}
+
+/// Opens a `caw-box-broker login <slot> <sealed>` line with `key`: the refreshed tokens.
+fn open_sealed(key: &[u8; 32], sealed: &str) -> Option<serde_json::Value> {
+    use base64::Engine;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(sealed.trim())
+        .ok()?;
+    if raw.len() < 12 + 16 {
+        return None;
+    }
+    let (iv, rest) = raw.split_at(12);
+    let (ct, tag) = rest.split_at(rest.len() - 16);
+    let plain = openssl::symm::decrypt_aead(
+        openssl::symm::Cipher::aes_256_gcm(),
+        key,
+        Some(iv),
+        &[],
+        ct,
+        tag,
+    )
+    .ok()?;
+    serde_json::from_slice(&plain).ok()
+}
+
+/// Reads a broker's stdout for refreshed logins and stores each (under the store's lock;
+/// only over the login it replaces, so every attached caw-box may try).
+struct LoginWatch {
+    provider: ProviderKind,
+    seal: [u8; 32],
+    seen: Vec<u8>,
+}
+
+impl LoginWatch {
+    async fn take(&mut self, bytes: &[u8]) {
+        self.seen.extend_from_slice(bytes);
+        while let Some(i) = self.seen.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.seen.drain(..=i).collect();
+            let line = String::from_utf8_lossy(&line);
+            let Some(rest) = line.trim().strip_prefix("caw-box-broker login ") else {
+                continue;
+            };
+            let Some((_, sealed)) = rest.split_once(' ') else {
+                continue;
+            };
+            let Some(t) = open_sealed(&self.seal, sealed) else {
+                tracing::warn!("the credential broker reported a login caw-box cannot open");
+                continue;
+            };
+            let field = |k: &str| t.get(k).and_then(|v| v.as_str()).map(str::to_string);
+            let previous = field("previous").unwrap_or_default();
+            let tokens = crate::auth::inject::RefreshedTokens {
+                access: field("access").unwrap_or_default(),
+                refresh: field("refresh").unwrap_or_default(),
+                id_token: field("id_token"),
+                expires_ms: t
+                    .get("expires_ms")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0),
+            };
+            let p = self.provider;
+            let stored = tokio::task::spawn_blocking(move || {
+                let store = crate::auth::store::Store::open()?;
+                crate::auth::store::store_refresh(&store, p, &previous, &tokens)
+            })
+            .await;
+            match stored {
+                Ok(Ok(true)) => {
+                    tracing::info!("stored the {p} login the credential broker refreshed")
+                }
+                Ok(Ok(false)) => tracing::debug!("a newer {p} login is stored already"),
+                Ok(Err(e)) => tracing::warn!("could not store the refreshed {p} login: {e}"),
+                Err(e) => tracing::warn!("could not store the refreshed {p} login: {e}"),
+            }
+        }
+    }
+}
+
 impl Broker {
-    /// The broker for `record`'s turn with `keys` (placeholder, real key), or `None` when
+    /// The broker for `record`'s turn with `keys` (placeholder, real key) and OAuth `logins`, or `None` when
     /// the turn cannot be brokered (`--network none|host`: nothing to put it on).
     /// `shared`: whether the backend can keep a broker for several turns
     /// ([`Backend::keeps_stdin_across_attaches`]); else each turn has its own.
-    pub(super) fn plan(
+    pub(super) fn plan_logins(
         record: &SessionRecord,
         egress_network: Option<&str>,
         keys: &[(String, crate::auth::Secret)],
+        logins: &[BrokeredLogin],
         shared: bool,
     ) -> Option<Broker> {
-        Self::plan_salted(record, egress_network, keys, shared.then_some(salt))
+        Self::plan_salted_logins(record, egress_network, keys, logins, shared.then_some(salt))
     }
 
-    /// [`Broker::plan`], with the salt of shared brokers' names from `salt`.
+    /// [`Broker::plan_logins`], with the salt of shared brokers' names from `salt`.
+    #[cfg(test)]
     fn plan_salted(
         record: &SessionRecord,
         egress_network: Option<&str>,
         keys: &[(String, crate::auth::Secret)],
         salt: Option<fn() -> Result<Vec<u8>>>,
     ) -> Option<Broker> {
-        if keys.is_empty() {
+        Self::plan_salted_logins(record, egress_network, keys, &[], salt)
+    }
+
+    fn plan_salted_logins(
+        record: &SessionRecord,
+        egress_network: Option<&str>,
+        keys: &[(String, crate::auth::Secret)],
+        logins: &[BrokeredLogin],
+        salt: Option<fn() -> Result<Vec<u8>>>,
+    ) -> Option<Broker> {
+        if keys.is_empty() && logins.is_empty() {
             return None;
         }
         let outer = NetworkPolicy::from_setting(&record.settings.network);
@@ -170,7 +375,7 @@ impl Broker {
             return None;
         }
         if let (None, Some(salt)) = (egress_network, salt) {
-            return Self::plan_shared(record, &outer, keys, salt);
+            return Self::plan_shared(record, &outer, keys, logins, salt);
         }
         let (container, net) = names::broker_names(record.session_id, std::process::id());
         let (first, join, own_network) = match (egress_network, &outer) {
@@ -179,27 +384,39 @@ impl Broker {
             (None, NetworkPolicy::Named(_)) => (outer.clone(), None, None),
             (None, NetworkPolicy::Default) => (NetworkPolicy::Named(net.clone()), None, Some(net)),
         };
-        let upstream = record
-            .settings
-            .endpoint
-            .clone()
-            .unwrap_or_else(|| default_upstream(record.provider));
+        let (upstream, cli_prefix) = upstream_of(record, logins);
         let places = crate::auth::spec::Spec::of(record.provider)
             .broker
             .key_places;
-        let path = url_path(&upstream);
+        let path = if cli_prefix.is_some() {
+            String::new()
+        } else {
+            url_path(&upstream)
+        };
         let mut map = serde_json::Map::new();
         for (placeholder, real) in keys {
             let real = String::from_utf8_lossy(real.expose()).into_owned();
             map.insert(placeholder.clone(), serde_json::Value::String(real));
         }
+        let seal: [u8; 32] = {
+            let mut k = [0u8; 32];
+            k[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+            k[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+            k
+        };
+        let oauth = login_slots(record.provider, logins, |l| l.placeholder.clone());
+        let places = with_login_places(places, record.provider, logins);
         let line = serde_json::json!({
             "script": SCRIPT,
-            "config": {"port": BROKER_PORT, "upstream": upstream, "places": places, "keys": map},
+            "config": {"port": BROKER_PORT, "upstream": upstream, "places": places, "keys": map,
+                       "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms(),
+                       "cli_prefix": cli_prefix},
         });
         let mut bytes = serde_json::to_vec(&line).ok()?;
         bytes.push(b'\n');
         Some(Broker {
+            seal,
+            logins: !logins.is_empty(),
             url: format!("http://{container}:{BROKER_PORT}{path}"),
             container,
             own_network,
@@ -220,14 +437,11 @@ impl Broker {
         record: &SessionRecord,
         outer: &NetworkPolicy,
         keys: &[(String, crate::auth::Secret)],
+        logins: &[BrokeredLogin],
         salt: fn() -> Result<Vec<u8>>,
     ) -> Option<Broker> {
         use sha2::{Digest, Sha256};
-        let upstream = record
-            .settings
-            .endpoint
-            .clone()
-            .unwrap_or_else(|| default_upstream(record.provider));
+        let (upstream, cli_prefix) = upstream_of(record, logins);
         let mut reals: Vec<&[u8]> = keys.iter().map(|(_, r)| r.expose()).collect();
         reals.sort();
         reals.dedup();
@@ -254,15 +468,30 @@ impl Broker {
             h.update(r);
             h.update([0]);
         }
-        let hash: String = h.finalize()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        for l in logins {
+            h.update(b"login");
+            h.update(l.real.expose());
+            h.update([0]);
+        }
+        let digest = h.finalize();
+        let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        // Every caw-box that shares this broker (same salt, same secrets) knows its seal key.
+        let seal: [u8; 32] = Sha256::new()
+            .chain_update(b"caw-box-broker-seal")
+            .chain_update(digest)
+            .finalize()
+            .into();
         let slot =
             |real: &[u8]| format!("slot{}", reals.iter().position(|r| *r == real).unwrap_or(0));
         let pairs = keys
             .iter()
             .map(|(placeholder, real)| format!("{placeholder}={}", slot(real.expose())))
+            .chain(
+                logins
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| format!("{}=login{i}", l.placeholder)),
+            )
             .collect::<Vec<_>>()
             .join(" ");
         let mut map = serde_json::Map::new();
@@ -275,11 +504,23 @@ impl Broker {
         let places = crate::auth::spec::Spec::of(record.provider)
             .broker
             .key_places;
-        let path = url_path(&upstream);
+        let path = if cli_prefix.is_some() {
+            String::new()
+        } else {
+            url_path(&upstream)
+        };
+        let mut n = 0;
+        let oauth = login_slots(record.provider, logins, |_| {
+            n += 1;
+            format!("login{}", n - 1)
+        });
+        let places = with_login_places(places, record.provider, logins);
         let line = serde_json::json!({
             "script": SCRIPT,
             "config": {"port": BROKER_PORT, "upstream": upstream, "places": places, "keys": map,
-                       "shared": true, "idle_ms": idle_ms()},
+                       "shared": true, "idle_ms": idle_ms(),
+                       "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms(),
+                       "cli_prefix": cli_prefix},
         });
         let mut bytes = serde_json::to_vec(&line).ok()?;
         bytes.push(b'\n');
@@ -292,6 +533,8 @@ impl Broker {
             }
         };
         Some(Broker {
+            seal,
+            logins: !logins.is_empty(),
             url: format!("http://{container}:{BROKER_PORT}{path}"),
             container,
             own_network,
@@ -359,7 +602,19 @@ impl Broker {
     /// leased, else one started.
     pub(super) async fn start(&self, backend: &impl Backend) -> Result<()> {
         let Some(s) = &self.shared else {
-            return self.start_own(backend, None).await.map(|_| ());
+            let attached = self.start_own(backend, None).await?;
+            if self.logins {
+                let mut watch = self.watch();
+                tokio::spawn(async move {
+                    let mut output = attached.output;
+                    while let Some(chunk) = output.next().await {
+                        if let Ok(OutputChunk::Stdout(b)) = chunk {
+                            watch.take(&b).await;
+                        }
+                    }
+                });
+            }
+            return Ok(());
         };
         let _lock = lock_brokers().await?;
         for _ in 0..3 {
@@ -391,16 +646,35 @@ impl Broker {
         )))
     }
 
-    /// Renews this turn's lease on `attached` until [`Broker::stop`].
+    fn watch(&self) -> LoginWatch {
+        LoginWatch {
+            provider: self.provider,
+            seal: self.seal,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Renews this turn's lease on `attached` until [`Broker::stop`] (and, with logins,
+    /// stores the tokens the broker refreshes meanwhile).
     fn keep(&self, mut attached: crate::backend::Attached) {
         let Some(s) = &self.shared else { return };
         let (end, mut ended) = tokio::sync::oneshot::channel::<()>();
         let (renew, release) = (Self::lease_line(s), format!("release {}\n", s.lease_id));
+        let mut watch = self.logins.then(|| self.watch());
         let task = tokio::spawn(async move {
+            // A deadline apart from the output: the broker's answers to other turns' leases
+            // must not postpone this one's renewal.
+            let mut renewal =
+                tokio::time::interval_at(tokio::time::Instant::now() + LEASE_RENEW, LEASE_RENEW);
             loop {
                 tokio::select! {
                     _ = &mut ended => break,
-                    () = tokio::time::sleep(LEASE_RENEW) => {
+                    chunk = attached.output.next(), if watch.is_some() => match (chunk, watch.as_mut()) {
+                        (Some(Ok(OutputChunk::Stdout(b))), Some(w)) => w.take(&b).await,
+                        (None, _) => watch = None,
+                        _ => {}
+                    },
+                    _ = renewal.tick() => {
                         if attached.input.write_all(renew.as_bytes()).await.is_err() {
                             tracing::warn!("lost the credential broker's lease channel");
                         }
@@ -708,6 +982,73 @@ mod tests {
             own.container
         );
         assert!(own.own_network.is_some());
+    }
+
+    fn login() -> BrokeredLogin {
+        BrokeredLogin {
+            placeholder: "sk-ant-oat01-cawbox-placeholder-z".into(),
+            target: ".claude/.credentials.json".into(),
+            real: Secret::new(
+                r#"{"claudeAiOauth":{"accessToken":"real-a","refreshToken":"real-r","expiresAt":1700000000000,"scopes":["user:inference","user:profile"]}}"#,
+            ),
+        }
+    }
+
+    #[test]
+    fn a_login_goes_to_the_broker_as_a_slot_and_its_placeholder_in_the_lease() {
+        let b =
+            Broker::plan_salted_logins(&record("n", None), None, &[], &[login()], Some(test_salt))
+                .unwrap();
+        let line: serde_json::Value = serde_json::from_slice(b.config.expose()).unwrap();
+        let slot = &line["config"]["oauth"]["login0"];
+        assert_eq!(slot["access"], "real-a");
+        assert_eq!(slot["refresh"], "real-r");
+        assert_eq!(slot["expires_ms"], 1_700_000_000_000u64);
+        assert_eq!(slot["client_id"], "9d1c250a-e61b-44d9-88ed-5944d1962f5e");
+        assert_eq!(slot["scope"], "user:inference user:profile");
+        assert_eq!(line["config"]["seal"].as_str().unwrap().len(), 64);
+        let lease = Broker::lease_line(b.shared.as_ref().unwrap());
+        assert!(
+            lease.ends_with(" sk-ant-oat01-cawbox-placeholder-z=login0\n"),
+            "{lease}"
+        );
+        assert!(!lease.contains("real-"));
+        // Another login (a refresh stored meanwhile): another broker.
+        let mut other = login();
+        other.real = Secret::new(
+            r#"{"claudeAiOauth":{"accessToken":"a2","refreshToken":"r2","expiresAt":1}}"#,
+        );
+        let b2 =
+            Broker::plan_salted_logins(&record("n", None), None, &[], &[other], Some(test_salt))
+                .unwrap();
+        assert_ne!(b.container, b2.container);
+        assert_ne!(b.seal, b2.seal);
+    }
+
+    /// A sealed report (broker.js's layout: iv, ciphertext, tag) opens with the seal key only
+    /// (the e2e oauth test opens those node sealed).
+    #[test]
+    fn a_sealed_login_opens_with_the_seal_key_only() {
+        let key = [9u8; 32];
+        let iv = [1u8; 12];
+        let mut tag = [0u8; 16];
+        let plain = br#"{"previous":"r1","access":"a2","refresh":"r2","expires_ms":5}"#;
+        let ct = openssl::symm::encrypt_aead(
+            openssl::symm::Cipher::aes_256_gcm(),
+            &key,
+            Some(&iv),
+            &[],
+            plain,
+            &mut tag,
+        )
+        .unwrap();
+        use base64::Engine;
+        let sealed =
+            base64::engine::general_purpose::STANDARD.encode([&iv[..], &ct, &tag].concat());
+        let opened = open_sealed(&key, &sealed).unwrap();
+        assert_eq!(opened["refresh"], "r2");
+        assert!(open_sealed(&[8u8; 32], &sealed).is_none());
+        assert!(open_sealed(&key, "bm90IHNlYWxlZA==").is_none());
     }
 
     #[test]

@@ -100,14 +100,16 @@ pub async fn run_turn(
         );
     let mut credentials =
         crate::auth::inject::prepare_as(record.provider, &options.env, want_broker)?;
-    let shared = !credentials.brokered.is_empty() && backend.keeps_stdin_across_attaches().await;
-    let broker = Broker::plan(
+    let brokers_any = !credentials.brokered.is_empty() || !credentials.logins.is_empty();
+    let shared = brokers_any && backend.keeps_stdin_across_attaches().await;
+    let broker = Broker::plan_logins(
         record,
         egress_network.as_deref(),
         &credentials.brokered,
+        &credentials.logins,
         shared,
     );
-    if broker.is_none() && !credentials.brokered.is_empty() {
+    if broker.is_none() && brokers_any {
         credentials = crate::auth::inject::prepare(record.provider, &options.env)?;
     }
     if let Some(b) = &broker {

@@ -58,7 +58,12 @@ fn collect_key(rig: &Rig, p: P, home: &std::path::Path) {
 /// or environment holds them) in the running `container` as `user`, over every
 /// `/proc/*/environ` and `/proc/*/cmdline` and every file under `/` outside /proc and /sys.
 /// Returns the files that matched. `proc_only`: only the /proc files.
-fn scan(container: &str, user: &str, patterns: &[String], proc_only: bool) -> Vec<String> {
+pub(crate) fn scan(
+    container: &str,
+    user: &str,
+    patterns: &[String],
+    proc_only: bool,
+) -> Vec<String> {
     let script = r#"d=(); if [ "$1" = all ]; then for x in /*; do case $x in /proc|/sys) ;; *) d+=("$x");; esac; done; fi
 grep -rlsaF -D skip -f /dev/stdin "${d[@]}" /proc/[0-9]*/environ /proc/[0-9]*/cmdline; true"#;
     let mut child = Command::new("docker")

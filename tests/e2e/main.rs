@@ -20,6 +20,7 @@ mod interactive;
 mod kubernetes;
 mod limits;
 mod manage;
+mod oauth;
 mod patch;
 mod portable;
 mod release;

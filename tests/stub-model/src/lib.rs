@@ -7,6 +7,7 @@ pub mod anthropic;
 pub mod chat;
 pub mod conversation;
 pub mod gemini;
+pub mod oauth;
 pub mod protocol;
 pub mod record;
 pub mod responses;

@@ -47,6 +47,8 @@ pub struct Config {
 struct State {
     config: Config,
     recorder: Recorder,
+    /// The OAuth login of `STUB_OAUTH`, if set (see `oauth`).
+    oauth: Option<crate::oauth::OAuth>,
     /// When each `LIMIT:` prompt was first seen.
     limited_since: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
@@ -55,6 +57,7 @@ struct State {
 pub async fn serve(listener: TcpListener, config: Config) {
     let state = Arc::new(State {
         recorder: Recorder::new(config.echo),
+        oauth: crate::oauth::OAuth::from_env(),
         config,
         limited_since: Default::default(),
     });
@@ -193,6 +196,17 @@ fn stub_endpoint(state: &State, method: &Method, path: &str) -> Answer {
         (&Method::GET, "/_stub/requests") => {
             Answer::json(200, &Value::Array(state.recorder.all()), "requests")
         }
+        (&Method::GET, "/_stub/oauth") => match &state.oauth {
+            Some(o) => Answer::json(200, &o.status(), "oauth"),
+            None => not_found(method, path),
+        },
+        (&Method::POST, "/_stub/oauth/expire") => match &state.oauth {
+            Some(o) => {
+                o.expire();
+                Answer::json(200, &o.status(), "oauth_expire")
+            }
+            None => not_found(method, path),
+        },
         _ => not_found(method, path),
     }
 }
@@ -313,6 +327,12 @@ fn presented_key(parts: &Parts, expected: Option<&str>) -> Option<PresentedKey> 
 }
 
 async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<PresentedKey>) -> Answer {
+    if let (Some(o), &Method::POST, "/v1/oauth/token" | "/oauth/token") =
+        (&state.oauth, &parts.method, parts.uri.path())
+    {
+        let (status, body) = o.token(bytes);
+        return Answer::json(status, &body, "oauth_token");
+    }
     let route = resolve(&parts.method, parts.uri.path());
     let Some(protocol) = route.protocol() else {
         return match route {
@@ -320,7 +340,20 @@ async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<Presente
             _ => not_found(&parts.method, parts.uri.path()),
         };
     };
-    if state.config.expect_key.is_some() && !key.is_some_and(|(_, ok)| ok) {
+    if let Some(o) = &state.oauth {
+        let bearer = parts
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim());
+        if !o.accepts(bearer) {
+            let message = "stub-model: the OAuth access token is not the one valid now";
+            return Answer::json(401, &protocol.error_body(401, message), "unauthorized");
+        }
+    }
+    // With an OAuth login, its access token is the credential (not `STUB_EXPECT_KEY`).
+    if state.oauth.is_none() && state.config.expect_key.is_some() && !key.is_some_and(|(_, ok)| ok)
+    {
         let message = match key {
             Some((name, _)) => format!("stub-model: the key in {name} is not the expected one"),
             None => "stub-model: no API key in x-api-key, authorization, x-goog-api-key or ?key="

@@ -1,0 +1,346 @@
+//! The credential broker owns OAuth refresh (issue 14): a collected login reaches the agent
+//! only as a placeholder file (placeholder access token, no refresh token, a far expiry);
+//! the broker swaps in the real access token and, when the upstream says 401, refreshes the
+//! login once for every turn using it, stores the new tokens and retries.
+//!
+//! The stub's token endpoint (`STUB_OAUTH`) rotates refresh tokens and rejects a used one,
+//! and its model endpoint accepts only the access token valid now; `/_stub/oauth/expire`
+//! forces the expiry. Eight sessions run turns in parallel across each forced expiry.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::*;
+
+/// How many sessions run turns at once.
+const SESSIONS: usize = 8;
+
+/// The stub's OAuth state: refreshes granted, rejected, and its newest refresh token.
+fn oauth_status(rig: &Rig) -> Value {
+    let out = rig.exec(
+        &rig.stub,
+        &[
+            "node",
+            "-e",
+            "fetch('http://127.0.0.1:8080/_stub/oauth').then(r=>r.text()).then(t=>console.log(t))",
+        ],
+    );
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+fn expire(rig: &Rig) {
+    let out = rig.exec(
+        &rig.stub,
+        &[
+            "node",
+            "-e",
+            "fetch('http://127.0.0.1:8080/_stub/oauth/expire',{method:'POST'}).then(r=>console.log(r.status))",
+        ],
+    );
+    assert!(out.contains("200"), "{out}");
+}
+
+/// Runs `grep -l` for `patterns` (on the exec's stdin) in the running `container` as
+/// `user` over every process's environ and cmdline and the places a turn writes to (HOME,
+/// /tmp, /run, /var/tmp, /dev/shm, /workspace): a token issued while the turn runs can be
+/// nowhere else. `None` when the container is gone meanwhile.
+fn scan_writable(container: &str, user: &str, patterns: &[String]) -> Option<Vec<String>> {
+    use std::io::Write;
+    let script = r#"grep -rlsaF -D skip -f /dev/stdin /home /tmp /run /var/tmp /dev/shm /workspace /root /proc/[0-9]*/environ /proc/[0-9]*/cmdline; true"#;
+    let mut child = Command::new("docker")
+        .args(["exec", "-i", "-u", user, container, "bash", "-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("docker exec");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(patterns.join("\n").as_bytes()).unwrap();
+    stdin.write_all(b"\n").unwrap();
+    drop(stdin);
+    let out = wait_with_deadline(child, Duration::from_secs(120));
+    if !out.status.success() {
+        assert!(
+            stderr_of(&out).contains("No such container")
+                || stderr_of(&out).contains("is not running"),
+            "scan as {user}: {}",
+            stderr_of(&out)
+        );
+        return None;
+    }
+    Some(stdout_of(&out).lines().map(str::to_string).collect())
+}
+
+/// `docker inspect` of every container of this test still there, as JSON (turns of other
+/// sessions may end while it runs).
+fn inspect_all(rig: &Rig) -> Vec<(String, String)> {
+    rig.caw_containers()
+        .into_iter()
+        .filter_map(|name| {
+            let name = name.trim_start_matches('/').to_string();
+            let c = rig
+                .rt
+                .block_on(rig.docker.inspect_container(&name, None))
+                .ok()?;
+            Some((name, serde_json::to_string(&c).unwrap()))
+        })
+        .collect()
+}
+
+/// The stored login (the auth store under the rig's data directory).
+fn stored_login(rig: &Rig, provider: &str, target: &str) -> Value {
+    let path = rig
+        .data_dir
+        .path()
+        .join(format!("auth/{provider}/home"))
+        .join(target);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// A caw-box turn with the stored login, its token endpoint the stub's.
+fn turn(rig: &Rig, args: &[&str]) -> Command {
+    let mut c = rig.caw();
+    c.args(args)
+        .env(
+            "CAW_BOX_OAUTH_TOKEN_URL",
+            format!("{}/v1/oauth/token", rig.endpoint()),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Waits for every turn and checks each answered `Noted: <word>.` with exit 0.
+fn all_ok(children: Vec<(Child, String)>) -> Vec<Value> {
+    children
+        .into_iter()
+        .map(|(child, word)| {
+            let out = wait_with_deadline(child, Duration::from_secs(240));
+            assert_eq!(out.status.code(), Some(0), "{word}: {}", stderr_of(&out));
+            let json: Value = serde_json::from_str(stdout_of(&out).trim())
+                .unwrap_or_else(|e| panic!("{word}: {e}: {}", stdout_of(&out)));
+            assert!(
+                json["result"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains(&format!("Noted: {word}.")),
+                "{json}"
+            );
+            json
+        })
+        .collect()
+}
+
+/// A fake login of one CLI, as the host keeps it.
+struct Login {
+    provider: &'static str,
+    model: Option<&'static str>,
+    /// The file under HOME, and its text.
+    target: &'static str,
+    text: String,
+    /// The first access and refresh tokens (the stub's `STUB_OAUTH`).
+    access: String,
+    refresh: String,
+    /// Where the file keeps them.
+    access_at: &'static [&'static str],
+    refresh_at: &'static [&'static str],
+    /// What no agent container may hold (a JWT's claims are no secret: its signature is).
+    secrets: Vec<String>,
+    /// Whether `--credentials inject` works with the tokens the stub issues.
+    inject_works: bool,
+}
+
+fn in_an_hour_ms() -> u64 {
+    (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 3_600_000) as u64
+}
+
+fn at<'a>(v: &'a Value, path: &[&str]) -> &'a Value {
+    path.iter().fold(v, |v, k| &v[*k])
+}
+
+#[test]
+fn the_broker_refreshes_a_claude_login_once_for_eight_parallel_sessions() {
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let (access, refresh) = (
+        format!("sk-ant-oat01-realaccess-{tag}"),
+        format!("sk-ant-ort01-realrefresh-{tag}"),
+    );
+    let text = format!(
+        r#"{{"claudeAiOauth":{{"accessToken":"{access}","refreshToken":"{refresh}","expiresAt":{},"scopes":["user:inference","user:profile"],"subscriptionType":"max"}}}}"#,
+        in_an_hour_ms()
+    );
+    refreshes_once_per_expiry(Login {
+        provider: "claude_code",
+        model: None,
+        target: ".claude/.credentials.json",
+        text,
+        secrets: vec![access.clone(), refresh.clone()],
+        access,
+        refresh,
+        access_at: &["claudeAiOauth", "accessToken"],
+        refresh_at: &["claudeAiOauth", "refreshToken"],
+        inject_works: true,
+    });
+}
+
+/// Eight sessions of `login`'s CLI run turns in parallel, valid first, then across two
+/// forced expiries: every turn succeeds, the stub granted exactly one refresh per expiry
+/// and rejected none, the store ends with the newest tokens, and the agent's container
+/// holds none of them.
+fn refreshes_once_per_expiry(login: Login) {
+    let (access, refresh) = (login.access.clone(), login.refresh.clone());
+    let rig = Rig::with_stub_env(
+        &format!("oauth-{}", login.provider.replace('_', "-")),
+        &[format!("STUB_OAUTH={access},{refresh}")],
+    );
+    let home = tempfile::tempdir().unwrap();
+    let creds = home.path().join(login.target);
+    std::fs::create_dir_all(creds.parent().unwrap()).unwrap();
+    std::fs::write(&creds, &login.text).unwrap();
+    let mut c = rig.caw();
+    c.args(["auth", "collect", "--provider", login.provider])
+        .env("HOME", home.path());
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+
+    // Round 1: the login is valid; eight sessions' first turns, no refresh.
+    let endpoint = rig.endpoint();
+    let base = |prompt: &str| -> Vec<String> {
+        let mut args = vec![
+            "run",
+            "--provider",
+            login.provider,
+            "--network",
+            &rig.network,
+            "--endpoint",
+            &endpoint,
+            "-o",
+            "json",
+        ];
+        if let Some(m) = login.model {
+            args.extend(["--model", m]);
+        }
+        args.push(prompt);
+        args.into_iter().map(str::to_string).collect()
+    };
+    let children: Vec<(Child, String)> = (0..SESSIONS)
+        .map(|i| {
+            let word = format!("first{i}");
+            let args = base(&format!("REMEMBER:{word}"));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            (turn(&rig, &args).spawn().unwrap(), word)
+        })
+        .collect();
+    let firsts = all_ok(children);
+    let ids: Vec<String> = firsts
+        .iter()
+        .map(|j| j["session_id"].as_str().unwrap().to_string())
+        .collect();
+    let s = oauth_status(&rig);
+    assert_eq!(
+        (s["refreshes"].as_u64(), s["rejected"].as_u64()),
+        (Some(0), Some(0)),
+        "{s}"
+    );
+
+    // Rounds 2 and 3: the access token expires; every session's next turn, in parallel.
+    // Round 3 also scans one agent container while its turn runs.
+    let mut seen_tokens = login.secrets.clone();
+    for round in 2..=3u64 {
+        expire(&rig);
+        let slow = if round == 3 { "SLEEP:60 " } else { "" };
+        let children: Vec<(Child, String)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let word = format!("round{round}s{i}");
+                let prompt = format!("{slow}REMEMBER:{word}");
+                let args = ["resume", id.as_str(), "-o", "json", prompt.as_str()];
+                (turn(&rig, &args).spawn().unwrap(), word)
+            })
+            .collect();
+        if round == 3 {
+            let container = rig.wait_for_running_turn(None, Duration::from_secs(90));
+            // Real tokens: the first login's, and every one the stub issued.
+            let mut patterns: Vec<String> = seen_tokens
+                .iter()
+                .flat_map(|t| (0..=t.len() - 16).map(move |i| t[i..i + 16].to_string()))
+                .collect();
+            patterns.extend(["stub-access-".to_string(), "stub-refresh-".to_string()]);
+            let placeholder_seen = (0..360).any(|_| {
+                let found = scan_writable(&container, "1000", &["cawbox-placeholder".into()]);
+                if found
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|f| f.ends_with(login.target))
+                {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+                false
+            });
+            assert!(
+                placeholder_seen,
+                "the scan finds no placeholder (does it read anything?)"
+            );
+            for user in ["1000", "0"] {
+                let found = scan_writable(&container, user, &patterns)
+                    .expect("the scanned turn ended before its scan");
+                assert_eq!(found, Vec::<String>::new(), "as {user}");
+            }
+            for (name, json) in inspect_all(&rig) {
+                assert!(
+                    !patterns.iter().any(|p| json.contains(p.as_str())),
+                    "docker inspect {name}"
+                );
+            }
+        }
+        all_ok(children);
+        let s = oauth_status(&rig);
+        // Exactly one refresh per expiry, and no used refresh token was ever sent again.
+        assert_eq!(
+            (s["refreshes"].as_u64(), s["rejected"].as_u64()),
+            (Some(round - 1), Some(0)),
+            "round {round}: {s}"
+        );
+        // The store has the newest tokens (and no turn's write-back put a placeholder there).
+        let stored = stored_login(&rig, login.provider, login.target);
+        let newest = s["refresh_token"].as_str().unwrap();
+        assert_eq!(at(&stored, login.refresh_at), newest, "{stored}");
+        let access_now = at(&stored, login.access_at).as_str().unwrap();
+        assert!(access_now.starts_with("stub-access-"), "{stored}");
+        seen_tokens.push(newest.to_string());
+        seen_tokens.push(access_now.to_string());
+    }
+    // `--credentials inject` still hands the CLI the real (current) login, no broker.
+    if login.inject_works {
+        inject_turn(&rig, &base);
+    }
+    // The model saw the real (current) tokens only: every request the CLI sent reached it
+    // with a bearer token, and only the broker's first tries after an expiry were refused.
+    let requests = rig.stub_requests();
+    let refused = requests.iter().filter(|r| r["status"] == 401).count();
+    assert!(
+        refused <= 2 * SESSIONS,
+        "{refused} refused requests: {requests:#?}"
+    );
+}
+
+/// A `--credentials inject` turn: the real (current) login reaches the CLI, no refresh.
+fn inject_turn(rig: &Rig, base: &dyn Fn(&str) -> Vec<String>) {
+    let prompt = "REMEMBER:injected";
+    let args = base(prompt);
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.splice(1..1, ["--credentials", "inject"]);
+    let injected = all_ok(vec![(turn(rig, &args).spawn().unwrap(), "injected".into())]);
+    assert_eq!(injected.len(), 1);
+    let s = oauth_status(rig);
+    assert_eq!(s["refreshes"].as_u64(), Some(2), "{s}");
+}
