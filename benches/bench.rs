@@ -381,14 +381,26 @@ const TURN_BENCHES: [Bench; 4] = [
     },
 ];
 
+/// The largest anonymous part of a measured process's RSS (heap, stacks, dirty data) seen by
+/// [`timed`], in KiB: the rest of its RSS is file pages (the executable's and libraries'
+/// code, shared with every other caw-box process and the page cache).
+static PEAK_ANON_KB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Runs `cmd`, returns (seconds, stdout, peak RSS in KiB sampled from /proc while it ran).
-fn timed(mut cmd: Command) -> (f64, String, u64) {
+fn timed(cmd: Command) -> (f64, String, u64) {
+    let (secs, out, peak, _) = timed_with_anon(cmd);
+    (secs, out, peak)
+}
+
+/// [`timed`], and the largest anonymous part of its RSS seen, in KiB.
+fn timed_with_anon(mut cmd: Command) -> (f64, String, u64, u64) {
     cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let started = Instant::now();
     let mut child = cmd.spawn().expect("spawn");
     let pid = child.id();
     let mut peak = 0u64;
+    let mut anon = 0u64;
     let stdout = child.stdout.take().unwrap();
     let reader = std::thread::spawn(move || {
         let mut s = String::new();
@@ -397,13 +409,18 @@ fn timed(mut cmd: Command) -> (f64, String, u64) {
     });
     loop {
         if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-            if let Some(kb) = status
-                .lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-            {
+            let kb_of = |key: &str| {
+                status
+                    .lines()
+                    .find(|l| l.starts_with(key))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|v| v.parse::<u64>().ok())
+            };
+            if let Some(kb) = kb_of("VmHWM:") {
                 peak = peak.max(kb);
+            }
+            if let Some(kb) = kb_of("RssAnon:") {
+                anon = anon.max(kb);
             }
         }
         if child.try_wait().unwrap().is_some() {
@@ -419,7 +436,7 @@ fn timed(mut cmd: Command) -> (f64, String, u64) {
         let _ = std::io::Read::read_to_string(&mut e, &mut err);
     }
     assert!(status.success(), "{cmd:?} failed: {err}\n{out}");
-    (secs, out, peak)
+    (secs, out, peak, anon)
 }
 
 /// One caw-box turn (run, or resume of `session`).
@@ -453,7 +470,9 @@ fn caw_turn(
         .env("CAW_BOX_DATA_DIR", &rig.data_dir)
         .env("CAW_BOX_LABELS", &rig.label)
         .current_dir(ws);
-    timed(c)
+    let (secs, out, peak, anon) = timed_with_anon(c);
+    PEAK_ANON_KB.fetch_max(anon, std::sync::atomic::Ordering::Relaxed);
+    (secs, out, peak)
 }
 
 /// The same turn as a plain `docker run`: same image, CLI command, mounts, env, hardening.
@@ -662,6 +681,13 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
             unit: "MiB",
             target: "<= 10 MiB".into(),
             met: (!smoke).then_some(peak_rss <= 10 * 1024),
+        });
+        results.push(Measure {
+            name: "  of it anonymous (heap, stacks), at most".into(),
+            value: PEAK_ANON_KB.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1024.0,
+            unit: "MiB",
+            target: "(reported)".into(),
+            met: None,
         });
     }
     if !filter.wants("concurrent") {
