@@ -1129,3 +1129,258 @@ fn kubernetes_codex_tui_through_attach_follows_resizes_and_resumes_headless() {
     drop(tmux);
     drop(lab);
 }
+
+/// Every 12-byte piece of the key: none may show anywhere the agent can look.
+fn key_pieces() -> Vec<String> {
+    (0..=TEST_KEY.len() - 12)
+        .map(|i| TEST_KEY[i..i + 12].to_string())
+        .collect()
+}
+
+impl Lab {
+    /// The running turn pod of this test's caw-box (the only one), by name.
+    fn wait_for_turn_pod(&self, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let out = self.kubectl(&[
+                "get",
+                "pod",
+                "-l",
+                "app.kubernetes.io/managed-by=caw-box,io.caw-box.role=turn",
+                "--field-selector=status.phase=Running",
+                "-o",
+                "name",
+            ]);
+            if let Some(name) = stdout_of(&out).lines().next() {
+                return name.trim_start_matches("pod/").to_string();
+            }
+            assert!(Instant::now() < deadline, "no turn pod ran");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// `grep -l` for `patterns` (on the exec's stdin: in no command line or environment)
+    /// inside container `container` of pod `pod`, as the container's user: every
+    /// `/proc/*/environ` and `/proc/*/cmdline`, and with `all` every file under `/` outside
+    /// /proc and /sys. The files that matched.
+    fn scan(&self, pod: &str, container: &str, patterns: &[String], all: bool) -> Vec<String> {
+        use std::io::Write;
+        let script = r#"d=(); if [ "$1" = all ]; then for x in /*; do case $x in /proc|/sys) ;; *) d+=("$x");; esac; done; fi
+grep -rlsaF -D skip -f /dev/stdin "${d[@]}" /proc/[0-9]*/environ /proc/[0-9]*/cmdline; true"#;
+        let mut child = Command::new(KUBECTL)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(["-n", NAMESPACE, "exec", "-i", pod, "-c", container, "--"])
+            .args([
+                "bash",
+                "-c",
+                script,
+                "scan",
+                if all { "all" } else { "proc" },
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl exec");
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(patterns.join("\n").as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        drop(stdin);
+        let out = wait_with_deadline(child, Duration::from_secs(120));
+        assert!(out.status.success(), "scan in {pod}: {}", stderr_of(&out));
+        stdout_of(&out).lines().map(str::to_string).collect()
+    }
+}
+
+/// Brokered by default (issue 14 on a cluster): with a collected API key, a turn's pod has
+/// the broker as a second container, which alone gets the key (on its stdin); the agent's
+/// container holds a placeholder and sends its model traffic to the broker on the pod's
+/// loopback. The stub accepts only the real key, so a turn that succeeds proves the swap;
+/// a scan inside the running agent's container and the pod's spec find no piece of the
+/// key; `--credentials inject` is the scan's control (it finds the key there).
+#[test]
+fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
+    check("lab up");
+    let lab = Lab::up();
+    check("load images");
+    lab.load_images(&[
+        "caw-box/claude-code:latest",
+        "caw-box/codex:latest",
+        "caw-box/opencode:latest",
+        "caw-box/gemini:latest",
+        STUB_IMAGE,
+    ]);
+    let endpoint = lab.start_stub();
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
+    let home = tempfile::tempdir().unwrap();
+
+    for p in ALL {
+        let data = tempfile::tempdir().unwrap();
+        check(&format!("{}: auth collect", p.name));
+        let mut collect = caw_k8s(data.path(), workspace.path(), &lab);
+        collect
+            .args(["auth", "collect", "--provider", p.name])
+            .env("HOME", home.path())
+            .env(p.key_var, TEST_KEY);
+        let out = crate::common::run(collect);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+
+        check(&format!(
+            "{}: a brokered run, scanned while it runs",
+            p.name
+        ));
+        let mut run = caw_k8s(data.path(), workspace.path(), &lab);
+        run.args([
+            "run",
+            "--provider",
+            p.name,
+            "--endpoint",
+            &endpoint,
+            "-o",
+            "json",
+        ]);
+        if let Some(m) = p.model {
+            run.args(["--model", m]);
+        }
+        run.arg(format!("SLEEP:20 REMEMBER:medlar-{}", p.name))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let child = run.spawn().unwrap();
+        let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+        // Once the CLI read its runtime files, it holds its placeholder.
+        let placeholder_seen = (0..80).any(|_| {
+            let found = lab.scan(
+                &pod,
+                "agent",
+                &["placeholder".into(), "Placeholder".into()],
+                false,
+            );
+            if found.iter().any(|f| f.ends_with("/environ")) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+            false
+        });
+        assert!(
+            placeholder_seen,
+            "{}: no process of the agent holds a placeholder key (the scan reads nothing?)",
+            p.name
+        );
+        let found = lab.scan(&pod, "agent", &key_pieces(), true);
+        assert_eq!(
+            found,
+            Vec::<String>::new(),
+            "{}: the key in the agent's container",
+            p.name
+        );
+        let spec = lab.kubectl_ok(&["get", "pod", &pod, "-o", "json"]);
+        let v: Value = serde_json::from_str(&spec).unwrap();
+        let names: Vec<&str> = v["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["agent", "broker"], "{}", p.name);
+        assert!(
+            !holds_a_piece(&spec),
+            "{}: the key in the pod: {spec}",
+            p.name
+        );
+        let objects = lab.kubectl_ok(&[
+            "get",
+            "pod,secret,configmap,pvc",
+            "-l",
+            "app.kubernetes.io/managed-by=caw-box",
+            "-o",
+            "yaml",
+        ]);
+        assert!(
+            !holds_a_piece(&objects),
+            "{}: the key in an object: {objects}",
+            p.name
+        );
+
+        let out = wait_with_deadline(child, Duration::from_secs(240));
+        let first = json_of(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}: the brokered turn failed: {first}\n{}",
+            p.name,
+            stderr_of(&out)
+        );
+        assert!(
+            result_text(&first).contains(&format!("Noted: medlar-{}", p.name)),
+            "{first}"
+        );
+        let id = first["session_id"].as_str().unwrap().to_string();
+        let logs = lab.kubectl_ok(&["get", "events", "-o", "yaml"]);
+        assert!(!holds_a_piece(&logs), "{}: the key in an event", p.name);
+        assert!(
+            !lab.caw_objects().iter().any(|o| o.starts_with("pod/")),
+            "{}: a turn pod was left: {:?}",
+            p.name,
+            lab.caw_objects()
+        );
+
+        check(&format!("{}: a brokered resume recalls", p.name));
+        let mut resume = caw_k8s(data.path(), workspace.path(), &lab);
+        resume.args([
+            "resume",
+            &id,
+            "--endpoint",
+            &endpoint,
+            "-o",
+            "json",
+            "RECALL",
+        ]);
+        let out = crate::common::run(resume);
+        let second = json_of(&out);
+        assert_eq!(out.status.code(), Some(0), "{second}\n{}", stderr_of(&out));
+        assert!(
+            result_text(&second).contains(&format!("You told me to remember medlar-{}", p.name)),
+            "{second}"
+        );
+    }
+
+    check("the scan's control: --credentials inject puts the key in the agent's container");
+    let data = tempfile::tempdir().unwrap();
+    let mut collect = caw_k8s(data.path(), workspace.path(), &lab);
+    collect
+        .args(["auth", "collect", "--provider", CODEX.name])
+        .env("HOME", home.path())
+        .env(CODEX.key_var, TEST_KEY);
+    assert_eq!(crate::common::run(collect).status.code(), Some(0));
+    let mut run = caw_k8s(data.path(), workspace.path(), &lab);
+    run.args(["run", "--provider", CODEX.name, "--endpoint", &endpoint])
+        .args(["--credentials", "inject", "--model", CODEX.model.unwrap()])
+        .args(["-o", "json", "SLEEP:15 REMEMBER:injected"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = run.spawn().unwrap();
+    let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    let found = (0..80).find_map(|_| {
+        let found = lab.scan(&pod, "agent", &key_pieces(), false);
+        if found.iter().any(|f| f.ends_with("/environ")) {
+            return Some(found);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        None
+    });
+    assert!(found.is_some(), "the scan did not find the injected key");
+    let spec = lab.kubectl_ok(&["get", "pod", &pod, "-o", "json"]);
+    let v: Value = serde_json::from_str(&spec).unwrap();
+    assert_eq!(
+        v["spec"]["containers"].as_array().unwrap().len(),
+        1,
+        "{spec}"
+    );
+    let out = wait_with_deadline(child, Duration::from_secs(240));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+}
+
+fn holds_a_piece(text: &str) -> bool {
+    key_pieces().iter().any(|p| text.contains(p.as_str()))
+}
