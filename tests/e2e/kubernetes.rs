@@ -1384,3 +1384,182 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
 fn holds_a_piece(text: &str) -> bool {
     key_pieces().iter().any(|p| text.contains(p.as_str()))
 }
+
+/// `caw-box doctor --backend kubernetes` on the lab: one line per check (API server with
+/// context and namespace, RBAC, storage class, each provider's image on the nodes), exit 0
+/// when all is well; a missing image, a user whose Role lacks rights and an unreachable
+/// API server are each a `✗` line and exit 3.
+#[test]
+fn kubernetes_doctor_checks_the_api_server_rbac_storage_and_images() {
+    check("lab up");
+    let lab = Lab::up();
+    lab.load_images(&[
+        "caw-box/claude-code:latest",
+        "caw-box/codex:latest",
+        "caw-box/opencode:latest",
+        "caw-box/gemini:latest",
+    ]);
+    // The kubelet lists a node's images in its status some seconds after they came.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !["claude-code", "codex", "opencode", "gemini"]
+        .iter()
+        .all(|i| {
+            lab.kubectl_ok(&["get", "nodes", "-o", "json"])
+                .contains(&format!("caw-box/{i}:latest"))
+        })
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the node never listed the images"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let doctor = |kubeconfig: Option<&Path>, env: &[(&str, &str)]| {
+        let mut c = caw_k8s(data.path(), workspace.path(), &lab);
+        if let Some(k) = kubeconfig {
+            c.env("KUBECONFIG", k);
+        }
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        // As the brief's user types it: the flag after the command.
+        c.arg("doctor");
+        crate::common::run(c)
+    };
+    let lines =
+        |out: &Output| -> Vec<String> { stdout_of(out).lines().map(str::to_string).collect() };
+    let has = |out: &Output, prefix: &str, words: &str| {
+        lines(out)
+            .iter()
+            .any(|l| l.starts_with(prefix) && l.contains(words))
+    };
+
+    check("all well");
+    let out = doctor(None, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout_of(&out),
+        stderr_of(&out)
+    );
+    for words in [
+        "kubernetes: API server https://127.0.0.1:16443/ (current context",
+        "namespace 'default'",
+        "rbac: every permission caw-box needs in namespace 'default'",
+        "storage: default class 'standard'",
+        "codex: image caw-box/codex:latest on every node (1)",
+        "gemini: image caw-box/gemini:latest on every node (1)",
+    ] {
+        assert!(has(&out, "✓ ", words), "{words}: {}", stdout_of(&out));
+    }
+    assert!(!stdout_of(&out).contains('✗'), "{}", stdout_of(&out));
+
+    check("images from a repository the nodes do not have");
+    let out = doctor(None, &[("CAW_BOX_IMAGE_REPO", "caw-box-absent")]);
+    assert_eq!(out.status.code(), Some(3), "{}", stdout_of(&out));
+    assert!(
+        has(
+            &out,
+            "✗ ",
+            "codex: image caw-box-absent/codex:latest on 0 of 1 nodes"
+        ),
+        "{}",
+        stdout_of(&out)
+    );
+    assert!(
+        stderr_of(&out).contains("4 problems found"),
+        "{}",
+        stderr_of(&out)
+    );
+
+    check("a user whose Role grants only reading pods");
+    let user = "caw-box-e2e-limited";
+    let role = serde_json::json!({
+        "apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": "caw-box-e2e-limited", "namespace": NAMESPACE},
+             "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": "caw-box-e2e-limited", "namespace": NAMESPACE},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "caw-box-e2e-limited"},
+             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}
+        ]
+    });
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), role.to_string()).unwrap();
+    lab.kubectl_ok(&["apply", "-f", &file.path().to_string_lossy()]);
+    let config = std::fs::read_to_string(&lab.kubeconfig).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let limited = dir.path().join("limited");
+    std::fs::write(
+        &limited,
+        config.replace("user: {", &format!("user: {{as: {user}, ")),
+    )
+    .unwrap();
+    let out = doctor(Some(&limited), &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", stdout_of(&out));
+    let rbac = lines(&out)
+        .into_iter()
+        .find(|l| l.starts_with("✗ rbac:"))
+        .unwrap_or_else(|| panic!("no rbac problem: {}", stdout_of(&out)));
+    for missing in [
+        "create pods",
+        "create pods/exec",
+        "get pods/log",
+        "create persistentvolumeclaims",
+        "delete configmaps",
+    ] {
+        assert!(
+            rbac.contains(&format!("{missing},")) || rbac.contains(&format!("{missing};")),
+            "{missing}: {rbac}"
+        );
+    }
+    for granted in ["get pods,", "list pods,"] {
+        assert!(
+            !rbac.contains(&format!(": {granted}")) && !rbac.contains(&format!(" {granted}")),
+            "{granted}: {rbac}"
+        );
+    }
+    // Cluster-wide reads it may not do are notes, not problems.
+    assert!(
+        has(&out, "- ", "storage: cannot list storage classes"),
+        "{}",
+        stdout_of(&out)
+    );
+    assert!(
+        has(&out, "- ", "images: cannot list the nodes"),
+        "{}",
+        stdout_of(&out)
+    );
+
+    check("an unreachable API server");
+    let unreachable = dir.path().join("unreachable");
+    std::fs::write(
+        &unreachable,
+        config.replace("https://127.0.0.1:16443", "https://127.0.0.1:1"),
+    )
+    .unwrap();
+    let out = doctor(Some(&unreachable), &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", stdout_of(&out));
+    assert!(
+        has(
+            &out,
+            "✗ ",
+            "kubernetes: cannot reach the API server https://127.0.0.1:1/"
+        ),
+        "{}",
+        stdout_of(&out)
+    );
+    let first = stderr_of(&out);
+    assert!(
+        first
+            .lines()
+            .next()
+            .unwrap_or("")
+            .starts_with("caw-box: error: the Kubernetes API server is not reachable"),
+        "{first}"
+    );
+}

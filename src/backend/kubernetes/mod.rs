@@ -58,6 +58,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::session::{POD_END_DIR, POD_END_FILE, SIDECAR};
 
+pub mod doctor;
 mod meta;
 pub use meta::{label_selector, valid_label_value};
 
