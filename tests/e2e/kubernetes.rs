@@ -1563,3 +1563,125 @@ fn kubernetes_doctor_checks_the_api_server_rbac_storage_and_images() {
         "{first}"
     );
 }
+
+/// A login file the CLI replaced during a turn (a refreshed OAuth token) goes back to the
+/// auth store, as on Docker, although the pod's runtime directory goes with the pod: it is
+/// read from HOME while the entrypoint waits for the record. The next turn gets it, and no
+/// credential file stays in the state claim.
+#[test]
+fn kubernetes_a_refreshed_login_is_written_back_and_used_next_turn() {
+    use base64::Engine;
+    let jwt = |exp: u64| {
+        let enc = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        format!(
+            "{}.{}.sig",
+            enc(r#"{"alg":"none"}"#),
+            enc(&format!(r#"{{"exp":{exp}}}"#))
+        )
+    };
+    check("lab up");
+    let lab = Lab::up();
+    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    let endpoint = lab.start_stub();
+    let workspace = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let (old, new) = (jwt(2_000_000_000), jwt(2_100_000_000));
+    let path = home.path().join(".codex/auth.json");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(
+        &path,
+        format!(r#"{{"OPENAI_API_KEY":"{TEST_KEY}","tokens":{{"access_token":"{old}"}}}}"#),
+    )
+    .unwrap();
+    let mut collect = caw_k8s(data.path(), workspace.path(), &lab);
+    collect
+        .args(["auth", "collect", "--provider", "codex"])
+        .env("HOME", home.path());
+    let out = crate::common::run(collect);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+
+    check("a turn whose CLI replaces its login file by rename");
+    let refresh = format!(
+        r#"RUN:printf '%s' '{{"OPENAI_API_KEY":"{TEST_KEY}","tokens":{{"access_token":"{new}"}}}}' > ~/.codex/auth.tmp && mv ~/.codex/auth.tmp ~/.codex/auth.json && echo refreshed"#
+    );
+    let mut run = caw_k8s(data.path(), workspace.path(), &lab);
+    run.args(["run", "--provider", "codex", "--endpoint", &endpoint])
+        .args(["--model", CODEX.model.unwrap(), "-o", "json", &refresh]);
+    let out = crate::common::run(run);
+    let first = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{first}\n{}", stderr_of(&out));
+    assert!(result_text(&first).contains("refreshed"), "{first}");
+    let id = first["session_id"].as_str().unwrap().to_string();
+    let stored =
+        std::fs::read_to_string(data.path().join("auth/codex/home/.codex/auth.json")).unwrap();
+    assert!(
+        stored.contains(&new),
+        "the store kept the old token: {stored}"
+    );
+
+    check("the next turn gets the new login; none stays in the claim");
+    let mut resume = caw_k8s(data.path(), workspace.path(), &lab);
+    resume.args(["resume", &id, "--endpoint", &endpoint]).args([
+        "-o",
+        "json",
+        "RUN:cat ~/.codex/auth.json",
+    ]);
+    let out = crate::common::run(resume);
+    let second = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{second}\n{}", stderr_of(&out));
+    assert!(result_text(&second).contains(&new[..40]), "{second}");
+    let found = lab.in_claim(&format!("caw-box-{id}"), "find /h -name auth.json");
+    assert_eq!(found.trim(), "", "a login file at rest in the claim");
+}
+
+impl Lab {
+    /// Runs `script` (sh) in a pod that mounts claim `claim` at /h; its output.
+    fn in_claim(&self, claim: &str, script: &str) -> String {
+        let name = format!("e2e-look-{}", &uuid_like());
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"io.caw-box.test": "e2e"}},
+            "spec": {
+                "restartPolicy": "Never",
+                "automountServiceAccountToken": false,
+                "securityContext": {"runAsUser": 1000, "runAsGroup": 1000},
+                "containers": [{
+                    "name": "look", "image": "caw-box/codex:latest", "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", script],
+                    "volumeMounts": [{"name": "h", "mountPath": "/h", "readOnly": true}]
+                }],
+                "volumes": [{"name": "h", "persistentVolumeClaim": {"claimName": claim, "readOnly": true}}]
+            }
+        });
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), pod.to_string()).unwrap();
+        self.kubectl_ok(&["apply", "-f", &file.path().to_string_lossy()]);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let phase = self.kubectl_ok(&["get", "pod", &name, "-o", "jsonpath={.status.phase}"]);
+            if phase == "Succeeded" || phase == "Failed" {
+                assert_eq!(phase, "Succeeded", "{}", self.kubectl_ok(&["logs", &name]));
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the look pod did not end: {phase}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let out = self.kubectl_ok(&["logs", &name]);
+        self.kubectl_ok(&["delete", "pod", &name, "--wait=true"]);
+        out
+    }
+}
+
+fn uuid_like() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
