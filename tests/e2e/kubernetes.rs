@@ -1076,12 +1076,21 @@ fn kubernetes_codex_tui_through_attach_follows_resizes_and_resumes_headless() {
     let data = tempfile::tempdir().unwrap();
     let name = format!("tui-{}", std::process::id());
 
-    check("the codex TUI in tmux, attached to its pod with a terminal");
+    // A collected key: the TUI's turn is brokered (the broker beside it in its pod); the
+    // headless resume below passes its key with --env.
+    let home = tempfile::tempdir().unwrap();
+    let mut collect = caw_k8s(data.path(), workspace.path(), &lab);
+    collect
+        .args(["auth", "collect", "--provider", "codex"])
+        .env("HOME", home.path())
+        .env("OPENAI_API_KEY", TEST_KEY);
+    assert_eq!(crate::common::run(collect).status.code(), Some(0));
+
+    check("the codex TUI in tmux, attached to its pod with a terminal, brokered");
     let mut c = caw_k8s(data.path(), workspace.path(), &lab);
     // gpt-6-sol: for gpt-5.5 the TUI first offers a model upgrade (a one-time question).
     c.args(["run", "--provider", "codex", "--name", &name])
-        .args(["--endpoint", &endpoint, "--model", "gpt-6-sol"])
-        .args(["--env", &format!("OPENAI_API_KEY={TEST_KEY}")]);
+        .args(["--endpoint", &endpoint, "--model", "gpt-6-sol"]);
     let tmux = LabTmux::start(&format!("cbk-{name}"), &c, data.path());
     tmux.wait_for("Ask Codex to do anything", "codex's TUI did not come up");
     let pods = lab.kubectl_ok(&[
@@ -1099,6 +1108,14 @@ fn kubernetes_codex_tui_through_attach_follows_resizes_and_resumes_headless() {
         .unwrap_or_else(|| panic!("no turn pod: {pods}"))
         .to_string();
     lab.assert_tty_size(&pod, 40, 120);
+    let containers = lab.kubectl_ok(&[
+        "get",
+        "pod",
+        &pod,
+        "-o",
+        "jsonpath={.spec.containers[*].name}",
+    ]);
+    assert_eq!(containers, "agent broker");
     tmux.type_line("REMEMBER:zebra");
     tmux.wait_for("Noted: zebra.", "the TUI did not answer");
     tmux.ok(&["resize-window", "-t", "main", "-x", "100", "-y", "30"]);

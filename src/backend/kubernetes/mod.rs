@@ -31,6 +31,12 @@
 //! attachment this process holds. A turn failed by its environment is told by
 //! `ended_by_environment` (OOM kills counted by the pod's memory cgroup, an eviction).
 //!
+//! A brokered turn's pod has the credential broker as a second container
+//! ([`TurnSpec::broker`], `session::broker`): the agent's container runs its entrypoint
+//! under [`MARKED_ENTRY`], which leaves an end marker the broker exits on, so the pod
+//! completes on clusters without native sidecars; exec, attach and logs name the agent's
+//! container ([`KubeBackend::main_container`]).
+//!
 //! Not here: egress proxies and networks (refused before a turn: see the README), a
 //! process limit (a pod has none; a kubelet's `podPidsLimit` is the node's), image builds
 //! (images come from a registry, or `k8s-lab load-image` in tests).
