@@ -52,8 +52,14 @@ pub const POD_END_FILE: &str = "agent-ended";
 
 /// The sidecar broker's command: [`LOADER`], and an exit once the agent's container ended.
 pub fn sidecar_entrypoint() -> Vec<String> {
+    sidecar_entrypoint_watching(&format!("{POD_END_DIR}/{POD_END_FILE}"))
+}
+
+/// [`sidecar_entrypoint`] with the end marker at `marker`.
+fn sidecar_entrypoint_watching(marker: &str) -> Vec<String> {
     let watch = format!(
-        "setInterval(()=>{{if(require('fs').existsSync('{POD_END_DIR}/{POD_END_FILE}'))process.exit(0);}},300);"
+        "setInterval(()=>{{if(require('fs').existsSync({}))process.exit(0);}},300);",
+        serde_json::Value::String(marker.to_string())
     );
     vec!["node".into(), "-e".into(), format!("{LOADER}{watch}")]
 }
@@ -848,6 +854,58 @@ mod tests {
         assert!(!command.contains("real-key"));
         assert!(command.contains(&format!("{POD_END_DIR}/{POD_END_FILE}")));
         assert!(Broker::plan_in_pod(&record("open", None), &[], "caw-box-x").is_none());
+    }
+
+    /// The sidecar's command (run by the host's node here, as in the pod): it takes its
+    /// keys on stdin, listens on loopback only, and exits 0 once the end marker appears.
+    #[test]
+    fn the_sidecar_listens_on_loopback_and_exits_on_the_end_marker() {
+        use std::io::{BufRead, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("agent-ended");
+        let command = sidecar_entrypoint_watching(&marker.to_string_lossy());
+        let port = 20000 + (std::process::id() % 20000) as u16;
+        let line = serde_json::json!({
+            "script": SCRIPT,
+            "config": {"port": port, "host": "127.0.0.1", "upstream": "http://127.0.0.1:9",
+                       "keys": {"p": "real"}},
+        });
+        let mut child = std::process::Command::new(&command[0])
+            .args(&command[1..])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("node");
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        let mut ready = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut ready)
+            .unwrap();
+        assert_eq!(ready.trim(), "caw-box-broker ready");
+        let listening = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        let local = format!("0100007F:{port:04X}");
+        assert!(
+            listening.lines().any(|l| l.contains(&local)),
+            "not on 127.0.0.1:{port}"
+        );
+        let any = format!("00000000:{port:04X}");
+        assert!(!listening.lines().any(|l| l.contains(&any)), "on 0.0.0.0");
+        // Still there without the marker; gone with it.
+        std::thread::sleep(Duration::from_millis(700));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "exited without the marker"
+        );
+        std::fs::write(&marker, b"").unwrap();
+        let code = (0..50).find_map(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            child.try_wait().unwrap().map(|s| s.code())
+        });
+        if code.is_none() {
+            let _ = child.kill();
+        }
+        assert_eq!(code, Some(Some(0)), "did not exit on the end marker");
     }
 
     #[test]
