@@ -1362,6 +1362,51 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
         );
     }
 
+    check("a brokered detached turn whose driver is SIGKILLed: wait records it");
+    let data = tempfile::tempdir().unwrap();
+    let mut collect = caw_k8s(data.path(), workspace.path(), &lab);
+    collect
+        .args(["auth", "collect", "--provider", CODEX.name])
+        .env("HOME", home.path())
+        .env(CODEX.key_var, TEST_KEY);
+    assert_eq!(crate::common::run(collect).status.code(), Some(0));
+    let mut run = caw_k8s(data.path(), workspace.path(), &lab);
+    run.args([
+        "run",
+        "-d",
+        "--provider",
+        CODEX.name,
+        "--endpoint",
+        &endpoint,
+    ])
+    .args([
+        "--model",
+        CODEX.model.unwrap(),
+        "-o",
+        "json",
+        "SLEEP:8 REMEMBER:kiwi",
+    ]);
+    let out = crate::common::run(run);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let id = json_of(&out)["session_id"].as_str().unwrap().to_string();
+    // Past the driver's first moment (it hands the broker its keys and the agent its files).
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = lab.turn_pod_annotation(&id, "io.caw-box.driver-pid");
+    let killed = Command::new("kill")
+        .args(["-KILL", pid.trim()])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "kill -KILL {pid}");
+    let (waited, _d) = fresh(&lab, workspace.path(), &["wait", &id, "-o", "json"]);
+    let w = json_of(&waited);
+    assert_eq!(waited.status.code(), Some(0), "{w}\n{}", stderr_of(&waited));
+    assert!(result_text(&w).contains("Noted: kiwi"), "{w}");
+    assert!(
+        !lab.caw_objects().iter().any(|o| o.starts_with("pod/")),
+        "a pod was left: {:?}",
+        lab.caw_objects()
+    );
+
     check("the scan's control: --credentials inject puts the key in the agent's container");
     let data = tempfile::tempdir().unwrap();
     let mut collect = caw_k8s(data.path(), workspace.path(), &lab);
