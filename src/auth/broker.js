@@ -31,6 +31,8 @@
 //   caw-box-broker login <slot> <base64 of iv | ciphertext | tag>
 // so the caw-box processes attached store them (under the store's lock).
 //
+// `"host": "127.0.0.1"` makes it listen on loopback only (a sidecar in the agent's pod).
+//
 // caw-box ships this file on the broker container's stdin too (the container runs a small
 // loader with `node -e`), so the broker always matches the caw-box that started it.
 'use strict';
@@ -297,7 +299,8 @@ module.exports = function broker(config, rest) {
   }
 
   server.keepAliveTimeout = 65000;
-  server.listen(config.port || 8080, '0.0.0.0', () => {
+  // `host`: where it listens (a broker in the agent's own pod: loopback only).
+  server.listen(config.port || 8080, config.host || '0.0.0.0', () => {
     process.stdout.write('caw-box-broker ready\n');
   });
   const stop = () => server.close(() => process.exit(0)) && setTimeout(() => process.exit(0), 200);

@@ -189,6 +189,12 @@ impl Backend for Engine {
     async fn keeps_stdin_across_attaches(&self) -> bool {
         dispatch!(self, b => Backend::keeps_stdin_across_attaches(b).await)
     }
+    fn brokers_in_turn_pod(&self) -> bool {
+        dispatch!(self, b => Backend::brokers_in_turn_pod(b))
+    }
+    async fn attach_sidecar(&self, name: &str, sidecar: &str) -> Result<Attached> {
+        dispatch!(self, b => Backend::attach_sidecar(b, name, sidecar).await)
+    }
     async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
         dispatch!(self, b => Backend::remove_container(b, name, force).await)
     }

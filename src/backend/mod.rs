@@ -136,6 +136,26 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// other and at once (Docker), as a credential broker shared by turns needs: each turn
     /// leases it through an attachment of its own. Podman 4.3 ends the container then.
     fn keeps_stdin_across_attaches(&self) -> impl Future<Output = bool> + Send;
+    /// Whether a turn's credential broker runs beside the agent in the turn's own unit
+    /// (Kubernetes: a second container of the turn's pod, [`TurnSpec::broker`]), reached on
+    /// loopback, instead of a container of its own on a shared network (Docker, Podman).
+    fn brokers_in_turn_pod(&self) -> bool {
+        false
+    }
+    /// Attaches to the input and output of the sidecar container `sidecar` of the running
+    /// turn `name` ([`Self::brokers_in_turn_pod`]).
+    fn attach_sidecar(
+        &self,
+        name: &str,
+        sidecar: &str,
+    ) -> impl Future<Output = Result<Attached>> + Send {
+        let what = format!("{name}/{sidecar}");
+        async move {
+            Err(Error::environment(format!(
+                "this backend runs no sidecar containers ({what})"
+            )))
+        }
+    }
     /// Removes a container (`force`: also a running one); a missing one is `Ok`.
     fn remove_container(&self, name: &str, force: bool) -> impl Future<Output = Result<()>> + Send;
     /// Force-removes exactly the container `found` describes (listed or inspected before),
@@ -486,6 +506,9 @@ pub struct TurnSpec {
     /// A terminal for the vendor's TUI (and its first size, columns x rows), or a headless
     /// turn read from stdout and stderr.
     pub interactive: Option<Option<(u16, u16)>>,
+    /// The credential broker as a sidecar of the turn (only where
+    /// [`Backend::brokers_in_turn_pod`]): its command, run in the turn's image.
+    pub broker: Option<Vec<String>>,
 }
 
 impl TurnSpec {

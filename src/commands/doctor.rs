@@ -8,6 +8,9 @@ use crate::provider::ProviderKind;
 use crate::session::record::labels;
 
 pub async fn doctor() -> Result<i32> {
+    if crate::backend::BackendKind::chosen()? == crate::backend::BackendKind::Kubernetes {
+        return kubernetes().await;
+    }
     let mut problems = 0;
     let backend = match DockerBackend::connect().await {
         Ok(b) => b,
@@ -61,6 +64,58 @@ pub async fn doctor() -> Result<i32> {
             if leftovers.len() == 1 { "" } else { "s" }
         ));
     }
+    problems += credentials()?;
+    verdict(problems)
+}
+
+/// `doctor --backend kubernetes`: the API server, context and namespace, RBAC, the storage
+/// class and the provider images on the nodes, then the credentials (as on Docker).
+async fn kubernetes() -> Result<i32> {
+    use crate::backend::kubernetes::doctor::{checks, Check};
+    let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let (context, namespace) = (get("CAW_BOX_KUBE_CONTEXT"), get("CAW_BOX_NAMESPACE"));
+    let images: Vec<(String, String)> = ProviderKind::ALL
+        .iter()
+        .map(|p| (p.to_string(), p.default_image()))
+        .collect();
+    let (lines, reached) = checks(context.as_deref(), namespace.as_deref(), &images).await;
+    let mut problems = 0;
+    for line in &lines {
+        match line {
+            Check::Ok(l) => output::println(&format!("✓ {l}")),
+            Check::Note(l) => output::println(&format!("- {l}")),
+            Check::Problem(l) => {
+                problems += 1;
+                output::println(&format!("✗ {l}"));
+            }
+        }
+    }
+    if !reached {
+        return Err(
+            Error::environment("the Kubernetes API server is not reachable")
+                .with_hint("check KUBECONFIG and --context, then run `caw-box doctor` again"),
+        );
+    }
+    problems += credentials()?;
+    verdict(problems)
+}
+
+/// Exit 0 when all is well, else the count of problems (exit 3).
+fn verdict(problems: usize) -> Result<i32> {
+    if problems == 0 {
+        Ok(0)
+    } else {
+        Err(Error::environment(format!(
+            "{problems} problem{} found",
+            if problems == 1 { "" } else { "s" }
+        ))
+        .with_hint("run the fixes listed above"))
+    }
+}
+
+/// A line per provider's stored credentials; the count of problems.
+fn credentials() -> Result<usize> {
+    let mut problems = 0;
     let store = crate::auth::store::Store::open()?;
     let now = crate::session::record::now_secs();
     for p in ProviderKind::ALL {
@@ -105,13 +160,5 @@ pub async fn doctor() -> Result<i32> {
             output::println(&format!("✓ {p}: credentials stored ({})", names.join(", ")));
         }
     }
-    if problems == 0 {
-        Ok(0)
-    } else {
-        Err(Error::environment(format!(
-            "{problems} problem{} found",
-            if problems == 1 { "" } else { "s" }
-        ))
-        .with_hint("run the fixes listed above"))
-    }
+    Ok(problems)
 }

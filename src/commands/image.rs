@@ -61,7 +61,22 @@ fn context_tar(files: &[(&'static str, Vec<u8>, u32)]) -> Result<Vec<u8>> {
         .map_err(|e| Error::environment(format!("failed to build the build context: {e}")))
 }
 
+/// Image commands work on a Docker daemon's images: with `--backend kubernetes` they are
+/// refused (exit 2) instead of quietly working on a Docker daemon the cluster never sees.
+fn refuse_on_kubernetes(what: &str) -> Result<()> {
+    if crate::backend::BackendKind::chosen()? != crate::backend::BackendKind::Kubernetes {
+        return Ok(());
+    }
+    Err(Error::usage(format!(
+        "`caw-box image {what}` works on a Docker daemon's images, not a cluster's: a cluster's nodes take images from a registry"
+    ))
+    .with_hint(format!(
+        "run `caw-box --backend docker image {what}`, push the images to a registry the nodes reach and set CAW_BOX_IMAGE_REPO (a test cluster: load them into its nodes, e.g. `k8s-lab load-image`)"
+    )))
+}
+
 pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i32> {
+    refuse_on_kubernetes("build")?;
     let providers = chosen_providers(&args.provider, args.all, "build")?;
     if args.cli_version.is_some() && providers.len() > 1 {
         return Err(Error::usage(
@@ -374,6 +389,7 @@ async fn remove_builder_images(backend: &DockerBackend, build_id: &str, interrup
 /// `image pull`: `REPO/<image>:TAG` of each provider from the image repository (the images
 /// workflow publishes them), tagged `REPO/<image>:latest` here, which `run` uses.
 pub async fn pull(args: ImagePullArgs, quiet: bool) -> Result<i32> {
+    refuse_on_kubernetes("pull")?;
     let providers = chosen_providers(&args.provider, args.all, "pull")?;
     let repo = crate::provider::image_repo();
     if repo == crate::provider::DEFAULT_IMAGE_REPO {
@@ -452,6 +468,7 @@ fn chosen_providers(given: &[String], all: bool, what: &str) -> Result<Vec<Provi
 }
 
 pub async fn ls() -> Result<i32> {
+    refuse_on_kubernetes("ls")?;
     let backend = DockerBackend::connect().await?;
     let images = backend.list_images(managed_filter(false)).await?;
     let mut rows = vec![[
@@ -524,6 +541,7 @@ pub async fn leftovers(backend: &DockerBackend) -> Result<Vec<ImageInfo>> {
 }
 
 pub async fn prune(quiet: bool) -> Result<i32> {
+    refuse_on_kubernetes("prune")?;
     let backend = DockerBackend::connect().await?;
     let (mut removed, mut kept) = (0, 0);
     for img in leftovers(&backend).await? {

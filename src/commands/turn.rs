@@ -70,20 +70,6 @@ fn turn_options(args: &TurnArgs, config: &Resolved) -> Result<TurnOptions> {
     })
 }
 
-/// `--credentials broker` asked of a backend that has no broker yet (Kubernetes): refused
-/// before anything is created. Without the flag, such turns are injected.
-fn check_credentials_mode(args: &TurnArgs, backend: &Engine) -> Result<()> {
-    if args.credentials == Some(crate::cli::CredentialsArg::Broker)
-        && matches!(backend, Engine::Kubernetes(_))
-    {
-        return Err(Error::usage(
-            "--credentials broker is not available with the kubernetes backend yet: a turn's pod gets its credentials injected",
-        )
-        .with_hint("drop --credentials (or pass --credentials inject)"));
-    }
-    Ok(())
-}
-
 pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     let mut flags = Layer::from_flags(
         args.provider.as_deref(),
@@ -119,7 +105,6 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
 
     let client = Client::connect().await?;
-    check_credentials_mode(&args.turn, client.backend())?;
     if session_settings.workspace_mode == WorkspaceMode::Bind {
         place_workspace(
             client.backend(),
@@ -200,7 +185,6 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
     let limit = limit_args(&args.turn)?;
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
     let client = Client::connect().await?;
-    check_credentials_mode(&args.turn, client.backend())?;
     let mut session = client.open(&target).await?;
     settings::apply_resume_overrides(session.settings_mut(), &args.turn.settings)?;
     refuse_unsupported(client.backend(), session.settings_mut())?;
@@ -319,7 +303,6 @@ async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32>
     let config = Resolved::load(Layer::default(), turn_args.settings.workspace.as_deref())?;
     let options = turn_options(&turn_args, &config)?;
     let client = Client::connect().await?;
-    check_credentials_mode(&turn_args, client.backend())?;
     let members: Vec<_> = target::list_sessions(client.backend())
         .await?
         .into_iter()

@@ -11,6 +11,13 @@
 //! so the provider's host need not be allowed), or, on `--network open`, a network made for
 //! the turn (Docker's default bridge has no names). It starts concurrently with the agent's
 //! container; the agent's runtime files (and so its CLI) wait for its "ready" line.
+//!
+//! Where a backend runs a turn as a pod (Kubernetes, [`Backend::brokers_in_turn_pod`]), the
+//! broker is a second container of the turn's pod ([`SIDECAR`]) instead, listening on the
+//! pod's loopback: the agent reaches it at `127.0.0.1`, nothing else does. Its keys still
+//! come on its stdin (through an attachment once the pod runs), so no Secret, env value,
+//! label or annotation holds them; it exits when the agent's container leaves its end
+//! marker ([`POD_END_DIR`]), so the pod completes.
 
 use std::time::Duration;
 
@@ -36,6 +43,27 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const LOADER: &str = "const c=[];const on=(d)=>{c.push(d);const b=Buffer.concat(c);const i=b.indexOf(10);if(i<0)return;process.stdin.off('data',on);process.stdin.pause();const j=JSON.parse(b.subarray(0,i).toString());c.length=0;const m={exports:{}};new Function('module','require',j.script)(m,require);m.exports(j.config,b.subarray(i+1));};process.stdin.on('data',on);";
 
 const SCRIPT: &str = include_str!("../auth/broker.js");
+
+/// The broker's container in a turn's pod (see the module docs).
+pub const SIDECAR: &str = "broker";
+/// A directory the agent's and the broker's containers of a turn's pod share (memory): the
+/// agent's container leaves [`POD_END_FILE`] there when it ends, and the broker exits.
+pub const POD_END_DIR: &str = "/caw-box-pod";
+pub const POD_END_FILE: &str = "agent-ended";
+
+/// The sidecar broker's command: [`LOADER`], and an exit once the agent's container ended.
+pub fn sidecar_entrypoint() -> Vec<String> {
+    sidecar_entrypoint_watching(&format!("{POD_END_DIR}/{POD_END_FILE}"))
+}
+
+/// [`sidecar_entrypoint`] with the end marker at `marker`.
+fn sidecar_entrypoint_watching(marker: &str) -> Vec<String> {
+    let watch = format!(
+        "setInterval(()=>{{if(require('fs').existsSync({}))process.exit(0);}},300);",
+        serde_json::Value::String(marker.to_string())
+    );
+    vec!["node".into(), "-e".into(), format!("{LOADER}{watch}")]
+}
 
 /// The vendor's API host when the session has no `--endpoint` (from its credential spec).
 pub fn default_upstream(p: ProviderKind) -> String {
@@ -71,6 +99,8 @@ pub(super) struct Broker {
     /// The key the broker seals refreshed tokens with, and whether it holds logins.
     seal: [u8; 32],
     logins: bool,
+    /// A sidecar in the turn's pod of this name ([`Broker::plan_in_pod`]).
+    in_pod: Option<String>,
 }
 
 /// This turn's part of a shared broker (see the module docs).
@@ -427,6 +457,7 @@ impl Broker {
             session: record.session_id,
             config: crate::auth::Secret::new(bytes),
             shared: None,
+            in_pod: None,
         })
     }
 
@@ -550,7 +581,64 @@ impl Broker {
                 pairs,
                 held: std::sync::Mutex::new(None),
             }),
+            in_pod: None,
         })
+    }
+
+    /// The broker of `record`'s turn as a sidecar of its pod `pod` (the backend runs one:
+    /// [`Backend::brokers_in_turn_pod`]), listening on the pod's loopback; `None` when
+    /// there is nothing to broker.
+    pub(super) fn plan_in_pod(
+        record: &SessionRecord,
+        keys: &[(String, crate::auth::Secret)],
+        pod: &str,
+    ) -> Option<Broker> {
+        if keys.is_empty() {
+            return None;
+        }
+        let upstream = record
+            .settings
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| default_upstream(record.provider));
+        let places = crate::auth::spec::Spec::of(record.provider)
+            .broker
+            .key_places;
+        let path = url_path(&upstream);
+        let mut map = serde_json::Map::new();
+        for (placeholder, real) in keys {
+            let real = String::from_utf8_lossy(real.expose()).into_owned();
+            map.insert(placeholder.clone(), serde_json::Value::String(real));
+        }
+        let line = serde_json::json!({
+            "script": SCRIPT,
+            "config": {"port": BROKER_PORT, "host": "127.0.0.1", "upstream": upstream,
+                       "places": places, "keys": map},
+        });
+        let mut bytes = serde_json::to_vec(&line).ok()?;
+        bytes.push(b'\n');
+        Some(Broker {
+            url: format!("http://127.0.0.1:{BROKER_PORT}{path}"),
+            container: format!("{pod}/{SIDECAR}"),
+            own_network: None,
+            first: NetworkPolicy::Default,
+            join: None,
+            image: record.settings.image.clone(),
+            provider: record.provider,
+            session: record.session_id,
+            config: crate::auth::Secret::new(bytes),
+            shared: None,
+            // Keys only: a pod's logins are injected (no caw-box stays attached to store
+            // what a sidecar would refresh).
+            seal: [0; 32],
+            logins: false,
+            in_pod: Some(pod.to_string()),
+        })
+    }
+
+    /// Whether this broker is a sidecar of the turn's pod (started once the pod runs).
+    pub(super) fn in_pod(&self) -> bool {
+        self.in_pod.is_some()
     }
 
     /// The labels of this turn's broker and the network made for it.
@@ -601,6 +689,9 @@ impl Broker {
     /// Returns once the turn's broker listens with its keys: a shared one found running and
     /// leased, else one started.
     pub(super) async fn start(&self, backend: &impl Backend) -> Result<()> {
+        if let Some(pod) = &self.in_pod {
+            return self.start_in_pod(backend, pod).await;
+        }
         let Some(s) = &self.shared else {
             let attached = self.start_own(backend, None).await?;
             if self.logins {
@@ -644,6 +735,33 @@ impl Broker {
             "could not start or lease the credential broker {}",
             self.container
         )))
+    }
+
+    /// Hands the sidecar of the running pod `pod` its keys and waits for it to listen. The
+    /// attachment goes after: the broker read its one line, and lives until the agent's
+    /// container ended.
+    async fn start_in_pod(&self, backend: &impl Backend, pod: &str) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        let mut attached = loop {
+            // The agent's container runs; the sidecar may start a moment later.
+            match backend.attach_sidecar(pod, SIDECAR).await {
+                Ok(a) => break a,
+                Err(e) if tokio::time::Instant::now() > deadline => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        attached
+            .input
+            .write_all(self.config.expose())
+            .await
+            .map_err(|e| Error::environment(format!("could not hand the broker its keys: {e}")))?;
+        attached.input.flush().await.ok();
+        match tokio::time::timeout(READY_TIMEOUT, until_ready(&mut attached, None)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::environment(
+                "the credential broker did not start listening within 30 s",
+            )),
+        }
     }
 
     fn watch(&self) -> LoginWatch {
@@ -737,32 +855,8 @@ impl Broker {
             .map_err(|e| Error::environment(format!("could not hand the broker its keys: {e}")))?;
         attached.input.flush().await.ok();
         let leased = shared.map(|s| format!("caw-box-broker ok {}", s.lease_id));
-        let output = &mut attached.output;
-        let ready = async {
-            let mut seen = Vec::new();
-            while let Some(chunk) = output.next().await {
-                match chunk {
-                    Ok(OutputChunk::Stdout(b)) => {
-                        seen.extend_from_slice(&b);
-                        let text = String::from_utf8_lossy(&seen);
-                        if text.contains("caw-box-broker ready")
-                            && leased.as_ref().is_none_or(|l| text.contains(l.as_str()))
-                        {
-                            return Ok(());
-                        }
-                    }
-                    Ok(OutputChunk::Stderr(b)) => {
-                        tracing::warn!("broker: {}", String::from_utf8_lossy(&b).trim_end());
-                    }
-                    Ok(_) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            Err(Error::environment(
-                "the credential broker exited before it listened",
-            ))
-        };
-        match tokio::time::timeout(READY_TIMEOUT, ready).await {
+        let ready = tokio::time::timeout(READY_TIMEOUT, until_ready(&mut attached, leased)).await;
+        match ready {
             Ok(r) => r.map(|()| attached),
             Err(_) => Err(Error::environment(
                 "the credential broker did not start listening within 30 s",
@@ -773,6 +867,10 @@ impl Broker {
     /// Ends the turn's use of its broker: a shared one's lease is released (the broker
     /// stays for the next turns), a turn's own broker is removed.
     pub(super) async fn stop(&self, backend: &impl Backend) {
+        if self.in_pod.is_some() {
+            // It ends with the agent's container (and goes with the pod).
+            return;
+        }
         if let Some(s) = &self.shared {
             let held = s.held.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(l) = held {
@@ -790,7 +888,7 @@ impl Broker {
     /// Removes the session's other brokers and their networks: once this turn holds the
     /// session's lock, they are leftovers of turns whose caw-box was killed.
     pub(super) async fn remove_leftovers(&self, backend: &impl Backend) {
-        if self.shared.is_some() {
+        if self.shared.is_some() || self.in_pod.is_some() {
             // Shared: not this session's alone (a per-turn leftover goes with `rm`/`gc`).
             return;
         }
@@ -809,6 +907,35 @@ impl Broker {
             }
         }
     }
+}
+
+/// Reads a broker's output until it says it listens (and, with `leased`, holds the lease).
+async fn until_ready(
+    attached: &mut crate::backend::Attached,
+    leased: Option<String>,
+) -> Result<()> {
+    let mut seen = Vec::new();
+    while let Some(chunk) = attached.output.next().await {
+        match chunk {
+            Ok(OutputChunk::Stdout(b)) => {
+                seen.extend_from_slice(&b);
+                let text = String::from_utf8_lossy(&seen);
+                if text.contains("caw-box-broker ready")
+                    && leased.as_ref().is_none_or(|l| text.contains(l.as_str()))
+                {
+                    return Ok(());
+                }
+            }
+            Ok(OutputChunk::Stderr(b)) => {
+                tracing::warn!("broker: {}", String::from_utf8_lossy(&b).trim_end());
+            }
+            Ok(_) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::environment(
+        "the credential broker exited before it listened",
+    ))
 }
 
 /// Sends this turn's lease to a running shared broker and waits for its answer (sent
@@ -1049,6 +1176,81 @@ mod tests {
         assert_eq!(opened["refresh"], "r2");
         assert!(open_sealed(&[8u8; 32], &sealed).is_none());
         assert!(open_sealed(&key, "bm90IHNlYWxlZA==").is_none());
+    }
+
+    #[test]
+    fn a_sidecar_broker_listens_on_the_pods_loopback_and_its_keys_go_only_to_stdin() {
+        let b = Broker::plan_in_pod(
+            &record("open", Some("http://10.0.0.5:8080/v1")),
+            &keys(),
+            "caw-box-x",
+        )
+        .unwrap();
+        assert!(b.in_pod());
+        assert_eq!(b.url, format!("http://127.0.0.1:{BROKER_PORT}/v1"));
+        let line: serde_json::Value = serde_json::from_slice(b.config.expose()).unwrap();
+        assert_eq!(line["config"]["host"], "127.0.0.1");
+        assert_eq!(line["config"]["upstream"], "http://10.0.0.5:8080/v1");
+        assert_eq!(
+            line["config"]["keys"]["sk-ant-api03-cawbox-placeholder-x"],
+            "real-key"
+        );
+        let command = sidecar_entrypoint().join(" ");
+        assert!(!command.contains("real-key"));
+        assert!(command.contains(&format!("{POD_END_DIR}/{POD_END_FILE}")));
+        assert!(Broker::plan_in_pod(&record("open", None), &[], "caw-box-x").is_none());
+    }
+
+    /// The sidecar's command (run by the host's node here, as in the pod): it takes its
+    /// keys on stdin, listens on loopback only, and exits 0 once the end marker appears.
+    #[test]
+    fn the_sidecar_listens_on_loopback_and_exits_on_the_end_marker() {
+        use std::io::{BufRead, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("agent-ended");
+        let command = sidecar_entrypoint_watching(&marker.to_string_lossy());
+        let port = 20000 + (std::process::id() % 20000) as u16;
+        let line = serde_json::json!({
+            "script": SCRIPT,
+            "config": {"port": port, "host": "127.0.0.1", "upstream": "http://127.0.0.1:9",
+                       "keys": {"p": "real"}},
+        });
+        let mut child = std::process::Command::new(&command[0])
+            .args(&command[1..])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("node");
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        let mut ready = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut ready)
+            .unwrap();
+        assert_eq!(ready.trim(), "caw-box-broker ready");
+        let listening = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        let local = format!("0100007F:{port:04X}");
+        assert!(
+            listening.lines().any(|l| l.contains(&local)),
+            "not on 127.0.0.1:{port}"
+        );
+        let any = format!("00000000:{port:04X}");
+        assert!(!listening.lines().any(|l| l.contains(&any)), "on 0.0.0.0");
+        // Still there without the marker; gone with it.
+        std::thread::sleep(Duration::from_millis(700));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "exited without the marker"
+        );
+        std::fs::write(&marker, b"").unwrap();
+        let code = (0..50).find_map(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            child.try_wait().unwrap().map(|s| s.code())
+        });
+        if code.is_none() {
+            let _ = child.kill();
+        }
+        assert_eq!(code, Some(Some(0)), "did not exit on the end marker");
     }
 
     #[test]

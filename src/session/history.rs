@@ -123,6 +123,18 @@ pub(super) async fn save_record(
             mode: 0o600,
         },
     ];
+    // Where a turn's runtime directory goes with it (a pod's memory: Kubernetes), the
+    // credential files the CLI changed are read from HOME now, while the entrypoint waits
+    // for the record: it writes them to the runtime directory and deletes them from HOME
+    // only once it has the record.
+    if let (Some(slot), Some(_)) = (ending.home_out, ending.handoff.as_ref()) {
+        if backend.turns_outlive_driver() {
+            match changed_home_files(backend, name, record.provider).await {
+                Ok(tar) => *slot.lock().unwrap_or_else(|e| e.into_inner()) = tar,
+                Err(e) => tracing::warn!("could not read the refreshed credentials: {e}"),
+            }
+        }
+    }
     let write_record = async {
         if let Some(stdin) = ending.handoff {
             match hand_off(backend, name, stdin, &files).await {
@@ -165,7 +177,7 @@ pub(super) async fn save_record(
             tracing::warn!("could not remove an old turn-record volume: {e}");
         }
     }));
-    if let Some(slot) = ending.home_out {
+    if let Some(slot) = ending.home_out.filter(|_| !backend.turns_outlive_driver()) {
         let path = format!("{RUN_DIR}/{}", crate::auth::inject::HOME_OUT);
         match backend.download_tar(name, &path).await {
             Ok(tar) => *slot.lock().unwrap_or_else(|e| e.into_inner()) = tar,
@@ -176,6 +188,46 @@ pub(super) async fn save_record(
     removed?;
     cache_record(record);
     Ok(())
+}
+
+/// The provider's credential files in the running turn `name`'s HOME that differ from the
+/// store's (what the turn got, unless another turn refreshed it since: the store then
+/// keeps the later expiry), as the archive `auth::inject::finish` reads (`home-out/<path>`);
+/// `None` when none changed.
+async fn changed_home_files(
+    backend: &impl Backend,
+    name: &str,
+    provider: crate::provider::ProviderKind,
+) -> Result<Option<Vec<u8>>> {
+    let store = crate::auth::store::Store::open()?;
+    let mut archive = tar::Builder::new(Vec::new());
+    let mut any = false;
+    for target in crate::auth::spec::Spec::of(provider).home_targets() {
+        let Some(now) = backend
+            .download_file(name, &format!("{AGENT_HOME}/{target}"))
+            .await?
+        else {
+            continue;
+        };
+        if store
+            .file(provider, &target)
+            .is_some_and(|s| s.expose() == now.as_slice())
+        {
+            continue;
+        }
+        let mut header = tar::Header::new_gnu();
+        header.set_size(now.len() as u64);
+        header.set_mode(0o600);
+        header.set_cksum();
+        archive
+            .append_data(&mut header, format!("home-out/{target}"), now.as_slice())
+            .map_err(|e| Error::environment(format!("archiving refreshed credentials: {e}")))?;
+        any = true;
+    }
+    let tar = archive
+        .into_inner()
+        .map_err(|e| Error::environment(format!("archiving refreshed credentials: {e}")))?;
+    Ok(any.then_some(tar))
 }
 
 /// Whether a turn's container is gone, or on its way (removed from outside: it no longer

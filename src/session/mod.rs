@@ -18,6 +18,9 @@ pub mod patch;
 pub mod portable;
 pub mod record;
 pub mod runner;
+#[cfg(test)]
+pub(crate) use broker::sidecar_entrypoint;
+pub(crate) use broker::{POD_END_DIR, POD_END_FILE, SIDECAR};
 pub(crate) use headless::EXIT_MARKER;
 mod runtime;
 pub mod target;

@@ -91,9 +91,10 @@ pub async fn run_turn(
     let egress_network =
         (!allow.is_empty()).then(|| names::egress_names(record.session_id, std::process::id()).0);
     // Brokered when asked for, and the turn has a network to put a broker on.
+    let in_pod = backend.brokers_in_turn_pod();
     let want_broker = !options.inject_credentials
-        // A cluster has no broker yet: its turns stay injected.
-        && !backend.turns_outlive_driver()
+        // A turn that outlives its driver needs a broker that does too: one in its pod.
+        && (in_pod || !backend.turns_outlive_driver())
         && !matches!(
             NetworkPolicy::from_setting(&record.settings.network),
             NetworkPolicy::None | NetworkPolicy::Host
@@ -102,13 +103,22 @@ pub async fn run_turn(
         crate::auth::inject::prepare_as(record.provider, &options.env, want_broker)?;
     let brokers_any = !credentials.brokered.is_empty() || !credentials.logins.is_empty();
     let shared = brokers_any && backend.keeps_stdin_across_attaches().await;
-    let broker = Broker::plan_logins(
-        record,
-        egress_network.as_deref(),
-        &credentials.brokered,
-        &credentials.logins,
-        shared,
-    );
+    let broker = if in_pod {
+        // A pod's sidecar holds keys; a turn with a login is injected there.
+        if credentials.logins.is_empty() {
+            Broker::plan_in_pod(record, &credentials.brokered, &name)
+        } else {
+            None
+        }
+    } else {
+        Broker::plan_logins(
+            record,
+            egress_network.as_deref(),
+            &credentials.brokered,
+            &credentials.logins,
+            shared,
+        )
+    };
     if broker.is_none() && brokers_any {
         credentials = crate::auth::inject::prepare(record.provider, &options.env)?;
     }
@@ -272,6 +282,10 @@ pub async fn run_turn(
     if options.interactive {
         spec.interactive = Some(crate::terminal::size());
     }
+    if let Some(b) = broker.as_ref().filter(|b| b.in_pod()) {
+        tracing::debug!("credentials brokered by the sidecar {}", b.container);
+        spec.broker = Some(super::broker::sidecar_entrypoint());
+    }
     if let Some(net) = broker.as_ref().and_then(Broker::agent_network) {
         spec.network = net;
     }
@@ -281,8 +295,15 @@ pub async fn run_turn(
     // The broker starts beside the agent's container, off the turn's critical path: the
     // runtime files (and so the CLI) wait for it on the agent's stdin, not its creation.
     let (ready_tx, ready_rx) = tokio::sync::watch::channel(broker.is_none().then_some(true));
+    // A sidecar starts with the turn's pod: handed its keys once the pod runs.
+    let (pod_made, mut pod_made_rx) = tokio::sync::watch::channel(false);
     let start_broker = async {
         if let Some(b) = &broker {
+            if b.in_pod() && pod_made_rx.wait_for(|made| *made).await.is_err() {
+                // The pod was never made: nothing to start, and the turn failed already.
+                let _ = ready_tx.send(Some(false));
+                return;
+            }
             let started = b.start(backend).await;
             if let Err(e) = &started {
                 tracing::warn!("{e}");
@@ -295,6 +316,11 @@ pub async fn run_turn(
             create_turn_container(backend, record, &name, &spec),
             remove_abandoned_turns(backend, &name)
         );
+        let created = created.inspect(|()| {
+            let _ = pod_made.send(true);
+        });
+        // (Dropped on failure, which frees a sidecar's start from its wait.)
+        drop(pod_made);
         created?;
         if let Some(e) = &egress {
             e.remove_leftovers(backend, record).await;
@@ -405,6 +431,7 @@ fn turn_spec(
         },
         network: NetworkPolicy::from_setting(&settings.network),
         interactive: None,
+        broker: None,
     })
 }
 

@@ -1076,12 +1076,21 @@ fn kubernetes_codex_tui_through_attach_follows_resizes_and_resumes_headless() {
     let data = tempfile::tempdir().unwrap();
     let name = format!("tui-{}", std::process::id());
 
-    check("the codex TUI in tmux, attached to its pod with a terminal");
+    // A collected key: the TUI's turn is brokered (the broker beside it in its pod); the
+    // headless resume below passes its key with --env.
+    let home = tempfile::tempdir().unwrap();
+    let mut collect = caw_k8s(data.path(), workspace.path(), &lab);
+    collect
+        .args(["auth", "collect", "--provider", "codex"])
+        .env("HOME", home.path())
+        .env("OPENAI_API_KEY", TEST_KEY);
+    assert_eq!(crate::common::run(collect).status.code(), Some(0));
+
+    check("the codex TUI in tmux, attached to its pod with a terminal, brokered");
     let mut c = caw_k8s(data.path(), workspace.path(), &lab);
     // gpt-6-sol: for gpt-5.5 the TUI first offers a model upgrade (a one-time question).
     c.args(["run", "--provider", "codex", "--name", &name])
-        .args(["--endpoint", &endpoint, "--model", "gpt-6-sol"])
-        .args(["--env", &format!("OPENAI_API_KEY={TEST_KEY}")]);
+        .args(["--endpoint", &endpoint, "--model", "gpt-6-sol"]);
     let tmux = LabTmux::start(&format!("cbk-{name}"), &c, data.path());
     tmux.wait_for("Ask Codex to do anything", "codex's TUI did not come up");
     let pods = lab.kubectl_ok(&[
@@ -1099,6 +1108,14 @@ fn kubernetes_codex_tui_through_attach_follows_resizes_and_resumes_headless() {
         .unwrap_or_else(|| panic!("no turn pod: {pods}"))
         .to_string();
     lab.assert_tty_size(&pod, 40, 120);
+    let containers = lab.kubectl_ok(&[
+        "get",
+        "pod",
+        &pod,
+        "-o",
+        "jsonpath={.spec.containers[*].name}",
+    ]);
+    assert_eq!(containers, "agent broker");
     tmux.type_line("REMEMBER:zebra");
     tmux.wait_for("Noted: zebra.", "the TUI did not answer");
     tmux.ok(&["resize-window", "-t", "main", "-x", "100", "-y", "30"]);
@@ -1128,4 +1145,605 @@ fn kubernetes_codex_tui_through_attach_follows_resizes_and_resumes_headless() {
     );
     drop(tmux);
     drop(lab);
+}
+
+/// Every 12-byte piece of the key: none may show anywhere the agent can look.
+fn key_pieces() -> Vec<String> {
+    (0..=TEST_KEY.len() - 12)
+        .map(|i| TEST_KEY[i..i + 12].to_string())
+        .collect()
+}
+
+impl Lab {
+    /// The running turn pod of this test's caw-box (the only one), by name.
+    fn wait_for_turn_pod(&self, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let out = self.kubectl(&[
+                "get",
+                "pod",
+                "-l",
+                "app.kubernetes.io/managed-by=caw-box,io.caw-box.role=turn",
+                "--field-selector=status.phase=Running",
+                "-o",
+                "name",
+            ]);
+            if let Some(name) = stdout_of(&out).lines().next() {
+                return name.trim_start_matches("pod/").to_string();
+            }
+            assert!(Instant::now() < deadline, "no turn pod ran");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// `grep -l` for `patterns` (on the exec's stdin: in no command line or environment)
+    /// inside container `container` of pod `pod`, as the container's user: every
+    /// `/proc/*/environ` and `/proc/*/cmdline`, and with `all` every file under `/` outside
+    /// /proc and /sys. The files that matched.
+    fn scan(&self, pod: &str, container: &str, patterns: &[String], all: bool) -> Vec<String> {
+        use std::io::Write;
+        let script = r#"d=(); if [ "$1" = all ]; then for x in /*; do case $x in /proc|/sys) ;; *) d+=("$x");; esac; done; fi
+grep -rlsaF -D skip -f /dev/stdin "${d[@]}" /proc/[0-9]*/environ /proc/[0-9]*/cmdline; true"#;
+        let mut child = Command::new(KUBECTL)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(["-n", NAMESPACE, "exec", "-i", pod, "-c", container, "--"])
+            .args([
+                "bash",
+                "-c",
+                script,
+                "scan",
+                if all { "all" } else { "proc" },
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl exec");
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(patterns.join("\n").as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        drop(stdin);
+        let out = wait_with_deadline(child, Duration::from_secs(120));
+        assert!(out.status.success(), "scan in {pod}: {}", stderr_of(&out));
+        stdout_of(&out).lines().map(str::to_string).collect()
+    }
+}
+
+/// Brokered by default (issue 14 on a cluster): with a collected API key, a turn's pod has
+/// the broker as a second container, which alone gets the key (on its stdin); the agent's
+/// container holds a placeholder and sends its model traffic to the broker on the pod's
+/// loopback. The stub accepts only the real key, so a turn that succeeds proves the swap;
+/// a scan inside the running agent's container and the pod's spec find no piece of the
+/// key; `--credentials inject` is the scan's control (it finds the key there).
+#[test]
+fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
+    check("lab up");
+    let lab = Lab::up();
+    check("load images");
+    lab.load_images(&[
+        "caw-box/claude-code:latest",
+        "caw-box/codex:latest",
+        "caw-box/opencode:latest",
+        "caw-box/gemini:latest",
+        STUB_IMAGE,
+    ]);
+    let endpoint = lab.start_stub();
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
+    let home = tempfile::tempdir().unwrap();
+
+    for p in ALL {
+        let data = tempfile::tempdir().unwrap();
+        check(&format!("{}: auth collect", p.name));
+        let mut collect = caw_k8s(data.path(), workspace.path(), &lab);
+        collect
+            .args(["auth", "collect", "--provider", p.name])
+            .env("HOME", home.path())
+            .env(p.key_var, TEST_KEY);
+        let out = crate::common::run(collect);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+
+        check(&format!(
+            "{}: a brokered run, scanned while it runs",
+            p.name
+        ));
+        let mut run = caw_k8s(data.path(), workspace.path(), &lab);
+        run.args([
+            "run",
+            "--provider",
+            p.name,
+            "--endpoint",
+            &endpoint,
+            "-o",
+            "json",
+        ]);
+        if let Some(m) = p.model {
+            run.args(["--model", m]);
+        }
+        run.arg(format!("SLEEP:20 REMEMBER:medlar-{}", p.name))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let child = run.spawn().unwrap();
+        let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+        // Once the CLI read its runtime files, it holds its placeholder.
+        let placeholder_seen = (0..80).any(|_| {
+            let found = lab.scan(
+                &pod,
+                "agent",
+                &["placeholder".into(), "Placeholder".into()],
+                false,
+            );
+            if found.iter().any(|f| f.ends_with("/environ")) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+            false
+        });
+        assert!(
+            placeholder_seen,
+            "{}: no process of the agent holds a placeholder key (the scan reads nothing?)",
+            p.name
+        );
+        let found = lab.scan(&pod, "agent", &key_pieces(), true);
+        assert_eq!(
+            found,
+            Vec::<String>::new(),
+            "{}: the key in the agent's container",
+            p.name
+        );
+        let spec = lab.kubectl_ok(&["get", "pod", &pod, "-o", "json"]);
+        let v: Value = serde_json::from_str(&spec).unwrap();
+        let names: Vec<&str> = v["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["agent", "broker"], "{}", p.name);
+        assert!(
+            !holds_a_piece(&spec),
+            "{}: the key in the pod: {spec}",
+            p.name
+        );
+        let objects = lab.kubectl_ok(&[
+            "get",
+            "pod,secret,configmap,pvc",
+            "-l",
+            "app.kubernetes.io/managed-by=caw-box",
+            "-o",
+            "yaml",
+        ]);
+        assert!(
+            !holds_a_piece(&objects),
+            "{}: the key in an object: {objects}",
+            p.name
+        );
+
+        let out = wait_with_deadline(child, Duration::from_secs(240));
+        let first = json_of(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}: the brokered turn failed: {first}\n{}",
+            p.name,
+            stderr_of(&out)
+        );
+        assert!(
+            result_text(&first).contains(&format!("Noted: medlar-{}", p.name)),
+            "{first}"
+        );
+        let id = first["session_id"].as_str().unwrap().to_string();
+        let logs = lab.kubectl_ok(&["get", "events", "-o", "yaml"]);
+        assert!(!holds_a_piece(&logs), "{}: the key in an event", p.name);
+        assert!(
+            !lab.caw_objects().iter().any(|o| o.starts_with("pod/")),
+            "{}: a turn pod was left: {:?}",
+            p.name,
+            lab.caw_objects()
+        );
+
+        check(&format!("{}: a brokered resume recalls", p.name));
+        let mut resume = caw_k8s(data.path(), workspace.path(), &lab);
+        resume.args([
+            "resume",
+            &id,
+            "--endpoint",
+            &endpoint,
+            "-o",
+            "json",
+            "RECALL",
+        ]);
+        let out = crate::common::run(resume);
+        let second = json_of(&out);
+        assert_eq!(out.status.code(), Some(0), "{second}\n{}", stderr_of(&out));
+        assert!(
+            result_text(&second).contains(&format!("You told me to remember medlar-{}", p.name)),
+            "{second}"
+        );
+    }
+
+    check("a brokered detached turn whose driver is SIGKILLed: wait records it");
+    let data = tempfile::tempdir().unwrap();
+    let mut collect = caw_k8s(data.path(), workspace.path(), &lab);
+    collect
+        .args(["auth", "collect", "--provider", CODEX.name])
+        .env("HOME", home.path())
+        .env(CODEX.key_var, TEST_KEY);
+    assert_eq!(crate::common::run(collect).status.code(), Some(0));
+    let mut run = caw_k8s(data.path(), workspace.path(), &lab);
+    run.args([
+        "run",
+        "-d",
+        "--provider",
+        CODEX.name,
+        "--endpoint",
+        &endpoint,
+    ])
+    .args([
+        "--model",
+        CODEX.model.unwrap(),
+        "-o",
+        "json",
+        "SLEEP:8 REMEMBER:kiwi",
+    ]);
+    let out = crate::common::run(run);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let id = json_of(&out)["session_id"].as_str().unwrap().to_string();
+    // Past the driver's first moment (it hands the broker its keys and the agent its files).
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = lab.turn_pod_annotation(&id, "io.caw-box.driver-pid");
+    let killed = Command::new("kill")
+        .args(["-KILL", pid.trim()])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "kill -KILL {pid}");
+    let (waited, _d) = fresh(&lab, workspace.path(), &["wait", &id, "-o", "json"]);
+    let w = json_of(&waited);
+    assert_eq!(waited.status.code(), Some(0), "{w}\n{}", stderr_of(&waited));
+    assert!(result_text(&w).contains("Noted: kiwi"), "{w}");
+    assert!(
+        !lab.caw_objects().iter().any(|o| o.starts_with("pod/")),
+        "a pod was left: {:?}",
+        lab.caw_objects()
+    );
+
+    check("the scan's control: --credentials inject puts the key in the agent's container");
+    let data = tempfile::tempdir().unwrap();
+    let mut collect = caw_k8s(data.path(), workspace.path(), &lab);
+    collect
+        .args(["auth", "collect", "--provider", CODEX.name])
+        .env("HOME", home.path())
+        .env(CODEX.key_var, TEST_KEY);
+    assert_eq!(crate::common::run(collect).status.code(), Some(0));
+    let mut run = caw_k8s(data.path(), workspace.path(), &lab);
+    run.args(["run", "--provider", CODEX.name, "--endpoint", &endpoint])
+        .args(["--credentials", "inject", "--model", CODEX.model.unwrap()])
+        .args(["-o", "json", "SLEEP:15 REMEMBER:injected"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = run.spawn().unwrap();
+    let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    let found = (0..80).find_map(|_| {
+        let found = lab.scan(&pod, "agent", &key_pieces(), false);
+        if found.iter().any(|f| f.ends_with("/environ")) {
+            return Some(found);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        None
+    });
+    assert!(found.is_some(), "the scan did not find the injected key");
+    let spec = lab.kubectl_ok(&["get", "pod", &pod, "-o", "json"]);
+    let v: Value = serde_json::from_str(&spec).unwrap();
+    assert_eq!(
+        v["spec"]["containers"].as_array().unwrap().len(),
+        1,
+        "{spec}"
+    );
+    let out = wait_with_deadline(child, Duration::from_secs(240));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+}
+
+fn holds_a_piece(text: &str) -> bool {
+    key_pieces().iter().any(|p| text.contains(p.as_str()))
+}
+
+/// `caw-box doctor --backend kubernetes` on the lab: one line per check (API server with
+/// context and namespace, RBAC, storage class, each provider's image on the nodes), exit 0
+/// when all is well; a missing image, a user whose Role lacks rights and an unreachable
+/// API server are each a `✗` line and exit 3.
+#[test]
+fn kubernetes_doctor_checks_the_api_server_rbac_storage_and_images() {
+    check("lab up");
+    let lab = Lab::up();
+    lab.load_images(&[
+        "caw-box/claude-code:latest",
+        "caw-box/codex:latest",
+        "caw-box/opencode:latest",
+        "caw-box/gemini:latest",
+    ]);
+    // The kubelet lists a node's images in its status some seconds after they came.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !["claude-code", "codex", "opencode", "gemini"]
+        .iter()
+        .all(|i| {
+            lab.kubectl_ok(&["get", "nodes", "-o", "json"])
+                .contains(&format!("caw-box/{i}:latest"))
+        })
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the node never listed the images"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let workspace = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let doctor = |kubeconfig: Option<&Path>, env: &[(&str, &str)]| {
+        let mut c = caw_k8s(data.path(), workspace.path(), &lab);
+        if let Some(k) = kubeconfig {
+            c.env("KUBECONFIG", k);
+        }
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        // As the brief's user types it: the flag after the command.
+        c.arg("doctor");
+        crate::common::run(c)
+    };
+    let lines =
+        |out: &Output| -> Vec<String> { stdout_of(out).lines().map(str::to_string).collect() };
+    let has = |out: &Output, prefix: &str, words: &str| {
+        lines(out)
+            .iter()
+            .any(|l| l.starts_with(prefix) && l.contains(words))
+    };
+
+    check("all well");
+    let out = doctor(None, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout_of(&out),
+        stderr_of(&out)
+    );
+    for words in [
+        "kubernetes: API server https://127.0.0.1:16443/ (current context",
+        "namespace 'default'",
+        "rbac: every permission caw-box needs in namespace 'default'",
+        "storage: default class 'standard'",
+        "codex: image caw-box/codex:latest on every node (1)",
+        "gemini: image caw-box/gemini:latest on every node (1)",
+    ] {
+        assert!(has(&out, "✓ ", words), "{words}: {}", stdout_of(&out));
+    }
+    assert!(!stdout_of(&out).contains('✗'), "{}", stdout_of(&out));
+
+    check("images from a repository the nodes do not have");
+    let out = doctor(None, &[("CAW_BOX_IMAGE_REPO", "caw-box-absent")]);
+    assert_eq!(out.status.code(), Some(3), "{}", stdout_of(&out));
+    assert!(
+        has(
+            &out,
+            "✗ ",
+            "codex: image caw-box-absent/codex:latest on 0 of 1 nodes"
+        ),
+        "{}",
+        stdout_of(&out)
+    );
+    assert!(
+        stderr_of(&out).contains("4 problems found"),
+        "{}",
+        stderr_of(&out)
+    );
+
+    check("a user whose Role grants only reading pods");
+    let user = "caw-box-e2e-limited";
+    let role = serde_json::json!({
+        "apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": "caw-box-e2e-limited", "namespace": NAMESPACE},
+             "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": "caw-box-e2e-limited", "namespace": NAMESPACE},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "caw-box-e2e-limited"},
+             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}
+        ]
+    });
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), role.to_string()).unwrap();
+    lab.kubectl_ok(&["apply", "-f", &file.path().to_string_lossy()]);
+    let config = std::fs::read_to_string(&lab.kubeconfig).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let limited = dir.path().join("limited");
+    std::fs::write(
+        &limited,
+        config.replace("user: {", &format!("user: {{as: {user}, ")),
+    )
+    .unwrap();
+    let out = doctor(Some(&limited), &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", stdout_of(&out));
+    let rbac = lines(&out)
+        .into_iter()
+        .find(|l| l.starts_with("✗ rbac:"))
+        .unwrap_or_else(|| panic!("no rbac problem: {}", stdout_of(&out)));
+    for missing in [
+        "create pods",
+        "create pods/exec",
+        "get pods/log",
+        "create persistentvolumeclaims",
+        "delete configmaps",
+    ] {
+        assert!(
+            rbac.contains(&format!("{missing},")) || rbac.contains(&format!("{missing};")),
+            "{missing}: {rbac}"
+        );
+    }
+    for granted in ["get pods,", "list pods,"] {
+        assert!(
+            !rbac.contains(&format!(": {granted}")) && !rbac.contains(&format!(" {granted}")),
+            "{granted}: {rbac}"
+        );
+    }
+    // Cluster-wide reads it may not do are notes, not problems.
+    assert!(
+        has(&out, "- ", "storage: cannot list storage classes"),
+        "{}",
+        stdout_of(&out)
+    );
+    assert!(
+        has(&out, "- ", "images: cannot list the nodes"),
+        "{}",
+        stdout_of(&out)
+    );
+
+    check("an unreachable API server");
+    let unreachable = dir.path().join("unreachable");
+    std::fs::write(
+        &unreachable,
+        config.replace("https://127.0.0.1:16443", "https://127.0.0.1:1"),
+    )
+    .unwrap();
+    let out = doctor(Some(&unreachable), &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", stdout_of(&out));
+    assert!(
+        has(
+            &out,
+            "✗ ",
+            "kubernetes: cannot reach the API server https://127.0.0.1:1/"
+        ),
+        "{}",
+        stdout_of(&out)
+    );
+    let first = stderr_of(&out);
+    assert!(
+        first
+            .lines()
+            .next()
+            .unwrap_or("")
+            .starts_with("caw-box: error: the Kubernetes API server is not reachable"),
+        "{first}"
+    );
+}
+
+/// A login file the CLI replaced during a turn (a refreshed OAuth token) goes back to the
+/// auth store, as on Docker, although the pod's runtime directory goes with the pod: it is
+/// read from HOME while the entrypoint waits for the record. The next turn gets it, and no
+/// credential file stays in the state claim.
+#[test]
+fn kubernetes_a_refreshed_login_is_written_back_and_used_next_turn() {
+    use base64::Engine;
+    let jwt = |exp: u64| {
+        let enc = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        format!(
+            "{}.{}.sig",
+            enc(r#"{"alg":"none"}"#),
+            enc(&format!(r#"{{"exp":{exp}}}"#))
+        )
+    };
+    check("lab up");
+    let lab = Lab::up();
+    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    let endpoint = lab.start_stub();
+    let workspace = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let (old, new) = (jwt(2_000_000_000), jwt(2_100_000_000));
+    let path = home.path().join(".codex/auth.json");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(
+        &path,
+        format!(r#"{{"OPENAI_API_KEY":"{TEST_KEY}","tokens":{{"access_token":"{old}"}}}}"#),
+    )
+    .unwrap();
+    let mut collect = caw_k8s(data.path(), workspace.path(), &lab);
+    collect
+        .args(["auth", "collect", "--provider", "codex"])
+        .env("HOME", home.path());
+    let out = crate::common::run(collect);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+
+    check("a turn whose CLI replaces its login file by rename");
+    let refresh = format!(
+        r#"RUN:printf '%s' '{{"OPENAI_API_KEY":"{TEST_KEY}","tokens":{{"access_token":"{new}"}}}}' > ~/.codex/auth.tmp && mv ~/.codex/auth.tmp ~/.codex/auth.json && echo refreshed"#
+    );
+    let mut run = caw_k8s(data.path(), workspace.path(), &lab);
+    run.args(["run", "--provider", "codex", "--endpoint", &endpoint])
+        .args(["--model", CODEX.model.unwrap(), "-o", "json", &refresh]);
+    let out = crate::common::run(run);
+    let first = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{first}\n{}", stderr_of(&out));
+    assert!(result_text(&first).contains("refreshed"), "{first}");
+    let id = first["session_id"].as_str().unwrap().to_string();
+    let stored =
+        std::fs::read_to_string(data.path().join("auth/codex/home/.codex/auth.json")).unwrap();
+    assert!(
+        stored.contains(&new),
+        "the store kept the old token: {stored}"
+    );
+
+    check("the next turn gets the new login; none stays in the claim");
+    let mut resume = caw_k8s(data.path(), workspace.path(), &lab);
+    resume.args(["resume", &id, "--endpoint", &endpoint]).args([
+        "-o",
+        "json",
+        "RUN:cat ~/.codex/auth.json",
+    ]);
+    let out = crate::common::run(resume);
+    let second = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{second}\n{}", stderr_of(&out));
+    assert!(result_text(&second).contains(&new[..40]), "{second}");
+    let found = lab.in_claim(&format!("caw-box-{id}"), "find /h -name auth.json");
+    assert_eq!(found.trim(), "", "a login file at rest in the claim");
+}
+
+impl Lab {
+    /// Runs `script` (sh) in a pod that mounts claim `claim` at /h; its output.
+    fn in_claim(&self, claim: &str, script: &str) -> String {
+        let name = format!("e2e-look-{}", &uuid_like());
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"io.caw-box.test": "e2e"}},
+            "spec": {
+                "restartPolicy": "Never",
+                "automountServiceAccountToken": false,
+                "securityContext": {"runAsUser": 1000, "runAsGroup": 1000},
+                "containers": [{
+                    "name": "look", "image": "caw-box/codex:latest", "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", script],
+                    "volumeMounts": [{"name": "h", "mountPath": "/h", "readOnly": true}]
+                }],
+                "volumes": [{"name": "h", "persistentVolumeClaim": {"claimName": claim, "readOnly": true}}]
+            }
+        });
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), pod.to_string()).unwrap();
+        self.kubectl_ok(&["apply", "-f", &file.path().to_string_lossy()]);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let phase = self.kubectl_ok(&["get", "pod", &name, "-o", "jsonpath={.status.phase}"]);
+            if phase == "Succeeded" || phase == "Failed" {
+                assert_eq!(phase, "Succeeded", "{}", self.kubectl_ok(&["logs", &name]));
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the look pod did not end: {phase}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let out = self.kubectl_ok(&["logs", &name]);
+        self.kubectl_ok(&["delete", "pod", &name, "--wait=true"]);
+        out
+    }
+}
+
+fn uuid_like() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
 }

@@ -162,6 +162,7 @@ mod tests {
             },
             network,
             interactive: None,
+            broker: None,
         }
     }
 

@@ -31,6 +31,12 @@
 //! attachment this process holds. A turn failed by its environment is told by
 //! `ended_by_environment` (OOM kills counted by the pod's memory cgroup, an eviction).
 //!
+//! A brokered turn's pod has the credential broker as a second container
+//! ([`TurnSpec::broker`], `session::broker`): the agent's container runs its entrypoint
+//! under [`MARKED_ENTRY`], which leaves an end marker the broker exits on, so the pod
+//! completes on clusters without native sidecars; exec, attach and logs name the agent's
+//! container ([`KubeBackend::main_container`]).
+//!
 //! Not here: egress proxies and networks (refused before a turn: see the README), a
 //! process limit (a pod has none; a kubelet's `podPidsLimit` is the node's), image builds
 //! (images come from a registry, or `k8s-lab load-image` in tests).
@@ -56,7 +62,9 @@ use super::{
     VolumeInfo,
 };
 use crate::error::{Error, Result};
+use crate::session::{POD_END_DIR, POD_END_FILE, SIDECAR};
 
+pub mod doctor;
 mod meta;
 pub use meta::{label_selector, valid_label_value};
 
@@ -298,10 +306,13 @@ impl KubeBackend {
     /// has ended cannot run anything: that is an error saying so.
     async fn exec(&self, name: &str, argv: &[&str], input: Option<Vec<u8>>) -> Result<Vec<u8>> {
         let what = || format!("run `{}` in pod '{name}'", argv.first().unwrap_or(&""));
-        let params = AttachParams::default()
+        let mut params = AttachParams::default()
             .stdin(input.is_some())
             .stdout(true)
             .stderr(true);
+        if let Some(main) = self.main_container(name).await? {
+            params = params.container(main);
+        }
         let mut process = self
             .pods()
             .exec(name, argv.iter().copied(), &params)
@@ -453,6 +464,76 @@ impl KubeBackend {
         out.map(Some)
     }
 
+    /// Attaches to container `container` of pod `name` (`None`: its only one).
+    async fn attach_to(
+        &self,
+        name: &str,
+        container: Option<String>,
+        stdin: bool,
+        tty: bool,
+    ) -> Result<Attached> {
+        let mut params = AttachParams::default()
+            .stdin(stdin)
+            .stdout(true)
+            .stderr(!tty)
+            .tty(tty)
+            .max_stdout_buf_size(64 * 1024)
+            .max_stderr_buf_size(64 * 1024)
+            .max_stdin_buf_size(64 * 1024);
+        if let Some(c) = container {
+            params = params.container(c);
+        }
+        let mut process = self
+            .pods()
+            .attach(name, &params)
+            .await
+            .map_err(|e| failed(format!("attach to pod '{name}'"), &e))?;
+        if let Some(mut sender) = process.terminal_size() {
+            let resize: Resizer = Box::new(move |width, height| {
+                sender
+                    .try_send(kube::api::TerminalSize { width, height })
+                    .is_ok()
+            });
+            if let Ok(mut terminals) = self.terminals.lock() {
+                terminals.insert(name.to_string(), resize);
+            }
+        }
+        let stdout = process.stdout().expect("stdout was asked for");
+        let stderr: OutputStream = match process.stderr() {
+            Some(stderr) => chunks(stderr, OutputChunk::Stderr),
+            // A terminal has one stream.
+            None => Box::pin(futures_util::stream::empty()),
+        };
+        let input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> = match process.stdin() {
+            Some(w) => Box::pin(w),
+            None => Box::pin(tokio::io::sink()),
+        };
+        // The attachment lives as long as its output is read.
+        let keep = futures_util::stream::once(async move {
+            let _ = process.join().await;
+            None
+        })
+        .filter_map(|x: Option<Result<OutputChunk>>| async move { x });
+        let output = futures_util::stream::select(chunks(stdout, OutputChunk::Stdout), stderr);
+        let output = futures_util::stream::select(output, keep);
+        Ok(Attached {
+            output: Box::pin(output),
+            input,
+        })
+    }
+
+    /// The name of pod `name`'s main container (the agent's, in a turn pod that has a
+    /// broker beside it: exec, attach and logs must name one there); `None` when the pod
+    /// is gone.
+    async fn main_container(&self, name: &str) -> Result<Option<String>> {
+        let pod = self
+            .pods()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read pod '{name}'"), &e))?;
+        Ok(pod.and_then(|p| Some(p.spec?.containers.first()?.name.clone())))
+    }
+
     fn pod(&self, name: &str, labels: &HashMap<String, String>, spec: PodSpec) -> Pod {
         let (labels, annotations) = meta::split(labels);
         Pod {
@@ -496,10 +577,18 @@ fn pod_progress(pod: &Pod) -> Progress {
             return Progress::ImageMissing(format!("{reason}: {}", message.unwrap_or_default()));
         }
     }
-    let container = status
-        .container_statuses
+    // The agent's container (a broker beside it ends after it); else the only one.
+    let main = pod
+        .spec
         .as_ref()
-        .and_then(|s| s.first().cloned());
+        .and_then(|s| s.containers.first())
+        .map(|c| c.name.clone());
+    let statuses = status.container_statuses.clone().unwrap_or_default();
+    let container = statuses
+        .iter()
+        .find(|c| Some(&c.name) == main.as_ref())
+        .or(statuses.first())
+        .cloned();
     if let Some(state) = container.as_ref().and_then(|c| c.state.clone()) {
         if let Some(t) = state.terminated {
             return Progress::Ended(t.exit_code.into());
@@ -792,6 +881,15 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
             Quantity(format!("{}m", (cpus * 1000.0).ceil() as i64)),
         );
     }
+    if spec.broker.is_some() {
+        // Shared by the agent's container and the broker's: the agent's end marker.
+        volumes.push(empty_dir("pod-end", true, "1Mi"));
+        volume_mounts.push(VolumeMount {
+            name: "pod-end".into(),
+            mount_path: POD_END_DIR.into(),
+            ..Default::default()
+        });
+    }
     let handoff_wait = spec
         .runtime_over_stdin
         .then(|| format!("CAW_BOX_HANDOFF_WAIT={}", HANDOFF_WAIT.as_secs()));
@@ -808,6 +906,41 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
             }
         })
         .collect();
+    let broker = spec
+        .broker
+        .as_ref()
+        .map(|command| broker_container(spec, command, uid, gid));
+    let brokered = broker.is_some();
+    // A TUI's runtime files are put in once the pod runs (a terminal's stdin is no way for
+    // an archive): the image's entrypoint starts when they are there. Beside a broker, the
+    // entrypoint leaves the end marker when it ended.
+    let command = match (interactive, brokered) {
+        (false, false) => None,
+        (true, _) => Some(tui_command(&spec.runtime.mount, brokered)),
+        (false, true) => Some(marked_entry()),
+    };
+    let mut containers = vec![Container {
+        name: AGENT.into(),
+        image: Some(spec.image.clone()),
+        image_pull_policy: Some(pull_policy()),
+        command,
+        args: Some(spec.argv.clone()),
+        env: Some(env),
+        working_dir: Some(spec.working_dir.clone()),
+        stdin: Some(spec.runtime_over_stdin || interactive),
+        // Open across attachments: the driver's attachment may end (a detached turn's
+        // driver killed) and another caw-box hand the record in (`adopt`).
+        stdin_once: Some(false),
+        tty: Some(interactive),
+        security_context: Some(hardened(uid, gid)),
+        resources: Some(ResourceRequirements {
+            limits: (!limits.is_empty()).then_some(limits),
+            ..Default::default()
+        }),
+        volume_mounts: Some(volume_mounts),
+        ..Default::default()
+    }];
+    containers.extend(broker);
     Ok(PodSpec {
         restart_policy: Some("Never".into()),
         automount_service_account_token: Some(false),
@@ -815,32 +948,77 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         security_context: Some(pod_security(gid)),
         termination_grace_period_seconds: Some(10),
         init_containers: Some(vec![seed_home(spec, uid, gid)]),
-        containers: vec![Container {
-            name: "agent".into(),
-            image: Some(spec.image.clone()),
-            image_pull_policy: Some(pull_policy()),
-            // A TUI's runtime files are put in once the pod runs (a terminal's stdin is no
-            // way for an archive): the image's entrypoint starts when they are there.
-            command: interactive.then(|| tui_command(&spec.runtime.mount)),
-            args: Some(spec.argv.clone()),
-            env: Some(env),
-            working_dir: Some(spec.working_dir.clone()),
-            stdin: Some(spec.runtime_over_stdin || interactive),
-            // Open across attachments: the driver's attachment may end (a detached turn's
-            // driver killed) and another caw-box hand the record in (`adopt`).
-            stdin_once: Some(false),
-            tty: Some(interactive),
-            security_context: Some(hardened(uid, gid)),
-            resources: Some(ResourceRequirements {
-                limits: (!limits.is_empty()).then_some(limits),
-                ..Default::default()
-            }),
-            volume_mounts: Some(volume_mounts),
-            ..Default::default()
-        }],
+        containers,
         volumes: Some(volumes),
         ..Default::default()
     })
+}
+
+/// The agent's container in a turn pod (the first).
+const AGENT: &str = "agent";
+
+/// The credential broker beside the agent (`crate::session::broker`): the same image and
+/// sandbox, its keys on its stdin (never in its spec), the pod's end marker read-only.
+fn broker_container(spec: &TurnSpec, command: &[String], uid: i64, gid: i64) -> Container {
+    Container {
+        name: SIDECAR.into(),
+        image: Some(spec.image.clone()),
+        image_pull_policy: Some(pull_policy()),
+        command: Some(command.to_vec()),
+        stdin: Some(true),
+        stdin_once: Some(false),
+        security_context: Some(hardened(uid, gid)),
+        resources: Some(ResourceRequirements {
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("256Mi".into()),
+            )])),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "pod-end".into(),
+            mount_path: POD_END_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// Runs its arguments (the image's entrypoint and the turn's argv) as bash's child, passing on its
+/// stdin and the stop signals, and leaves the pod's end marker once it ended, with its
+/// exit code: the broker beside it then exits, so the pod completes. (Bash starts a
+/// background child with SIGINT ignored: `env --default-signal` gives it back, so the
+/// entrypoint can forward it.)
+const MARKED_ENTRY: &str = r#"trap 'kill -TERM "$p" 2>/dev/null' TERM
+trap 'kill -INT "$p" 2>/dev/null' INT
+trap 'kill -HUP "$p" 2>/dev/null' HUP
+env --default-signal=INT,QUIT "$@" <&0 &
+p=$!
+rc=
+until [ -n "$rc" ]; do
+  wait "$p" 2>/dev/null; r=$?
+  if [ "$r" -le 128 ] || ! kill -0 "$p" 2>/dev/null; then
+    wait "$p" 2>/dev/null; r2=$?
+    if [ "$r2" -eq 127 ]; then rc=$r; else rc=$r2; fi
+  fi
+done
+: > "$CAW_BOX_POD_END"
+exit "$rc""#;
+
+/// The agent container's command beside a broker: tini, then [`MARKED_ENTRY`].
+fn marked_entry() -> Vec<String> {
+    vec![
+        "/usr/bin/tini".into(),
+        "--".into(),
+        "env".into(),
+        format!("CAW_BOX_POD_END={POD_END_DIR}/{POD_END_FILE}"),
+        "bash".into(),
+        "-c".into(),
+        MARKED_ENTRY.into(),
+        "caw-box-agent".into(),
+        "/usr/local/bin/caw-box-entry".into(),
+    ]
 }
 
 /// The file in a TUI pod's runtime directory that says its runtime files are all there.
@@ -848,9 +1026,18 @@ const RUNTIME_READY: &str = ".caw-box-ready";
 
 /// A TUI pod's command: waits for its runtime files, then becomes the caw-box image's
 /// entrypoint (tini, `caw-box-entry`) with the turn's argv.
-fn tui_command(run_dir: &str) -> Vec<String> {
+fn tui_command(run_dir: &str, brokered: bool) -> Vec<String> {
+    let entry = if brokered {
+        marked_entry()
+            .iter()
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ")
+    } else {
+        "/usr/bin/tini -- /usr/local/bin/caw-box-entry".to_string()
+    };
     let script = format!(
-        "while [ ! -e {ready} ]; do sleep 0.1; done; exec /usr/bin/tini -- /usr/local/bin/caw-box-entry \"$@\"",
+        "while [ ! -e {ready} ]; do sleep 0.1; done; exec {entry} \"$@\"",
         ready = shell_quote(&format!("{run_dir}/{RUNTIME_READY}"))
     );
     vec!["sh".into(), "-c".into(), script, "caw-box-tui".into()]
@@ -1061,53 +1248,37 @@ impl Backend for KubeBackend {
             .get_opt(name)
             .await
             .map_err(|e| failed(format!("read pod '{name}'"), &e))?
-            .and_then(|p| p.spec?.containers.first()?.tty)
-            .unwrap_or(false);
-        let params = AttachParams::default()
-            .stdin(stdin)
-            .stdout(true)
-            .stderr(!tty)
-            .tty(tty)
-            .max_stdout_buf_size(64 * 1024)
-            .max_stderr_buf_size(64 * 1024)
-            .max_stdin_buf_size(64 * 1024);
-        let mut process = self
+            .and_then(|p| p.spec?.containers.first().cloned());
+        let main = tty.as_ref().map(|c| c.name.clone());
+        let tty = tty.and_then(|c| c.tty).unwrap_or(false);
+        self.attach_to(name, main, stdin, tty).await
+    }
+
+    fn brokers_in_turn_pod(&self) -> bool {
+        true
+    }
+
+    async fn attach_sidecar(&self, name: &str, sidecar: &str) -> Result<Attached> {
+        // Running, or the attachment would wait for nothing.
+        let pod = self
             .pods()
-            .attach(name, &params)
+            .get_opt(name)
             .await
-            .map_err(|e| failed(format!("attach to pod '{name}'"), &e))?;
-        if let Some(mut sender) = process.terminal_size() {
-            let resize: Resizer = Box::new(move |width, height| {
-                sender
-                    .try_send(kube::api::TerminalSize { width, height })
-                    .is_ok()
-            });
-            if let Ok(mut terminals) = self.terminals.lock() {
-                terminals.insert(name.to_string(), resize);
-            }
+            .map_err(|e| failed(format!("read pod '{name}'"), &e))?
+            .ok_or_else(|| Error::environment(format!("pod '{name}' does not exist")))?;
+        let running = pod
+            .status
+            .and_then(|s| s.container_statuses)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.name == sidecar && c.state.as_ref().is_some_and(|s| s.running.is_some()));
+        if !running {
+            return Err(Error::environment(format!(
+                "the container '{sidecar}' of pod '{name}' does not run"
+            )));
         }
-        let stdout = process.stdout().expect("stdout was asked for");
-        let stderr: OutputStream = match process.stderr() {
-            Some(stderr) => chunks(stderr, OutputChunk::Stderr),
-            // A terminal has one stream.
-            None => Box::pin(futures_util::stream::empty()),
-        };
-        let input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> = match process.stdin() {
-            Some(w) => Box::pin(w),
-            None => Box::pin(tokio::io::sink()),
-        };
-        // The attachment lives as long as its output is read.
-        let keep = futures_util::stream::once(async move {
-            let _ = process.join().await;
-            None
-        })
-        .filter_map(|x: Option<Result<OutputChunk>>| async move { x });
-        let output = futures_util::stream::select(chunks(stdout, OutputChunk::Stdout), stderr);
-        let output = futures_util::stream::select(output, keep);
-        Ok(Attached {
-            output: Box::pin(output),
-            input,
-        })
+        self.attach_to(name, Some(sidecar.to_string()), true, false)
+            .await
     }
 
     async fn resize_tty(&self, name: &str, columns: u16, rows: u16) -> Result<()> {
@@ -1252,10 +1423,12 @@ impl Backend for KubeBackend {
     }
 
     fn follow_logs(&self, name: &str) -> OutputStream {
-        let (pods, name) = (self.pods(), name.to_string());
+        let (this, pods, name) = (self.clone(), self.pods(), name.to_string());
         let stream = async move {
             let params = LogParams {
                 follow: true,
+                // The agent's, not the broker's beside it.
+                container: this.main_container(&name).await.ok().flatten(),
                 ..Default::default()
             };
             match pods.log_stream(&name, &params).await {

@@ -81,6 +81,7 @@ fn turn() -> TurnSpec {
         },
         network: NetworkPolicy::Default,
         interactive: None,
+        broker: None,
     }
 }
 
@@ -232,4 +233,95 @@ fn an_evicted_or_oom_killed_pod_names_its_cause() {
     assert_eq!(pod_failure(&ended), None);
     assert_eq!(readable_bytes("1073741824"), "1Gi");
     assert_eq!(readable_bytes("1000"), "1000");
+}
+
+/// A brokered turn's pod: the broker is a second container of the same image and sandbox,
+/// its spec holds no key (its keys come on its stdin), it sees only the shared end marker
+/// (read-only), and the agent's entrypoint runs under the wrapper that leaves that marker.
+#[test]
+fn a_brokered_turn_pod_has_the_broker_beside_the_agent_and_no_key_in_its_spec() {
+    let mut t = turn();
+    t.broker = Some(crate::session::sidecar_entrypoint());
+    let spec = turn_pod_spec(&t).unwrap();
+    let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["agent", "broker"]);
+    let (agent, broker) = (&spec.containers[0], &spec.containers[1]);
+    assert_eq!(agent.command.as_deref(), Some(&marked_entry()[..]));
+    assert_eq!(agent.args.as_deref(), Some(&t.argv[..]));
+    assert_eq!(broker.stdin, Some(true));
+    assert_eq!(broker.env, None);
+    let sc = broker.security_context.as_ref().unwrap();
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    let mounts = broker.volume_mounts.as_ref().unwrap();
+    assert_eq!(mounts.len(), 1);
+    assert_eq!(mounts[0].mount_path, POD_END_DIR);
+    assert_eq!(mounts[0].read_only, Some(true));
+    assert!(agent
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .any(|m| m.mount_path == POD_END_DIR && m.read_only != Some(true)));
+    let json = serde_json::to_string(&spec).unwrap();
+    assert!(!json.contains("sk-"), "{json}");
+    // Without a broker: the image's own entrypoint, one container.
+    let plain = turn_pod_spec(&turn()).unwrap();
+    assert_eq!(plain.containers.len(), 1);
+    assert_eq!(plain.containers[0].command, None);
+    // A TUI beside a broker waits for its files, then runs the same wrapper.
+    t.interactive = Some(Some((80, 24)));
+    let tui = turn_pod_spec(&t).unwrap();
+    let script = &tui.containers[0].command.as_ref().unwrap()[2];
+    assert!(script.contains("CAW_BOX_POD_END="), "{script}");
+    assert!(script.contains(".caw-box-ready"), "{script}");
+}
+
+/// The wrapper (run by the real bash here) passes on stdin, the entrypoint's exit code and a
+/// stop signal, and leaves the end marker in every case.
+#[test]
+fn the_marked_entry_passes_stdin_exit_code_and_signals_and_leaves_the_marker() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ended");
+    let wrapped = |inner: &str| {
+        let mut c = Command::new("bash");
+        c.env("CAW_BOX_POD_END", &marker)
+            .args(["-c", MARKED_ENTRY, "caw-box-agent", "bash", "-c", inner])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        c
+    };
+    let mut child = wrapped("read -r x; echo \"got $x\"; exit 7")
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "got hello\n");
+    assert!(marker.exists());
+    std::fs::remove_file(&marker).unwrap();
+    // SIGTERM to the wrapper reaches the entrypoint, whose own exit code counts.
+    let mut child = wrapped("trap 'exit 3' TERM; echo up; while :; do sleep 0.1; done")
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 3];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let code = (0..100).find_map(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        child.try_wait().unwrap().map(|s| s.code())
+    });
+    if code.is_none() {
+        let _ = child.kill();
+    }
+    assert_eq!(code, Some(Some(3)), "the wrapper did not pass SIGTERM on");
+    assert!(marker.exists());
 }
