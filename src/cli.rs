@@ -378,9 +378,9 @@ pub struct TurnArgs {
     /// (`.credentials.json`, Keychain) stays outside the agent's container; the CLI gets a
     /// placeholder, and a credential broker (one per network and key, shared by the turns
     /// there) adds the real key on the way to the model, and refreshes the login for all of
-    /// them. `inject`: the real credentials reach the CLI through a private file (always so
-    /// for codex, gemini and opencode logins, `--network none|host` and the kubernetes
-    /// backend, for now).
+    /// them (on Kubernetes the broker is a sidecar in the turn's pod, for API keys). `inject`:
+    /// the real credentials reach the CLI through a private file (always so for codex, gemini
+    /// and opencode logins, Claude's login on Kubernetes and `--network none|host`, for now).
     #[arg(long, value_enum, value_name = "MODE", env = "CAW_BOX_CREDENTIALS")]
     pub credentials: Option<CredentialsArg>,
     /// When the vendor's usage or rate limit stops the turn: `fail` (exit 5, the default),
