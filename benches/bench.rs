@@ -487,6 +487,8 @@ fn docker_turn(
     use caw_box::provider::TurnRequest;
     let new_key = uuid::Uuid::new_v4().to_string();
     let endpoint = format!("http://{}:8080", rig.stub);
+    // The key goes in as an environment variable, as caw-box's injected mode does it.
+    let credential_env = [b.key_var.to_string()];
     let command = b.provider.adapter().turn_command(&TurnRequest {
         prompt,
         resume_key,
@@ -495,7 +497,7 @@ fn docker_turn(
         model: b.model,
         endpoint: Some(&endpoint),
         interactive: false,
-        credential_env: &[],
+        credential_env: &credential_env,
         ..Default::default()
     });
     let run_dir = tempfile::tempdir().unwrap();
@@ -949,10 +951,12 @@ fn cluster(reps: usize) -> Vec<Measure> {
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
     });
     lab_kubectl(&["apply", "-f", "-"], Some(&claim.to_string()));
+    let credential_env = ["OPENAI_API_KEY".to_string()];
     let command = ProviderKind::Codex.adapter().turn_command(&TurnRequest {
         prompt: "hello",
         model: Some("gpt-5.5"),
         endpoint: Some(&endpoint),
+        credential_env: &credential_env,
         ..Default::default()
     });
     let mut env = vec![
