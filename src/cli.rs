@@ -374,13 +374,13 @@ pub struct TurnArgs {
     /// Start the turn in the background, print the session id, and return at once.
     #[arg(short, long)]
     pub detach: bool,
-    /// `broker` (default where it works): a collected API key or Claude login
-    /// (`.credentials.json`, Keychain) stays outside the agent's container; the CLI gets a
+    /// `broker` (default where it works): a collected API key, Claude login
+    /// (`.credentials.json`, Keychain) or codex ChatGPT login (`auth.json`) stays outside the agent's container; the CLI gets a
     /// placeholder, and a credential broker (one per network and key, shared by the turns
     /// there) adds the real key on the way to the model, and refreshes the login for all of
     /// them (on Kubernetes the broker is a sidecar in the turn's pod, for API keys). `inject`:
-    /// the real credentials reach the CLI through a private file (always so for codex, gemini
-    /// and opencode logins, Claude's login on Kubernetes and `--network none|host`, for now).
+    /// the real credentials reach the CLI through a private file (always so for gemini and
+    /// opencode logins, logins on Kubernetes and `--network none|host`, for now).
     #[arg(long, value_enum, value_name = "MODE", env = "CAW_BOX_CREDENTIALS")]
     pub credentials: Option<CredentialsArg>,
     /// When the vendor's usage or rate limit stops the turn: `fail` (exit 5, the default),

@@ -137,6 +137,11 @@ pub fn placeholder_login(
             ok &= json_set(&mut v, path, fake.into());
         }
     }
+    for path in &spec.clear {
+        if json_at(&v, path).is_some_and(|k| !k.is_null()) {
+            ok &= json_set(&mut v, path, serde_json::Value::Null);
+        }
+    }
     if let Some(path) = &spec.last_refresh {
         let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
         ok &= json_set(&mut v, path, now.into());
@@ -166,6 +171,11 @@ pub fn refreshed_login(
     }
     if let (Some(path), Some(id)) = (&spec.id_token, &tokens.id_token) {
         ok &= json_set(&mut v, path, id.as_str().into());
+    }
+    for path in &spec.clear {
+        if json_at(&v, path).is_some_and(|k| !k.is_null()) {
+            ok &= json_set(&mut v, path, serde_json::Value::Null);
+        }
     }
     if let Some(path) = &spec.last_refresh {
         let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
@@ -276,13 +286,20 @@ pub fn prepare_as(
             .any(|t| *t != o.target && store.file(p, t).is_some());
         if let Some(real) = store.file(p, &o.target).filter(|_| !others) {
             let stand_in = format!("{}{}", o.placeholder_prefix, uuid::Uuid::new_v4().simple());
-            if let Some((file, stand_in)) = placeholder_login(o, real.expose(), &stand_in) {
-                files.push((format!("{AUTH_SUBDIR}/home/{}", o.target), file));
-                logins.push(BrokeredLogin {
-                    placeholder: stand_in,
-                    target: o.target.clone(),
-                    real,
-                });
+            match placeholder_login(o, real.expose(), &stand_in) {
+                Some((file, stand_in)) => {
+                    files.push((format!("{AUTH_SUBDIR}/home/{}", o.target), file));
+                    logins.push(BrokeredLogin {
+                        placeholder: stand_in,
+                        target: o.target.clone(),
+                        real,
+                    });
+                }
+                None => tracing::warn!(
+                    "the {p} login in {} is not of the shape the credential broker knows; \
+                     the CLI gets it as it is (injected)",
+                    o.target
+                ),
             }
         }
     }
@@ -445,7 +462,7 @@ mod tests {
         let claims =
             b64.encode(br#"{"exp":1,"https://api.openai.com/auth":{"chatgpt_account_id":"acct"}}"#);
         let real = format!(
-            r#"{{"tokens":{{"access_token":"h.{claims}.realsig","id_token":"h.{claims}.realidsig","refresh_token":"rt","account_id":"acct"}},"last_refresh":"2020-01-01T00:00:00Z"}}"#
+            r#"{{"OPENAI_API_KEY":"sk-realkey","tokens":{{"access_token":"h.{claims}.realsig","id_token":"h.{claims}.realidsig","refresh_token":"rt","account_id":"acct"}},"last_refresh":"2020-01-01T00:00:00Z"}}"#
         );
         let spec = Spec::of(ProviderKind::Codex).oauth.unwrap();
         let (file, placeholder) =
@@ -454,6 +471,8 @@ mod tests {
         assert!(
             !text.contains("realsig") && !text.contains("realidsig") && !text.contains("\"rt\"")
         );
+        // The API key codex may keep beside its login is not in the placeholder file.
+        assert!(!text.contains("sk-realkey"), "{text}");
         assert!(
             placeholder.ends_with(".cawbox-placeholder-7"),
             "{placeholder}"
@@ -472,8 +491,7 @@ mod tests {
             claims["https://api.openai.com/auth"]["chatgpt_account_id"],
             "acct"
         );
-        // Known, not brokered yet: a codex login stays injected.
-        assert!(!spec.brokered);
+        assert!(spec.brokered);
     }
 
     #[test]

@@ -65,6 +65,11 @@ pub struct OAuthSpec {
     pub scopes: Option<String>,
     #[serde(default)]
     pub default_scope: Option<String>,
+    /// Other credentials the login file may hold beside the login (codex keeps an API key
+    /// there): `null` in the placeholder file (the key reaches the CLI, brokered, through
+    /// `derived_env`).
+    #[serde(default)]
+    pub clear: Vec<String>,
     /// The placeholder access token's prefix (the shape of the vendor's tokens).
     pub placeholder_prefix: String,
     /// Whether logins are brokered (`false`: the data is known, the login stays injected;

@@ -62,10 +62,15 @@ fn scan_writable(container: &str, user: &str, patterns: &[String]) -> Option<Vec
     drop(stdin);
     let out = wait_with_deadline(child, Duration::from_secs(120));
     if !out.status.success() {
+        // A turn that ends during the scan takes the exec with it.
+        let running = Command::new("docker")
+            .args(["inspect", "-f", "{{.State.Running}}", container])
+            .output()
+            .is_ok_and(|o| stdout_of(&o).trim() == "true");
         assert!(
-            stderr_of(&out).contains("No such container")
-                || stderr_of(&out).contains("is not running"),
-            "scan as {user}: {}",
+            !running,
+            "scan as {user} ({:?}): {}",
+            out.status,
             stderr_of(&out)
         );
         return None;
@@ -190,6 +195,49 @@ fn the_broker_refreshes_a_claude_login_once_for_eight_parallel_sessions() {
     });
 }
 
+#[test]
+fn the_broker_refreshes_a_codex_chatgpt_login_once_for_eight_parallel_sessions() {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    // Not a secret (it is in the claims): not made of `tag`, which the secrets are.
+    let account = format!("acct-{}", uuid::Uuid::new_v4().simple());
+    let exp = in_an_hour_ms() / 1000;
+    // A ChatGPT login as codex keeps it: JWTs whose claims name the account and plan (codex
+    // decodes them, never verifies); only their signatures and the refresh token are secret.
+    let header = b64(r#"{"alg":"RS256","typ":"JWT"}"#);
+    let claims = b64(&format!(
+        r#"{{"exp":{exp},"email":"dev@example.com","https://api.openai.com/auth":{{"chatgpt_account_id":"{account}","chatgpt_plan_type":"pro"}}}}"#
+    ));
+    let (access_sig, id_sig) = (format!("realaccesssig{tag}"), format!("realidsig{tag}"));
+    let access = format!("{header}.{claims}.{access_sig}");
+    let refresh = format!("rt_realrefresh{tag}");
+    let text = format!(
+        r#"{{"OPENAI_API_KEY":null,"tokens":{{"id_token":"{header}.{claims}.{id_sig}","access_token":"{access}","refresh_token":"{refresh}","account_id":"{account}"}},"last_refresh":"2026-11-24T00:00:00Z"}}"#
+    );
+    refreshes_once_per_expiry(Login {
+        provider: "codex",
+        model: Some("gpt-5.5"),
+        target: ".codex/auth.json",
+        text,
+        secrets: vec![access_sig, id_sig, refresh.clone()],
+        access,
+        refresh,
+        access_at: &["tokens", "access_token"],
+        refresh_at: &["tokens", "refresh_token"],
+        inject_works: true,
+    });
+}
+
+/// What of `token` is secret: a JWT's signature (its header and claims are not: a
+/// placeholder keeps them), or the whole token.
+fn secret_part(token: &str) -> &str {
+    match token.split('.').count() {
+        3 => token.rsplit('.').next().unwrap_or(token),
+        _ => token,
+    }
+}
+
 /// Eight sessions of `login`'s CLI run turns in parallel, valid first, then across two
 /// forced expiries: every turn succeeds, the stub granted exactly one refresh per expiry
 /// and rejected none, the store ends with the newest tokens, and the agent's container
@@ -267,29 +315,46 @@ fn refreshes_once_per_expiry(login: Login) {
             })
             .collect();
         if round == 3 {
-            let container = rig.wait_for_running_turn(None, Duration::from_secs(90));
             // Real tokens: the first login's, and every one the stub issued.
             let mut patterns: Vec<String> = seen_tokens
                 .iter()
                 .flat_map(|t| (0..=t.len() - 16).map(move |i| t[i..i + 16].to_string()))
                 .collect();
             patterns.extend(["stub-access-".to_string(), "stub-refresh-".to_string()]);
+            // The control: a running turn whose placeholder login the scan finds (a turn
+            // that ends meanwhile is replaced by another of the eight).
+            let mut container = rig.wait_for_running_turn(None, Duration::from_secs(90));
+            let (mut gone, mut empty) = (Vec::new(), 0);
             let placeholder_seen = (0..360).any(|_| {
-                let found = scan_writable(&container, "1000", &["cawbox-placeholder".into()]);
-                if found
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|f| f.ends_with(login.target))
-                {
-                    return true;
+                match scan_writable(&container, "1000", &["cawbox-placeholder".into()]) {
+                    Some(found) if found.iter().any(|f| f.ends_with(login.target)) => return true,
+                    Some(_) => empty += 1,
+                    None => {
+                        gone.push(container.clone());
+                        container = rig.wait_for_running_turn(None, Duration::from_secs(30));
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(250));
                 false
             });
-            assert!(
-                placeholder_seen,
-                "the scan finds no placeholder (does it read anything?)"
-            );
+            if !placeholder_seen {
+                let dir = std::path::Path::new(login.target).parent().unwrap();
+                let look = Command::new("docker")
+                    .args(["exec", &container, "bash", "-c"])
+                    .arg(format!(
+                        "ls -la ~/{}; cat ~/{}; echo; ps -ef",
+                        dir.display(),
+                        login.target
+                    ))
+                    .output()
+                    .unwrap();
+                panic!(
+                    "the scan finds no placeholder in {container} ({empty} scans found nothing; \
+                     gone meanwhile: {gone:?}): {}{}",
+                    stdout_of(&look),
+                    stderr_of(&look)
+                );
+            }
             for user in ["1000", "0"] {
                 let found = scan_writable(&container, user, &patterns)
                     .expect("the scanned turn ended before its scan");
@@ -314,7 +379,7 @@ fn refreshes_once_per_expiry(login: Login) {
         let stored = stored_login(&rig, login.provider, login.target);
         let newest = s["refresh_token"].as_str().unwrap();
         assert_eq!(at(&stored, login.refresh_at), newest, "{stored}");
-        let access_now = at(&stored, login.access_at).as_str().unwrap();
+        let access_now = secret_part(at(&stored, login.access_at).as_str().unwrap());
         assert!(access_now.starts_with("stub-access-"), "{stored}");
         seen_tokens.push(newest.to_string());
         seen_tokens.push(access_now.to_string());

@@ -4,14 +4,20 @@
 //!
 //! Off unless `STUB_OAUTH=<access>,<refresh>` (the login's first tokens) is set;
 //! `STUB_OAUTH_TTL` (seconds, default 3600) is how long each issued access token is valid.
+//! When the first access token is a JWT (codex's ChatGPT login, OpenAI's are), the issued
+//! ones are too: its header and claims with a new `exp`, and `stub-access-…` as the
+//! signature (the one secret part), as the vendor issues a token of the same shape.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use base64::Engine;
 use serde_json::{json, Value};
 
 #[derive(Debug)]
 struct Tokens {
+    /// The first access token's JWT header and claims, when it is a JWT.
+    jwt: Option<(String, Value)>,
     access: String,
     refresh: String,
     /// When `access` stops being accepted.
@@ -45,6 +51,7 @@ impl OAuth {
         OAuth {
             ttl,
             tokens: Mutex::new(Tokens {
+                jwt: jwt_parts(access),
                 access: access.to_string(),
                 refresh: refresh.to_string(),
                 until: Instant::now() + ttl,
@@ -94,7 +101,15 @@ impl OAuth {
         t.issued += 1;
         let n = t.issued;
         let stamp = crate::protocol::unix_millis();
-        t.access = format!("stub-access-{n}-{stamp:x}");
+        let secret = format!("stub-access-{n}-{stamp:x}");
+        t.access = match &t.jwt {
+            Some((header, claims)) => {
+                let mut claims = claims.clone();
+                claims["exp"] = ((stamp / 1000) as u64 + self.ttl.as_secs()).into();
+                format!("{header}.{}.{secret}", b64().encode(claims.to_string()))
+            }
+            None => secret,
+        };
         t.refresh = format!("stub-refresh-{n}-{stamp:x}");
         t.until = Instant::now() + self.ttl;
         t.refreshes += 1;
@@ -119,6 +134,18 @@ impl OAuth {
         let t = self.lock();
         json!({"refreshes": t.refreshes, "rejected": t.rejected, "refresh_token": t.refresh})
     }
+}
+
+fn b64() -> base64::engine::GeneralPurpose {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+}
+
+/// A JWT's header (as sent) and claims, if `token` is one.
+fn jwt_parts(token: &str) -> Option<(String, Value)> {
+    let mut parts = token.split('.');
+    let (header, claims, _signature) = (parts.next()?, parts.next()?, parts.next()?);
+    let claims = serde_json::from_slice(&b64().decode(claims).ok()?).ok()?;
+    Some((header.to_string(), claims))
 }
 
 /// Percent-decoding of a form value (`+` is a space).
@@ -173,6 +200,28 @@ mod tests {
         );
         o.expire();
         assert!(!o.accepts(s["refresh_token"].as_str()));
+    }
+
+    #[test]
+    fn a_jwt_login_gets_jwts_with_a_new_expiry_and_its_claims() {
+        let claims = b64().encode(r#"{"exp":1,"chatgpt_account_id":"acct"}"#);
+        let o = OAuth::new(
+            &format!("eyJh.{claims}.sig0"),
+            "r0",
+            Duration::from_secs(60),
+        );
+        let (_, fresh) = o.token(br#"{"grant_type":"refresh_token","refresh_token":"r0"}"#);
+        let access = fresh["access_token"].as_str().unwrap();
+        assert!(o.accepts(Some(access)));
+        let (header, claims) = jwt_parts(access).unwrap();
+        assert_eq!(header, "eyJh");
+        assert_eq!(claims["chatgpt_account_id"], "acct");
+        assert!(claims["exp"].as_u64().unwrap() > 1_700_000_000, "{claims}");
+        assert!(access
+            .rsplit('.')
+            .next()
+            .unwrap()
+            .starts_with("stub-access-"));
     }
 
     #[test]
