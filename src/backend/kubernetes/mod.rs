@@ -37,7 +37,14 @@
 //! completes on clusters without native sidecars; exec, attach and logs name the agent's
 //! container ([`KubeBackend::main_container`]).
 //!
-//! Not here: egress proxies and networks (refused before a turn: see the README), a
+//! `--allow-host` is held in the turn's pod ([`TurnSpec::egress_allow`]): an init container
+//! sets iptables rules in the pod's own network namespace that let out only loopback and
+//! the proxy and broker sidecars' uids ([`egress_init`]), and the proxy is a sidecar on the
+//! pod's loopback ([`proxy_container`]). No NetworkPolicy, so it holds whatever the CNI;
+//! it needs NET_ADMIN for the init container, which a `baseline` or `restricted`
+//! PodSecurity level refuses ([`pod_security_refused`]).
+//!
+//! Not here: Docker networks (`--network NAME|host`, refused before a turn), a
 //! process limit (a pod has none; a kubelet's `podPidsLimit` is the node's), image builds
 //! (images come from a registry, or `k8s-lab load-image` in tests).
 
