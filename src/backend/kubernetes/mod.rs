@@ -269,6 +269,26 @@ impl KubeBackend {
                     "pod '{name}' was deleted before it ran"
                 ))));
             };
+            if egress_init_failed(&pod) {
+                // Its own words (iptables missing from a custom image, a kernel without
+                // nf_tables or ip_tables), then the pod goes: no turn without the rules.
+                let params = LogParams {
+                    container: Some(EGRESS_INIT.to_string()),
+                    ..Default::default()
+                };
+                let said = self.pods().logs(name, &params).await.unwrap_or_default();
+                let said = said.lines().rev().find(|l| !l.trim().is_empty());
+                let _ = self.remove_container(name, true).await;
+                return Err(CreateError::Other(
+                    Error::environment(format!(
+                        "the turn's egress rules (--allow-host) could not be set in pod '{name}': {}",
+                        said.unwrap_or("its init container failed").trim()
+                    ))
+                    .with_hint(format!(
+                        "the image '{image}' needs iptables (caw-box's images have it) and the node's kernel nf_tables or ip_tables"
+                    )),
+                ));
+            }
             match pod_progress(&pod) {
                 Progress::Running | Progress::Ended(_) => return Ok(()),
                 Progress::ImageMissing(why) => {
@@ -567,6 +587,18 @@ enum Progress {
     Running,
     Ended(i64),
     ImageMissing(String),
+}
+
+/// Whether pod's egress init container ([`egress_init`]) ended in failure.
+fn egress_init_failed(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.name == EGRESS_INIT)
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+        .any(|t| t.exit_code != 0)
 }
 
 fn pod_progress(pod: &Pod) -> Progress {
@@ -1109,6 +1141,8 @@ hold() {
   "$1" -w -A OUTPUT -p tcp -j REJECT --reject-with tcp-reset
   "$1" -w -A OUTPUT -j REJECT
 }
+command -v iptables-nft >/dev/null || command -v iptables-legacy >/dev/null ||
+  { echo "caw-box: the image has no iptables" >&2; exit 1; }
 v4=$(pick iptables) || { echo "caw-box: iptables works neither as nft nor as legacy in this pod" >&2; exit 1; }
 hold "$v4" "$1"
 if v6=$(pick ip6tables); then

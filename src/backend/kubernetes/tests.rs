@@ -486,3 +486,19 @@ fn the_marked_entry_waits_for_the_proxy_port() {
     assert_eq!(out.status.code(), Some(0));
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
 }
+
+#[test]
+fn a_failed_egress_init_container_is_told_apart_from_the_seeding_one() {
+    let pod = |name: &str, code: i32| -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "status": {"initContainerStatuses": [{
+                "name": name, "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": code}}
+            }]}
+        }))
+        .unwrap()
+    };
+    assert!(egress_init_failed(&pod(EGRESS_INIT, 1)));
+    assert!(!egress_init_failed(&pod(EGRESS_INIT, 0)));
+    assert!(!egress_init_failed(&pod("seed-home", 1)));
+}
