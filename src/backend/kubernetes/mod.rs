@@ -1798,7 +1798,7 @@ impl Backend for KubeBackend {
         _labels: HashMap<String, String>,
     ) -> Result<()> {
         Err(Error::usage(format!(
-            "cannot create network '{name}': --allow-host is not available with the kubernetes backend yet"
+            "cannot create network '{name}': networks are not available with the kubernetes backend (--allow-host is held in the turn's pod)"
         )))
     }
 
