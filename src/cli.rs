@@ -22,8 +22,8 @@ Examples:
 A collected API key or Claude login never enters the agent's container: the CLI gets a
 placeholder, and a credential broker outside it adds the real key (or access token, which it
 refreshes) on the way to the model (--credentials inject hands the CLI the real ones through
-a private file instead; other logins kept in files, --network none|host and the kubernetes
-backend are always injected for now).
+a private file instead; other logins kept in files, --network host and Claude's login on the
+kubernetes backend are always injected for now).
 
 Settings not given as flags come from CAW_BOX_* variables, then the project's .caw-box.toml,
 then ~/.config/caw-box/config.toml: `caw-box config show` says which.";
@@ -447,7 +447,9 @@ pub struct SettingsArgs {
     /// `*.example.com`, or `@provider` for the provider's API host (or the --endpoint host).
     /// Recommended, with a collected API key: `--allow-host @provider`: model traffic leaves
     /// through the credential broker, the provider's host need not be reachable from the
-    /// agent, and the agent holds no key.
+    /// agent, and the agent holds no key. On Kubernetes it is held inside the turn's pod
+    /// (an init container's iptables rules and the proxy as a sidecar: no NetworkPolicy
+    /// needed; the namespace's PodSecurity level must allow NET_ADMIN).
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     pub allow_host: Vec<String>,
     /// Send the CLI's model traffic to this base URL (a proxy, gateway or local server).

@@ -88,7 +88,9 @@ server.on('connect', (req, socket, head) => {
   upstream.on('error', () => socket.end('HTTP/1.1 502 Bad Gateway\r\n\r\n'));
 });
 
-server.listen(Number(process.env.CAW_BOX_PROXY_PORT || 3128), '0.0.0.0', () =>
+// CAW_BOX_PROXY_HOST: 127.0.0.1 in a Kubernetes turn pod (the agent beside it, nobody else).
+const host = process.env.CAW_BOX_PROXY_HOST || '0.0.0.0';
+server.listen(Number(process.env.CAW_BOX_PROXY_PORT || 3128), host, () =>
   log({ decision: 'listening', allow: allow.map((a) => a.host + (a.port ? ':' + a.port : '')) })
 );
 for (const sig of ['SIGTERM', 'SIGINT']) process.on(sig, () => process.exit(0));

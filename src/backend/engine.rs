@@ -192,6 +192,9 @@ impl Backend for Engine {
     fn brokers_in_turn_pod(&self) -> bool {
         dispatch!(self, b => Backend::brokers_in_turn_pod(b))
     }
+    fn holds_egress_in_turn_pod(&self) -> bool {
+        dispatch!(self, b => Backend::holds_egress_in_turn_pod(b))
+    }
     async fn attach_sidecar(&self, name: &str, sidecar: &str) -> Result<Attached> {
         dispatch!(self, b => Backend::attach_sidecar(b, name, sidecar).await)
     }

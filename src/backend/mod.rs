@@ -142,6 +142,12 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn brokers_in_turn_pod(&self) -> bool {
         false
     }
+    /// Whether `--allow-host` is held inside a turn's own unit (Kubernetes: firewall rules
+    /// in the pod's network namespace and a proxy sidecar, [`TurnSpec::egress_allow`]),
+    /// instead of an internal network and a proxy container of its own (Docker, Podman).
+    fn holds_egress_in_turn_pod(&self) -> bool {
+        false
+    }
     /// Attaches to the input and output of the sidecar container `sidecar` of the running
     /// turn `name` ([`Self::brokers_in_turn_pod`]).
     fn attach_sidecar(
@@ -476,6 +482,10 @@ pub struct Limits {
     pub pids: i64,
 }
 
+/// The proxy sidecar's container in a turn pod that holds its own egress
+/// ([`Backend::holds_egress_in_turn_pod`]); `<pod>/proxy` names its log.
+pub const PROXY_SIDECAR: &str = "proxy";
+
 /// One turn of a session, in caw-box's terms: what the backend runs in the agent's
 /// sandbox (non-root, no capabilities, no new privileges, read-only root with a /tmp,
 /// never privileged). Its name, the session's turn container name, is the session's lock.
@@ -509,6 +519,10 @@ pub struct TurnSpec {
     /// The credential broker as a sidecar of the turn (only where
     /// [`Backend::brokers_in_turn_pod`]): its command, run in the turn's image.
     pub broker: Option<Vec<String>>,
+    /// `--allow-host` held inside the turn's own unit (only where
+    /// [`Backend::holds_egress_in_turn_pod`]): the hosts a proxy sidecar admits, all other
+    /// egress refused; empty: no such hold.
+    pub egress_allow: Vec<String>,
 }
 
 impl TurnSpec {

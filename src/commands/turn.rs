@@ -407,25 +407,19 @@ fn finish(result: &TurnResult) -> Result<i32> {
 
 /// Settings a backend cannot honour are refused before anything is made, never ignored:
 /// Kubernetes has no per-pod process limit (a node's kubelet sets `podPidsLimit` for all
-/// its pods, or none); and a pod's egress cannot be held to `--allow-host` by caw-box
-/// alone (a proxy beside the agent is only advice without a NetworkPolicy that a cluster
-/// may not enforce), nor put on a Docker network.
+/// its pods, or none); and a pod cannot be put on a Docker network or the host's
+/// (`--allow-host` is held inside the turn's pod: firewall rules in its network namespace
+/// and a proxy sidecar; `--network none` is refused for every backend, by the settings).
 fn refuse_unsupported(backend: &Engine, settings: &SessionSettings) -> Result<()> {
     let Engine::Kubernetes(_) = backend else {
         return Ok(());
     };
-    if !settings.allow_hosts.is_empty() {
-        return Err(Error::usage(
-            "--allow-host is not available with the kubernetes backend: caw-box cannot hold a pod's egress to a list on its own (that takes a NetworkPolicy the cluster enforces)",
-        )
-        .with_hint("drop --allow-host (and `allow_host` from config files); restrict the namespace's egress with a NetworkPolicy"));
-    }
     if !matches!(settings.network.as_str(), "open" | "") {
         return Err(Error::usage(format!(
             "--network {} is not available with the kubernetes backend: pods use the cluster's network",
             settings.network
         ))
-        .with_hint("drop --network (and `network` from config files)"));
+        .with_hint("drop --network (and `network` from config files); --allow-host holds a turn's egress to a list"));
     }
     if let Some(limit) = settings.pids_limit {
         return Err(Error::usage(format!(

@@ -88,8 +88,10 @@ pub async fn run_turn(
     };
     let mut runtime = Runtime::default();
     let allow = crate::settings::expand_allow_hosts(record.provider, &record.settings);
-    let egress_network =
-        (!allow.is_empty()).then(|| names::egress_names(record.session_id, std::process::id()).0);
+    // Held in the turn's own pod (Kubernetes), or by a network and a proxy of its own.
+    let pod_egress = !allow.is_empty() && backend.holds_egress_in_turn_pod();
+    let egress_network = (!allow.is_empty() && !pod_egress)
+        .then(|| names::egress_names(record.session_id, std::process::id()).0);
     // Brokered when asked for, and the turn has a network to put a broker on.
     let in_pod = backend.brokers_in_turn_pod();
     let want_broker = !options.inject_credentials
@@ -234,7 +236,7 @@ pub async fn run_turn(
         }
         return Err(e);
     }
-    let egress = if allow.is_empty() {
+    let egress = if allow.is_empty() || pod_egress {
         None
     } else {
         match Egress::start(backend, record, &allow).await {
@@ -260,6 +262,18 @@ pub async fn run_turn(
         env.push(format!("NO_PROXY={direct}"));
         env.push(format!("no_proxy={direct}"));
         tracing::debug!("egress through {} on {}", e.proxy, e.network);
+    }
+    // The proxy sidecar of the turn's pod, on its loopback (the broker is there too).
+    let pod_proxy = pod_egress.then(|| format!("{name}/{}", crate::backend::PROXY_SIDECAR));
+    if pod_egress {
+        let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
+        for var in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
+            env.push(format!("{var}={proxy}"));
+        }
+        let direct = "localhost,127.0.0.1";
+        env.push(format!("NO_PROXY={direct}"));
+        env.push(format!("no_proxy={direct}"));
+        tracing::debug!("egress through the pod's proxy sidecar");
     }
     let payload = if options.interactive {
         None
@@ -291,6 +305,9 @@ pub async fn run_turn(
     }
     if let Some(e) = &egress {
         spec.network = NetworkPolicy::Named(e.network.clone());
+    }
+    if pod_egress {
+        spec.egress_allow = allow.clone();
     }
     // The broker starts beside the agent's container, off the turn's critical path: the
     // runtime files (and so the CLI) wait for it on the agent's stdin, not its creation.
@@ -337,7 +354,10 @@ pub async fn run_turn(
             home_files: &home_files,
             home_out: crate::auth::inject::has_files(&credentials).then_some(&home_out),
             runtime_payload: payload.as_deref(),
-            proxy: egress.as_ref().map(|e| e.proxy.as_str()),
+            proxy: egress
+                .as_ref()
+                .map(|e| e.proxy.as_str())
+                .or(pod_proxy.as_deref()),
             broker_ready: ready_rx.clone(),
         };
         let outcome = if options.interactive {
@@ -432,6 +452,7 @@ fn turn_spec(
         network: NetworkPolicy::from_setting(&settings.network),
         interactive: None,
         broker: None,
+        egress_allow: vec![],
     })
 }
 

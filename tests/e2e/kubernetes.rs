@@ -99,11 +99,16 @@ impl Lab {
 
     /// Runs the stub model as a pod; its base URL (by pod IP).
     fn start_stub(&self) -> String {
+        self.start_stub_named("stub-model")
+    }
+
+    /// [`Self::start_stub`] as pod `name` (a second stub: a host not in a list).
+    fn start_stub_named(&self, name: &str) -> String {
         let pod = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": "stub-model",
+                "name": name,
                 "labels": {"app.kubernetes.io/managed-by": "caw-box-e2e", "io.caw-box.test": "e2e"}
             },
             "spec": {
@@ -122,7 +127,7 @@ impl Lab {
         self.kubectl_ok(&["apply", "-f", &file.path().to_string_lossy()]);
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            let out = self.kubectl(&["get", "pod", "stub-model", "-o", "json"]);
+            let out = self.kubectl(&["get", "pod", name, "-o", "json"]);
             if out.status.success() {
                 let pod: Value = serde_json::from_slice(&out.stdout).unwrap();
                 let ip = pod["status"]["podIP"].as_str().unwrap_or("");
@@ -143,7 +148,7 @@ impl Lab {
             assert!(
                 Instant::now() < deadline,
                 "the stub pod did not run: {}",
-                stdout_of(&self.kubectl(&["describe", "pod", "stub-model"]))
+                stdout_of(&self.kubectl(&["describe", "pod", name]))
             );
             std::thread::sleep(Duration::from_millis(300));
         }
@@ -888,11 +893,11 @@ fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
     let out = crate::common::run(resume(&id, &["--pids-limit", "100"], "hello"));
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
 
-    check("--allow-host: refused with exit 2 (no NetworkPolicy to hold it), nothing made");
-    let out = crate::common::run(run(&["--allow-host", "@provider"], "hello"));
+    check("--network host (a Docker network's name too): refused with exit 2, nothing made");
+    let out = crate::common::run(run(&["--network", "host"], "hello"));
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
     assert!(
-        error_line(&out).contains("--allow-host"),
+        error_line(&out).contains("--network host is not available with the kubernetes backend"),
         "{}",
         stderr_of(&out)
     );
@@ -1746,4 +1751,168 @@ fn uuid_like() -> String {
             .unwrap()
             .as_nanos()
     )
+}
+
+/// `--allow-host` on Kubernetes, held inside the turn's pod (iptables rules of an init
+/// container in the pod's network namespace, and a proxy sidecar): a turn to an allowed
+/// stub succeeds; from the running agent's container a second stub is refused directly
+/// and through the proxy (which logs it, and the turn's log says so), while the proxy's
+/// own uid reaches it (the rules, not the lab's network, refuse the agent); a brokered turn
+/// gets out through its sidecar; `--network none` is refused as on Docker.
+#[test]
+fn kubernetes_allow_host_holds_the_pods_egress_without_a_network_policy() {
+    const P: P = CODEX;
+    check("lab up");
+    let lab = Lab::up();
+    check("load images");
+    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    let endpoint = lab.start_stub();
+    let other = lab.start_stub_named("stub-other");
+    let host_of = |url: &str| url.trim_start_matches("http://").to_string();
+    let (allowed, refused) = (host_of(&endpoint), host_of(&other));
+    let (other_ip, other_port) = refused.split_once(':').unwrap();
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
+    let data = tempfile::tempdir().unwrap();
+
+    check("an --allow-host turn, probed from inside while it runs");
+    let mut run = turn_cmd(
+        P,
+        data.path(),
+        workspace.path(),
+        &lab,
+        &["run", "--provider", P.name, "--endpoint", &endpoint],
+    );
+    run.args(["--model", P.model.unwrap(), "--allow-host", &allowed])
+        .arg("SLEEP:15 REMEMBER:quince")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = run.spawn().unwrap();
+    let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    let spec: Value =
+        serde_json::from_str(&lab.kubectl_ok(&["get", "pod", &pod, "-o", "json"])).unwrap();
+    let names = |key: &str| -> Vec<String> {
+        spec["spec"][key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names("initContainers")[0], "egress", "{spec}");
+    assert_eq!(names("containers"), ["agent", "proxy"], "{spec}");
+    // The rules are in place before the agent runs: its init container has ended.
+    let rules = lab.kubectl_ok(&["logs", &pod, "-c", "egress"]);
+    assert!(rules.contains("egress held to uids"), "{rules}");
+    let probe = format!(
+        r#"id -u
+if (exec 3<>/dev/tcp/{other_ip}/{other_port}) 2>/dev/null; then echo direct-other=open; else echo direct-other=refused; fi
+if (exec 3<>/dev/tcp/{allowed_ip}/{allowed_port}) 2>/dev/null; then echo direct-allowed=open; else echo direct-allowed=refused; fi
+node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}/v1/models"}},r=>{{console.log("proxied-other="+r.statusCode);process.exit(0)}}).on("error",e=>{{console.log("proxied-other="+e.message);process.exit(0)}})'"#,
+        allowed_ip = allowed.split(':').next().unwrap(),
+        allowed_port = allowed.split(':').nth(1).unwrap(),
+    );
+    let seen = lab.kubectl_ok(&["exec", &pod, "-c", "agent", "--", "bash", "-c", &probe]);
+    assert!(seen.starts_with("1000\n"), "not the agent user: {seen}");
+    assert!(seen.contains("direct-other=refused"), "{seen}");
+    assert!(
+        seen.contains("direct-allowed=refused"),
+        "an allowed host is reached through the proxy only: {seen}"
+    );
+    assert!(seen.contains("proxied-other=403"), "{seen}");
+    // The control: the same pod's proxy (its own uid) reaches the second stub directly.
+    let control = lab.kubectl_ok(&[
+        "exec",
+        &pod,
+        "-c",
+        "proxy",
+        "--",
+        "bash",
+        "-c",
+        &format!("id -u; (exec 3<>/dev/tcp/{other_ip}/{other_port}) && echo reached"),
+    ]);
+    assert!(control.contains("reached"), "{control}");
+    assert!(!control.starts_with("1000\n"), "{control}");
+
+    let out = wait_with_deadline(child, Duration::from_secs(240));
+    let v = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{v}\n{}", stderr_of(&out));
+    assert_eq!(v["status"], "success", "{v}");
+    let id = v["session_id"].as_str().unwrap().to_string();
+    let mut logs = caw_k8s(data.path(), workspace.path(), &lab);
+    logs.args(["logs", &id]);
+    let logs = crate::common::run(logs);
+    assert!(
+        stdout_of(&logs).contains(&format!("egress to {refused} was refused")),
+        "what the proxy refused is not in the turn's log: {}",
+        stdout_of(&logs)
+    );
+
+    check("a detached --allow-host resume completes and recalls");
+    let mut resume = turn_cmd(
+        P,
+        data.path(),
+        workspace.path(),
+        &lab,
+        &["resume", &id, "-d"],
+    );
+    resume.arg("RECALL");
+    let out = crate::common::run(resume);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let (waited, _d) = fresh(&lab, workspace.path(), &["wait", &id, "-o", "json"]);
+    let w = json_of(&waited);
+    assert_eq!(waited.status.code(), Some(0), "{w}\n{}", stderr_of(&waited));
+    assert!(result_text(&w).contains("quince"), "{w}");
+
+    check("brokered: the broker sidecar gets out, the agent holds no key");
+    let home = tempfile::tempdir().unwrap();
+    let bdata = tempfile::tempdir().unwrap();
+    let mut collect = caw_k8s(bdata.path(), workspace.path(), &lab);
+    collect
+        .args(["auth", "collect", "--provider", P.name])
+        .env("HOME", home.path())
+        .env(P.key_var, TEST_KEY);
+    let out = crate::common::run(collect);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let mut brokered = caw_k8s(bdata.path(), workspace.path(), &lab);
+    brokered
+        .args(["run", "--provider", P.name, "--endpoint", &endpoint])
+        .args(["--model", P.model.unwrap(), "--allow-host", "@provider"])
+        .args(["-o", "json", "SLEEP:6 hello"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = brokered.spawn().unwrap();
+    let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    let spec: Value =
+        serde_json::from_str(&lab.kubectl_ok(&["get", "pod", &pod, "-o", "json"])).unwrap();
+    let containers: Vec<&str> = spec["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(containers, ["agent", "broker", "proxy"], "{spec}");
+    let out = wait_with_deadline(child, Duration::from_secs(240));
+    let v = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{v}\n{}", stderr_of(&out));
+
+    check("--network none: refused with exit 2 as on Docker, nothing made");
+    let before = lab.caw_objects();
+    let mut none = turn_cmd(
+        P,
+        data.path(),
+        workspace.path(),
+        &lab,
+        &["run", "--provider", P.name, "--endpoint", &endpoint],
+    );
+    none.args(["--network", "none", "hello"]);
+    let out = crate::common::run(none);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        error_line(&out).contains("--network none leaves the CLI no way to reach its model"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert_eq!(lab.caw_objects(), before, "something was made");
+    drop(lab);
 }

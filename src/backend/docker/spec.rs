@@ -163,6 +163,7 @@ mod tests {
             network,
             interactive: None,
             broker: None,
+            egress_allow: vec![],
         }
     }
 

@@ -37,7 +37,14 @@
 //! completes on clusters without native sidecars; exec, attach and logs name the agent's
 //! container ([`KubeBackend::main_container`]).
 //!
-//! Not here: egress proxies and networks (refused before a turn: see the README), a
+//! `--allow-host` is held in the turn's pod ([`TurnSpec::egress_allow`]): an init container
+//! sets iptables rules in the pod's own network namespace that let out only loopback and
+//! the proxy and broker sidecars' uids ([`egress_init`]), and the proxy is a sidecar on the
+//! pod's loopback ([`proxy_container`]). No NetworkPolicy, so it holds whatever the CNI;
+//! it needs NET_ADMIN for the init container, which a `baseline` or `restricted`
+//! PodSecurity level refuses ([`pod_security_refused`]).
+//!
+//! Not here: Docker networks (`--network NAME|host`, refused before a turn), a
 //! process limit (a pod has none; a kubelet's `podPidsLimit` is the node's), image builds
 //! (images come from a registry, or `k8s-lab load-image` in tests).
 
@@ -59,9 +66,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use super::{
     Attached, Backend, ContainerInfo, ContainerState, CreateError, HelperSpec, ImageInfo,
     MountSource, MountSpec, NetworkPolicy, OutputChunk, OutputStream, TarFile, TurnSpec,
-    VolumeInfo,
+    VolumeInfo, PROXY_SIDECAR,
 };
 use crate::error::{Error, Result};
+use crate::session::runner::PROXY_PORT;
 use crate::session::{POD_END_DIR, POD_END_FILE, SIDECAR};
 
 pub mod doctor;
@@ -234,6 +242,9 @@ impl KubeBackend {
         match self.pods().create(&PostParams::default(), pod).await {
             Ok(_) => Ok(()),
             Err(e) if is_status(&e, 409) => Err(CreateError::NameTaken),
+            Err(kube::Error::Api(r)) if r.message.contains("PodSecurity") => {
+                Err(CreateError::Other(pod_security_refused(&name, &r.message)))
+            }
             Err(e) => Err(CreateError::Other(failed(
                 format!("create pod '{name}'"),
                 &e,
@@ -258,6 +269,26 @@ impl KubeBackend {
                     "pod '{name}' was deleted before it ran"
                 ))));
             };
+            if egress_init_failed(&pod) {
+                // Its own words (iptables missing from a custom image, a kernel without
+                // nf_tables or ip_tables), then the pod goes: no turn without the rules.
+                let params = LogParams {
+                    container: Some(EGRESS_INIT.to_string()),
+                    ..Default::default()
+                };
+                let said = self.pods().logs(name, &params).await.unwrap_or_default();
+                let said = said.lines().rev().find(|l| !l.trim().is_empty());
+                let _ = self.remove_container(name, true).await;
+                return Err(CreateError::Other(
+                    Error::environment(format!(
+                        "the turn's egress rules (--allow-host) could not be set in pod '{name}': {}",
+                        said.unwrap_or("its init container failed").trim()
+                    ))
+                    .with_hint(format!(
+                        "the image '{image}' needs iptables (caw-box's images have it) and the node's kernel nf_tables or ip_tables"
+                    )),
+                ));
+            }
             match pod_progress(&pod) {
                 Progress::Running | Progress::Ended(_) => return Ok(()),
                 Progress::ImageMissing(why) => {
@@ -558,6 +589,18 @@ enum Progress {
     ImageMissing(String),
 }
 
+/// Whether pod's egress init container ([`egress_init`]) ended in failure.
+fn egress_init_failed(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.name == EGRESS_INIT)
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+        .any(|t| t.exit_code != 0)
+}
+
 fn pod_progress(pod: &Pod) -> Progress {
     let status = pod.status.clone().unwrap_or_default();
     // An init container that cannot get its image (the turn's own): the main container
@@ -692,6 +735,22 @@ fn pod_failure(pod: &Pod) -> Option<String> {
 
 /// A turn's pod gone before the turn ended: the API's eviction (a node drain) deletes the
 /// pod, and on this side that looks as a deletion does.
+/// The namespace's PodSecurity admission refused pod `name` (`message`, the API server's):
+/// under `--allow-host` its egress init container needs NET_ADMIN and root, which the
+/// `baseline` and `restricted` levels forbid.
+pub fn pod_security_refused(name: &str, message: &str) -> Error {
+    let why = if message.contains(EGRESS_INIT) || message.contains("NET_ADMIN") {
+        "--allow-host needs an init container with NET_ADMIN and NET_RAW running as root, which the namespace's PodSecurity level (baseline or restricted) forbids"
+    } else {
+        "the namespace's PodSecurity level forbids it"
+    };
+    let first = message.lines().next().unwrap_or(message);
+    Error::environment(format!(
+        "the API server refused pod '{name}': {why} ({first})"
+    ))
+    .with_hint("run the turn in a namespace labelled pod-security.kubernetes.io/enforce=privileged, or drop --allow-host")
+}
+
 fn deleted_under_turn(name: &str) -> Error {
     let id = name.strip_prefix("caw-box-").unwrap_or(name);
     Error::environment(format!(
@@ -846,9 +905,16 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         NetworkPolicy::Default => {}
         other => {
             return Err(Error::usage(format!(
-                "--network {other:?} and --allow-host are not available with the kubernetes backend yet"
+                "--network {other:?} is not available with the kubernetes backend: pods use the cluster's network (--allow-host holds a turn's egress to a list)"
             )))
         }
+    }
+    let (uid, gid) = (i64::from(spec.user.0), i64::from(spec.user.1));
+    let held = !spec.egress_allow.is_empty();
+    if held && [PROXY_UID, BROKER_UID].contains(&uid) {
+        return Err(Error::usage(format!(
+            "the agent's uid {uid} is the one the kubernetes backend keeps for its proxy or broker sidecar: --allow-host could not tell them apart"
+        )));
     }
     if !interactive && !spec.runtime.files.is_empty() {
         return Err(Error::environment(
@@ -870,7 +936,6 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         mount_path: "/tmp".into(),
         ..Default::default()
     });
-    let (uid, gid) = (i64::from(spec.user.0), i64::from(spec.user.1));
     let mut limits = BTreeMap::new();
     if let Some(memory) = spec.limits.memory {
         limits.insert("memory".to_string(), Quantity(memory.to_string()));
@@ -881,8 +946,9 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
             Quantity(format!("{}m", (cpus * 1000.0).ceil() as i64)),
         );
     }
-    if spec.broker.is_some() {
-        // Shared by the agent's container and the broker's: the agent's end marker.
+    let sidecars = spec.broker.is_some() || held;
+    if sidecars {
+        // Shared by the agent's container and its sidecars: the agent's end marker.
         volumes.push(empty_dir("pod-end", true, "1Mi"));
         volume_mounts.push(VolumeMount {
             name: "pod-end".into(),
@@ -890,13 +956,19 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
             ..Default::default()
         });
     }
+    if held {
+        // For iptables-legacy's lock (the egress init container's root is read-only).
+        volumes.push(empty_dir("xtables", true, "1Mi"));
+    }
     let handoff_wait = spec
         .runtime_over_stdin
         .then(|| format!("CAW_BOX_HANDOFF_WAIT={}", HANDOFF_WAIT.as_secs()));
+    let proxy_wait = held.then(|| format!("CAW_BOX_PROXY_WAIT={PROXY_PORT}"));
     let env = spec
         .env
         .iter()
         .chain(handoff_wait.as_ref())
+        .chain(proxy_wait.as_ref())
         .map(|kv| {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             k8s_openapi::api::core::v1::EnvVar {
@@ -909,14 +981,15 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
     let broker = spec
         .broker
         .as_ref()
-        .map(|command| broker_container(spec, command, uid, gid));
+        .map(|command| broker_container(spec, command, gid));
     let brokered = broker.is_some();
+    let proxy = held.then(|| proxy_container(spec, gid));
     // A TUI's runtime files are put in once the pod runs (a terminal's stdin is no way for
     // an archive): the image's entrypoint starts when they are there. Beside a broker, the
     // entrypoint leaves the end marker when it ended.
-    let command = match (interactive, brokered) {
+    let command = match (interactive, sidecars) {
         (false, false) => None,
-        (true, _) => Some(tui_command(&spec.runtime.mount, brokered)),
+        (true, _) => Some(tui_command(&spec.runtime.mount, sidecars)),
         (false, true) => Some(marked_entry()),
     };
     let mut containers = vec![Container {
@@ -941,13 +1014,19 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         ..Default::default()
     }];
     containers.extend(broker);
+    containers.extend(proxy);
+    let mut init_containers = Vec::new();
+    if held {
+        init_containers.push(egress_init(spec, brokered));
+    }
+    init_containers.push(seed_home(spec, uid, gid));
     Ok(PodSpec {
         restart_policy: Some("Never".into()),
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         security_context: Some(pod_security(gid)),
         termination_grace_period_seconds: Some(10),
-        init_containers: Some(vec![seed_home(spec, uid, gid)]),
+        init_containers: Some(init_containers),
         containers,
         volumes: Some(volumes),
         ..Default::default()
@@ -957,9 +1036,17 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
 /// The agent's container in a turn pod (the first).
 const AGENT: &str = "agent";
 
+/// The uid of a turn pod's proxy sidecar (`--allow-host`), and of its broker sidecar: each
+/// its own, not the agent's, as the pod's firewall lets out these two alone
+/// ([`egress_init`]).
+pub const PROXY_UID: i64 = 10_001;
+pub const BROKER_UID: i64 = 10_002;
+
 /// The credential broker beside the agent (`crate::session::broker`): the same image and
-/// sandbox, its keys on its stdin (never in its spec), the pod's end marker read-only.
-fn broker_container(spec: &TurnSpec, command: &[String], uid: i64, gid: i64) -> Container {
+/// sandbox under a uid of its own, its keys on its stdin (never in its spec), the pod's end
+/// marker read-only.
+fn broker_container(spec: &TurnSpec, command: &[String], gid: i64) -> Container {
+    let uid = BROKER_UID;
     Container {
         name: SIDECAR.into(),
         image: Some(spec.image.clone()),
@@ -985,12 +1072,140 @@ fn broker_container(spec: &TurnSpec, command: &[String], uid: i64, gid: i64) -> 
     }
 }
 
-/// Runs its arguments (the image's entrypoint and the turn's argv) as bash's child, passing on its
+/// `--allow-host` on Kubernetes, held inside the turn pod's own network namespace (as
+/// Istio's init container does), so no NetworkPolicy is needed and any CNI will do: this
+/// init container (the turn's image, root with NET_ADMIN and NET_RAW alone, no privilege
+/// escalation) sets the pod's OUTPUT rules, IPv4 and IPv6: loopback, the proxy sidecar's
+/// uid and (brokered) the broker's uid get out; every other packet is rejected. The
+/// agent's container then reaches only the proxy on 127.0.0.1, which admits the allowed
+/// hosts. It has no secret. A PodSecurity level of `baseline` or `restricted` forbids it.
+fn egress_init(spec: &TurnSpec, brokered: bool) -> Container {
+    let mut uids = vec![PROXY_UID];
+    if brokered {
+        uids.push(BROKER_UID);
+    }
+    let uids = uids
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(" ");
+    Container {
+        name: EGRESS_INIT.into(),
+        image: Some(spec.image.clone()),
+        image_pull_policy: Some(pull_policy()),
+        command: Some(vec![
+            "bash".into(),
+            "-c".into(),
+            EGRESS_RULES.into(),
+            "caw-box-egress".into(),
+            uids,
+        ]),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(false),
+            run_as_user: Some(0),
+            run_as_group: Some(0),
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_string()]),
+                add: Some(vec!["NET_ADMIN".to_string(), "NET_RAW".to_string()]),
+            }),
+            ..Default::default()
+        }),
+        // iptables-legacy's lock file, on a read-only root.
+        volume_mounts: Some(vec![VolumeMount {
+            name: "xtables".into(),
+            mount_path: "/run".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// The egress init container's name.
+pub const EGRESS_INIT: &str = "egress";
+
+/// [`egress_init`]'s rules, `$1` the uids let out: nft if the node's kernel has it, else
+/// legacy; IPv6 too unless the pod has none.
+const EGRESS_RULES: &str = r#"set -e
+pick() {
+  for v in nft legacy; do
+    if "$1-$v" -w -S OUTPUT >/dev/null 2>&1; then echo "$1-$v"; return 0; fi
+  done
+  return 1
+}
+hold() {
+  "$1" -w -A OUTPUT -o lo -j ACCEPT
+  for u in $2; do "$1" -w -A OUTPUT -m owner --uid-owner "$u" -j ACCEPT; done
+  "$1" -w -A OUTPUT -p tcp -j REJECT --reject-with tcp-reset
+  "$1" -w -A OUTPUT -j REJECT
+}
+command -v iptables-nft >/dev/null || command -v iptables-legacy >/dev/null ||
+  { echo "caw-box: the image has no iptables" >&2; exit 1; }
+v4=$(pick iptables) || { echo "caw-box: iptables works neither as nft nor as legacy in this pod" >&2; exit 1; }
+hold "$v4" "$1"
+if v6=$(pick ip6tables); then
+  hold "$v6" "$1"
+elif [ -e /proc/net/if_inet6 ]; then
+  echo "caw-box: the pod has IPv6 but ip6tables works neither as nft nor as legacy" >&2; exit 1
+fi
+echo "caw-box: egress held to uids $1 ($v4${v6:+, $v6})""#;
+
+/// The proxy beside the agent under `--allow-host` (the image's proxy.js, as on Docker):
+/// on the pod's loopback only, a uid of its own, the same sandbox; it exits on the pod's
+/// end marker, as the broker does.
+fn proxy_container(spec: &TurnSpec, gid: i64) -> Container {
+    let marker = serde_json::Value::String(format!("{POD_END_DIR}/{POD_END_FILE}"));
+    let script = format!(
+        "setInterval(()=>{{if(require('fs').existsSync({marker}))process.exit(0);}},300);require('/usr/local/lib/caw-box/proxy.js');"
+    );
+    let env = [
+        ("CAW_BOX_ALLOW", spec.egress_allow.join(",")),
+        ("CAW_BOX_PROXY_PORT", PROXY_PORT.to_string()),
+        ("CAW_BOX_PROXY_HOST", "127.0.0.1".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| k8s_openapi::api::core::v1::EnvVar {
+        name: k.to_string(),
+        value: Some(v),
+        value_from: None,
+    })
+    .collect();
+    Container {
+        name: PROXY_SIDECAR.into(),
+        image: Some(spec.image.clone()),
+        image_pull_policy: Some(pull_policy()),
+        command: Some(vec!["node".into(), "-e".into(), script]),
+        env: Some(env),
+        security_context: Some(hardened(PROXY_UID, gid)),
+        resources: Some(ResourceRequirements {
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("128Mi".into()),
+            )])),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "pod-end".into(),
+            mount_path: POD_END_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// Runs its arguments (the image's entrypoint and the turn's argv) as bash's child (once the
+/// proxy sidecar listens, given `CAW_BOX_PROXY_WAIT`, its port), passing on its
 /// stdin and the stop signals, and leaves the pod's end marker once it ended, with its
 /// exit code: the broker beside it then exits, so the pod completes. (Bash starts a
 /// background child with SIGINT ignored: `env --default-signal` gives it back, so the
 /// entrypoint can forward it.)
-const MARKED_ENTRY: &str = r#"trap 'kill -TERM "$p" 2>/dev/null' TERM
+const MARKED_ENTRY: &str = r#"if [ -n "${CAW_BOX_PROXY_WAIT:-}" ]; then
+  for _ in $(seq 100); do (: <"/dev/tcp/127.0.0.1/$CAW_BOX_PROXY_WAIT") 2>/dev/null && break; sleep 0.1; done
+fi
+trap 'kill -TERM "$p" 2>/dev/null' TERM
 trap 'kill -INT "$p" 2>/dev/null' INT
 trap 'kill -HUP "$p" 2>/dev/null' HUP
 env --default-signal=INT,QUIT "$@" <&0 &
@@ -1258,6 +1473,10 @@ impl Backend for KubeBackend {
         true
     }
 
+    fn holds_egress_in_turn_pod(&self) -> bool {
+        true
+    }
+
     async fn attach_sidecar(&self, name: &str, sidecar: &str) -> Result<Attached> {
         // Running, or the attachment would wait for nothing.
         let pod = self
@@ -1423,12 +1642,21 @@ impl Backend for KubeBackend {
     }
 
     fn follow_logs(&self, name: &str) -> OutputStream {
-        let (this, pods, name) = (self.clone(), self.pods(), name.to_string());
+        // `<pod>/<container>` names a sidecar's log (the proxy's: what it refused).
+        let (name, sidecar) = match name.split_once('/') {
+            Some((pod, container)) => (pod.to_string(), Some(container.to_string())),
+            None => (name.to_string(), None),
+        };
+        let (this, pods) = (self.clone(), self.pods());
         let stream = async move {
+            let container = match sidecar {
+                Some(c) => Some(c),
+                // The agent's, not the broker's beside it.
+                None => this.main_container(&name).await.ok().flatten(),
+            };
             let params = LogParams {
                 follow: true,
-                // The agent's, not the broker's beside it.
-                container: this.main_container(&name).await.ok().flatten(),
+                container,
                 ..Default::default()
             };
             match pods.log_stream(&name, &params).await {
@@ -1570,7 +1798,7 @@ impl Backend for KubeBackend {
         _labels: HashMap<String, String>,
     ) -> Result<()> {
         Err(Error::usage(format!(
-            "cannot create network '{name}': --allow-host is not available with the kubernetes backend yet"
+            "cannot create network '{name}': networks are not available with the kubernetes backend (--allow-host is held in the turn's pod)"
         )))
     }
 

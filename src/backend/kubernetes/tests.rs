@@ -82,6 +82,7 @@ fn turn() -> TurnSpec {
         network: NetworkPolicy::Default,
         interactive: None,
         broker: None,
+        egress_allow: vec![],
     }
 }
 
@@ -324,4 +325,180 @@ fn the_marked_entry_passes_stdin_exit_code_and_signals_and_leaves_the_marker() {
     }
     assert_eq!(code, Some(Some(3)), "the wrapper did not pass SIGTERM on");
     assert!(marker.exists());
+}
+
+/// `--allow-host`: an init container (root, NET_ADMIN and NET_RAW alone, no escalation, no
+/// secret) holds the pod's egress to the proxy sidecar's uid (and the broker's, brokered);
+/// the proxy runs under a uid of its own, on loopback, and ends on the agent's end marker.
+#[test]
+fn an_allow_host_pod_holds_its_egress_with_an_init_container_and_a_proxy_sidecar() {
+    let mut t = turn();
+    t.env.push("OPENAI_API_KEY=caw-box-placeholder".into());
+    t.egress_allow = vec!["10.244.7.9:8080".into(), "*.example.com".into()];
+    let spec = turn_pod_spec(&t).unwrap();
+    let inits = spec.init_containers.as_ref().unwrap();
+    assert_eq!(
+        inits[0].name, EGRESS_INIT,
+        "the rules come before anything runs"
+    );
+    let init = &inits[0];
+    let sc = init.security_context.as_ref().unwrap();
+    assert_eq!(sc.run_as_user, Some(0));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    let caps = sc.capabilities.as_ref().unwrap();
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+    assert_eq!(
+        caps.add.as_deref(),
+        Some(&["NET_ADMIN".to_string(), "NET_RAW".to_string()][..])
+    );
+    assert_eq!(init.env, None, "the init container gets no environment");
+    let argv = init.command.as_ref().unwrap();
+    assert_eq!(
+        argv.last().unwrap(),
+        &PROXY_UID.to_string(),
+        "unbrokered: the proxy alone"
+    );
+    assert!(argv[2].contains("--uid-owner") && argv[2].contains("ip6tables"));
+    let init_json = serde_json::to_string(init).unwrap();
+    assert!(
+        !init_json.contains("placeholder") && !init_json.contains("KEY"),
+        "{init_json}"
+    );
+
+    let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["agent", PROXY_SIDECAR]);
+    let agent = &spec.containers[0];
+    assert_eq!(
+        agent.security_context.as_ref().unwrap().run_as_user,
+        Some(1000)
+    );
+    assert!(agent
+        .command
+        .as_ref()
+        .unwrap()
+        .iter()
+        .any(|a| a == MARKED_ENTRY));
+    let agent_env = agent.env.as_ref().unwrap();
+    assert!(agent_env
+        .iter()
+        .any(|e| e.name == "CAW_BOX_PROXY_WAIT" && e.value.as_deref() == Some("3128")));
+    let proxy = &spec.containers[1];
+    let psc = proxy.security_context.as_ref().unwrap();
+    assert_eq!(psc.run_as_user, Some(PROXY_UID));
+    assert_ne!(PROXY_UID, 1000);
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(psc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        psc.capabilities.as_ref().unwrap().drop.as_deref(),
+        Some(&["ALL".to_string()][..])
+    );
+    let penv: HashMap<String, String> = proxy
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(penv["CAW_BOX_ALLOW"], "10.244.7.9:8080,*.example.com");
+    assert_eq!(penv["CAW_BOX_PROXY_PORT"], "3128");
+    assert_eq!(penv["CAW_BOX_PROXY_HOST"], "127.0.0.1");
+    let script = &proxy.command.as_ref().unwrap()[2];
+    assert!(
+        script.contains(&format!("{POD_END_DIR}/{POD_END_FILE}")),
+        "{script}"
+    );
+    assert!(
+        script.contains("/usr/local/lib/caw-box/proxy.js"),
+        "{script}"
+    );
+    let proxy_json = serde_json::to_string(proxy).unwrap();
+    assert!(!proxy_json.contains("placeholder"), "{proxy_json}");
+
+    // Brokered: the broker has a uid of its own too, and the rules let it out.
+    t.broker = Some(vec!["node".into(), "-e".into(), "x".into()]);
+    let spec = turn_pod_spec(&t).unwrap();
+    let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["agent", "broker", PROXY_SIDECAR]);
+    let broker_uid = spec.containers[1]
+        .security_context
+        .as_ref()
+        .unwrap()
+        .run_as_user;
+    assert_eq!(broker_uid, Some(BROKER_UID));
+    let uids = spec.init_containers.as_ref().unwrap()[0]
+        .command
+        .as_ref()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(uids, format!("{PROXY_UID} {BROKER_UID}"));
+
+    // Without --allow-host: no rules, no proxy.
+    let plain = turn_pod_spec(&turn()).unwrap();
+    assert_eq!(plain.init_containers.as_ref().unwrap().len(), 1);
+    assert_eq!(plain.containers.len(), 1);
+    // An agent under the proxy's uid could pass the rules: refused.
+    let mut same = turn();
+    same.egress_allow = vec!["h".into()];
+    same.user = (PROXY_UID as u32, 1000);
+    assert!(turn_pod_spec(&same).is_err());
+}
+
+#[test]
+fn a_named_network_is_refused_in_one_line_and_a_pod_security_refusal_says_why() {
+    let mut t = turn();
+    t.network = NetworkPolicy::Named("gw".into());
+    let e = turn_pod_spec(&t).unwrap_err().to_string();
+    assert!(
+        e.contains("not available with the kubernetes backend") && !e.contains('\n'),
+        "{e}"
+    );
+    let e = pod_security_refused(
+        "caw-box-x",
+        "pods \"caw-box-x\" is forbidden: violates PodSecurity \"baseline:latest\": non-default capabilities (container \"egress\" must not include \"NET_ADMIN\" in securityContext.capabilities.add)",
+    );
+    assert_eq!(e.exit_code(), 3);
+    let text = e.to_string();
+    assert!(
+        text.contains("NET_ADMIN") && text.contains("PodSecurity"),
+        "{text}"
+    );
+    assert!(!text.contains('\n'), "{text}");
+}
+
+/// The wrapper waits for the proxy's port when told (and no longer than it must).
+#[test]
+fn the_marked_entry_waits_for_the_proxy_port() {
+    use std::process::Command;
+    let dir = tempfile::tempdir().unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let started = std::time::Instant::now();
+    let out = Command::new("bash")
+        .env("CAW_BOX_POD_END", dir.path().join("ended"))
+        .env("CAW_BOX_PROXY_WAIT", &port)
+        .args(["-c", MARKED_ENTRY, "caw-box-agent", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}
+
+#[test]
+fn a_failed_egress_init_container_is_told_apart_from_the_seeding_one() {
+    let pod = |name: &str, code: i32| -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "status": {"initContainerStatuses": [{
+                "name": name, "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": code}}
+            }]}
+        }))
+        .unwrap()
+    };
+    assert!(egress_init_failed(&pod(EGRESS_INIT, 1)));
+    assert!(!egress_init_failed(&pod(EGRESS_INIT, 0)));
+    assert!(!egress_init_failed(&pod("seed-home", 1)));
 }
