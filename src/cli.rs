@@ -22,8 +22,8 @@ Examples:
 A collected API key, Claude login or codex ChatGPT login never enters the agent's
 container: the CLI gets a placeholder, and a credential broker outside it adds the real key
 (or access token, which it refreshes) on the way to the model (--credentials inject hands
-the CLI the real ones through a private file instead; gemini's and opencode's logins, --network host and logins on the
-kubernetes backend are always injected for now).
+the CLI the real ones through a private file instead; gemini's and opencode's logins,
+--network host and logins on the kubernetes backend are always injected for now).
 
 Settings not given as flags come from CAW_BOX_* variables, then the project's .caw-box.toml,
 then ~/.config/caw-box/config.toml: `caw-box config show` says which.";
