@@ -19,11 +19,12 @@ Examples:
   caw-box run --provider opencode --on-limit wait --max-wait 30m \"fix it\"   # wait out a limit
   caw-box run --provider codex --on-limit fallback=claude,gemini \"fix it\"    # or go elsewhere
 
-A collected API key, Claude login or codex ChatGPT login never enters the agent's
-container: the CLI gets a placeholder, and a credential broker outside it adds the real key
-(or access token, which it refreshes) on the way to the model (--credentials inject hands
-the CLI the real ones through a private file instead; gemini's and opencode's logins,
---network host and logins on the kubernetes backend are always injected for now).
+A collected API key, Claude login, codex ChatGPT login or gemini Google login never enters
+the agent's container: the CLI gets a placeholder, and a credential broker outside it adds
+the real key (or access token, which it refreshes) on the way to the model
+(--credentials inject hands the CLI the real ones through a private file instead;
+opencode's logins, --network host and logins on the kubernetes backend are always injected
+for now).
 
 Settings not given as flags come from CAW_BOX_* variables, then the project's .caw-box.toml,
 then ~/.config/caw-box/config.toml: `caw-box config show` says which.";

@@ -22,7 +22,7 @@
 // gave the agent with --env still works).
 //
 // OAuth logins (`oauth`: {"<slot>": {access, refresh, expires_ms, token_url, client_id,
-// body, scope}}, placeholders leased like keys, or, for a turn's own broker, slots named
+// client_secret, body, scope}}, placeholders leased like keys, or, for a turn's own broker, slots named
 // by their placeholder): the broker swaps the placeholder access token for the real one,
 // refreshes it when it is within `margin_ms` of expiry or the upstream answers 401 (once
 // for all concurrent requests: one refresh in flight per login, and never again for an
@@ -224,6 +224,7 @@ module.exports = function broker(config, rest) {
     if (inflight.has(slot)) return inflight.get(slot);
     const p = (async () => {
       const fields = { grant_type: 'refresh_token', refresh_token: l.refresh, client_id: l.client_id };
+      if (l.client_secret) fields.client_secret = l.client_secret;
       if (l.scope) fields.scope = l.scope;
       const form = l.body === 'form';
       const body = form ? new URLSearchParams(fields).toString() : JSON.stringify(fields);

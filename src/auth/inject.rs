@@ -279,16 +279,21 @@ pub fn prepare_as(
     // A login the broker can hold (an OAuth spec, a file of its shape, and no other
     // credential file) is brokered; any other file keeps the whole turn injected.
     let mut logins = Vec::new();
+    // A placeholder the CLI takes from a variable instead of a login file.
+    let mut login_env: Vec<(String, String)> = Vec::new();
     if let (true, Some(o)) = (broker, spec.oauth.as_ref().filter(|o| o.brokered)) {
         let others = spec
             .home_targets()
             .iter()
-            .any(|t| *t != o.target && store.file(p, t).is_some());
+            .any(|t| *t != o.target && !o.companions.contains(t) && store.file(p, t).is_some());
         if let Some(real) = store.file(p, &o.target).filter(|_| !others) {
             let stand_in = format!("{}{}", o.placeholder_prefix, uuid::Uuid::new_v4().simple());
             match placeholder_login(o, real.expose(), &stand_in) {
                 Some((file, stand_in)) => {
-                    files.push((format!("{AUTH_SUBDIR}/home/{}", o.target), file));
+                    match &o.placeholder_env {
+                        Some(var) => login_env.push((var.clone(), stand_in.clone())),
+                        None => files.push((format!("{AUTH_SUBDIR}/home/{}", o.target), file)),
+                    }
                     logins.push(BrokeredLogin {
                         placeholder: stand_in,
                         target: o.target.clone(),
@@ -319,8 +324,13 @@ pub fn prepare_as(
     }
     let mut names: Vec<String> = turn_env.iter().map(|(k, _)| k.clone()).collect();
     names.extend(vars.iter().map(|(k, _)| k.to_string()));
-    if !vars.is_empty() {
+    names.extend(login_env.iter().map(|(k, _)| k.clone()));
+    if !vars.is_empty() || !login_env.is_empty() {
         let mut bytes = Vec::new();
+        for (k, v) in &login_env {
+            bytes.extend_from_slice(format!("{k}={v}").as_bytes());
+            bytes.push(0);
+        }
         for (k, v) in &vars {
             bytes.extend_from_slice(k.as_bytes());
             bytes.push(b'=');
@@ -453,6 +463,43 @@ mod tests {
         assert_eq!(o["subscriptionType"], "max");
         // Not a login of that shape: not brokered.
         assert!(placeholder_login(&spec, br#"{"OPENAI_API_KEY":"k"}"#, "p").is_none());
+    }
+
+    /// gemini's Google login: its placeholder goes in a variable (no file), and a refresh
+    /// Google answers without a new refresh token keeps the stored one.
+    #[test]
+    fn a_gemini_login_is_brokered_through_a_variable() {
+        let spec = Spec::of(ProviderKind::Gemini).oauth.unwrap();
+        assert_eq!(
+            spec.placeholder_env.as_deref(),
+            Some("GOOGLE_CLOUD_ACCESS_TOKEN")
+        );
+        assert_eq!(spec.body, "form");
+        assert!(spec.client_secret.is_some());
+        assert!(spec
+            .companions
+            .contains(&".gemini/google_accounts.json".to_string()));
+        let login = br#"{"access_token":"ya29.real","refresh_token":"1//real","token_type":"Bearer","expiry_date":1700000000000}"#;
+        let stand_in = format!("{}1", spec.placeholder_prefix);
+        let (_, placeholder) = placeholder_login(&spec, login, &stand_in).unwrap();
+        assert_eq!(placeholder, stand_in);
+        assert!(placeholder.starts_with("ya29."));
+        let tokens = RefreshedTokens {
+            access: "ya29.new".into(),
+            refresh: "1//real".into(),
+            id_token: None,
+            expires_ms: 1800000000000,
+        };
+        let stored = refreshed_login(&spec, login, "1//real", &tokens).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&stored).unwrap();
+        assert_eq!(
+            (&v["access_token"], &v["refresh_token"], &v["expiry_date"]),
+            (
+                &serde_json::json!("ya29.new"),
+                &serde_json::json!("1//real"),
+                &serde_json::json!(1800000000000u64)
+            )
+        );
     }
 
     #[test]

@@ -37,8 +37,12 @@ pub struct OAuthSpec {
     pub places: Vec<String>,
     /// The token endpoint refresh posts to.
     pub token_url: String,
-    /// The CLI's OAuth client id, sent with each refresh.
+    /// The CLI's OAuth client id, sent with each refresh, and the client secret where the
+    /// vendor's installed-app client has one (Google's; published in the CLI's source, so
+    /// no secret of the user's).
     pub client_id: String,
+    #[serde(default)]
+    pub client_secret: Option<String>,
     /// The refresh body's encoding: `json` or `form`.
     pub body: String,
     /// Dotted JSON paths in the login file.
@@ -72,6 +76,16 @@ pub struct OAuthSpec {
     pub clear: Vec<String>,
     /// The placeholder access token's prefix (the shape of the vendor's tokens).
     pub placeholder_prefix: String,
+    /// Where the CLI gets the placeholder: this variable (gemini's
+    /// `GOOGLE_CLOUD_ACCESS_TOKEN`: a file login makes gemini check it with Google first)
+    /// instead of a placeholder login file.
+    #[serde(default)]
+    pub placeholder_env: Option<String>,
+    /// Other files of the provider that may come with the login, holding no credential
+    /// (gemini's `google_accounts.json`, an e-mail address): injected as they are, beside a
+    /// brokered login.
+    #[serde(default)]
+    pub companions: Vec<String>,
     /// Whether logins are brokered (`false`: the data is known, the login stays injected;
     /// why, in tests/fixtures/README.md).
     #[serde(default = "yes")]

@@ -22,9 +22,15 @@ use super::*;
 #[derive(Debug)]
 pub struct Gemini;
 
-/// Headless API-key auth fails (rc 41) unless settings select it; usage statistics are off so
-/// the CLI makes no background calls.
+/// Headless auth fails (rc 41) unless settings select it (an API key, else the Google
+/// login); usage statistics are off so the CLI makes no background calls.
 const SETTINGS: &str = r#"{"security":{"auth":{"selectedType":"gemini-api-key"}},"privacy":{"usageStatisticsEnabled":false}}"#;
+const LOGIN_AUTH: &str = "oauth-personal";
+/// The variables of an API key; and the one a brokered Google login's placeholder access
+/// token comes in (gemini then skips its login file and Google's token check, and sends
+/// the token to `CODE_ASSIST_ENDPOINT`: the broker).
+const KEY_VARS: [&str; 2] = ["GEMINI_API_KEY", "GOOGLE_API_KEY"];
+const LOGIN_TOKEN_VAR: &str = "GOOGLE_CLOUD_ACCESS_TOKEN";
 /// gemini's exit code for a fatal authentication error.
 const EXIT_AUTH: i64 = 41;
 
@@ -52,15 +58,23 @@ impl Provider for Gemini {
             argv.extend(["--output-format", "stream-json"].map(String::from));
         }
         argv.push("--yolo".to_string());
-        let mut env = request
-            .endpoint
-            .map(|endpoint| {
-                vec![(
-                    "GOOGLE_GEMINI_BASE_URL".to_string(),
-                    endpoint_root(endpoint).to_string(),
-                )]
-            })
-            .unwrap_or_default();
+        // With no API key, gemini's own Google login (Code Assist API): its file, or, brokered,
+        // its placeholder token in a variable. `--endpoint` (the broker) is then where the
+        // Code Assist calls go.
+        let has = |var: &str| request.credential_env.iter().any(|v| v == var);
+        let login = uses_login(request);
+        let mut env = Vec::new();
+        if let Some(endpoint) = request.endpoint {
+            let var = if login {
+                "CODE_ASSIST_ENDPOINT"
+            } else {
+                "GOOGLE_GEMINI_BASE_URL"
+            };
+            env.push((var.to_string(), endpoint_root(endpoint).to_string()));
+        }
+        if login && has(LOGIN_TOKEN_VAR) {
+            env.push(("GOOGLE_GENAI_USE_GCA".to_string(), "true".to_string()));
+        }
         // gemini reads a replacing system prompt from the file this variable names.
         if request.system_prompt.is_some() {
             env.push((
@@ -70,10 +84,12 @@ impl Provider for Gemini {
         }
         // The agent settings go into the user settings, merged (system settings files must
         // belong to root, which the volume's are not).
+        let mut settings: serde_json::Value = serde_json::from_str(SETTINGS).expect("static JSON");
+        if login {
+            settings["security"]["auth"]["selectedType"] = LOGIN_AUTH.into();
+        }
         let settings = match agent_settings(request) {
             Some(agent) => {
-                let mut settings: serde_json::Value =
-                    serde_json::from_str(SETTINGS).expect("static JSON");
                 crate::session::files::merge_json(&mut settings, &agent);
                 // Kept as `null` for the merge into HOME's file, where it removes the key.
                 if agent["mcp"]["allowed"].is_null() && agent.get("mcp").is_some() {
@@ -81,7 +97,7 @@ impl Provider for Gemini {
                 }
                 settings.to_string().into_bytes()
             }
-            None => SETTINGS.as_bytes().to_vec(),
+            None => settings.to_string().into_bytes(),
         };
         let mut home_files = vec![HomeFile {
             path: ".gemini/settings.json".to_string(),
@@ -121,6 +137,11 @@ impl Provider for Gemini {
         true
     }
 
+    /// The image's settings select the API key; a Google login is selected by merging.
+    fn merges_unlike_its_image(&self, request: &TurnRequest<'_>) -> bool {
+        uses_login(request)
+    }
+
     fn support(&self) -> crate::agent_config::Support {
         crate::agent_config::Support {
             replace: true,
@@ -137,6 +158,14 @@ impl Provider for Gemini {
 }
 
 use crate::agent_config::ToolGroup;
+
+/// Whether the turn uses gemini's Google login: it has no API key.
+fn uses_login(request: &TurnRequest<'_>) -> bool {
+    !request
+        .credential_env
+        .iter()
+        .any(|v| KEY_VARS.contains(&v.as_str()))
+}
 
 /// Gemini CLI's built-in tools per group.
 const TOOLS: ToolTable = &[
@@ -483,11 +512,17 @@ mod tests {
         parse_with(&Gemini, ParseContext::default(), fixture, exit_code)
     }
 
+    fn keyed() -> Vec<String> {
+        vec!["GEMINI_API_KEY".to_string()]
+    }
+
     #[test]
     fn first_turn_chooses_the_session_id() {
+        let keys = keyed();
         let command = Gemini.turn_command(&TurnRequest {
             new_session_key: Some(SESSION),
             model: Some("gemini-2.5-flash"),
+            credential_env: &keys,
             ..request("list the files")
         });
         assert_eq!(
@@ -508,15 +543,14 @@ mod tests {
         );
         assert_eq!(command.stdin, None);
         assert!(command.env.is_empty());
+        assert_eq!(command.home_files.len(), 1);
+        let file = &command.home_files[0];
         assert_eq!(
-            command.home_files,
-            [HomeFile {
-                path: ".gemini/settings.json".into(),
-                contents: SETTINGS.as_bytes().to_vec(),
-                merge_json: true
-            }]
+            (file.path.as_str(), file.merge_json),
+            (".gemini/settings.json", true)
         );
-        let settings: Value = serde_json::from_slice(&command.home_files[0].contents).unwrap();
+        let settings: Value = serde_json::from_slice(&file.contents).unwrap();
+        assert_eq!(settings, serde_json::from_str::<Value>(SETTINGS).unwrap());
         assert_eq!(
             settings["security"]["auth"]["selectedType"],
             "gemini-api-key"
@@ -555,8 +589,10 @@ mod tests {
             "http://stub:8080/v1",
             "http://stub:8080/",
         ] {
+            let keys = keyed();
             let command = Gemini.turn_command(&TurnRequest {
                 endpoint: Some(endpoint),
+                credential_env: &keys,
                 ..request("hi")
             });
             assert_eq!(
@@ -567,6 +603,45 @@ mod tests {
                 )]
             );
         }
+    }
+
+    /// With no API key, the Google login: its file (injected), or its placeholder token in
+    /// `GOOGLE_CLOUD_ACCESS_TOKEN` with the broker as the Code Assist endpoint (brokered).
+    #[test]
+    fn without_a_key_the_google_login_is_selected() {
+        let auth = |c: &TurnCommand| {
+            let settings: Value = serde_json::from_slice(&c.home_files[0].contents).unwrap();
+            settings["security"]["auth"]["selectedType"].clone()
+        };
+        let injected = Gemini.turn_command(&request("hi"));
+        assert_eq!(auth(&injected), LOGIN_AUTH);
+        assert!(injected.env.is_empty());
+
+        let token = vec![LOGIN_TOKEN_VAR.to_string()];
+        let brokered = Gemini.turn_command(&TurnRequest {
+            endpoint: Some("http://caw-box-broker-1:8080"),
+            credential_env: &token,
+            ..request("hi")
+        });
+        assert_eq!(auth(&brokered), LOGIN_AUTH);
+        assert_eq!(
+            brokered.env,
+            [
+                (
+                    "CODE_ASSIST_ENDPOINT".to_string(),
+                    "http://caw-box-broker-1:8080".to_string()
+                ),
+                ("GOOGLE_GENAI_USE_GCA".to_string(), "true".to_string()),
+            ]
+        );
+        // A key wins over a login.
+        let both = vec![LOGIN_TOKEN_VAR.to_string(), "GOOGLE_API_KEY".to_string()];
+        let keyed = Gemini.turn_command(&TurnRequest {
+            credential_env: &both,
+            ..request("hi")
+        });
+        assert_eq!(auth(&keyed), "gemini-api-key");
+        assert!(keyed.env.is_empty());
     }
 
     #[test]

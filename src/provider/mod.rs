@@ -152,6 +152,11 @@ pub trait Provider: Send + Sync {
     fn turn_command(&self, request: &TurnRequest<'_>) -> TurnCommand;
     /// A fresh parser for one turn's output.
     fn parser(&self, context: ParseContext) -> Box<dyn StreamParser>;
+    /// Whether the files this turn merges into HOME differ from those the provider's own
+    /// image already has (so they are merged even on that image's turns).
+    fn merges_unlike_its_image(&self, _request: &TurnRequest<'_>) -> bool {
+        false
+    }
     /// Whether the vendor lets us choose the resume key before the first turn.
     fn chooses_key_up_front(&self) -> bool {
         false

@@ -264,6 +264,7 @@ fn login_slots(
                 "expires_ms": expires_ms,
                 "token_url": token_url(&o),
                 "client_id": o.client_id,
+                "client_secret": o.client_secret,
                 "body": o.body,
                 "scope": scope,
             }),

@@ -190,13 +190,17 @@ pub async fn run_turn(
     // stay in the volume: only a custom image's first turn, or a turn after one in the TUI
     // (where they may have been changed), pays the download and upload of a merge.
     // Agent settings can live in a merged file (gemini's settings.json): merged every turn
-    // that has them.
+    // that has them; so is a file that differs from the image's (gemini's login choice).
     let agent_merge = record.settings.append_system_prompt.is_some()
         || record.settings.effort.is_some()
         || record.settings.tools.is_some()
         || !record.settings.mcp.is_empty();
     let merge_due = options.interactive
         || agent_merge
+        || provider.merges_unlike_its_image(&TurnRequest {
+            credential_env: &credentials.names,
+            ..request
+        })
         || match record.turns.last() {
             Some(last) => last.interactive,
             None => image != record.provider.default_image(),

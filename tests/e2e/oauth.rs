@@ -156,6 +156,9 @@ struct Login {
     secrets: Vec<String>,
     /// Whether `--credentials inject` works with the tokens the stub issues.
     inject_works: bool,
+    /// Where a running agent container holds its placeholder (the scan's control): the
+    /// placeholder login file, or a process's `environ`.
+    placeholder_in: &'static str,
 }
 
 fn in_an_hour_ms() -> u64 {
@@ -192,6 +195,7 @@ fn the_broker_refreshes_a_claude_login_once_for_eight_parallel_sessions() {
         access_at: &["claudeAiOauth", "accessToken"],
         refresh_at: &["claudeAiOauth", "refreshToken"],
         inject_works: true,
+        placeholder_in: ".claude/.credentials.json",
     });
 }
 
@@ -226,6 +230,39 @@ fn the_broker_refreshes_a_codex_chatgpt_login_once_for_eight_parallel_sessions()
         access_at: &["tokens", "access_token"],
         refresh_at: &["tokens", "refresh_token"],
         inject_works: true,
+        placeholder_in: ".codex/auth.json",
+    });
+}
+
+/// gemini's Google login (Code Assist API): the CLI gets the placeholder access token in
+/// `GOOGLE_CLOUD_ACCESS_TOKEN` (a login file makes it check the token with Google first),
+/// sends it to the broker as `CODE_ASSIST_ENDPOINT`; Google's token endpoint takes the
+/// installed-app client's secret beside its id.
+#[test]
+fn the_broker_refreshes_a_gemini_google_login_once_for_eight_parallel_sessions() {
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let (access, refresh) = (
+        format!("ya29.realaccess{tag}"),
+        format!("1//realrefresh{tag}"),
+    );
+    let text = format!(
+        r#"{{"access_token":"{access}","refresh_token":"{refresh}","scope":"https://www.googleapis.com/auth/cloud-platform openid","token_type":"Bearer","expiry_date":{}}}"#,
+        in_an_hour_ms()
+    );
+    refreshes_once_per_expiry(Login {
+        provider: "gemini",
+        model: Some("gemini-2.5-flash"),
+        target: ".gemini/oauth_creds.json",
+        text,
+        secrets: vec![access.clone(), refresh.clone()],
+        access,
+        refresh,
+        access_at: &["access_token"],
+        refresh_at: &["refresh_token"],
+        // Injected, gemini checks the login with Google's tokeninfo endpoint first: no
+        // host a test may reach.
+        inject_works: false,
+        placeholder_in: "/environ",
     });
 }
 
@@ -327,7 +364,9 @@ fn refreshes_once_per_expiry(login: Login) {
             let (mut gone, mut empty) = (Vec::new(), 0);
             let placeholder_seen = (0..360).any(|_| {
                 match scan_writable(&container, "1000", &["cawbox-placeholder".into()]) {
-                    Some(found) if found.iter().any(|f| f.ends_with(login.target)) => return true,
+                    Some(found) if found.iter().any(|f| f.ends_with(login.placeholder_in)) => {
+                        return true
+                    }
                     Some(_) => empty += 1,
                     None => {
                         gone.push(container.clone());

@@ -1,10 +1,12 @@
-//! A stub model server for caw-box's tests. It speaks just enough of four vendor wire
-//! protocols (Anthropic Messages, OpenAI Responses, OpenAI chat completions, Gemini) for the
+//! A stub model server for caw-box's tests. It speaks just enough of the vendors' wire
+//! protocols (Anthropic Messages, OpenAI Responses, OpenAI chat completions, Gemini, and
+//! Google's Code Assist API) for the
 //! real vendor CLIs to run against it, answers from the conversation it receives, and records
 //! every request. See README.md for the directives and endpoints.
 
 pub mod anthropic;
 pub mod chat;
+pub mod code_assist;
 pub mod conversation;
 pub mod gemini;
 pub mod oauth;

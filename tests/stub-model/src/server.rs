@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 
 use crate::anthropic::Anthropic;
 use crate::chat::Chat;
+use crate::code_assist::{account_call, CodeAssist};
 use crate::conversation::{
     call_args, example_for_schema, pick_named_tool, pick_shell_tool, pick_tool_search, shell_args,
     Decision, Directives, Outcome, ToolCall, Usage, NO_SHELL_TOOL,
@@ -230,6 +231,8 @@ enum Route {
     CountTokens(&'static dyn Protocol),
     ListModels(&'static dyn Protocol),
     Model(&'static dyn Protocol, String),
+    /// A Code Assist account call (`/v1internal:loadCodeAssist`, ...).
+    Account(String),
     NotFound,
 }
 
@@ -240,6 +243,7 @@ impl Route {
             | Route::CountTokens(protocol)
             | Route::ListModels(protocol)
             | Route::Model(protocol, _) => Some(*protocol),
+            Route::Account(_) => Some(&CodeAssist),
             Route::Probe | Route::NotFound => None,
         }
     }
@@ -249,6 +253,17 @@ fn resolve(method: &Method, path: &str) -> Route {
     let gemini_prefix = ["/v1beta/models/", "/v1alpha/models/", "/v1/models/"]
         .iter()
         .find_map(|prefix| path.strip_prefix(prefix));
+    if let Some(call) = path.strip_prefix("/v1internal:") {
+        return match (method, call) {
+            (&Method::POST, "streamGenerateContent") => code_assist_turn(true),
+            (&Method::POST, "generateContent") => code_assist_turn(false),
+            (&Method::POST, "countTokens") => Route::CountTokens(&CodeAssist),
+            (&Method::POST | &Method::GET, name) if !name.is_empty() && !name.contains('/') => {
+                Route::Account(name.to_string())
+            }
+            _ => Route::NotFound,
+        };
+    }
     match (method, path) {
         (&Method::GET | &Method::HEAD, "/") => Route::Probe,
         (&Method::POST, "/v1/messages") => turn(&Anthropic),
@@ -283,6 +298,14 @@ fn turn(protocol: &'static dyn Protocol) -> Route {
         protocol,
         model: None,
         stream: None,
+    }
+}
+
+fn code_assist_turn(stream: bool) -> Route {
+    Route::Turn {
+        protocol: &CodeAssist,
+        model: None,
+        stream: Some(stream),
     }
 }
 
@@ -375,6 +398,7 @@ async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<Presente
         }
         Route::ListModels(_) => Answer::json(200, &protocol.model_list(), "models"),
         Route::Model(_, id) => Answer::json(200, &protocol.model_info(&id), "model"),
+        Route::Account(method) => Answer::json(200, &account_call(&method), "code_assist"),
         Route::CountTokens(_) => match parse_body(protocol, bytes) {
             Ok(_) => Answer::json(200, &protocol.count_tokens(bytes.len() / 4), "count_tokens"),
             Err(answer) => answer,
@@ -385,7 +409,7 @@ async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<Presente
                 let google = model.is_some();
                 let model = model.unwrap_or_else(|| protocol.model(&body));
                 let stream = stream.unwrap_or_else(|| protocol.stream(&body));
-                let wire = if google {
+                let wire = if google || parts.uri.path().starts_with("/v1internal:") {
                     "google"
                 } else if parts.uri.path().ends_with("/messages") {
                     "anthropic"
@@ -682,6 +706,15 @@ mod tests {
             Route::CountTokens(_)
         ));
         assert!(matches!(resolve(&Method::HEAD, "/"), Route::Probe));
+        match resolve(&post, "/v1internal:streamGenerateContent") {
+            Route::Turn { stream, model, .. } => assert_eq!((stream, model), (Some(true), None)),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            resolve(&post, "/v1internal:loadCodeAssist"),
+            Route::Account(m) if m == "loadCodeAssist"
+        ));
+        assert!(matches!(resolve(&post, "/v1internal:x/y"), Route::NotFound));
         assert!(matches!(
             resolve(&Method::GET, "/v1beta/models"),
             Route::ListModels(_)
