@@ -46,6 +46,8 @@ module.exports = function broker(config, rest) {
   // placeholder -> slot, for the leases that hold (shared brokers).
   const aliases = new Map();
   const leases = new Map();
+  // Refresh handoff questions waiting for their answer (see `ask`).
+  const asked = new Map();
   let idleSince = Date.now();
   let leaving = false;
   const places = config.places || ['x-api-key', 'authorization', 'x-goog-api-key', 'query:key'];
@@ -97,10 +99,12 @@ module.exports = function broker(config, rest) {
       process.stdout.write(`caw-box-broker ok ${id}\n`);
     } else if (verb === 'release' && id) {
       unlease(id);
+    } else if (verb === 'handoff' && id && asked.has(id)) {
+      asked.get(id)(args[0]);
     }
   }
 
-  if (shared) {
+  if (shared || config.handoff) {
     let buf = rest && rest.length ? rest.toString() : '';
     const take = () => {
       let i;
@@ -115,6 +119,8 @@ module.exports = function broker(config, rest) {
     });
     process.stdin.resume();
     take();
+  }
+  if (shared) {
     const idleMs = Number(config.idle_ms) || 300000;
     setInterval(() => {
       const now = Date.now();
@@ -179,6 +185,27 @@ module.exports = function broker(config, rest) {
   const crypto = require('crypto');
   const margin = Number(config.margin_ms) || 300000;
   const inflight = new Map();
+  // Refresh handoff (`"handoff": true`: a caw-box is attached to answer). Before it
+  // refreshes, the broker asks whether another broker (another network's, or a locked-down
+  // turn's own) refreshed the login already, which would have used up its refresh token:
+  //   caw-box-broker refresh? <slot> <id> <sealed {"refresh"}>
+  // answered on stdin with `handoff <id> go` (refresh; the caw-box that answered holds the
+  // login's refresh lock until `caw-box-broker refreshed <slot>`) or `handoff <id> <sealed
+  // tokens>` (the newer login in the store: taken, no refresh). No answer within 15 s: it
+  // refreshes anyway.
+  function ask(slot, l) {
+    if (!config.handoff) return Promise.resolve('go');
+    const id = crypto.randomBytes(8).toString('hex');
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => asked.delete(id) && resolve('go'), 15000);
+      asked.set(id, (answer) => {
+        clearTimeout(timer);
+        asked.delete(id);
+        resolve(answer || 'go');
+      });
+      process.stdout.write(`caw-box-broker refresh? ${slot} ${id} ${seal({ refresh: l.refresh })}\n`);
+    });
+  }
 
   // The login slot whose placeholder a request carries (as `Bearer <placeholder>`).
   function loginOf(req) {
@@ -197,6 +224,18 @@ module.exports = function broker(config, rest) {
     const c = crypto.createCipheriv('aes-256-gcm', Buffer.from(config.seal, 'hex'), iv);
     const ct = Buffer.concat([c.update(JSON.stringify(obj)), c.final()]);
     return Buffer.concat([iv, ct, c.getAuthTag()]).toString('base64');
+  }
+
+  function unseal(text) {
+    try {
+      const raw = Buffer.from(text, 'base64');
+      const d = crypto.createDecipheriv('aes-256-gcm', Buffer.from(config.seal, 'hex'),
+                                        raw.subarray(0, 12));
+      d.setAuthTag(raw.subarray(raw.length - 16));
+      return JSON.parse(Buffer.concat([d.update(raw.subarray(12, raw.length - 16)), d.final()]));
+    } catch {
+      return undefined;
+    }
   }
 
   function post(url, body, type) {
@@ -223,6 +262,15 @@ module.exports = function broker(config, rest) {
     if (l.access !== stale) return Promise.resolve();
     if (inflight.has(slot)) return inflight.get(slot);
     const p = (async () => {
+      const answer = await ask(slot, l);
+      const newer = answer === 'go' ? undefined : unseal(answer);
+      if (newer && typeof newer.access === 'string' && typeof newer.refresh === 'string') {
+        l.access = newer.access;
+        l.refresh = newer.refresh;
+        l.expires_ms = Number(newer.expires_ms) || Date.now() + 3600000;
+        if (typeof newer.id_token === 'string') l.id_token = newer.id_token;
+        return;
+      }
       const fields = { grant_type: 'refresh_token', refresh_token: l.refresh, client_id: l.client_id };
       if (l.client_secret) fields.client_secret = l.client_secret;
       if (l.scope) fields.scope = l.scope;
@@ -241,8 +289,10 @@ module.exports = function broker(config, rest) {
       const sealed = seal({ previous, access: l.access, refresh: l.refresh,
                             expires_ms: l.expires_ms, id_token: l.id_token });
       process.stdout.write(`caw-box-broker login ${slot} ${sealed}\n`);
+      process.stdout.write(`caw-box-broker refreshed ${slot}\n`);
     })().catch((e) => {
       process.stderr.write(`caw-box-broker: refresh failed: ${e.message}\n`);
+      process.stdout.write(`caw-box-broker refreshed ${slot}\n`);
     }).finally(() => inflight.delete(slot));
     inflight.set(slot, p);
     return p;

@@ -213,6 +213,48 @@ fn token_url(spec: &crate::auth::spec::OAuthSpec) -> String {
         .unwrap_or_else(|| spec.token_url.clone())
 }
 
+/// When the access token of login `v` expires (epoch ms; 0 when it does not say).
+fn expires_ms(o: &crate::auth::spec::OAuthSpec, v: &serde_json::Value) -> u64 {
+    use crate::auth::inject::json_at;
+    match o.expiry_unit.as_str() {
+        "jwt" => {
+            let token = json_at(v, &o.expiry).and_then(|x| x.as_str()).unwrap_or("");
+            crate::auth::spec::jwt_exp(token).unwrap_or(0) * 1000
+        }
+        unit => {
+            let n = json_at(v, &o.expiry)
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0);
+            if unit == "ms" {
+                n
+            } else {
+                n * 1000
+            }
+        }
+    }
+}
+
+/// The stored login of `p` as the broker keeps its tokens (`access`, `refresh`,
+/// `expires_ms`, `id_token`), for a refresh handoff.
+fn stored_tokens(p: ProviderKind) -> Option<serde_json::Value> {
+    use crate::auth::inject::json_at;
+    let o = crate::auth::spec::Spec::of(p).oauth?;
+    let store = crate::auth::store::Store::open().ok()?;
+    let real = store.file(p, &o.target)?;
+    let v: serde_json::Value = serde_json::from_slice(real.expose()).ok()?;
+    let text = |path: &str| {
+        json_at(&v, path)
+            .and_then(|x| x.as_str())
+            .map(str::to_string)
+    };
+    Some(serde_json::json!({
+        "access": text(&o.access)?,
+        "refresh": text(&o.refresh)?,
+        "expires_ms": expires_ms(&o, &v),
+        "id_token": o.id_token.as_deref().and_then(text),
+    }))
+}
+
 /// The broker's `oauth` config: each login's real tokens and how to refresh them, under the
 /// slot `name` gives it.
 fn login_slots(
@@ -230,19 +272,7 @@ fn login_slots(
             continue;
         };
         let text = |path: &str| json_at(&v, path).and_then(|x| x.as_str()).unwrap_or("");
-        let expires_ms = match o.expiry_unit.as_str() {
-            "jwt" => crate::auth::spec::jwt_exp(text(&o.expiry)).unwrap_or(0) * 1000,
-            unit => {
-                let n = json_at(&v, &o.expiry)
-                    .and_then(serde_json::Value::as_u64)
-                    .unwrap_or(0);
-                if unit == "ms" {
-                    n
-                } else {
-                    n * 1000
-                }
-            }
-        };
+        let expires_ms = expires_ms(&o, &v);
         let scope = o
             .scopes
             .as_deref()
@@ -289,6 +319,92 @@ fn with_login_places(
     places
 }
 
+/// Seals `value` with `key` as the broker's `seal` does (base64 of iv | ciphertext | tag).
+fn seal_json(key: &[u8; 32], value: &serde_json::Value) -> Option<String> {
+    use base64::Engine;
+    let iv: [u8; 12] = uuid::Uuid::new_v4().as_bytes()[..12].try_into().ok()?;
+    let mut tag = [0u8; 16];
+    let ct = openssl::symm::encrypt_aead(
+        openssl::symm::Cipher::aes_256_gcm(),
+        key,
+        Some(&iv),
+        &[],
+        value.to_string().as_bytes(),
+        &mut tag,
+    )
+    .ok()?;
+    let mut raw = iv.to_vec();
+    raw.extend_from_slice(&ct);
+    raw.extend_from_slice(&tag);
+    Some(base64::engine::general_purpose::STANDARD.encode(raw))
+}
+
+/// Holds `p`'s refresh lock (a file under the data directory), waiting up to `limit`:
+/// one broker at a time refreshes a login, across every network and process of this host.
+fn lock_refresh(p: ProviderKind, limit: Duration) -> Option<std::fs::File> {
+    let path = dirs::data_dir().ok()?.join(format!("refresh-{p}.lock"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .ok()?;
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Some(file),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// How long a broker's refresh may hold the login's refresh lock, and how long another
+/// waits for it.
+const REFRESH_LOCK: Duration = Duration::from_secs(40);
+
+/// Answers a broker's `caw-box-broker refresh? <slot> <id> <sealed>`: the stored login when
+/// it is newer than the one the broker would refresh (another broker refreshed it: the
+/// broker's refresh token is used up), else `go`, holding the login's refresh lock until
+/// the broker reports `caw-box-broker refreshed` (its new tokens stored by then).
+async fn answer_refresh(
+    p: ProviderKind,
+    seal: [u8; 32],
+    id: String,
+    sealed: String,
+    answers: tokio::sync::mpsc::UnboundedSender<String>,
+    refreshed: std::sync::Arc<tokio::sync::Notify>,
+) {
+    let Some(theirs) = open_sealed(&seal, &sealed).and_then(|v| {
+        v.get("refresh")
+            .and_then(|r| r.as_str())
+            .map(str::to_string)
+    }) else {
+        return;
+    };
+    let held = tokio::task::spawn_blocking(move || {
+        let lock = lock_refresh(p, REFRESH_LOCK);
+        (lock, stored_tokens(p))
+    })
+    .await;
+    let Ok((lock, stored)) = held else { return };
+    let newer = stored.filter(|t| t["refresh"].as_str() != Some(theirs.as_str()));
+    if let Some(sealed) = newer.and_then(|t| seal_json(&seal, &t)) {
+        tracing::debug!("handed the credential broker the {p} login another one refreshed");
+        let _ = answers.send(format!("handoff {id} {sealed}\n"));
+        return;
+    }
+    let done = refreshed.notified();
+    tokio::pin!(done);
+    done.as_mut().enable();
+    let _ = answers.send(format!("handoff {id} go\n"));
+    if lock.is_some() {
+        let _ = tokio::time::timeout(REFRESH_LOCK, done).await;
+    }
+}
+
 /// Opens a `caw-box-broker login <slot> <sealed>` line with `key`: the refreshed tokens.
 fn open_sealed(key: &[u8; 32], sealed: &str) -> Option<serde_json::Value> {
     use base64::Engine;
@@ -318,6 +434,10 @@ struct LoginWatch {
     provider: ProviderKind,
     seal: [u8; 32],
     seen: Vec<u8>,
+    /// Lines for the broker's stdin (refresh handoff answers).
+    answers: tokio::sync::mpsc::UnboundedSender<String>,
+    /// Told when the broker reports a refresh done.
+    refreshed: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl LoginWatch {
@@ -326,7 +446,25 @@ impl LoginWatch {
         while let Some(i) = self.seen.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = self.seen.drain(..=i).collect();
             let line = String::from_utf8_lossy(&line);
-            let Some(rest) = line.trim().strip_prefix("caw-box-broker login ") else {
+            let line = line.trim();
+            if line.starts_with("caw-box-broker refreshed ") {
+                self.refreshed.notify_waiters();
+                continue;
+            }
+            if let Some(asked) = line.strip_prefix("caw-box-broker refresh? ") {
+                if let [_slot, id, sealed] = asked.split(' ').collect::<Vec<_>>()[..] {
+                    tokio::spawn(answer_refresh(
+                        self.provider,
+                        self.seal,
+                        id.to_string(),
+                        sealed.to_string(),
+                        self.answers.clone(),
+                        self.refreshed.clone(),
+                    ));
+                }
+                continue;
+            }
+            let Some(rest) = line.strip_prefix("caw-box-broker login ") else {
                 continue;
             };
             let Some((_, sealed)) = rest.split_once(' ') else {
@@ -441,7 +579,7 @@ impl Broker {
             "script": SCRIPT,
             "config": {"port": BROKER_PORT, "upstream": upstream, "places": places, "keys": map,
                        "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms(),
-                       "cli_prefix": cli_prefix},
+                       "cli_prefix": cli_prefix, "handoff": !logins.is_empty()},
         });
         let mut bytes = serde_json::to_vec(&line).ok()?;
         bytes.push(b'\n');
@@ -552,7 +690,7 @@ impl Broker {
             "config": {"port": BROKER_PORT, "upstream": upstream, "places": places, "keys": map,
                        "shared": true, "idle_ms": idle_ms(),
                        "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms(),
-                       "cli_prefix": cli_prefix},
+                       "cli_prefix": cli_prefix, "handoff": !logins.is_empty()},
         });
         let mut bytes = serde_json::to_vec(&line).ok()?;
         bytes.push(b'\n');
@@ -696,12 +834,20 @@ impl Broker {
         let Some(s) = &self.shared else {
             let attached = self.start_own(backend, None).await?;
             if self.logins {
-                let mut watch = self.watch();
+                let (mut watch, mut to_broker) = self.watch();
                 tokio::spawn(async move {
-                    let mut output = attached.output;
-                    while let Some(chunk) = output.next().await {
-                        if let Ok(OutputChunk::Stdout(b)) = chunk {
-                            watch.take(&b).await;
+                    let (mut output, mut input) = (attached.output, attached.input);
+                    loop {
+                        tokio::select! {
+                            chunk = output.next() => match chunk {
+                                Some(Ok(OutputChunk::Stdout(b))) => watch.take(&b).await,
+                                Some(_) => {}
+                                None => break,
+                            },
+                            Some(line) = to_broker.recv() => {
+                                let _ = input.write_all(line.as_bytes()).await;
+                                let _ = input.flush().await;
+                            }
                         }
                     }
                 });
@@ -765,12 +911,17 @@ impl Broker {
         }
     }
 
-    fn watch(&self) -> LoginWatch {
-        LoginWatch {
+    /// The reader of the broker's stdout for logins, and the lines it answers with.
+    fn watch(&self) -> (LoginWatch, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let (answers, to_broker) = tokio::sync::mpsc::unbounded_channel();
+        let watch = LoginWatch {
             provider: self.provider,
             seal: self.seal,
             seen: Vec::new(),
-        }
+            answers,
+            refreshed: std::sync::Arc::new(tokio::sync::Notify::new()),
+        };
+        (watch, to_broker)
     }
 
     /// Renews this turn's lease on `attached` until [`Broker::stop`] (and, with logins,
@@ -779,7 +930,10 @@ impl Broker {
         let Some(s) = &self.shared else { return };
         let (end, mut ended) = tokio::sync::oneshot::channel::<()>();
         let (renew, release) = (Self::lease_line(s), format!("release {}\n", s.lease_id));
-        let mut watch = self.logins.then(|| self.watch());
+        let (mut watch, mut to_broker) = match self.logins.then(|| self.watch()) {
+            Some((w, rx)) => (Some(w), Some(rx)),
+            None => (None, None),
+        };
         let task = tokio::spawn(async move {
             // A deadline apart from the output: the broker's answers to other turns' leases
             // must not postpone this one's renewal.
@@ -793,6 +947,10 @@ impl Broker {
                         (None, _) => watch = None,
                         _ => {}
                     },
+                    Some(line) = async { to_broker.as_mut()?.recv().await }, if to_broker.is_some() => {
+                        let _ = attached.input.write_all(line.as_bytes()).await;
+                        let _ = attached.input.flush().await;
+                    }
                     _ = renewal.tick() => {
                         if attached.input.write_all(renew.as_bytes()).await.is_err() {
                             tracing::warn!("lost the credential broker's lease channel");
@@ -1177,6 +1335,12 @@ mod tests {
         assert_eq!(opened["refresh"], "r2");
         assert!(open_sealed(&[8u8; 32], &sealed).is_none());
         assert!(open_sealed(&key, "bm90IHNlYWxlZA==").is_none());
+        // What caw-box hands a broker (a refresh handoff) opens the same way.
+        let handed = seal_json(&key, &serde_json::json!({"access": "a3", "refresh": "r3"}));
+        let handed = handed.unwrap();
+        assert_eq!(open_sealed(&key, &handed).unwrap()["refresh"], "r3");
+        assert!(!handed.contains("r3"));
+        assert!(open_sealed(&[8u8; 32], &handed).is_none());
     }
 
     #[test]

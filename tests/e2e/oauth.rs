@@ -448,3 +448,85 @@ fn inject_turn(rig: &Rig, base: &dyn Fn(&str) -> Vec<String>) {
     let s = oauth_status(rig);
     assert_eq!(s["refreshes"].as_u64(), Some(2), "{s}");
 }
+
+/// Locked-down turns (`--allow-host`) each have a broker of their own, on their own egress
+/// network: across an expiry, every one of them gets a 401, and a refresh token is good
+/// once. The first broker refreshes; each other asks its caw-box, which waits on the
+/// login's refresh lock, finds the newer login in the store and hands it over: exactly one
+/// refresh, none rejected, every turn answers.
+#[test]
+fn brokers_of_locked_down_turns_hand_a_refreshed_login_on_instead_of_refreshing_again() {
+    const LOCKED: usize = 4;
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let (access, refresh) = (
+        format!("sk-ant-oat01-realaccess-{tag}"),
+        format!("sk-ant-ort01-realrefresh-{tag}"),
+    );
+    let rig = Rig::with_stub_env("oauth-handoff", &[format!("STUB_OAUTH={access},{refresh}")]);
+    let home = tempfile::tempdir().unwrap();
+    let creds = home.path().join(".claude/.credentials.json");
+    std::fs::create_dir_all(creds.parent().unwrap()).unwrap();
+    std::fs::write(
+        &creds,
+        format!(
+            r#"{{"claudeAiOauth":{{"accessToken":"{access}","refreshToken":"{refresh}","expiresAt":{},"scopes":["user:inference"],"subscriptionType":"max"}}}}"#,
+            in_an_hour_ms()
+        ),
+    )
+    .unwrap();
+    let mut c = rig.caw();
+    c.args(["auth", "collect", "--provider", "claude_code"])
+        .env("HOME", home.path());
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+
+    let endpoint = rig.endpoint();
+    let allow = format!("{}:8080", rig.stub);
+    let firsts = all_ok(
+        (0..LOCKED)
+            .map(|i| {
+                let word = format!("locked{i}");
+                let prompt = format!("REMEMBER:{word}");
+                let args = [
+                    "run",
+                    "--provider",
+                    "claude_code",
+                    "--network",
+                    &rig.network,
+                    "--endpoint",
+                    &endpoint,
+                    "--allow-host",
+                    &allow,
+                    "-o",
+                    "json",
+                    &prompt,
+                ];
+                (turn(&rig, &args).spawn().unwrap(), word)
+            })
+            .collect(),
+    );
+    expire(&rig);
+    let children = firsts
+        .iter()
+        .enumerate()
+        .map(|(i, j)| {
+            let word = format!("after{i}");
+            let prompt = format!("REMEMBER:{word}");
+            let id = j["session_id"].as_str().unwrap();
+            let args = ["resume", id, "-o", "json", prompt.as_str()];
+            (turn(&rig, &args).spawn().unwrap(), word)
+        })
+        .collect();
+    all_ok(children);
+    let s = oauth_status(&rig);
+    assert_eq!(
+        (s["refreshes"].as_u64(), s["rejected"].as_u64()),
+        (Some(1), Some(0)),
+        "{s}"
+    );
+    let stored = stored_login(&rig, "claude_code", ".claude/.credentials.json");
+    assert_eq!(
+        stored["claudeAiOauth"]["refreshToken"], s["refresh_token"],
+        "{stored}"
+    );
+}
