@@ -1046,19 +1046,33 @@ pub const BROKER_UID: i64 = 10_002;
 /// sandbox under a uid of its own, its keys on its stdin (never in its spec), the pod's end
 /// marker read-only.
 fn broker_container(spec: &TurnSpec, command: &[String], gid: i64) -> Container {
-    let uid = BROKER_UID;
     Container {
-        name: SIDECAR.into(),
-        image: Some(spec.image.clone()),
-        image_pull_policy: Some(pull_policy()),
-        command: Some(command.to_vec()),
         stdin: Some(true),
         stdin_once: Some(false),
+        ..sidecar(SIDECAR, spec, command.to_vec(), BROKER_UID, gid, "256Mi")
+    }
+}
+
+/// A helper beside the agent: the turn's image and the agent's sandbox under a uid of its
+/// own, a memory limit, and the pod's end marker read-only (it exits when it appears).
+fn sidecar(
+    name: &str,
+    spec: &TurnSpec,
+    command: Vec<String>,
+    uid: i64,
+    gid: i64,
+    memory: &str,
+) -> Container {
+    Container {
+        name: name.into(),
+        image: Some(spec.image.clone()),
+        image_pull_policy: Some(pull_policy()),
+        command: Some(command),
         security_context: Some(hardened(uid, gid)),
         resources: Some(ResourceRequirements {
             limits: Some(BTreeMap::from([(
                 "memory".to_string(),
-                Quantity("256Mi".into()),
+                Quantity(memory.into()),
             )])),
             ..Default::default()
         }),
@@ -1172,27 +1186,10 @@ fn proxy_container(spec: &TurnSpec, gid: i64) -> Container {
         value_from: None,
     })
     .collect();
+    let command = vec!["node".into(), "-e".into(), script];
     Container {
-        name: PROXY_SIDECAR.into(),
-        image: Some(spec.image.clone()),
-        image_pull_policy: Some(pull_policy()),
-        command: Some(vec!["node".into(), "-e".into(), script]),
         env: Some(env),
-        security_context: Some(hardened(PROXY_UID, gid)),
-        resources: Some(ResourceRequirements {
-            limits: Some(BTreeMap::from([(
-                "memory".to_string(),
-                Quantity("128Mi".into()),
-            )])),
-            ..Default::default()
-        }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "pod-end".into(),
-            mount_path: POD_END_DIR.into(),
-            read_only: Some(true),
-            ..Default::default()
-        }]),
-        ..Default::default()
+        ..sidecar(PROXY_SIDECAR, spec, command, PROXY_UID, gid, "128Mi")
     }
 }
 
