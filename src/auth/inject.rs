@@ -311,11 +311,17 @@ pub fn prepare_as(
     let broker =
         broker && (!has_files || !logins.is_empty()) && (!vars.is_empty() || !logins.is_empty());
     let mut brokered = Vec::new();
+    // Variables a dotenv file the CLI loads itself defines (gemini's `~/.gemini/.env`): the
+    // CLI's environment holds them too (names only).
+    let mut file_vars = Vec::new();
     for target in spec.home_targets() {
         if logins.iter().any(|l| l.target == target) {
             continue;
         }
         if let Some(secret) = store.file(p, &target) {
+            if target.ends_with("/.env") {
+                file_vars.extend(dotenv_names(secret.expose()));
+            }
             files.push((
                 format!("{AUTH_SUBDIR}/home/{target}"),
                 secret.expose().to_vec(),
@@ -323,6 +329,7 @@ pub fn prepare_as(
         }
     }
     let mut names: Vec<String> = turn_env.iter().map(|(k, _)| k.clone()).collect();
+    names.extend(file_vars);
     names.extend(vars.iter().map(|(k, _)| k.to_string()));
     names.extend(login_env.iter().map(|(k, _)| k.clone()));
     if !vars.is_empty() || !login_env.is_empty() {
@@ -357,6 +364,23 @@ pub fn prepare_as(
         brokered,
         logins,
     })
+}
+
+/// The names a dotenv file defines (`NAME=value` lines; `export ` and comments allowed).
+fn dotenv_names(text: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(text)
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let line = line.strip_prefix("export ").unwrap_or(line);
+            let (name, _) = line.split_once('=')?;
+            let name = name.trim();
+            let ok = !name.is_empty()
+                && !name.starts_with('#')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            ok.then(|| name.to_string())
+        })
+        .collect()
 }
 
 /// The key variables whose values the broker swaps in (sent as `x-api-key`,
@@ -559,6 +583,12 @@ mod tests {
         assert_eq!(v["claudeAiOauth"]["subscriptionType"], "max");
         // Another process stored a newer login meanwhile: left alone.
         assert!(refreshed_login(&spec, &new, "real-r", &tokens("a3", "r3", 43)).is_none());
+    }
+
+    #[test]
+    fn a_dotenv_file_names_its_variables_and_never_its_values() {
+        let names = dotenv_names(b"# keys\nGEMINI_API_KEY=AIza-secret\nexport GOOGLE_CLOUD_PROJECT=p\n\nnot a line\nBAD NAME=x\n");
+        assert_eq!(names, ["GEMINI_API_KEY", "GOOGLE_CLOUD_PROJECT"]);
     }
 
     #[test]

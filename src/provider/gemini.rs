@@ -58,7 +58,8 @@ impl Provider for Gemini {
             argv.extend(["--output-format", "stream-json"].map(String::from));
         }
         argv.push("--yolo".to_string());
-        // With no API key, gemini's own Google login (Code Assist API): its file, or, brokered,
+        // With no API key (a variable, or one its `.env` file defines), gemini's own Google
+        // login (Code Assist API): its file, or, brokered,
         // its placeholder token in a variable. `--endpoint` (the broker) is then where the
         // Code Assist calls go.
         let has = |var: &str| request.credential_env.iter().any(|v| v == var);
