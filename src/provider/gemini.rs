@@ -59,9 +59,8 @@ impl Provider for Gemini {
         }
         argv.push("--yolo".to_string());
         // With no API key (a variable, or one its `.env` file defines), gemini's own Google
-        // login (Code Assist API): its file, or, brokered,
-        // its placeholder token in a variable. `--endpoint` (the broker) is then where the
-        // Code Assist calls go.
+        // login (Code Assist API): its file, or, brokered, its placeholder token in a
+        // variable. `--endpoint` (the broker) is then where the Code Assist calls go.
         let has = |var: &str| request.credential_env.iter().any(|v| v == var);
         let login = uses_login(request);
         let mut env = Vec::new();
