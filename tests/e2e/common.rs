@@ -281,10 +281,12 @@ impl Rig {
 
     /// Resumes codex session `id` (started with `--allow-host <stub>:8080`) with a probe: the
     /// stub answers through the proxy, `other` is refused by it, and nothing gets out
-    /// directly, and the refusal is one of the turn's events.
+    /// directly, and the refusal is one of the turn's events. (A bounded direct attempt:
+    /// codex's shell tool returns what a command printed after 10 s, and on a busy machine a
+    /// name lookup on an internal network can take longer; CI 25 failed so.)
     pub fn assert_only_the_stub_is_reachable(&self, id: &str, other: &str) {
         let probe = format!(
-            "RUN:for h in {stub} {other}; do exec 3<>/dev/tcp/caw-box-proxy/3128; printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; head -1 <&3 | tr -d '\\r'; exec 3<&-; done; (exec 3<>/dev/tcp/{stub}/8080) 2>/dev/null && echo direct-open || echo direct-blocked",
+            "RUN:for h in {stub} {other}; do exec 3<>/dev/tcp/caw-box-proxy/3128; printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; head -1 <&3 | tr -d '\\r'; exec 3<&-; done; timeout 3 bash -c 'exec 3<>/dev/tcp/{stub}/8080' 2>/dev/null && echo direct-open || echo direct-blocked",
             stub = self.stub
         );
         let mut cmd = self.resume_cmd(CODEX, id, &probe, &[]);
