@@ -35,6 +35,8 @@ use crate::session::record::{labels, roles, SessionRecord};
 
 /// The port the broker listens on, inside the turn's network.
 pub const BROKER_PORT: u16 = 8080;
+/// The port the broker listens on with TLS for the hosts it intercepts (the hosts' own).
+pub const INTERCEPT_PORT: u16 = 443;
 
 /// How long the broker may take to say it listens.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -101,6 +103,16 @@ pub(super) struct Broker {
     logins: bool,
     /// A sidecar in the turn's pod of this name ([`Broker::plan_in_pod`]).
     in_pod: Option<String>,
+    /// The hosts this broker stands in for with TLS (a login's `intercept`), and the
+    /// turn's CA certificate the agent's container trusts for them.
+    intercept: Option<Intercept>,
+}
+
+/// What the agent's container of a turn whose broker intercepts needs: the hosts to
+/// resolve to the broker, and the CA to trust (public; its key is gone).
+pub(super) struct Intercept {
+    pub(super) hosts: Vec<String>,
+    pub(super) ca_pem: String,
 }
 
 /// This turn's part of a shared broker (see the module docs).
@@ -543,9 +555,19 @@ impl Broker {
         if matches!(outer, NetworkPolicy::None | NetworkPolicy::Host) {
             return None;
         }
-        if let (None, Some(salt)) = (egress_network, salt) {
+        // A login the broker intercepts for has the turn's own broker: its CA is the turn's.
+        let hosts = match crate::auth::spec::Spec::of(record.provider).oauth {
+            Some(o) if !logins.is_empty() => o.intercept,
+            _ => Vec::new(),
+        };
+        if let (None, Some(salt), true) = (egress_network, salt, hosts.is_empty()) {
             return Self::plan_shared(record, &outer, keys, logins, salt);
         }
+        let tls = if hosts.is_empty() {
+            None
+        } else {
+            Some(crate::auth::intercept::intercept_tls(&hosts)?)
+        };
         let (container, net) = names::broker_names(record.session_id, std::process::id());
         let (first, join, own_network) = match (egress_network, &outer) {
             (_, NetworkPolicy::None | NetworkPolicy::Host) => return None,
@@ -579,11 +601,20 @@ impl Broker {
             "script": SCRIPT,
             "config": {"port": BROKER_PORT, "upstream": upstream, "places": places, "keys": map,
                        "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms(),
-                       "cli_prefix": cli_prefix, "handoff": !logins.is_empty()},
+                       "cli_prefix": cli_prefix, "handoff": !logins.is_empty(),
+                       "tls": tls.as_ref().map(|t| serde_json::json!({
+                           "cert": t.cert_pem,
+                           "key": String::from_utf8_lossy(t.key_pem.expose()),
+                       })),
+                       "tls_port": INTERCEPT_PORT},
         });
         let mut bytes = serde_json::to_vec(&line).ok()?;
         bytes.push(b'\n');
         Some(Broker {
+            intercept: tls.map(|t| Intercept {
+                hosts,
+                ca_pem: t.ca_pem,
+            }),
             seal,
             logins: !logins.is_empty(),
             url: format!("http://{container}:{BROKER_PORT}{path}"),
@@ -721,6 +752,7 @@ impl Broker {
                 held: std::sync::Mutex::new(None),
             }),
             in_pod: None,
+            intercept: None,
         })
     }
 
@@ -772,10 +804,26 @@ impl Broker {
             seal: [0; 32],
             logins: false,
             in_pod: Some(pod.to_string()),
+            intercept: None,
         })
     }
 
     /// Whether this broker is a sidecar of the turn's pod (started once the pod runs).
+    /// The hosts this broker stands in for with TLS, and the CA the agent trusts for them.
+    pub(super) fn intercept(&self) -> Option<&Intercept> {
+        self.intercept.as_ref()
+    }
+
+    /// The broker's address on the agent's network, once it runs (for the agent's
+    /// container to resolve the intercepted hosts to).
+    pub(super) async fn address(&self, backend: &impl Backend) -> Result<Option<String>> {
+        let network = match (&self.own_network, &self.join, &self.first) {
+            (Some(n), _, _) | (None, Some(n), _) | (None, None, NetworkPolicy::Named(n)) => n,
+            _ => return Ok(None),
+        };
+        backend.container_address(&self.container, network).await
+    }
+
     pub(super) fn in_pod(&self) -> bool {
         self.in_pod.is_some()
     }
