@@ -270,6 +270,10 @@ pub async fn run_turn(
         let mut direct = "localhost,127.0.0.1".to_string();
         if let Some(b) = &broker {
             direct = format!("{direct},{}", b.container);
+            // The hosts it stands in for, too: the proxy would reach the real ones.
+            for host in b.intercept().map_or(&[][..], |i| &i.hosts[..]) {
+                direct = format!("{direct},{host}");
+            }
         }
         env.push(format!("NO_PROXY={direct}"));
         env.push(format!("no_proxy={direct}"));
