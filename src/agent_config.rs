@@ -559,8 +559,11 @@ mod tests {
 
     fn command(p: ProviderKind, effort: Option<Effort>, append: bool) -> TurnCommand {
         let support = p.adapter().support();
+        // An API key: the endpoint's provider (opencode without one uses its ChatGPT login).
+        let keyed = ["OPENAI_API_KEY".to_string()];
         p.adapter().turn_command(&TurnRequest {
             prompt: "hi",
+            credential_env: &keyed,
             model: Some("caw/stub-model"),
             endpoint: Some("http://stub:8080"),
             system_prompt: Some(TEXT),

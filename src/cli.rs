@@ -19,12 +19,13 @@ Examples:
   caw-box run --provider opencode --on-limit wait --max-wait 30m \"fix it\"   # wait out a limit
   caw-box run --provider codex --on-limit fallback=claude,gemini \"fix it\"    # or go elsewhere
 
-A collected API key, Claude login, codex ChatGPT login or gemini Google login never enters
-the agent's container: the CLI gets a placeholder, and a credential broker outside it adds
-the real key (or access token, which it refreshes) on the way to the model
-(--credentials inject hands the CLI the real ones through a private file instead;
-opencode's logins, --network host and logins on the kubernetes backend are always injected
-for now).
+A collected API key, Claude login, codex or opencode ChatGPT login or gemini Google login
+never enters the agent's container: the CLI gets a placeholder, and a credential broker
+outside it adds the real key (or access token, which it refreshes) on the way to the model
+(opencode's login goes to chatgpt.com whatever its settings: the turn's own broker stands
+in for that host with a certificate of a CA made for the turn, which only that turn's
+container trusts). --credentials inject hands the CLI the real ones through a private file
+instead; --network host and logins on the kubernetes backend are always injected for now.
 
 Settings not given as flags come from CAW_BOX_* variables, then the project's .caw-box.toml,
 then ~/.config/caw-box/config.toml: `caw-box config show` says which.";
@@ -376,12 +377,14 @@ pub struct TurnArgs {
     #[arg(short, long)]
     pub detach: bool,
     /// `broker` (default where it works): a collected API key, Claude login
-    /// (`.credentials.json`, Keychain) or codex ChatGPT login (`auth.json`) stays outside the agent's container; the CLI gets a
-    /// placeholder, and a credential broker (one per network and key, shared by the turns
-    /// there) adds the real key on the way to the model, and refreshes the login for all of
-    /// them (on Kubernetes the broker is a sidecar in the turn's pod, for API keys). `inject`:
-    /// the real credentials reach the CLI through a private file (always so for gemini and
-    /// opencode logins, logins on Kubernetes and `--network none|host`, for now).
+    /// (`.credentials.json`, Keychain), codex or opencode ChatGPT login (`auth.json`) or
+    /// gemini Google login stays outside the agent's container; the CLI gets a placeholder,
+    /// and a credential broker (one per network and key, shared by the turns there; a
+    /// turn's own for opencode's login, which it reaches as chatgpt.com by TLS interception
+    /// with a CA of that turn) adds the real key on the way to the model, and refreshes the
+    /// login for all of them (on Kubernetes the broker is a sidecar in the turn's pod, for
+    /// API keys). `inject`: the real credentials reach the CLI through a private file
+    /// (always so for logins on Kubernetes and `--network none|host`, for now).
     #[arg(long, value_enum, value_name = "MODE", env = "CAW_BOX_CREDENTIALS")]
     pub credentials: Option<CredentialsArg>,
     /// When the vendor's usage or rate limit stops the turn: `fail` (exit 5, the default),

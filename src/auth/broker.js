@@ -31,6 +31,11 @@
 //   caw-box-broker login <slot> <base64 of iv | ciphertext | tag>
 // so the caw-box processes attached store them (under the store's lock).
 //
+// `tls` ({cert, key}, PEM: a certificate of the turn's own CA for the hosts a login's CLI
+// reaches directly, such as opencode's chatgpt.com): the broker also listens with TLS on
+// `tls_port` (443; the agent's container resolves those hosts to the broker), with the same
+// handler: a login's placeholder there goes to the login's upstream, the path unchanged.
+//
 // `"host": "127.0.0.1"` makes it listen on loopback only (a sidecar in the agent's pod).
 //
 // caw-box ships this file on the broker container's stdin too (the container runs a small
@@ -350,11 +355,29 @@ module.exports = function broker(config, rest) {
   }
 
   server.keepAliveTimeout = 65000;
+  const servers = [server];
+  if (config.tls) {
+    const handler = server.listeners('request')[0];
+    const secure = https.createServer({ cert: config.tls.cert, key: config.tls.key }, handler);
+    secure.keepAliveTimeout = 65000;
+    servers.push(secure);
+  }
   // `host`: where it listens (a broker in the agent's own pod: loopback only).
-  server.listen(config.port || 8080, config.host || '0.0.0.0', () => {
-    process.stdout.write('caw-box-broker ready\n');
+  let listening = 0;
+  const ports = [config.port || 8080, config.tls_port || 443];
+  servers.forEach((s, i) => {
+    s.on('error', (e) => {
+      process.stderr.write(`caw-box-broker: cannot listen on ${ports[i]}: ${e.code || e.message}\n`);
+      process.exit(1);
+    });
+    s.listen(ports[i], config.host || '0.0.0.0', () => {
+      if (++listening === servers.length) process.stdout.write('caw-box-broker ready\n');
+    });
   });
-  const stop = () => server.close(() => process.exit(0)) && setTimeout(() => process.exit(0), 200);
+  const stop = () => {
+    servers.forEach((s) => s.close());
+    setTimeout(() => process.exit(0), 200);
+  };
   process.on('SIGTERM', stop);
   process.on('SIGINT', stop);
 };

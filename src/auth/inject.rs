@@ -300,6 +300,10 @@ pub fn prepare_as(
                         real,
                     });
                 }
+                // (A file without the login's access token holds no login: opencode's
+                // `auth.json` with API keys only.)
+                None if !serde_json::from_slice::<serde_json::Value>(real.expose())
+                    .is_ok_and(|v| json_at(&v, &o.access).is_some()) => {}
                 None => tracing::warn!(
                     "the {p} login in {} is not of the shape the credential broker knows; \
                      the CLI gets it as it is (injected)",
@@ -487,6 +491,28 @@ mod tests {
         assert_eq!(o["subscriptionType"], "max");
         // Not a login of that shape: not brokered.
         assert!(placeholder_login(&spec, br#"{"OPENAI_API_KEY":"k"}"#, "p").is_none());
+    }
+
+    /// opencode's ChatGPT login: a plain placeholder access token (no JWT), `expires` in ms
+    /// far off, the account id kept; an API-key entry is no login (brokered as a key).
+    #[test]
+    fn an_opencode_placeholder_login_keeps_the_account() {
+        let spec = Spec::of(ProviderKind::Opencode).oauth.unwrap();
+        assert_eq!(spec.intercept, ["chatgpt.com"]);
+        let real = br#"{"openai":{"type":"oauth","access":"real-a","refresh":"real-r","expires":1700000000000,"accountId":"acct-1"}}"#;
+        let (file, placeholder) = placeholder_login(&spec, real, "cawbox-placeholder-1").unwrap();
+        assert_eq!(placeholder, "cawbox-placeholder-1");
+        let v: serde_json::Value = serde_json::from_slice(&file).unwrap();
+        let o = &v["openai"];
+        assert_eq!(o["access"], "cawbox-placeholder-1");
+        assert_eq!(o["expires"], PLACEHOLDER_EXPIRY_SECS * 1000);
+        assert_eq!(
+            (&o["type"], &o["accountId"]),
+            (&"oauth".into(), &"acct-1".into())
+        );
+        assert!(!String::from_utf8_lossy(&file).contains("real-"));
+        let key = br#"{"openai":{"type":"api","key":"sk-real"}}"#;
+        assert!(placeholder_login(&spec, key, "p").is_none());
     }
 
     /// gemini's Google login: its placeholder goes in a variable (no file), and a refresh

@@ -90,6 +90,12 @@ pub struct OAuthSpec {
     /// why, in tests/fixtures/README.md).
     #[serde(default = "yes")]
     pub brokered: bool,
+    /// Hosts the CLI reaches directly with a login, whatever its configuration (opencode's
+    /// built-in ChatGPT plugin posts to `chatgpt.com`): the turn's own broker stands in for
+    /// them with a certificate of a CA made for the turn, which only that turn's container
+    /// trusts (`NODE_EXTRA_CA_CERTS`), and the container resolves them to the broker.
+    #[serde(default)]
+    pub intercept: Vec<String>,
 }
 
 fn yes() -> bool {

@@ -153,6 +153,9 @@ impl Backend for Engine {
     async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
         dispatch!(self, b => Backend::inspect_container(b, name).await)
     }
+    async fn container_address(&self, name: &str, network: &str) -> Result<Option<String>> {
+        dispatch!(self, b => Backend::container_address(b, name, network).await)
+    }
     async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {
         dispatch!(self, b => Backend::attach(b, name, stdin).await)
     }

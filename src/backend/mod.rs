@@ -76,6 +76,15 @@ pub trait Backend: Clone + Send + Sync + 'static {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<Option<ContainerInfo>>> + Send;
+    /// A running container's IP address on `network`; `None` where it has none there (or
+    /// the backend has no such addresses: Kubernetes keeps logins that need one injected).
+    fn container_address(
+        &self,
+        _name: &str,
+        _network: &str,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        async { Ok(None) }
+    }
     /// Attaches to a created container's output (and input, with `stdin`) before its start.
     fn attach(&self, name: &str, stdin: bool) -> impl Future<Output = Result<Attached>> + Send;
     /// Resizes an interactive turn's terminal.
@@ -523,6 +532,9 @@ pub struct TurnSpec {
     /// [`Backend::holds_egress_in_turn_pod`]): the hosts a proxy sidecar admits, all other
     /// egress refused; empty: no such hold.
     pub egress_allow: Vec<String>,
+    /// `host:ip` entries the agent's container resolves so (a broker standing in for a
+    /// host its CLI reaches directly); empty: none.
+    pub extra_hosts: Vec<String>,
 }
 
 impl TurnSpec {

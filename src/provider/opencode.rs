@@ -23,6 +23,10 @@ pub struct Opencode;
 
 /// The provider id `--endpoint` defines in opencode's config.
 const ENDPOINT_PROVIDER: &str = "caw";
+/// The variable of an OpenAI API key (the endpoint provider's `apiKey`).
+const API_KEY_VAR: &str = "OPENAI_API_KEY";
+/// opencode's provider of a ChatGPT login (its built-in codex plugin's).
+const LOGIN_PROVIDER: &str = "openai";
 /// opencode's own session title limit (it truncates prompts to this for titles).
 const TITLE_CHARS: usize = 50;
 
@@ -61,7 +65,16 @@ impl Provider for Opencode {
             }
             None => {}
         }
-        let model = opencode_model(request.model, request.endpoint.is_some());
+        // With no API key, the CLI's own ChatGPT login (auth.json) is what it uses: its
+        // built-in plugin sends the `openai` provider's requests to chatgpt.com whatever the
+        // configured base URL, so no endpoint provider is defined (with a brokered login,
+        // chatgpt.com resolves to the broker inside the turn's container).
+        let login = !request.credential_env.iter().any(|n| n == API_KEY_VAR);
+        let endpoint = request.endpoint.filter(|_| !login);
+        let model = match login {
+            true => login_model(request.model),
+            false => opencode_model(request.model, endpoint.is_some()),
+        };
         if let Some(model) = &model {
             argv.extend(["--model".to_string(), model.clone()]);
         }
@@ -78,7 +91,7 @@ impl Provider for Opencode {
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .into();
-        let mut config = config(request.endpoint, model.as_deref());
+        let mut config = config(endpoint, model.as_deref());
         if let (Some(effort), Some(id)) = (request.effort, &model) {
             // `--variant` picks one of the model's variants; the endpoint's provider (ours)
             // has none unless defined here.
@@ -181,6 +194,20 @@ impl Provider for Opencode {
         // Sessions live in a SQLite database: ask opencode itself for the latest.
         r#"opencode session list --format json -n 1 --pure 2>/dev/null | grep -o '"ses_[^"]*"' | head -n1 | tr -d '"'"#.to_string()
     }
+}
+
+/// The `--model` value with a ChatGPT login: a model of the `openai` provider (a bare id, or
+/// one of the endpoint's provider, becomes `openai/<id>`); another provider's as given.
+fn login_model(model: Option<&str>) -> Option<String> {
+    let model = model?;
+    let id = model
+        .strip_prefix(ENDPOINT_PROVIDER)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .unwrap_or(model);
+    if id.contains('/') {
+        return Some(id.to_string());
+    }
+    Some(format!("{LOGIN_PROVIDER}/{id}"))
 }
 
 /// The `--model` value: `provider/model` as given, or with `--endpoint` always a model of the
@@ -537,7 +564,61 @@ struct ErrorData {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::test_support::{parse_with, request};
+    use crate::provider::test_support::parse_with;
+
+    /// A turn whose CLI has an API key (as every test here but the login's).
+    static KEYED: std::sync::LazyLock<Vec<String>> =
+        std::sync::LazyLock::new(|| vec![API_KEY_VAR.to_string()]);
+
+    fn request(prompt: &str) -> TurnRequest<'_> {
+        TurnRequest {
+            credential_env: &KEYED,
+            ..crate::provider::test_support::request(prompt)
+        }
+    }
+
+    #[test]
+    fn a_login_uses_the_openai_provider_whatever_the_endpoint() {
+        for (model, expected) in [
+            ("gpt-5.5", "openai/gpt-5.5"),
+            ("caw/gpt-5.5", "openai/gpt-5.5"),
+            ("openai/gpt-5.5", "openai/gpt-5.5"),
+        ] {
+            let command = Opencode.turn_command(&TurnRequest {
+                endpoint: Some("http://caw-box-broker-x:8080"),
+                model: Some(model),
+                credential_env: &[],
+                ..request("hi")
+            });
+            let at = command.argv.iter().position(|a| a == "--model").unwrap();
+            assert_eq!(command.argv[at + 1], expected);
+            // No endpoint provider: the login's traffic goes to chatgpt.com (the broker
+            // inside the turn's container).
+            assert_eq!(config_of(&command), json!({"permission": "allow"}));
+        }
+        let other = Opencode.turn_command(&TurnRequest {
+            model: Some("anthropic/claude-sonnet-4-5"),
+            credential_env: &[],
+            ..request("hi")
+        });
+        assert!(other
+            .argv
+            .contains(&"anthropic/claude-sonnet-4-5".to_string()));
+    }
+
+    #[test]
+    fn an_api_key_keeps_the_endpoint_provider() {
+        let command = Opencode.turn_command(&TurnRequest {
+            endpoint: Some("http://caw-box-broker-x:8080"),
+            model: Some("gpt-5.5"),
+            ..request("hi")
+        });
+        assert!(command.argv.contains(&"caw/gpt-5.5".to_string()));
+        assert_eq!(
+            config_of(&command)["provider"]["caw"]["options"]["baseURL"],
+            "http://caw-box-broker-x:8080/v1"
+        );
+    }
 
     const SESSION: &str = "ses_5f2a9c1e3ffeXk2QmZ8rT4bN1a";
 

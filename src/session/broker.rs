@@ -35,6 +35,8 @@ use crate::session::record::{labels, roles, SessionRecord};
 
 /// The port the broker listens on, inside the turn's network.
 pub const BROKER_PORT: u16 = 8080;
+/// The port the broker listens on with TLS for the hosts it intercepts (the hosts' own).
+pub const INTERCEPT_PORT: u16 = 443;
 
 /// How long the broker may take to say it listens.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -101,6 +103,16 @@ pub(super) struct Broker {
     logins: bool,
     /// A sidecar in the turn's pod of this name ([`Broker::plan_in_pod`]).
     in_pod: Option<String>,
+    /// The hosts this broker stands in for with TLS (a login's `intercept`), and the
+    /// turn's CA certificate the agent's container trusts for them.
+    intercept: Option<Intercept>,
+}
+
+/// What the agent's container of a turn whose broker intercepts needs: the hosts to
+/// resolve to the broker, and the CA to trust (public; its key is gone).
+pub(super) struct Intercept {
+    pub(super) hosts: Vec<String>,
+    pub(super) ca_pem: String,
 }
 
 /// This turn's part of a shared broker (see the module docs).
@@ -543,9 +555,19 @@ impl Broker {
         if matches!(outer, NetworkPolicy::None | NetworkPolicy::Host) {
             return None;
         }
-        if let (None, Some(salt)) = (egress_network, salt) {
+        // A login the broker intercepts for has the turn's own broker: its CA is the turn's.
+        let hosts = match crate::auth::spec::Spec::of(record.provider).oauth {
+            Some(o) if !logins.is_empty() => o.intercept,
+            _ => Vec::new(),
+        };
+        if let (None, Some(salt), true) = (egress_network, salt, hosts.is_empty()) {
             return Self::plan_shared(record, &outer, keys, logins, salt);
         }
+        let tls = if hosts.is_empty() {
+            None
+        } else {
+            Some(crate::auth::intercept::intercept_tls(&hosts)?)
+        };
         let (container, net) = names::broker_names(record.session_id, std::process::id());
         let (first, join, own_network) = match (egress_network, &outer) {
             (_, NetworkPolicy::None | NetworkPolicy::Host) => return None,
@@ -579,11 +601,20 @@ impl Broker {
             "script": SCRIPT,
             "config": {"port": BROKER_PORT, "upstream": upstream, "places": places, "keys": map,
                        "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms(),
-                       "cli_prefix": cli_prefix, "handoff": !logins.is_empty()},
+                       "cli_prefix": cli_prefix, "handoff": !logins.is_empty(),
+                       "tls": tls.as_ref().map(|t| serde_json::json!({
+                           "cert": t.cert_pem,
+                           "key": String::from_utf8_lossy(t.key_pem.expose()),
+                       })),
+                       "tls_port": INTERCEPT_PORT},
         });
         let mut bytes = serde_json::to_vec(&line).ok()?;
         bytes.push(b'\n');
         Some(Broker {
+            intercept: tls.map(|t| Intercept {
+                hosts,
+                ca_pem: t.ca_pem,
+            }),
             seal,
             logins: !logins.is_empty(),
             url: format!("http://{container}:{BROKER_PORT}{path}"),
@@ -721,6 +752,7 @@ impl Broker {
                 held: std::sync::Mutex::new(None),
             }),
             in_pod: None,
+            intercept: None,
         })
     }
 
@@ -772,10 +804,26 @@ impl Broker {
             seal: [0; 32],
             logins: false,
             in_pod: Some(pod.to_string()),
+            intercept: None,
         })
     }
 
     /// Whether this broker is a sidecar of the turn's pod (started once the pod runs).
+    /// The hosts this broker stands in for with TLS, and the CA the agent trusts for them.
+    pub(super) fn intercept(&self) -> Option<&Intercept> {
+        self.intercept.as_ref()
+    }
+
+    /// The broker's address on the agent's network, once it runs (for the agent's
+    /// container to resolve the intercepted hosts to).
+    pub(super) async fn address(&self, backend: &impl Backend) -> Result<Option<String>> {
+        let network = match (&self.own_network, &self.join, &self.first) {
+            (Some(n), _, _) | (None, Some(n), _) | (None, None, NetworkPolicy::Named(n)) => n,
+            _ => return Ok(None),
+        };
+        backend.container_address(&self.container, network).await
+    }
+
     pub(super) fn in_pod(&self) -> bool {
         self.in_pod.is_some()
     }
@@ -1311,6 +1359,45 @@ mod tests {
         assert_ne!(b.seal, b2.seal);
     }
 
+    /// opencode's ChatGPT login: the turn's own broker (even where brokers are shared), which
+    /// gets a certificate for chatgpt.com and its key on stdin; the agent gets the CA only.
+    #[test]
+    fn an_intercepted_login_has_a_broker_of_its_own_with_the_turns_tls() {
+        let mut r = record("open", None);
+        r.provider = ProviderKind::Opencode;
+        let l = BrokeredLogin {
+            placeholder: "cawbox-placeholder-z".into(),
+            target: ".local/share/opencode/auth.json".into(),
+            real: Secret::new(
+                r#"{"openai":{"type":"oauth","access":"real-a","refresh":"real-r","expires":1700000000000,"accountId":"acct"}}"#,
+            ),
+        };
+        let b = Broker::plan_salted_logins(&r, None, &[], &[l], Some(test_salt)).unwrap();
+        assert!(b.shared.is_none());
+        assert!(b.own_network.is_some());
+        let i = b.intercept().unwrap();
+        assert_eq!(i.hosts, ["chatgpt.com"]);
+        assert!(i.ca_pem.contains("BEGIN CERTIFICATE"));
+        assert!(!i.ca_pem.contains("PRIVATE"));
+        let line: serde_json::Value = serde_json::from_slice(b.config.expose()).unwrap();
+        let c = &line["config"];
+        assert_eq!(c["upstream"], "https://chatgpt.com");
+        assert_eq!(c["tls_port"], INTERCEPT_PORT);
+        assert!(c["tls"]["key"].as_str().unwrap().contains("PRIVATE KEY"));
+        assert!(c["tls"]["cert"]
+            .as_str()
+            .unwrap()
+            .contains("BEGIN CERTIFICATE"));
+        assert_eq!(c["oauth"]["cawbox-placeholder-z"]["body"], "form");
+        assert_eq!(c["oauth"]["cawbox-placeholder-z"]["access"], "real-a");
+        // Nothing of the key in what the backend sees of the broker.
+        let labels = format!("{:?}", b.labels());
+        assert!(!labels.contains("PRIVATE") && !labels.contains("real-"));
+        // API keys alone: no interception, shared as before.
+        let keyed = Broker::plan_salted(&r, None, &keys(), Some(test_salt)).unwrap();
+        assert!(keyed.intercept().is_none() && keyed.shared.is_some());
+    }
+
     /// A sealed report (broker.js's layout: iv, ciphertext, tag) opens with the seal key only
     /// (the e2e oauth test opens those node sealed).
     #[test]
@@ -1416,6 +1503,98 @@ mod tests {
             let _ = child.kill();
         }
         assert_eq!(code, Some(Some(0)), "did not exit on the end marker");
+    }
+
+    /// broker.js with `tls`: a client that trusts only the turn's CA reaches it as
+    /// chatgpt.com; the login's placeholder becomes the real access token, the path stays.
+    #[test]
+    fn the_broker_stands_in_for_an_intercepted_host_with_the_turns_certificate() {
+        use std::io::{BufRead, Read, Write};
+        let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let up_port = upstream.local_addr().unwrap().port();
+        let seen = std::thread::spawn(move || {
+            let (mut s, _) = upstream.accept().unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).unwrap();
+                head.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                .unwrap();
+            String::from_utf8_lossy(&head).into_owned()
+        });
+        let tls = crate::auth::intercept::intercept_tls(&["chatgpt.com".to_string()]).unwrap();
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let (port, tls_port) = (free(), free());
+        let line = serde_json::json!({
+            "script": SCRIPT,
+            "config": {"port": port, "tls_port": tls_port, "host": "127.0.0.1",
+                       "upstream": format!("http://127.0.0.1:{up_port}"),
+                       "places": ["authorization"], "keys": {}, "seal": hex(&[1u8; 32]),
+                       "oauth": {"cawbox-placeholder-z": {
+                           "access": "real-a", "refresh": "real-r",
+                           "expires_ms": 4_102_444_800_000u64,
+                           "token_url": "http://127.0.0.1:9/oauth/token",
+                           "client_id": "c", "body": "form"}},
+                       "tls": {"cert": tls.cert_pem,
+                               "key": String::from_utf8_lossy(tls.key_pem.expose())}},
+        });
+        let mut child = std::process::Command::new("node")
+            .args(["-e", LOADER])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("node");
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        let mut ready = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut ready)
+            .unwrap();
+        assert_eq!(ready.trim(), "caw-box-broker ready");
+        let mut connector =
+            openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls()).unwrap();
+        // The turn's CA only: not the system's.
+        let mut store = openssl::x509::store::X509StoreBuilder::new().unwrap();
+        store
+            .add_cert(openssl::x509::X509::from_pem(tls.ca_pem.as_bytes()).unwrap())
+            .unwrap();
+        connector.set_verify_cert_store(store.build()).unwrap();
+        let connector = connector.build();
+        let tcp = std::net::TcpStream::connect(("127.0.0.1", tls_port)).unwrap();
+        let mut s = connector
+            .connect("chatgpt.com", tcp)
+            .expect("TLS as chatgpt.com");
+        s.write_all(
+            b"POST /backend-api/codex/responses HTTP/1.1\r\nhost: chatgpt.com\r\n\
+              authorization: Bearer cawbox-placeholder-z\r\ncontent-length: 2\r\n\
+              connection: close\r\n\r\n{}",
+        )
+        .unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let head = seen.join().unwrap().to_lowercase();
+        assert!(
+            head.starts_with("post /backend-api/codex/responses http/1.1"),
+            "{head}"
+        );
+        assert!(head.contains("authorization: bearer real-a"), "{head}");
+        assert!(!head.contains("placeholder"), "{head}");
+        // Another turn's CA does not vouch for this broker.
+        let other = crate::auth::intercept::intercept_tls(&["chatgpt.com".to_string()]).unwrap();
+        let leaf = openssl::x509::X509::from_pem(tls.cert_pem.as_bytes()).unwrap();
+        let other_ca = openssl::x509::X509::from_pem(other.ca_pem.as_bytes()).unwrap();
+        assert!(!leaf.verify(&other_ca.public_key().unwrap()).unwrap());
     }
 
     #[test]

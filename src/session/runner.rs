@@ -31,6 +31,9 @@ use crate::session::record::{labels, roles, SessionRecord, WorkspaceMode};
 /// A turn's process limit when the session sets none (`--pids-limit`).
 pub const DEFAULT_PIDS_LIMIT: i64 = 512;
 
+/// The turn's interception CA certificate in its runtime directory (public).
+const INTERCEPT_CA_FILE: &str = "intercept-ca.pem";
+
 pub use super::egress::{PROXY_ALIAS, PROXY_PORT};
 pub use super::headless::model_host;
 pub use super::history::cache_record;
@@ -165,6 +168,11 @@ pub async fn run_turn(
     env.push(format!("HOME={AGENT_HOME}"));
     env.push(format!("CAW_BOX_STOP_GRACE={ENTRY_GRACE_SECS}"));
     env.push(format!("CAW_BOX_RUN_DIR={RUN_DIR}"));
+    if let Some(i) = broker.as_ref().and_then(Broker::intercept) {
+        // The turn's CA: its CLI trusts the broker standing in for the intercepted hosts.
+        runtime.write(INTERCEPT_CA_FILE, i.ca_pem.as_bytes());
+        env.push(format!("NODE_EXTRA_CA_CERTS={RUN_DIR}/{INTERCEPT_CA_FILE}"));
+    }
     if !options.interactive {
         // The runtime files and, after the CLI, the record: both on the container's stdin.
         env.push("CAW_BOX_RUNTIME=stdin".to_string());
@@ -262,6 +270,10 @@ pub async fn run_turn(
         let mut direct = "localhost,127.0.0.1".to_string();
         if let Some(b) = &broker {
             direct = format!("{direct},{}", b.container);
+            // The hosts it stands in for, too: the proxy would reach the real ones.
+            for host in b.intercept().map_or(&[][..], |i| &i.hosts[..]) {
+                direct = format!("{direct},{host}");
+            }
         }
         env.push(format!("NO_PROXY={direct}"));
         env.push(format!("no_proxy={direct}"));
@@ -333,8 +345,34 @@ pub async fn run_turn(
         }
     };
     let main = async {
+        // A broker that stands in for hosts the CLI reaches directly is where the agent's
+        // container resolves them: its address is known once it runs, before the container
+        // is made (on that login's turns only, the broker's start is on the critical path).
+        let intercepted;
+        let spec = match broker.as_ref().and_then(|b| Some((b, b.intercept()?))) {
+            Some((b, i)) => {
+                let mut ready = ready_rx.clone();
+                let started = ready.wait_for(Option::is_some).await.ok().and_then(|r| *r);
+                let address = match started {
+                    Some(true) => b.address(backend).await?,
+                    _ => None,
+                };
+                let Some(address) = address else {
+                    return Err(Error::environment(format!(
+                        "the credential broker {} that stands in for {} did not start",
+                        b.container,
+                        i.hosts.join(", ")
+                    )));
+                };
+                let mut s = spec.clone();
+                s.extra_hosts = i.hosts.iter().map(|h| format!("{h}:{address}")).collect();
+                intercepted = s;
+                &intercepted
+            }
+            None => &spec,
+        };
         let (created, ()) = tokio::join!(
-            create_turn_container(backend, record, &name, &spec),
+            create_turn_container(backend, record, &name, spec),
             remove_abandoned_turns(backend, &name)
         );
         let created = created.inspect(|()| {
@@ -457,6 +495,7 @@ fn turn_spec(
         interactive: None,
         broker: None,
         egress_allow: vec![],
+        extra_hosts: Vec::new(),
     })
 }
 

@@ -159,6 +159,9 @@ struct Login {
     /// Where a running agent container holds its placeholder (the scan's control): the
     /// placeholder login file, or a process's `environ`.
     placeholder_in: &'static str,
+    /// Where the model requests must have reached the stub (a login whose CLI the broker
+    /// intercepts: the path the CLI sent to the vendor's host, unchanged); `None`: unchecked.
+    model_path: Option<&'static str>,
 }
 
 fn in_an_hour_ms() -> u64 {
@@ -196,6 +199,7 @@ fn the_broker_refreshes_a_claude_login_once_for_eight_parallel_sessions() {
         refresh_at: &["claudeAiOauth", "refreshToken"],
         inject_works: true,
         placeholder_in: ".claude/.credentials.json",
+        model_path: None,
     });
 }
 
@@ -231,6 +235,7 @@ fn the_broker_refreshes_a_codex_chatgpt_login_once_for_eight_parallel_sessions()
         refresh_at: &["tokens", "refresh_token"],
         inject_works: true,
         placeholder_in: ".codex/auth.json",
+        model_path: None,
     });
 }
 
@@ -263,6 +268,7 @@ fn the_broker_refreshes_a_gemini_google_login_once_for_eight_parallel_sessions()
         // host a test may reach.
         inject_works: false,
         placeholder_in: "/environ",
+        model_path: None,
     });
 }
 
@@ -435,6 +441,17 @@ fn refreshes_once_per_expiry(login: Login) {
         refused <= 2 * SESSIONS,
         "{refused} refused requests: {requests:#?}"
     );
+    if let Some(path) = login.model_path {
+        let model: Vec<&Value> = requests
+            .iter()
+            .filter(|r| {
+                let p = r["path"].as_str().unwrap_or("");
+                !p.starts_with("/_stub") && !p.ends_with("/oauth/token")
+            })
+            .collect();
+        assert!(model.len() >= 3 * SESSIONS, "{requests:#?}");
+        assert!(model.iter().all(|r| r["path"] == path), "{requests:#?}");
+    }
 }
 
 /// A `--credentials inject` turn: the real (current) login reaches the CLI, no refresh.
@@ -529,4 +546,35 @@ fn brokers_of_locked_down_turns_hand_a_refreshed_login_on_instead_of_refreshing_
         stored["claudeAiOauth"]["refreshToken"], s["refresh_token"],
         "{stored}"
     );
+}
+
+/// opencode's ChatGPT login: its built-in codex plugin posts to `chatgpt.com` whatever the
+/// provider's base URL, so the turn's own broker stands in for chatgpt.com (the agent's
+/// container resolves it to the broker and trusts only the turn's CA) and forwards to the
+/// login's upstream (here the `--endpoint` stub) with the real access token. The access token
+/// is no JWT (opencode only decodes it for an optional header); the refresh is a form post.
+#[test]
+fn the_broker_refreshes_an_opencode_chatgpt_login_once_for_eight_parallel_sessions() {
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let (access, refresh) = (format!("realaccess{tag}"), format!("rt_realrefresh{tag}"));
+    let account = format!("acct-{}", uuid::Uuid::new_v4().simple());
+    let text = format!(
+        r#"{{"openai":{{"type":"oauth","access":"{access}","refresh":"{refresh}","expires":{},"accountId":"{account}"}}}}"#,
+        in_an_hour_ms()
+    );
+    refreshes_once_per_expiry(Login {
+        provider: "opencode",
+        model: Some("gpt-5.5"),
+        target: ".local/share/opencode/auth.json",
+        text,
+        secrets: vec![access.clone(), refresh.clone()],
+        access,
+        refresh,
+        access_at: &["openai", "access"],
+        refresh_at: &["openai", "refresh"],
+        // Injected, opencode would post to the real chatgpt.com: no host a test may reach.
+        inject_works: false,
+        placeholder_in: ".local/share/opencode/auth.json",
+        model_path: Some("/backend-api/codex/responses"),
+    });
 }

@@ -171,6 +171,20 @@ impl DockerBackend {
         )))
     }
 
+    /// A running container's IP address on `network` (`None`: not on it, or not running).
+    pub async fn container_address(&self, name: &str, network: &str) -> Result<Option<String>> {
+        let c = match self.docker.inspect_container(name, None).await {
+            Ok(c) => c,
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(failed(format_args!("inspect container '{name}'"), &e)),
+        };
+        Ok(c.network_settings
+            .and_then(|n| n.networks)
+            .and_then(|mut n| n.remove(network))
+            .and_then(|n| n.ip_address)
+            .filter(|ip| !ip.is_empty()))
+    }
+
     /// Attaches to stdout and stderr (and stdin when `stdin`); call before `start` so no
     /// output is missed.
     pub async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {

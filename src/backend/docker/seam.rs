@@ -37,6 +37,10 @@ impl Backend for DockerBackend {
         DockerBackend::inspect_container(self, name).await
     }
 
+    async fn container_address(&self, name: &str, network: &str) -> Result<Option<String>> {
+        DockerBackend::container_address(self, name, network).await
+    }
+
     async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {
         DockerBackend::attach(self, name, stdin).await
     }

@@ -52,6 +52,7 @@ pub(super) fn turn_body(spec: &TurnSpec) -> ContainerCreateBody {
         memory: spec.limits.memory,
         nano_cpus: spec.limits.cpus.map(|c| (c * 1e9) as i64),
         readonly_rootfs: Some(true),
+        extra_hosts: (!spec.extra_hosts.is_empty()).then(|| spec.extra_hosts.clone()),
         // Executable: opencode's TUI loads a native library it unpacks there (the agent can
         // run what it writes to HOME or the workspace anyway).
         tmpfs: Some(HashMap::from([(
@@ -164,6 +165,7 @@ mod tests {
             interactive: None,
             broker: None,
             egress_allow: vec![],
+            extra_hosts: Vec::new(),
         }
     }
 

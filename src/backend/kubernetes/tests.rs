@@ -83,6 +83,7 @@ fn turn() -> TurnSpec {
         interactive: None,
         broker: None,
         egress_allow: vec![],
+        extra_hosts: Vec::new(),
     }
 }
 

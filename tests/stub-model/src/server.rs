@@ -269,6 +269,8 @@ fn resolve(method: &Method, path: &str) -> Route {
         (&Method::POST, "/v1/messages") => turn(&Anthropic),
         (&Method::POST, "/v1/messages/count_tokens") => Route::CountTokens(&Anthropic),
         (&Method::POST, "/v1/responses") => turn(&Responses),
+        // A ChatGPT login's Responses API (opencode's built-in codex plugin posts here).
+        (&Method::POST, "/backend-api/codex/responses") => turn(&Responses),
         (&Method::POST, "/v1/chat/completions") => turn(&Chat),
         (&Method::GET, "/v1/models") => Route::ListModels(&Responses),
         (&Method::GET, "/v1beta/models" | "/v1alpha/models") => Route::ListModels(&Gemini),
@@ -689,6 +691,11 @@ mod tests {
         let is_turn = |path: &str| matches!(resolve(&post, path), Route::Turn { .. });
         assert!(is_turn("/v1/messages"));
         assert!(is_turn("/v1/responses"));
+        assert!(is_turn("/backend-api/codex/responses"));
+        assert!(matches!(
+            resolve(&post, "/backend-api/codex/responses"),
+            Route::Turn { protocol, .. } if format!("{protocol:?}") == format!("{Responses:?}")
+        ));
         assert!(is_turn("/v1/chat/completions"));
         match resolve(&post, "/v1beta/models/gemini-2.5-pro:streamGenerateContent") {
             Route::Turn { model, stream, .. } => {
