@@ -1455,18 +1455,13 @@ mod tests {
 
     /// The sidecar's command (run by the host's node here, as in the pod): it takes its
     /// keys on stdin, listens on loopback only, and exits 0 once the end marker appears.
-    #[test]
-    fn the_sidecar_listens_on_loopback_and_exits_on_the_end_marker() {
+    /// Runs `command` (a broker loader), hands it `line` and waits for its ready line; its
+    /// stdin stays open while the returned handle lives.
+    fn started_broker(
+        command: &[String],
+        line: &serde_json::Value,
+    ) -> (std::process::Child, std::process::ChildStdin) {
         use std::io::{BufRead, Write};
-        let dir = tempfile::tempdir().unwrap();
-        let marker = dir.path().join("agent-ended");
-        let command = sidecar_entrypoint_watching(&marker.to_string_lossy());
-        let port = 20000 + (std::process::id() % 20000) as u16;
-        let line = serde_json::json!({
-            "script": SCRIPT,
-            "config": {"port": port, "host": "127.0.0.1", "upstream": "http://127.0.0.1:9",
-                       "keys": {"p": "real"}},
-        });
         let mut child = std::process::Command::new(&command[0])
             .args(&command[1..])
             .stdin(std::process::Stdio::piped())
@@ -1480,6 +1475,21 @@ mod tests {
             .read_line(&mut ready)
             .unwrap();
         assert_eq!(ready.trim(), "caw-box-broker ready");
+        (child, stdin)
+    }
+
+    #[test]
+    fn the_sidecar_listens_on_loopback_and_exits_on_the_end_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("agent-ended");
+        let command = sidecar_entrypoint_watching(&marker.to_string_lossy());
+        let port = 20000 + (std::process::id() % 20000) as u16;
+        let line = serde_json::json!({
+            "script": SCRIPT,
+            "config": {"port": port, "host": "127.0.0.1", "upstream": "http://127.0.0.1:9",
+                       "keys": {"p": "real"}},
+        });
+        let (mut child, _stdin) = started_broker(&command, &line);
         let listening = std::fs::read_to_string("/proc/net/tcp").unwrap();
         let local = format!("0100007F:{port:04X}");
         assert!(
@@ -1509,7 +1519,7 @@ mod tests {
     /// chatgpt.com; the login's placeholder becomes the real access token, the path stays.
     #[test]
     fn the_broker_stands_in_for_an_intercepted_host_with_the_turns_certificate() {
-        use std::io::{BufRead, Read, Write};
+        use std::io::{Read, Write};
         let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let up_port = upstream.local_addr().unwrap().port();
         let seen = std::thread::spawn(move || {
@@ -1546,19 +1556,8 @@ mod tests {
                        "tls": {"cert": tls.cert_pem,
                                "key": String::from_utf8_lossy(tls.key_pem.expose())}},
         });
-        let mut child = std::process::Command::new("node")
-            .args(["-e", LOADER])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("node");
-        let mut stdin = child.stdin.take().unwrap();
-        writeln!(stdin, "{line}").unwrap();
-        let mut ready = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut ready)
-            .unwrap();
-        assert_eq!(ready.trim(), "caw-box-broker ready");
+        let command = ["node".to_string(), "-e".into(), LOADER.into()];
+        let (mut child, _stdin) = started_broker(&command, &line);
         let mut connector =
             openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls()).unwrap();
         // The turn's CA only: not the system's.
