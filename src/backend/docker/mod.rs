@@ -42,6 +42,8 @@ const PING_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct DockerBackend {
     docker: Docker,
+    /// Whether the daemon is Podman's service: from the API version cache, else asked once.
+    podman: std::sync::Arc<tokio::sync::OnceCell<bool>>,
 }
 
 /// Whether this process runs in a container that is not the daemon's own host: Docker's
@@ -194,12 +196,18 @@ impl DockerBackend {
             Ok(Err(e)) => return Err(unreachable(with_causes(&e))),
             Err(_) => return Err(unreachable("no answer within 10 s")),
         };
-        if host.starts_with("unix://") {
-            api_version::store(&host, &docker.client_version());
-        }
-        Ok(DockerBackend {
+        let backend = DockerBackend {
             docker: docker.with_timeout(REQUEST_TIMEOUT),
-        })
+            podman: Default::default(),
+        };
+        if host.starts_with("unix://") {
+            let known = api_version::Known {
+                version: backend.docker.client_version(),
+                podman: backend.is_podman().await,
+            };
+            api_version::store(&host, &known);
+        }
+        Ok(backend)
     }
 
     /// A connection at the cached API version (see [`api_version`]), when there is one and
@@ -208,7 +216,7 @@ impl DockerBackend {
         if !host.starts_with("unix://") {
             return Ok(None);
         }
-        let Some(version) = api_version::load(host) else {
+        let Some(api_version::Known { version, podman }) = api_version::load(host) else {
             return Ok(None);
         };
         let docker = Docker::connect_with_unix(host, PING_TIMEOUT.as_secs(), &version)
@@ -216,6 +224,7 @@ impl DockerBackend {
         match tokio::time::timeout(PING_TIMEOUT, docker.ping()).await {
             Ok(Ok(_)) => Ok(Some(DockerBackend {
                 docker: docker.with_timeout(REQUEST_TIMEOUT),
+                podman: std::sync::Arc::new(tokio::sync::OnceCell::new_with(Some(podman))),
             })),
             Ok(Err(e @ BollardError::DockerResponseServerError { .. })) => {
                 tracing::debug!("the daemon refused the cached API version: {e}");
@@ -226,10 +235,11 @@ impl DockerBackend {
         }
     }
 
-    /// Whether the daemon is Podman's Docker-compatible service (asked once per process).
+    /// Whether the daemon is Podman's Docker-compatible service (known from the API version
+    /// cache, else asked once per connection: `GET /version` costs a turn some 10 ms).
     pub async fn is_podman(&self) -> bool {
-        static PODMAN: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
-        *PODMAN
+        *self
+            .podman
             .get_or_init(|| async {
                 match self.docker.version().await {
                     Ok(v) => v
