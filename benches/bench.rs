@@ -9,8 +9,11 @@
 //! `resume` turn against plain `docker run` of the same image, command, mounts and env,
 //! against the stub model on an internal network (ratios, same run; caw-box's turns use a
 //! collected key, so they are brokered, as by default; docker run gets the key in its env);
-//! peak RSS of caw-box
-//! during a turn; 32 turns at once against the same turns one by one.
+//! peak RSS of caw-box during a turn; 32 turns at once against the same turns one by one.
+//!
+//! A turn's ratio is the median of paired ratios: each caw-box turn against the plain
+//! `docker run` turn just before or after it (the order alternates), so that the machine's
+//! slower and faster spells (a shared 2-core machine: ±10% between runs) fall on both.
 //!
 //! `--only cluster` (`make bench-cluster`; never part of the default run: it takes the
 //! machine's one k8s-lab) times a codex turn on the lab against a plain pod.
@@ -623,45 +626,55 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
         let (mut caw_run, mut caw_resume, mut dk_run, mut dk_resume) =
             (vec![], vec![], vec![], vec![]);
         for i in 0..reps {
-            // caw-box: a new session, then a resume of it.
-            let mut caw = || {
-                let (t, out, rss) = caw_turn(&rig, b, ws.path(), None, "REMEMBER:bench");
-                peak_rss = peak_rss.max(rss);
-                caw_run.push(t);
-                let id = serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()
-                    ["session_id"]
-                    .as_str()
-                    .unwrap()
-                    .to_string();
-                let (t, _, rss) = caw_turn(&rig, b, ws.path(), Some(&id), "RECALL");
-                peak_rss = peak_rss.max(rss);
-                caw_resume.push(t);
-            };
-            // Plain docker run: a fresh volume (made by its first run), the same two turns.
+            // caw-box: a new session, then a resume of it; plain docker run: a fresh volume
+            // (made by its first run), the same two turns. Each caw-box turn is next to its
+            // docker run twin, and which goes first alternates (A B B A): neither gains from
+            // its place in the rhythm, and both see the same spell of the machine.
             let volume = format!(
                 "caw-box-bench-{}-{i}-{}",
                 std::process::id(),
                 b.provider.as_str()
             );
-            let mut docker = || {
-                let (t, out) = docker_turn(&rig, b, ws.path(), &volume, None, "REMEMBER:bench");
-                dk_run.push(t);
-                let key = resume_key_of(b, &out);
-                let (t, _) = docker_turn(&rig, b, ws.path(), &volume, Some(&key), "RECALL");
-                dk_resume.push(t);
+            let mut session = String::new();
+            let mut key = String::new();
+            let mut caw_first = |session: &mut String| {
+                let (t, out, rss) = caw_turn(&rig, b, ws.path(), None, "REMEMBER:bench");
+                peak_rss = peak_rss.max(rss);
+                caw_run.push(t);
+                *session = serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()
+                    ["session_id"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
             };
-            // Which goes first alternates, so neither gains from its place in the rhythm.
+            let dk_first = |key: &mut String| {
+                let (t, out) = docker_turn(&rig, b, ws.path(), &volume, None, "REMEMBER:bench");
+                *key = resume_key_of(b, &out);
+                t
+            };
             if i % 2 == 0 {
-                caw();
-                docker();
+                caw_first(&mut session);
+                dk_run.push(dk_first(&mut key));
             } else {
-                docker();
-                caw();
+                dk_run.push(dk_first(&mut key));
+                caw_first(&mut session);
             }
+            let caw_again = || caw_turn(&rig, b, ws.path(), Some(&session), "RECALL");
+            let dk_again = || docker_turn(&rig, b, ws.path(), &volume, Some(&key), "RECALL").0;
+            let ((t, _, rss), d) = if i % 2 == 0 {
+                let d = dk_again();
+                (caw_again(), d)
+            } else {
+                let c = caw_again();
+                (c, dk_again())
+            };
+            peak_rss = peak_rss.max(rss);
+            caw_resume.push(t);
+            dk_resume.push(d);
         }
         for (what, caw, dk) in [("run", caw_run, dk_run), ("resume", caw_resume, dk_resume)] {
+            let ratio = median(caw.iter().zip(&dk).map(|(c, d)| c / d).collect());
             let (c, d) = (median(caw), median(dk));
-            let ratio = c / d;
             results.push(Measure {
                 name: format!(
                     "{} {what}: caw-box {:.0} ms / docker run {:.0} ms",
