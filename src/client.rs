@@ -182,6 +182,7 @@ impl Client {
                 created_at,
                 settings: new.settings,
                 turns: Vec::new(),
+                home_unlike_image: false,
                 turn_started: false,
                 summary_only: false,
             },

@@ -1208,6 +1208,7 @@ mod tests {
                 ..Default::default()
             },
             turns: Vec::new(),
+            home_unlike_image: false,
             turn_started: false,
             summary_only: false,
         }

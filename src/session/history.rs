@@ -293,6 +293,7 @@ async fn write_turn_summary(backend: &impl Backend, record: &SessionRecord) -> R
         total_cost_usd: record.total_cost_usd(),
         owner: record.owner,
         interactive: last.interactive,
+        home_unlike_image: record.home_unlike_image,
     };
     let id = record.session_id;
     let fresh = super::names::turn_record_volume(id, last.turn);

@@ -159,6 +159,9 @@ pub struct TurnSummary {
     /// The turn ran in the vendor's TUI.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interactive: bool,
+    /// [`SessionRecord::home_unlike_image`] after the turn.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub home_unlike_image: bool,
 }
 
 impl TurnSummary {
@@ -208,6 +211,11 @@ pub struct SessionRecord {
     pub settings: SessionSettings,
     #[serde(default)]
     pub turns: Vec<TurnRecord>,
+    /// Whether the files the latest turn merged into HOME differ from the image's own (a
+    /// gemini Google login's choice in its settings): the next turn merges its files again,
+    /// even where the image's would suit it (an API key, since).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub home_unlike_image: bool,
     /// Whether a turn run by this process got as far as starting its container (not
     /// stored): a new session whose first turn then failed holds the agent's work, and is
     /// not discarded.
@@ -313,6 +321,7 @@ mod tests {
                     limit_resets_at: None,
                 })
                 .collect(),
+            home_unlike_image: false,
             turn_started: false,
             summary_only: false,
         }

@@ -203,16 +203,20 @@ pub async fn run_turn(
         || record.settings.effort.is_some()
         || record.settings.tools.is_some()
         || !record.settings.mcp.is_empty();
+    let unlike_image = provider.merges_unlike_its_image(&TurnRequest {
+        credential_env: &credentials.names,
+        ..request
+    });
+    // A turn after one that merged unlike the image merges too: that undoes it.
     let merge_due = options.interactive
         || agent_merge
-        || provider.merges_unlike_its_image(&TurnRequest {
-            credential_env: &credentials.names,
-            ..request
-        })
+        || unlike_image
+        || record.home_unlike_image
         || match record.turns.last() {
             Some(last) => last.interactive,
             None => image != record.provider.default_image(),
         };
+    record.home_unlike_image = unlike_image;
     // The user's setup first; the adapter's files after it, also those merged into a file
     // the user's setup just replaced.
     let user_paths: Vec<&str> = options.user_files.iter().map(|f| f.path.as_str()).collect();
@@ -562,6 +566,7 @@ mod tests {
                 ..Default::default()
             },
             turns: Vec::new(),
+            home_unlike_image: false,
             turn_started: false,
             summary_only: false,
         }

@@ -94,6 +94,7 @@ impl SessionView {
             created_at: f.created_at,
             settings: f.settings.clone(),
             turns: Vec::new(),
+            home_unlike_image: false,
             turn_started: false,
             summary_only: false,
         };
@@ -101,6 +102,7 @@ impl SessionView {
             record.resume_key = last.resume_key.clone();
             record.key_confirmed = last.key_confirmed;
             record.owner = last.owner;
+            record.home_unlike_image = last.home_unlike_image;
             record.turns.push(TurnRecord {
                 turn: last.turn,
                 prompt: String::new(),
@@ -228,6 +230,7 @@ pub async fn resolve_view(backend: &impl Backend, target: &str) -> Result<Sessio
             total_cost_usd: None,
             owner: None,
             interactive: false,
+            home_unlike_image: false,
         });
         l.resume_key = handle.resume_key.clone();
         l.key_confirmed = true;

@@ -578,3 +578,80 @@ fn the_broker_refreshes_an_opencode_chatgpt_login_once_for_eight_parallel_sessio
         model_path: Some("/backend-api/codex/responses"),
     });
 }
+
+/// A gemini session that ran on the Google login goes on with an API key collected since
+/// (the login removed): the login's choice, merged into the session's settings over the
+/// image's, is merged back to the key's on the next turn (it failed with gemini's auth
+/// error, exit 4, when only the login's turns merged).
+#[test]
+fn a_gemini_session_goes_on_with_an_api_key_after_the_google_login() {
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let (access, refresh) = (
+        format!("ya29.realaccess{tag}"),
+        format!("1//realrefresh{tag}"),
+    );
+    let rig = Rig::with_stub_env(
+        "oauth-gemini-to-key",
+        &[format!("STUB_OAUTH={access},{refresh}")],
+    );
+    let home = tempfile::tempdir().unwrap();
+    let creds = home.path().join(".gemini/oauth_creds.json");
+    std::fs::create_dir_all(creds.parent().unwrap()).unwrap();
+    std::fs::write(
+        &creds,
+        format!(
+            r#"{{"access_token":"{access}","refresh_token":"{refresh}","scope":"https://www.googleapis.com/auth/cloud-platform","token_type":"Bearer","expiry_date":{}}}"#,
+            in_an_hour_ms()
+        ),
+    )
+    .unwrap();
+    let mut c = rig.caw();
+    c.args(["auth", "collect", "--provider", "gemini"])
+        .env("HOME", home.path());
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+
+    let endpoint = rig.endpoint();
+    let args = [
+        "run",
+        "--provider",
+        "gemini",
+        "--network",
+        &rig.network,
+        "--endpoint",
+        &endpoint,
+        "--model",
+        "gemini-2.5-flash",
+        "-o",
+        "json",
+        "REMEMBER:switch",
+    ];
+    let out = turn(&rig, &args).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let first: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = first["session_id"].as_str().unwrap().to_string();
+    assert_eq!(oauth_status(&rig)["refreshes"].as_u64(), Some(0));
+
+    // The login goes; a key comes (the one the stub expects of a key's request).
+    let mut c = rig.caw();
+    c.args(["auth", "rm", "--provider", "gemini"]);
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let keyed_home = tempfile::tempdir().unwrap();
+    let mut c = rig.caw();
+    c.args(["auth", "collect", "--provider", "gemini"])
+        .env("HOME", keyed_home.path())
+        .env("GEMINI_API_KEY", TEST_KEY);
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+
+    let out = turn(&rig, &["resume", &id, "-o", "json", "RECALL"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let second: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        second["result"].as_str().unwrap_or("").contains("switch"),
+        "{second}"
+    );
+}

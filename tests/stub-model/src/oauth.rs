@@ -1,6 +1,8 @@
 //! An OAuth login for the tests of caw-box's credential broker: a token endpoint that
 //! rotates refresh tokens (a used one is rejected, as the vendors' are), short-lived access
-//! tokens, and the check that a model request carries the access token valid now.
+//! tokens, and the check that a model request carries the access token valid now (a
+//! request with an API key in a vendor's key header and no bearer token is a key's: it
+//! passes, or meets `STUB_EXPECT_KEY`).
 //!
 //! Off unless `STUB_OAUTH=<access>,<refresh>` (the login's first tokens) is set;
 //! `STUB_OAUTH_TTL` (seconds, default 3600) is how long each issued access token is valid.

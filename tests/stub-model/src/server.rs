@@ -365,20 +365,21 @@ async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<Presente
             _ => not_found(&parts.method, parts.uri.path()),
         };
     };
-    if let Some(o) = &state.oauth {
-        let bearer = parts
-            .headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim());
+    let bearer = parts
+        .headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim());
+    // With an OAuth login, its access token is the credential (not `STUB_EXPECT_KEY`);
+    // a request with a key of the vendor's own header and no bearer token is a key's.
+    let by_login = state.oauth.is_some() && (bearer.is_some() || key.is_none());
+    if let Some(o) = state.oauth.as_ref().filter(|_| by_login) {
         if !o.accepts(bearer) {
             let message = "stub-model: the OAuth access token is not the one valid now";
             return Answer::json(401, &protocol.error_body(401, message), "unauthorized");
         }
     }
-    // With an OAuth login, its access token is the credential (not `STUB_EXPECT_KEY`).
-    if state.oauth.is_none() && state.config.expect_key.is_some() && !key.is_some_and(|(_, ok)| ok)
-    {
+    if !by_login && state.config.expect_key.is_some() && !key.is_some_and(|(_, ok)| ok) {
         let message = match key {
             Some((name, _)) => format!("stub-model: the key in {name} is not the expected one"),
             None => "stub-model: no API key in x-api-key, authorization, x-goog-api-key or ?key="
