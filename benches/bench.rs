@@ -19,8 +19,10 @@
 //! machine's one k8s-lab) times a codex turn on the lab against a plain pod.
 //!
 //! To iterate on one number: `--only PART` (`cold`, `parse`, `listing`, `turns`,
-//! `concurrent`, `cluster`; repeatable) runs just those parts, `--provider P` (repeatable) just those
-//! providers' turns, `--reps N` sets the repetitions of each turn (default 11).
+//! `concurrent`, `cluster`; repeatable) runs just those parts, `--provider P` (repeatable)
+//! just those providers' turns, `--reps N` sets the repetitions of each turn (default: 31
+//! for codex, 21 for claude, 11 for the slower opencode and gemini turns). `BENCH_DEBUG=1`
+//! prints every turn's samples.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -359,6 +361,10 @@ struct Bench {
     provider: ProviderKind,
     key_var: &'static str,
     model: Option<&'static str>,
+    /// Repetitions by default. A turn's time varies by some ±8% from one to the next here
+    /// (a shared 2-core machine), against caw-box's few milliseconds: the short turns get
+    /// more, so that the median's own error stays near 2% for each provider.
+    reps: usize,
 }
 
 const TURN_BENCHES: [Bench; 4] = [
@@ -366,21 +372,25 @@ const TURN_BENCHES: [Bench; 4] = [
         provider: ProviderKind::ClaudeCode,
         key_var: "ANTHROPIC_API_KEY",
         model: None,
+        reps: 21,
     },
     Bench {
         provider: ProviderKind::Codex,
         key_var: "OPENAI_API_KEY",
         model: Some("gpt-5.5"),
+        reps: 31,
     },
     Bench {
         provider: ProviderKind::Opencode,
         key_var: "OPENAI_API_KEY",
         model: Some("stub-model"),
+        reps: 11,
     },
     Bench {
         provider: ProviderKind::Gemini,
         key_var: "GEMINI_API_KEY",
         model: Some("gemini-2.5-flash"),
+        reps: 11,
     },
 ];
 
@@ -605,9 +615,6 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
     )
     .unwrap();
-    // A turn's own time varies by some ±30 ms from run to run (the CLIs, a 2-core machine):
-    // enough repetitions that the medians are steadier than the 5% asked of them.
-    let reps = filter.reps.unwrap_or(if smoke { 1 } else { 11 });
     let mut results = Vec::new();
     let mut peak_rss = 0u64;
     let benches: Vec<&Bench> = TURN_BENCHES
@@ -623,6 +630,7 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
         .collect();
     let measured_turns = !benches.is_empty();
     for b in benches {
+        let reps = filter.reps.unwrap_or(if smoke { 1 } else { b.reps });
         let (mut caw_run, mut caw_resume, mut dk_run, mut dk_resume) =
             (vec![], vec![], vec![], vec![]);
         for i in 0..reps {
@@ -674,6 +682,9 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
         }
         for (what, caw, dk) in [("run", caw_run, dk_run), ("resume", caw_resume, dk_resume)] {
             let ratio = median(caw.iter().zip(&dk).map(|(c, d)| c / d).collect());
+            if std::env::var_os("BENCH_DEBUG").is_some() {
+                eprintln!("{what} caw {caw:.3?}\n{what} dk  {dk:.3?}");
+            }
             let (c, d) = (median(caw), median(dk));
             results.push(Measure {
                 name: format!(
