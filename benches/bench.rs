@@ -341,7 +341,7 @@ impl Drop for ModelRig {
                 .unwrap_or_default()
         };
         for (list, remove) in [
-            (&["ps", "-a"][..], &["rm", "-f"][..]),
+            (&["ps", "-a"][..], &["rm", "-f", "-v"][..]),
             (&["volume", "ls"][..], &["volume", "rm", "-f"][..]),
             (&["network", "ls"][..], &["network", "rm"][..]),
         ] {

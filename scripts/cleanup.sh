@@ -6,7 +6,8 @@ set -uo pipefail
 docker info >/dev/null 2>&1 || exit 0
 label=io.caw-box.test-run
 ids=$(docker ps -aq --filter label=$label)
-[ -n "$ids" ] && docker rm -f $ids >/dev/null
+# -v: their anonymous volumes too (a turn's runtime scratch carries no label of its own).
+[ -n "$ids" ] && docker rm -f -v $ids >/dev/null
 vols=$(docker volume ls -q --filter label=$label)
 [ -n "$vols" ] && docker volume rm -f $vols >/dev/null
 nets=$(docker network ls -q --filter label=$label)

@@ -570,6 +570,7 @@ impl Rig {
                     &name,
                     Some(RemoveContainerOptions {
                         force: true,
+                        v: true,
                         ..Default::default()
                     }),
                 )
@@ -598,8 +599,10 @@ impl Rig {
                             .docker
                             .remove_container(
                                 &id,
+                                // With its anonymous volumes (a turn's runtime scratch).
                                 Some(RemoveContainerOptions {
                                     force: true,
+                                    v: true,
                                     ..Default::default()
                                 }),
                             )
