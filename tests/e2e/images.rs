@@ -162,12 +162,19 @@ fn the_daemons_api_version_is_cached_per_host() {
     let rig = Rig::new("apiversion");
     let host =
         std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
-    let api = rig
-        .rt
-        .block_on(rig.docker.version())
-        .unwrap()
-        .api_version
-        .unwrap();
+    let version = rig.rt.block_on(rig.docker.version()).unwrap();
+    let api = version.api_version.unwrap();
+    // The entry also names the engine (turns ask whether it is Podman's).
+    let engine = if version
+        .components
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.name.starts_with("Podman"))
+    {
+        "podman"
+    } else {
+        "docker"
+    };
     let cache = rig.data_dir.path().join("docker-api-version");
     let ls = || {
         let mut cmd = rig.caw();
@@ -181,7 +188,7 @@ fn the_daemons_api_version_is_cached_per_host() {
             .unwrap()
             .as_secs()
     };
-    // This host's entry: (version, saved at).
+    // This host's entry: (version, saved at), once its engine is checked.
     let entry = || -> (String, u64) {
         let file = std::fs::read_to_string(&cache).unwrap();
         let line = file
@@ -189,11 +196,12 @@ fn the_daemons_api_version_is_cached_per_host() {
             .find(|l| l.starts_with(&format!("{host} ")))
             .unwrap_or_else(|| panic!("no entry for {host}: {file}"));
         let fields: Vec<&str> = line.split(' ').collect();
+        assert_eq!(fields.get(3), Some(&engine), "{line}");
         (fields[1].to_string(), fields[2].parse().unwrap())
     };
 
     // Another daemon's entry stays; a damaged entry for this one is replaced.
-    let other = format!("unix:///other/docker.sock 1.30 {}", now());
+    let other = format!("unix:///other/docker.sock 1.30 {} podman", now());
     std::fs::write(&cache, format!("{other}\n{host} one.two 5\n")).unwrap();
     let before = now();
     ls();
@@ -205,10 +213,18 @@ fn the_daemons_api_version_is_cached_per_host() {
     // A fresh entry is used as it is (even a made-up version: nothing asks the daemon);
     // a day-old one is asked again.
     let an_hour_ago = now() - 3600;
-    std::fs::write(&cache, format!("{host} 1.24 {an_hour_ago}\n")).unwrap();
+    std::fs::write(&cache, format!("{host} 1.24 {an_hour_ago} {engine}\n")).unwrap();
     ls();
     assert_eq!(entry(), ("1.24".to_string(), an_hour_ago));
-    std::fs::write(&cache, format!("{host} 1.24 {}\n", now() - 2 * 24 * 3600)).unwrap();
+    std::fs::write(
+        &cache,
+        format!("{host} 1.24 {} {engine}\n", now() - 2 * 24 * 3600),
+    )
+    .unwrap();
+    ls();
+    assert_eq!(entry().0, api);
+    // An older caw-box's entry, without the engine, is asked again too.
+    std::fs::write(&cache, format!("{host} 1.24 {an_hour_ago}\n")).unwrap();
     ls();
     assert_eq!(entry().0, api);
 }
