@@ -118,6 +118,19 @@ fn turn(rig: &Rig, args: &[&str]) -> Command {
     c
 }
 
+/// Collects a login into the rig's store: `text` at `target` in a HOME of its own.
+fn collect_login(rig: &Rig, provider: &str, target: &str, text: &str) {
+    let home = tempfile::tempdir().unwrap();
+    let creds = home.path().join(target);
+    std::fs::create_dir_all(creds.parent().unwrap()).unwrap();
+    std::fs::write(&creds, text).unwrap();
+    let mut c = rig.caw();
+    c.args(["auth", "collect", "--provider", provider])
+        .env("HOME", home.path());
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+}
+
 /// Waits for every turn and checks each answered `Noted: <word>.` with exit 0.
 fn all_ok(children: Vec<(Child, String)>) -> Vec<Value> {
     children
@@ -291,15 +304,7 @@ fn refreshes_once_per_expiry(login: Login) {
         &format!("oauth-{}", login.provider.replace('_', "-")),
         &[format!("STUB_OAUTH={access},{refresh}")],
     );
-    let home = tempfile::tempdir().unwrap();
-    let creds = home.path().join(login.target);
-    std::fs::create_dir_all(creds.parent().unwrap()).unwrap();
-    std::fs::write(&creds, &login.text).unwrap();
-    let mut c = rig.caw();
-    c.args(["auth", "collect", "--provider", login.provider])
-        .env("HOME", home.path());
-    let out = run(c);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    collect_login(&rig, login.provider, login.target, &login.text);
 
     // Round 1: the login is valid; eight sessions' first turns, no refresh.
     let endpoint = rig.endpoint();
@@ -480,22 +485,11 @@ fn brokers_of_locked_down_turns_hand_a_refreshed_login_on_instead_of_refreshing_
         format!("sk-ant-ort01-realrefresh-{tag}"),
     );
     let rig = Rig::with_stub_env("oauth-handoff", &[format!("STUB_OAUTH={access},{refresh}")]);
-    let home = tempfile::tempdir().unwrap();
-    let creds = home.path().join(".claude/.credentials.json");
-    std::fs::create_dir_all(creds.parent().unwrap()).unwrap();
-    std::fs::write(
-        &creds,
-        format!(
-            r#"{{"claudeAiOauth":{{"accessToken":"{access}","refreshToken":"{refresh}","expiresAt":{},"scopes":["user:inference"],"subscriptionType":"max"}}}}"#,
-            in_an_hour_ms()
-        ),
-    )
-    .unwrap();
-    let mut c = rig.caw();
-    c.args(["auth", "collect", "--provider", "claude_code"])
-        .env("HOME", home.path());
-    let out = run(c);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let text = format!(
+        r#"{{"claudeAiOauth":{{"accessToken":"{access}","refreshToken":"{refresh}","expiresAt":{},"scopes":["user:inference"],"subscriptionType":"max"}}}}"#,
+        in_an_hour_ms()
+    );
+    collect_login(&rig, "claude_code", ".claude/.credentials.json", &text);
 
     let endpoint = rig.endpoint();
     let allow = format!("{}:8080", rig.stub);
@@ -594,22 +588,11 @@ fn a_gemini_session_goes_on_with_an_api_key_after_the_google_login() {
         "oauth-gemini-to-key",
         &[format!("STUB_OAUTH={access},{refresh}")],
     );
-    let home = tempfile::tempdir().unwrap();
-    let creds = home.path().join(".gemini/oauth_creds.json");
-    std::fs::create_dir_all(creds.parent().unwrap()).unwrap();
-    std::fs::write(
-        &creds,
-        format!(
-            r#"{{"access_token":"{access}","refresh_token":"{refresh}","scope":"https://www.googleapis.com/auth/cloud-platform","token_type":"Bearer","expiry_date":{}}}"#,
-            in_an_hour_ms()
-        ),
-    )
-    .unwrap();
-    let mut c = rig.caw();
-    c.args(["auth", "collect", "--provider", "gemini"])
-        .env("HOME", home.path());
-    let out = run(c);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let text = format!(
+        r#"{{"access_token":"{access}","refresh_token":"{refresh}","scope":"https://www.googleapis.com/auth/cloud-platform","token_type":"Bearer","expiry_date":{}}}"#,
+        in_an_hour_ms()
+    );
+    collect_login(&rig, "gemini", ".gemini/oauth_creds.json", &text);
 
     let endpoint = rig.endpoint();
     let args = [
