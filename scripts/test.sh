@@ -21,32 +21,69 @@ lab_down() {
     lab=$(lab_script)
     if [ -x "$lab" ]; then "$lab" down >/dev/null 2>&1 || true; fi
 }
-trap 'scripts/podman.sh down; unset DOCKER_HOST; scripts/cleanup.sh; lab_down' EXIT
 
-echo "== lint"
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --quiet -- -D warnings
-scripts/lint-workflows.sh
+# Where the time goes: each stage's wall time, and nextest's JUnit report of each test run,
+# kept under target/test-timings/ and summed up at the end (scripts/test-summary.py).
+target=${CARGO_TARGET_DIR:-target}
+timings=$target/test-timings
+rm -rf "$timings"
+mkdir -p "$timings"
+# stage NAME CMD...: runs CMD, recording its wall time and outcome. CMD runs where `set -e`
+# does not reach (bash ignores it under `||`): a function given here chains its steps itself.
+stage() {
+    local name=$1 t0=$SECONDS rc=0
+    shift
+    echo "== $name"
+    "$@" || rc=$?
+    printf '%s\t%s\t%s\n' "$name" $((SECONDS - t0)) "$([ $rc = 0 ] && echo ok || echo "failed ($rc)")" \
+        >>"$timings/stages.tsv"
+    return $rc
+}
+# nt NAME ARGS...: `cargo nextest run ARGS...`, keeping its JUnit report as NAME.xml.
+nt() {
+    local name=$1 rc=0
+    shift
+    cargo nextest run "$@" || rc=$?
+    cp "$target/nextest/default/junit.xml" "$timings/$name.xml" 2>/dev/null || true
+    return $rc
+}
+finish() {
+    local rc=$?
+    scripts/podman.sh down
+    unset DOCKER_HOST
+    scripts/cleanup.sh
+    lab_down
+    scripts/test-summary.py "$timings" || true
+    exit $rc
+}
+trap finish EXIT
 
-echo "== images"
-scripts/images.sh
-scripts/rig.sh tools
+lint() {
+    cargo fmt --all -- --check &&
+        cargo clippy --workspace --all-targets --quiet -- -D warnings &&
+        scripts/lint-workflows.sh
+}
+stage lint lint
 
-echo "== tests"
+images() {
+    scripts/images.sh && scripts/rig.sh tools
+}
+stage images images
+
 export CAW_BOX_RIG_PID_FILE=${CAW_BOX_RIG_DIR:-/var/tmp/caw-box-rig}/dockerd.pid
 # The daemon-restart test restarts the Docker daemon under every other test: it runs alone.
 # The installed-binary test runs `cargo install` over this target dir, which re-links
 # target/debug/caw-box: a test starting caw-box at that moment finds no file. It runs alone.
 alone='test(daemon_restart) | test(an_installed_caw_box_builds_its_images_and_runs_a_turn)'
-cargo nextest run --workspace --no-fail-fast --test-threads 3 \
+stage main nt main --workspace --no-fail-fast --test-threads 3 \
     -E "not ($alone) & not binary(keyring)" "$@"
-cargo nextest run --workspace --no-fail-fast \
+stage installed nt installed --workspace --no-fail-fast \
     -E 'test(an_installed_caw_box_builds_its_images_and_runs_a_turn)' "$@"
 # The OS keyring tests run against a real Secret Service of their own.
-scripts/with-keyring.sh cargo nextest run --no-fail-fast --test keyring "$@"
-cargo nextest run --workspace --no-fail-fast -E 'test(daemon_restart)' "$@"
+stage keyring scripts/with-keyring.sh cargo nextest run --no-fail-fast --test keyring "$@"
+cp "$target/nextest/default/junit.xml" "$timings/keyring.xml" 2>/dev/null || true
+stage restart nt restart --workspace --no-fail-fast -E 'test(daemon_restart)' "$@"
 
-echo "== podman"
 # The core end-to-end tests once more, against Podman's Docker-compatible service
 # (`podman system service`, started by the Podman rig with the same images).
 podman_tests=(
@@ -67,13 +104,18 @@ podman_tests=(
     'test(broker::broker_is_the_way_out_under_allow_host)'
 )
 filter=$(IFS='|'; echo "${podman_tests[*]}")
-eval "$(scripts/podman.sh up)"
-cargo nextest run --no-fail-fast --test-threads 3 --test e2e -E "${filter//|/ | }" "$@"
-# Then, alone (see above), an installed caw-box building its images through Podman.
-cargo nextest run --no-fail-fast --test e2e \
-    -E 'test(release::an_installed_caw_box_builds_its_images_and_runs_a_turn)' "$@"
-scripts/podman.sh down
-unset DOCKER_HOST
+podman_pass() {
+    local env rc=0
+    env=$(scripts/podman.sh up) || return
+    eval "$env"
+    nt podman --no-fail-fast --test-threads 3 --test e2e -E "${filter//|/ | }" "$@" || rc=$?
+    # Then, alone (see above), an installed caw-box building its images through Podman.
+    nt podman-installed --no-fail-fast --test e2e \
+        -E 'test(release::an_installed_caw_box_builds_its_images_and_runs_a_turn)' "$@" || rc=$?
+    scripts/podman.sh down
+    unset DOCKER_HOST
+    return $rc
+}
+stage podman podman_pass "$@"
 
-echo "== bench (smoke)"
-scripts/bench.sh --smoke
+stage bench-smoke scripts/bench.sh --smoke
