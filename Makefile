@@ -18,7 +18,7 @@ help:
 	@echo "make bench-cluster  a turn on ../shared/k8s-lab against a plain pod (takes the lab)"
 	@echo "make drift   the newest vendor CLIs against the core e2e checks (table + target/drift.json)"
 	@echo "make fuzz    property tests of every parser of untrusted input, 10^6 inputs each"
-	@echo "make lint    rustfmt --check and clippy -D warnings"
+	@echo "make lint    rustfmt --check, clippy -D warnings, workflows, no module cycle or file over 700 lines"
 	@echo "make clean   remove build output and every caw-box test object"
 
 deps:
@@ -31,6 +31,7 @@ lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	scripts/lint-workflows.sh
+	scripts/lint-architecture.sh
 
 # Everything a test run needs, inside one rig session so a daemon the rig starts is
 # stopped again at the end, pass or fail.

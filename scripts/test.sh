@@ -61,7 +61,8 @@ trap finish EXIT
 lint() {
     cargo fmt --all -- --check &&
         cargo clippy --workspace --all-targets --quiet -- -D warnings &&
-        scripts/lint-workflows.sh
+        scripts/lint-workflows.sh &&
+        scripts/lint-architecture.sh
 }
 stage lint lint
 

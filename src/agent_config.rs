@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub use crate::event::ToolGroup;
 use crate::provider::ProviderKind;
 
 /// Where the texts go in the agent's HOME (relative to it): files the CLI reads, so a long
@@ -62,48 +63,6 @@ pub struct Support {
     pub tool_groups: &'static [ToolGroup],
     /// It takes tool names to allow and deny (`--allow-tool`, `--deny-tool`).
     pub tool_names: bool,
-}
-
-/// `--tools`: the vendor-neutral groups of tools an agent may be given.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ToolGroup {
-    /// Reading and searching files.
-    Read,
-    /// Writing and editing files.
-    Edit,
-    /// Running commands.
-    Shell,
-    /// Fetching pages and searching the web.
-    Web,
-    /// Tools of MCP servers.
-    Mcp,
-}
-
-impl ToolGroup {
-    pub const ALL: [ToolGroup; 5] = [
-        ToolGroup::Read,
-        ToolGroup::Edit,
-        ToolGroup::Shell,
-        ToolGroup::Web,
-        ToolGroup::Mcp,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ToolGroup::Read => "read",
-            ToolGroup::Edit => "edit",
-            ToolGroup::Shell => "shell",
-            ToolGroup::Web => "web",
-            ToolGroup::Mcp => "mcp",
-        }
-    }
-}
-
-impl std::fmt::Display for ToolGroup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 /// Which tools a session's agent may use: remembered by the session.
@@ -278,8 +237,8 @@ impl McpServer {
         let name = check_mcp_name(name.trim(), what)?;
         let rest = rest.trim();
         let transport = if rest.starts_with("http://") || rest.starts_with("https://") {
-            let url = crate::settings::validate_endpoint(rest, &format!("{what} {name}"))?;
-            if crate::settings::endpoint_host(&url).is_none() {
+            let url = crate::endpoint::validate_endpoint(rest, &format!("{what} {name}"))?;
+            if crate::endpoint::endpoint_host(&url).is_none() {
                 return Err(Error::usage(format!("{what} {name}: the URL has no host")));
             }
             McpTransport::Http { url }
@@ -302,7 +261,7 @@ impl McpServer {
         let McpTransport::Http { url } = &self.transport else {
             return None;
         };
-        crate::settings::endpoint_host(url)
+        crate::endpoint::endpoint_host(url)
     }
 }
 

@@ -158,7 +158,7 @@ pub enum Event {
         input: serde_json::Value,
         /// The vendor-neutral group (`--tools`) the tool belongs to, when known.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        group: Option<crate::agent_config::ToolGroup>,
+        group: Option<ToolGroup>,
     },
     ToolResult {
         id: String,
@@ -176,4 +176,46 @@ pub enum Event {
         #[serde(flatten)]
         result: TurnResult,
     },
+}
+
+/// `--tools`: the vendor-neutral groups of tools an agent may be given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolGroup {
+    /// Reading and searching files.
+    Read,
+    /// Writing and editing files.
+    Edit,
+    /// Running commands.
+    Shell,
+    /// Fetching pages and searching the web.
+    Web,
+    /// Tools of MCP servers.
+    Mcp,
+}
+
+impl ToolGroup {
+    pub const ALL: [ToolGroup; 5] = [
+        ToolGroup::Read,
+        ToolGroup::Edit,
+        ToolGroup::Shell,
+        ToolGroup::Web,
+        ToolGroup::Mcp,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolGroup::Read => "read",
+            ToolGroup::Edit => "edit",
+            ToolGroup::Shell => "shell",
+            ToolGroup::Web => "web",
+            ToolGroup::Mcp => "mcp",
+        }
+    }
+}
+
+impl std::fmt::Display for ToolGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }

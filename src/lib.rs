@@ -15,6 +15,7 @@ pub mod clock;
 pub mod commands;
 pub mod config;
 pub mod dirs;
+pub mod endpoint;
 pub mod error;
 pub mod event;
 mod lines;

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::cli::{SettingsArgs, TurnArgs, WorkspaceModeArg};
+pub use crate::endpoint::{endpoint_host, validate_endpoint};
 use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
 use crate::session::record::{SessionSettings, WorkspaceMode};
@@ -223,32 +224,6 @@ pub fn expand_allow_hosts(
     out.sort();
     out.dedup();
     out
-}
-
-/// `host:port` of an http(s) URL.
-pub fn endpoint_host(url: &str) -> Option<String> {
-    let (scheme, rest) = url.split_once("://")?;
-    let authority = rest.split('/').next()?;
-    let authority = authority.rsplit('@').next()?;
-    Some(if authority.contains(':') {
-        authority.to_string()
-    } else {
-        format!("{authority}:{}", if scheme == "https" { 443 } else { 80 })
-    })
-}
-
-pub fn validate_endpoint(url: &str, what: &str) -> Result<String> {
-    let ok = (url.starts_with("http://") || url.starts_with("https://"))
-        && url.len() > "https://".len()
-        && !url.contains(char::is_whitespace);
-    if ok {
-        Ok(url.trim_end_matches('/').to_string())
-    } else {
-        Err(
-            Error::usage(format!("{what} '{url}' is not an http(s) URL"))
-                .with_hint("use e.g. http://model-gateway:8080"),
-        )
-    }
 }
 
 /// Session names: short, shell-friendly, and never confusable with an id or a handle.

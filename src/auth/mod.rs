@@ -4,6 +4,7 @@
 pub mod inject;
 pub mod intercept;
 pub mod keyring;
+pub mod login;
 pub mod secret;
 pub mod spec;
 pub mod store;

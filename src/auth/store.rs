@@ -477,7 +477,7 @@ pub fn write_back(
             continue;
         };
         // A brokered turn's placeholder login: the real one stays (the broker refreshes it).
-        let mark = crate::auth::inject::PLACEHOLDER_MARK.as_bytes();
+        let mark = crate::auth::login::PLACEHOLDER_MARK.as_bytes();
         if bytes.windows(mark.len()).any(|w| w == mark) {
             continue;
         }
@@ -525,7 +525,7 @@ pub fn store_refresh(
     store: &Store,
     p: ProviderKind,
     previous: &str,
-    tokens: &crate::auth::inject::RefreshedTokens,
+    tokens: &crate::auth::login::RefreshedTokens,
 ) -> Result<bool> {
     let spec = Spec::of(p);
     let Some(o) = &spec.oauth else {
@@ -535,7 +535,7 @@ pub fn store_refresh(
     let Some(stored) = store.file(p, &o.target) else {
         return Ok(false);
     };
-    let Some(fresh) = crate::auth::inject::refreshed_login(o, stored.expose(), previous, tokens)
+    let Some(fresh) = crate::auth::login::refreshed_login(o, stored.expose(), previous, tokens)
     else {
         return Ok(false);
     };
