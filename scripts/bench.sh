@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ " $* " == *" --smoke "* ]]; then
-    exec cargo bench --profile dev --quiet --bench bench -- "$@"
+    exec cargo bench --workspace --profile dev --quiet --bench bench -- "$@"
 fi
 cargo build --release --quiet --bin caw-box
 cargo bench --quiet --bench bench -- "$@"

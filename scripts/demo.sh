@@ -24,7 +24,7 @@ docker run -d --name "$stub" --network "$net" --label io.caw-box.test=demo \
 workspace=$(mktemp -d)
 chmod 777 "$workspace"
 cd "$workspace"
-caw=$root/target/debug/caw-box
+caw=${CARGO_TARGET_DIR:-$root/target}/debug/caw-box
 common=(--env OPENAI_API_KEY=demo-key)
 
 echo "\$ caw-box run --provider codex --network $net --endpoint http://$stub:8080 --model gpt-5.5 \"REMEMBER:marmalade\""

@@ -3,10 +3,12 @@
 # the product itself never shells out to docker).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build -p stub-model --quiet
+# The whole workspace in the tests' one configuration (after scripts/images.sh: nothing to do);
+# `-p stub-model` alone would resolve other features and compile its dependencies again.
+cargo build --workspace --all-targets --quiet
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
-cp tests/stub-model/Dockerfile target/debug/stub-model "$ctx/"
+cp tests/stub-model/Dockerfile "${CARGO_TARGET_DIR:-target}"/debug/stub-model "$ctx/"
 docker build -q 2>/dev/null --label io.caw-box.test=stub-image \
     --build-arg BASE=caw-box-local/node:20-bookworm \
     -t caw-box-test/stub-model:latest "$ctx" >/dev/null

@@ -80,8 +80,10 @@ stage main nt main --workspace --no-fail-fast --test-threads 3 \
     -E "not ($alone) & not binary(keyring)" "$@"
 stage installed nt installed --workspace --no-fail-fast \
     -E 'test(an_installed_caw_box_builds_its_images_and_runs_a_turn)' "$@"
+# Every run names --workspace: features resolve as for the build above, so nothing is
+# compiled again (a run of one package's tests resolves its own, and rebuilds their crates).
 # The OS keyring tests run against a real Secret Service of their own.
-stage keyring scripts/with-keyring.sh cargo nextest run --no-fail-fast --test keyring "$@"
+stage keyring scripts/with-keyring.sh cargo nextest run --workspace --no-fail-fast --test keyring "$@"
 cp "$target/nextest/default/junit.xml" "$timings/keyring.xml" 2>/dev/null || true
 stage restart nt restart --workspace --no-fail-fast -E 'test(daemon_restart)' "$@"
 
@@ -109,9 +111,9 @@ podman_pass() {
     local env rc=0
     env=$(scripts/podman.sh up) || return
     eval "$env"
-    nt podman --no-fail-fast --test-threads 3 --test e2e -E "${filter//|/ | }" "$@" || rc=$?
+    nt podman --workspace --no-fail-fast --test-threads 3 --test e2e -E "${filter//|/ | }" "$@" || rc=$?
     # Then, alone (see above), an installed caw-box building its images through Podman.
-    nt podman-installed --no-fail-fast --test e2e \
+    nt podman-installed --workspace --no-fail-fast --test e2e \
         -E 'test(release::an_installed_caw_box_builds_its_images_and_runs_a_turn)' "$@" || rc=$?
     scripts/podman.sh down
     unset DOCKER_HOST
