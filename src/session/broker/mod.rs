@@ -44,7 +44,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Loads the program that follows on stdin: one JSON line `{"script", "config"}`.
 const LOADER: &str = "const c=[];const on=(d)=>{c.push(d);const b=Buffer.concat(c);const i=b.indexOf(10);if(i<0)return;process.stdin.off('data',on);process.stdin.pause();const j=JSON.parse(b.subarray(0,i).toString());c.length=0;const m={exports:{}};new Function('module','require',j.script)(m,require);m.exports(j.config,b.subarray(i+1));};process.stdin.on('data',on);";
 
-const SCRIPT: &str = include_str!("../auth/broker.js");
+const SCRIPT: &str = include_str!("../../auth/broker.js");
 
 /// The broker's container in a turn's pod (see the module docs).
 pub const SIDECAR: &str = "broker";
