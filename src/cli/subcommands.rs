@@ -1,0 +1,193 @@
+//! The command groups with subcommands of their own: `auth`, `config`, `session`, `image`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use super::{SettingsArgs, StoreArg};
+
+const IMAGE_BUILD_EXAMPLES: &str = "\
+Examples:
+  caw-box image build --all
+  caw-box image build --provider codex --cli-version 0.169.0
+  caw-box image build --all --base node:20-bookworm-slim --ca-cert /etc/ssl/certs/corp-ca.pem";
+
+const IMAGE_PULL_EXAMPLES: &str = "\
+Examples:
+  caw-box image pull --image-repo ghcr.io/OWNER/caw-box --provider codex
+  caw-box --image-repo ghcr.io/OWNER/caw-box run --provider codex \"fix the test\"
+  CAW_BOX_IMAGE_REPO=ghcr.io/OWNER/caw-box caw-box image pull --all --tag 0.1.0";
+
+#[derive(Debug, Subcommand)]
+pub enum AuthCommand {
+    /// Copy what each CLI needs from this host (files, keyring entries, API-key variables)
+    /// into caw-box's private store.
+    #[command(
+        after_help = "Examples:\n  caw-box auth collect\n  caw-box auth collect --provider claude --provider codex\n  caw-box auth collect --store keyring"
+    )]
+    Collect {
+        /// The provider to collect for (repeatable; default: all).
+        #[arg(long, short = 'p')]
+        provider: Vec<String>,
+        /// Where caw-box keeps the secrets: private files, or the OS keyring.
+        #[arg(long, value_enum, default_value = "files")]
+        store: StoreArg,
+    },
+    /// What is stored, from where, when, and when it expires.
+    #[command(after_help = "Examples:\n  caw-box auth status\n  caw-box auth status --json")]
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The docker flags a plain `docker run` of a caw-box image needs (no secret values).
+    #[command(
+        after_help = "Examples:\n  docker run --rm $(caw-box auth flags --provider codex) caw-box/codex:latest codex exec \"hi\""
+    )]
+    Flags {
+        #[arg(long, short = 'p')]
+        provider: String,
+    },
+    /// Delete stored credentials.
+    #[command(after_help = "Examples:\n  caw-box auth rm --provider gemini\n  caw-box auth rm")]
+    Rm {
+        /// The provider whose credentials to delete (repeatable; default: all).
+        #[arg(long, short = 'p')]
+        provider: Vec<String>,
+    },
+}
+
+const CONFIG_SHOW_EXAMPLES: &str = "\
+Examples:
+  caw-box config show
+  caw-box config show --json
+  caw-box config show --provider codex --model gpt-5.5   # as `run` with these flags would
+  caw-box config show --workspace ~/src/app              # the project file of another directory
+
+Files (the nearer wins; flags > CAW_BOX_* variables > project > user > defaults):
+  user     $CAW_BOX_CONFIG, else $XDG_CONFIG_HOME/caw-box/config.toml (XDG_CONFIG_HOME: ~/.config)
+  project  .caw-box.toml in the workspace or a parent, up to the repository root (.git)
+
+  # .caw-box.toml
+  provider = \"codex\"
+  model = \"gpt-5.5\"
+  allow_host = [\"@provider\"]
+  memory = \"2g\"
+  timeout = \"30m\"
+  env_pass = [\"OPENAI_API_KEY\"]   # names of host variables, never values";
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// The settings a new session would get here, and where each came from (flag, variable,
+    /// project file, user file or default).
+    #[command(after_help = CONFIG_SHOW_EXAMPLES)]
+    Show(Box<ConfigShowArgs>),
+    /// The config files caw-box reads here, in order, and whether each exists.
+    #[command(
+        after_help = "Examples:\n  caw-box config path\n  caw-box config path --workspace ~/src/app"
+    )]
+    Path {
+        /// Where to look for the project file (default: the current directory).
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+    },
+}
+
+/// `config show`: the flags `run` takes that settle settings, to see them win.
+#[derive(Debug, Args)]
+pub struct ConfigShowArgs {
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// The provider `run` would be given.
+    #[arg(long, short = 'p')]
+    pub provider: Option<String>,
+    /// The group `run` would be given.
+    #[arg(long)]
+    pub group: Option<String>,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Write a session (its state, its copy-mode workspace, its labels and record) to one
+    /// archive. Never a credential: collected logins and keys stay on this host.
+    #[command(
+        after_help = "Examples:\n  caw-box session export fixer fixer.tar.gz\n  caw-box session export 5b0c - | ssh ci-runner caw-box session import -"
+    )]
+    Export {
+        /// A handle, session id, unique id prefix (4+ characters) or session name.
+        target: String,
+        /// The archive to write (`-` for stdout).
+        file: PathBuf,
+        /// Replace FILE if it exists.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Recreate an exported session on this Docker host; its handle resumes it here.
+    #[command(
+        after_help = "Examples:\n  caw-box session import fixer.tar.gz\n  caw-box session import fixer.tar.gz --force\n  caw-box resume fixer \"go on\""
+    )]
+    Import {
+        /// The archive (`-` for stdin).
+        file: PathBuf,
+        /// Replace a session of the same id on this host.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Build the base image and provider images from the Dockerfiles built into caw-box.
+    #[command(after_help = IMAGE_BUILD_EXAMPLES)]
+    Build(ImageBuildArgs),
+    /// Pull the provider images from the image repository (`--image-repo`), instead of
+    /// building them.
+    #[command(after_help = IMAGE_PULL_EXAMPLES)]
+    Pull(ImagePullArgs),
+    /// List caw-box images: provider, CLI version, size, age.
+    Ls,
+    /// Remove untagged caw-box images left behind by earlier builds.
+    Prune,
+}
+
+#[derive(Debug, Args)]
+pub struct ImagePullArgs {
+    /// The provider whose image to pull (repeatable).
+    #[arg(long, short = 'p')]
+    pub provider: Vec<String>,
+    /// Pull all four provider images.
+    #[arg(long, conflicts_with = "provider")]
+    pub all: bool,
+    /// The tag to pull (it is tagged `REPO/<image>:latest` here too, which `run` uses).
+    #[arg(long, value_name = "TAG", default_value = "latest")]
+    pub tag: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ImageBuildArgs {
+    /// The provider whose image to build (repeatable).
+    #[arg(long, short = 'p')]
+    pub provider: Vec<String>,
+    /// Build all four provider images.
+    #[arg(long, conflicts_with = "provider")]
+    pub all: bool,
+    /// The image the base is built FROM (needs node >= 20).
+    #[arg(long, value_name = "IMAGE", default_value = "node:20-bookworm-slim")]
+    pub base: String,
+    /// The vendor CLI version to install (default: the pinned one).
+    #[arg(long, value_name = "V")]
+    pub cli_version: Option<String>,
+    /// A CA certificate (PEM) the install steps trust, e.g. a TLS-intercepting proxy's.
+    /// The final image does not contain it.
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// Build even when the image is up to date (same Dockerfile, base image, CLI version
+    /// and CA as the image that has the tag).
+    #[arg(long)]
+    pub force: bool,
+    /// Build without the layer cache (implies --force).
+    #[arg(long)]
+    pub no_cache: bool,
+}
