@@ -1,26 +1,34 @@
 //! `run`, `resume` (also detached, also for a whole group), `wait`, `stop`, `handle`, and
 //! the hidden `__drive` that runs a detached turn.
+//!
+//! - `mod.rs`: `run`, `resume`, `wait`, `stop`, `handle`, and what a turn's flags become
+//!   before anything is created
+//! - `detach.rs`: `--detach` and the `__drive` process that runs such a turn
+//! - `group.rs`: `resume --group`
 
-use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-use crate::backend::{Backend, Engine};
+use crate::backend::Engine;
 use crate::cli::{OutputFormat, ResumeArgs, RunArgs, TurnArgs, WorkspaceModeArg};
 use crate::client::{Client, NewSession, Session};
 use crate::config::{Key, Layer, Resolved};
-use crate::error::{Error, ErrorKind, Result};
-use crate::event::{Event, Status, TurnResult};
+use crate::error::{Error, Result};
+use crate::event::{Event, TurnResult};
 use crate::output::{self, Printer};
 use crate::provider::ProviderKind;
 use crate::session::limits::{self, OnLimit};
-use crate::session::record::{self, labels, SessionSettings, WorkspaceMode};
+use crate::session::models;
+use crate::session::record::{self, SessionSettings, WorkspaceMode};
 use crate::session::runner::{self, TurnOptions};
-use crate::session::{models, target};
 use crate::settings;
+
+mod detach;
+mod group;
+
+pub use detach::detached_driver;
+use detach::{detach, print_detached, turn_recorded};
+use group::resume_group;
 
 /// The secrets of a config file's MCP servers that the session's own servers take, added to
 /// a turn's variables unless a flag gave them (see [`Resolved::mcp_env_for`]).
@@ -278,125 +286,6 @@ async fn send(
     }
 }
 
-/// `resume --group G PROMPT`: every session of the group, in parallel, each with its own
-/// vendor resume; one result per session.
-async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> Result<i32> {
-    let mut turn_args = args.turn.clone();
-    match (&args.target, &turn_args.prompt) {
-        (Some(_), Some(_)) => {
-            return Err(Error::usage(
-                "with --group, give only the prompt (the group names the sessions)",
-            ))
-        }
-        (Some(p), None) => turn_args.prompt = Some(p.clone()),
-        _ => {}
-    }
-    if turn_args.detach {
-        return Err(Error::usage("--detach does not combine with --group"));
-    }
-    if turn_args.prompt.is_none() && turn_args.prompt_file.is_none() {
-        return Err(Error::usage(
-            "--group needs a PROMPT: a group's sessions cannot share one terminal",
-        )
-        .with_hint("resume one session in its TUI: `caw-box resume TARGET`"));
-    }
-    let config = Resolved::load(Layer::default(), turn_args.settings.workspace.as_deref())?;
-    let options = turn_options(&turn_args, &config)?;
-    let client = Client::connect().await?;
-    let members: Vec<_> = target::list_sessions(client.backend())
-        .await?
-        .into_iter()
-        .filter(|v| v.facts.group.as_deref() == Some(group))
-        .collect();
-    if members.is_empty() {
-        return Err(Error::usage(format!("no session is in group '{group}'"))
-            .with_hint("start sessions with `caw-box run --group G ...`"));
-    }
-    let mut sessions = Vec::new();
-    for view in &members {
-        let mut session = client.open(&view.facts.session_id.to_string()).await?;
-        settings::apply_resume_overrides(session.settings_mut(), &turn_args.settings)?;
-        refuse_unsupported(client.backend(), session.settings_mut())?;
-        sessions.push(session);
-    }
-    if !quiet && turn_args.output == OutputFormat::Text {
-        output::eprintln(&format!(
-            "resuming {} sessions of group {group}",
-            sessions.len()
-        ));
-    }
-    let mut each = Vec::new();
-    for s in &mut sessions {
-        let mut options = options.clone();
-        add_config_mcp_env(&mut options, &config, s.settings_mut())?;
-        each.push(options);
-    }
-    let runs = sessions
-        .iter_mut()
-        .zip(each)
-        .map(|(s, options)| async move {
-            let id = s.id();
-            (id, s.send(options, |_| {}).await)
-        });
-    let outcomes = futures_util::future::join_all(runs).await;
-    let mut exit = 0;
-    let mut failed = 0;
-    let mut results = Vec::new();
-    for (id, outcome) in outcomes {
-        match outcome {
-            Ok(r) => {
-                if r.exit_code != 0 {
-                    failed += 1;
-                }
-                if exit == 0 {
-                    exit = r.exit_code;
-                }
-                results.push(r);
-            }
-            Err(e) => {
-                // A session whose turn never ran (busy, image missing) failed too.
-                failed += 1;
-                if exit == 0 {
-                    exit = e.exit_code();
-                }
-                output::eprintln(&format!("caw-box: error: session {id}: {e}"));
-            }
-        }
-    }
-    match turn_args.output {
-        OutputFormat::Json => output::print_json(&results),
-        OutputFormat::StreamJson => {
-            for r in &results {
-                if let Ok(json) = serde_json::to_string(&Event::Result { result: r.clone() }) {
-                    output::println(&json);
-                }
-            }
-        }
-        OutputFormat::Text => {
-            for r in &results {
-                let who = r
-                    .name
-                    .clone()
-                    .unwrap_or_else(|| r.session_id[..8].to_string());
-                output::println(&format!(
-                    "{who} ({}): {}: {}",
-                    r.provider,
-                    r.status,
-                    r.result.trim()
-                ));
-            }
-        }
-    }
-    // Not silenced by -q ("only errors on stderr"): it is this exit's one error line.
-    if exit != 0 {
-        output::eprintln(&format!(
-            "caw-box: error: {failed} of {} sessions of group {group} did not succeed",
-            members.len()
-        ));
-    }
-    Ok(exit)
-}
-
 /// The exit of a turn whose result was printed: its failure, if any, is already on stdout.
 fn finish(result: &TurnResult) -> Result<i32> {
     match runner::turn_error(result) {
@@ -494,204 +383,6 @@ fn user_config(provider: ProviderKind, quiet: bool) -> Result<Vec<crate::provide
     Ok(found.files)
 }
 
-/// What a detached turn's driver process is told, on its stdin (it may hold secrets).
-#[derive(Debug, Serialize, Deserialize)]
-struct DriveJob {
-    session_id: String,
-    settings: SessionSettings,
-    prompt: String,
-    env: Vec<(String, String)>,
-    /// Milliseconds, not seconds: `--timeout 500ms` must not become zero.
-    timeout_ms: Option<u64>,
-    #[serde(default)]
-    user_files: Vec<crate::provider::HomeFile>,
-    #[serde(default)]
-    inject_credentials: bool,
-}
-
-impl DriveJob {
-    fn new(session_id: String, settings: SessionSettings, options: &TurnOptions) -> Self {
-        DriveJob {
-            session_id,
-            settings,
-            prompt: options.prompt.clone(),
-            env: options.env.clone(),
-            timeout_ms: options
-                .timeout
-                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
-            user_files: options.user_files.clone(),
-            inject_credentials: options.inject_credentials,
-        }
-    }
-
-    /// The turn the driver runs (the job's settings and session are applied separately).
-    fn turn_options(&self) -> TurnOptions {
-        TurnOptions {
-            prompt: self.prompt.clone(),
-            env: self.env.clone(),
-            timeout: self.timeout_ms.map(Duration::from_millis),
-            interactive: false,
-            idle_timeout: None,
-            connect_timeout: None,
-            user_files: self.user_files.clone(),
-            inject_credentials: self.inject_credentials,
-        }
-    }
-}
-
-/// Starts the turn in a background `caw-box __drive` process that outlives this one, and
-/// returns once its container runs (or with the error that kept it from starting).
-async fn detach(backend: &Engine, session: &Session, options: &TurnOptions) -> Result<()> {
-    let job = DriveJob::new(
-        session.id().to_string(),
-        session.record().settings.clone(),
-        options,
-    );
-    let exe = std::env::current_exe()
-        .map_err(|e| Error::environment(format!("cannot find caw-box's own executable: {e}")))?;
-    let mut child = {
-        use std::os::unix::process::CommandExt;
-        Command::new(exe)
-            .args(["-q", "__drive"])
-            // The labels config resolved for this turn's objects.
-            .env(
-                "CAW_BOX_LABELS",
-                record::render_labels(&record::extra_labels()),
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            // Its own process group: a Ctrl-C meant for this terminal does not reach it.
-            .process_group(0)
-            .spawn()
-            .map_err(|e| Error::environment(format!("cannot start the background turn: {e}")))?
-    };
-    if let Some(mut stdin) = child.stdin.take() {
-        let json = serde_json::to_vec(&job).expect("jobs serialize");
-        stdin.write_all(&json).map_err(|e| {
-            Error::environment(format!("cannot hand the turn to the background: {e}"))
-        })?;
-    }
-    let container = runner::container_name(session.record());
-    let turn = session.record().next_turn().to_string();
-    let driver_pid = child.id().to_string();
-    loop {
-        if let Some(status) = child
-            .try_wait()
-            .map_err(|e| Error::environment(format!("lost the background turn: {e}")))?
-        {
-            let mut stderr = String::new();
-            if let Some(mut pipe) = child.stderr.take() {
-                let _ = pipe.read_to_string(&mut stderr);
-            }
-            return driver_ended(status.code(), &stderr);
-        }
-        // Our turn's container, not any turn N: a turn N already running (this session is
-        // busy) carries the same turn label, but another driver's pid.
-        let started = backend
-            .inspect_container(&container)
-            .await?
-            .filter(|c| {
-                c.label(labels::TURN) == Some(turn.as_str())
-                    && c.label(labels::DRIVER_PID) == Some(driver_pid.as_str())
-            })
-            .is_some_and(|c| c.running() || c.finished);
-        if started {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// What a detached turn's driver said by exiting before its container was seen running:
-/// `Ok` if it ran the turn (a quick one, or one that failed fast), else why it could not.
-///
-/// The exit code alone cannot tell: 1, 4, 5, 124 and 130 are both turn statuses and error
-/// kinds (exit 4 is an `auth_error` turn, or no credentials at all). What tells is how
-/// `__drive` ends: after a turn it prints nothing (it runs with `-q` and returns the
-/// turn's exit code), while an error is always its last stderr line, `caw-box: error: …`.
-fn driver_ended(code: Option<i32>, stderr: &str) -> Result<()> {
-    let last = stderr
-        .lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or("");
-    let error = last.strip_prefix("caw-box: error: ");
-    let turn_status_code = matches!(code, Some(0 | 1 | 4 | 5 | 124 | 130));
-    if error.is_none() && turn_status_code {
-        // The turn ran and is recorded: `wait` reports how it ended.
-        return Ok(());
-    }
-    let kind = code
-        .and_then(ErrorKind::from_exit_code)
-        .unwrap_or(ErrorKind::Environment);
-    let message = match (error, code) {
-        (Some(line), _) => line.to_string(),
-        // Not one of ours (a panic, say): its own last words say the most.
-        _ if !last.is_empty() => last.to_string(),
-        (None, Some(c)) => {
-            format!("the background turn ended before it started (its caw-box exited with {c})")
-        }
-        (None, None) => {
-            "the background turn ended before it started (its caw-box was killed)".to_string()
-        }
-    };
-    Err(Error::new(kind, message))
-}
-
-/// Whether Docker holds a recorded turn of `session`; when it cannot tell, yes (so nothing
-/// is deleted on a guess).
-async fn turn_recorded(backend: &Engine, session: &Session) -> bool {
-    match target::resolve_view(backend, &session.id().to_string()).await {
-        Ok(view) => view.last.is_some(),
-        Err(_) => true,
-    }
-}
-
-fn print_detached(session: &Session, format: OutputFormat) -> i32 {
-    let record = session.record();
-    match format {
-        OutputFormat::Text => output::println(&record.session_id.to_string()),
-        _ => {
-            let result = TurnResult {
-                session_id: record.session_id.to_string(),
-                name: record.name.clone(),
-                provider: record.provider,
-                turn: record.next_turn(),
-                status: Status::Running,
-                result: String::new(),
-                resume_handle: session.handle().to_json(),
-                usage: Default::default(),
-                duration_ms: 0,
-                exit_code: 0,
-            };
-            if format == OutputFormat::Json {
-                output::print_json_line(&result);
-            } else {
-                output::print_json_line(&Event::Result { result });
-            }
-        }
-    }
-    0
-}
-
-/// `__drive`: runs one detached turn to its end, recording it in the session's volume.
-pub async fn detached_driver() -> Result<i32> {
-    let mut input = Vec::new();
-    std::io::stdin()
-        .read_to_end(&mut input)
-        .map_err(|e| Error::usage(format!("__drive: cannot read the job: {e}")))?;
-    let job: DriveJob = serde_json::from_slice(&input)
-        .map_err(|e| Error::usage(format!("__drive: malformed job: {e}")))?;
-    let client = Client::connect().await?;
-    let mut session = client.open(&job.session_id).await?;
-    let options = job.turn_options();
-    *session.settings_mut() = job.settings;
-    let result = session.send(options, |_| {}).await?;
-    Ok(result.exit_code)
-}
-
 /// `wait`: blocks until the session's running turn ended and was recorded, then prints its
 /// result like a foreground turn, with the same exit code.
 pub async fn wait(target_arg: &str, format: OutputFormat, quiet: bool) -> Result<i32> {
@@ -730,75 +421,4 @@ pub async fn handle(target: &str) -> Result<i32> {
     }
     output::println(&session.handle().to_json());
     Ok(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn options(timeout: Option<Duration>) -> TurnOptions {
-        TurnOptions {
-            prompt: "hi".into(),
-            env: vec![("K".into(), "V".into())],
-            timeout,
-            interactive: false,
-            ..Default::default()
-        }
-    }
-
-    /// What `__drive` reads back from what `--detach` wrote.
-    fn through_the_pipe(options: &TurnOptions) -> TurnOptions {
-        let job = DriveJob::new("id".into(), SessionSettings::default(), options);
-        let json = serde_json::to_vec(&job).unwrap();
-        serde_json::from_slice::<DriveJob>(&json)
-            .unwrap()
-            .turn_options()
-    }
-
-    #[test]
-    fn a_driver_that_ran_its_turn_is_told_from_one_that_could_not() {
-        // A turn that ran and ended (fast) before its container was seen: started.
-        for code in [0, 1, 4, 5, 124, 130] {
-            assert!(driver_ended(Some(code), "").is_ok(), "{code}");
-        }
-        // Log lines of a turn that ran are not an error.
-        assert!(driver_ended(Some(1), "ERROR caw_box::session: cli crashed\n").is_ok());
-        // The driver's own error line: refused, with its message and exit code.
-        let busy = driver_ended(
-            Some(2),
-            "caw-box: error: session x is busy: turn 3 is running right now\n",
-        )
-        .unwrap_err();
-        assert_eq!(busy.exit_code(), 2);
-        assert_eq!(
-            busy.message,
-            "session x is busy: turn 3 is running right now"
-        );
-        // Exit 4 with an error line is missing credentials, not an auth_error turn.
-        let creds =
-            driver_ended(Some(4), "caw-box: error: no credentials for codex\n").unwrap_err();
-        assert_eq!(creds.exit_code(), 4);
-        // Anything else never started the turn.
-        assert_eq!(driver_ended(Some(3), "").unwrap_err().exit_code(), 3);
-        assert_eq!(driver_ended(None, "").unwrap_err().exit_code(), 3);
-        let panic = driver_ended(Some(101), "thread 'main' panicked at x\n").unwrap_err();
-        assert_eq!(panic.exit_code(), 3);
-        assert!(panic.message.contains("panicked"), "{}", panic.message);
-    }
-
-    #[test]
-    fn a_detached_turn_keeps_a_sub_second_timeout() {
-        for t in [
-            Duration::from_millis(500),
-            Duration::from_millis(1500),
-            Duration::from_secs(1800),
-        ] {
-            assert_eq!(through_the_pipe(&options(Some(t))).timeout, Some(t));
-        }
-        assert_eq!(through_the_pipe(&options(None)).timeout, None);
-        let back = through_the_pipe(&options(None));
-        assert_eq!(back.prompt, "hi");
-        assert_eq!(back.env, vec![("K".to_string(), "V".to_string())]);
-        assert!(!back.interactive);
-    }
 }
