@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::*;
+use crate::cli::SettingsArgs;
+use crate::error::Result;
 
 /// A home with a user file, a repository with a project file, and a subdirectory of it.
 struct World {
