@@ -1,0 +1,681 @@
+//! Planning a turn's broker before anything is created: its own, a shared one or a sidecar
+//! of the turn's pod; where it sits; and the config line (with the real keys and logins) it
+//! gets on its stdin.
+
+use super::refresh::expires_ms;
+use super::{
+    default_upstream, hex, url_path, Broker, Intercept, Shared, BROKER_PORT, INTERCEPT_PORT,
+    SCRIPT, SIDECAR,
+};
+use crate::auth::inject::BrokeredLogin;
+use crate::backend::NetworkPolicy;
+use crate::dirs;
+use crate::error::Result;
+use crate::provider::ProviderKind;
+use crate::session::names;
+use crate::session::record::SessionRecord;
+
+/// How long a shared broker without a lease stays (`CAW_BOX_BROKER_IDLE`, seconds).
+fn idle_ms() -> u64 {
+    std::env::var("CAW_BOX_BROKER_IDLE")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(300)
+        .saturating_mul(1000)
+}
+
+/// The salt of shared brokers' names: random, private to this data directory, so a name
+/// tells nothing about the keys behind it (and only caw-box runs that share the data
+/// directory share brokers).
+fn salt() -> Result<Vec<u8>> {
+    let dir = dirs::data_dir()?;
+    dirs::ensure_private_dir(&dir)?;
+    let path = dir.join("broker-salt");
+    if let Ok(s) = std::fs::read(&path) {
+        if s.len() >= 32 {
+            return Ok(s);
+        }
+    }
+    let fresh: Vec<u8> = [uuid::Uuid::new_v4(), uuid::Uuid::new_v4()]
+        .iter()
+        .flat_map(|u| *u.as_bytes())
+        .collect();
+    dirs::write_private(&path, &fresh)?;
+    Ok(fresh)
+}
+
+/// Where the broker forwards to: the `--endpoint` URL, else the vendor's API for a login
+/// (with the path prefix the CLI puts before its paths there), else the API key's.
+fn upstream_of(record: &SessionRecord, logins: &[BrokeredLogin]) -> (String, Option<String>) {
+    if let Some(e) = &record.settings.endpoint {
+        return (e.clone(), None);
+    }
+    let oauth = crate::auth::spec::Spec::of(record.provider).oauth;
+    match oauth {
+        Some(o) if !logins.is_empty() && o.upstream.is_some() => {
+            (o.upstream.unwrap_or_default(), o.cli_prefix)
+        }
+        _ => (default_upstream(record.provider), None),
+    }
+}
+
+/// How near its expiry a brokered login is refreshed (`CAW_BOX_BROKER_MARGIN`, seconds;
+/// 300 by default, as the CLIs themselves do).
+fn margin_ms() -> u64 {
+    std::env::var("CAW_BOX_BROKER_MARGIN")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(300)
+        .saturating_mul(1000)
+}
+
+/// The vendor's token endpoint, unless `CAW_BOX_OAUTH_TOKEN_URL` names another (a stub in
+/// tests, a gateway).
+fn token_url(spec: &crate::auth::spec::OAuthSpec) -> String {
+    std::env::var("CAW_BOX_OAUTH_TOKEN_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| spec.token_url.clone())
+}
+
+/// The broker's `oauth` config: each login's real tokens and how to refresh them, under the
+/// slot `name` gives it.
+fn login_slots(
+    p: ProviderKind,
+    logins: &[BrokeredLogin],
+    mut name: impl FnMut(&BrokeredLogin) -> String,
+) -> serde_json::Value {
+    use crate::auth::inject::json_at;
+    let mut out = serde_json::Map::new();
+    let Some(o) = crate::auth::spec::Spec::of(p).oauth else {
+        return out.into();
+    };
+    for l in logins {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(l.real.expose()) else {
+            continue;
+        };
+        let text = |path: &str| json_at(&v, path).and_then(|x| x.as_str()).unwrap_or("");
+        let expires_ms = expires_ms(&o, &v);
+        let scope = o
+            .scopes
+            .as_deref()
+            .and_then(|path| json_at(&v, path))
+            .and_then(|s| s.as_array().cloned())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .filter(|s| !s.is_empty())
+            .or_else(|| o.default_scope.clone());
+        out.insert(
+            name(l),
+            serde_json::json!({
+                "access": text(&o.access),
+                "refresh": text(&o.refresh),
+                "expires_ms": expires_ms,
+                "token_url": token_url(&o),
+                "client_id": o.client_id,
+                "client_secret": o.client_secret,
+                "body": o.body,
+                "scope": scope,
+            }),
+        );
+    }
+    out.into()
+}
+
+/// `places` and, with logins, where the CLI sends its access token.
+fn with_login_places(
+    mut places: Vec<String>,
+    p: ProviderKind,
+    logins: &[BrokeredLogin],
+) -> Vec<String> {
+    if let (false, Some(o)) = (logins.is_empty(), crate::auth::spec::Spec::of(p).oauth) {
+        for place in o.places {
+            if !places.contains(&place) {
+                places.push(place);
+            }
+        }
+    }
+    places
+}
+
+impl Broker {
+    /// The broker for `record`'s turn with `keys` (placeholder, real key) and OAuth `logins`, or `None` when
+    /// the turn cannot be brokered (`--network none|host`: nothing to put it on).
+    /// `shared`: whether the backend can keep a broker for several turns
+    /// ([`Backend::keeps_stdin_across_attaches`]); else each turn has its own.
+    ///
+    /// [`Backend::keeps_stdin_across_attaches`]: crate::backend::Backend::keeps_stdin_across_attaches
+    pub(in crate::session) fn plan_logins(
+        record: &SessionRecord,
+        egress_network: Option<&str>,
+        keys: &[(String, crate::auth::Secret)],
+        logins: &[BrokeredLogin],
+        shared: bool,
+    ) -> Option<Broker> {
+        Self::plan_salted_logins(record, egress_network, keys, logins, shared.then_some(salt))
+    }
+
+    /// [`Broker::plan_logins`], with the salt of shared brokers' names from `salt`.
+    #[cfg(test)]
+    fn plan_salted(
+        record: &SessionRecord,
+        egress_network: Option<&str>,
+        keys: &[(String, crate::auth::Secret)],
+        salt: Option<fn() -> Result<Vec<u8>>>,
+    ) -> Option<Broker> {
+        Self::plan_salted_logins(record, egress_network, keys, &[], salt)
+    }
+
+    fn plan_salted_logins(
+        record: &SessionRecord,
+        egress_network: Option<&str>,
+        keys: &[(String, crate::auth::Secret)],
+        logins: &[BrokeredLogin],
+        salt: Option<fn() -> Result<Vec<u8>>>,
+    ) -> Option<Broker> {
+        if keys.is_empty() && logins.is_empty() {
+            return None;
+        }
+        let outer = NetworkPolicy::from_setting(&record.settings.network);
+        if matches!(outer, NetworkPolicy::None | NetworkPolicy::Host) {
+            return None;
+        }
+        // A login the broker intercepts for has the turn's own broker: its CA is the turn's.
+        let hosts = match crate::auth::spec::Spec::of(record.provider).oauth {
+            Some(o) if !logins.is_empty() => o.intercept,
+            _ => Vec::new(),
+        };
+        if let (None, Some(salt), true) = (egress_network, salt, hosts.is_empty()) {
+            return Self::plan_shared(record, &outer, keys, logins, salt);
+        }
+        let tls = if hosts.is_empty() {
+            None
+        } else {
+            Some(crate::auth::intercept::intercept_tls(&hosts)?)
+        };
+        let (container, net) = names::broker_names(record.session_id, std::process::id());
+        let (first, join, own_network) = match (egress_network, &outer) {
+            (_, NetworkPolicy::None | NetworkPolicy::Host) => return None,
+            (Some(e), _) => (outer.clone(), Some(e.to_string()), None),
+            (None, NetworkPolicy::Named(_)) => (outer.clone(), None, None),
+            (None, NetworkPolicy::Default) => (NetworkPolicy::Named(net.clone()), None, Some(net)),
+        };
+        let (upstream, cli_prefix) = upstream_of(record, logins);
+        let places = crate::auth::spec::Spec::of(record.provider)
+            .broker
+            .key_places;
+        let path = if cli_prefix.is_some() {
+            String::new()
+        } else {
+            url_path(&upstream)
+        };
+        let mut map = serde_json::Map::new();
+        for (placeholder, real) in keys {
+            let real = String::from_utf8_lossy(real.expose()).into_owned();
+            map.insert(placeholder.clone(), serde_json::Value::String(real));
+        }
+        let seal: [u8; 32] = {
+            let mut k = [0u8; 32];
+            k[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+            k[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+            k
+        };
+        let oauth = login_slots(record.provider, logins, |l| l.placeholder.clone());
+        let places = with_login_places(places, record.provider, logins);
+        let line = serde_json::json!({
+            "script": SCRIPT,
+            "config": {"port": BROKER_PORT, "upstream": upstream, "places": places, "keys": map,
+                       "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms(),
+                       "cli_prefix": cli_prefix, "handoff": !logins.is_empty(),
+                       "tls": tls.as_ref().map(|t| serde_json::json!({
+                           "cert": t.cert_pem,
+                           "key": String::from_utf8_lossy(t.key_pem.expose()),
+                       })),
+                       "tls_port": INTERCEPT_PORT},
+        });
+        let mut bytes = serde_json::to_vec(&line).ok()?;
+        bytes.push(b'\n');
+        Some(Broker {
+            intercept: tls.map(|t| Intercept {
+                hosts,
+                ca_pem: t.ca_pem,
+            }),
+            seal,
+            logins: !logins.is_empty(),
+            url: format!("http://{container}:{BROKER_PORT}{path}"),
+            container,
+            own_network,
+            first,
+            join,
+            image: record.settings.image.clone(),
+            provider: record.provider,
+            session: record.session_id,
+            config: crate::auth::Secret::new(bytes),
+            shared: None,
+            in_pod: None,
+        })
+    }
+
+    /// A shared broker for `record`'s turn: one per network, upstream and key set, found or
+    /// started by [`Broker::start`]. `None` when the salt cannot be had (the turn then has
+    /// none: injected).
+    fn plan_shared(
+        record: &SessionRecord,
+        outer: &NetworkPolicy,
+        keys: &[(String, crate::auth::Secret)],
+        logins: &[BrokeredLogin],
+        salt: fn() -> Result<Vec<u8>>,
+    ) -> Option<Broker> {
+        use sha2::{Digest, Sha256};
+        let (upstream, cli_prefix) = upstream_of(record, logins);
+        let mut reals: Vec<&[u8]> = keys.iter().map(|(_, r)| r.expose()).collect();
+        reals.sort();
+        reals.dedup();
+        let salt = match salt() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("{e}");
+                return None;
+            }
+        };
+        let mut h = Sha256::new();
+        h.update(&salt);
+        for part in [
+            record.provider.as_str(),
+            &upstream,
+            &record.settings.network,
+            &names::render_labels(&names::extra_labels()),
+            &record.settings.image,
+        ] {
+            h.update(part.as_bytes());
+            h.update([0]);
+        }
+        for r in &reals {
+            h.update(r);
+            h.update([0]);
+        }
+        for l in logins {
+            h.update(b"login");
+            h.update(l.real.expose());
+            h.update([0]);
+        }
+        let digest = h.finalize();
+        let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        // Every caw-box that shares this broker (same salt, same secrets) knows its seal key.
+        let seal: [u8; 32] = Sha256::new()
+            .chain_update(b"caw-box-broker-seal")
+            .chain_update(digest)
+            .finalize()
+            .into();
+        let slot =
+            |real: &[u8]| format!("slot{}", reals.iter().position(|r| *r == real).unwrap_or(0));
+        let pairs = keys
+            .iter()
+            .map(|(placeholder, real)| format!("{placeholder}={}", slot(real.expose())))
+            .chain(
+                logins
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| format!("{}=login{i}", l.placeholder)),
+            )
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut map = serde_json::Map::new();
+        for r in &reals {
+            map.insert(
+                slot(r),
+                serde_json::Value::String(String::from_utf8_lossy(r).into_owned()),
+            );
+        }
+        let places = crate::auth::spec::Spec::of(record.provider)
+            .broker
+            .key_places;
+        let path = if cli_prefix.is_some() {
+            String::new()
+        } else {
+            url_path(&upstream)
+        };
+        let mut n = 0;
+        let oauth = login_slots(record.provider, logins, |_| {
+            n += 1;
+            format!("login{}", n - 1)
+        });
+        let places = with_login_places(places, record.provider, logins);
+        let line = serde_json::json!({
+            "script": SCRIPT,
+            "config": {"port": BROKER_PORT, "upstream": upstream, "places": places, "keys": map,
+                       "shared": true, "idle_ms": idle_ms(),
+                       "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms(),
+                       "cli_prefix": cli_prefix, "handoff": !logins.is_empty()},
+        });
+        let mut bytes = serde_json::to_vec(&line).ok()?;
+        bytes.push(b'\n');
+        let container = format!("caw-box-broker-{hash}");
+        let (first, own_network) = match outer {
+            NetworkPolicy::Named(_) => (outer.clone(), None),
+            _ => {
+                let net = format!("caw-box-brokernet-{hash}");
+                (NetworkPolicy::Named(net.clone()), Some(net))
+            }
+        };
+        Some(Broker {
+            seal,
+            logins: !logins.is_empty(),
+            url: format!("http://{container}:{BROKER_PORT}{path}"),
+            container,
+            own_network,
+            first,
+            join: None,
+            image: record.settings.image.clone(),
+            provider: record.provider,
+            session: record.session_id,
+            config: crate::auth::Secret::new(bytes),
+            shared: Some(Shared {
+                hash,
+                lease_id: uuid::Uuid::new_v4().simple().to_string(),
+                pairs,
+                held: std::sync::Mutex::new(None),
+            }),
+            in_pod: None,
+            intercept: None,
+        })
+    }
+
+    /// The broker of `record`'s turn as a sidecar of its pod `pod` (the backend runs one:
+    /// [`Backend::brokers_in_turn_pod`]), listening on the pod's loopback; `None` when
+    /// there is nothing to broker.
+    ///
+    /// [`Backend::brokers_in_turn_pod`]: crate::backend::Backend::brokers_in_turn_pod
+    pub(in crate::session) fn plan_in_pod(
+        record: &SessionRecord,
+        keys: &[(String, crate::auth::Secret)],
+        pod: &str,
+    ) -> Option<Broker> {
+        if keys.is_empty() {
+            return None;
+        }
+        let upstream = record
+            .settings
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| default_upstream(record.provider));
+        let places = crate::auth::spec::Spec::of(record.provider)
+            .broker
+            .key_places;
+        let path = url_path(&upstream);
+        let mut map = serde_json::Map::new();
+        for (placeholder, real) in keys {
+            let real = String::from_utf8_lossy(real.expose()).into_owned();
+            map.insert(placeholder.clone(), serde_json::Value::String(real));
+        }
+        let line = serde_json::json!({
+            "script": SCRIPT,
+            "config": {"port": BROKER_PORT, "host": "127.0.0.1", "upstream": upstream,
+                       "places": places, "keys": map},
+        });
+        let mut bytes = serde_json::to_vec(&line).ok()?;
+        bytes.push(b'\n');
+        Some(Broker {
+            url: format!("http://127.0.0.1:{BROKER_PORT}{path}"),
+            container: format!("{pod}/{SIDECAR}"),
+            own_network: None,
+            first: NetworkPolicy::Default,
+            join: None,
+            image: record.settings.image.clone(),
+            provider: record.provider,
+            session: record.session_id,
+            config: crate::auth::Secret::new(bytes),
+            shared: None,
+            // Keys only: a pod's logins are injected (no caw-box stays attached to store
+            // what a sidecar would refresh).
+            seal: [0; 32],
+            logins: false,
+            in_pod: Some(pod.to_string()),
+            intercept: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Secret;
+    use crate::session::broker::{sidecar_entrypoint, LOADER, POD_END_DIR, POD_END_FILE};
+    use crate::session::record::{SessionSettings, WorkspaceMode};
+    fn record(network: &str, endpoint: Option<&str>) -> SessionRecord {
+        SessionRecord {
+            version: 1,
+            session_id: uuid::Uuid::new_v4(),
+            provider: ProviderKind::ClaudeCode,
+            name: None,
+            group: None,
+            resume_key: String::new(),
+            key_confirmed: false,
+            owner: None,
+            created_at: 0,
+            settings: SessionSettings {
+                image: "caw-box/claude-code:latest".into(),
+                network: network.into(),
+                workspace_mode: WorkspaceMode::None,
+                endpoint: endpoint.map(str::to_string),
+                ..Default::default()
+            },
+            turns: Vec::new(),
+            home_unlike_image: false,
+            turn_started: false,
+            summary_only: false,
+        }
+    }
+
+    fn test_salt() -> Result<Vec<u8>> {
+        Ok(vec![7; 32])
+    }
+
+    fn plan(r: &SessionRecord, egress: Option<&str>, keys: &[(String, Secret)]) -> Option<Broker> {
+        Broker::plan_salted(r, egress, keys, Some(test_salt))
+    }
+
+    fn keys() -> Vec<(String, Secret)> {
+        vec![(
+            "sk-ant-api03-cawbox-placeholder-x".into(),
+            Secret::new("real-key"),
+        )]
+    }
+
+    #[test]
+    fn the_broker_sits_where_the_agent_can_name_it() {
+        // --network open: a network of its own, which the agent joins.
+        let b = plan(&record("open", None), None, &keys()).unwrap();
+        let own = b.own_network.clone().unwrap();
+        assert_eq!(b.first, NetworkPolicy::Named(own.clone()));
+        assert_eq!(b.agent_network(), Some(NetworkPolicy::Named(own)));
+        assert_eq!(b.url, format!("http://{}:{BROKER_PORT}", b.container));
+        // --network NAME: on it, under its own name (not a shared alias).
+        let b = plan(&record("gw-net", None), None, &keys()).unwrap();
+        assert_eq!(b.first, NetworkPolicy::Named("gw-net".into()));
+        assert_eq!((b.join.as_deref(), b.agent_network()), (None, None));
+        // --allow-host: on the outer network, and joins the agent's egress network.
+        let b = plan(&record("open", None), Some("egress-net"), &keys()).unwrap();
+        assert_eq!(b.first, NetworkPolicy::Default);
+        assert_eq!(b.join.as_deref(), Some("egress-net"));
+        assert_eq!(b.agent_network(), None);
+        // Nowhere to put it, or nothing to broker.
+        assert!(plan(&record("none", None), None, &keys()).is_none());
+        assert!(plan(&record("host", None), None, &keys()).is_none());
+        assert!(plan(&record("open", None), None, &[]).is_none());
+    }
+
+    #[test]
+    fn the_upstream_is_the_endpoint_else_the_vendor_and_keys_go_only_to_stdin() {
+        // A turn's own broker (--allow-host): the placeholder is the key's name.
+        let b = plan(
+            &record("n", Some("https://gw.example/anthropic/")),
+            Some("egress"),
+            &keys(),
+        )
+        .unwrap();
+        assert!(b.url.ends_with(":8080/anthropic"), "{}", b.url);
+        let line: serde_json::Value = serde_json::from_slice(b.config.expose()).unwrap();
+        assert_eq!(line["config"]["upstream"], "https://gw.example/anthropic/");
+        assert_eq!(
+            line["config"]["keys"]["sk-ant-api03-cawbox-placeholder-x"],
+            "real-key"
+        );
+        // A shared one: slots, and the turn's placeholder only in its lease line.
+        let b = plan(&record("n", None), None, &keys()).unwrap();
+        let line: serde_json::Value = serde_json::from_slice(b.config.expose()).unwrap();
+        assert_eq!(line["config"]["upstream"], "https://api.anthropic.com");
+        assert_eq!(line["config"]["shared"], true);
+        assert_eq!(
+            line["config"]["keys"],
+            serde_json::json!({"slot0": "real-key"})
+        );
+        let lease = Broker::lease_line(b.shared.as_ref().unwrap());
+        assert!(
+            lease.ends_with(" sk-ant-api03-cawbox-placeholder-x=slot0\n"),
+            "{lease}"
+        );
+        assert!(!lease.contains("real-key"));
+        assert!(!LOADER.contains("real-key") && !b.url.contains("real-key"));
+        assert!(!b.container.contains("real-key"));
+    }
+
+    /// Turns with the same network, upstream, labels and key share a broker; any difference
+    /// gives another (another key: never a broker holding the old one).
+    #[test]
+    fn a_shared_broker_is_named_by_what_it_holds() {
+        let name = |network: &str, key: &str| {
+            let k = vec![(
+                "sk-ant-api03-cawbox-placeholder-y".to_string(),
+                Secret::new(key),
+            )];
+            plan(&record(network, None), None, &k).unwrap().container
+        };
+        assert_eq!(name("n", "k1"), name("n", "k1"));
+        assert_ne!(name("n", "k1"), name("n", "k2"));
+        assert_ne!(name("n", "k1"), name("m", "k1"));
+        assert_ne!(name("n", "k1"), name("open", "k1"));
+        let salted = |salt: fn() -> Result<Vec<u8>>| {
+            Broker::plan_salted(&record("n", None), None, &keys(), Some(salt))
+                .unwrap()
+                .container
+        };
+        assert_ne!(salted(test_salt), salted(|| Ok(vec![8; 32])));
+        // A backend that cannot share one (Podman): the turn's own, on its own network.
+        let own = Broker::plan_salted(&record("open", None), None, &keys(), None).unwrap();
+        assert!(own.shared.is_none());
+        assert!(
+            own.container.contains(&own.session.to_string()),
+            "{}",
+            own.container
+        );
+        assert!(own.own_network.is_some());
+    }
+
+    fn login() -> BrokeredLogin {
+        BrokeredLogin {
+            placeholder: "sk-ant-oat01-cawbox-placeholder-z".into(),
+            target: ".claude/.credentials.json".into(),
+            real: Secret::new(
+                r#"{"claudeAiOauth":{"accessToken":"real-a","refreshToken":"real-r","expiresAt":1700000000000,"scopes":["user:inference","user:profile"]}}"#,
+            ),
+        }
+    }
+
+    #[test]
+    fn a_login_goes_to_the_broker_as_a_slot_and_its_placeholder_in_the_lease() {
+        let b =
+            Broker::plan_salted_logins(&record("n", None), None, &[], &[login()], Some(test_salt))
+                .unwrap();
+        let line: serde_json::Value = serde_json::from_slice(b.config.expose()).unwrap();
+        let slot = &line["config"]["oauth"]["login0"];
+        assert_eq!(slot["access"], "real-a");
+        assert_eq!(slot["refresh"], "real-r");
+        assert_eq!(slot["expires_ms"], 1_700_000_000_000u64);
+        assert_eq!(slot["client_id"], "9d1c250a-e61b-44d9-88ed-5944d1962f5e");
+        assert_eq!(slot["scope"], "user:inference user:profile");
+        assert_eq!(line["config"]["seal"].as_str().unwrap().len(), 64);
+        let lease = Broker::lease_line(b.shared.as_ref().unwrap());
+        assert!(
+            lease.ends_with(" sk-ant-oat01-cawbox-placeholder-z=login0\n"),
+            "{lease}"
+        );
+        assert!(!lease.contains("real-"));
+        // Another login (a refresh stored meanwhile): another broker.
+        let mut other = login();
+        other.real = Secret::new(
+            r#"{"claudeAiOauth":{"accessToken":"a2","refreshToken":"r2","expiresAt":1}}"#,
+        );
+        let b2 =
+            Broker::plan_salted_logins(&record("n", None), None, &[], &[other], Some(test_salt))
+                .unwrap();
+        assert_ne!(b.container, b2.container);
+        assert_ne!(b.seal, b2.seal);
+    }
+
+    /// opencode's ChatGPT login: the turn's own broker (even where brokers are shared), which
+    /// gets a certificate for chatgpt.com and its key on stdin; the agent gets the CA only.
+    #[test]
+    fn an_intercepted_login_has_a_broker_of_its_own_with_the_turns_tls() {
+        let mut r = record("open", None);
+        r.provider = ProviderKind::Opencode;
+        let l = BrokeredLogin {
+            placeholder: "cawbox-placeholder-z".into(),
+            target: ".local/share/opencode/auth.json".into(),
+            real: Secret::new(
+                r#"{"openai":{"type":"oauth","access":"real-a","refresh":"real-r","expires":1700000000000,"accountId":"acct"}}"#,
+            ),
+        };
+        let b = Broker::plan_salted_logins(&r, None, &[], &[l], Some(test_salt)).unwrap();
+        assert!(b.shared.is_none());
+        assert!(b.own_network.is_some());
+        let i = b.intercept().unwrap();
+        assert_eq!(i.hosts, ["chatgpt.com"]);
+        assert!(i.ca_pem.contains("BEGIN CERTIFICATE"));
+        assert!(!i.ca_pem.contains("PRIVATE"));
+        let line: serde_json::Value = serde_json::from_slice(b.config.expose()).unwrap();
+        let c = &line["config"];
+        assert_eq!(c["upstream"], "https://chatgpt.com");
+        assert_eq!(c["tls_port"], INTERCEPT_PORT);
+        assert!(c["tls"]["key"].as_str().unwrap().contains("PRIVATE KEY"));
+        assert!(c["tls"]["cert"]
+            .as_str()
+            .unwrap()
+            .contains("BEGIN CERTIFICATE"));
+        assert_eq!(c["oauth"]["cawbox-placeholder-z"]["body"], "form");
+        assert_eq!(c["oauth"]["cawbox-placeholder-z"]["access"], "real-a");
+        // Nothing of the key in what the backend sees of the broker.
+        let labels = format!("{:?}", b.labels());
+        assert!(!labels.contains("PRIVATE") && !labels.contains("real-"));
+        // API keys alone: no interception, shared as before.
+        let keyed = Broker::plan_salted(&r, None, &keys(), Some(test_salt)).unwrap();
+        assert!(keyed.intercept().is_none() && keyed.shared.is_some());
+    }
+
+    #[test]
+    fn a_sidecar_broker_listens_on_the_pods_loopback_and_its_keys_go_only_to_stdin() {
+        let b = Broker::plan_in_pod(
+            &record("open", Some("http://10.0.0.5:8080/v1")),
+            &keys(),
+            "caw-box-x",
+        )
+        .unwrap();
+        assert!(b.in_pod());
+        assert_eq!(b.url, format!("http://127.0.0.1:{BROKER_PORT}/v1"));
+        let line: serde_json::Value = serde_json::from_slice(b.config.expose()).unwrap();
+        assert_eq!(line["config"]["host"], "127.0.0.1");
+        assert_eq!(line["config"]["upstream"], "http://10.0.0.5:8080/v1");
+        assert_eq!(
+            line["config"]["keys"]["sk-ant-api03-cawbox-placeholder-x"],
+            "real-key"
+        );
+        let command = sidecar_entrypoint().join(" ");
+        assert!(!command.contains("real-key"));
+        assert!(command.contains(&format!("{POD_END_DIR}/{POD_END_FILE}")));
+        assert!(Broker::plan_in_pod(&record("open", None), &[], "caw-box-x").is_none());
+    }
+}

@@ -1,0 +1,286 @@
+//! A brokered login's refresh: the tokens a broker reports are stored, and the handoff that
+//! keeps two brokers of one login from spending its refresh token twice.
+
+use std::time::Duration;
+
+use super::Broker;
+use crate::dirs;
+use crate::provider::ProviderKind;
+
+/// When the access token of login `v` expires (epoch ms; 0 when it does not say).
+pub(super) fn expires_ms(o: &crate::auth::spec::OAuthSpec, v: &serde_json::Value) -> u64 {
+    use crate::auth::inject::json_at;
+    match o.expiry_unit.as_str() {
+        "jwt" => {
+            let token = json_at(v, &o.expiry).and_then(|x| x.as_str()).unwrap_or("");
+            crate::auth::spec::jwt_exp(token).unwrap_or(0) * 1000
+        }
+        unit => {
+            let n = json_at(v, &o.expiry)
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0);
+            if unit == "ms" {
+                n
+            } else {
+                n * 1000
+            }
+        }
+    }
+}
+
+/// The stored login of `p` as the broker keeps its tokens (`access`, `refresh`,
+/// `expires_ms`, `id_token`), for a refresh handoff.
+fn stored_tokens(p: ProviderKind) -> Option<serde_json::Value> {
+    use crate::auth::inject::json_at;
+    let o = crate::auth::spec::Spec::of(p).oauth?;
+    let store = crate::auth::store::Store::open().ok()?;
+    let real = store.file(p, &o.target)?;
+    let v: serde_json::Value = serde_json::from_slice(real.expose()).ok()?;
+    let text = |path: &str| {
+        json_at(&v, path)
+            .and_then(|x| x.as_str())
+            .map(str::to_string)
+    };
+    Some(serde_json::json!({
+        "access": text(&o.access)?,
+        "refresh": text(&o.refresh)?,
+        "expires_ms": expires_ms(&o, &v),
+        "id_token": o.id_token.as_deref().and_then(text),
+    }))
+}
+
+/// Seals `value` with `key` as the broker's `seal` does (base64 of iv | ciphertext | tag).
+fn seal_json(key: &[u8; 32], value: &serde_json::Value) -> Option<String> {
+    use base64::Engine;
+    let iv: [u8; 12] = uuid::Uuid::new_v4().as_bytes()[..12].try_into().ok()?;
+    let mut tag = [0u8; 16];
+    let ct = openssl::symm::encrypt_aead(
+        openssl::symm::Cipher::aes_256_gcm(),
+        key,
+        Some(&iv),
+        &[],
+        value.to_string().as_bytes(),
+        &mut tag,
+    )
+    .ok()?;
+    let mut raw = iv.to_vec();
+    raw.extend_from_slice(&ct);
+    raw.extend_from_slice(&tag);
+    Some(base64::engine::general_purpose::STANDARD.encode(raw))
+}
+
+/// Holds `p`'s refresh lock (a file under the data directory), waiting up to `limit`:
+/// one broker at a time refreshes a login, across every network and process of this host.
+fn lock_refresh(p: ProviderKind, limit: Duration) -> Option<std::fs::File> {
+    let path = dirs::data_dir().ok()?.join(format!("refresh-{p}.lock"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .ok()?;
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Some(file),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// How long a broker's refresh may hold the login's refresh lock, and how long another
+/// waits for it.
+const REFRESH_LOCK: Duration = Duration::from_secs(40);
+
+/// Answers a broker's `caw-box-broker refresh? <slot> <id> <sealed>`: the stored login when
+/// it is newer than the one the broker would refresh (another broker refreshed it: the
+/// broker's refresh token is used up), else `go`, holding the login's refresh lock until
+/// the broker reports `caw-box-broker refreshed` (its new tokens stored by then).
+async fn answer_refresh(
+    p: ProviderKind,
+    seal: [u8; 32],
+    id: String,
+    sealed: String,
+    answers: tokio::sync::mpsc::UnboundedSender<String>,
+    refreshed: std::sync::Arc<tokio::sync::Notify>,
+) {
+    let Some(theirs) = open_sealed(&seal, &sealed).and_then(|v| {
+        v.get("refresh")
+            .and_then(|r| r.as_str())
+            .map(str::to_string)
+    }) else {
+        return;
+    };
+    let held = tokio::task::spawn_blocking(move || {
+        let lock = lock_refresh(p, REFRESH_LOCK);
+        (lock, stored_tokens(p))
+    })
+    .await;
+    let Ok((lock, stored)) = held else { return };
+    let newer = stored.filter(|t| t["refresh"].as_str() != Some(theirs.as_str()));
+    if let Some(sealed) = newer.and_then(|t| seal_json(&seal, &t)) {
+        tracing::debug!("handed the credential broker the {p} login another one refreshed");
+        let _ = answers.send(format!("handoff {id} {sealed}\n"));
+        return;
+    }
+    let done = refreshed.notified();
+    tokio::pin!(done);
+    done.as_mut().enable();
+    let _ = answers.send(format!("handoff {id} go\n"));
+    if lock.is_some() {
+        let _ = tokio::time::timeout(REFRESH_LOCK, done).await;
+    }
+}
+
+/// Opens a `caw-box-broker login <slot> <sealed>` line with `key`: the refreshed tokens.
+fn open_sealed(key: &[u8; 32], sealed: &str) -> Option<serde_json::Value> {
+    use base64::Engine;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(sealed.trim())
+        .ok()?;
+    if raw.len() < 12 + 16 {
+        return None;
+    }
+    let (iv, rest) = raw.split_at(12);
+    let (ct, tag) = rest.split_at(rest.len() - 16);
+    let plain = openssl::symm::decrypt_aead(
+        openssl::symm::Cipher::aes_256_gcm(),
+        key,
+        Some(iv),
+        &[],
+        ct,
+        tag,
+    )
+    .ok()?;
+    serde_json::from_slice(&plain).ok()
+}
+
+/// Reads a broker's stdout for refreshed logins and stores each (under the store's lock;
+/// only over the login it replaces, so every attached caw-box may try).
+pub(super) struct LoginWatch {
+    provider: ProviderKind,
+    seal: [u8; 32],
+    seen: Vec<u8>,
+    /// Lines for the broker's stdin (refresh handoff answers).
+    answers: tokio::sync::mpsc::UnboundedSender<String>,
+    /// Told when the broker reports a refresh done.
+    refreshed: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl LoginWatch {
+    pub(super) async fn take(&mut self, bytes: &[u8]) {
+        self.seen.extend_from_slice(bytes);
+        while let Some(i) = self.seen.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.seen.drain(..=i).collect();
+            let line = String::from_utf8_lossy(&line);
+            let line = line.trim();
+            if line.starts_with("caw-box-broker refreshed ") {
+                self.refreshed.notify_waiters();
+                continue;
+            }
+            if let Some(asked) = line.strip_prefix("caw-box-broker refresh? ") {
+                if let [_slot, id, sealed] = asked.split(' ').collect::<Vec<_>>()[..] {
+                    tokio::spawn(answer_refresh(
+                        self.provider,
+                        self.seal,
+                        id.to_string(),
+                        sealed.to_string(),
+                        self.answers.clone(),
+                        self.refreshed.clone(),
+                    ));
+                }
+                continue;
+            }
+            let Some(rest) = line.strip_prefix("caw-box-broker login ") else {
+                continue;
+            };
+            let Some((_, sealed)) = rest.split_once(' ') else {
+                continue;
+            };
+            let Some(t) = open_sealed(&self.seal, sealed) else {
+                tracing::warn!("the credential broker reported a login caw-box cannot open");
+                continue;
+            };
+            let field = |k: &str| t.get(k).and_then(|v| v.as_str()).map(str::to_string);
+            let previous = field("previous").unwrap_or_default();
+            let tokens = crate::auth::inject::RefreshedTokens {
+                access: field("access").unwrap_or_default(),
+                refresh: field("refresh").unwrap_or_default(),
+                id_token: field("id_token"),
+                expires_ms: t
+                    .get("expires_ms")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0),
+            };
+            let p = self.provider;
+            let stored = tokio::task::spawn_blocking(move || {
+                let store = crate::auth::store::Store::open()?;
+                crate::auth::store::store_refresh(&store, p, &previous, &tokens)
+            })
+            .await;
+            match stored {
+                Ok(Ok(true)) => {
+                    tracing::info!("stored the {p} login the credential broker refreshed")
+                }
+                Ok(Ok(false)) => tracing::debug!("a newer {p} login is stored already"),
+                Ok(Err(e)) => tracing::warn!("could not store the refreshed {p} login: {e}"),
+                Err(e) => tracing::warn!("could not store the refreshed {p} login: {e}"),
+            }
+        }
+    }
+}
+
+impl Broker {
+    /// The reader of the broker's stdout for logins, and the lines it answers with.
+    pub(super) fn watch(&self) -> (LoginWatch, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let (answers, to_broker) = tokio::sync::mpsc::unbounded_channel();
+        let watch = LoginWatch {
+            provider: self.provider,
+            seal: self.seal,
+            seen: Vec::new(),
+            answers,
+            refreshed: std::sync::Arc::new(tokio::sync::Notify::new()),
+        };
+        (watch, to_broker)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sealed report (broker.js's layout: iv, ciphertext, tag) opens with the seal key only
+    /// (the e2e oauth test opens those node sealed).
+    #[test]
+    fn a_sealed_login_opens_with_the_seal_key_only() {
+        let key = [9u8; 32];
+        let iv = [1u8; 12];
+        let mut tag = [0u8; 16];
+        let plain = br#"{"previous":"r1","access":"a2","refresh":"r2","expires_ms":5}"#;
+        let ct = openssl::symm::encrypt_aead(
+            openssl::symm::Cipher::aes_256_gcm(),
+            &key,
+            Some(&iv),
+            &[],
+            plain,
+            &mut tag,
+        )
+        .unwrap();
+        use base64::Engine;
+        let sealed =
+            base64::engine::general_purpose::STANDARD.encode([&iv[..], &ct, &tag].concat());
+        let opened = open_sealed(&key, &sealed).unwrap();
+        assert_eq!(opened["refresh"], "r2");
+        assert!(open_sealed(&[8u8; 32], &sealed).is_none());
+        assert!(open_sealed(&key, "bm90IHNlYWxlZA==").is_none());
+        // What caw-box hands a broker (a refresh handoff) opens the same way.
+        let handed = seal_json(&key, &serde_json::json!({"access": "a3", "refresh": "r3"}));
+        let handed = handed.unwrap();
+        assert_eq!(open_sealed(&key, &handed).unwrap()["refresh"], "r3");
+        assert!(!handed.contains("r3"));
+        assert!(open_sealed(&[8u8; 32], &handed).is_none());
+    }
+}

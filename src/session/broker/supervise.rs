@@ -1,0 +1,348 @@
+//! A turn's broker while it runs: started (or a shared one found and leased), handed its
+//! keys, its lease renewed, and stopped or removed when the turn ends.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use super::{Broker, Lease, Shared, LEASE_RENEW, LOADER, READY_TIMEOUT, SHARED_LABEL, SIDECAR};
+use crate::backend::{Backend, HelperSpec, OutputChunk};
+use crate::dirs;
+use crate::error::{Error, Result};
+use crate::session::record::{labels, roles};
+use crate::session::turn::image_hint_for;
+
+/// Holds the data directory's broker lock (finding or starting a shared broker) while alive.
+struct BrokerLock(#[allow(dead_code)] std::fs::File);
+
+async fn lock_brokers() -> Result<BrokerLock> {
+    let path = dirs::data_dir()?.join("broker.lock");
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.lock().map(|()| f))
+            .map_err(|e| Error::environment(format!("failed to lock '{}': {e}", path.display())))?;
+        Ok(BrokerLock(file))
+    })
+    .await
+    .map_err(|e| Error::environment(format!("locking the brokers failed: {e}")))?
+}
+
+impl Broker {
+    /// Makes the network the broker needs before the agent's container can be created.
+    pub(in crate::session) async fn prepare(&self, backend: &impl Backend) -> Result<()> {
+        let Some(n) = &self.own_network else {
+            return Ok(());
+        };
+        if let Some(s) = &self.shared {
+            // Kept with the broker: made once, under the lock (Docker may allow two of a name).
+            let _lock = lock_brokers().await?;
+            let filter = [format!("{SHARED_LABEL}={}", s.hash)];
+            if backend.list_networks(&filter).await?.contains(n) {
+                return Ok(());
+            }
+            return backend.create_network(n, false, self.labels()).await;
+        }
+        backend.create_network(n, false, self.labels()).await
+    }
+
+    /// Returns once the turn's broker listens with its keys: a shared one found running and
+    /// leased, else one started.
+    pub(in crate::session) async fn start(&self, backend: &impl Backend) -> Result<()> {
+        if let Some(pod) = &self.in_pod {
+            return self.start_in_pod(backend, pod).await;
+        }
+        let Some(s) = &self.shared else {
+            let attached = self.start_own(backend, None).await?;
+            if self.logins {
+                let (mut watch, mut to_broker) = self.watch();
+                tokio::spawn(async move {
+                    let (mut output, mut input) = (attached.output, attached.input);
+                    loop {
+                        tokio::select! {
+                            chunk = output.next() => match chunk {
+                                Some(Ok(OutputChunk::Stdout(b))) => watch.take(&b).await,
+                                Some(_) => {}
+                                None => break,
+                            },
+                            Some(line) = to_broker.recv() => {
+                                let _ = input.write_all(line.as_bytes()).await;
+                                let _ = input.flush().await;
+                            }
+                        }
+                    }
+                });
+            }
+            return Ok(());
+        };
+        let _lock = lock_brokers().await?;
+        for _ in 0..3 {
+            match backend.inspect_container(&self.container).await? {
+                Some(c) if c.running() => {
+                    let mut attached = backend.attach(&self.container, true).await?;
+                    if lease(&mut attached, s, Duration::from_secs(3))
+                        .await
+                        .is_ok()
+                    {
+                        tracing::debug!("leased the running broker {}", self.container);
+                        self.keep(attached);
+                        return Ok(());
+                    }
+                    // On its way out: it answers no lease any more.
+                    backend.remove_found(&c).await?;
+                }
+                Some(c) => backend.remove_found(&c).await?,
+                None => {
+                    let attached = self.start_own(backend, Some(s)).await?;
+                    self.keep(attached);
+                    return Ok(());
+                }
+            }
+        }
+        Err(Error::environment(format!(
+            "could not start or lease the credential broker {}",
+            self.container
+        )))
+    }
+
+    /// Hands the sidecar of the running pod `pod` its keys and waits for it to listen. The
+    /// attachment goes after: the broker read its one line, and lives until the agent's
+    /// container ended.
+    async fn start_in_pod(&self, backend: &impl Backend, pod: &str) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        let mut attached = loop {
+            // The agent's container runs; the sidecar may start a moment later.
+            match backend.attach_sidecar(pod, SIDECAR).await {
+                Ok(a) => break a,
+                Err(e) if tokio::time::Instant::now() > deadline => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        attached
+            .input
+            .write_all(self.config.expose())
+            .await
+            .map_err(|e| Error::environment(format!("could not hand the broker its keys: {e}")))?;
+        attached.input.flush().await.ok();
+        match tokio::time::timeout(READY_TIMEOUT, until_ready(&mut attached, None)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::environment(
+                "the credential broker did not start listening within 30 s",
+            )),
+        }
+    }
+
+    /// Renews this turn's lease on `attached` until [`Broker::stop`] (and, with logins,
+    /// stores the tokens the broker refreshes meanwhile).
+    fn keep(&self, mut attached: crate::backend::Attached) {
+        let Some(s) = &self.shared else { return };
+        let (end, mut ended) = tokio::sync::oneshot::channel::<()>();
+        let (renew, release) = (Self::lease_line(s), format!("release {}\n", s.lease_id));
+        let (mut watch, mut to_broker) = match self.logins.then(|| self.watch()) {
+            Some((w, rx)) => (Some(w), Some(rx)),
+            None => (None, None),
+        };
+        let task = tokio::spawn(async move {
+            // A deadline apart from the output: the broker's answers to other turns' leases
+            // must not postpone this one's renewal.
+            let mut renewal =
+                tokio::time::interval_at(tokio::time::Instant::now() + LEASE_RENEW, LEASE_RENEW);
+            loop {
+                tokio::select! {
+                    _ = &mut ended => break,
+                    chunk = attached.output.next(), if watch.is_some() => match (chunk, watch.as_mut()) {
+                        (Some(Ok(OutputChunk::Stdout(b))), Some(w)) => w.take(&b).await,
+                        (None, _) => watch = None,
+                        _ => {}
+                    },
+                    Some(line) = async { to_broker.as_mut()?.recv().await }, if to_broker.is_some() => {
+                        let _ = attached.input.write_all(line.as_bytes()).await;
+                        let _ = attached.input.flush().await;
+                    }
+                    _ = renewal.tick() => {
+                        if attached.input.write_all(renew.as_bytes()).await.is_err() {
+                            tracing::warn!("lost the credential broker's lease channel");
+                        }
+                        let _ = attached.input.flush().await;
+                    }
+                }
+            }
+            let _ = attached.input.write_all(release.as_bytes()).await;
+            let _ = attached.input.flush().await;
+        });
+        *s.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lease { end, task });
+    }
+
+    /// Creates and starts a broker, hands it its keys (and a shared one this turn's lease),
+    /// and returns its attachment once it listens.
+    async fn start_own(
+        &self,
+        backend: &impl Backend,
+        shared: Option<&Shared>,
+    ) -> Result<crate::backend::Attached> {
+        let (uid, gid) = dirs::agent_ids();
+        let spec = HelperSpec {
+            scratch: None,
+            image: self.image.clone(),
+            entrypoint: vec!["node".into(), "-e".into(), LOADER.into()],
+            argv: vec![],
+            env: vec![],
+            user: Some(format!("{uid}:{gid}")),
+            labels: self.labels(),
+            mounts: vec![],
+            network: self.first.clone(),
+            read_only_root: true,
+            drop_all_capabilities: true,
+            add_capabilities: vec![],
+            no_new_privileges: true,
+            pids_limit: Some(64),
+            tmp: None,
+            stdin: true,
+            auto_remove: shared.is_some(),
+        };
+        backend
+            .create_helper(&self.container, &spec)
+            .await
+            .map_err(|e| image_hint_for(e, &self.image, self.provider))?;
+        if let Some(n) = &self.join {
+            backend
+                .connect_network(n, &self.container, &self.container)
+                .await?;
+        }
+        let mut attached = backend.attach(&self.container, true).await?;
+        backend.start_container(&self.container).await?;
+        let mut first = self.config.expose().to_vec();
+        if let Some(s) = shared {
+            first.extend_from_slice(Self::lease_line(s).as_bytes());
+        }
+        attached
+            .input
+            .write_all(&first)
+            .await
+            .map_err(|e| Error::environment(format!("could not hand the broker its keys: {e}")))?;
+        attached.input.flush().await.ok();
+        let leased = shared.map(|s| format!("caw-box-broker ok {}", s.lease_id));
+        let ready = tokio::time::timeout(READY_TIMEOUT, until_ready(&mut attached, leased)).await;
+        match ready {
+            Ok(r) => r.map(|()| attached),
+            Err(_) => Err(Error::environment(
+                "the credential broker did not start listening within 30 s",
+            )),
+        }
+    }
+
+    /// Ends the turn's use of its broker: a shared one's lease is released (the broker
+    /// stays for the next turns), a turn's own broker is removed.
+    pub(in crate::session) async fn stop(&self, backend: &impl Backend) {
+        if self.in_pod.is_some() {
+            // It ends with the agent's container (and goes with the pod).
+            return;
+        }
+        if let Some(s) = &self.shared {
+            let held = s.held.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(l) = held {
+                let _ = l.end.send(());
+                let _ = tokio::time::timeout(Duration::from_secs(2), l.task).await;
+            }
+            return;
+        }
+        let _ = backend.remove_container(&self.container, true).await;
+        if let Some(n) = &self.own_network {
+            let _ = backend.remove_network(n).await;
+        }
+    }
+
+    /// Removes the session's other brokers and their networks: once this turn holds the
+    /// session's lock, they are leftovers of turns whose caw-box was killed.
+    pub(in crate::session) async fn remove_leftovers(&self, backend: &impl Backend) {
+        if self.shared.is_some() || self.in_pod.is_some() {
+            // Shared: not this session's alone (a per-turn leftover goes with `rm`/`gc`).
+            return;
+        }
+        let filter = [
+            format!("{}={}", labels::SESSION, self.session),
+            format!("{}={}", labels::ROLE, roles::BROKER),
+        ];
+        for c in backend.list_containers(&filter).await.unwrap_or_default() {
+            if c.name != self.container && !c.id.is_empty() {
+                let _ = backend.remove_container(&c.id, true).await;
+            }
+        }
+        for n in backend.list_networks(&filter).await.unwrap_or_default() {
+            if Some(&n) != self.own_network.as_ref() {
+                let _ = backend.remove_network(&n).await;
+            }
+        }
+    }
+}
+
+/// Reads a broker's output until it says it listens (and, with `leased`, holds the lease).
+async fn until_ready(
+    attached: &mut crate::backend::Attached,
+    leased: Option<String>,
+) -> Result<()> {
+    let mut seen = Vec::new();
+    while let Some(chunk) = attached.output.next().await {
+        match chunk {
+            Ok(OutputChunk::Stdout(b)) => {
+                seen.extend_from_slice(&b);
+                let text = String::from_utf8_lossy(&seen);
+                if text.contains("caw-box-broker ready")
+                    && leased.as_ref().is_none_or(|l| text.contains(l.as_str()))
+                {
+                    return Ok(());
+                }
+            }
+            Ok(OutputChunk::Stderr(b)) => {
+                tracing::warn!("broker: {}", String::from_utf8_lossy(&b).trim_end());
+            }
+            Ok(_) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::environment(
+        "the credential broker exited before it listened",
+    ))
+}
+
+/// Sends this turn's lease to a running shared broker and waits for its answer (sent
+/// again every 500 ms: a line may arrive before the broker reads its stdin).
+async fn lease(attached: &mut crate::backend::Attached, s: &Shared, limit: Duration) -> Result<()> {
+    let want = format!("caw-box-broker ok {}", s.lease_id);
+    let line = Broker::lease_line(s);
+    let answered = async {
+        let mut seen = Vec::new();
+        loop {
+            attached
+                .input
+                .write_all(line.as_bytes())
+                .await
+                .map_err(|e| Error::environment(format!("could not lease the broker: {e}")))?;
+            attached.input.flush().await.ok();
+            let wait = tokio::time::sleep(Duration::from_millis(500));
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    () = &mut wait => break,
+                    chunk = attached.output.next() => match chunk {
+                        Some(Ok(OutputChunk::Stdout(b))) => {
+                            seen.extend_from_slice(&b);
+                            if String::from_utf8_lossy(&seen).contains(&want) {
+                                return Ok(());
+                            }
+                        }
+                        Some(_) => {}
+                        None => return Err(Error::environment("the credential broker is gone")),
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout(limit, answered)
+        .await
+        .unwrap_or_else(|_| Err(Error::environment("the credential broker answers no lease")))
+}
