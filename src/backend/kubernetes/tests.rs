@@ -3,9 +3,17 @@
 
 use std::collections::HashMap;
 
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
 use super::meta::{label_selector, matches, merged, split, valid_label_value};
+use super::spec::{marked_entry, MARKED_ENTRY};
+use super::status::{
+    egress_init_failed, oom_kills, pod_failure, pod_progress, readable_bytes, Progress,
+};
 use super::*;
-use crate::backend::{Limits, Scratch};
+use crate::backend::{Limits, MountSpec, NetworkPolicy, Scratch, TurnSpec, PROXY_SIDECAR};
+use crate::session::{POD_END_DIR, POD_END_FILE};
 
 #[test]
 fn only_valid_values_become_labels_and_every_pair_an_annotation() {

@@ -1,0 +1,298 @@
+//! Processes in pods: `exec` (and the short-lived pod files of an ended pod move through),
+//! and attachments to a pod's containers.
+
+use std::collections::HashMap;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Container, PodSpec, Volume, VolumeMount};
+use kube::api::AttachParams;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use super::status::container_info;
+use super::{failed, meta, KubeBackend, Resizer, MANAGED_BY};
+use crate::backend::{Attached, Backend, OutputChunk, OutputStream};
+use crate::error::{Error, Result};
+impl KubeBackend {
+    /// Runs `argv` in the running pod `name`, feeding it `input`; its stdout. A pod that
+    /// has ended cannot run anything: that is an error saying so.
+    pub(super) async fn exec(
+        &self,
+        name: &str,
+        argv: &[&str],
+        input: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        let what = || format!("run `{}` in pod '{name}'", argv.first().unwrap_or(&""));
+        let mut params = AttachParams::default()
+            .stdin(input.is_some())
+            .stdout(true)
+            .stderr(true);
+        if let Some(main) = self.main_container(name).await? {
+            params = params.container(main);
+        }
+        let mut process = self
+            .pods()
+            .exec(name, argv.iter().copied(), &params)
+            .await
+            .map_err(|e| failed(what(), &e))?;
+        let stdin = process.stdin();
+        let feed = async move {
+            if let (Some(mut stdin), Some(input)) = (stdin, input) {
+                stdin.write_all(&input).await?;
+                stdin.shutdown().await?;
+            }
+            Ok::<_, std::io::Error>(())
+        };
+        let mut stdout = process.stdout().expect("stdout was asked for");
+        let mut stderr = process.stderr().expect("stderr was asked for");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let (fed, read_out, read_err) = tokio::join!(
+            feed,
+            stdout.read_to_end(&mut out),
+            stderr.read_to_end(&mut err)
+        );
+        let status = match process.take_status() {
+            Some(status) => status.await,
+            None => None,
+        };
+        fed.and(read_out)
+            .and(read_err)
+            .map_err(|e| Error::environment(format!("failed to {}: {e}", what())))?;
+        if let Some(status) = status {
+            if status.status.as_deref() == Some("Failure") {
+                let stderr = String::from_utf8_lossy(&err);
+                return Err(Error::environment(format!(
+                    "failed to {}: {} {}",
+                    what(),
+                    status.message.unwrap_or_default(),
+                    stderr.trim()
+                )));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The running pod files of pod `name`'s claims move through: `name` itself while it
+    /// runs; once it ended, a short-lived pod mounting the same claims on the same node
+    /// (`Some` of its name: the caller deletes it). A pod's own memory and empty dirs are
+    /// gone with it.
+    /// A path off the ended pod's claims (its runtime directory, say) is gone with it:
+    /// `None`.
+    async fn through(&self, name: &str, path: &str) -> Result<Option<(String, Option<String>)>> {
+        let pod = self
+            .pods()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read pod '{name}'"), &e))?
+            .ok_or_else(|| Error::environment(format!("pod '{name}' does not exist")))?;
+        if container_info(&pod).running() {
+            return Ok(Some((name.to_string(), None)));
+        }
+        let spec = pod.spec.clone().unwrap_or_default();
+        let main = spec.containers.first().cloned().unwrap_or_default();
+        let claims: Vec<Volume> = spec
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|v| v.persistent_volume_claim.is_some())
+            .collect();
+        let mounts: Vec<VolumeMount> = main
+            .volume_mounts
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| claims.iter().any(|v| v.name == m.name))
+            .collect();
+        let on_a_claim = mounts.iter().any(|m| {
+            let dir = m.mount_path.trim_end_matches('/');
+            path == dir || path.starts_with(&format!("{dir}/"))
+        });
+        if !on_a_claim {
+            return Ok(None);
+        }
+        let helper = format!("{name}-files");
+        let labels = [
+            (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
+            (
+                crate::session::names::labels::MANAGED.to_string(),
+                "true".to_string(),
+            ),
+        ]
+        .into_iter()
+        .chain(
+            meta::merged(&pod.metadata)
+                .into_iter()
+                .filter(|(k, _)| k == crate::session::names::labels::SESSION),
+        )
+        .chain([(
+            crate::session::names::labels::ROLE.to_string(),
+            crate::session::names::roles::PROBE.to_string(),
+        )])
+        .collect::<HashMap<_, _>>();
+        let pod_spec = PodSpec {
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            node_name: spec.node_name.clone(),
+            security_context: spec.security_context.clone(),
+            termination_grace_period_seconds: Some(0),
+            containers: vec![Container {
+                name: "files".into(),
+                image: main.image.clone(),
+                image_pull_policy: main.image_pull_policy.clone(),
+                command: Some(vec!["sleep".into(), "600".into()]),
+                security_context: main.security_context.clone(),
+                volume_mounts: Some(mounts),
+                ..Default::default()
+            }],
+            volumes: Some(claims),
+            ..Default::default()
+        };
+        // A leftover of an earlier attempt goes first.
+        self.remove_container(&helper, true).await?;
+        let image = main.image.clone().unwrap_or_default();
+        let made = async {
+            self.create_pod(&self.pod(&helper, &labels, pod_spec))
+                .await?;
+            self.wait_running(&helper, &image).await
+        };
+        if let Err(e) = made.await {
+            let _ = self.remove_container(&helper, true).await;
+            return Err(e.into());
+        }
+        Ok(Some((helper.clone(), Some(helper))))
+    }
+
+    /// Runs `argv` with `input` through [`Self::through`] pod `name`, for `path`: its
+    /// stdout; `None` when `path` went with the ended pod.
+    pub(super) async fn exec_files(
+        &self,
+        name: &str,
+        path: &str,
+        argv: &[&str],
+        input: Option<Vec<u8>>,
+    ) -> Result<Option<Vec<u8>>> {
+        let Some((pod, helper)) = self.through(name, path).await? else {
+            return Ok(None);
+        };
+        let out = self.exec(&pod, argv, input).await;
+        if let Some(helper) = helper {
+            let _ = self.remove_container(&helper, true).await;
+        }
+        out.map(Some)
+    }
+
+    /// Attaches to container `container` of pod `name` (`None`: its only one).
+    pub(super) async fn attach_to(
+        &self,
+        name: &str,
+        container: Option<String>,
+        stdin: bool,
+        tty: bool,
+    ) -> Result<Attached> {
+        let mut params = AttachParams::default()
+            .stdin(stdin)
+            .stdout(true)
+            .stderr(!tty)
+            .tty(tty)
+            .max_stdout_buf_size(64 * 1024)
+            .max_stderr_buf_size(64 * 1024)
+            .max_stdin_buf_size(64 * 1024);
+        if let Some(c) = container {
+            params = params.container(c);
+        }
+        let mut process = self
+            .pods()
+            .attach(name, &params)
+            .await
+            .map_err(|e| failed(format!("attach to pod '{name}'"), &e))?;
+        if let Some(mut sender) = process.terminal_size() {
+            let resize: Resizer = Box::new(move |width, height| {
+                sender
+                    .try_send(kube::api::TerminalSize { width, height })
+                    .is_ok()
+            });
+            if let Ok(mut terminals) = self.terminals.lock() {
+                terminals.insert(name.to_string(), resize);
+            }
+        }
+        let stdout = process.stdout().expect("stdout was asked for");
+        let stderr: OutputStream = match process.stderr() {
+            Some(stderr) => chunks(stderr, OutputChunk::Stderr),
+            // A terminal has one stream.
+            None => Box::pin(futures_util::stream::empty()),
+        };
+        let input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> = match process.stdin() {
+            Some(w) => Box::pin(w),
+            None => Box::pin(tokio::io::sink()),
+        };
+        // The attachment lives as long as its output is read.
+        let keep = futures_util::stream::once(async move {
+            let _ = process.join().await;
+            None
+        })
+        .filter_map(|x: Option<Result<OutputChunk>>| async move { x });
+        let output = futures_util::stream::select(chunks(stdout, OutputChunk::Stdout), stderr);
+        let output = futures_util::stream::select(output, keep);
+        Ok(Attached {
+            output: Box::pin(output),
+            input,
+        })
+    }
+
+    /// The name of pod `name`'s main container (the agent's, in a turn pod that has a
+    /// broker beside it: exec, attach and logs must name one there); `None` when the pod
+    /// is gone.
+    pub(super) async fn main_container(&self, name: &str) -> Result<Option<String>> {
+        let pod = self
+            .pods()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read pod '{name}'"), &e))?;
+        Ok(pod.and_then(|p| Some(p.spec?.containers.first()?.name.clone())))
+    }
+
+    /// Runs `script` in `name` for `path`: its output after a leading `Y` (found), or `None`
+    /// (`N`: not there, or the pod is gone).
+    pub(super) async fn exec_marked(
+        &self,
+        name: &str,
+        path: &str,
+        script: &str,
+    ) -> Result<Option<Vec<u8>>> {
+        let Some(out) = self
+            .exec_files(name, path, &["sh", "-c", script], None)
+            .await?
+        else {
+            return Ok(None);
+        };
+        match out.split_first() {
+            Some((b'Y', rest)) => Ok(Some(rest.to_vec())),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// A reader as a stream of output chunks.
+pub(super) fn chunks(
+    reader: impl AsyncRead + Unpin + Send + 'static,
+    wrap: fn(Vec<u8>) -> OutputChunk,
+) -> OutputStream {
+    Box::pin(futures_util::stream::unfold(
+        reader,
+        move |mut r| async move {
+            let mut buf = vec![0u8; 16 * 1024];
+            match r.read(&mut buf).await {
+                Ok(0) => None,
+                Ok(n) => {
+                    buf.truncate(n);
+                    Some((Ok(wrap(buf)), r))
+                }
+                Err(e) => Some((
+                    Err(Error::environment(format!(
+                        "reading a pod's output failed: {e}"
+                    ))),
+                    r,
+                )),
+            }
+        },
+    ))
+}

@@ -1,0 +1,212 @@
+//! Pods: create one (its name is the lock), wait for it to run (or say why it cannot),
+//! build one from a spec, delete one for good.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, LogParams, PostParams};
+
+use super::sidecars::EGRESS_INIT;
+use super::status::{
+    egress_init_failed, pod_progress, pod_scheduled, pod_security_refused, Progress,
+};
+use super::{failed, is_status, meta, KubeBackend, POLL};
+use crate::backend::{Backend, CreateError};
+use crate::error::{Error, Result};
+
+/// How long a pod may take to start running (scheduling, a claim to bind, an image).
+const START_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long a deleted pod may take to go.
+const GONE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a turn's claims may take to bind before the turn is refused (the lab's bind
+/// within a second; a provisioner in the cloud takes some seconds).
+const CLAIM_BIND_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl KubeBackend {
+    /// Deletes pod `name` (only the one of `uid`, when given: not a newer pod that took the
+    /// name) and returns once it is gone for good: a claim is free (and deletable) only then.
+    pub(super) async fn delete_pod(
+        &self,
+        name: &str,
+        uid: Option<String>,
+        force: bool,
+    ) -> Result<()> {
+        let params = DeleteParams {
+            grace_period_seconds: force.then_some(0),
+            preconditions: uid.clone().map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match self.pods().delete(name, &params).await {
+            Ok(_) => {}
+            Err(e) if is_status(&e, 404) => return Ok(()),
+            // Another pod of that name by now: the one meant is gone.
+            Err(e) if uid.is_some() && is_status(&e, 409) => return Ok(()),
+            Err(e) => return Err(failed(format!("delete pod '{name}'"), &e)),
+        }
+        let deadline = tokio::time::Instant::now() + GONE_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            match self.pods().get_opt(name).await {
+                Ok(None) => return Ok(()),
+                Ok(Some(p)) if uid.is_some() && p.metadata.uid != uid => return Ok(()),
+                Ok(Some(_)) => tokio::time::sleep(POLL).await,
+                Err(e) => return Err(failed(format!("read pod '{name}'"), &e)),
+            }
+        }
+        Err(Error::environment(format!(
+            "pod '{name}' was deleted but is still there after {} s",
+            GONE_TIMEOUT.as_secs()
+        )))
+    }
+
+    /// Creates a pod; a taken name is `NameTaken`.
+    pub(super) async fn create_pod(&self, pod: &Pod) -> std::result::Result<(), CreateError> {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        match self.pods().create(&PostParams::default(), pod).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, 409) => Err(CreateError::NameTaken),
+            Err(kube::Error::Api(r)) if r.message.contains("PodSecurity") => {
+                Err(CreateError::Other(pod_security_refused(&name, &r.message)))
+            }
+            Err(e) => Err(CreateError::Other(failed(
+                format!("create pod '{name}'"),
+                &e,
+            ))),
+        }
+    }
+
+    /// Waits for a created pod's container to run (or to have run already); a pod whose
+    /// image cannot be had is deleted and reported as `ImageMissing`.
+    pub(super) async fn wait_running(
+        &self,
+        name: &str,
+        image: &str,
+    ) -> std::result::Result<(), CreateError> {
+        let started = tokio::time::Instant::now();
+        let deadline = started + START_TIMEOUT;
+        let mut last;
+        loop {
+            let pod = self
+                .pods()
+                .get_opt(name)
+                .await
+                .map_err(|e| CreateError::Other(failed(format!("read pod '{name}'"), &e)))?;
+            let Some(pod) = pod else {
+                return Err(CreateError::Other(Error::environment(format!(
+                    "pod '{name}' was deleted before it ran"
+                ))));
+            };
+            if egress_init_failed(&pod) {
+                // Its own words (iptables missing from a custom image, a kernel without
+                // nf_tables or ip_tables), then the pod goes: no turn without the rules.
+                let params = LogParams {
+                    container: Some(EGRESS_INIT.to_string()),
+                    ..Default::default()
+                };
+                let said = self.pods().logs(name, &params).await.unwrap_or_default();
+                let said = said.lines().rev().find(|l| !l.trim().is_empty());
+                let _ = self.remove_container(name, true).await;
+                return Err(CreateError::Other(
+                    Error::environment(format!(
+                        "the turn's egress rules (--allow-host) could not be set in pod '{name}': {}",
+                        said.unwrap_or("its init container failed").trim()
+                    ))
+                    .with_hint(format!(
+                        "the image '{image}' needs iptables (caw-box's images have it) and the node's kernel nf_tables or ip_tables"
+                    )),
+                ));
+            }
+            match pod_progress(&pod) {
+                Progress::Running | Progress::Ended(_) => return Ok(()),
+                Progress::ImageMissing(why) => {
+                    let _ = self.remove_container(name, true).await;
+                    return Err(CreateError::ImageMissing(Error::environment(format!(
+                        "image '{image}' is not available to the cluster ({why})"
+                    ))));
+                }
+                Progress::Waiting(why) => last = why,
+            }
+            // A claim that does not bind (no default storage class, a provisioner that
+            // fails) keeps the pod unscheduled for ever: told, not waited out.
+            if started.elapsed() > CLAIM_BIND_TIMEOUT && !pod_scheduled(&pod) {
+                let unbound = self.unbound_claims(&pod).await;
+                if !unbound.is_empty() {
+                    let _ = self.remove_container(name, true).await;
+                    return Err(CreateError::Other(
+                        Error::environment(format!(
+                            "pod '{name}' cannot start: claim {} not bound after {} s",
+                            unbound.join(", claim "),
+                            CLAIM_BIND_TIMEOUT.as_secs()
+                        ))
+                        .with_hint(format!(
+                            "`kubectl -n {} describe pvc` says why (a storage class that does not exist or cannot provision?)",
+                            self.namespace
+                        )),
+                    ));
+                }
+            }
+            if tokio::time::Instant::now() > deadline {
+                let _ = self.remove_container(name, true).await;
+                return Err(CreateError::Other(Error::environment(format!(
+                    "pod '{name}' did not start within {} s: {last}",
+                    START_TIMEOUT.as_secs()
+                ))
+                .with_hint(format!(
+                    "`kubectl -n {} describe pod {name}` says why (a claim not bound, no node with room?)",
+                    self.namespace
+                ))));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    pub(super) fn pod(&self, name: &str, labels: &HashMap<String, String>, spec: PodSpec) -> Pod {
+        let (labels, annotations) = meta::split(labels);
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(labels),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            spec: Some(spec),
+            ..Default::default()
+        }
+    }
+
+    /// The claims of pod `pod` that are not bound yet, with their phase.
+    async fn unbound_claims(&self, pod: &Pod) -> Vec<String> {
+        let mut unbound = Vec::new();
+        let volumes = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.clone())
+            .unwrap_or_default();
+        for claim in volumes
+            .into_iter()
+            .filter_map(|v| v.persistent_volume_claim)
+        {
+            let name = claim.claim_name;
+            let (phase, class) = match self.claims().get_opt(&name).await {
+                Ok(Some(c)) => (
+                    c.status.and_then(|s| s.phase).unwrap_or_default(),
+                    c.spec.and_then(|s| s.storage_class_name),
+                ),
+                Ok(None) => ("missing".to_string(), None),
+                Err(_) => continue,
+            };
+            if phase != "Bound" {
+                let class = class
+                    .map(|c| format!("storage class '{c}'"))
+                    .unwrap_or_else(|| "the default storage class".to_string());
+                unbound.push(format!("'{name}' ({phase}, {class})"));
+            }
+        }
+        unbound
+    }
+}

@@ -1,0 +1,530 @@
+//! [`Backend`] for Kubernetes: turns and helpers as pods, volumes as claims and config maps,
+//! files through `exec`; over the pieces in the files beside this one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, ResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+
+use super::exec::chunks;
+use super::spec::{helper_pod_spec, shell_quote, turn_pod_spec, RUNTIME_READY};
+use super::status::{
+    container_info, deleted_under_turn, oom_kills, out_of_memory, pod_failure, pod_progress,
+    Progress, OOM_COUNTERS,
+};
+use super::{failed, is_status, label_selector, meta, KubeBackend, POLL};
+use crate::backend::{
+    Attached, Backend, ContainerInfo, CreateError, HelperSpec, ImageInfo, OutputChunk,
+    OutputStream, TarFile, TurnSpec, VolumeInfo,
+};
+use crate::error::{Error, Result};
+
+impl Backend for KubeBackend {
+    async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>> {
+        let params = ListParams::default().labels(&label_selector(labels));
+        let pods = self
+            .pods()
+            .list(&params)
+            .await
+            .map_err(|e| failed(format!("list pods in namespace '{}'", self.namespace), &e))?;
+        Ok(pods
+            .items
+            .iter()
+            .map(container_info)
+            .filter(|c| meta::matches(&c.labels, labels))
+            .collect())
+    }
+
+    async fn create_turn(
+        &self,
+        name: &str,
+        spec: &TurnSpec,
+    ) -> std::result::Result<String, CreateError> {
+        let pod_spec = turn_pod_spec(spec).map_err(CreateError::Other)?;
+        self.create_pod(&self.pod(name, &spec.labels, pod_spec))
+            .await?;
+        self.wait_running(name, &spec.image).await?;
+        if spec.interactive.is_some() {
+            let dir = &spec.runtime.mount;
+            let mut files = spec.runtime.tar_files();
+            files.push(TarFile {
+                path: RUNTIME_READY,
+                contents: b"",
+                mode: 0o600,
+            });
+            let put = self
+                .upload_files(name, dir, &files, spec.user)
+                .await
+                .map_err(CreateError::Other);
+            if let Err(e) = put {
+                let _ = self.remove_container(name, true).await;
+                return Err(e);
+            }
+        }
+        Ok(name.to_string())
+    }
+
+    async fn create_helper(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<String, CreateError> {
+        let pod_spec = helper_pod_spec(spec, true).map_err(CreateError::Other)?;
+        self.create_pod(&self.pod(name, &spec.labels, pod_spec))
+            .await?;
+        self.wait_running(name, &spec.image).await?;
+        Ok(name.to_string())
+    }
+
+    async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
+        let pod = self
+            .pods()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read pod '{name}'"), &e))?;
+        Ok(pod.as_ref().map(container_info))
+    }
+
+    async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {
+        let tty = self
+            .pods()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read pod '{name}'"), &e))?
+            .and_then(|p| p.spec?.containers.first().cloned());
+        let main = tty.as_ref().map(|c| c.name.clone());
+        let tty = tty.and_then(|c| c.tty).unwrap_or(false);
+        self.attach_to(name, main, stdin, tty).await
+    }
+
+    fn brokers_in_turn_pod(&self) -> bool {
+        true
+    }
+
+    fn holds_egress_in_turn_pod(&self) -> bool {
+        true
+    }
+
+    async fn attach_sidecar(&self, name: &str, sidecar: &str) -> Result<Attached> {
+        // Running, or the attachment would wait for nothing.
+        let pod = self
+            .pods()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read pod '{name}'"), &e))?
+            .ok_or_else(|| Error::environment(format!("pod '{name}' does not exist")))?;
+        let running = pod
+            .status
+            .and_then(|s| s.container_statuses)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.name == sidecar && c.state.as_ref().is_some_and(|s| s.running.is_some()));
+        if !running {
+            return Err(Error::environment(format!(
+                "the container '{sidecar}' of pod '{name}' does not run"
+            )));
+        }
+        self.attach_to(name, Some(sidecar.to_string()), true, false)
+            .await
+    }
+
+    async fn resize_tty(&self, name: &str, columns: u16, rows: u16) -> Result<()> {
+        let mut terminals = self
+            .terminals
+            .lock()
+            .map_err(|_| Error::environment("the terminal sizes' lock is poisoned"))?;
+        if let Some(resize) = terminals.get_mut(name) {
+            if !resize(columns, rows) {
+                terminals.remove(name);
+            }
+        }
+        Ok(())
+    }
+
+    async fn start_container(&self, _name: &str) -> Result<()> {
+        // A pod runs once created (create_turn waited for it); its entrypoint waits for
+        // the runtime files on stdin.
+        Ok(())
+    }
+
+    async fn wait_container(&self, name: &str) -> Result<i64> {
+        loop {
+            let pod = self
+                .pods()
+                .get_opt(name)
+                .await
+                .map_err(|e| failed(format!("read pod '{name}'"), &e))?;
+            let Some(pod) = pod else {
+                return Err(deleted_under_turn(name));
+            };
+            if let Progress::Ended(code) = pod_progress(&pod) {
+                return Ok(code);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    fn removed_under_turn(&self, name: &str) -> Error {
+        deleted_under_turn(name)
+    }
+
+    async fn ended_by_environment(&self, name: &str) -> Option<String> {
+        let pod = self.pods().get_opt(name).await.ok().flatten()?;
+        if let Some(why) = pod_failure(&pod) {
+            return Some(why);
+        }
+        if !container_info(&pod).running() {
+            return None;
+        }
+        // The pod still waits for its record: its memory cgroup counts the kernel's kills
+        // (cgroup v1 `memory.oom_control`, v2 `memory.events`), those of a tool's process
+        // as well as the CLI's.
+        let out = self
+            .exec(name, &["sh", "-c", OOM_COUNTERS], None)
+            .await
+            .ok()?;
+        (oom_kills(&String::from_utf8_lossy(&out)) > 0).then(|| out_of_memory(&pod))
+    }
+
+    async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
+        // tini forwards the signal to the entrypoint, which stops the CLI and cleans up.
+        if self.exec(name, &["kill", "-TERM", "1"], None).await.is_ok() {
+            let ended = tokio::time::timeout(grace, self.wait_container(name)).await;
+            if ended.is_ok() {
+                return Ok(());
+            }
+        }
+        self.remove_container(name, true).await
+    }
+
+    fn surely_shares_paths(&self) -> bool {
+        false
+    }
+
+    fn turns_outlive_driver(&self) -> bool {
+        true
+    }
+
+    async fn note_stop(&self, name: &str) -> Result<()> {
+        let key = crate::session::names::labels::STOP_REQUESTED;
+        let patch = serde_json::json!({"metadata": {"annotations": {key: "true"}}});
+        self.pods()
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|e| failed(format!("annotate pod '{name}'"), &e))?;
+        Ok(())
+    }
+
+    /// A turn pod's init container ([`seed_home`]) copies the image's HOME into the claim
+    /// without replacing anything caw-box put there first.
+    ///
+    /// [`seed_home`]: super::spec::seed_home
+    async fn fills_volumes_at_create(&self) -> bool {
+        true
+    }
+
+    async fn keeps_stdin_across_attaches(&self) -> bool {
+        false
+    }
+
+    async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
+        self.delete_pod(name, None, force).await
+    }
+
+    async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
+        let uid = (!found.id.is_empty()).then(|| found.id.clone());
+        self.delete_pod(&found.name, uid, true).await
+    }
+
+    async fn run_to_completion(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<(i64, String, String), CreateError> {
+        let pod_spec = helper_pod_spec(spec, false).map_err(CreateError::Other)?;
+        self.create_pod(&self.pod(name, &spec.labels, pod_spec))
+            .await?;
+        let run = async {
+            self.wait_running(name, &spec.image).await?;
+            let code = self
+                .wait_container(name)
+                .await
+                .map_err(CreateError::Other)?;
+            // Kubernetes keeps one log per container: stdout and stderr together.
+            let logs = self
+                .pods()
+                .logs(name, &LogParams::default())
+                .await
+                .map_err(|e| CreateError::Other(failed(format!("read pod '{name}'s logs"), &e)))?;
+            Ok((
+                code,
+                logs.clone(),
+                if code == 0 { String::new() } else { logs },
+            ))
+        };
+        let out = run.await;
+        let _ = self.remove_container(name, true).await;
+        out
+    }
+
+    fn follow_logs(&self, name: &str) -> OutputStream {
+        // `<pod>/<container>` names a sidecar's log (the proxy's: what it refused).
+        let (name, sidecar) = match name.split_once('/') {
+            Some((pod, container)) => (pod.to_string(), Some(container.to_string())),
+            None => (name.to_string(), None),
+        };
+        let (this, pods) = (self.clone(), self.pods());
+        let stream = async move {
+            let container = match sidecar {
+                Some(c) => Some(c),
+                // The agent's, not the broker's beside it.
+                None => this.main_container(&name).await.ok().flatten(),
+            };
+            let params = LogParams {
+                follow: true,
+                container,
+                ..Default::default()
+            };
+            match pods.log_stream(&name, &params).await {
+                Ok(reader) => {
+                    use tokio_util::compat::FuturesAsyncReadCompatExt;
+                    chunks(reader.compat(), OutputChunk::Stdout)
+                }
+                Err(e) => {
+                    let e = failed(format!("follow pod '{name}'s logs"), &e);
+                    Box::pin(futures_util::stream::once(async move { Err(e) })) as OutputStream
+                }
+            }
+        };
+        Box::pin(futures_util::stream::once(stream).flatten())
+    }
+
+    async fn inspect_image(&self, image: &str) -> Result<Option<ImageInfo>> {
+        // The API server does not say which images its nodes have: a missing one shows
+        // when a pod cannot start (`CreateError::ImageMissing`).
+        Ok(Some(ImageInfo {
+            tags: vec![image.to_string()],
+            ..Default::default()
+        }))
+    }
+
+    async fn create_volume(&self, name: &str, labels: HashMap<String, String>) -> Result<()> {
+        let (k8s_labels, annotations) = meta::split(&labels);
+        let metadata = ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(k8s_labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        };
+        let role = labels.get(crate::session::names::labels::ROLE);
+        let created = if role.map(String::as_str) == Some(crate::session::names::roles::TURN_RECORD)
+        {
+            let map = ConfigMap {
+                metadata,
+                ..Default::default()
+            };
+            self.config_maps()
+                .create(&PostParams::default(), &map)
+                .await
+                .map(|_| ())
+        } else {
+            let class = std::env::var("CAW_BOX_STORAGE_CLASS").ok();
+            if let Some(class) = &class {
+                self.check_storage_class(name, class).await?;
+            }
+            let size = std::env::var("CAW_BOX_VOLUME_SIZE").unwrap_or_else(|_| "1Gi".into());
+            let claim = PersistentVolumeClaim {
+                metadata,
+                spec: Some(PersistentVolumeClaimSpec {
+                    access_modes: Some(vec!["ReadWriteOnce".into()]),
+                    storage_class_name: class,
+                    resources: Some(ResourceRequirements {
+                        requests: Some(BTreeMap::from([("storage".to_string(), Quantity(size))])),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            self.claims()
+                .create(&PostParams::default(), &claim)
+                .await
+                .map(|_| ())
+        };
+        match created {
+            // Docker's create is idempotent by name; so is this.
+            Err(e) if is_status(&e, 409) => Ok(()),
+            Err(e) => Err(failed(format!("create volume '{name}'"), &e)),
+            Ok(()) => Ok(()),
+        }
+    }
+
+    async fn inspect_volume(&self, name: &str) -> Result<Option<VolumeInfo>> {
+        let claim = self
+            .claims()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read claim '{name}'"), &e))?;
+        if let Some(c) = claim {
+            if c.metadata.deletion_timestamp.is_none() {
+                return Ok(Some(meta::volume(&c.metadata)));
+            }
+            return Ok(None);
+        }
+        let map = self
+            .config_maps()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read config map '{name}'"), &e))?;
+        Ok(map.map(|m| meta::volume(&m.metadata)))
+    }
+
+    async fn list_volumes(&self, labels: &[String]) -> Result<Vec<VolumeInfo>> {
+        let params = ListParams::default().labels(&label_selector(labels));
+        let (claim_api, map_api) = (self.claims(), self.config_maps());
+        let (claims, maps) = tokio::join!(
+            claim_api.list_metadata(&params),
+            map_api.list_metadata(&params)
+        );
+        let what = format!("list volumes in namespace '{}'", self.namespace);
+        let claims = claims.map_err(|e| failed(&what, &e))?;
+        let maps = maps.map_err(|e| failed(&what, &e))?;
+        Ok(claims
+            .items
+            .iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .map(|c| meta::volume(&c.metadata))
+            .chain(maps.items.iter().map(|m| meta::volume(&m.metadata)))
+            .filter(|v| meta::matches(&v.labels, labels))
+            .collect())
+    }
+
+    async fn remove_volume(&self, name: &str) -> Result<()> {
+        let params = DeleteParams::default();
+        let (claim_api, map_api) = (self.claims(), self.config_maps());
+        let (claim, map) = tokio::join!(
+            claim_api.delete(name, &params),
+            map_api.delete(name, &params)
+        );
+        for r in [claim.map(|_| ()), map.map(|_| ())] {
+            match r {
+                Ok(()) => {}
+                Err(e) if is_status(&e, 404) => {}
+                Err(e) => return Err(failed(format!("delete volume '{name}'"), &e)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn create_network(
+        &self,
+        name: &str,
+        _internal: bool,
+        _labels: HashMap<String, String>,
+    ) -> Result<()> {
+        Err(Error::usage(format!(
+            "cannot create network '{name}': networks are not available with the kubernetes backend (--allow-host is held in the turn's pod)"
+        )))
+    }
+
+    async fn list_networks(&self, _labels: &[String]) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    async fn remove_network(&self, _name: &str) -> Result<()> {
+        Ok(())
+    }
+
+    async fn connect_network(&self, network: &str, _container: &str, _alias: &str) -> Result<()> {
+        Err(Error::usage(format!(
+            "cannot connect to network '{network}': networks are not available with the kubernetes backend yet"
+        )))
+    }
+
+    async fn upload_files(
+        &self,
+        name: &str,
+        dir: &str,
+        files: &[TarFile<'_>],
+        owner: (u32, u32),
+    ) -> Result<()> {
+        let tar = crate::backend::build_tar(files, owner.0.into(), owner.1.into())?;
+        self.upload_tar(name, dir, tar).await
+    }
+
+    async fn upload_tar(&self, name: &str, dir: &str, tar: Vec<u8>) -> Result<()> {
+        // Not as root: tar keeps the files' modes, and they belong to the pod's user.
+        let script = format!(
+            "mkdir -p {d} && tar -x --no-same-owner -m -f - -C {d}",
+            d = shell_quote(dir)
+        );
+        let put = self
+            .exec_files(name, dir, &["sh", "-c", &script], Some(tar))
+            .await?;
+        if put.is_none() {
+            return Err(Error::environment(format!(
+                "pod '{name}' has ended: {dir} went with it"
+            )));
+        }
+        Ok(())
+    }
+
+    async fn download_file(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
+        let script = format!(
+            "if [ -f {p} ]; then printf Y; cat {p}; else printf N; fi",
+            p = shell_quote(path)
+        );
+        self.exec_marked(name, path, &script).await
+    }
+
+    async fn download_tar(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {
+        let p = std::path::Path::new(path);
+        let parent = p.parent().map(|x| x.to_string_lossy().into_owned());
+        let base = p
+            .file_name()
+            .map(|x| x.to_string_lossy().into_owned())
+            .unwrap_or_else(|| ".".into());
+        let (parent, base) = if path.ends_with("/.") {
+            (path.trim_end_matches("/.").to_string(), ".".to_string())
+        } else {
+            (parent.unwrap_or_else(|| "/".into()), base)
+        };
+        let script = format!(
+            "if [ -e {p} ]; then printf Y; tar -c -f - -C {parent} {base}; else printf N; fi",
+            p = shell_quote(path),
+            parent = shell_quote(&parent),
+            base = shell_quote(&base)
+        );
+        self.exec_marked(name, path, &script).await
+    }
+}
+
+impl KubeBackend {
+    /// A claim of a storage class that does not exist would stay Pending for ever: refused
+    /// before it is made. Where the user may not read storage classes (cluster-scoped), the
+    /// claim's binding tells instead ([`Self::wait_running`]).
+    async fn check_storage_class(&self, claim: &str, class: &str) -> Result<()> {
+        let classes: Api<StorageClass> = Api::all(self.client.clone());
+        match classes.get_opt(class).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(Error::environment(format!(
+                "cannot create claim '{claim}': storage class '{class}' (CAW_BOX_STORAGE_CLASS) does not exist, so the claim would stay Pending"
+            ))
+            .with_hint("`kubectl get storageclass` lists the classes; unset CAW_BOX_STORAGE_CLASS for the default one")),
+            Err(e) if is_status(&e, 403) => Ok(()),
+            Err(e) => Err(failed(format!("read storage class '{class}'"), &e)),
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! The pod specs of turns and helpers: the agent's container and its entrypoint (with an end
+//! marker beside sidecars, a wait for its files in a TUI), the sidecars it gets, and the init
+//! container that seeds HOME. Pure: the API server sees them in `pods.rs`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements, VolumeMount};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::sandbox::{claim_mounts, empty_dir, hardened, parse_user, pod_security, pull_policy};
+use super::sidecars::{broker_container, egress_init, proxy_container, BROKER_UID, PROXY_UID};
+use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, TurnSpec};
+use crate::error::{Error, Result};
+use crate::session::runner::PROXY_PORT;
+use crate::session::{POD_END_DIR, POD_END_FILE};
+
+/// How long a turn pod whose CLI ended waits for its record (the entrypoint's
+/// `CAW_BOX_HANDOFF_WAIT`): long, so that a detached turn whose driver is gone is still
+/// recorded by the next `caw-box wait` (Docker's 5 s suit a driver that is always there).
+const HANDOFF_WAIT: Duration = Duration::from_secs(6 * 3600);
+
+/// The pod of a turn (see the module docs).
+pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
+    let interactive = spec.interactive.is_some();
+    match &spec.network {
+        NetworkPolicy::Default => {}
+        other => {
+            return Err(Error::usage(format!(
+                "--network {other:?} is not available with the kubernetes backend: pods use the cluster's network (--allow-host holds a turn's egress to a list)"
+            )))
+        }
+    }
+    let (uid, gid) = (i64::from(spec.user.0), i64::from(spec.user.1));
+    let held = !spec.egress_allow.is_empty();
+    if held && [PROXY_UID, BROKER_UID].contains(&uid) {
+        return Err(Error::usage(format!(
+            "the agent's uid {uid} is the one the kubernetes backend keeps for its proxy or broker sidecar: --allow-host could not tell them apart"
+        )));
+    }
+    if !interactive && !spec.runtime.files.is_empty() {
+        return Err(Error::environment(
+            "a turn's runtime files travel on its stdin on Kubernetes: none can be put in a pod before it starts",
+        ));
+    }
+    let mounts: Vec<&MountSpec> = spec.mounts().collect();
+    let (mut volumes, mut volume_mounts) = claim_mounts(&mounts)?;
+    // The runtime directory holds secrets for a moment: memory, never a node's disk.
+    volumes.push(empty_dir("runtime", true, "64Mi"));
+    volume_mounts.push(VolumeMount {
+        name: "runtime".into(),
+        mount_path: spec.runtime.mount.clone(),
+        ..Default::default()
+    });
+    volumes.push(empty_dir("tmp", false, "1Gi"));
+    volume_mounts.push(VolumeMount {
+        name: "tmp".into(),
+        mount_path: "/tmp".into(),
+        ..Default::default()
+    });
+    let mut limits = BTreeMap::new();
+    if let Some(memory) = spec.limits.memory {
+        limits.insert("memory".to_string(), Quantity(memory.to_string()));
+    }
+    if let Some(cpus) = spec.limits.cpus {
+        limits.insert(
+            "cpu".to_string(),
+            Quantity(format!("{}m", (cpus * 1000.0).ceil() as i64)),
+        );
+    }
+    let sidecars = spec.broker.is_some() || held;
+    if sidecars {
+        // Shared by the agent's container and its sidecars: the agent's end marker.
+        volumes.push(empty_dir("pod-end", true, "1Mi"));
+        volume_mounts.push(VolumeMount {
+            name: "pod-end".into(),
+            mount_path: POD_END_DIR.into(),
+            ..Default::default()
+        });
+    }
+    if held {
+        // For iptables-legacy's lock (the egress init container's root is read-only).
+        volumes.push(empty_dir("xtables", true, "1Mi"));
+    }
+    let handoff_wait = spec
+        .runtime_over_stdin
+        .then(|| format!("CAW_BOX_HANDOFF_WAIT={}", HANDOFF_WAIT.as_secs()));
+    let proxy_wait = held.then(|| format!("CAW_BOX_PROXY_WAIT={PROXY_PORT}"));
+    let env = spec
+        .env
+        .iter()
+        .chain(handoff_wait.as_ref())
+        .chain(proxy_wait.as_ref())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            k8s_openapi::api::core::v1::EnvVar {
+                name: k.to_string(),
+                value: Some(v.to_string()),
+                value_from: None,
+            }
+        })
+        .collect();
+    let broker = spec
+        .broker
+        .as_ref()
+        .map(|command| broker_container(spec, command, gid));
+    let brokered = broker.is_some();
+    let proxy = held.then(|| proxy_container(spec, gid));
+    // A TUI's runtime files are put in once the pod runs (a terminal's stdin is no way for
+    // an archive): the image's entrypoint starts when they are there. Beside a broker, the
+    // entrypoint leaves the end marker when it ended.
+    let command = match (interactive, sidecars) {
+        (false, false) => None,
+        (true, _) => Some(tui_command(&spec.runtime.mount, sidecars)),
+        (false, true) => Some(marked_entry()),
+    };
+    let mut containers = vec![Container {
+        name: AGENT.into(),
+        image: Some(spec.image.clone()),
+        image_pull_policy: Some(pull_policy()),
+        command,
+        args: Some(spec.argv.clone()),
+        env: Some(env),
+        working_dir: Some(spec.working_dir.clone()),
+        stdin: Some(spec.runtime_over_stdin || interactive),
+        // Open across attachments: the driver's attachment may end (a detached turn's
+        // driver killed) and another caw-box hand the record in (`adopt`).
+        stdin_once: Some(false),
+        tty: Some(interactive),
+        security_context: Some(hardened(uid, gid)),
+        resources: Some(ResourceRequirements {
+            limits: (!limits.is_empty()).then_some(limits),
+            ..Default::default()
+        }),
+        volume_mounts: Some(volume_mounts),
+        ..Default::default()
+    }];
+    containers.extend(broker);
+    containers.extend(proxy);
+    let mut init_containers = Vec::new();
+    if held {
+        init_containers.push(egress_init(spec, brokered));
+    }
+    init_containers.push(seed_home(spec, uid, gid));
+    Ok(PodSpec {
+        restart_policy: Some("Never".into()),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        security_context: Some(pod_security(gid)),
+        termination_grace_period_seconds: Some(10),
+        init_containers: Some(init_containers),
+        containers,
+        volumes: Some(volumes),
+        ..Default::default()
+    })
+}
+
+/// The agent's container in a turn pod (the first).
+const AGENT: &str = "agent";
+
+/// Runs its arguments (the image's entrypoint and the turn's argv) as bash's child (once the
+/// proxy sidecar listens, given `CAW_BOX_PROXY_WAIT`, its port), passing on its
+/// stdin and the stop signals, and leaves the pod's end marker once it ended, with its
+/// exit code: the broker beside it then exits, so the pod completes. (Bash starts a
+/// background child with SIGINT ignored: `env --default-signal` gives it back, so the
+/// entrypoint can forward it.)
+pub(super) const MARKED_ENTRY: &str = r#"if [ -n "${CAW_BOX_PROXY_WAIT:-}" ]; then
+  for _ in $(seq 100); do (: <"/dev/tcp/127.0.0.1/$CAW_BOX_PROXY_WAIT") 2>/dev/null && break; sleep 0.1; done
+fi
+trap 'kill -TERM "$p" 2>/dev/null' TERM
+trap 'kill -INT "$p" 2>/dev/null' INT
+trap 'kill -HUP "$p" 2>/dev/null' HUP
+env --default-signal=INT,QUIT "$@" <&0 &
+p=$!
+rc=
+until [ -n "$rc" ]; do
+  wait "$p" 2>/dev/null; r=$?
+  if [ "$r" -le 128 ] || ! kill -0 "$p" 2>/dev/null; then
+    wait "$p" 2>/dev/null; r2=$?
+    if [ "$r2" -eq 127 ]; then rc=$r; else rc=$r2; fi
+  fi
+done
+: > "$CAW_BOX_POD_END"
+exit "$rc""#;
+
+/// The agent container's command beside a broker: tini, then [`MARKED_ENTRY`].
+pub(super) fn marked_entry() -> Vec<String> {
+    vec![
+        "/usr/bin/tini".into(),
+        "--".into(),
+        "env".into(),
+        format!("CAW_BOX_POD_END={POD_END_DIR}/{POD_END_FILE}"),
+        "bash".into(),
+        "-c".into(),
+        MARKED_ENTRY.into(),
+        "caw-box-agent".into(),
+        "/usr/local/bin/caw-box-entry".into(),
+    ]
+}
+
+/// The file in a TUI pod's runtime directory that says its runtime files are all there.
+pub(super) const RUNTIME_READY: &str = ".caw-box-ready";
+
+/// A TUI pod's command: waits for its runtime files, then becomes the caw-box image's
+/// entrypoint (tini, `caw-box-entry`) with the turn's argv.
+fn tui_command(run_dir: &str, brokered: bool) -> Vec<String> {
+    let entry = if brokered {
+        marked_entry()
+            .iter()
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ")
+    } else {
+        "/usr/bin/tini -- /usr/local/bin/caw-box-entry".to_string()
+    };
+    let script = format!(
+        "while [ ! -e {ready} ]; do sleep 0.1; done; exec {entry} \"$@\"",
+        ready = shell_quote(&format!("{run_dir}/{RUNTIME_READY}"))
+    );
+    vec!["sh".into(), "-c".into(), script, "caw-box-tui".into()]
+}
+
+/// Where [`seed_home`] mounts the state claim.
+const SEED_MOUNT: &str = "/caw-box-seed";
+/// The marker [`seed_home`] leaves in HOME once it copied the image's HOME.
+pub const SEEDED_MARKER: &str = ".caw-box/image-home-copied";
+
+/// An init container that copies the image's own HOME (the vendors' config files the
+/// images ship, e.g. codex's config.toml that turns its background traffic off, gemini's
+/// settings.json) into the state claim once, without replacing anything there. Docker
+/// does that by itself for a named volume mounted over a non-empty directory the first
+/// time; a PVC starts empty.
+pub(super) fn seed_home(spec: &TurnSpec, uid: i64, gid: i64) -> Container {
+    let home = spec.home.target.trim_end_matches('/');
+    let script = format!(
+        "[ -e {seed}/{marker} ] && exit 0; cp -a -n {home}/. {seed}/ 2>/dev/null; mkdir -p {seed}/.caw-box && : > {seed}/{marker}",
+        seed = SEED_MOUNT,
+        marker = SEEDED_MARKER,
+        home = shell_quote(home),
+    );
+    Container {
+        name: "seed-home".into(),
+        image: Some(spec.image.clone()),
+        image_pull_policy: Some(pull_policy()),
+        command: Some(vec!["sh".into(), "-c".into(), script]),
+        security_context: Some(hardened(uid, gid)),
+        volume_mounts: Some(vec![VolumeMount {
+            // The first volume is the state claim (`claim_mounts` of `spec.mounts()`).
+            name: "v0".into(),
+            mount_path: SEED_MOUNT.into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// The pod of a helper: `sleep` while files move through it (`hold`), or the helper's own
+/// command run to its end.
+pub fn helper_pod_spec(spec: &HelperSpec, hold: bool) -> Result<PodSpec> {
+    if spec.network != NetworkPolicy::None && spec.network != NetworkPolicy::Default {
+        return Err(Error::usage(
+            "helpers on a named network (an egress proxy) are not available with the kubernetes backend yet",
+        ));
+    }
+    let mounts: Vec<&MountSpec> = spec.mounts.iter().collect();
+    let (mut volumes, mut volume_mounts) = claim_mounts(&mounts)?;
+    volumes.push(empty_dir("tmp", false, "256Mi"));
+    volume_mounts.push(VolumeMount {
+        name: "tmp".into(),
+        mount_path: "/tmp".into(),
+        ..Default::default()
+    });
+    let (uid, gid) = spec
+        .user
+        .as_deref()
+        .and_then(parse_user)
+        .unwrap_or_else(|| {
+            let (u, g) = crate::dirs::agent_ids();
+            (u.into(), g.into())
+        });
+    let mut security = hardened(uid, gid);
+    if !spec.add_capabilities.is_empty() {
+        if let Some(caps) = security.capabilities.as_mut() {
+            caps.add = Some(spec.add_capabilities.clone());
+        }
+    }
+    let command = if hold {
+        vec!["sleep".to_string(), "3600".to_string()]
+    } else {
+        spec.entrypoint.clone()
+    };
+    Ok(PodSpec {
+        restart_policy: Some("Never".into()),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        security_context: Some(pod_security(gid)),
+        termination_grace_period_seconds: Some(0),
+        containers: vec![Container {
+            name: "helper".into(),
+            image: Some(spec.image.clone()),
+            image_pull_policy: Some(pull_policy()),
+            command: (!command.is_empty()).then_some(command),
+            args: (!hold && !spec.argv.is_empty()).then(|| spec.argv.clone()),
+            env: Some(
+                spec.env
+                    .iter()
+                    .map(|kv| {
+                        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                        k8s_openapi::api::core::v1::EnvVar {
+                            name: k.to_string(),
+                            value: Some(v.to_string()),
+                            value_from: None,
+                        }
+                    })
+                    .collect(),
+            ),
+            security_context: Some(security),
+            volume_mounts: Some(volume_mounts),
+            ..Default::default()
+        }],
+        volumes: Some(volumes),
+        ..Default::default()
+    })
+}
+
+pub(super) fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
