@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Import cycles between caw-box's source files: prints each cycle (a strongly connected
 set of files that reference each other through `crate::` / `super::` paths), exit 1 if any.
-Test modules (#[cfg(test)] and after) are ignored. Usage: scripts/module-cycles.py [src]"""
+Test modules (a `#[cfg(test)]` `mod` item and what follows it) are ignored. Usage: scripts/module-cycles.py [src]"""
 import os, re, sys
+
+TEST_MODULE = re.compile(r"^#\[cfg\(test\)\]\s*\n(?:\s*#\[.*\]\s*\n)*\s*(?:pub(?:\([^)]*\))?\s+)?mod\s", re.M)
 
 root = sys.argv[1] if len(sys.argv) > 1 else "src"
 mods = {}  # module path tuple -> file
@@ -24,7 +26,9 @@ def resolve(path):
 
 edges = {m: set() for m in mods}
 for m, f in mods.items():
-    text = open(f).read().split("#[cfg(test)]")[0]
+    text = open(f).read()
+    test_module = TEST_MODULE.search(text)
+    text = text[: test_module.start()] if test_module else text
     text = re.sub(r"//.*", "", text)  # comments and doc links are no imports
     for cap in re.finditer(r"\b(crate|super)((?:::\w+)+)", text):
         parts = cap.group(2).strip(":").split("::")
