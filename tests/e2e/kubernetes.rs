@@ -1,12 +1,35 @@
 //! The Kubernetes backend against a real cluster: ../shared/k8s-lab (etcd, apiserver,
-//! scheduler, kubelet over its own containerd). The test brings the lab up, loads the
-//! provider images and the stub model's image into it, runs the stub as a pod (addressed by
-//! its pod IP: the lab has no DNS and no kube-proxy; pods reach 10.244.7.0/24 only), and
-//! takes the lab down when it ends, also on failure. One test drives all four providers in
-//! turn: there is one lab per machine.
+//! scheduler, kubelet over its own containerd). A test loads the provider images and the stub
+//! model's image into it, runs the stub as a pod (addressed by its pod IP: the lab has no DNS
+//! and no kube-proxy; pods reach 10.244.7.0/24 only) and drives caw-box against it. One test
+//! drives all four providers in turn.
+//!
+//! One lab for the whole group (there is one lab per machine; the `k8s-lab` test group of
+//! .config/nextest.toml runs these tests one at a time). The first test of a run brings the
+//! lab up and marks it as this run's (`LAB_DIR/caw-box-e2e-run`: the run's id and a digest of
+//! the lab's CA certificate, which every fresh `up` makes anew); a later test of the same run
+//! reuses it when the mark matches and the lab is healthy (every process running, API server
+//! ready, node Ready). Any other lab (a killed earlier run's, one brought up by hand) or an
+//! unhealthy one is taken down and brought up again. The run's id: `CAW_BOX_K8S_LAB_RUN`
+//! (scripts/test.sh sets one for its whole suite), else nextest's `NEXTEST_RUN_ID`, else the
+//! test process's id (`cargo test` runs every test in one process).
+//!
+//! An image goes into the lab only when the lab's containerd does not hold that very image yet
+//! (the config digest of its manifest there is the Docker image ID): a rebuilt tag goes in
+//! again, an unchanged one is not copied twice.
+//!
+//! A test leaves the lab as it found it: when it ends, failed or not, it deletes every pod,
+//! claim, config map and secret caw-box made (`app.kubernetes.io/managed-by=caw-box`), the
+//! stub and helper pods (`io.caw-box.test=e2e`) and its other objects
+//! (`app.kubernetes.io/managed-by=caw-box-e2e`); a test first clears what a killed one left.
+//!
+//! The lab stays up when the run ends: `make test` (scripts/test.sh) takes it down. After a
+//! run by hand (`cargo nextest run --test e2e -E 'test(/^kubernetes::/)'`), take it down with
+//! `../shared/k8s-lab/k8s-lab down` (or `$CAW_BOX_K8S_LAB down`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -15,7 +38,17 @@ use crate::common::*;
 
 const LAB_DIR: &str = "/tmp/k8s-lab";
 const KUBECTL: &str = "/var/cache/k8s-lab/bin/kubectl";
+/// The lab's own containerd (the k8s-lab script's `SOCK`), read with Debian's `ctr`.
+const LAB_CONTAINERD: &str = "/run/k8s-lab/containerd.sock";
 const NAMESPACE: &str = "default";
+/// The mark of the run that brought the lab up, in `LAB_DIR` (see the module doc).
+const MARK: &str = "caw-box-e2e-run";
+/// caw-box's objects.
+const CAW_OBJECTS: &str = "app.kubernetes.io/managed-by=caw-box";
+/// The tests' own pods: the stubs and the claim readers.
+const TEST_PODS: &str = "io.caw-box.test=e2e";
+/// The tests' other objects (storage classes, roles and bindings).
+const TEST_OBJECTS: &str = "app.kubernetes.io/managed-by=caw-box-e2e";
 
 /// The lab's script: `CAW_BOX_K8S_LAB`, else `shared/k8s-lab/k8s-lab` beside the checkout
 /// or beside one of its parent folders, else the machine's `/work/shared` (a CI checkout may
@@ -34,24 +67,82 @@ fn lab_script() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("..").join(relative))
 }
 
-/// The lab while it is up; `k8s-lab down` when dropped (a failed assertion included).
+/// The id of this test run (see the module doc).
+fn run_id() -> String {
+    ["CAW_BOX_K8S_LAB_RUN", "NEXTEST_RUN_ID"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .find(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| format!("process-{}", std::process::id()))
+}
+
+/// The mark this run writes for the lab now in `LAB_DIR`: the run's id and the digest of the
+/// lab's CA certificate; None when there is no lab (no certificate).
+fn mark_for_this_run() -> Option<String> {
+    use sha2::Digest;
+    let ca = std::fs::read(Path::new(LAB_DIR).join("pki/ca.crt")).ok()?;
+    Some(format!(
+        "run {}\nca sha256:{:x}\n",
+        run_id(),
+        sha2::Sha256::digest(&ca)
+    ))
+}
+
+/// A line on the test's stderr (shown when it fails) that does not trip the print lints.
+fn note(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "k8s e2e: {text}");
+}
+
+/// One test at a time per process (`cargo test` runs tests on threads; nextest's test group
+/// already runs them one at a time).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The run's lab, for one test. When dropped (a failed assertion included) the test's
+/// objects are deleted; the lab stays up for the next test.
 struct Lab {
     kubeconfig: PathBuf,
+    _serial: MutexGuard<'static, ()>,
 }
 
 impl Lab {
+    /// The lab of this run, healthy and clear of other tests' objects: reused when this run
+    /// brought it up, else (none, another run's, unhealthy) `down` then `up`.
     fn up() -> Lab {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let script = lab_script();
         assert!(
             script.exists(),
             "the lab script {} is missing (shared/k8s-lab beside the repo; or set CAW_BOX_K8S_LAB)",
             script.display()
         );
-        // Whatever an earlier, killed run left.
-        let _ = Command::new(&script).args(["down", LAB_DIR]).output();
         let lab = Lab {
             kubeconfig: PathBuf::from(LAB_DIR).join("kubeconfig"),
+            _serial: serial,
         };
+        let mark = Path::new(LAB_DIR).join(MARK);
+        let found = std::fs::read_to_string(&mark).ok();
+        let why = match (&found, mark_for_this_run()) {
+            (_, None) => "no lab".to_string(),
+            (None, Some(_)) => "a lab this run did not bring up".to_string(),
+            (Some(found), Some(ours)) if *found != ours => {
+                format!("another run's lab ({})", found.lines().next().unwrap_or(""))
+            }
+            _ => match lab.health() {
+                Ok(()) => {
+                    note("reusing this run's lab");
+                    let left = lab.clear();
+                    if !left.is_empty() {
+                        note(&format!("cleared what an earlier test left: {left:?}"));
+                    }
+                    return lab;
+                }
+                Err(e) => format!("this run's lab is unhealthy: {e}"),
+            },
+        };
+        note(&format!("{why}: k8s-lab down, then up"));
+        let _ = std::fs::remove_file(&mark);
+        let _ = Command::new(&script).args(["down", LAB_DIR]).output();
         let out = Command::new(&script)
             .args(["up", LAB_DIR])
             .output()
@@ -62,13 +153,120 @@ impl Lab {
             stdout_of(&out),
             stderr_of(&out)
         );
+        let ours = mark_for_this_run().expect("the lab's CA certificate after up");
+        std::fs::write(&mark, ours).expect("write the lab's mark");
         lab
     }
 
+    /// Ok when every process of the lab runs, the API server is ready and the node Ready.
+    fn health(&self) -> Result<(), String> {
+        let status = Command::new(lab_script())
+            .args(["status", LAB_DIR])
+            .output()
+            .map_err(|e| format!("k8s-lab status: {e}"))?;
+        let status = stdout_of(&status);
+        for process in [
+            "etcd",
+            "containerd",
+            "apiserver",
+            "controller-manager",
+            "scheduler",
+            "kubelet",
+            "provisioner",
+        ] {
+            if !status.contains(&format!("{process}: running")) {
+                return Err(format!("{process} is not running"));
+            }
+        }
+        let ask = |args: &[&str]| -> Result<String, String> {
+            let out = Command::new(KUBECTL)
+                .env("KUBECONFIG", &self.kubeconfig)
+                .arg("--request-timeout=10s")
+                .args(args)
+                .output()
+                .map_err(|e| format!("kubectl: {e}"))?;
+            if out.status.success() {
+                Ok(stdout_of(&out))
+            } else {
+                Err(format!("kubectl {args:?}: {}", stderr_of(&out).trim()))
+            }
+        };
+        ask(&["get", "--raw", "/readyz"])?;
+        let ready = ask(&[
+            "get",
+            "node",
+            "localhost",
+            "-o",
+            r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
+        ])?;
+        if ready.trim() != "True" {
+            return Err(format!("the node is not Ready ({ready:?})"));
+        }
+        Ok(())
+    }
+
+    /// The tests' objects and caw-box's in the lab (`kind/name`).
+    fn test_objects(&self) -> Vec<String> {
+        [
+            ("pod,pvc,configmap,secret", CAW_OBJECTS),
+            ("pod", TEST_PODS),
+            ("storageclass,role,rolebinding", TEST_OBJECTS),
+        ]
+        .iter()
+        .flat_map(|(kinds, selector)| {
+            stdout_of(&self.kubectl(&["get", kinds, "-l", selector, "-o", "name"]))
+                .lines()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+    }
+
+    /// Deletes the tests' objects and caw-box's; what there was. Pods first, and waited for:
+    /// a claim goes only once no pod refers to it (the lab's pvc-protection finalizer). Never
+    /// panics: it runs when a test ends, a failed one included.
+    fn clear(&self) -> Vec<String> {
+        let found = self.test_objects();
+        if found.is_empty() {
+            return found;
+        }
+        let wait = ["--ignore-not-found", "--wait=true", "--timeout=120s"];
+        for selector in [CAW_OBJECTS, TEST_PODS] {
+            let out = self.kubectl(
+                &[
+                    &["delete", "pod", "-l", selector, "--grace-period=1"],
+                    &wait[..],
+                ]
+                .concat(),
+            );
+            if !out.status.success() {
+                note(&format!("deleting pods {selector}: {}", stderr_of(&out)));
+            }
+        }
+        for (kinds, selector) in [
+            ("pvc,configmap,secret", CAW_OBJECTS),
+            ("storageclass,role,rolebinding", TEST_OBJECTS),
+        ] {
+            let out = self.kubectl(&[&["delete", kinds, "-l", selector], &wait[..]].concat());
+            if !out.status.success() {
+                note(&format!("deleting {kinds} {selector}: {}", stderr_of(&out)));
+            }
+        }
+        found
+    }
+
+    /// Loads `images` from the Docker daemon into the lab, each unless the lab already holds
+    /// that very image.
     fn load_images(&self, images: &[&str]) {
+        let missing: Vec<&str> = images.iter().copied().filter(|i| !lab_holds(i)).collect();
+        if missing.is_empty() {
+            note(&format!("the lab holds {images:?} already"));
+            return;
+        }
+        note(&format!("loading {missing:?}"));
         let out = Command::new(lab_script())
             .arg("load-image")
-            .args(images)
+            .args(&missing)
             .output()
             .expect("run k8s-lab load-image");
         assert!(
@@ -76,6 +274,12 @@ impl Lab {
             "k8s-lab load-image failed: {}",
             stderr_of(&out)
         );
+        for image in missing {
+            assert!(
+                lab_holds(image),
+                "{image}: loaded, yet the lab's containerd does not hold Docker's image"
+            );
+        }
     }
 
     fn kubectl(&self, args: &[&str]) -> Output {
@@ -116,7 +320,7 @@ impl Lab {
                 "automountServiceAccountToken": false,
                 "containers": [{
                     "name": "stub",
-                    "image": STUB_IMAGE,
+                    "image": stub_image(),
                     "imagePullPolicy": "Never",
                     "env": [{"name": "STUB_EXPECT_KEY", "value": TEST_KEY}]
                 }]
@@ -157,18 +361,82 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
-        let out = Command::new(lab_script()).args(["down", LAB_DIR]).output();
-        if let Ok(out) = out {
-            if !out.status.success() {
-                use std::io::Write;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "k8s-lab down failed: {}",
-                    stderr_of(&out)
-                );
-            }
+        self.clear();
+        let left = self.test_objects();
+        if !left.is_empty() {
+            note(&format!("left in the lab after clearing: {left:?}"));
         }
     }
+}
+
+/// `image` as containerd names it (Docker's normalisation: `docker.io/`, `library/`,
+/// `:latest`).
+fn containerd_name(image: &str) -> String {
+    let (first, _) = image.split_once('/').unwrap_or(("", image));
+    let mut name = if first.contains(['.', ':']) || first == "localhost" {
+        image.to_string()
+    } else if first.is_empty() {
+        format!("docker.io/library/{image}")
+    } else {
+        format!("docker.io/{image}")
+    };
+    let last = name.rsplit('/').next().unwrap_or("");
+    if !last.contains([':', '@']) {
+        name.push_str(":latest");
+    }
+    name
+}
+
+/// Whether the lab's containerd holds `image` as the Docker daemon has it: the config digest
+/// of the manifest it holds under that name is the Docker image ID.
+fn lab_holds(image: &str) -> bool {
+    let docker = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", image])
+        .output()
+        .expect("run docker image inspect");
+    assert!(
+        docker.status.success(),
+        "{image} is not in the Docker daemon: {}",
+        stderr_of(&docker)
+    );
+    let id = stdout_of(&docker).trim().to_string();
+    lab_image_config(image).is_some_and(|config| config == id)
+}
+
+/// The config digest of the image the lab's containerd holds under `image`'s name.
+fn lab_image_config(image: &str) -> Option<String> {
+    let ctr = |args: &[&str]| -> Option<Vec<u8>> {
+        let out = Command::new("ctr")
+            .args(["--address", LAB_CONTAINERD, "-n", "k8s.io"])
+            .args(args)
+            .output()
+            .ok()?;
+        out.status.success().then_some(out.stdout)
+    };
+    let name = containerd_name(image);
+    // REF TYPE DIGEST SIZE PLATFORMS LABELS
+    let list = String::from_utf8(ctr(&["images", "ls"])?).ok()?;
+    let mut digest = list
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&name.as_str()))?
+        .get(2)?
+        .to_string();
+    // A manifest names its config; an index, the manifest of each platform.
+    for _ in 0..2 {
+        let blob: Value = serde_json::from_slice(&ctr(&["content", "get", &digest])?).ok()?;
+        if let Some(config) = blob["config"]["digest"].as_str() {
+            return Some(config.to_string());
+        }
+        let manifests = blob["manifests"].as_array()?;
+        let linux_amd64 = manifests
+            .iter()
+            .find(|m| m["platform"]["os"] == "linux" && m["platform"]["architecture"] == "amd64");
+        digest = linux_amd64.or(manifests.first())?["digest"]
+            .as_str()?
+            .to_string();
+    }
+    None
 }
 
 fn caw_k8s(rig_data: &std::path::Path, workspace: &std::path::Path, lab: &Lab) -> Command {
@@ -267,7 +535,7 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
         "caw-box/codex:latest",
         "caw-box/opencode:latest",
         "caw-box/gemini:latest",
-        STUB_IMAGE,
+        &stub_image(),
     ]);
     check("stub pod");
     let endpoint = lab.start_stub();
@@ -474,7 +742,7 @@ fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
     check("lab up");
     let lab = Lab::up();
     check("load images");
-    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
     let endpoint = lab.start_stub();
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
@@ -736,7 +1004,7 @@ fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
     check("lab up");
     let lab = Lab::up();
     check("load images");
-    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
     let endpoint = lab.start_stub();
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
@@ -1074,7 +1342,7 @@ impl Lab {
 fn kubernetes_codex_tui_through_attach_follows_resizes_and_resumes_headless() {
     check("lab up");
     let lab = Lab::up();
-    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
     let endpoint = lab.start_stub();
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
@@ -1230,7 +1498,7 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
         "caw-box/codex:latest",
         "caw-box/opencode:latest",
         "caw-box/gemini:latest",
-        STUB_IMAGE,
+        &stub_image(),
     ]);
     let endpoint = lab.start_stub();
     let workspace = tempfile::tempdir().unwrap();
@@ -1547,10 +1815,12 @@ fn kubernetes_doctor_checks_the_api_server_rbac_storage_and_images() {
     let role = serde_json::json!({
         "apiVersion": "v1", "kind": "List", "items": [
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-             "metadata": {"name": "caw-box-e2e-limited", "namespace": NAMESPACE},
+             "metadata": {"name": "caw-box-e2e-limited", "namespace": NAMESPACE,
+                          "labels": {"app.kubernetes.io/managed-by": "caw-box-e2e"}},
              "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-             "metadata": {"name": "caw-box-e2e-limited", "namespace": NAMESPACE},
+             "metadata": {"name": "caw-box-e2e-limited", "namespace": NAMESPACE,
+                          "labels": {"app.kubernetes.io/managed-by": "caw-box-e2e"}},
              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "caw-box-e2e-limited"},
              "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}
         ]
@@ -1648,7 +1918,7 @@ fn kubernetes_a_refreshed_login_is_written_back_and_used_next_turn() {
     };
     check("lab up");
     let lab = Lab::up();
-    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
     let endpoint = lab.start_stub();
     let workspace = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
@@ -1765,7 +2035,7 @@ fn kubernetes_allow_host_holds_the_pods_egress_without_a_network_policy() {
     check("lab up");
     let lab = Lab::up();
     check("load images");
-    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
     let endpoint = lab.start_stub();
     let other = lab.start_stub_named("stub-other");
     let host_of = |url: &str| url.trim_start_matches("http://").to_string();
