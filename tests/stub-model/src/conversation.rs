@@ -38,6 +38,8 @@ pub struct Directives {
     pub recall: bool,
     /// `SLEEP:<seconds>` (fractions allowed, capped at ten minutes).
     pub sleep: Option<Duration>,
+    /// `HOLD:<name>` (`[A-Za-z0-9_-]+`): no answer until the test releases `<name>`.
+    pub hold: Option<String>,
     /// `FAIL:<http status>` (any 4xx or 5xx).
     pub fail: Option<u16>,
     /// `THINK`.
@@ -76,6 +78,9 @@ impl Directives {
             let secs: f64 = number.parse().ok()?;
             Some(Duration::from_secs_f64(secs.clamp(0.0, MAX_SLEEP_SECS)))
         });
+        found.hold = tokens_with_value(text, "HOLD:")
+            .map(|v| word(v).to_string())
+            .find(|w| !w.is_empty());
         found.call = tokens_with_value(text, "CALL:").find_map(|v| {
             let line = v.lines().next().unwrap_or("");
             let tool = word(line);
@@ -253,6 +258,8 @@ fn is_injected_context(text: &str) -> bool {
 pub struct Decision {
     pub outcome: Outcome,
     pub sleep: Option<Duration>,
+    /// `HOLD:<name>`: answer once `<name>` is released.
+    pub hold: Option<String>,
     pub think: bool,
 }
 
@@ -302,6 +309,7 @@ impl Decision {
         Decision {
             outcome,
             sleep: latest.sleep,
+            hold: latest.hold,
             think: latest.think,
         }
     }
@@ -314,6 +322,9 @@ impl Decision {
             Outcome::Run(_) => "run".into(),
             Outcome::Call { tool, .. } => format!("call:{tool}"),
         };
+        if let Some(name) = &self.hold {
+            label.push_str(&format!("+hold:{name}"));
+        }
         if let Some(sleep) = self.sleep {
             label.push_str(&format!("+sleep:{}", sleep.as_secs_f64()));
         }
@@ -591,6 +602,19 @@ mod tests {
         assert_eq!(Directives::parse("x FAIL:529 y").fail, Some(529));
         assert_eq!(Directives::parse("FAIL:200").fail, None);
         assert_eq!(Directives::parse("FAIL:abc").fail, None);
+    }
+
+    #[test]
+    fn hold_takes_a_name_and_shows_in_the_label() {
+        let d = Directives::parse("HOLD:scan-codex_1, then REMEMBER:fig");
+        assert_eq!(d.hold.as_deref(), Some("scan-codex_1"));
+        assert_eq!(d.remember.as_deref(), Some("fig"));
+        assert_eq!(Directives::parse("HOLD: x").hold, None);
+        assert_eq!(Directives::parse("XHOLD:x").hold, None);
+        let held = decide(vec![Item::User("HOLD:h1 SLEEP:1 REMEMBER:owl".into())]);
+        assert_eq!(text_of(&held), "Noted: owl.");
+        assert_eq!(held.hold.as_deref(), Some("h1"));
+        assert_eq!(held.label(), "remember:owl+hold:h1+sleep:1");
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod chat;
 pub mod code_assist;
 pub mod conversation;
 pub mod gemini;
+pub mod hold;
 pub mod oauth;
 pub mod protocol;
 pub mod record;

@@ -26,6 +26,7 @@ use crate::conversation::{
     Decision, Directives, Outcome, ToolCall, Usage, NO_SHELL_TOOL,
 };
 use crate::gemini::Gemini;
+use crate::hold::{valid_name, Holds, MAX_HOLD};
 use crate::protocol::{new_id, Protocol, Rendered, Reply, Turn};
 use crate::record::{Record, Recorder};
 use crate::responses::{openai_error, Responses};
@@ -52,6 +53,8 @@ struct State {
     oauth: Option<crate::oauth::OAuth>,
     /// When each `LIMIT:` prompt was first seen.
     limited_since: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// The `HOLD:` names released and the requests held.
+    holds: Holds,
 }
 
 /// Serves connections from `listener` until the task is dropped.
@@ -61,6 +64,7 @@ pub async fn serve(listener: TcpListener, config: Config) {
         oauth: crate::oauth::OAuth::from_env(),
         config,
         limited_since: Default::default(),
+        holds: Holds::default(),
     });
     loop {
         let stream = match listener.accept().await {
@@ -93,9 +97,29 @@ struct Answer {
     retry_after: bool,
     directive: String,
     tool: Option<String>,
-    sleep: Option<Duration>,
+    /// `HOLD:` and `SLEEP:`: what the answer waits for first.
+    wait: Option<Box<Wait>>,
     /// Headers beyond the usual ones (a vendor's rate-limit headers).
     headers: Option<Box<ExtraHeaders>>,
+}
+
+/// What an answer waits for, boxed: most answers wait for nothing.
+#[derive(Debug, PartialEq)]
+struct Wait {
+    /// `HOLD:<name>`: until the test releases `<name>`.
+    hold: Option<String>,
+    /// `SLEEP:<seconds>`: then this long.
+    sleep: Option<Duration>,
+}
+
+impl Wait {
+    fn of(decision: &Decision) -> Option<Box<Wait>> {
+        let wait = Wait {
+            hold: decision.hold.clone(),
+            sleep: decision.sleep,
+        };
+        (wait.hold.is_some() || wait.sleep.is_some()).then(|| Box::new(wait))
+    }
 }
 
 /// Headers beyond the usual ones, boxed: most answers have none.
@@ -115,7 +139,7 @@ impl Answer {
             retry_after: status == 429,
             directive: directive.to_string(),
             tool: None,
-            sleep: None,
+            wait: None,
             headers: None,
         }
     }
@@ -134,7 +158,7 @@ async fn handle(
             let bytes = collected.to_bytes();
             let key = presented_key(&parts, state.config.expect_key.as_deref());
             let answer = if path.starts_with("/_stub/") {
-                stub_endpoint(&state, &parts.method, &path)
+                stub_endpoint(&state, &parts.method, &path, parts.uri.query()).await
             } else {
                 route(&state, &parts, &bytes, key).await
             };
@@ -160,8 +184,14 @@ async fn handle(
             tool: answer.tool.clone(),
         });
     }
-    if let Some(sleep) = answer.sleep {
-        tokio::time::sleep(sleep).await;
+    // Recorded first: the record tells a test the request came, while it is held.
+    if let Some(wait) = &answer.wait {
+        if let Some(name) = &wait.hold {
+            state.holds.hold(name, MAX_HOLD).await;
+        }
+        if let Some(sleep) = wait.sleep {
+            tokio::time::sleep(sleep).await;
+        }
     }
     Ok(into_response(answer))
 }
@@ -186,8 +216,43 @@ fn into_response(answer: Answer) -> Response<Full<Bytes>> {
     response
 }
 
-/// `/_stub/health` and `/_stub/requests`: the stub's own endpoints, not recorded.
-fn stub_endpoint(state: &State, method: &Method, path: &str) -> Answer {
+/// The stub's own endpoints (`/_stub/...`), not recorded.
+async fn stub_endpoint(state: &State, method: &Method, path: &str, query: Option<&str>) -> Answer {
+    if let Some(name) = path.strip_prefix("/_stub/release/") {
+        return match (method, valid_name(name)) {
+            (&Method::POST, true) => {
+                let waiting = state.holds.release(name);
+                Answer::json(
+                    200,
+                    &json!({"released": name, "waiting": waiting}),
+                    "release",
+                )
+            }
+            _ => not_found(method, path),
+        };
+    }
+    if let Some(name) = path.strip_prefix("/_stub/holds/") {
+        return match (method, valid_name(name)) {
+            (&Method::GET, true) => {
+                let param = |key: &str| {
+                    query?
+                        .split('&')
+                        .filter_map(|pair| pair.split_once('='))
+                        .find_map(|(k, v)| (k == key).then_some(v))
+                };
+                let at_least = param("min").and_then(|v| v.parse().ok()).unwrap_or(1);
+                let wait = param("wait")
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .filter(|s| !s.is_nan())
+                    .map_or(Duration::ZERO, |s| {
+                        Duration::from_secs_f64(s.clamp(0.0, MAX_HOLD.as_secs_f64()))
+                    });
+                state.holds.until_waiting(name, at_least, wait).await;
+                Answer::json(200, &state.holds.status_of(name), "holds")
+            }
+            _ => not_found(method, path),
+        };
+    }
     match (method, path) {
         (&Method::GET, "/_stub/health") => Answer {
             content_type: "text/plain; charset=utf-8",
@@ -197,6 +262,7 @@ fn stub_endpoint(state: &State, method: &Method, path: &str) -> Answer {
         (&Method::GET, "/_stub/requests") => {
             Answer::json(200, &Value::Array(state.recorder.all()), "requests")
         }
+        (&Method::GET, "/_stub/holds") => Answer::json(200, &state.holds.status(), "holds"),
         (&Method::GET, "/_stub/oauth") => match &state.oauth {
             Some(o) => Answer::json(200, &o.status(), "oauth"),
             None => not_found(method, path),
@@ -573,7 +639,7 @@ fn model_turn(
                 &protocol.error_body(*status, &message),
                 &decision.label(),
             );
-            answer.sleep = decision.sleep;
+            answer.wait = Wait::of(&decision);
             return answer;
         }
         _ if protocol.output_schema(body).is_some() => {
@@ -656,7 +722,7 @@ fn model_turn(
     };
     let mut answer = Answer::rendered(200, protocol.render(&reply, &turn), &decision.label());
     answer.tool = tool;
-    answer.sleep = decision.sleep;
+    answer.wait = Wait::of(&decision);
     answer
 }
 
@@ -817,7 +883,9 @@ mod tests {
         let answer = model_turn(&Anthropic, &body, 10, "m".into(), false);
         assert_eq!(answer.tool.as_deref(), Some("Bash"));
         assert_eq!(answer.directive, "run+sleep:0.5");
-        assert_eq!(answer.sleep, Some(Duration::from_millis(500)));
+        let wait = answer.wait.as_deref();
+        assert_eq!(wait.and_then(|w| w.sleep), Some(Duration::from_millis(500)));
+        assert_eq!(wait.and_then(|w| w.hold.as_deref()), None);
         let message: Value = serde_json::from_str(&answer.body).unwrap();
         assert_eq!(message["content"][0]["type"], "tool_use");
         assert_eq!(message["content"][0]["input"]["command"], "ls SLEEP:0.5");

@@ -376,6 +376,99 @@ async fn sleep_delays_the_response() {
 }
 
 #[tokio::test]
+async fn hold_answers_once_released_and_says_what_it_holds() {
+    let addr = start(None).await;
+    let body =
+        json!({"model":"m","messages":[{"role":"user","content":"HOLD:turn1 REMEMBER:fig"}]});
+    let held = tokio::spawn(async move { post(addr, "/v1/chat/completions", &[], &body).await });
+    // The test waits until the request is held (a long poll), not a fixed time.
+    let status = send(addr, "GET", "/_stub/holds/turn1?wait=30", &[], "").await;
+    assert_eq!(
+        status.json(),
+        json!({"name":"turn1","waiting":1,"released":false})
+    );
+    let all = send(addr, "GET", "/_stub/holds", &[], "").await.json();
+    assert_eq!(all, json!({"waiting":{"turn1":1},"released":[]}));
+    // Recorded while held: the record tells a test the request came.
+    let records = send(addr, "GET", "/_stub/requests", &[], "").await.json();
+    assert_eq!(records[0]["directive"], "remember:fig+hold:turn1");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!held.is_finished(), "answered before its release");
+
+    let released = send(addr, "POST", "/_stub/release/turn1", &[], "").await;
+    assert_eq!(released.json(), json!({"released":"turn1","waiting":1}));
+    let reply = tokio::time::timeout(Duration::from_secs(10), held)
+        .await
+        .expect("answered once released")
+        .unwrap();
+    assert_eq!(
+        reply.json()["choices"][0]["message"]["content"],
+        "Noted: fig."
+    );
+    let status = send(addr, "GET", "/_stub/holds/turn1", &[], "").await;
+    assert_eq!(
+        status.json(),
+        json!({"name":"turn1","waiting":0,"released":true})
+    );
+}
+
+#[tokio::test]
+async fn a_release_before_the_request_lets_it_through() {
+    let addr = start(None).await;
+    let released = send(addr, "POST", "/_stub/release/early", &[], "").await;
+    assert_eq!(released.json(), json!({"released":"early","waiting":0}));
+    let body = anthropic_body("HOLD:early hi");
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        post(addr, "/v1/messages", &[], &body),
+    )
+    .await
+    .expect("not held");
+    assert_eq!(reply.status, 200);
+    // Not yet there: a bounded wait says how many are held (none).
+    let started = Instant::now();
+    let none = send(addr, "GET", "/_stub/holds/later?wait=0.2", &[], "").await;
+    assert_eq!(none.json()["waiting"], 0);
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    let odd = send(addr, "GET", "/_stub/holds/later?wait=NaN&min=x", &[], "").await;
+    assert_eq!(odd.json()["waiting"], 0);
+    assert_eq!(
+        send(addr, "GET", "/_stub/release/x", &[], "").await.status,
+        404
+    );
+    assert_eq!(
+        send(addr, "POST", "/_stub/release/a%20b", &[], "")
+            .await
+            .status,
+        404
+    );
+}
+
+#[tokio::test]
+async fn a_held_request_whose_client_left_is_no_longer_held() {
+    let addr = start(None).await;
+    let body = anthropic_body("HOLD:gone hi").to_string();
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let status = send(addr, "GET", "/_stub/holds/gone?wait=30", &[], "").await;
+    assert_eq!(status.json()["waiting"], 1);
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let all = send(addr, "GET", "/_stub/holds", &[], "").await.json();
+        if all["waiting"] == json!({}) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still held: {all}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
 async fn malformed_and_unknown_requests_are_answered_and_recorded() {
     let addr = start(Some(KEY)).await;
     let bad = send(
