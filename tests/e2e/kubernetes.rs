@@ -369,6 +369,62 @@ impl Drop for Lab {
     }
 }
 
+/// `method path` at the stub pod whose base URL is `endpoint` (the host reaches pods by IP),
+/// one HTTP/1.0 exchange: its JSON answer, which must come with status 200.
+fn stub_call(endpoint: &str, method: &str, path: &str) -> Value {
+    use std::io::{Read, Write};
+    let authority = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let what = format!("{method} {endpoint}{path}");
+    let mut stream = std::net::TcpStream::connect_timeout(
+        &authority.parse().expect("the stub's IP:port"),
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    // A long poll answers within its `wait` (30 s at most here).
+    stream
+        .set_read_timeout(Some(Duration::from_secs(90)))
+        .unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.0\r\nhost: {authority}\r\ncontent-length: 0\r\n\r\n"
+    )
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let raw = String::from_utf8_lossy(&raw);
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    assert_eq!(head.split_whitespace().nth(1), Some("200"), "{what}: {raw}");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{what}: {e}: {body}"))
+}
+
+/// Waits until a request holds on `HOLD:<name>` at the stub: the turn's CLI is mid-request
+/// (its runtime files read, its key with the broker, its request through any proxy).
+fn wait_held(endpoint: &str, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let held = stub_call(
+            endpoint,
+            "GET",
+            &format!("/_stub/holds/{name}?min=1&wait=30"),
+        );
+        if held["waiting"].as_u64().unwrap_or(0) >= 1 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no request held on {name}: {}",
+            stub_call(endpoint, "GET", "/_stub/holds")
+        );
+    }
+}
+
+/// Releases `HOLD:<name>` at the stub: the held turn gets its answer.
+fn release(endpoint: &str, name: &str) {
+    stub_call(endpoint, "POST", &format!("/_stub/release/{name}"));
+}
+
 /// `image` as containerd names it (Docker's normalisation: `docker.io/`, `library/`,
 /// `:latest`).
 fn containerd_name(image: &str) -> String {
@@ -797,11 +853,12 @@ fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
     assert!(result_text(&w).contains("Noted: fig"), "{w}");
 
     check("resume -d, the driver SIGKILLed: the turn goes on and wait records it");
-    let out = crate::common::run(resume(&id, "SLEEP:8 REMEMBER:plum", true));
+    let out = crate::common::run(resume(&id, "HOLD:plum REMEMBER:plum", true));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     // Past the driver's first moment, when it feeds the pod its runtime files (a driver
-    // killed before that leaves a pod that waits for them: see the README).
-    std::thread::sleep(Duration::from_secs(2));
+    // killed before that leaves a pod that waits for them: see the README): the CLI's
+    // request is at the stub, which holds it until the driver is gone.
+    wait_held(&endpoint, "plum");
     let pid = lab.turn_pod_annotation(&id, "io.caw-box.driver-pid");
     let pid: i32 = pid
         .trim()
@@ -812,6 +869,7 @@ fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
         .status()
         .unwrap();
     assert!(killed.success(), "kill -KILL {pid}");
+    release(&endpoint, "plum");
     let (waited, _d) = fresh(&lab, workspace.path(), &["wait", &id, "-o", "json"]);
     assert_eq!(
         waited.status.code(),
@@ -1061,12 +1119,12 @@ fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
     );
 
     check("evicted (the Eviction API, as a node drain does): one line, exit 3, resumable");
-    let child = run(&[], "REMEMBER:pear SLEEP:60")
+    let child = run(&[], "REMEMBER:pear HOLD:evicted")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // The newest turn pod, once it runs and its driver fed it.
+    // The newest turn pod, once it runs and its driver fed it (its CLI's request is held).
     let deadline = Instant::now() + Duration::from_secs(120);
     let pod = loop {
         let pods = lab.kubectl_ok(&[
@@ -1089,7 +1147,7 @@ fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
         assert!(Instant::now() < deadline, "no turn pod ran");
         std::thread::sleep(Duration::from_millis(300));
     };
-    std::thread::sleep(Duration::from_secs(4));
+    wait_held(&endpoint, "evicted");
     let eviction = serde_json::json!({
         "apiVersion": "policy/v1",
         "kind": "Eviction",
@@ -1175,10 +1233,11 @@ fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
     let out = crate::common::run(resume(
         &id,
         &["-d", "--timeout", "15s"],
-        "SLEEP:120 REMEMBER:never",
+        "HOLD:timeout REMEMBER:never",
     ));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
-    std::thread::sleep(Duration::from_secs(3));
+    // Never released: the turn runs until its --timeout.
+    wait_held(&endpoint, "timeout");
     let pid = lab.turn_pod_annotation(&id, "io.caw-box.driver-pid");
     let pid: i32 = pid
         .trim()
@@ -1201,7 +1260,7 @@ fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
     assert_eq!(json_of(&waited)["status"], "timeout");
     assert!(
         started.elapsed() < Duration::from_secs(60),
-        "wait took {:?} (the turn sleeps 120 s)",
+        "wait took {:?} (the turn's request is held for good)",
         started.elapsed()
     );
     let _ = lab.kubectl(&["delete", "storageclass", "caw-box-e2e-never-binds"]);
@@ -1533,11 +1592,15 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
         if let Some(m) = p.model {
             run.args(["--model", m]);
         }
-        run.arg(format!("SLEEP:20 REMEMBER:medlar-{}", p.name))
+        // Held until the scans are done.
+        let hold = format!("scan-{}", p.name);
+        run.arg(format!("HOLD:{hold} REMEMBER:medlar-{}", p.name))
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
         let child = run.spawn().unwrap();
         let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+        // Mid-turn: the CLI's request went through the broker and waits at the stub.
+        wait_held(&endpoint, &hold);
         // Once the CLI read its runtime files, it holds its placeholder.
         let placeholder_seen = (0..80).any(|_| {
             let found = lab.scan(
@@ -1592,6 +1655,7 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
             p.name
         );
 
+        release(&endpoint, &hold);
         let out = wait_with_deadline(child, Duration::from_secs(240));
         let first = json_of(&out);
         assert_eq!(
@@ -1657,19 +1721,21 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
         CODEX.model.unwrap(),
         "-o",
         "json",
-        "SLEEP:8 REMEMBER:kiwi",
+        "HOLD:kiwi REMEMBER:kiwi",
     ]);
     let out = crate::common::run(run);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let id = json_of(&out)["session_id"].as_str().unwrap().to_string();
-    // Past the driver's first moment (it hands the broker its keys and the agent its files).
-    std::thread::sleep(Duration::from_secs(3));
+    // Past the driver's first moment (it hands the broker its keys and the agent its files):
+    // the CLI's request came through the broker and is held at the stub.
+    wait_held(&endpoint, "kiwi");
     let pid = lab.turn_pod_annotation(&id, "io.caw-box.driver-pid");
     let killed = Command::new("kill")
         .args(["-KILL", pid.trim()])
         .status()
         .unwrap();
     assert!(killed.success(), "kill -KILL {pid}");
+    release(&endpoint, "kiwi");
     let (waited, _d) = fresh(&lab, workspace.path(), &["wait", &id, "-o", "json"]);
     let w = json_of(&waited);
     assert_eq!(waited.status.code(), Some(0), "{w}\n{}", stderr_of(&waited));
@@ -1691,11 +1757,12 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
     let mut run = caw_k8s(data.path(), workspace.path(), &lab);
     run.args(["run", "--provider", CODEX.name, "--endpoint", &endpoint])
         .args(["--credentials", "inject", "--model", CODEX.model.unwrap()])
-        .args(["-o", "json", "SLEEP:15 REMEMBER:injected"])
+        .args(["-o", "json", "HOLD:injected REMEMBER:injected"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let child = run.spawn().unwrap();
     let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    wait_held(&endpoint, "injected");
     let found = (0..80).find_map(|_| {
         let found = lab.scan(&pod, "agent", &key_pieces(), false);
         if found.iter().any(|f| f.ends_with("/environ")) {
@@ -1712,6 +1779,7 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
         1,
         "{spec}"
     );
+    release(&endpoint, "injected");
     let out = wait_with_deadline(child, Duration::from_secs(240));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
 }
@@ -2054,11 +2122,13 @@ fn kubernetes_allow_host_holds_the_pods_egress_without_a_network_policy() {
         &["run", "--provider", P.name, "--endpoint", &endpoint],
     );
     run.args(["--model", P.model.unwrap(), "--allow-host", &allowed])
-        .arg("SLEEP:15 REMEMBER:quince")
+        .arg("HOLD:probed REMEMBER:quince")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let child = run.spawn().unwrap();
     let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    // The agent's request came through the proxy; the stub holds it until the probes ran.
+    wait_held(&endpoint, "probed");
     let spec: Value =
         serde_json::from_str(&lab.kubectl_ok(&["get", "pod", &pod, "-o", "json"])).unwrap();
     let names = |key: &str| -> Vec<String> {
@@ -2104,6 +2174,7 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
     assert!(control.contains("reached"), "{control}");
     assert!(!control.starts_with("1000\n"), "{control}");
 
+    release(&endpoint, "probed");
     let out = wait_with_deadline(child, Duration::from_secs(240));
     let v = json_of(&out);
     assert_eq!(out.status.code(), Some(0), "{v}\n{}", stderr_of(&out));
@@ -2148,11 +2219,13 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
     brokered
         .args(["run", "--provider", P.name, "--endpoint", &endpoint])
         .args(["--model", P.model.unwrap(), "--allow-host", "@provider"])
-        .args(["-o", "json", "SLEEP:6 hello"])
+        .args(["-o", "json", "HOLD:brokered hello"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let child = brokered.spawn().unwrap();
     let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    // Out through the broker and the proxy: the stub holds the request.
+    wait_held(&endpoint, "brokered");
     let spec: Value =
         serde_json::from_str(&lab.kubectl_ok(&["get", "pod", &pod, "-o", "json"])).unwrap();
     let containers: Vec<&str> = spec["spec"]["containers"]
@@ -2162,6 +2235,7 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
         .map(|c| c["name"].as_str().unwrap())
         .collect();
     assert_eq!(containers, ["agent", "broker", "proxy"], "{spec}");
+    release(&endpoint, "brokered");
     let out = wait_with_deadline(child, Duration::from_secs(240));
     let v = json_of(&out);
     assert_eq!(out.status.code(), Some(0), "{v}\n{}", stderr_of(&out));
