@@ -205,51 +205,64 @@ impl Lab {
         Ok(())
     }
 
+    /// kubectl that neither panics nor waits on an API server that does not answer: for
+    /// the clearing that runs when a test ends, a failed one included.
+    fn kubectl_quiet(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(KUBECTL)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(["-n", NAMESPACE, "--request-timeout=30s"])
+            .args(args)
+            .output()
+            .map_err(|e| format!("kubectl {args:?}: {e}"))?;
+        if out.status.success() {
+            Ok(stdout_of(&out))
+        } else {
+            Err(format!("kubectl {args:?}: {}", stderr_of(&out).trim()))
+        }
+    }
+
     /// The tests' objects and caw-box's in the lab (`kind/name`).
-    fn test_objects(&self) -> Vec<String> {
-        [
+    fn test_objects(&self) -> Result<Vec<String>, String> {
+        let mut found = Vec::new();
+        for (kinds, selector) in [
             ("pod,pvc,configmap,secret", CAW_OBJECTS),
             ("pod", TEST_PODS),
             ("storageclass,role,rolebinding", TEST_OBJECTS),
-        ]
-        .iter()
-        .flat_map(|(kinds, selector)| {
-            stdout_of(&self.kubectl(&["get", kinds, "-l", selector, "-o", "name"]))
-                .lines()
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        })
-        .collect()
+        ] {
+            let names = self.kubectl_quiet(&["get", kinds, "-l", selector, "-o", "name"])?;
+            found.extend(names.lines().map(str::to_string));
+        }
+        Ok(found)
     }
 
     /// Deletes the tests' objects and caw-box's; what there was. Pods first, and waited for:
     /// a claim goes only once no pod refers to it (the lab's pvc-protection finalizer). Never
     /// panics: it runs when a test ends, a failed one included.
     fn clear(&self) -> Vec<String> {
-        let found = self.test_objects();
+        let found = match self.test_objects() {
+            Ok(found) => found,
+            Err(e) => {
+                note(&format!("cannot list the tests' objects: {e}"));
+                return Vec::new();
+            }
+        };
         if found.is_empty() {
             return found;
         }
-        let wait = ["--ignore-not-found", "--wait=true", "--timeout=120s"];
-        for selector in [CAW_OBJECTS, TEST_PODS] {
-            let out = self.kubectl(
-                &[
-                    &["delete", "pod", "-l", selector, "--grace-period=1"],
-                    &wait[..],
-                ]
-                .concat(),
-            );
-            if !out.status.success() {
-                note(&format!("deleting pods {selector}: {}", stderr_of(&out)));
-            }
-        }
         for (kinds, selector) in [
+            ("pod", CAW_OBJECTS),
+            ("pod", TEST_PODS),
             ("pvc,configmap,secret", CAW_OBJECTS),
             ("storageclass,role,rolebinding", TEST_OBJECTS),
         ] {
-            let out = self.kubectl(&[&["delete", kinds, "-l", selector], &wait[..]].concat());
-            if !out.status.success() {
-                note(&format!("deleting {kinds} {selector}: {}", stderr_of(&out)));
+            let mut args = vec!["delete", kinds, "-l", selector, "--ignore-not-found"];
+            args.extend(["--wait=true", "--timeout=120s"]);
+            if kinds == "pod" {
+                // A turn's CLI need not stop on SIGTERM: the kubelet kills it after 1 s.
+                args.push("--grace-period=1");
+            }
+            if let Err(e) = self.kubectl_quiet(&args) {
+                note(&format!("deleting {kinds} {selector}: {e}"));
             }
         }
         found
@@ -362,9 +375,10 @@ impl Lab {
 impl Drop for Lab {
     fn drop(&mut self) {
         self.clear();
-        let left = self.test_objects();
-        if !left.is_empty() {
-            note(&format!("left in the lab after clearing: {left:?}"));
+        match self.test_objects() {
+            Ok(left) if left.is_empty() => {}
+            Ok(left) => note(&format!("left in the lab after clearing: {left:?}")),
+            Err(e) => note(&format!("cannot list the tests' objects: {e}")),
         }
     }
 }
