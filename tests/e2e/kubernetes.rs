@@ -126,7 +126,8 @@ impl Lab {
             (_, None) => "no lab".to_string(),
             (None, Some(_)) => "a lab this run did not bring up".to_string(),
             (Some(found), Some(ours)) if *found != ours => {
-                format!("another run's lab ({})", found.lines().next().unwrap_or(""))
+                // Another run's, or this run's id on a lab that was replaced since.
+                format!("a lab marked otherwise ({})", found.replace('\n', "; "))
             }
             _ => match lab.health() {
                 Ok(()) => {
