@@ -106,13 +106,15 @@ fn broker_keeps_collected_api_keys_out_of_every_agent_container() {
     let home = tempfile::tempdir().unwrap();
     for p in ALL {
         collect_key(&rig, p, home.path());
-        // A slow turn: the stub waits before it answers, while the agent's container is
-        // searched.
-        let mut cmd = brokered_run(&rig, p, "SLEEP:25 REMEMBER:brokered", &["-o", "json"]);
+        // The stub holds the turn's answer while the agent's container is searched.
+        let hold = format!("scan-{}", p.name);
+        let prompt = format!("HOLD:{hold} REMEMBER:brokered");
+        let mut cmd = brokered_run(&rig, p, &prompt, &["-o", "json"]);
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let child = cmd.spawn().unwrap();
+        // Its request came through the broker: the CLI runs, with its runtime files read.
+        rig.wait_held(&hold);
         let container = rig.wait_for_running_turn(None, Duration::from_secs(60));
-        // The CLI runs once it read its runtime files: wait until it holds its placeholder.
         let placeholder_seen = (0..60).any(|_| {
             let found = scan(
                 &container,
@@ -146,6 +148,7 @@ fn broker_keeps_collected_api_keys_out_of_every_agent_container() {
             assert!(!holds_a_piece(json), "{}: docker inspect {name}", p.name);
         }
 
+        rig.stub_release(&hold);
         let out = wait_with_deadline(child, Duration::from_secs(180));
         assert_eq!(
             out.status.code(),
@@ -287,11 +290,12 @@ fn broker_is_skipped_with_credentials_inject() {
     let mut cmd = brokered_run(
         &rig,
         CLAUDE,
-        "SLEEP:10 REMEMBER:injected",
+        "HOLD:scan REMEMBER:injected",
         &["--credentials", "inject", "-o", "json"],
     );
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let child = cmd.spawn().unwrap();
+    rig.wait_held("scan");
     let container = rig.wait_for_running_turn(None, Duration::from_secs(60));
     let found = (0..40).find_map(|_| {
         let found = scan(&container, "1000", &key_pieces(), true);
@@ -306,6 +310,7 @@ fn broker_is_skipped_with_credentials_inject() {
         !rig.caw_containers().iter().any(|n| n.contains("-broker-")),
         "a broker runs with --credentials inject"
     );
+    rig.stub_release("scan");
     let out = wait_with_deadline(child, Duration::from_secs(120));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     assert!(stdout_of(&out).contains("Noted: injected."));
@@ -331,9 +336,10 @@ fn broker_lives_as_long_as_a_detached_turn() {
     let rig = Rig::new("broker-detach");
     let home = tempfile::tempdir().unwrap();
     collect_key(&rig, CODEX, home.path());
-    let mut c = brokered_run(&rig, CODEX, "SLEEP:6 REMEMBER:later", &["--detach"]);
+    let mut c = brokered_run(&rig, CODEX, "HOLD:detached REMEMBER:later", &["--detach"]);
     c.env("CAW_BOX_BROKER_IDLE", "1");
     let out = run(c);
+    let returned = std::time::Instant::now();
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let id = stdout_of(&out).trim().to_string();
     // The caw-box that started it has returned; the broker serves the turn meanwhile.
@@ -342,6 +348,16 @@ fn broker_lives_as_long_as_a_detached_turn() {
         "{:?}",
         rig.caw_containers()
     );
+    // The turn's request waits at the stub, through the broker, for longer than a broker
+    // without a lease stays (1 s idle, checked each second, then 2 s to close): it stays.
+    rig.wait_held("detached");
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(returned.elapsed()));
+    assert!(
+        rig.caw_containers().iter().any(|n| n.contains("-broker-")),
+        "the broker left while the detached turn ran: {:?}",
+        rig.caw_containers()
+    );
+    rig.stub_release("detached");
     let mut c = brokered(&rig);
     c.args(["wait", &id, "-o", "json"]);
     let out = run(c);

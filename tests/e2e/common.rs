@@ -390,6 +390,23 @@ impl Rig {
         self.requests_of(&self.stub)
     }
 
+    /// The stub's own endpoints, by `docker exec` into its container (the test's network is
+    /// internal: the host does not reach it).
+    pub fn stub_control(&self) -> StubControl {
+        StubControl::Exec(self.stub.clone())
+    }
+
+    /// Releases the stub's `HOLD:<name>`: the held turn gets its answer (a release before
+    /// the request counts too).
+    pub fn stub_release(&self, name: &str) {
+        self.stub_control().release(name);
+    }
+
+    /// Waits until a request holds on `HOLD:<name>` at the stub: the CLI is mid-turn.
+    pub fn wait_held(&self, name: &str) {
+        self.stub_control().wait_held(name, 1, HELD_WITHIN);
+    }
+
     /// Containers of this test that caw-box made (turns, probes).
     pub fn caw_containers(&self) -> Vec<String> {
         self.rt.block_on(async {
@@ -490,36 +507,7 @@ impl Rig {
 
     /// Runs `cmd` in the running `container` (as its user) to its end: its stdout.
     pub fn exec(&self, container: &str, cmd: &[&str]) -> String {
-        use bollard::exec::{CreateExecOptions, StartExecResults};
-        self.rt.block_on(async {
-            let exec = self
-                .docker
-                .create_exec(
-                    container,
-                    CreateExecOptions {
-                        cmd: Some(cmd.to_vec()),
-                        attach_stdout: Some(true),
-                        attach_stderr: Some(true),
-                        ..Default::default()
-                    },
-                )
-                .await
-                .expect("create an exec");
-            let mut stdout = Vec::new();
-            if let StartExecResults::Attached { mut output, .. } = self
-                .docker
-                .start_exec(&exec.id, None)
-                .await
-                .expect("start an exec")
-            {
-                while let Some(chunk) = output.next().await {
-                    if let Ok(bollard::container::LogOutput::StdOut { message }) = chunk {
-                        stdout.extend_from_slice(&message);
-                    }
-                }
-            }
-            String::from_utf8_lossy(&stdout).into_owned()
-        })
+        self.rt.block_on(exec_stdout(&self.docker, container, cmd))
     }
 
     /// Runs a short container of the test's own (labelled, removed afterwards) to its end:
@@ -648,6 +636,152 @@ impl Drop for Rig {
     fn drop(&mut self) {
         self.cleanup();
     }
+}
+
+/// How long a test waits for a turn to reach the stub's `HOLD:` (a CLI starting on a busy
+/// machine, parallel turns), before it fails.
+pub const HELD_WITHIN: Duration = Duration::from_secs(180);
+
+/// How a test reaches a stub model's own endpoints (`/_stub/...`: holds, OAuth state), the
+/// stub's container on the test's internal network or a stub pod of the Kubernetes lab.
+#[derive(Debug, Clone)]
+pub enum StubControl {
+    /// An exec of node's `fetch` to 127.0.0.1:8080 in this container (the stub image has
+    /// node), through the Docker API: for a stub on an internal network.
+    Exec(String),
+    /// Plain HTTP from the host to this base URL (`http://<pod IP>:8080`): a Kubernetes
+    /// stub pod, which the host reaches by its IP.
+    Http(String),
+}
+
+impl StubControl {
+    /// `method path` at the stub: its status and body.
+    pub fn call(&self, method: &str, path: &str) -> (u16, String) {
+        match self {
+            StubControl::Exec(container) => {
+                const FETCH: &str = "const [m, p] = process.argv.slice(1); \
+                    fetch('http://127.0.0.1:8080' + p, {method: m}) \
+                    .then(async r => console.log(r.status + '\\n' + await r.text())) \
+                    .catch(e => console.log('0\\n' + e))";
+                // Through the Docker API, as the rig's own calls (also Podman's service).
+                let text = runtime().block_on(async {
+                    let docker = docker().negotiate_version().await.expect("docker");
+                    let cmd = ["node", "-e", FETCH, method, path];
+                    exec_stdout(&docker, container, &cmd).await
+                });
+                let (status, body) = text.split_once('\n').unwrap_or((text.trim(), ""));
+                let status = status
+                    .trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{method} {path} in {container}: {text}"));
+                (status, body.trim_end().to_string())
+            }
+            StubControl::Http(base) => http_call(base, method, path),
+        }
+    }
+
+    /// [`StubControl::call`] that must answer 200 with JSON.
+    pub fn json(&self, method: &str, path: &str) -> Value {
+        let (status, body) = self.call(method, path);
+        assert_eq!(status, 200, "{method} {path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{method} {path}: {e}: {body}"))
+    }
+
+    /// Releases `HOLD:<name>` for good; how many requests it let go.
+    pub fn release(&self, name: &str) -> u64 {
+        let released = self.json("POST", &format!("/_stub/release/{name}"));
+        released["waiting"].as_u64().unwrap_or(0)
+    }
+
+    /// The requests held now, per name, and the names released.
+    pub fn holds(&self) -> Value {
+        self.json("GET", "/_stub/holds")
+    }
+
+    /// Waits until at least `at_least` requests hold on `HOLD:<name>` (that many turns
+    /// mid-request); fails the test after `limit`.
+    pub fn wait_held(&self, name: &str, at_least: usize, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            // A long poll, in pieces well under any client's own timeout.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let wait = left.min(Duration::from_secs(30)).as_secs_f64();
+            let path = format!("/_stub/holds/{name}?min={at_least}&wait={wait:.1}");
+            let status = self.json("GET", &path);
+            if status["waiting"].as_u64().unwrap_or(0) >= at_least as u64 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "fewer than {at_least} requests held on {name} after {limit:?}: {}",
+                self.holds()
+            );
+        }
+    }
+}
+
+/// Runs `cmd` in the running `container` (as its user) to its end: its stdout.
+pub async fn exec_stdout(docker: &Docker, container: &str, cmd: &[&str]) -> String {
+    use bollard::exec::{CreateExecOptions, StartExecResults};
+    let exec = docker
+        .create_exec(
+            container,
+            CreateExecOptions {
+                cmd: Some(cmd.to_vec()),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create an exec");
+    let mut stdout = Vec::new();
+    if let StartExecResults::Attached { mut output, .. } = docker
+        .start_exec(&exec.id, None)
+        .await
+        .expect("start an exec")
+    {
+        while let Some(chunk) = output.next().await {
+            if let Ok(bollard::container::LogOutput::StdOut { message }) = chunk {
+                stdout.extend_from_slice(&message);
+            }
+        }
+    }
+    String::from_utf8_lossy(&stdout).into_owned()
+}
+
+/// One HTTP/1.0 request from the host to `base` (`http://host:port`): status and body.
+fn http_call(base: &str, method: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let authority = base
+        .strip_prefix("http://")
+        .unwrap_or(base)
+        .trim_end_matches('/');
+    let address = std::net::ToSocketAddrs::to_socket_addrs(authority)
+        .ok()
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| panic!("not an address: {base}"));
+    let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{method} {base}{path}: {e}"));
+    // A long poll answers within its `wait` (at most 30 s here).
+    stream
+        .set_read_timeout(Some(Duration::from_secs(90)))
+        .unwrap();
+    let request =
+        format!("{method} {path} HTTP/1.0\r\nhost: {authority}\r\ncontent-length: 0\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .unwrap_or_else(|e| panic!("{method} {base}{path}: {e}"));
+    let raw = String::from_utf8_lossy(&raw);
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{method} {base}{path}: no HTTP answer: {raw}"));
+    (status, body.to_string())
 }
 
 /// Marks the start of one check of a test that makes several in a row, on stderr: when the

@@ -151,14 +151,16 @@ fn a_crashing_cli_is_an_error_and_the_session_survives() {
 fn the_leftover_of_a_hard_killed_caw_box_is_cleared_by_the_next_turn() {
     let rig = Rig::new("killed");
     let id = start_with_fact(&rig, CODEX, "quince");
-    let mut cmd = rig.resume_cmd(CODEX, &id, "SLEEP:3 then say hello", &[]);
+    let mut cmd = rig.resume_cmd(CODEX, &id, "HOLD:killed then say hello", &[]);
     cmd.stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     let mut child = cmd.spawn().unwrap();
     let container = rig.wait_for_running_turn(Some(&id), Duration::from_secs(60));
     child.kill().unwrap(); // SIGKILL: no chance to clean up
     child.wait().unwrap();
-    // The CLI finishes on its own; its container stays, with no process driving it.
+    // The CLI finishes on its own once the stub answers; its container stays, with no
+    // process driving it.
+    rig.stub_release("killed");
     let deadline = Instant::now() + Duration::from_secs(60);
     while rig
         .rt
@@ -186,7 +188,8 @@ fn the_leftover_of_a_hard_killed_caw_box_is_cleared_by_the_next_turn() {
 #[test]
 fn a_first_turn_that_ran_and_failed_keeps_its_session() {
     let rig = Rig::new("rmfirst");
-    let mut cmd = rig.run_cmd(CODEX, "SLEEP:8 REMEMBER:gone", &[]);
+    // Held at the stub until its container is gone (never released).
+    let mut cmd = rig.run_cmd(CODEX, "HOLD:gone REMEMBER:gone", &[]);
     cmd.stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
     let child = cmd.spawn().unwrap();

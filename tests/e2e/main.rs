@@ -28,4 +28,5 @@ mod restart;
 mod sandbox;
 mod sessions;
 mod ssh_host;
+mod stub_control;
 mod user_config;

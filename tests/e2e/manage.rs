@@ -27,11 +27,21 @@ fn two_racing_resumes_exactly_one_runs() {
     let rig = Rig::new("race");
     let id = start(&rig, CODEX, "REMEMBER:race", &[]);
     let spawn = || {
-        let mut c = rig.resume_cmd(CODEX, &id, "SLEEP:4 REMEMBER:again", &[]);
+        let mut c = rig.resume_cmd(CODEX, &id, "HOLD:race REMEMBER:again", &[]);
         c.stdout(Stdio::piped()).stderr(Stdio::piped());
         c.spawn().unwrap()
     };
-    let (a, b) = (spawn(), spawn());
+    let (mut a, mut b) = (spawn(), spawn());
+    // The turn that runs waits at the stub until one of the two has returned: the other
+    // cannot start after it ended. (Both running would return only once released.)
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while a.try_wait().unwrap().is_none()
+        && b.try_wait().unwrap().is_none()
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    rig.stub_release("race");
     let outs = [
         wait_with_deadline(a, Duration::from_secs(120)),
         wait_with_deadline(b, Duration::from_secs(120)),
@@ -58,15 +68,14 @@ fn detach_wait_and_stop() {
     let rig = Rig::new("detach");
     let id = start(&rig, CODEX, "REMEMBER:lime", &[]);
 
-    // Detach returns at once with the id; wait prints the result like a foreground turn.
-    let began = Instant::now();
-    let out = run(rig.resume_cmd(CODEX, &id, "SLEEP:3 RECALL", &["--detach"]));
+    // Detach returns with the id while the turn waits at the stub (it could not wait for
+    // the turn); wait prints the result like a foreground turn.
+    let mut detach = rig.resume_cmd(CODEX, &id, "HOLD:detached RECALL", &["--detach"]);
+    detach.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let out = wait_with_deadline(detach.spawn().unwrap(), Duration::from_secs(60));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     assert_eq!(stdout_of(&out).trim(), id);
-    assert!(
-        began.elapsed() < Duration::from_secs(3),
-        "detach waited for the turn"
-    );
+    rig.wait_held("detached");
     let ls = caw_out(&rig, &["ls", "--json"]);
     let rows: Vec<Value> = serde_json::from_str(&stdout_of(&ls)).unwrap();
     let row = rows
@@ -74,8 +83,17 @@ fn detach_wait_and_stop() {
         .find(|r| r["session_id"] == id.as_str())
         .unwrap();
     assert_eq!(row["status"], "running", "{row}");
-    // logs -f follows the running turn's unified events until it ends.
-    let out = caw_out(&rig, &["logs", "-f", &id]);
+    // logs -f follows the running turn's unified events until it ends: released once it had
+    // a second to attach (one that came later would print the recorded events).
+    let mut follow = rig.caw();
+    follow
+        .args(["logs", "-f", &id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let follow = follow.spawn().unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    rig.stub_release("detached");
+    let out = wait_with_deadline(follow, Duration::from_secs(120));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let followed: Vec<Value> = stdout_of(&out)
         .lines()
@@ -126,15 +144,16 @@ fn detach_wait_and_stop() {
 fn detach_on_a_busy_session_is_refused_and_the_running_turn_goes_on() {
     let rig = Rig::new("busy-detach");
     let id = start(&rig, CODEX, "REMEMBER:plum", &[]);
-    let out = run(rig.resume_cmd(CODEX, &id, "SLEEP:15 RECALL", &["--detach"]));
+    let out = run(rig.resume_cmd(CODEX, &id, "HOLD:busy RECALL", &["--detach"]));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
 
-    // Turn 2 runs: a detached turn 2 of our own must not pass for it.
+    // Turn 2 runs (held at the stub): a detached turn 2 of our own must not pass for it.
     let out = run(rig.resume_cmd(CODEX, &id, "REMEMBER:fig", &["--detach"]));
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
     assert!(stdout_of(&out).trim().is_empty(), "{}", stdout_of(&out));
     assert!(stderr_of(&out).contains("is busy"), "{}", stderr_of(&out));
     assert_eq!(stderr_of(&out).lines().count(), 1, "{}", stderr_of(&out));
+    rig.stub_release("busy");
 
     let out = caw_out(&rig, &["wait", &id, "-o", "json"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
@@ -157,7 +176,7 @@ fn a_group_with_a_busy_member_counts_it_as_failed_even_quietly() {
     let group = format!("b-{}", rig.run_id);
     let busy = start(&rig, CODEX, "REMEMBER:a", &["--group", &group]);
     start(&rig, CODEX, "REMEMBER:b", &["--group", &group]);
-    let out = run(rig.resume_cmd(CODEX, &busy, "SLEEP:15 RECALL", &["--detach"]));
+    let out = run(rig.resume_cmd(CODEX, &busy, "HOLD:busy RECALL", &["--detach"]));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
 
     let mut cmd = rig.caw();
@@ -179,6 +198,7 @@ fn a_group_with_a_busy_member_counts_it_as_failed_even_quietly() {
         stdout_of(&out)
     );
 
+    rig.stub_release("busy");
     let out = caw_out(&rig, &["wait", &busy]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
 }

@@ -5,7 +5,9 @@
 //!
 //! The stub's token endpoint (`STUB_OAUTH`) rotates refresh tokens and rejects a used one,
 //! and its model endpoint accepts only the access token valid now; `/_stub/oauth/expire`
-//! forces the expiry. Eight sessions run turns in parallel across each forced expiry.
+//! forces the expiry. Sessions run turns in parallel across each forced expiry: eight of
+//! codex (the full fan-out, for one CLI), two of each other CLI (a race for the refresh all
+//! the same, and what differs between the CLIs: login file, placeholder, token endpoint).
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -14,32 +16,17 @@ use serde_json::Value;
 
 use crate::common::*;
 
-/// How many sessions run turns at once.
-const SESSIONS: usize = 8;
+/// How many sessions run turns at once: the full fan-out (one CLI), and a pair (the others).
+const FAN_OUT: usize = 8;
+const PAIR: usize = 2;
 
 /// The stub's OAuth state: refreshes granted, rejected, and its newest refresh token.
 fn oauth_status(rig: &Rig) -> Value {
-    let out = rig.exec(
-        &rig.stub,
-        &[
-            "node",
-            "-e",
-            "fetch('http://127.0.0.1:8080/_stub/oauth').then(r=>r.text()).then(t=>console.log(t))",
-        ],
-    );
-    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
+    rig.stub_control().json("GET", "/_stub/oauth")
 }
 
 fn expire(rig: &Rig) {
-    let out = rig.exec(
-        &rig.stub,
-        &[
-            "node",
-            "-e",
-            "fetch('http://127.0.0.1:8080/_stub/oauth/expire',{method:'POST'}).then(r=>console.log(r.status))",
-        ],
-    );
-    assert!(out.contains("200"), "{out}");
+    rig.stub_control().json("POST", "/_stub/oauth/expire");
 }
 
 /// Runs `grep -l` for `patterns` (on the exec's stdin) in the running `container` as
@@ -175,6 +162,8 @@ struct Login {
     /// Where the model requests must have reached the stub (a login whose CLI the broker
     /// intercepts: the path the CLI sent to the vendor's host, unchanged); `None`: unchecked.
     model_path: Option<&'static str>,
+    /// How many sessions run turns at once.
+    sessions: usize,
 }
 
 fn in_an_hour_ms() -> u64 {
@@ -190,7 +179,7 @@ fn at<'a>(v: &'a Value, path: &[&str]) -> &'a Value {
 }
 
 #[test]
-fn the_broker_refreshes_a_claude_login_once_for_eight_parallel_sessions() {
+fn the_broker_refreshes_a_claude_login_once_for_two_parallel_sessions() {
     let tag = uuid::Uuid::new_v4().simple().to_string();
     let (access, refresh) = (
         format!("sk-ant-oat01-realaccess-{tag}"),
@@ -213,6 +202,7 @@ fn the_broker_refreshes_a_claude_login_once_for_eight_parallel_sessions() {
         inject_works: true,
         placeholder_in: ".claude/.credentials.json",
         model_path: None,
+        sessions: PAIR,
     });
 }
 
@@ -249,6 +239,7 @@ fn the_broker_refreshes_a_codex_chatgpt_login_once_for_eight_parallel_sessions()
         inject_works: true,
         placeholder_in: ".codex/auth.json",
         model_path: None,
+        sessions: FAN_OUT,
     });
 }
 
@@ -257,7 +248,7 @@ fn the_broker_refreshes_a_codex_chatgpt_login_once_for_eight_parallel_sessions()
 /// sends it to the broker as `CODE_ASSIST_ENDPOINT`; Google's token endpoint takes the
 /// installed-app client's secret beside its id.
 #[test]
-fn the_broker_refreshes_a_gemini_google_login_once_for_eight_parallel_sessions() {
+fn the_broker_refreshes_a_gemini_google_login_once_for_two_parallel_sessions() {
     let tag = uuid::Uuid::new_v4().simple().to_string();
     let (access, refresh) = (
         format!("ya29.realaccess{tag}"),
@@ -282,6 +273,7 @@ fn the_broker_refreshes_a_gemini_google_login_once_for_eight_parallel_sessions()
         inject_works: false,
         placeholder_in: "/environ",
         model_path: None,
+        sessions: PAIR,
     });
 }
 
@@ -294,11 +286,12 @@ fn secret_part(token: &str) -> &str {
     }
 }
 
-/// Eight sessions of `login`'s CLI run turns in parallel, valid first, then across two
+/// `login.sessions` sessions of its CLI run turns in parallel, valid first, then across two
 /// forced expiries: every turn succeeds, the stub granted exactly one refresh per expiry
 /// and rejected none, the store ends with the newest tokens, and the agent's container
 /// holds none of them.
 fn refreshes_once_per_expiry(login: Login) {
+    let sessions = login.sessions;
     let (access, refresh) = (login.access.clone(), login.refresh.clone());
     let rig = Rig::with_stub_env(
         &format!("oauth-{}", login.provider.replace('_', "-")),
@@ -306,7 +299,7 @@ fn refreshes_once_per_expiry(login: Login) {
     );
     collect_login(&rig, login.provider, login.target, &login.text);
 
-    // Round 1: the login is valid; eight sessions' first turns, no refresh.
+    // Round 1: the login is valid; every session's first turn, no refresh.
     let endpoint = rig.endpoint();
     let base = |prompt: &str| -> Vec<String> {
         let mut args = vec![
@@ -326,7 +319,7 @@ fn refreshes_once_per_expiry(login: Login) {
         args.push(prompt);
         args.into_iter().map(str::to_string).collect()
     };
-    let children: Vec<(Child, String)> = (0..SESSIONS)
+    let children: Vec<(Child, String)> = (0..sessions)
         .map(|i| {
             let word = format!("first{i}");
             let args = base(&format!("REMEMBER:{word}"));
@@ -347,11 +340,12 @@ fn refreshes_once_per_expiry(login: Login) {
     );
 
     // Rounds 2 and 3: the access token expires; every session's next turn, in parallel.
-    // Round 3 also scans one agent container while its turn runs.
+    // Round 3 also scans one agent container while its turn runs: the stub holds every
+    // turn's answer until the scan is done.
     let mut seen_tokens = login.secrets.clone();
     for round in 2..=3u64 {
         expire(&rig);
-        let slow = if round == 3 { "SLEEP:60 " } else { "" };
+        let slow = if round == 3 { "HOLD:scan " } else { "" };
         let children: Vec<(Child, String)> = ids
             .iter()
             .enumerate()
@@ -363,6 +357,8 @@ fn refreshes_once_per_expiry(login: Login) {
             })
             .collect();
         if round == 3 {
+            // Every turn got past the expiry (the broker refreshed and retried) and runs.
+            rig.stub_control().wait_held("scan", sessions, HELD_WITHIN);
             // Real tokens: the first login's, and every one the stub issued.
             let mut patterns: Vec<String> = seen_tokens
                 .iter()
@@ -370,7 +366,7 @@ fn refreshes_once_per_expiry(login: Login) {
                 .collect();
             patterns.extend(["stub-access-".to_string(), "stub-refresh-".to_string()]);
             // The control: a running turn whose placeholder login the scan finds (a turn
-            // that ends meanwhile is replaced by another of the eight).
+            // that ends meanwhile is replaced by another).
             let mut container = rig.wait_for_running_turn(None, Duration::from_secs(90));
             let (mut gone, mut empty) = (Vec::new(), 0);
             let placeholder_seen = (0..360).any(|_| {
@@ -416,6 +412,7 @@ fn refreshes_once_per_expiry(login: Login) {
                     "docker inspect {name}"
                 );
             }
+            rig.stub_release("scan");
         }
         all_ok(children);
         let s = oauth_status(&rig);
@@ -443,7 +440,7 @@ fn refreshes_once_per_expiry(login: Login) {
     let requests = rig.stub_requests();
     let refused = requests.iter().filter(|r| r["status"] == 401).count();
     assert!(
-        refused <= 2 * SESSIONS,
+        refused <= 2 * sessions,
         "{refused} refused requests: {requests:#?}"
     );
     if let Some(path) = login.model_path {
@@ -454,7 +451,7 @@ fn refreshes_once_per_expiry(login: Login) {
                 !p.starts_with("/_stub") && !p.ends_with("/oauth/token")
             })
             .collect();
-        assert!(model.len() >= 3 * SESSIONS, "{requests:#?}");
+        assert!(model.len() >= 3 * sessions, "{requests:#?}");
         assert!(model.iter().all(|r| r["path"] == path), "{requests:#?}");
     }
 }
@@ -548,7 +545,7 @@ fn brokers_of_locked_down_turns_hand_a_refreshed_login_on_instead_of_refreshing_
 /// login's upstream (here the `--endpoint` stub) with the real access token. The access token
 /// is no JWT (opencode only decodes it for an optional header); the refresh is a form post.
 #[test]
-fn the_broker_refreshes_an_opencode_chatgpt_login_once_for_eight_parallel_sessions() {
+fn the_broker_refreshes_an_opencode_chatgpt_login_once_for_two_parallel_sessions() {
     let tag = uuid::Uuid::new_v4().simple().to_string();
     let (access, refresh) = (format!("realaccess{tag}"), format!("rt_realrefresh{tag}"));
     let account = format!("acct-{}", uuid::Uuid::new_v4().simple());
@@ -570,6 +567,7 @@ fn the_broker_refreshes_an_opencode_chatgpt_login_once_for_eight_parallel_sessio
         inject_works: false,
         placeholder_in: ".local/share/opencode/auth.json",
         model_path: Some("/backend-api/codex/responses"),
+        sessions: PAIR,
     });
 }
 
