@@ -384,60 +384,16 @@ impl Drop for Lab {
     }
 }
 
-/// `method path` at the stub pod whose base URL is `endpoint` (the host reaches pods by IP),
-/// one HTTP/1.0 exchange: its JSON answer, which must come with status 200.
-fn stub_call(endpoint: &str, method: &str, path: &str) -> Value {
-    use std::io::{Read, Write};
-    let authority = endpoint.trim_start_matches("http://").trim_end_matches('/');
-    let what = format!("{method} {endpoint}{path}");
-    let mut stream = std::net::TcpStream::connect_timeout(
-        &authority.parse().expect("the stub's IP:port"),
-        Duration::from_secs(10),
-    )
-    .unwrap_or_else(|e| panic!("{what}: {e}"));
-    // A long poll answers within its `wait` (30 s at most here).
-    stream
-        .set_read_timeout(Some(Duration::from_secs(90)))
-        .unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.0\r\nhost: {authority}\r\ncontent-length: 0\r\n\r\n"
-    )
-    .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let mut raw = Vec::new();
-    stream
-        .read_to_end(&mut raw)
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let raw = String::from_utf8_lossy(&raw);
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    assert_eq!(head.split_whitespace().nth(1), Some("200"), "{what}: {raw}");
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{what}: {e}: {body}"))
-}
-
-/// Waits until a request holds on `HOLD:<name>` at the stub: the turn's CLI is mid-request
-/// (its runtime files read, its key with the broker, its request through any proxy).
+/// Waits until a request holds on `HOLD:<name>` at the stub pod at `endpoint` (the host
+/// reaches it by its IP): the turn's CLI is mid-request (its runtime files read, its key with
+/// the broker, its request through any proxy).
 fn wait_held(endpoint: &str, name: &str) {
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        let held = stub_call(
-            endpoint,
-            "GET",
-            &format!("/_stub/holds/{name}?min=1&wait=30"),
-        );
-        if held["waiting"].as_u64().unwrap_or(0) >= 1 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no request held on {name}: {}",
-            stub_call(endpoint, "GET", "/_stub/holds")
-        );
-    }
+    StubControl::Http(endpoint.to_string()).wait_held(name, 1, HELD_WITHIN);
 }
 
-/// Releases `HOLD:<name>` at the stub: the held turn gets its answer.
+/// Releases `HOLD:<name>` at the stub pod at `endpoint`: the held turn gets its answer.
 fn release(endpoint: &str, name: &str) {
-    stub_call(endpoint, "POST", &format!("/_stub/release/{name}"));
+    StubControl::Http(endpoint.to_string()).release(name);
 }
 
 /// `image` as containerd names it (Docker's normalisation: `docker.io/`, `library/`,
