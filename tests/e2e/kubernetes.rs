@@ -9,8 +9,9 @@
 //! lab up and marks it as this run's (`LAB_DIR/caw-box-e2e-run`: the run's id and a digest of
 //! the lab's CA certificate, which every fresh `up` makes anew); a later test of the same run
 //! reuses it when the mark matches and the lab is healthy (every process running, API server
-//! ready, node Ready). Any other lab (a killed earlier run's, one brought up by hand) or an
-//! unhealthy one is taken down and brought up again. The run's id: `CAW_BOX_K8S_LAB_RUN`
+//! ready, node Ready); when it is not, `k8s-lab up` again starts what stopped, keeping the
+//! cluster's state and images. Any other lab (a killed earlier run's, one brought up by hand)
+//! or one still unhealthy is taken down and brought up again. The run's id: `CAW_BOX_K8S_LAB_RUN`
 //! (scripts/test.sh sets one for its whole suite), else nextest's `NEXTEST_RUN_ID`, else the
 //! test process's id (`cargo test` runs every test in one process).
 //!
@@ -129,7 +130,7 @@ impl Lab {
                 // Another run's, or this run's id on a lab that was replaced since.
                 format!("a lab marked otherwise ({})", found.replace('\n', "; "))
             }
-            _ => match lab.health() {
+            _ => match lab.health().or_else(|problem| lab.repair(&problem)) {
                 Ok(()) => {
                     note("reusing this run's lab");
                     let left = lab.clear();
@@ -157,6 +158,22 @@ impl Lab {
         let ours = mark_for_this_run().expect("the lab's CA certificate after up");
         std::fs::write(&mark, ours).expect("write the lab's mark");
         lab
+    }
+
+    /// `k8s-lab up` again on this run's lab that has a `problem`: it starts what is not
+    /// running (the lab's claim provisioner has been seen to end mid-run) and keeps the
+    /// cluster's state and images. Ok when the lab is healthy after it.
+    fn repair(&self, problem: &str) -> Result<(), String> {
+        note(&format!("this run's lab: {problem}: k8s-lab up again"));
+        let out = Command::new(lab_script())
+            .args(["up", LAB_DIR])
+            .output()
+            .map_err(|e| format!("{problem}; k8s-lab up: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("{problem}; k8s-lab up: {}", stderr_of(&out).trim()));
+        }
+        self.health()
+            .map_err(|e| format!("{problem}; after k8s-lab up: {e}"))
     }
 
     /// Ok when every process of the lab runs, the API server is ready and the node Ready.
@@ -277,18 +294,29 @@ impl Lab {
             note(&format!("the lab holds {images:?} already"));
             return;
         }
-        note(&format!("loading {missing:?}"));
-        let out = Command::new(lab_script())
-            .arg("load-image")
-            .args(&missing)
-            .output()
-            .expect("run k8s-lab load-image");
-        assert!(
-            out.status.success(),
-            "k8s-lab load-image failed: {}",
-            stderr_of(&out)
-        );
         for image in missing {
+            note(&format!("loading {image}"));
+            // A second try: one `docker save | ctr import` here failed once with a blob of its
+            // own import not found, and the next load of the same image went through.
+            let load = || {
+                Command::new(lab_script())
+                    .args(["load-image", image])
+                    .output()
+                    .expect("run k8s-lab load-image")
+            };
+            let mut out = load();
+            if !out.status.success() {
+                note(&format!(
+                    "k8s-lab load-image {image}: {}",
+                    stderr_of(&out).trim()
+                ));
+                out = load();
+            }
+            assert!(
+                out.status.success(),
+                "k8s-lab load-image {image} failed: {}",
+                stderr_of(&out)
+            );
             assert!(
                 lab_holds(image),
                 "{image}: loaded, yet the lab's containerd does not hold Docker's image"
