@@ -3,8 +3,12 @@
 # CLIs and the stub model. Cleans up every test object by label, also after a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The Kubernetes tests (tests/e2e/kubernetes.rs) bring ../shared/k8s-lab up and take it
-# down themselves; a run killed mid-test still takes the lab down here.
+# The Kubernetes tests (tests/e2e/kubernetes.rs) share one ../shared/k8s-lab for the whole
+# suite: the first brings it up and marks it with CAW_BOX_K8S_LAB_RUN, the others reuse it (a
+# lab without this suite's mark, a killed earlier run's, is brought up afresh). It is taken
+# down here after the main stage, and at exit: also when the run failed or was killed mid-test.
+CAW_BOX_K8S_LAB_RUN=test-sh-$(cat /proc/sys/kernel/random/uuid)
+export CAW_BOX_K8S_LAB_RUN
 # The lab's script, found as the tests find it: CAW_BOX_K8S_LAB, else shared/k8s-lab beside
 # the checkout or one of its parent folders, else the machine's /work/shared.
 lab_script() {
@@ -19,6 +23,8 @@ lab_script() {
 lab_down() {
     local lab
     lab=$(lab_script)
+    # The tests' mark first: the lab's `down` removes /tmp/k8s-lab only when it is empty.
+    rm -f /tmp/k8s-lab/caw-box-e2e-run
     if [ -x "$lab" ]; then "$lab" down >/dev/null 2>&1 || true; fi
 }
 
@@ -78,6 +84,9 @@ export CAW_BOX_RIG_PID_FILE=${CAW_BOX_RIG_DIR:-/var/tmp/caw-box-rig}/dockerd.pid
 alone='test(daemon_restart) | test(an_installed_caw_box_builds_its_images_and_runs_a_turn)'
 stage main nt main --workspace --no-fail-fast --test-threads 3 \
     -E "not ($alone) & not binary(keyring)" "$@"
+# No later stage runs a Kubernetes test: the lab's processes stop now rather than idle on
+# through the rest of the run.
+lab_down
 stage installed nt installed --workspace --no-fail-fast \
     -E 'test(an_installed_caw_box_builds_its_images_and_runs_a_turn)' "$@"
 # Every run names --workspace: features resolve as for the build above, so nothing is

@@ -1,12 +1,36 @@
 //! The Kubernetes backend against a real cluster: ../shared/k8s-lab (etcd, apiserver,
-//! scheduler, kubelet over its own containerd). The test brings the lab up, loads the
-//! provider images and the stub model's image into it, runs the stub as a pod (addressed by
-//! its pod IP: the lab has no DNS and no kube-proxy; pods reach 10.244.7.0/24 only), and
-//! takes the lab down when it ends, also on failure. One test drives all four providers in
-//! turn: there is one lab per machine.
+//! scheduler, kubelet over its own containerd). A test loads the provider images and the stub
+//! model's image into it, runs the stub as a pod (addressed by its pod IP: the lab has no DNS
+//! and no kube-proxy; pods reach 10.244.7.0/24 only) and drives caw-box against it. One test
+//! drives all four providers in turn.
+//!
+//! One lab for the whole group (there is one lab per machine; the `k8s-lab` test group of
+//! .config/nextest.toml runs these tests one at a time). The first test of a run brings the
+//! lab up and marks it as this run's (`LAB_DIR/caw-box-e2e-run`: the run's id and a digest of
+//! the lab's CA certificate, which every fresh `up` makes anew); a later test of the same run
+//! reuses it when the mark matches and the lab is healthy (every process running, API server
+//! ready, node Ready); when it is not, `k8s-lab up` again starts what stopped, keeping the
+//! cluster's state and images. Any other lab (a killed earlier run's, one brought up by hand)
+//! or one still unhealthy is taken down and brought up again. The run's id: `CAW_BOX_K8S_LAB_RUN`
+//! (scripts/test.sh sets one for its whole suite), else nextest's `NEXTEST_RUN_ID`, else the
+//! test process's id (`cargo test` runs every test in one process).
+//!
+//! An image goes into the lab only when the lab's containerd does not hold that very image yet
+//! (the config digest of its manifest there is the Docker image ID): a rebuilt tag goes in
+//! again, an unchanged one is not copied twice.
+//!
+//! A test leaves the lab as it found it: when it ends, failed or not, it deletes every pod,
+//! claim, config map and secret caw-box made (`app.kubernetes.io/managed-by=caw-box`), the
+//! stub and helper pods (`io.caw-box.test=e2e`) and its other objects
+//! (`app.kubernetes.io/managed-by=caw-box-e2e`); a test first clears what a killed one left.
+//!
+//! The lab stays up when the run ends: `make test` (scripts/test.sh) takes it down. After a
+//! run by hand (`cargo nextest run --test e2e -E 'test(/^kubernetes::/)'`), take it down with
+//! `../shared/k8s-lab/k8s-lab down` (or `$CAW_BOX_K8S_LAB down`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -15,7 +39,17 @@ use crate::common::*;
 
 const LAB_DIR: &str = "/tmp/k8s-lab";
 const KUBECTL: &str = "/var/cache/k8s-lab/bin/kubectl";
+/// The lab's own containerd (the k8s-lab script's `SOCK`), read with Debian's `ctr`.
+const LAB_CONTAINERD: &str = "/run/k8s-lab/containerd.sock";
 const NAMESPACE: &str = "default";
+/// The mark of the run that brought the lab up, in `LAB_DIR` (see the module doc).
+const MARK: &str = "caw-box-e2e-run";
+/// caw-box's objects.
+const CAW_OBJECTS: &str = "app.kubernetes.io/managed-by=caw-box";
+/// The tests' own pods: the stubs and the claim readers.
+const TEST_PODS: &str = "io.caw-box.test=e2e";
+/// The tests' other objects (storage classes, roles and bindings).
+const TEST_OBJECTS: &str = "app.kubernetes.io/managed-by=caw-box-e2e";
 
 /// The lab's script: `CAW_BOX_K8S_LAB`, else `shared/k8s-lab/k8s-lab` beside the checkout
 /// or beside one of its parent folders, else the machine's `/work/shared` (a CI checkout may
@@ -34,24 +68,83 @@ fn lab_script() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("..").join(relative))
 }
 
-/// The lab while it is up; `k8s-lab down` when dropped (a failed assertion included).
+/// The id of this test run (see the module doc).
+fn run_id() -> String {
+    ["CAW_BOX_K8S_LAB_RUN", "NEXTEST_RUN_ID"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .find(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| format!("process-{}", std::process::id()))
+}
+
+/// The mark this run writes for the lab now in `LAB_DIR`: the run's id and the digest of the
+/// lab's CA certificate; None when there is no lab (no certificate).
+fn mark_for_this_run() -> Option<String> {
+    use sha2::Digest;
+    let ca = std::fs::read(Path::new(LAB_DIR).join("pki/ca.crt")).ok()?;
+    Some(format!(
+        "run {}\nca sha256:{:x}\n",
+        run_id(),
+        sha2::Sha256::digest(&ca)
+    ))
+}
+
+/// A line on the test's stderr (shown when it fails) that does not trip the print lints.
+fn note(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "k8s e2e: {text}");
+}
+
+/// One test at a time per process (`cargo test` runs tests on threads; nextest's test group
+/// already runs them one at a time).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The run's lab, for one test. When dropped (a failed assertion included) the test's
+/// objects are deleted; the lab stays up for the next test.
 struct Lab {
     kubeconfig: PathBuf,
+    _serial: MutexGuard<'static, ()>,
 }
 
 impl Lab {
+    /// The lab of this run, healthy and clear of other tests' objects: reused when this run
+    /// brought it up, else (none, another run's, unhealthy) `down` then `up`.
     fn up() -> Lab {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let script = lab_script();
         assert!(
             script.exists(),
             "the lab script {} is missing (shared/k8s-lab beside the repo; or set CAW_BOX_K8S_LAB)",
             script.display()
         );
-        // Whatever an earlier, killed run left.
-        let _ = Command::new(&script).args(["down", LAB_DIR]).output();
         let lab = Lab {
             kubeconfig: PathBuf::from(LAB_DIR).join("kubeconfig"),
+            _serial: serial,
         };
+        let mark = Path::new(LAB_DIR).join(MARK);
+        let found = std::fs::read_to_string(&mark).ok();
+        let why = match (&found, mark_for_this_run()) {
+            (_, None) => "no lab".to_string(),
+            (None, Some(_)) => "a lab this run did not bring up".to_string(),
+            (Some(found), Some(ours)) if *found != ours => {
+                // Another run's, or this run's id on a lab that was replaced since.
+                format!("a lab marked otherwise ({})", found.replace('\n', "; "))
+            }
+            _ => match lab.health().or_else(|problem| lab.repair(&problem)) {
+                Ok(()) => {
+                    note("reusing this run's lab");
+                    let left = lab.clear();
+                    if !left.is_empty() {
+                        note(&format!("cleared what an earlier test left: {left:?}"));
+                    }
+                    return lab;
+                }
+                Err(e) => format!("this run's lab is unhealthy: {e}"),
+            },
+        };
+        note(&format!("{why}: k8s-lab down, then up"));
+        let _ = std::fs::remove_file(&mark);
+        let _ = Command::new(&script).args(["down", LAB_DIR]).output();
         let out = Command::new(&script)
             .args(["up", LAB_DIR])
             .output()
@@ -62,20 +155,173 @@ impl Lab {
             stdout_of(&out),
             stderr_of(&out)
         );
+        let ours = mark_for_this_run().expect("the lab's CA certificate after up");
+        std::fs::write(&mark, ours).expect("write the lab's mark");
         lab
     }
 
-    fn load_images(&self, images: &[&str]) {
+    /// `k8s-lab up` again on this run's lab that has a `problem`: it starts what is not
+    /// running (the lab's claim provisioner has been seen to end mid-run) and keeps the
+    /// cluster's state and images. Ok when the lab is healthy after it.
+    fn repair(&self, problem: &str) -> Result<(), String> {
+        note(&format!("this run's lab: {problem}: k8s-lab up again"));
         let out = Command::new(lab_script())
-            .arg("load-image")
-            .args(images)
+            .args(["up", LAB_DIR])
             .output()
-            .expect("run k8s-lab load-image");
-        assert!(
-            out.status.success(),
-            "k8s-lab load-image failed: {}",
-            stderr_of(&out)
-        );
+            .map_err(|e| format!("{problem}; k8s-lab up: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("{problem}; k8s-lab up: {}", stderr_of(&out).trim()));
+        }
+        self.health()
+            .map_err(|e| format!("{problem}; after k8s-lab up: {e}"))
+    }
+
+    /// Ok when every process of the lab runs, the API server is ready and the node Ready.
+    fn health(&self) -> Result<(), String> {
+        let status = Command::new(lab_script())
+            .args(["status", LAB_DIR])
+            .output()
+            .map_err(|e| format!("k8s-lab status: {e}"))?;
+        let status = stdout_of(&status);
+        for process in [
+            "etcd",
+            "containerd",
+            "apiserver",
+            "controller-manager",
+            "scheduler",
+            "kubelet",
+            "provisioner",
+        ] {
+            if !status.contains(&format!("{process}: running")) {
+                return Err(format!("{process} is not running"));
+            }
+        }
+        let ask = |args: &[&str]| -> Result<String, String> {
+            let out = Command::new(KUBECTL)
+                .env("KUBECONFIG", &self.kubeconfig)
+                .arg("--request-timeout=10s")
+                .args(args)
+                .output()
+                .map_err(|e| format!("kubectl: {e}"))?;
+            if out.status.success() {
+                Ok(stdout_of(&out))
+            } else {
+                Err(format!("kubectl {args:?}: {}", stderr_of(&out).trim()))
+            }
+        };
+        ask(&["get", "--raw", "/readyz"])?;
+        let ready = ask(&[
+            "get",
+            "node",
+            "localhost",
+            "-o",
+            r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
+        ])?;
+        if ready.trim() != "True" {
+            return Err(format!("the node is not Ready ({ready:?})"));
+        }
+        Ok(())
+    }
+
+    /// kubectl that neither panics nor waits on an API server that does not answer: for
+    /// the clearing that runs when a test ends, a failed one included.
+    fn kubectl_quiet(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(KUBECTL)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(["-n", NAMESPACE, "--request-timeout=30s"])
+            .args(args)
+            .output()
+            .map_err(|e| format!("kubectl {args:?}: {e}"))?;
+        if out.status.success() {
+            Ok(stdout_of(&out))
+        } else {
+            Err(format!("kubectl {args:?}: {}", stderr_of(&out).trim()))
+        }
+    }
+
+    /// The tests' objects and caw-box's in the lab (`kind/name`).
+    fn test_objects(&self) -> Result<Vec<String>, String> {
+        let mut found = Vec::new();
+        for (kinds, selector) in [
+            ("pod,pvc,configmap,secret", CAW_OBJECTS),
+            ("pod", TEST_PODS),
+            ("storageclass,role,rolebinding", TEST_OBJECTS),
+        ] {
+            let names = self.kubectl_quiet(&["get", kinds, "-l", selector, "-o", "name"])?;
+            found.extend(names.lines().map(str::to_string));
+        }
+        Ok(found)
+    }
+
+    /// Deletes the tests' objects and caw-box's; what there was. Pods first, and waited for:
+    /// a claim goes only once no pod refers to it (the lab's pvc-protection finalizer). Never
+    /// panics: it runs when a test ends, a failed one included.
+    fn clear(&self) -> Vec<String> {
+        let found = match self.test_objects() {
+            Ok(found) => found,
+            Err(e) => {
+                note(&format!("cannot list the tests' objects: {e}"));
+                return Vec::new();
+            }
+        };
+        if found.is_empty() {
+            return found;
+        }
+        for (kinds, selector) in [
+            ("pod", CAW_OBJECTS),
+            ("pod", TEST_PODS),
+            ("pvc,configmap,secret", CAW_OBJECTS),
+            ("storageclass,role,rolebinding", TEST_OBJECTS),
+        ] {
+            let mut args = vec!["delete", kinds, "-l", selector, "--ignore-not-found"];
+            args.extend(["--wait=true", "--timeout=120s"]);
+            if kinds == "pod" {
+                // A turn's CLI need not stop on SIGTERM: the kubelet kills it after 1 s.
+                args.push("--grace-period=1");
+            }
+            if let Err(e) = self.kubectl_quiet(&args) {
+                note(&format!("deleting {kinds} {selector}: {e}"));
+            }
+        }
+        found
+    }
+
+    /// Loads `images` from the Docker daemon into the lab, each unless the lab already holds
+    /// that very image.
+    fn load_images(&self, images: &[&str]) {
+        let missing: Vec<&str> = images.iter().copied().filter(|i| !lab_holds(i)).collect();
+        if missing.is_empty() {
+            note(&format!("the lab holds {images:?} already"));
+            return;
+        }
+        for image in missing {
+            note(&format!("loading {image}"));
+            // A second try: one `docker save | ctr import` here failed once with a blob of its
+            // own import not found, and the next load of the same image went through.
+            let load = || {
+                Command::new(lab_script())
+                    .args(["load-image", image])
+                    .output()
+                    .expect("run k8s-lab load-image")
+            };
+            let mut out = load();
+            if !out.status.success() {
+                note(&format!(
+                    "k8s-lab load-image {image}: {}",
+                    stderr_of(&out).trim()
+                ));
+                out = load();
+            }
+            assert!(
+                out.status.success(),
+                "k8s-lab load-image {image} failed: {}",
+                stderr_of(&out)
+            );
+            assert!(
+                lab_holds(image),
+                "{image}: loaded, yet the lab's containerd does not hold Docker's image"
+            );
+        }
     }
 
     fn kubectl(&self, args: &[&str]) -> Output {
@@ -116,7 +362,7 @@ impl Lab {
                 "automountServiceAccountToken": false,
                 "containers": [{
                     "name": "stub",
-                    "image": STUB_IMAGE,
+                    "image": stub_image(),
                     "imagePullPolicy": "Never",
                     "env": [{"name": "STUB_EXPECT_KEY", "value": TEST_KEY}]
                 }]
@@ -157,18 +403,95 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
-        let out = Command::new(lab_script()).args(["down", LAB_DIR]).output();
-        if let Ok(out) = out {
-            if !out.status.success() {
-                use std::io::Write;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "k8s-lab down failed: {}",
-                    stderr_of(&out)
-                );
-            }
+        self.clear();
+        match self.test_objects() {
+            Ok(left) if left.is_empty() => {}
+            Ok(left) => note(&format!("left in the lab after clearing: {left:?}")),
+            Err(e) => note(&format!("cannot list the tests' objects: {e}")),
         }
     }
+}
+
+/// Waits until a request holds on `HOLD:<name>` at the stub pod at `endpoint` (the host
+/// reaches it by its IP): the turn's CLI is mid-request (its runtime files read, its key with
+/// the broker, its request through any proxy).
+fn wait_held(endpoint: &str, name: &str) {
+    StubControl::Http(endpoint.to_string()).wait_held(name, 1, HELD_WITHIN);
+}
+
+/// Releases `HOLD:<name>` at the stub pod at `endpoint`: the held turn gets its answer.
+fn release(endpoint: &str, name: &str) {
+    StubControl::Http(endpoint.to_string()).release(name);
+}
+
+/// `image` as containerd names it (Docker's normalisation: `docker.io/`, `library/`,
+/// `:latest`).
+fn containerd_name(image: &str) -> String {
+    let (first, _) = image.split_once('/').unwrap_or(("", image));
+    let mut name = if first.contains(['.', ':']) || first == "localhost" {
+        image.to_string()
+    } else if first.is_empty() {
+        format!("docker.io/library/{image}")
+    } else {
+        format!("docker.io/{image}")
+    };
+    let last = name.rsplit('/').next().unwrap_or("");
+    if !last.contains([':', '@']) {
+        name.push_str(":latest");
+    }
+    name
+}
+
+/// Whether the lab's containerd holds `image` as the Docker daemon has it: the config digest
+/// of the manifest it holds under that name is the Docker image ID.
+fn lab_holds(image: &str) -> bool {
+    let docker = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", image])
+        .output()
+        .expect("run docker image inspect");
+    assert!(
+        docker.status.success(),
+        "{image} is not in the Docker daemon: {}",
+        stderr_of(&docker)
+    );
+    let id = stdout_of(&docker).trim().to_string();
+    lab_image_config(image).is_some_and(|config| config == id)
+}
+
+/// The config digest of the image the lab's containerd holds under `image`'s name.
+fn lab_image_config(image: &str) -> Option<String> {
+    let ctr = |args: &[&str]| -> Option<Vec<u8>> {
+        let out = Command::new("ctr")
+            .args(["--address", LAB_CONTAINERD, "-n", "k8s.io"])
+            .args(args)
+            .output()
+            .ok()?;
+        out.status.success().then_some(out.stdout)
+    };
+    let name = containerd_name(image);
+    // REF TYPE DIGEST SIZE PLATFORMS LABELS
+    let list = String::from_utf8(ctr(&["images", "ls"])?).ok()?;
+    let mut digest = list
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&name.as_str()))?
+        .get(2)?
+        .to_string();
+    // A manifest names its config; an index, the manifest of each platform.
+    for _ in 0..2 {
+        let blob: Value = serde_json::from_slice(&ctr(&["content", "get", &digest])?).ok()?;
+        if let Some(config) = blob["config"]["digest"].as_str() {
+            return Some(config.to_string());
+        }
+        let manifests = blob["manifests"].as_array()?;
+        let linux_amd64 = manifests
+            .iter()
+            .find(|m| m["platform"]["os"] == "linux" && m["platform"]["architecture"] == "amd64");
+        digest = linux_amd64.or(manifests.first())?["digest"]
+            .as_str()?
+            .to_string();
+    }
+    None
 }
 
 fn caw_k8s(rig_data: &std::path::Path, workspace: &std::path::Path, lab: &Lab) -> Command {
@@ -267,7 +590,7 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
         "caw-box/codex:latest",
         "caw-box/opencode:latest",
         "caw-box/gemini:latest",
-        STUB_IMAGE,
+        &stub_image(),
     ]);
     check("stub pod");
     let endpoint = lab.start_stub();
@@ -474,7 +797,7 @@ fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
     check("lab up");
     let lab = Lab::up();
     check("load images");
-    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
     let endpoint = lab.start_stub();
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
@@ -529,11 +852,12 @@ fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
     assert!(result_text(&w).contains("Noted: fig"), "{w}");
 
     check("resume -d, the driver SIGKILLed: the turn goes on and wait records it");
-    let out = crate::common::run(resume(&id, "SLEEP:8 REMEMBER:plum", true));
+    let out = crate::common::run(resume(&id, "HOLD:plum REMEMBER:plum", true));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     // Past the driver's first moment, when it feeds the pod its runtime files (a driver
-    // killed before that leaves a pod that waits for them: see the README).
-    std::thread::sleep(Duration::from_secs(2));
+    // killed before that leaves a pod that waits for them: see the README): the CLI's
+    // request is at the stub, which holds it until the driver is gone.
+    wait_held(&endpoint, "plum");
     let pid = lab.turn_pod_annotation(&id, "io.caw-box.driver-pid");
     let pid: i32 = pid
         .trim()
@@ -544,6 +868,7 @@ fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
         .status()
         .unwrap();
     assert!(killed.success(), "kill -KILL {pid}");
+    release(&endpoint, "plum");
     let (waited, _d) = fresh(&lab, workspace.path(), &["wait", &id, "-o", "json"]);
     assert_eq!(
         waited.status.code(),
@@ -736,7 +1061,7 @@ fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
     check("lab up");
     let lab = Lab::up();
     check("load images");
-    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
     let endpoint = lab.start_stub();
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
@@ -793,12 +1118,12 @@ fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
     );
 
     check("evicted (the Eviction API, as a node drain does): one line, exit 3, resumable");
-    let child = run(&[], "REMEMBER:pear SLEEP:60")
+    let child = run(&[], "REMEMBER:pear HOLD:evicted")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // The newest turn pod, once it runs and its driver fed it.
+    // The newest turn pod, once it runs and its driver fed it (its CLI's request is held).
     let deadline = Instant::now() + Duration::from_secs(120);
     let pod = loop {
         let pods = lab.kubectl_ok(&[
@@ -821,7 +1146,7 @@ fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
         assert!(Instant::now() < deadline, "no turn pod ran");
         std::thread::sleep(Duration::from_millis(300));
     };
-    std::thread::sleep(Duration::from_secs(4));
+    wait_held(&endpoint, "evicted");
     let eviction = serde_json::json!({
         "apiVersion": "policy/v1",
         "kind": "Eviction",
@@ -907,10 +1232,11 @@ fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
     let out = crate::common::run(resume(
         &id,
         &["-d", "--timeout", "15s"],
-        "SLEEP:120 REMEMBER:never",
+        "HOLD:timeout REMEMBER:never",
     ));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
-    std::thread::sleep(Duration::from_secs(3));
+    // Never released: the turn runs until its --timeout.
+    wait_held(&endpoint, "timeout");
     let pid = lab.turn_pod_annotation(&id, "io.caw-box.driver-pid");
     let pid: i32 = pid
         .trim()
@@ -933,7 +1259,7 @@ fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
     assert_eq!(json_of(&waited)["status"], "timeout");
     assert!(
         started.elapsed() < Duration::from_secs(60),
-        "wait took {:?} (the turn sleeps 120 s)",
+        "wait took {:?} (the turn's request is held for good)",
         started.elapsed()
     );
     let _ = lab.kubectl(&["delete", "storageclass", "caw-box-e2e-never-binds"]);
@@ -1074,7 +1400,7 @@ impl Lab {
 fn kubernetes_codex_tui_through_attach_follows_resizes_and_resumes_headless() {
     check("lab up");
     let lab = Lab::up();
-    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
     let endpoint = lab.start_stub();
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
@@ -1230,7 +1556,7 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
         "caw-box/codex:latest",
         "caw-box/opencode:latest",
         "caw-box/gemini:latest",
-        STUB_IMAGE,
+        &stub_image(),
     ]);
     let endpoint = lab.start_stub();
     let workspace = tempfile::tempdir().unwrap();
@@ -1265,11 +1591,15 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
         if let Some(m) = p.model {
             run.args(["--model", m]);
         }
-        run.arg(format!("SLEEP:20 REMEMBER:medlar-{}", p.name))
+        // Held until the scans are done.
+        let hold = format!("scan-{}", p.name);
+        run.arg(format!("HOLD:{hold} REMEMBER:medlar-{}", p.name))
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
         let child = run.spawn().unwrap();
         let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+        // Mid-turn: the CLI's request went through the broker and waits at the stub.
+        wait_held(&endpoint, &hold);
         // Once the CLI read its runtime files, it holds its placeholder.
         let placeholder_seen = (0..80).any(|_| {
             let found = lab.scan(
@@ -1324,6 +1654,7 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
             p.name
         );
 
+        release(&endpoint, &hold);
         let out = wait_with_deadline(child, Duration::from_secs(240));
         let first = json_of(&out);
         assert_eq!(
@@ -1389,19 +1720,21 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
         CODEX.model.unwrap(),
         "-o",
         "json",
-        "SLEEP:8 REMEMBER:kiwi",
+        "HOLD:kiwi REMEMBER:kiwi",
     ]);
     let out = crate::common::run(run);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let id = json_of(&out)["session_id"].as_str().unwrap().to_string();
-    // Past the driver's first moment (it hands the broker its keys and the agent its files).
-    std::thread::sleep(Duration::from_secs(3));
+    // Past the driver's first moment (it hands the broker its keys and the agent its files):
+    // the CLI's request came through the broker and is held at the stub.
+    wait_held(&endpoint, "kiwi");
     let pid = lab.turn_pod_annotation(&id, "io.caw-box.driver-pid");
     let killed = Command::new("kill")
         .args(["-KILL", pid.trim()])
         .status()
         .unwrap();
     assert!(killed.success(), "kill -KILL {pid}");
+    release(&endpoint, "kiwi");
     let (waited, _d) = fresh(&lab, workspace.path(), &["wait", &id, "-o", "json"]);
     let w = json_of(&waited);
     assert_eq!(waited.status.code(), Some(0), "{w}\n{}", stderr_of(&waited));
@@ -1423,11 +1756,12 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
     let mut run = caw_k8s(data.path(), workspace.path(), &lab);
     run.args(["run", "--provider", CODEX.name, "--endpoint", &endpoint])
         .args(["--credentials", "inject", "--model", CODEX.model.unwrap()])
-        .args(["-o", "json", "SLEEP:15 REMEMBER:injected"])
+        .args(["-o", "json", "HOLD:injected REMEMBER:injected"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let child = run.spawn().unwrap();
     let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    wait_held(&endpoint, "injected");
     let found = (0..80).find_map(|_| {
         let found = lab.scan(&pod, "agent", &key_pieces(), false);
         if found.iter().any(|f| f.ends_with("/environ")) {
@@ -1444,6 +1778,7 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
         1,
         "{spec}"
     );
+    release(&endpoint, "injected");
     let out = wait_with_deadline(child, Duration::from_secs(240));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
 }
@@ -1547,10 +1882,12 @@ fn kubernetes_doctor_checks_the_api_server_rbac_storage_and_images() {
     let role = serde_json::json!({
         "apiVersion": "v1", "kind": "List", "items": [
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-             "metadata": {"name": "caw-box-e2e-limited", "namespace": NAMESPACE},
+             "metadata": {"name": "caw-box-e2e-limited", "namespace": NAMESPACE,
+                          "labels": {"app.kubernetes.io/managed-by": "caw-box-e2e"}},
              "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-             "metadata": {"name": "caw-box-e2e-limited", "namespace": NAMESPACE},
+             "metadata": {"name": "caw-box-e2e-limited", "namespace": NAMESPACE,
+                          "labels": {"app.kubernetes.io/managed-by": "caw-box-e2e"}},
              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "caw-box-e2e-limited"},
              "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}
         ]
@@ -1648,7 +1985,7 @@ fn kubernetes_a_refreshed_login_is_written_back_and_used_next_turn() {
     };
     check("lab up");
     let lab = Lab::up();
-    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
     let endpoint = lab.start_stub();
     let workspace = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
@@ -1765,7 +2102,7 @@ fn kubernetes_allow_host_holds_the_pods_egress_without_a_network_policy() {
     check("lab up");
     let lab = Lab::up();
     check("load images");
-    lab.load_images(&["caw-box/codex:latest", STUB_IMAGE]);
+    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
     let endpoint = lab.start_stub();
     let other = lab.start_stub_named("stub-other");
     let host_of = |url: &str| url.trim_start_matches("http://").to_string();
@@ -1784,11 +2121,13 @@ fn kubernetes_allow_host_holds_the_pods_egress_without_a_network_policy() {
         &["run", "--provider", P.name, "--endpoint", &endpoint],
     );
     run.args(["--model", P.model.unwrap(), "--allow-host", &allowed])
-        .arg("SLEEP:15 REMEMBER:quince")
+        .arg("HOLD:probed REMEMBER:quince")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let child = run.spawn().unwrap();
     let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    // The agent's request came through the proxy; the stub holds it until the probes ran.
+    wait_held(&endpoint, "probed");
     let spec: Value =
         serde_json::from_str(&lab.kubectl_ok(&["get", "pod", &pod, "-o", "json"])).unwrap();
     let names = |key: &str| -> Vec<String> {
@@ -1834,6 +2173,7 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
     assert!(control.contains("reached"), "{control}");
     assert!(!control.starts_with("1000\n"), "{control}");
 
+    release(&endpoint, "probed");
     let out = wait_with_deadline(child, Duration::from_secs(240));
     let v = json_of(&out);
     assert_eq!(out.status.code(), Some(0), "{v}\n{}", stderr_of(&out));
@@ -1878,11 +2218,13 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
     brokered
         .args(["run", "--provider", P.name, "--endpoint", &endpoint])
         .args(["--model", P.model.unwrap(), "--allow-host", "@provider"])
-        .args(["-o", "json", "SLEEP:6 hello"])
+        .args(["-o", "json", "HOLD:brokered hello"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let child = brokered.spawn().unwrap();
     let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    // Out through the broker and the proxy: the stub holds the request.
+    wait_held(&endpoint, "brokered");
     let spec: Value =
         serde_json::from_str(&lab.kubectl_ok(&["get", "pod", &pod, "-o", "json"])).unwrap();
     let containers: Vec<&str> = spec["spec"]["containers"]
@@ -1892,6 +2234,7 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
         .map(|c| c["name"].as_str().unwrap())
         .collect();
     assert_eq!(containers, ["agent", "broker", "proxy"], "{spec}");
+    release(&endpoint, "brokered");
     let out = wait_with_deadline(child, Duration::from_secs(240));
     let v = json_of(&out);
     assert_eq!(out.status.code(), Some(0), "{v}\n{}", stderr_of(&out));
