@@ -158,6 +158,7 @@ async fn handle(
             key_header,
             directive: answer.directive.clone(),
             tool: answer.tool.clone(),
+            usage: crate::record::sent_usage(&answer.body),
         });
     }
     if let Some(sleep) = answer.sleep {
