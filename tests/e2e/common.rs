@@ -722,21 +722,94 @@ pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Every file in a session's state volume that contains `needle` (read as root).
+/// Where a session keeps its own record in its state volume (under HOME, at /h in
+/// [`in_volume`]): it always holds the session's id, the positive control of every scan of
+/// a session's volume.
+pub const SESSION_RECORD: &str = "/h/.caw-box/session.json";
+
+/// Every file in a session's state volume that contains `needle` (read as root). The same
+/// grep must find the session's id in its record ([`SESSION_RECORD`]): a scan that finds
+/// nothing proves it read the session's volume, not an empty one.
 pub fn volume_files_containing(rig: &Rig, id: &str, needle: &str) -> Vec<String> {
-    in_volume(rig, id, &["grep", "-rl", needle, "/h"])
+    volume_files_containing_any(rig, id, &[needle])
+}
+
+/// [`volume_files_containing`] for several needles at once (fixed strings).
+pub fn volume_files_containing_any(rig: &Rig, id: &str, needles: &[&str]) -> Vec<String> {
+    scan_named_volume(rig, &format!("caw-box-{id}"), needles, (SESSION_RECORD, id))
+}
+
+/// Every file in volume `volume` holding any of `needles` (fixed strings, read as root, in
+/// a container of the test's own). `control` is `(file, text)`: a file the volume always
+/// has and a text it holds. The same grep run must find it there, or the test fails: the
+/// volume read is the real one, with the files it should have, and the grep could have
+/// found something. The volume must exist beforehand ([`in_named_volume`]).
+pub fn scan_named_volume(
+    rig: &Rig,
+    volume: &str,
+    needles: &[&str],
+    control: (&str, &str),
+) -> Vec<String> {
+    let (control_file, control_text) = control;
+    assert!(
+        !needles
+            .iter()
+            .any(|n| n.contains(control_text) || control_text.contains(n)),
+        "a needle overlaps the control {control_text:?}"
+    );
+    // -o -H -Z: one `file\0match` line per match, so one pass tells the control's
+    // matches from the needles'.
+    let mut cmd = vec!["grep", "-rHoaFZ", "-e", control_text];
+    for needle in needles {
+        cmd.extend(["-e", needle]);
+    }
+    cmd.push("/h");
+    // grep: 0 something matched, 1 nothing (not even the control), 2 an error.
+    let (code, out, err) = run_in_named_volume(rig, volume, &cmd);
+    assert!(code <= 1, "grep in volume {volume} failed ({code}): {err}");
+    let mut control_seen = false;
+    let mut holding = Vec::new();
+    for line in out.lines() {
+        let Some((file, matched)) = line.split_once('\0') else {
+            panic!("grep in volume {volume}: an unexpected line {line:?}");
+        };
+        if matched == control_text {
+            control_seen |= file == control_file;
+        } else if !holding.iter().any(|f| f == file) {
+            holding.push(file.to_string());
+        }
+    }
+    assert!(
+        control_seen,
+        "the scan of volume {volume} did not find {control_text:?} in {control_file} \
+         (grep exit {code}): not the volume it should read, or grep cannot find anything"
+    );
+    holding
 }
 
 /// Runs `cmd` as root in a container with the session's state volume at /h (read-only);
-/// returns its output lines.
+/// returns its output lines. It must exit 0.
 pub fn in_volume(rig: &Rig, id: &str, cmd: &[&str]) -> Vec<String> {
     in_named_volume(rig, &format!("caw-box-{id}"), cmd)
 }
 
-/// Runs `cmd` as root in a container with volume `volume` at /h (read-only).
+/// Runs `cmd` as root in a container with volume `volume` at /h (read-only); returns its
+/// output lines. It must exit 0, and the volume must exist ([`run_in_named_volume`]).
 pub fn in_named_volume(rig: &Rig, volume: &str, cmd: &[&str]) -> Vec<String> {
+    let (code, out, err) = run_in_named_volume(rig, volume, cmd);
+    assert_eq!(code, 0, "{cmd:?} in volume {volume}: {out}{err}");
+    out.lines().map(str::to_string).collect()
+}
+
+/// Runs `cmd` as root in a container with volume `volume` at /h (read-only): (exit code,
+/// stdout, stderr). The volume must exist beforehand: Docker would silently create an empty
+/// one of a name that drifted, and a search in it would find nothing.
+pub fn run_in_named_volume(rig: &Rig, volume: &str, cmd: &[&str]) -> (i64, String, String) {
     use bollard::models::{ContainerCreateBody, HostConfig};
-    let (_, out, _) = rig.run_container(ContainerCreateBody {
+    if let Err(e) = rig.rt.block_on(rig.docker.inspect_volume(volume)) {
+        panic!("volume {volume} does not exist (not scanning an empty one in its place): {e}");
+    }
+    rig.run_container(ContainerCreateBody {
         image: Some(stub_image()),
         entrypoint: Some(vec![cmd[0].to_string()]),
         cmd: Some(cmd[1..].iter().map(|s| s.to_string()).collect()),
@@ -747,6 +820,5 @@ pub fn in_named_volume(rig: &Rig, volume: &str, cmd: &[&str]) -> Vec<String> {
             ..Default::default()
         }),
         ..Default::default()
-    });
-    out.lines().map(str::to_string).collect()
+    })
 }
