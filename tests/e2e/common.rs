@@ -822,3 +822,171 @@ pub fn run_in_named_volume(rig: &Rig, volume: &str, cmd: &[&str]) -> (i64, Strin
         ..Default::default()
     })
 }
+
+/// Where a [`secret_scan`] looks besides every process's `/proc/*/environ` and
+/// `/proc/*/cmdline`.
+#[derive(Debug, Clone, Copy)]
+pub enum ScanScope<'a> {
+    /// No files: the /proc files only.
+    Proc,
+    /// Every file under `/` outside /proc and /sys.
+    Everything,
+    /// Every file under these directories (one of them `/tmp`, where the marker goes).
+    Dirs(&'a [&'a str]),
+}
+
+/// What a [`secret_scan`] found, each kind on its own: a scan that finds no secret must show
+/// it could have found one.
+#[derive(Debug, Default)]
+pub struct SecretScan {
+    /// Files holding a secret.
+    pub found: Vec<String>,
+    /// Files holding one of the caller's controls (e.g. the placeholder a CLI holds).
+    pub controls: Vec<String>,
+    /// Whether the file walk found the marker file the scan planted under /tmp: it reads
+    /// files. Always false for [`ScanScope::Proc`].
+    pub marker_in_file: bool,
+    /// Whether the scan found the marker in its own process's environment: it reads the
+    /// `/proc` files it may read.
+    pub marker_in_environ: bool,
+}
+
+impl SecretScan {
+    /// Whether a process's environment held a control (the CLI's placeholder).
+    pub fn control_in_environ(&self) -> bool {
+        self.controls.iter().any(|f| f.ends_with("/environ"))
+    }
+}
+
+/// The scan's script: `env CAW_SCAN_MARKER=<random> bash -c SCRIPT scan proc|all|dirs
+/// [DIR...]`, the patterns on its stdin, one a line (so that no command line or environment
+/// in the container holds them). Unless `proc`, it plants the marker in a file under /tmp;
+/// it greps every file of the scope and every `/proc/*/environ` and `/proc/*/cmdline` for
+/// the marker (in that file and its own environment) and the patterns, prints `file\0match`
+/// lines, and exits with grep's status: 0, or 2 for files it may not read and processes
+/// gone meanwhile. For docker and kubectl alike (the Kubernetes tests' scan can adopt it).
+pub const SECRET_SCAN_SCRIPT: &str = r#"[ -n "${CAW_SCAN_MARKER:-}" ] || exit 3
+d=()
+case $1 in
+all) for x in /*; do case $x in /proc|/sys) ;; *) d+=("$x");; esac; done ;;
+dirs) shift; d=("$@") ;;
+esac
+if [ ${#d[@]} -gt 0 ]; then
+  m=$(mktemp -d /tmp/caw-scan.XXXXXX) || exit 3
+  trap 'rm -rf "$m"' EXIT
+  printf '%s\n' "$CAW_SCAN_MARKER" >"$m/marker" || exit 3
+fi
+{ printf '%s\n' "$CAW_SCAN_MARKER"; cat; } | grep -rHoaFZs -D skip -f - "${d[@]}" /proc/[0-9]*/environ /proc/[0-9]*/cmdline"#;
+
+/// The command after `exec` that runs the scan with `marker`, for `scope`.
+pub fn secret_scan_argv(marker: &str, scope: ScanScope) -> Vec<String> {
+    let mut args = vec![
+        "env".to_string(),
+        format!("CAW_SCAN_MARKER={marker}"),
+        "bash".into(),
+        "-c".into(),
+        SECRET_SCAN_SCRIPT.into(),
+        "scan".into(),
+    ];
+    match scope {
+        ScanScope::Proc => args.push("proc".into()),
+        ScanScope::Everything => args.push("all".into()),
+        ScanScope::Dirs(dirs) => {
+            assert!(
+                dirs.contains(&"/tmp"),
+                "the marker goes under /tmp: {dirs:?}"
+            );
+            args.push("dirs".into());
+            args.extend(dirs.iter().map(|d| d.to_string()));
+        }
+    }
+    args
+}
+
+/// The scan's stdin: the controls and secrets, one a line.
+pub fn secret_scan_stdin(controls: &[&str], secrets: &[String]) -> Vec<u8> {
+    let mut lines: Vec<&str> = controls.to_vec();
+    lines.extend(secrets.iter().map(String::as_str));
+    let mut text = lines.join("\n");
+    text.push('\n');
+    text.into_bytes()
+}
+
+/// Sorts the scan's `file\0match` lines into a [`SecretScan`].
+pub fn parse_secret_scan(stdout: &str, marker: &str, controls: &[&str]) -> SecretScan {
+    let mut scan = SecretScan::default();
+    for line in stdout.lines() {
+        let Some((file, matched)) = line.split_once('\0') else {
+            panic!("the scan printed an unexpected line: {line:?}");
+        };
+        let list = if matched == marker {
+            scan.marker_in_file |= file.starts_with("/tmp/caw-scan.");
+            scan.marker_in_environ |= file.starts_with("/proc/") && file.ends_with("/environ");
+            continue;
+        } else if controls.contains(&matched) {
+            &mut scan.controls
+        } else {
+            &mut scan.found
+        };
+        if !list.iter().any(|f| f == file) {
+            list.push(file.to_string());
+        }
+    }
+    scan
+}
+
+/// Greps for `secrets` (fixed strings) inside a running container through `exec`: a
+/// command that runs its arguments there with stdin attached (`docker exec -i -u 1000 C`,
+/// `kubectl exec -i POD -c C --`). The same grep looks for `controls` (distinctive texts
+/// known to be there, e.g. a placeholder) and a random marker it plants in a file and in its
+/// own environment, and reports each separately: the caller asserts them. `Err` with the
+/// output when the scan did not run to its end (e.g. the container went away).
+pub fn secret_scan(
+    mut exec: Command,
+    scope: ScanScope,
+    controls: &[&str],
+    secrets: &[String],
+) -> Result<SecretScan, Output> {
+    use std::io::Write;
+    let marker = format!("cawscanmarker{}", uuid::Uuid::new_v4().simple());
+    for c in controls {
+        assert!(
+            !secrets
+                .iter()
+                .any(|s| s.contains(c) || c.contains(s.as_str())),
+            "a secret overlaps the control {c:?}"
+        );
+    }
+    let mut child = exec
+        .args(secret_scan_argv(&marker, scope))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the scan");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(&secret_scan_stdin(controls, secrets))
+        .unwrap();
+    drop(stdin);
+    let out = wait_with_deadline(child, Duration::from_secs(120));
+    // grep: 0 matches, 1 none (not even the marker: the caller's assertions say so), 2
+    // errors besides (unreadable files are expected as a user).
+    if !matches!(out.status.code(), Some(0..=2)) {
+        return Err(out);
+    }
+    Ok(parse_secret_scan(&stdout_of(&out), &marker, controls))
+}
+
+/// [`secret_scan`] in the running Docker container `container` as `user`.
+pub fn docker_secret_scan(
+    container: &str,
+    user: &str,
+    scope: ScanScope,
+    controls: &[&str],
+    secrets: &[String],
+) -> Result<SecretScan, Output> {
+    let mut exec = Command::new("docker");
+    exec.args(["exec", "-i", "-u", user, container]);
+    secret_scan(exec, scope, controls, secrets)
+}
