@@ -149,6 +149,12 @@ fn close(a: f64, b: f64) -> bool {
 /// its cost is the table's price of them.
 fn checked_cost(p: P, turn: &Value, sent: &[Value], vendor: &str, model: &str) -> f64 {
     let usage = &turn["usage"];
+    assert!(
+        sent.iter().any(|r| r.get("usage").is_some()),
+        "the stub's records have no `usage`: an older stub image ({}); build this one \
+         (scripts/stub-image.sh)",
+        stub_image()
+    );
     let models: Vec<String> = sent
         .iter()
         .filter(|r| r["usage"].is_object())
