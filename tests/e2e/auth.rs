@@ -337,8 +337,23 @@ fn a_killed_drivers_turn_leaves_no_credential_and_goes_with_the_next_turn() {
         .find(|m| m.destination.as_deref() == Some("/run/caw-box"))
         .and_then(|m| m.name.clone())
         .expect("the runtime volume");
-    // The entrypoint deleted the key from it once read: nothing to find at rest. The same
-    // grep finds the scrub list the entrypoint keeps there, naming codex's login file.
+    // The entrypoint deleted the key from it once read, before it started the CLI: once the
+    // CLI's request reached the stub, nothing is to be found at rest. (Scanned as soon as
+    // the container runs, the directory can still be empty: the entrypoint unpacks it from
+    // its stdin first.) The same grep finds the scrub list the entrypoint keeps there,
+    // naming codex's login file.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !rig
+        .stub_requests()
+        .iter()
+        .any(|r| r["body"].to_string().contains("REMEMBER:killed"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the CLI sent no request"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let holding = scan_named_volume(
         &rig,
         &runtime,
