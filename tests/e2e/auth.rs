@@ -241,10 +241,24 @@ fn a_token_replaced_by_rename_is_written_back_and_used_next_turn() {
     let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
     let answer = json["result"].as_str().unwrap();
     assert!(answer.contains(&new[..40]), "{answer}");
-    // (The conversation now quotes the token: the agent printed it. The file is gone.)
+    // (The conversation now quotes the token: the agent printed it. The file is gone.) The
+    // same find must see the session's record: it looked in the session's volume.
     assert_eq!(
-        in_volume(&rig, &id, &["find", "/h/.codex", "-name", "auth.json"]),
-        Vec::<String>::new()
+        in_volume(
+            &rig,
+            &id,
+            &[
+                "find",
+                "/h/.codex",
+                "/h/.caw-box",
+                "-name",
+                "auth.json",
+                "-o",
+                "-name",
+                "session.json"
+            ]
+        ),
+        vec![SESSION_RECORD.to_string()]
     );
 }
 
@@ -323,15 +337,34 @@ fn a_killed_drivers_turn_leaves_no_credential_and_goes_with_the_next_turn() {
         .find(|m| m.destination.as_deref() == Some("/run/caw-box"))
         .and_then(|m| m.name.clone())
         .expect("the runtime volume");
-    // The entrypoint deleted the key from it once read: nothing to find at rest.
-    let holding = in_named_volume(&rig, &runtime, &["grep", "-rl", TEST_KEY, "/h"]);
+    // The entrypoint deleted the key from it once read, before it started the CLI: once the
+    // CLI's request reached the stub, nothing is to be found at rest. (Scanned as soon as
+    // the container runs, the directory can still be empty: the entrypoint unpacks it from
+    // its stdin first.) The same grep finds the scrub list the entrypoint keeps there,
+    // naming codex's login file.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !rig
+        .stub_requests()
+        .iter()
+        .any(|r| r["body"].to_string().contains("REMEMBER:killed"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the CLI sent no request"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let holding = scan_named_volume(
+        &rig,
+        &runtime,
+        &[TEST_KEY],
+        ("/h/scrub", ".codex/auth.json"),
+    );
     assert_eq!(
         holding,
         Vec::<String>::new(),
         "the key stays in the runtime directory"
     );
-    let files = in_named_volume(&rig, &runtime, &["ls", "/h"]);
-    assert!(files.contains(&"scrub".to_string()), "{files:?}");
     child.kill().unwrap();
     child.wait().unwrap();
     // The CLI ends on its own; the container stays, with nobody to remove it.

@@ -7,7 +7,6 @@
 //! the turns on one network with one key (each turn leases its own placeholder) and leaves
 //! once no turn leased it for `CAW_BOX_BROKER_IDLE` seconds.
 
-use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -54,6 +53,10 @@ fn collect_key(rig: &Rig, p: P, home: &std::path::Path) {
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
 }
 
+/// The distinctive part of every placeholder key (`sk-…-cawbox-placeholder-…`, gemini's
+/// `AIzaCawBoxPlaceholder…`): the scans' control.
+const PLACEHOLDER_MARKS: [&str; 2] = ["cawbox-placeholder", "CawBoxPlaceholder"];
+
 /// Runs `grep -l` for `patterns` (given on the exec's stdin, so no process's command line
 /// or environment holds them) in the running `container` as `user`, over every
 /// `/proc/*/environ` and `/proc/*/cmdline` and every file under `/` outside /proc and /sys.
@@ -64,25 +67,26 @@ pub(crate) fn scan(
     patterns: &[String],
     proc_only: bool,
 ) -> Vec<String> {
-    let script = r#"d=(); if [ "$1" = all ]; then for x in /*; do case $x in /proc|/sys) ;; *) d+=("$x");; esac; done; fi
-grep -rlsaF -D skip -f /dev/stdin "${d[@]}" /proc/[0-9]*/environ /proc/[0-9]*/cmdline; true"#;
-    let mut child = Command::new("docker")
-        .args([
-            "exec", "-i", "-u", user, container, "bash", "-c", script, "scan",
-        ])
-        .arg(if proc_only { "proc" } else { "all" })
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("docker exec");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(patterns.join("\n").as_bytes()).unwrap();
-    stdin.write_all(b"\n").unwrap();
-    drop(stdin);
-    let out = wait_with_deadline(child, Duration::from_secs(120));
-    assert!(out.status.success(), "scan as {user}: {}", stderr_of(&out));
-    stdout_of(&out).lines().map(str::to_string).collect()
+    scan_with_controls(container, user, patterns, proc_only, &[]).found
+}
+
+/// [`scan`], also reporting what shows the scan could find something: `controls` (texts
+/// known to be there) and the marker file the whole-filesystem scan plants (common.rs,
+/// [`secret_scan`]).
+fn scan_with_controls(
+    container: &str,
+    user: &str,
+    patterns: &[String],
+    proc_only: bool,
+    controls: &[&str],
+) -> SecretScan {
+    let scope = if proc_only {
+        ScanScope::Proc
+    } else {
+        ScanScope::Everything
+    };
+    docker_secret_scan(container, user, scope, controls, patterns)
+        .unwrap_or_else(|out| panic!("scan as {user} ({:?}): {}", out.status, stderr_of(&out)))
 }
 
 /// `docker inspect` of every container of this test that caw-box made, as JSON.
@@ -134,8 +138,15 @@ fn broker_keeps_collected_api_keys_out_of_every_agent_container() {
             p.name
         );
         for user in ["1000", "0"] {
-            let found = scan(&container, user, &key_pieces(), false);
-            assert_eq!(found, Vec::<String>::new(), "{}: as {user}", p.name);
+            let s = scan_with_controls(&container, user, &key_pieces(), false, &PLACEHOLDER_MARKS);
+            // Root without capabilities reads neither the agent's private files nor its
+            // processes' environment (the scan as 1000 does): its own marker shows it read.
+            assert!(
+                s.marker_in_file && s.marker_in_environ && (user == "0" || s.control_in_environ()),
+                "{}: as {user}, the scan could not have found the key: {s:?}",
+                p.name
+            );
+            assert_eq!(s.found, Vec::<String>::new(), "{}: as {user}", p.name);
         }
         let inspected = inspect_all(&rig);
         assert!(
@@ -169,14 +180,10 @@ fn broker_keeps_collected_api_keys_out_of_every_agent_container() {
         assert!(!holds_a_piece(&stdout_of(&out)) && !holds_a_piece(&stderr_of(&out)));
         let id = json["session_id"].as_str().unwrap();
         // Nothing at rest: not in the state volume; only the shared broker stays.
-        let mut grep = vec!["grep", "-rlaF"];
         let pieces = key_pieces();
-        for piece in &pieces {
-            grep.extend(["-e", piece.as_str()]);
-        }
-        grep.push("/h");
+        let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
         assert_eq!(
-            in_volume(&rig, id, &grep),
+            volume_files_containing_any(&rig, id, &pieces),
             Vec::<String>::new(),
             "{}",
             p.name

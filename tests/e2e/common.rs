@@ -856,21 +856,94 @@ pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Every file in a session's state volume that contains `needle` (read as root).
+/// Where a session keeps its own record in its state volume (under HOME, at /h in
+/// [`in_volume`]): it always holds the session's id, the positive control of every scan of
+/// a session's volume.
+pub const SESSION_RECORD: &str = "/h/.caw-box/session.json";
+
+/// Every file in a session's state volume that contains `needle` (read as root). The same
+/// grep must find the session's id in its record ([`SESSION_RECORD`]): a scan that finds
+/// nothing proves it read the session's volume, not an empty one.
 pub fn volume_files_containing(rig: &Rig, id: &str, needle: &str) -> Vec<String> {
-    in_volume(rig, id, &["grep", "-rl", needle, "/h"])
+    volume_files_containing_any(rig, id, &[needle])
+}
+
+/// [`volume_files_containing`] for several needles at once (fixed strings).
+pub fn volume_files_containing_any(rig: &Rig, id: &str, needles: &[&str]) -> Vec<String> {
+    scan_named_volume(rig, &format!("caw-box-{id}"), needles, (SESSION_RECORD, id))
+}
+
+/// Every file in volume `volume` holding any of `needles` (fixed strings, read as root, in
+/// a container of the test's own). `control` is `(file, text)`: a file the volume always
+/// has and a text it holds. The same grep run must find it there, or the test fails: the
+/// volume read is the real one, with the files it should have, and the grep could have
+/// found something. The volume must exist beforehand ([`in_named_volume`]).
+pub fn scan_named_volume(
+    rig: &Rig,
+    volume: &str,
+    needles: &[&str],
+    control: (&str, &str),
+) -> Vec<String> {
+    let (control_file, control_text) = control;
+    assert!(
+        !needles
+            .iter()
+            .any(|n| n.contains(control_text) || control_text.contains(n)),
+        "a needle overlaps the control {control_text:?}"
+    );
+    // -o -H -Z: one `file\0match` line per match, so one pass tells the control's
+    // matches from the needles'.
+    let mut cmd = vec!["grep", "-rHoaFZ", "-e", control_text];
+    for needle in needles {
+        cmd.extend(["-e", needle]);
+    }
+    cmd.push("/h");
+    // grep: 0 something matched, 1 nothing (not even the control), 2 an error.
+    let (code, out, err) = run_in_named_volume(rig, volume, &cmd);
+    assert!(code <= 1, "grep in volume {volume} failed ({code}): {err}");
+    let mut control_seen = false;
+    let mut holding = Vec::new();
+    for line in out.lines() {
+        let Some((file, matched)) = line.split_once('\0') else {
+            panic!("grep in volume {volume}: an unexpected line {line:?}");
+        };
+        if matched == control_text {
+            control_seen |= file == control_file;
+        } else if !holding.iter().any(|f| f == file) {
+            holding.push(file.to_string());
+        }
+    }
+    assert!(
+        control_seen,
+        "the scan of volume {volume} did not find {control_text:?} in {control_file} \
+         (grep exit {code}): not the volume it should read, or grep cannot find anything"
+    );
+    holding
 }
 
 /// Runs `cmd` as root in a container with the session's state volume at /h (read-only);
-/// returns its output lines.
+/// returns its output lines. It must exit 0.
 pub fn in_volume(rig: &Rig, id: &str, cmd: &[&str]) -> Vec<String> {
     in_named_volume(rig, &format!("caw-box-{id}"), cmd)
 }
 
-/// Runs `cmd` as root in a container with volume `volume` at /h (read-only).
+/// Runs `cmd` as root in a container with volume `volume` at /h (read-only); returns its
+/// output lines. It must exit 0, and the volume must exist ([`run_in_named_volume`]).
 pub fn in_named_volume(rig: &Rig, volume: &str, cmd: &[&str]) -> Vec<String> {
+    let (code, out, err) = run_in_named_volume(rig, volume, cmd);
+    assert_eq!(code, 0, "{cmd:?} in volume {volume}: {out}{err}");
+    out.lines().map(str::to_string).collect()
+}
+
+/// Runs `cmd` as root in a container with volume `volume` at /h (read-only): (exit code,
+/// stdout, stderr). The volume must exist beforehand: Docker would silently create an empty
+/// one of a name that drifted, and a search in it would find nothing.
+pub fn run_in_named_volume(rig: &Rig, volume: &str, cmd: &[&str]) -> (i64, String, String) {
     use bollard::models::{ContainerCreateBody, HostConfig};
-    let (_, out, _) = rig.run_container(ContainerCreateBody {
+    if let Err(e) = rig.rt.block_on(rig.docker.inspect_volume(volume)) {
+        panic!("volume {volume} does not exist (not scanning an empty one in its place): {e}");
+    }
+    rig.run_container(ContainerCreateBody {
         image: Some(stub_image()),
         entrypoint: Some(vec![cmd[0].to_string()]),
         cmd: Some(cmd[1..].iter().map(|s| s.to_string()).collect()),
@@ -881,6 +954,173 @@ pub fn in_named_volume(rig: &Rig, volume: &str, cmd: &[&str]) -> Vec<String> {
             ..Default::default()
         }),
         ..Default::default()
-    });
-    out.lines().map(str::to_string).collect()
+    })
+}
+
+/// Where a [`secret_scan`] looks besides every process's `/proc/*/environ` and
+/// `/proc/*/cmdline`.
+#[derive(Debug, Clone, Copy)]
+pub enum ScanScope<'a> {
+    /// No files: the /proc files only.
+    Proc,
+    /// Every file under `/` outside /proc and /sys.
+    Everything,
+    /// Every file under these directories (one of them `/tmp`, where the marker goes).
+    Dirs(&'a [&'a str]),
+}
+
+/// What a [`secret_scan`] found, each kind on its own: a scan that finds no secret must show
+/// it could have found one.
+#[derive(Debug, Default)]
+pub struct SecretScan {
+    /// Files holding a secret.
+    pub found: Vec<String>,
+    /// Files holding one of the caller's controls (e.g. the placeholder a CLI holds).
+    pub controls: Vec<String>,
+    /// Whether the file walk found the marker file the scan planted under /tmp: it reads
+    /// files. Always false for [`ScanScope::Proc`].
+    pub marker_in_file: bool,
+    /// Whether the scan found the marker in its own process's environment: it reads the
+    /// `/proc` files it may read.
+    pub marker_in_environ: bool,
+}
+
+impl SecretScan {
+    /// Whether a process's environment held a control (the CLI's placeholder).
+    pub fn control_in_environ(&self) -> bool {
+        self.controls.iter().any(|f| f.ends_with("/environ"))
+    }
+}
+
+/// The scan's script: `env CAW_SCAN_MARKER=<random> bash -c SCRIPT scan proc|all|dirs
+/// [DIR...]`, the patterns on its stdin, one a line (so that no command line or environment
+/// in the container holds them). Unless `proc`, it plants the marker in a file under /tmp;
+/// it greps every file of the scope and every `/proc/*/environ` and `/proc/*/cmdline` for
+/// the marker (in that file and its own environment) and the patterns, prints `file\0match`
+/// lines, and exits with grep's status: 0, or 2 for files it may not read and processes
+/// gone meanwhile. For docker and kubectl alike (the Kubernetes tests' scan can adopt it).
+pub const SECRET_SCAN_SCRIPT: &str = r#"[ -n "${CAW_SCAN_MARKER:-}" ] || exit 3
+d=()
+case $1 in
+all) for x in /*; do case $x in /proc|/sys) ;; *) d+=("$x");; esac; done ;;
+dirs) shift; d=("$@") ;;
+esac
+if [ ${#d[@]} -gt 0 ]; then
+  m=$(mktemp -d /tmp/caw-scan.XXXXXX) || exit 3
+  trap 'rm -rf "$m"' EXIT
+  printf '%s\n' "$CAW_SCAN_MARKER" >"$m/marker" || exit 3
+fi
+{ printf '%s\n' "$CAW_SCAN_MARKER"; cat; } | grep -rHoaFZs -D skip -f - "${d[@]}" /proc/[0-9]*/environ /proc/[0-9]*/cmdline"#;
+
+/// The command after `exec` that runs the scan with `marker`, for `scope`.
+pub fn secret_scan_argv(marker: &str, scope: ScanScope) -> Vec<String> {
+    let mut args = vec![
+        "env".to_string(),
+        format!("CAW_SCAN_MARKER={marker}"),
+        "bash".into(),
+        "-c".into(),
+        SECRET_SCAN_SCRIPT.into(),
+        "scan".into(),
+    ];
+    match scope {
+        ScanScope::Proc => args.push("proc".into()),
+        ScanScope::Everything => args.push("all".into()),
+        ScanScope::Dirs(dirs) => {
+            assert!(
+                dirs.contains(&"/tmp"),
+                "the marker goes under /tmp: {dirs:?}"
+            );
+            args.push("dirs".into());
+            args.extend(dirs.iter().map(|d| d.to_string()));
+        }
+    }
+    args
+}
+
+/// The scan's stdin: the controls and secrets, one a line.
+pub fn secret_scan_stdin(controls: &[&str], secrets: &[String]) -> Vec<u8> {
+    let mut lines: Vec<&str> = controls.to_vec();
+    lines.extend(secrets.iter().map(String::as_str));
+    let mut text = lines.join("\n");
+    text.push('\n');
+    text.into_bytes()
+}
+
+/// Sorts the scan's `file\0match` lines into a [`SecretScan`].
+pub fn parse_secret_scan(stdout: &str, marker: &str, controls: &[&str]) -> SecretScan {
+    let mut scan = SecretScan::default();
+    for line in stdout.lines() {
+        let Some((file, matched)) = line.split_once('\0') else {
+            panic!("the scan printed an unexpected line: {line:?}");
+        };
+        let list = if matched == marker {
+            scan.marker_in_file |= file.starts_with("/tmp/caw-scan.");
+            scan.marker_in_environ |= file.starts_with("/proc/") && file.ends_with("/environ");
+            continue;
+        } else if controls.contains(&matched) {
+            &mut scan.controls
+        } else {
+            &mut scan.found
+        };
+        if !list.iter().any(|f| f == file) {
+            list.push(file.to_string());
+        }
+    }
+    scan
+}
+
+/// Greps for `secrets` (fixed strings) inside a running container through `exec`: a
+/// command that runs its arguments there with stdin attached (`docker exec -i -u 1000 C`,
+/// `kubectl exec -i POD -c C --`). The same grep looks for `controls` (distinctive texts
+/// known to be there, e.g. a placeholder) and a random marker it plants in a file and in its
+/// own environment, and reports each separately: the caller asserts them. `Err` with the
+/// output when the scan did not run to its end (e.g. the container went away).
+pub fn secret_scan(
+    mut exec: Command,
+    scope: ScanScope,
+    controls: &[&str],
+    secrets: &[String],
+) -> Result<SecretScan, Output> {
+    use std::io::Write;
+    let marker = format!("cawscanmarker{}", uuid::Uuid::new_v4().simple());
+    for c in controls {
+        assert!(
+            !secrets
+                .iter()
+                .any(|s| s.contains(c) || c.contains(s.as_str())),
+            "a secret overlaps the control {c:?}"
+        );
+    }
+    let mut child = exec
+        .args(secret_scan_argv(&marker, scope))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the scan");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(&secret_scan_stdin(controls, secrets))
+        .unwrap();
+    drop(stdin);
+    let out = wait_with_deadline(child, Duration::from_secs(120));
+    // grep: 0 matches, 1 none (not even the marker: the caller's assertions say so), 2
+    // errors besides (unreadable files are expected as a user).
+    if !matches!(out.status.code(), Some(0..=2)) {
+        return Err(out);
+    }
+    Ok(parse_secret_scan(&stdout_of(&out), &marker, controls))
+}
+
+/// [`secret_scan`] in the running Docker container `container` as `user`.
+pub fn docker_secret_scan(
+    container: &str,
+    user: &str,
+    scope: ScanScope,
+    controls: &[&str],
+    secrets: &[String],
+) -> Result<SecretScan, Output> {
+    let mut exec = Command::new("docker");
+    exec.args(["exec", "-i", "-u", user, container]);
+    secret_scan(exec, scope, controls, secrets)
 }

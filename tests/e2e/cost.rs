@@ -1,7 +1,9 @@
 //! Cost per turn from the pricing table, against the real CLIs and the stub model: a turn's
-//! `cost_usd` is its token counts times the table's prices for the model (claude reports
-//! its own, which must agree), `show --json` sums a session's turns and `ls --json` sums
-//! per session and per group.
+//! token counts are those the stub sent in its responses (its records' `usage`, read here in
+//! each vendor's terms, never caw-box's own reading of the CLI's report), and its `cost_usd`
+//! is those counts times the table's prices for the model each request named (claude
+//! reports its own, which must agree); `show --json` sums a session's turns and `ls --json`
+//! sums per session and per group.
 
 use serde_json::Value;
 
@@ -16,36 +18,184 @@ fn table_price(vendor: &str, model: &str) -> Value {
     row
 }
 
-fn expected_cost(price: &Value, usage: &Value) -> f64 {
-    let n = |k: &str| {
-        usage[k]
-            .as_u64()
-            .unwrap_or_else(|| panic!("{k} in {usage}")) as f64
-    };
-    let p = |k: &str| {
-        price[k]
-            .as_f64()
-            .unwrap_or(price["input"].as_f64().unwrap())
-    };
-    (n("input_tokens") * p("input")
-        + n("output_tokens") * p("output")
-        + n("cache_read_tokens") * p("cache_read")
-        + n("cache_write_tokens") * p("cache_write"))
-        / 1e6
+/// Token counts in caw-box's terms: uncached input, output, cache reads, cache writes.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Tokens {
+    input: u64,
+    output: u64,
+    cache_read: u64,
+    cache_write: u64,
+}
+
+impl Tokens {
+    fn add(&mut self, other: Tokens) {
+        self.input += other.input;
+        self.output += other.output;
+        self.cache_read += other.cache_read;
+        self.cache_write += other.cache_write;
+    }
+
+    /// What caw-box reported for a turn (`usage` of `-o json`).
+    fn reported(usage: &Value) -> Tokens {
+        let n = |k: &str| {
+            usage[k]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{k} in {usage}"))
+        };
+        Tokens {
+            input: n("input_tokens"),
+            output: n("output_tokens"),
+            cache_read: n("cache_read_tokens"),
+            cache_write: n("cache_write_tokens"),
+        }
+    }
+
+    fn cost(&self, price: &Value) -> f64 {
+        let p = |k: &str| {
+            price[k]
+                .as_f64()
+                .unwrap_or(price["input"].as_f64().unwrap())
+        };
+        (self.input as f64 * p("input")
+            + self.output as f64 * p("output")
+            + self.cache_read as f64 * p("cache_read")
+            + self.cache_write as f64 * p("cache_write"))
+            / 1e6
+    }
+}
+
+/// The tokens the stub sent in one response, read from the usage object it recorded
+/// (tests/stub-model/README.md, Records) in the vendor's own terms: OpenAI's and Google's
+/// input counts include cached tokens, Anthropic's do not.
+fn sent_tokens(record: &Value) -> Tokens {
+    let u = &record["usage"];
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    let path = record["path"].as_str().unwrap_or_default();
+    if path.starts_with("/v1/messages") {
+        Tokens {
+            input: n(&u["input_tokens"]),
+            output: n(&u["output_tokens"]),
+            cache_read: n(&u["cache_read_input_tokens"]),
+            cache_write: n(&u["cache_creation_input_tokens"]),
+        }
+    } else if path.ends_with("/responses") {
+        let cached = n(&u["input_tokens_details"]["cached_tokens"]);
+        Tokens {
+            input: n(&u["input_tokens"]) - cached,
+            output: n(&u["output_tokens"]),
+            cache_read: cached,
+            cache_write: 0,
+        }
+    } else if path.ends_with("/chat/completions") {
+        let cached = n(&u["prompt_tokens_details"]["cached_tokens"]);
+        Tokens {
+            input: n(&u["prompt_tokens"]) - cached,
+            output: n(&u["completion_tokens"]),
+            cache_read: cached,
+            cache_write: 0,
+        }
+    } else if path.contains("GenerateContent") || path.contains("generateContent") {
+        let cached = n(&u["cachedContentTokenCount"]);
+        Tokens {
+            input: n(&u["promptTokenCount"]) - cached,
+            output: n(&u["candidatesTokenCount"]) + n(&u["thoughtsTokenCount"]),
+            cache_read: cached,
+            cache_write: 0,
+        }
+    } else {
+        panic!("usage on a path the test does not know: {record}")
+    }
+}
+
+/// The model a recorded request asked for (Gemini names it in the path).
+fn model_of(record: &Value) -> String {
+    if let Some(m) = record["body"]["model"].as_str() {
+        return m.to_string();
+    }
+    let path = record["path"].as_str().unwrap_or_default();
+    path.rsplit_once("/models/")
+        .and_then(|(_, rest)| rest.split(':').next())
+        .unwrap_or_else(|| panic!("no model in {record}"))
+        .to_string()
+}
+
+/// The stub's records since `seen` of them: one turn's requests.
+fn requests_since(rig: &Rig, seen: &mut usize) -> Vec<Value> {
+    let all = rig.stub_requests();
+    let new = all[*seen..].to_vec();
+    *seen = all.len();
+    new
+}
+
+/// What one turn's model responses sent, summed, and what it cost by the table at the model
+/// each request named.
+fn sent_for_turn(requests: &[Value], vendor: &str) -> (Tokens, f64) {
+    let mut tokens = Tokens::default();
+    let mut cost = 0.0;
+    for r in requests.iter().filter(|r| r["usage"].is_object()) {
+        let sent = sent_tokens(r);
+        tokens.add(sent);
+        cost += sent.cost(&table_price(vendor, &model_of(r)));
+    }
+    (tokens, cost)
 }
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 + b.abs() * 1e-6
 }
 
+/// One turn's cost, checked: caw-box's counts are those the stub sent in the turn's
+/// responses (`sent`: the stub's records of the turn), each of them asked for `model`, and
+/// its cost is the table's price of them.
+fn checked_cost(p: P, turn: &Value, sent: &[Value], vendor: &str, model: &str) -> f64 {
+    let usage = &turn["usage"];
+    assert!(
+        sent.iter().any(|r| r.get("usage").is_some()),
+        "the stub's records have no `usage`: an older stub image ({}); build this one \
+         (scripts/stub-image.sh)",
+        stub_image()
+    );
+    let models: Vec<String> = sent
+        .iter()
+        .filter(|r| r["usage"].is_object())
+        .map(model_of)
+        .collect();
+    assert!(
+        models.iter().all(|m| m == model),
+        "{}: the turn asked for other models than {model}: {models:?}",
+        p.name
+    );
+    let (tokens, expected) = sent_for_turn(sent, vendor);
+    assert!(
+        tokens.input + tokens.cache_read > 0 && tokens.output > 0,
+        "{}: the stub sent no usage this turn: {sent:#?}",
+        p.name
+    );
+    assert_eq!(
+        Tokens::reported(usage),
+        tokens,
+        "{}: caw-box's usage is not what the stub sent: {usage}",
+        p.name
+    );
+    let cost = usage["cost_usd"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("cost_usd is null for {}: {usage}", p.name));
+    assert!(
+        close(cost, expected),
+        "{}: cost {cost} but the table gives {expected} for the stub's {tokens:?}",
+        p.name
+    );
+    cost
+}
+
 fn cost_of_turns(p: P, model: Option<&str>, vendor: &str, priced_model: &str) {
     let rig = Rig::new(&format!("cost-{}", p.name));
-    let price = table_price(vendor, priced_model);
     let group = format!("cost-group-{}", p.name);
     let mut extra = vec!["--group", group.as_str()];
     if let Some(m) = model {
         extra.extend(["--model", m]);
     }
+    let mut seen = rig.stub_requests().len();
     let mut cmd = rig.caw();
     cmd.args(["run", "--provider", p.name, "--network", &rig.network])
         .args(["--endpoint", &rig.endpoint()])
@@ -54,29 +204,16 @@ fn cost_of_turns(p: P, model: Option<&str>, vendor: &str, priced_model: &str) {
         .arg("REMEMBER:otter");
     let (code, first, stderr) = rig.json_turn(cmd);
     assert_eq!(code, 0, "first turn failed: {first}\n{stderr}");
+    let first_sent = requests_since(&rig, &mut seen);
     let id = first["session_id"].as_str().unwrap().to_string();
     let (code, second, stderr) = rig.json_turn(rig.resume_cmd(p, &id, "RECALL", &[]));
     assert_eq!(code, 0, "second turn failed: {second}\n{stderr}");
+    let second_sent = requests_since(&rig, &mut seen);
 
-    let mut costs = Vec::new();
-    for turn in [&first, &second] {
-        let usage = &turn["usage"];
-        assert!(
-            usage["input_tokens"].as_u64().unwrap() + usage["cache_read_tokens"].as_u64().unwrap()
-                > 0,
-            "the stub's turn counted no input: {usage}"
-        );
-        let cost = usage["cost_usd"]
-            .as_f64()
-            .unwrap_or_else(|| panic!("cost_usd is null for {}: {usage}", p.name));
-        let expected = expected_cost(&price, usage);
-        assert!(
-            close(cost, expected),
-            "{}: cost {cost} but the table gives {expected} for {usage}",
-            p.name
-        );
-        costs.push(cost);
-    }
+    let costs = [
+        checked_cost(p, &first, &first_sent, vendor, priced_model),
+        checked_cost(p, &second, &second_sent, vendor, priced_model),
+    ];
     let total: f64 = costs.iter().sum();
 
     let shown: Value =
@@ -98,7 +235,8 @@ fn cost_of_turns(p: P, model: Option<&str>, vendor: &str, priced_model: &str) {
         .arg("hello");
     let (code, other, stderr) = rig.json_turn(cmd);
     assert_eq!(code, 0, "other session failed: {other}\n{stderr}");
-    let other_cost = other["usage"]["cost_usd"].as_f64().expect("a cost");
+    let other_sent = requests_since(&rig, &mut seen);
+    let other_cost = checked_cost(p, &other, &other_sent, vendor, priced_model);
     let listed: Value = serde_json::from_str(&stdout_of(
         &rig.caw_run(&["ls", "--json", "--group", &group]),
     ))
@@ -148,6 +286,7 @@ fn cost_gemini_from_the_table() {
 #[test]
 fn cost_codex_default_model_from_the_table() {
     let rig = Rig::new("cost-codex-default");
+    let mut seen = rig.stub_requests().len();
     let (code, out, stderr) = rig.json_turn(rig.run_cmd(
         P {
             model: None,
@@ -157,26 +296,18 @@ fn cost_codex_default_model_from_the_table() {
         &[],
     ));
     assert_eq!(code, 0, "turn failed: {out}\n{stderr}");
-    let sent: Vec<String> = rig
-        .stub_requests()
+    let sent = requests_since(&rig, &mut seen);
+    let models: Vec<String> = sent
         .iter()
         .filter(|r| r["body"].to_string().contains("cost-default-q1"))
         .filter_map(|r| r["body"]["model"].as_str().map(String::from))
         .collect();
-    assert!(!sent.is_empty(), "no request carried the prompt");
+    assert!(!models.is_empty(), "no request carried the prompt");
     assert!(
-        sent.iter().all(|m| m == "gpt-6.1-sol"),
-        "codex's default model changed: {sent:?}"
+        models.iter().all(|m| m == "gpt-6.1-sol"),
+        "codex's default model changed: {models:?}"
     );
-    let usage = &out["usage"];
-    let cost = usage["cost_usd"]
-        .as_f64()
-        .unwrap_or_else(|| panic!("null cost: {out}"));
-    let expected = expected_cost(&table_price("openai", "gpt-6.1-sol"), usage);
-    assert!(
-        close(cost, expected),
-        "cost {cost}, the table gives {expected}: {usage}"
-    );
+    checked_cost(CODEX, &out, &sent, "openai", "gpt-6.1-sol");
 }
 
 /// A model the table does not know: `cost_usd` is null, not a guess (codex reports none).

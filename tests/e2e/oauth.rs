@@ -35,35 +35,49 @@ fn expire(rig: &Rig) {
 /// /tmp, /run, /var/tmp, /dev/shm, /workspace): a token issued while the turn runs can be
 /// nowhere else. `None` when the container is gone meanwhile.
 fn scan_writable(container: &str, user: &str, patterns: &[String]) -> Option<Vec<String>> {
-    use std::io::Write;
-    let script = r#"grep -rlsaF -D skip -f /dev/stdin /home /tmp /run /var/tmp /dev/shm /workspace /root /proc/[0-9]*/environ /proc/[0-9]*/cmdline; true"#;
-    let mut child = Command::new("docker")
-        .args(["exec", "-i", "-u", user, container, "bash", "-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("docker exec");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(patterns.join("\n").as_bytes()).unwrap();
-    stdin.write_all(b"\n").unwrap();
-    drop(stdin);
-    let out = wait_with_deadline(child, Duration::from_secs(120));
-    if !out.status.success() {
-        // A turn that ends during the scan takes the exec with it.
-        let running = Command::new("docker")
-            .args(["inspect", "-f", "{{.State.Running}}", container])
-            .output()
-            .is_ok_and(|o| stdout_of(&o).trim() == "true");
-        assert!(
-            !running,
-            "scan as {user} ({:?}): {}",
-            out.status,
-            stderr_of(&out)
-        );
-        return None;
-    }
-    Some(stdout_of(&out).lines().map(str::to_string).collect())
+    scan_writable_with_controls(container, user, patterns, &[]).map(|s| s.found)
+}
+
+/// [`scan_writable`], also reporting what shows the scan could find something: `controls`
+/// (texts known to be there) and the marker file the scan plants under /tmp (common.rs,
+/// [`secret_scan`]).
+fn scan_writable_with_controls(
+    container: &str,
+    user: &str,
+    patterns: &[String],
+    controls: &[&str],
+) -> Option<SecretScan> {
+    const WRITABLE: [&str; 7] = [
+        "/home",
+        "/tmp",
+        "/run",
+        "/var/tmp",
+        "/dev/shm",
+        "/workspace",
+        "/root",
+    ];
+    let out = match docker_secret_scan(
+        container,
+        user,
+        ScanScope::Dirs(&WRITABLE),
+        controls,
+        patterns,
+    ) {
+        Ok(scan) => return Some(scan),
+        Err(out) => out,
+    };
+    // A turn that ends during the scan takes the exec with it.
+    let running = Command::new("docker")
+        .args(["inspect", "-f", "{{.State.Running}}", container])
+        .output()
+        .is_ok_and(|o| stdout_of(&o).trim() == "true");
+    assert!(
+        !running,
+        "scan as {user} ({:?}): {}",
+        out.status,
+        stderr_of(&out)
+    );
+    None
 }
 
 /// `docker inspect` of every container of this test still there, as JSON (turns of other
@@ -403,9 +417,22 @@ fn refreshes_once_per_expiry(login: Login) {
                 );
             }
             for user in ["1000", "0"] {
-                let found = scan_writable(&container, user, &patterns)
-                    .expect("the scanned turn ended before its scan");
-                assert_eq!(found, Vec::<String>::new(), "as {user}");
+                let s = scan_writable_with_controls(
+                    &container,
+                    user,
+                    &patterns,
+                    &["cawbox-placeholder"],
+                )
+                .expect("the scanned turn ended before its scan");
+                // Root without capabilities reads neither the agent's private files nor its
+                // processes' environment (the scan as 1000 does): its own marker shows it
+                // read.
+                let placeholder = s.controls.iter().any(|f| f.ends_with(login.placeholder_in));
+                assert!(
+                    s.marker_in_file && s.marker_in_environ && (user == "0" || placeholder),
+                    "as {user}, the scan could not have found a token: {s:?}"
+                );
+                assert_eq!(s.found, Vec::<String>::new(), "as {user}");
             }
             for (name, json) in inspect_all(&rig) {
                 assert!(

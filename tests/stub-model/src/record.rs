@@ -24,6 +24,36 @@ pub struct Record {
     pub directive: String,
     /// The tool the stub called, for `RUN:`.
     pub tool: Option<String>,
+    /// The token counts the response carried (see [`sent_usage`]), as the vendor names them.
+    pub usage: Option<Value>,
+}
+
+/// The usage object a response body carried, as sent: the last of `usage`, `message.usage`,
+/// `response.usage`, `usageMetadata` and `response.usageMetadata` in the body's JSON (each
+/// `data:` line of an SSE stream, or the whole body). `None` when the response carried none
+/// (an error; chat completions streamed without `stream_options.include_usage`). Tests price
+/// these, not what a CLI or caw-box says it used.
+pub fn sent_usage(body: &str) -> Option<Value> {
+    let docs: Vec<Value> = match serde_json::from_str::<Value>(body) {
+        Ok(doc) => vec![doc],
+        Err(_) => body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str(d.trim()).ok())
+            .collect(),
+    };
+    let paths = [
+        "/usage",
+        "/message/usage",
+        "/response/usage",
+        "/usageMetadata",
+        "/response/usageMetadata",
+    ];
+    docs.iter()
+        .flat_map(|doc| paths.iter().filter_map(|p| doc.pointer(p)))
+        .rev()
+        .find(|u| u.is_object())
+        .cloned()
 }
 
 impl Record {
@@ -42,6 +72,7 @@ impl Record {
             ("key_header", json!(self.key_header)),
             ("directive", json!(self.directive)),
             ("tool", json!(self.tool)),
+            ("usage", json!(self.usage)),
         ];
         let fields: Vec<String> = fields
             .iter()
@@ -63,6 +94,7 @@ impl Record {
             "key_header": self.key_header,
             "directive": self.directive,
             "tool": self.tool,
+            "usage": self.usage,
         })
     }
 }
@@ -121,6 +153,7 @@ mod tests {
             key_header: Some("x-api-key"),
             directive: "hello".into(),
             tool: None,
+            usage: Some(json!({"input_tokens": 3, "output_tokens": 2})),
         }
     }
 
@@ -150,5 +183,41 @@ mod tests {
         assert_eq!(line["key_header"], "x-api-key");
         assert_eq!(line["directive"], "hello");
         assert!(line["tool"].is_null());
+        assert_eq!(line["usage"]["output_tokens"], 2);
+    }
+
+    #[test]
+    fn the_sent_usage_is_the_last_one_the_body_carried() {
+        // Anthropic SSE: message_start says 1 output token, message_delta the final count.
+        let sse = concat!(
+            "event: message_start\n",
+            r#"data: {"type":"message_start","message":{"usage":{"input_tokens":9,"output_tokens":1}}}"#,
+            "\n\nevent: ping\ndata: {\"type\":\"ping\"}\n\n",
+            "event: message_delta\n",
+            r#"data: {"type":"message_delta","usage":{"input_tokens":9,"output_tokens":4}}"#,
+            "\n\n"
+        );
+        assert_eq!(
+            sent_usage(sse),
+            Some(json!({"input_tokens":9,"output_tokens":4}))
+        );
+        // Responses SSE: the usage of `response.completed`, not `response.created`'s null.
+        let sse = concat!(
+            r#"data: {"type":"response.created","response":{"usage":null}}"#,
+            "\n\n",
+            r#"data: {"type":"response.completed","response":{"usage":{"input_tokens":5}}}"#,
+            "\n\n"
+        );
+        assert_eq!(sent_usage(sse), Some(json!({"input_tokens":5})));
+        // One Gemini response; a chat stream without its usage chunk; an error.
+        assert_eq!(
+            sent_usage(r#"{"candidates":[],"usageMetadata":{"promptTokenCount":7}}"#),
+            Some(json!({"promptTokenCount":7}))
+        );
+        assert_eq!(
+            sent_usage("data: {\"choices\":[]}\n\ndata: [DONE]\n\n"),
+            None
+        );
+        assert_eq!(sent_usage(r#"{"error":{"message":"no"}}"#), None);
     }
 }

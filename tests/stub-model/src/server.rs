@@ -182,6 +182,7 @@ async fn handle(
             key_header,
             directive: answer.directive.clone(),
             tool: answer.tool.clone(),
+            usage: crate::record::sent_usage(&answer.body),
         });
     }
     // Recorded first: the record tells a test the request came, while it is held.

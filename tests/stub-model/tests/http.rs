@@ -276,6 +276,87 @@ async fn chat_completions_stream_with_usage_and_done() {
         .any(|c| c["usage"]["completion_tokens"].as_u64() == Some(4)));
 }
 
+/// Each record holds the usage its response sent (the final one of a stream), and none when
+/// the response carried none: tests price what the stub sent, not what a CLI reports.
+#[tokio::test]
+async fn records_hold_the_usage_each_response_sent() {
+    let addr = start(Some(KEY)).await;
+    let auth = format!("Bearer {KEY}");
+    let chat = |include: bool| {
+        json!({"model":"stub","stream":true,"stream_options":{"include_usage":include},
+            "messages":[{"role":"user","content":"REMEMBER:heron"}]})
+    };
+    let mut sent = Vec::new();
+    let reply = post(
+        addr,
+        "/v1/messages",
+        &[("x-api-key", KEY)],
+        &anthropic_body("hello"),
+    )
+    .await;
+    let delta = reply
+        .events()
+        .iter()
+        .map(sse::Event::json)
+        .find(|e| e["type"] == "message_delta")
+        .unwrap();
+    sent.push(delta["usage"].clone());
+    let body = json!({"model":"gpt-5.5","stream":true,"input":[{"role":"user","content":"hi"}]});
+    let reply = post(addr, "/v1/responses", &[("authorization", &auth)], &body).await;
+    let done = reply
+        .events()
+        .iter()
+        .map(sse::Event::json)
+        .find(|e| e["type"] == "response.completed")
+        .unwrap();
+    sent.push(done["response"]["usage"].clone());
+    for include in [true, false] {
+        let reply = post(
+            addr,
+            "/v1/chat/completions",
+            &[("authorization", &auth)],
+            &chat(include),
+        )
+        .await;
+        let usage = reply
+            .events()
+            .iter()
+            .filter(|e| e.data != "[DONE]")
+            .map(sse::Event::json)
+            .map(|c| c["usage"].clone())
+            .find(Value::is_object)
+            .unwrap_or(Value::Null);
+        sent.push(usage);
+    }
+    let body = json!({"contents":[{"role":"user","parts":[{"text":"hi"}]}]});
+    let target = "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse";
+    let reply = post(addr, target, &[("x-goog-api-key", KEY)], &body).await;
+    let last = reply.events().last().unwrap().json();
+    sent.push(last["usageMetadata"].clone());
+    let failed = post(
+        addr,
+        "/v1/messages",
+        &[("x-api-key", KEY)],
+        &anthropic_body("FAIL:500"),
+    )
+    .await;
+    assert_eq!(failed.status, 500);
+    sent.push(Value::Null);
+
+    // Chat without `include_usage` and the error carried none.
+    let carried: Vec<bool> = sent.iter().map(Value::is_object).collect();
+    assert_eq!(carried, [true, true, true, false, true, false], "{sent:?}");
+    assert!(sent[1]["input_tokens"].as_u64().unwrap() > 0, "{sent:?}");
+    let records = send(addr, "GET", "/_stub/requests", &[], "").await.json();
+    let recorded: Vec<Value> = records
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["usage"].clone())
+        .collect();
+    assert_eq!(recorded, sent);
+}
+
 #[tokio::test]
 async fn gemini_streams_recall_and_routes_with_json() {
     let addr = start(Some(KEY)).await;
