@@ -82,19 +82,27 @@ export CAW_BOX_RIG_PID_FILE=${CAW_BOX_RIG_DIR:-/var/tmp/caw-box-rig}/dockerd.pid
 # The installed-binary test runs `cargo install` over this target dir, which re-links
 # target/debug/caw-box: a test starting caw-box at that moment finds no file. It runs alone.
 alone='test(daemon_restart) | test(an_installed_caw_box_builds_its_images_and_runs_a_turn)'
-stage main nt main --workspace --no-fail-fast --test-threads 3 \
+# A failed test stage does not stop the run: the later stages still run (their results and
+# times are in the summary), and the run fails at the end.
+failed=()
+tests() {
+    local name=$1
+    shift
+    stage "$name" "$@" || failed+=("$name")
+}
+tests main nt main --workspace --no-fail-fast --test-threads 3 \
     -E "not ($alone) & not binary(keyring)" "$@"
 # No later stage runs a Kubernetes test: the lab's processes stop now rather than idle on
 # through the rest of the run.
 lab_down
-stage installed nt installed --workspace --no-fail-fast \
+tests installed nt installed --workspace --no-fail-fast \
     -E 'test(an_installed_caw_box_builds_its_images_and_runs_a_turn)' "$@"
 # Every run names --workspace: features resolve as for the build above, so nothing is
 # compiled again (a run of one package's tests resolves its own, and rebuilds their crates).
 # The OS keyring tests run against a real Secret Service of their own.
-stage keyring scripts/with-keyring.sh cargo nextest run --workspace --no-fail-fast --test keyring "$@"
+tests keyring scripts/with-keyring.sh cargo nextest run --workspace --no-fail-fast --test keyring "$@"
 cp "$target/nextest/default/junit.xml" "$timings/keyring.xml" 2>/dev/null || true
-stage restart nt restart --workspace --no-fail-fast -E 'test(daemon_restart)' "$@"
+tests restart nt restart --workspace --no-fail-fast -E 'test(daemon_restart)' "$@"
 
 # The end-to-end tests whose code paths differ under Podman, once more against its
 # Docker-compatible service (`podman system service`, started by the Podman rig with the
@@ -135,6 +143,10 @@ podman_pass() {
     unset DOCKER_HOST
     return $rc
 }
-stage podman podman_pass "$@"
+tests podman podman_pass "$@"
 
-stage bench-smoke scripts/bench.sh --smoke
+tests bench-smoke scripts/bench.sh --smoke
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "make test: failed stages: ${failed[*]}" >&2
+    exit 1
+fi
