@@ -45,21 +45,23 @@ stage() {
         >>"$timings/stages.tsv"
     return $rc
 }
-# nt NAME ARGS...: `cargo nextest run ARGS...`, keeping its JUnit report as NAME.xml.
+# nt NAME ARGS...: `cargo nextest run ARGS...`, keeping its JUnit report as NAME.xml (nextest
+# writes it under the workspace's own target/nextest, whatever CARGO_TARGET_DIR says).
 nt() {
     local name=$1 rc=0
     shift
     cargo nextest run "$@" || rc=$?
-    cp "$target/nextest/default/junit.xml" "$timings/$name.xml" 2>/dev/null || true
+    cp target/nextest/default/junit.xml "$timings/$name.xml" 2>/dev/null || true
     return $rc
 }
 finish() {
     local rc=$?
+    set +e
     scripts/podman.sh down
     unset DOCKER_HOST
     scripts/cleanup.sh
     lab_down
-    scripts/test-summary.py "$timings" || true
+    scripts/test-summary.py "$timings"
     exit $rc
 }
 trap finish EXIT
@@ -101,7 +103,7 @@ tests installed nt installed --workspace --no-fail-fast \
 # compiled again (a run of one package's tests resolves its own, and rebuilds their crates).
 # The OS keyring tests run against a real Secret Service of their own.
 tests keyring scripts/with-keyring.sh cargo nextest run --workspace --no-fail-fast --test keyring "$@"
-cp "$target/nextest/default/junit.xml" "$timings/keyring.xml" 2>/dev/null || true
+cp target/nextest/default/junit.xml "$timings/keyring.xml" 2>/dev/null || true
 tests restart nt restart --workspace --no-fail-fast -E 'test(daemon_restart)' "$@"
 
 # The end-to-end tests whose code paths differ under Podman, once more against its
