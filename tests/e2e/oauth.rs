@@ -339,6 +339,8 @@ fn refreshes_once_per_expiry(login: Login) {
         (Some(0), Some(0)),
         "{s}"
     );
+    // What a round of turns asks the model (codex asks for its model list twice at once).
+    let round_requests = model_requests(&rig.stub_requests()).len();
 
     // Rounds 2 and 3: the access token expires; every session's next turn, in parallel.
     // Round 3 also scans one agent container while its turn runs: the stub holds every
@@ -437,24 +439,40 @@ fn refreshes_once_per_expiry(login: Login) {
         inject_turn(&rig, &base);
     }
     // The model saw the real (current) tokens only: every request the CLI sent reached it
-    // with a bearer token, and only the broker's first tries after an expiry were refused.
+    // with a bearer token, and only the broker's first tries after an expiry were refused:
+    // those of a real token the expiry ended (no placeholder), each request of a round at
+    // most once per expiry.
     let requests = rig.stub_requests();
-    let refused = requests.iter().filter(|r| r["status"] == 401).count();
+    let refused: Vec<&Value> = requests.iter().filter(|r| r["status"] == 401).collect();
     assert!(
-        refused <= 2 * sessions,
-        "{refused} refused requests: {requests:#?}"
+        refused.len() <= 2 * round_requests,
+        "{} refused requests, {round_requests} in a round: {requests:#?}",
+        refused.len()
     );
+    for r in &refused {
+        let bearer = r["headers"]["authorization"].as_str().unwrap_or("");
+        let token = secret_part(bearer.strip_prefix("Bearer ").unwrap_or(bearer));
+        assert!(
+            token == secret_part(&access) || token.starts_with("stub-access-"),
+            "refused with no real token: {r:#}"
+        );
+    }
     if let Some(path) = login.model_path {
-        let model: Vec<&Value> = requests
-            .iter()
-            .filter(|r| {
-                let p = r["path"].as_str().unwrap_or("");
-                !p.starts_with("/_stub") && !p.ends_with("/oauth/token")
-            })
-            .collect();
+        let model = model_requests(&requests);
         assert!(model.len() >= 3 * sessions, "{requests:#?}");
         assert!(model.iter().all(|r| r["path"] == path), "{requests:#?}");
     }
+}
+
+/// The requests of the CLIs among the stub's records (not the broker's refreshes).
+fn model_requests(requests: &[Value]) -> Vec<&Value> {
+    requests
+        .iter()
+        .filter(|r| {
+            let p = r["path"].as_str().unwrap_or("");
+            !p.starts_with("/_stub") && !p.ends_with("/oauth/token")
+        })
+        .collect()
 }
 
 /// A `--credentials inject` turn: the real (current) login reaches the CLI, no refresh.
