@@ -390,8 +390,9 @@ impl Rig {
         self.requests_of(&self.stub)
     }
 
-    /// The stub's own endpoints, by `docker exec` into its container (the test's network is
-    /// internal: the host does not reach it).
+    /// The stub's own endpoints, by an exec in its container: that works on any engine the
+    /// rig runs on (Podman's service too), whether or not the host reaches container
+    /// addresses.
     pub fn stub_control(&self) -> StubControl {
         StubControl::Exec(self.stub.clone())
     }

@@ -5,7 +5,8 @@
 //!
 //! The stub's token endpoint (`STUB_OAUTH`) rotates refresh tokens and rejects a used one,
 //! and its model endpoint accepts only the access token valid now; `/_stub/oauth/expire`
-//! forces the expiry. Sessions run turns in parallel across each forced expiry: eight of
+//! forces the expiry, and holds the login's requests until the test lets them meet the
+//! expired token together. Sessions run turns in parallel across each forced expiry: eight of
 //! claude (the full fan-out, for one CLI: the quickest at it), two of each other CLI (a race
 //! for the refresh all the same, and what differs between the CLIs: login file,
 //! placeholder, token endpoint).
@@ -26,8 +27,12 @@ fn oauth_status(rig: &Rig) -> Value {
     rig.stub_control().json("GET", "/_stub/oauth")
 }
 
-fn expire(rig: &Rig) {
-    rig.stub_control().json("POST", "/_stub/oauth/expire");
+/// The access token expires now; with `gate`, the stub holds the login's model requests
+/// until the test releases that name, and then checks their token.
+fn expire(rig: &Rig, gate: Option<&str>) {
+    let query = gate.map(|g| format!("?hold={g}")).unwrap_or_default();
+    rig.stub_control()
+        .json("POST", &format!("/_stub/oauth/expire{query}"));
 }
 
 /// Runs `grep -l` for `patterns` (on the exec's stdin) in the running `container` as
@@ -353,13 +358,18 @@ fn refreshes_once_per_expiry(login: Login) {
         (Some(0), Some(0)),
         "{s}"
     );
+    // What a round of turns asks the model (codex asks for its model list twice at once).
+    let round_requests = model_requests(&rig.stub_requests()).len();
 
     // Rounds 2 and 3: the access token expires; every session's next turn, in parallel.
-    // Round 3 also scans one agent container while its turn runs: the stub holds every
-    // turn's answer until the scan is done.
+    // The stub gates the login's requests until as many as there are sessions wait there,
+    // then lets them meet the expired token together: they race for the refresh, whatever
+    // the timing of the CLIs' start. Round 3 also scans one agent container while its turn
+    // runs: the stub holds every turn's answer until the scan is done.
     let mut seen_tokens = login.secrets.clone();
     for round in 2..=3u64 {
-        expire(&rig);
+        let gate = format!("expiry{round}");
+        expire(&rig, Some(&gate));
         let slow = if round == 3 { "HOLD:scan " } else { "" };
         let children: Vec<(Child, String)> = ids
             .iter()
@@ -371,6 +381,8 @@ fn refreshes_once_per_expiry(login: Login) {
                 (turn(&rig, &args).spawn().unwrap(), word)
             })
             .collect();
+        rig.stub_control().wait_held(&gate, sessions, HELD_WITHIN);
+        rig.stub_release(&gate);
         if round == 3 {
             // Every turn got past the expiry (the broker refreshed and retried) and runs.
             rig.stub_control().wait_held("scan", sessions, HELD_WITHIN);
@@ -464,24 +476,40 @@ fn refreshes_once_per_expiry(login: Login) {
         inject_turn(&rig, &base);
     }
     // The model saw the real (current) tokens only: every request the CLI sent reached it
-    // with a bearer token, and only the broker's first tries after an expiry were refused.
+    // with a bearer token, and only the broker's first tries after an expiry were refused:
+    // those of a real token the expiry ended (no placeholder), each request of a round at
+    // most once per expiry.
     let requests = rig.stub_requests();
-    let refused = requests.iter().filter(|r| r["status"] == 401).count();
+    let refused: Vec<&Value> = requests.iter().filter(|r| r["status"] == 401).collect();
     assert!(
-        refused <= 2 * sessions,
-        "{refused} refused requests: {requests:#?}"
+        refused.len() <= 2 * round_requests,
+        "{} refused requests, {round_requests} in a round: {requests:#?}",
+        refused.len()
     );
+    for r in &refused {
+        let bearer = r["headers"]["authorization"].as_str().unwrap_or("");
+        let token = secret_part(bearer.strip_prefix("Bearer ").unwrap_or(bearer));
+        assert!(
+            token == secret_part(&access) || token.starts_with("stub-access-"),
+            "refused with no real token: {r:#}"
+        );
+    }
     if let Some(path) = login.model_path {
-        let model: Vec<&Value> = requests
-            .iter()
-            .filter(|r| {
-                let p = r["path"].as_str().unwrap_or("");
-                !p.starts_with("/_stub") && !p.ends_with("/oauth/token")
-            })
-            .collect();
+        let model = model_requests(&requests);
         assert!(model.len() >= 3 * sessions, "{requests:#?}");
         assert!(model.iter().all(|r| r["path"] == path), "{requests:#?}");
     }
+}
+
+/// The requests of the CLIs among the stub's records (not the broker's refreshes).
+fn model_requests(requests: &[Value]) -> Vec<&Value> {
+    requests
+        .iter()
+        .filter(|r| {
+            let p = r["path"].as_str().unwrap_or("");
+            !p.starts_with("/_stub") && !p.ends_with("/oauth/token")
+        })
+        .collect()
 }
 
 /// A `--credentials inject` turn: the real (current) login reaches the CLI, no refresh.
@@ -541,7 +569,7 @@ fn brokers_of_locked_down_turns_hand_a_refreshed_login_on_instead_of_refreshing_
             })
             .collect(),
     );
-    expire(&rig);
+    expire(&rig, None);
     let children = firsts
         .iter()
         .enumerate()

@@ -28,6 +28,9 @@ struct Tokens {
     refreshes: u64,
     rejected: u64,
     issued: u64,
+    /// Set by an expiry with a hold: model requests wait on this `HOLD:` name before their
+    /// token is checked.
+    gate: Option<String>,
 }
 
 /// The stub's one OAuth login (see the module docs).
@@ -60,6 +63,7 @@ impl OAuth {
                 refreshes: 0,
                 rejected: 0,
                 issued: 0,
+                gate: None,
             }),
         }
     }
@@ -126,8 +130,18 @@ impl OAuth {
     }
 
     /// `POST /_stub/oauth/expire`: the current access token stops being accepted now.
-    pub fn expire(&self) {
-        self.lock().until = Instant::now();
+    /// With `gate` (`?hold=<name>`), model requests then wait until the test releases that
+    /// name before their token is checked: released at once, they all meet the expired
+    /// token together, a race for the refresh that does not depend on timing.
+    pub fn expire(&self, gate: Option<&str>) {
+        let mut t = self.lock();
+        t.until = Instant::now();
+        t.gate = gate.map(str::to_string);
+    }
+
+    /// The hold model requests wait on before their token is checked, if any.
+    pub fn gate(&self) -> Option<String> {
+        self.lock().gate.clone()
     }
 
     /// `GET /_stub/oauth`: how many refreshes were granted and rejected, and the newest
@@ -200,8 +214,11 @@ mod tests {
             (s["refreshes"].as_u64(), s["rejected"].as_u64()),
             (Some(2), Some(1))
         );
-        o.expire();
+        o.expire(None);
         assert!(!o.accepts(s["refresh_token"].as_str()));
+        assert_eq!(o.gate(), None);
+        o.expire(Some("expiry2"));
+        assert_eq!(o.gate().as_deref(), Some("expiry2"));
     }
 
     #[test]

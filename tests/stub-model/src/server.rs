@@ -268,13 +268,20 @@ async fn stub_endpoint(state: &State, method: &Method, path: &str, query: Option
             Some(o) => Answer::json(200, &o.status(), "oauth"),
             None => not_found(method, path),
         },
-        (&Method::POST, "/_stub/oauth/expire") => match &state.oauth {
-            Some(o) => {
-                o.expire();
-                Answer::json(200, &o.status(), "oauth_expire")
+        (&Method::POST, "/_stub/oauth/expire") => {
+            let hold = query
+                .into_iter()
+                .flat_map(|q| q.split('&'))
+                .find_map(|pair| pair.strip_prefix("hold="));
+            match (&state.oauth, hold) {
+                (Some(_), Some(name)) if !valid_name(name) => not_found(method, path),
+                (Some(o), hold) => {
+                    o.expire(hold);
+                    Answer::json(200, &o.status(), "oauth_expire")
+                }
+                (None, _) => not_found(method, path),
             }
-            None => not_found(method, path),
-        },
+        }
         _ => not_found(method, path),
     }
 }
@@ -441,6 +448,9 @@ async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<Presente
     // a request with a key of the vendor's own header and no bearer token is a key's.
     let by_login = state.oauth.is_some() && (bearer.is_some() || key.is_none());
     if let Some(o) = state.oauth.as_ref().filter(|_| by_login) {
+        if let Some(gate) = o.gate() {
+            state.holds.hold(&gate, MAX_HOLD).await;
+        }
         if !o.accepts(bearer) {
             let message = "stub-model: the OAuth access token is not the one valid now";
             return Answer::json(401, &protocol.error_body(401, message), "unauthorized");

@@ -652,3 +652,71 @@ async fn the_binary_prints_records_and_stops_on_sigterm() {
         .unwrap();
     assert!(status.success());
 }
+
+#[tokio::test]
+async fn an_expiry_with_a_hold_gates_login_requests_until_released() {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stub-model"))
+        .env("PORT", "0")
+        .env("STUB_OAUTH", "a0,r0")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let banner = stderr.next_line().await.unwrap().unwrap();
+    let port: u16 = banner
+        .split("0.0.0.0:")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {banner:?}"));
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let bearer = [("authorization", "Bearer a0")];
+    let ok = post(addr, "/v1/messages", &bearer, &anthropic_body("hi")).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+
+    let expired = send(addr, "POST", "/_stub/oauth/expire?hold=expiry2", &[], "").await;
+    assert_eq!(expired.status, 200, "{}", expired.body);
+    let bad = send(addr, "POST", "/_stub/oauth/expire?hold=a/b", &[], "").await;
+    assert_eq!(bad.status, 404);
+    // Two requests with the expired token wait at the gate, then meet it together.
+    let gated: Vec<_> = (0..2)
+        .map(|_| {
+            tokio::spawn(async move {
+                let body = anthropic_body("hi");
+                post(
+                    addr,
+                    "/v1/messages",
+                    &[("authorization", "Bearer a0")],
+                    &body,
+                )
+                .await
+            })
+        })
+        .collect();
+    let held = send(addr, "GET", "/_stub/holds/expiry2?min=2&wait=30", &[], "").await;
+    assert_eq!(held.json()["waiting"], 2);
+    // The token endpoint is not gated: the refresh a broker makes on the first 401.
+    let token = post(
+        addr,
+        "/v1/oauth/token",
+        &[],
+        &json!({"grant_type":"refresh_token","refresh_token":"r0"}),
+    )
+    .await;
+    assert_eq!(token.status, 200, "{}", token.body);
+    send(addr, "POST", "/_stub/release/expiry2", &[], "").await;
+    for g in gated {
+        assert_eq!(g.await.unwrap().status, 401);
+    }
+    let fresh = format!("Bearer {}", token.json()["access_token"].as_str().unwrap());
+    let again = post(
+        addr,
+        "/v1/messages",
+        &[("authorization", &fresh)],
+        &anthropic_body("hi"),
+    )
+    .await;
+    assert_eq!(again.status, 200, "{}", again.body);
+}
