@@ -671,10 +671,9 @@ impl StubControl {
                     exec_stdout(&docker, container, &cmd).await
                 });
                 let (status, body) = text.split_once('\n').unwrap_or((text.trim(), ""));
-                let status = status
-                    .trim()
-                    .parse()
-                    .unwrap_or_else(|_| panic!("{method} {path} in {container}: {text}"));
+                let status = status.trim().parse().unwrap_or_else(|_| {
+                    panic!("{method} {path} in {container}: {text:?} (container gone?)")
+                });
                 (status, body.trim_end().to_string())
             }
             StubControl::Http(base) => http_call(base, method, path),

@@ -75,7 +75,6 @@ fn detach_wait_and_stop() {
     let out = wait_with_deadline(detach.spawn().unwrap(), Duration::from_secs(60));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     assert_eq!(stdout_of(&out).trim(), id);
-    rig.wait_held("detached");
     let ls = caw_out(&rig, &["ls", "--json"]);
     let rows: Vec<Value> = serde_json::from_str(&stdout_of(&ls)).unwrap();
     let row = rows
@@ -83,15 +82,16 @@ fn detach_wait_and_stop() {
         .find(|r| r["session_id"] == id.as_str())
         .unwrap();
     assert_eq!(row["status"], "running", "{row}");
-    // logs -f follows the running turn's unified events until it ends: released once it had
-    // a second to attach (one that came later would print the recorded events).
+    // logs -f follows the running turn's unified events until it ends: the turn is released
+    // once its request is at the stub with logs -f started (one that attached later would
+    // print the recorded events).
     let mut follow = rig.caw();
     follow
         .args(["logs", "-f", &id])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let follow = follow.spawn().unwrap();
-    std::thread::sleep(Duration::from_secs(1));
+    rig.wait_held("detached");
     rig.stub_release("detached");
     let out = wait_with_deadline(follow, Duration::from_secs(120));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
