@@ -16,6 +16,7 @@ pub mod names;
 mod owner;
 pub mod patch;
 pub mod portable;
+pub mod protect;
 pub mod record;
 pub mod runner;
 #[cfg(test)]

@@ -87,6 +87,24 @@ pub struct SessionSettings {
     /// `--mcp`: the MCP servers the CLI is given (no secret values: those travel per turn).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mcp: Vec<crate::agent_config::McpServer>,
+    /// `--protect`: workspace paths made read-only to the agent beyond the defaults
+    /// (see [`crate::session::protect`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub protect: Vec<String>,
+    /// `--unprotect`: default protected paths the agent may write in this session.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unprotect: Vec<String>,
+    /// `--runtime`: the OCI runtime of the agent's container (`runsc`: gVisor); on
+    /// Kubernetes, the pod's `runtimeClassName`. `None`: the engine's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+}
+
+impl SessionSettings {
+    /// The workspace paths protected from the agent in this session (relative, `/`-separated).
+    pub fn protected_paths(&self) -> Vec<String> {
+        crate::session::protect::effective(&self.protect, &self.unprotect)
+    }
 }
 
 impl SessionSettings {
