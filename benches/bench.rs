@@ -9,7 +9,8 @@
 //! `resume` turn against plain `docker run` of the same image, command, mounts and env,
 //! against the stub model on an internal network (ratios, same run; caw-box's turns use a
 //! collected key, so they are brokered, as by default; docker run gets the key in its env);
-//! peak RSS of caw-box during a turn; 32 turns at once against the same turns one by one.
+//! peak RSS of caw-box during a turn; 32 turns at once against the same turns one by one;
+//! the bind-mode git baseline of `run` (hardened git on this machine) against plain git.
 //!
 //! A turn's ratio is the median of paired ratios: each caw-box turn against the plain
 //! `docker run` turn just before or after it (the order alternates), so that the machine's
@@ -18,7 +19,7 @@
 //! `--only cluster` (`make bench-cluster`; never part of the default run: it takes the
 //! machine's one k8s-lab) times a codex turn on the lab against a plain pod.
 //!
-//! To iterate on one number: `--only PART` (`cold`, `parse`, `listing`, `turns`,
+//! To iterate on one number: `--only PART` (`cold`, `parse`, `listing`, `gitbase`, `turns`,
 //! `concurrent`, `cluster`; repeatable) runs just those parts, `--provider P` (repeatable)
 //! just those providers' turns, `--reps N` sets the repetitions of each turn (default: 31
 //! for codex, 21 for claude, 11 for the slower opencode and gemini turns). `BENCH_DEBUG=1`
@@ -241,6 +242,81 @@ fn cold_start(runs: usize, smoke: bool) -> Measure {
         target: "<= 5 ms".into(),
         met: (!smoke).then_some(ms <= 5.0),
     }
+}
+
+/// The baseline `run` records in a bind-mode git workspace (for `diff --patch`): caw-box's
+/// hardened git on this machine (a private repository over the work tree, nothing of the
+/// repository's config run) against the plain `git add -A` with a temporary index that it
+/// replaced, on a repository of 1,000 files with a tenth changed and 50 untracked. Paid
+/// once per session, at `run`.
+async fn git_baseline(runs: usize) -> Vec<Measure> {
+    let repo = tempfile::tempdir().unwrap();
+    let w = repo.path();
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .args(["-c", "user.name=b", "-c", "user.email=b@b"])
+            .args(args)
+            .current_dir(w)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    };
+    for i in 0..1000 {
+        let dir = w.join(format!("src/{}", i / 100));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join(format!("f{i}.txt")),
+            format!("file {i}\n").repeat(20),
+        )
+        .unwrap();
+    }
+    git(&["init", "-q"]);
+    git(&["add", "."]);
+    git(&["commit", "-qm", "base"]);
+    for i in (0..1000).step_by(10) {
+        std::fs::write(w.join(format!("src/{}/f{i}.txt", i / 100)), "changed\n").unwrap();
+    }
+    for i in 0..50 {
+        std::fs::write(w.join(format!("new{i}.txt")), "untracked\n").unwrap();
+    }
+    let dir = w.to_str().unwrap();
+    let mut hardened = Vec::new();
+    let mut plain = Vec::new();
+    for _ in 0..runs {
+        let started = Instant::now();
+        assert!(caw_box::session::patch::host_base(dir).await.is_some());
+        hardened.push(started.elapsed().as_secs_f64() * 1000.0);
+        let index = tempfile::tempdir().unwrap();
+        let started = Instant::now();
+        let out = Command::new("sh")
+            .args([
+                "-c",
+                "cp .git/index \"$I\" && GIT_INDEX_FILE=\"$I\" git add -A . && \
+                 GIT_INDEX_FILE=\"$I\" git write-tree",
+            ])
+            .env("I", index.path().join("index"))
+            .current_dir(w)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        plain.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    vec![
+        Measure {
+            name: "git baseline at run: hardened host git".into(),
+            value: median(hardened),
+            unit: "ms",
+            target: "(reported)".into(),
+            met: None,
+        },
+        Measure {
+            name: "git baseline at run: plain git add -A (before)".into(),
+            value: median(plain),
+            unit: "ms",
+            target: "(reported)".into(),
+            met: None,
+        },
+    ]
 }
 
 /// A stub model on an internal network of the benchmark's own, like the e2e rig.
@@ -783,6 +859,9 @@ fn main() {
     }
     if filter.wants("listing") {
         results.extend(rt.block_on(listing(sessions, runs, smoke)));
+    }
+    if filter.wants("gitbase") {
+        results.extend(rt.block_on(git_baseline(runs)));
     }
     if filter.wants("turns") || filter.wants("concurrent") {
         results.extend(turns(smoke, &filter));

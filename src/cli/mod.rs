@@ -215,8 +215,13 @@ pub enum Command {
         target: String,
     },
     /// Copy a copy-mode session's workspace out to DIR.
+    ///
+    /// The agent's changes to the session's protected paths (`.git/config`, `.git/hooks/`,
+    /// `.envrc`, `.vscode/`, ... as `caw-box show` lists them) are left out and named on
+    /// stderr: programs on this machine would run them by themselves. Protected files the
+    /// agent left as they were copied are written as usual.
     #[command(
-        after_help = "Examples:\n  caw-box export fixer ./fixer-result\n  caw-box export fixer . --force"
+        after_help = "Examples:\n  caw-box export fixer ./fixer-result\n  caw-box export fixer . --force\n  caw-box export fixer ./fixer-result --json\n  caw-box export fixer ./review --include-protected   # also the agent's hooks, config, ..."
     )]
     Export {
         /// A handle, session id, unique id prefix (4+ characters) or session name.
@@ -225,13 +230,24 @@ pub enum Command {
         /// Write into a non-empty DIR, over files of the same name.
         #[arg(long)]
         force: bool,
+        /// Also write the agent's changes to protected paths (git hooks and config, `.envrc`,
+        /// editor tasks, ...). Read them before git, direnv or an editor runs them, e.g.
+        /// `caw-box export fixer ./review --include-protected`.
+        #[arg(long)]
+        include_protected: bool,
+        /// Print what was written as one JSON object on stdout (with the protected changes,
+        /// each `included` or not), e.g. `caw-box export fixer ./out --json`.
+        #[arg(long)]
+        json: bool,
     },
     /// What the agent changed: a listing (copy mode), or a patch (`--patch`).
     ///
     /// The listing is of a copy-mode workspace; the patch, of a copy-mode workspace or of a
-    /// bind-mode git workspace, against the workspace as it was at session start.
+    /// bind-mode git workspace, against the workspace as it was at session start. The patch
+    /// leaves out the agent's changes to the session's protected paths and names them on
+    /// stderr (a patch never carries `.git` itself).
     #[command(
-        after_help = "Examples:\n  caw-box diff fixer\n  caw-box diff fixer --patch fixer.patch && git apply fixer.patch\n  caw-box diff fixer --patch | git apply --check"
+        after_help = "Examples:\n  caw-box diff fixer\n  caw-box diff fixer --patch fixer.patch && git apply fixer.patch\n  caw-box diff fixer --patch | git apply --check\n  caw-box diff fixer --patch fixer.patch --json\n  caw-box diff fixer --patch fixer.patch --include-protected"
     )]
     Diff {
         /// A handle, session id, unique id prefix (4+ characters) or session name.
@@ -240,6 +256,16 @@ pub enum Command {
         /// deleted, renamed, binary and mode changes), to FILE, or stdout without one (or `-`).
         #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
         patch: Option<PathBuf>,
+        /// Let the patch carry the agent's changes to protected paths too (`.envrc`,
+        /// `.vscode/`, `.gitmodules`, ...), e.g. `caw-box diff fixer --patch f.patch
+        /// --include-protected`.
+        #[arg(long, requires = "patch")]
+        include_protected: bool,
+        /// With `--patch FILE`: print what was written as one JSON object on stdout (with the
+        /// protected changes, each `included` or not), e.g. `caw-box diff fixer --patch
+        /// f.patch --json`.
+        #[arg(long, requires = "patch")]
+        json: bool,
     },
     /// Delete sessions: their containers and volumes.
     #[command(after_help = "Examples:\n  caw-box rm fixer\n  caw-box rm --group team --force")]

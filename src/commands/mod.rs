@@ -8,6 +8,7 @@ pub mod image;
 pub mod manage;
 pub mod portable;
 pub mod turn;
+pub mod workspace;
 
 use crate::cli::{AuthCommand, Cli, Command, ConfigCommand, ImageCommand, SessionCommand};
 use crate::error::Result;
@@ -59,10 +60,33 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             group,
         } => manage::gc(&older_than, dry_run, group.as_deref()).await,
         Command::Drive => turn::detached_driver().await,
-        Command::Export { target, dir, force } => {
-            manage::export(&target, &dir, force, cli.quiet).await
+        Command::Export {
+            target,
+            dir,
+            force,
+            include_protected,
+            json,
+        } => {
+            let how = workspace::Outbound {
+                include_protected,
+                json,
+                quiet: cli.quiet,
+            };
+            workspace::export(&target, &dir, force, how).await
         }
-        Command::Diff { target, patch } => manage::diff(&target, patch.as_deref(), cli.quiet).await,
+        Command::Diff {
+            target,
+            patch,
+            include_protected,
+            json,
+        } => {
+            let how = workspace::Outbound {
+                include_protected,
+                json,
+                quiet: cli.quiet,
+            };
+            workspace::diff(&target, patch.as_deref(), how).await
+        }
         Command::Session(SessionCommand::Export {
             target,
             file,

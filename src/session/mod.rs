@@ -17,6 +17,7 @@ mod owner;
 pub mod patch;
 pub mod portable;
 pub mod protect;
+pub mod protected_out;
 pub mod record;
 pub mod runner;
 #[cfg(test)]
@@ -24,6 +25,7 @@ pub(crate) use broker::sidecar_entrypoint;
 pub(crate) use broker::{POD_END_DIR, POD_END_FILE, SIDECAR};
 pub(crate) use headless::EXIT_MARKER;
 mod runtime;
+pub mod safe_git;
 pub mod target;
 mod turn;
 pub mod workspace;

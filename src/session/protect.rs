@@ -47,6 +47,10 @@ pub const DEFAULT_PROTECTED: &[(&str, &str)] = &[
     ),
     (".husky", "hooks run by git when core.hooksPath names it"),
     ("lefthook.yml", "commands the lefthook hook runs"),
+    (
+        ".caw-box.toml",
+        "caw-box's own project file: the network, endpoint and host variables of the next run",
+    ),
     (".lefthook.yml", "commands the lefthook hook runs"),
 ];
 

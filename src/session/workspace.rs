@@ -8,8 +8,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+use base64::Engine;
 use uuid::Uuid;
 
 use crate::backend::{Backend, CreateError};
@@ -17,23 +16,10 @@ use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, TarFile};
 use crate::error::{Error, Result};
 use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
 use crate::session::names::{self, labels, roles, LabelSet};
+use crate::session::protected_out::{self, sha256_hex as hash, ProtectedChange};
+use crate::session::protected_out::{CopyRecord as Base, RECORD_PATH as BASE_PATH};
+use crate::session::safe_git;
 use crate::session::target::VolumeFacts;
-
-/// Where the hashes of the copied tree are kept, under HOME in the state volume.
-const BASE_PATH: &str = ".caw-box/workspace-base.json";
-
-/// The copied tree's files and their SHA-256, relative to the workspace root.
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct Base {
-    files: BTreeMap<String, String>,
-}
-
-fn hash(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// A workspace as copied at session start.
 struct Copied {
@@ -49,7 +35,10 @@ struct Copied {
 fn archive(dir: &Path, uid: u64, gid: u64) -> Result<Copied> {
     let mut builder = tar::Builder::new(Vec::new());
     let mut baseline = tar::Builder::new(Vec::new());
-    let mut base = Base::default();
+    let mut base = Base {
+        executable: Some(Default::default()),
+        ..Default::default()
+    };
     let walker = ignore::WalkBuilder::new(dir)
         .hidden(false)
         .git_ignore(true)
@@ -109,6 +98,9 @@ fn archive(dir: &Path, uid: u64, gid: u64) -> Result<Copied> {
         } else if ft.is_file() {
             let bytes = std::fs::read(path).map_err(|e| fail(&e))?;
             base.files.insert(rel.clone(), hash(&bytes));
+            if meta.permissions().mode() & 0o111 != 0 {
+                base.executable.get_or_insert_default().insert(rel.clone());
+            }
             h.set_entry_type(tar::EntryType::Regular);
             h.set_size(bytes.len() as u64);
             builder
@@ -255,13 +247,24 @@ async fn current_tree(backend: &impl Backend, facts: &VolumeFacts) -> Result<Vec
     .await
 }
 
-/// Writes the workspace to `dir` (which must be empty or absent, unless `force`).
+/// What `export` wrote.
+#[derive(Debug)]
+pub struct Exported {
+    /// Regular files written.
+    pub files: usize,
+    /// The agent's changes to protected paths: left out, or written (`included`).
+    pub protected: Vec<ProtectedChange>,
+}
+
+/// Writes the workspace to `dir` (which must be empty or absent, unless `force`), without
+/// the agent's changes to the session's protected paths unless `include_protected`.
 pub async fn export(
     backend: &impl Backend,
     facts: &VolumeFacts,
     dir: &Path,
     force: bool,
-) -> Result<usize> {
+    include_protected: bool,
+) -> Result<Exported> {
     require_copy_mode(facts)?;
     if dir.exists() {
         let non_empty = std::fs::read_dir(dir)
@@ -275,37 +278,28 @@ pub async fn export(
     }
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::usage(format!("cannot create '{}': {e}", dir.display())))?;
-    let tar = current_tree(backend, facts).await?;
-    let mut archive = tar::Archive::new(&tar[..]);
-    archive.set_preserve_ownerships(false);
-    archive.set_overwrite(true);
-    let mut count = 0;
-    for entry in archive
-        .entries()
-        .map_err(|e| Error::environment(format!("bad archive from Docker: {e}")))?
-    {
-        let mut entry =
-            entry.map_err(|e| Error::environment(format!("bad archive from Docker: {e}")))?;
-        let path = entry
-            .path()
-            .map_err(|e| Error::environment(e.to_string()))?
-            .to_path_buf();
-        // Docker names entries `./…` for `/workspace/.`; unpack_in refuses escapes.
-        let rel: std::path::PathBuf = path
-            .components()
-            .filter(|c| !matches!(c, std::path::Component::CurDir))
-            .collect();
-        if rel.as_os_str().is_empty() {
-            continue;
-        }
-        if entry.header().entry_type().is_file() {
-            count += 1;
-        }
-        entry.unpack_in(dir).map_err(|e| {
-            Error::environment(format!("cannot write into '{}': {e}", dir.display()))
-        })?;
-    }
-    Ok(count)
+    // The tree and the record of the copy it is judged against, from one holder.
+    let (tar, record) = with_holder(
+        backend,
+        holder(&facts.settings.image, facts.session_id, true, true),
+        facts.session_id,
+        async |name: &str| {
+            let tree = backend
+                .download_tar(name, &format!("{WORKSPACE_DIR}/."))
+                .await?
+                .unwrap_or_default();
+            let record = backend
+                .download_file(name, &format!("{AGENT_HOME}/{BASE_PATH}"))
+                .await?;
+            Ok((tree, record))
+        },
+    )
+    .await?;
+    let record: Option<Base> = record.and_then(|bytes| serde_json::from_slice(&bytes).ok());
+    let protected = protected_out::Protected::new(&facts.settings.protected_paths());
+    let (files, protected) =
+        protected_out::unpack(&tar, dir, &protected, record.as_ref(), include_protected)?;
+    Ok(Exported { files, protected })
 }
 
 /// What the agent changed: `git status` + `git diff` for a repository, else `A`/`M`/`D`
@@ -343,45 +337,7 @@ pub async fn diff(
         }
     }
     if is_repo {
-        let mut spec = holder(&facts.settings.image, facts.session_id, false, true);
-        spec.entrypoint = vec!["git".into()];
-        spec.argv = [
-            "-c",
-            "color.ui=never",
-            "-C",
-            WORKSPACE_DIR,
-            "-c",
-            "core.pager=cat",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        spec.env = vec!["GIT_OPTIONAL_LOCKS=0".into(), "HOME=/tmp".into()];
-        spec.user = Some(format!("{uid}:{gid}"));
-        let run = |args: &[&str]| {
-            let mut s = spec.clone();
-            s.argv.extend(args.iter().map(|a| a.to_string()));
-            s
-        };
-        let name = |what: &str| names::helper_container(facts.session_id, what);
-        let (code, status, err) = backend
-            .run_to_completion(&name("status"), &run(&["status", "--short"]))
-            .await
-            .map_err(Error::from)?;
-        if code != 0 {
-            return Err(Error::environment(format!(
-                "git status in the workspace failed: {}",
-                err.trim()
-            )));
-        }
-        let (_, diff, _) = backend
-            .run_to_completion(&name("diff"), &run(&["diff"]))
-            .await
-            .map_err(Error::from)?;
-        return Ok(format!(
-            "{status}{}{diff}",
-            if diff.is_empty() { "" } else { "\n" }
-        ));
+        return git_listing(backend, facts, (uid, gid)).await;
     }
     let base: Base = read_base(backend, facts).await?;
     let mut out = String::new();
@@ -396,6 +352,59 @@ pub async fn diff(
         out.push_str(&format!("D {path}\n"));
     }
     Ok(out)
+}
+
+/// `git status --short` and `git diff` of the copy, each a base64 line, by a private
+/// repository over it ([`safe_git`]) with the copy's HEAD, refs and index: no config, hook
+/// or filter of the agent's runs, even here in a helper container.
+const LISTING_SCRIPT: &str = r#"t=/tmp/caw-box-diff
+private_repo /workspace "$t/git"
+if [ -f /workspace/.git/HEAD ]; then cp /workspace/.git/HEAD "$t/git/HEAD"; fi
+if [ -d /workspace/.git/refs ]; then cp -R /workspace/.git/refs/. "$t/git/refs/"; fi
+if [ -f /workspace/.git/packed-refs ]; then cp /workspace/.git/packed-refs "$t/git/"; fi
+export GIT_OBJECT_DIRECTORY=/workspace/.git/objects GIT_INDEX_FILE="$t/index"
+if [ -f /workspace/.git/index ]; then cp /workspace/.git/index "$GIT_INDEX_FILE"; fi
+cd /workspace
+git status --short > "$t/status"
+git diff --no-color --no-ext-diff --no-textconv > "$t/diff" || true
+base64 -w0 "$t/status"; echo
+base64 -w0 "$t/diff"; echo
+"#;
+
+async fn git_listing(
+    backend: &impl Backend,
+    facts: &VolumeFacts,
+    (uid, gid): (u32, u32),
+) -> Result<String> {
+    let mut spec = holder(&facts.settings.image, facts.session_id, false, true);
+    spec.entrypoint = vec!["sh".into(), "-c".into(), safe_git::script(LISTING_SCRIPT)];
+    spec.env = safe_git::helper_env();
+    spec.user = Some(format!("{uid}:{gid}"));
+    spec.drop_all_capabilities = true;
+    spec.no_new_privileges = true;
+    let name = names::helper_container(facts.session_id, "status");
+    let (code, out, err) = backend
+        .run_to_completion(&name, &spec)
+        .await
+        .map_err(Error::from)?;
+    if code != 0 {
+        return Err(Error::environment(format!(
+            "git status in the workspace failed: {}",
+            err.trim()
+        )));
+    }
+    let mut parts = out.split('\n').map(|line| {
+        base64::engine::general_purpose::STANDARD
+            .decode(line.trim())
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .map_err(|e| Error::environment(format!("git's listing came back damaged: {e}")))
+    });
+    let status = parts.next().transpose()?.unwrap_or_default();
+    let diff = parts.next().transpose()?.unwrap_or_default();
+    Ok(format!(
+        "{status}{}{diff}",
+        if diff.is_empty() { "" } else { "\n" }
+    ))
 }
 
 async fn read_base(backend: &impl Backend, facts: &VolumeFacts) -> Result<Base> {

@@ -13,6 +13,7 @@ mod config;
 mod contexts;
 mod control;
 mod cost;
+mod doors;
 mod hardening;
 mod images;
 mod in_container;
