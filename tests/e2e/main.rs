@@ -25,6 +25,7 @@ mod patch;
 mod portable;
 mod release;
 mod restart;
+mod runtime;
 mod sandbox;
 mod sessions;
 mod ssh_host;
