@@ -10,7 +10,9 @@
 //! against the stub model on an internal network (ratios, same run; caw-box's turns use a
 //! collected key, so they are brokered, as by default; docker run gets the key in its env);
 //! peak RSS of caw-box during a turn; 32 turns at once against the same turns one by one;
-//! the bind-mode git baseline of `run` (hardened git on this machine) against plain git.
+//! the bind-mode git baseline of `run` (hardened git on this machine) against plain git;
+//! a codex `run` and `resume` on gVisor (`--runtime runsc`) against plain `docker run
+//! --runtime runsc` (part `runsc`, when the daemon has that runtime).
 //!
 //! A turn's ratio is the median of paired ratios: each caw-box turn against the plain
 //! `docker run` turn just before or after it (the order alternates), so that the machine's
@@ -20,7 +22,7 @@
 //! machine's one k8s-lab) times a codex turn on the lab against a plain pod.
 //!
 //! To iterate on one number: `--only PART` (`cold`, `parse`, `listing`, `gitbase`, `turns`,
-//! `concurrent`, `cluster`; repeatable) runs just those parts, `--provider P` (repeatable)
+//! `runsc`, `concurrent`, `cluster`; repeatable) runs just those parts, `--provider P` (repeatable)
 //! just those providers' turns, `--reps N` sets the repetitions of each turn (default: 31
 //! for codex, 21 for claude, 11 for the slower opencode and gemini turns). `BENCH_DEBUG=1`
 //! prints every turn's samples.
@@ -441,6 +443,9 @@ struct Bench {
     /// (a shared 2-core machine), against caw-box's few milliseconds: the short turns get
     /// more, so that the median's own error stays near 2% for each provider.
     reps: usize,
+    /// The OCI runtime of both sides (`--runtime`, `docker run --runtime`); `None`: the
+    /// daemon's default.
+    runtime: Option<&'static str>,
 }
 
 const TURN_BENCHES: [Bench; 4] = [
@@ -449,26 +454,49 @@ const TURN_BENCHES: [Bench; 4] = [
         key_var: "ANTHROPIC_API_KEY",
         model: None,
         reps: 21,
+        runtime: None,
     },
     Bench {
         provider: ProviderKind::Codex,
         key_var: "OPENAI_API_KEY",
         model: Some("gpt-5.5"),
         reps: 31,
+        runtime: None,
     },
     Bench {
         provider: ProviderKind::Opencode,
         key_var: "OPENAI_API_KEY",
         model: Some("stub-model"),
         reps: 11,
+        runtime: None,
     },
     Bench {
         provider: ProviderKind::Gemini,
         key_var: "GEMINI_API_KEY",
         model: Some("gemini-2.5-flash"),
         reps: 11,
+        runtime: None,
     },
 ];
+
+/// A codex turn on gVisor (`--runtime runsc`) against plain `docker run --runtime runsc`:
+/// part `runsc`, measured when the daemon has that runtime (`scripts/rig.sh up` adds it).
+/// Its turns take some 2.5 times a runc turn's: fewer repetitions.
+const RUNSC_BENCH: Bench = Bench {
+    provider: ProviderKind::Codex,
+    key_var: "OPENAI_API_KEY",
+    model: Some("gpt-5.5"),
+    reps: 11,
+    runtime: Some("runsc"),
+};
+
+/// Whether the daemon lists the OCI runtime `name`.
+fn daemon_has_runtime(name: &str) -> bool {
+    Command::new("docker")
+        .args(["info", "--format", "{{json .Runtimes}}"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!("\"{name}\"")))
+}
 
 /// The largest anonymous part of a measured process's RSS (heap, stacks, dirty data) seen by
 /// [`timed`], in KiB: the rest of its RSS is file pages (the executable's and libraries'
@@ -555,6 +583,9 @@ fn caw_turn(
             c.args(["resume", id]);
         }
     }
+    if let Some(runtime) = b.runtime {
+        c.args(["--runtime", runtime]);
+    }
     c.args(["-q", "-o", "json", prompt])
         .env("CAW_BOX_DATA_DIR", &rig.data_dir)
         .env("CAW_BOX_LABELS", &rig.label)
@@ -622,6 +653,9 @@ fn docker_turn(
     .args(["-v", &format!("{}:/run/caw-box", run_dir.path().display())])
     .args(["-w", "/workspace", "-e", "HOME=/home/agent"])
     .args(["-e", &format!("{}={BENCH_KEY}", b.key_var)]);
+    if let Some(runtime) = b.runtime {
+        c.args(["--runtime", runtime]);
+    }
     for (k, v) in &command.env {
         c.args(["-e", &format!("{k}={v}")]);
     }
@@ -704,6 +738,16 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
             }
         })
         .collect();
+    let mut benches = benches;
+    let codex_wanted =
+        filter.providers.is_empty() || filter.providers.contains(&ProviderKind::Codex);
+    if filter.wants("runsc") && codex_wanted {
+        if daemon_has_runtime("runsc") {
+            benches.push(&RUNSC_BENCH);
+        } else {
+            eprintln!("runsc: the Docker daemon has no runsc runtime (scripts/rig.sh up adds it): not measured");
+        }
+    }
     let measured_turns = !benches.is_empty();
     for b in benches {
         let reps = filter.reps.unwrap_or(if smoke { 1 } else { b.reps });
@@ -762,9 +806,10 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
                 eprintln!("{what} caw {caw:.3?}\n{what} dk  {dk:.3?}");
             }
             let (c, d) = (median(caw), median(dk));
+            let on = b.runtime.map(|r| format!(" ({r})")).unwrap_or_default();
             results.push(Measure {
                 name: format!(
-                    "{} {what}: caw-box {:.0} ms / docker run {:.0} ms",
+                    "{}{on} {what}: caw-box {:.0} ms / docker run {:.0} ms",
                     b.provider,
                     c * 1000.0,
                     d * 1000.0
@@ -863,7 +908,7 @@ fn main() {
     if filter.wants("gitbase") {
         results.extend(rt.block_on(git_baseline(runs)));
     }
-    if filter.wants("turns") || filter.wants("concurrent") {
+    if filter.wants("turns") || filter.wants("concurrent") || filter.wants("runsc") {
         results.extend(turns(smoke, &filter));
     }
     // Only when asked: it takes the machine's one k8s-lab (`make test` runs its own).

@@ -2,7 +2,8 @@
 # The Docker rig: makes sure a Docker daemon answers, and builds the local base image that
 # the caw-box images are built from on a machine without a registry.
 #
-#   scripts/rig.sh up          reuse a running daemon, or install docker.io and start dockerd
+#   scripts/rig.sh up          reuse a running daemon, or install docker.io and start dockerd;
+#                              either way with gVisor's runsc registered (`--runtime runsc`)
 #   scripts/rig.sh down        stop the daemon that `up` started (by its PID), nothing else
 #   scripts/rig.sh restart     stop and start the daemon that `up` started (tests use this)
 #   scripts/rig.sh base        build the local base image (debootstrap + node), cached by tag
@@ -42,10 +43,79 @@ apt_install() {
         || die "apt-get install $* failed"
 }
 
+# gVisor (`--runtime runsc`): Debian's runsc, registered in the daemon's config file as
+# `runtimes.runsc`. Its 2022 build refuses to start a sandbox with its own network stack
+# on this kind of machine ("cannot run with network enabled in root network namespace",
+# a misfiring check): `--network=host` makes it use the network namespace Docker gives
+# the container (the container keeps its own namespace and Docker networks).
+RUNSC_ARGS='["--network=host"]'
+
+daemon_has_runsc() {
+    docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'
+}
+
+# The config file a running dockerd reads (again on SIGHUP): its --config-file, else the
+# default.
+config_file_of() {
+    local arg next=
+    while IFS= read -r -d '' arg; do
+        if [ -n "$next" ]; then printf '%s\n' "$arg"; return; fi
+        case $arg in
+            --config-file=*) printf '%s\n' "${arg#--config-file=}"; return ;;
+            --config-file) next=1 ;;
+        esac
+    done <"/proc/$1/cmdline"
+    echo /etc/docker/daemon.json
+}
+
+# Adds runsc to the dockerd config file $1 (made if missing), keeping all else in it.
+register_runsc() {
+    command -v runsc >/dev/null 2>&1 || apt_install runsc
+    command -v python3 >/dev/null 2>&1 || apt_install python3
+    as_root mkdir -p "$(dirname "$1")"
+    as_root python3 - "$1" "$(command -v runsc)" "$RUNSC_ARGS" <<'PY' \
+        || die "could not add runsc to $1"
+import json, os, sys
+path, runsc, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+conf = {}
+if os.path.exists(path) and os.path.getsize(path) > 0:
+    with open(path) as f:
+        conf = json.load(f)
+conf.setdefault("runtimes", {})["runsc"] = {"path": runsc, "runtimeArgs": args}
+with open(path + ".rig-new", "w") as f:
+    json.dump(conf, f, indent=2)
+    f.write("\n")
+os.replace(path + ".rig-new", path)
+PY
+}
+
+# A daemon the rig started without runsc (an older rig): registered and reloaded in place
+# (dockerd re-reads `runtimes` on SIGHUP; its containers keep running). A daemon the rig
+# did not start is only told about.
+ensure_runsc() {
+    daemon_has_runsc && return 0
+    local pid
+    if ! pid=$(our_pid); then
+        say "note: this Docker daemon has no runsc runtime (gVisor), and the rig did not start it: the --runtime runsc tests fail; \`caw-box doctor\` says how to add it"
+        return 0
+    fi
+    local conf
+    conf=$(config_file_of "$pid")
+    register_runsc "$conf"
+    as_root kill -HUP "$pid"
+    local i
+    for i in $(seq 1 40); do
+        daemon_has_runsc && return 0
+        sleep 0.25
+    done
+    die "dockerd (pid $pid) did not take runsc from $conf after SIGHUP; see $LOG_FILE"
+}
+
 start_daemon() {
     command -v dockerd >/dev/null 2>&1 || apt_install docker.io
     mkdir -p "$RIG_DIR"
     rm -f "$PID_FILE"
+    register_runsc /etc/docker/daemon.json
     # setsid: the daemon must outlive the shell that started it and ignore its Ctrl-C.
     # dockerd writes its own PID, so `down` stops exactly the process that runs.
     # A plain command (no shell function) so no waiting subshell is left behind.
@@ -78,7 +148,7 @@ stop_daemon() {
 }
 
 cmd_up() {
-    if daemon_answers; then return 0; fi
+    if daemon_answers; then ensure_runsc >&2; return 0; fi
     if our_pid >/dev/null; then
         die "dockerd (pid $(our_pid)) runs but does not answer; see $LOG_FILE"
     fi

@@ -97,8 +97,8 @@ impl Client {
         &self.backend
     }
 
-    /// Creates a session's state volume. Checks first (image present, name free), so a
-    /// refused session leaves nothing behind.
+    /// Creates a session's state volume. Checks first (image present, name free, the
+    /// `runtime` one the backend has), so a refused session leaves nothing behind.
     pub async fn start_session(&self, new: NewSession) -> Result<Session> {
         new.settings.check_agent_config(new.provider)?;
         let image = &new.settings.image;
@@ -109,7 +109,15 @@ impl Client {
                 None => Ok(false),
             }
         };
-        let (inspected, name_taken) = tokio::join!(self.backend.inspect_image(image), name_check);
+        let runtime_check = async {
+            match &new.settings.runtime {
+                Some(runtime) => self.backend.check_runtime(runtime).await,
+                None => Ok(()),
+            }
+        };
+        let (inspected, name_taken, runtime) =
+            tokio::join!(self.backend.inspect_image(image), name_check, runtime_check);
+        runtime?;
         if inspected?.is_none() {
             return Err(Error::missing_image(image, new.provider));
         }

@@ -416,6 +416,9 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
         }
         settings.network = network.clone();
     }
+    if let Some(runtime) = &args.runtime {
+        settings.runtime = parse_runtime(runtime, "--runtime")?;
+    }
     if let Some(mode) = workspace_mode(args.workspace_mode) {
         settings.workspace_mode = mode;
     }
@@ -472,6 +475,31 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
     Ok(())
 }
 
+/// `--runtime NAME`: an OCI runtime's name as a daemon lists it (`runsc`,
+/// `io.containerd.runc.v2`) or a Kubernetes RuntimeClass's; `default` (`None`): the
+/// engine's default. Whether the engine has it is asked before a turn
+/// ([`crate::backend::Backend::check_runtime`]).
+pub fn parse_runtime(name: &str, what: &str) -> Result<Option<String>> {
+    let name = name.trim();
+    if name == "default" {
+        return Ok(None);
+    }
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+    if ok {
+        Ok(Some(name.to_string()))
+    } else {
+        Err(Error::usage(format!(
+            "{what} '{name}' is not a runtime name: letters, digits, '.', '-' and '_'"
+        ))
+        .with_hint("e.g. --runtime runsc (gVisor), or `default`; `caw-box doctor` lists the daemon's runtimes"))
+    }
+}
+
 pub fn check_cpus(c: f64, what: &str) -> Result<()> {
     if c <= 0.0 || !c.is_finite() {
         return Err(Error::usage(format!(
@@ -523,6 +551,40 @@ mod tests {
             "http://stub:8080"
         );
         assert!(validate_endpoint("stub:8080", "--endpoint").is_err());
+    }
+
+    #[test]
+    fn runtime_names() {
+        assert_eq!(
+            parse_runtime("runsc", "--runtime").unwrap().as_deref(),
+            Some("runsc")
+        );
+        assert_eq!(
+            parse_runtime("io.containerd.runc.v2", "--runtime")
+                .unwrap()
+                .as_deref(),
+            Some("io.containerd.runc.v2")
+        );
+        assert_eq!(parse_runtime("default", "--runtime").unwrap(), None);
+        for bad in ["", "-x", "run sc", "/usr/bin/runsc", "a;b"] {
+            assert_eq!(
+                parse_runtime(bad, "--runtime").unwrap_err().exit_code(),
+                2,
+                "{bad}"
+            );
+        }
+        // Remembered by a session; a resume's flag replaces it, `default` clears it.
+        let mut s = SessionSettings::default();
+        let flag = |r: &str| SettingsArgs {
+            runtime: Some(r.into()),
+            ..Default::default()
+        };
+        apply_overrides(&mut s, &flag("runsc")).unwrap();
+        assert_eq!(s.runtime.as_deref(), Some("runsc"));
+        apply_overrides(&mut s, &SettingsArgs::default()).unwrap();
+        assert_eq!(s.runtime.as_deref(), Some("runsc"));
+        apply_overrides(&mut s, &flag("default")).unwrap();
+        assert_eq!(s.runtime, None);
     }
 
     #[test]

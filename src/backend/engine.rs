@@ -201,6 +201,9 @@ impl Backend for Engine {
     async fn attach_sidecar(&self, name: &str, sidecar: &str) -> Result<Attached> {
         dispatch!(self, b => Backend::attach_sidecar(b, name, sidecar).await)
     }
+    async fn check_runtime(&self, name: &str) -> Result<()> {
+        dispatch!(self, b => Backend::check_runtime(b, name).await)
+    }
     async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
         dispatch!(self, b => Backend::remove_container(b, name, force).await)
     }

@@ -171,6 +171,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
             )))
         }
     }
+    /// Refuses (exit 3) an OCI runtime (on Kubernetes: a RuntimeClass) that the engine
+    /// does not have, naming it, what there is, and what to do; asked before anything of
+    /// a session or turn is created.
+    fn check_runtime(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
     /// Removes a container (`force`: also a running one); a missing one is `Ok`.
     fn remove_container(&self, name: &str, force: bool) -> impl Future<Output = Result<()>> + Send;
     /// Force-removes exactly the container `found` describes (listed or inspected before),
@@ -535,6 +539,10 @@ pub struct TurnSpec {
     /// `host:ip` entries the agent's container resolves so (a broker standing in for a
     /// host its CLI reaches directly); empty: none.
     pub extra_hosts: Vec<String>,
+    /// The OCI runtime the agent's container runs under (`runsc`: gVisor); on Kubernetes
+    /// the pod's RuntimeClass (its sidecars share the pod's sandbox). `None`: the
+    /// engine's default. Checked before the turn ([`Backend::check_runtime`]).
+    pub oci_runtime: Option<String>,
 }
 
 impl TurnSpec {

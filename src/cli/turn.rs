@@ -123,6 +123,14 @@ pub struct SettingsArgs {
     /// Send the CLI's model traffic to this base URL (a proxy, gateway or local server).
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
+    /// The OCI runtime of the agent's container, e.g. `--runtime runsc` (gVisor: the agent
+    /// gets a kernel of its own, not the host's), or any runtime the daemon lists (`caw-box
+    /// doctor` shows them and how to add gVisor); `default`: the daemon's default. On
+    /// Kubernetes, the turn pod's RuntimeClass (`runtimeClassName`). One the daemon (the
+    /// cluster) does not have is refused, exit 3, before anything is created. Remembered by
+    /// the session; a resume's `--runtime` runs that turn so.
+    #[arg(long, value_name = "NAME")]
+    pub runtime: Option<String>,
     /// Replace the CLI's default system prompt with TEXT (or @FILE's contents). Remembered
     /// by the session.
     #[arg(long, value_name = "TEXT|@FILE")]

@@ -31,6 +31,10 @@ pub async fn doctor() -> Result<i32> {
         endpoint.why,
         backend.server_version().await?
     ));
+    output::println(&runtimes_line(
+        &backend.runtimes().await?,
+        backend.is_podman().await,
+    ));
     if !backend.surely_shares_paths() {
         output::println(
             "  the daemon may not see this machine's files: a new session's workspace is copied unless it can (--workspace-mode auto)",
@@ -100,6 +104,36 @@ async fn kubernetes() -> Result<i32> {
     verdict(problems)
 }
 
+/// The daemon's OCI runtimes (`--runtime NAME`), and how gVisor is added where it is not
+/// there: a note, not a problem (runc works).
+fn runtimes_line(runtimes: &crate::backend::docker::Runtimes, podman: bool) -> String {
+    let names: Vec<String> = runtimes
+        .names
+        .iter()
+        .map(|n| match &runtimes.default {
+            Some(d) if d == n => format!("{n} (default)"),
+            _ => n.clone(),
+        })
+        .collect();
+    let listed = if names.is_empty() {
+        "none listed".to_string()
+    } else {
+        names.join(", ")
+    };
+    if podman {
+        let default = runtimes.default.as_deref().unwrap_or("its default");
+        format!(
+            "- runtimes: Podman's API does not choose a container's runtime: every container runs on {default} (--runtime takes only that one; for gVisor, use Docker)"
+        )
+    } else if runtimes.names.iter().any(|n| n == "runsc") {
+        format!("✓ runtimes: {listed}; gVisor: --runtime runsc")
+    } else {
+        format!(
+            "- runtimes: {listed}; for gVisor (--runtime runsc): apt-get install runsc, add \"runtimes\": {{\"runsc\": {{\"path\": \"/usr/bin/runsc\", \"runtimeArgs\": [\"--network=host\"]}}}} to /etc/docker/daemon.json, reload the daemon (`systemctl reload docker`, or SIGHUP to dockerd); README: \"A stronger box\""
+        )
+    }
+}
+
 /// Exit 0 when all is well, else the count of problems (exit 3).
 fn verdict(problems: usize) -> Result<i32> {
     if problems == 0 {
@@ -161,4 +195,39 @@ fn credentials() -> Result<usize> {
         }
     }
     Ok(problems)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::docker::Runtimes;
+
+    #[test]
+    fn the_runtimes_line_says_how_to_add_gvisor_where_it_is_missing() {
+        let mut r = Runtimes {
+            names: vec!["io.containerd.runc.v2".into(), "runc".into()],
+            default: Some("runc".into()),
+        };
+        let line = runtimes_line(&r, false);
+        assert!(
+            line.starts_with("- runtimes: io.containerd.runc.v2, runc (default); for gVisor"),
+            "{line}"
+        );
+        assert!(
+            line.contains("apt-get install runsc")
+                && line.contains("\"runtimeArgs\": [\"--network=host\"]"),
+            "{line}"
+        );
+        r.names.push("runsc".into());
+        assert_eq!(
+            runtimes_line(&r, false),
+            "✓ runtimes: io.containerd.runc.v2, runc (default), runsc; gVisor: --runtime runsc"
+        );
+        // Podman lists what its configuration names, but runs every container on its default.
+        assert!(
+            runtimes_line(&r, true).contains("every container runs on runc"),
+            "{}",
+            runtimes_line(&r, true)
+        );
+    }
 }

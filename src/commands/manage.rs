@@ -272,6 +272,9 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     if let Some(e) = &s.endpoint {
         output::println(&format!("endpoint   {e}"));
     }
+    if let Some(r) = &s.runtime {
+        output::println(&format!("runtime    {r}"));
+    }
     if let Some(p) = &s.system_prompt {
         output::println(&format!("system     {}", one_line(p, 80)));
     }

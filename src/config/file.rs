@@ -43,6 +43,7 @@ struct ConfigFile {
     allow_tool: Option<Spanned<Vec<String>>>,
     deny_tool: Option<Spanned<Vec<String>>>,
     mcp: Option<Spanned<BTreeMap<String, McpFileEntry>>>,
+    runtime: Option<Spanned<String>>,
 }
 
 /// One server of the `mcp` table.
@@ -128,6 +129,7 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
         (Key::AppendSystemPrompt, file.append_system_prompt),
         (Key::Effort, file.effort),
         (Key::Tools, file.tools),
+        (Key::Runtime, file.runtime),
     ];
     for (key, v) in strings.into_iter() {
         if let Some(v) = v {

@@ -60,10 +60,11 @@ pub enum Key {
     AllowTool,
     DenyTool,
     Mcp,
+    Runtime,
 }
 
 impl Key {
-    pub const ALL: [Key; 26] = [
+    pub const ALL: [Key; 27] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -90,6 +91,7 @@ impl Key {
         Key::AllowTool,
         Key::DenyTool,
         Key::Mcp,
+        Key::Runtime,
     ];
 
     /// Its name in a config file.
@@ -121,6 +123,7 @@ impl Key {
             Key::AllowTool => "allow_tool",
             Key::DenyTool => "deny_tool",
             Key::Mcp => "mcp",
+            Key::Runtime => "runtime",
         }
     }
 

@@ -118,6 +118,7 @@ impl Resolved {
         out.allow_tool = self.list(Key::AllowTool);
         out.deny_tool = self.list(Key::DenyTool);
         out.network = self.str(Key::Network);
+        out.runtime = self.str(Key::Runtime);
         out.allow_host = self.list(Key::AllowHost);
         out.memory = self.str(Key::Memory);
         out.cpus = match self.get(Key::Cpus) {

@@ -38,6 +38,7 @@ impl Layer {
             (!args.deny_tool.is_empty()).then(|| Value::List(args.deny_tool.clone())),
         );
         put(Key::Network, s(&args.network));
+        put(Key::Runtime, s(&args.runtime));
         put(Key::Mcp, mcp_flags(args).map(Value::Mcp));
         put(
             Key::AllowHost,

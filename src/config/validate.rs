@@ -27,6 +27,9 @@ pub(super) fn check(key: Key, value: Value, what: &str) -> Result<Value> {
                 settings::validate_allow_host(h, what)?;
             }
         }
+        (Key::Runtime, _) => {
+            settings::parse_runtime(text, what)?;
+        }
         (Key::Memory, _) => {
             settings::parse_memory(text, what)?;
         }

@@ -500,6 +500,7 @@ fn turn_spec(
         broker: None,
         egress_allow: vec![],
         extra_hosts: Vec::new(),
+        oci_runtime: settings.runtime.clone(),
     })
 }
 
@@ -724,6 +725,9 @@ mod tests {
         async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
             self.log(format!("inspect {name}"));
             Ok(self.0.lock().unwrap().existing.clone())
+        }
+        async fn check_runtime(&self, _: &str) -> Result<()> {
+            unexpected!("check a runtime")
         }
         async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
             self.log(format!("remove {name} force={force}"));

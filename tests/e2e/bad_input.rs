@@ -107,6 +107,27 @@ fn bad_input_is_refused_cleanly_and_creates_nothing() {
     let out = run(rig.run_cmd(CODEX, "hi", &["--timeout", "soon"]));
     assert_refused(&out, 2, "--timeout 'soon'");
 
+    // A runtime the engine would not run the agent on: exit 3 naming it. Docker lacks it;
+    // Podman's API chooses no runtime per container, so there gVisor's is refused too.
+    let out = run(rig.run_cmd(CODEX, "hi", &["--runtime", "caw-box-no-such-runtime"]));
+    assert_refused(&out, 3, "--runtime caw-box-no-such-runtime: ");
+    let podman = rig
+        .rt
+        .block_on(rig.docker.version())
+        .unwrap()
+        .components
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.name.starts_with("Podman"));
+    if podman {
+        let out = run(rig.run_cmd(CODEX, "hi", &["--runtime", "runsc"]));
+        assert_refused(
+            &out,
+            3,
+            "Podman's Docker-compatible API does not choose a container's runtime",
+        );
+    }
+
     let mut cmd = rig.run_cmd(CODEX, "hi", &[]);
     cmd.env("DOCKER_HOST", "unix:///nonexistent/docker.sock");
     let out = run(cmd);

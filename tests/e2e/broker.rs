@@ -44,7 +44,7 @@ fn holds_a_piece(text: &str) -> bool {
 }
 
 /// `caw-box auth collect --provider P` of the key `TEST_KEY` in `p.key_var`.
-fn collect_key(rig: &Rig, p: P, home: &std::path::Path) {
+pub(crate) fn collect_key(rig: &Rig, p: P, home: &std::path::Path) {
     let mut c = brokered(rig);
     c.args(["auth", "collect", "--provider", p.name])
         .env("HOME", home)

@@ -106,6 +106,13 @@ fn doctor_names_a_missing_image_and_its_fix() {
         stdout.contains("✓ docker: ") && stdout.contains(", daemon "),
         "{stdout}"
     );
+    // The daemon's runtimes: the rig registers gVisor's runsc (`--runtime runsc`).
+    assert!(
+        stdout.lines().any(|l| l.starts_with("✓ runtimes: ")
+            && l.contains("runsc")
+            && l.ends_with("gVisor: --runtime runsc")),
+        "{stdout}"
+    );
     for p in ["claude_code", "codex", "opencode", "gemini"] {
         assert!(
             stdout.contains(&format!("fix: caw-box image build --provider {p}")),

@@ -13,7 +13,7 @@ use crate::common::*;
 const SCREEN_WAIT: Duration = Duration::from_secs(90);
 
 /// A tmux server of one test, with one window running a script; killed when dropped.
-struct Tmux {
+pub(crate) struct Tmux {
     /// `cbt-<run id>`; each window gets a server of its own, `<base>-<n>`.
     base: String,
     dir: PathBuf,
@@ -21,7 +21,7 @@ struct Tmux {
 }
 
 impl Tmux {
-    fn new(rig: &Rig) -> Tmux {
+    pub(crate) fn new(rig: &Rig) -> Tmux {
         let dir = rig.data_dir.path().join("tmux");
         std::fs::create_dir_all(&dir).unwrap();
         Tmux {
@@ -54,7 +54,7 @@ impl Tmux {
     /// Starts `caw-box ARGS` in a fresh 120x40 window, as a user would from a shell of
     /// `rig`'s. When caw-box ends, the window's script prints its exit code and the
     /// terminal's `icanon`/`echo` settings, then reads a line and echoes it back.
-    fn start(&mut self, rig: &Rig, args: &[&str]) {
+    pub(crate) fn start(&mut self, rig: &Rig, args: &[&str]) {
         // A new server (socket) per window: a killed one may linger on its socket a moment.
         let _ = self.tmux().arg("kill-server").output();
         self.script_no += 1;
@@ -100,7 +100,7 @@ impl Tmux {
         ]);
     }
 
-    fn screen(&self) -> String {
+    pub(crate) fn screen(&self) -> String {
         let out = self
             .tmux()
             .args(["capture-pane", "-p", "-t", "main"])
@@ -110,7 +110,7 @@ impl Tmux {
     }
 
     /// Waits until the screen contains `needle`; returns the screen.
-    fn wait_for(&self, needle: &str, what: &str) -> String {
+    pub(crate) fn wait_for(&self, needle: &str, what: &str) -> String {
         let deadline = Instant::now() + SCREEN_WAIT;
         loop {
             let screen = self.screen();
@@ -130,14 +130,14 @@ impl Tmux {
     /// Types `text`, waits until the TUI shows it, then presses Enter. (A TUI that reads
     /// the text and the Enter in one go, as a busy one does, may take both for a paste:
     /// gemini's then keeps the Enter as part of the input and never submits.)
-    fn type_line(&self, text: &str) {
+    pub(crate) fn type_line(&self, text: &str) {
         self.ok(&["send-keys", "-t", "main", "-l", text]);
         self.wait_for(text, "the TUI did not show the typed text");
         std::thread::sleep(Duration::from_millis(800));
         self.ok(&["send-keys", "-t", "main", "Enter"]);
     }
 
-    fn keys(&self, keys: &[&str]) {
+    pub(crate) fn keys(&self, keys: &[&str]) {
         for k in keys {
             self.ok(&["send-keys", "-t", "main", k]);
             std::thread::sleep(Duration::from_millis(600));
@@ -193,7 +193,7 @@ fn assert_size_followed(rig: &Rig, container: &str, columns: u16, rows: u16) {
 
 /// After the TUI quit: caw-box exited 0 and the shell's terminal is back to normal (line
 /// editing and echo: a typed line comes back whole).
-fn assert_terminal_intact(tmux: &Tmux) {
+pub(crate) fn assert_terminal_intact(tmux: &Tmux) {
     assert_ended_with(tmux, 0);
 }
 

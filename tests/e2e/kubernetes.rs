@@ -48,7 +48,7 @@ const MARK: &str = "caw-box-e2e-run";
 const CAW_OBJECTS: &str = "app.kubernetes.io/managed-by=caw-box";
 /// The tests' own pods: the stubs and the claim readers.
 const TEST_PODS: &str = "io.caw-box.test=e2e";
-/// The tests' other objects (storage classes, roles and bindings).
+/// The tests' other objects (storage and runtime classes, roles and bindings).
 const TEST_OBJECTS: &str = "app.kubernetes.io/managed-by=caw-box-e2e";
 
 /// The lab's script: `CAW_BOX_K8S_LAB`, else `shared/k8s-lab/k8s-lab` beside the checkout
@@ -245,7 +245,7 @@ impl Lab {
         for (kinds, selector) in [
             ("pod,pvc,configmap,secret", CAW_OBJECTS),
             ("pod", TEST_PODS),
-            ("storageclass,role,rolebinding", TEST_OBJECTS),
+            ("storageclass,runtimeclass,role,rolebinding", TEST_OBJECTS),
         ] {
             let names = self.kubectl_quiet(&["get", kinds, "-l", selector, "-o", "name"])?;
             found.extend(names.lines().map(str::to_string));
@@ -271,7 +271,7 @@ impl Lab {
             ("pod", CAW_OBJECTS),
             ("pod", TEST_PODS),
             ("pvc,configmap,secret", CAW_OBJECTS),
-            ("storageclass,role,rolebinding", TEST_OBJECTS),
+            ("storageclass,runtimeclass,role,rolebinding", TEST_OBJECTS),
         ] {
             let mut args = vec!["delete", kinds, "-l", selector, "--ignore-not-found"];
             args.extend(["--wait=true", "--timeout=120s"]);
@@ -1218,6 +1218,29 @@ fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
     let out = crate::common::run(resume(&id, &["--pids-limit", "100"], "hello"));
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
 
+    check("--runtime naming no RuntimeClass: exit 3, one line naming it, nothing made");
+    let out = crate::common::run(run(&["--runtime", "caw-box-e2e-absent"], "hello"));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
+    assert!(
+        error_line(&out).contains("no RuntimeClass 'caw-box-e2e-absent'"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert_eq!(lab.caw_objects(), before, "something was made");
+    let out = crate::common::run(resume(&id, &["--runtime", "caw-box-e2e-absent"], "hello"));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
+    assert_eq!(lab.caw_objects(), before, "something was made");
+    // A class of the lab's own containerd handler (runc): the next turn's pod runs with it.
+    let class = serde_json::json!({
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": "caw-box-e2e-runc",
+                     "labels": {"app.kubernetes.io/managed-by": "caw-box-e2e"}},
+        "handler": "runc"
+    });
+    std::fs::write(file.path(), class.to_string()).unwrap();
+    lab.kubectl_ok(&["apply", "-f", &file.path().to_string_lossy()]);
+
     check("--network host (a Docker network's name too): refused with exit 2, nothing made");
     let out = crate::common::run(run(&["--network", "host"], "hello"));
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
@@ -1228,15 +1251,26 @@ fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
     );
     assert_eq!(lab.caw_objects(), before, "something was made");
 
-    check("wait on a turn whose driver is gone keeps its --timeout");
+    check("wait on a turn whose driver is gone keeps its --timeout (its pod of --runtime's class)");
     let out = crate::common::run(resume(
         &id,
-        &["-d", "--timeout", "15s"],
+        &["-d", "--timeout", "15s", "--runtime", "caw-box-e2e-runc"],
         "HOLD:timeout REMEMBER:never",
     ));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     // Never released: the turn runs until its --timeout.
     wait_held(&endpoint, "timeout");
+    let class = lab.kubectl_ok(&[
+        "get",
+        "pod",
+        &format!("caw-box-{id}"),
+        "-o",
+        "jsonpath={.spec.runtimeClassName}",
+    ]);
+    assert_eq!(
+        class, "caw-box-e2e-runc",
+        "the turn's pod runs without the class"
+    );
     let pid = lab.turn_pod_annotation(&id, "io.caw-box.driver-pid");
     let pid: i32 = pid
         .trim()
@@ -1857,6 +1891,12 @@ fn kubernetes_doctor_checks_the_api_server_rbac_storage_and_images() {
     ] {
         assert!(has(&out, "✓ ", words), "{words}: {}", stdout_of(&out));
     }
+    // The lab has no RuntimeClass: `--runtime` has nothing to pick (a note).
+    assert!(
+        has(&out, "- ", "runtime classes: none"),
+        "{}",
+        stdout_of(&out)
+    );
     assert!(!stdout_of(&out).contains('✗'), "{}", stdout_of(&out));
 
     check("images from a repository the nodes do not have");
@@ -1935,6 +1975,11 @@ fn kubernetes_doctor_checks_the_api_server_rbac_storage_and_images() {
     );
     assert!(
         has(&out, "- ", "images: cannot list the nodes"),
+        "{}",
+        stdout_of(&out)
+    );
+    assert!(
+        has(&out, "- ", "runtime classes: cannot list them"),
         "{}",
         stdout_of(&out)
     );

@@ -26,6 +26,7 @@ mod patch;
 mod portable;
 mod release;
 mod restart;
+mod runtime;
 mod sandbox;
 mod sessions;
 mod ssh_host;

@@ -44,6 +44,16 @@ pub struct DockerBackend {
     docker: Docker,
     /// Whether the daemon is Podman's service: from the API version cache, else asked once.
     podman: std::sync::Arc<tokio::sync::OnceCell<bool>>,
+    /// The OCI runtimes the daemon lists, asked once (`--runtime`: checked by `run` before
+    /// anything is made, and again by the session layer).
+    runtimes: std::sync::Arc<tokio::sync::OnceCell<Runtimes>>,
+}
+
+/// The OCI runtimes a daemon has (`docker info`), by name, and its default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Runtimes {
+    pub names: Vec<String>,
+    pub default: Option<String>,
 }
 
 /// Whether this process runs in a container that is not the daemon's own host: Docker's
@@ -199,6 +209,7 @@ impl DockerBackend {
         let backend = DockerBackend {
             docker: docker.with_timeout(REQUEST_TIMEOUT),
             podman: Default::default(),
+            runtimes: Default::default(),
         };
         if host.starts_with("unix://") {
             let known = api_version::Known {
@@ -225,6 +236,7 @@ impl DockerBackend {
             Ok(Ok(_)) => Ok(Some(DockerBackend {
                 docker: docker.with_timeout(REQUEST_TIMEOUT),
                 podman: std::sync::Arc::new(tokio::sync::OnceCell::new_with(Some(podman))),
+                runtimes: Default::default(),
             })),
             Ok(Err(e @ BollardError::DockerResponseServerError { .. })) => {
                 tracing::debug!("the daemon refused the cached API version: {e}");
@@ -254,6 +266,60 @@ impl DockerBackend {
                 }
             })
             .await
+    }
+
+    /// The OCI runtimes the daemon has (`docker info`), names sorted.
+    pub async fn runtimes(&self) -> Result<Runtimes> {
+        self.runtimes
+            .get_or_try_init(|| async {
+                let info = self
+                    .docker
+                    .info()
+                    .await
+                    .map_err(|e| failed("ask the Docker daemon for its runtimes", &e))?;
+                let mut names: Vec<String> =
+                    info.runtimes.unwrap_or_default().into_keys().collect();
+                names.sort();
+                Ok(Runtimes {
+                    names,
+                    default: info.default_runtime.filter(|d| !d.is_empty()),
+                })
+            })
+            .await
+            .cloned()
+    }
+
+    /// Refuses (exit 3) a runtime the daemon does not list. Podman's service lists the
+    /// runtimes its configuration names (installed or not), and its API does not choose one
+    /// per container (4.3 takes `HostConfig.Runtime`, and the libpod API's `oci_runtime`,
+    /// and runs the container on its default all the same): there only its default is
+    /// what a container runs on.
+    pub async fn check_runtime(&self, name: &str) -> Result<()> {
+        let runtimes = self.runtimes().await?;
+        if self.is_podman().await {
+            if runtimes.default.as_deref() == Some(name) {
+                return Ok(());
+            }
+            let default = runtimes.default.as_deref().unwrap_or("its own");
+            return Err(Error::environment(format!(
+                "--runtime {name}: Podman's Docker-compatible API does not choose a container's runtime (it would run the agent on {default}, its default)"
+            ))
+            .with_hint(format!(
+                "use Docker for --runtime, or make {name} the Podman service's default (`runtime = \"{name}\"` under [engine] in containers.conf), or drop --runtime"
+            )));
+        }
+        if runtimes.names.iter().any(|n| n == name) {
+            return Ok(());
+        }
+        let has = if runtimes.names.is_empty() {
+            "it lists none".to_string()
+        } else {
+            format!("it has {}", runtimes.names.join(", "))
+        };
+        Err(Error::environment(format!(
+            "--runtime {name}: the Docker daemon has no runtime '{name}' ({has})"
+        ))
+        .with_hint("pick one of those, or install it and add it to the daemon's `runtimes` (daemon.json, then reload the daemon); for gVisor: `apt-get install runsc`, `caw-box doctor` says how"))
     }
 
     /// "20.10.24 (API 1.41)", "Podman 4.3.1 (API 1.41)".

@@ -61,6 +61,10 @@ impl Backend for DockerBackend {
         DockerBackend::stop_container(self, name, grace).await
     }
 
+    async fn check_runtime(&self, name: &str) -> Result<()> {
+        DockerBackend::check_runtime(self, name).await
+    }
+
     async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
         DockerBackend::remove_container(self, name, force).await
     }

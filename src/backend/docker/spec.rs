@@ -61,6 +61,7 @@ pub(super) fn turn_body(spec: &TurnSpec) -> ContainerCreateBody {
         )])),
         network_mode: network_mode(&spec.network),
         privileged: Some(false),
+        runtime: spec.oci_runtime.clone(),
         ..Default::default()
     };
     let mut body = ContainerCreateBody {
@@ -166,6 +167,7 @@ mod tests {
             broker: None,
             egress_allow: vec![],
             extra_hosts: Vec::new(),
+            oci_runtime: None,
         }
     }
 
@@ -205,6 +207,18 @@ mod tests {
             .all(|m| !m.source.as_deref().unwrap_or("").contains("docker.sock")));
         assert_ne!(body.user.as_deref(), Some("0:0"));
         assert_eq!(body.tty, Some(false));
+    }
+
+    /// `--runtime`: the agent's container runs under it; none: the daemon's default.
+    #[test]
+    fn the_turns_runtime_is_the_containers() {
+        let runtime = |r: Option<&str>| {
+            let mut s = spec(NetworkPolicy::None);
+            s.oci_runtime = r.map(String::from);
+            turn_body(&s).host_config.unwrap().runtime
+        };
+        assert_eq!(runtime(Some("runsc")).as_deref(), Some("runsc"));
+        assert_eq!(runtime(None), None);
     }
 
     #[test]

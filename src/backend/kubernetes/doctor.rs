@@ -1,7 +1,7 @@
 //! `caw-box doctor` on Kubernetes: the API server and where caw-box would work (context,
 //! namespace), what RBAC lets this user do there (SelfSubjectAccessReview, the API's own
-//! answer), the storage class a session's claim gets, and whether the nodes hold the
-//! provider images. Read-only: nothing is created but the access reviews, which the API
+//! answer), the storage class a session's claim gets, the RuntimeClasses `--runtime` picks
+//! from, and whether the nodes hold the provider images. Read-only: nothing is created but the access reviews, which the API
 //! server does not keep.
 
 use std::time::Duration;
@@ -10,6 +10,7 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, PostParams};
 
@@ -138,6 +139,7 @@ pub async fn checks(
 
     out.push(rbac(&client, &namespace).await);
     out.push(storage(&client).await);
+    out.push(runtime_classes(&client).await);
     out.extend(node_images(&client, images).await);
     (out, true)
 }
@@ -245,6 +247,36 @@ async fn storage(client: &kube::Client) -> Check {
         }
         Err(e) => Check::Note(format!(
             "storage: cannot list storage classes ({}): a claim's binding will tell",
+            short(&e)
+        )),
+    }
+}
+
+/// The cluster's RuntimeClasses, which `--runtime NAME` chooses from (a note: without one,
+/// pods run on the nodes' default handler).
+async fn runtime_classes(client: &kube::Client) -> Check {
+    let classes: Api<RuntimeClass> = Api::all(client.clone());
+    match classes.list(&ListParams::default()).await {
+        Ok(list) if !list.items.is_empty() => {
+            let mut names: Vec<String> = list
+                .items
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{} (handler {})",
+                        c.metadata.name.clone().unwrap_or_default(),
+                        c.handler
+                    )
+                })
+                .collect();
+            names.sort();
+            Check::Ok(format!("runtime classes: {}; --runtime NAME picks one", names.join(", ")))
+        }
+        Ok(_) => Check::Note(
+            "runtime classes: none, so --runtime has nothing to pick (for gVisor, the cluster's admin adds a RuntimeClass whose handler is the nodes' runsc)".to_string(),
+        ),
+        Err(e) => Check::Note(format!(
+            "runtime classes: cannot list them ({}): a turn pod's admission checks --runtime",
             short(&e)
         )),
     }

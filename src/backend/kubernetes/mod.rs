@@ -44,11 +44,14 @@
 //! it needs NET_ADMIN for the init container, which a `baseline` or `restricted`
 //! PodSecurity level refuses ([`pod_security_refused`]).
 //!
+//! `--runtime NAME` is the turn pod's `runtimeClassName` (the agent and its sidecars share
+//! the pod's sandbox), checked against the cluster's RuntimeClasses before anything is made.
+//!
 //! Not here: Docker networks (`--network NAME|host`, refused before a turn), a
 //! process limit (a pod has none; a kubelet's `podPidsLimit` is the node's), image builds
 //! (images come from a registry, or `k8s-lab load-image` in tests).
 //!
-//! - `mod.rs`: connecting, the namespace's APIs, and the API server's errors in caw-box's
+//! - `mod.rs`: connecting, the namespace's APIs, RuntimeClasses, and the API server's errors in caw-box's
 //! - `seam.rs`: [`Backend`] for Kubernetes, over the files below
 //! - `pods.rs`: create (the lock), wait to run, delete
 //! - `status.rs`: what a pod's status says (pure)
@@ -71,6 +74,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, ListParams};
 
 use crate::error::{Error, Result};
@@ -204,6 +208,46 @@ impl KubeBackend {
 
     fn config_maps(&self) -> Api<ConfigMap> {
         Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// `--runtime NAME`: a turn pod's `runtimeClassName`, which must name a RuntimeClass
+    /// (node.k8s.io/v1) of the cluster: else exit 3, naming it and the classes there are.
+    /// Where this user may not read RuntimeClasses (cluster-scoped), the pod's admission
+    /// tells instead.
+    pub(super) async fn check_runtime_class(&self, name: &str) -> Result<()> {
+        let classes: Api<RuntimeClass> = Api::all(self.client.clone());
+        match classes.get_opt(name).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => {
+                let mut known: Vec<String> = classes
+                    .list_metadata(&ListParams::default())
+                    .await
+                    .map(|l| {
+                        l.items
+                            .into_iter()
+                            .filter_map(|c| c.metadata.name)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                known.sort();
+                let has = if known.is_empty() {
+                    "it has none".to_string()
+                } else {
+                    format!("it has {}", known.join(", "))
+                };
+                Err(Error::environment(format!(
+                    "--runtime {name}: the cluster has no RuntimeClass '{name}' ({has})"
+                ))
+                .with_hint("pick one of `kubectl get runtimeclass`, or ask the cluster's admin for one whose handler the nodes' container runtime has (e.g. runsc for gVisor)"))
+            }
+            Err(e) if is_status(&e, 403) => {
+                tracing::debug!(
+                    "may not read RuntimeClass '{name}'; the pod's admission checks it"
+                );
+                Ok(())
+            }
+            Err(e) => Err(failed(format!("read RuntimeClass '{name}'"), &e)),
+        }
     }
 }
 

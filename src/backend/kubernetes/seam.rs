@@ -238,6 +238,10 @@ impl Backend for KubeBackend {
         false
     }
 
+    async fn check_runtime(&self, name: &str) -> Result<()> {
+        self.check_runtime_class(name).await
+    }
+
     async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
         self.delete_pod(name, None, force).await
     }

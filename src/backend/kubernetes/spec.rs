@@ -148,6 +148,8 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         enable_service_links: Some(false),
         security_context: Some(pod_security(gid)),
         termination_grace_period_seconds: Some(10),
+        // The whole pod (sidecars too: they share its sandbox) runs under the class.
+        runtime_class_name: spec.oci_runtime.clone(),
         init_containers: Some(init_containers),
         containers,
         volumes: Some(volumes),

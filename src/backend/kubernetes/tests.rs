@@ -92,7 +92,20 @@ fn turn() -> TurnSpec {
         broker: None,
         egress_allow: vec![],
         extra_hosts: Vec::new(),
+        oci_runtime: None,
     }
+}
+
+/// `--runtime`: the pod's RuntimeClass; none: the cluster's default handler.
+#[test]
+fn a_turn_pods_runtime_class_is_the_sessions_runtime() {
+    assert_eq!(turn_pod_spec(&turn()).unwrap().runtime_class_name, None);
+    let mut t = turn();
+    t.oci_runtime = Some("gvisor".into());
+    assert_eq!(
+        turn_pod_spec(&t).unwrap().runtime_class_name.as_deref(),
+        Some("gvisor")
+    );
 }
 
 #[test]

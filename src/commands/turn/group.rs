@@ -1,6 +1,6 @@
 //! `resume --group G PROMPT`: one prompt to every session of a group, in parallel.
 
-use super::{add_config_mcp_env, refuse_unsupported, turn_options};
+use super::{add_config_mcp_env, check_runtime, refuse_unsupported, turn_options};
 use crate::cli::{OutputFormat, ResumeArgs};
 use crate::client::Client;
 use crate::config::{Layer, Resolved};
@@ -49,6 +49,7 @@ pub(super) async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> 
         let mut session = client.open(&view.facts.session_id.to_string()).await?;
         settings::apply_resume_overrides(session.settings_mut(), &turn_args.settings)?;
         refuse_unsupported(client.backend(), session.settings_mut())?;
+        check_runtime(client.backend(), session.settings_mut()).await?;
         sessions.push(session);
     }
     if !quiet && turn_args.output == OutputFormat::Text {

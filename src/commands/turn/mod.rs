@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::backend::Engine;
+use crate::backend::{Backend, Engine};
 use crate::cli::{OutputFormat, ResumeArgs, RunArgs, TurnArgs, WorkspaceModeArg};
 use crate::client::{Client, NewSession, Session};
 use crate::config::{Key, Layer, Resolved};
@@ -113,6 +113,7 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
 
     let client = Client::connect().await?;
+    check_runtime(client.backend(), &session_settings).await?;
     if session_settings.workspace_mode == WorkspaceMode::Bind {
         place_workspace(
             client.backend(),
@@ -196,6 +197,7 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
     let mut session = client.open(&target).await?;
     settings::apply_resume_overrides(session.settings_mut(), &args.turn.settings)?;
     refuse_unsupported(client.backend(), session.settings_mut())?;
+    check_runtime(client.backend(), session.settings_mut()).await?;
     add_config_mcp_env(&mut options, &config, session.settings_mut())?;
     if args.turn.detach {
         detach(client.backend(), &session, &options).await?;
@@ -317,6 +319,15 @@ fn refuse_unsupported(backend: &Engine, settings: &SessionSettings) -> Result<()
         .with_hint("drop --pids-limit (and `pids_limit` from config files); ask the cluster's admin for a kubelet podPidsLimit"));
     }
     Ok(())
+}
+
+/// `--runtime`: one the backend does not have is refused (exit 3, naming it) before
+/// anything is created (`Client::start_session` asks too; Docker's answer is kept).
+async fn check_runtime(backend: &Engine, settings: &SessionSettings) -> Result<()> {
+    match &settings.runtime {
+        Some(name) => backend.check_runtime(name).await,
+        None => Ok(()),
+    }
 }
 
 /// `--workspace-mode auto` (the default): bind when the daemon sees the directory, else
