@@ -60,10 +60,12 @@ pub enum Key {
     AllowTool,
     DenyTool,
     Mcp,
+    Protect,
+    Unprotect,
 }
 
 impl Key {
-    pub const ALL: [Key; 26] = [
+    pub const ALL: [Key; 28] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -90,6 +92,8 @@ impl Key {
         Key::AllowTool,
         Key::DenyTool,
         Key::Mcp,
+        Key::Protect,
+        Key::Unprotect,
     ];
 
     /// Its name in a config file.
@@ -121,6 +125,8 @@ impl Key {
             Key::AllowTool => "allow_tool",
             Key::DenyTool => "deny_tool",
             Key::Mcp => "mcp",
+            Key::Protect => "protect",
+            Key::Unprotect => "unprotect",
         }
     }
 

@@ -38,6 +38,15 @@ impl Layer {
             (!args.deny_tool.is_empty()).then(|| Value::List(args.deny_tool.clone())),
         );
         put(Key::Network, s(&args.network));
+        for (key, values) in [
+            (Key::Protect, &args.protect),
+            (Key::Unprotect, &args.unprotect),
+        ] {
+            put(
+                key,
+                (!values.is_empty()).then(|| Value::List(values.clone())),
+            );
+        }
         put(Key::Mcp, mcp_flags(args).map(Value::Mcp));
         put(
             Key::AllowHost,
@@ -76,7 +85,9 @@ impl Layer {
                 continue;
             };
             let value = match key {
-                Key::AllowHost | Key::AllowTool | Key::DenyTool => Value::List(split_list(&raw)),
+                Key::AllowHost | Key::AllowTool | Key::DenyTool | Key::Protect | Key::Unprotect => {
+                    Value::List(split_list(&raw))
+                }
                 Key::Labels => Value::Map(
                     crate::session::record::parse_labels(&raw)
                         .into_iter()

@@ -17,6 +17,7 @@ mod owner;
 pub mod patch;
 pub mod portable;
 pub mod protect;
+pub mod quarantine;
 pub mod record;
 pub mod runner;
 #[cfg(test)]

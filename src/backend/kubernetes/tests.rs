@@ -92,6 +92,7 @@ fn turn() -> TurnSpec {
         broker: None,
         egress_allow: vec![],
         extra_hosts: Vec::new(),
+        protected: Vec::new(),
     }
 }
 
