@@ -327,6 +327,18 @@ mod tests {
         assert!(apply(&mut protect, &mut unprotect, &["../up".into()], &[], None).is_err());
     }
 
+    /// The README's table lists the default set, each with its reason.
+    #[test]
+    fn the_readme_lists_every_default() {
+        let readme = include_str!("../../README.md");
+        for (path, why) in DEFAULT_PROTECTED {
+            assert!(
+                readme.contains(&format!("| `{path}` | {why} |")),
+                "README lacks {path}"
+            );
+        }
+    }
+
     #[test]
     fn hooks_path_is_read_from_the_config_text() {
         let config = "[core]\n\trepositoryformatversion = 0\n\thooksPath = .githooks # ours\n[remote \"origin\"]\n\thookspath = not-core\n";
