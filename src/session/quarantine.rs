@@ -415,6 +415,38 @@ mod tests {
         }
     }
 
+    /// Across filesystems (a data dir elsewhere than the workspace) a path is copied and
+    /// removed: a symlink in it stays a symlink, never what it points at.
+    #[test]
+    fn a_copy_follows_no_symlink() {
+        let from = tempfile::tempdir().unwrap();
+        let to = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        write(outside.path(), "secret", "host file\n");
+        let planted = from.path().join(".vscode");
+        write(&planted, "tasks.json", "{}");
+        std::os::unix::fs::symlink(outside.path().join("secret"), planted.join("link")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), planted.join("dir-link")).unwrap();
+        let dest = to.path().join(".vscode");
+        copy_no_follow(&planted, &dest).unwrap();
+        remove_no_follow(&planted).unwrap();
+        assert!(!planted.exists());
+        assert_eq!(fs::read_to_string(dest.join("tasks.json")).unwrap(), "{}");
+        assert!(fs::symlink_metadata(dest.join("link"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(fs::symlink_metadata(dest.join("dir-link"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        // What the links pointed at is untouched.
+        assert_eq!(
+            fs::read_to_string(outside.path().join("secret")).unwrap(),
+            "host file\n"
+        );
+    }
+
     /// After the turn, what the agent created is moved aside (also under an absent parent, a
     /// replaced symlink, or a directory renamed away), recorded for `wait`, and a replaced
     /// symlink of the user's is put back; what was there and is unchanged stays.
