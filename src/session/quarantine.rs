@@ -36,7 +36,66 @@ pub struct Guard {
 #[derive(Debug, Clone)]
 struct Found {
     path: String,
+    /// The symlinks on its way from the workspace's top when the turn started.
+    links: Vec<Link>,
     state: State,
+}
+
+/// A symlink on the way to a protected path: where it is (relative, its parents real
+/// directories) and its target.
+type Link = (String, PathBuf);
+
+/// How a protected path is reached from the workspace's top, symlinks among its parents
+/// resolved only where they lead to a directory inside the workspace.
+struct Route {
+    /// The symlinks passed, in order (the last may be one that leads out).
+    links: Vec<Link>,
+    /// Where the path is (relative, its parents real directories) and its own metadata;
+    /// `None`: not there, or not reachable inside the workspace.
+    at: Option<(String, std::fs::Metadata)>,
+}
+
+/// The route to `rel` in `ws` (canonical) as it is now. Never follows the last component.
+fn route(ws: &Path, rel: &str) -> Route {
+    let parts: Vec<&str> = rel.split('/').collect();
+    let mut here = String::new();
+    let mut links = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        let at = if here.is_empty() {
+            part.to_string()
+        } else {
+            format!("{here}/{part}")
+        };
+        let Ok(meta) = std::fs::symlink_metadata(ws.join(&at)) else {
+            break;
+        };
+        if i + 1 == parts.len() {
+            return Route {
+                links,
+                at: Some((at, meta)),
+            };
+        }
+        if meta.file_type().is_dir() {
+            here = at;
+            continue;
+        }
+        if !meta.file_type().is_symlink() {
+            break;
+        }
+        let Ok(target) = std::fs::read_link(ws.join(&at)) else {
+            break;
+        };
+        links.push((at.clone(), target));
+        // Followed only to a directory inside the workspace.
+        match std::fs::canonicalize(ws.join(&at)) {
+            Ok(real) if real.is_dir() => match real.strip_prefix(ws) {
+                Ok(inside) => here = inside.to_string_lossy().into_owned(),
+                Err(_) => break,
+            },
+            _ => break,
+        }
+    }
+    Route { links, at: None }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -81,32 +140,14 @@ pub fn recorded(session: Uuid, turn: u32) -> Option<Quarantined> {
     })
 }
 
-/// The metadata of `rel` under `ws`, reached through real directories only (no symlink
-/// followed); `None` when it is absent or behind a symlink or a file.
-fn lstat_within(ws: &Path, rel: &str) -> Option<std::fs::Metadata> {
-    let parts: Vec<&str> = rel.split('/').collect();
-    let mut at = ws.to_path_buf();
-    for (i, part) in parts.iter().enumerate() {
-        at.push(part);
-        let meta = std::fs::symlink_metadata(&at).ok()?;
-        if i + 1 == parts.len() {
-            return Some(meta);
-        }
-        if !meta.file_type().is_dir() {
-            return None;
-        }
-    }
-    None
-}
-
 /// `core.hooksPath` of the workspace's `.git/config`, when it names a path inside the
 /// workspace (relative: to the workspace's top, where git runs hooks).
 fn hooks_path_inside(ws: &Path, given_ws: &str) -> Option<String> {
-    let meta = lstat_within(ws, ".git/config")?;
+    let (at, meta) = route(ws, ".git/config").at?;
     if !meta.file_type().is_file() || meta.len() > MAX_CONFIG_BYTES {
         return None;
     }
-    let text = std::fs::read(ws.join(".git/config")).ok()?;
+    let text = std::fs::read(ws.join(at)).ok()?;
     let value = super::protect::hooks_path(&String::from_utf8_lossy(&text))?;
     if value.starts_with('~') {
         return None;
@@ -138,8 +179,13 @@ impl Guard {
         let found = paths
             .into_iter()
             .map(|path| {
-                let state = survey_one(&workspace, &path);
-                Found { path, state }
+                let route = route(&workspace, &path);
+                let state = survey_one(&workspace, route.at);
+                Found {
+                    path,
+                    links: route.links,
+                    state,
+                }
             })
             .collect();
         Guard {
@@ -183,42 +229,7 @@ impl Guard {
     pub fn sweep(&self) -> Option<Quarantined> {
         let mut moved = Vec::new();
         for f in &self.found {
-            let Some(now) = lstat_within(&self.workspace, &f.path) else {
-                continue;
-            };
-            if let State::Present { dev, ino, link, .. } = &f.state {
-                let same = match link {
-                    // A symlink's inode may be reused by what replaced it: its target tells.
-                    Some(target) => {
-                        now.file_type().is_symlink()
-                            && std::fs::read_link(self.workspace.join(&f.path))
-                                .ok()
-                                .as_ref()
-                                == Some(target)
-                    }
-                    None => !now.file_type().is_symlink() && (now.dev(), now.ino()) == (*dev, *ino),
-                };
-                if same {
-                    continue;
-                }
-            }
-            match self.move_aside(&f.path) {
-                Ok(()) => moved.push(f.path.clone()),
-                Err(e) => tracing::warn!(
-                    "could not move the agent's protected path {} out of the workspace: {e}; remove it before running tools there",
-                    f.path
-                ),
-            }
-            // A symlink of the user's that the agent replaced is put back.
-            if let State::Present {
-                link: Some(target), ..
-            } = &f.state
-            {
-                let at = self.workspace.join(&f.path);
-                if std::fs::symlink_metadata(&at).is_err() {
-                    let _ = std::os::unix::fs::symlink(target, &at);
-                }
-            }
+            self.sweep_one(f, &mut moved);
         }
         let mut manifest: Manifest = std::fs::read(&self.manifest)
             .ok()
@@ -239,6 +250,65 @@ impl Guard {
             dir: self.dir.display().to_string(),
             paths: manifest.paths,
         })
+    }
+
+    /// Sweeps one protected path: first a symlink on its way that the agent made or changed
+    /// (that symlink is moved, and one of the user's put back), then the path itself.
+    fn sweep_one(&self, f: &Found, moved: &mut Vec<String>) {
+        let moving = |rel: &str, moved: &mut Vec<String>| {
+            match self.move_aside(rel) {
+            Ok(()) => moved.push(rel.to_string()),
+            Err(e) => tracing::warn!(
+                "could not move the agent's protected path {rel} out of the workspace: {e}; remove it before running tools there"
+            ),
+        }
+        };
+        let put_back = |rel: &str, target: &Path| {
+            let at = self.workspace.join(rel);
+            if std::fs::symlink_metadata(&at).is_err() {
+                let _ = std::os::unix::fs::symlink(target, &at);
+            }
+        };
+        // Each pass moves one changed symlink; a route has a few at most.
+        for _ in 0..8 {
+            let now = route(&self.workspace, &f.path);
+            if let Some((rel, _)) = now.links.iter().find(|l| !f.links.contains(l)) {
+                let before = f.links.iter().find(|(at, _)| at == rel);
+                moving(rel, moved);
+                if let Some((_, target)) = before {
+                    put_back(rel, target);
+                }
+                continue;
+            }
+            let Some((at, meta)) = now.at else {
+                return;
+            };
+            if let State::Present { dev, ino, link, .. } = &f.state {
+                let same = match link {
+                    // A symlink's inode may be reused by what replaced it: its target tells.
+                    Some(target) => {
+                        meta.file_type().is_symlink()
+                            && std::fs::read_link(self.workspace.join(&at)).ok().as_ref()
+                                == Some(target)
+                    }
+                    None => {
+                        !meta.file_type().is_symlink() && (meta.dev(), meta.ino()) == (*dev, *ino)
+                    }
+                };
+                if same {
+                    return;
+                }
+            }
+            moving(&at, moved);
+            // A symlink of the user's that the agent replaced is put back.
+            if let State::Present {
+                link: Some(target), ..
+            } = &f.state
+            {
+                put_back(&at, target);
+            }
+            return;
+        }
     }
 
     /// Moves `rel` (not followed if a symlink) to the same place under the quarantine
@@ -264,9 +334,9 @@ impl Guard {
     }
 }
 
-/// What `rel` is as a turn starts.
-fn survey_one(ws: &Path, rel: &str) -> State {
-    let Some(meta) = lstat_within(ws, rel) else {
+/// What a protected path is as a turn starts, from where its route ends.
+fn survey_one(ws: &Path, at: Option<(String, std::fs::Metadata)>) -> State {
+    let Some((rel, meta)) = at else {
         return State::Absent;
     };
     let (dev, ino) = (meta.dev(), meta.ino());
@@ -274,13 +344,13 @@ fn survey_one(ws: &Path, rel: &str) -> State {
         return State::Present {
             dev,
             ino,
-            mount: Some(rel.to_string()),
+            mount: Some(rel),
             link: None,
         };
     }
-    let link = std::fs::read_link(ws.join(rel)).ok();
+    let link = std::fs::read_link(ws.join(&rel)).ok();
     // Where it leads, if that is inside the workspace (and not the workspace itself).
-    let mount = std::fs::canonicalize(ws.join(rel))
+    let mount = std::fs::canonicalize(ws.join(&rel))
         .ok()
         .and_then(|real| {
             real.strip_prefix(ws)
@@ -387,9 +457,12 @@ mod tests {
         write(w, "editor/settings.json", "{}");
         std::os::unix::fs::symlink("editor", w.join(".vscode")).unwrap();
         std::os::unix::fs::symlink(outside.path(), w.join(".idea")).unwrap();
-        // .claude leads out: .claude/settings.json is behind a symlink.
+        // .claude leads out: .claude/settings.json is not reachable inside the workspace.
         write(outside.path(), "settings.json", "{}");
         std::os::unix::fs::symlink(outside.path(), w.join(".claude")).unwrap();
+        // .gemini leads inside: its settings.json is protected where it is.
+        write(w, "conf/gemini/settings.json", "{}");
+        std::os::unix::fs::symlink("conf/gemini", w.join(".gemini")).unwrap();
         let paths = crate::session::protect::effective(&[], &[]);
         let g = Guard::survey(w.to_str().unwrap(), &paths, w.join("q"));
         let real = fs::canonicalize(w).unwrap();
@@ -400,6 +473,7 @@ mod tests {
                 "/workspace/.git/config",
                 "/workspace/.git/hooks",
                 "/workspace/tools/hooks",
+                "/workspace/conf/gemini/settings.json",
             ]
         );
         for m in g.mounts() {
@@ -459,6 +533,11 @@ mod tests {
         write(w, ".git/hooks/pre-commit.sample", "#!/bin/sh\n");
         write(w, "real-envrc", "export A=1\n");
         std::os::unix::fs::symlink("real-envrc", w.join(".envrc")).unwrap();
+        // The user's: a symlinked .gemini, and a directory the agent will link .codex to.
+        write(w, "conf/gemini-a/notes", "a\n");
+        write(w, "conf/gemini-b/settings.json", "{\"b\":1}");
+        std::os::unix::fs::symlink("conf/gemini-a", w.join(".gemini")).unwrap();
+        write(w, "conf/codex/config.toml", "# the user's\n");
         let paths = crate::session::protect::effective(&["notes".into()], &[]);
         let dir = q.path().join("turn-1");
         let g = Guard::survey(w.to_str().unwrap(), &paths, dir.clone());
@@ -475,6 +554,11 @@ mod tests {
         write(w, ".git/hooks/post-checkout", "evil\n");
         // A symlink the agent planted is moved as a symlink, not followed.
         std::os::unix::fs::symlink("/etc/passwd", w.join("notes")).unwrap();
+        // A new symlink on the way to a protected path, and a retargeted one of the user's:
+        // the symlinks go (the user's is put back), never what they lead to.
+        std::os::unix::fs::symlink("conf/codex", w.join(".codex")).unwrap();
+        fs::remove_file(w.join(".gemini")).unwrap();
+        std::os::unix::fs::symlink("conf/gemini-b", w.join(".gemini")).unwrap();
 
         let moved = g.sweep().expect("moved");
         assert_eq!(moved.dir, dir.display().to_string());
@@ -484,7 +568,9 @@ mod tests {
             paths,
             [
                 ".claude/settings.json",
+                ".codex",
                 ".envrc",
+                ".gemini",
                 ".git/hooks",
                 ".gitmodules",
                 ".vscode",
@@ -496,6 +582,8 @@ mod tests {
             if p == ".envrc" {
                 // The user's symlink is back.
                 assert_eq!(fs::read_link(&at).unwrap(), Path::new("real-envrc"));
+            } else if p == ".gemini" {
+                assert_eq!(fs::read_link(&at).unwrap(), Path::new("conf/gemini-a"));
             } else {
                 assert!(fs::symlink_metadata(&at).is_err(), "{p} is still there");
             }
@@ -516,11 +604,27 @@ mod tests {
         assert!(w.join(".git/hooks-old/pre-commit.sample").is_file());
         assert!(w.join(".git/config").is_file());
         assert!(w.join("real-envrc").is_file());
+        assert_eq!(
+            fs::read_link(dir.join(".codex")).unwrap(),
+            Path::new("conf/codex")
+        );
+        assert_eq!(
+            fs::read_link(dir.join(".gemini")).unwrap(),
+            Path::new("conf/gemini-b")
+        );
+        assert!(
+            w.join("conf/codex/config.toml").is_file(),
+            "the user's file stays"
+        );
+        assert!(
+            w.join("conf/gemini-b/settings.json").is_file(),
+            "the user's file stays"
+        );
         // A second sweep moves nothing more and says all this turn moved.
         let again = g.sweep().unwrap();
-        assert_eq!(again.paths.len(), 6);
+        assert_eq!(again.paths.len(), 8);
         let manifest: Manifest =
             serde_json::from_slice(&fs::read(dir.with_extension("json")).unwrap()).unwrap();
-        assert_eq!(manifest.paths.len(), 6);
+        assert_eq!(manifest.paths.len(), 8);
     }
 }
