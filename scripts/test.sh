@@ -113,7 +113,9 @@ tests restart nt restart --workspace --no-fail-fast -E 'test(daemon_restart)' "$
 # turn: the broker tests; the TUI), its stopped state and listing races (manage, control),
 # ownership under its user namespace, copy mode's archive calls, the proxy network, and an
 # installed binary building images through it. claude's and opencode's session tests take
-# the same paths as codex's there, and run on Docker only.
+# the same paths as codex's there, and run on Docker only. Protected paths (`protect::`) ask
+# Podman for the same create body (nested read-only binds) as Docker: not here; the TUI
+# test's quarantine runs here.
 podman_tests=(
     'test(=sessions::codex_runs_a_tool_and_recalls_after_resume)'
     'test(=sessions::gemini_runs_a_tool_and_recalls_after_resume)'

@@ -133,6 +133,30 @@ pub struct TurnResult {
     pub usage: Usage,
     pub duration_ms: u64,
     pub exit_code: i32,
+    /// Protected paths the agent created (or replaced) in a bind-mode workspace, moved aside
+    /// after the turn; absent when there were none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<Quarantined>,
+}
+
+/// Where a turn's quarantined protected paths went (see `session::quarantine`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quarantined {
+    /// The directory under caw-box's data dir that holds them, at their workspace paths.
+    pub dir: String,
+    /// Their paths in the workspace, relative to its top.
+    pub paths: Vec<String>,
+}
+
+impl Quarantined {
+    /// The warning line for stderr.
+    pub fn warning(&self) -> String {
+        format!(
+            "warning: the agent created protected paths in the workspace ({}); they were moved to {} (host tools run such files by themselves; `--unprotect PATH` lets the agent write one)",
+            self.paths.join(", "),
+            self.dir
+        )
+    }
 }
 
 /// One unified event. `-o stream-json` prints each as one JSON line with a `type` tag.

@@ -51,6 +51,12 @@ impl Printer {
     }
 
     pub fn event(&mut self, event: &Event) {
+        if let Event::Result { result } = event {
+            // Always said, quiet or not, whatever the format: the workspace changed.
+            if let Some(q) = &result.quarantined {
+                let _ = writeln!(io::stderr(), "{}", q.warning());
+            }
+        }
         let mut out = io::stdout().lock();
         let _ = match self.format {
             Format::StreamJson => write_json_line(&mut out, event),

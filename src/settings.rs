@@ -425,6 +425,19 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
     if let Some(ws) = &args.workspace {
         settings.workspace = Some(resolve_workspace(ws)?);
     }
+    // A host path names a protected path inside the workspace (the current directory's
+    // for a new session that names none).
+    let here = std::env::current_dir()
+        .ok()
+        .and_then(|d| d.canonicalize().ok())
+        .map(|d| d.display().to_string());
+    crate::session::protect::apply(
+        &mut settings.protect,
+        &mut settings.unprotect,
+        &args.protect,
+        &args.unprotect,
+        settings.workspace.as_deref().or(here.as_deref()),
+    )?;
     if let Some(m) = &args.memory {
         settings.memory = Some(parse_memory(m, "--memory")?);
     }

@@ -517,6 +517,9 @@ pub struct TurnSpec {
     pub home: MountSpec,
     /// The workspace at /workspace, unless the session has none.
     pub workspace: Option<MountSpec>,
+    /// Read-only host paths inside a bound workspace, each mounted over itself (the
+    /// protected paths that exist, `session::quarantine`); empty on other workspaces.
+    pub protected: Vec<MountSpec>,
     /// The turn's private runtime directory (env file, credentials, stdin, and what the
     /// entrypoint hands back), through the backend's API: never a host path.
     pub runtime: Scratch,

@@ -120,6 +120,16 @@ pub struct SettingsArgs {
     /// needed; the namespace's PodSecurity level must allow NET_ADMIN).
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     pub allow_host: Vec<String>,
+    /// Keep PATH read-only to the agent in a bound workspace (repeatable), beyond the
+    /// defaults, e.g. `--protect Makefile`; relative to the workspace's top. Remembered by
+    /// the session; a resume's --protect/--unprotect apply to its turn.
+    #[arg(long = "protect", value_name = "PATH", long_help = protect_help())]
+    pub protect: Vec<String>,
+    /// Let the agent write a default protected PATH (or what is under it) in this session
+    /// (repeatable), e.g. `--unprotect .git/hooks`. Config key `unprotect` (user file or
+    /// CAW_BOX_UNPROTECT; a project file cannot). Remembered by the session.
+    #[arg(long = "unprotect", value_name = "PATH")]
+    pub unprotect: Vec<String>,
     /// Send the CLI's model traffic to this base URL (a proxy, gateway or local server).
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
@@ -166,6 +176,23 @@ pub struct SettingsArgs {
     /// The value is a secret like --mcp-env's.
     #[arg(long = "mcp-header", value_name = "NAME:HEADER=VALUE")]
     pub mcp_header: Vec<String>,
+}
+
+/// `--protect`'s long help, with the default set (the README explains each).
+fn protect_help() -> String {
+    let defaults: Vec<&str> = crate::session::protect::DEFAULT_PROTECTED
+        .iter()
+        .map(|(p, _)| *p)
+        .collect();
+    format!(
+        "Keep PATH read-only to the agent in a bound workspace (repeatable), beyond the defaults, \
+e.g. `--protect Makefile`; relative to the workspace's top. A protected path that exists when a \
+turn starts is read-only in the agent's container; one the agent creates is moved after the turn \
+to a quarantine directory the warning names. Remembered by the session (config key `protect`); \
+a resume's --protect/--unprotect apply to its turn. `show` lists a session's set.\n\n\
+Protected by default: {}",
+        defaults.join(", ")
+    )
 }
 
 #[derive(Debug, Args)]

@@ -238,10 +238,16 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
             fallback_of: Option<String>,
             #[serde(skip_serializing_if = "Vec::is_empty")]
             fallback_to: Vec<String>,
+            /// The workspace paths the agent cannot write (bind mode) and that `export` and
+            /// `diff --patch` leave out (copy mode): the defaults with `protect` and
+            /// without `unprotect`.
+            #[serde(skip_serializing_if = "Vec::is_empty")]
+            protected_paths: Vec<String>,
             #[serde(flatten)]
             record: &'a SessionRecord,
         }
         output::print_json(&Shown {
+            protected_paths: protected_of(&record.settings),
             status: &status,
             total_cost_usd: record.total_cost_usd(),
             fallback_of: record.settings.fallback_of.map(|id| id.to_string()),
@@ -265,6 +271,10 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     output::println(&format!("image      {}", s.image));
     if let Some(ws) = &s.workspace {
         output::println(&format!("workspace  {ws}"));
+    }
+    let protected = protected_of(s);
+    if !protected.is_empty() {
+        output::println(&format!("protected  {}", protected.join(" ")));
     }
     if let Some(m) = &s.model {
         output::println(&format!("model      {m}"));
@@ -323,6 +333,14 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
         output::println(&format!("\ntotal cost ${total:.4}"));
     }
     Ok(0)
+}
+
+/// A session's protected paths, where its workspace has any (not `--workspace-mode none`).
+fn protected_of(s: &crate::session::SessionSettings) -> Vec<String> {
+    match s.workspace_mode {
+        crate::session::WorkspaceMode::None => Vec::new(),
+        _ => s.protected_paths(),
+    }
 }
 
 fn one_line(s: &str, max: usize) -> String {

@@ -42,6 +42,8 @@ struct ConfigFile {
     tools: Option<Spanned<String>>,
     allow_tool: Option<Spanned<Vec<String>>>,
     deny_tool: Option<Spanned<Vec<String>>>,
+    protect: Option<Spanned<Vec<String>>>,
+    unprotect: Option<Spanned<Vec<String>>>,
     mcp: Option<Spanned<BTreeMap<String, McpFileEntry>>>,
     runtime: Option<Spanned<String>>,
 }
@@ -100,6 +102,16 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
         refusal(path, line, key.as_deref(), e.message())
     })?;
 
+    if let (Some(v), Origin::Project(_)) = (&file.unprotect, origin(String::new())) {
+        // A repository (or an agent that wrote the file) must not lift its own walls.
+        return Err(refusal(
+            path,
+            line_of(text, v.span()),
+            Some("unprotect"),
+            "a project file cannot unprotect paths: the repository would lift its own protection",
+        )
+        .with_hint("put `unprotect` in your user config file, or pass --unprotect PATH"));
+    }
     let mut layer = Layer::default();
     let mut put = |key: Key, value: Value, span: std::ops::Range<usize>| -> Result<()> {
         let origin = origin(at(span.clone()));
@@ -142,6 +154,8 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
         (Key::EnvPass, file.env_pass),
         (Key::AllowTool, file.allow_tool),
         (Key::DenyTool, file.deny_tool),
+        (Key::Protect, file.protect),
+        (Key::Unprotect, file.unprotect),
     ] {
         if let Some(v) = v {
             let span = v.span();

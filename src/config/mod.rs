@@ -61,10 +61,12 @@ pub enum Key {
     DenyTool,
     Mcp,
     Runtime,
+    Protect,
+    Unprotect,
 }
 
 impl Key {
-    pub const ALL: [Key; 27] = [
+    pub const ALL: [Key; 29] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -92,6 +94,8 @@ impl Key {
         Key::DenyTool,
         Key::Mcp,
         Key::Runtime,
+        Key::Protect,
+        Key::Unprotect,
     ];
 
     /// Its name in a config file.
@@ -124,6 +128,8 @@ impl Key {
             Key::DenyTool => "deny_tool",
             Key::Mcp => "mcp",
             Key::Runtime => "runtime",
+            Key::Protect => "protect",
+            Key::Unprotect => "unprotect",
         }
     }
 

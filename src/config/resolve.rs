@@ -117,6 +117,8 @@ impl Resolved {
         out.tools = self.str(Key::Tools);
         out.allow_tool = self.list(Key::AllowTool);
         out.deny_tool = self.list(Key::DenyTool);
+        out.protect = self.list(Key::Protect);
+        out.unprotect = self.list(Key::Unprotect);
         out.network = self.str(Key::Network);
         out.runtime = self.str(Key::Runtime);
         out.allow_host = self.list(Key::AllowHost);

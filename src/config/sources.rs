@@ -39,6 +39,15 @@ impl Layer {
         );
         put(Key::Network, s(&args.network));
         put(Key::Runtime, s(&args.runtime));
+        for (key, values) in [
+            (Key::Protect, &args.protect),
+            (Key::Unprotect, &args.unprotect),
+        ] {
+            put(
+                key,
+                (!values.is_empty()).then(|| Value::List(values.clone())),
+            );
+        }
         put(Key::Mcp, mcp_flags(args).map(Value::Mcp));
         put(
             Key::AllowHost,
@@ -77,7 +86,9 @@ impl Layer {
                 continue;
             };
             let value = match key {
-                Key::AllowHost | Key::AllowTool | Key::DenyTool => Value::List(split_list(&raw)),
+                Key::AllowHost | Key::AllowTool | Key::DenyTool | Key::Protect | Key::Unprotect => {
+                    Value::List(split_list(&raw))
+                }
                 Key::Labels => Value::Map(
                     crate::session::record::parse_labels(&raw)
                         .into_iter()

@@ -414,6 +414,37 @@ fn tool_settings_come_from_config_files() {
     );
 }
 
+/// `protect` comes from any layer; `unprotect` from the user file, a variable or a flag,
+/// never from a project file (a repository would lift its own protection).
+#[test]
+fn protected_paths_come_from_config_files_but_a_project_cannot_unprotect() {
+    let mut w = World::new("unprotect = [\".vscode\"]\n", "protect = [\"Makefile\"]\n");
+    let r = w.resolve(Layer::default()).unwrap();
+    let args = r.settings_args(&SettingsArgs::default()).unwrap();
+    assert_eq!(args.protect, ["Makefile"]);
+    assert_eq!(args.unprotect, [".vscode"]);
+    let mut settings = crate::session::record::SessionSettings::default();
+    crate::settings::apply_overrides(&mut settings, &args).unwrap();
+    let set = settings.protected_paths();
+    assert!(set.contains(&"Makefile".to_string()) && !set.contains(&".vscode".to_string()));
+    w.env
+        .insert("CAW_BOX_UNPROTECT".into(), ".git/hooks, .idea".into());
+    let r = w.resolve(Layer::default()).unwrap();
+    assert_eq!(
+        r.settings_args(&SettingsArgs::default()).unwrap().unprotect,
+        [".git/hooks", ".idea"]
+    );
+
+    assert_eq!(
+        refusal("", "model = \"m\"\nunprotect = [\".git/hooks\"]\n"),
+        "<tmp>/repo/.caw-box.toml:2: unprotect: a project file cannot unprotect paths: the repository would lift its own protection; put `unprotect` in your user config file, or pass --unprotect PATH"
+    );
+    assert_eq!(
+        refusal("protect = [\"../elsewhere\"]\n", ""),
+        "<tmp>/home/.config/caw-box/config.toml:1: protect '../elsewhere' is not a path inside the workspace; name it relative to the workspace's top, e.g. .git/hooks"
+    );
+}
+
 /// MCP servers have a config table: a command or a URL, and the NAMES of the host variables
 /// that hold their secrets; they reach `run`'s flags with those variables' values.
 #[test]

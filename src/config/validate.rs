@@ -53,6 +53,11 @@ pub(super) fn check(key: Key, value: Value, what: &str) -> Result<Value> {
         (Key::Tools, _) => {
             crate::agent_config::ToolPolicy::parse_groups(text, what)?;
         }
+        (Key::Protect | Key::Unprotect, Value::List(paths)) => {
+            for p in paths {
+                crate::session::protect::parse_arg(p, what, None)?;
+            }
+        }
         (Key::AllowTool | Key::DenyTool, Value::List(names)) => {
             for n in names {
                 crate::agent_config::ToolPolicy::check_name(n, what)?;

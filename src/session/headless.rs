@@ -93,6 +93,8 @@ pub(super) async fn adopt(
         proxy: None,
         // Nothing to feed an adopted turn: no broker to wait for.
         broker_ready: tokio::sync::watch::channel(Some(true)).1,
+        // (Kubernetes: the workspace is a copy.)
+        guard: None,
     };
     drive(&ctx, record, &mut interrupts, &mut |_| {}, Some(adopted)).await
 }
@@ -146,6 +148,7 @@ async fn drive(
         runtime_payload,
         proxy,
         broker_ready: _,
+        guard,
     } = ctx;
     place_home_files(backend, name, home_files).await?;
 
@@ -453,7 +456,7 @@ async fn drive(
         limit_resets_at,
     };
     record.turns.push(turn_record);
-    let result = TurnResult {
+    let mut result = TurnResult {
         session_id: record.session_id.to_string(),
         name: record.name.clone(),
         provider: record.provider,
@@ -464,6 +467,7 @@ async fn drive(
         usage: outcome.usage,
         duration_ms,
         exit_code,
+        quarantined: None,
     };
     if !session_announced {
         sink(&Event::Session {
@@ -507,9 +511,12 @@ async fn drive(
     let ending = Ending {
         handoff: stdin,
         home_out,
+        guard,
     };
-    save_record(backend, name, record, turn, history, logs, ending).await?;
-    sink(&result_event);
+    result.quarantined = save_record(backend, name, record, turn, history, logs, ending).await?;
+    sink(&Event::Result {
+        result: result.clone(),
+    });
     Ok(result)
 }
 

@@ -25,6 +25,9 @@ pub(super) struct Ending<'a> {
     /// Where to put the credential files the entrypoint handed back (the runtime
     /// directory's `auth/home-out`, as a tar), read before the container goes.
     pub(super) home_out: Option<&'a std::sync::Mutex<Option<Vec<u8>>>>,
+    /// The turn's protected paths: swept once the agent's processes are gone (the
+    /// container ended) and before the lock is released, so `wait` finds the sweep done.
+    pub(super) guard: Option<&'a super::quarantine::Guard>,
 }
 
 /// The session record stored in the state volume before this turn, read through the turn's
@@ -76,7 +79,7 @@ pub(super) struct TurnLogs<'a> {
 
 /// Writes the session record and this turn's logs into the state volume (through the
 /// stopped turn container), replaces the session's turn-record volume, and caches the
-/// record on the host.
+/// record on the host; returns what the sweep of the turn's protected paths moved aside.
 ///
 /// The record stored in the volume ([`StoredHistory`]) is merged in here, so an in-memory
 /// record that only knows the latest turn (a session resumed from Docker labels alone) never
@@ -89,7 +92,7 @@ pub(super) async fn save_record(
     history: StoredHistory,
     logs: TurnLogs<'_>,
     ending: Ending<'_>,
-) -> Result<()> {
+) -> Result<Option<crate::event::Quarantined>> {
     if let Some(stored) = history.get().await? {
         let mut turns: Vec<TurnRecord> =
             stored.turns.into_iter().filter(|t| t.turn < turn).collect();
@@ -184,10 +187,11 @@ pub(super) async fn save_record(
             Err(e) => tracing::warn!("could not read the refreshed credentials: {e}"),
         }
     }
+    let quarantined = ending.guard.and_then(|g| g.sweep());
     let (removed, _) = tokio::join!(backend.remove_container(name, true), remove_stale);
     removed?;
     cache_record(record);
-    Ok(())
+    Ok(quarantined)
 }
 
 /// The provider's credential files in the running turn `name`'s HOME that differ from the

@@ -47,6 +47,7 @@ pub(super) async fn drive_tui(
         runtime_payload: _,
         proxy: _,
         broker_ready: _,
+        guard,
     } = ctx;
     place_home_files(backend, name, home_files).await?;
     sink(&Event::Session {
@@ -179,7 +180,7 @@ pub(super) async fn drive_tui(
         interactive: true,
         limit_resets_at: None,
     });
-    let result = TurnResult {
+    let mut result = TurnResult {
         session_id: record.session_id.to_string(),
         name: record.name.clone(),
         provider: record.provider,
@@ -190,6 +191,7 @@ pub(super) async fn drive_tui(
         usage: Default::default(),
         duration_ms,
         exit_code: status.exit_code(),
+        quarantined: None,
     };
     let result_event = Event::Result {
         result: result.clone(),
@@ -204,9 +206,12 @@ pub(super) async fn drive_tui(
     let ending = Ending {
         handoff: None,
         home_out,
+        guard,
     };
-    save_record(backend, name, record, turn, history, logs, ending).await?;
-    sink(&result_event);
+    result.quarantined = save_record(backend, name, record, turn, history, logs, ending).await?;
+    sink(&Event::Result {
+        result: result.clone(),
+    });
     Ok(result)
 }
 

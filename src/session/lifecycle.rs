@@ -204,7 +204,10 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
     let Some(last) = record.turns.last() else {
         return Err(Error::usage(format!("session {id} has no finished turn")));
     };
-    Ok(result_of(&record, last))
+    let mut result = result_of(&record, last);
+    // What its driver moved aside (bind mode: this host's workspace, this host's data dir).
+    result.quarantined = super::quarantine::recorded(id, last.turn);
+    Ok(result)
 }
 
 /// Finishes turn container `c` of a session whose driver is gone (see
@@ -249,5 +252,6 @@ pub fn result_of(record: &SessionRecord, t: &TurnRecord) -> TurnResult {
         usage: t.usage,
         duration_ms: t.duration_ms,
         exit_code: t.exit_code,
+        quarantined: None,
     }
 }

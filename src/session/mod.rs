@@ -18,6 +18,7 @@ pub mod patch;
 pub mod portable;
 pub mod protect;
 pub mod protected_out;
+pub mod quarantine;
 pub mod record;
 pub mod runner;
 #[cfg(test)]

@@ -308,6 +308,10 @@ pub async fn run_turn(
         env,
         runtime.into_scratch(),
     )?;
+    // The protected paths as they are now: those there are read-only to the agent.
+    let guard = super::quarantine::for_turn(record, turn)?;
+    spec.protected = guard.as_ref().map(|g| g.mounts()).unwrap_or_default();
+    let mut container_made = false;
     spec.runtime_over_stdin = payload.is_some();
     if payload.is_some() {
         // On stdin instead: nothing to put in before the start.
@@ -385,6 +389,7 @@ pub async fn run_turn(
         // (Dropped on failure, which frees a sidecar's start from its wait.)
         drop(pod_made);
         created?;
+        container_made = true;
         if let Some(e) = &egress {
             e.remove_leftovers(backend, record).await;
         }
@@ -405,6 +410,7 @@ pub async fn run_turn(
                 .map(|e| e.proxy.as_str())
                 .or(pod_proxy.as_deref()),
             broker_ready: ready_rx.clone(),
+            guard: guard.as_ref(),
         };
         let outcome = if options.interactive {
             // A TUI's runtime files go in before its start: wait for the broker here.
@@ -424,7 +430,26 @@ pub async fn run_turn(
         }
         outcome
     };
-    let ((), outcome) = tokio::join!(start_broker, main);
+    let ((), mut outcome) = tokio::join!(start_broker, main);
+    if let Some(g) = guard.as_ref().filter(|_| container_made) {
+        // Again, now that the container is surely gone (its driver may have failed before
+        // the first sweep, or an agent's process outlived it): what this one moves is said.
+        let swept = g.sweep();
+        match &mut outcome {
+            Ok(result) if result.quarantined != swept => {
+                if let Some(q) = &swept {
+                    tracing::warn!("{}", q.warning());
+                }
+                result.quarantined = swept;
+            }
+            Err(_) => {
+                if let Some(q) = &swept {
+                    tracing::warn!("{}", q.warning());
+                }
+            }
+            Ok(_) => {}
+        }
+    }
     if let Some(b) = &broker {
         b.stop(backend).await;
     }
@@ -488,6 +513,7 @@ fn turn_spec(
         labels: labels.finish(),
         home: MountSpec::volume(names::state_volume(record.session_id), AGENT_HOME),
         workspace,
+        protected: Vec::new(),
         runtime,
         runtime_over_stdin: false,
         limits: Limits {

@@ -143,6 +143,8 @@ pub(super) struct TurnContext<'a, B> {
     /// `Some(true)` once the turn's credential broker listens (`Some(false)`: it failed),
     /// `Some(true)` from the start when there is none: the runtime files wait for it.
     pub broker_ready: tokio::sync::watch::Receiver<Option<bool>>,
+    /// A bind-mode workspace's protected paths, swept before the container goes.
+    pub guard: Option<&'a super::quarantine::Guard>,
 }
 
 pub(super) fn append_event(log: &mut Vec<u8>, e: &Event) {

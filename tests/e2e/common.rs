@@ -34,7 +34,7 @@ pub const TEST_KEY: &str = "sk-test-caw-box-0123456789";
 pub const TEST_LABEL: &str = "io.caw-box.test-run";
 
 /// The `CAW_BOX_*` variables that set defaults of `run` (`CAW_BOX_LABELS` the rig sets).
-const CONFIG_VARS: [&str; 18] = [
+const CONFIG_VARS: [&str; 20] = [
     "CAW_BOX_PROVIDER",
     "CAW_BOX_MODEL",
     "CAW_BOX_IMAGE",
@@ -53,6 +53,8 @@ const CONFIG_VARS: [&str; 18] = [
     "CAW_BOX_APPEND_SYSTEM_PROMPT",
     "CAW_BOX_EFFORT",
     "CAW_BOX_RUNTIME",
+    "CAW_BOX_PROTECT",
+    "CAW_BOX_UNPROTECT",
 ];
 
 /// A provider as the tests drive it: its name, its key variable, a model the stub accepts.

@@ -307,8 +307,27 @@ fn codex_tui_session_resumes_headless_and_back() {
     let mut tmux = Tmux::new(&rig);
     start_codex_tui(&rig, &mut tmux, &name);
     answers_and_follows_a_resize(&rig, &tmux, "zebra", (100, 30));
+    // A protected path the agent creates in the TUI is moved aside when the turn ends
+    // (issue 27; `protect::` proves the headless and detached turns).
+    // (`!`: the TUI runs the command itself, in the agent's container.)
+    tmux.keys(&["!"]);
+    tmux.type_line("echo planted > .envrc && echo made-$((6*7))");
+    tmux.wait_for("made-42", "the TUI did not run the command");
     tmux.keys(&["C-c"]);
     assert_terminal_intact(&tmux);
+    let screen = tmux.screen().replace('\n', "");
+    assert!(
+        screen.contains("the agent created protected paths in the workspace (.envrc)"),
+        "no quarantine warning:\n{}",
+        tmux.screen()
+    );
+    let id = session_id_by_name(&rig, &name);
+    let quarantined = rig
+        .data_dir
+        .path()
+        .join(format!("quarantine/{id}/turn-1/.envrc"));
+    assert_eq!(std::fs::read_to_string(quarantined).unwrap(), "planted\n");
+    assert!(!rig.workspace.path().join(".envrc").exists());
     let json = assert_headless_recall(&rig, CODEX, &name, "zebra");
     assert_eq!(json["turn"], 2);
 
@@ -321,7 +340,6 @@ fn codex_tui_session_resumes_headless_and_back() {
     tmux.keys(&["C-c"]);
     assert_terminal_intact(&tmux);
 
-    let id = session_id_by_name(&rig, &name);
     let mut show = rig.caw();
     show.args(["show", &id, "--json"]);
     let shown: serde_json::Value = serde_json::from_slice(&run(show).stdout).unwrap();

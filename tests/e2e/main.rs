@@ -24,6 +24,7 @@ mod manage;
 mod oauth;
 mod patch;
 mod portable;
+mod protect;
 mod release;
 mod restart;
 mod runtime;

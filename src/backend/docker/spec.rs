@@ -45,7 +45,15 @@ fn network_mode(n: &NetworkPolicy) -> Option<String> {
 pub(super) fn turn_body(spec: &TurnSpec) -> ContainerCreateBody {
     let scratch = scratch_mount(&spec.runtime);
     let host_config = HostConfig {
-        mounts: Some(spec.mounts().map(mount).chain([scratch]).collect()),
+        // The protected paths after the workspace they are in (Docker and Podman also
+        // order nested mounts by depth).
+        mounts: Some(
+            spec.mounts()
+                .chain(&spec.protected)
+                .map(mount)
+                .chain([scratch])
+                .collect(),
+        ),
         cap_drop: Some(vec!["ALL".to_string()]),
         security_opt: Some(vec!["no-new-privileges".to_string()]),
         pids_limit: Some(spec.limits.pids),
@@ -168,6 +176,7 @@ mod tests {
             egress_allow: vec![],
             extra_hosts: Vec::new(),
             oci_runtime: None,
+            protected: Vec::new(),
         }
     }
 
@@ -219,6 +228,31 @@ mod tests {
         };
         assert_eq!(runtime(Some("runsc")).as_deref(), Some("runsc"));
         assert_eq!(runtime(None), None);
+    }
+
+    /// Protected paths are read-only binds nested after the workspace's own.
+    #[test]
+    fn protected_paths_are_read_only_binds_after_the_workspace() {
+        let mut s = spec(NetworkPolicy::None);
+        s.workspace = Some(MountSpec::host_dir("/src", "/workspace"));
+        s.protected =
+            vec![MountSpec::host_dir("/src/.git/hooks", "/workspace/.git/hooks").read_only()];
+        let mounts = turn_body(&s).host_config.unwrap().mounts.unwrap();
+        let targets: Vec<&str> = mounts.iter().filter_map(|m| m.target.as_deref()).collect();
+        assert_eq!(
+            targets,
+            [
+                "/home/agent",
+                "/workspace",
+                "/workspace/.git/hooks",
+                "/run/caw-box"
+            ]
+        );
+        let hooks = &mounts[2];
+        assert_eq!(hooks.typ, Some(MountType::BIND));
+        assert_eq!(hooks.source.as_deref(), Some("/src/.git/hooks"));
+        assert_eq!(hooks.read_only, Some(true));
+        assert_eq!(mounts[1].read_only, None);
     }
 
     #[test]

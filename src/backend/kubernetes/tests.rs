@@ -93,6 +93,7 @@ fn turn() -> TurnSpec {
         egress_allow: vec![],
         extra_hosts: Vec::new(),
         oci_runtime: None,
+        protected: Vec::new(),
     }
 }
 

@@ -192,6 +192,7 @@ pub(super) fn print_detached(session: &Session, format: OutputFormat) -> i32 {
                 usage: Default::default(),
                 duration_ms: 0,
                 exit_code: 0,
+                quarantined: None,
             };
             if format == OutputFormat::Json {
                 output::print_json_line(&result);

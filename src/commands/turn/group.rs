@@ -84,6 +84,9 @@ pub(super) async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> 
                 if exit == 0 {
                     exit = r.exit_code;
                 }
+                if let Some(q) = &r.quarantined {
+                    output::eprintln(&format!("{} (session {id})", q.warning()));
+                }
                 results.push(r);
             }
             Err(e) => {
