@@ -191,6 +191,22 @@ fn assert_size_followed(rig: &Rig, container: &str, columns: u16, rows: u16) {
     }
 }
 
+/// Quits codex's TUI with Ctrl-C. A Ctrl-C that lands while codex still finishes the turn
+/// it just showed (its answer is on screen before the turn ends, and under load that gap
+/// grows) interrupts the turn instead of quitting: so once more, until the TUI is gone.
+pub(crate) fn quit_codex_tui(tmux: &Tmux) {
+    for _ in 0..4 {
+        tmux.keys(&["C-c"]);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if tmux.screen().contains("TTY: ") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
 /// After the TUI quit: caw-box exited 0 and the shell's terminal is back to normal (line
 /// editing and echo: a typed line comes back whole).
 pub(crate) fn assert_terminal_intact(tmux: &Tmux) {
@@ -313,7 +329,7 @@ fn codex_tui_session_resumes_headless_and_back() {
     tmux.keys(&["!"]);
     tmux.type_line("echo planted > .envrc && echo made-$((6*7))");
     tmux.wait_for("made-42", "the TUI did not run the command");
-    tmux.keys(&["C-c"]);
+    quit_codex_tui(&tmux);
     assert_terminal_intact(&tmux);
     let screen = tmux.screen().replace('\n', "");
     assert!(
@@ -337,7 +353,7 @@ fn codex_tui_session_resumes_headless_and_back() {
         screen.contains("REMEMBER:zebra"),
         "history not shown:\n{screen}"
     );
-    tmux.keys(&["C-c"]);
+    quit_codex_tui(&tmux);
     assert_terminal_intact(&tmux);
 
     let mut show = rig.caw();

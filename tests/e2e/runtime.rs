@@ -175,7 +175,7 @@ fn codex_on_gvisor_runs_resumes_and_opens_its_tui_brokered_within_allow_host() {
     assert_helpers_on_default_runtime(&rig, &container);
     tmux.type_line("RECALL");
     tmux.wait_for("You told me to remember owl.", "the TUI did not recall");
-    tmux.keys(&["C-c"]);
+    crate::interactive::quit_codex_tui(&tmux);
     assert_terminal_intact(&tmux);
     // Every model request came through the broker with the real key.
     assert!(rig.stub_requests().iter().all(|r| r["status"] != 401));
