@@ -36,10 +36,7 @@ fn salt() -> Result<Vec<u8>> {
             return Ok(s);
         }
     }
-    let fresh: Vec<u8> = [uuid::Uuid::new_v4(), uuid::Uuid::new_v4()]
-        .iter()
-        .flat_map(|u| *u.as_bytes())
-        .collect();
+    let fresh = super::random_bytes::<32>().to_vec();
     dirs::write_private(&path, &fresh)?;
     Ok(fresh)
 }
@@ -218,12 +215,7 @@ impl Broker {
             let real = String::from_utf8_lossy(real.expose()).into_owned();
             map.insert(placeholder.clone(), serde_json::Value::String(real));
         }
-        let seal: [u8; 32] = {
-            let mut k = [0u8; 32];
-            k[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-            k[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-            k
-        };
+        let seal: [u8; 32] = super::random_bytes();
         let oauth = login_slots(record.provider, logins, |l| l.placeholder.clone());
         let places = with_login_places(places, record.provider, logins);
         let line = serde_json::json!({
@@ -615,6 +607,31 @@ mod tests {
                 .unwrap();
         assert_ne!(b.container, b2.container);
         assert_ne!(b.seal, b2.seal);
+    }
+
+    /// A turn's own broker (here: on an `--allow-host` network) seals with a key from the
+    /// OS's CSPRNG: never UUIDs' bytes, whose version and variant bits are fixed.
+    #[test]
+    fn an_own_brokers_seal_key_is_random_bytes_not_uuids() {
+        let keys: Vec<[u8; 32]> = (0..16)
+            .map(|_| {
+                let b = Broker::plan_salted_logins(
+                    &record("n", None),
+                    Some("egress"),
+                    &[],
+                    &[login()],
+                    Some(test_salt),
+                )
+                .unwrap();
+                assert!(b.shared.is_none());
+                b.seal
+            })
+            .collect();
+        let shaped = |k: &[u8; 32]| {
+            super::super::uuid_shaped(&k[..16]) && super::super::uuid_shaped(&k[16..])
+        };
+        assert!(!keys.iter().all(shaped), "{keys:?}");
+        assert!(keys.iter().skip(1).all(|k| *k != keys[0]));
     }
 
     /// opencode's ChatGPT login: the turn's own broker (even where brokers are shared), which
