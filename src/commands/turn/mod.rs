@@ -176,6 +176,10 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
 }
 
 pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32> {
+    // Refused before anything is looked up, as on `run` (the sessions' settings come later).
+    if let Some(endpoint) = &args.turn.settings.endpoint {
+        settings::validate_endpoint(endpoint, "--endpoint")?;
+    }
     if let Some(group) = args.group.clone() {
         if args.turn.on_limit.is_some() || args.turn.max_wait.is_some() {
             return Err(Error::usage(
