@@ -67,12 +67,25 @@ fn margin_ms() -> u64 {
 }
 
 /// The vendor's token endpoint, unless `CAW_BOX_OAUTH_TOKEN_URL` names another (a stub in
-/// tests, a gateway).
+/// tests, a gateway): said on stderr each time, since the login's refresh token goes there.
 fn token_url(spec: &crate::auth::spec::OAuthSpec) -> String {
-    std::env::var("CAW_BOX_OAUTH_TOKEN_URL")
+    match std::env::var("CAW_BOX_OAUTH_TOKEN_URL")
         .ok()
         .filter(|u| !u.is_empty())
-        .unwrap_or_else(|| spec.token_url.clone())
+    {
+        Some(url) => {
+            crate::output::eprintln(&token_url_warning(&url, &spec.token_url));
+            url
+        }
+        None => spec.token_url.clone(),
+    }
+}
+
+fn token_url_warning(url: &str, vendors: &str) -> String {
+    format!(
+        "warning: CAW_BOX_OAUTH_TOKEN_URL: the login's refresh token goes to {}, not to {vendors}",
+        crate::endpoint::redact_userinfo(url)
+    )
 }
 
 /// The broker's `oauth` config: each login's real tokens and how to refresh them, under the
