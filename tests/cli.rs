@@ -149,7 +149,10 @@ fn an_endpoint_with_a_user_or_password_is_refused_and_nothing_is_made() {
     insta::assert_snapshot!("endpoint_with_password", text);
     let resume = ["resume", "some-session", "--endpoint", url, "hi"];
     let text = check_refused(caw_box_in(&resume, home.path(), home.path(), &data_var), 2);
-    assert!(text.contains("'http://***@gateway:8080/v1' has a user or password"), "{text}");
+    assert!(
+        text.contains("'http://***@gateway:8080/v1' has a user or password"),
+        "{text}"
+    );
     let from_var = [data_var[0], ("CAW_BOX_ENDPOINT", "https://s3cret@gateway")];
     let run = ["run", "--provider", "codex", "hi"];
     let text = check_refused(caw_box_in(&run, home.path(), home.path(), &from_var), 2);
@@ -157,7 +160,10 @@ fn an_endpoint_with_a_user_or_password_is_refused_and_nothing_is_made() {
     // A user alone is not a secret to the config files' check, but is not kept either.
     let world = ConfigWorld::new("", "endpoint = \"https://ci-bot@gateway\"\n");
     let text = check_refused(world.run(&run, &data_var), 2);
-    assert!(text.contains("'https://***@gateway' has a user or password"), "{text}");
+    assert!(
+        text.contains("'https://***@gateway' has a user or password"),
+        "{text}"
+    );
     assert!(!data.exists(), "caw-box made its data directory");
 }
 
