@@ -123,6 +123,7 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
         .await?;
     }
     refuse_unsupported(client.backend(), &session_settings)?;
+    warn_if_workspace_unwritable(&session_settings);
     if models::needs_discovery(provider, &session_settings) {
         let (model, how) =
             models::discover(client.backend(), provider, &session_settings, &options.env).await?;
@@ -200,6 +201,7 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
     let mut session = client.open(&target).await?;
     settings::apply_resume_overrides(session.settings_mut(), &args.turn.settings)?;
     refuse_unsupported(client.backend(), session.settings_mut())?;
+    warn_if_workspace_unwritable(session.settings_mut());
     add_config_mcp_env(&mut options, &config, session.settings_mut())?;
     if args.turn.detach {
         detach(client.backend(), &session, &options).await?;
@@ -321,6 +323,14 @@ fn refuse_unsupported(backend: &Engine, settings: &SessionSettings) -> Result<()
         .with_hint("drop --pids-limit (and `pids_limit` from config files); ask the cluster's admin for a kubelet podPidsLimit"));
     }
     Ok(())
+}
+
+/// A bound workspace the agent could not write, said before its turn (which still runs:
+/// it may only need to read).
+pub(super) fn warn_if_workspace_unwritable(settings: &SessionSettings) {
+    if let Some(w) = crate::session::owner::workspace_warning(settings) {
+        output::eprintln(&format!("warning: {w}"));
+    }
 }
 
 /// `--workspace-mode auto` (the default): bind when the daemon sees the directory, else
