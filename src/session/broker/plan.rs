@@ -622,6 +622,16 @@ mod tests {
         assert_ne!(b.seal, b2.seal);
     }
 
+    /// The override's line names where the refresh token goes, never a password in it.
+    #[test]
+    fn the_token_url_override_is_said_without_a_password() {
+        assert_eq!(
+            token_url_warning("http://u:pw@gw:8080/oauth/token", "https://vendor/token"),
+            "warning: CAW_BOX_OAUTH_TOKEN_URL: the login's refresh token goes to \
+             http://***@gw:8080/oauth/token, not to https://vendor/token"
+        );
+    }
+
     /// A turn's own broker (here: on an `--allow-host` network) seals with a key from the
     /// OS's CSPRNG: never UUIDs' bytes, whose version and variant bits are fixed.
     #[test]
