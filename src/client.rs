@@ -160,7 +160,7 @@ impl Client {
                 new.provider,
                 image,
                 std::path::Path::new(&dir),
-                crate::dirs::agent_ids(),
+                crate::session::owner::turn_ids(&new.settings),
             )
             .await;
             if let Err(e) = populated {
@@ -214,11 +214,9 @@ impl Client {
     /// and returns its id once the turn is recorded as interrupted; the session stays
     /// resumable. An error if no turn runs.
     pub async fn stop(&self, target: &str) -> Result<Uuid> {
-        let id = target::resolve_view(&self.backend, target)
-            .await?
-            .facts
-            .session_id;
-        lifecycle::stop(&self.backend, id).await?;
+        let facts = target::resolve_view(&self.backend, target).await?.facts;
+        let id = facts.session_id;
+        lifecycle::stop(&self.backend, id, &facts.settings).await?;
         Ok(id)
     }
 
@@ -445,7 +443,7 @@ impl Session {
 
     /// Stops this session's running turn, wherever it runs (see [`Client::stop`]).
     pub async fn stop(&self) -> Result<()> {
-        lifecycle::stop(&self.backend, self.id()).await
+        lifecycle::stop(&self.backend, self.id(), &self.record.settings).await
     }
 
     /// Waits for this session's running turn, wherever it runs, to be recorded; returns the

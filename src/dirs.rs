@@ -75,8 +75,10 @@ pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-/// The uid:gid agent containers run as: the invoking user's, so files the agent creates in a
-/// bind-mounted workspace belong to them; for root, the image's non-root `agent` (1000).
+/// The uid:gid of caw-box's containers that touch none of a session's files (the
+/// credential broker, the egress proxy, the model-list fetch): the invoking user's; for
+/// root, the image's non-root `agent` (1000). A session's turns and the helpers that reach
+/// into its volumes or workspace run as `session::owner::turn_ids` says.
 pub fn agent_ids() -> (u32, u32) {
     if is_root() {
         (1000, 1000)

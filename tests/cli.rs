@@ -30,9 +30,9 @@ fn caw_box_in(args: &[&str], home: &Path, cwd: &Path, vars: &[(&str, &str)]) -> 
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", home)
+        .env("CAW_BOX_DATA_DIR", data.path().join("data"))
         .envs(vars.iter().copied())
         .current_dir(cwd)
-        .env("CAW_BOX_DATA_DIR", data.path().join("data"))
         .env(
             "DOCKER_HOST",
             format!("unix://{}/no-docker.sock", data.path().display()),
@@ -131,6 +131,40 @@ fn network_none_is_refused_with_what_to_use_instead() {
             2
         )
     );
+}
+
+/// A model URL with a user or password in it would be kept in the session's labels: refused
+/// (exit 2, before Docker is reached: its absence would be exit 3) wherever it comes from,
+/// `run` and `resume` flags, a variable, a config file, its secret never echoed, and nothing
+/// made, not even caw-box's data directory.
+#[test]
+fn an_endpoint_with_a_user_or_password_is_refused_and_nothing_is_made() {
+    let home = tempfile::tempdir().unwrap();
+    let data = home.path().join("data");
+    let data_var = [("CAW_BOX_DATA_DIR", data.to_str().unwrap())];
+    let url = "http://ci-bot:s3cret@gateway:8080/v1";
+    let run = ["run", "--provider", "codex", "--endpoint", url, "hi"];
+    let text = check_refused(caw_box_in(&run, home.path(), home.path(), &data_var), 2);
+    assert!(!text.split("--- stderr").nth(1).unwrap().contains("s3cret"));
+    insta::assert_snapshot!("endpoint_with_password", text);
+    let resume = ["resume", "some-session", "--endpoint", url, "hi"];
+    let text = check_refused(caw_box_in(&resume, home.path(), home.path(), &data_var), 2);
+    assert!(
+        text.contains("'http://***@gateway:8080/v1' has a user or password"),
+        "{text}"
+    );
+    let from_var = [data_var[0], ("CAW_BOX_ENDPOINT", "https://s3cret@gateway")];
+    let run = ["run", "--provider", "codex", "hi"];
+    let text = check_refused(caw_box_in(&run, home.path(), home.path(), &from_var), 2);
+    assert!(text.contains("has a user or password"), "{text}");
+    // A user alone is not a secret to the config files' check, but is not kept either.
+    let world = ConfigWorld::new("", "endpoint = \"https://ci-bot@gateway\"\n");
+    let text = check_refused(world.run(&run, &data_var), 2);
+    assert!(
+        text.contains("'https://***@gateway' has a user or password"),
+        "{text}"
+    );
+    assert!(!data.exists(), "caw-box made its data directory");
 }
 
 #[test]

@@ -120,7 +120,7 @@ pub async fn diff(target_arg: &str, patch: Option<&std::path::Path>, how: Outbou
     }
     let backend = crate::backend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
-    let ids = crate::dirs::agent_ids();
+    let ids = crate::session::owner::turn_ids(&view.facts.settings);
     let Some(file) = patch else {
         let text = crate::session::workspace::diff(&backend, &view.facts, ids).await?;
         output::write_stdout(text.as_bytes());

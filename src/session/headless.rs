@@ -95,7 +95,10 @@ pub(super) async fn adopt(
         broker_ready: tokio::sync::watch::channel(Some(true)).1,
         // (Kubernetes: the workspace is a copy.)
         guard: None,
+        // As its driver decided at the turn's start, by the same rule.
+        user: super::owner::turn_ids(&record.settings),
     };
+    record.owner = Some(ctx.user);
     drive(&ctx, record, &mut interrupts, &mut |_| {}, Some(adopted)).await
 }
 
@@ -149,8 +152,9 @@ async fn drive(
         proxy,
         broker_ready: _,
         guard,
+        user,
     } = ctx;
-    place_home_files(backend, name, home_files).await?;
+    place_home_files(backend, name, home_files, user).await?;
 
     let started = adopted
         .and_then(|a| Instant::now().checked_sub(a.running_for))
@@ -290,7 +294,7 @@ async fn drive(
         if matches!(early, EndedEarly::Unreachable | EndedEarly::Idle) {
             // A stuck CLI gets no grace: the entrypoint kills it at once (and still takes
             // the credentials out of HOME).
-            let _ = signal_file(backend, name, STOP_NOW).await;
+            let _ = signal_file(backend, name, STOP_NOW, user).await;
         }
         backend.stop_container(name, STOP_GRACE).await?;
         // Whatever the CLI printed while stopping still counts.

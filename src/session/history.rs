@@ -138,18 +138,17 @@ pub(super) async fn save_record(
             }
         }
     }
+    // The turn's uid:gid (its `ensure_owner` made the record's owner so).
+    let owner = record.owner_ids();
     let write_record = async {
         if let Some(stdin) = ending.handoff {
-            match hand_off(backend, name, stdin, &files).await {
+            match hand_off(backend, name, stdin, &files, owner).await {
                 Ok(true) => return Ok(()),
                 Ok(false) => tracing::debug!("the record hand-off did not happen; uploading"),
                 Err(e) => tracing::debug!("the record hand-off failed ({e}); uploading"),
             }
         }
-        match backend
-            .upload_files(name, AGENT_HOME, &files, dirs::agent_ids())
-            .await
-        {
+        match backend.upload_files(name, AGENT_HOME, &files, owner).await {
             Err(e) if being_removed(backend, name).await => {
                 tracing::debug!("{e}");
                 Err(backend.removed_under_turn(name))
@@ -253,6 +252,7 @@ async fn hand_off(
     name: &str,
     mut stdin: Stdin,
     files: &[TarFile<'_>],
+    owner: (u32, u32),
 ) -> Result<bool> {
     use tokio::io::AsyncWriteExt;
     // The layout the entrypoint expects: session.json and turns/*, from ~/.caw-box.
@@ -263,7 +263,7 @@ async fn hand_off(
         };
         relative.push(TarFile { path: rel, ..*f });
     }
-    let framed = super::runtime::framed(HANDOFF_TAG, &relative)?;
+    let framed = super::runtime::framed(HANDOFF_TAG, &relative, owner)?;
     let sent = async {
         stdin.write_all(&framed).await?;
         stdin.flush().await?;

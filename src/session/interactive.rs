@@ -48,8 +48,9 @@ pub(super) async fn drive_tui(
         proxy: _,
         broker_ready: _,
         guard,
+        user,
     } = ctx;
-    place_home_files(backend, name, home_files).await?;
+    place_home_files(backend, name, home_files, user).await?;
     sink(&Event::Session {
         session_id: record.session_id.to_string(),
         provider: record.provider,
@@ -254,7 +255,7 @@ async fn key_in_state(backend: &impl Backend, record: &SessionRecord) -> Option<
         ],
         env: vec![format!("HOME={}", crate::provider::AGENT_HOME)],
         user: Some({
-            let (uid, gid) = crate::dirs::agent_ids();
+            let (uid, gid) = record.owner_ids();
             format!("{uid}:{gid}")
         }),
         labels: names::LabelSet::new(id, names::roles::PROBE).finish(),

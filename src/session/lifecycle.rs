@@ -106,7 +106,11 @@ pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
 
 /// Stops session `id`'s running turn and returns once its driver recorded the turn (as
 /// interrupted) and released the session, which stays resumable. An error if no turn runs.
-pub async fn stop(backend: &impl Backend, id: Uuid) -> Result<()> {
+pub async fn stop(
+    backend: &impl Backend,
+    id: Uuid,
+    settings: &crate::session::SessionSettings,
+) -> Result<()> {
     let container = names::turn_container(id);
     let inspect = backend
         .inspect_container(&container)
@@ -128,7 +132,14 @@ pub async fn stop(backend: &impl Backend, id: Uuid) -> Result<()> {
     // Tell the turn's driver that this is a stop, not a crash (through the backend: the
     // driver may run on another machine).
     let _ = inspect;
-    if let Err(e) = super::runtime::signal_file(backend, &container, STOP_REQUEST).await {
+    if let Err(e) = super::runtime::signal_file(
+        backend,
+        &container,
+        STOP_REQUEST,
+        super::owner::turn_ids(settings),
+    )
+    .await
+    {
         tracing::debug!("could not leave the stop request: {e}");
     }
     if let Err(e) = backend.note_stop(&container).await {

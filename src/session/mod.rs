@@ -13,7 +13,7 @@ pub mod limits;
 mod liveness;
 pub mod models;
 pub mod names;
-mod owner;
+pub mod owner;
 pub mod patch;
 pub mod portable;
 pub mod protect;

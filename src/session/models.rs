@@ -136,7 +136,8 @@ async fn fetch(
     }
     let result = async {
         let credentials = crate::auth::inject::prepare(provider, env)?;
-        let mut runtime = super::runtime::Runtime::default();
+        // A helper of its own, on a tmpfs HOME: it touches none of a session's files.
+        let mut runtime = super::runtime::Runtime::new(dirs::agent_ids());
         for (path, contents) in &credentials.files {
             runtime.write(path, contents);
         }
@@ -146,7 +147,7 @@ async fn fetch(
             env_file.push(0);
         }
         runtime.write("env", &env_file);
-        let (uid, gid) = dirs::agent_ids();
+        let (uid, gid) = runtime.owner();
         let spec = HelperSpec {
             image: settings.image.clone(),
             argv: vec![

@@ -24,6 +24,9 @@ pub const RECORD_DIR: &str = ".caw-box";
 /// The session record, relative to HOME.
 pub const RECORD_PATH: &str = ".caw-box/session.json";
 
+/// The uid:gid of the images' own non-root user, `agent`, whom a fresh volume belongs to.
+pub const IMAGE_IDS: (u32, u32) = (1000, 1000);
+
 /// How the workspace reaches /workspace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -250,6 +253,12 @@ impl SessionRecord {
     /// rebuilt from labels alone knows only the latest turn).
     pub fn has_every_turn_before(&self, turn: u32) -> bool {
         !self.summary_only && self.turns.iter().map(|t| t.turn).eq(1..turn)
+    }
+
+    /// The uid:gid the session's volumes belong to; during a turn (after its
+    /// `ensure_owner`), the uid:gid the turn runs as.
+    pub fn owner_ids(&self) -> (u32, u32) {
+        self.owner.unwrap_or(IMAGE_IDS)
     }
 
     pub fn next_turn(&self) -> u32 {

@@ -89,7 +89,9 @@ pub async fn run_turn(
         tools: record.settings.tools.as_ref(),
         mcp: &record.settings.mcp,
     };
-    let mut runtime = Runtime::default();
+    // Who the turn runs as: decided once, here; kept in the record by `ensure_owner`.
+    let ids = super::owner::turn_ids(&record.settings);
+    let mut runtime = Runtime::new(ids);
     let allow = crate::settings::expand_allow_hosts(record.provider, &record.settings);
     // Held in the turn's own pod (Kubernetes), or by a network and a proxy of its own.
     let pod_egress = !allow.is_empty() && backend.holds_egress_in_turn_pod();
@@ -168,6 +170,11 @@ pub async fn run_turn(
     env.push(format!("HOME={AGENT_HOME}"));
     env.push(format!("CAW_BOX_STOP_GRACE={ENTRY_GRACE_SECS}"));
     env.push(format!("CAW_BOX_RUN_DIR={RUN_DIR}"));
+    if ids.0 == 0 {
+        // The workspace's owner is root: claude skips its permission prompts as root only
+        // in what it is told is a sandbox (the container is one; the other CLIs ignore it).
+        env.push("IS_SANDBOX=1".to_string());
+    }
     if let Some(i) = broker.as_ref().and_then(Broker::intercept) {
         // The turn's CA: its CLI trusts the broker standing in for the intercepted hosts.
         runtime.write(INTERCEPT_CA_FILE, i.ca_pem.as_bytes());
@@ -237,7 +244,7 @@ pub async fn run_turn(
     // settings, codex's config.toml). A container that starts first lets it fill the volume.
     if record.turns.is_empty() && !home_files.is_empty() && !backend.fills_volumes_at_create().await
     {
-        fill_new_home(backend, record).await?;
+        fill_new_home(backend, record, ids).await?;
     }
     let prepare_broker = async {
         match &broker {
@@ -245,7 +252,7 @@ pub async fn run_turn(
             None => Ok(()),
         }
     };
-    let (owned, prepared) = tokio::join!(ensure_owner(backend, record), prepare_broker);
+    let (owned, prepared) = tokio::join!(ensure_owner(backend, record, ids), prepare_broker);
     if let Err(e) = owned.and(prepared) {
         if let Some(b) = &broker {
             b.stop(backend).await;
@@ -411,6 +418,7 @@ pub async fn run_turn(
                 .or(pod_proxy.as_deref()),
             broker_ready: ready_rx.clone(),
             guard: guard.as_ref(),
+            user: ids,
         };
         let outcome = if options.interactive {
             // A TUI's runtime files go in before its start: wait for the broker here.
@@ -508,7 +516,7 @@ fn turn_spec(
         image: image.to_string(),
         argv,
         env,
-        user: dirs::agent_ids(),
+        user: runtime.owner,
         working_dir: WORKSPACE_DIR.to_string(),
         labels: labels.finish(),
         home: MountSpec::volume(names::state_volume(record.session_id), AGENT_HOME),
@@ -603,7 +611,7 @@ mod tests {
     #[test]
     fn the_turn_spec_carries_the_sessions_settings() {
         let dir = || {
-            let mut rt = Runtime::default();
+            let mut rt = Runtime::new((1000, 1000));
             rt.write("env", b"SECRET=x");
             rt.into_scratch()
         };

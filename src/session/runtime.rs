@@ -8,7 +8,6 @@
 //! it (see `history.rs` for the record hand-off).
 
 use crate::backend::{Backend, Scratch, ScratchFile};
-use crate::dirs;
 use crate::error::Result;
 
 /// Where the turn's scratch storage is mounted.
@@ -32,17 +31,22 @@ pub const STOP_REQUEST: &str = "stop-requested";
 /// The files a turn's runtime directory starts with, gathered before the container exists.
 pub(super) struct Runtime(Scratch);
 
-impl Default for Runtime {
-    fn default() -> Self {
+impl Runtime {
+    /// An empty runtime directory of a container that runs as `owner` (uid:gid): its files
+    /// belong to it.
+    pub(super) fn new(owner: (u32, u32)) -> Self {
         Runtime(Scratch {
             mount: RUNTIME_MOUNT.to_string(),
-            owner: dirs::agent_ids(),
+            owner,
             files: Vec::new(),
         })
     }
-}
 
-impl Runtime {
+    /// The uid:gid the container runs as.
+    pub(super) fn owner(&self) -> (u32, u32) {
+        self.0.owner
+    }
+
     /// `name` relative to the runtime directory; mode 0600.
     pub(super) fn write(&mut self, name: &str, contents: &[u8]) {
         self.0.files.push(ScratchFile {
@@ -54,7 +58,7 @@ impl Runtime {
 
     /// The files as the entrypoint reads them on stdin: the tag line, then a tar archive.
     pub(super) fn payload(&self) -> Result<Vec<u8>> {
-        framed(PAYLOAD_TAG, &self.0.tar_files())
+        framed(PAYLOAD_TAG, &self.0.tar_files(), self.0.owner)
     }
 
     /// The scratch directory the backend gives the turn's container.
@@ -64,24 +68,35 @@ impl Runtime {
 }
 
 /// `<tag> <bytes>\n` and a tar archive of `files` of that length: what the entrypoint
-/// reads from its stdin (`read` the line, `head -c` the bytes into `tar -x`).
-pub(super) fn framed(tag: &str, files: &[crate::backend::TarFile<'_>]) -> Result<Vec<u8>> {
-    let (uid, gid) = dirs::agent_ids();
+/// reads from its stdin (`read` the line, `head -c` the bytes into `tar -x`). The files
+/// belong to `owner`, the uid:gid the container runs as: a `tar -x` as uid 0 (without the
+/// capability to give files away) keeps the archive's owners, and fails on any other.
+pub(super) fn framed(
+    tag: &str,
+    files: &[crate::backend::TarFile<'_>],
+    (uid, gid): (u32, u32),
+) -> Result<Vec<u8>> {
     let tar = crate::backend::build_tar(files, uid.into(), gid.into())?;
     let mut out = format!("{tag} {}\n", tar.len()).into_bytes();
     out.extend_from_slice(&tar);
     Ok(out)
 }
 
-/// Puts an empty file `name` in the runtime directory of the running container `container`.
-pub async fn signal_file(backend: &impl Backend, container: &str, name: &str) -> Result<()> {
+/// Puts an empty file `name` in the runtime directory of the running container `container`,
+/// which runs as `owner` (uid:gid).
+pub async fn signal_file(
+    backend: &impl Backend,
+    container: &str,
+    name: &str,
+    owner: (u32, u32),
+) -> Result<()> {
     let file = crate::backend::TarFile {
         path: name,
         contents: b"",
         mode: 0o600,
     };
     backend
-        .upload_files(container, RUN_DIR, &[file], dirs::agent_ids())
+        .upload_files(container, RUN_DIR, &[file], owner)
         .await
 }
 

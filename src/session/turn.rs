@@ -8,7 +8,6 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::backend::TarFile;
 use crate::backend::{Backend, CreateError};
-use crate::dirs;
 use crate::error::{Error, ErrorKind, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::provider::AGENT_HOME;
@@ -145,6 +144,9 @@ pub(super) struct TurnContext<'a, B> {
     pub broker_ready: tokio::sync::watch::Receiver<Option<bool>>,
     /// A bind-mode workspace's protected paths, swept before the container goes.
     pub guard: Option<&'a super::quarantine::Guard>,
+    /// The uid:gid the container runs as (`owner::turn_ids`): files caw-box puts in its HOME
+    /// and runtime directory belong to it.
+    pub user: (u32, u32),
 }
 
 pub(super) fn append_event(log: &mut Vec<u8>, e: &Event) {
@@ -167,6 +169,7 @@ pub(super) async fn place_home_files(
     backend: &impl Backend,
     name: &str,
     home_files: &[crate::provider::HomeFile],
+    owner: (u32, u32),
 ) -> Result<()> {
     let mut contents: Vec<(String, Vec<u8>)> = Vec::new();
     for f in home_files {
@@ -208,7 +211,7 @@ pub(super) async fn place_home_files(
         })
         .collect();
     backend
-        .upload_files(name, AGENT_HOME, &tar_files, dirs::agent_ids())
+        .upload_files(name, AGENT_HOME, &tar_files, owner)
         .await
 }
 

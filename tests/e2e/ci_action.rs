@@ -14,7 +14,8 @@ use crate::common::*;
 
 const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
-/// A git repository the agent (uid 1000) may write into, as a job's checkout.
+/// A git repository the agent may write into, as a job's checkout: root's (the agent runs as
+/// its owner).
 fn fake_checkout() -> tempfile::TempDir {
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(ws.path().join("README.md"), "a project\n").unwrap();

@@ -136,12 +136,9 @@ impl Rig {
             data_dir: tempfile::tempdir().expect("tempdir"),
             workspace: tempfile::tempdir().expect("tempdir"),
         };
-        // The agent (uid 1000) writes into the workspace.
-        std::fs::set_permissions(
-            rig.workspace.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o777),
-        )
-        .unwrap();
+        // The workspace is the images' user's, as a user's own checkout: caw-box, run as
+        // root here, runs the agent as the workspace's owner, uid 1000.
+        std::os::unix::fs::chown(rig.workspace.path(), Some(1000), Some(1000)).unwrap();
         rig.rt.block_on(rig.start_network_and_stub(stub_env));
         rig
     }
@@ -841,11 +838,12 @@ pub fn wait_with_deadline(mut child: std::process::Child, limit: Duration) -> Ou
     }
 }
 
-/// Runs `git args` in `dir` (with an identity and `main` for new repositories), asserting
-/// success; returns stdout.
+/// Runs `git args` in `dir` (with an identity and `main` for new repositories; also in a
+/// repository of another user, as the agent's uid 1000), asserting success; returns stdout.
 pub fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(["-c", "safe.directory=*"])
         .args(["-c", "init.defaultBranch=main"])
         .args(args)
         .current_dir(dir)

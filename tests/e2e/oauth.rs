@@ -665,6 +665,11 @@ fn a_gemini_session_goes_on_with_an_api_key_after_the_google_login() {
     ];
     let out = turn(&rig, &args).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    // The token endpoint override says where the refresh token goes, each time.
+    let warning = format!(
+        "warning: CAW_BOX_OAUTH_TOKEN_URL: the login's refresh token goes to {endpoint}/v1/oauth/token, not to https://"
+    );
+    assert!(stderr_of(&out).contains(&warning), "{}", stderr_of(&out));
     let first: Value = serde_json::from_slice(&out.stdout).unwrap();
     let id = first["session_id"].as_str().unwrap().to_string();
     assert_eq!(oauth_status(&rig)["refreshes"].as_u64(), Some(0));

@@ -28,7 +28,8 @@ const CHANGE: &str = "RUN:echo changed > keep.txt && echo new > new.txt && rm ol
     && mv move-me.txt moved.txt && chmod +x script.sh && printf 'new\\000bin\\001' > new.bin \
     && printf 'more\\000\\002' >> blob.bin && echo noise > more.log && echo done";
 
-/// The agent (uid 1000) may change, chmod and delete the files, as in a user's own tree.
+/// The agent (uid 1000, the tree's owner: caw-box as root runs it as the workspace's) may
+/// change, chmod and delete the files, as in a user's own tree.
 fn hand_to_agent(dir: &Path) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -36,6 +37,7 @@ fn hand_to_agent(dir: &Path) {
             std::os::unix::fs::chown(&path, Some(1000), Some(1000)).unwrap();
         }
     }
+    std::os::unix::fs::chown(dir, Some(1000), Some(1000)).unwrap();
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
 }
 

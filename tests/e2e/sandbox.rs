@@ -390,3 +390,115 @@ fn workspace_mode_none_mounts_nothing() {
     );
     assert!(!answer.contains("host-file"));
 }
+
+/// caw-box run as root (a CI job's container) in a root-owned git checkout, mode 0755 (the
+/// images' uid 1000 could not write it): the agent runs as the checkout's owner, root, with
+/// the turn's hardening kept; it creates, edits and commits (git in its container), a resume
+/// goes on with the conversation, and on the host all it made is root's. claude: the CLI
+/// that refuses to skip its permission prompts as root unless told it is in a sandbox. Then
+/// a checkout its agent cannot write (the owner's write bit off) is said up front, in one
+/// line with what to do, and the turn still reads it (codex).
+#[test]
+fn as_root_the_agent_writes_and_commits_in_a_root_owned_checkout() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let rig = Rig::new("root-checkout");
+    let checkout = tempfile::tempdir().unwrap();
+    let dir = checkout.path();
+    assert_eq!(
+        std::fs::metadata(dir).unwrap().uid(),
+        0,
+        "e2e tests run as root"
+    );
+    git(dir, &["init", "-q"]);
+    std::fs::write(dir.join("README"), "hello\n").unwrap();
+    git(dir, &["add", "README"]);
+    git(dir, &["commit", "-qm", "start"]);
+    git(dir, &["config", "user.name", "agent"]);
+    git(dir, &["config", "user.email", "agent@example.com"]);
+    std::fs::set_permissions(dir, PermissionsExt::from_mode(0o755)).unwrap();
+    let ws = dir.to_str().unwrap();
+
+    let make = "REMEMBER:rooted RUN:id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; \
+                touch /usr/x 2>/dev/null || echo ro-root; echo one > made.txt && \
+                echo more >> README && git add -A && git commit -qm agent-made && echo committed";
+    let (code, json, stderr) = rig.json_turn(rig.run_cmd(CLAUDE, make, &["--workspace", ws]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+    let said = json["result"].as_str().unwrap();
+    for line in [
+        "Tool said: 0\n",
+        "CapEff:\t0000000000000000",
+        "NoNewPrivs:\t1",
+        "ro-root",
+        "committed",
+    ] {
+        assert!(said.contains(line), "{line:?} in {said:?}");
+    }
+    let id = json["session_id"].as_str().unwrap().to_string();
+
+    let edit = "RUN:echo two >> made.txt && git commit -qam agent-edit && git log --format=%s | tr '\\n' ' '";
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CLAUDE, &id, edit, &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert!(
+        json["result"]
+            .as_str()
+            .unwrap()
+            .contains("agent-edit agent-made start"),
+        "{json}"
+    );
+    // The resumed CLI sent the first turn's conversation along.
+    let resumed: Vec<serde_json::Value> = rig
+        .stub_requests()
+        .into_iter()
+        .filter(|r| r["method"] == "POST" && r["body"].to_string().contains("agent-edit"))
+        .collect();
+    assert!(!resumed.is_empty());
+    assert!(resumed
+        .iter()
+        .all(|r| r["body"].to_string().contains("REMEMBER:rooted")));
+
+    assert_eq!(
+        std::fs::read_to_string(dir.join("made.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    assert_eq!(git(dir, &["status", "--porcelain"]), "");
+    let not_roots: Vec<String> = walk(dir)
+        .into_iter()
+        .filter(|p| {
+            let m = std::fs::symlink_metadata(p).unwrap();
+            (m.uid(), m.gid()) != (0, 0)
+        })
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(not_roots.is_empty(), "not root's: {not_roots:?}");
+
+    // The owner may not write: said before the turn, which still reads.
+    std::fs::set_permissions(dir, PermissionsExt::from_mode(0o555)).unwrap();
+    let (code, json, stderr) =
+        rig.json_turn(rig.run_cmd(CODEX, "RUN:cat made.txt", &["--workspace", ws]));
+    std::fs::set_permissions(dir, PermissionsExt::from_mode(0o755)).unwrap();
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    let warning = format!(
+        "warning: the agent runs as uid 0:0 and cannot write the workspace {ws} (owner 0:0, \
+         mode 555): this turn may only read it; make it writable for its owner (`chmod u+rwx {ws}`)\n"
+    );
+    assert!(stderr.starts_with(&warning), "{stderr}");
+    assert!(
+        json["result"].as_str().unwrap().contains("one\ntwo"),
+        "{json}"
+    );
+}
+
+/// Every path under `dir`, `dir` included.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() && !path.is_symlink() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}

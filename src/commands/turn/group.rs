@@ -50,6 +50,7 @@ pub(super) async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> 
         settings::apply_resume_overrides(session.settings_mut(), &turn_args.settings)?;
         refuse_unsupported(client.backend(), session.settings_mut())?;
         check_runtime(client.backend(), session.settings_mut()).await?;
+        super::warn_if_workspace_unwritable(session.settings_mut());
         sessions.push(session);
     }
     if !quiet && turn_args.output == OutputFormat::Text {

@@ -124,6 +124,7 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
         .await?;
     }
     refuse_unsupported(client.backend(), &session_settings)?;
+    warn_if_workspace_unwritable(&session_settings);
     if models::needs_discovery(provider, &session_settings) {
         let (model, how) =
             models::discover(client.backend(), provider, &session_settings, &options.env).await?;
@@ -177,6 +178,10 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
 }
 
 pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32> {
+    // Refused before anything is looked up, as on `run` (the sessions' settings come later).
+    if let Some(endpoint) = &args.turn.settings.endpoint {
+        settings::validate_endpoint(endpoint, "--endpoint")?;
+    }
     if let Some(group) = args.group.clone() {
         if args.turn.on_limit.is_some() || args.turn.max_wait.is_some() {
             return Err(Error::usage(
@@ -198,6 +203,7 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
     settings::apply_resume_overrides(session.settings_mut(), &args.turn.settings)?;
     refuse_unsupported(client.backend(), session.settings_mut())?;
     check_runtime(client.backend(), session.settings_mut()).await?;
+    warn_if_workspace_unwritable(session.settings_mut());
     add_config_mcp_env(&mut options, &config, session.settings_mut())?;
     if args.turn.detach {
         detach(client.backend(), &session, &options).await?;
@@ -327,6 +333,14 @@ async fn check_runtime(backend: &Engine, settings: &SessionSettings) -> Result<(
     match &settings.runtime {
         Some(name) => backend.check_runtime(name).await,
         None => Ok(()),
+    }
+}
+
+/// A bound workspace the agent could not write, said before its turn (which still runs:
+/// it may only need to read).
+pub(super) fn warn_if_workspace_unwritable(settings: &SessionSettings) {
+    if let Some(w) = crate::session::owner::workspace_warning(settings) {
+        output::eprintln(&format!("warning: {w}"));
     }
 }
 

@@ -49,6 +49,22 @@ const LOADER: &str = "const c=[];const on=(d)=>{c.push(d);const b=Buffer.concat(
 
 const SCRIPT: &str = include_str!("../../auth/broker.js");
 
+/// `N` bytes from the operating system's CSPRNG (`getrandom`): the broker's seal keys, the
+/// IVs of what it seals, the salt of shared brokers' names. No fallback: a key from anything
+/// weaker would look as good and not be.
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut out = [0u8; N];
+    getrandom::fill(&mut out).expect("the operating system's random source failed");
+    out
+}
+
+/// Whether 16 bytes from `b` on carry a (v4) UUID's fixed version and variant bits: what a
+/// key or IV made of UUIDs always does, and random bytes once in 64.
+#[cfg(test)]
+fn uuid_shaped(b: &[u8]) -> bool {
+    b[6] >> 4 == 4 && b[8] >> 6 == 2
+}
+
 /// The broker's container in a turn's pod (see the module docs).
 pub const SIDECAR: &str = "broker";
 /// A directory the agent's and the broker's containers of a turn's pod share (memory): the

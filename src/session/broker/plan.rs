@@ -36,10 +36,7 @@ fn salt() -> Result<Vec<u8>> {
             return Ok(s);
         }
     }
-    let fresh: Vec<u8> = [uuid::Uuid::new_v4(), uuid::Uuid::new_v4()]
-        .iter()
-        .flat_map(|u| *u.as_bytes())
-        .collect();
+    let fresh = super::random_bytes::<32>().to_vec();
     dirs::write_private(&path, &fresh)?;
     Ok(fresh)
 }
@@ -70,12 +67,25 @@ fn margin_ms() -> u64 {
 }
 
 /// The vendor's token endpoint, unless `CAW_BOX_OAUTH_TOKEN_URL` names another (a stub in
-/// tests, a gateway).
+/// tests, a gateway): said on stderr each time, since the login's refresh token goes there.
 fn token_url(spec: &crate::auth::spec::OAuthSpec) -> String {
-    std::env::var("CAW_BOX_OAUTH_TOKEN_URL")
+    match std::env::var("CAW_BOX_OAUTH_TOKEN_URL")
         .ok()
         .filter(|u| !u.is_empty())
-        .unwrap_or_else(|| spec.token_url.clone())
+    {
+        Some(url) => {
+            crate::output::eprintln(&token_url_warning(&url, &spec.token_url));
+            url
+        }
+        None => spec.token_url.clone(),
+    }
+}
+
+fn token_url_warning(url: &str, vendors: &str) -> String {
+    format!(
+        "warning: CAW_BOX_OAUTH_TOKEN_URL: the login's refresh token goes to {}, not to {vendors}",
+        crate::endpoint::redact_userinfo(url)
+    )
 }
 
 /// The broker's `oauth` config: each login's real tokens and how to refresh them, under the
@@ -218,12 +228,7 @@ impl Broker {
             let real = String::from_utf8_lossy(real.expose()).into_owned();
             map.insert(placeholder.clone(), serde_json::Value::String(real));
         }
-        let seal: [u8; 32] = {
-            let mut k = [0u8; 32];
-            k[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-            k[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-            k
-        };
+        let seal: [u8; 32] = super::random_bytes();
         let oauth = login_slots(record.provider, logins, |l| l.placeholder.clone());
         let places = with_login_places(places, record.provider, logins);
         let line = serde_json::json!({
@@ -615,6 +620,41 @@ mod tests {
                 .unwrap();
         assert_ne!(b.container, b2.container);
         assert_ne!(b.seal, b2.seal);
+    }
+
+    /// The override's line names where the refresh token goes, never a password in it.
+    #[test]
+    fn the_token_url_override_is_said_without_a_password() {
+        assert_eq!(
+            token_url_warning("http://u:pw@gw:8080/oauth/token", "https://vendor/token"),
+            "warning: CAW_BOX_OAUTH_TOKEN_URL: the login's refresh token goes to \
+             http://***@gw:8080/oauth/token, not to https://vendor/token"
+        );
+    }
+
+    /// A turn's own broker (here: on an `--allow-host` network) seals with a key from the
+    /// OS's CSPRNG: never UUIDs' bytes, whose version and variant bits are fixed.
+    #[test]
+    fn an_own_brokers_seal_key_is_random_bytes_not_uuids() {
+        let keys: Vec<[u8; 32]> = (0..16)
+            .map(|_| {
+                let b = Broker::plan_salted_logins(
+                    &record("n", None),
+                    Some("egress"),
+                    &[],
+                    &[login()],
+                    Some(test_salt),
+                )
+                .unwrap();
+                assert!(b.shared.is_none());
+                b.seal
+            })
+            .collect();
+        let shaped = |k: &[u8; 32]| {
+            super::super::uuid_shaped(&k[..16]) && super::super::uuid_shaped(&k[16..])
+        };
+        assert!(!keys.iter().all(shaped), "{keys:?}");
+        assert!(keys.iter().skip(1).all(|k| *k != keys[0]));
     }
 
     /// opencode's ChatGPT login: the turn's own broker (even where brokers are shared), which

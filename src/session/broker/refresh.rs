@@ -52,7 +52,7 @@ fn stored_tokens(p: ProviderKind) -> Option<serde_json::Value> {
 /// Seals `value` with `key` as the broker's `seal` does (base64 of iv | ciphertext | tag).
 fn seal_json(key: &[u8; 32], value: &serde_json::Value) -> Option<String> {
     use base64::Engine;
-    let iv: [u8; 12] = uuid::Uuid::new_v4().as_bytes()[..12].try_into().ok()?;
+    let iv: [u8; 12] = super::random_bytes();
     let mut tag = [0u8; 16];
     let ct = openssl::symm::encrypt_aead(
         openssl::symm::Cipher::aes_256_gcm(),
@@ -282,5 +282,26 @@ mod tests {
         assert_eq!(open_sealed(&key, &handed).unwrap()["refresh"], "r3");
         assert!(!handed.contains("r3"));
         assert!(open_sealed(&[8u8; 32], &handed).is_none());
+    }
+
+    /// Each seal's IV comes from the OS's CSPRNG: never a UUID's bytes, whose version and
+    /// variant bits are fixed (random bytes look so once in 64).
+    #[test]
+    fn seal_ivs_are_random_bytes_not_uuids() {
+        use base64::Engine;
+        let ivs: Vec<Vec<u8>> = (0..16)
+            .map(|_| {
+                let sealed = seal_json(&[9u8; 32], &serde_json::json!({"a": 1})).unwrap();
+                let raw = base64::engine::general_purpose::STANDARD
+                    .decode(sealed)
+                    .unwrap();
+                raw[..12].to_vec()
+            })
+            .collect();
+        assert!(
+            !ivs.iter().all(|iv| super::super::uuid_shaped(iv)),
+            "{ivs:?}"
+        );
+        assert!(ivs.iter().skip(1).all(|iv| *iv != ivs[0]));
     }
 }
