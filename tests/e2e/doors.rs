@@ -115,8 +115,9 @@ fn programs_a_repository_names_never_run_on_the_host() {
     // The positive control: the host's own `git add -A` in the same checkout runs both.
     let index = tempfile::NamedTempFile::new().unwrap();
     std::fs::copy(ws.join(".git/index"), index.path()).unwrap();
+    // (The rig's workspace is the agent's, 1000's: root's git asks for safe.directory.)
     let control = std::process::Command::new("git")
-        .args(["add", "-A", "."])
+        .args(["-c", "safe.directory=*", "add", "-A", "."])
         .env("GIT_INDEX_FILE", index.path())
         .current_dir(ws)
         .output()
