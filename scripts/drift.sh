@@ -103,7 +103,7 @@ if [ "$plan" = 1 ]; then
         printf '  CAW_BOX_IMAGE_REPO=%s caw-box image build --provider %s --cli-version NEWEST --base %s%s -q\n' \
             "$REPO" "$p" "$LOCAL_BASE" "$([ ${#ca[@]} -gt 0 ] && echo " --ca-cert $CA_BUNDLE")"
         while read -r t; do
-            printf '  CAW_BOX_E2E_IMAGE_REPO=%s cargo nextest run --test e2e -E "test(=%s)"\n' "$REPO" "$t"
+            printf '  CAW_BOX_E2E_IMAGE_REPO=%s cargo nextest run --workspace --test e2e -E "test(=%s)"\n' "$REPO" "$t"
             if ! grep -qx ".* $t" <<<"$listed"; then
                 printf 'drift: the e2e test %s is not in the suite (renamed?): fix tests_of in %s\n' \
                     "$t" "$0" >&2
