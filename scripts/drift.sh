@@ -13,6 +13,9 @@
 #                                       live), the commands a run would take, and a check that
 #                                       every e2e test it names exists. Exit 2 when one is missing.
 #   scripts/drift.sh --provider P ...   only these providers (repeatable), e.g. to bump one pin
+#   scripts/drift.sh --provider P --cli-version V
+#                                       that version instead of the newest (a candidate for a
+#                                       pin when the newest fails); one provider only
 #
 # Checks and the tests that make them (tests/e2e; CAW_BOX_E2E_IMAGE_REPO points the rig at
 # the drift images):
@@ -20,8 +23,17 @@
 #                                          (one test, in that order; its `e2e check:` marks
 #                                          name the check that failed, later ones show `-`)
 #   interactive                            the provider's TUI test in interactive.rs
+#   features                               every other e2e test that names the provider
+#                                          (agent config and MCP, cost and its default
+#                                          model, usage limits, hardening, logins): a CLI
+#                                          can pass the core and still break one of these
+#                                          (claude 2.1.332 did: MCP tools, system prompt,
+#                                          default model). Not the Kubernetes and gVisor
+#                                          tests (a lab, runsc) nor images:: (the pinned
+#                                          caw-box/* images)
+# shellcheck disable=SC2016 # backquotes in messages are Markdown; xargs' sh -c expands its own
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 REPO=caw-box-drift
 LOCAL_BASE=${CAW_BOX_LOCAL_BASE:-caw-box-local/node:20-bookworm}
@@ -29,13 +41,14 @@ CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 OUT=target/drift
 JSON=target/drift.json
 PROVIDERS=(claude_code codex opencode gemini)
-CHECKS=("run" "tool call" "resume recall" "usage" "interactive")
+CHECKS=("run" "tool call" "resume recall" "usage" "interactive" "features")
 JOBS=${DRIFT_JOBS:-3}
 
 die() { printf 'drift: %s\n' "$*" >&2; exit 2; }
 
 plan=0
 only=()
+asked=
 while [ $# -gt 0 ]; do
     case $1 in
         --plan) plan=1 ;;
@@ -44,7 +57,12 @@ while [ $# -gt 0 ]; do
             only+=("$2")
             shift
             ;;
-        *) die "unknown argument '$1'; usage: scripts/drift.sh [--plan] [--provider P]..." ;;
+        --cli-version)
+            [ $# -ge 2 ] || die "--cli-version needs a version, e.g. --cli-version 2.1.300"
+            asked=$2
+            shift
+            ;;
+        *) die "unknown argument '$1'; usage: scripts/drift.sh [--plan] [--provider P]... [--cli-version V]" ;;
     esac
     shift
 done
@@ -54,6 +72,8 @@ if [ ${#only[@]} -gt 0 ]; then
     done
     PROVIDERS=("${only[@]}")
 fi
+[ -z "$asked" ] || [ ${#only[@]} = 1 ] \
+    || die "--cli-version needs exactly one --provider, e.g. --provider claude_code --cli-version $asked"
 CAW=${CARGO_TARGET_DIR:-target}/debug/caw-box
 
 ca=()
@@ -81,21 +101,30 @@ tests_of() {
     esac
 }
 
+# The provider's other e2e tests (`features`), from the suite's list ($listed).
+features_of() {
+    local name=${1%_code} core
+    core=$(tests_of "$1")
+    awk '{print $2}' <<<"$listed" | grep -F "$name" \
+        | grep -vE '^(kubernetes|runtime|images)::' | grep -vxF "$core" || true
+}
+
 cargo build --workspace --quiet || die "cargo build failed"
 pins_json=$("$CAW" --version --json) || die "$CAW --version --json failed"
 declare -A package pinned newest built
 for p in "${PROVIDERS[@]}"; do
     package[$p]=$(pin npm_package "$p") || die "cannot read the pins from \`caw-box --version --json\`"
     pinned[$p]=$(pin cli_version "$p")
-    [ -n "${package[$p]}" ] && [ -n "${pinned[$p]}" ] \
+    { [ -n "${package[$p]}" ] && [ -n "${pinned[$p]}" ]; } \
         || die "no npm package or pin for $p in \`caw-box --version --json\`: $pins_json"
 done
 
+cargo build --workspace --tests --quiet || die "the tests do not build"
+listed=$(cargo nextest list --workspace --test e2e --message-format oneline 2>/dev/null) \
+    || die "cargo nextest list --test e2e failed"
+
 if [ "$plan" = 1 ]; then
     # Every test a run names must exist, or its check would read as a vendor failure.
-    cargo build --workspace --tests --quiet || die "the tests do not build"
-    listed=$(cargo nextest list --workspace --test e2e --message-format oneline 2>/dev/null) \
-        || die "cargo nextest list --test e2e failed"
     missing=0
     for p in "${PROVIDERS[@]}"; do
         printf '%-12s %-28s pinned %s\n' "$p" "${package[$p]}" "${pinned[$p]}"
@@ -110,6 +139,9 @@ if [ "$plan" = 1 ]; then
                 missing=1
             fi
         done < <(tests_of "$p")
+        mapfile -t fs < <(features_of "$p")
+        [ ${#fs[@]} -gt 0 ] || { printf 'drift: no feature test names %s\n' "$p" >&2; missing=1; }
+        printf '  features: %d more tests, each so: %s\n' "${#fs[@]}" "${fs[*]}"
     done
     [ "$missing" = 0 ] || exit 2
     printf 'drift: plan ok: %d providers, pins from `caw-box --version --json`\n' "${#PROVIDERS[@]}" >&2
@@ -125,7 +157,12 @@ docker image inspect caw-box-test/stub-model:latest >/dev/null 2>&1 || scripts/s
 
 for p in "${PROVIDERS[@]}"; do
     pkg=${package[$p]}
-    newest[$p]=$(npm view "$pkg" version 2>"$OUT/npm-$p.log" | tail -n 1)
+    if [ -n "$asked" ]; then
+        newest[$p]=$asked
+        printf 'drift: %s %s as asked (the "newest" column), not npm'"'"'s newest\n' "$p" "$asked" >&2
+    else
+        newest[$p]=$(npm view "$pkg" version 2>"$OUT/npm-$p.log" | tail -n 1)
+    fi
     if [ -z "${newest[$p]}" ]; then
         built[$p]=fail
         printf 'drift: npm view %s failed (%s)\n' "$pkg" "$OUT/npm-$p.log" >&2
@@ -145,9 +182,8 @@ done
 # Each test in a nextest run of its own (its log then is its own), $JOBS at a time.
 tests=()
 for p in "${PROVIDERS[@]}"; do
-    [ "${built[$p]}" = pass ] && while read -r t; do tests+=("$t"); done < <(tests_of "$p")
+    [ "${built[$p]}" = pass ] && while read -r t; do tests+=("$t"); done < <(tests_of "$p"; features_of "$p")
 done
-cargo build --workspace --tests --quiet || die "the e2e tests do not build"
 printf 'drift: running %d e2e tests against %s/* images\n' "${#tests[@]}" "$REPO" >&2
 export CAW_BOX_E2E_IMAGE_REPO=$REPO
 printf '%s\n' "${tests[@]}" | xargs -P "$JOBS" -I{} sh -c \
@@ -156,7 +192,7 @@ printf '%s\n' "${tests[@]}" | xargs -P "$JOBS" -I{} sh -c \
 
 # Per check: pass, FAIL, or - (not run: the build failed, or an earlier check of the same
 # test failed).
-declare -A result
+declare -A result broken
 failed=0
 for p in "${PROVIDERS[@]}"; do
     for c in "${CHECKS[@]}"; do result[$p,$c]=-; done
@@ -181,6 +217,14 @@ for p in "${PROVIDERS[@]}"; do
         result[$p,interactive]=FAIL
         failed=1
     fi
+    result[$p,features]=pass
+    broken[$p]=
+    while read -r t; do
+        [ "$(cat "$OUT/$t.rc" 2>/dev/null)" = 0 ] && continue
+        result[$p,features]=FAIL
+        broken[$p]+=" $t"
+        failed=1
+    done < <(features_of "$p")
 done
 
 {
@@ -194,6 +238,9 @@ done
             printf ' %-*s' "$w" "${result[$p,$c]}"
         done
         printf '\n'
+    done
+    for p in "${PROVIDERS[@]}"; do
+        [ -z "${broken[$p]:-}" ] || printf '%s features failed:%s\n' "$p" "${broken[$p]}"
     done
 } | sed "s/ *$//" | tee "$OUT/table.txt"
 
@@ -223,7 +270,7 @@ if [ "$failed" = 1 ]; then
         [ "${built[$p]}" = pass ] || { printf '  %s\n' "$OUT/build-$p.log" >&2; continue; }
         while read -r t; do
             [ "$(cat "$OUT/$t.rc" 2>/dev/null)" = 0 ] || printf '  %s\n' "$OUT/$t.log" >&2
-        done < <(tests_of "$p")
+        done < <(tests_of "$p"; features_of "$p")
     done
     exit 1
 fi
