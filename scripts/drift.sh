@@ -41,6 +41,7 @@ CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 OUT=target/drift
 JSON=target/drift.json
 PROVIDERS=(claude_code codex opencode gemini)
+ALL_PROVIDERS=("${PROVIDERS[@]}")
 CHECKS=("run" "tool call" "resume recall" "usage" "interactive" "features")
 JOBS=${DRIFT_JOBS:-3}
 
@@ -176,6 +177,16 @@ for p in "${PROVIDERS[@]}"; do
         built[$p]=fail
         printf 'drift: building %s %s failed:\n' "$p" "${newest[$p]}" >&2
         tail -n 5 "$OUT/build-$p.log" >&2
+    fi
+done
+
+# A test may use another provider too (a fallback from codex to claude): with --provider, the
+# others run at their pins: their caw-box/* images are tagged into $REPO.
+for p in "${ALL_PROVIDERS[@]}"; do
+    [[ " ${PROVIDERS[*]} " == *" $p "* ]] && continue
+    image=$(pin image "$p")
+    if docker tag "caw-box/$image:latest" "$REPO/$image:latest" 2>/dev/null; then
+        printf 'drift: %s at its pin: caw-box/%s:latest as %s/%s:latest\n' "$p" "$image" "$REPO" "$image" >&2
     fi
 done
 
