@@ -123,7 +123,7 @@ impl ProviderKind {
     /// The CLI version images are built with by default (observed in VENDORS.md).
     pub fn default_cli_version(self) -> &'static str {
         match self {
-            ProviderKind::ClaudeCode => "2.1.197",
+            ProviderKind::ClaudeCode => "2.1.267",
             ProviderKind::Codex => "0.169.0",
             ProviderKind::Opencode => "1.18.33",
             ProviderKind::Gemini => "0.61.0",
