@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make test`'s stage `targets`: the documented targets and scripts that no other stage runs,
-# run cheaply so that none of them rots unseen (issue 32: `make drift` died at once for weeks
+# run cheaply so that none of them rots unseen (issue 32: `make drift` died at once, unseen,
 # because nothing ran it). About 15 s on the 2-core machine (13 s on 2026-11-26).
 #
 #   1. every target `make help` names has a row in README's table "What `make test` runs of
