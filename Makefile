@@ -54,9 +54,11 @@ bench: build
 bench-cluster: build
 	$(RIG) with scripts/bench.sh --only cluster
 
-# Not part of `test`: the newest CLI releases, built as caw-box-drift/* images.
+# Not part of `test` (its `--plan` is): the newest CLI releases, built as caw-box-drift/*
+# images. DRIFT_ARGS="--provider claude_code" checks one provider.
+DRIFT_ARGS   ?=
 drift: build
-	$(RIG) with scripts/drift.sh
+	$(RIG) with scripts/drift.sh $(DRIFT_ARGS)
 # No Docker: the parsers are pure. About 10 minutes on 2 cores.
 fuzz:
 	scripts/fuzz.sh

@@ -2,9 +2,11 @@
 # `make demo`: the main job, end to end, with no vendor account: a Codex session runs a
 # turn, then is resumed and recalls what it was told. The model behind the CLI is the
 # project's stub model, on an internal Docker network made for the demo (no way out).
+# It removes only what it made (its own run label), so it can run beside a test run:
+# `make test` runs it on the images it built (CAW_BOX_DEMO_SKIP_IMAGES=1: they are built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/images.sh
+[ -n "${CAW_BOX_DEMO_SKIP_IMAGES:-}" ] || scripts/images.sh
 
 root=$PWD
 run_id=demo-$$
@@ -13,7 +15,7 @@ stub=caw-box-demo-stub-$$
 export CAW_BOX_LABELS=io.caw-box.test=demo,io.caw-box.test-run=$run_id
 cleanup() {
     docker rm -f "$stub" >/dev/null 2>&1 || true
-    "$root/scripts/cleanup.sh"
+    "$root/scripts/cleanup.sh" "$run_id"
 }
 trap cleanup EXIT
 docker network create --internal --label io.caw-box.test=demo --label io.caw-box.test-run=$run_id "$net" >/dev/null

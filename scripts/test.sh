@@ -150,6 +150,9 @@ podman_pass() {
 tests podman podman_pass "$@"
 
 tests bench-smoke scripts/bench.sh --smoke
+# The documented targets and scripts no stage above runs (drift's plan, fuzz, the demo), so
+# that none rots unseen, and README's table of what this run covers of each target.
+tests targets scripts/test-targets.sh
 if [ ${#failed[@]} -gt 0 ]; then
     echo "make test: failed stages: ${failed[*]}" >&2
     exit 1

@@ -85,6 +85,14 @@ fn report(e: &Error, format: OutputFormat) {
 /// A command line clap refused (or `--help`/`--version`): clap's own answer, and under
 /// `-o json` (found by scanning the arguments: clap could not read them) the error object.
 fn refuse_command_line(e: clap::Error) -> ! {
+    if e.kind() == clap::error::ErrorKind::DisplayVersion
+        && cli::version_json_in(std::env::args_os())
+    {
+        output::print_json_line(&caw_box::provider::version_report(env!(
+            "CARGO_PKG_VERSION"
+        )));
+        std::process::exit(0);
+    }
     let format = cli::output_format_in(std::env::args_os());
     if !e.use_stderr() || format == OutputFormat::Text {
         e.exit();

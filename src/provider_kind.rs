@@ -49,6 +49,23 @@ pub fn pinned_cli_versions() -> String {
         .join("\n")
 }
 
+/// `caw-box --version --json`: caw-box's version and, per provider, its image, npm package
+/// and pinned CLI version. The one place scripts (`make drift`) read the pins from.
+pub fn version_report(caw_box_version: &str) -> serde_json::Value {
+    let providers: Vec<serde_json::Value> = ProviderKind::ALL
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "provider": p.as_str(),
+                "image": p.image_name(),
+                "npm_package": p.npm_package(),
+                "cli_version": p.default_cli_version(),
+            })
+        })
+        .collect();
+    serde_json::json!({"version": caw_box_version, "providers": providers})
+}
+
 /// One vendor CLI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
@@ -106,7 +123,7 @@ impl ProviderKind {
     /// The CLI version images are built with by default (observed in VENDORS.md).
     pub fn default_cli_version(self) -> &'static str {
         match self {
-            ProviderKind::ClaudeCode => "2.1.197",
+            ProviderKind::ClaudeCode => "2.1.267",
             ProviderKind::Codex => "0.169.0",
             ProviderKind::Opencode => "1.18.33",
             ProviderKind::Gemini => "0.61.0",

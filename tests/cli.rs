@@ -478,6 +478,36 @@ fn version_names_the_pinned_cli_versions() {
     insta::assert_snapshot!("version_short", help(&["-V"]));
 }
 
+/// `--version --json` is what scripts read the pins from (`make drift`): every provider, its
+/// image, npm package and pinned version, the same as `--version` prints. `--json` alone is
+/// refused: it means nothing without `--version`.
+#[test]
+fn version_json_lists_every_provider_pin() {
+    for args in [&["--version", "--json"][..], &["--json", "--version"][..]] {
+        let ran = caw_box(args);
+        assert_eq!(ran.code, Some(0), "{}", ran.text);
+        let stdout = ran.text.split("--- stdout\n").nth(1).unwrap_or_default();
+        assert!(!stdout.contains("--- stderr"), "{}", ran.text);
+        let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        insta::assert_snapshot!(
+            "version_json",
+            serde_json::to_string_pretty(&report).unwrap()
+        );
+        let text = help(&["--version"]);
+        for p in report["providers"].as_array().unwrap() {
+            let line = format!(
+                "{} {}",
+                p["npm_package"].as_str().unwrap(),
+                p["cli_version"].as_str().unwrap()
+            );
+            assert!(text.contains(&line), "--version lacks {line}: {text}");
+        }
+    }
+    let ran = caw_box(&["--json", "ls"]);
+    assert_eq!(ran.code, Some(2), "{}", ran.text);
+    assert!(ran.text.contains("--version"), "{}", ran.text);
+}
+
 #[test]
 fn image_pull_help_and_refusals() {
     insta::assert_snapshot!("image_pull_help", help(&["image", "pull", "--help"]));

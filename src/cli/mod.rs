@@ -112,6 +112,10 @@ pub struct Cli {
         hide_env = true
     )]
     pub namespace: Option<String>,
+    /// With --version: one JSON object, caw-box's version and each provider's image, npm
+    /// package and pinned CLI version (e.g. `caw-box --version --json`).
+    #[arg(long = "json", requires = "version")]
+    pub version_json: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -126,6 +130,15 @@ impl Cli {
             _ => OutputFormat::Text,
         }
     }
+}
+
+/// Whether a `--version` that clap answered asked for JSON: `--json` before or after it
+/// (clap answers at `--version` and reads no further).
+pub fn version_json_in(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
+    args.into_iter()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json")
 }
 
 /// The `-o`/`--output` format an unparsable command line asks for (text if none, or if its

@@ -24,7 +24,7 @@ pub const AGENT_HOME: &str = "/home/agent";
 pub const WORKSPACE_DIR: &str = "/workspace";
 
 pub use crate::provider_kind::{
-    image_repo, pinned_cli_versions, set_image_repo, ProviderKind, UnknownProvider,
+    image_repo, pinned_cli_versions, set_image_repo, version_report, ProviderKind, UnknownProvider,
     DEFAULT_IMAGE_REPO,
 };
 

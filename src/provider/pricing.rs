@@ -61,7 +61,8 @@ fn table() -> &'static Table {
 /// the stub model (tests/fixtures/README.md); `None` where caw-box does not know it.
 pub fn default_model(provider: ProviderKind) -> Option<&'static str> {
     match provider {
-        ProviderKind::ClaudeCode => Some("claude-opus-4-8"),
+        // claude 2.1.267 (e2e `cost_claude_code_matches_the_table` checks the wire).
+        ProviderKind::ClaudeCode => Some("claude-opus-5"),
         ProviderKind::Gemini => Some("gemini-2.5-flash"),
         // codex 0.169.0 with an API key: its bundled model catalog's default (e2e
         // `cost_codex_default_model_from_the_table` checks the wire still says so).
@@ -179,7 +180,7 @@ mod tests {
                 assert!(p.cache_read.is_none_or(|c| c < p.input), "{vendor}/{model}");
             }
         }
-        assert!(source().starts_with("litellm 1.109.1"), "{}", source());
+        assert!(source().starts_with("litellm 1.110.2"), "{}", source());
     }
 
     #[test]
