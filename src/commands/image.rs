@@ -481,22 +481,29 @@ pub async fn ls() -> Result<i32> {
     let now = crate::clock::now_secs() as i64;
     let mut untagged = 0;
     for img in images {
-        let tag = match img.tags.iter().find(|t| !t.starts_with("<none>")) {
-            Some(t) => t.clone(),
-            None => {
-                untagged += 1;
-                format!("<none> ({})", short_id(&img.id))
-            }
-        };
+        // A row per tag, as `docker image ls`: an image tagged twice (a `make drift` build
+        // at the pinned version has the pinned image's id) shows under both names.
+        let mut tags: Vec<String> = img
+            .tags
+            .iter()
+            .filter(|t| !t.starts_with("<none>"))
+            .cloned()
+            .collect();
+        if tags.is_empty() {
+            untagged += 1;
+            tags.push(format!("<none> ({})", short_id(&img.id)));
+        }
         let label = |k: &str| img.labels.get(k).cloned().unwrap_or_else(|| "-".into());
         let age = Duration::from_secs((now - img.created).max(0) as u64);
-        rows.push([
-            tag,
-            label(labels::PROVIDER),
-            label(labels::CLI_VERSION),
-            format!("{:.0} MB", img.size_bytes as f64 / 1e6),
-            format!("{} ago", humantime::format_duration(round_age(age))),
-        ]);
+        for tag in tags {
+            rows.push([
+                tag,
+                label(labels::PROVIDER),
+                label(labels::CLI_VERSION),
+                format!("{:.0} MB", img.size_bytes as f64 / 1e6),
+                format!("{} ago", humantime::format_duration(round_age(age))),
+            ]);
+        }
     }
     rows[1..].sort();
     output::print_table(&rows);

@@ -339,7 +339,7 @@ fn image_builds_leave_no_builder_images_and_skip_what_is_up_to_date() {
     let out = build(ca, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     assert!(
-        stderr_of(&out).contains(&format!("{tag} is up to date (CLI 2.1.197)")),
+        stderr_of(&out).contains(&format!("{tag} is up to date (CLI {})", PINNED[0].2)),
         "{}",
         stderr_of(&out)
     );
@@ -355,7 +355,7 @@ fn image_builds_leave_no_builder_images_and_skip_what_is_up_to_date() {
     assert_eq!(leftovers(), Vec::<String>::new(), "after the rebuild");
     let (code, out) = run_in(&rig, &tag, &["claude", "--version"]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("2.1.197"), "{out}");
+    assert!(out.contains(PINNED[0].2), "{out}");
 
     // A failed build (no such version on npm) leaves nothing, and the image as it was.
     let out = build(
