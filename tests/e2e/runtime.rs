@@ -141,8 +141,10 @@ fn codex_on_gvisor_runs_resumes_and_opens_its_tui_brokered_within_allow_host() {
     assert_eq!(first["result"], "Noted: owl.", "{first}");
 
     check("a headless resume: the agent reads gVisor's kernel log; only the allowed host");
+    // (Node's HTTP client through the proxy, not bash's /dev/tcp with `head`: on gVisor that
+    // read once failed with EAGAIN before the proxy's answer came.)
     let probe = format!(
-        "RUN:dmesg | grep -q 'Starting gVisor' && echo kernel-gvisor; for h in {stub} {other}; do exec 3<>/dev/tcp/caw-box-proxy/3128; printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; echo \"$h $(head -1 <&3 | tr -d '\\r')\"; exec 3<&-; done; timeout 3 bash -c 'exec 3<>/dev/tcp/{stub}/8080' 2>/dev/null && echo direct-open || echo direct-blocked",
+        "RUN:dmesg | grep -q 'Starting gVisor' && echo kernel-gvisor; for h in {stub} {other}; do node -e 'const h = process.argv[1]; require(\"http\").get({{host: \"caw-box-proxy\", port: 3128, path: \"http://\" + h + \":8080/_stub/health\"}}, r => {{ console.log(h + \" HTTP/1.1 \" + r.statusCode); r.resume(); }}).on(\"error\", e => console.log(h + \" \" + e.code))' $h; done; timeout 3 bash -c 'exec 3<>/dev/tcp/{stub}/8080' 2>/dev/null && echo direct-open || echo direct-blocked",
         stub = rig.stub
     );
     let mut c = rig.caw();
