@@ -180,6 +180,18 @@ impl Backend for Engine {
     async fn ended_by_environment(&self, name: &str) -> Option<String> {
         dispatch!(self, b => Backend::ended_by_environment(b, name).await)
     }
+    fn words(&self) -> super::Words {
+        dispatch!(self, b => Backend::words(b))
+    }
+    fn logs_hint(&self, name: &str) -> String {
+        dispatch!(self, b => Backend::logs_hint(b, name))
+    }
+    fn refuse_settings(&self, network: &str, pids_limit: Option<i64>) -> Result<()> {
+        dispatch!(self, b => Backend::refuse_settings(b, network, pids_limit))
+    }
+    fn bind_refusal(&self) -> Option<Error> {
+        dispatch!(self, b => Backend::bind_refusal(b))
+    }
     async fn note_stop(&self, name: &str) -> Result<()> {
         dispatch!(self, b => Backend::note_stop(b, name).await)
     }

@@ -116,23 +116,32 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn note_stop(&self, _name: &str) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
+    /// The error of a turn whose container `name` was removed from outside while it ran, so
+    /// that its record could not be written (the session stays resumable), in the
+    /// backend's words.
+    fn removed_under_turn(&self, name: &str) -> Error;
     /// Why a turn's container failed when the cause lies outside the CLI, for the turn's
     /// result: the kernel killed a process of it for memory (its limit), or the cluster
     /// evicted it. `None`: nothing of the kind is known (Docker reports none here: its
     /// turns keep their Docker behaviour).
-    /// The error of a turn whose container `name` was removed from outside while it ran, so
-    /// that its record could not be written (the session stays resumable).
-    fn removed_under_turn(&self, name: &str) -> Error {
-        let id = name.strip_prefix("caw-box-").unwrap_or(name);
-        Error::environment(format!(
-            "the turn's container '{name}' was removed while the turn ran (`docker rm`, a prune?), so the turn is not recorded"
-        ))
-        .with_hint(format!(
-            "the session's state is kept: `caw-box resume {id}` continues it"
-        ))
-    }
     fn ended_by_environment(&self, _name: &str) -> impl Future<Output = Option<String>> + Send {
         async { None }
+    }
+    /// How this backend is named in backend-neutral messages: where sessions live, and the
+    /// engine that runs their containers.
+    fn words(&self) -> Words;
+    /// What to run to read the output of a turn's container `name` left for inspection.
+    fn logs_hint(&self, name: &str) -> String;
+    /// Refuses (a usage error, with what to do) a session's `--network` or `--pids-limit`
+    /// that this backend cannot honour, before anything is made; never ignores one.
+    fn refuse_settings(&self, _network: &str, _pids_limit: Option<i64>) -> Result<()> {
+        Ok(())
+    }
+    /// Why this backend can never mount a directory of this host (`--workspace-mode bind`
+    /// refused with this error, `auto` copies); `None`: it may, ask
+    /// (`session::workspace::daemon_sees`).
+    fn bind_refusal(&self) -> Option<Error> {
+        None
     }
     /// Whether the backend certainly sees this process's host paths as they are (a bind
     /// mount of a host directory shows that directory); `false`: maybe not, check.
@@ -249,6 +258,17 @@ pub trait Backend: Clone + Send + Sync + 'static {
         name: &str,
         path: &str,
     ) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
+}
+
+/// A backend's words for backend-neutral messages of the session layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Words {
+    /// Where this process's sessions live ("this Docker host").
+    pub here: String,
+    /// Where else a session may live ("another Docker host").
+    pub elsewhere: String,
+    /// What runs the containers and mounts their directories ("the Docker daemon").
+    pub engine: String,
 }
 
 /// Why a container could not be created.

@@ -807,6 +807,15 @@ mod tests {
         async fn fills_volumes_at_create(&self) -> bool {
             true
         }
+        fn words(&self) -> crate::backend::Words {
+            unexpected!("words")
+        }
+        fn logs_hint(&self, _: &str) -> String {
+            unexpected!("a logs hint")
+        }
+        fn removed_under_turn(&self, _: &str) -> Error {
+            unexpected!("a removed turn")
+        }
         async fn run_to_completion(
             &self,
             _: &str,

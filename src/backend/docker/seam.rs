@@ -37,6 +37,28 @@ impl Backend for DockerBackend {
         DockerBackend::inspect_container(self, name).await
     }
 
+    fn words(&self) -> crate::backend::Words {
+        crate::backend::Words {
+            here: "this Docker host".into(),
+            elsewhere: "another Docker host".into(),
+            engine: "the Docker daemon".into(),
+        }
+    }
+
+    fn logs_hint(&self, name: &str) -> String {
+        format!("`docker logs {name}`")
+    }
+
+    fn removed_under_turn(&self, name: &str) -> crate::error::Error {
+        let id = name.strip_prefix("caw-box-").unwrap_or(name);
+        crate::error::Error::environment(format!(
+            "the turn's container '{name}' was removed while the turn ran (`docker rm`, a prune?), so the turn is not recorded"
+        ))
+        .with_hint(format!(
+            "the session's state is kept: `caw-box resume {id}` continues it"
+        ))
+    }
+
     async fn container_address(&self, name: &str, network: &str) -> Result<Option<String>> {
         DockerBackend::container_address(self, name, network).await
     }

@@ -171,6 +171,49 @@ impl Backend for KubeBackend {
         }
     }
 
+    fn words(&self) -> crate::backend::Words {
+        crate::backend::Words {
+            here: format!("namespace '{}' of this cluster", self.namespace()),
+            elsewhere: "another namespace or cluster".into(),
+            engine: "the cluster".into(),
+        }
+    }
+
+    fn logs_hint(&self, name: &str) -> String {
+        format!("`kubectl logs -n {} {name}`", self.namespace())
+    }
+
+    /// Kubernetes has no per-pod process limit (a node's kubelet sets `podPidsLimit` for
+    /// all its pods, or none); and a pod cannot be put on a Docker network or the host's
+    /// (`--allow-host` is held inside the turn's pod: firewall rules in its network
+    /// namespace and a proxy sidecar; `--network none` is refused for every backend, by the
+    /// settings).
+    fn refuse_settings(&self, network: &str, pids_limit: Option<i64>) -> Result<()> {
+        if !matches!(network, "open" | "") {
+            return Err(Error::usage(format!(
+                "--network {network} is not available with the kubernetes backend: pods use the cluster's network"
+            ))
+            .with_hint("drop --network (and `network` from config files); --allow-host holds a turn's egress to a list"));
+        }
+        if let Some(limit) = pids_limit {
+            return Err(Error::usage(format!(
+                "--pids-limit {limit} is not available with the kubernetes backend: a pod spec has no process limit (a node's kubelet sets one for all its pods, `podPidsLimit`)"
+            ))
+            .with_hint("drop --pids-limit (and `pids_limit` from config files); ask the cluster's admin for a kubelet podPidsLimit"));
+        }
+        Ok(())
+    }
+
+    /// A cluster has no host directories: the workspace is always copied in.
+    fn bind_refusal(&self) -> Option<Error> {
+        Some(
+            Error::usage(
+                "--workspace-mode bind is not available with the kubernetes backend: a pod cannot mount a directory of this host",
+            )
+            .with_hint("use --workspace-mode copy (the default there) or none"),
+        )
+    }
+
     fn removed_under_turn(&self, name: &str) -> Error {
         deleted_under_turn(name)
     }
