@@ -1,5 +1,6 @@
-//! Backends run what the session layer describes. Docker (through bollard) is the only one
-//! today, in `docker/`; nothing outside that folder names a bollard type. The session layer
+//! Backends run what the session layer describes: Docker (through bollard) in `docker/`,
+//! Kubernetes (through kube) in `kubernetes/`; nothing outside those folders names their
+//! client crates' types. The session layer
 //! (`crate::session`) takes any [`Backend`] and never names Docker; [`crate::Client`] is
 //! where the backend is chosen. It speaks to a backend in caw-box's own terms: a [`TurnSpec`] for a turn, a [`HelperSpec`]
 //! for caw-box's short-lived helpers, [`VolumeInfo`] / [`ContainerInfo`] for what exists,

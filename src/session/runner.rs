@@ -1,8 +1,8 @@
 //! Runs one turn of a session in a fresh container: the orchestration between a provider
-//! adapter (what to run, how to read it) and the Docker backend (running it).
+//! adapter (what to run, how to read it) and the backend (running it).
 //!
-//! The container name `caw-box-<session_id>` is the session's lock: Docker refuses a second
-//! container of the same name atomically, so two racing turns cannot both start. Whatever
+//! The container name `caw-box-<session_id>` is the session's lock: the backend refuses a
+//! second container of the same name atomically, so two racing turns cannot both start. Whatever
 //! way the turn ends (answer, CLI crash, timeout, Ctrl-C), the container is removed and the
 //! session's record in its state volume is brought up to date, so it stays resumable.
 //!
