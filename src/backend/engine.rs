@@ -207,8 +207,17 @@ impl Backend for Engine {
     fn brokers_in_turn_pod(&self) -> bool {
         dispatch!(self, b => Backend::brokers_in_turn_pod(b))
     }
-    fn holds_egress_in_turn_pod(&self) -> bool {
-        dispatch!(self, b => Backend::holds_egress_in_turn_pod(b))
+    fn egress_route(&self, plan: &super::EgressPlan) -> super::EgressRoute {
+        dispatch!(self, b => Backend::egress_route(b, plan))
+    }
+    async fn open_egress(&self, plan: &super::EgressPlan) -> std::result::Result<(), CreateError> {
+        dispatch!(self, b => Backend::open_egress(b, plan).await)
+    }
+    async fn close_egress(&self, plan: &super::EgressPlan) {
+        dispatch!(self, b => Backend::close_egress(b, plan).await)
+    }
+    async fn sweep_egress(&self, plan: &super::EgressPlan, labels: &[String]) {
+        dispatch!(self, b => Backend::sweep_egress(b, plan, labels).await)
     }
     async fn attach_sidecar(&self, name: &str, sidecar: &str) -> Result<Attached> {
         dispatch!(self, b => Backend::attach_sidecar(b, name, sidecar).await)

@@ -161,12 +161,22 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn brokers_in_turn_pod(&self) -> bool {
         false
     }
-    /// Whether `--allow-host` is held inside a turn's own unit (Kubernetes: firewall rules
-    /// in the pod's network namespace and a proxy sidecar, [`TurnSpec::egress_allow`]),
-    /// instead of an internal network and a proxy container of its own (Docker, Podman).
-    fn holds_egress_in_turn_pod(&self) -> bool {
-        false
-    }
+    /// How this backend realises a turn's `--allow-host` ([`EgressPlan`]): where the agent
+    /// finds the proxy, on which network, and whose log holds the proxy's decisions.
+    fn egress_route(&self, plan: &EgressPlan) -> EgressRoute;
+    /// Makes what a turn's egress needs before the turn's container is created (Docker: the
+    /// agent's internal network and the proxy's container); a turn pod that holds its own
+    /// egress (Kubernetes, from [`TurnSpec::egress_allow`]) needs nothing before.
+    fn open_egress(
+        &self,
+        plan: &EgressPlan,
+    ) -> impl Future<Output = std::result::Result<(), CreateError>> + Send;
+    /// Removes what [`Self::open_egress`] made, after the turn (errors ignored).
+    fn close_egress(&self, plan: &EgressPlan) -> impl Future<Output = ()> + Send;
+    /// Removes the egress leftovers carrying all of `labels` (turns whose caw-box was
+    /// killed) but `plan`'s own, once the turn holds the session's lock.
+    fn sweep_egress(&self, plan: &EgressPlan, labels: &[String])
+        -> impl Future<Output = ()> + Send;
     /// Attaches to the input and output of the sidecar container `sidecar` of the running
     /// turn `name` ([`Self::brokers_in_turn_pod`]).
     fn attach_sidecar(
@@ -517,8 +527,36 @@ pub struct Limits {
 }
 
 /// The proxy sidecar's container in a turn pod that holds its own egress
-/// ([`Backend::holds_egress_in_turn_pod`]); `<pod>/proxy` names its log.
+/// ([`Backend::egress_route`]); `<pod>/proxy` names its log.
 pub const PROXY_SIDECAR: &str = "proxy";
+
+/// A turn's way out under `--allow-host`, planned once by the session layer
+/// (`session::egress`) and realised by the backend ([`Backend::open_egress`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EgressPlan {
+    /// The turn's container (a proxy held in the turn's own unit is named after it).
+    pub turn: String,
+    /// The proxy, where it runs as a container of its own: its spec (on the session's
+    /// outer network), its name, and its alias and port as the agent reaches it.
+    pub proxy: HelperSpec,
+    pub proxy_name: String,
+    pub alias: String,
+    pub port: u16,
+    /// The private network made for the agent, where the backend makes one.
+    pub network: String,
+}
+
+/// How a backend realised a turn's egress, in caw-box's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressRoute {
+    /// The proxy's URL as the agent sees it (`HTTPS_PROXY`).
+    pub proxy_url: String,
+    /// The network the agent (and a broker of its own) goes on; `None`: the turn's own unit
+    /// holds its egress.
+    pub agent_network: Option<String>,
+    /// What to read the proxy's decisions from ([`Backend::follow_logs`]).
+    pub proxy_log: String,
+}
 
 /// One turn of a session, in caw-box's terms: what the backend runs in the agent's
 /// sandbox (non-root, no capabilities, no new privileges, read-only root with a /tmp,
@@ -556,9 +594,10 @@ pub struct TurnSpec {
     /// The credential broker as a sidecar of the turn (only where
     /// [`Backend::brokers_in_turn_pod`]): its command, run in the turn's image.
     pub broker: Option<Vec<String>>,
-    /// `--allow-host` held inside the turn's own unit (only where
-    /// [`Backend::holds_egress_in_turn_pod`]): the hosts a proxy sidecar admits, all other
-    /// egress refused; empty: no such hold.
+    /// `--allow-host`: the hosts the turn's proxy admits, all other egress refused; empty:
+    /// open. A backend that holds egress in the turn's own unit (Kubernetes: a proxy
+    /// sidecar and firewall rules) realises it from here; Docker, from its
+    /// [`Backend::open_egress`] network.
     pub egress_allow: Vec<String>,
     /// `host:ip` entries the agent's container resolves so (a broker standing in for a
     /// host its CLI reaches directly); empty: none.

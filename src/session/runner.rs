@@ -14,7 +14,6 @@
 //! re-exported here.
 
 use super::broker::Broker;
-use super::egress::Egress;
 use super::liveness::{driver_is_gone, remove_abandoned_turns};
 use super::owner::{ensure_owner, fill_new_home};
 use super::runtime::{Runtime, RUN_DIR};
@@ -93,10 +92,11 @@ pub async fn run_turn(
     let ids = super::owner::turn_ids(&record.settings);
     let mut runtime = Runtime::new(ids);
     let allow = crate::settings::expand_allow_hosts(record.provider, &record.settings);
-    // Held in the turn's own pod (Kubernetes), or by a network and a proxy of its own.
-    let pod_egress = !allow.is_empty() && backend.holds_egress_in_turn_pod();
-    let egress_network = (!allow.is_empty() && !pod_egress)
-        .then(|| names::egress_names(record.session_id, std::process::id()).0);
+    // Planned once; the backend says how it holds the agent to it (its own network and a
+    // proxy container, or the turn's own pod).
+    let egress = (!allow.is_empty()).then(|| super::egress::plan(record, &allow, &name));
+    let route = egress.as_ref().map(|p| backend.egress_route(p));
+    let egress_network = route.as_ref().and_then(|r| r.agent_network.clone());
     // Brokered when asked for, and the turn has a network to put a broker on.
     let in_pod = backend.brokers_in_turn_pod();
     let want_broker = !options.inject_credentials
@@ -259,27 +259,22 @@ pub async fn run_turn(
         }
         return Err(e);
     }
-    let egress = if allow.is_empty() || pod_egress {
-        None
-    } else {
-        match Egress::start(backend, record, &allow).await {
-            Ok(e) => Some(e),
-            Err(e) => {
-                if let Some(b) = &broker {
-                    b.stop(backend).await;
-                }
-                return Err(e);
+    if let Some(plan) = &egress {
+        if let Err(e) = super::egress::open(backend, record, plan).await {
+            if let Some(b) = &broker {
+                b.stop(backend).await;
             }
+            return Err(e);
         }
-    };
-    if let Some(e) = &egress {
-        let proxy = format!("http://{PROXY_ALIAS}:{PROXY_PORT}");
+    }
+    if let Some(r) = &route {
         for var in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
-            env.push(format!("{var}={proxy}"));
+            env.push(format!("{var}={}", r.proxy_url));
         }
-        // The broker is on the agent's network: model traffic goes to it directly.
         let mut direct = "localhost,127.0.0.1".to_string();
-        if let Some(b) = &broker {
+        // A broker of its own is on the agent's network: model traffic goes to it
+        // directly (one in the turn's pod is on its loopback).
+        if let Some(b) = broker.as_ref().filter(|b| !b.in_pod()) {
             direct = format!("{direct},{}", b.container);
             // The hosts it stands in for, too: the proxy would reach the real ones.
             for host in b.intercept().map_or(&[][..], |i| &i.hosts[..]) {
@@ -288,19 +283,7 @@ pub async fn run_turn(
         }
         env.push(format!("NO_PROXY={direct}"));
         env.push(format!("no_proxy={direct}"));
-        tracing::debug!("egress through {} on {}", e.proxy, e.network);
-    }
-    // The proxy sidecar of the turn's pod, on its loopback (the broker is there too).
-    let pod_proxy = pod_egress.then(|| format!("{name}/{}", crate::backend::PROXY_SIDECAR));
-    if pod_egress {
-        let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
-        for var in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
-            env.push(format!("{var}={proxy}"));
-        }
-        let direct = "localhost,127.0.0.1";
-        env.push(format!("NO_PROXY={direct}"));
-        env.push(format!("no_proxy={direct}"));
-        tracing::debug!("egress through the pod's proxy sidecar");
+        tracing::debug!("egress through {}", r.proxy_log);
     }
     let payload = if options.interactive {
         None
@@ -334,12 +317,10 @@ pub async fn run_turn(
     if let Some(net) = broker.as_ref().and_then(Broker::agent_network) {
         spec.network = net;
     }
-    if let Some(e) = &egress {
-        spec.network = NetworkPolicy::Named(e.network.clone());
+    if let Some(net) = route.as_ref().and_then(|r| r.agent_network.clone()) {
+        spec.network = NetworkPolicy::Named(net);
     }
-    if pod_egress {
-        spec.egress_allow = allow.clone();
-    }
+    spec.egress_allow = allow.clone();
     // The broker starts beside the agent's container, off the turn's critical path: the
     // runtime files (and so the CLI) wait for it on the agent's stdin, not its creation.
     let (ready_tx, ready_rx) = tokio::sync::watch::channel(broker.is_none().then_some(true));
@@ -397,8 +378,8 @@ pub async fn run_turn(
         drop(pod_made);
         created?;
         container_made = true;
-        if let Some(e) = &egress {
-            e.remove_leftovers(backend, record).await;
+        if let Some(plan) = &egress {
+            super::egress::remove_leftovers(backend, record, plan).await;
         }
         if let Some(b) = &broker {
             b.remove_leftovers(backend).await;
@@ -412,10 +393,7 @@ pub async fn run_turn(
             home_files: &home_files,
             home_out: crate::auth::inject::has_files(&credentials).then_some(&home_out),
             runtime_payload: payload.as_deref(),
-            proxy: egress
-                .as_ref()
-                .map(|e| e.proxy.as_str())
-                .or(pod_proxy.as_deref()),
+            proxy: route.as_ref().map(|r| r.proxy_log.as_str()),
             broker_ready: ready_rx.clone(),
             guard: guard.as_ref(),
             user: ids,
@@ -461,8 +439,8 @@ pub async fn run_turn(
     if let Some(b) = &broker {
         b.stop(backend).await;
     }
-    if let Some(e) = &egress {
-        e.stop(backend).await;
+    if let Some(plan) = &egress {
+        backend.close_egress(plan).await;
     }
     let handed_back = home_out.into_inner().unwrap_or_else(|e| e.into_inner());
     match handed_back.map(|tar| crate::auth::inject::finish(record.provider, &tar)) {
@@ -812,6 +790,21 @@ mod tests {
         }
         fn logs_hint(&self, _: &str) -> String {
             unexpected!("a logs hint")
+        }
+        fn egress_route(&self, _: &crate::backend::EgressPlan) -> crate::backend::EgressRoute {
+            unexpected!("route egress")
+        }
+        async fn open_egress(
+            &self,
+            _: &crate::backend::EgressPlan,
+        ) -> std::result::Result<(), CreateError> {
+            unexpected!("open egress")
+        }
+        async fn close_egress(&self, _: &crate::backend::EgressPlan) {
+            unexpected!("close egress")
+        }
+        async fn sweep_egress(&self, _: &crate::backend::EgressPlan, _: &[String]) {
+            unexpected!("sweep egress")
         }
         fn removed_under_turn(&self, _: &str) -> Error {
             unexpected!("a removed turn")

@@ -45,6 +45,25 @@ impl Backend for DockerBackend {
         }
     }
 
+    fn egress_route(&self, plan: &crate::backend::EgressPlan) -> crate::backend::EgressRoute {
+        DockerBackend::egress_route(plan)
+    }
+
+    async fn open_egress(
+        &self,
+        plan: &crate::backend::EgressPlan,
+    ) -> std::result::Result<(), CreateError> {
+        DockerBackend::open_egress(self, plan).await
+    }
+
+    async fn close_egress(&self, plan: &crate::backend::EgressPlan) {
+        DockerBackend::close_egress(self, plan).await
+    }
+
+    async fn sweep_egress(&self, plan: &crate::backend::EgressPlan, labels: &[String]) {
+        DockerBackend::sweep_egress(self, plan, labels).await
+    }
+
     fn logs_hint(&self, name: &str) -> String {
         format!("`docker logs {name}`")
     }

@@ -108,9 +108,29 @@ impl Backend for KubeBackend {
         true
     }
 
-    fn holds_egress_in_turn_pod(&self) -> bool {
-        true
+    /// Held in the turn's pod (from [`TurnSpec::egress_allow`]): a proxy sidecar on the
+    /// pod's loopback, and firewall rules that let out only it and the broker.
+    fn egress_route(&self, plan: &crate::backend::EgressPlan) -> crate::backend::EgressRoute {
+        crate::backend::EgressRoute {
+            proxy_url: format!("http://127.0.0.1:{}", plan.port),
+            agent_network: None,
+            proxy_log: format!("{}/{}", plan.turn, crate::backend::PROXY_SIDECAR),
+        }
     }
+
+    /// The pod makes its egress hold with itself: nothing comes before it.
+    async fn open_egress(
+        &self,
+        _plan: &crate::backend::EgressPlan,
+    ) -> std::result::Result<(), CreateError> {
+        Ok(())
+    }
+
+    /// The hold goes with the turn's pod.
+    async fn close_egress(&self, _plan: &crate::backend::EgressPlan) {}
+
+    /// Nothing of a turn's egress outlives its pod.
+    async fn sweep_egress(&self, _plan: &crate::backend::EgressPlan, _labels: &[String]) {}
 
     async fn attach_sidecar(&self, name: &str, sidecar: &str) -> Result<Attached> {
         // Running, or the attachment would wait for nothing.
