@@ -270,9 +270,6 @@ impl Backend for Engine {
     async fn remove_network(&self, name: &str) -> Result<()> {
         dispatch!(self, b => Backend::remove_network(b, name).await)
     }
-    async fn connect_network(&self, network: &str, container: &str, alias: &str) -> Result<()> {
-        dispatch!(self, b => Backend::connect_network(b, network, container, alias).await)
-    }
     async fn upload_files(
         &self,
         name: &str,

@@ -235,13 +235,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// The names of the networks carrying all of `labels`.
     fn list_networks(&self, labels: &[String]) -> impl Future<Output = Result<Vec<String>>> + Send;
     fn remove_network(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
-    /// Connects a container to a network under an alias.
-    fn connect_network(
-        &self,
-        network: &str,
-        container: &str,
-        alias: &str,
-    ) -> impl Future<Output = Result<()>> + Send;
     /// Writes `files` under `dir` of a (created or stopped) container, owned by (uid, gid).
     fn upload_files(
         &self,
@@ -643,4 +636,8 @@ pub struct HelperSpec {
     pub stdin: bool,
     /// Removed by the engine once it exits (a shared credential broker that idled out).
     pub auto_remove: bool,
+    /// A second network the helper joins, under an alias, before it starts (Docker: a
+    /// credential broker on the session's network joining a turn's egress network). Only
+    /// for backends whose turns live on networks ([`EgressRoute::agent_network`]).
+    pub join: Option<(String, String)>,
 }

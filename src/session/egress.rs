@@ -53,6 +53,7 @@ pub(super) fn plan(record: &SessionRecord, allow: &[String], turn: &str) -> Egre
         tmp: None,
         stdin: false,
         auto_remove: false,
+        join: None,
     };
     EgressPlan {
         turn: turn.to_string(),

@@ -843,9 +843,6 @@ mod tests {
         async fn remove_network(&self, _: &str) -> Result<()> {
             unexpected!("remove networks")
         }
-        async fn connect_network(&self, _: &str, _: &str, _: &str) -> Result<()> {
-            unexpected!("connect networks")
-        }
         async fn upload_files(
             &self,
             _: &str,

@@ -169,10 +169,6 @@ impl Backend for DockerBackend {
         DockerBackend::remove_network(self, name).await
     }
 
-    async fn connect_network(&self, network: &str, container: &str, alias: &str) -> Result<()> {
-        DockerBackend::connect_network(self, network, container, alias).await
-    }
-
     async fn upload_files(
         &self,
         name: &str,

@@ -514,12 +514,6 @@ impl Backend for KubeBackend {
         Ok(())
     }
 
-    async fn connect_network(&self, network: &str, _container: &str, _alias: &str) -> Result<()> {
-        Err(Error::usage(format!(
-            "cannot connect to network '{network}': networks are not available with the kubernetes backend yet"
-        )))
-    }
-
     async fn upload_files(
         &self,
         name: &str,
