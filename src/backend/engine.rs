@@ -204,8 +204,8 @@ impl Backend for Engine {
     async fn keeps_stdin_across_attaches(&self) -> bool {
         dispatch!(self, b => Backend::keeps_stdin_across_attaches(b).await)
     }
-    fn brokers_in_turn_pod(&self) -> bool {
-        dispatch!(self, b => Backend::brokers_in_turn_pod(b))
+    fn broker_place(&self) -> super::BrokerPlace {
+        dispatch!(self, b => Backend::broker_place(b))
     }
     fn egress_route(&self, plan: &super::EgressPlan) -> super::EgressRoute {
         dispatch!(self, b => Backend::egress_route(b, plan))

@@ -155,12 +155,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// other and at once (Docker), as a credential broker shared by turns needs: each turn
     /// leases it through an attachment of its own. Podman 4.3 ends the container then.
     fn keeps_stdin_across_attaches(&self) -> impl Future<Output = bool> + Send;
-    /// Whether a turn's credential broker runs beside the agent in the turn's own unit
-    /// (Kubernetes: a second container of the turn's pod, [`TurnSpec::broker`]), reached on
-    /// loopback, instead of a container of its own on a shared network (Docker, Podman).
-    fn brokers_in_turn_pod(&self) -> bool {
-        false
-    }
+    /// Where a turn's credential broker runs on this backend.
+    fn broker_place(&self) -> BrokerPlace;
     /// How this backend realises a turn's `--allow-host` ([`EgressPlan`]): where the agent
     /// finds the proxy, on which network, and whose log holds the proxy's decisions.
     fn egress_route(&self, plan: &EgressPlan) -> EgressRoute;
@@ -178,7 +174,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn sweep_egress(&self, plan: &EgressPlan, labels: &[String])
         -> impl Future<Output = ()> + Send;
     /// Attaches to the input and output of the sidecar container `sidecar` of the running
-    /// turn `name` ([`Self::brokers_in_turn_pod`]).
+    /// turn `name` ([`BrokerPlace::InTurn`]).
     fn attach_sidecar(
         &self,
         name: &str,
@@ -523,6 +519,18 @@ pub struct Limits {
 /// ([`Backend::egress_route`]); `<pod>/proxy` names its log.
 pub const PROXY_SIDECAR: &str = "proxy";
 
+/// Where a backend runs a turn's credential broker (`session::broker`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerPlace {
+    /// A container of its own on a network the agent shares (Docker, Podman), reached by
+    /// its name; it ends with the turn's driver, as this backend's turns do.
+    OwnContainer,
+    /// Beside the agent in the turn's own unit (Kubernetes: a second container of the
+    /// turn's pod, [`TurnSpec::broker`]), reached on loopback: it lives as long as the
+    /// turn, which outlives its driver. Keys only: a login is injected.
+    InTurn,
+}
+
 /// A turn's way out under `--allow-host`, planned once by the session layer
 /// (`session::egress`) and realised by the backend ([`Backend::open_egress`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -585,7 +593,7 @@ pub struct TurnSpec {
     /// turn read from stdout and stderr.
     pub interactive: Option<Option<(u16, u16)>>,
     /// The credential broker as a sidecar of the turn (only where
-    /// [`Backend::brokers_in_turn_pod`]): its command, run in the turn's image.
+    /// [`BrokerPlace::InTurn`]): its command, run in the turn's image.
     pub broker: Option<Vec<String>>,
     /// `--allow-host`: the hosts the turn's proxy admits, all other egress refused; empty:
     /// open. A backend that holds egress in the turn's own unit (Kubernetes: a proxy

@@ -98,10 +98,9 @@ pub async fn run_turn(
     let route = egress.as_ref().map(|p| backend.egress_route(p));
     let egress_network = route.as_ref().and_then(|r| r.agent_network.clone());
     // Brokered when asked for, and the turn has a network to put a broker on.
-    let in_pod = backend.brokers_in_turn_pod();
+    // (A turn that outlives its driver has a broker that does too: one in its own unit.)
+    let in_pod = backend.broker_place() == crate::backend::BrokerPlace::InTurn;
     let want_broker = !options.inject_credentials
-        // A turn that outlives its driver needs a broker that does too: one in its pod.
-        && (in_pod || !backend.turns_outlive_driver())
         && !matches!(
             NetworkPolicy::from_setting(&record.settings.network),
             NetworkPolicy::None | NetworkPolicy::Host
@@ -748,6 +747,9 @@ mod tests {
         }
         async fn keeps_stdin_across_attaches(&self) -> bool {
             true
+        }
+        fn broker_place(&self) -> crate::backend::BrokerPlace {
+            crate::backend::BrokerPlace::OwnContainer
         }
         async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
             self.log(format!("remove id {}", found.id));

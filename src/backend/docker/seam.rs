@@ -191,6 +191,10 @@ impl Backend for DockerBackend {
         !self.is_podman().await
     }
 
+    fn broker_place(&self) -> crate::backend::BrokerPlace {
+        crate::backend::BrokerPlace::OwnContainer
+    }
+
     async fn keeps_stdin_across_attaches(&self) -> bool {
         !self.is_podman().await
     }

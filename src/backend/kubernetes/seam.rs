@@ -104,8 +104,8 @@ impl Backend for KubeBackend {
         self.attach_to(name, main, stdin, tty).await
     }
 
-    fn brokers_in_turn_pod(&self) -> bool {
-        true
+    fn broker_place(&self) -> crate::backend::BrokerPlace {
+        crate::backend::BrokerPlace::InTurn
     }
 
     /// Held in the turn's pod (from [`TurnSpec::egress_allow`]): a proxy sidecar on the
