@@ -180,6 +180,18 @@ impl Backend for Engine {
     async fn ended_by_environment(&self, name: &str) -> Option<String> {
         dispatch!(self, b => Backend::ended_by_environment(b, name).await)
     }
+    fn words(&self) -> super::Words {
+        dispatch!(self, b => Backend::words(b))
+    }
+    fn logs_hint(&self, name: &str) -> String {
+        dispatch!(self, b => Backend::logs_hint(b, name))
+    }
+    fn refuse_settings(&self, network: &str, pids_limit: Option<i64>) -> Result<()> {
+        dispatch!(self, b => Backend::refuse_settings(b, network, pids_limit))
+    }
+    fn bind_refusal(&self) -> Option<Error> {
+        dispatch!(self, b => Backend::bind_refusal(b))
+    }
     async fn note_stop(&self, name: &str) -> Result<()> {
         dispatch!(self, b => Backend::note_stop(b, name).await)
     }
@@ -192,11 +204,20 @@ impl Backend for Engine {
     async fn keeps_stdin_across_attaches(&self) -> bool {
         dispatch!(self, b => Backend::keeps_stdin_across_attaches(b).await)
     }
-    fn brokers_in_turn_pod(&self) -> bool {
-        dispatch!(self, b => Backend::brokers_in_turn_pod(b))
+    fn broker_place(&self) -> super::BrokerPlace {
+        dispatch!(self, b => Backend::broker_place(b))
     }
-    fn holds_egress_in_turn_pod(&self) -> bool {
-        dispatch!(self, b => Backend::holds_egress_in_turn_pod(b))
+    fn egress_route(&self, plan: &super::EgressPlan) -> super::EgressRoute {
+        dispatch!(self, b => Backend::egress_route(b, plan))
+    }
+    async fn open_egress(&self, plan: &super::EgressPlan) -> std::result::Result<(), CreateError> {
+        dispatch!(self, b => Backend::open_egress(b, plan).await)
+    }
+    async fn close_egress(&self, plan: &super::EgressPlan) {
+        dispatch!(self, b => Backend::close_egress(b, plan).await)
+    }
+    async fn sweep_egress(&self, plan: &super::EgressPlan, labels: &[String]) {
+        dispatch!(self, b => Backend::sweep_egress(b, plan, labels).await)
     }
     async fn attach_sidecar(&self, name: &str, sidecar: &str) -> Result<Attached> {
         dispatch!(self, b => Backend::attach_sidecar(b, name, sidecar).await)
@@ -248,9 +269,6 @@ impl Backend for Engine {
     }
     async fn remove_network(&self, name: &str) -> Result<()> {
         dispatch!(self, b => Backend::remove_network(b, name).await)
-    }
-    async fn connect_network(&self, network: &str, container: &str, alias: &str) -> Result<()> {
-        dispatch!(self, b => Backend::connect_network(b, network, container, alias).await)
     }
     async fn upload_files(
         &self,

@@ -1,5 +1,6 @@
-//! Backends run what the session layer describes. Docker (through bollard) is the only one
-//! today, in `docker/`; nothing outside that folder names a bollard type. The session layer
+//! Backends run what the session layer describes: Docker (through bollard) in `docker/`,
+//! Kubernetes (through kube) in `kubernetes/`; nothing outside those folders names their
+//! client crates' types. The session layer
 //! (`crate::session`) takes any [`Backend`] and never names Docker; [`crate::Client`] is
 //! where the backend is chosen. It speaks to a backend in caw-box's own terms: a [`TurnSpec`] for a turn, a [`HelperSpec`]
 //! for caw-box's short-lived helpers, [`VolumeInfo`] / [`ContainerInfo`] for what exists,
@@ -116,23 +117,32 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn note_stop(&self, _name: &str) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
+    /// The error of a turn whose container `name` was removed from outside while it ran, so
+    /// that its record could not be written (the session stays resumable), in the
+    /// backend's words.
+    fn removed_under_turn(&self, name: &str) -> Error;
     /// Why a turn's container failed when the cause lies outside the CLI, for the turn's
     /// result: the kernel killed a process of it for memory (its limit), or the cluster
     /// evicted it. `None`: nothing of the kind is known (Docker reports none here: its
     /// turns keep their Docker behaviour).
-    /// The error of a turn whose container `name` was removed from outside while it ran, so
-    /// that its record could not be written (the session stays resumable).
-    fn removed_under_turn(&self, name: &str) -> Error {
-        let id = name.strip_prefix("caw-box-").unwrap_or(name);
-        Error::environment(format!(
-            "the turn's container '{name}' was removed while the turn ran (`docker rm`, a prune?), so the turn is not recorded"
-        ))
-        .with_hint(format!(
-            "the session's state is kept: `caw-box resume {id}` continues it"
-        ))
-    }
     fn ended_by_environment(&self, _name: &str) -> impl Future<Output = Option<String>> + Send {
         async { None }
+    }
+    /// How this backend is named in backend-neutral messages: where sessions live, and the
+    /// engine that runs their containers.
+    fn words(&self) -> Words;
+    /// What to run to read the output of a turn's container `name` left for inspection.
+    fn logs_hint(&self, name: &str) -> String;
+    /// Refuses (a usage error, with what to do) a session's `--network` or `--pids-limit`
+    /// that this backend cannot honour, before anything is made; never ignores one.
+    fn refuse_settings(&self, _network: &str, _pids_limit: Option<i64>) -> Result<()> {
+        Ok(())
+    }
+    /// Why this backend can never mount a directory of this host (`--workspace-mode bind`
+    /// refused with this error, `auto` copies); `None`: it may, ask
+    /// (`session::workspace::daemon_sees`).
+    fn bind_refusal(&self) -> Option<Error> {
+        None
     }
     /// Whether the backend certainly sees this process's host paths as they are (a bind
     /// mount of a host directory shows that directory); `false`: maybe not, check.
@@ -145,20 +155,26 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// other and at once (Docker), as a credential broker shared by turns needs: each turn
     /// leases it through an attachment of its own. Podman 4.3 ends the container then.
     fn keeps_stdin_across_attaches(&self) -> impl Future<Output = bool> + Send;
-    /// Whether a turn's credential broker runs beside the agent in the turn's own unit
-    /// (Kubernetes: a second container of the turn's pod, [`TurnSpec::broker`]), reached on
-    /// loopback, instead of a container of its own on a shared network (Docker, Podman).
-    fn brokers_in_turn_pod(&self) -> bool {
-        false
-    }
-    /// Whether `--allow-host` is held inside a turn's own unit (Kubernetes: firewall rules
-    /// in the pod's network namespace and a proxy sidecar, [`TurnSpec::egress_allow`]),
-    /// instead of an internal network and a proxy container of its own (Docker, Podman).
-    fn holds_egress_in_turn_pod(&self) -> bool {
-        false
-    }
+    /// Where a turn's credential broker runs on this backend.
+    fn broker_place(&self) -> BrokerPlace;
+    /// How this backend realises a turn's `--allow-host` ([`EgressPlan`]): where the agent
+    /// finds the proxy, on which network, and whose log holds the proxy's decisions.
+    fn egress_route(&self, plan: &EgressPlan) -> EgressRoute;
+    /// Makes what a turn's egress needs before the turn's container is created (Docker: the
+    /// agent's internal network and the proxy's container); a turn pod that holds its own
+    /// egress (Kubernetes, from [`TurnSpec::egress_allow`]) needs nothing before.
+    fn open_egress(
+        &self,
+        plan: &EgressPlan,
+    ) -> impl Future<Output = std::result::Result<(), CreateError>> + Send;
+    /// Removes what [`Self::open_egress`] made, after the turn (errors ignored).
+    fn close_egress(&self, plan: &EgressPlan) -> impl Future<Output = ()> + Send;
+    /// Removes the egress leftovers carrying all of `labels` (turns whose caw-box was
+    /// killed) but `plan`'s own, once the turn holds the session's lock.
+    fn sweep_egress(&self, plan: &EgressPlan, labels: &[String])
+        -> impl Future<Output = ()> + Send;
     /// Attaches to the input and output of the sidecar container `sidecar` of the running
-    /// turn `name` ([`Self::brokers_in_turn_pod`]).
+    /// turn `name` ([`BrokerPlace::InTurn`]).
     fn attach_sidecar(
         &self,
         name: &str,
@@ -215,13 +231,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// The names of the networks carrying all of `labels`.
     fn list_networks(&self, labels: &[String]) -> impl Future<Output = Result<Vec<String>>> + Send;
     fn remove_network(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
-    /// Connects a container to a network under an alias.
-    fn connect_network(
-        &self,
-        network: &str,
-        container: &str,
-        alias: &str,
-    ) -> impl Future<Output = Result<()>> + Send;
     /// Writes `files` under `dir` of a (created or stopped) container, owned by (uid, gid).
     fn upload_files(
         &self,
@@ -249,6 +258,17 @@ pub trait Backend: Clone + Send + Sync + 'static {
         name: &str,
         path: &str,
     ) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
+}
+
+/// A backend's words for backend-neutral messages of the session layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Words {
+    /// Where this process's sessions live ("this Docker host").
+    pub here: String,
+    /// Where else a session may live ("another Docker host").
+    pub elsewhere: String,
+    /// What runs the containers and mounts their directories ("the Docker daemon").
+    pub engine: String,
 }
 
 /// Why a container could not be created.
@@ -496,8 +516,48 @@ pub struct Limits {
 }
 
 /// The proxy sidecar's container in a turn pod that holds its own egress
-/// ([`Backend::holds_egress_in_turn_pod`]); `<pod>/proxy` names its log.
+/// ([`Backend::egress_route`]); `<pod>/proxy` names its log.
 pub const PROXY_SIDECAR: &str = "proxy";
+
+/// Where a backend runs a turn's credential broker (`session::broker`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerPlace {
+    /// A container of its own on a network the agent shares (Docker, Podman), reached by
+    /// its name; it ends with the turn's driver, as this backend's turns do.
+    OwnContainer,
+    /// Beside the agent in the turn's own unit (Kubernetes: a second container of the
+    /// turn's pod, [`TurnSpec::broker`]), reached on loopback: it lives as long as the
+    /// turn, which outlives its driver. Keys only: a login is injected.
+    InTurn,
+}
+
+/// A turn's way out under `--allow-host`, planned once by the session layer
+/// (`session::egress`) and realised by the backend ([`Backend::open_egress`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EgressPlan {
+    /// The turn's container (a proxy held in the turn's own unit is named after it).
+    pub turn: String,
+    /// The proxy, where it runs as a container of its own: its spec (on the session's
+    /// outer network), its name, and its alias and port as the agent reaches it.
+    pub proxy: HelperSpec,
+    pub proxy_name: String,
+    pub alias: String,
+    pub port: u16,
+    /// The private network made for the agent, where the backend makes one.
+    pub network: String,
+}
+
+/// How a backend realised a turn's egress, in caw-box's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressRoute {
+    /// The proxy's URL as the agent sees it (`HTTPS_PROXY`).
+    pub proxy_url: String,
+    /// The network the agent (and a broker of its own) goes on; `None`: the turn's own unit
+    /// holds its egress.
+    pub agent_network: Option<String>,
+    /// What to read the proxy's decisions from ([`Backend::follow_logs`]).
+    pub proxy_log: String,
+}
 
 /// One turn of a session, in caw-box's terms: what the backend runs in the agent's
 /// sandbox (non-root, no capabilities, no new privileges, read-only root with a /tmp,
@@ -533,11 +593,12 @@ pub struct TurnSpec {
     /// turn read from stdout and stderr.
     pub interactive: Option<Option<(u16, u16)>>,
     /// The credential broker as a sidecar of the turn (only where
-    /// [`Backend::brokers_in_turn_pod`]): its command, run in the turn's image.
+    /// [`BrokerPlace::InTurn`]): its command, run in the turn's image.
     pub broker: Option<Vec<String>>,
-    /// `--allow-host` held inside the turn's own unit (only where
-    /// [`Backend::holds_egress_in_turn_pod`]): the hosts a proxy sidecar admits, all other
-    /// egress refused; empty: no such hold.
+    /// `--allow-host`: the hosts the turn's proxy admits, all other egress refused; empty:
+    /// open. A backend that holds egress in the turn's own unit (Kubernetes: a proxy
+    /// sidecar and firewall rules) realises it from here; Docker, from its
+    /// [`Backend::open_egress`] network.
     pub egress_allow: Vec<String>,
     /// `host:ip` entries the agent's container resolves so (a broker standing in for a
     /// host its CLI reaches directly); empty: none.
@@ -583,4 +644,8 @@ pub struct HelperSpec {
     pub stdin: bool,
     /// Removed by the engine once it exits (a shared credential broker that idled out).
     pub auto_remove: bool,
+    /// A second network the helper joins, under an alias, before it starts (Docker: a
+    /// credential broker on the session's network joining a turn's egress network). Only
+    /// for backends whose turns live on networks ([`EgressRoute::agent_network`]).
+    pub join: Option<(String, String)>,
 }

@@ -1,5 +1,5 @@
 //! An interactive turn: the vendor's own TUI in the turn's container, attached to the
-//! user's terminal through Docker's attach API.
+//! user's terminal through the backend's attach ([`crate::backend::Backend::attach`]).
 //!
 //! The terminal is in raw mode for the whole turn, so every key (Ctrl-C too) reaches the
 //! TUI, whose container terminal does the line discipline; the container's terminal follows

@@ -205,7 +205,7 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
             return Err(Error::environment(format!(
                 "the turn of session {id} ended but was never recorded (its caw-box process is gone)"
             ))
-            .with_hint(format!("its container is left for inspection: `docker logs {container}`; `caw-box resume {id}` clears it")));
+            .with_hint(format!("its container is left for inspection: {}; `caw-box resume {id}` clears it", backend.logs_hint(&container))));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

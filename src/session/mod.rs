@@ -1,4 +1,4 @@
-//! Sessions: the resume handle, the labels and records that make a session live in Docker,
+//! Sessions: the resume handle, the labels and records that make a session live on a backend,
 //! and TARGET resolution.
 
 mod broker;

@@ -151,9 +151,9 @@ pub async fn export(
     for (volume, tree) in trees {
         let is_home = volume.mount.as_deref() == Some(AGENT_HOME);
         let mut entries = tar::Archive::new(&tree[..]);
-        for entry in entries.entries().map_err(bad_docker_tar)? {
-            let mut entry = entry.map_err(bad_docker_tar)?;
-            let rel = relative(&entry.path().map_err(bad_docker_tar)?);
+        for entry in entries.entries().map_err(bad_backend_tar)? {
+            let mut entry = entry.map_err(bad_backend_tar)?;
+            let rel = relative(&entry.path().map_err(bad_backend_tar)?);
             if rel.is_empty() {
                 continue;
             }
@@ -161,7 +161,7 @@ pub async fn export(
                 continue;
             }
             let mut data = Vec::new();
-            entry.read_to_end(&mut data).map_err(bad_docker_tar)?;
+            entry.read_to_end(&mut data).map_err(bad_backend_tar)?;
             if is_home && !secrets.is_empty() && crate::auth::holds_any(&data, &secrets) {
                 report.withheld.push(rel);
                 continue;
@@ -473,8 +473,8 @@ fn copy_entry<W: Write, R: Read>(
     }
 }
 
-fn bad_docker_tar(e: std::io::Error) -> Error {
-    Error::environment(format!("bad archive from Docker: {e}"))
+fn bad_backend_tar(e: std::io::Error) -> Error {
+    Error::environment(format!("bad archive from the backend: {e}"))
 }
 
 fn write_failed(e: std::io::Error) -> Error {

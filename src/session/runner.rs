@@ -1,8 +1,8 @@
 //! Runs one turn of a session in a fresh container: the orchestration between a provider
-//! adapter (what to run, how to read it) and the Docker backend (running it).
+//! adapter (what to run, how to read it) and the backend (running it).
 //!
-//! The container name `caw-box-<session_id>` is the session's lock: Docker refuses a second
-//! container of the same name atomically, so two racing turns cannot both start. Whatever
+//! The container name `caw-box-<session_id>` is the session's lock: the backend refuses a
+//! second container of the same name atomically, so two racing turns cannot both start. Whatever
 //! way the turn ends (answer, CLI crash, timeout, Ctrl-C), the container is removed and the
 //! session's record in its state volume is brought up to date, so it stays resumable.
 //!
@@ -14,7 +14,6 @@
 //! re-exported here.
 
 use super::broker::Broker;
-use super::egress::Egress;
 use super::liveness::{driver_is_gone, remove_abandoned_turns};
 use super::owner::{ensure_owner, fill_new_home};
 use super::runtime::{Runtime, RUN_DIR};
@@ -93,15 +92,15 @@ pub async fn run_turn(
     let ids = super::owner::turn_ids(&record.settings);
     let mut runtime = Runtime::new(ids);
     let allow = crate::settings::expand_allow_hosts(record.provider, &record.settings);
-    // Held in the turn's own pod (Kubernetes), or by a network and a proxy of its own.
-    let pod_egress = !allow.is_empty() && backend.holds_egress_in_turn_pod();
-    let egress_network = (!allow.is_empty() && !pod_egress)
-        .then(|| names::egress_names(record.session_id, std::process::id()).0);
+    // Planned once; the backend says how it holds the agent to it (its own network and a
+    // proxy container, or the turn's own pod).
+    let egress = (!allow.is_empty()).then(|| super::egress::plan(record, &allow, &name));
+    let route = egress.as_ref().map(|p| backend.egress_route(p));
+    let egress_network = route.as_ref().and_then(|r| r.agent_network.clone());
     // Brokered when asked for, and the turn has a network to put a broker on.
-    let in_pod = backend.brokers_in_turn_pod();
+    // (A turn that outlives its driver has a broker that does too: one in its own unit.)
+    let in_pod = backend.broker_place() == crate::backend::BrokerPlace::InTurn;
     let want_broker = !options.inject_credentials
-        // A turn that outlives its driver needs a broker that does too: one in its pod.
-        && (in_pod || !backend.turns_outlive_driver())
         && !matches!(
             NetworkPolicy::from_setting(&record.settings.network),
             NetworkPolicy::None | NetworkPolicy::Host
@@ -259,27 +258,22 @@ pub async fn run_turn(
         }
         return Err(e);
     }
-    let egress = if allow.is_empty() || pod_egress {
-        None
-    } else {
-        match Egress::start(backend, record, &allow).await {
-            Ok(e) => Some(e),
-            Err(e) => {
-                if let Some(b) = &broker {
-                    b.stop(backend).await;
-                }
-                return Err(e);
+    if let Some(plan) = &egress {
+        if let Err(e) = super::egress::open(backend, record, plan).await {
+            if let Some(b) = &broker {
+                b.stop(backend).await;
             }
+            return Err(e);
         }
-    };
-    if let Some(e) = &egress {
-        let proxy = format!("http://{PROXY_ALIAS}:{PROXY_PORT}");
+    }
+    if let Some(r) = &route {
         for var in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
-            env.push(format!("{var}={proxy}"));
+            env.push(format!("{var}={}", r.proxy_url));
         }
-        // The broker is on the agent's network: model traffic goes to it directly.
         let mut direct = "localhost,127.0.0.1".to_string();
-        if let Some(b) = &broker {
+        // A broker of its own is on the agent's network: model traffic goes to it
+        // directly (one in the turn's pod is on its loopback).
+        if let Some(b) = broker.as_ref().filter(|b| !b.in_pod()) {
             direct = format!("{direct},{}", b.container);
             // The hosts it stands in for, too: the proxy would reach the real ones.
             for host in b.intercept().map_or(&[][..], |i| &i.hosts[..]) {
@@ -288,19 +282,7 @@ pub async fn run_turn(
         }
         env.push(format!("NO_PROXY={direct}"));
         env.push(format!("no_proxy={direct}"));
-        tracing::debug!("egress through {} on {}", e.proxy, e.network);
-    }
-    // The proxy sidecar of the turn's pod, on its loopback (the broker is there too).
-    let pod_proxy = pod_egress.then(|| format!("{name}/{}", crate::backend::PROXY_SIDECAR));
-    if pod_egress {
-        let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
-        for var in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
-            env.push(format!("{var}={proxy}"));
-        }
-        let direct = "localhost,127.0.0.1";
-        env.push(format!("NO_PROXY={direct}"));
-        env.push(format!("no_proxy={direct}"));
-        tracing::debug!("egress through the pod's proxy sidecar");
+        tracing::debug!("egress through {}", r.proxy_log);
     }
     let payload = if options.interactive {
         None
@@ -334,12 +316,10 @@ pub async fn run_turn(
     if let Some(net) = broker.as_ref().and_then(Broker::agent_network) {
         spec.network = net;
     }
-    if let Some(e) = &egress {
-        spec.network = NetworkPolicy::Named(e.network.clone());
+    if let Some(net) = route.as_ref().and_then(|r| r.agent_network.clone()) {
+        spec.network = NetworkPolicy::Named(net);
     }
-    if pod_egress {
-        spec.egress_allow = allow.clone();
-    }
+    spec.egress_allow = allow.clone();
     // The broker starts beside the agent's container, off the turn's critical path: the
     // runtime files (and so the CLI) wait for it on the agent's stdin, not its creation.
     let (ready_tx, ready_rx) = tokio::sync::watch::channel(broker.is_none().then_some(true));
@@ -397,8 +377,8 @@ pub async fn run_turn(
         drop(pod_made);
         created?;
         container_made = true;
-        if let Some(e) = &egress {
-            e.remove_leftovers(backend, record).await;
+        if let Some(plan) = &egress {
+            super::egress::remove_leftovers(backend, record, plan).await;
         }
         if let Some(b) = &broker {
             b.remove_leftovers(backend).await;
@@ -412,10 +392,7 @@ pub async fn run_turn(
             home_files: &home_files,
             home_out: crate::auth::inject::has_files(&credentials).then_some(&home_out),
             runtime_payload: payload.as_deref(),
-            proxy: egress
-                .as_ref()
-                .map(|e| e.proxy.as_str())
-                .or(pod_proxy.as_deref()),
+            proxy: route.as_ref().map(|r| r.proxy_log.as_str()),
             broker_ready: ready_rx.clone(),
             guard: guard.as_ref(),
             user: ids,
@@ -461,8 +438,8 @@ pub async fn run_turn(
     if let Some(b) = &broker {
         b.stop(backend).await;
     }
-    if let Some(e) = &egress {
-        e.stop(backend).await;
+    if let Some(plan) = &egress {
+        backend.close_egress(plan).await;
     }
     let handed_back = home_out.into_inner().unwrap_or_else(|e| e.into_inner());
     match handed_back.map(|tar| crate::auth::inject::finish(record.provider, &tar)) {
@@ -771,6 +748,9 @@ mod tests {
         async fn keeps_stdin_across_attaches(&self) -> bool {
             true
         }
+        fn broker_place(&self) -> crate::backend::BrokerPlace {
+            crate::backend::BrokerPlace::OwnContainer
+        }
         async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
             self.log(format!("remove id {}", found.id));
             self.0.lock().unwrap().existing = None;
@@ -807,6 +787,30 @@ mod tests {
         async fn fills_volumes_at_create(&self) -> bool {
             true
         }
+        fn words(&self) -> crate::backend::Words {
+            unexpected!("words")
+        }
+        fn logs_hint(&self, _: &str) -> String {
+            unexpected!("a logs hint")
+        }
+        fn egress_route(&self, _: &crate::backend::EgressPlan) -> crate::backend::EgressRoute {
+            unexpected!("route egress")
+        }
+        async fn open_egress(
+            &self,
+            _: &crate::backend::EgressPlan,
+        ) -> std::result::Result<(), CreateError> {
+            unexpected!("open egress")
+        }
+        async fn close_egress(&self, _: &crate::backend::EgressPlan) {
+            unexpected!("close egress")
+        }
+        async fn sweep_egress(&self, _: &crate::backend::EgressPlan, _: &[String]) {
+            unexpected!("sweep egress")
+        }
+        fn removed_under_turn(&self, _: &str) -> Error {
+            unexpected!("a removed turn")
+        }
         async fn run_to_completion(
             &self,
             _: &str,
@@ -840,9 +844,6 @@ mod tests {
         }
         async fn remove_network(&self, _: &str) -> Result<()> {
             unexpected!("remove networks")
-        }
-        async fn connect_network(&self, _: &str, _: &str, _: &str) -> Result<()> {
-            unexpected!("connect networks")
         }
         async fn upload_files(
             &self,

@@ -284,17 +284,21 @@ pub fn find_in(all: Vec<SessionView>, target: &str) -> Result<SessionView> {
     }
 }
 
-/// Checks a handle against Docker: its volume must exist and carry matching labels.
+/// Checks a handle against the backend: its volume must exist and carry matching labels.
 async fn facts_for_handle(backend: &impl Backend, handle: &ResumeHandle) -> Result<VolumeFacts> {
     let volume = backend
         .inspect_volume(&handle.volume)
         .await?
         .ok_or_else(|| {
+            let words = backend.words();
             Error::usage(format!(
-                "the handle's state volume '{}' does not exist on this Docker host",
-                handle.volume
+                "the handle's state volume '{}' does not exist on {}",
+                handle.volume, words.here
             ))
-            .with_hint("the session was removed, or it lives on another Docker host")
+            .with_hint(format!(
+                "the session was removed, or it lives on {}",
+                words.elsewhere
+            ))
         })?;
     let facts = VolumeFacts::from_volume(&volume).ok_or_else(|| {
         Error::usage(format!(

@@ -316,10 +316,10 @@ pub async fn diff(
     let mut archive = tar::Archive::new(&tar[..]);
     for entry in archive
         .entries()
-        .map_err(|e| Error::environment(format!("bad archive from Docker: {e}")))?
+        .map_err(|e| Error::environment(format!("bad archive from the backend: {e}")))?
     {
         let mut entry =
-            entry.map_err(|e| Error::environment(format!("bad archive from Docker: {e}")))?;
+            entry.map_err(|e| Error::environment(format!("bad archive from the backend: {e}")))?;
         let path = entry
             .path()
             .map_err(|e| Error::environment(e.to_string()))?;

@@ -102,6 +102,12 @@ impl DockerBackend {
         spec: &HelperSpec,
     ) -> std::result::Result<String, CreateError> {
         let id = self.create_container(name, spec::helper_body(spec)).await?;
+        if let Some((network, alias)) = &spec.join {
+            if let Err(e) = self.connect_network(network, name, alias).await {
+                let _ = self.remove_container(name, true).await;
+                return Err(CreateError::Other(e));
+            }
+        }
         if let Some(s) = &spec.scratch {
             if let Err(e) = self
                 .upload_files(name, &s.mount, &s.tar_files(), s.owner)

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 mod api_version;
 mod archive;
 mod containers;
+mod egress;
 pub mod endpoint;
 mod images;
 mod seam;

@@ -37,6 +37,47 @@ impl Backend for DockerBackend {
         DockerBackend::inspect_container(self, name).await
     }
 
+    fn words(&self) -> crate::backend::Words {
+        crate::backend::Words {
+            here: "this Docker host".into(),
+            elsewhere: "another Docker host".into(),
+            engine: "the Docker daemon".into(),
+        }
+    }
+
+    fn egress_route(&self, plan: &crate::backend::EgressPlan) -> crate::backend::EgressRoute {
+        DockerBackend::egress_route(plan)
+    }
+
+    async fn open_egress(
+        &self,
+        plan: &crate::backend::EgressPlan,
+    ) -> std::result::Result<(), CreateError> {
+        DockerBackend::open_egress(self, plan).await
+    }
+
+    async fn close_egress(&self, plan: &crate::backend::EgressPlan) {
+        DockerBackend::close_egress(self, plan).await
+    }
+
+    async fn sweep_egress(&self, plan: &crate::backend::EgressPlan, labels: &[String]) {
+        DockerBackend::sweep_egress(self, plan, labels).await
+    }
+
+    fn logs_hint(&self, name: &str) -> String {
+        format!("`docker logs {name}`")
+    }
+
+    fn removed_under_turn(&self, name: &str) -> crate::error::Error {
+        let id = name.strip_prefix("caw-box-").unwrap_or(name);
+        crate::error::Error::environment(format!(
+            "the turn's container '{name}' was removed while the turn ran (`docker rm`, a prune?), so the turn is not recorded"
+        ))
+        .with_hint(format!(
+            "the session's state is kept: `caw-box resume {id}` continues it"
+        ))
+    }
+
     async fn container_address(&self, name: &str, network: &str) -> Result<Option<String>> {
         DockerBackend::container_address(self, name, network).await
     }
@@ -128,10 +169,6 @@ impl Backend for DockerBackend {
         DockerBackend::remove_network(self, name).await
     }
 
-    async fn connect_network(&self, network: &str, container: &str, alias: &str) -> Result<()> {
-        DockerBackend::connect_network(self, network, container, alias).await
-    }
-
     async fn upload_files(
         &self,
         name: &str,
@@ -152,6 +189,10 @@ impl Backend for DockerBackend {
 
     async fn fills_volumes_at_create(&self) -> bool {
         !self.is_podman().await
+    }
+
+    fn broker_place(&self) -> crate::backend::BrokerPlace {
+        crate::backend::BrokerPlace::OwnContainer
     }
 
     async fn keeps_stdin_across_attaches(&self) -> bool {

@@ -104,13 +104,33 @@ impl Backend for KubeBackend {
         self.attach_to(name, main, stdin, tty).await
     }
 
-    fn brokers_in_turn_pod(&self) -> bool {
-        true
+    fn broker_place(&self) -> crate::backend::BrokerPlace {
+        crate::backend::BrokerPlace::InTurn
     }
 
-    fn holds_egress_in_turn_pod(&self) -> bool {
-        true
+    /// Held in the turn's pod (from [`TurnSpec::egress_allow`]): a proxy sidecar on the
+    /// pod's loopback, and firewall rules that let out only it and the broker.
+    fn egress_route(&self, plan: &crate::backend::EgressPlan) -> crate::backend::EgressRoute {
+        crate::backend::EgressRoute {
+            proxy_url: format!("http://127.0.0.1:{}", plan.port),
+            agent_network: None,
+            proxy_log: format!("{}/{}", plan.turn, crate::backend::PROXY_SIDECAR),
+        }
     }
+
+    /// The pod makes its egress hold with itself: nothing comes before it.
+    async fn open_egress(
+        &self,
+        _plan: &crate::backend::EgressPlan,
+    ) -> std::result::Result<(), CreateError> {
+        Ok(())
+    }
+
+    /// The hold goes with the turn's pod.
+    async fn close_egress(&self, _plan: &crate::backend::EgressPlan) {}
+
+    /// Nothing of a turn's egress outlives its pod.
+    async fn sweep_egress(&self, _plan: &crate::backend::EgressPlan, _labels: &[String]) {}
 
     async fn attach_sidecar(&self, name: &str, sidecar: &str) -> Result<Attached> {
         // Running, or the attachment would wait for nothing.
@@ -169,6 +189,49 @@ impl Backend for KubeBackend {
             }
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    fn words(&self) -> crate::backend::Words {
+        crate::backend::Words {
+            here: format!("namespace '{}' of this cluster", self.namespace()),
+            elsewhere: "another namespace or cluster".into(),
+            engine: "the cluster".into(),
+        }
+    }
+
+    fn logs_hint(&self, name: &str) -> String {
+        format!("`kubectl logs -n {} {name}`", self.namespace())
+    }
+
+    /// Kubernetes has no per-pod process limit (a node's kubelet sets `podPidsLimit` for
+    /// all its pods, or none); and a pod cannot be put on a Docker network or the host's
+    /// (`--allow-host` is held inside the turn's pod: firewall rules in its network
+    /// namespace and a proxy sidecar; `--network none` is refused for every backend, by the
+    /// settings).
+    fn refuse_settings(&self, network: &str, pids_limit: Option<i64>) -> Result<()> {
+        if !matches!(network, "open" | "") {
+            return Err(Error::usage(format!(
+                "--network {network} is not available with the kubernetes backend: pods use the cluster's network"
+            ))
+            .with_hint("drop --network (and `network` from config files); --allow-host holds a turn's egress to a list"));
+        }
+        if let Some(limit) = pids_limit {
+            return Err(Error::usage(format!(
+                "--pids-limit {limit} is not available with the kubernetes backend: a pod spec has no process limit (a node's kubelet sets one for all its pods, `podPidsLimit`)"
+            ))
+            .with_hint("drop --pids-limit (and `pids_limit` from config files); ask the cluster's admin for a kubelet podPidsLimit"));
+        }
+        Ok(())
+    }
+
+    /// A cluster has no host directories: the workspace is always copied in.
+    fn bind_refusal(&self) -> Option<Error> {
+        Some(
+            Error::usage(
+                "--workspace-mode bind is not available with the kubernetes backend: a pod cannot mount a directory of this host",
+            )
+            .with_hint("use --workspace-mode copy (the default there) or none"),
+        )
     }
 
     fn removed_under_turn(&self, name: &str) -> Error {
@@ -449,12 +512,6 @@ impl Backend for KubeBackend {
 
     async fn remove_network(&self, _name: &str) -> Result<()> {
         Ok(())
-    }
-
-    async fn connect_network(&self, network: &str, _container: &str, _alias: &str) -> Result<()> {
-        Err(Error::usage(format!(
-            "cannot connect to network '{network}': networks are not available with the kubernetes backend yet"
-        )))
     }
 
     async fn upload_files(

@@ -302,29 +302,10 @@ fn finish(result: &TurnResult) -> Result<i32> {
     }
 }
 
-/// Settings a backend cannot honour are refused before anything is made, never ignored:
-/// Kubernetes has no per-pod process limit (a node's kubelet sets `podPidsLimit` for all
-/// its pods, or none); and a pod cannot be put on a Docker network or the host's
-/// (`--allow-host` is held inside the turn's pod: firewall rules in its network namespace
-/// and a proxy sidecar; `--network none` is refused for every backend, by the settings).
+/// Settings a backend cannot honour are refused before anything is made, never ignored
+/// (the backend says which and why).
 fn refuse_unsupported(backend: &Engine, settings: &SessionSettings) -> Result<()> {
-    let Engine::Kubernetes(_) = backend else {
-        return Ok(());
-    };
-    if !matches!(settings.network.as_str(), "open" | "") {
-        return Err(Error::usage(format!(
-            "--network {} is not available with the kubernetes backend: pods use the cluster's network",
-            settings.network
-        ))
-        .with_hint("drop --network (and `network` from config files); --allow-host holds a turn's egress to a list"));
-    }
-    if let Some(limit) = settings.pids_limit {
-        return Err(Error::usage(format!(
-            "--pids-limit {limit} is not available with the kubernetes backend: a pod spec has no process limit (a node's kubelet sets one for all its pods, `podPidsLimit`)"
-        ))
-        .with_hint("drop --pids-limit (and `pids_limit` from config files); ask the cluster's admin for a kubelet podPidsLimit"));
-    }
-    Ok(())
+    backend.refuse_settings(&settings.network, settings.pids_limit)
 }
 
 /// `--runtime`: one the backend does not have is refused (exit 3, naming it) before
@@ -355,13 +336,9 @@ async fn place_workspace(
     let Some(dir) = settings.workspace.clone() else {
         return Ok(());
     };
-    if let Engine::Kubernetes(_) = backend {
-        // A cluster has no host directories: the workspace is always copied in.
+    if let Some(refusal) = backend.bind_refusal() {
         if asked == Some(WorkspaceModeArg::Bind) {
-            return Err(Error::usage(
-                "--workspace-mode bind is not available with the kubernetes backend: a pod cannot mount a directory of this host",
-            )
-            .with_hint("use --workspace-mode copy (the default there) or none"));
+            return Err(refusal);
         }
         if settings.workspace_mode == WorkspaceMode::Bind {
             settings.workspace_mode = WorkspaceMode::Copy;
@@ -374,15 +351,17 @@ async fn place_workspace(
         return Ok(());
     };
     if asked == Some(WorkspaceModeArg::Bind) {
+        let engine = backend.words().engine;
         return Err(Error::usage(format!(
-            "--workspace-mode bind: the Docker daemon cannot mount {dir}: {reason}"
+            "--workspace-mode bind: {engine} cannot mount {dir}: {reason}"
         ))
         .with_hint("use --workspace-mode copy (or auto), or run caw-box where the daemon sees the directory"));
     }
     settings.workspace_mode = WorkspaceMode::Copy;
     if !quiet {
         output::eprintln(&format!(
-            "copying the workspace into the session: the Docker daemon cannot mount {dir} ({reason})"
+            "copying the workspace into the session: {} cannot mount {dir} ({reason})",
+            backend.words().engine
         ));
     }
     Ok(())

@@ -12,7 +12,7 @@
 //! the turn (Docker's default bridge has no names). It starts concurrently with the agent's
 //! container; the agent's runtime files (and so its CLI) wait for its "ready" line.
 //!
-//! Where a backend runs a turn as a pod (Kubernetes, [`Backend::brokers_in_turn_pod`]), the
+//! Where a backend runs a turn as a pod (Kubernetes, [`crate::backend::BrokerPlace::InTurn`]), the
 //! broker is a second container of the turn's pod ([`SIDECAR`]) instead, listening on the
 //! pod's loopback: the agent reaches it at `127.0.0.1`, nothing else does. Its keys still
 //! come on its stdin (through an attachment once the pod runs), so no Secret, env value,

@@ -391,10 +391,10 @@ impl Broker {
     }
 
     /// The broker of `record`'s turn as a sidecar of its pod `pod` (the backend runs one:
-    /// [`Backend::brokers_in_turn_pod`]), listening on the pod's loopback; `None` when
+    /// [`BrokerPlace::InTurn`]), listening on the pod's loopback; `None` when
     /// there is nothing to broker.
     ///
-    /// [`Backend::brokers_in_turn_pod`]: crate::backend::Backend::brokers_in_turn_pod
+    /// [`BrokerPlace::InTurn`]: crate::backend::BrokerPlace::InTurn
     pub(in crate::session) fn plan_in_pod(
         record: &SessionRecord,
         keys: &[(String, crate::auth::Secret)],

@@ -203,16 +203,12 @@ impl Broker {
             tmp: None,
             stdin: true,
             auto_remove: shared.is_some(),
+            join: self.join.clone().map(|n| (n, self.container.clone())),
         };
         backend
             .create_helper(&self.container, &spec)
             .await
             .map_err(|e| image_hint_for(e, &self.image, self.provider))?;
-        if let Some(n) = &self.join {
-            backend
-                .connect_network(n, &self.container, &self.container)
-                .await?;
-        }
         let mut attached = backend.attach(&self.container, true).await?;
         backend.start_container(&self.container).await?;
         let mut first = self.config.expose().to_vec();
