@@ -39,3 +39,6 @@ pub use session::runner::TurnOptions;
 /// For the property tests of `tests/fuzz.rs`: how `auth status` words an expiry.
 #[doc(hidden)]
 pub use commands::auth::expiry_text;
+
+/// caw-box's version, as `caw-box --version` says it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
