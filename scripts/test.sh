@@ -149,6 +149,8 @@ podman_pass() {
 }
 tests podman podman_pass "$@"
 
+# The Python package: a fresh virtualenv, `pip install ./python`, pytest (python/tests).
+tests python scripts/test-python.sh
 tests bench-smoke scripts/bench.sh --smoke
 # The documented targets and scripts no stage above runs (drift's plan, fuzz, the demo), so
 # that none rots unseen, and README's table of what this run covers of each target.

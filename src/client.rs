@@ -85,8 +85,112 @@ pub struct Session {
     record: SessionRecord,
 }
 
+/// The settings a [`Client`] connects with, as values: each one left unset falls back to its
+/// variable (`CAW_BOX_BACKEND`, …), then the config files, as on the command line.
+///
+/// ```no_run
+/// # async fn demo() -> caw_box::Result<()> {
+/// let client = caw_box::Client::builder()
+///     .backend("kubernetes")
+///     .namespace("agents")
+///     .context("lab")
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ClientBuilder {
+    backend: Option<String>,
+    namespace: Option<String>,
+    context: Option<String>,
+    docker_host: Option<String>,
+    image_repo: Option<String>,
+}
+
+impl ClientBuilder {
+    /// `docker` or `kubernetes` (as `--backend`).
+    pub fn backend(mut self, backend: impl Into<String>) -> Self {
+        self.backend = Some(backend.into());
+        self
+    }
+
+    /// The Kubernetes namespace (as `--namespace`).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// The Docker context, or with the kubernetes backend the kubeconfig context (as
+    /// `--context`).
+    pub fn context(mut self, context: impl Into<String>) -> Self {
+        self.context = Some(context.into());
+        self
+    }
+
+    /// The Docker daemon's address, e.g. `unix:///run/user/1000/docker.sock` (as
+    /// `DOCKER_HOST`).
+    pub fn docker_host(mut self, host: impl Into<String>) -> Self {
+        self.docker_host = Some(host.into());
+        self
+    }
+
+    /// The repository the provider images are named under (as `--image-repo`).
+    pub fn image_repo(mut self, repo: impl Into<String>) -> Self {
+        self.image_repo = Some(repo.into());
+        self
+    }
+
+    /// Checks the settings and makes them this process's (see [`crate::connection`]),
+    /// without connecting: what the binary does before it dispatches a command.
+    pub fn install(self) -> Result<()> {
+        let kind = match &self.backend {
+            Some(b) => Some(crate::backend::BackendKind::parse(b)?),
+            None => None,
+        };
+        if let Some(repo) = &self.image_repo {
+            crate::settings::validate_image_repo(repo, "--image-repo")?;
+        }
+        // The context is the chosen backend's: given here, by the variable or the files.
+        let chosen = match kind {
+            Some(k) => k,
+            None => crate::backend::BackendKind::chosen()?,
+        };
+        let (docker_context, kube_context) = match chosen {
+            crate::backend::BackendKind::Docker => (self.context, None),
+            crate::backend::BackendKind::Kubernetes => (None, self.context),
+        };
+        crate::connection::install(crate::connection::Connection {
+            backend: kind.map(|k| k.as_str().to_string()),
+            namespace: self.namespace,
+            kube_context,
+            docker_context,
+            docker_host: self.docker_host,
+            image_repo: self.image_repo,
+        })
+        .map_err(|installed| {
+            Error::usage(format!(
+                "this process already connected with other settings ({installed:?}); one backend and daemon per process"
+            ))
+            .with_hint("start another process for the other settings, or pass the same ones")
+        })
+    }
+
+    /// Installs the settings and connects.
+    pub async fn connect(self) -> Result<Client> {
+        self.install()?;
+        Client::connect().await
+    }
+}
+
 impl Client {
-    /// Connects to the Docker daemon (DOCKER_HOST or the local socket).
+    /// The settings to connect with, as values.
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder::default()
+    }
+
+    /// Connects to the backend of this process's settings: those a [`ClientBuilder`]
+    /// installed, else the variables and config files (Docker by default: DOCKER_CONTEXT,
+    /// DOCKER_HOST, the current context or the local socket).
     pub async fn connect() -> Result<Self> {
         Ok(Client {
             backend: crate::backend::connect().await?,

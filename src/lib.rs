@@ -9,11 +9,14 @@
 pub mod agent_config;
 pub mod auth;
 pub mod backend;
-pub mod cli;
+#[doc(hidden)]
+pub mod binary;
+mod cli;
 pub mod client;
 pub mod clock;
-pub mod commands;
+mod commands;
 pub mod config;
+pub mod connection;
 pub mod dirs;
 pub mod endpoint;
 pub mod error;
@@ -26,9 +29,16 @@ pub mod session;
 pub mod settings;
 pub mod terminal;
 
-pub use client::{Client, NewSession, Session};
+pub use client::{Client, ClientBuilder, NewSession, Session};
 pub use error::{Error, ErrorKind, Result};
 pub use event::{Event, Status, TurnResult, Usage};
 pub use provider::ProviderKind;
 pub use session::handle::ResumeHandle;
 pub use session::runner::TurnOptions;
+
+/// For the property tests of `tests/fuzz.rs`: how `auth status` words an expiry.
+#[doc(hidden)]
+pub use commands::auth::expiry_text;
+
+/// caw-box's version, as `caw-box --version` says it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -17,7 +17,7 @@ pub fn image_repo() -> String {
     IMAGE_REPO
         .get()
         .cloned()
-        .or_else(|| std::env::var("CAW_BOX_IMAGE_REPO").ok())
+        .or_else(|| crate::connection::var("CAW_BOX_IMAGE_REPO"))
         .map(|r| r.trim_end_matches('/').to_string())
         .filter(|r| !r.is_empty())
         .unwrap_or_else(|| DEFAULT_IMAGE_REPO.to_string())

@@ -1499,7 +1499,7 @@ fn credential_expiry_parsers() {
         for rule in &rules {
             let secs = spec::expiry_secs(rule, &file.contents);
             // What `auth status` shows of it.
-            let (text, _) = caw_box::commands::auth::expiry_text(secs);
+            let (text, _) = caw_box::expiry_text(secs);
             for s in &file.secrets {
                 prop_assert!(!text.contains(s.as_str()));
             }

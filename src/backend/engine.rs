@@ -38,13 +38,10 @@ impl BackendKind {
         }
     }
 
-    /// The backend this process was asked for: `CAW_BOX_BACKEND` (which `--backend` sets),
-    /// else the config files' `backend` (project, then user), else Docker.
+    /// The backend this process was asked for: `--backend` or a client's setting, else
+    /// `CAW_BOX_BACKEND`, else the config files' `backend` (project, then user), else Docker.
     pub fn chosen() -> Result<Self> {
-        if let Some(v) = std::env::var("CAW_BOX_BACKEND")
-            .ok()
-            .filter(|v| !v.is_empty())
-        {
+        if let Some(v) = crate::connection::setting("CAW_BOX_BACKEND") {
             return Self::parse(&v);
         }
         let from_files = crate::config::Resolved::load(crate::config::Layer::default(), None)
@@ -69,9 +66,7 @@ static SCOPE: std::sync::OnceLock<Scope> = std::sync::OnceLock::new();
 pub fn scope() -> Scope {
     SCOPE.get().cloned().unwrap_or_else(|| Scope {
         kind: BackendKind::chosen().unwrap_or_default(),
-        namespace: std::env::var("CAW_BOX_NAMESPACE")
-            .ok()
-            .filter(|n| !n.is_empty()),
+        namespace: crate::connection::setting("CAW_BOX_NAMESPACE"),
     })
 }
 
@@ -89,9 +84,8 @@ pub async fn connect() -> Result<Engine> {
     let engine = match BackendKind::chosen()? {
         BackendKind::Docker => Engine::Docker(DockerBackend::connect().await?),
         BackendKind::Kubernetes => {
-            let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-            let context = get("CAW_BOX_KUBE_CONTEXT");
-            let namespace = get("CAW_BOX_NAMESPACE");
+            let context = crate::connection::setting("CAW_BOX_KUBE_CONTEXT");
+            let namespace = crate::connection::setting("CAW_BOX_NAMESPACE");
             Engine::Kubernetes(
                 KubeBackend::connect(context.as_deref(), namespace.as_deref()).await?,
             )

@@ -76,7 +76,7 @@ pub async fn doctor() -> Result<i32> {
 /// class and the provider images on the nodes, then the credentials (as on Docker).
 async fn kubernetes() -> Result<i32> {
     use crate::backend::kubernetes::doctor::{checks, Check};
-    let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let get = crate::connection::setting;
     let (context, namespace) = (get("CAW_BOX_KUBE_CONTEXT"), get("CAW_BOX_NAMESPACE"));
     let images: Vec<(String, String)> = ProviderKind::ALL
         .iter()

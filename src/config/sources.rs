@@ -233,8 +233,10 @@ pub fn files_here(workspace: Option<&Path>) -> Result<Vec<ConfigFile>> {
     Ok(files(&workspace_dir(workspace)?, &process_env))
 }
 
+/// The process environment, with this process's connection settings (`--backend`,
+/// `--image-repo`, a client's) over their variables.
 pub(super) fn process_env(name: &str) -> Option<String> {
-    std::env::var(name).ok()
+    crate::connection::var(name)
 }
 
 /// Where to look for the project file: the workspace given (absolute, so its parents are

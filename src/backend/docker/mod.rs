@@ -83,7 +83,7 @@ pub fn endpoint() -> Result<endpoint::Endpoint> {
     if let Some(e) = ENDPOINT.get() {
         return Ok(e.clone());
     }
-    let resolved = endpoint::resolve(&|k| std::env::var(k).ok(), &|p| p.exists())?;
+    let resolved = endpoint::resolve(&crate::connection::var, &|p| p.exists())?;
     Ok(ENDPOINT.get_or_init(|| resolved).clone())
 }
 

@@ -80,6 +80,8 @@ pub(super) async fn detach(
         use std::os::unix::process::CommandExt;
         Command::new(exe)
             .args(["-q", "__drive"])
+            // This process's backend, context and image repository, as it connected.
+            .envs(crate::connection::installed().child_env())
             // The labels config resolved for this turn's objects.
             .env(
                 "CAW_BOX_LABELS",

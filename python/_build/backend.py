@@ -1,0 +1,60 @@
+"""PEP 517 backend: build the `caw-box` binary with cargo, put it in the wheel's
+`caw_box.data/scripts/` (pip installs it on PATH, next to the interpreter), then let maturin
+build the extension and the wheel. The binary is the detached driver of turns started from
+Python, so it must be the real executable, not a Python shim.
+
+CARGO_TARGET_DIR is honoured (CI reuses its build); CAW_BOX_WHEEL_PROFILE picks the cargo
+profile (default `dev`; `release` for a published wheel).
+"""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import maturin
+
+HERE = Path(__file__).resolve().parent.parent
+ROOT = HERE.parent
+SCRIPTS = HERE / "caw_box.data" / "scripts"
+
+
+def _build_binary():
+    profile = os.environ.get("CAW_BOX_WHEEL_PROFILE", "dev")
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    subprocess.run(
+        ["cargo", "build", "--locked", "--profile", profile, "--bin", "caw-box",
+         "--manifest-path", str(ROOT / "Cargo.toml")],
+        check=True,
+    )
+    out = target / ("debug" if profile == "dev" else profile) / "caw-box"
+    SCRIPTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(out, SCRIPTS / "caw-box")
+    # A dev build's debug info is most of its size; the wheel does without it.
+    if shutil.which("strip"):
+        subprocess.run(["strip", "--strip-debug", str(SCRIPTS / "caw-box")], check=True)
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    # maturin wants the data directory to exist (a fresh checkout has none yet).
+    SCRIPTS.mkdir(parents=True, exist_ok=True)
+    return maturin.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
+
+
+def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):
+    SCRIPTS.mkdir(parents=True, exist_ok=True)
+    return maturin.prepare_metadata_for_build_editable(metadata_directory, config_settings)
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    _build_binary()
+    return maturin.build_wheel(wheel_directory, config_settings, metadata_directory)
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    _build_binary()
+    return maturin.build_editable(wheel_directory, config_settings, metadata_directory)
+
+
+def __getattr__(name):
+    return getattr(maturin, name)

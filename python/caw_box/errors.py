@@ -1,0 +1,60 @@
+"""The exception family: each carries the JSON error object's `kind`, `message`, `hint` and
+`exit_code` (SPEC.md's exit codes), as `caw-box -o json` prints it."""
+
+import json
+from typing import Optional
+
+
+class CawBoxError(Exception):
+    """Any caw-box error."""
+
+    kind = "error"
+
+    def __init__(self, message: str, *, hint: Optional[str] = None, exit_code: int = 1, kind: Optional[str] = None):
+        super().__init__(message if hint is None else f"{message} (hint: {hint})")
+        self.message = message
+        self.hint = hint
+        self.exit_code = exit_code
+        if kind is not None:
+            self.kind = kind
+
+
+class TurnFailedError(CawBoxError):
+    kind = "turn"
+
+
+class UsageError(CawBoxError):
+    kind = "usage"
+
+
+class EnvironmentError(CawBoxError):  # noqa: A001 - the error kind's own name
+    kind = "environment"
+
+
+class CredentialsError(CawBoxError):
+    kind = "credentials"
+
+
+class UsageLimitError(CawBoxError):
+    kind = "usage_limit"
+
+
+class TimeoutError(CawBoxError):  # noqa: A001
+    kind = "timeout"
+
+
+class InterruptedError(CawBoxError):  # noqa: A001
+    kind = "interrupted"
+
+
+_BY_KIND = {c.kind: c for c in (TurnFailedError, UsageError, EnvironmentError, CredentialsError,
+                                 UsageLimitError, TimeoutError, InterruptedError)}
+
+
+def from_report(text: str) -> CawBoxError:
+    """The exception for the library's error object (`{"status":"error","error":{...},
+    "exit_code":N}`)."""
+    report = json.loads(text)
+    detail = report["error"]
+    cls = _BY_KIND.get(detail["kind"], CawBoxError)
+    return cls(detail["message"], hint=detail.get("hint"), exit_code=report["exit_code"], kind=detail["kind"])

@@ -1,0 +1,108 @@
+//! The `caw-box` binary's body: parse the command line, install its settings, run the
+//! command, map the outcome to an exit code. The command line ([`crate::cli`]) and the
+//! commands are private to the crate; this is the one door the binary target uses.
+
+use clap::Parser;
+
+use crate::cli::{self, Cli, OutputFormat};
+use crate::output;
+use crate::{Client, Error};
+
+/// The whole `caw-box` command: parse, run, exit with the outcome's code.
+pub fn main() -> ! {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => refuse_command_line(e),
+    };
+    let format = cli.output_format();
+    init_tracing(cli.verbose, cli.quiet);
+    // Before any thread: the backend, its context and the image repository become this
+    // process's settings (values, not variables), here as in the detached driver.
+    let mut settings = Client::builder();
+    if let Some(b) = &cli.backend {
+        settings = settings.backend(b);
+    }
+    if let Some(namespace) = &cli.namespace {
+        settings = settings.namespace(namespace);
+    }
+    if let Some(context) = &cli.context {
+        settings = settings.context(context);
+    }
+    if let Some(repo) = &cli.image_repo {
+        settings = settings.image_repo(repo);
+    }
+    if let Err(e) = settings.install() {
+        report(&e, format);
+        std::process::exit(e.exit_code());
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            let e = Error::environment(format!("cannot start the async runtime: {e}"));
+            report(&e, format);
+            std::process::exit(e.exit_code());
+        }
+    };
+    let code = match runtime.block_on(crate::commands::dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            report(&e, format);
+            e.exit_code()
+        }
+    };
+    // Leave the turn's background tasks (signal listeners, streams) behind: we are done.
+    drop(runtime);
+    std::process::exit(code);
+}
+
+/// The one error line on stderr; under `-o json`/`stream-json` also the error object on
+/// stdout (its last line), unless the failed turn's result object is there already.
+fn report(e: &Error, format: OutputFormat) {
+    output::eprintln(&format!("caw-box: error: {e}"));
+    if format != OutputFormat::Text && !e.result_printed() {
+        output::print_json_line(&e.report());
+    }
+}
+
+/// A command line clap refused (or `--help`/`--version`): clap's own answer, and under
+/// `-o json` (found by scanning the arguments: clap could not read them) the error object.
+fn refuse_command_line(e: clap::Error) -> ! {
+    if e.kind() == clap::error::ErrorKind::DisplayVersion
+        && cli::version_json_in(std::env::args_os())
+    {
+        output::print_json_line(&crate::provider::version_report(env!("CARGO_PKG_VERSION")));
+        std::process::exit(0);
+    }
+    let format = cli::output_format_in(std::env::args_os());
+    if !e.use_stderr() || format == OutputFormat::Text {
+        e.exit();
+    }
+    output::eprintln(e.render().to_string().trim_end());
+    let error = Error::from_clap(&e);
+    output::print_json_line(&error.report());
+    std::process::exit(error.exit_code());
+}
+
+fn init_tracing(verbose: u8, quiet: bool) {
+    let default = match (quiet, verbose) {
+        (true, _) => "error",
+        (_, 0) => "warn",
+        (_, 1) => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CAW_BOX_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("caw_box={default}")));
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // Debug logs carry the time since start, to see where a turn's time goes.
+    if verbose >= 2 || std::env::var_os("CAW_BOX_LOG").is_some() {
+        fmt.with_timer(tracing_subscriber::fmt::time::uptime())
+            .init();
+    } else {
+        fmt.without_time().init();
+    }
+}
