@@ -16,10 +16,18 @@ fn main() {
     init_tracing(cli.verbose, cli.quiet);
     // Before any thread: the backend and its endpoint are resolved from the environment,
     // here as in the detached driver this process may start.
-    let backend = match &cli.backend {
-        Some(b) => caw_box::backend::BackendKind::parse(b),
+    // A handle among the targets names where its session lives: its backend, namespace and
+    // kube context apply where no flag (or variable) says otherwise. A flag that contradicts
+    // it is refused when the handle is checked against the backend (exit 2, saying both).
+    let handle = cli
+        .targets()
+        .into_iter()
+        .find_map(caw_box::session::ResumeHandle::in_target);
+    let backend = match (&cli.backend, &handle) {
+        (Some(b), _) => caw_box::backend::BackendKind::parse(b),
+        (None, Some(h)) => caw_box::backend::BackendKind::parse(h.backend_name()),
         // The config files' `backend`, or Docker.
-        None => caw_box::backend::BackendKind::chosen(),
+        (None, None) => caw_box::backend::BackendKind::chosen(),
     };
     let backend = match backend {
         Ok(b) => b,
@@ -28,15 +36,27 @@ fn main() {
             std::process::exit(e.exit_code());
         }
     };
-    if cli.backend.is_some() {
+    if cli.backend.is_some() || handle.is_some() {
         std::env::set_var("CAW_BOX_BACKEND", backend.as_str());
     }
-    if let Some(namespace) = &cli.namespace {
+    let kube = backend == caw_box::backend::BackendKind::Kubernetes;
+    let from_handle = |f: fn(&caw_box::session::ResumeHandle) -> &Option<String>| {
+        handle.as_ref().filter(|_| kube).and_then(|h| f(h).clone())
+    };
+    if let Some(namespace) = cli
+        .namespace
+        .clone()
+        .or_else(|| from_handle(|h| &h.namespace))
+    {
         std::env::set_var("CAW_BOX_NAMESPACE", namespace);
     }
-    if let Some(context) = &cli.context {
+    // A --context of this machine's kubeconfig wins over the handle's: context names are
+    // local (another machine may call the same cluster otherwise).
+    let context_set = std::env::var_os("CAW_BOX_KUBE_CONTEXT").is_some_and(|c| !c.is_empty());
+    let handle_context = from_handle(|h| &h.context).filter(|_| !context_set);
+    if let Some(context) = cli.context.clone().or(handle_context) {
         match backend {
-            caw_box::backend::BackendKind::Docker => std::env::set_var("DOCKER_CONTEXT", context),
+            caw_box::backend::BackendKind::Docker => std::env::set_var("DOCKER_CONTEXT", &context),
             caw_box::backend::BackendKind::Kubernetes => {
                 std::env::set_var("CAW_BOX_KUBE_CONTEXT", context)
             }

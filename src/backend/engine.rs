@@ -60,6 +60,8 @@ pub struct Scope {
     pub kind: BackendKind,
     /// The Kubernetes namespace (`None` on Docker).
     pub namespace: Option<String>,
+    /// The kubeconfig context, when one was named (`--context`, `CAW_BOX_KUBE_CONTEXT`).
+    pub context: Option<String>,
 }
 
 static SCOPE: std::sync::OnceLock<Scope> = std::sync::OnceLock::new();
@@ -72,7 +74,15 @@ pub fn scope() -> Scope {
         namespace: std::env::var("CAW_BOX_NAMESPACE")
             .ok()
             .filter(|n| !n.is_empty()),
+        context: kube_context(),
     })
+}
+
+/// The kubeconfig context named for this process (`--context`), if any.
+fn kube_context() -> Option<String> {
+    std::env::var("CAW_BOX_KUBE_CONTEXT")
+        .ok()
+        .filter(|c| !c.is_empty())
 }
 
 /// A connected backend.
@@ -108,6 +118,7 @@ impl Engine {
             Engine::Kubernetes(k) => Scope {
                 kind: BackendKind::Kubernetes,
                 namespace: Some(k.namespace().to_string()),
+                context: kube_context(),
             },
         }
     }
