@@ -661,6 +661,20 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
             !objects.iter().any(|o| o.starts_with("pod/")),
             "a turn pod was left behind: {objects:?}"
         );
+        // Seeded with the image's HOME once: later turns' pods go without seed-home (turn 2
+        // then still finds the image's config, e.g. codex's, in HOME).
+        let seeded = lab.kubectl_ok(&[
+            "get",
+            "pvc",
+            &format!("caw-box-{id}"),
+            "-o",
+            "jsonpath={.metadata.annotations.io\\.caw-box\\.home-seeded}",
+        ]);
+        assert_eq!(
+            seeded, "true",
+            "{}: the state claim is not noted as seeded",
+            p.name
+        );
         sessions.push((p, id, handle));
         // The host's caw-box data directory goes with `data`.
     }
