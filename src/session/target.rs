@@ -289,12 +289,17 @@ async fn facts_for_handle(backend: &impl Backend, handle: &ResumeHandle) -> Resu
     let volume = backend
         .inspect_volume(&handle.volume)
         .await?
-        .ok_or_else(|| {
-            Error::usage(format!(
+        .ok_or_else(|| match &handle.namespace {
+            Some(ns) => Error::usage(format!(
+                "the handle's state claim '{}' does not exist in namespace '{ns}' of this cluster",
+                handle.volume
+            ))
+            .with_hint("the session was removed, or it lives on another cluster (--context)"),
+            None => Error::usage(format!(
                 "the handle's state volume '{}' does not exist on this Docker host",
                 handle.volume
             ))
-            .with_hint("the session was removed, or it lives on another Docker host")
+            .with_hint("the session was removed, or it lives on another Docker host"),
         })?;
     let facts = VolumeFacts::from_volume(&volume).ok_or_else(|| {
         Error::usage(format!(
