@@ -14,7 +14,7 @@ help:
 	@echo "make demo    run a session and resume it (stub model, no vendor account needed)"
 	@echo "make test    lint + every test (starts Docker, builds images as needed)"
 	@echo "make images  build the base and the four provider images"
-	@echo "make bench   benchmarks against plain docker run"
+	@echo "make bench   benchmarks against plain docker run and a plain pod (takes the k8s-lab)"
 	@echo "make bench-cluster  a turn on ../shared/k8s-lab against a plain pod (takes the lab)"
 	@echo "make drift   the newest vendor CLIs against the core e2e checks (table + target/drift.json)"
 	@echo "make fuzz    property tests of every parser of untrusted input, 10^6 inputs each"
@@ -50,7 +50,8 @@ demo: build
 bench: build
 	$(RIG) with scripts/bench.sh
 
-# Not part of `bench`: it takes the machine's one k8s-lab (up, then down when it ends).
+# The cluster part of `bench` alone: it takes the machine's one k8s-lab (down, up, and down
+# when it ends; a test run's lab, named by CAW_BOX_K8S_LAB_RUN, is used as it is).
 bench-cluster: build
 	$(RIG) with scripts/bench.sh --only cluster
 

@@ -18,14 +18,46 @@ pub fn main() -> ! {
     init_tracing(cli.verbose, cli.quiet);
     // Before any thread: the backend, its context and the image repository become this
     // process's settings (values, not variables), here as in the detached driver.
+    // A handle among the targets names where its session lives: its backend, namespace and
+    // kube context apply where no flag (or variable) says otherwise. A flag that contradicts
+    // it is refused when the handle is checked against the backend (exit 2, saying both).
+    let handle = cli
+        .targets()
+        .into_iter()
+        .find_map(crate::session::ResumeHandle::in_target);
+    let backend = match (&cli.backend, &handle) {
+        (Some(b), _) => crate::backend::BackendKind::parse(b),
+        (None, Some(h)) => crate::backend::BackendKind::parse(h.backend_name()),
+        // The config files' `backend`, or Docker.
+        (None, None) => crate::backend::BackendKind::chosen(),
+    };
+    let backend = match backend {
+        Ok(b) => b,
+        Err(e) => {
+            report(&e, format);
+            std::process::exit(e.exit_code());
+        }
+    };
     let mut settings = Client::builder();
-    if let Some(b) = &cli.backend {
-        settings = settings.backend(b);
+    if cli.backend.is_some() || handle.is_some() {
+        settings = settings.backend(backend.as_str());
     }
-    if let Some(namespace) = &cli.namespace {
+    let kube = backend == crate::backend::BackendKind::Kubernetes;
+    let from_handle = |f: fn(&crate::session::ResumeHandle) -> &Option<String>| {
+        handle.as_ref().filter(|_| kube).and_then(|h| f(h).clone())
+    };
+    if let Some(namespace) = cli
+        .namespace
+        .clone()
+        .or_else(|| from_handle(|h| &h.namespace))
+    {
         settings = settings.namespace(namespace);
     }
-    if let Some(context) = &cli.context {
+    // A --context (or CAW_BOX_KUBE_CONTEXT) of this machine's kubeconfig wins over the
+    // handle's: context names are local (another machine may call the same cluster otherwise).
+    let context_set = crate::connection::setting("CAW_BOX_KUBE_CONTEXT").is_some();
+    let handle_context = from_handle(|h| &h.context).filter(|_| !context_set);
+    if let Some(context) = cli.context.clone().or(handle_context) {
         settings = settings.context(context);
     }
     if let Some(repo) = &cli.image_repo {

@@ -57,6 +57,8 @@ pub struct Scope {
     pub kind: BackendKind,
     /// The Kubernetes namespace (`None` on Docker).
     pub namespace: Option<String>,
+    /// The kubeconfig context, when one was named (`--context`, `CAW_BOX_KUBE_CONTEXT`).
+    pub context: Option<String>,
 }
 
 static SCOPE: std::sync::OnceLock<Scope> = std::sync::OnceLock::new();
@@ -67,7 +69,13 @@ pub fn scope() -> Scope {
     SCOPE.get().cloned().unwrap_or_else(|| Scope {
         kind: BackendKind::chosen().unwrap_or_default(),
         namespace: crate::connection::setting("CAW_BOX_NAMESPACE"),
+        context: kube_context(),
     })
+}
+
+/// The kubeconfig context named for this process (`--context`), if any.
+fn kube_context() -> Option<String> {
+    crate::connection::setting("CAW_BOX_KUBE_CONTEXT")
 }
 
 /// A connected backend.
@@ -102,6 +110,7 @@ impl Engine {
             Engine::Kubernetes(k) => Scope {
                 kind: BackendKind::Kubernetes,
                 namespace: Some(k.namespace().to_string()),
+                context: kube_context(),
             },
         }
     }

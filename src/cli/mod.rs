@@ -130,6 +130,27 @@ impl Cli {
             _ => OutputFormat::Text,
         }
     }
+
+    /// The TARGET arguments of a command that names sessions (`resume`, `show`, `wait`,
+    /// `logs`, `rm`, ...): where a resume handle may be, whose backend, namespace and kube
+    /// context the process then takes when no flag says otherwise.
+    pub fn targets(&self) -> Vec<&str> {
+        match &self.command {
+            Command::Resume(args) if args.group.is_none() => {
+                args.target.as_deref().into_iter().collect()
+            }
+            Command::Show { target, .. }
+            | Command::Logs { target, .. }
+            | Command::Wait { target, .. }
+            | Command::Stop { target }
+            | Command::Export { target, .. }
+            | Command::Diff { target, .. }
+            | Command::Handle { target, .. }
+            | Command::Session(SessionCommand::Export { target, .. }) => vec![target.as_str()],
+            Command::Rm { targets, .. } => targets.iter().map(String::as_str).collect(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// Whether a `--version` that clap answered asked for JSON: `--json` before or after it

@@ -32,6 +32,10 @@ pub struct ResumeHandle {
     /// Version 2, Kubernetes: the namespace of the session's objects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
+    /// Version 2, Kubernetes: the kubeconfig context the session was made through, when
+    /// one was named (`--context`); else the kubeconfig's current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
 }
 
 impl ResumeHandle {
@@ -64,13 +68,26 @@ impl ResumeHandle {
             } else {
                 scope.namespace.clone()
             },
+            context: if docker { None } else { scope.context.clone() },
         }
+    }
+
+    /// The handle in `target` (a command's TARGET argument) if it is one that parses.
+    pub fn in_target(target: &str) -> Option<Self> {
+        Self::looks_like_handle(target)
+            .then(|| Self::parse(target).ok())
+            .flatten()
+    }
+
+    /// The backend this handle's session lives on (`docker` for a version-1 handle).
+    pub fn backend_name(&self) -> &str {
+        self.backend.as_deref().unwrap_or("docker")
     }
 
     /// Refuses (exit 2) a handle of a session that lives on another backend or namespace
     /// than `scope`, saying which it needs.
     pub fn check_scope(&self, scope: &crate::backend::Scope) -> Result<()> {
-        let backend = self.backend.as_deref().unwrap_or("docker");
+        let backend = self.backend_name();
         if backend != scope.kind.as_str() {
             return Err(Error::usage(format!(
                 "this handle is of a session on the {backend} backend, not {}",
@@ -106,6 +123,7 @@ impl ResumeHandle {
             volume: Option<String>,
             backend: Option<String>,
             namespace: Option<String>,
+            context: Option<String>,
         }
         let bad = |why: &str| {
             Error::usage(format!("malformed resume handle: {why}")).with_hint(
@@ -132,11 +150,17 @@ impl ResumeHandle {
             (_, Some(_)) => return Err(bad("\"backend\" is not docker or kubernetes")),
             (_, None) => return Err(bad("no \"backend\"")),
         };
-        let namespace = if version == HANDLE_VERSION {
-            None
+        let (namespace, context) = if version == HANDLE_VERSION {
+            (None, None)
         } else {
-            raw.namespace
+            (raw.namespace, raw.context.filter(|c| !c.is_empty()))
         };
+        if context
+            .as_deref()
+            .is_some_and(|c| c.len() > 253 || c.chars().any(|c| c.is_control()))
+        {
+            return Err(bad("\"context\" is not a kubeconfig context name"));
+        }
         let provider: ProviderKind = raw
             .provider
             .ok_or_else(|| bad("no \"provider\""))?
@@ -167,6 +191,7 @@ impl ResumeHandle {
             volume,
             backend,
             namespace,
+            context,
         })
     }
 
@@ -211,6 +236,7 @@ mod tests {
         let kube = Scope {
             kind: BackendKind::Kubernetes,
             namespace: Some("agents".into()),
+            context: None,
         };
         let id = Uuid::parse_str("5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b").unwrap();
         let h = ResumeHandle::in_scope(ProviderKind::Codex, id, "k", &kube);
@@ -235,6 +261,17 @@ mod tests {
         let old = ResumeHandle::parse(&sample().to_json()).unwrap();
         assert!(old.check_scope(&Scope::default()).is_ok());
         assert_eq!(old.check_scope(&kube).unwrap_err().exit_code(), 2);
+        assert_eq!(old.backend_name(), "docker");
+        // A named kube context goes into the handle and back out; none, none.
+        assert!(!json.contains("context"), "{json}");
+        let named = Scope {
+            context: Some("prod-eu".into()),
+            ..kube.clone()
+        };
+        let h = ResumeHandle::in_scope(ProviderKind::Codex, id, "k", &named);
+        let parsed = ResumeHandle::in_target(&h.to_json()).unwrap();
+        assert_eq!(parsed.context.as_deref(), Some("prod-eu"));
+        assert!(ResumeHandle::in_target("fixer").is_none());
     }
 
     #[test]

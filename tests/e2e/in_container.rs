@@ -3,7 +3,9 @@
 //! executor), so the daemon does not see caw-box's filesystem. Each step runs in a fresh
 //! container, as jobs on ephemeral runners do: run, then resume and recall by name. The
 //! workspace is copied into the session by itself (`--workspace-mode auto`), and no turn
-//! container has a bind mount.
+//! container has a bind mount. The job's image is a minimal Debian without OpenSSL (the
+//! rig's local base, debootstrap minbase plus node): caw-box links no libssl/libcrypto, so
+//! it starts in such a job container (issue 29).
 
 use bollard::models::{ContainerCreateBody, HostConfig};
 
@@ -20,9 +22,15 @@ fn socket() -> String {
 /// Runs `script` (bash) in a fresh job container: this build's caw-box on PATH, the host's
 /// socket, and a workspace of its own at /job/ws that the daemon cannot see.
 fn in_a_job(rig: &Rig, script: &str) -> (i64, String, String) {
-    let setup = "set -e; mkdir -p /job/ws; cd /job/ws; echo 'from the job' > notes.txt;";
+    // The image has no OpenSSL (else this proves nothing), and caw-box starts in it.
+    let setup = "set -e; if ls /lib/*/libssl.so* /usr/lib/*/libssl.so* /lib/*/libcrypto.so* \
+                 /usr/lib/*/libcrypto.so* 2>/dev/null; then echo 'the job image has OpenSSL' >&2; \
+                 exit 97; fi; caw-box --version >/dev/null; \
+                 mkdir -p /job/ws; cd /job/ws; echo 'from the job' > notes.txt;";
+    let image = std::env::var("CAW_BOX_LOCAL_BASE")
+        .unwrap_or_else(|_| "caw-box-local/node:20-bookworm".to_string());
     rig.run_container(ContainerCreateBody {
-        image: Some("caw-box/base:latest".into()),
+        image: Some(image),
         entrypoint: Some(vec!["bash".into(), "-c".into()]),
         cmd: Some(vec![format!("{setup} {script}")]),
         user: Some("0".into()),

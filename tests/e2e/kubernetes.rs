@@ -495,6 +495,22 @@ fn lab_image_config(image: &str) -> Option<String> {
 }
 
 fn caw_k8s(rig_data: &std::path::Path, workspace: &std::path::Path, lab: &Lab) -> Command {
+    let mut c = caw_lab_env(rig_data, workspace, lab);
+    c.args(["--backend", "kubernetes", "--namespace", NAMESPACE]);
+    c
+}
+
+/// `caw-box` with the lab's kubeconfig and nothing else: no backend or namespace flag or
+/// variable, a fresh HOME (under `rig_data`) and data directory. What a handle alone must do.
+fn caw_handle_only(rig_data: &std::path::Path, workspace: &std::path::Path, lab: &Lab) -> Command {
+    let mut c = caw_lab_env(rig_data, workspace, lab);
+    let home = rig_data.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    c.env("HOME", home).env_remove("CAW_BOX_KUBE_CONTEXT");
+    c
+}
+
+fn caw_lab_env(rig_data: &std::path::Path, workspace: &std::path::Path, lab: &Lab) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_caw-box"));
     c.env("CAW_BOX_DATA_DIR", rig_data)
         .env("KUBECONFIG", &lab.kubeconfig)
@@ -507,8 +523,7 @@ fn caw_k8s(rig_data: &std::path::Path, workspace: &std::path::Path, lab: &Lab) -
         .env_remove("OPENAI_API_KEY")
         .env_remove("GEMINI_API_KEY")
         .current_dir(workspace)
-        .stdin(std::process::Stdio::null())
-        .args(["--backend", "kubernetes", "--namespace", NAMESPACE]);
+        .stdin(std::process::Stdio::null());
     c
 }
 
@@ -646,6 +661,20 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
             !objects.iter().any(|o| o.starts_with("pod/")),
             "a turn pod was left behind: {objects:?}"
         );
+        // Seeded with the image's HOME once: later turns' pods go without seed-home (turn 2
+        // then still finds the image's config, e.g. codex's, in HOME).
+        let seeded = lab.kubectl_ok(&[
+            "get",
+            "pvc",
+            &format!("caw-box-{id}"),
+            "-o",
+            "jsonpath={.metadata.annotations.io\\.caw-box\\.home-seeded}",
+        ]);
+        assert_eq!(
+            seeded, "true",
+            "{}: the state claim is not noted as seeded",
+            p.name
+        );
         sessions.push((p, id, handle));
         // The host's caw-box data directory goes with `data`.
     }
@@ -655,18 +684,16 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
     let endpoint = lab.restart_stub();
 
     for (p, _, handle) in &sessions {
-        // A fresh data directory: the handle alone resumes, and the CLI recalls turn 1.
+        // A fresh data directory and HOME, no --backend or --namespace: the handle alone
+        // resumes (it names its backend and namespace), and the CLI recalls turn 1.
         check(&format!("{}: resume from the handle", p.name));
         let data = tempfile::tempdir().unwrap();
         // The stub's pod has a new address after the restart.
-        let mut resume = turn_cmd(
-            *p,
-            data.path(),
-            workspace.path(),
-            &lab,
-            &["resume", handle, "--endpoint", &endpoint],
-        );
-        resume.arg("RECALL");
+        let mut resume = caw_handle_only(data.path(), workspace.path(), &lab);
+        resume
+            .args(["resume", handle, "--endpoint", &endpoint])
+            .args(["--env", &format!("{}={TEST_KEY}", p.key_var)])
+            .args(["-o", "json", "RECALL"]);
         let out = crate::common::run(resume);
         let second = json_of(&out);
         assert_eq!(
@@ -687,22 +714,66 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
         );
 
         check(&format!(
-            "{}: the Docker backend refuses the handle",
+            "{}: --backend docker contradicts the handle",
             p.name
         ));
         let mut docker = Command::new(env!("CARGO_BIN_EXE_caw-box"));
         docker
             .env("CAW_BOX_DATA_DIR", data.path())
             .env_remove("CAW_BOX_BACKEND")
-            .args(["show", handle]);
+            .args(["--backend", "docker", "show", handle]);
         let out = crate::common::run(docker);
         assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
         assert!(
-            stderr_of(&out).contains("kubernetes backend"),
+            stderr_of(&out).contains("on the kubernetes backend, not docker"),
             "{}",
             stderr_of(&out)
         );
     }
+
+    // One session goes on from its handle alone: a detached turn, `wait` and `show` each
+    // from a fresh HOME and data directory; a --namespace that contradicts the handle is
+    // refused, saying both.
+    let (p, _, handle) = sessions.iter().find(|(p, _, _)| p.name == "codex").unwrap();
+    check("detached resume, wait and show from the handle alone");
+    let data = tempfile::tempdir().unwrap();
+    let mut detached = caw_handle_only(data.path(), workspace.path(), &lab);
+    detached
+        .args(["resume", handle, "--detach", "--endpoint", &endpoint])
+        .args(["--env", &format!("{}={TEST_KEY}", p.key_var)])
+        .arg("RECALL");
+    let out = crate::common::run(detached);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let data = tempfile::tempdir().unwrap();
+    let mut wait = caw_handle_only(data.path(), workspace.path(), &lab);
+    wait.args(["wait", handle, "-o", "json"]);
+    let out = crate::common::run(wait);
+    let waited = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{waited}\n{}", stderr_of(&out));
+    assert_eq!(waited["turn"], 3, "{waited}");
+    assert!(
+        result_text(&waited).contains("You told me to remember quince-codex"),
+        "{waited}"
+    );
+    let data = tempfile::tempdir().unwrap();
+    let mut show = caw_handle_only(data.path(), workspace.path(), &lab);
+    show.args(["show", handle, "--json"]);
+    let out = crate::common::run(show);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains("quince-codex"),
+        "{}",
+        stdout_of(&out)
+    );
+    let mut other_ns = caw_handle_only(data.path(), workspace.path(), &lab);
+    other_ns.args(["--namespace", "elsewhere", "show", handle]);
+    let out = crate::common::run(other_ns);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("in namespace 'default', not 'elsewhere'"),
+        "{}",
+        stderr_of(&out)
+    );
 
     check("ls from the API server");
     let data = tempfile::tempdir().unwrap();
@@ -719,7 +790,8 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
             .find(|r| r["session_id"] == id.as_str())
             .unwrap_or_else(|| panic!("{id} not listed: {listed}"));
         assert_eq!(row["provider"], p.name, "{row}");
-        assert_eq!(row["turns"], 2, "{row}");
+        let turns = if p.name == "codex" { 3 } else { 2 };
+        assert_eq!(row["turns"], turns, "{row}");
     }
 
     check("bind refused");

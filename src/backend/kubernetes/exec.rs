@@ -199,11 +199,13 @@ impl KubeBackend {
         if let Some(c) = container {
             params = params.container(c);
         }
+        let t0 = std::time::Instant::now();
         let mut process = self
             .pods()
             .attach(name, &params)
             .await
             .map_err(|e| failed(format!("attach to pod '{name}'"), &e))?;
+        super::timeline("attach", t0);
         if let Some(mut sender) = process.terminal_size() {
             let resize: Resizer = Box::new(move |width, height| {
                 sender

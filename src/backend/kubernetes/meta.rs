@@ -53,9 +53,15 @@ pub fn split(
     (k8s, annotations)
 }
 
+/// The annotation of a state claim whose HOME the image's was copied into (the
+/// `seed-home` init container's marker is there): later turns' pods go without that
+/// init container. The backend's own, not one of caw-box's labels.
+pub const HOME_SEEDED: &str = "io.caw-box.home-seeded";
+
 /// caw-box's labels of an object: its labels, overlaid by its annotations (which hold the
 /// values that could not be labels), without Kubernetes' own.
 pub fn merged(meta: &ObjectMeta) -> HashMap<String, String> {
+    let ours = |k: &str| !k.contains("kubernetes.io/") && k != HOME_SEEDED;
     let mut out: HashMap<String, String> = meta
         .labels
         .clone()
@@ -64,7 +70,7 @@ pub fn merged(meta: &ObjectMeta) -> HashMap<String, String> {
         .filter(|(k, _)| k != MANAGED_BY.0)
         .collect();
     for (k, v) in meta.annotations.clone().unwrap_or_default() {
-        if !k.contains("kubernetes.io/") {
+        if ours(&k) {
             out.insert(k, v);
         }
     }

@@ -12,7 +12,7 @@ use super::sidecars::EGRESS_INIT;
 use super::status::{
     egress_init_failed, pod_progress, pod_scheduled, pod_security_refused, Progress,
 };
-use super::{failed, is_status, meta, KubeBackend, POLL};
+use super::{failed, is_status, meta, KubeBackend};
 use crate::backend::{Backend, CreateError};
 use crate::error::{Error, Result};
 
@@ -33,6 +33,7 @@ impl KubeBackend {
         uid: Option<String>,
         force: bool,
     ) -> Result<()> {
+        let t0 = std::time::Instant::now();
         let params = DeleteParams {
             grace_period_seconds: force.then_some(0),
             preconditions: uid.clone().map(|uid| kube::api::Preconditions {
@@ -51,9 +52,12 @@ impl KubeBackend {
         let deadline = tokio::time::Instant::now() + GONE_TIMEOUT;
         while tokio::time::Instant::now() < deadline {
             match self.pods().get_opt(name).await {
-                Ok(None) => return Ok(()),
+                Ok(None) => {
+                    super::timeline(&format!("delete ({name})"), t0);
+                    return Ok(());
+                }
                 Ok(Some(p)) if uid.is_some() && p.metadata.uid != uid => return Ok(()),
-                Ok(Some(_)) => tokio::time::sleep(POLL).await,
+                Ok(Some(_)) => tokio::time::sleep(super::poll_after(t0)).await,
                 Err(e) => return Err(failed(format!("read pod '{name}'"), &e)),
             }
         }
@@ -63,11 +67,65 @@ impl KubeBackend {
         )))
     }
 
+    /// Whether state claim `claim` holds the image's HOME already ([`meta::HOME_SEEDED`]).
+    pub(super) async fn home_seeded(&self, claim: &str) -> bool {
+        let t0 = std::time::Instant::now();
+        let seeded = self
+            .claims()
+            .get_opt(claim)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|c| {
+                c.metadata
+                    .annotations
+                    .is_some_and(|a| a.contains_key(super::meta::HOME_SEEDED))
+            });
+        super::timeline("claim seeded?", t0);
+        seeded
+    }
+
+    /// Annotates state claim `claim` as seeded once pod `name`'s seed-home init container
+    /// ended well (best effort: without it the next turn seeds again, which changes
+    /// nothing but its time).
+    pub(super) async fn note_seeded(&self, name: &str, claim: &str) {
+        let Ok(Some(pod)) = self.pods().get_opt(name).await else {
+            return;
+        };
+        let done = pod
+            .status
+            .and_then(|s| s.init_container_statuses)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| {
+                c.name == super::spec::SEED_HOME
+                    && c.state
+                        .as_ref()
+                        .and_then(|s| s.terminated.as_ref())
+                        .is_some_and(|t| t.exit_code == 0)
+            });
+        if done {
+            let patch = serde_json::json!({"metadata": {"annotations": {super::meta::HOME_SEEDED: "true"}}});
+            let params = kube::api::PatchParams::default();
+            if let Err(e) = self
+                .claims()
+                .patch(claim, &params, &kube::api::Patch::Merge(&patch))
+                .await
+            {
+                tracing::debug!("could not note claim '{claim}' as seeded: {e}");
+            }
+        }
+    }
+
     /// Creates a pod; a taken name is `NameTaken`.
     pub(super) async fn create_pod(&self, pod: &Pod) -> std::result::Result<(), CreateError> {
         let name = pod.metadata.name.clone().unwrap_or_default();
+        let t0 = std::time::Instant::now();
         match self.pods().create(&PostParams::default(), pod).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                super::timeline(&format!("pod create ({name})"), t0);
+                Ok(())
+            }
             Err(e) if is_status(&e, 409) => Err(CreateError::NameTaken),
             Err(kube::Error::Api(r)) if r.message.contains("PodSecurity") => {
                 Err(CreateError::Other(pod_security_refused(&name, &r.message)))
@@ -88,6 +146,8 @@ impl KubeBackend {
     ) -> std::result::Result<(), CreateError> {
         let started = tokio::time::Instant::now();
         let deadline = started + START_TIMEOUT;
+        let t0 = std::time::Instant::now();
+        let mut scheduled: Option<std::time::Instant> = None;
         let mut last;
         loop {
             let pod = self
@@ -120,8 +180,15 @@ impl KubeBackend {
                     )),
                 ));
             }
+            if scheduled.is_none() && pod_scheduled(&pod) {
+                super::timeline("scheduling", t0);
+                scheduled = Some(std::time::Instant::now());
+            }
             match pod_progress(&pod) {
-                Progress::Running | Progress::Ended(_) => return Ok(()),
+                Progress::Running | Progress::Ended(_) => {
+                    super::timeline("init and start", scheduled.unwrap_or(t0));
+                    return Ok(());
+                }
                 Progress::ImageMissing(why) => {
                     let _ = self.remove_container(name, true).await;
                     return Err(CreateError::ImageMissing(Error::environment(format!(
@@ -160,7 +227,7 @@ impl KubeBackend {
                     self.namespace
                 ))));
             }
-            tokio::time::sleep(POLL).await;
+            tokio::time::sleep(super::poll_after(t0)).await;
         }
     }
 

@@ -19,7 +19,7 @@ use super::status::{
     container_info, deleted_under_turn, oom_kills, out_of_memory, pod_failure, pod_progress,
     Progress, OOM_COUNTERS,
 };
-use super::{failed, is_status, label_selector, meta, KubeBackend, POLL};
+use super::{failed, is_status, label_selector, meta, KubeBackend};
 use crate::backend::{
     Attached, Backend, ContainerInfo, CreateError, HelperSpec, ImageInfo, OutputChunk,
     OutputStream, TarFile, TurnSpec, VolumeInfo,
@@ -47,10 +47,28 @@ impl Backend for KubeBackend {
         name: &str,
         spec: &TurnSpec,
     ) -> std::result::Result<String, CreateError> {
-        let pod_spec = turn_pod_spec(spec).map_err(CreateError::Other)?;
+        let mut pod_spec = turn_pod_spec(spec).map_err(CreateError::Other)?;
+        // A claim seeded once needs no seed-home init container (a container's whole
+        // start, the largest step of a turn's pod start on a node).
+        let state = match &spec.home.source {
+            crate::backend::MountSource::Volume(v) => Some(v.as_str()),
+            crate::backend::MountSource::HostDir(_) => None,
+        };
+        let seeded = match state {
+            Some(claim) => self.home_seeded(claim).await,
+            None => false,
+        };
+        if seeded {
+            if let Some(init) = pod_spec.init_containers.as_mut() {
+                init.retain(|c| c.name != super::spec::SEED_HOME);
+            }
+        }
         self.create_pod(&self.pod(name, &spec.labels, pod_spec))
             .await?;
         self.wait_running(name, &spec.image).await?;
+        if let (false, Some(claim)) = (seeded, state) {
+            self.note_seeded(name, claim).await;
+        }
         if spec.interactive.is_some() {
             let dir = &spec.runtime.mount;
             let mut files = spec.runtime.tar_files();
@@ -175,6 +193,7 @@ impl Backend for KubeBackend {
     }
 
     async fn wait_container(&self, name: &str) -> Result<i64> {
+        let t0 = std::time::Instant::now();
         loop {
             let pod = self
                 .pods()
@@ -185,9 +204,10 @@ impl Backend for KubeBackend {
                 return Err(deleted_under_turn(name));
             };
             if let Progress::Ended(code) = pod_progress(&pod) {
+                super::timeline("wait for the pod's end", t0);
                 return Ok(code);
             }
-            tokio::time::sleep(POLL).await;
+            tokio::time::sleep(super::poll_after(t0)).await;
         }
     }
 
@@ -402,10 +422,14 @@ impl Backend for KubeBackend {
                 metadata,
                 ..Default::default()
             };
-            self.config_maps()
+            let t0 = std::time::Instant::now();
+            let made = self
+                .config_maps()
                 .create(&PostParams::default(), &map)
                 .await
-                .map(|_| ())
+                .map(|_| ());
+            super::timeline("ConfigMap (turn record)", t0);
+            made
         } else {
             let class = std::env::var("CAW_BOX_STORAGE_CLASS").ok();
             if let Some(class) = &class {

@@ -222,6 +222,8 @@ fn tui_command(run_dir: &str, brokered: bool) -> Vec<String> {
     vec!["sh".into(), "-c".into(), script, "caw-box-tui".into()]
 }
 
+/// The name of [`seed_home`]'s init container.
+pub(super) const SEED_HOME: &str = "seed-home";
 /// Where [`seed_home`] mounts the state claim.
 const SEED_MOUNT: &str = "/caw-box-seed";
 /// The marker [`seed_home`] leaves in HOME once it copied the image's HOME.
@@ -241,7 +243,7 @@ pub(super) fn seed_home(spec: &TurnSpec, uid: i64, gid: i64) -> Container {
         home = shell_quote(home),
     );
     Container {
-        name: "seed-home".into(),
+        name: SEED_HOME.into(),
         image: Some(spec.image.clone()),
         image_pull_policy: Some(pull_policy()),
         command: Some(vec!["sh".into(), "-c".into(), script]),

@@ -32,12 +32,23 @@ fn only_valid_values_become_labels_and_every_pair_an_annotation() {
     assert!(!k8s.contains_key("io.caw-box.settings"));
     assert_eq!(k8s.get(MANAGED_BY.0).map(String::as_str), Some("caw-box"));
     assert_eq!(annotations.len(), 2);
+    let mut annotations = annotations;
+    // The backend's own note on a seeded state claim is none of caw-box's labels.
+    annotations.insert(super::meta::HOME_SEEDED.to_string(), "true".to_string());
     let meta = ObjectMeta {
         labels: Some(k8s),
         annotations: Some(annotations),
         ..Default::default()
     };
     assert_eq!(merged(&meta), labels);
+}
+
+#[test]
+fn waits_poll_fast_at_first_then_gently() {
+    let now = std::time::Instant::now();
+    assert_eq!(poll_after(now), std::time::Duration::from_millis(100));
+    let long_ago = now - std::time::Duration::from_secs(11);
+    assert_eq!(poll_after(long_ago), POLL);
 }
 
 #[test]

@@ -321,19 +321,12 @@ mod tests {
         });
         let command = ["node".to_string(), "-e".into(), LOADER.into()];
         let (mut child, _stdin) = started_broker(&command, &line);
-        let mut connector =
-            openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls()).unwrap();
         // The turn's CA only: not the system's.
-        let mut store = openssl::x509::store::X509StoreBuilder::new().unwrap();
-        store
-            .add_cert(openssl::x509::X509::from_pem(tls.ca_pem.as_bytes()).unwrap())
-            .unwrap();
-        connector.set_verify_cert_store(store.build()).unwrap();
-        let connector = connector.build();
+        let client = crate::auth::intercept::tests::client_trusting(&tls.ca_pem);
+        let name = rustls::pki_types::ServerName::try_from("chatgpt.com").unwrap();
+        let conn = rustls::ClientConnection::new(client, name).unwrap();
         let tcp = std::net::TcpStream::connect(("127.0.0.1", tls_port)).unwrap();
-        let mut s = connector
-            .connect("chatgpt.com", tcp)
-            .expect("TLS as chatgpt.com");
+        let mut s = rustls::StreamOwned::new(conn, tcp);
         s.write_all(
             b"POST /backend-api/codex/responses HTTP/1.1\r\nhost: chatgpt.com\r\n\
               authorization: Bearer cawbox-placeholder-z\r\ncontent-length: 2\r\n\
@@ -354,9 +347,11 @@ mod tests {
         assert!(!head.contains("placeholder"), "{head}");
         // Another turn's CA does not vouch for this broker.
         let other = crate::auth::intercept::intercept_tls(&["chatgpt.com".to_string()]).unwrap();
-        let leaf = openssl::x509::X509::from_pem(tls.cert_pem.as_bytes()).unwrap();
-        let other_ca = openssl::x509::X509::from_pem(other.ca_pem.as_bytes()).unwrap();
-        assert!(!leaf.verify(&other_ca.public_key().unwrap()).unwrap());
+        assert!(!crate::auth::intercept::tests::handshake_ok(
+            &tls,
+            &other.ca_pem,
+            "chatgpt.com"
+        ));
     }
 
     #[test]

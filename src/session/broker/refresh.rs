@@ -53,20 +53,30 @@ fn stored_tokens(p: ProviderKind) -> Option<serde_json::Value> {
 fn seal_json(key: &[u8; 32], value: &serde_json::Value) -> Option<String> {
     use base64::Engine;
     let iv: [u8; 12] = super::random_bytes();
-    let mut tag = [0u8; 16];
-    let ct = openssl::symm::encrypt_aead(
-        openssl::symm::Cipher::aes_256_gcm(),
-        key,
-        Some(&iv),
-        &[],
-        value.to_string().as_bytes(),
-        &mut tag,
-    )
-    .ok()?;
     let mut raw = iv.to_vec();
-    raw.extend_from_slice(&ct);
-    raw.extend_from_slice(&tag);
+    raw.extend_from_slice(&aes_gcm_seal(key, &iv, value.to_string().as_bytes())?);
     Some(base64::engine::general_purpose::STANDARD.encode(raw))
+}
+
+/// AES-256-GCM of `plain` under `key` and `iv`, no associated data: ciphertext | tag, as
+/// node's `createCipheriv('aes-256-gcm')` in the broker writes and reads them.
+fn aes_gcm_seal(key: &[u8; 32], iv: &[u8; 12], plain: &[u8]) -> Option<Vec<u8>> {
+    use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+    let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, key).ok()?);
+    let mut out = plain.to_vec();
+    key.seal_in_place_append_tag(Nonce::assume_unique_for_key(*iv), Aad::empty(), &mut out)
+        .ok()?;
+    Some(out)
+}
+
+/// Opens what [`aes_gcm_seal`] made (ciphertext | tag); `None` if the tag does not match.
+fn aes_gcm_open(key: &[u8; 32], iv: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
+    use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+    let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, key).ok()?);
+    let nonce = Nonce::try_assume_unique_for_key(iv).ok()?;
+    let mut buf = sealed.to_vec();
+    let plain = key.open_in_place(nonce, Aad::empty(), &mut buf).ok()?;
+    Some(plain.to_vec())
 }
 
 /// Holds `p`'s refresh lock (a file under the data directory), waiting up to `limit`:
@@ -145,16 +155,7 @@ fn open_sealed(key: &[u8; 32], sealed: &str) -> Option<serde_json::Value> {
         return None;
     }
     let (iv, rest) = raw.split_at(12);
-    let (ct, tag) = rest.split_at(rest.len() - 16);
-    let plain = openssl::symm::decrypt_aead(
-        openssl::symm::Cipher::aes_256_gcm(),
-        key,
-        Some(iv),
-        &[],
-        ct,
-        tag,
-    )
-    .ok()?;
+    let plain = aes_gcm_open(key, iv, rest)?;
     serde_json::from_slice(&plain).ok()
 }
 
@@ -258,20 +259,17 @@ mod tests {
     fn a_sealed_login_opens_with_the_seal_key_only() {
         let key = [9u8; 32];
         let iv = [1u8; 12];
-        let mut tag = [0u8; 16];
         let plain = br#"{"previous":"r1","access":"a2","refresh":"r2","expires_ms":5}"#;
-        let ct = openssl::symm::encrypt_aead(
-            openssl::symm::Cipher::aes_256_gcm(),
-            &key,
-            Some(&iv),
-            &[],
-            plain,
-            &mut tag,
-        )
-        .unwrap();
+        let ct_tag = aes_gcm_seal(&key, &iv, plain).unwrap();
+        assert_eq!(ct_tag.len(), plain.len() + 16);
+        // AES-256-GCM itself: the GCM specification's test case 14 (zero key, IV and block).
+        let kat = aes_gcm_seal(&[0u8; 32], &[0u8; 12], &[0u8; 16]).unwrap();
+        assert_eq!(
+            super::super::hex(&kat),
+            "cea7403d4d606b6e074ec5d3baf39d18d0d1c8a799996bf0265b98b5d48ab919"
+        );
         use base64::Engine;
-        let sealed =
-            base64::engine::general_purpose::STANDARD.encode([&iv[..], &ct, &tag].concat());
+        let sealed = base64::engine::general_purpose::STANDARD.encode([&iv[..], &ct_tag].concat());
         let opened = open_sealed(&key, &sealed).unwrap();
         assert_eq!(opened["refresh"], "r2");
         assert!(open_sealed(&[8u8; 32], &sealed).is_none());
