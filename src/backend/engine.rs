@@ -201,11 +201,8 @@ impl Backend for Engine {
     async fn fills_volumes_at_create(&self) -> bool {
         dispatch!(self, b => Backend::fills_volumes_at_create(b).await)
     }
-    async fn keeps_stdin_across_attaches(&self) -> bool {
-        dispatch!(self, b => Backend::keeps_stdin_across_attaches(b).await)
-    }
-    fn broker_place(&self) -> super::BrokerPlace {
-        dispatch!(self, b => Backend::broker_place(b))
+    async fn broker_place(&self) -> super::BrokerPlace {
+        dispatch!(self, b => Backend::broker_place(b).await)
     }
     fn egress_route(&self, plan: &super::EgressPlan) -> super::EgressRoute {
         dispatch!(self, b => Backend::egress_route(b, plan))

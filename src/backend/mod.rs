@@ -151,12 +151,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// container that mounts it is created (Docker). `false`: only when such a container
     /// first starts, and only if the volume is still empty then (Podman).
     fn fills_volumes_at_create(&self) -> impl Future<Output = bool> + Send;
-    /// Whether a container's stdin stays open across several attachments, one after the
-    /// other and at once (Docker), as a credential broker shared by turns needs: each turn
-    /// leases it through an attachment of its own. Podman 4.3 ends the container then.
-    fn keeps_stdin_across_attaches(&self) -> impl Future<Output = bool> + Send;
     /// Where a turn's credential broker runs on this backend.
-    fn broker_place(&self) -> BrokerPlace;
+    fn broker_place(&self) -> impl Future<Output = BrokerPlace> + Send;
     /// How this backend realises a turn's `--allow-host` ([`EgressPlan`]): where the agent
     /// finds the proxy, on which network, and whose log holds the proxy's decisions.
     fn egress_route(&self, plan: &EgressPlan) -> EgressRoute;
@@ -522,8 +518,14 @@ pub const PROXY_SIDECAR: &str = "proxy";
 /// Where a backend runs a turn's credential broker (`session::broker`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BrokerPlace {
-    /// A container of its own on a network the agent shares (Docker, Podman), reached by
-    /// its name; it ends with the turn's driver, as this backend's turns do.
+    /// A container on a network the agent shares, reached by its name, that the session's
+    /// turns with the same keys share (Docker): each turn leases it through an attachment
+    /// of its own, as the container's stdin stays open across several attachments, one
+    /// after the other and at once. It idles out when no turn holds a lease.
+    SharedContainer,
+    /// A container of the turn's own on a network the agent shares, reached by its name
+    /// (Podman: 4.3 ends a container when an attachment to its stdin ends); it ends with
+    /// the turn's driver, as this backend's turns do.
     OwnContainer,
     /// Beside the agent in the turn's own unit (Kubernetes: a second container of the
     /// turn's pod, [`TurnSpec::broker`]), reached on loopback: it lives as long as the

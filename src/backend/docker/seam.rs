@@ -191,12 +191,12 @@ impl Backend for DockerBackend {
         !self.is_podman().await
     }
 
-    fn broker_place(&self) -> crate::backend::BrokerPlace {
-        crate::backend::BrokerPlace::OwnContainer
-    }
-
-    async fn keeps_stdin_across_attaches(&self) -> bool {
-        !self.is_podman().await
+    async fn broker_place(&self) -> crate::backend::BrokerPlace {
+        if self.is_podman().await {
+            crate::backend::BrokerPlace::OwnContainer
+        } else {
+            crate::backend::BrokerPlace::SharedContainer
+        }
     }
 
     async fn download_file(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {

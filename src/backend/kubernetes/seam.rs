@@ -104,7 +104,7 @@ impl Backend for KubeBackend {
         self.attach_to(name, main, stdin, tty).await
     }
 
-    fn broker_place(&self) -> crate::backend::BrokerPlace {
+    async fn broker_place(&self) -> crate::backend::BrokerPlace {
         crate::backend::BrokerPlace::InTurn
     }
 
@@ -295,10 +295,6 @@ impl Backend for KubeBackend {
     /// [`seed_home`]: super::spec::seed_home
     async fn fills_volumes_at_create(&self) -> bool {
         true
-    }
-
-    async fn keeps_stdin_across_attaches(&self) -> bool {
-        false
     }
 
     async fn check_runtime(&self, name: &str) -> Result<()> {
