@@ -198,8 +198,12 @@ impl Backend for Engine {
     fn surely_shares_paths(&self) -> bool {
         dispatch!(self, b => Backend::surely_shares_paths(b))
     }
-    async fn fills_volumes_at_create(&self) -> bool {
-        dispatch!(self, b => Backend::fills_volumes_at_create(b).await)
+    async fn fill_new_volume(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<Option<(i64, String, String)>, CreateError> {
+        dispatch!(self, b => Backend::fill_new_volume(b, name, spec).await)
     }
     async fn broker_place(&self) -> super::BrokerPlace {
         dispatch!(self, b => Backend::broker_place(b).await)

@@ -147,10 +147,20 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Whether the backend certainly sees this process's host paths as they are (a bind
     /// mount of a host directory shows that directory); `false`: maybe not, check.
     fn surely_shares_paths(&self) -> bool;
-    /// Whether a new, empty volume gets the image's files at its mount point as soon as a
-    /// container that mounts it is created (Docker). `false`: only when such a container
-    /// first starts, and only if the volume is still empty then (Podman).
-    fn fills_volumes_at_create(&self) -> impl Future<Output = bool> + Send;
+    /// Has a new, empty volume take the image's files at its mount point before caw-box
+    /// puts anything in it: where the engine fills a volume only when a container that
+    /// mounts it first starts, and only if it is still empty then (Podman), by running
+    /// `spec` (such a container, exiting at once) to completion: (exit code, stdout,
+    /// stderr). `None`: nothing to run, the backend fills it anyway (Docker, when a
+    /// container that mounts it is created; Kubernetes, from the turn pod's init container).
+    fn fill_new_volume(
+        &self,
+        _name: &str,
+        _spec: &HelperSpec,
+    ) -> impl Future<Output = std::result::Result<Option<(i64, String, String)>, CreateError>> + Send
+    {
+        async { Ok(None) }
+    }
     /// Where a turn's credential broker runs on this backend.
     fn broker_place(&self) -> impl Future<Output = BrokerPlace> + Send;
     /// How this backend realises a turn's `--allow-host` ([`EgressPlan`]): where the agent

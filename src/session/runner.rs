@@ -238,12 +238,10 @@ pub async fn run_turn(
         )
         .cloned()
         .collect();
-    // Podman fills a new volume with the image's HOME only when a container first starts,
-    // and not at all if something is in it by then (Docker: when the container is created):
-    // files placed before this first start would keep the image's own out (gemini's
-    // settings, codex's config.toml). A container that starts first lets it fill the volume.
-    if record.turns.is_empty() && !home_files.is_empty() && !backend.fills_volumes_at_create().await
-    {
+    // The image's HOME goes into a new state volume before files are placed in it: they
+    // would keep the image's own out (gemini's settings, codex's config.toml) where the
+    // engine fills a volume only when it is empty at a container's first start (Podman).
+    if record.turns.is_empty() && !home_files.is_empty() {
         fill_new_home(backend, record, ids).await?;
     }
     let prepare_broker = async {
@@ -780,9 +778,6 @@ mod tests {
             unexpected!("stop")
         }
         fn surely_shares_paths(&self) -> bool {
-            true
-        }
-        async fn fills_volumes_at_create(&self) -> bool {
             true
         }
         fn words(&self) -> crate::backend::Words {

@@ -187,8 +187,17 @@ impl Backend for DockerBackend {
         DockerBackend::surely_shares_paths(self)
     }
 
-    async fn fills_volumes_at_create(&self) -> bool {
-        !self.is_podman().await
+    async fn fill_new_volume(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<Option<(i64, String, String)>, CreateError> {
+        if !self.is_podman().await {
+            return Ok(None);
+        }
+        DockerBackend::run_to_completion(self, name, spec)
+            .await
+            .map(Some)
     }
 
     async fn broker_place(&self) -> crate::backend::BrokerPlace {

@@ -289,14 +289,6 @@ impl Backend for KubeBackend {
         Ok(())
     }
 
-    /// A turn pod's init container ([`seed_home`]) copies the image's HOME into the claim
-    /// without replacing anything caw-box put there first.
-    ///
-    /// [`seed_home`]: super::spec::seed_home
-    async fn fills_volumes_at_create(&self) -> bool {
-        true
-    }
-
     async fn check_runtime(&self, name: &str) -> Result<()> {
         self.check_runtime_class(name).await
     }
