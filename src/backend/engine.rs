@@ -174,6 +174,9 @@ impl Backend for Engine {
     fn turns_outlive_driver(&self) -> bool {
         dispatch!(self, b => Backend::turns_outlive_driver(b))
     }
+    async fn stop_noted(&self, name: &str) -> bool {
+        dispatch!(self, b => Backend::stop_noted(b, name).await)
+    }
     fn removed_under_turn(&self, name: &str) -> Error {
         dispatch!(self, b => Backend::removed_under_turn(b, name))
     }

@@ -117,6 +117,12 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn note_stop(&self, _name: &str) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
+    /// Whether [`Self::note_stop`] noted on the turn's container `name` that `caw-box stop`
+    /// ended it, read once the container ended. `false` where nothing is noted there
+    /// (Docker: the stop request in the runtime directory is read instead).
+    fn stop_noted(&self, _name: &str) -> impl Future<Output = bool> + Send {
+        async { false }
+    }
     /// The error of a turn whose container `name` was removed from outside while it ran, so
     /// that its record could not be written (the session stays resumable), in the
     /// backend's words.

@@ -289,6 +289,15 @@ impl Backend for KubeBackend {
         Ok(())
     }
 
+    async fn stop_noted(&self, name: &str) -> bool {
+        let key = crate::session::names::labels::STOP_REQUESTED;
+        Backend::inspect_container(self, name)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|c| c.label(key) == Some("true"))
+    }
+
     async fn check_runtime(&self, name: &str) -> Result<()> {
         self.check_runtime_class(name).await
     }
