@@ -174,6 +174,9 @@ impl Backend for Engine {
     fn turns_outlive_driver(&self) -> bool {
         dispatch!(self, b => Backend::turns_outlive_driver(b))
     }
+    fn runtime_dir(&self) -> super::RuntimeDir {
+        dispatch!(self, b => Backend::runtime_dir(b))
+    }
     async fn stop_noted(&self, name: &str) -> bool {
         dispatch!(self, b => Backend::stop_noted(b, name).await)
     }

@@ -117,6 +117,11 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn note_stop(&self, _name: &str) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
+    /// Where a turn's runtime directory is kept, and so when the driver reads what the
+    /// entrypoint hands back there.
+    fn runtime_dir(&self) -> RuntimeDir {
+        RuntimeDir::KeptWithContainer
+    }
     /// Whether [`Self::note_stop`] noted on the turn's container `name` that `caw-box stop`
     /// ended it, read once the container ended. `false` where nothing is noted there
     /// (Docker: the stop request in the runtime directory is read instead).
@@ -530,6 +535,17 @@ pub struct Limits {
 /// The proxy sidecar's container in a turn pod that holds its own egress
 /// ([`Backend::egress_route`]); `<pod>/proxy` names its log.
 pub const PROXY_SIDECAR: &str = "proxy";
+
+/// Where a turn's runtime directory ([`TurnSpec::runtime`]) is kept ([`Backend::runtime_dir`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeDir {
+    /// With the turn's container, readable once the container ended (Docker): what the
+    /// entrypoint hands back there (refreshed credentials, the resume key) is read after.
+    KeptWithContainer,
+    /// Gone with the turn's unit when it ends (Kubernetes: the pod's memory): what the
+    /// session needs of it is read from the state volume, before the record is handed in.
+    GoesWithTurn,
+}
 
 /// Where a backend runs a turn's credential broker (`session::broker`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

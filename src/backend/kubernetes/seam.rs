@@ -289,6 +289,10 @@ impl Backend for KubeBackend {
         Ok(())
     }
 
+    fn runtime_dir(&self) -> crate::backend::RuntimeDir {
+        crate::backend::RuntimeDir::GoesWithTurn
+    }
+
     async fn stop_noted(&self, name: &str) -> bool {
         let key = crate::session::names::labels::STOP_REQUESTED;
         Backend::inspect_container(self, name)
