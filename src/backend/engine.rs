@@ -177,6 +177,12 @@ impl Backend for Engine {
     fn turns_outlive_driver(&self) -> bool {
         dispatch!(self, b => Backend::turns_outlive_driver(b))
     }
+    fn runtime_dir(&self) -> super::RuntimeDir {
+        dispatch!(self, b => Backend::runtime_dir(b))
+    }
+    async fn stop_noted(&self, name: &str) -> bool {
+        dispatch!(self, b => Backend::stop_noted(b, name).await)
+    }
     fn removed_under_turn(&self, name: &str) -> Error {
         dispatch!(self, b => Backend::removed_under_turn(b, name))
     }
@@ -201,14 +207,15 @@ impl Backend for Engine {
     fn surely_shares_paths(&self) -> bool {
         dispatch!(self, b => Backend::surely_shares_paths(b))
     }
-    async fn fills_volumes_at_create(&self) -> bool {
-        dispatch!(self, b => Backend::fills_volumes_at_create(b).await)
+    async fn fill_new_volume(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<Option<(i64, String, String)>, CreateError> {
+        dispatch!(self, b => Backend::fill_new_volume(b, name, spec).await)
     }
-    async fn keeps_stdin_across_attaches(&self) -> bool {
-        dispatch!(self, b => Backend::keeps_stdin_across_attaches(b).await)
-    }
-    fn broker_place(&self) -> super::BrokerPlace {
-        dispatch!(self, b => Backend::broker_place(b))
+    async fn broker_place(&self) -> super::BrokerPlace {
+        dispatch!(self, b => Backend::broker_place(b).await)
     }
     fn egress_route(&self, plan: &super::EgressPlan) -> super::EgressRoute {
         dispatch!(self, b => Backend::egress_route(b, plan))

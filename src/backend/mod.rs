@@ -117,6 +117,17 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn note_stop(&self, _name: &str) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
+    /// Where a turn's runtime directory is kept, and so when the driver reads what the
+    /// entrypoint hands back there.
+    fn runtime_dir(&self) -> RuntimeDir {
+        RuntimeDir::KeptWithContainer
+    }
+    /// Whether [`Self::note_stop`] noted on the turn's container `name` that `caw-box stop`
+    /// ended it, read once the container ended. `false` where nothing is noted there
+    /// (Docker: the stop request in the runtime directory is read instead).
+    fn stop_noted(&self, _name: &str) -> impl Future<Output = bool> + Send {
+        async { false }
+    }
     /// The error of a turn whose container `name` was removed from outside while it ran, so
     /// that its record could not be written (the session stays resumable), in the
     /// backend's words.
@@ -147,16 +158,22 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Whether the backend certainly sees this process's host paths as they are (a bind
     /// mount of a host directory shows that directory); `false`: maybe not, check.
     fn surely_shares_paths(&self) -> bool;
-    /// Whether a new, empty volume gets the image's files at its mount point as soon as a
-    /// container that mounts it is created (Docker). `false`: only when such a container
-    /// first starts, and only if the volume is still empty then (Podman).
-    fn fills_volumes_at_create(&self) -> impl Future<Output = bool> + Send;
-    /// Whether a container's stdin stays open across several attachments, one after the
-    /// other and at once (Docker), as a credential broker shared by turns needs: each turn
-    /// leases it through an attachment of its own. Podman 4.3 ends the container then.
-    fn keeps_stdin_across_attaches(&self) -> impl Future<Output = bool> + Send;
+    /// Has a new, empty volume take the image's files at its mount point before caw-box
+    /// puts anything in it: where the engine fills a volume only when a container that
+    /// mounts it first starts, and only if it is still empty then (Podman), by running
+    /// `spec` (such a container, exiting at once) to completion: (exit code, stdout,
+    /// stderr). `None`: nothing to run, the backend fills it anyway (Docker, when a
+    /// container that mounts it is created; Kubernetes, from the turn pod's init container).
+    fn fill_new_volume(
+        &self,
+        _name: &str,
+        _spec: &HelperSpec,
+    ) -> impl Future<Output = std::result::Result<Option<(i64, String, String)>, CreateError>> + Send
+    {
+        async { Ok(None) }
+    }
     /// Where a turn's credential broker runs on this backend.
-    fn broker_place(&self) -> BrokerPlace;
+    fn broker_place(&self) -> impl Future<Output = BrokerPlace> + Send;
     /// How this backend realises a turn's `--allow-host` ([`EgressPlan`]): where the agent
     /// finds the proxy, on which network, and whose log holds the proxy's decisions.
     fn egress_route(&self, plan: &EgressPlan) -> EgressRoute;
@@ -519,11 +536,28 @@ pub struct Limits {
 /// ([`Backend::egress_route`]); `<pod>/proxy` names its log.
 pub const PROXY_SIDECAR: &str = "proxy";
 
+/// Where a turn's runtime directory ([`TurnSpec::runtime`]) is kept ([`Backend::runtime_dir`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeDir {
+    /// With the turn's container, readable once the container ended (Docker): what the
+    /// entrypoint hands back there (refreshed credentials, the resume key) is read after.
+    KeptWithContainer,
+    /// Gone with the turn's unit when it ends (Kubernetes: the pod's memory): what the
+    /// session needs of it is read from the state volume, before the record is handed in.
+    GoesWithTurn,
+}
+
 /// Where a backend runs a turn's credential broker (`session::broker`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BrokerPlace {
-    /// A container of its own on a network the agent shares (Docker, Podman), reached by
-    /// its name; it ends with the turn's driver, as this backend's turns do.
+    /// A container on a network the agent shares, reached by its name, that the session's
+    /// turns with the same keys share (Docker): each turn leases it through an attachment
+    /// of its own, as the container's stdin stays open across several attachments, one
+    /// after the other and at once. It idles out when no turn holds a lease.
+    SharedContainer,
+    /// A container of the turn's own on a network the agent shares, reached by its name
+    /// (Podman: 4.3 ends a container when an attachment to its stdin ends); it ends with
+    /// the turn's driver, as this backend's turns do.
     OwnContainer,
     /// Beside the agent in the turn's own unit (Kubernetes: a second container of the
     /// turn's pod, [`TurnSpec::broker`]), reached on loopback: it lives as long as the

@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::event::{Event, Status, TurnResult};
 use crate::lines::LineBuffer;
 use crate::provider::ParseContext;
-use crate::session::record::{labels, now_secs, SessionRecord, TurnRecord};
+use crate::session::record::{now_secs, SessionRecord, TurnRecord};
 
 /// The line the entrypoint prints on stdout after the CLI ended on its own, with its exit
 /// code, before it waits for the turn's record (the record hand-off, see `caw-box-entry`).
@@ -332,14 +332,7 @@ async fn drive(
     // Where the container ended before this could look (a pod's runtime directory is gone
     // with it), `caw-box stop` noted it on the container too.
     let stop_requested = cli_exit.is_none()
-        && (has_file(backend, name, STOP_REQUEST).await
-            || backend.turns_outlive_driver()
-                && backend
-                    .inspect_container(name)
-                    .await
-                    .ok()
-                    .flatten()
-                    .is_some_and(|c| c.label(labels::STOP_REQUESTED) == Some("true")));
+        && (has_file(backend, name, STOP_REQUEST).await || backend.stop_noted(name).await);
     if stop_requested {
         ended_early = Some(EndedEarly::Interrupted);
     }

@@ -4,7 +4,7 @@
 
 use super::runtime::RUN_DIR;
 use crate::backend::Backend;
-use crate::backend::{ContainerState, TarFile};
+use crate::backend::{ContainerState, RuntimeDir, TarFile};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::provider::AGENT_HOME;
@@ -131,7 +131,7 @@ pub(super) async fn save_record(
     // for the record: it writes them to the runtime directory and deletes them from HOME
     // only once it has the record.
     if let (Some(slot), Some(_)) = (ending.home_out, ending.handoff.as_ref()) {
-        if backend.turns_outlive_driver() {
+        if backend.runtime_dir() == RuntimeDir::GoesWithTurn {
             match changed_home_files(backend, name, record.provider).await {
                 Ok(tar) => *slot.lock().unwrap_or_else(|e| e.into_inner()) = tar,
                 Err(e) => tracing::warn!("could not read the refreshed credentials: {e}"),
@@ -179,7 +179,10 @@ pub(super) async fn save_record(
             tracing::warn!("could not remove an old turn-record volume: {e}");
         }
     }));
-    if let Some(slot) = ending.home_out.filter(|_| !backend.turns_outlive_driver()) {
+    if let Some(slot) = ending
+        .home_out
+        .filter(|_| backend.runtime_dir() == RuntimeDir::KeptWithContainer)
+    {
         let path = format!("{RUN_DIR}/{}", crate::auth::inject::HOME_OUT);
         match backend.download_tar(name, &path).await {
             Ok(tar) => *slot.lock().unwrap_or_else(|e| e.into_inner()) = tar,

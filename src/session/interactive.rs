@@ -140,7 +140,7 @@ pub(super) async fn drive_tui(
     let key_file = format!("{RUN_DIR}/{RESUME_KEY_FILE}");
     let key_text = backend.download_file(name, &key_file).await.ok().flatten();
     let mut key = key_text.and_then(|t| plausible_key(&String::from_utf8_lossy(&t)));
-    if key.is_none() && backend.turns_outlive_driver() {
+    if key.is_none() && backend.runtime_dir() == crate::backend::RuntimeDir::GoesWithTurn {
         // A pod's runtime directory is gone with it: the same script, on the state claim.
         key = key_in_state(backend, record).await;
     }

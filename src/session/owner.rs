@@ -137,9 +137,10 @@ pub(super) async fn ensure_owner(
     Ok(())
 }
 
-/// Starts (and removes) a container of the session's image on its new state volume, so an
-/// engine that copies the image's HOME into a new volume only when a container first starts
-/// (Podman) has done so before caw-box writes files into it.
+/// Has the backend fill the session's new state volume with the image's HOME before
+/// caw-box writes files into it ([`Backend::fill_new_volume`]: where the engine does so only
+/// when a container first starts, Podman, by starting and removing a container of the
+/// session's image on it).
 pub(super) async fn fill_new_home(
     backend: &impl Backend,
     record: &SessionRecord,
@@ -157,8 +158,18 @@ pub(super) async fn fill_new_home(
         no_new_privileges: true,
         ..Default::default()
     };
-    let what = format!("prepare session {id}'s new volume");
-    run_helper(backend, record, "fill", &spec, &what).await
+    let name = names::helper_container(id, "fill");
+    let ran = backend
+        .fill_new_volume(&name, &spec)
+        .await
+        .map_err(|e| image_hint(e, record))?;
+    match ran {
+        Some((code, _, err)) if code != 0 => Err(Error::environment(format!(
+            "failed to prepare session {id}'s new volume: {}",
+            err.trim()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Runs one of the session's volume helpers to its end; a failure says what it was to do.

@@ -99,7 +99,8 @@ pub async fn run_turn(
     let egress_network = route.as_ref().and_then(|r| r.agent_network.clone());
     // Brokered when asked for, and the turn has a network to put a broker on.
     // (A turn that outlives its driver has a broker that does too: one in its own unit.)
-    let in_pod = backend.broker_place() == crate::backend::BrokerPlace::InTurn;
+    let place = backend.broker_place().await;
+    let in_pod = place == crate::backend::BrokerPlace::InTurn;
     let want_broker = !options.inject_credentials
         && !matches!(
             NetworkPolicy::from_setting(&record.settings.network),
@@ -108,7 +109,7 @@ pub async fn run_turn(
     let mut credentials =
         crate::auth::inject::prepare_as(record.provider, &options.env, want_broker)?;
     let brokers_any = !credentials.brokered.is_empty() || !credentials.logins.is_empty();
-    let shared = brokers_any && backend.keeps_stdin_across_attaches().await;
+    let shared = brokers_any && place == crate::backend::BrokerPlace::SharedContainer;
     let broker = if in_pod {
         // A pod's sidecar holds keys; a turn with a login is injected there.
         if credentials.logins.is_empty() {
@@ -237,12 +238,10 @@ pub async fn run_turn(
         )
         .cloned()
         .collect();
-    // Podman fills a new volume with the image's HOME only when a container first starts,
-    // and not at all if something is in it by then (Docker: when the container is created):
-    // files placed before this first start would keep the image's own out (gemini's
-    // settings, codex's config.toml). A container that starts first lets it fill the volume.
-    if record.turns.is_empty() && !home_files.is_empty() && !backend.fills_volumes_at_create().await
-    {
+    // The image's HOME goes into a new state volume before files are placed in it: they
+    // would keep the image's own out (gemini's settings, codex's config.toml) where the
+    // engine fills a volume only when it is empty at a container's first start (Podman).
+    if record.turns.is_empty() && !home_files.is_empty() {
         fill_new_home(backend, record, ids).await?;
     }
     let prepare_broker = async {
@@ -745,11 +744,8 @@ mod tests {
             self.0.lock().unwrap().existing = None;
             Ok(())
         }
-        async fn keeps_stdin_across_attaches(&self) -> bool {
-            true
-        }
-        fn broker_place(&self) -> crate::backend::BrokerPlace {
-            crate::backend::BrokerPlace::OwnContainer
+        async fn broker_place(&self) -> crate::backend::BrokerPlace {
+            crate::backend::BrokerPlace::SharedContainer
         }
         async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
             self.log(format!("remove id {}", found.id));
@@ -782,9 +778,6 @@ mod tests {
             unexpected!("stop")
         }
         fn surely_shares_paths(&self) -> bool {
-            true
-        }
-        async fn fills_volumes_at_create(&self) -> bool {
             true
         }
         fn words(&self) -> crate::backend::Words {

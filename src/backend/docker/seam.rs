@@ -187,16 +187,25 @@ impl Backend for DockerBackend {
         DockerBackend::surely_shares_paths(self)
     }
 
-    async fn fills_volumes_at_create(&self) -> bool {
-        !self.is_podman().await
+    async fn fill_new_volume(
+        &self,
+        name: &str,
+        spec: &HelperSpec,
+    ) -> std::result::Result<Option<(i64, String, String)>, CreateError> {
+        if !self.is_podman().await {
+            return Ok(None);
+        }
+        DockerBackend::run_to_completion(self, name, spec)
+            .await
+            .map(Some)
     }
 
-    fn broker_place(&self) -> crate::backend::BrokerPlace {
-        crate::backend::BrokerPlace::OwnContainer
-    }
-
-    async fn keeps_stdin_across_attaches(&self) -> bool {
-        !self.is_podman().await
+    async fn broker_place(&self) -> crate::backend::BrokerPlace {
+        if self.is_podman().await {
+            crate::backend::BrokerPlace::OwnContainer
+        } else {
+            crate::backend::BrokerPlace::SharedContainer
+        }
     }
 
     async fn download_file(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {

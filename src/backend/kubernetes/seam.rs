@@ -122,7 +122,7 @@ impl Backend for KubeBackend {
         self.attach_to(name, main, stdin, tty).await
     }
 
-    fn broker_place(&self) -> crate::backend::BrokerPlace {
+    async fn broker_place(&self) -> crate::backend::BrokerPlace {
         crate::backend::BrokerPlace::InTurn
     }
 
@@ -309,16 +309,17 @@ impl Backend for KubeBackend {
         Ok(())
     }
 
-    /// A turn pod's init container ([`seed_home`]) copies the image's HOME into the claim
-    /// without replacing anything caw-box put there first.
-    ///
-    /// [`seed_home`]: super::spec::seed_home
-    async fn fills_volumes_at_create(&self) -> bool {
-        true
+    fn runtime_dir(&self) -> crate::backend::RuntimeDir {
+        crate::backend::RuntimeDir::GoesWithTurn
     }
 
-    async fn keeps_stdin_across_attaches(&self) -> bool {
-        false
+    async fn stop_noted(&self, name: &str) -> bool {
+        let key = crate::session::names::labels::STOP_REQUESTED;
+        Backend::inspect_container(self, name)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|c| c.label(key) == Some("true"))
     }
 
     async fn check_runtime(&self, name: &str) -> Result<()> {

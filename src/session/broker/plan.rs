@@ -155,10 +155,10 @@ fn with_login_places(
 impl Broker {
     /// The broker for `record`'s turn with `keys` (placeholder, real key) and OAuth `logins`, or `None` when
     /// the turn cannot be brokered (`--network none|host`: nothing to put it on).
-    /// `shared`: whether the backend can keep a broker for several turns
-    /// ([`Backend::keeps_stdin_across_attaches`]); else each turn has its own.
+    /// `shared`: whether the backend keeps a broker for several turns
+    /// ([`BrokerPlace::SharedContainer`]); else each turn has its own.
     ///
-    /// [`Backend::keeps_stdin_across_attaches`]: crate::backend::Backend::keeps_stdin_across_attaches
+    /// [`BrokerPlace::SharedContainer`]: crate::backend::BrokerPlace::SharedContainer
     pub(in crate::session) fn plan_logins(
         record: &SessionRecord,
         egress_network: Option<&str>,
