@@ -9,7 +9,8 @@
 #   scripts/rig.sh base        build the local base image (debootstrap + node), cached by tag
 #   scripts/rig.sh tools       install the tools the end-to-end tests drive (tmux; openssl; sshd and
 #                              ssh for the ssh:// DOCKER_HOST test, which starts its own sshd)
-#   scripts/rig.sh build-deps  install what building caw-box needs besides Rust (OpenSSL headers)
+#   scripts/rig.sh build-deps  install what building caw-box needs besides Rust (Python's venv,
+#                              for the Python package's stage; TLS is rustls, no C library)
 #   scripts/rig.sh with CMD…   `up`, run CMD, then `down` if `up` started the daemon
 #
 # Quiet on success; every failure says what failed. State lives in $RIG_DIR.
@@ -218,10 +219,9 @@ case "${1:-}" in
             || apt_install openssh-server openssh-client
         ;;
     build-deps)
-        # The Kubernetes client's TLS is the system OpenSSL (rustls refuses the X.509 v1
-        # client certificates kubeconfigs may hold): its headers, and pkg-config to find them.
-        { command -v pkg-config >/dev/null 2>&1 && [ -f /usr/include/openssl/ssl.h ]; } \
-            || apt_install pkg-config libssl-dev
+        # TLS is rustls (no OpenSSL to link). The Python package's stage makes a virtualenv,
+        # which Debian's python3 leaves to the python3-venv package.
+        python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || apt_install python3-venv
         ;;
     pid) our_pid || die "no daemon started by the rig is running" ;;
     with) shift; mkdir -p "$RIG_DIR"; cmd_with "$@" ;;
