@@ -137,6 +137,7 @@ impl Lab {
                     if !left.is_empty() {
                         note(&format!("cleared what an earlier test left: {left:?}"));
                     }
+                    lab.settle();
                     return lab;
                 }
                 Err(e) => format!("this run's lab is unhealthy: {e}"),
@@ -256,6 +257,38 @@ impl Lab {
     /// Deletes the tests' objects and caw-box's; what there was. Pods first, and waited for:
     /// a claim goes only once no pod refers to it (the lab's pvc-protection finalizer). Never
     /// panics: it runs when a test ends, a failed one included.
+    /// Waits until the lab's claim provisioner has caught up with earlier tests' deletions
+    /// (no released volume left): it deletes them one by one, once a second, before it
+    /// provisions new claims, so after a test that removed dozens of sessions a new claim
+    /// waited past caw-box's 30 s bind limit (seen once in CI). Not a fixed sleep: it polls
+    /// the lab's state, and returns at once when there is nothing to wait for.
+    fn settle(&self) {
+        let started = std::time::Instant::now();
+        let released = || {
+            self.kubectl_quiet(&[
+                "get",
+                "pv",
+                "-l",
+                "k8s-lab/provisioned=true",
+                "-o",
+                "jsonpath={range .items[?(@.status.phase==\"Released\")]}{.metadata.name}{\"\\n\"}{end}",
+            ])
+            .map(|names| names.lines().filter(|l| !l.trim().is_empty()).count())
+            .unwrap_or(0)
+        };
+        let first = released();
+        if first == 0 {
+            return;
+        }
+        while started.elapsed() < Duration::from_secs(180) && released() > 0 {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        note(&format!(
+            "waited {:.0?} for the lab's provisioner to remove {first} released volumes",
+            started.elapsed()
+        ));
+    }
+
     fn clear(&self) -> Vec<String> {
         let found = match self.test_objects() {
             Ok(found) => found,
