@@ -79,9 +79,11 @@ pub async fn start(flags: &[String], progress: &dyn Fn(&str)) -> Result<Prepared
             "--detach, --on-limit and --max-wait are per turn here, not the session's",
         ));
     }
-    Ok(crate::commands::turn::new_session(&mut args, true, progress)
-        .await?
-        .into())
+    Ok(
+        crate::commands::turn::new_session(&mut args, true, progress)
+            .await?
+            .into(),
+    )
 }
 
 /// The session `target` (a handle, id, unique prefix or name) opened as `caw-box resume
@@ -90,7 +92,9 @@ pub async fn resume(target: &str, flags: &[String]) -> Result<Prepared> {
     let mut args = parse::<ResumeFlags>(flags)?.resume;
     with_placeholder(&mut args.turn);
     if args.group.is_some() || args.target.is_some() {
-        return Err(Error::usage("resume one session: give its target, no --group"));
+        return Err(Error::usage(
+            "resume one session: give its target, no --group",
+        ));
     }
     Ok(crate::commands::turn::open_session(target, &args.turn)
         .await?

@@ -26,8 +26,8 @@ use crate::settings;
 mod detach;
 mod group;
 
-pub use detach::detached_driver;
 pub(crate) use detach::detach;
+pub use detach::detached_driver;
 use detach::{print_detached, turn_recorded};
 use group::resume_group;
 
