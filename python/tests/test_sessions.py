@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -58,21 +59,44 @@ def cross_process_resume(rig, provider: str) -> str:
 def test_codex_across_processes_stream_on_event_gil_and_timeout(rig):
     handle = cross_process_resume(rig, "codex")
 
-    # In this process: the same session by its handle. `stream` yields the turn's events
-    # (text before the result), the same ones its Turn records; `on_event` sees what the
-    # Turn records. (Still to prove: events before the turn ends, the GIL free meanwhile:
-    # a host-made workspace file did not release a tool command in time; see the report.)
+    # In this process: the same session by its handle. A thread runs Python during a turn
+    # (the GIL is free): the turn's tool command waits for a file that only that thread
+    # makes, once the turn's first event came (so events come while the turn runs) and it
+    # counted. With the GIL held by the turn, it could not: the command would give up after
+    # codex's 10 s without the file. `on_event` sees what the Turn records.
     session = caw_box.Agent.resume_session(handle, env={"OPENAI_API_KEY": TEST_KEY})
+    seen = []
+    counted = []
+    running = threading.Event()
+
+    def on_event(e):
+        seen.append(e)
+        running.set()
+
+    def count_then_release():
+        running.wait(120)
+        n = 0
+        for _ in range(200_000):
+            n += 1
+        counted.append(n)
+        (rig.workspace / "gil").touch()
+
+    counter = threading.Thread(target=count_then_release)
+    counter.start()
+    turn = session.send("RUN:while [ ! -e /workspace/gil ]; do sleep 0.1; done; echo gil-free", on_event=on_event)
+    counter.join()
+    assert counted == [200_000]
+    assert turn.status == "success" and "gil-free" in turn.result, turn
+    assert seen == turn.events and seen[-1]["type"] == "result"
+    assert turn.usage.input_tokens > 0 and turn.duration_ms > 0 and turn.exit_code == 0
+
+    # `stream` yields the events as they come: text ones before the result, the ones its
+    # Turn records.
     stream = session.stream("RECALL")
     streamed = list(stream)
     types = [e["type"] for e in streamed]
     assert "text" in types and types.index("text") < types.index("result"), types
-    assert stream.turn.status == "success" and stream.turn.events == streamed
-    seen = []
-    turn = session.send("RECALL", on_event=seen.append)
-    assert turn.status == "success" and "kiwi" in turn.result, turn
-    assert seen == turn.events and seen[-1]["type"] == "result"
-    assert turn.usage.input_tokens > 0 and turn.duration_ms > 0 and turn.exit_code == 0
+    assert stream.turn.status == "success" and "kiwi" in stream.turn.result and stream.turn.events == streamed
 
     # A timeout: the Turn says so, check=True raises TimeoutError (exit 124), also the
     # builtin TimeoutError; the session stays resumable.
