@@ -41,7 +41,7 @@ class Rig:
                "-e", f"STUB_EXPECT_KEY={TEST_KEY}", STUB_IMAGE)
         self.endpoint = f"http://{self.stub}:8080"
 
-    def env(self) -> dict:
+    def env(self) -> dict:  # noqa: D401
         """The environment caw-box gets in a test: this rig's data dir and labels, no key, no
         user config file or CAW_BOX_* setting."""
         env = {k: v for k, v in os.environ.items()
@@ -91,8 +91,9 @@ def rig():
     r = Rig()
     # This process's own caw-box calls (in-process tests) see the rig's settings too.
     saved = dict(os.environ)
+    env = r.env()
     os.environ.clear()
-    os.environ.update(r.env())
+    os.environ.update(env)
     try:
         yield r
     finally:
