@@ -2,7 +2,7 @@
 model on the rig's internal network (conftest.py). Codex for most points, one claude case;
 sessions are reused across assertions to keep the stage's cost small."""
 
-import asyncio
+import functools
 import os
 import shutil
 import subprocess
@@ -148,3 +148,24 @@ kind("no_credentials", lambda: caw_box.Agent("codex", **kw).start_session().send
     out = rig.python(ERRORS.format(body='kind("no_daemon", lambda: caw_box.sessions())\n'
                                         'out["oserror"] = issubclass(caw_box.EnvironmentError, OSError)'), env=env)
     assert out == {"no_daemon": ["EnvironmentError", "environment", 3], "oserror": True}, out
+
+
+def test_the_cross_process_resume_example_with_settings_from_caw_box_variables(rig):
+    # The example names no setting: provider, model, endpoint and network come from the
+    # CAW_BOX_* variables, as the CLI takes them; the key from the host's variable.
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                           "cross_process_resume.py")
+    env = dict(rig.env(), CAW_BOX_PROVIDER="codex", CAW_BOX_MODEL="gpt-5.5", CAW_BOX_ENDPOINT=rig.endpoint,
+               CAW_BOX_NETWORK=rig.network, OPENAI_API_KEY=TEST_KEY)
+    run = functools.partial(subprocess.run, capture_output=True, text=True, env=env, cwd=str(rig.workspace),
+                            timeout=300)
+    first = run([sys.executable, example, "start", "REMEMBER:fig"])
+    assert first.returncode == 0, first.stderr
+    assert "Noted: fig." in first.stderr
+    handle = first.stdout.strip()
+    second = run([sys.executable, example, "resume", "RECALL"], input=handle)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "You told me to remember fig."
+    # A variable's bad value is refused as the CLI refuses it (exit 2).
+    bad = run([sys.executable, example, "start", "hi"], env=dict(env, CAW_BOX_NETWORK="none"))
+    assert bad.returncode == 2 and "CAW_BOX_NETWORK" in bad.stderr, bad.stderr
