@@ -73,6 +73,18 @@ def test_detached_turn_waited_for_by_name_from_another_process(rig):
     assert waiter.returncode == 0, err
     assert json.loads(out.strip().splitlines()[-1]) == {"status": "success", "result": "Noted: late.", "turn": 1}
     assert running.wait().result == "Noted: late."
+    # A detached turn followed as it runs, and stopped: the session stays resumable.
+    other = caw_box.Agent("codex", **rig.agent_kwargs("codex")).start_session()
+    running = other.send("HOLD:bg2 REMEMBER:stopped", detach=True)
+    wait_held(rig, "bg2", 1)
+    followed = []
+    follower = threading.Thread(target=lambda: followed.extend(running.follow()))
+    follower.start()
+    running.stop()
+    follower.join(120)
+    assert not follower.is_alive()
+    assert followed and followed[-1]["type"] == "result" and followed[-1]["status"] == "interrupted", followed
+    assert [r["status"] for r in caw_box.sessions() if r["session_id"] == other.id] != ["running"]
 
 
 CTRL_C = """
@@ -105,3 +117,25 @@ def test_ctrl_c_during_send_stops_the_turn_and_raises_keyboard_interrupt(rig):
     # The turn was stopped and recorded as interrupted; the session went on.
     assert json.loads(out.strip().splitlines()[-1]) == {"interrupted": True, "again": "success",
                                                          "turns": ["interrupted", "success"]}, out + err
+
+
+AUTH = """
+import json, caw_box
+before = [r["present"] for r in caw_box.auth.status()]
+got = caw_box.auth.collect("codex")
+after = {r["provider"]: r for r in caw_box.auth.status()}
+print(json.dumps(dict(before=before, got=got, after=after)))
+"""
+
+
+def test_auth_collect_and_status_are_values(rig, tmp_path):
+    # A store of its own (the other tests' has no credentials, by design).
+    env = dict(rig.env(), CAW_BOX_DATA_DIR=str(tmp_path), OPENAI_API_KEY=TEST_KEY)
+    out = rig.python(AUTH, env=env)
+    assert out["before"] == [False] * 4, out
+    found = out["got"]["codex"]["found"]
+    assert {"kind": "env", "target": "OPENAI_API_KEY", "source": "env:OPENAI_API_KEY"}.items() <= found[0].items(), found
+    assert out["after"]["codex"]["present"] and out["after"]["codex"]["items"][0]["state"] == "ok", out
+    assert out["got"]["stored_in"].startswith(str(tmp_path))
+    # Values about the secret, never the secret.
+    assert TEST_KEY not in json.dumps(out)
