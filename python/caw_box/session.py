@@ -153,7 +153,17 @@ class Agent:
             agent = cls(None, **kwargs)
         elif kwargs:
             raise TypeError("resume_session on an agent takes its settings from the agent")
-        _ensure_connected(agent.backend, agent.namespace)
+        backend, namespace = agent.backend, agent.namespace
+        # A handle names where its session lives (as on the command line): its backend and
+        # namespace apply where the agent says nothing.
+        try:
+            handle = json.loads(handle_or_target)
+        except ValueError:
+            handle = None
+        if isinstance(handle, dict) and backend is None and handle.get("backend"):
+            backend = handle["backend"]
+            namespace = namespace if namespace is not None else handle.get("namespace")
+        _ensure_connected(backend, namespace)
         return Session(_native_call(_native.resume, handle_or_target, agent._turn_flags))
 
 

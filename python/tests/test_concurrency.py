@@ -73,18 +73,23 @@ def test_detached_turn_waited_for_by_name_from_another_process(rig):
     assert waiter.returncode == 0, err
     assert json.loads(out.strip().splitlines()[-1]) == {"status": "success", "result": "Noted: late.", "turn": 1}
     assert running.wait().result == "Noted: late."
-    # A detached turn followed as it runs, and stopped: the session stays resumable.
+    # A detached turn followed to its end: `follow()` yields its events as they come.
     other = caw_box.Agent("codex", **rig.agent_kwargs("codex")).start_session()
-    running = other.send("HOLD:bg2 REMEMBER:stopped", detach=True)
+    running = other.send("HOLD:bg2 REMEMBER:followed", detach=True)
     wait_held(rig, "bg2", 1)
     followed = []
     follower = threading.Thread(target=lambda: followed.extend(running.follow()))
     follower.start()
-    running.stop()
+    rig.stub_control("POST", "/_stub/release/bg2")
     follower.join(120)
     assert not follower.is_alive()
-    assert followed and followed[-1]["type"] == "result" and followed[-1]["status"] == "interrupted", followed
-    assert [r["status"] for r in caw_box.sessions() if r["session_id"] == other.id] != ["running"]
+    assert followed and followed[-1]["type"] == "result" and followed[-1]["result"] == "Noted: followed.", followed
+    # And one stopped: it no longer runs.
+    third = caw_box.Agent("codex", **rig.agent_kwargs("codex")).start_session()
+    running = third.send("HOLD:bg3 REMEMBER:stopped", detach=True)
+    wait_held(rig, "bg3", 1)
+    running.stop()
+    assert [r["status"] for r in caw_box.sessions() if r["session_id"] == third.id] != ["running"]
 
 
 CTRL_C = """
