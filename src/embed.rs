@@ -122,3 +122,40 @@ pub fn auth_status() -> Result<serde_json::Value> {
 pub fn auth_collect(providers: &[String], keyring: bool) -> Result<serde_json::Value> {
     crate::commands::auth::collect_value(providers, keyring)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn flags_parse_as_the_command_lines_and_a_bad_one_is_a_usage_error() {
+        let run = parse::<RunFlags>(&flags(&[
+            "--provider=codex",
+            "--model=gpt-5.5",
+            "--env=K=V",
+        ]))
+        .unwrap()
+        .run;
+        assert_eq!(run.provider.as_deref(), Some("codex"));
+        assert_eq!(run.turn.settings.model.as_deref(), Some("gpt-5.5"));
+        assert_eq!(run.turn.env, vec!["K=V".to_string()]);
+        let e = parse::<RunFlags>(&flags(&["--modle=x"])).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("--modle"), "{e}");
+    }
+
+    #[test]
+    fn per_turn_flags_are_refused_as_a_sessions() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let e = rt
+            .block_on(start(&flags(&["--provider=codex", "--detach"]), &|_| {}))
+            .unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+    }
+}

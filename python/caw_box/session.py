@@ -9,7 +9,7 @@ import queue
 import subprocess
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Union
 
 from . import _native, _native_call, _ensure_connected, binary, errors
 

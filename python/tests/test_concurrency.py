@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import caw_box
 
