@@ -5,6 +5,7 @@
 //! its exception family.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -85,13 +86,37 @@ fn connect(
 struct NativeSession {
     inner: Arc<tokio::sync::Mutex<Prepared>>,
     id: String,
+    /// A detached turn ran since the record was read: another process recorded it, so
+    /// this one reads the session again before it uses the record (the next turn's
+    /// number, the conversation's key).
+    stale: Arc<AtomicBool>,
 }
 
 fn wrap(p: Prepared) -> NativeSession {
     NativeSession {
         id: p.session.id().to_string(),
         inner: Arc::new(tokio::sync::Mutex::new(p)),
+        stale: Arc::new(AtomicBool::new(false)),
     }
+}
+
+/// `p`'s session read again from the backend if a detached turn made it stale.
+async fn refresh(p: &mut Prepared, stale: &AtomicBool, id: &str) -> caw_box::Result<()> {
+    if stale.swap(false, Ordering::SeqCst) {
+        let settings = p.session.record().settings.clone();
+        match p.client.open(id).await {
+            Ok(mut fresh) => {
+                // This process's overrides (as a resume's flags) stay.
+                *fresh.settings_mut() = settings;
+                p.session = fresh;
+            }
+            Err(e) => {
+                stale.store(true, Ordering::SeqCst);
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A new session from `caw-box run`'s flags.
@@ -141,14 +166,20 @@ impl NativeSession {
     }
 
     /// The resume handle; `None` before the vendor's conversation exists.
-    fn handle(&self) -> PyResult<Option<String>> {
-        let p = self.inner.try_lock().map_err(|_| busy(&self.id))?;
+    fn handle(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        let mut p = self.inner.try_lock().map_err(|_| busy(&self.id))?;
+        let rt = rt()?;
+        py.allow_threads(|| rt.block_on(refresh(&mut p, &self.stale, &self.id)))
+            .map_err(raise)?;
         Ok((!p.session.record().resume_key.is_empty()).then(|| p.session.handle().to_json()))
     }
 
     /// The session's record (settings, turns) as JSON.
-    fn record(&self) -> PyResult<String> {
-        let p = self.inner.try_lock().map_err(|_| busy(&self.id))?;
+    fn record(&self, py: Python<'_>) -> PyResult<String> {
+        let mut p = self.inner.try_lock().map_err(|_| busy(&self.id))?;
+        let rt = rt()?;
+        py.allow_threads(|| rt.block_on(refresh(&mut p, &self.stale, &self.id)))
+            .map_err(raise)?;
         Ok(serde_json::to_string(p.session.record()).unwrap_or_default())
     }
 
@@ -167,8 +198,10 @@ impl NativeSession {
         let rt = rt()?;
         let inner = self.inner.clone();
         let id = self.id.clone();
+        let stale = self.stale.clone();
         py.allow_threads(move || {
             let mut p = inner.try_lock_owned().map_err(|_| busy(&id))?;
+            rt.block_on(refresh(&mut p, &stale, &id)).map_err(raise)?;
             let mut options = p.options.clone();
             options.prompt = prompt;
             if let Some(t) = timeout {
@@ -227,15 +260,19 @@ impl NativeSession {
         let rt = rt()?;
         let inner = self.inner.clone();
         let id = self.id.clone();
+        let stale = self.stale.clone();
         py.allow_threads(move || {
-            let p = inner.try_lock().map_err(|_| busy(&id))?;
+            let mut p = inner.try_lock().map_err(|_| busy(&id))?;
+            rt.block_on(refresh(&mut p, &stale, &id)).map_err(raise)?;
             let mut options = p.options.clone();
             options.prompt = prompt;
             if let Some(t) = timeout {
                 options.timeout = Some(Duration::from_secs_f64(t.max(0.001)));
             }
-            rt.block_on(caw_box::embed::detach(&p.client, &p.session, &options))
-                .map_err(raise)
+            let started = rt.block_on(caw_box::embed::detach(&p.client, &p.session, &options));
+            // Whether or not it started, the driver may have recorded a turn.
+            stale.store(true, Ordering::SeqCst);
+            started.map_err(raise)
         })
     }
 }

@@ -72,6 +72,9 @@ def test_detached_turn_waited_for_by_name_from_another_process(rig):
     assert waiter.returncode == 0, err
     assert json.loads(out.strip().splitlines()[-1]) == {"status": "success", "result": "Noted: late.", "turn": 1}
     assert running.wait().result == "Noted: late."
+    # The Session object goes on after its detached turn (which another process recorded).
+    after = session.send("RECALL")
+    assert (after.status, after.turn, after.result) == ("success", 2, "You told me to remember late."), after
     # A detached turn followed to its end: `follow()` yields its events as they come.
     other = caw_box.Agent("codex", **rig.agent_kwargs("codex")).start_session()
     running = other.send("HOLD:bg2 REMEMBER:followed", detach=True)
