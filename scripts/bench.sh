@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make bench`: builds release binaries and runs the benchmark program (benches/bench.rs).
+# `make bench`: builds release binaries and runs the benchmark program (benches/bench.rs),
+# then the Python part (python/bench.py; `--only python` runs just that).
 # `scripts/bench.sh --smoke` is the short run that `make test` does, so it cannot rot: it runs
 # the debug build the tests already made (its numbers are not held to the targets, and a
 # fat-LTO release build would cost CI minutes for nothing it checks).
@@ -9,4 +10,18 @@ if [[ " $* " == *" --smoke "* ]]; then
     exec cargo bench --workspace --profile dev --quiet --bench bench -- "$@"
 fi
 cargo build --release --quiet --bin caw-box
-cargo bench --quiet --bench bench -- "$@"
+if [[ " $* " != *" --only "* ]] || [[ " $* " == *" --only python "* ]]; then
+    if [[ " $* " != *" --only python "* ]]; then
+        cargo bench --quiet --bench bench -- "$@"
+    fi
+    # The Python part (python/bench.py): `Session.send` against the CLI's turn, with the
+    # wheel built as published (release profile) into a virtualenv of its own.
+    target=${CARGO_TARGET_DIR:-$PWD/target}
+    venv=$target/bench-python-venv
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    CARGO_TARGET_DIR=$target CAW_BOX_WHEEL_PROFILE=release \
+        "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall ./python
+    "$venv/bin/python" python/bench.py
+else
+    cargo bench --quiet --bench bench -- "$@"
+fi

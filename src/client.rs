@@ -105,6 +105,7 @@ pub struct ClientBuilder {
     context: Option<String>,
     docker_host: Option<String>,
     image_repo: Option<String>,
+    driver: Option<std::path::PathBuf>,
 }
 
 impl ClientBuilder {
@@ -140,6 +141,13 @@ impl ClientBuilder {
         self
     }
 
+    /// The `caw-box` executable that drives detached turns (default: this process's own
+    /// executable, which is right for the binary, not for a program embedding the library).
+    pub fn driver(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.driver = Some(path.into());
+        self
+    }
+
     /// Checks the settings and makes them this process's (see [`crate::connection`]),
     /// without connecting: what the binary does before it dispatches a command.
     pub fn install(self) -> Result<()> {
@@ -166,6 +174,7 @@ impl ClientBuilder {
             docker_context,
             docker_host: self.docker_host,
             image_repo: self.image_repo,
+            driver: self.driver,
         })
         .map_err(|installed| {
             Error::usage(format!(

@@ -27,6 +27,9 @@ pub struct Connection {
     pub docker_host: Option<String>,
     /// The image repository (`CAW_BOX_IMAGE_REPO`).
     pub image_repo: Option<String>,
+    /// The `caw-box` executable that drives a detached turn; unset: this process's own
+    /// (a program embedding the library, e.g. Python, names the installed binary).
+    pub driver: Option<std::path::PathBuf>,
 }
 
 static INSTALLED: OnceLock<Connection> = OnceLock::new();
@@ -84,6 +87,15 @@ impl Connection {
         .into_iter()
         .filter_map(|k| self.value(k).map(|v| (k, v.to_string())))
         .collect()
+    }
+}
+
+/// The executable a detached turn's driver runs: the installed connection's `driver`, else
+/// this process's own.
+pub fn driver() -> std::io::Result<std::path::PathBuf> {
+    match INSTALLED.get().and_then(|c| c.driver.clone()) {
+        Some(path) => Ok(path),
+        None => std::env::current_exe(),
     }
 }
 

@@ -18,6 +18,7 @@ mod commands;
 pub mod config;
 pub mod connection;
 pub mod dirs;
+pub mod embed;
 pub mod endpoint;
 pub mod error;
 pub mod event;

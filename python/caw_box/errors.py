@@ -1,6 +1,7 @@
 """The exception family: each carries the JSON error object's `kind`, `message`, `hint` and
 `exit_code` (SPEC.md's exit codes), as `caw-box -o json` prints it."""
 
+import builtins
 import json
 from typing import Optional
 
@@ -10,8 +11,11 @@ class CawBoxError(Exception):
 
     kind = "error"
 
-    def __init__(self, message: str, *, hint: Optional[str] = None, exit_code: int = 1, kind: Optional[str] = None):
-        super().__init__(message if hint is None else f"{message} (hint: {hint})")
+    def __init__(self, message: str, *, hint: Optional[str] = None, exit_code: int = 1, kind: Optional[str] = None,
+                 turn: "Optional[object]" = None):
+        Exception.__init__(self, message if hint is None else f"{message} (hint: {hint})")
+        #: The `Turn` of a turn that ran and failed (`send(..., check=True)`), else None.
+        self.turn = turn
         self.message = message
         self.hint = hint
         self.exit_code = exit_code
@@ -27,7 +31,10 @@ class UsageError(CawBoxError):
     kind = "usage"
 
 
-class EnvironmentError(CawBoxError):  # noqa: A001 - the error kind's own name
+class EnvironmentError(CawBoxError, OSError):  # noqa: A001 - the error kind's own name
+    """Docker (or the cluster) cannot be reached or did not do what was asked (exit 3);
+    also an `OSError`, as the builtin of that name is."""
+
     kind = "environment"
 
 
@@ -39,11 +46,16 @@ class UsageLimitError(CawBoxError):
     kind = "usage_limit"
 
 
-class TimeoutError(CawBoxError):  # noqa: A001
+class TimeoutError(CawBoxError, builtins.TimeoutError):  # noqa: A001
+    """The turn ran out of time (exit 124); also the builtin `TimeoutError`, so
+    `except TimeoutError` catches it either way."""
+
     kind = "timeout"
 
 
-class InterruptedError(CawBoxError):  # noqa: A001
+class InterruptedError(CawBoxError, builtins.InterruptedError):  # noqa: A001
+    """The turn was interrupted (exit 130); also the builtin `InterruptedError`."""
+
     kind = "interrupted"
 
 
@@ -51,10 +63,11 @@ _BY_KIND = {c.kind: c for c in (TurnFailedError, UsageError, EnvironmentError, C
                                  UsageLimitError, TimeoutError, InterruptedError)}
 
 
-def from_report(text: str) -> CawBoxError:
+def from_report(text: str, turn=None) -> CawBoxError:
     """The exception for the library's error object (`{"status":"error","error":{...},
     "exit_code":N}`)."""
     report = json.loads(text)
     detail = report["error"]
     cls = _BY_KIND.get(detail["kind"], CawBoxError)
-    return cls(detail["message"], hint=detail.get("hint"), exit_code=report["exit_code"], kind=detail["kind"])
+    return cls(detail["message"], hint=detail.get("hint"), exit_code=report["exit_code"], kind=detail["kind"],
+               turn=turn)

@@ -100,25 +100,7 @@ pub fn status(json: bool) -> Result<i32> {
         .map(|p| (*p, store.manifest(*p)))
         .collect();
     if json {
-        let out: Vec<ProviderStatus<'_>> = manifests
-            .iter()
-            .map(|(p, m)| ProviderStatus {
-                provider: *p,
-                present: !m.items.is_empty(),
-                items: m
-                    .items
-                    .iter()
-                    .map(|i| StatusItem {
-                        item: i,
-                        state: match expiry_text(i.expires_at).1 {
-                            "" => "ok",
-                            s => s,
-                        },
-                    })
-                    .collect(),
-            })
-            .collect();
-        output::print_json(&out);
+        output::print_json(&status_rows(&manifests));
         return Ok(0);
     }
     let mut rows = vec![[
@@ -164,6 +146,67 @@ pub fn status(json: bool) -> Result<i32> {
     }
     output::print_table(&rows);
     Ok(0)
+}
+
+/// `auth status --json`'s rows, from each provider's manifest.
+fn status_rows(manifests: &[(ProviderKind, store::Manifest)]) -> Vec<ProviderStatus<'_>> {
+    manifests
+        .iter()
+        .map(|(p, m)| ProviderStatus {
+            provider: *p,
+            present: !m.items.is_empty(),
+            items: m
+                .items
+                .iter()
+                .map(|i| StatusItem {
+                    item: i,
+                    state: match expiry_text(i.expires_at).1 {
+                        "" => "ok",
+                        s => s,
+                    },
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// What `auth status --json` prints, as a value (for the library's `embed`).
+pub(crate) fn status_value() -> Result<serde_json::Value> {
+    let store = Store::open()?;
+    let manifests: Vec<(ProviderKind, store::Manifest)> = ProviderKind::ALL
+        .iter()
+        .map(|p| (*p, store.manifest(*p)))
+        .collect();
+    Ok(serde_json::to_value(status_rows(&manifests)).expect("status serializes"))
+}
+
+/// `auth collect` for `names` (all providers when empty) as a value: per provider, what was
+/// `found` (items without secrets), `kept_newer` and the `warnings` (for the library's `embed`).
+pub(crate) fn collect_value(names: &[String], keyring: bool) -> Result<serde_json::Value> {
+    let store = Store::open()?;
+    let kind = if keyring {
+        store::StoreKind::Keyring
+    } else {
+        store::StoreKind::Files
+    };
+    let env = |k: &str| std::env::var(k).ok();
+    let mut out = serde_json::Map::new();
+    for p in providers(names)? {
+        let report = store::collect(&store, p, kind, &env)?;
+        out.insert(
+            p.to_string(),
+            serde_json::json!({
+                "found": report.found,
+                "kept_newer": report.kept_newer,
+                "warnings": report.warnings,
+            }),
+        );
+    }
+    out.insert(
+        "stored_in".into(),
+        store.root().display().to_string().into(),
+    );
+    Ok(out.into())
 }
 
 /// The flags a plain `docker run` of a caw-box image needs for `p`'s credentials: the

@@ -115,29 +115,7 @@ pub fn ago(secs: u64) -> String {
 }
 
 pub async fn ls(json: bool, all: bool, group: Option<String>) -> Result<i32> {
-    let backend = crate::backend::connect().await?;
-    let (views, running) = tokio::try_join!(
-        target::list_sessions(&backend),
-        lifecycle::running_turns(&backend)
-    )?;
-    let mut rows: Vec<Row> = views
-        .iter()
-        .filter(|v| group.is_none() || v.facts.group == group)
-        .map(|v| {
-            let mut r = row(v, running.get(&v.facts.session_id).copied());
-            r.fallback_to = fallbacks_of(&views, v.facts.session_id);
-            r
-        })
-        .collect();
-    if all {
-        rows.extend(removed_but_cached(&views, group.as_deref()));
-    }
-    sum_groups(&mut rows);
-    rows.sort_by(|a, b| {
-        b.last_activity
-            .cmp(&a.last_activity)
-            .then(b.created_at.cmp(&a.created_at))
-    });
+    let rows = rows(all, group).await?;
     if json {
         output::print_json(&rows);
         return Ok(0);
@@ -164,6 +142,39 @@ pub async fn ls(json: bool, all: bool, group: Option<String>) -> Result<i32> {
     }
     output::print_table(&table);
     Ok(0)
+}
+
+/// The rows `ls --json` prints, as a value (for the library's `embed`).
+pub(crate) async fn ls_rows(all: bool, group: Option<String>) -> Result<serde_json::Value> {
+    Ok(serde_json::to_value(rows(all, group).await?).expect("rows serialize"))
+}
+
+/// The rows of `ls`, newest activity first.
+async fn rows(all: bool, group: Option<String>) -> Result<Vec<Row>> {
+    let backend = crate::backend::connect().await?;
+    let (views, running) = tokio::try_join!(
+        target::list_sessions(&backend),
+        lifecycle::running_turns(&backend)
+    )?;
+    let mut rows: Vec<Row> = views
+        .iter()
+        .filter(|v| group.is_none() || v.facts.group == group)
+        .map(|v| {
+            let mut r = row(v, running.get(&v.facts.session_id).copied());
+            r.fallback_to = fallbacks_of(&views, v.facts.session_id);
+            r
+        })
+        .collect();
+    if all {
+        rows.extend(removed_but_cached(&views, group.as_deref()));
+    }
+    sum_groups(&mut rows);
+    rows.sort_by(|a, b| {
+        b.last_activity
+            .cmp(&a.last_activity)
+            .then(b.created_at.cmp(&a.created_at))
+    });
+    Ok(rows)
 }
 
 /// Sessions the host cache knows that Docker no longer has.

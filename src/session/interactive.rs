@@ -110,12 +110,12 @@ pub(super) async fn drive_tui(
             },
             _ = window_changed(&mut resized) => follow_size(backend, name).await,
             // A SIGINT not typed on this terminal (`kill -INT`): the TUI gets it as a Ctrl-C.
-            _ = interrupts.int.recv() => {
+            _ = super::turn::next(&mut interrupts.int) => {
                 let _ = input.write_all(b"\x03").await;
                 let _ = input.flush().await;
             }
-            _ = interrupts.term.recv() => break Some(Status::Interrupted),
-            _ = interrupts.hup.recv() => break Some(Status::Interrupted),
+            _ = super::turn::next(&mut interrupts.term) => break Some(Status::Interrupted),
+            _ = super::turn::next(&mut interrupts.hup) => break Some(Status::Interrupted),
             _ = sleep_until(deadline) => break Some(Status::Timeout),
         }
     };

@@ -38,7 +38,8 @@ pub use super::headless::model_host;
 pub use super::history::cache_record;
 pub use super::runtime::{RUNTIME_MOUNT, RUN_DIR as RUNTIME_DIR, STOP_REQUEST};
 pub use super::turn::{
-    container_name, handle_of, image_hint_for, turn_error, TurnOptions, DEFAULT_CONNECT_TIMEOUT,
+    container_name, handle_of, image_hint_for, leave_signals_to_the_caller, turn_error,
+    TurnOptions, DEFAULT_CONNECT_TIMEOUT,
 };
 
 /// Runs one turn of `record`'s session and updates `record` with it.

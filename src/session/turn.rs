@@ -67,30 +67,61 @@ pub fn handle_of(record: &SessionRecord) -> ResumeHandle {
     )
 }
 
-/// Signals that end a turn early: Ctrl-C, SIGTERM, and SIGHUP (the terminal went away).
+/// Set by a program that embeds caw-box and keeps its own signals (the Python package: its
+/// Ctrl-C is Python's `KeyboardInterrupt`, its SIGTERM still ends it): turns then install no
+/// handlers (which would outlive the turn and swallow SIGTERM and SIGHUP), and the caller
+/// stops a turn itself (`Session::stop`).
+static CALLER_HANDLES_SIGNALS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Turns of this process leave SIGINT, SIGTERM and SIGHUP to the caller (see
+/// [`CALLER_HANDLES_SIGNALS`]).
+pub fn leave_signals_to_the_caller() {
+    CALLER_HANDLES_SIGNALS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Signals that end a turn early: Ctrl-C, SIGTERM, and SIGHUP (the terminal went away);
+/// none where the caller handles signals.
 pub(super) struct Interrupts {
-    pub(super) int: tokio::signal::unix::Signal,
-    pub(super) term: tokio::signal::unix::Signal,
-    pub(super) hup: tokio::signal::unix::Signal,
+    pub(super) int: Option<tokio::signal::unix::Signal>,
+    pub(super) term: Option<tokio::signal::unix::Signal>,
+    pub(super) hup: Option<tokio::signal::unix::Signal>,
 }
 
 impl Interrupts {
     pub(super) fn install() -> Result<Self> {
+        if CALLER_HANDLES_SIGNALS.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(Interrupts {
+                int: None,
+                term: None,
+                hup: None,
+            });
+        }
         let err = |e| Error::environment(format!("failed to install signal handlers: {e}"));
         Ok(Interrupts {
-            int: signal(SignalKind::interrupt()).map_err(err)?,
-            term: signal(SignalKind::terminate()).map_err(err)?,
-            hup: signal(SignalKind::hangup()).map_err(err)?,
+            int: Some(signal(SignalKind::interrupt()).map_err(err)?),
+            term: Some(signal(SignalKind::terminate()).map_err(err)?),
+            hup: Some(signal(SignalKind::hangup()).map_err(err)?),
         })
     }
 
     /// Any of the three.
     pub(super) async fn recv(&mut self) {
         tokio::select! {
-            _ = self.int.recv() => {},
-            _ = self.term.recv() => {},
-            _ = self.hup.recv() => {},
+            _ = next(&mut self.int) => {},
+            _ = next(&mut self.term) => {},
+            _ = next(&mut self.hup) => {},
         }
+    }
+}
+
+/// The next delivery of `signal`; never, where it has no handler.
+pub(super) async fn next(signal: &mut Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

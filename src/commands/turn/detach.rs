@@ -64,7 +64,7 @@ impl DriveJob {
 
 /// Starts the turn in a background `caw-box __drive` process that outlives this one, and
 /// returns once its container runs (or with the error that kept it from starting).
-pub(super) async fn detach(
+pub(crate) async fn detach(
     backend: &Engine,
     session: &Session,
     options: &TurnOptions,
@@ -74,7 +74,7 @@ pub(super) async fn detach(
         session.record().settings.clone(),
         options,
     );
-    let exe = std::env::current_exe()
+    let exe = crate::connection::driver()
         .map_err(|e| Error::environment(format!("cannot find caw-box's own executable: {e}")))?;
     let mut child = {
         use std::os::unix::process::CommandExt;

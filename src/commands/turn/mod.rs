@@ -26,8 +26,9 @@ use crate::settings;
 mod detach;
 mod group;
 
+pub(crate) use detach::detach;
 pub use detach::detached_driver;
-use detach::{detach, print_detached, turn_recorded};
+use detach::{print_detached, turn_recorded};
 use group::resume_group;
 
 /// The secrets of a config file's MCP servers that the session's own servers take, added to
@@ -79,6 +80,70 @@ fn turn_options(args: &TurnArgs, config: &Resolved) -> Result<TurnOptions> {
 }
 
 pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
+    let printer = Printer::new(args.turn.output, quiet, verbose);
+    let limit = limit_args(&args.turn)?;
+    let NewTurn {
+        client,
+        mut session,
+        options,
+    } = new_session(&mut args, quiet, &|line| printer.progress(line)).await?;
+    let mut printer = printer;
+    if args.turn.detach {
+        let started = detach(client.backend(), &session, &options).await;
+        // This process's record never has a turn; Docker's says whether the driver ran one.
+        if started.is_err() && !turn_recorded(client.backend(), &session).await {
+            let _ = session.discard_if_unused().await;
+        }
+        return started.map(|()| print_detached(&session, args.turn.output));
+    }
+    // Announced once the turn runs (its first event), so a refusal stays one line.
+    let announce = format!(
+        "started {} session {}",
+        session.record().provider,
+        session.id()
+    );
+    let mut announced = false;
+    let on_event = |e: &Event| {
+        if !std::mem::replace(&mut announced, true) {
+            printer.progress(&announce);
+        }
+        printer.event(e)
+    };
+    match send(
+        &client,
+        &mut session,
+        options,
+        &limit,
+        &printer_progress(quiet),
+        on_event,
+    )
+    .await
+    {
+        Ok(result) => finish(&result),
+        Err(e) => {
+            // The first turn never ran: take the session back, so nothing half-made stays.
+            let _ = session.discard_if_unused().await;
+            Err(e)
+        }
+    }
+}
+
+/// A session ready for its first turn (or a resumed one ready for its next), and that turn's
+/// options (the prompt aside for a caller that sends several): what `run` and `resume` do
+/// before the turn, shared with the library's [`crate::embed`].
+pub(crate) struct NewTurn {
+    pub client: Client,
+    pub session: Session,
+    pub options: TurnOptions,
+}
+
+/// `run` up to its first turn: the flags, config files and variables resolved, the session's
+/// checks and its state volume made; `progress` hears what it decided (a model discovered).
+pub(crate) async fn new_session(
+    args: &mut RunArgs,
+    quiet: bool,
+    progress: &dyn Fn(&str),
+) -> Result<NewTurn> {
     let mut flags = Layer::from_flags(
         args.provider.as_deref(),
         args.group.as_deref(),
@@ -106,12 +171,9 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     session_settings.check_agent_config(provider)?;
     let mut options = turn_options(&args.turn, &config)?;
     add_config_mcp_env(&mut options, &config, &session_settings)?;
-    let limit = limit_args(&args.turn)?;
     if config.yes(Key::UserConfig) {
         options.user_files = user_config(provider, quiet)?;
     }
-    let mut printer = Printer::new(args.turn.output, quiet, verbose);
-
     let client = Client::connect().await?;
     check_runtime(client.backend(), &session_settings).await?;
     if session_settings.workspace_mode == WorkspaceMode::Bind {
@@ -128,12 +190,12 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     if models::needs_discovery(provider, &session_settings) {
         let (model, how) =
             models::discover(client.backend(), provider, &session_settings, &options.env).await?;
-        printer.progress(&format!(
+        progress(&format!(
             "no --model given: using {model}, {how} (pass --model to choose)"
         ));
         session_settings.model = Some(model);
     }
-    let mut session = client
+    let session = client
         .start_session(NewSession {
             provider,
             name: args.name.clone(),
@@ -141,40 +203,11 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
             settings: session_settings,
         })
         .await?;
-    if args.turn.detach {
-        let started = detach(client.backend(), &session, &options).await;
-        // This process's record never has a turn; Docker's says whether the driver ran one.
-        if started.is_err() && !turn_recorded(client.backend(), &session).await {
-            let _ = session.discard_if_unused().await;
-        }
-        return started.map(|()| print_detached(&session, args.turn.output));
-    }
-    // Announced once the turn runs (its first event), so a refusal stays one line.
-    let announce = format!("started {provider} session {}", session.id());
-    let mut announced = false;
-    let on_event = |e: &Event| {
-        if !std::mem::replace(&mut announced, true) {
-            printer.progress(&announce);
-        }
-        printer.event(e)
-    };
-    match send(
-        &client,
-        &mut session,
+    Ok(NewTurn {
+        client,
+        session,
         options,
-        &limit,
-        &printer_progress(quiet),
-        on_event,
-    )
-    .await
-    {
-        Ok(result) => finish(&result),
-        Err(e) => {
-            // The first turn never ran: take the session back, so nothing half-made stays.
-            let _ = session.discard_if_unused().await;
-            Err(e)
-        }
-    }
+    })
 }
 
 pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32> {
@@ -194,17 +227,13 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
         Error::usage("say which session to resume: TARGET (or --group G)")
             .with_hint("`caw-box ls` lists sessions")
     })?;
-    let config = Resolved::load(Layer::default(), args.turn.settings.workspace.as_deref())?;
-    let mut options = turn_options(&args.turn, &config)?;
     let limit = limit_args(&args.turn)?;
     let mut printer = Printer::new(args.turn.output, quiet, verbose);
-    let client = Client::connect().await?;
-    let mut session = client.open(&target).await?;
-    settings::apply_resume_overrides(session.settings_mut(), &args.turn.settings)?;
-    refuse_unsupported(client.backend(), session.settings_mut())?;
-    check_runtime(client.backend(), session.settings_mut()).await?;
-    warn_if_workspace_unwritable(session.settings_mut());
-    add_config_mcp_env(&mut options, &config, session.settings_mut())?;
+    let NewTurn {
+        client,
+        mut session,
+        options,
+    } = open_session(&target, &args.turn).await?;
     if args.turn.detach {
         detach(client.backend(), &session, &options).await?;
         return Ok(print_detached(&session, args.turn.output));
@@ -232,6 +261,25 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
     )
     .await?;
     finish(&result)
+}
+
+/// `resume` of one session up to its turn: the session `target` names opened, the flags
+/// applied over its remembered settings (of the config files, only the turn-level keys).
+pub(crate) async fn open_session(target: &str, turn: &TurnArgs) -> Result<NewTurn> {
+    let config = Resolved::load(Layer::default(), turn.settings.workspace.as_deref())?;
+    let mut options = turn_options(turn, &config)?;
+    let client = Client::connect().await?;
+    let mut session = client.open(target).await?;
+    settings::apply_resume_overrides(session.settings_mut(), &turn.settings)?;
+    refuse_unsupported(client.backend(), session.settings_mut())?;
+    check_runtime(client.backend(), session.settings_mut()).await?;
+    warn_if_workspace_unwritable(session.settings_mut());
+    add_config_mcp_env(&mut options, &config, session.settings_mut())?;
+    Ok(NewTurn {
+        client,
+        session,
+        options,
+    })
 }
 
 /// `--on-limit` and `--max-wait`, checked before anything runs.

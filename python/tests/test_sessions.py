@@ -1,0 +1,171 @@
+"""The session API against real containers: the vendor CLIs in the caw-box images, the stub
+model on the rig's internal network (conftest.py). Codex for most points, one claude case;
+sessions are reused across assertions to keep the stage's cost small."""
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import caw_box
+
+from conftest import TEST_KEY
+
+PROCESS_1 = """
+import json, caw_box
+agent = caw_box.Agent({provider!r}, **{kwargs!r})
+with agent.start_session() as session:
+    try:
+        session.resume_handle
+        early = None
+    except caw_box.UsageError as e:
+        early = [e.kind, e.exit_code]
+    turn = session.send("REMEMBER:kiwi")
+    print(json.dumps(dict(early=early, handle=session.resume_handle, status=turn.status, result=turn.result,
+                          cost=turn.usage.cost_usd, tokens=turn.usage.input_tokens, types=[e["type"] for e in turn.events])))
+"""
+
+PROCESS_2 = """
+import json, caw_box
+session = caw_box.Agent.resume_session({handle!r}, env={env!r})
+turn = session.send("RECALL")
+trajectory = session.end()
+print(json.dumps(dict(status=turn.status, result=turn.result, turn=turn.turn, num_turns=trajectory.num_turns)))
+"""
+
+
+def cross_process_resume(rig, provider: str) -> str:
+    kwargs = rig.agent_kwargs(provider)
+    first = rig.python(PROCESS_1.format(provider=provider, kwargs=kwargs))
+    # No handle before the first turn, as coding-agent-wrapper has it.
+    assert first["early"] == ["usage", 2], first
+    assert first["status"] == "success", first
+    assert "kiwi" in first["result"] and first["tokens"] > 0, first
+    assert first["types"][-1] == "result", first
+    # The host knows nothing of the session any more: the handle alone resumes it.
+    shutil.rmtree(rig.data_dir)
+    rig.data_dir.mkdir()
+    second = rig.python(PROCESS_2.format(handle=first["handle"], env=kwargs["env"]))
+    assert second["status"] == "success", second
+    assert "You told me to remember kiwi" in second["result"], second
+    assert second["turn"] == 2, second
+    return first["handle"]
+
+
+def test_codex_across_processes_stream_on_event_gil_and_timeout(rig):
+    handle = cross_process_resume(rig, "codex")
+
+    # In this process: the same session by its handle. A thread runs Python during a turn
+    # (the GIL is free): the turn's tool command waits for a file that only that thread
+    # makes, once the turn's first event came (so events come while the turn runs) and it
+    # counted. With the GIL held by the turn, it could not: the command would give up after
+    # codex's 10 s without the file. `on_event` sees what the Turn records.
+    session = caw_box.Agent.resume_session(handle, env={"OPENAI_API_KEY": TEST_KEY})
+    seen = []
+    counted = []
+    running = threading.Event()
+
+    def on_event(e):
+        seen.append(e)
+        running.set()
+
+    def count_then_release():
+        running.wait(120)
+        n = 0
+        for _ in range(200_000):
+            n += 1
+        counted.append(n)
+        (rig.workspace / "gil").touch()
+
+    counter = threading.Thread(target=count_then_release)
+    counter.start()
+    turn = session.send("RUN:while [ ! -e /workspace/gil ]; do sleep 0.1; done; echo gil-free", on_event=on_event)
+    counter.join()
+    assert counted == [200_000]
+    assert turn.status == "success" and "gil-free" in turn.result, turn
+    assert seen == turn.events and seen[-1]["type"] == "result"
+    assert turn.usage.input_tokens > 0 and turn.duration_ms > 0 and turn.exit_code == 0
+
+    # `stream` yields the events as they come: text ones before the result, the ones its
+    # Turn records.
+    stream = session.stream("RECALL")
+    streamed = list(stream)
+    types = [e["type"] for e in streamed]
+    assert "text" in types and types.index("text") < types.index("result"), types
+    assert stream.turn.status == "success" and "kiwi" in stream.turn.result and stream.turn.events == streamed
+
+    # A timeout: the Turn says so, check=True raises TimeoutError (exit 124), also the
+    # builtin TimeoutError; the session stays resumable.
+    with pytest.raises(caw_box.TimeoutError) as e:
+        session.send("HOLD:never-released", timeout=2, check=True)
+    assert (e.value.exit_code, e.value.kind, e.value.turn.status) == (124, "timeout", "timeout")
+    assert isinstance(e.value, TimeoutError)
+    trajectory = session.end()
+    assert trajectory.num_turns >= 2 and trajectory.duration_ms > 0
+    with pytest.raises(caw_box.UsageError):
+        session.send("RECALL")
+
+
+def test_claude_across_processes(rig):
+    cross_process_resume(rig, "claude_code")
+
+
+ERRORS = """
+import json, caw_box
+out = {{}}
+def kind(name, f):
+    try:
+        f()
+        out[name] = None
+    except caw_box.CawBoxError as e:
+        out[name] = [type(e).__name__, e.kind, e.exit_code]
+{body}
+print(json.dumps(out))
+"""
+
+
+def test_each_error_kind_raises_its_exception_with_its_exit_code(rig):
+    body = """
+kind("bad_provider", lambda: caw_box.Agent("nomad").start_session())
+kind("unknown_target", lambda: caw_box.Agent.resume_session("no-such-session-anywhere"))
+kw = dict({kw!r})
+kw.pop("env")
+kind("no_credentials", lambda: caw_box.Agent("codex", **kw).start_session().send("hi"))
+""".format(kw=rig.agent_kwargs("codex"))
+    out = rig.python(ERRORS.format(body=body))
+    assert out == {
+        "bad_provider": ["UsageError", "usage", 2],
+        "unknown_target": ["UsageError", "usage", 2],
+        "no_credentials": ["CredentialsError", "credentials", 4],
+    }, out
+    # No daemon where DOCKER_HOST points: environment (3), an OSError too.
+    env = rig.env()
+    env["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"
+    out = rig.python(ERRORS.format(body='kind("no_daemon", lambda: caw_box.sessions())\n'
+                                        'out["oserror"] = issubclass(caw_box.EnvironmentError, OSError)'), env=env)
+    assert out == {"no_daemon": ["EnvironmentError", "environment", 3], "oserror": True}, out
+
+
+def test_the_cross_process_resume_example_with_settings_from_caw_box_variables(rig):
+    # The example names no setting: provider, model, endpoint and network come from the
+    # CAW_BOX_* variables, as the CLI takes them; the key from the host's variable.
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                           "cross_process_resume.py")
+    env = dict(rig.env(), CAW_BOX_PROVIDER="codex", CAW_BOX_MODEL="gpt-5.5", CAW_BOX_ENDPOINT=rig.endpoint,
+               CAW_BOX_NETWORK=rig.network, OPENAI_API_KEY=TEST_KEY)
+    run = functools.partial(subprocess.run, capture_output=True, text=True, env=env, cwd=str(rig.workspace),
+                            timeout=300)
+    first = run([sys.executable, example, "start", "REMEMBER:fig"])
+    assert first.returncode == 0, first.stderr
+    assert "Noted: fig." in first.stderr
+    handle = first.stdout.strip()
+    second = run([sys.executable, example, "resume", "RECALL"], input=handle)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "You told me to remember fig."
+    # A variable's bad value is refused as the CLI refuses it (exit 2).
+    bad = run([sys.executable, example, "start", "hi"], env=dict(env, CAW_BOX_NETWORK="none"))
+    assert bad.returncode == 2 and "CAW_BOX_NETWORK" in bad.stderr, bad.stderr

@@ -1,0 +1,161 @@
+//! For programs that embed caw-box (the Python package `caw_box`): sessions started and
+//! resumed with the command line's own flags, resolved exactly as `caw-box run` and
+//! `caw-box resume` resolve them (config files, `CAW_BOX_*` variables, the same checks, in
+//! the same order), a turn started detached, and what `ls --json` and `auth status --json`
+//! print, as values.
+//!
+//! Not a second settings resolution: the flags go through the command line's parser and the
+//! commands' own steps ([`crate::commands::turn::new_session`]). Nothing here prints.
+
+use clap::Parser;
+
+use crate::cli::{ResumeArgs, RunArgs, TurnArgs};
+use crate::client::{Client, Session};
+use crate::commands::turn::NewTurn;
+use crate::error::{Error, Result};
+use crate::session::runner::TurnOptions;
+
+/// A session ready for a turn and the options its turns are sent with (the prompt aside:
+/// each turn sets its own).
+#[derive(Debug)]
+pub struct Prepared {
+    pub client: Client,
+    pub session: Session,
+    pub options: TurnOptions,
+}
+
+impl From<NewTurn> for Prepared {
+    fn from(t: NewTurn) -> Self {
+        Prepared {
+            client: t.client,
+            session: t.session,
+            options: t.options,
+        }
+    }
+}
+
+/// `caw-box run`'s flags (no prompt) as clap parses them.
+#[derive(Debug, Parser)]
+#[command(no_binary_name = true)]
+struct RunFlags {
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// `caw-box resume`'s flags (no target, no prompt).
+#[derive(Debug, Parser)]
+#[command(no_binary_name = true)]
+struct ResumeFlags {
+    #[command(flatten)]
+    resume: ResumeArgs,
+}
+
+/// The prompt a turn's flags are checked with; each turn sends its own.
+const PLACEHOLDER_PROMPT: &str = "(set per turn)";
+
+fn parse<P: Parser>(flags: &[String]) -> Result<P> {
+    P::try_parse_from(flags).map_err(|e| {
+        let text = e.render().to_string();
+        let line = text.lines().next().unwrap_or("bad flags").trim();
+        Error::usage(line.trim_start_matches("error: ").to_string())
+            .with_hint("the keyword arguments are `caw-box run`'s flags: `caw-box run --help`")
+    })
+}
+
+/// The turn flags' checks need a prompt; the caller's turns give theirs.
+fn with_placeholder(turn: &mut TurnArgs) {
+    turn.prompt = Some(PLACEHOLDER_PROMPT.to_string());
+    turn.prompt_file = None;
+}
+
+/// A new session, as `caw-box run FLAGS` makes it before its first turn (`flags` are `run`'s,
+/// e.g. `["--provider", "codex", "--model=gpt-5.5"]`); `progress` hears what was decided
+/// on the way (a model discovered).
+pub async fn start(flags: &[String], progress: &dyn Fn(&str)) -> Result<Prepared> {
+    let mut args = parse::<RunFlags>(flags)?.run;
+    with_placeholder(&mut args.turn);
+    if args.turn.detach || args.turn.on_limit.is_some() || args.turn.max_wait.is_some() {
+        return Err(Error::usage(
+            "--detach, --on-limit and --max-wait are per turn here, not the session's",
+        ));
+    }
+    Ok(
+        crate::commands::turn::new_session(&mut args, true, progress)
+            .await?
+            .into(),
+    )
+}
+
+/// The session `target` (a handle, id, unique prefix or name) opened as `caw-box resume
+/// TARGET FLAGS` opens it: `flags` override its remembered settings.
+pub async fn resume(target: &str, flags: &[String]) -> Result<Prepared> {
+    let mut args = parse::<ResumeFlags>(flags)?.resume;
+    with_placeholder(&mut args.turn);
+    if args.group.is_some() || args.target.is_some() {
+        return Err(Error::usage(
+            "resume one session: give its target, no --group",
+        ));
+    }
+    Ok(crate::commands::turn::open_session(target, &args.turn)
+        .await?
+        .into())
+}
+
+/// Starts `options`' turn of `session` in a background driver process (the executable of
+/// [`crate::connection::driver`]) and returns once it runs, as `run -d` does.
+pub async fn detach(client: &Client, session: &Session, options: &TurnOptions) -> Result<()> {
+    crate::commands::turn::detach(client.backend(), session, options).await
+}
+
+/// The rows `caw-box ls --json [--group G]` prints.
+pub async fn sessions(group: Option<String>) -> Result<serde_json::Value> {
+    crate::commands::manage::ls_rows(false, group).await
+}
+
+/// What `caw-box auth status --json` prints.
+pub fn auth_status() -> Result<serde_json::Value> {
+    crate::commands::auth::status_value()
+}
+
+/// `caw-box auth collect [--provider P]... [--store keyring]`: what was collected, per
+/// provider (`found`, `kept_newer`, `warnings`).
+pub fn auth_collect(providers: &[String], keyring: bool) -> Result<serde_json::Value> {
+    crate::commands::auth::collect_value(providers, keyring)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn flags_parse_as_the_command_lines_and_a_bad_one_is_a_usage_error() {
+        let run = parse::<RunFlags>(&flags(&[
+            "--provider=codex",
+            "--model=gpt-5.5",
+            "--env=K=V",
+        ]))
+        .unwrap()
+        .run;
+        assert_eq!(run.provider.as_deref(), Some("codex"));
+        assert_eq!(run.turn.settings.model.as_deref(), Some("gpt-5.5"));
+        assert_eq!(run.turn.env, vec!["K=V".to_string()]);
+        let e = parse::<RunFlags>(&flags(&["--modle=x"])).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("--modle"), "{e}");
+    }
+
+    #[test]
+    fn per_turn_flags_are_refused_as_a_sessions() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let e = rt
+            .block_on(start(&flags(&["--provider=codex", "--detach"]), &|_| {}))
+            .unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+    }
+}
