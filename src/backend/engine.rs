@@ -174,9 +174,6 @@ impl Backend for Engine {
     async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
         dispatch!(self, b => Backend::stop_container(b, name, grace).await)
     }
-    fn turns_outlive_driver(&self) -> bool {
-        dispatch!(self, b => Backend::turns_outlive_driver(b))
-    }
     fn runtime_dir(&self) -> super::RuntimeDir {
         dispatch!(self, b => Backend::runtime_dir(b))
     }
@@ -198,14 +195,11 @@ impl Backend for Engine {
     fn refuse_settings(&self, network: &str, pids_limit: Option<i64>) -> Result<()> {
         dispatch!(self, b => Backend::refuse_settings(b, network, pids_limit))
     }
-    fn bind_refusal(&self) -> Option<Error> {
-        dispatch!(self, b => Backend::bind_refusal(b))
+    fn host_dirs(&self) -> crate::backend::HostDirs {
+        dispatch!(self, b => Backend::host_dirs(b))
     }
     async fn note_stop(&self, name: &str) -> Result<()> {
         dispatch!(self, b => Backend::note_stop(b, name).await)
-    }
-    fn surely_shares_paths(&self) -> bool {
-        dispatch!(self, b => Backend::surely_shares_paths(b))
     }
     async fn fill_new_volume(
         &self,

@@ -104,12 +104,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
         name: &str,
         grace: Duration,
     ) -> impl Future<Output = Result<()>> + Send;
-    /// Whether a headless turn goes on to its end when its driver is gone (Kubernetes: the
-    /// pod keeps its stdin and waits for its record, which any caw-box can then hand it,
-    /// see `session::headless::adopt`); `false` on Docker, where the driver owns the turn.
-    fn turns_outlive_driver(&self) -> bool {
-        false
-    }
     /// Notes on a running turn that `caw-box stop` ends it, where the driver can read it
     /// after the container ended (Kubernetes: an annotation; its runtime directory is gone
     /// with the pod). Docker needs none: the stop request in the runtime directory is read
@@ -149,15 +143,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn refuse_settings(&self, _network: &str, _pids_limit: Option<i64>) -> Result<()> {
         Ok(())
     }
-    /// Why this backend can never mount a directory of this host (`--workspace-mode bind`
-    /// refused with this error, `auto` copies); `None`: it may, ask
-    /// (`session::workspace::daemon_sees`).
-    fn bind_refusal(&self) -> Option<Error> {
-        None
-    }
-    /// Whether the backend certainly sees this process's host paths as they are (a bind
-    /// mount of a host directory shows that directory); `false`: maybe not, check.
-    fn surely_shares_paths(&self) -> bool;
+    /// How this backend's containers see this host's directories (a bind-mode workspace).
+    fn host_dirs(&self) -> HostDirs;
     /// Has a new, empty volume take the image's files at its mount point before caw-box
     /// puts anything in it: where the engine fills a volume only when a container that
     /// mounts it first starts, and only if it is still empty then (Podman), by running
@@ -545,6 +532,21 @@ pub enum RuntimeDir {
     /// Gone with the turn's unit when it ends (Kubernetes: the pod's memory): what the
     /// session needs of it is read from the state volume, before the record is handed in.
     GoesWithTurn,
+}
+
+/// How a backend's containers see the directories of the host that runs caw-box
+/// ([`Backend::host_dirs`]).
+#[derive(Debug)]
+pub enum HostDirs {
+    /// As they are: a mount of one shows that directory, and this host's tools may read it
+    /// in the container's stead (a local Docker daemon, caw-box not in a job's container).
+    Shared,
+    /// Maybe, maybe not (a daemon behind a socket mounted into a CI job's container, a
+    /// remote `DOCKER_HOST`): a directory is checked before it is bound
+    /// (`session::workspace::daemon_sees`).
+    Unknown,
+    /// Never (a cluster): `--workspace-mode bind` is refused with this error, `auto` copies.
+    Never(Error),
 }
 
 /// Where a backend runs a turn's credential broker (`session::broker`).

@@ -117,9 +117,9 @@ pub async fn stop(
         .await?
         .filter(|c| c.running())
         .ok_or_else(|| Error::usage(format!("session {id} has no running turn")))?;
-    if backend.turns_outlive_driver() {
-        // Right after `resume -d` returned, the pod runs but its driver may not have fed
-        // it yet: stopped then, the driver would find the pod gone and record nothing. The
+    if inspect.label(labels::ADOPTABLE) == Some("true") {
+        // Right after `resume -d` returned, such a turn runs but its driver may not have
+        // fed it yet: stopped then, the driver would find it gone and record nothing. The
         // prompt arrives with the runtime files, once the driver is attached.
         let prompt = super::headless::PROMPT_FILE;
         for _ in 0..100 {
@@ -131,7 +131,6 @@ pub async fn stop(
     }
     // Tell the turn's driver that this is a stop, not a crash (through the backend: the
     // driver may run on another machine).
-    let _ = inspect;
     if let Err(e) = super::runtime::signal_file(
         backend,
         &container,
@@ -176,7 +175,8 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
     let mut stopped_since: Option<Instant> = None;
     let is_running = |c: &crate::backend::ContainerInfo| c.running();
     while let Some(c) = backend.inspect_container(&container).await? {
-        if is_running(&c) && backend.turns_outlive_driver() && super::liveness::driver_is_gone(&c) {
+        let adoptable = c.label(labels::ADOPTABLE) == Some("true");
+        if is_running(&c) && adoptable && super::liveness::driver_is_gone(&c) {
             // A detached turn whose driver was killed: it runs on, and this process
             // finishes it (reads its output, hands its record in).
             if let Some(result) = adopt(backend, facts, &c).await? {

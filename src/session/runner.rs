@@ -154,8 +154,9 @@ pub async fn run_turn(
         env_file.push(0);
     }
     runtime.write("env", &env_file);
-    if !options.interactive && backend.turns_outlive_driver() {
-        // For whoever finishes the turn if this process is gone (`headless::adopt`).
+    if !options.interactive {
+        // For whoever finishes the turn if this process is gone, where the backend keeps
+        // it for an adopter (`labels::ADOPTABLE`, `headless::adopt`).
         runtime.write(super::headless::PROMPT_FILE, options.prompt.as_bytes());
         if let Some(timeout) = options.timeout {
             let millis = timeout.as_millis().to_string();
@@ -777,8 +778,8 @@ mod tests {
         async fn stop_container(&self, _: &str, _: std::time::Duration) -> Result<()> {
             unexpected!("stop")
         }
-        fn surely_shares_paths(&self) -> bool {
-            true
+        fn host_dirs(&self) -> crate::backend::HostDirs {
+            crate::backend::HostDirs::Shared
         }
         fn words(&self) -> crate::backend::Words {
             unexpected!("words")

@@ -69,7 +69,7 @@ impl DockerBackend {
     /// Whether the daemon certainly sees this process's paths as they are: a local socket,
     /// and this process is not in a job's container. Otherwise it may or may not (a socket
     /// mounted into a CI job's container, a remote `DOCKER_HOST`): ask it.
-    pub fn surely_shares_paths(&self) -> bool {
+    pub(super) fn surely_shares_paths(&self) -> bool {
         docker_host().starts_with("unix://") && !in_a_job_container()
     }
 }

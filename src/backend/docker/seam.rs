@@ -183,8 +183,12 @@ impl Backend for DockerBackend {
         DockerBackend::upload_tar(self, name, dir, tar).await
     }
 
-    fn surely_shares_paths(&self) -> bool {
-        DockerBackend::surely_shares_paths(self)
+    fn host_dirs(&self) -> crate::backend::HostDirs {
+        if DockerBackend::surely_shares_paths(self) {
+            crate::backend::HostDirs::Shared
+        } else {
+            crate::backend::HostDirs::Unknown
+        }
     }
 
     async fn fill_new_volume(

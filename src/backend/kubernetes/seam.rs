@@ -63,8 +63,16 @@ impl Backend for KubeBackend {
                 init.retain(|c| c.name != super::spec::SEED_HOME);
             }
         }
-        self.create_pod(&self.pod(name, &spec.labels, pod_spec))
-            .await?;
+        // A headless turn's pod keeps its stdin and waits for its record when its driver is
+        // gone: any caw-box can finish it, and is told so.
+        let mut labels = spec.labels.clone();
+        if spec.interactive.is_none() {
+            labels.insert(
+                crate::session::names::labels::ADOPTABLE.to_string(),
+                "true".to_string(),
+            );
+        }
+        self.create_pod(&self.pod(name, &labels, pod_spec)).await?;
         self.wait_running(name, &spec.image).await?;
         if let (false, Some(claim)) = (seeded, state) {
             self.note_seeded(name, claim).await;
@@ -245,8 +253,8 @@ impl Backend for KubeBackend {
     }
 
     /// A cluster has no host directories: the workspace is always copied in.
-    fn bind_refusal(&self) -> Option<Error> {
-        Some(
+    fn host_dirs(&self) -> crate::backend::HostDirs {
+        crate::backend::HostDirs::Never(
             Error::usage(
                 "--workspace-mode bind is not available with the kubernetes backend: a pod cannot mount a directory of this host",
             )
@@ -285,14 +293,6 @@ impl Backend for KubeBackend {
             }
         }
         self.remove_container(name, true).await
-    }
-
-    fn surely_shares_paths(&self) -> bool {
-        false
-    }
-
-    fn turns_outlive_driver(&self) -> bool {
-        true
     }
 
     async fn note_stop(&self, name: &str) -> Result<()> {
