@@ -42,7 +42,11 @@ pub use docker::DockerBackend;
 pub use kubernetes::KubeBackend;
 
 mod engine;
+mod plan;
 pub use engine::{connect, scope, BackendKind, Engine, Scope};
+pub use plan::{
+    BrokerPlace, BrokerPlan, EgressPlan, EgressRoute, HostDirs, RuntimeDir, PROXY_SIDECAR,
+};
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -173,24 +177,27 @@ pub trait Backend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = std::result::Result<(), CreateError>> + Send;
     /// Removes what [`Self::open_egress`] made, after the turn (errors ignored).
     fn close_egress(&self, plan: &EgressPlan) -> impl Future<Output = ()> + Send;
-    /// Removes the egress leftovers carrying all of `labels` (turns whose caw-box was
-    /// killed) but `plan`'s own, once the turn holds the session's lock.
-    fn sweep_egress(&self, plan: &EgressPlan, labels: &[String])
-        -> impl Future<Output = ()> + Send;
-    /// Attaches to the input and output of the sidecar container `sidecar` of the running
-    /// turn `name` ([`BrokerPlace::InTurn`]).
-    fn attach_sidecar(
+    /// Makes what a turn's broker ([`BrokerPlan`]) needs before the agent's container is
+    /// created (Docker: the network made for it, found or made once for a shared one); a
+    /// broker in the turn's own unit (Kubernetes) needs nothing before.
+    fn open_broker(&self, plan: &BrokerPlan) -> impl Future<Output = Result<()>> + Send;
+    /// Runs the planned broker and attaches to its input and output, where it reads its
+    /// config and answers: a container of its own is created, attached to and started
+    /// (Docker); one in the turn's own unit is attached to once it runs (Kubernetes: the
+    /// turn pod's broker container, waited for a while).
+    fn start_broker(
         &self,
-        name: &str,
-        sidecar: &str,
-    ) -> impl Future<Output = Result<Attached>> + Send {
-        let what = format!("{name}/{sidecar}");
-        async move {
-            Err(Error::environment(format!(
-                "this backend runs no sidecar containers ({what})"
-            )))
-        }
-    }
+        plan: &BrokerPlan,
+    ) -> impl Future<Output = std::result::Result<Attached, CreateError>> + Send;
+    /// Removes a turn's own broker and what [`Self::open_broker`] made for it, after the
+    /// turn (errors ignored); a shared one stays for the next turns, one in the turn's own
+    /// unit goes with it.
+    fn close_broker(&self, plan: &BrokerPlan) -> impl Future<Output = ()> + Send;
+    /// Removes what the backend made beside turns, volumes and helpers for turns' brokers
+    /// and egress (Docker: their containers and networks) carrying all of `labels`, but
+    /// what is named in `keep`: leftovers of turns whose caw-box was killed, or of a
+    /// session being removed. Nothing of the kind outlives a turn's own unit (Kubernetes).
+    fn sweep(&self, labels: &[String], keep: &[&str]) -> impl Future<Output = Result<()>> + Send;
     /// Refuses (exit 3) an OCI runtime (on Kubernetes: a RuntimeClass) that the engine
     /// does not have, naming it, what there is, and what to do; asked before anything of
     /// a session or turn is created.
@@ -225,16 +232,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<VolumeInfo>>> + Send;
     /// Removes a volume; a missing one is `Ok`.
     fn remove_volume(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
-    /// Creates a network (`internal`: no route out of it) with labels.
-    fn create_network(
-        &self,
-        name: &str,
-        internal: bool,
-        labels: HashMap<String, String>,
-    ) -> impl Future<Output = Result<()>> + Send;
-    /// The names of the networks carrying all of `labels`.
-    fn list_networks(&self, labels: &[String]) -> impl Future<Output = Result<Vec<String>>> + Send;
-    fn remove_network(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
     /// Writes `files` under `dir` of a (created or stopped) container, owned by (uid, gid).
     fn upload_files(
         &self,
@@ -517,82 +514,6 @@ pub struct Limits {
     pub memory: Option<i64>,
     pub cpus: Option<f64>,
     pub pids: i64,
-}
-
-/// The proxy sidecar's container in a turn pod that holds its own egress
-/// ([`Backend::egress_route`]); `<pod>/proxy` names its log.
-pub const PROXY_SIDECAR: &str = "proxy";
-
-/// Where a turn's runtime directory ([`TurnSpec::runtime`]) is kept ([`Backend::runtime_dir`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RuntimeDir {
-    /// With the turn's container, readable once the container ended (Docker): what the
-    /// entrypoint hands back there (refreshed credentials, the resume key) is read after.
-    KeptWithContainer,
-    /// Gone with the turn's unit when it ends (Kubernetes: the pod's memory): what the
-    /// session needs of it is read from the state volume, before the record is handed in.
-    GoesWithTurn,
-}
-
-/// How a backend's containers see the directories of the host that runs caw-box
-/// ([`Backend::host_dirs`]).
-#[derive(Debug)]
-pub enum HostDirs {
-    /// As they are: a mount of one shows that directory, and this host's tools may read it
-    /// in the container's stead (a local Docker daemon, caw-box not in a job's container).
-    Shared,
-    /// Maybe, maybe not (a daemon behind a socket mounted into a CI job's container, a
-    /// remote `DOCKER_HOST`): a directory is checked before it is bound
-    /// (`session::workspace::daemon_sees`).
-    Unknown,
-    /// Never (a cluster): `--workspace-mode bind` is refused with this error, `auto` copies.
-    Never(Error),
-}
-
-/// Where a backend runs a turn's credential broker (`session::broker`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BrokerPlace {
-    /// A container on a network the agent shares, reached by its name, that the session's
-    /// turns with the same keys share (Docker): each turn leases it through an attachment
-    /// of its own, as the container's stdin stays open across several attachments, one
-    /// after the other and at once. It idles out when no turn holds a lease.
-    SharedContainer,
-    /// A container of the turn's own on a network the agent shares, reached by its name
-    /// (Podman: 4.3 ends a container when an attachment to its stdin ends); it ends with
-    /// the turn's driver, as this backend's turns do.
-    OwnContainer,
-    /// Beside the agent in the turn's own unit (Kubernetes: a second container of the
-    /// turn's pod, [`TurnSpec::broker`]), reached on loopback: it lives as long as the
-    /// turn, which outlives its driver. Keys only: a login is injected.
-    InTurn,
-}
-
-/// A turn's way out under `--allow-host`, planned once by the session layer
-/// (`session::egress`) and realised by the backend ([`Backend::open_egress`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct EgressPlan {
-    /// The turn's container (a proxy held in the turn's own unit is named after it).
-    pub turn: String,
-    /// The proxy, where it runs as a container of its own: its spec (on the session's
-    /// outer network), its name, and its alias and port as the agent reaches it.
-    pub proxy: HelperSpec,
-    pub proxy_name: String,
-    pub alias: String,
-    pub port: u16,
-    /// The private network made for the agent, where the backend makes one.
-    pub network: String,
-}
-
-/// How a backend realised a turn's egress, in caw-box's terms.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EgressRoute {
-    /// The proxy's URL as the agent sees it (`HTTPS_PROXY`).
-    pub proxy_url: String,
-    /// The network the agent (and a broker of its own) goes on; `None`: the turn's own unit
-    /// holds its egress.
-    pub agent_network: Option<String>,
-    /// What to read the proxy's decisions from ([`Backend::follow_logs`]).
-    pub proxy_log: String,
 }
 
 /// One turn of a session, in caw-box's terms: what the backend runs in the agent's

@@ -90,7 +90,8 @@ pub(super) async fn remove_leftovers(
         format!("{}={}", labels::SESSION, record.session_id),
         format!("{}={}", labels::ROLE, roles::PROXY),
     ];
-    backend.sweep_egress(plan, &filter).await;
+    let keep = [plan.proxy_name.as_str(), plan.network.as_str()];
+    let _ = backend.sweep(&filter, &keep).await;
 }
 
 /// The targets the proxy refused during the turn, from its JSON log lines.

@@ -78,13 +78,10 @@ pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
             backend.remove_container(&c.id, true).await?;
         }
     }
-    // A killed `--allow-host` turn's egress network.
-    for n in backend
-        .list_networks(&[format!("{}={id}", labels::SESSION)])
-        .await?
-    {
-        backend.remove_network(&n).await?;
-    }
+    // What killed turns left beside them (a Docker `--allow-host` turn's network).
+    backend
+        .sweep(&[format!("{}={id}", labels::SESSION)], &[])
+        .await?;
     // Turn records and the copy-mode workspace, then the state volume last.
     for v in backend
         .list_volumes(&[

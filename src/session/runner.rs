@@ -799,8 +799,20 @@ mod tests {
         async fn close_egress(&self, _: &crate::backend::EgressPlan) {
             unexpected!("close egress")
         }
-        async fn sweep_egress(&self, _: &crate::backend::EgressPlan, _: &[String]) {
-            unexpected!("sweep egress")
+        async fn open_broker(&self, _: &crate::backend::BrokerPlan) -> Result<()> {
+            unexpected!("open a broker")
+        }
+        async fn start_broker(
+            &self,
+            _: &crate::backend::BrokerPlan,
+        ) -> std::result::Result<Attached, CreateError> {
+            unexpected!("start a broker")
+        }
+        async fn close_broker(&self, _: &crate::backend::BrokerPlan) {
+            unexpected!("close a broker")
+        }
+        async fn sweep(&self, _: &[String], _: &[&str]) -> Result<()> {
+            unexpected!("sweep")
         }
         fn removed_under_turn(&self, _: &str) -> Error {
             unexpected!("a removed turn")
@@ -829,15 +841,6 @@ mod tests {
         }
         async fn remove_volume(&self, _: &str) -> Result<()> {
             unexpected!("remove volumes")
-        }
-        async fn create_network(&self, _: &str, _: bool, _: HashMap<String, String>) -> Result<()> {
-            unexpected!("create networks")
-        }
-        async fn list_networks(&self, _: &[String]) -> Result<Vec<String>> {
-            unexpected!("list networks")
-        }
-        async fn remove_network(&self, _: &str) -> Result<()> {
-            unexpected!("remove networks")
         }
         async fn upload_files(
             &self,

@@ -11,6 +11,8 @@
 //! - `volumes.rs`: volumes and networks
 //! - `images.rs`: inspect, build, list
 //! - `archive.rs`: files in and out of containers, and the tar helpers
+//! - `egress.rs`, `broker.rs`: a turn's `--allow-host` proxy and credential broker, as
+//!   containers on networks
 //! - `seam.rs`: [`crate::backend::Backend`] for Docker, over the methods above
 
 use std::time::Duration;
@@ -22,6 +24,7 @@ use crate::error::{Error, Result};
 
 mod api_version;
 mod archive;
+mod broker;
 mod containers;
 mod egress;
 pub mod endpoint;
