@@ -1,10 +1,11 @@
-//! Lifecycle operations on existing sessions, from any process on the same Docker host:
-//! which sessions run a turn right now, stopping a running turn, waiting for one to be
-//! recorded, and removing a session with everything it left in Docker.
+//! Lifecycle operations on existing sessions, from any process that reaches the same
+//! backend: which sessions run a turn right now, stopping a running turn, waiting for one
+//! to be recorded (finishing an adoptable one whose driver is gone), and removing a session
+//! with everything it left there.
 //!
-//! These work from Docker alone (labels, containers, volumes), never from the process that
-//! drives the turn: a turn started by another caw-box (or `--detach`) is stopped, waited
-//! for and removed the same way. Not here: running a turn (`runner.rs`) and finding a
+//! These work from the backend alone (labels, containers, volumes), never from the process
+//! that drives the turn: a turn started by another caw-box (or `--detach`) is stopped,
+//! waited for and removed the same way. Not here: running a turn (`runner.rs`) and finding a
 //! session (`target.rs`).
 
 use std::collections::HashMap;

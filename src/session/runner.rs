@@ -33,7 +33,7 @@ pub const DEFAULT_PIDS_LIMIT: i64 = 512;
 /// The turn's interception CA certificate in its runtime directory (public).
 const INTERCEPT_CA_FILE: &str = "intercept-ca.pem";
 
-pub use super::egress::{PROXY_ALIAS, PROXY_PORT};
+pub use super::egress::{proxy_env, PROXY_ALIAS, PROXY_PORT, PROXY_SCRIPT};
 pub use super::headless::model_host;
 pub use super::history::cache_record;
 pub use super::runtime::{RUNTIME_MOUNT, RUN_DIR as RUNTIME_DIR, STOP_REQUEST};
