@@ -63,15 +63,7 @@ impl Backend for KubeBackend {
                 init.retain(|c| c.name != super::spec::SEED_HOME);
             }
         }
-        // A headless turn's pod keeps its stdin and waits for its record when its driver is
-        // gone: any caw-box can finish it, and is told so.
-        let mut labels = spec.labels.clone();
-        if spec.interactive.is_none() {
-            labels.insert(
-                crate::session::names::labels::ADOPTABLE.to_string(),
-                "true".to_string(),
-            );
-        }
+        let labels = turn_pod_labels(spec);
         self.create_pod(&self.pod(name, &labels, pod_spec)).await?;
         self.wait_running(name, &spec.image).await?;
         if let (false, Some(claim)) = (seeded, state) {
@@ -585,6 +577,22 @@ impl Backend for KubeBackend {
         );
         self.exec_marked(name, path, &script).await
     }
+}
+
+/// A turn pod's labels: the turn's, and on a headless turn's [`ADOPTABLE`]: its pod keeps
+/// its stdin and waits for its record when its driver is gone, so any caw-box can finish it
+/// (`session::headless::adopt`), and is told so.
+///
+/// [`ADOPTABLE`]: crate::session::names::labels::ADOPTABLE
+pub(super) fn turn_pod_labels(spec: &TurnSpec) -> HashMap<String, String> {
+    let mut labels = spec.labels.clone();
+    if spec.interactive.is_none() {
+        labels.insert(
+            crate::session::names::labels::ADOPTABLE.to_string(),
+            "true".to_string(),
+        );
+    }
+    labels
 }
 
 impl KubeBackend {
