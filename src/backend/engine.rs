@@ -174,9 +174,6 @@ impl Backend for Engine {
     async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
         dispatch!(self, b => Backend::stop_container(b, name, grace).await)
     }
-    fn turns_outlive_driver(&self) -> bool {
-        dispatch!(self, b => Backend::turns_outlive_driver(b))
-    }
     fn runtime_dir(&self) -> super::RuntimeDir {
         dispatch!(self, b => Backend::runtime_dir(b))
     }
@@ -198,14 +195,11 @@ impl Backend for Engine {
     fn refuse_settings(&self, network: &str, pids_limit: Option<i64>) -> Result<()> {
         dispatch!(self, b => Backend::refuse_settings(b, network, pids_limit))
     }
-    fn bind_refusal(&self) -> Option<Error> {
-        dispatch!(self, b => Backend::bind_refusal(b))
+    fn host_dirs(&self) -> crate::backend::HostDirs {
+        dispatch!(self, b => Backend::host_dirs(b))
     }
     async fn note_stop(&self, name: &str) -> Result<()> {
         dispatch!(self, b => Backend::note_stop(b, name).await)
-    }
-    fn surely_shares_paths(&self) -> bool {
-        dispatch!(self, b => Backend::surely_shares_paths(b))
     }
     async fn fill_new_volume(
         &self,
@@ -226,11 +220,20 @@ impl Backend for Engine {
     async fn close_egress(&self, plan: &super::EgressPlan) {
         dispatch!(self, b => Backend::close_egress(b, plan).await)
     }
-    async fn sweep_egress(&self, plan: &super::EgressPlan, labels: &[String]) {
-        dispatch!(self, b => Backend::sweep_egress(b, plan, labels).await)
+    async fn open_broker(&self, plan: &super::BrokerPlan) -> Result<()> {
+        dispatch!(self, b => Backend::open_broker(b, plan).await)
     }
-    async fn attach_sidecar(&self, name: &str, sidecar: &str) -> Result<Attached> {
-        dispatch!(self, b => Backend::attach_sidecar(b, name, sidecar).await)
+    async fn start_broker(
+        &self,
+        plan: &super::BrokerPlan,
+    ) -> std::result::Result<Attached, CreateError> {
+        dispatch!(self, b => Backend::start_broker(b, plan).await)
+    }
+    async fn close_broker(&self, plan: &super::BrokerPlan) {
+        dispatch!(self, b => Backend::close_broker(b, plan).await)
+    }
+    async fn sweep(&self, labels: &[String], keep: &[&str]) -> Result<()> {
+        dispatch!(self, b => Backend::sweep(b, labels, keep).await)
     }
     async fn check_runtime(&self, name: &str) -> Result<()> {
         dispatch!(self, b => Backend::check_runtime(b, name).await)
@@ -265,20 +268,6 @@ impl Backend for Engine {
     }
     async fn remove_volume(&self, name: &str) -> Result<()> {
         dispatch!(self, b => Backend::remove_volume(b, name).await)
-    }
-    async fn create_network(
-        &self,
-        name: &str,
-        internal: bool,
-        labels: HashMap<String, String>,
-    ) -> Result<()> {
-        dispatch!(self, b => Backend::create_network(b, name, internal, labels).await)
-    }
-    async fn list_networks(&self, labels: &[String]) -> Result<Vec<String>> {
-        dispatch!(self, b => Backend::list_networks(b, labels).await)
-    }
-    async fn remove_network(&self, name: &str) -> Result<()> {
-        dispatch!(self, b => Backend::remove_network(b, name).await)
     }
     async fn upload_files(
         &self,

@@ -32,6 +32,10 @@
 //!   source; an unreachable backend is an environment error (exit 3) with what to do.
 //! - **A missing image is typed** (`CreateError::ImageMissing`), never recognised from text
 //!   outside the backend.
+//! - **Plans are realised, not refused.** What the session layer plans beside a turn (its
+//!   broker, [`BrokerPlan`]; its egress, [`EgressPlan`]) every backend realises its own way
+//!   (`plan.rs`); a backend that cannot honour a setting refuses it before anything is made
+//!   ([`Backend::refuse_settings`], [`HostDirs::Never`]).
 
 pub mod docker;
 pub mod kubernetes;
@@ -42,7 +46,11 @@ pub use docker::DockerBackend;
 pub use kubernetes::KubeBackend;
 
 mod engine;
+mod plan;
 pub use engine::{connect, scope, BackendKind, Engine, Scope};
+pub use plan::{
+    BrokerPlace, BrokerPlan, EgressPlan, EgressRoute, HostDirs, RuntimeDir, PROXY_SIDECAR,
+};
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -104,12 +112,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
         name: &str,
         grace: Duration,
     ) -> impl Future<Output = Result<()>> + Send;
-    /// Whether a headless turn goes on to its end when its driver is gone (Kubernetes: the
-    /// pod keeps its stdin and waits for its record, which any caw-box can then hand it,
-    /// see `session::headless::adopt`); `false` on Docker, where the driver owns the turn.
-    fn turns_outlive_driver(&self) -> bool {
-        false
-    }
     /// Notes on a running turn that `caw-box stop` ends it, where the driver can read it
     /// after the container ended (Kubernetes: an annotation; its runtime directory is gone
     /// with the pod). Docker needs none: the stop request in the runtime directory is read
@@ -149,15 +151,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn refuse_settings(&self, _network: &str, _pids_limit: Option<i64>) -> Result<()> {
         Ok(())
     }
-    /// Why this backend can never mount a directory of this host (`--workspace-mode bind`
-    /// refused with this error, `auto` copies); `None`: it may, ask
-    /// (`session::workspace::daemon_sees`).
-    fn bind_refusal(&self) -> Option<Error> {
-        None
-    }
-    /// Whether the backend certainly sees this process's host paths as they are (a bind
-    /// mount of a host directory shows that directory); `false`: maybe not, check.
-    fn surely_shares_paths(&self) -> bool;
+    /// How this backend's containers see this host's directories (a bind-mode workspace).
+    fn host_dirs(&self) -> HostDirs;
     /// Has a new, empty volume take the image's files at its mount point before caw-box
     /// puts anything in it: where the engine fills a volume only when a container that
     /// mounts it first starts, and only if it is still empty then (Podman), by running
@@ -186,24 +181,27 @@ pub trait Backend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = std::result::Result<(), CreateError>> + Send;
     /// Removes what [`Self::open_egress`] made, after the turn (errors ignored).
     fn close_egress(&self, plan: &EgressPlan) -> impl Future<Output = ()> + Send;
-    /// Removes the egress leftovers carrying all of `labels` (turns whose caw-box was
-    /// killed) but `plan`'s own, once the turn holds the session's lock.
-    fn sweep_egress(&self, plan: &EgressPlan, labels: &[String])
-        -> impl Future<Output = ()> + Send;
-    /// Attaches to the input and output of the sidecar container `sidecar` of the running
-    /// turn `name` ([`BrokerPlace::InTurn`]).
-    fn attach_sidecar(
+    /// Makes what a turn's broker ([`BrokerPlan`]) needs before the agent's container is
+    /// created (Docker: the network made for it, found or made once for a shared one); a
+    /// broker in the turn's own unit (Kubernetes) needs nothing before.
+    fn open_broker(&self, plan: &BrokerPlan) -> impl Future<Output = Result<()>> + Send;
+    /// Runs the planned broker and attaches to its input and output, where it reads its
+    /// config and answers: a container of its own is created, attached to and started
+    /// (Docker); one in the turn's own unit is attached to once it runs (Kubernetes: the
+    /// turn pod's broker container, waited for a while).
+    fn start_broker(
         &self,
-        name: &str,
-        sidecar: &str,
-    ) -> impl Future<Output = Result<Attached>> + Send {
-        let what = format!("{name}/{sidecar}");
-        async move {
-            Err(Error::environment(format!(
-                "this backend runs no sidecar containers ({what})"
-            )))
-        }
-    }
+        plan: &BrokerPlan,
+    ) -> impl Future<Output = std::result::Result<Attached, CreateError>> + Send;
+    /// Removes a turn's own broker and what [`Self::open_broker`] made for it, after the
+    /// turn (errors ignored); a shared one stays for the next turns, one in the turn's own
+    /// unit goes with it.
+    fn close_broker(&self, plan: &BrokerPlan) -> impl Future<Output = ()> + Send;
+    /// Removes what the backend made beside turns, volumes and helpers for turns' brokers
+    /// and egress (Docker: their containers and networks) carrying all of `labels`, but
+    /// what is named in `keep`: leftovers of turns whose caw-box was killed, or of a
+    /// session being removed. Nothing of the kind outlives a turn's own unit (Kubernetes).
+    fn sweep(&self, labels: &[String], keep: &[&str]) -> impl Future<Output = Result<()>> + Send;
     /// Refuses (exit 3) an OCI runtime (on Kubernetes: a RuntimeClass) that the engine
     /// does not have, naming it, what there is, and what to do; asked before anything of
     /// a session or turn is created.
@@ -238,16 +236,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<VolumeInfo>>> + Send;
     /// Removes a volume; a missing one is `Ok`.
     fn remove_volume(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
-    /// Creates a network (`internal`: no route out of it) with labels.
-    fn create_network(
-        &self,
-        name: &str,
-        internal: bool,
-        labels: HashMap<String, String>,
-    ) -> impl Future<Output = Result<()>> + Send;
-    /// The names of the networks carrying all of `labels`.
-    fn list_networks(&self, labels: &[String]) -> impl Future<Output = Result<Vec<String>>> + Send;
-    fn remove_network(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
     /// Writes `files` under `dir` of a (created or stopped) container, owned by (uid, gid).
     fn upload_files(
         &self,
@@ -530,67 +518,6 @@ pub struct Limits {
     pub memory: Option<i64>,
     pub cpus: Option<f64>,
     pub pids: i64,
-}
-
-/// The proxy sidecar's container in a turn pod that holds its own egress
-/// ([`Backend::egress_route`]); `<pod>/proxy` names its log.
-pub const PROXY_SIDECAR: &str = "proxy";
-
-/// Where a turn's runtime directory ([`TurnSpec::runtime`]) is kept ([`Backend::runtime_dir`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RuntimeDir {
-    /// With the turn's container, readable once the container ended (Docker): what the
-    /// entrypoint hands back there (refreshed credentials, the resume key) is read after.
-    KeptWithContainer,
-    /// Gone with the turn's unit when it ends (Kubernetes: the pod's memory): what the
-    /// session needs of it is read from the state volume, before the record is handed in.
-    GoesWithTurn,
-}
-
-/// Where a backend runs a turn's credential broker (`session::broker`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BrokerPlace {
-    /// A container on a network the agent shares, reached by its name, that the session's
-    /// turns with the same keys share (Docker): each turn leases it through an attachment
-    /// of its own, as the container's stdin stays open across several attachments, one
-    /// after the other and at once. It idles out when no turn holds a lease.
-    SharedContainer,
-    /// A container of the turn's own on a network the agent shares, reached by its name
-    /// (Podman: 4.3 ends a container when an attachment to its stdin ends); it ends with
-    /// the turn's driver, as this backend's turns do.
-    OwnContainer,
-    /// Beside the agent in the turn's own unit (Kubernetes: a second container of the
-    /// turn's pod, [`TurnSpec::broker`]), reached on loopback: it lives as long as the
-    /// turn, which outlives its driver. Keys only: a login is injected.
-    InTurn,
-}
-
-/// A turn's way out under `--allow-host`, planned once by the session layer
-/// (`session::egress`) and realised by the backend ([`Backend::open_egress`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct EgressPlan {
-    /// The turn's container (a proxy held in the turn's own unit is named after it).
-    pub turn: String,
-    /// The proxy, where it runs as a container of its own: its spec (on the session's
-    /// outer network), its name, and its alias and port as the agent reaches it.
-    pub proxy: HelperSpec,
-    pub proxy_name: String,
-    pub alias: String,
-    pub port: u16,
-    /// The private network made for the agent, where the backend makes one.
-    pub network: String,
-}
-
-/// How a backend realised a turn's egress, in caw-box's terms.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EgressRoute {
-    /// The proxy's URL as the agent sees it (`HTTPS_PROXY`).
-    pub proxy_url: String,
-    /// The network the agent (and a broker of its own) goes on; `None`: the turn's own unit
-    /// holds its egress.
-    pub agent_network: Option<String>,
-    /// What to read the proxy's decisions from ([`Backend::follow_logs`]).
-    pub proxy_log: String,
 }
 
 /// One turn of a session, in caw-box's terms: what the backend runs in the agent's

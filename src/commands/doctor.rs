@@ -35,7 +35,10 @@ pub async fn doctor() -> Result<i32> {
         &backend.runtimes().await?,
         backend.is_podman().await,
     ));
-    if !backend.surely_shares_paths() {
+    if !matches!(
+        crate::backend::Backend::host_dirs(&backend),
+        crate::backend::HostDirs::Shared
+    ) {
         output::println(
             "  the daemon may not see this machine's files: a new session's workspace is copied unless it can (--workspace-mode auto)",
         );

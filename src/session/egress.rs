@@ -17,6 +17,17 @@ use crate::session::record::{labels, roles, SessionRecord};
 /// The proxy's name on a turn's egress network, and its port.
 pub const PROXY_ALIAS: &str = "caw-box-proxy";
 pub const PROXY_PORT: u16 = 3128;
+/// The proxy's program in caw-box's images.
+pub const PROXY_SCRIPT: &str = "/usr/local/lib/caw-box/proxy.js";
+
+/// The proxy's environment wherever it runs (a container of its own, a pod's sidecar):
+/// the hosts it admits, and its port.
+pub fn proxy_env(allow: &[String]) -> Vec<(&'static str, String)> {
+    vec![
+        ("CAW_BOX_ALLOW", allow.join(",")),
+        ("CAW_BOX_PROXY_PORT", PROXY_PORT.to_string()),
+    ]
+}
 
 /// The plan of a turn's way out under `--allow-host`, the same on every backend: the
 /// hosts admitted, and the proxy (caw-box's `proxy.js` in the session's image) where it
@@ -35,12 +46,12 @@ pub(super) fn plan(record: &SessionRecord, allow: &[String], turn: &str) -> Egre
     let proxy = HelperSpec {
         scratch: None,
         image: record.settings.image.clone(),
-        entrypoint: vec!["node".into(), "/usr/local/lib/caw-box/proxy.js".into()],
+        entrypoint: vec!["node".into(), PROXY_SCRIPT.into()],
         argv: vec![],
-        env: vec![
-            format!("CAW_BOX_ALLOW={}", allow.join(",")),
-            format!("CAW_BOX_PROXY_PORT={PROXY_PORT}"),
-        ],
+        env: proxy_env(allow)
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect(),
         user: Some(format!("{uid}:{gid}")),
         labels: LabelSet::new(id, roles::PROXY).finish(),
         mounts: vec![],
@@ -90,7 +101,8 @@ pub(super) async fn remove_leftovers(
         format!("{}={}", labels::SESSION, record.session_id),
         format!("{}={}", labels::ROLE, roles::PROXY),
     ];
-    backend.sweep_egress(plan, &filter).await;
+    let keep = [plan.proxy_name.as_str(), plan.network.as_str()];
+    let _ = backend.sweep(&filter, &keep).await;
 }
 
 /// The targets the proxy refused during the turn, from its JSON log lines.

@@ -42,13 +42,15 @@ struct Adopted {
 }
 
 /// Finishes the running headless turn `turn` of `record`'s session in container `name`
-/// whose driver is gone (a detached turn's `caw-box __drive` killed), on a backend where
-/// the turn outlives its driver ([`Backend::turns_outlive_driver`], Kubernetes): the CLI's
+/// whose driver is gone (a detached turn's `caw-box __drive` killed), which its backend
+/// keeps for an adopter (labelled [`ADOPTABLE`], Kubernetes): the CLI's
 /// output is read from the container's log from its start (stdout and stderr as one
 /// stream: the log keeps them together), and once the CLI ended the record is handed in
 /// on the container's stdin, which stayed open, as the driver would have. `record` is the
 /// stored one (before this turn). The driver's `--timeout` holds, counted from the pod's
 /// start (the driver left it in the runtime directory).
+///
+/// [`ADOPTABLE`]: crate::session::names::labels::ADOPTABLE
 pub(super) async fn adopt(
     backend: &impl Backend,
     record: &mut SessionRecord,
@@ -102,8 +104,8 @@ pub(super) async fn adopt(
     drive(&ctx, record, &mut interrupts, &mut |_| {}, Some(adopted)).await
 }
 
-/// The runtime file that holds a turn's prompt, for [`adopt`] (on backends where turns
-/// outlive their driver).
+/// The runtime file that holds a headless turn's prompt, for [`adopt`] (where the backend
+/// keeps the turn for an adopter).
 pub(super) const PROMPT_FILE: &str = "prompt";
 /// The runtime file that holds a turn's `--timeout` in milliseconds, for [`adopt`].
 pub(super) const TIMEOUT_FILE: &str = "timeout";

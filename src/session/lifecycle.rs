@@ -1,10 +1,11 @@
-//! Lifecycle operations on existing sessions, from any process on the same Docker host:
-//! which sessions run a turn right now, stopping a running turn, waiting for one to be
-//! recorded, and removing a session with everything it left in Docker.
+//! Lifecycle operations on existing sessions, from any process that reaches the same
+//! backend: which sessions run a turn right now, stopping a running turn, waiting for one
+//! to be recorded (finishing an adoptable one whose driver is gone), and removing a session
+//! with everything it left there.
 //!
-//! These work from Docker alone (labels, containers, volumes), never from the process that
-//! drives the turn: a turn started by another caw-box (or `--detach`) is stopped, waited
-//! for and removed the same way. Not here: running a turn (`runner.rs`) and finding a
+//! These work from the backend alone (labels, containers, volumes), never from the process
+//! that drives the turn: a turn started by another caw-box (or `--detach`) is stopped,
+//! waited for and removed the same way. Not here: running a turn (`runner.rs`) and finding a
 //! session (`target.rs`).
 
 use std::collections::HashMap;
@@ -78,13 +79,10 @@ pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
             backend.remove_container(&c.id, true).await?;
         }
     }
-    // A killed `--allow-host` turn's egress network.
-    for n in backend
-        .list_networks(&[format!("{}={id}", labels::SESSION)])
-        .await?
-    {
-        backend.remove_network(&n).await?;
-    }
+    // What killed turns left beside them (a Docker `--allow-host` turn's network).
+    backend
+        .sweep(&[format!("{}={id}", labels::SESSION)], &[])
+        .await?;
     // Turn records and the copy-mode workspace, then the state volume last.
     for v in backend
         .list_volumes(&[
@@ -117,9 +115,9 @@ pub async fn stop(
         .await?
         .filter(|c| c.running())
         .ok_or_else(|| Error::usage(format!("session {id} has no running turn")))?;
-    if backend.turns_outlive_driver() {
-        // Right after `resume -d` returned, the pod runs but its driver may not have fed
-        // it yet: stopped then, the driver would find the pod gone and record nothing. The
+    if inspect.label(labels::ADOPTABLE) == Some("true") {
+        // Right after `resume -d` returned, such a turn runs but its driver may not have
+        // fed it yet: stopped then, the driver would find it gone and record nothing. The
         // prompt arrives with the runtime files, once the driver is attached.
         let prompt = super::headless::PROMPT_FILE;
         for _ in 0..100 {
@@ -131,7 +129,6 @@ pub async fn stop(
     }
     // Tell the turn's driver that this is a stop, not a crash (through the backend: the
     // driver may run on another machine).
-    let _ = inspect;
     if let Err(e) = super::runtime::signal_file(
         backend,
         &container,
@@ -176,7 +173,8 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
     let mut stopped_since: Option<Instant> = None;
     let is_running = |c: &crate::backend::ContainerInfo| c.running();
     while let Some(c) = backend.inspect_container(&container).await? {
-        if is_running(&c) && backend.turns_outlive_driver() && super::liveness::driver_is_gone(&c) {
+        let adoptable = c.label(labels::ADOPTABLE) == Some("true");
+        if is_running(&c) && adoptable && super::liveness::driver_is_gone(&c) {
             // A detached turn whose driver was killed: it runs on, and this process
             // finishes it (reads its output, hands its record in).
             if let Some(result) = adopt(backend, facts, &c).await? {

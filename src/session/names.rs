@@ -29,6 +29,10 @@ pub mod labels {
     /// On a turn pod (Kubernetes): `caw-box stop` ended it (its runtime directory, where
     /// Docker's stop request goes, is gone with the pod).
     pub const STOP_REQUESTED: &str = "io.caw-box.stop-requested";
+    /// On a headless turn's container, set by the backend that made it so (Kubernetes): it
+    /// runs on when its driver is gone, and waits for its record, which any caw-box can hand
+    /// in (`session::headless::adopt`); `caw-box wait` adopts it.
+    pub const ADOPTABLE: &str = "io.caw-box.adoptable";
     /// On a turn-record volume: the [`crate::session::record::TurnSummary`] of the session's latest turn.
     pub const SUMMARY: &str = "io.caw-box.summary";
     /// On an image: a hash of everything it was built from; `image build` skips an image

@@ -152,7 +152,7 @@ pub async fn record_bind_base(
     // `safe_git`) in tens of milliseconds instead of a helper container's ~350 ms; the
     // helper remains for the rest (no git here, a repository git refuses to touch as this
     // user, a failure of any kind).
-    if backend.surely_shares_paths() {
+    if matches!(backend.host_dirs(), crate::backend::HostDirs::Shared) {
         if let Some(base) = host_base(dir).await {
             return Some(base);
         }

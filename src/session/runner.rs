@@ -33,7 +33,7 @@ pub const DEFAULT_PIDS_LIMIT: i64 = 512;
 /// The turn's interception CA certificate in its runtime directory (public).
 const INTERCEPT_CA_FILE: &str = "intercept-ca.pem";
 
-pub use super::egress::{PROXY_ALIAS, PROXY_PORT};
+pub use super::egress::{proxy_env, PROXY_ALIAS, PROXY_PORT, PROXY_SCRIPT};
 pub use super::headless::model_host;
 pub use super::history::cache_record;
 pub use super::runtime::{RUNTIME_MOUNT, RUN_DIR as RUNTIME_DIR, STOP_REQUEST};
@@ -155,8 +155,9 @@ pub async fn run_turn(
         env_file.push(0);
     }
     runtime.write("env", &env_file);
-    if !options.interactive && backend.turns_outlive_driver() {
-        // For whoever finishes the turn if this process is gone (`headless::adopt`).
+    if !options.interactive {
+        // For whoever finishes the turn if this process is gone, where the backend keeps
+        // it for an adopter (`labels::ADOPTABLE`, `headless::adopt`).
         runtime.write(super::headless::PROMPT_FILE, options.prompt.as_bytes());
         if let Some(timeout) = options.timeout {
             let millis = timeout.as_millis().to_string();
@@ -778,8 +779,8 @@ mod tests {
         async fn stop_container(&self, _: &str, _: std::time::Duration) -> Result<()> {
             unexpected!("stop")
         }
-        fn surely_shares_paths(&self) -> bool {
-            true
+        fn host_dirs(&self) -> crate::backend::HostDirs {
+            crate::backend::HostDirs::Shared
         }
         fn words(&self) -> crate::backend::Words {
             unexpected!("words")
@@ -799,8 +800,20 @@ mod tests {
         async fn close_egress(&self, _: &crate::backend::EgressPlan) {
             unexpected!("close egress")
         }
-        async fn sweep_egress(&self, _: &crate::backend::EgressPlan, _: &[String]) {
-            unexpected!("sweep egress")
+        async fn open_broker(&self, _: &crate::backend::BrokerPlan) -> Result<()> {
+            unexpected!("open a broker")
+        }
+        async fn start_broker(
+            &self,
+            _: &crate::backend::BrokerPlan,
+        ) -> std::result::Result<Attached, CreateError> {
+            unexpected!("start a broker")
+        }
+        async fn close_broker(&self, _: &crate::backend::BrokerPlan) {
+            unexpected!("close a broker")
+        }
+        async fn sweep(&self, _: &[String], _: &[&str]) -> Result<()> {
+            unexpected!("sweep")
         }
         fn removed_under_turn(&self, _: &str) -> Error {
             unexpected!("a removed turn")
@@ -829,15 +842,6 @@ mod tests {
         }
         async fn remove_volume(&self, _: &str) -> Result<()> {
             unexpected!("remove volumes")
-        }
-        async fn create_network(&self, _: &str, _: bool, _: HashMap<String, String>) -> Result<()> {
-            unexpected!("create networks")
-        }
-        async fn list_networks(&self, _: &[String]) -> Result<Vec<String>> {
-            unexpected!("list networks")
-        }
-        async fn remove_network(&self, _: &str) -> Result<()> {
-            unexpected!("remove networks")
         }
         async fn upload_files(
             &self,

@@ -39,18 +39,4 @@ impl DockerBackend {
         let _ = self.remove_container(&plan.proxy_name, true).await;
         let _ = self.remove_network(&plan.network).await;
     }
-
-    /// Removes the proxies and egress networks carrying all of `labels` but `plan`'s own.
-    pub(super) async fn sweep_egress(&self, plan: &EgressPlan, labels: &[String]) {
-        for c in self.list_containers(labels).await.unwrap_or_default() {
-            if c.name != plan.proxy_name && !c.id.is_empty() {
-                let _ = self.remove_container(&c.id, true).await;
-            }
-        }
-        for n in self.list_networks(labels).await.unwrap_or_default() {
-            if n != plan.network {
-                let _ = self.remove_network(&n).await;
-            }
-        }
-    }
 }

@@ -11,6 +11,8 @@
 //! - `volumes.rs`: volumes and networks
 //! - `images.rs`: inspect, build, list
 //! - `archive.rs`: files in and out of containers, and the tar helpers
+//! - `egress.rs`, `broker.rs`: a turn's `--allow-host` proxy and credential broker, as
+//!   containers on networks
 //! - `seam.rs`: [`crate::backend::Backend`] for Docker, over the methods above
 
 use std::time::Duration;
@@ -22,6 +24,7 @@ use crate::error::{Error, Result};
 
 mod api_version;
 mod archive;
+mod broker;
 mod containers;
 mod egress;
 pub mod endpoint;
@@ -69,7 +72,7 @@ impl DockerBackend {
     /// Whether the daemon certainly sees this process's paths as they are: a local socket,
     /// and this process is not in a job's container. Otherwise it may or may not (a socket
     /// mounted into a CI job's container, a remote `DOCKER_HOST`): ask it.
-    pub fn surely_shares_paths(&self) -> bool {
+    pub(super) fn surely_shares_paths(&self) -> bool {
         docker_host().starts_with("unix://") && !in_a_job_container()
     }
 }

@@ -60,8 +60,23 @@ impl Backend for DockerBackend {
         DockerBackend::close_egress(self, plan).await
     }
 
-    async fn sweep_egress(&self, plan: &crate::backend::EgressPlan, labels: &[String]) {
-        DockerBackend::sweep_egress(self, plan, labels).await
+    async fn open_broker(&self, plan: &crate::backend::BrokerPlan) -> Result<()> {
+        DockerBackend::open_broker(self, plan).await
+    }
+
+    async fn start_broker(
+        &self,
+        plan: &crate::backend::BrokerPlan,
+    ) -> std::result::Result<Attached, CreateError> {
+        DockerBackend::start_broker(self, plan).await
+    }
+
+    async fn close_broker(&self, plan: &crate::backend::BrokerPlan) {
+        DockerBackend::close_broker(self, plan).await
+    }
+
+    async fn sweep(&self, labels: &[String], keep: &[&str]) -> Result<()> {
+        DockerBackend::sweep(self, labels, keep).await
     }
 
     fn logs_hint(&self, name: &str) -> String {
@@ -152,23 +167,6 @@ impl Backend for DockerBackend {
         DockerBackend::remove_volume(self, name).await
     }
 
-    async fn create_network(
-        &self,
-        name: &str,
-        internal: bool,
-        labels: HashMap<String, String>,
-    ) -> Result<()> {
-        DockerBackend::create_network(self, name, internal, labels).await
-    }
-
-    async fn list_networks(&self, labels: &[String]) -> Result<Vec<String>> {
-        DockerBackend::list_networks(self, labels).await
-    }
-
-    async fn remove_network(&self, name: &str) -> Result<()> {
-        DockerBackend::remove_network(self, name).await
-    }
-
     async fn upload_files(
         &self,
         name: &str,
@@ -183,8 +181,12 @@ impl Backend for DockerBackend {
         DockerBackend::upload_tar(self, name, dir, tar).await
     }
 
-    fn surely_shares_paths(&self) -> bool {
-        DockerBackend::surely_shares_paths(self)
+    fn host_dirs(&self) -> crate::backend::HostDirs {
+        if DockerBackend::surely_shares_paths(self) {
+            crate::backend::HostDirs::Shared
+        } else {
+            crate::backend::HostDirs::Unknown
+        }
     }
 
     async fn fill_new_volume(

@@ -21,10 +21,10 @@
 //! stopped container). What lived in the ended pod's own memory or empty dirs (its runtime
 //! directory, refreshed credentials) is gone with it.
 //!
-//! A turn outlives its driver ([`Backend::turns_outlive_driver`]): the pod's stdin stays
-//! open across attachments and its entrypoint waits hours for the record, so any caw-box
-//! can finish a turn whose driver is gone (`session::headless::adopt`). `caw-box stop`
-//! annotates the pod (`note_stop`), read after the pod ended.
+//! A headless turn outlives its driver, and its pod says so ([`ADOPTABLE`]): the pod's
+//! stdin stays open across attachments and its entrypoint waits hours for the record, so
+//! any caw-box can finish a turn whose driver is gone (`session::headless::adopt`).
+//! `caw-box stop` annotates the pod (`note_stop`), read after the pod ended.
 //!
 //! A TUI turn's pod has a terminal and waits for its runtime files, which are put in once
 //! it runs (a terminal's stdin is no way for an archive); `resize_tty` reaches the
@@ -63,7 +63,7 @@
 //! - `doctor.rs`: what `caw-box doctor` checks of a cluster
 //!
 //! [`Backend`]: crate::backend::Backend
-//! [`Backend::turns_outlive_driver`]: crate::backend::Backend::turns_outlive_driver
+//! [`ADOPTABLE`]: crate::session::names::labels::ADOPTABLE
 //! [`TurnSpec::broker`]: crate::backend::TurnSpec::broker
 //! [`TurnSpec::egress_allow`]: crate::backend::TurnSpec::egress_allow
 //! [`MARKED_ENTRY`]: spec::MARKED_ENTRY

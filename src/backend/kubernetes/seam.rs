@@ -63,8 +63,8 @@ impl Backend for KubeBackend {
                 init.retain(|c| c.name != super::spec::SEED_HOME);
             }
         }
-        self.create_pod(&self.pod(name, &spec.labels, pod_spec))
-            .await?;
+        let labels = turn_pod_labels(spec);
+        self.create_pod(&self.pod(name, &labels, pod_spec)).await?;
         self.wait_running(name, &spec.image).await?;
         if let (false, Some(claim)) = (seeded, state) {
             self.note_seeded(name, claim).await;
@@ -147,30 +147,39 @@ impl Backend for KubeBackend {
     /// The hold goes with the turn's pod.
     async fn close_egress(&self, _plan: &crate::backend::EgressPlan) {}
 
-    /// Nothing of a turn's egress outlives its pod.
-    async fn sweep_egress(&self, _plan: &crate::backend::EgressPlan, _labels: &[String]) {}
+    /// Nothing to make: the broker is a container of the turn's pod ([`TurnSpec::broker`]).
+    async fn open_broker(&self, _plan: &crate::backend::BrokerPlan) -> Result<()> {
+        Ok(())
+    }
 
-    async fn attach_sidecar(&self, name: &str, sidecar: &str) -> Result<Attached> {
-        // Running, or the attachment would wait for nothing.
-        let pod = self
-            .pods()
-            .get_opt(name)
-            .await
-            .map_err(|e| failed(format!("read pod '{name}'"), &e))?
-            .ok_or_else(|| Error::environment(format!("pod '{name}' does not exist")))?;
-        let running = pod
-            .status
-            .and_then(|s| s.container_statuses)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.name == sidecar && c.state.as_ref().is_some_and(|s| s.running.is_some()));
-        if !running {
-            return Err(Error::environment(format!(
-                "the container '{sidecar}' of pod '{name}' does not run"
-            )));
+    /// The turn pod's broker container (`plan.name` is the pod), attached to once it runs:
+    /// it may start a moment after the agent's.
+    async fn start_broker(
+        &self,
+        plan: &crate::backend::BrokerPlan,
+    ) -> std::result::Result<Attached, CreateError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match self
+                .attach_sidecar(&plan.name, crate::session::SIDECAR)
+                .await
+            {
+                Ok(a) => return Ok(a),
+                Err(e) if tokio::time::Instant::now() > deadline => {
+                    return Err(CreateError::Other(e))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
         }
-        self.attach_to(name, Some(sidecar.to_string()), true, false)
-            .await
+    }
+
+    /// The broker goes with the turn's pod.
+    async fn close_broker(&self, _plan: &crate::backend::BrokerPlan) {}
+
+    /// Nothing of a turn's broker or egress outlives its pod; a session's pods and claims
+    /// are removed as containers and volumes.
+    async fn sweep(&self, _labels: &[String], _keep: &[&str]) -> Result<()> {
+        Ok(())
     }
 
     async fn resize_tty(&self, name: &str, columns: u16, rows: u16) -> Result<()> {
@@ -245,8 +254,8 @@ impl Backend for KubeBackend {
     }
 
     /// A cluster has no host directories: the workspace is always copied in.
-    fn bind_refusal(&self) -> Option<Error> {
-        Some(
+    fn host_dirs(&self) -> crate::backend::HostDirs {
+        crate::backend::HostDirs::Never(
             Error::usage(
                 "--workspace-mode bind is not available with the kubernetes backend: a pod cannot mount a directory of this host",
             )
@@ -285,14 +294,6 @@ impl Backend for KubeBackend {
             }
         }
         self.remove_container(name, true).await
-    }
-
-    fn surely_shares_paths(&self) -> bool {
-        false
-    }
-
-    fn turns_outlive_driver(&self) -> bool {
-        true
     }
 
     async fn note_stop(&self, name: &str) -> Result<()> {
@@ -520,25 +521,6 @@ impl Backend for KubeBackend {
         Ok(())
     }
 
-    async fn create_network(
-        &self,
-        name: &str,
-        _internal: bool,
-        _labels: HashMap<String, String>,
-    ) -> Result<()> {
-        Err(Error::usage(format!(
-            "cannot create network '{name}': networks are not available with the kubernetes backend (--allow-host is held in the turn's pod)"
-        )))
-    }
-
-    async fn list_networks(&self, _labels: &[String]) -> Result<Vec<String>> {
-        Ok(Vec::new())
-    }
-
-    async fn remove_network(&self, _name: &str) -> Result<()> {
-        Ok(())
-    }
-
     async fn upload_files(
         &self,
         name: &str,
@@ -597,7 +579,48 @@ impl Backend for KubeBackend {
     }
 }
 
+/// A turn pod's labels: the turn's, and on a headless turn's [`ADOPTABLE`]: its pod keeps
+/// its stdin and waits for its record when its driver is gone, so any caw-box can finish it
+/// (`session::headless::adopt`), and is told so.
+///
+/// [`ADOPTABLE`]: crate::session::names::labels::ADOPTABLE
+pub(super) fn turn_pod_labels(spec: &TurnSpec) -> HashMap<String, String> {
+    let mut labels = spec.labels.clone();
+    if spec.interactive.is_none() {
+        labels.insert(
+            crate::session::names::labels::ADOPTABLE.to_string(),
+            "true".to_string(),
+        );
+    }
+    labels
+}
+
 impl KubeBackend {
+    /// Attaches to the input and output of the container `sidecar` of the running pod
+    /// `name`.
+    async fn attach_sidecar(&self, name: &str, sidecar: &str) -> Result<Attached> {
+        // Running, or the attachment would wait for nothing.
+        let pod = self
+            .pods()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read pod '{name}'"), &e))?
+            .ok_or_else(|| Error::environment(format!("pod '{name}' does not exist")))?;
+        let running = pod
+            .status
+            .and_then(|s| s.container_statuses)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.name == sidecar && c.state.as_ref().is_some_and(|s| s.running.is_some()));
+        if !running {
+            return Err(Error::environment(format!(
+                "the container '{sidecar}' of pod '{name}' does not run"
+            )));
+        }
+        self.attach_to(name, Some(sidecar.to_string()), true, false)
+            .await
+    }
+
     /// A claim of a storage class that does not exist would stay Pending for ever: refused
     /// before it is made. Where the user may not read storage classes (cluster-scoped), the
     /// claim's binding tells instead ([`Self::wait_running`]).

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::sandbox::{hardened, pull_policy};
 use crate::backend::{TurnSpec, PROXY_SIDECAR};
-use crate::session::runner::PROXY_PORT;
+use crate::session::runner::{proxy_env, PROXY_SCRIPT};
 use crate::session::{POD_END_DIR, POD_END_FILE, SIDECAR};
 
 /// The uid of a turn pod's proxy sidecar (`--allow-host`), and of its broker sidecar: each
@@ -149,20 +149,17 @@ echo "caw-box: egress held to uids $1 ($v4${v6:+, $v6})""#;
 pub(super) fn proxy_container(spec: &TurnSpec, gid: i64) -> Container {
     let marker = serde_json::Value::String(format!("{POD_END_DIR}/{POD_END_FILE}"));
     let script = format!(
-        "setInterval(()=>{{if(require('fs').existsSync({marker}))process.exit(0);}},300);require('/usr/local/lib/caw-box/proxy.js');"
+        "setInterval(()=>{{if(require('fs').existsSync({marker}))process.exit(0);}},300);require('{PROXY_SCRIPT}');"
     );
-    let env = [
-        ("CAW_BOX_ALLOW", spec.egress_allow.join(",")),
-        ("CAW_BOX_PROXY_PORT", PROXY_PORT.to_string()),
-        ("CAW_BOX_PROXY_HOST", "127.0.0.1".to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| k8s_openapi::api::core::v1::EnvVar {
-        name: k.to_string(),
-        value: Some(v),
-        value_from: None,
-    })
-    .collect();
+    let env = proxy_env(&spec.egress_allow)
+        .into_iter()
+        .chain([("CAW_BOX_PROXY_HOST", "127.0.0.1".to_string())])
+        .map(|(k, v)| k8s_openapi::api::core::v1::EnvVar {
+            name: k.to_string(),
+            value: Some(v),
+            value_from: None,
+        })
+        .collect();
     let command = vec!["node".into(), "-e".into(), script];
     Container {
         env: Some(env),

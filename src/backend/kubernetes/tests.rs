@@ -536,3 +536,15 @@ fn a_failed_egress_init_container_is_told_apart_from_the_seeding_one() {
     assert!(!egress_init_failed(&pod(EGRESS_INIT, 0)));
     assert!(!egress_init_failed(&pod("seed-home", 1)));
 }
+
+/// A headless turn's pod says that any caw-box may finish it once its driver is gone
+/// (`caw-box wait` adopts it, `caw-box stop` waits for its prompt); a TUI turn's does not.
+#[test]
+fn a_headless_turn_pod_is_labelled_adoptable_and_a_tui_ones_is_not() {
+    let key = crate::session::names::labels::ADOPTABLE;
+    let headless = super::seam::turn_pod_labels(&turn());
+    assert_eq!(headless.get(key).map(String::as_str), Some("true"));
+    let mut tui = turn();
+    tui.interactive = Some(None);
+    assert_eq!(super::seam::turn_pod_labels(&tui).get(key), None);
+}

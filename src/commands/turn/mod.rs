@@ -384,7 +384,7 @@ async fn place_workspace(
     let Some(dir) = settings.workspace.clone() else {
         return Ok(());
     };
-    if let Some(refusal) = backend.bind_refusal() {
+    if let crate::backend::HostDirs::Never(refusal) = backend.host_dirs() {
         if asked == Some(WorkspaceModeArg::Bind) {
             return Err(refusal);
         }

@@ -19,9 +19,15 @@
 //! label or annotation holds them; it exits when the agent's container leaves its end
 //! marker ([`POD_END_DIR`]), so the pod completes.
 //!
+//! What is the same on every backend lives here: the plan (which broker, its config, the
+//! placeholders), the keys on stdin, the leases and the refresh protocol. The backend runs
+//! the planned broker ([`crate::backend::BrokerPlan`], `Backend::open_broker`,
+//! `start_broker`, `close_broker`): Docker as a container on a network, Kubernetes as a
+//! container of the turn's pod.
+//!
 //! - `mod.rs`: the broker's program, ports and names, and what a planned broker is
 //! - `plan.rs`: which broker a turn gets, and its config (the keys, the logins)
-//! - `supervise.rs`: starting, leasing, keeping and stopping it
+//! - `supervise.rs`: starting (through the backend), leasing, keeping and stopping it
 //! - `refresh.rs`: the logins it refreshes, stored; the refresh handoff between brokers
 
 use std::time::Duration;

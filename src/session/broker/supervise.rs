@@ -6,8 +6,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
-use super::{Broker, Lease, Shared, LEASE_RENEW, LOADER, READY_TIMEOUT, SHARED_LABEL, SIDECAR};
-use crate::backend::{Backend, HelperSpec, OutputChunk};
+use super::{Broker, Lease, Shared, LEASE_RENEW, LOADER, READY_TIMEOUT};
+use crate::backend::{Backend, BrokerPlan, HelperSpec, OutputChunk};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::session::record::{labels, roles};
@@ -33,28 +33,60 @@ async fn lock_brokers() -> Result<BrokerLock> {
 }
 
 impl Broker {
-    /// Makes the network the broker needs before the agent's container can be created.
-    pub(in crate::session) async fn prepare(&self, backend: &impl Backend) -> Result<()> {
-        let Some(n) = &self.own_network else {
-            return Ok(());
+    /// What the backend runs ([`Backend::start_broker`]): the broker's container, or the
+    /// turn pod's broker container.
+    fn backend_plan(&self) -> BrokerPlan {
+        let (uid, gid) = dirs::agent_ids();
+        let entrypoint = match &self.in_pod {
+            Some(_) => super::sidecar_entrypoint(),
+            None => vec!["node".into(), "-e".into(), LOADER.into()],
         };
-        if let Some(s) = &self.shared {
-            // Kept with the broker: made once, under the lock (Docker may allow two of a name).
-            let _lock = lock_brokers().await?;
-            let filter = [format!("{SHARED_LABEL}={}", s.hash)];
-            if backend.list_networks(&filter).await?.contains(n) {
-                return Ok(());
-            }
-            return backend.create_network(n, false, self.labels()).await;
+        BrokerPlan {
+            name: self
+                .in_pod
+                .clone()
+                .unwrap_or_else(|| self.container.clone()),
+            spec: HelperSpec {
+                scratch: None,
+                image: self.image.clone(),
+                entrypoint,
+                argv: vec![],
+                env: vec![],
+                user: Some(format!("{uid}:{gid}")),
+                labels: self.labels(),
+                mounts: vec![],
+                network: self.first.clone(),
+                read_only_root: true,
+                drop_all_capabilities: true,
+                add_capabilities: vec![],
+                no_new_privileges: true,
+                pids_limit: Some(64),
+                tmp: None,
+                stdin: true,
+                auto_remove: self.shared.is_some(),
+                join: self.join.clone().map(|n| (n, self.container.clone())),
+            },
+            network: self.own_network.clone(),
+            shared: self.shared.is_some(),
         }
-        backend.create_network(n, false, self.labels()).await
+    }
+
+    /// Makes what the broker needs before the agent's container can be created (its
+    /// network, where the backend makes one).
+    pub(in crate::session) async fn prepare(&self, backend: &impl Backend) -> Result<()> {
+        // A shared broker's network is kept with it: made once, under the lock.
+        let _lock = match (&self.shared, &self.own_network) {
+            (Some(_), Some(_)) => Some(lock_brokers().await?),
+            _ => None,
+        };
+        backend.open_broker(&self.backend_plan()).await
     }
 
     /// Returns once the turn's broker listens with its keys: a shared one found running and
     /// leased, else one started.
     pub(in crate::session) async fn start(&self, backend: &impl Backend) -> Result<()> {
-        if let Some(pod) = &self.in_pod {
-            return self.start_in_pod(backend, pod).await;
+        if self.in_pod.is_some() {
+            return self.start_in_pod(backend).await;
         }
         let Some(s) = &self.shared else {
             let attached = self.start_own(backend, None).await?;
@@ -112,16 +144,8 @@ impl Broker {
     /// Hands the sidecar of the running pod `pod` its keys and waits for it to listen. The
     /// attachment goes after: the broker read its one line, and lives until the agent's
     /// container ended.
-    async fn start_in_pod(&self, backend: &impl Backend, pod: &str) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-        let mut attached = loop {
-            // The agent's container runs; the sidecar may start a moment later.
-            match backend.attach_sidecar(pod, SIDECAR).await {
-                Ok(a) => break a,
-                Err(e) if tokio::time::Instant::now() > deadline => return Err(e),
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-        };
+    async fn start_in_pod(&self, backend: &impl Backend) -> Result<()> {
+        let mut attached = backend.start_broker(&self.backend_plan()).await?;
         attached
             .input
             .write_all(self.config.expose())
@@ -184,33 +208,10 @@ impl Broker {
         backend: &impl Backend,
         shared: Option<&Shared>,
     ) -> Result<crate::backend::Attached> {
-        let (uid, gid) = dirs::agent_ids();
-        let spec = HelperSpec {
-            scratch: None,
-            image: self.image.clone(),
-            entrypoint: vec!["node".into(), "-e".into(), LOADER.into()],
-            argv: vec![],
-            env: vec![],
-            user: Some(format!("{uid}:{gid}")),
-            labels: self.labels(),
-            mounts: vec![],
-            network: self.first.clone(),
-            read_only_root: true,
-            drop_all_capabilities: true,
-            add_capabilities: vec![],
-            no_new_privileges: true,
-            pids_limit: Some(64),
-            tmp: None,
-            stdin: true,
-            auto_remove: shared.is_some(),
-            join: self.join.clone().map(|n| (n, self.container.clone())),
-        };
-        backend
-            .create_helper(&self.container, &spec)
+        let mut attached = backend
+            .start_broker(&self.backend_plan())
             .await
             .map_err(|e| image_hint_for(e, &self.image, self.provider))?;
-        let mut attached = backend.attach(&self.container, true).await?;
-        backend.start_container(&self.container).await?;
         let mut first = self.config.expose().to_vec();
         if let Some(s) = shared {
             first.extend_from_slice(Self::lease_line(s).as_bytes());
@@ -234,10 +235,6 @@ impl Broker {
     /// Ends the turn's use of its broker: a shared one's lease is released (the broker
     /// stays for the next turns), a turn's own broker is removed.
     pub(in crate::session) async fn stop(&self, backend: &impl Backend) {
-        if self.in_pod.is_some() {
-            // It ends with the agent's container (and goes with the pod).
-            return;
-        }
         if let Some(s) = &self.shared {
             let held = s.held.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(l) = held {
@@ -246,33 +243,25 @@ impl Broker {
             }
             return;
         }
-        let _ = backend.remove_container(&self.container, true).await;
-        if let Some(n) = &self.own_network {
-            let _ = backend.remove_network(n).await;
-        }
+        // (One in the turn's pod ends with the agent's container, and goes with the pod.)
+        backend.close_broker(&self.backend_plan()).await;
     }
 
     /// Removes the session's other brokers and their networks: once this turn holds the
     /// session's lock, they are leftovers of turns whose caw-box was killed.
     pub(in crate::session) async fn remove_leftovers(&self, backend: &impl Backend) {
-        if self.shared.is_some() || self.in_pod.is_some() {
-            // Shared: not this session's alone (a per-turn leftover goes with `rm`/`gc`).
+        if self.shared.is_some() {
+            // Not this session's alone (a per-turn leftover goes with `rm`/`gc`).
             return;
         }
         let filter = [
             format!("{}={}", labels::SESSION, self.session),
             format!("{}={}", labels::ROLE, roles::BROKER),
         ];
-        for c in backend.list_containers(&filter).await.unwrap_or_default() {
-            if c.name != self.container && !c.id.is_empty() {
-                let _ = backend.remove_container(&c.id, true).await;
-            }
-        }
-        for n in backend.list_networks(&filter).await.unwrap_or_default() {
-            if Some(&n) != self.own_network.as_ref() {
-                let _ = backend.remove_network(&n).await;
-            }
-        }
+        let keep: Vec<&str> = std::iter::once(self.container.as_str())
+            .chain(self.own_network.as_deref())
+            .collect();
+        let _ = backend.sweep(&filter, &keep).await;
     }
 }
 
