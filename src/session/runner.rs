@@ -111,12 +111,7 @@ pub async fn run_turn(
     let brokers_any = !credentials.brokered.is_empty() || !credentials.logins.is_empty();
     let shared = brokers_any && place == crate::backend::BrokerPlace::SharedContainer;
     let broker = if in_pod {
-        // A pod's sidecar holds keys; a turn with a login is injected there.
-        if credentials.logins.is_empty() {
-            Broker::plan_in_pod(record, &credentials.brokered, &name)
-        } else {
-            None
-        }
+        Broker::plan_in_pod(record, &credentials.brokered, &credentials.logins, &name)
     } else {
         Broker::plan_logins(
             record,

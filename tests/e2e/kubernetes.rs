@@ -383,6 +383,14 @@ impl Lab {
 
     /// [`Self::start_stub`] as pod `name` (a second stub: a host not in a list).
     fn start_stub_named(&self, name: &str) -> String {
+        self.start_stub_with(
+            name,
+            serde_json::json!([{"name": "STUB_EXPECT_KEY", "value": TEST_KEY}]),
+        )
+    }
+
+    /// [`Self::start_stub`] as pod `name` with `env` (the container's `env` list).
+    fn start_stub_with(&self, name: &str, env: Value) -> String {
         let pod = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Pod",
@@ -397,7 +405,7 @@ impl Lab {
                     "name": "stub",
                     "image": stub_image(),
                     "imagePullPolicy": "Never",
-                    "env": [{"name": "STUB_EXPECT_KEY", "value": TEST_KEY}]
+                    "env": env
                 }]
             }
         });
@@ -2408,4 +2416,221 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
     );
     assert_eq!(lab.caw_objects(), before, "something was made");
     drop(lab);
+}
+
+/// Logins brokered on Kubernetes (issue 29), as on Docker (tests/e2e/oauth.rs): a Claude
+/// login and a codex ChatGPT login, each in two sessions whose turns run in pairs, eight
+/// turns across two forced expiries. The pod's broker sidecar holds the login (the agent's
+/// container a placeholder login file) and owns its refresh: the stub's token endpoint
+/// rotates refresh tokens and rejects a used one, so exactly one refresh per expiry with
+/// none rejected shows the hand-off between the pods' brokers. The store ends with the
+/// newest tokens. While a slow turn runs, a scan of the agent's container (its processes
+/// and every file) finds no real token, and finds the placeholder (the control). Then a
+/// detached codex turn whose driver is SIGKILLed before the expiry meets its broker: the
+/// sidecar refreshes alone, and the `wait` that finishes the turn stores what it refreshed.
+#[test]
+fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
+    use crate::oauth::{at, claude_login, codex_login, secret_part};
+    const SESSIONS: usize = 2;
+    check("lab up");
+    let lab = Lab::up();
+    lab.load_images(&[
+        "caw-box/claude-code:latest",
+        "caw-box/codex:latest",
+        &stub_image(),
+    ]);
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
+    for login in [claude_login(SESSIONS), codex_login(SESSIONS)] {
+        let p = login.provider;
+        check(&format!("{p}: the login collected, its stub started"));
+        let endpoint = lab.start_stub_with(
+            &format!("stub-oauth-{}", p.replace('_', "-")),
+            serde_json::json!([{"name": "STUB_OAUTH",
+                                "value": format!("{},{}", login.access, login.refresh)}]),
+        );
+        let stub = StubControl::Http(endpoint.clone());
+        let data = tempfile::tempdir().unwrap();
+        let home = tempfile::tempdir().unwrap();
+        let file = home.path().join(login.target);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, &login.text).unwrap();
+        let mut collect = caw_k8s(data.path(), workspace.path(), &lab);
+        collect
+            .args(["auth", "collect", "--provider", p])
+            .env("HOME", home.path());
+        let out = crate::common::run(collect);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        let turn = |args: &[&str]| {
+            let mut c = caw_k8s(data.path(), workspace.path(), &lab);
+            c.args(args)
+                .env(
+                    "CAW_BOX_OAUTH_TOKEN_URL",
+                    format!("{endpoint}/v1/oauth/token"),
+                )
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            c
+        };
+        let run_args = |prompt: &str| -> Vec<String> {
+            let mut a = vec![
+                "run",
+                "--provider",
+                p,
+                "--endpoint",
+                &endpoint,
+                "-o",
+                "json",
+            ];
+            if let Some(m) = login.model {
+                a.extend(["--model", m]);
+            }
+            a.push(prompt);
+            a.into_iter().map(str::to_string).collect()
+        };
+        let all_ok = |children: Vec<(std::process::Child, String)>| -> Vec<Value> {
+            children
+                .into_iter()
+                .map(|(child, word)| {
+                    let out = wait_with_deadline(child, Duration::from_secs(240));
+                    let v = json_of(&out);
+                    assert_eq!(
+                        out.status.code(),
+                        Some(0),
+                        "{p} {word}: {v}\n{}",
+                        stderr_of(&out)
+                    );
+                    assert!(result_text(&v).contains(&format!("Noted: {word}")), "{v}");
+                    v
+                })
+                .collect()
+        };
+        let status = || stub.json("GET", "/_stub/oauth");
+        let newest_stored = |refreshes: u64, seen: &mut Vec<String>| {
+            let s = status();
+            assert_eq!(
+                (s["refreshes"].as_u64(), s["rejected"].as_u64()),
+                (Some(refreshes), Some(0)),
+                "{p}: {s}"
+            );
+            let path = data
+                .path()
+                .join(format!("auth/{p}/home"))
+                .join(login.target);
+            let stored: Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            if refreshes > 0 {
+                let newest = s["refresh_token"].as_str().unwrap();
+                assert_eq!(at(&stored, login.refresh_at), newest, "{p}: {stored}");
+                let access = secret_part(at(&stored, login.access_at).as_str().unwrap());
+                assert!(access.starts_with("stub-access-"), "{p}: {stored}");
+                seen.extend([newest.to_string(), access.to_string()]);
+            }
+        };
+
+        check(&format!("{p}: round 1, the login valid"));
+        let children = (0..SESSIONS)
+            .map(|i| {
+                let word = format!("first{i}");
+                let args = run_args(&format!("REMEMBER:{word}"));
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                (turn(&args).spawn().unwrap(), word)
+            })
+            .collect();
+        let ids: Vec<String> = all_ok(children)
+            .iter()
+            .map(|v| v["session_id"].as_str().unwrap().to_string())
+            .collect();
+        let mut seen = login.secrets.clone();
+        newest_stored(0, &mut seen);
+
+        for round in 2..=4u64 {
+            let expiry = round % 2 == 0;
+            check(&format!("{p}: round {round} (expiry: {expiry})"));
+            let gate = format!("expiry{round}");
+            if expiry {
+                // The login's model requests wait at the gate, then meet the expired token
+                // together: the pods' brokers race for the refresh.
+                stub.json("POST", &format!("/_stub/oauth/expire?hold={gate}"));
+            }
+            let scan_hold = format!("scan-{p}");
+            let slow = if round == 4 {
+                format!("HOLD:{scan_hold} ")
+            } else {
+                String::new()
+            };
+            let children = ids
+                .iter()
+                .enumerate()
+                .map(|(i, id)| {
+                    let word = format!("round{round}s{i}");
+                    let prompt = format!("{slow}REMEMBER:{word}");
+                    let args = ["resume", id.as_str(), "-o", "json", prompt.as_str()];
+                    (turn(&args).spawn().unwrap(), word)
+                })
+                .collect();
+            if expiry {
+                stub.wait_held(&gate, SESSIONS, HELD_WITHIN);
+                stub.release(&gate);
+            }
+            if round == 4 {
+                check(&format!("{p}: a slow turn's agent container scanned"));
+                stub.wait_held(&scan_hold, SESSIONS, HELD_WITHIN);
+                let pod = lab.wait_for_turn_pod(Duration::from_secs(60));
+                let control = lab.scan(&pod, "agent", &["cawbox-placeholder".into()], true);
+                assert!(
+                    control.iter().any(|f| f.ends_with(login.placeholder_in)),
+                    "{p}: the scan finds no placeholder login: {control:?}"
+                );
+                let pieces: Vec<String> = seen
+                    .iter()
+                    .flat_map(|t| (0..=t.len() - 16).map(move |i| t[i..i + 16].to_string()))
+                    .chain(["stub-access-".to_string(), "stub-refresh-".to_string()])
+                    .collect();
+                let found = lab.scan(&pod, "agent", &pieces, true);
+                assert_eq!(found, Vec::<String>::new(), "{p}: a real token in {pod}");
+                let objects = lab.kubectl_ok(&[
+                    "get",
+                    "pod,secret,configmap,pvc",
+                    "-l",
+                    CAW_OBJECTS,
+                    "-o",
+                    "yaml",
+                ]);
+                assert!(
+                    !pieces.iter().any(|x| objects.contains(x.as_str())),
+                    "{p}: a real token in an object"
+                );
+                stub.release(&scan_hold);
+            }
+            all_ok(children);
+            newest_stored(round / 2, &mut seen);
+        }
+
+        if p != "codex" {
+            continue;
+        }
+        check("codex: a detached turn's driver SIGKILLed before the expiry; wait stores");
+        stub.json("POST", "/_stub/oauth/expire?hold=gone");
+        let args = run_args("HOLD:after REMEMBER:gone");
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.insert(1, "-d");
+        let out = crate::common::run(turn(&args));
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        let id = json_of(&out)["session_id"].as_str().unwrap().to_string();
+        stub.wait_held("gone", 1, HELD_WITHIN);
+        let pid = lab.turn_pod_annotation(&id, "io.caw-box.driver-pid");
+        let killed = Command::new("kill")
+            .args(["-KILL", pid.trim()])
+            .status()
+            .unwrap();
+        assert!(killed.success(), "kill -KILL {pid}");
+        stub.release("gone");
+        // Refreshed by the sidecar alone (nobody answers its hand-off) and retried.
+        stub.wait_held("after", 1, HELD_WITHIN);
+        let waited = turn(&["wait", &id, "-o", "json"]).spawn().unwrap();
+        stub.release("after");
+        all_ok(vec![(waited, "gone".to_string())]);
+        newest_stored(3, &mut seen);
+    }
 }
