@@ -32,7 +32,8 @@
 // so the caw-box processes attached store them (under the store's lock). `report` on stdin
 // (a caw-box that attached later: it finishes a pod's turn whose driver is gone) has the
 // newest refreshed tokens of each login reported again, so a refresh made while nobody
-// was attached reaches the store too.
+// was attached reaches the store too, and a refresh hand-off question still unanswered is
+// asked again.
 //
 // `tls` ({cert, key}, PEM: a certificate of the turn's own CA for the hosts a login's CLI
 // reaches directly, such as opencode's chatgpt.com): the broker also listens with TLS on
@@ -206,14 +207,18 @@ module.exports = function broker(config, rest) {
   function ask(slot, l) {
     if (!config.handoff) return Promise.resolve('go');
     const id = crypto.randomBytes(8).toString('hex');
+    const line = `caw-box-broker refresh? ${slot} ${id} ${seal({ refresh: l.refresh })}\n`;
     return new Promise((resolve) => {
       const timer = setTimeout(() => asked.delete(id) && resolve('go'), 15000);
-      asked.set(id, (answer) => {
+      const answer = (a) => {
         clearTimeout(timer);
         asked.delete(id);
-        resolve(answer || 'go');
-      });
-      process.stdout.write(`caw-box-broker refresh? ${slot} ${id} ${seal({ refresh: l.refresh })}\n`);
+        resolve(a || 'go');
+      };
+      // Asked again by `report` (a caw-box attached after the question).
+      answer.line = line;
+      asked.set(id, answer);
+      process.stdout.write(line);
     });
   }
 
@@ -313,6 +318,7 @@ module.exports = function broker(config, rest) {
 
   // Reports each login this broker refreshed last (see `report` above).
   function report() {
+    for (const a of asked.values()) process.stdout.write(a.line);
     for (const [slot, l] of logins) {
       if (l.previous === undefined) continue;
       const sealed = seal({ previous: l.previous, access: l.access, refresh: l.refresh,
