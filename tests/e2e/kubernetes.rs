@@ -68,6 +68,21 @@ fn lab_script() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("..").join(relative))
 }
 
+/// `k8s-lab`, holding no descriptor of this process but stdio: a lab brought up by a test run
+/// under `flock /tmp/caw-box-k8s.lock` (how the helpers share it) would otherwise keep the
+/// lock in its daemons, which inherit the descriptor, long after the run: every other user of
+/// the lab then waits forever (seen: 35 minutes).
+fn lab_command() -> Command {
+    let mut c = Command::new("bash");
+    c.args([
+        "-c",
+        r#"for fd in /proc/$$/fd/*; do n=${fd##*/}; [ "$n" -gt 2 ] && eval "exec $n>&-"; done 2>/dev/null; exec "$@""#,
+        "k8s-lab",
+    ])
+    .arg(lab_script());
+    c
+}
+
 /// The id of this test run (see the module doc).
 fn run_id() -> String {
     ["CAW_BOX_K8S_LAB_RUN", "NEXTEST_RUN_ID"]
@@ -145,8 +160,8 @@ impl Lab {
         };
         note(&format!("{why}: k8s-lab down, then up"));
         let _ = std::fs::remove_file(&mark);
-        let _ = Command::new(&script).args(["down", LAB_DIR]).output();
-        let out = Command::new(&script)
+        let _ = lab_command().args(["down", LAB_DIR]).output();
+        let out = lab_command()
             .args(["up", LAB_DIR])
             .output()
             .expect("run k8s-lab up");
@@ -166,7 +181,7 @@ impl Lab {
     /// cluster's state and images. Ok when the lab is healthy after it.
     fn repair(&self, problem: &str) -> Result<(), String> {
         note(&format!("this run's lab: {problem}: k8s-lab up again"));
-        let out = Command::new(lab_script())
+        let out = lab_command()
             .args(["up", LAB_DIR])
             .output()
             .map_err(|e| format!("{problem}; k8s-lab up: {e}"))?;
@@ -179,7 +194,7 @@ impl Lab {
 
     /// Ok when every process of the lab runs, the API server is ready and the node Ready.
     fn health(&self) -> Result<(), String> {
-        let status = Command::new(lab_script())
+        let status = lab_command()
             .args(["status", LAB_DIR])
             .output()
             .map_err(|e| format!("k8s-lab status: {e}"))?;
@@ -332,7 +347,7 @@ impl Lab {
             // A second try: one `docker save | ctr import` here failed once with a blob of its
             // own import not found, and the next load of the same image went through.
             let load = || {
-                Command::new(lab_script())
+                lab_command()
                     .args(["load-image", image])
                     .output()
                     .expect("run k8s-lab load-image")
@@ -581,7 +596,7 @@ fn json_of(out: &Output) -> Value {
 impl Lab {
     /// `k8s-lab restart`: every process of the cluster stopped and started, state kept.
     fn restart(&self) {
-        let out = Command::new(lab_script())
+        let out = lab_command()
             .args(["restart", LAB_DIR])
             .output()
             .expect("run k8s-lab restart");
