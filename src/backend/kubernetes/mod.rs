@@ -80,7 +80,6 @@ use kube::api::{Api, ListParams};
 use crate::error::{Error, Result};
 
 pub mod doctor;
-mod ends;
 mod exec;
 mod meta;
 mod pods;
@@ -136,8 +135,6 @@ pub struct KubeBackend {
     origin: String,
     /// The terminal size senders of this process's TTY attachments, by pod name.
     terminals: std::sync::Arc<std::sync::Mutex<HashMap<String, Resizer>>>,
-    /// What the agents of this process's attachments said of their end.
-    ends: std::sync::Arc<ends::Ends>,
 }
 
 /// Sends a TTY attachment's new size (columns, rows); `false` once the attachment ended.
@@ -210,7 +207,6 @@ impl KubeBackend {
             namespace,
             origin,
             terminals: Default::default(),
-            ends: Default::default(),
         };
         let pods = backend.pods();
         let first = ListParams::default().limit(1);
