@@ -29,7 +29,11 @@
 // access token that was already replaced), retries the request once, and reports the new
 // tokens on stdout sealed (AES-256-GCM with the `seal` key, which only caw-box holds):
 //   caw-box-broker login <slot> <base64 of iv | ciphertext | tag>
-// so the caw-box processes attached store them (under the store's lock).
+// so the caw-box processes attached store them (under the store's lock). `report` on stdin
+// (a caw-box that attached later: it finishes a pod's turn whose driver is gone) has the
+// newest refreshed tokens of each login reported again, so a refresh made while nobody
+// was attached reaches the store too, and a refresh hand-off question still unanswered is
+// asked again.
 //
 // `tls` ({cert, key}, PEM: a certificate of the turn's own CA for the hosts a login's CLI
 // reaches directly, such as opencode's chatgpt.com): the broker also listens with TLS on
@@ -106,6 +110,8 @@ module.exports = function broker(config, rest) {
       unlease(id);
     } else if (verb === 'handoff' && id && asked.has(id)) {
       asked.get(id)(args[0]);
+    } else if (verb === 'report') {
+      report();
     }
   }
 
@@ -201,14 +207,18 @@ module.exports = function broker(config, rest) {
   function ask(slot, l) {
     if (!config.handoff) return Promise.resolve('go');
     const id = crypto.randomBytes(8).toString('hex');
+    const line = `caw-box-broker refresh? ${slot} ${id} ${seal({ refresh: l.refresh })}\n`;
     return new Promise((resolve) => {
       const timer = setTimeout(() => asked.delete(id) && resolve('go'), 15000);
-      asked.set(id, (answer) => {
+      const answer = (a) => {
         clearTimeout(timer);
         asked.delete(id);
-        resolve(answer || 'go');
-      });
-      process.stdout.write(`caw-box-broker refresh? ${slot} ${id} ${seal({ refresh: l.refresh })}\n`);
+        resolve(a || 'go');
+      };
+      // Asked again by `report` (a caw-box attached after the question).
+      answer.line = line;
+      asked.set(id, answer);
+      process.stdout.write(line);
     });
   }
 
@@ -274,6 +284,8 @@ module.exports = function broker(config, rest) {
         l.refresh = newer.refresh;
         l.expires_ms = Number(newer.expires_ms) || Date.now() + 3600000;
         if (typeof newer.id_token === 'string') l.id_token = newer.id_token;
+        // The store has these: nothing of this broker's own to report.
+        l.previous = undefined;
         return;
       }
       const fields = { grant_type: 'refresh_token', refresh_token: l.refresh, client_id: l.client_id };
@@ -287,6 +299,7 @@ module.exports = function broker(config, rest) {
       const t = JSON.parse(r.body);
       if (typeof t.access_token !== 'string') throw new Error('no access_token in the answer');
       const previous = l.refresh;
+      l.previous = previous;
       l.access = t.access_token;
       if (typeof t.refresh_token === 'string') l.refresh = t.refresh_token;
       l.expires_ms = Date.now() + (Number(t.expires_in) || 3600) * 1000;
@@ -301,6 +314,17 @@ module.exports = function broker(config, rest) {
     }).finally(() => inflight.delete(slot));
     inflight.set(slot, p);
     return p;
+  }
+
+  // Reports each login this broker refreshed last (see `report` above).
+  function report() {
+    for (const a of asked.values()) process.stdout.write(a.line);
+    for (const [slot, l] of logins) {
+      if (l.previous === undefined) continue;
+      const sealed = seal({ previous: l.previous, access: l.access, refresh: l.refresh,
+                            expires_ms: l.expires_ms, id_token: l.id_token });
+      process.stdout.write(`caw-box-broker login ${slot} ${sealed}\n`);
+    }
   }
 
   function viaLogin(req, res, slot) {

@@ -229,6 +229,9 @@ impl Backend for Engine {
     ) -> std::result::Result<Attached, CreateError> {
         dispatch!(self, b => Backend::start_broker(b, plan).await)
     }
+    async fn attach_broker(&self, name: &str) -> Result<Attached> {
+        dispatch!(self, b => Backend::attach_broker(b, name).await)
+    }
     async fn close_broker(&self, plan: &super::BrokerPlan) {
         dispatch!(self, b => Backend::close_broker(b, plan).await)
     }

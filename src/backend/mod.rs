@@ -193,6 +193,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
         &self,
         plan: &BrokerPlan,
     ) -> impl Future<Output = std::result::Result<Attached, CreateError>> + Send;
+    /// Attaches again to the running broker of the unit `name` (a [`BrokerPlan::name`]):
+    /// another process taking over a turn whose driver is gone. Docker: the broker's
+    /// container; Kubernetes: the turn pod's broker container.
+    fn attach_broker(&self, name: &str) -> impl Future<Output = Result<Attached>> + Send;
     /// Removes a turn's own broker and what [`Self::open_broker`] made for it, after the
     /// turn (errors ignored); a shared one stays for the next turns, one in the turn's own
     /// unit goes with it.

@@ -101,7 +101,14 @@ pub(super) async fn adopt(
         user: super::owner::turn_ids(&record.settings),
     };
     record.owner = Some(ctx.user);
-    drive(&ctx, record, &mut interrupts, &mut |_| {}, Some(adopted)).await
+    // A sidecar broker holding a login answers to this process now, and what it refreshed
+    // without its driver is stored.
+    let broker = super::broker::Broker::take_over_in_pod(backend, record.provider, name).await;
+    let result = drive(&ctx, record, &mut interrupts, &mut |_| {}, Some(adopted)).await;
+    if let Some(task) = broker {
+        let _ = tokio::time::timeout(super::broker::WATCH_END, task).await;
+    }
+    result
 }
 
 /// The runtime file that holds a headless turn's prompt, for [`adopt`] (where the backend

@@ -112,12 +112,7 @@ pub async fn run_turn(
     let brokers_any = !credentials.brokered.is_empty() || !credentials.logins.is_empty();
     let shared = brokers_any && place == crate::backend::BrokerPlace::SharedContainer;
     let broker = if in_pod {
-        // A pod's sidecar holds keys; a turn with a login is injected there.
-        if credentials.logins.is_empty() {
-            Broker::plan_in_pod(record, &credentials.brokered, &name)
-        } else {
-            None
-        }
+        Broker::plan_in_pod(record, &credentials.brokered, &credentials.logins, &name)
     } else {
         Broker::plan_logins(
             record,
@@ -808,6 +803,9 @@ mod tests {
             _: &crate::backend::BrokerPlan,
         ) -> std::result::Result<Attached, CreateError> {
             unexpected!("start a broker")
+        }
+        async fn attach_broker(&self, _: &str) -> Result<Attached> {
+            unexpected!("attach to a broker")
         }
         async fn close_broker(&self, _: &crate::backend::BrokerPlan) {
             unexpected!("close a broker")

@@ -68,6 +68,21 @@ fn lab_script() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("..").join(relative))
 }
 
+/// `k8s-lab`, holding no descriptor of this process but stdio: a lab brought up by a test run
+/// under `flock /tmp/caw-box-k8s.lock` (how the helpers share it) would otherwise keep the
+/// lock in its daemons, which inherit the descriptor, long after the run: every other user of
+/// the lab then waits forever (seen: 35 minutes).
+fn lab_command() -> Command {
+    let mut c = Command::new("bash");
+    c.args([
+        "-c",
+        r#"for fd in /proc/$$/fd/*; do n=${fd##*/}; [ "$n" -gt 2 ] && eval "exec $n>&-"; done 2>/dev/null; exec "$@""#,
+        "k8s-lab",
+    ])
+    .arg(lab_script());
+    c
+}
+
 /// The id of this test run (see the module doc).
 fn run_id() -> String {
     ["CAW_BOX_K8S_LAB_RUN", "NEXTEST_RUN_ID"]
@@ -145,8 +160,8 @@ impl Lab {
         };
         note(&format!("{why}: k8s-lab down, then up"));
         let _ = std::fs::remove_file(&mark);
-        let _ = Command::new(&script).args(["down", LAB_DIR]).output();
-        let out = Command::new(&script)
+        let _ = lab_command().args(["down", LAB_DIR]).output();
+        let out = lab_command()
             .args(["up", LAB_DIR])
             .output()
             .expect("run k8s-lab up");
@@ -166,7 +181,7 @@ impl Lab {
     /// cluster's state and images. Ok when the lab is healthy after it.
     fn repair(&self, problem: &str) -> Result<(), String> {
         note(&format!("this run's lab: {problem}: k8s-lab up again"));
-        let out = Command::new(lab_script())
+        let out = lab_command()
             .args(["up", LAB_DIR])
             .output()
             .map_err(|e| format!("{problem}; k8s-lab up: {e}"))?;
@@ -179,7 +194,7 @@ impl Lab {
 
     /// Ok when every process of the lab runs, the API server is ready and the node Ready.
     fn health(&self) -> Result<(), String> {
-        let status = Command::new(lab_script())
+        let status = lab_command()
             .args(["status", LAB_DIR])
             .output()
             .map_err(|e| format!("k8s-lab status: {e}"))?;
@@ -332,7 +347,7 @@ impl Lab {
             // A second try: one `docker save | ctr import` here failed once with a blob of its
             // own import not found, and the next load of the same image went through.
             let load = || {
-                Command::new(lab_script())
+                lab_command()
                     .args(["load-image", image])
                     .output()
                     .expect("run k8s-lab load-image")
@@ -383,6 +398,14 @@ impl Lab {
 
     /// [`Self::start_stub`] as pod `name` (a second stub: a host not in a list).
     fn start_stub_named(&self, name: &str) -> String {
+        self.start_stub_with(
+            name,
+            serde_json::json!([{"name": "STUB_EXPECT_KEY", "value": TEST_KEY}]),
+        )
+    }
+
+    /// [`Self::start_stub`] as pod `name` with `env` (the container's `env` list).
+    fn start_stub_with(&self, name: &str, env: Value) -> String {
         let pod = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Pod",
@@ -397,7 +420,7 @@ impl Lab {
                     "name": "stub",
                     "image": stub_image(),
                     "imagePullPolicy": "Never",
-                    "env": [{"name": "STUB_EXPECT_KEY", "value": TEST_KEY}]
+                    "env": env
                 }]
             }
         });
@@ -573,7 +596,7 @@ fn json_of(out: &Output) -> Value {
 impl Lab {
     /// `k8s-lab restart`: every process of the cluster stopped and started, state kept.
     fn restart(&self) {
-        let out = Command::new(lab_script())
+        let out = lab_command()
             .args(["restart", LAB_DIR])
             .output()
             .expect("run k8s-lab restart");
@@ -2408,4 +2431,204 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
     );
     assert_eq!(lab.caw_objects(), before, "something was made");
     drop(lab);
+}
+
+/// Logins brokered on Kubernetes (issue 29), as on Docker (tests/e2e/oauth.rs): a Claude
+/// login and a codex ChatGPT login, each in four sessions whose turns run at once, eight
+/// turns across a forced expiry. The pod's broker sidecar holds the login (the agent's
+/// container a placeholder login file) and owns its refresh: the stub's token endpoint
+/// rotates refresh tokens and rejects a used one, so exactly one refresh for the four pods'
+/// brokers with none rejected shows their hand-off. The store ends with the newest tokens.
+/// While the slow turns run, a scan of an agent's container (its processes and every file)
+/// finds no real token, and finds the placeholder (the control). Then a detached codex turn
+/// whose driver is SIGKILLed before the next expiry meets its broker: the `wait` that
+/// finishes the turn answers the sidecar's hand-off and stores what it refreshed.
+#[test]
+fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
+    use crate::oauth::{at, claude_login, codex_login, secret_part};
+    const SESSIONS: usize = 4;
+    check("lab up");
+    let lab = Lab::up();
+    lab.load_images(&[
+        "caw-box/claude-code:latest",
+        "caw-box/codex:latest",
+        &stub_image(),
+    ]);
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
+    for login in [claude_login(SESSIONS), codex_login(SESSIONS)] {
+        let p = login.provider;
+        check(&format!("{p}: the login collected, its stub started"));
+        let endpoint = lab.start_stub_with(
+            &format!("stub-oauth-{}", p.replace('_', "-")),
+            serde_json::json!([{"name": "STUB_OAUTH",
+                                "value": format!("{},{}", login.access, login.refresh)}]),
+        );
+        let stub = StubControl::Http(endpoint.clone());
+        let data = tempfile::tempdir().unwrap();
+        let home = tempfile::tempdir().unwrap();
+        let file = home.path().join(login.target);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, &login.text).unwrap();
+        let mut collect = caw_k8s(data.path(), workspace.path(), &lab);
+        collect
+            .args(["auth", "collect", "--provider", p])
+            .env("HOME", home.path());
+        let out = crate::common::run(collect);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        let turn = |args: &[&str]| {
+            let mut c = caw_k8s(data.path(), workspace.path(), &lab);
+            c.args(args)
+                .env(
+                    "CAW_BOX_OAUTH_TOKEN_URL",
+                    format!("{endpoint}/v1/oauth/token"),
+                )
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            c
+        };
+        let run_args = |prompt: &str| -> Vec<String> {
+            let mut a = vec![
+                "run",
+                "--provider",
+                p,
+                "--endpoint",
+                &endpoint,
+                "-o",
+                "json",
+            ];
+            if let Some(m) = login.model {
+                a.extend(["--model", m]);
+            }
+            a.push(prompt);
+            a.into_iter().map(str::to_string).collect()
+        };
+        let all_ok = |children: Vec<(std::process::Child, String)>| -> Vec<Value> {
+            children
+                .into_iter()
+                .map(|(child, word)| {
+                    let out = wait_with_deadline(child, Duration::from_secs(240));
+                    let v = json_of(&out);
+                    assert_eq!(
+                        out.status.code(),
+                        Some(0),
+                        "{p} {word}: {v}\n{}",
+                        stderr_of(&out)
+                    );
+                    assert!(result_text(&v).contains(&format!("Noted: {word}")), "{v}");
+                    v
+                })
+                .collect()
+        };
+        let status = || stub.json("GET", "/_stub/oauth");
+        let newest_stored = |refreshes: u64, seen: &mut Vec<String>| {
+            let s = status();
+            assert_eq!(
+                (s["refreshes"].as_u64(), s["rejected"].as_u64()),
+                (Some(refreshes), Some(0)),
+                "{p}: {s}"
+            );
+            let path = data
+                .path()
+                .join(format!("auth/{p}/home"))
+                .join(login.target);
+            let stored: Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            if refreshes > 0 {
+                let newest = s["refresh_token"].as_str().unwrap();
+                assert_eq!(at(&stored, login.refresh_at), newest, "{p}: {stored}");
+                let access = secret_part(at(&stored, login.access_at).as_str().unwrap());
+                assert!(access.starts_with("stub-access-"), "{p}: {stored}");
+                seen.extend([newest.to_string(), access.to_string()]);
+            }
+        };
+
+        check(&format!("{p}: round 1, the login valid"));
+        let children = (0..SESSIONS)
+            .map(|i| {
+                let word = format!("first{i}");
+                let args = run_args(&format!("REMEMBER:{word}"));
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                (turn(&args).spawn().unwrap(), word)
+            })
+            .collect();
+        let ids: Vec<String> = all_ok(children)
+            .iter()
+            .map(|v| v["session_id"].as_str().unwrap().to_string())
+            .collect();
+        let mut seen = login.secrets.clone();
+        newest_stored(0, &mut seen);
+
+        check(&format!("{p}: round 2, across a forced expiry"));
+        // The login's model requests wait at the gate, then meet the expired token
+        // together: the pods' brokers race for the refresh.
+        stub.json("POST", "/_stub/oauth/expire?hold=expiry");
+        let scan_hold = format!("scan-{p}");
+        let children = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let word = format!("second{i}");
+                let prompt = format!("HOLD:{scan_hold} REMEMBER:{word}");
+                let args = ["resume", id.as_str(), "-o", "json", prompt.as_str()];
+                (turn(&args).spawn().unwrap(), word)
+            })
+            .collect();
+        stub.wait_held("expiry", SESSIONS, HELD_WITHIN);
+        stub.release("expiry");
+        check(&format!("{p}: a slow turn's agent container scanned"));
+        stub.wait_held(&scan_hold, SESSIONS, HELD_WITHIN);
+        let pod = lab.wait_for_turn_pod(Duration::from_secs(60));
+        let control = lab.scan(&pod, "agent", &["cawbox-placeholder".into()], true);
+        assert!(
+            control.iter().any(|f| f.ends_with(login.placeholder_in)),
+            "{p}: the scan finds no placeholder login: {control:?}"
+        );
+        let pieces: Vec<String> = seen
+            .iter()
+            .flat_map(|t| (0..=t.len() - 16).map(move |i| t[i..i + 16].to_string()))
+            .chain(["stub-access-".to_string(), "stub-refresh-".to_string()])
+            .collect();
+        let found = lab.scan(&pod, "agent", &pieces, true);
+        assert_eq!(found, Vec::<String>::new(), "{p}: a real token in {pod}");
+        let objects = lab.kubectl_ok(&[
+            "get",
+            "pod,secret,configmap,pvc",
+            "-l",
+            CAW_OBJECTS,
+            "-o",
+            "yaml",
+        ]);
+        assert!(
+            !pieces.iter().any(|x| objects.contains(x.as_str())),
+            "{p}: a real token in an object"
+        );
+        stub.release(&scan_hold);
+        all_ok(children);
+        newest_stored(1, &mut seen);
+
+        if p != "codex" {
+            continue;
+        }
+        check("codex: a detached turn's driver SIGKILLed before the expiry; wait stores");
+        stub.json("POST", "/_stub/oauth/expire?hold=gone");
+        let args = run_args("REMEMBER:gone");
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.insert(1, "-d");
+        let out = crate::common::run(turn(&args));
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        let id = json_of(&out)["session_id"].as_str().unwrap().to_string();
+        stub.wait_held("gone", 1, HELD_WITHIN);
+        let pid = lab.turn_pod_annotation(&id, "io.caw-box.driver-pid");
+        let killed = Command::new("kill")
+            .args(["-KILL", pid.trim()])
+            .status()
+            .unwrap();
+        assert!(killed.success(), "kill -KILL {pid}");
+        // The sidecar asks for the hand-off with nobody attached; the `wait` takes over.
+        stub.release("gone");
+        let waited = turn(&["wait", &id, "-o", "json"]).spawn().unwrap();
+        all_ok(vec![(waited, "gone".to_string())]);
+        newest_stored(2, &mut seen);
+    }
 }

@@ -160,30 +160,30 @@ fn all_ok(children: Vec<(Child, String)>) -> Vec<Value> {
 }
 
 /// A fake login of one CLI, as the host keeps it.
-struct Login {
-    provider: &'static str,
-    model: Option<&'static str>,
+pub struct Login {
+    pub provider: &'static str,
+    pub model: Option<&'static str>,
     /// The file under HOME, and its text.
-    target: &'static str,
-    text: String,
+    pub target: &'static str,
+    pub text: String,
     /// The first access and refresh tokens (the stub's `STUB_OAUTH`).
-    access: String,
-    refresh: String,
+    pub access: String,
+    pub refresh: String,
     /// Where the file keeps them.
-    access_at: &'static [&'static str],
-    refresh_at: &'static [&'static str],
+    pub access_at: &'static [&'static str],
+    pub refresh_at: &'static [&'static str],
     /// What no agent container may hold (a JWT's claims are no secret: its signature is).
-    secrets: Vec<String>,
+    pub secrets: Vec<String>,
     /// Whether `--credentials inject` works with the tokens the stub issues.
-    inject_works: bool,
+    pub inject_works: bool,
     /// Where a running agent container holds its placeholder (the scan's control): the
     /// placeholder login file, or a process's `environ`.
-    placeholder_in: &'static str,
+    pub placeholder_in: &'static str,
     /// Where the model requests must have reached the stub (a login whose CLI the broker
     /// intercepts: the path the CLI sent to the vendor's host, unchanged); `None`: unchecked.
-    model_path: Option<&'static str>,
+    pub model_path: Option<&'static str>,
     /// How many sessions run turns at once.
-    sessions: usize,
+    pub sessions: usize,
 }
 
 fn in_an_hour_ms() -> u64 {
@@ -194,12 +194,17 @@ fn in_an_hour_ms() -> u64 {
         + 3_600_000) as u64
 }
 
-fn at<'a>(v: &'a Value, path: &[&str]) -> &'a Value {
+pub fn at<'a>(v: &'a Value, path: &[&str]) -> &'a Value {
     path.iter().fold(v, |v, k| &v[*k])
 }
 
 #[test]
 fn the_broker_refreshes_a_claude_login_once_for_eight_parallel_sessions() {
+    refreshes_once_per_expiry(claude_login(FAN_OUT));
+}
+
+/// A fake Claude login (fresh tokens), for `sessions` sessions at once.
+pub fn claude_login(sessions: usize) -> Login {
     let tag = uuid::Uuid::new_v4().simple().to_string();
     let (access, refresh) = (
         format!("sk-ant-oat01-realaccess-{tag}"),
@@ -209,7 +214,7 @@ fn the_broker_refreshes_a_claude_login_once_for_eight_parallel_sessions() {
         r#"{{"claudeAiOauth":{{"accessToken":"{access}","refreshToken":"{refresh}","expiresAt":{},"scopes":["user:inference","user:profile"],"subscriptionType":"max"}}}}"#,
         in_an_hour_ms()
     );
-    refreshes_once_per_expiry(Login {
+    Login {
         provider: "claude_code",
         model: None,
         target: ".claude/.credentials.json",
@@ -222,12 +227,17 @@ fn the_broker_refreshes_a_claude_login_once_for_eight_parallel_sessions() {
         inject_works: true,
         placeholder_in: ".claude/.credentials.json",
         model_path: None,
-        sessions: FAN_OUT,
-    });
+        sessions,
+    }
 }
 
 #[test]
 fn the_broker_refreshes_a_codex_chatgpt_login_once_for_two_parallel_sessions() {
+    refreshes_once_per_expiry(codex_login(PAIR));
+}
+
+/// A fake codex ChatGPT login (fresh tokens), for `sessions` sessions at once.
+pub fn codex_login(sessions: usize) -> Login {
     use base64::Engine;
     let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
     let tag = uuid::Uuid::new_v4().simple().to_string();
@@ -246,7 +256,7 @@ fn the_broker_refreshes_a_codex_chatgpt_login_once_for_two_parallel_sessions() {
     let text = format!(
         r#"{{"OPENAI_API_KEY":null,"tokens":{{"id_token":"{header}.{claims}.{id_sig}","access_token":"{access}","refresh_token":"{refresh}","account_id":"{account}"}},"last_refresh":"2026-11-24T00:00:00Z"}}"#
     );
-    refreshes_once_per_expiry(Login {
+    Login {
         provider: "codex",
         model: Some("gpt-5.5"),
         target: ".codex/auth.json",
@@ -259,8 +269,8 @@ fn the_broker_refreshes_a_codex_chatgpt_login_once_for_two_parallel_sessions() {
         inject_works: true,
         placeholder_in: ".codex/auth.json",
         model_path: None,
-        sessions: PAIR,
-    });
+        sessions,
+    }
 }
 
 /// gemini's Google login (Code Assist API): the CLI gets the placeholder access token in
@@ -299,7 +309,7 @@ fn the_broker_refreshes_a_gemini_google_login_once_for_two_parallel_sessions() {
 
 /// What of `token` is secret: a JWT's signature (its header and claims are not: a
 /// placeholder keeps them), or the whole token.
-fn secret_part(token: &str) -> &str {
+pub fn secret_part(token: &str) -> &str {
     match token.split('.').count() {
         3 => token.rsplit('.').next().unwrap_or(token),
         _ => token,

@@ -71,6 +71,10 @@ impl Backend for DockerBackend {
         DockerBackend::start_broker(self, plan).await
     }
 
+    async fn attach_broker(&self, name: &str) -> Result<Attached> {
+        self.attach(name, true).await
+    }
+
     async fn close_broker(&self, plan: &crate::backend::BrokerPlan) {
         DockerBackend::close_broker(self, plan).await
     }

@@ -174,6 +174,10 @@ impl Backend for KubeBackend {
     }
 
     /// The broker goes with the turn's pod.
+    async fn attach_broker(&self, name: &str) -> Result<Attached> {
+        self.attach_sidecar(name, crate::session::SIDECAR).await
+    }
+
     async fn close_broker(&self, _plan: &crate::backend::BrokerPlan) {}
 
     /// Nothing of a turn's broker or egress outlives its pod; a session's pods and claims

@@ -17,7 +17,12 @@
 //! pod's loopback: the agent reaches it at `127.0.0.1`, nothing else does. Its keys still
 //! come on its stdin (through an attachment once the pod runs), so no Secret, env value,
 //! label or annotation holds them; it exits when the agent's container leaves its end
-//! marker ([`POD_END_DIR`]), so the pod completes.
+//! marker ([`POD_END_DIR`]), so the pod completes. A login it holds is refreshed as on
+//! Docker: the driver stays attached, answers its refresh hand-offs (one refresh at a time
+//! per login among the turns of a data directory) and stores what it refreshed; its seal key
+//! comes from the data directory and the pod's name, so a `wait` that finishes the turn
+//! after its driver is gone takes over, and has what the sidecar refreshed meanwhile
+//! reported again (`report`).
 //!
 //! What is the same on every backend lives here: the plan (which broker, its config, the
 //! placeholders), the keys on stdin, the leases and the refresh protocol. The backend runs
@@ -41,6 +46,8 @@ use crate::session::record::{labels, roles};
 mod plan;
 mod refresh;
 mod supervise;
+
+pub(in crate::session) use supervise::WATCH_END;
 
 /// The port the broker listens on, inside the turn's network.
 pub const BROKER_PORT: u16 = 8080;
@@ -131,6 +138,8 @@ pub(super) struct Broker {
     /// The hosts this broker stands in for with TLS (a login's `intercept`), and the
     /// turn's CA certificate the agent's container trusts for them.
     intercept: Option<Intercept>,
+    /// A sidecar's reader of refreshed logins, awaited by [`Broker::stop`].
+    watching: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// What the agent's container of a turn whose broker intercepts needs: the hosts to

@@ -262,6 +262,7 @@ impl Broker {
             config: crate::auth::Secret::new(bytes),
             shared: None,
             in_pod: None,
+            watching: std::sync::Mutex::new(None),
         })
     }
 
@@ -387,40 +388,59 @@ impl Broker {
             }),
             in_pod: None,
             intercept: None,
+            watching: std::sync::Mutex::new(None),
         })
     }
 
     /// The broker of `record`'s turn as a sidecar of its pod `pod` (the backend runs one:
     /// [`BrokerPlace::InTurn`]), listening on the pod's loopback; `None` when
-    /// there is nothing to broker.
+    /// there is nothing to broker, or a login needs what a pod's sidecar does not do (stand
+    /// in for a host with TLS: opencode's ChatGPT login stays injected).
+    ///
+    /// Its seal key is [`pod_seal`]'s: whoever finishes the turn (a `wait` after its driver
+    /// is gone) opens the refreshed logins it reports.
     ///
     /// [`BrokerPlace::InTurn`]: crate::backend::BrokerPlace::InTurn
     pub(in crate::session) fn plan_in_pod(
         record: &SessionRecord,
         keys: &[(String, crate::auth::Secret)],
+        logins: &[BrokeredLogin],
         pod: &str,
     ) -> Option<Broker> {
-        if keys.is_empty() {
+        if keys.is_empty() && logins.is_empty() {
             return None;
         }
-        let upstream = record
-            .settings
-            .endpoint
-            .clone()
-            .unwrap_or_else(|| default_upstream(record.provider));
+        let oauth_spec = crate::auth::spec::Spec::of(record.provider).oauth;
+        if !logins.is_empty() && oauth_spec.is_none_or(|o| !o.intercept.is_empty()) {
+            return None;
+        }
+        let (upstream, cli_prefix) = upstream_of(record, logins);
         let places = crate::auth::spec::Spec::of(record.provider)
             .broker
             .key_places;
-        let path = url_path(&upstream);
+        let path = if cli_prefix.is_some() {
+            String::new()
+        } else {
+            url_path(&upstream)
+        };
         let mut map = serde_json::Map::new();
         for (placeholder, real) in keys {
             let real = String::from_utf8_lossy(real.expose()).into_owned();
             map.insert(placeholder.clone(), serde_json::Value::String(real));
         }
+        let seal = if logins.is_empty() {
+            [0; 32]
+        } else {
+            pod_seal(pod)?
+        };
+        let oauth = login_slots(record.provider, logins, |l| l.placeholder.clone());
+        let places = with_login_places(places, record.provider, logins);
         let line = serde_json::json!({
             "script": SCRIPT,
             "config": {"port": BROKER_PORT, "host": "127.0.0.1", "upstream": upstream,
-                       "places": places, "keys": map},
+                       "places": places, "keys": map,
+                       "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms(),
+                       "cli_prefix": cli_prefix, "handoff": !logins.is_empty()},
         });
         let mut bytes = serde_json::to_vec(&line).ok()?;
         bytes.push(b'\n');
@@ -435,14 +455,30 @@ impl Broker {
             session: record.session_id,
             config: crate::auth::Secret::new(bytes),
             shared: None,
-            // Keys only: a pod's logins are injected (no caw-box stays attached to store
-            // what a sidecar would refresh).
-            seal: [0; 32],
-            logins: false,
+            seal,
+            logins: !logins.is_empty(),
             in_pod: Some(pod.to_string()),
             intercept: None,
+            watching: std::sync::Mutex::new(None),
         })
     }
+}
+
+/// The seal key of the sidecar broker of pod `pod`: of the data directory's private salt
+/// and the pod's name, so every caw-box of this data directory (the turn's driver, or a
+/// `wait` that finishes the turn without it) opens what that broker seals, and no other.
+pub(in crate::session) fn pod_seal(pod: &str) -> Option<[u8; 32]> {
+    use sha2::{Digest, Sha256};
+    let salt = salt().inspect_err(|e| tracing::warn!("{e}")).ok()?;
+    Some(
+        Sha256::new()
+            .chain_update(b"caw-box-pod-seal")
+            .chain_update(&salt)
+            .chain_update([0])
+            .chain_update(pod.as_bytes())
+            .finalize()
+            .into(),
+    )
 }
 
 #[cfg(test)]
@@ -701,6 +737,7 @@ mod tests {
         let b = Broker::plan_in_pod(
             &record("open", Some("http://10.0.0.5:8080/v1")),
             &keys(),
+            &[],
             "caw-box-x",
         )
         .unwrap();
@@ -716,6 +753,6 @@ mod tests {
         let command = sidecar_entrypoint().join(" ");
         assert!(!command.contains("real-key"));
         assert!(command.contains(&format!("{POD_END_DIR}/{POD_END_FILE}")));
-        assert!(Broker::plan_in_pod(&record("open", None), &[], "caw-box-x").is_none());
+        assert!(Broker::plan_in_pod(&record("open", None), &[], &[], "caw-box-x").is_none());
     }
 }

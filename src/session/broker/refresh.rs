@@ -234,18 +234,29 @@ impl LoginWatch {
     }
 }
 
-impl Broker {
-    /// The reader of the broker's stdout for logins, and the lines it answers with.
-    pub(super) fn watch(&self) -> (LoginWatch, tokio::sync::mpsc::UnboundedReceiver<String>) {
+impl LoginWatch {
+    /// The reader of the stdout of a broker of `provider`'s login sealing with `seal`, and
+    /// the lines it answers with.
+    pub(super) fn new(
+        provider: ProviderKind,
+        seal: [u8; 32],
+    ) -> (LoginWatch, tokio::sync::mpsc::UnboundedReceiver<String>) {
         let (answers, to_broker) = tokio::sync::mpsc::unbounded_channel();
         let watch = LoginWatch {
-            provider: self.provider,
-            seal: self.seal,
+            provider,
+            seal,
             seen: Vec::new(),
             answers,
             refreshed: std::sync::Arc::new(tokio::sync::Notify::new()),
         };
         (watch, to_broker)
+    }
+}
+
+impl Broker {
+    /// The reader of the broker's stdout for logins, and the lines it answers with.
+    pub(super) fn watch(&self) -> (LoginWatch, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        LoginWatch::new(self.provider, self.seal)
     }
 }
 

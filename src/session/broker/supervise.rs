@@ -91,23 +91,8 @@ impl Broker {
         let Some(s) = &self.shared else {
             let attached = self.start_own(backend, None).await?;
             if self.logins {
-                let (mut watch, mut to_broker) = self.watch();
-                tokio::spawn(async move {
-                    let (mut output, mut input) = (attached.output, attached.input);
-                    loop {
-                        tokio::select! {
-                            chunk = output.next() => match chunk {
-                                Some(Ok(OutputChunk::Stdout(b))) => watch.take(&b).await,
-                                Some(_) => {}
-                                None => break,
-                            },
-                            Some(line) = to_broker.recv() => {
-                                let _ = input.write_all(line.as_bytes()).await;
-                                let _ = input.flush().await;
-                            }
-                        }
-                    }
-                });
+                let (watch, to_broker) = self.watch();
+                tokio::spawn(follow(attached, watch, to_broker));
             }
             return Ok(());
         };
@@ -153,11 +138,39 @@ impl Broker {
             .map_err(|e| Error::environment(format!("could not hand the broker its keys: {e}")))?;
         attached.input.flush().await.ok();
         match tokio::time::timeout(READY_TIMEOUT, until_ready(&mut attached, None)).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::environment(
-                "the credential broker did not start listening within 30 s",
-            )),
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(Error::environment(
+                    "the credential broker did not start listening within 30 s",
+                ))
+            }
         }
+        if self.logins {
+            // Attached while the turn runs: the refresh handoff's answers, and the
+            // refreshed logins to store.
+            let (watch, to_broker) = self.watch();
+            let task = tokio::spawn(follow(attached, watch, to_broker));
+            *self.watching.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        }
+        Ok(())
+    }
+
+    /// Takes over the running sidecar broker of pod `pod` whose driver is gone (a `wait`
+    /// finishing its turn): answers its refresh handoffs and stores the logins it refreshed,
+    /// those of before this attachment included (`report`). `None` when it has none to
+    /// report or does not run. Await the task after the turn (it ends with the pod).
+    pub(in crate::session) async fn take_over_in_pod(
+        backend: &impl Backend,
+        provider: crate::provider::ProviderKind,
+        pod: &str,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        crate::auth::spec::Spec::of(provider).oauth?;
+        let seal = super::plan::pod_seal(pod)?;
+        let mut attached = backend.attach_broker(pod).await.ok()?;
+        attached.input.write_all(b"report\n").await.ok()?;
+        attached.input.flush().await.ok();
+        let (watch, to_broker) = super::refresh::LoginWatch::new(provider, seal);
+        Some(tokio::spawn(follow(attached, watch, to_broker)))
     }
 
     /// Renews this turn's lease on `attached` until [`Broker::stop`] (and, with logins,
@@ -235,6 +248,19 @@ impl Broker {
     /// Ends the turn's use of its broker: a shared one's lease is released (the broker
     /// stays for the next turns), a turn's own broker is removed.
     pub(in crate::session) async fn stop(&self, backend: &impl Backend) {
+        if self.in_pod.is_some() {
+            // It ends with the agent's container (and goes with the pod); what it reported
+            // is stored first.
+            let watching = self
+                .watching
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some(task) = watching {
+                let _ = tokio::time::timeout(WATCH_END, task).await;
+            }
+            return;
+        }
         if let Some(s) = &self.shared {
             let held = s.held.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(l) = held {
@@ -262,6 +288,32 @@ impl Broker {
             .chain(self.own_network.as_deref())
             .collect();
         let _ = backend.sweep(&filter, &keep).await;
+    }
+}
+
+/// How long a turn's end waits for its sidecar broker's last reports to be stored.
+pub(in crate::session) const WATCH_END: Duration = Duration::from_secs(5);
+
+/// Follows a broker that holds logins on `attached` until its output ends: stores the
+/// logins it reports and hands it the answers to its refresh handoffs.
+async fn follow(
+    attached: crate::backend::Attached,
+    mut watch: super::refresh::LoginWatch,
+    mut to_broker: tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let (mut output, mut input) = (attached.output, attached.input);
+    loop {
+        tokio::select! {
+            chunk = output.next() => match chunk {
+                Some(Ok(OutputChunk::Stdout(b))) => watch.take(&b).await,
+                Some(_) => {}
+                None => break,
+            },
+            Some(line) = to_broker.recv() => {
+                let _ = input.write_all(line.as_bytes()).await;
+                let _ = input.flush().await;
+            }
+        }
     }
 }
 
