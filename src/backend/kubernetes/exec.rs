@@ -78,12 +78,7 @@ impl KubeBackend {
     /// A path off the ended pod's claims (its runtime directory, say) is gone with it:
     /// `None`.
     async fn through(&self, name: &str, path: &str) -> Result<Option<(String, Option<String>)>> {
-        let pod = self
-            .pods()
-            .get_opt(name)
-            .await
-            .map_err(|e| failed(format!("read pod '{name}'"), &e))?
-            .ok_or_else(|| Error::environment(format!("pod '{name}' does not exist")))?;
+        let pod = self.existing_pod(name).await?;
         if container_info(&pod).running() {
             return Ok(Some((name.to_string(), None)));
         }

@@ -230,6 +230,15 @@ impl KubeBackend {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    /// The pod `name`; an error when it cannot be read or does not exist.
+    async fn existing_pod(&self, name: &str) -> Result<Pod> {
+        self.pods()
+            .get_opt(name)
+            .await
+            .map_err(|e| failed(format!("read pod '{name}'"), &e))?
+            .ok_or_else(|| Error::environment(format!("pod '{name}' does not exist")))
+    }
+
     fn claims(&self) -> Api<PersistentVolumeClaim> {
         Api::namespaced(self.client.clone(), &self.namespace)
     }

@@ -604,12 +604,7 @@ impl KubeBackend {
     /// `name`.
     async fn attach_sidecar(&self, name: &str, sidecar: &str) -> Result<Attached> {
         // Running, or the attachment would wait for nothing.
-        let pod = self
-            .pods()
-            .get_opt(name)
-            .await
-            .map_err(|e| failed(format!("read pod '{name}'"), &e))?
-            .ok_or_else(|| Error::environment(format!("pod '{name}' does not exist")))?;
+        let pod = self.existing_pod(name).await?;
         let running = pod
             .status
             .and_then(|s| s.container_statuses)
