@@ -720,12 +720,14 @@ impl Filter {
 fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
     let rig = ModelRig::start();
     std::thread::sleep(std::time::Duration::from_millis(500));
+    // The same turn on both sides: the plain `docker run` runs as the image's agent
+    // (1000:1000), and so does caw-box's agent in a workspace of that owner. (In a
+    // root-owned one, run by root, caw-box runs the agent as root and first hands a new
+    // state volume to it with a short chown container, which plain `docker run --user 0`
+    // under `--cap-drop ALL` could not do at all: a different turn.)
     let ws = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        ws.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
+    // (Only root may give it away; a user's caw-box runs its agent as that user.)
+    let _ = std::os::unix::fs::chown(ws.path(), Some(1000), Some(1000));
     let mut results = Vec::new();
     let mut peak_rss = 0u64;
     let benches: Vec<&Bench> = TURN_BENCHES

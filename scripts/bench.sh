@@ -11,8 +11,10 @@ if [[ " $* " == *" --smoke "* ]]; then
 fi
 cargo build --release --quiet --bin caw-box
 if [[ " $* " != *" --only "* ]] || [[ " $* " == *" --only python "* ]]; then
+    # A missed target fails the run, after the Python part has measured too.
+    rust=0
     if [[ " $* " != *" --only python "* ]]; then
-        cargo bench --quiet --bench bench -- "$@"
+        cargo bench --quiet --bench bench -- "$@" || rust=$?
     fi
     # The Python part (python/bench.py): `Session.send` against the CLI's turn, with the
     # wheel built as published (release profile) into a virtualenv of its own.
@@ -22,6 +24,7 @@ if [[ " $* " != *" --only "* ]] || [[ " $* " == *" --only python "* ]]; then
     CARGO_TARGET_DIR=$target CAW_BOX_WHEEL_PROFILE=release \
         "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall ./python
     "$venv/bin/python" python/bench.py
+    exit "$rust"
 else
     cargo bench --quiet --bench bench -- "$@"
 fi
