@@ -1,8 +1,10 @@
-//! The resume handle: the one string that resumes a session anywhere the Docker daemon is.
+//! The resume handle: the one string that resumes a session from any process that reaches
+//! its backend (the Docker daemon, or the cluster and namespace it names).
 //!
 //! It is JSON (compatible with caw's handle, extended with the volume name). It carries no
 //! secret, but it grants access to the conversation. Parsing validates the shape only;
-//! checking the handle against Docker (volume present, labels agree) is the session layer's.
+//! checking the handle against the backend (volume present, labels agree) is the session
+//! layer's.
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;

@@ -15,6 +15,7 @@ pub mod models;
 pub mod names;
 pub mod owner;
 pub mod patch;
+mod plan;
 pub mod portable;
 pub mod protect;
 pub mod protected_out;

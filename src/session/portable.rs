@@ -1,6 +1,6 @@
-//! Portable sessions: one archive that carries a session from one Docker host to another
-//! (`caw-box session export` / `import`), so that a CI job's session can resume on the next
-//! job's runner by the same handle.
+//! Portable sessions: one archive that carries a session from one backend to another (a
+//! Docker host, a cluster's namespace: `caw-box session export` / `import`), so that a CI
+//! job's session can resume on the next job's runner by the same handle.
 //!
 //! The archive is a gzip-compressed tar:
 //!

@@ -1,8 +1,8 @@
 //! What caw-box remembers about a session, and where.
 //!
-//! The truth lives in Docker, so a session survives the loss of the host's data directory:
-//! immutable facts (provider, creation time, name, group, the settings it was started with)
-//! are labels on the state volume; what changes per turn (the vendor resume key, the turn
+//! The truth lives in the backend (Docker, or the cluster), so a session survives the loss of
+//! the host's data directory: immutable facts (provider, creation time, name, group, the
+//! settings it was started with) are labels on the state volume (a PVC on Kubernetes); what changes per turn (the vendor resume key, the turn
 //! records) is a JSON file inside the volume, at [`RECORD_PATH`] under HOME. The host's data
 //! directory only caches that file.
 

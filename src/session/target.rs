@@ -1,5 +1,5 @@
 //! Finding a session from a TARGET (a handle, an id, a unique id prefix of 4+ characters, or
-//! a name), and loading its record, from Docker alone when the host cache is gone.
+//! a name), and loading its record, from the backend alone when the host cache is gone.
 
 use std::collections::HashMap;
 
@@ -70,7 +70,7 @@ pub fn state_volume_filter() -> Vec<String> {
     ]
 }
 
-/// A session as Docker's labels describe it: its state volume and its latest turn.
+/// A session as the backend's labels describe it: its state volume and its latest turn.
 #[derive(Debug, Clone)]
 pub struct SessionView {
     pub facts: VolumeFacts,
@@ -140,7 +140,8 @@ impl SessionView {
     }
 }
 
-/// Every session on this Docker host, from one filtered Docker call.
+/// Every session on this backend (Docker host, or cluster namespace), from one filtered
+/// listing.
 pub async fn list_sessions(backend: &impl Backend) -> Result<Vec<SessionView>> {
     let volumes = backend
         .list_volumes(&[format!("{}=true", labels::MANAGED)])
