@@ -21,6 +21,8 @@ if [[ " $* " != *" --only "* ]] || [[ " $* " == *" --only python "* ]]; then
     target=${CARGO_TARGET_DIR:-$PWD/target}
     venv=$target/bench-python-venv
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    # bench.py takes the tests' rig (python/tests/conftest.py), which imports pytest.
+    "$venv/bin/pip" install --quiet --disable-pip-version-check pytest
     CARGO_TARGET_DIR=$target CAW_BOX_WHEEL_PROFILE=release \
         "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall ./python
     "$venv/bin/python" python/bench.py
