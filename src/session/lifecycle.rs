@@ -37,6 +37,10 @@ pub async fn running_turns(backend: &impl Backend) -> Result<HashMap<Uuid, u32>>
         .filter_map(|c| {
             let l = c.labels;
             let id = Uuid::parse_str(l.get(labels::SESSION)?).ok()?;
+            // (An idle warm container has a name of its own: no turn runs in it.)
+            if c.name != names::turn_container(id) {
+                return None;
+            }
             let turn = l
                 .get(labels::TURN)
                 .and_then(|t| t.parse().ok())

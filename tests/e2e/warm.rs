@@ -1,0 +1,116 @@
+//! `--keep-warm` on Docker: a session's turns run in one container kept idle between them,
+//! which holds nothing of a turn while idle and ends itself.
+
+use crate::common::*;
+use serde_json::Value;
+
+/// The placeholder keys' distinctive part (broker.rs).
+const PLACEHOLDER: &str = "cawbox-placeholder";
+
+/// Three warm codex turns: the second and third in the first one's container, recalling;
+/// idle between them it holds no key, no placeholder, no CLI process and no runtime file;
+/// a turn with another memory limit starts a new one (the old one goes); left idle, it ends
+/// itself, and the next turn is cold and recalls.
+#[test]
+fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
+    let rig = Rig::new("warm");
+    let p = CODEX;
+    // Long enough for the scans below on a busy machine; the fourth turn shortens it.
+    let warm = ["--keep-warm", "60s"];
+    let turn = |cmd| {
+        let (code, json, stderr) = rig.json_turn(cmd);
+        assert_eq!(code, 0, "{json}\n{stderr}");
+        assert_eq!(json["status"], "success", "{json}");
+        json
+    };
+    check("first turn");
+    let first = turn(rig.run_cmd(p, "Please REMEMBER:quince-31 for later.", &warm));
+    let id = first["session_id"].as_str().unwrap().to_string();
+    let idle = format!("caw-box-{id}-warm");
+    let container = rig.exec_inspect_id(&idle);
+    assert!(!container.is_empty(), "no warm container after the turn");
+
+    check("idle holds nothing");
+    let scan = docker_secret_scan(
+        &idle,
+        "1000",
+        ScanScope::Everything,
+        &[],
+        &[TEST_KEY.to_string(), PLACEHOLDER.to_string()],
+    )
+    .unwrap_or_else(|o| panic!("scan: {}", stderr_of(&o)));
+    assert!(
+        scan.marker_in_file && scan.marker_in_environ,
+        "the scan read nothing: {scan:?}"
+    );
+    assert!(
+        scan.found.is_empty(),
+        "a secret in the idle container: {scan:?}"
+    );
+    let procs = rig.exec(
+        &idle,
+        &["bash", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"],
+    );
+    assert!(
+        procs.contains(".caw-box-warm"),
+        "the scan of processes read nothing: {procs}"
+    );
+    assert!(
+        !procs.contains("codex"),
+        "a CLI process while idle: {procs}"
+    );
+    let run_dir = rig.exec(&idle, &["ls", "-A", "/run/caw-box"]);
+    assert_eq!(run_dir.trim(), "", "runtime files while idle");
+
+    check("warm turns");
+    let second = turn(rig.resume_cmd(p, &id, "RUN:echo warm-tool-7", &warm));
+    assert_eq!(second["turn"], 2);
+    assert_eq!(
+        rig.exec_inspect_id(&idle),
+        container,
+        "turn 2 ran elsewhere"
+    );
+    let third = turn(rig.resume_cmd(p, &id, "RECALL", &warm));
+    assert!(
+        third["result"].as_str().unwrap().contains("quince-31"),
+        "no recall in the warm container: {third}"
+    );
+    assert_eq!(
+        rig.exec_inspect_id(&idle),
+        container,
+        "turn 3 ran elsewhere"
+    );
+
+    check("settings change");
+    let fourth = turn(rig.resume_cmd(p, &id, "RECALL", &["--keep-warm", "3s", "--memory", "700m"]));
+    assert!(
+        fourth["result"].as_str().unwrap().contains("quince-31"),
+        "{fourth}"
+    );
+    let changed = rig.exec_inspect_id(&idle);
+    assert!(
+        !changed.is_empty() && changed != container,
+        "the memory limit changed, the container did not"
+    );
+    let ls = rig.caw_containers();
+    assert_eq!(ls.len(), 1, "the old warm container stayed: {ls:?}");
+
+    check("expiry");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !rig.caw_containers().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the warm container did not end itself"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let fifth: Value = turn(rig.resume_cmd(p, &id, "RECALL", &["--keep-warm", "off"]));
+    assert!(
+        fifth["result"].as_str().unwrap().contains("quince-31"),
+        "{fifth}"
+    );
+    assert!(
+        rig.caw_containers().is_empty(),
+        "a turn with --keep-warm off kept its container"
+    );
+}
