@@ -256,6 +256,9 @@ impl Backend for Engine {
     fn exec_in_warm(&self, name: &str, exec: super::warm::WarmExec) {
         dispatch!(self, b => Backend::exec_in_warm(b, name, exec))
     }
+    async fn turn_in_warm(&self, name: &str) -> Result<Option<(u32, u32)>> {
+        dispatch!(self, b => Backend::turn_in_warm(b, name).await)
+    }
     async fn remove_warm(&self, name: &str) -> Result<()> {
         dispatch!(self, b => Backend::remove_warm(b, name).await)
     }

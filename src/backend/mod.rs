@@ -231,6 +231,11 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// process's attach, start, wait and stop of `name` act on that turn, and its
     /// `remove_container` makes the container idle for the next turn instead.
     fn exec_in_warm(&self, _name: &str, _exec: warm::WarmExec) {}
+    /// The turn running in the warm container `name` (the session's turn container) and
+    /// its driver's pid; `None`: none runs, or `name` is no warm container.
+    fn turn_in_warm(&self, _name: &str) -> impl Future<Output = Result<Option<(u32, u32)>>> + Send {
+        async { Ok(None) }
+    }
     /// Removes the session's idle warm container for turn `name`, if any.
     fn remove_warm(&self, _name: &str) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }

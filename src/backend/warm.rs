@@ -38,8 +38,10 @@ while :; do
   sleep 1 & wait $!
 done"#;
 
-/// A turn in a warm container: notes its process for the loop, then becomes the entrypoint.
-const TURN: &str = r#"echo $$ >/tmp/.caw-box-warm/turn.pid && exec "$@""#;
+/// A turn in a warm container (`bash -c TURN turn N PID ENTRYPOINT ARGV...`: turn N of the
+/// driver PID, which a process that looks at the container reads back, `turn_of`): notes
+/// its process for the loop, then becomes the entrypoint.
+const TURN: &str = r#"echo $$ >/tmp/.caw-box-warm/turn.pid && shift 2 && exec "$@""#;
 
 /// Stops the running turn (`bash -c STOP stop GRACE`): SIGTERM to the entrypoint, which
 /// stops the CLI and takes the credentials out of HOME, SIGKILL after GRACE seconds.
@@ -80,12 +82,24 @@ pub fn idle_argv(secs: u64) -> Vec<String> {
 }
 
 /// A turn's command in a warm container: `entrypoint` (the image's, with the turn's
-/// `argv`), noted for the idle loop.
-pub fn turn_argv(entrypoint: &[&str], argv: &[String]) -> Vec<String> {
+/// `argv`), noted for the idle loop, as turn `turn` of the driver `driver` (a pid).
+pub fn turn_argv(turn: u32, driver: u32, entrypoint: &[&str], argv: &[String]) -> Vec<String> {
     let mut v: Vec<String> = vec!["bash".into(), "-c".into(), TURN.into(), "turn".into()];
+    v.extend([turn.to_string(), driver.to_string()]);
     v.extend(entrypoint.iter().map(|s| s.to_string()));
     v.extend(argv.iter().cloned());
     v
+}
+
+/// The turn and its driver's pid of a warm turn's command as the engine reports it (its
+/// arguments after `bash`); `None` for any other command.
+pub fn turn_of(arguments: &[String]) -> Option<(u32, u32)> {
+    match arguments {
+        [c, script, _, turn, driver, ..] if c == "-c" && script == TURN => {
+            Some((turn.parse().ok()?, driver.parse().ok()?))
+        }
+        _ => None,
+    }
 }
 
 /// The command that stops the turn running in a warm container within `grace`.
@@ -136,7 +150,17 @@ mod tests {
                 .unwrap();
             assert!(out.status.success(), "{script}: {out:?}");
         }
-        let argv = turn_argv(&["/entry"], &["codex".into(), "a b".into()]);
-        assert_eq!(&argv[4..], ["/entry", "codex", "a b"]);
+        let argv = turn_argv(3, 77, &["/entry"], &["codex".into(), "a b".into()]);
+        assert_eq!(&argv[6..], ["/entry", "codex", "a b"]);
+        assert_eq!(turn_of(&argv[1..]), Some((3, 77)));
+        assert_eq!(turn_of(&idle_argv(5)[1..]), None);
+        let out = std::process::Command::new(&argv[0])
+            .args(&argv[1..4])
+            .args(["3", "77", "echo", "ran"])
+            .env("HOME", "/nonexistent")
+            .output()
+            .unwrap();
+        // (No loop's directory here: the note fails and nothing runs.)
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
     }
 }

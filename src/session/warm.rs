@@ -74,7 +74,15 @@ where
 {
     let fp = fingerprint(spec);
     let exec = WarmExec {
-        argv: turn_argv(&[ENTRYPOINT], &spec.argv),
+        argv: turn_argv(
+            spec.labels
+                .get(crate::session::record::labels::TURN)
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(0),
+            std::process::id(),
+            &[ENTRYPOINT],
+            &spec.argv,
+        ),
         env: spec.env.clone(),
         working_dir: spec.working_dir.clone(),
         run_dir: spec.runtime.mount.clone(),

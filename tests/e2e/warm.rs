@@ -114,3 +114,82 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
         "a turn with --keep-warm off kept its container"
     );
 }
+
+/// On a warm session: of two racing resumes one runs (in the warm container) and one exits
+/// 2; a detached warm turn is stopped by `caw-box stop` and its end awaited by `caw-box
+/// wait` from other processes; the container survives the stop, idle, and the next turn
+/// runs in it and recalls.
+#[test]
+fn a_warm_session_keeps_its_lock_and_its_stop() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let rig = Rig::new("warm-lock");
+    let warm = ["--keep-warm", "60s"];
+    let (code, first, stderr) =
+        rig.json_turn(rig.run_cmd(CODEX, "Please REMEMBER:fig-5 for later.", &warm));
+    assert_eq!(code, 0, "{first}\n{stderr}");
+    let id = first["session_id"].as_str().unwrap().to_string();
+    let idle = format!("caw-box-{id}-warm");
+    let container = rig.exec_inspect_id(&idle);
+
+    check("racing resumes");
+    let spawn = || {
+        let mut c = rig.resume_cmd(CODEX, &id, "HOLD:warm-race RECALL", &[]);
+        c.args(["-o", "json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let (mut a, mut b) = (spawn(), spawn());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while a.try_wait().unwrap().is_none()
+        && b.try_wait().unwrap().is_none()
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    rig.stub_release("warm-race");
+    let outs = [
+        wait_with_deadline(a, Duration::from_secs(120)),
+        wait_with_deadline(b, Duration::from_secs(120)),
+    ];
+    let mut codes: Vec<i32> = outs.iter().map(|o| o.status.code().unwrap_or(-1)).collect();
+    codes.sort();
+    let stderrs: Vec<String> = outs.iter().map(stderr_of).collect();
+    assert_eq!(codes, vec![0, 2], "{stderrs:?}");
+    let winner = outs.iter().find(|o| o.status.code() == Some(0)).unwrap();
+    assert!(stdout_of(winner).contains("fig-5"), "{}", stdout_of(winner));
+    assert_eq!(
+        rig.exec_inspect_id(&idle),
+        container,
+        "the race's turn ran elsewhere"
+    );
+
+    check("stop of a detached warm turn");
+    let mut cmd = rig.resume_cmd(CODEX, &id, "SLEEP:120", &["--detach"]);
+    cmd.args(["-o", "json"]);
+    let out = run(cmd);
+    let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert_eq!(json["status"], "running", "{}", stderr_of(&out));
+    let mut stop = rig.caw();
+    stop.args(["stop", &id]);
+    let out = run(stop);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let mut wait = rig.caw();
+    wait.args(["wait", &id, "-o", "json"]);
+    let out = run(wait);
+    assert_eq!(out.status.code(), Some(130), "{}", stderr_of(&out));
+    let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert_eq!(json["status"], "interrupted", "{json}");
+    assert_eq!(
+        rig.exec_inspect_id(&idle),
+        container,
+        "the stop ended the container"
+    );
+
+    check("after the stop");
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert!(json["result"].as_str().unwrap().contains("fig-5"), "{json}");
+    assert_eq!(rig.exec_inspect_id(&idle), container);
+}

@@ -165,6 +165,10 @@ impl Backend for DockerBackend {
         DockerBackend::exec_in_warm(self, name, exec)
     }
 
+    async fn turn_in_warm(&self, name: &str) -> Result<Option<(u32, u32)>> {
+        DockerBackend::turn_in_warm(self, name).await
+    }
+
     async fn remove_warm(&self, name: &str) -> Result<()> {
         DockerBackend::remove_warm(self, name).await
     }

@@ -71,8 +71,33 @@ impl DockerBackend {
             Err(e) if is_not_found(&e) || super::is_conflict(&e) || super::is_name_taken(&e) => {
                 Ok(None)
             }
+            // A racing turn renamed it meanwhile (the daemon found it by its old name).
+            Err(e) if super::daemon_message(&e).contains("same name as its current name") => {
+                Ok(None)
+            }
             Err(e) => Err(failed(format_args!("take the warm container '{idle}'"), &e)),
         }
+    }
+
+    /// The turn (and its driver's pid) that runs in the warm container `name`, read from its
+    /// execs' commands.
+    pub(super) async fn turn_in_warm(&self, name: &str) -> Result<Option<(u32, u32)>> {
+        let c = match self.docker.inspect_container(name, None).await {
+            Ok(c) => c,
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(failed(format_args!("inspect container '{name}'"), &e)),
+        };
+        for id in c.exec_ids.unwrap_or_default() {
+            let Ok(exec) = self.docker.inspect_exec(&id).await else {
+                continue;
+            };
+            let args = exec.process_config.and_then(|p| p.arguments);
+            let turn = args.as_deref().and_then(crate::backend::warm::turn_of);
+            if exec.running == Some(true) && turn.is_some() {
+                return Ok(turn);
+            }
+        }
+        Ok(None)
     }
 
     /// Removes turn `name`'s idle warm container, if there is one.
