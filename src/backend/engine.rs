@@ -259,7 +259,7 @@ impl Backend for Engine {
     async fn turn_in_warm(&self, name: &str) -> Result<Option<(u32, u32)>> {
         dispatch!(self, b => Backend::turn_in_warm(b, name).await)
     }
-    async fn remove_warm(&self, name: &str) -> Result<()> {
+    async fn remove_warm(&self, name: &str) -> Result<bool> {
         dispatch!(self, b => Backend::remove_warm(b, name).await)
     }
     async fn run_to_completion(

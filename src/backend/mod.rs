@@ -236,9 +236,9 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn turn_in_warm(&self, _name: &str) -> impl Future<Output = Result<Option<(u32, u32)>>> + Send {
         async { Ok(None) }
     }
-    /// Removes the session's idle warm container for turn `name`, if any.
-    fn remove_warm(&self, _name: &str) -> impl Future<Output = Result<()>> + Send {
-        async { Ok(()) }
+    /// Removes the session's idle warm container for turn `name`: whether there was one.
+    fn remove_warm(&self, _name: &str) -> impl Future<Output = Result<bool>> + Send {
+        async { Ok(false) }
     }
     /// Force-removes exactly the container `found` describes (listed or inspected before),
     /// never a newer one that took its name since (a session's next turn); one already

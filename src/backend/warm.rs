@@ -66,8 +66,9 @@ for d in /proc/[0-9]*; do
   case $2 in $loop|$$) continue ;; esac
   kill -KILL "$p" 2>/dev/null
 done
-find "$run" -mindepth 1 -delete 2>/dev/null
-find /tmp -mindepth 1 -maxdepth 1 ! -name .caw-box-warm -exec rm -rf {} + 2>/dev/null
+shopt -s nullglob dotglob extglob
+f=("$run"/* /tmp/!(.caw-box-warm))
+[ ${#f[@]} -eq 0 ] || rm -rf -- "${f[@]}" 2>/dev/null
 exit 0"#;
 
 /// The warm container's command: the idle loop for `secs` seconds.
@@ -140,12 +141,13 @@ pub struct WarmExec {
 mod tests {
     use super::*;
 
-    /// The scripts are valid bash, and the turn wrapper passes its arguments on unchanged.
+    /// The scripts are valid bash (RELEASE's patterns need extglob, which it sets on a line
+    /// before them), and the turn wrapper passes its arguments on unchanged.
     #[test]
     fn the_scripts_parse_and_the_turn_runs_its_arguments() {
         for script in [IDLE, TURN, STOP, RELEASE] {
             let out = std::process::Command::new("bash")
-                .args(["-n", "-c", script])
+                .args(["-O", "extglob", "-n", "-c", script])
                 .output()
                 .unwrap();
             assert!(out.status.success(), "{script}: {out:?}");

@@ -118,7 +118,7 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
 /// On a warm session: of two racing resumes one runs (in the warm container) and one exits
 /// 2; a detached warm turn is stopped by `caw-box stop` and its end awaited by `caw-box
 /// wait` from other processes; the container survives the stop, idle, and the next turn
-/// runs in it and recalls.
+/// runs in it and recalls; `stop` of the idle session ends its container.
 #[test]
 fn a_warm_session_keeps_its_lock_and_its_stop() {
     use std::process::Stdio;
@@ -192,4 +192,14 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
     assert_eq!(code, 0, "{json}\n{stderr}");
     assert!(json["result"].as_str().unwrap().contains("fig-5"), "{json}");
     assert_eq!(rig.exec_inspect_id(&idle), container);
+
+    check("stop of an idle warm session");
+    let mut stop = rig.caw();
+    stop.args(["stop", &id]);
+    let out = run(stop);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        rig.caw_containers().is_empty(),
+        "stop left the warm container"
+    );
 }

@@ -169,7 +169,7 @@ impl Backend for DockerBackend {
         DockerBackend::turn_in_warm(self, name).await
     }
 
-    async fn remove_warm(&self, name: &str) -> Result<()> {
+    async fn remove_warm(&self, name: &str) -> Result<bool> {
         DockerBackend::remove_warm(self, name).await
     }
 

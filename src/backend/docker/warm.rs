@@ -101,8 +101,13 @@ impl DockerBackend {
     }
 
     /// Removes turn `name`'s idle warm container, if there is one.
-    pub(super) async fn remove_warm(&self, name: &str) -> Result<()> {
-        self.remove_container(&idle_name(name), true).await
+    pub(super) async fn remove_warm(&self, name: &str) -> Result<bool> {
+        let idle = idle_name(name);
+        let Some(c) = self.inspect_container(&idle).await? else {
+            return Ok(false);
+        };
+        crate::backend::Backend::remove_found(self, &c).await?;
+        Ok(true)
     }
 
     /// Makes and starts the exec of the warm turn `name`, attached.
