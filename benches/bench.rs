@@ -565,6 +565,18 @@ fn caw_turn(
     session: Option<&str>,
     prompt: &str,
 ) -> (f64, String, u64) {
+    caw_turn_with(rig, b, ws, session, &[], prompt)
+}
+
+/// [`caw_turn`] with `extra` flags.
+fn caw_turn_with(
+    rig: &ModelRig,
+    b: &Bench,
+    ws: &std::path::Path,
+    session: Option<&str>,
+    extra: &[&str],
+    prompt: &str,
+) -> (f64, String, u64) {
     let mut c = Command::new(caw_box());
     match session {
         None => {
@@ -587,6 +599,7 @@ fn caw_turn(
     if let Some(runtime) = b.runtime {
         c.args(["--runtime", runtime]);
     }
+    c.args(extra);
     c.args(["-q", "-o", "json", prompt])
         .env("CAW_BOX_DATA_DIR", &rig.data_dir)
         .env("CAW_BOX_LABELS", &rig.label)
@@ -756,6 +769,10 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
         let reps = filter.reps.unwrap_or(if smoke { 1 } else { b.reps });
         let (mut caw_run, mut caw_resume, mut dk_run, mut dk_resume) =
             (vec![], vec![], vec![], vec![]);
+        // A warm resume (`--keep-warm`, codex on the default runtime): against the same
+        // plain `docker run` resume.
+        let warm = b.provider == ProviderKind::Codex && b.runtime.is_none();
+        let (mut caw_warm, mut dk_warm) = (vec![], vec![]);
         for i in 0..reps {
             // caw-box: a new session, then a resume of it; plain docker run: a fresh volume
             // (made by its first run), the same two turns. Each caw-box turn is next to its
@@ -802,6 +819,51 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
             peak_rss = peak_rss.max(rss);
             caw_resume.push(t);
             dk_resume.push(d);
+            if warm {
+                // This resume leaves the session's container warm; the next runs in it.
+                caw_turn_with(
+                    &rig,
+                    b,
+                    ws.path(),
+                    Some(&session),
+                    &["--keep-warm", "60s"],
+                    "RECALL",
+                );
+                let ((t, _, _), d) = if i % 2 == 0 {
+                    let d = dk_again();
+                    (caw_again(), d)
+                } else {
+                    let c = caw_again();
+                    (c, dk_again())
+                };
+                caw_warm.push(t);
+                dk_warm.push(d);
+                // Not left for the next repetitions' machine.
+                caw_turn_with(
+                    &rig,
+                    b,
+                    ws.path(),
+                    Some(&session),
+                    &["--keep-warm", "off"],
+                    "RECALL",
+                );
+            }
+        }
+        if warm && !caw_warm.is_empty() {
+            let ratio = median(caw_warm.iter().zip(&dk_warm).map(|(c, d)| c / d).collect());
+            let (c, d) = (median(caw_warm), median(dk_warm));
+            results.push(Measure {
+                name: format!(
+                    "{} warm resume (--keep-warm): caw-box {:.0} ms / docker run {:.0} ms",
+                    b.provider,
+                    c * 1000.0,
+                    d * 1000.0
+                ),
+                value: ratio,
+                unit: "x",
+                target: "<= 0.6".into(),
+                met: (!smoke).then_some(ratio <= 0.6),
+            });
         }
         for (what, caw, dk) in [("run", caw_run, dk_run), ("resume", caw_resume, dk_resume)] {
             let ratio = median(caw.iter().zip(&dk).map(|(c, d)| c / d).collect());

@@ -485,6 +485,14 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
     if let Some(t) = &args.connect_timeout {
         settings.connect_timeout_secs = Some(parse_limit(t, "--connect-timeout")?);
     }
+    if let Some(t) = &args.keep_warm {
+        let secs = parse_limit(t, "--keep-warm")?;
+        // `off` is kept only where it turns a warm session off: its next turn removes the
+        // idle container (`session::warm`); a session never warm pays nothing for it.
+        if secs > 0 || settings.keep_warm_secs.is_some() {
+            settings.keep_warm_secs = Some(secs);
+        }
+    }
     Ok(())
 }
 

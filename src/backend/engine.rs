@@ -247,6 +247,21 @@ impl Backend for Engine {
     async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
         dispatch!(self, b => Backend::remove_found(b, found).await)
     }
+    fn keeps_warm(&self) -> bool {
+        dispatch!(self, b => Backend::keeps_warm(b))
+    }
+    async fn claim_warm(&self, name: &str) -> Result<Option<ContainerInfo>> {
+        dispatch!(self, b => Backend::claim_warm(b, name).await)
+    }
+    fn exec_in_warm(&self, name: &str, exec: super::warm::WarmExec) {
+        dispatch!(self, b => Backend::exec_in_warm(b, name, exec))
+    }
+    async fn turn_in_warm(&self, name: &str) -> Result<Option<(u32, u32)>> {
+        dispatch!(self, b => Backend::turn_in_warm(b, name).await)
+    }
+    async fn remove_warm(&self, name: &str) -> Result<bool> {
+        dispatch!(self, b => Backend::remove_warm(b, name).await)
+    }
     async fn run_to_completion(
         &self,
         name: &str,

@@ -47,6 +47,7 @@ pub use kubernetes::KubeBackend;
 
 mod engine;
 mod plan;
+pub mod warm;
 pub use engine::{connect, scope, BackendKind, Engine, Scope};
 pub use plan::{
     BrokerPlace, BrokerPlan, EgressPlan, EgressRoute, HostDirs, RuntimeDir, PROXY_SIDECAR,
@@ -212,6 +213,33 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn check_runtime(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
     /// Removes a container (`force`: also a running one); a missing one is `Ok`.
     fn remove_container(&self, name: &str, force: bool) -> impl Future<Output = Result<()>> + Send;
+    /// Whether this backend keeps a session's container warm between turns
+    /// (`--keep-warm`, [`warm`]); `false`: every turn starts cold.
+    fn keeps_warm(&self) -> bool {
+        false
+    }
+    /// Takes the session's idle warm container for the turn `name` (atomically: of racing
+    /// turns, one takes it); after this it holds the session's lock as a turn's container
+    /// does. `None`: there is none.
+    fn claim_warm(
+        &self,
+        _name: &str,
+    ) -> impl Future<Output = Result<Option<ContainerInfo>>> + Send {
+        async { Ok(None) }
+    }
+    /// Runs turn `name` in its running warm container by `exec`: from here on this
+    /// process's attach, start, wait and stop of `name` act on that turn, and its
+    /// `remove_container` makes the container idle for the next turn instead.
+    fn exec_in_warm(&self, _name: &str, _exec: warm::WarmExec) {}
+    /// The turn running in the warm container `name` (the session's turn container) and
+    /// its driver's pid; `None`: none runs, or `name` is no warm container.
+    fn turn_in_warm(&self, _name: &str) -> impl Future<Output = Result<Option<(u32, u32)>>> + Send {
+        async { Ok(None) }
+    }
+    /// Removes the session's idle warm container for turn `name`: whether there was one.
+    fn remove_warm(&self, _name: &str) -> impl Future<Output = Result<bool>> + Send {
+        async { Ok(false) }
+    }
     /// Force-removes exactly the container `found` describes (listed or inspected before),
     /// never a newer one that took its name since (a session's next turn); one already
     /// gone is `Ok`.

@@ -97,6 +97,11 @@ pub struct SettingsArgs {
     /// for this long (exit 3, status `unreachable`; default 60s; `off` to disable).
     #[arg(long, value_name = "DURATION")]
     pub connect_timeout: Option<String>,
+    /// Keep the session's container idle for this long after a headless turn, e.g. `5m`:
+    /// the next turn runs in it instead of a new one (no container start). It ends itself when
+    /// that passes without a turn. `off` to stop keeping it.
+    #[arg(long, value_name = "DURATION")]
+    pub keep_warm: Option<String>,
     /// Memory limit, e.g. `2g`.
     #[arg(long)]
     pub memory: Option<String>,

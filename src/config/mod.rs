@@ -45,6 +45,7 @@ pub enum Key {
     PidsLimit,
     Timeout,
     IdleTimeout,
+    KeepWarm,
     ConnectTimeout,
     WorkspaceMode,
     Group,
@@ -66,7 +67,7 @@ pub enum Key {
 }
 
 impl Key {
-    pub const ALL: [Key; 29] = [
+    pub const ALL: [Key; 30] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -78,6 +79,7 @@ impl Key {
         Key::PidsLimit,
         Key::Timeout,
         Key::IdleTimeout,
+        Key::KeepWarm,
         Key::ConnectTimeout,
         Key::WorkspaceMode,
         Key::Group,
@@ -112,6 +114,7 @@ impl Key {
             Key::PidsLimit => "pids_limit",
             Key::Timeout => "timeout",
             Key::IdleTimeout => "idle_timeout",
+            Key::KeepWarm => "keep_warm",
             Key::ConnectTimeout => "connect_timeout",
             Key::WorkspaceMode => "workspace_mode",
             Key::Group => "group",

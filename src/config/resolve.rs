@@ -133,6 +133,7 @@ impl Resolved {
         };
         out.timeout = self.str(Key::Timeout);
         out.idle_timeout = self.str(Key::IdleTimeout);
+        out.keep_warm = self.str(Key::KeepWarm);
         out.connect_timeout = self.str(Key::ConnectTimeout);
         out.workspace_mode = self.str(Key::WorkspaceMode).and_then(|m| match m.as_str() {
             "auto" => Some(WorkspaceModeArg::Auto),
@@ -217,7 +218,7 @@ fn default_value(key: Key, provider: Option<ProviderKind>) -> Option<Value> {
         Key::Network => s("open"),
         Key::WorkspaceMode => s("auto"),
         Key::ConnectTimeout => s("60s"),
-        Key::IdleTimeout => s("off"),
+        Key::IdleTimeout | Key::KeepWarm => s("off"),
         Key::PidsLimit => Some(Value::Int(crate::session::runner::DEFAULT_PIDS_LIMIT)),
         Key::UserConfig => Some(Value::Bool(false)),
         Key::Backend => s("docker"),

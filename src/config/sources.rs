@@ -58,6 +58,7 @@ impl Layer {
         put(Key::PidsLimit, args.pids_limit.map(Value::Int));
         put(Key::Timeout, s(&args.timeout));
         put(Key::IdleTimeout, s(&args.idle_timeout));
+        put(Key::KeepWarm, s(&args.keep_warm));
         put(Key::ConnectTimeout, s(&args.connect_timeout));
         put(
             Key::WorkspaceMode,

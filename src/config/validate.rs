@@ -38,7 +38,7 @@ pub(super) fn check(key: Key, value: Value, what: &str) -> Result<Value> {
         (Key::Timeout, _) => {
             settings::parse_duration(text, what)?;
         }
-        (Key::IdleTimeout | Key::ConnectTimeout, _) => {
+        (Key::IdleTimeout | Key::KeepWarm | Key::ConnectTimeout, _) => {
             settings::parse_limit(text, what)?;
         }
         (Key::WorkspaceMode, _) if !matches!(text, "auto" | "bind" | "copy" | "none") => {

@@ -37,6 +37,10 @@ pub async fn running_turns(backend: &impl Backend) -> Result<HashMap<Uuid, u32>>
         .filter_map(|c| {
             let l = c.labels;
             let id = Uuid::parse_str(l.get(labels::SESSION)?).ok()?;
+            // (An idle warm container has a name of its own: no turn runs in it.)
+            if c.name != names::turn_container(id) {
+                return None;
+            }
             let turn = l
                 .get(labels::TURN)
                 .and_then(|t| t.parse().ok())
@@ -110,11 +114,17 @@ pub async fn stop(
     settings: &crate::session::SessionSettings,
 ) -> Result<()> {
     let container = names::turn_container(id);
-    let inspect = backend
+    let running = backend
         .inspect_container(&container)
         .await?
-        .filter(|c| c.running())
-        .ok_or_else(|| Error::usage(format!("session {id} has no running turn")))?;
+        .filter(|c| c.running());
+    let Some(inspect) = running else {
+        // No turn runs: a warm container idling for the next one is what there is to stop.
+        if backend.remove_warm(&container).await? {
+            return Ok(());
+        }
+        return Err(Error::usage(format!("session {id} has no running turn")));
+    };
     if inspect.label(labels::ADOPTABLE) == Some("true") {
         // Right after `resume -d` returned, such a turn runs but its driver may not have
         // fed it yet: stopped then, the driver would find it gone and record nothing. The

@@ -30,6 +30,7 @@ mod runtime;
 pub mod safe_git;
 pub mod target;
 mod turn;
+mod warm;
 pub mod workspace;
 
 pub use handle::ResumeHandle;

@@ -55,6 +55,9 @@ pub(super) struct TurnPlan {
     /// The turn got credential files the CLI may refresh: they are read back after it and
     /// written to the store.
     pub writes_back: bool,
+    /// How long (seconds) the turn's container stays warm for the session's next turn
+    /// (`--keep-warm`, `session::warm`); `None`: it goes with the turn.
+    pub warm_for: Option<u64>,
 }
 
 /// Plans `record`'s next turn. Changes nothing outside `record` (its vendor key chosen up
@@ -300,6 +303,13 @@ pub(super) async fn plan_turn(
         spec.network = NetworkPolicy::Named(net);
     }
     spec.egress_allow = allow.clone();
+    let warm_for = super::warm::keep_for(
+        backend,
+        record,
+        options.interactive,
+        egress.is_some(),
+        place,
+    );
     Ok(TurnPlan {
         name,
         turn,
@@ -313,6 +323,7 @@ pub(super) async fn plan_turn(
         home_files,
         guard,
         writes_back: crate::auth::inject::has_files(&credentials),
+        warm_for,
     })
 }
 

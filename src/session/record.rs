@@ -71,6 +71,10 @@ pub struct SessionSettings {
     /// `--connect-timeout` in seconds; 0: off; `None`: the default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_timeout_secs: Option<u64>,
+    /// `--keep-warm` in seconds: how long the session's container stays idle after a
+    /// headless turn for the next one to run in (`session::warm`); 0 or `None`: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_warm_secs: Option<u64>,
     /// `--allow-host`: egress only to these hosts, through caw-box's proxy (`@provider`
     /// stands for the provider's API host, or the `--endpoint` host).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -72,6 +72,7 @@ async fn realise(
         home_files,
         guard,
         writes_back,
+        warm_for,
     } = plan;
     if fill_home {
         fill_new_home(backend, record, ids).await?;
@@ -146,10 +147,26 @@ async fn realise(
             }
             None => &spec,
         };
-        let (created, ()) = tokio::join!(
-            create_turn_container(backend, record, &name, spec),
-            remove_abandoned_turns(backend, &name)
-        );
+        let make = async {
+            match warm_for {
+                Some(secs) => {
+                    let (rec, turn_name): (&SessionRecord, &str) = (record, &name);
+                    let create = move |idle: TurnSpec| async move {
+                        create_turn_container(backend, rec, turn_name, &idle).await
+                    };
+                    super::warm::take_or_make(backend, &name, spec, secs, create).await
+                }
+                None => create_turn_container(backend, record, &name, spec).await,
+            }
+        };
+        let idle_goes = async {
+            // A turn that starts cold when the session kept one warm: it goes.
+            if warm_for.is_none() && record.settings.keep_warm_secs.is_some() {
+                let _ = backend.remove_warm(&name).await;
+            }
+        };
+        let (created, (), ()) =
+            tokio::join!(make, remove_abandoned_turns(backend, &name), idle_goes);
         let created = created.inspect(|()| {
             let _ = pod_made.send(true);
         });

@@ -33,3 +33,4 @@ mod sessions;
 mod ssh_host;
 mod stub_control;
 mod user_config;
+mod warm;

@@ -366,7 +366,7 @@ impl DockerBackend {
 
 /// bollard's output stream as caw-box's: chunks of caw-box's own type, errors saying what
 /// was being read.
-fn output_stream(
+pub(super) fn output_stream(
     stream: impl futures_util::Stream<Item = std::result::Result<LogOutput, BollardError>>
         + Send
         + 'static,

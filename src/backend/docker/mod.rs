@@ -32,6 +32,7 @@ mod images;
 mod seam;
 mod spec;
 mod volumes;
+mod warm;
 
 pub use super::CreateError;
 pub use archive::{build_tar, first_file};
@@ -51,6 +52,8 @@ pub struct DockerBackend {
     /// The OCI runtimes the daemon lists, asked once (`--runtime`: checked by `run` before
     /// anything is made, and again by the session layer).
     runtimes: std::sync::Arc<tokio::sync::OnceCell<Runtimes>>,
+    /// The turns this process runs in warm containers, by turn name (`warm.rs`).
+    warm: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, warm::WarmTurn>>>,
 }
 
 /// The OCI runtimes a daemon has (`docker info`), by name, and its default.
@@ -214,6 +217,7 @@ impl DockerBackend {
             docker: docker.with_timeout(REQUEST_TIMEOUT),
             podman: Default::default(),
             runtimes: Default::default(),
+            warm: Default::default(),
         };
         if host.starts_with("unix://") {
             let known = api_version::Known {
@@ -241,6 +245,7 @@ impl DockerBackend {
                 docker: docker.with_timeout(REQUEST_TIMEOUT),
                 podman: std::sync::Arc::new(tokio::sync::OnceCell::new_with(Some(podman))),
                 runtimes: Default::default(),
+                warm: Default::default(),
             })),
             Ok(Err(e @ BollardError::DockerResponseServerError { .. })) => {
                 tracing::debug!("the daemon refused the cached API version: {e}");

@@ -102,6 +102,9 @@ impl Backend for DockerBackend {
     }
 
     async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {
+        if self.is_warm_turn(name) {
+            return self.warm_attach(name, stdin).await;
+        }
         DockerBackend::attach(self, name, stdin).await
     }
 
@@ -110,14 +113,32 @@ impl Backend for DockerBackend {
     }
 
     async fn start_container(&self, name: &str) -> Result<()> {
+        if self.is_warm_turn(name) {
+            // Started by its attach.
+            return Ok(());
+        }
         DockerBackend::start_container(self, name).await
     }
 
     async fn wait_container(&self, name: &str) -> Result<i64> {
+        if self.is_warm_turn(name) {
+            return self.warm_wait(name).await;
+        }
+        if let Some(c) = self
+            .inspect_container(name)
+            .await?
+            .filter(|c| c.label(crate::backend::warm::WARM_LABEL).is_some())
+        {
+            return self.wait_warm_elsewhere(&c).await;
+        }
         DockerBackend::wait_container(self, name).await
     }
 
     async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
+        // A warm container's turn, not the container: it stays for the record.
+        if self.stop_warm_turn(name, grace).await? {
+            return Ok(());
+        }
         DockerBackend::stop_container(self, name, grace).await
     }
 
@@ -126,7 +147,30 @@ impl Backend for DockerBackend {
     }
 
     async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
+        if self.is_warm_turn(name) {
+            return self.release_warm(name).await;
+        }
         DockerBackend::remove_container(self, name, force).await
+    }
+
+    fn keeps_warm(&self) -> bool {
+        true
+    }
+
+    async fn claim_warm(&self, name: &str) -> Result<Option<ContainerInfo>> {
+        DockerBackend::claim_warm(self, name).await
+    }
+
+    fn exec_in_warm(&self, name: &str, exec: crate::backend::warm::WarmExec) {
+        DockerBackend::exec_in_warm(self, name, exec)
+    }
+
+    async fn turn_in_warm(&self, name: &str) -> Result<Option<(u32, u32)>> {
+        DockerBackend::turn_in_warm(self, name).await
+    }
+
+    async fn remove_warm(&self, name: &str) -> Result<bool> {
+        DockerBackend::remove_warm(self, name).await
     }
 
     async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {

@@ -70,6 +70,11 @@ pub(super) fn turn_body(spec: &TurnSpec) -> ContainerCreateBody {
         network_mode: network_mode(&spec.network),
         privileged: Some(false),
         runtime: spec.oci_runtime.clone(),
+        // A warm container ends itself (its idle loop): nothing of it stays.
+        auto_remove: spec
+            .labels
+            .contains_key(crate::backend::warm::WARM_LABEL)
+            .then_some(true),
         ..Default::default()
     };
     let mut body = ContainerCreateBody {

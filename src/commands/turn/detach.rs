@@ -117,14 +117,19 @@ pub(crate) async fn detach(
         }
         // Our turn's container, not any turn N: a turn N already running (this session is
         // busy) carries the same turn label, but another driver's pid.
-        let started = backend
-            .inspect_container(&container)
-            .await?
-            .filter(|c| {
-                c.label(labels::TURN) == Some(turn.as_str())
-                    && c.label(labels::DRIVER_PID) == Some(driver_pid.as_str())
-            })
-            .is_some_and(|c| c.running() || c.finished);
+        let started = match backend.inspect_container(&container).await? {
+            // A warm container's labels are its first turn's: the turn in it says.
+            Some(c) if c.label(crate::backend::warm::WARM_LABEL).is_some() => {
+                let ours = backend.turn_in_warm(&container).await?;
+                ours.is_some_and(|(t, pid)| t.to_string() == turn && pid.to_string() == driver_pid)
+            }
+            c => c
+                .filter(|c| {
+                    c.label(labels::TURN) == Some(turn.as_str())
+                        && c.label(labels::DRIVER_PID) == Some(driver_pid.as_str())
+                })
+                .is_some_and(|c| c.running() || c.finished),
+        };
         if started {
             return Ok(());
         }

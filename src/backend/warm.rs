@@ -1,0 +1,168 @@
+//! Warm containers (`--keep-warm`), the part every backend shares: a turn's container whose
+//! main process is an idle loop instead of the CLI, so that the session's turns run in it
+//! one after the other (each by an exec of the image's entrypoint), and which ends itself
+//! when it was idle for its time. What is here is the loop's protocol, in the container's
+//! own shell: no host process times a warm container out.
+//!
+//! Not here: when a turn keeps its container warm or takes a warm one (`session::warm`),
+//! and how a backend names, claims and execs in one (`docker/warm.rs`).
+
+/// The label that marks a warm container; its value is the fingerprint of the settings it
+/// was made with (a turn with other settings cannot run in it).
+pub const WARM_LABEL: &str = "io.caw-box.warm";
+/// The label that holds how long (seconds) a warm container stays idle.
+pub const WARM_FOR_LABEL: &str = "io.caw-box.warm-for";
+
+/// The loop keeps its state in the container's own /tmp (`.caw-box-warm`): its pid and the
+/// running turn's (`turn.pid`).
+///
+/// The idle loop, the container's command (`bash -c IDLE warm SECONDS`): it extends its
+/// deadline while a turn's process (`turn.pid`) lives and exits when the deadline passes,
+/// ending the container. A stop of the container stops the running turn first.
+const IDLE: &str = r#"W=/tmp/.caw-box-warm; secs=$1
+mkdir -p "$W" && echo $$ $PPID >"$W/loop.pid" || exit 1
+busy() { { read -r p <"$W/turn.pid"; } 2>/dev/null && kill -0 "$p" 2>/dev/null; }
+stop() {
+  if busy; then
+    kill -TERM "$p" 2>/dev/null; n=0
+    while kill -0 "$p" 2>/dev/null && [ $n -lt 90 ]; do sleep 0.1; n=$((n+1)); done
+  fi
+  exit 0
+}
+trap stop TERM INT HUP
+printf -v now '%(%s)T' -1; until=$((now + secs))
+while :; do
+  printf -v now '%(%s)T' -1
+  busy && until=$((now + secs))
+  [ "$now" -ge "$until" ] && exit 0
+  sleep 1 & wait $!
+done"#;
+
+/// A turn in a warm container (`bash -c TURN turn N PID ENTRYPOINT ARGV...`: turn N of the
+/// driver PID, which a process that looks at the container reads back, `turn_of`): notes
+/// its process for the loop, then becomes the entrypoint.
+const TURN: &str = r#"echo $$ >/tmp/.caw-box-warm/turn.pid && shift 2 && exec "$@""#;
+
+/// Stops the running turn (`bash -c STOP stop GRACE`): SIGTERM to the entrypoint, which
+/// stops the CLI and takes the credentials out of HOME, SIGKILL after GRACE seconds.
+const STOP: &str = r#"W=/tmp/.caw-box-warm
+{ read -r p <"$W/turn.pid"; } 2>/dev/null || exit 0
+kill -TERM "$p" 2>/dev/null || exit 0
+n=0; while kill -0 "$p" 2>/dev/null && [ $n -lt $(($1 * 10)) ]; do sleep 0.1; n=$((n+1)); done
+kill -KILL "$p" 2>/dev/null; exit 0"#;
+
+/// Makes the container idle after a recorded turn (`bash -c RELEASE release RUN_DIR`):
+/// nothing of the turn stays: no process (what the CLI left running), no runtime file, no
+/// temporary file. Exits 0 once it is so.
+const RELEASE: &str = r#"W=/tmp/.caw-box-warm; run=$1
+{ read -r loop entry <"$W/loop.pid"; } 2>/dev/null || exit 1
+rm -f "$W/turn.pid"
+for d in /proc/[0-9]*; do
+  p=${d#/proc/}
+  # The container's init, the entrypoint, the loop and its sleep stay; so does this.
+  case $p in 1|$$|$loop|$entry) continue ;; esac
+  { read -r s <"$d/stat"; } 2>/dev/null || continue
+  s=${s##*) }; set -- $s
+  case $2 in $loop|$$) continue ;; esac
+  kill -KILL "$p" 2>/dev/null
+done
+shopt -s nullglob dotglob extglob
+f=("$run"/* /tmp/!(.caw-box-warm))
+[ ${#f[@]} -eq 0 ] || rm -rf -- "${f[@]}" 2>/dev/null
+exit 0"#;
+
+/// The warm container's command: the idle loop for `secs` seconds.
+pub fn idle_argv(secs: u64) -> Vec<String> {
+    vec![
+        "bash".into(),
+        "-c".into(),
+        IDLE.into(),
+        "warm".into(),
+        secs.to_string(),
+    ]
+}
+
+/// A turn's command in a warm container: `entrypoint` (the image's, with the turn's
+/// `argv`), noted for the idle loop, as turn `turn` of the driver `driver` (a pid).
+pub fn turn_argv(turn: u32, driver: u32, entrypoint: &[&str], argv: &[String]) -> Vec<String> {
+    let mut v: Vec<String> = vec!["bash".into(), "-c".into(), TURN.into(), "turn".into()];
+    v.extend([turn.to_string(), driver.to_string()]);
+    v.extend(entrypoint.iter().map(|s| s.to_string()));
+    v.extend(argv.iter().cloned());
+    v
+}
+
+/// The turn and its driver's pid of a warm turn's command as the engine reports it (its
+/// arguments after `bash`); `None` for any other command.
+pub fn turn_of(arguments: &[String]) -> Option<(u32, u32)> {
+    match arguments {
+        [c, script, _, turn, driver, ..] if c == "-c" && script == TURN => {
+            Some((turn.parse().ok()?, driver.parse().ok()?))
+        }
+        _ => None,
+    }
+}
+
+/// The command that stops the turn running in a warm container within `grace`.
+pub fn stop_argv(grace: std::time::Duration) -> Vec<String> {
+    vec![
+        "bash".into(),
+        "-c".into(),
+        STOP.into(),
+        "stop".into(),
+        grace.as_secs().max(1).to_string(),
+    ]
+}
+
+/// The command that makes a warm container idle after its turn; `run_dir`: the turn's
+/// runtime directory, emptied.
+pub fn release_argv(run_dir: &str) -> Vec<String> {
+    vec![
+        "bash".into(),
+        "-c".into(),
+        RELEASE.into(),
+        "release".into(),
+        run_dir.into(),
+    ]
+}
+
+/// A turn to run in a warm container by exec: the command and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WarmExec {
+    pub argv: Vec<String>,
+    /// `KEY=VALUE`, over the container's; never secrets.
+    pub env: Vec<String>,
+    pub working_dir: String,
+    /// The turn's runtime directory, emptied when the turn is released.
+    pub run_dir: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scripts are valid bash (RELEASE's patterns need extglob, which it sets on a line
+    /// before them), and the turn wrapper passes its arguments on unchanged.
+    #[test]
+    fn the_scripts_parse_and_the_turn_runs_its_arguments() {
+        for script in [IDLE, TURN, STOP, RELEASE] {
+            let out = std::process::Command::new("bash")
+                .args(["-O", "extglob", "-n", "-c", script])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{script}: {out:?}");
+        }
+        let argv = turn_argv(3, 77, &["/entry"], &["codex".into(), "a b".into()]);
+        assert_eq!(&argv[6..], ["/entry", "codex", "a b"]);
+        assert_eq!(turn_of(&argv[1..]), Some((3, 77)));
+        assert_eq!(turn_of(&idle_argv(5)[1..]), None);
+        let out = std::process::Command::new(&argv[0])
+            .args(&argv[1..4])
+            .args(["3", "77", "echo", "ran"])
+            .env("HOME", "/nonexistent")
+            .output()
+            .unwrap();
+        // (No loop's directory here: the note fails and nothing runs.)
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
+    }
+}

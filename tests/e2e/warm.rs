@@ -1,0 +1,205 @@
+//! `--keep-warm` on Docker: a session's turns run in one container kept idle between them,
+//! which holds nothing of a turn while idle and ends itself.
+
+use crate::common::*;
+use serde_json::Value;
+
+/// The placeholder keys' distinctive part (broker.rs).
+const PLACEHOLDER: &str = "cawbox-placeholder";
+
+/// Three warm codex turns: the second and third in the first one's container, recalling;
+/// idle between them it holds no key, no placeholder, no CLI process and no runtime file;
+/// a turn with another memory limit starts a new one (the old one goes); left idle, it ends
+/// itself, and the next turn is cold and recalls.
+#[test]
+fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
+    let rig = Rig::new("warm");
+    let p = CODEX;
+    // Long enough for the scans below on a busy machine; the fourth turn shortens it.
+    let warm = ["--keep-warm", "60s"];
+    let turn = |cmd| {
+        let (code, json, stderr) = rig.json_turn(cmd);
+        assert_eq!(code, 0, "{json}\n{stderr}");
+        assert_eq!(json["status"], "success", "{json}");
+        json
+    };
+    check("first turn");
+    let first = turn(rig.run_cmd(p, "Please REMEMBER:quince-31 for later.", &warm));
+    let id = first["session_id"].as_str().unwrap().to_string();
+    let idle = format!("caw-box-{id}-warm");
+    let container = rig.exec_inspect_id(&idle);
+    assert!(!container.is_empty(), "no warm container after the turn");
+
+    check("idle holds nothing");
+    let scan = docker_secret_scan(
+        &idle,
+        "1000",
+        ScanScope::Everything,
+        &[],
+        &[TEST_KEY.to_string(), PLACEHOLDER.to_string()],
+    )
+    .unwrap_or_else(|o| panic!("scan: {}", stderr_of(&o)));
+    assert!(
+        scan.marker_in_file && scan.marker_in_environ,
+        "the scan read nothing: {scan:?}"
+    );
+    assert!(
+        scan.found.is_empty(),
+        "a secret in the idle container: {scan:?}"
+    );
+    let procs = rig.exec(
+        &idle,
+        &["bash", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"],
+    );
+    assert!(
+        procs.contains(".caw-box-warm"),
+        "the scan of processes read nothing: {procs}"
+    );
+    assert!(
+        !procs.contains("codex"),
+        "a CLI process while idle: {procs}"
+    );
+    let run_dir = rig.exec(&idle, &["ls", "-A", "/run/caw-box"]);
+    assert_eq!(run_dir.trim(), "", "runtime files while idle");
+
+    check("warm turns");
+    let second = turn(rig.resume_cmd(p, &id, "RUN:echo warm-tool-7", &warm));
+    assert_eq!(second["turn"], 2);
+    assert_eq!(
+        rig.exec_inspect_id(&idle),
+        container,
+        "turn 2 ran elsewhere"
+    );
+    let third = turn(rig.resume_cmd(p, &id, "RECALL", &warm));
+    assert!(
+        third["result"].as_str().unwrap().contains("quince-31"),
+        "no recall in the warm container: {third}"
+    );
+    assert_eq!(
+        rig.exec_inspect_id(&idle),
+        container,
+        "turn 3 ran elsewhere"
+    );
+
+    check("settings change");
+    let fourth = turn(rig.resume_cmd(p, &id, "RECALL", &["--keep-warm", "3s", "--memory", "700m"]));
+    assert!(
+        fourth["result"].as_str().unwrap().contains("quince-31"),
+        "{fourth}"
+    );
+    let changed = rig.exec_inspect_id(&idle);
+    assert!(
+        !changed.is_empty() && changed != container,
+        "the memory limit changed, the container did not"
+    );
+    let ls = rig.caw_containers();
+    assert_eq!(ls.len(), 1, "the old warm container stayed: {ls:?}");
+
+    check("expiry");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !rig.caw_containers().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the warm container did not end itself"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let fifth: Value = turn(rig.resume_cmd(p, &id, "RECALL", &["--keep-warm", "off"]));
+    assert!(
+        fifth["result"].as_str().unwrap().contains("quince-31"),
+        "{fifth}"
+    );
+    assert!(
+        rig.caw_containers().is_empty(),
+        "a turn with --keep-warm off kept its container"
+    );
+}
+
+/// On a warm session: of two racing resumes one runs (in the warm container) and one exits
+/// 2; a detached warm turn is stopped by `caw-box stop` and its end awaited by `caw-box
+/// wait` from other processes; the container survives the stop, idle, and the next turn
+/// runs in it and recalls; `stop` of the idle session ends its container.
+#[test]
+fn a_warm_session_keeps_its_lock_and_its_stop() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let rig = Rig::new("warm-lock");
+    let warm = ["--keep-warm", "60s"];
+    let (code, first, stderr) =
+        rig.json_turn(rig.run_cmd(CODEX, "Please REMEMBER:fig-5 for later.", &warm));
+    assert_eq!(code, 0, "{first}\n{stderr}");
+    let id = first["session_id"].as_str().unwrap().to_string();
+    let idle = format!("caw-box-{id}-warm");
+    let container = rig.exec_inspect_id(&idle);
+
+    check("racing resumes");
+    let spawn = || {
+        let mut c = rig.resume_cmd(CODEX, &id, "HOLD:warm-race RECALL", &[]);
+        c.args(["-o", "json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let (mut a, mut b) = (spawn(), spawn());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while a.try_wait().unwrap().is_none()
+        && b.try_wait().unwrap().is_none()
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    rig.stub_release("warm-race");
+    let outs = [
+        wait_with_deadline(a, Duration::from_secs(120)),
+        wait_with_deadline(b, Duration::from_secs(120)),
+    ];
+    let mut codes: Vec<i32> = outs.iter().map(|o| o.status.code().unwrap_or(-1)).collect();
+    codes.sort();
+    let stderrs: Vec<String> = outs.iter().map(stderr_of).collect();
+    assert_eq!(codes, vec![0, 2], "{stderrs:?}");
+    let winner = outs.iter().find(|o| o.status.code() == Some(0)).unwrap();
+    assert!(stdout_of(winner).contains("fig-5"), "{}", stdout_of(winner));
+    assert_eq!(
+        rig.exec_inspect_id(&idle),
+        container,
+        "the race's turn ran elsewhere"
+    );
+
+    check("stop of a detached warm turn");
+    let mut cmd = rig.resume_cmd(CODEX, &id, "SLEEP:120", &["--detach"]);
+    cmd.args(["-o", "json"]);
+    let out = run(cmd);
+    let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert_eq!(json["status"], "running", "{}", stderr_of(&out));
+    let mut stop = rig.caw();
+    stop.args(["stop", &id]);
+    let out = run(stop);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let mut wait = rig.caw();
+    wait.args(["wait", &id, "-o", "json"]);
+    let out = run(wait);
+    assert_eq!(out.status.code(), Some(130), "{}", stderr_of(&out));
+    let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert_eq!(json["status"], "interrupted", "{json}");
+    assert_eq!(
+        rig.exec_inspect_id(&idle),
+        container,
+        "the stop ended the container"
+    );
+
+    check("after the stop");
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert!(json["result"].as_str().unwrap().contains("fig-5"), "{json}");
+    assert_eq!(rig.exec_inspect_id(&idle), container);
+
+    check("stop of an idle warm session");
+    let mut stop = rig.caw();
+    stop.args(["stop", &id]);
+    let out = run(stop);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        rig.caw_containers().is_empty(),
+        "stop left the warm container"
+    );
+}
