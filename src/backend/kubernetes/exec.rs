@@ -227,7 +227,14 @@ impl KubeBackend {
             None
         })
         .filter_map(|x: Option<Result<OutputChunk>>| async move { x });
-        let output = futures_util::stream::select(chunks(stdout, OutputChunk::Stdout), stderr);
+        let stdout = chunks(stdout, OutputChunk::Stdout);
+        // A headless agent announces its end on stdout (a terminal's is not read so).
+        let stdout = if tty {
+            stdout
+        } else {
+            super::ends::watched(name, stdout, self.ends.clone())
+        };
+        let output = futures_util::stream::select(stdout, stderr);
         let output = futures_util::stream::select(output, keep);
         Ok(Attached {
             output: Box::pin(output),
