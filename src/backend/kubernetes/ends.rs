@@ -111,6 +111,36 @@ fn take_ended(tail: &[u8], bytes: Vec<u8>) -> (Vec<u8>, Option<i64>) {
     (bytes, code)
 }
 
+/// An attachment's stdin whose shutdown only flushes: the attach protocol has no half-close
+/// (the container's stdin stays open across attachments anyway), and kube ends the whole
+/// attachment when its stdin ends, which would lose the end announced after the record
+/// hand-off (whose writer shuts stdin down).
+pub(super) struct KeepOpen(pub(super) std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>);
+
+impl tokio::io::AsyncWrite for KeepOpen {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.0.as_mut().poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.0.as_mut().poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.0.as_mut().poll_flush(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

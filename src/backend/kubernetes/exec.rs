@@ -218,6 +218,8 @@ impl KubeBackend {
             None => Box::pin(futures_util::stream::empty()),
         };
         let input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> = match process.stdin() {
+            // (A headless agent's end is announced after its stdin's last use.)
+            Some(w) if !tty => Box::pin(super::ends::KeepOpen(Box::pin(w))),
             Some(w) => Box::pin(w),
             None => Box::pin(tokio::io::sink()),
         };

@@ -164,7 +164,8 @@ const AGENT: &str = "agent";
 /// stdin and the stop signals, and leaves the pod's end marker (given `CAW_BOX_POD_END`)
 /// once it ended, with its exit code: the broker beside it then exits, so the pod
 /// completes. Last (given `CAW_BOX_ANNOUNCE_END`: a headless turn's, not a terminal's) it
-/// announces the end and exit code on stdout ([`super::ends::ENDED`]):
+/// announces the end and exit code on stdout ([`super::ends::ENDED`]) and stays a second
+/// for it to be relayed:
 /// the driver has it from its attachment, before the pod's status says it. (Bash starts
 /// a background child with SIGINT ignored: `env --default-signal` gives it back, so the
 /// entrypoint can forward it.)
@@ -185,7 +186,12 @@ until [ -n "$rc" ]; do
   fi
 done
 [ -z "${CAW_BOX_POD_END:-}" ] || : > "$CAW_BOX_POD_END"
-[ -z "${CAW_BOX_ANNOUNCE_END:-}" ] || printf '\036caw-box-ended %s\n' "$rc"
+if [ -n "${CAW_BOX_ANNOUNCE_END:-}" ]; then
+  printf '\036caw-box-ended %s\n' "$rc"
+  # A container's last line can be lost when it exits at once (an attachment relays it
+  # after): a moment's stay, cut short by the driver's delete (SIGTERM).
+  sleep 1 & wait $!
+fi
 exit "$rc""#;
 
 /// The agent container's command: tini, then [`MARKED_ENTRY`]; with `marker`, the end
