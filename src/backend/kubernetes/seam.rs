@@ -213,9 +213,10 @@ impl Backend for KubeBackend {
             let told = self.ends.told();
             tokio::pin!(told);
             told.as_mut().enable();
-            if let Some(code) = self.ends.take(name) {
+            // (Only a 0 is trusted: the record taken, the turn not stopped.)
+            if let Some(0) = self.ends.take(name) {
                 super::timeline("the agent said it ended", t0);
-                return Ok(code);
+                return Ok(0);
             }
             let pod = self
                 .pods()

@@ -163,18 +163,21 @@ const AGENT: &str = "agent";
 /// proxy sidecar listens, given `CAW_BOX_PROXY_WAIT`, its port), passing on its
 /// stdin and the stop signals, and leaves the pod's end marker (given `CAW_BOX_POD_END`)
 /// once it ended, with its exit code: the broker beside it then exits, so the pod
-/// completes. Last (given `CAW_BOX_ANNOUNCE_END`: a headless turn's, not a terminal's) it
-/// announces the end and exit code on stdout ([`super::ends::ENDED`]) and stays a second
-/// for it to be relayed:
+/// completes. Last (given `CAW_BOX_ANNOUNCE_END`: a headless turn's, not a terminal's),
+/// when it ended 0 (the entrypoint took the turn's record) and no stop signal came (a
+/// `caw-box stop`, a timeout, an eviction: the driver learns those from the pod's status,
+/// once the container is gone, and records the turn through the claim then), it announces
+/// the end on stdout ([`super::ends::ENDED`]) and stays a second for it to be relayed:
 /// the driver has it from its attachment, before the pod's status says it. (Bash starts
 /// a background child with SIGINT ignored: `env --default-signal` gives it back, so the
 /// entrypoint can forward it.)
 pub(super) const MARKED_ENTRY: &str = r#"if [ -n "${CAW_BOX_PROXY_WAIT:-}" ]; then
   for _ in $(seq 100); do (: <"/dev/tcp/127.0.0.1/$CAW_BOX_PROXY_WAIT") 2>/dev/null && break; sleep 0.1; done
 fi
-trap 'kill -TERM "$p" 2>/dev/null' TERM
-trap 'kill -INT "$p" 2>/dev/null' INT
-trap 'kill -HUP "$p" 2>/dev/null' HUP
+s=
+trap 's=1; kill -TERM "$p" 2>/dev/null' TERM
+trap 's=1; kill -INT "$p" 2>/dev/null' INT
+trap 's=1; kill -HUP "$p" 2>/dev/null' HUP
 env --default-signal=INT,QUIT "$@" <&0 &
 p=$!
 rc=
@@ -186,7 +189,7 @@ until [ -n "$rc" ]; do
   fi
 done
 [ -z "${CAW_BOX_POD_END:-}" ] || : > "$CAW_BOX_POD_END"
-if [ -n "${CAW_BOX_ANNOUNCE_END:-}" ]; then
+if [ -n "${CAW_BOX_ANNOUNCE_END:-}" ] && [ "$rc" -eq 0 ] && [ -z "$s" ]; then
   printf '\036caw-box-ended %s\n' "$rc"
   # A container's last line can be lost when it exits at once (an attachment relays it
   # after): a moment's stay, cut short by the driver's delete (SIGTERM).

@@ -347,14 +347,20 @@ fn the_marked_entry_passes_stdin_exit_code_and_signals_and_leaves_the_marker() {
     child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(7));
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "got hello\n\x1ecaw-box-ended 7\n"
-    );
+    // Only a 0 is announced (the record taken): another end comes from the pod's status.
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "got hello\n");
     assert!(marker.exists());
     std::fs::remove_file(&marker).unwrap();
-    // SIGTERM to the wrapper reaches the entrypoint, whose own exit code counts.
-    let mut child = wrapped("trap 'exit 3' TERM; echo up; while :; do sleep 0.1; done")
+    let out = wrapped("echo done").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "done\n\x1ecaw-box-ended 0\n"
+    );
+    std::fs::remove_file(&marker).unwrap();
+    // SIGTERM to the wrapper reaches the entrypoint, whose own exit code counts; a stopped
+    // turn's end is not announced, even a 0 (the driver records it from the pod's status).
+    let mut child = wrapped("trap 'exit 0' TERM; echo up; while :; do sleep 0.1; done")
         .spawn()
         .unwrap();
     let mut first = [0u8; 3];
@@ -372,8 +378,11 @@ fn the_marked_entry_passes_stdin_exit_code_and_signals_and_leaves_the_marker() {
     if code.is_none() {
         let _ = child.kill();
     }
-    assert_eq!(code, Some(Some(3)), "the wrapper did not pass SIGTERM on");
+    assert_eq!(code, Some(Some(0)), "the wrapper did not pass SIGTERM on");
     assert!(marker.exists());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut rest).unwrap();
+    assert_eq!(rest, "", "a stopped turn's end was announced");
 }
 
 /// `--allow-host`: an init container (root, NET_ADMIN and NET_RAW alone, no escalation, no
