@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
 
 use crate::backend::{OutputChunk, OutputStream};
 
@@ -51,11 +52,17 @@ impl Ends {
 
 /// `stdout` of pod `name`'s agent, read on by a task of its own (so the announcement is
 /// seen while nobody reads the output: after the CLI's end, the driver only waits), with
-/// the announcement taken out and noted in `ends`.
+/// the announcement taken out and noted in `ends`. An announced 0 is answered with a line
+/// on `stdin` (the same attachment's): the wrapper, which stays up to a second for its
+/// line to be relayed, then leaves at once, so its container has ended before the driver
+/// deletes the pod (a pod force-deleted while its container still ran was still the
+/// kubelet's when the session's next pod of the same name came: an attachment to that one
+/// went to the old one's and failed, `500 Internal Server Error`).
 pub(super) fn watched(
     name: &str,
     stdout: OutputStream,
     ends: std::sync::Arc<Ends>,
+    stdin: Shared,
 ) -> OutputStream {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let name = name.to_string();
@@ -70,6 +77,17 @@ pub(super) fn watched(
                     let from = kept.len().saturating_sub(ENDED.len() + 24);
                     tail = kept[from..].to_vec();
                     if let Some(code) = code {
+                        if code == 0 {
+                            let ack = async {
+                                let mut w = KeepOpen(stdin.clone());
+                                w.write_all(b"\n").await?;
+                                w.flush().await
+                            };
+                            let acked = tokio::time::timeout(ACK_WITHIN, ack).await;
+                            if !matches!(acked, Ok(Ok(()))) {
+                                tracing::debug!("pod '{name}': its end not acknowledged");
+                            }
+                        }
                         ends.note(&name, code);
                     }
                     if kept.is_empty() {
@@ -111,33 +129,51 @@ fn take_ended(tail: &[u8], bytes: Vec<u8>) -> (Vec<u8>, Option<i64>) {
     (bytes, code)
 }
 
+/// How long the acknowledgement of an announced end may take to write.
+const ACK_WITHIN: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// An attachment's stdin, shared by its writer ([`KeepOpen`]) and its output's watcher
+/// (the acknowledgement): each poll locks it for that poll only.
+pub(super) type Shared =
+    std::sync::Arc<Mutex<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>>>;
+
 /// An attachment's stdin whose shutdown only flushes: the attach protocol has no half-close
 /// (the container's stdin stays open across attachments anyway), and kube ends the whole
 /// attachment when its stdin ends, which would lose the end announced after the record
 /// hand-off (whose writer shuts stdin down).
-pub(super) struct KeepOpen(pub(super) std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>);
+pub(super) struct KeepOpen(pub(super) Shared);
+
+impl KeepOpen {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(std::pin::Pin<&mut (dyn tokio::io::AsyncWrite + Send)>) -> T,
+    ) -> T {
+        let mut w = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f(w.as_mut())
+    }
+}
 
 impl tokio::io::AsyncWrite for KeepOpen {
     fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
+        self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        self.0.as_mut().poll_write(cx, buf)
+        self.with(|w| w.poll_write(cx, buf))
     }
 
     fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
+        self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        self.0.as_mut().poll_flush(cx)
+        self.with(|w| w.poll_flush(cx))
     }
 
     fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
+        self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        self.0.as_mut().poll_flush(cx)
+        self.with(|w| w.poll_flush(cx))
     }
 }
 

@@ -167,8 +167,9 @@ const AGENT: &str = "agent";
 /// when it ended 0 (the entrypoint took the turn's record) and no stop signal came (a
 /// `caw-box stop`, a timeout, an eviction: the driver learns those from the pod's status,
 /// once the container is gone, and records the turn through the claim then), it announces
-/// the end on stdout ([`super::ends::ENDED`]) and stays a second for it to be relayed:
-/// the driver has it from its attachment, before the pod's status says it. (Bash starts
+/// the end on stdout ([`super::ends::ENDED`]) and stays until the driver answers it with a
+/// line on stdin (a second at most, for the line to be relayed): the driver has it from its
+/// attachment, before the pod's status says it. (Bash starts
 /// a background child with SIGINT ignored: `env --default-signal` gives it back, so the
 /// entrypoint can forward it.)
 pub(super) const MARKED_ENTRY: &str = r#"if [ -n "${CAW_BOX_PROXY_WAIT:-}" ]; then
@@ -192,8 +193,8 @@ done
 if [ -n "${CAW_BOX_ANNOUNCE_END:-}" ] && [ "$rc" -eq 0 ] && [ -z "$s" ]; then
   printf '\036caw-box-ended %s\n' "$rc"
   # A container's last line can be lost when it exits at once (an attachment relays it
-  # after): a moment's stay, cut short by the driver's delete (SIGTERM).
-  sleep 1 & wait $!
+  # after): a moment's stay, until the driver answers the line (or deletes the pod).
+  read -r -t 1 _ || :
 fi
 exit "$rc""#;
 
