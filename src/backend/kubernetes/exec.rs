@@ -217,9 +217,19 @@ impl KubeBackend {
             // A terminal has one stream.
             None => Box::pin(futures_util::stream::empty()),
         };
-        let input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> = match process.stdin() {
-            Some(w) => Box::pin(w),
-            None => Box::pin(tokio::io::sink()),
+        // (A headless agent's end is announced after its stdin's last use, and answered.)
+        type Input = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
+        let (input, shared): (Input, Option<super::ends::Shared>) = match process.stdin() {
+            Some(w) if !tty => {
+                let w: Input = Box::pin(w);
+                let shared = std::sync::Arc::new(std::sync::Mutex::new(w));
+                (
+                    Box::pin(super::ends::KeepOpen(shared.clone())),
+                    Some(shared),
+                )
+            }
+            Some(w) => (Box::pin(w), None),
+            None => (Box::pin(tokio::io::sink()), None),
         };
         // The attachment lives as long as its output is read.
         let keep = futures_util::stream::once(async move {
@@ -227,7 +237,13 @@ impl KubeBackend {
             None
         })
         .filter_map(|x: Option<Result<OutputChunk>>| async move { x });
-        let output = futures_util::stream::select(chunks(stdout, OutputChunk::Stdout), stderr);
+        let stdout = chunks(stdout, OutputChunk::Stdout);
+        // A headless agent announces its end on stdout (a terminal's is not read so).
+        let stdout = match shared {
+            Some(stdin) => super::ends::watched(name, stdout, self.ends.clone(), stdin),
+            None => stdout,
+        };
+        let output = futures_util::stream::select(stdout, stderr);
         let output = futures_util::stream::select(output, keep);
         Ok(Attached {
             output: Box::pin(output),

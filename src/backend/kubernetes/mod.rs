@@ -80,6 +80,7 @@ use kube::api::{Api, ListParams};
 use crate::error::{Error, Result};
 
 pub mod doctor;
+mod ends;
 mod exec;
 mod meta;
 mod pods;
@@ -135,6 +136,8 @@ pub struct KubeBackend {
     origin: String,
     /// The terminal size senders of this process's TTY attachments, by pod name.
     terminals: std::sync::Arc<std::sync::Mutex<HashMap<String, Resizer>>>,
+    /// What the agents of this process's attachments said of their end.
+    ends: std::sync::Arc<ends::Ends>,
 }
 
 /// Sends a TTY attachment's new size (columns, rows); `false` once the attachment ended.
@@ -207,6 +210,7 @@ impl KubeBackend {
             namespace,
             origin,
             terminals: Default::default(),
+            ends: Default::default(),
         };
         let pods = backend.pods();
         let first = ListParams::default().limit(1);

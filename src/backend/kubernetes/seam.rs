@@ -48,6 +48,7 @@ impl Backend for KubeBackend {
         spec: &TurnSpec,
     ) -> std::result::Result<String, CreateError> {
         let mut pod_spec = turn_pod_spec(spec).map_err(CreateError::Other)?;
+        self.ends.forget(name);
         // A claim seeded once needs no seed-home init container (a container's whole
         // start, the largest step of a turn's pod start on a node).
         let state = match &spec.home.source {
@@ -208,6 +209,15 @@ impl Backend for KubeBackend {
     async fn wait_container(&self, name: &str) -> Result<i64> {
         let t0 = std::time::Instant::now();
         loop {
+            // The agent's own word through an attachment, else the pod's status.
+            let told = self.ends.told();
+            tokio::pin!(told);
+            told.as_mut().enable();
+            // (Only a 0 is trusted: the record taken, the turn not stopped.)
+            if let Some(0) = self.ends.take(name) {
+                super::timeline("the agent said it ended", t0);
+                return Ok(0);
+            }
             let pod = self
                 .pods()
                 .get_opt(name)
@@ -218,9 +228,13 @@ impl Backend for KubeBackend {
             };
             if let Progress::Ended(code) = pod_progress(&pod) {
                 super::timeline("wait for the pod's end", t0);
+                self.ends.forget(name);
                 return Ok(code);
             }
-            tokio::time::sleep(super::poll_after(t0)).await;
+            tokio::select! {
+                () = tokio::time::sleep(super::poll_after(t0)) => {}
+                () = told => {}
+            }
         }
     }
 

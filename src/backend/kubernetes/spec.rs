@@ -108,11 +108,10 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
     let proxy = held.then(|| proxy_container(spec, gid));
     // A TUI's runtime files are put in once the pod runs (a terminal's stdin is no way for
     // an archive): the image's entrypoint starts when they are there. Beside a broker, the
-    // entrypoint leaves the end marker when it ended.
-    let command = match (interactive, sidecars) {
-        (false, false) => None,
-        (true, _) => Some(tui_command(&spec.runtime.mount, sidecars)),
-        (false, true) => Some(marked_entry()),
+    // entrypoint leaves the end marker when it ended; a headless one announces its end.
+    let command = match interactive {
+        true => Some(tui_command(&spec.runtime.mount, sidecars)),
+        false => Some(marked_entry(sidecars, true)),
     };
     let mut containers = vec![Container {
         name: AGENT.into(),
@@ -162,16 +161,24 @@ const AGENT: &str = "agent";
 
 /// Runs its arguments (the image's entrypoint and the turn's argv) as bash's child (once the
 /// proxy sidecar listens, given `CAW_BOX_PROXY_WAIT`, its port), passing on its
-/// stdin and the stop signals, and leaves the pod's end marker once it ended, with its
-/// exit code: the broker beside it then exits, so the pod completes. (Bash starts a
-/// background child with SIGINT ignored: `env --default-signal` gives it back, so the
+/// stdin and the stop signals, and leaves the pod's end marker (given `CAW_BOX_POD_END`)
+/// once it ended, with its exit code: the broker beside it then exits, so the pod
+/// completes. Last (given `CAW_BOX_ANNOUNCE_END`: a headless turn's, not a terminal's),
+/// when it ended 0 (the entrypoint took the turn's record) and no stop signal came (a
+/// `caw-box stop`, a timeout, an eviction: the driver learns those from the pod's status,
+/// once the container is gone, and records the turn through the claim then), it announces
+/// the end on stdout ([`super::ends::ENDED`]) and stays until the driver answers it with a
+/// line on stdin (a second at most, for the line to be relayed): the driver has it from its
+/// attachment, before the pod's status says it. (Bash starts
+/// a background child with SIGINT ignored: `env --default-signal` gives it back, so the
 /// entrypoint can forward it.)
 pub(super) const MARKED_ENTRY: &str = r#"if [ -n "${CAW_BOX_PROXY_WAIT:-}" ]; then
   for _ in $(seq 100); do (: <"/dev/tcp/127.0.0.1/$CAW_BOX_PROXY_WAIT") 2>/dev/null && break; sleep 0.1; done
 fi
-trap 'kill -TERM "$p" 2>/dev/null' TERM
-trap 'kill -INT "$p" 2>/dev/null' INT
-trap 'kill -HUP "$p" 2>/dev/null' HUP
+s=
+trap 's=1; kill -TERM "$p" 2>/dev/null' TERM
+trap 's=1; kill -INT "$p" 2>/dev/null' INT
+trap 's=1; kill -HUP "$p" 2>/dev/null' HUP
 env --default-signal=INT,QUIT "$@" <&0 &
 p=$!
 rc=
@@ -182,22 +189,33 @@ until [ -n "$rc" ]; do
     if [ "$r2" -eq 127 ]; then rc=$r; else rc=$r2; fi
   fi
 done
-: > "$CAW_BOX_POD_END"
+[ -z "${CAW_BOX_POD_END:-}" ] || : > "$CAW_BOX_POD_END"
+if [ -n "${CAW_BOX_ANNOUNCE_END:-}" ] && [ "$rc" -eq 0 ] && [ -z "$s" ]; then
+  printf '\036caw-box-ended %s\n' "$rc"
+  # A container's last line can be lost when it exits at once (an attachment relays it
+  # after): a moment's stay, until the driver answers the line (or deletes the pod).
+  read -r -t 1 _ || :
+fi
 exit "$rc""#;
 
-/// The agent container's command beside a broker: tini, then [`MARKED_ENTRY`].
-pub(super) fn marked_entry() -> Vec<String> {
-    vec![
-        "/usr/bin/tini".into(),
-        "--".into(),
-        "env".into(),
-        format!("CAW_BOX_POD_END={POD_END_DIR}/{POD_END_FILE}"),
+/// The agent container's command: tini, then [`MARKED_ENTRY`]; with `marker`, the end
+/// marker is left (for sidecars), with `announce` the end announced (headless).
+pub(super) fn marked_entry(marker: bool, announce: bool) -> Vec<String> {
+    let mut command: Vec<String> = vec!["/usr/bin/tini".into(), "--".into(), "env".into()];
+    if marker {
+        command.push(format!("CAW_BOX_POD_END={POD_END_DIR}/{POD_END_FILE}"));
+    }
+    if announce {
+        command.push("CAW_BOX_ANNOUNCE_END=1".into());
+    }
+    command.extend([
         "bash".into(),
         "-c".into(),
         MARKED_ENTRY.into(),
         "caw-box-agent".into(),
         "/usr/local/bin/caw-box-entry".into(),
-    ]
+    ]);
+    command
 }
 
 /// The file in a TUI pod's runtime directory that says its runtime files are all there.
@@ -207,7 +225,7 @@ pub(super) const RUNTIME_READY: &str = ".caw-box-ready";
 /// entrypoint (tini, `caw-box-entry`) with the turn's argv.
 fn tui_command(run_dir: &str, brokered: bool) -> Vec<String> {
     let entry = if brokered {
-        marked_entry()
+        marked_entry(true, false)
             .iter()
             .map(|a| shell_quote(a))
             .collect::<Vec<_>>()

@@ -218,10 +218,15 @@ fn a_tui_pod_has_a_terminal_and_waits_for_its_runtime_files() {
     assert!(command.contains("/run/caw-box/.caw-box-ready"), "{command}");
     assert!(command.contains("exec /usr/bin/tini -- /usr/local/bin/caw-box-entry"));
     assert_eq!(c.args.as_deref(), Some(&tui.argv[..]));
-    // A headless turn keeps the image's entrypoint and no terminal.
+    // A headless turn has no terminal, and the image's entrypoint under the wrapper that
+    // announces its end; a TUI's does not (it would show on the terminal).
     let headless = turn_pod_spec(&turn()).unwrap();
     assert_eq!(headless.containers[0].tty, Some(false));
-    assert_eq!(headless.containers[0].command, None);
+    assert_eq!(
+        headless.containers[0].command.as_deref(),
+        Some(&marked_entry(false, true)[..])
+    );
+    assert!(!command.contains("CAW_BOX_ANNOUNCE_END"), "{command}");
 }
 
 #[test]
@@ -281,7 +286,10 @@ fn a_brokered_turn_pod_has_the_broker_beside_the_agent_and_no_key_in_its_spec() 
     let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["agent", "broker"]);
     let (agent, broker) = (&spec.containers[0], &spec.containers[1]);
-    assert_eq!(agent.command.as_deref(), Some(&marked_entry()[..]));
+    assert_eq!(
+        agent.command.as_deref(),
+        Some(&marked_entry(true, true)[..])
+    );
     assert_eq!(agent.args.as_deref(), Some(&t.argv[..]));
     assert_eq!(broker.stdin, Some(true));
     assert_eq!(broker.env, None);
@@ -301,10 +309,13 @@ fn a_brokered_turn_pod_has_the_broker_beside_the_agent_and_no_key_in_its_spec() 
         .any(|m| m.mount_path == POD_END_DIR && m.read_only != Some(true)));
     let json = serde_json::to_string(&spec).unwrap();
     assert!(!json.contains("sk-"), "{json}");
-    // Without a broker: the image's own entrypoint, one container.
+    // Without a broker: one container, the wrapper announcing its end without a marker.
     let plain = turn_pod_spec(&turn()).unwrap();
     assert_eq!(plain.containers.len(), 1);
-    assert_eq!(plain.containers[0].command, None);
+    assert_eq!(
+        plain.containers[0].command.as_deref(),
+        Some(&marked_entry(false, true)[..])
+    );
     // A TUI beside a broker waits for its files, then runs the same wrapper.
     t.interactive = Some(Some((80, 24)));
     let tui = turn_pod_spec(&t).unwrap();
@@ -314,7 +325,7 @@ fn a_brokered_turn_pod_has_the_broker_beside_the_agent_and_no_key_in_its_spec() 
 }
 
 /// The wrapper (run by the real bash here) passes on stdin, the entrypoint's exit code and a
-/// stop signal, and leaves the end marker in every case.
+/// stop signal, leaves the end marker in every case, and last announces the end.
 #[test]
 fn the_marked_entry_passes_stdin_exit_code_and_signals_and_leaves_the_marker() {
     use std::io::Write;
@@ -324,6 +335,7 @@ fn the_marked_entry_passes_stdin_exit_code_and_signals_and_leaves_the_marker() {
     let wrapped = |inner: &str| {
         let mut c = Command::new("bash");
         c.env("CAW_BOX_POD_END", &marker)
+            .env("CAW_BOX_ANNOUNCE_END", "1")
             .args(["-c", MARKED_ENTRY, "caw-box-agent", "bash", "-c", inner])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
@@ -335,11 +347,20 @@ fn the_marked_entry_passes_stdin_exit_code_and_signals_and_leaves_the_marker() {
     child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(7));
+    // Only a 0 is announced (the record taken): another end comes from the pod's status.
     assert_eq!(String::from_utf8_lossy(&out.stdout), "got hello\n");
     assert!(marker.exists());
     std::fs::remove_file(&marker).unwrap();
-    // SIGTERM to the wrapper reaches the entrypoint, whose own exit code counts.
-    let mut child = wrapped("trap 'exit 3' TERM; echo up; while :; do sleep 0.1; done")
+    let out = wrapped("echo done").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "done\n\x1ecaw-box-ended 0\n"
+    );
+    std::fs::remove_file(&marker).unwrap();
+    // SIGTERM to the wrapper reaches the entrypoint, whose own exit code counts; a stopped
+    // turn's end is not announced, even a 0 (the driver records it from the pod's status).
+    let mut child = wrapped("trap 'exit 0' TERM; echo up; while :; do sleep 0.1; done")
         .spawn()
         .unwrap();
     let mut first = [0u8; 3];
@@ -357,8 +378,11 @@ fn the_marked_entry_passes_stdin_exit_code_and_signals_and_leaves_the_marker() {
     if code.is_none() {
         let _ = child.kill();
     }
-    assert_eq!(code, Some(Some(3)), "the wrapper did not pass SIGTERM on");
+    assert_eq!(code, Some(Some(0)), "the wrapper did not pass SIGTERM on");
     assert!(marker.exists());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut rest).unwrap();
+    assert_eq!(rest, "", "a stopped turn's end was announced");
 }
 
 /// `--allow-host`: an init container (root, NET_ADMIN and NET_RAW alone, no escalation, no
