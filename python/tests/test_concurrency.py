@@ -95,7 +95,10 @@ def test_detached_turn_waited_for_by_name_from_another_process(rig):
 
 
 CTRL_C = """
-import json, caw_box
+import json, signal, caw_box
+# As in a terminal's Python: a test run started in the background (nohup, `cmd &`) hands its
+# children SIGINT ignored, and Python then leaves it so (no KeyboardInterrupt at all).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 session = caw_box.Agent.resume_session({handle!r}, env={env!r})
 print("sending", flush=True)
 try:
