@@ -819,6 +819,29 @@ pub fn run(mut cmd: Command) -> Output {
     wait_with_deadline(child, Duration::from_secs(300))
 }
 
+/// Two racing turns held at the stub's `hold`: waits until one of them has returned (the
+/// other cannot start after the held one ended; both running would return only once
+/// released), releases the hold, and gives both outputs.
+pub fn race_held(
+    rig: &Rig,
+    hold: &str,
+    mut a: std::process::Child,
+    mut b: std::process::Child,
+) -> [Output; 2] {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while a.try_wait().unwrap().is_none()
+        && b.try_wait().unwrap().is_none()
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    rig.stub_release(hold);
+    [
+        wait_with_deadline(a, Duration::from_secs(120)),
+        wait_with_deadline(b, Duration::from_secs(120)),
+    ]
+}
+
 pub fn wait_with_deadline(mut child: std::process::Child, limit: Duration) -> Output {
     let deadline = Instant::now() + limit;
     loop {

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bollard::models::VolumeCreateRequest;
 use serde_json::Value;
@@ -31,21 +31,7 @@ fn two_racing_resumes_exactly_one_runs() {
         c.stdout(Stdio::piped()).stderr(Stdio::piped());
         c.spawn().unwrap()
     };
-    let (mut a, mut b) = (spawn(), spawn());
-    // The turn that runs waits at the stub until one of the two has returned: the other
-    // cannot start after it ended. (Both running would return only once released.)
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while a.try_wait().unwrap().is_none()
-        && b.try_wait().unwrap().is_none()
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    rig.stub_release("race");
-    let outs = [
-        wait_with_deadline(a, Duration::from_secs(120)),
-        wait_with_deadline(b, Duration::from_secs(120)),
-    ];
+    let outs = race_held(&rig, "race", spawn(), spawn());
     let mut codes: Vec<i32> = outs.iter().map(|o| o.status.code().unwrap_or(-1)).collect();
     codes.sort();
     assert_eq!(

@@ -122,7 +122,6 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
 #[test]
 fn a_warm_session_keeps_its_lock_and_its_stop() {
     use std::process::Stdio;
-    use std::time::{Duration, Instant};
     let rig = Rig::new("warm-lock");
     let warm = ["--keep-warm", "60s"];
     let (code, first, stderr) =
@@ -140,19 +139,7 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
             .stderr(Stdio::piped());
         c.spawn().unwrap()
     };
-    let (mut a, mut b) = (spawn(), spawn());
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while a.try_wait().unwrap().is_none()
-        && b.try_wait().unwrap().is_none()
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    rig.stub_release("warm-race");
-    let outs = [
-        wait_with_deadline(a, Duration::from_secs(120)),
-        wait_with_deadline(b, Duration::from_secs(120)),
-    ];
+    let outs = race_held(&rig, "warm-race", spawn(), spawn());
     let mut codes: Vec<i32> = outs.iter().map(|o| o.status.code().unwrap_or(-1)).collect();
     codes.sort();
     let stderrs: Vec<String> = outs.iter().map(stderr_of).collect();
