@@ -301,6 +301,7 @@ async fn write_turn_summary(backend: &impl Backend, record: &SessionRecord) -> R
         owner: record.owner,
         interactive: last.interactive,
         home_unlike_image: record.home_unlike_image,
+        keep_warm_secs: record.settings.keep_warm_secs,
     };
     let id = record.session_id;
     let fresh = super::names::turn_record_volume(id, last.turn);

@@ -187,6 +187,10 @@ pub struct TurnSummary {
     /// [`SessionRecord::home_unlike_image`] after the turn.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub home_unlike_image: bool,
+    /// The turn's `--keep-warm` (0: off), which the session's next turns keep unless they
+    /// say otherwise: the state volume's labels hold only the settings it started with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_warm_secs: Option<u64>,
 }
 
 impl TurnSummary {

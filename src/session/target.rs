@@ -103,6 +103,9 @@ impl SessionView {
             record.key_confirmed = last.key_confirmed;
             record.owner = last.owner;
             record.home_unlike_image = last.home_unlike_image;
+            if last.keep_warm_secs.is_some() {
+                record.settings.keep_warm_secs = last.keep_warm_secs;
+            }
             record.turns.push(TurnRecord {
                 turn: last.turn,
                 prompt: String::new(),
@@ -232,6 +235,7 @@ pub async fn resolve_view(backend: &impl Backend, target: &str) -> Result<Sessio
             owner: None,
             interactive: false,
             home_unlike_image: false,
+            keep_warm_secs: None,
         });
         l.resume_key = handle.resume_key.clone();
         l.key_confirmed = true;

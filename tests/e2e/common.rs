@@ -408,6 +408,30 @@ impl Rig {
         self.stub_control().wait_held(name, 1, HELD_WITHIN);
     }
 
+    /// How often the container `id` was renamed since `since` (a warm turn claims its
+    /// container by a rename and releases it by another), from the daemon's events.
+    pub fn renames_since(&self, id: &str, since: std::time::SystemTime) -> usize {
+        let at = |t: std::time::SystemTime| {
+            let d = t.duration_since(std::time::UNIX_EPOCH).unwrap();
+            format!("{}.{:09}", d.as_secs(), d.subsec_nanos())
+        };
+        let options = bollard::query_parameters::EventsOptionsBuilder::new()
+            .since(&at(since))
+            .until(&at(std::time::SystemTime::now()))
+            .filters(&HashMap::from([
+                ("container", vec![id]),
+                ("event", vec!["rename"]),
+            ]))
+            .build();
+        self.rt.block_on(async {
+            self.docker
+                .events(Some(options))
+                .filter(|e| std::future::ready(e.is_ok()))
+                .count()
+                .await
+        })
+    }
+
     /// Containers of this test that caw-box made (turns, probes).
     pub fn caw_containers(&self) -> Vec<String> {
         self.rt.block_on(async {

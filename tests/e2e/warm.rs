@@ -7,8 +7,9 @@ use serde_json::Value;
 /// The placeholder keys' distinctive part (broker.rs).
 const PLACEHOLDER: &str = "cawbox-placeholder";
 
-/// Three warm codex turns: the second and third in the first one's container, recalling;
-/// idle between them it holds no key, no placeholder, no CLI process and no runtime file;
+/// A codex session made warm by its second turn: the third runs in the second one's
+/// container without the flag, recalling; idle it holds no key, no placeholder, no CLI
+/// process and no runtime file;
 /// a turn with another memory limit starts a new one (the old one goes); left idle, it ends
 /// itself, and the next turn is cold and recalls.
 #[test]
@@ -24,9 +25,14 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
         json
     };
     check("first turn");
-    let first = turn(rig.run_cmd(p, "Please REMEMBER:quince-31 for later.", &warm));
+    // Cold, as the session starts without --keep-warm: the second turn turns it on, and the
+    // third keeps it without the flag (a turn's --keep-warm is remembered).
+    let first = turn(rig.run_cmd(p, "Please REMEMBER:quince-31 for later.", &[]));
     let id = first["session_id"].as_str().unwrap().to_string();
     let idle = format!("caw-box-{id}-warm");
+    assert!(rig.caw_containers().is_empty(), "a cold turn left a container");
+    let second = turn(rig.resume_cmd(p, &id, "RUN:echo warm-tool-7", &warm));
+    assert_eq!(second["turn"], 2);
     let container = rig.exec_inspect_id(&idle);
     assert!(!container.is_empty(), "no warm container after the turn");
 
@@ -62,15 +68,9 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
     let run_dir = rig.exec(&idle, &["ls", "-A", "/run/caw-box"]);
     assert_eq!(run_dir.trim(), "", "runtime files while idle");
 
-    check("warm turns");
-    let second = turn(rig.resume_cmd(p, &id, "RUN:echo warm-tool-7", &warm));
-    assert_eq!(second["turn"], 2);
-    assert_eq!(
-        rig.exec_inspect_id(&idle),
-        container,
-        "turn 2 ran elsewhere"
-    );
-    let third = turn(rig.resume_cmd(p, &id, "RECALL", &warm));
+    check("a warm turn");
+    let before = std::time::SystemTime::now();
+    let third = turn(rig.resume_cmd(p, &id, "RECALL", &[]));
     assert!(
         third["result"].as_str().unwrap().contains("quince-31"),
         "no recall in the warm container: {third}"
@@ -79,6 +79,12 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
         rig.exec_inspect_id(&idle),
         container,
         "turn 3 ran elsewhere"
+    );
+    // Claimed (renamed to the turn's name) and released (renamed back): it ran there.
+    assert_eq!(
+        rig.renames_since(&container, before),
+        2,
+        "turn 3 did not run in the warm container"
     );
 
     check("settings change");
@@ -132,6 +138,7 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
     let container = rig.exec_inspect_id(&idle);
 
     check("racing resumes");
+    let before = std::time::SystemTime::now();
     let spawn = || {
         let mut c = rig.resume_cmd(CODEX, &id, "HOLD:warm-race RECALL", &[]);
         c.args(["-o", "json"])
@@ -150,6 +157,11 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
         rig.exec_inspect_id(&idle),
         container,
         "the race's turn ran elsewhere"
+    );
+    assert_eq!(
+        rig.renames_since(&container, before),
+        2,
+        "the race's turn did not run in the warm container"
     );
 
     check("stop of a detached warm turn");
