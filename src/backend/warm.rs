@@ -38,10 +38,57 @@ while :; do
   sleep 1 & wait $!
 done"#;
 
+/// The exit code of a warm turn's command when the turn's entrypoint ended 0 (the turn is
+/// recorded) but the container was not made idle, because the driver still reads the
+/// turn's runtime directory (a stop request, refreshed credentials): the driver then does
+/// it ([`release_argv`]). An entrypoint that ends 0 otherwise leaves it idle: exit 0.
+pub const RECORDED_NOT_RELEASED: i64 = 86;
+
+/// `release`: makes the container idle after a recorded turn: nothing of the turn stays:
+/// no process (what the CLI left running), no runtime file (`$1`: the runtime directory),
+/// no temporary file. Skips the container's init, the entrypoint and the loop (with its
+/// sleep), and the calling shell. Its patterns need `shopt -s extglob` before it is read.
+macro_rules! release_fn {
+    () => {
+        r#"release() {
+  local run=$1 loop entry d p s
+  { read -r loop entry <"$W/loop.pid"; } 2>/dev/null || return 1
+  rm -f "$W/turn.pid"
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    case $p in 1|$$|$loop|$entry) continue ;; esac
+    { read -r s <"$d/stat"; } 2>/dev/null || continue
+    s=${s##*) }; set -- $s
+    case $2 in $loop|$$) continue ;; esac
+    kill -KILL "$p" 2>/dev/null
+  done
+  local f=("$run"/* /tmp/!(.caw-box-warm))
+  [ ${#f[@]} -eq 0 ] || rm -rf -- "${f[@]}" 2>/dev/null
+  return 0
+}
+"#
+    };
+}
+
 /// A turn in a warm container (`bash -c TURN turn N PID ENTRYPOINT ARGV...`: turn N of the
-/// driver PID, which a process that looks at the container reads back, `turn_of`): notes
-/// its process for the loop, then becomes the entrypoint.
-const TURN: &str = r#"echo $$ >/tmp/.caw-box-warm/turn.pid && shift 2 && exec "$@""#;
+/// driver PID, which a process that looks at the container reads back, `turn_of`): runs
+/// the entrypoint as a child that notes its own pid for the loop (and for a stop, which
+/// signals it); once it ended 0 (recorded), makes the container idle at once when the
+/// driver reads nothing more of the runtime directory (`$CAW_BOX_RUN_DIR`), so that no
+/// second exec is on the turn's path; else exits [`RECORDED_NOT_RELEASED`].
+const TURN: &str = concat!(
+    "W=${CAW_BOX_WARM_DIR:-/tmp/.caw-box-warm}; shift 2\n",
+    "shopt -s nullglob dotglob extglob\n",
+    release_fn!(),
+    r#"bash -c 'echo $$ >"$0" && exec "$@"' "$W/turn.pid" "$@"
+rc=$?
+[ "$rc" -eq 0 ] || exit "$rc"
+run=${CAW_BOX_RUN_DIR:-/run/caw-box}
+if [ ! -e "$run/stop-requested" ] && [ -z "$(ls -A "$run/auth/home-out" 2>/dev/null)" ]; then
+  release "$run" && exit 0
+fi
+exit 86"#
+);
 
 /// Stops the running turn (`bash -c STOP stop GRACE`): SIGTERM to the entrypoint, which
 /// stops the CLI and takes the credentials out of HOME, SIGKILL after GRACE seconds.
@@ -51,25 +98,16 @@ kill -TERM "$p" 2>/dev/null || exit 0
 n=0; while kill -0 "$p" 2>/dev/null && [ $n -lt $(($1 * 10)) ]; do sleep 0.1; n=$((n+1)); done
 kill -KILL "$p" 2>/dev/null; exit 0"#;
 
-/// Makes the container idle after a recorded turn (`bash -c RELEASE release RUN_DIR`):
-/// nothing of the turn stays: no process (what the CLI left running), no runtime file, no
-/// temporary file. Exits 0 once it is so.
-const RELEASE: &str = r#"W=/tmp/.caw-box-warm; run=$1
-{ read -r loop entry <"$W/loop.pid"; } 2>/dev/null || exit 1
-rm -f "$W/turn.pid"
-for d in /proc/[0-9]*; do
-  p=${d#/proc/}
-  # The container's init, the entrypoint, the loop and its sleep stay; so does this.
-  case $p in 1|$$|$loop|$entry) continue ;; esac
-  { read -r s <"$d/stat"; } 2>/dev/null || continue
-  s=${s##*) }; set -- $s
-  case $2 in $loop|$$) continue ;; esac
-  kill -KILL "$p" 2>/dev/null
-done
-shopt -s nullglob dotglob extglob
-f=("$run"/* /tmp/!(.caw-box-warm))
-[ ${#f[@]} -eq 0 ] || rm -rf -- "${f[@]}" 2>/dev/null
-exit 0"#;
+/// Makes the container idle after a recorded turn (`bash -c RELEASE release RUN_DIR`)
+/// where its turn's command did not ([`RECORDED_NOT_RELEASED`], or the turn was killed).
+/// Exits 0 once it is so.
+const RELEASE: &str = concat!(
+    "W=/tmp/.caw-box-warm\n",
+    "shopt -s nullglob dotglob extglob\n",
+    release_fn!(),
+    r#"release "$1" && exit 0
+exit 1"#
+);
 
 /// The warm container's command: the idle loop for `secs` seconds.
 pub fn idle_argv(secs: u64) -> Vec<String> {
@@ -141,8 +179,9 @@ pub struct WarmExec {
 mod tests {
     use super::*;
 
-    /// The scripts are valid bash (RELEASE's patterns need extglob, which it sets on a line
-    /// before them), and the turn wrapper passes its arguments on unchanged.
+    /// The scripts are valid bash (the release's patterns need extglob, which they set on a
+    /// line before them: `-n` does not run it), and the turn wrapper notes the turn's pid,
+    /// passes its arguments on unchanged and ends with its exit code.
     #[test]
     fn the_scripts_parse_and_the_turn_runs_its_arguments() {
         for script in [IDLE, TURN, STOP, RELEASE] {
@@ -156,13 +195,27 @@ mod tests {
         assert_eq!(&argv[6..], ["/entry", "codex", "a b"]);
         assert_eq!(turn_of(&argv[1..]), Some((3, 77)));
         assert_eq!(turn_of(&idle_argv(5)[1..]), None);
-        let out = std::process::Command::new(&argv[0])
-            .args(&argv[1..4])
-            .args(["3", "77", "echo", "ran"])
-            .env("HOME", "/nonexistent")
-            .output()
-            .unwrap();
-        // (No loop's directory here: the note fails and nothing runs.)
-        assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
+        let turn = |warm_dir: &std::path::Path| {
+            // A command that fails: no release is tried (it would need the loop's note,
+            // which is not here either).
+            std::process::Command::new(&argv[0])
+                .args(&argv[1..4])
+                .args(["3", "77", "bash", "-c", "echo ran $1; exit 3", "x", "a b"])
+                .env("CAW_BOX_WARM_DIR", warm_dir)
+                .output()
+                .unwrap()
+        };
+        // No loop's directory: the note fails and nothing runs.
+        let out = turn(std::path::Path::new("/nonexistent"));
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("ran"),
+            "{out:?}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let out = turn(dir.path());
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "ran a b\n", "{out:?}");
+        assert_eq!(out.status.code(), Some(3), "{out:?}");
+        let pid = std::fs::read_to_string(dir.path().join("turn.pid")).unwrap();
+        assert!(pid.trim().parse::<u32>().is_ok(), "{pid}");
     }
 }

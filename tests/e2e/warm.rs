@@ -30,7 +30,10 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
     let first = turn(rig.run_cmd(p, "Please REMEMBER:quince-31 for later.", &[]));
     let id = first["session_id"].as_str().unwrap().to_string();
     let idle = format!("caw-box-{id}-warm");
-    assert!(rig.caw_containers().is_empty(), "a cold turn left a container");
+    assert!(
+        rig.caw_containers().is_empty(),
+        "a cold turn left a container"
+    );
     let second = turn(rig.resume_cmd(p, &id, "RUN:echo warm-tool-7", &warm));
     assert_eq!(second["turn"], 2);
     let container = rig.exec_inspect_id(&idle);

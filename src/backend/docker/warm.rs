@@ -14,7 +14,7 @@ use bollard::query_parameters::RenameContainerOptions;
 use futures_util::StreamExt;
 
 use super::{failed, is_not_found, DockerBackend};
-use crate::backend::warm::{release_argv, stop_argv, WarmExec, WARM_LABEL};
+use crate::backend::warm::{release_argv, stop_argv, WarmExec, RECORDED_NOT_RELEASED, WARM_LABEL};
 use crate::backend::{Attached, ContainerInfo};
 use crate::error::{Error, Result};
 
@@ -24,6 +24,8 @@ pub(super) struct WarmTurn {
     exec: WarmExec,
     /// Set once the exec is made (at the attach).
     id: Option<String>,
+    /// Whether the turn's command made the container idle itself.
+    released: bool,
 }
 
 /// The name of turn `name`'s container while it is idle.
@@ -46,10 +48,14 @@ impl DockerBackend {
     }
 
     pub(super) fn exec_in_warm(&self, name: &str, exec: WarmExec) {
-        self.warm
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(name.to_string(), WarmTurn { exec, id: None });
+        self.warm.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            name.to_string(),
+            WarmTurn {
+                exec,
+                id: None,
+                released: false,
+            },
+        );
     }
 
     /// Renames the idle warm container of turn `name` to `name`: it is the turn's then.
@@ -165,15 +171,36 @@ impl DockerBackend {
         }
     }
 
-    /// Waits for the warm turn `name`'s exec to end: its exit code.
+    /// Waits for the warm turn `name`'s exec to end: its exit code. Docker's API has no
+    /// wait for an exec: its state is polled, quickly at first (a driver waits once the
+    /// CLI ended: the turn's command ends within moments).
     pub(super) async fn warm_wait(&self, name: &str) -> Result<i64> {
         let Some(id) = self.warm_turn(name).and_then(|t| t.id) else {
             return Ok(-1);
         };
+        let started = std::time::Instant::now();
         loop {
             match self.docker.inspect_exec(&id).await {
-                Ok(e) if e.running != Some(true) => return Ok(e.exit_code.unwrap_or(-1)),
-                Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Ok(e) if e.running != Some(true) => {
+                    let code = e.exit_code.unwrap_or(-1);
+                    if let Some(t) = self
+                        .warm
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_mut(name)
+                    {
+                        t.released = code == 0;
+                    }
+                    return Ok(if code == RECORDED_NOT_RELEASED {
+                        0
+                    } else {
+                        code
+                    });
+                }
+                Ok(_) => {
+                    let fast = started.elapsed() < Duration::from_secs(2);
+                    tokio::time::sleep(Duration::from_millis(if fast { 5 } else { 100 })).await
+                }
                 // The container is gone, and the turn with it.
                 Err(e) if is_not_found(&e) => return Ok(-1),
                 Err(e) => return Err(failed(format_args!("wait for the turn in '{name}'"), &e)),
@@ -239,10 +266,13 @@ impl DockerBackend {
         let Some(turn) = turn else {
             return Ok(());
         };
-        let released = match self
-            .exec_to_end(name, release_argv(&turn.exec.run_dir))
-            .await
-        {
+        let idle = if turn.released {
+            Ok(0)
+        } else {
+            self.exec_to_end(name, release_argv(&turn.exec.run_dir))
+                .await
+        };
+        let released = match idle {
             Ok(0) => self
                 .docker
                 .rename_container(
