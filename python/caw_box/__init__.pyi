@@ -102,6 +102,7 @@ class Agent:
         name: Optional[str] = ...,
         group: Optional[str] = ...,
         image: Optional[str] = ...,
+        keep_warm: Union[Seconds, bool, None] = ...,
     ) -> None: ...
     def start_session(self) -> Session: ...
     # On the class: `Agent.resume_session(handle, env=..., credentials=..., timeout=...)`;

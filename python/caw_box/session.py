@@ -109,12 +109,14 @@ class Agent:
     are `caw-box run`'s flags (`None` leaves a setting to the `CAW_BOX_*` variables and the
     config files, as on the command line). `env` (a dict, or names of host variables) goes
     with every turn and is never remembered; `timeout` is seconds or a duration such as
-    "30m". `backend` and `namespace` are the process's connection."""
+    "30m"; `keep_warm` (seconds or a duration, `False`: off) keeps a session's container
+    idle after each turn for its next one (`--keep-warm`). `backend` and `namespace` are
+    the process's connection."""
 
     def __init__(self, provider: Optional[str] = None, *, model=None, endpoint=None, network=None, env=None,
                  workspace=None, workspace_mode=None, system_prompt=None, append_system_prompt=None, effort=None,
                  tools=None, mcp=None, allow_host=None, timeout=None, credentials=None, backend=None,
-                 namespace=None, name=None, group=None, image=None):
+                 namespace=None, name=None, group=None, image=None, keep_warm=None):
         self.provider = provider
         self.backend = backend
         self.namespace = namespace
@@ -124,6 +126,9 @@ class Agent:
             self._turn_flags.append(f"--credentials={credentials}")
         if timeout is not None:
             self._turn_flags.append(f"--timeout={_duration(timeout)}")
+        if keep_warm is not None:
+            warm = "off" if keep_warm is False else _duration(keep_warm)
+            self._turn_flags.append(f"--keep-warm={warm}")
         flags = [] if provider is None else [f"--provider={provider}"]
         for flag, value in (("model", model), ("endpoint", endpoint), ("network", network),
                             ("workspace", workspace), ("workspace-mode", workspace_mode),

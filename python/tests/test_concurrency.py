@@ -1,7 +1,7 @@
 """Turns side by side and in the background: four sessions from one asyncio loop, a turn
 detached from Python (driven by the wheel's own caw-box binary) waited for from a second
-process by name, and Ctrl-C during `send`. Codex against the stub; holds (`HOLD:`) rather
-than sleeps decide when a turn may end."""
+process by name, Ctrl-C during `send`, and a warm session's turns (`keep_warm`). Codex
+against the stub; holds (`HOLD:`) rather than sleeps decide when a turn may end."""
 
 import asyncio
 import json
@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import caw_box
 
@@ -149,3 +150,19 @@ def test_auth_collect_and_status_are_values(rig, tmp_path):
     assert out["got"]["stored_in"].startswith(str(tmp_path))
     # Values about the secret, never the secret.
     assert TEST_KEY not in json.dumps(out)
+
+
+def test_keep_warm_runs_the_next_send_in_the_same_container(rig):
+    session = caw_box.Agent("codex", keep_warm=60, **rig.agent_kwargs("codex")).start_session()
+    assert session.send("REMEMBER:py-warm-3").status == "success"
+    warm = f"caw-box-{session.id}-warm"
+    container = docker("inspect", "-f", "{{.Id}}", warm)
+    since = f"{time.time():.3f}"
+    turn = session.send("RECALL")
+    assert "py-warm-3" in turn.result, turn.result
+    # The turn claimed the idle container (a rename to the session's lock name) and gave
+    # it back (renamed again): it ran there.
+    renames = docker("events", "--since", since, "--until", f"{time.time():.3f}", "--filter",
+                     f"container={container}", "--filter", "event=rename", "--format", "{{.Action}}")
+    assert len(renames.split()) == 2, renames
+    assert docker("inspect", "-f", "{{.Id}}", warm) == container

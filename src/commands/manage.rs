@@ -16,7 +16,7 @@ use crate::event::Status;
 use crate::output;
 use crate::provider::ParseContext;
 use crate::session::handle::ResumeHandle;
-use crate::session::lifecycle;
+use crate::session::lifecycle::{self, WarmIdle};
 use crate::session::names;
 use crate::session::record::{labels, now_secs, SessionRecord};
 use crate::session::target::{self, SessionView};
@@ -45,6 +45,10 @@ struct Row {
     /// ... and the sessions that took over from this one.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     fallback_to: Vec<String>,
+    /// `--keep-warm`: until when (unix seconds) the session's idle container stays for its
+    /// next turn; absent when it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warm_until: Option<u64>,
 }
 
 /// The sessions that took over from `id` after a usage limit (`--on-limit fallback`).
@@ -69,7 +73,7 @@ fn sum_groups(rows: &mut [Row]) {
     }
 }
 
-fn row(view: &SessionView, running: Option<u32>) -> Row {
+fn row(view: &SessionView, running: Option<u32>, warm: Option<&WarmIdle>) -> Row {
     let f = &view.facts;
     let (turns, status) = match (running, &view.last) {
         (Some(turn), _) => (turn, Status::Running.to_string()),
@@ -99,6 +103,17 @@ fn row(view: &SessionView, running: Option<u32>) -> Row {
         group_cost_usd: None,
         fallback_of: f.settings.fallback_of.map(|id| id.to_string()),
         fallback_to: Vec::new(),
+        warm_until: warm.map(|w| w.until(view.last_activity())),
+    }
+}
+
+/// "warm 4m": how long an idle warm container has left, until `until`.
+fn warm_left(until: u64) -> String {
+    let d = until.saturating_sub(now_secs());
+    match d {
+        0..=59 => format!("warm {d}s"),
+        60..=3599 => format!("warm {}m", d / 60),
+        _ => format!("warm {}h", d / 3600),
     }
 }
 
@@ -135,7 +150,10 @@ pub async fn ls(json: bool, all: bool, group: Option<String>) -> Result<i32> {
             r.name.clone().unwrap_or_else(|| "-".into()),
             r.provider.clone(),
             r.turns.to_string(),
-            r.status.clone(),
+            match r.warm_until {
+                Some(until) => format!("{}, {}", r.status, warm_left(until)),
+                None => r.status.clone(),
+            },
             ago(r.last_activity),
             r.group.clone().unwrap_or_else(|| "-".into()),
         ]);
@@ -152,15 +170,20 @@ pub(crate) async fn ls_rows(all: bool, group: Option<String>) -> Result<serde_js
 /// The rows of `ls`, newest activity first.
 async fn rows(all: bool, group: Option<String>) -> Result<Vec<Row>> {
     let backend = crate::backend::connect().await?;
-    let (views, running) = tokio::try_join!(
+    let (views, containers) = tokio::try_join!(
         target::list_sessions(&backend),
-        lifecycle::running_turns(&backend)
+        lifecycle::turn_containers(&backend)
     )?;
     let mut rows: Vec<Row> = views
         .iter()
         .filter(|v| group.is_none() || v.facts.group == group)
         .map(|v| {
-            let mut r = row(v, running.get(&v.facts.session_id).copied());
+            let id = v.facts.session_id;
+            let mut r = row(
+                v,
+                containers.running.get(&id).copied(),
+                containers.warm.get(&id),
+            );
             r.fallback_to = fallbacks_of(&views, v.facts.session_id);
             r
         })
@@ -209,6 +232,7 @@ fn removed_but_cached(views: &[SessionView], group: Option<&str>) -> Vec<Row> {
             group_cost_usd: None,
             fallback_of: r.settings.fallback_of.map(|id| id.to_string()),
             fallback_to: Vec::new(),
+            warm_until: None,
         })
         .collect()
 }
@@ -216,10 +240,12 @@ fn removed_but_cached(views: &[SessionView], group: Option<&str>) -> Vec<Row> {
 pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     let backend = crate::backend::connect().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
-    let running = backend
-        .inspect_container(&names::turn_container(view.facts.session_id))
-        .await?
-        .is_some_and(|c| c.running());
+    let containers = lifecycle::turn_containers(&backend).await?;
+    let running = containers.running.contains_key(&view.facts.session_id);
+    let warm_until = containers
+        .warm
+        .get(&view.facts.session_id)
+        .map(|w| w.until(view.last_activity()));
     let record = target::read_record(&backend, &view.facts)
         .await?
         .unwrap_or_else(|| view.record());
@@ -254,6 +280,9 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
             /// without `unprotect`.
             #[serde(skip_serializing_if = "Vec::is_empty")]
             protected_paths: Vec<String>,
+            /// `--keep-warm`: until when (unix seconds) its idle container stays.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            warm_until: Option<u64>,
             #[serde(flatten)]
             record: &'a SessionRecord,
         }
@@ -263,6 +292,7 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
             total_cost_usd: record.total_cost_usd(),
             fallback_of: record.settings.fallback_of.map(|id| id.to_string()),
             fallback_to: fallback_to.clone(),
+            warm_until,
             record: &record,
         });
         return Ok(0);
@@ -279,6 +309,14 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
         output::println(&format!("group      {group}"));
     }
     output::println(&format!("created    {}", ago(record.created_at)));
+    if let Some(until) = warm_until {
+        let at = std::time::UNIX_EPOCH + Duration::from_secs(until);
+        output::println(&format!(
+            "warm       its container waits for the next turn until {} ({} left)",
+            humantime::format_rfc3339_seconds(at),
+            &warm_left(until)["warm ".len()..]
+        ));
+    }
     output::println(&format!("image      {}", s.image));
     if let Some(ws) = &s.workspace {
         output::println(&format!("workspace  {ws}"));

@@ -1,5 +1,5 @@
 //! Lifecycle operations on existing sessions, from any process that reaches the same
-//! backend: which sessions run a turn right now, stopping a running turn, waiting for one
+//! backend: which sessions run a turn right now (and which are idle and warm), stopping a running turn, waiting for one
 //! to be recorded (finishing an adoptable one whose driver is gone), and removing a session
 //! with everything it left there.
 //!
@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use super::runtime::STOP_REQUEST;
 use super::turn::{handle_of, STOP_GRACE};
+use crate::backend::warm::WARM_FOR_LABEL;
 use crate::backend::Backend;
 use crate::dirs;
 use crate::error::{Error, Result};
@@ -25,29 +26,65 @@ use crate::session::target::{self, VolumeFacts};
 
 /// The running turn of every session that has one: session id -> turn number. One call.
 pub async fn running_turns(backend: &impl Backend) -> Result<HashMap<Uuid, u32>> {
+    Ok(turn_containers(backend).await?.running)
+}
+
+/// The sessions' turn containers: which run a turn, which are idle and warm.
+#[derive(Debug, Default)]
+pub struct TurnContainers {
+    /// Session id -> the turn it runs.
+    pub running: HashMap<Uuid, u32>,
+    /// Session id -> its idle warm container (`--keep-warm`).
+    pub warm: HashMap<Uuid, WarmIdle>,
+}
+
+/// An idle warm container: when it was made, and for how long it stays idle after a turn.
+#[derive(Debug, Clone, Copy)]
+pub struct WarmIdle {
+    pub created: u64,
+    pub for_secs: u64,
+}
+
+impl WarmIdle {
+    /// Until when (unix seconds) it stays, its session's last activity being `last`: its
+    /// idle loop counts from the end of its latest turn (or its start).
+    pub fn until(&self, last: u64) -> u64 {
+        self.created.max(last) + self.for_secs
+    }
+}
+
+/// [`TurnContainers`], from one listing.
+pub async fn turn_containers(backend: &impl Backend) -> Result<TurnContainers> {
     let containers = backend
         .list_containers(&[
             format!("{}=true", labels::MANAGED),
             format!("{}={}", labels::ROLE, roles::TURN),
         ])
         .await?;
-    Ok(containers
-        .into_iter()
-        .filter(|c| c.running())
-        .filter_map(|c| {
-            let l = c.labels;
-            let id = Uuid::parse_str(l.get(labels::SESSION)?).ok()?;
-            // (An idle warm container has a name of its own: no turn runs in it.)
-            if c.name != names::turn_container(id) {
-                return None;
+    let mut out = TurnContainers::default();
+    for c in containers.into_iter().filter(|c| c.running()) {
+        let l = &c.labels;
+        let Some(id) = l.get(labels::SESSION).and_then(|s| Uuid::parse_str(s).ok()) else {
+            continue;
+        };
+        // An idle warm container has a name of its own: no turn runs in it.
+        if c.name != names::turn_container(id) {
+            if let Some(for_secs) = c.label(WARM_FOR_LABEL).and_then(|s| s.parse().ok()) {
+                let created = c
+                    .created
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_secs());
+                out.warm.insert(id, WarmIdle { created, for_secs });
             }
-            let turn = l
-                .get(labels::TURN)
-                .and_then(|t| t.parse().ok())
-                .unwrap_or(0);
-            Some((id, turn))
-        })
-        .collect())
+            continue;
+        }
+        let turn = l
+            .get(labels::TURN)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0);
+        out.running.insert(id, turn);
+    }
+    Ok(out)
 }
 
 /// The refusal to remove session `id` while it runs `turn` (without `force`).

@@ -71,7 +71,8 @@ pub(super) async fn take_or_make<F>(
 where
     F: std::future::Future<Output = Result<()>>,
 {
-    let fp = fingerprint(spec);
+    // How long it stays idle is its loop's: another duration needs another container.
+    let fp = format!("{}-{secs}", fingerprint(spec));
     let exec = WarmExec {
         argv: turn_argv(
             spec.labels

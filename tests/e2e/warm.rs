@@ -71,6 +71,26 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
     let run_dir = rig.exec(&idle, &["ls", "-A", "/run/caw-box"]);
     assert_eq!(run_dir.trim(), "", "runtime files while idle");
 
+    check("ls and show say it is warm");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut ls = rig.caw();
+    ls.args(["ls", "--json"]);
+    let rows: Value = serde_json::from_str(&stdout_of(&run(ls))).unwrap();
+    let until = rows[0]["warm_until"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{rows}"));
+    assert!(
+        until.abs_diff(now + 60) <= 5,
+        "warm until {until}, now {now}"
+    );
+    let mut show = rig.caw();
+    show.args(["show", &id]);
+    let shown = stdout_of(&run(show));
+    assert!(shown.contains("waits for the next turn until"), "{shown}");
+
     check("a warm turn");
     let before = std::time::SystemTime::now();
     let third = turn(rig.resume_cmd(p, &id, "RECALL", &[]));
@@ -122,6 +142,10 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
         rig.caw_containers().is_empty(),
         "a turn with --keep-warm off kept its container"
     );
+    let mut ls = rig.caw();
+    ls.args(["ls", "--json"]);
+    let rows: Value = serde_json::from_str(&stdout_of(&run(ls))).unwrap();
+    assert!(rows[0].get("warm_until").is_none(), "{rows}");
 }
 
 /// On a warm session: of two racing resumes one runs (in the warm container) and one exits
