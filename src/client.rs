@@ -451,6 +451,13 @@ impl Session {
         runner::handle_of(&self.record)
     }
 
+    /// Makes the session's warm container ahead of its next turn (`caw-box warm`), idle for
+    /// `for_secs` after each turn (else the session's `--keep-warm`): `false` when one was
+    /// warm already. An error where its next turn would run cold anyway.
+    pub async fn warm(&mut self, for_secs: Option<u64>) -> Result<bool> {
+        runner::warm_ahead(&self.backend, &mut self.record, for_secs).await
+    }
+
     /// Runs one turn; `on_event` sees each unified event as it happens.
     pub async fn send(
         &mut self,

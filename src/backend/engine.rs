@@ -259,6 +259,12 @@ impl Backend for Engine {
     async fn turn_in_warm(&self, name: &str) -> Result<Option<(u32, u32)>> {
         dispatch!(self, b => Backend::turn_in_warm(b, name).await)
     }
+    async fn warm_idle_for(&self, name: &str) -> Result<Option<u64>> {
+        dispatch!(self, b => Backend::warm_idle_for(b, name).await)
+    }
+    async fn idle_warm(&self, name: &str) -> Result<()> {
+        dispatch!(self, b => Backend::idle_warm(b, name).await)
+    }
     async fn remove_warm(&self, name: &str) -> Result<bool> {
         dispatch!(self, b => Backend::remove_warm(b, name).await)
     }

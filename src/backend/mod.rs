@@ -236,6 +236,21 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn turn_in_warm(&self, _name: &str) -> impl Future<Output = Result<Option<(u32, u32)>>> + Send {
         async { Ok(None) }
     }
+    /// How long (seconds) the session's idle warm container for turn `name` stays idle
+    /// after a turn; `None`: there is none.
+    fn warm_idle_for(&self, _name: &str) -> impl Future<Output = Result<Option<u64>>> + Send {
+        async { Ok(None) }
+    }
+    /// Gives the warm container `name`, made and started for no turn (`caw-box warm`),
+    /// back as the session's idle one (the session's lock is free again).
+    fn idle_warm(&self, name: &str) -> impl Future<Output = Result<()>> + Send {
+        let name = name.to_string();
+        async move {
+            Err(crate::error::Error::environment(format!(
+                "this backend keeps no container warm ('{name}')"
+            )))
+        }
+    }
     /// Removes the session's idle warm container for turn `name`: whether there was one.
     fn remove_warm(&self, _name: &str) -> impl Future<Output = Result<bool>> + Send {
         async { Ok(false) }

@@ -143,6 +143,7 @@ impl Cli {
             | Command::Logs { target, .. }
             | Command::Wait { target, .. }
             | Command::Stop { target }
+            | Command::Warm { target, .. }
             | Command::Export { target, .. }
             | Command::Diff { target, .. }
             | Command::Handle { target, .. }
@@ -247,6 +248,20 @@ pub enum Command {
     Stop {
         /// A handle, session id, unique id prefix (4+ characters) or session name.
         target: String,
+    },
+    /// Start a session's container ahead of its next turn, which then runs in it (see
+    /// `--keep-warm`): idle, it holds no credential and runs no CLI, and ends itself when
+    /// DURATION passes without a turn.
+    #[command(
+        after_help = "Examples:\n  caw-box warm fixer --for 10m     # then: caw-box resume fixer \"...\"\n  caw-box warm fixer               # as long as the session's --keep-warm"
+    )]
+    Warm {
+        /// A handle, session id, unique id prefix (4+ characters) or session name.
+        target: String,
+        /// How long the container waits for a turn (and after each): 90s, 10m, 1h. Default:
+        /// the session's --keep-warm.
+        #[arg(long = "for", value_name = "DURATION")]
+        for_: Option<String>,
     },
     /// Copy a copy-mode session's workspace out to DIR.
     ///

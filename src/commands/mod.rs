@@ -49,6 +49,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         } => manage::logs(&target, turn, raw, follow).await,
         Command::Wait { target, output } => turn::wait(&target, output, cli.quiet).await,
         Command::Stop { target } => turn::stop(&target, cli.quiet).await,
+        Command::Warm { target, for_ } => turn::warm(&target, for_.as_deref(), cli.quiet).await,
         Command::Rm {
             targets,
             force,

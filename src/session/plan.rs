@@ -303,13 +303,8 @@ pub(super) async fn plan_turn(
         spec.network = NetworkPolicy::Named(net);
     }
     spec.egress_allow = allow.clone();
-    let warm_for = super::warm::keep_for(
-        backend,
-        record,
-        options.interactive,
-        egress.is_some(),
-        place,
-    );
+    let warm_for =
+        super::warm::keep_for(backend, record, &name, options, egress.is_some(), place).await?;
     Ok(TurnPlan {
         name,
         turn,

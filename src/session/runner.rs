@@ -49,6 +49,74 @@ pub async fn run_turn(
     realise(backend, record, options, plan, &mut interrupts, sink).await
 }
 
+/// `caw-box warm`: makes `record`'s session's warm container ahead of its next turn, idle
+/// for `secs` after each turn (else the session's `--keep-warm`): planned as the next
+/// headless turn would be, with what it needs made first (its state volume filled and
+/// handed to its user, its broker's network), but no turn run. `false`: one made with the
+/// same settings was warm already, and stays. Refused (exit 2) where the next turn would
+/// run cold anyway (say why).
+pub async fn warm_ahead(
+    backend: &impl Backend,
+    record: &mut SessionRecord,
+    secs: Option<u64>,
+) -> Result<bool> {
+    record.settings.check_agent_config(record.provider)?;
+    if secs.is_some() {
+        record.settings.keep_warm_secs = secs;
+    }
+    let mut options = TurnOptions::default();
+    let p = record.provider;
+    if crate::auth::store::Store::open()?
+        .manifest(p)
+        .items
+        .is_empty()
+    {
+        // Nothing collected: the next turn brings its key (`--env`), so it is planned so,
+        // with a stand-in that reaches no container (an idle one gets no runtime file and
+        // no turn environment).
+        let var = p.endpoint_key_vars()[0];
+        options
+            .env
+            .push((var.to_string(), "warm-ahead".to_string()));
+    }
+    let plan = plan_turn(backend, record, &options).await?;
+    let Some(secs) = plan.warm_for else {
+        return Err(super::warm::runs_cold(
+            backend,
+            record,
+            plan.egress.is_some(),
+        ));
+    };
+    if plan.fill_home {
+        fill_new_home(backend, record, plan.ids).await?;
+    }
+    ensure_owner(backend, record, plan.ids).await?;
+    let mut spec = plan.spec;
+    if let Some(b) = &plan.broker {
+        b.prepare(backend).await?;
+        // Where the broker stands in for hosts, its address is in the container's hosts.
+        if let Some(i) = b.intercept() {
+            let started = b.start(backend).await;
+            let address = match started {
+                Ok(()) => b.address(backend).await,
+                Err(e) => Err(e),
+            };
+            b.stop(backend).await;
+            let Some(address) = address? else {
+                return Err(Error::environment(format!(
+                    "the credential broker {} did not start",
+                    b.container
+                )));
+            };
+            spec.extra_hosts = i.hosts.iter().map(|h| format!("{h}:{address}")).collect();
+        }
+    }
+    let (rec, name): (&SessionRecord, &str) = (record, &plan.name);
+    let create =
+        move |idle: TurnSpec| async move { create_turn_container(backend, rec, name, &idle).await };
+    super::warm::make_ahead(backend, name, &spec, secs, create).await
+}
+
 /// Runs a planned turn: what it needs made first (its state volume filled and handed to
 /// its user, its broker, its egress), its container and driver, and what comes after.
 async fn realise(

@@ -51,6 +51,10 @@ pub struct TurnOptions {
     /// (Docker, a network other than `none`/`host`): the CLI gets a placeholder key, and a
     /// credential broker outside its container adds the real one.
     pub inject_credentials: bool,
+    /// `--keep-warm` was given for this turn (a flag or a config file): the session's
+    /// setting holds even where an idle container of another duration waits (`caw-box
+    /// warm --for`), which a turn that says nothing runs in, for its duration.
+    pub keep_warm_given: bool,
 }
 
 /// The container name that is also the session's lock.

@@ -8,26 +8,62 @@
 
 use crate::backend::warm::{idle_argv, turn_argv, WarmExec, WARM_FOR_LABEL, WARM_LABEL};
 use crate::backend::{Backend, BrokerPlace, TurnSpec};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::session::record::SessionRecord;
+use crate::session::turn::TurnOptions;
 
 /// The image's entrypoint, which a warm turn's exec runs as a cold turn's container does.
 const ENTRYPOINT: &str = "/usr/local/bin/caw-box-entry";
 
 /// How long (seconds) this turn keeps its container warm after it, `None`: it starts cold
-/// and its container goes. Headless turns only (a TUI's terminal is its container's);
-/// not with `--allow-host` (its private network goes with the turn) nor a broker of the
-/// turn's own (Podman: its network does too).
-pub(super) fn keep_for(
+/// and its container goes: its `--keep-warm` where it gave one; else, where an idle
+/// container waits for it (say one `caw-box warm --for` made), that one's; else the
+/// session's. Headless turns only (a TUI's terminal is its container's); not with
+/// `--allow-host` (its private network goes with the turn) nor a broker of the turn's own
+/// (Podman: its network does too).
+pub(super) async fn keep_for(
     backend: &impl Backend,
     record: &SessionRecord,
-    interactive: bool,
+    name: &str,
+    options: &TurnOptions,
     egress: bool,
     broker: BrokerPlace,
-) -> Option<u64> {
-    let secs = record.settings.keep_warm_secs.filter(|&s| s > 0)?;
-    (backend.keeps_warm() && !interactive && !egress && broker != BrokerPlace::OwnContainer)
-        .then_some(secs)
+) -> Result<Option<u64>> {
+    if !backend.keeps_warm() || options.interactive || egress || broker == BrokerPlace::OwnContainer
+    {
+        return Ok(None);
+    }
+    let said = record.settings.keep_warm_secs;
+    let secs = match said.filter(|_| options.keep_warm_given) {
+        Some(secs) => secs,
+        None => match backend.warm_idle_for(name).await? {
+            Some(waiting) => waiting,
+            None => said.unwrap_or(0),
+        },
+    };
+    Ok((secs > 0).then_some(secs))
+}
+
+/// Why `caw-box warm` makes nothing for `record`'s session: its next turn would run cold.
+pub(super) fn runs_cold(backend: &impl Backend, record: &SessionRecord, egress: bool) -> Error {
+    let id = record.session_id;
+    if !backend.keeps_warm() {
+        return Error::usage(
+            "this backend runs every turn in a new container: nothing to keep warm",
+        );
+    }
+    if egress {
+        return Error::usage(format!(
+            "session {id}'s turns run cold: its --allow-host network goes with each turn"
+        ));
+    }
+    if record.settings.keep_warm_secs.is_none_or(|s| s == 0) {
+        return Error::usage(format!("session {id} has no --keep-warm"))
+            .with_hint(format!("say how long: `caw-box warm {id} --for 10m`"));
+    }
+    Error::usage(format!(
+        "session {id}'s turns run cold: each has a credential broker of its own (Podman)"
+    ))
 }
 
 /// What of a turn's spec its container is made with: a warm container made with other
@@ -55,6 +91,12 @@ fn fingerprint(spec: &TurnSpec) -> String {
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The warm label of a container for turns of `spec` idle `secs` after each: how long it
+/// stays idle is its loop's, so another duration needs another container.
+fn fingerprint_for(spec: &TurnSpec, secs: u64) -> String {
+    format!("{}-{secs}", fingerprint(spec))
+}
+
 /// Makes the session's container ready for the turn `spec` under the turn's name `name`
 /// (the session's lock) and has the backend run the turn in it by exec: the warm one
 /// when there is one made with the same settings and it runs; else a new one, made as a
@@ -71,8 +113,7 @@ pub(super) async fn take_or_make<F>(
 where
     F: std::future::Future<Output = Result<()>>,
 {
-    // How long it stays idle is its loop's: another duration needs another container.
-    let fp = format!("{}-{secs}", fingerprint(spec));
+    let fp = fingerprint_for(spec, secs);
     let exec = WarmExec {
         argv: turn_argv(
             spec.labels
@@ -96,6 +137,24 @@ where
         tracing::debug!("the warm container does not fit the turn (or ended): a new one");
         backend.remove_found(&c).await?;
     }
+    make_idle(backend, name, spec, fp, secs, create).await?;
+    backend.exec_in_warm(name, exec);
+    Ok(())
+}
+
+/// Creates (with `create`, under the session's lock `name`) and starts the idle container
+/// for turns of `spec`, staying `secs` after each.
+async fn make_idle<F>(
+    backend: &impl Backend,
+    name: &str,
+    spec: &TurnSpec,
+    fp: String,
+    secs: u64,
+    create: impl FnOnce(TurnSpec) -> F,
+) -> Result<()>
+where
+    F: std::future::Future<Output = Result<()>>,
+{
     let mut idle = spec.clone();
     idle.argv = idle_argv(secs);
     // The turn's environment is its exec's: the loop's has nothing of it.
@@ -114,8 +173,36 @@ where
         let _ = backend.remove_container(name, true).await;
         return Err(e);
     }
-    backend.exec_in_warm(name, exec);
     Ok(())
+}
+
+/// `caw-box warm`: makes the session's idle container for turns of `spec` ahead of its
+/// next turn, under the session's lock `name` while it is made; `false`: one made with the
+/// same settings was there already, and stays.
+pub(super) async fn make_ahead<F>(
+    backend: &impl Backend,
+    name: &str,
+    spec: &TurnSpec,
+    secs: u64,
+    create: impl FnOnce(TurnSpec) -> F,
+) -> Result<bool>
+where
+    F: std::future::Future<Output = Result<()>>,
+{
+    let fp = fingerprint_for(spec, secs);
+    if let Some(c) = backend.claim_warm(name).await? {
+        if c.running() && c.label(WARM_LABEL) == Some(fp.as_str()) {
+            backend.idle_warm(name).await?;
+            return Ok(false);
+        }
+        backend.remove_found(&c).await?;
+    }
+    make_idle(backend, name, spec, fp, secs, create).await?;
+    if let Err(e) = backend.idle_warm(name).await {
+        let _ = backend.remove_container(name, true).await;
+        return Err(e);
+    }
+    Ok(true)
 }
 
 #[cfg(test)]

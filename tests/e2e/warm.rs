@@ -151,7 +151,8 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
 /// On a warm session: of two racing resumes one runs (in the warm container) and one exits
 /// 2; a detached warm turn is stopped by `caw-box stop` and its end awaited by `caw-box
 /// wait` from other processes; the container survives the stop, idle, and the next turn
-/// runs in it and recalls; `stop` of the idle session ends its container.
+/// runs in it and recalls; `stop` of the idle session ends its container; `caw-box warm`
+/// makes one ahead of a turn, which runs in it (and refuses bad input, making nothing).
 #[test]
 fn a_warm_session_keeps_its_lock_and_its_stop() {
     use std::process::Stdio;
@@ -227,5 +228,36 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
     assert!(
         rig.caw_containers().is_empty(),
         "stop left the warm container"
+    );
+
+    check("caw-box warm ahead of a turn");
+    for (bad, what) in [
+        (vec!["warm", "nosuch"], "an unknown session"),
+        (vec!["warm", &id, "--for", "soon"], "a bad duration"),
+    ] {
+        let mut warm = rig.caw();
+        warm.args(&bad);
+        let out = run(warm);
+        assert_eq!(out.status.code(), Some(2), "{what}: {}", stderr_of(&out));
+        assert_eq!(stderr_of(&out).trim().lines().count(), 1, "{what}");
+    }
+    assert!(
+        rig.caw_containers().is_empty(),
+        "a refused warm made something"
+    );
+    let mut warm = rig.caw();
+    warm.args(["warm", &id, "--for", "45s"]);
+    let out = run(warm);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let ahead = rig.exec_inspect_id(&idle);
+    let before = std::time::SystemTime::now();
+    // The session's --keep-warm is 60s; a turn that says nothing runs in the 45s one.
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert!(json["result"].as_str().unwrap().contains("fig-5"), "{json}");
+    assert_eq!(
+        rig.renames_since(&ahead, before),
+        2,
+        "the turn did not run in the container warmed ahead"
     );
 }

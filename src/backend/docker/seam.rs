@@ -169,6 +169,14 @@ impl Backend for DockerBackend {
         DockerBackend::turn_in_warm(self, name).await
     }
 
+    async fn warm_idle_for(&self, name: &str) -> Result<Option<u64>> {
+        DockerBackend::warm_idle_for(self, name).await
+    }
+
+    async fn idle_warm(&self, name: &str) -> Result<()> {
+        DockerBackend::idle_warm(self, name).await
+    }
+
     async fn remove_warm(&self, name: &str) -> Result<bool> {
         DockerBackend::remove_warm(self, name).await
     }

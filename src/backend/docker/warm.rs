@@ -14,7 +14,9 @@ use bollard::query_parameters::RenameContainerOptions;
 use futures_util::StreamExt;
 
 use super::{failed, is_not_found, DockerBackend};
-use crate::backend::warm::{release_argv, stop_argv, WarmExec, RECORDED_NOT_RELEASED, WARM_LABEL};
+use crate::backend::warm::{
+    release_argv, stop_argv, WarmExec, RECORDED_NOT_RELEASED, WARM_FOR_LABEL, WARM_LABEL,
+};
 use crate::backend::{Attached, ContainerInfo};
 use crate::error::{Error, Result};
 
@@ -104,6 +106,29 @@ impl DockerBackend {
             }
         }
         Ok(None)
+    }
+
+    /// How long turn `name`'s idle warm container stays idle after a turn, if there is one
+    /// (running).
+    pub(super) async fn warm_idle_for(&self, name: &str) -> Result<Option<u64>> {
+        Ok(self
+            .inspect_container(&idle_name(name))
+            .await?
+            .filter(|c| c.running())
+            .and_then(|c| c.label(WARM_FOR_LABEL)?.parse().ok()))
+    }
+
+    /// Renames the warm container `name`, made for no turn, to its idle name.
+    pub(super) async fn idle_warm(&self, name: &str) -> Result<()> {
+        self.docker
+            .rename_container(
+                name,
+                RenameContainerOptions {
+                    name: idle_name(name),
+                },
+            )
+            .await
+            .map_err(|e| failed(format_args!("make container '{name}' idle"), &e))
     }
 
     /// Removes turn `name`'s idle warm container, if there is one.

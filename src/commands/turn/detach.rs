@@ -30,6 +30,8 @@ struct DriveJob {
     user_files: Vec<crate::provider::HomeFile>,
     #[serde(default)]
     inject_credentials: bool,
+    #[serde(default)]
+    keep_warm_given: bool,
 }
 
 impl DriveJob {
@@ -44,6 +46,7 @@ impl DriveJob {
                 .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             user_files: options.user_files.clone(),
             inject_credentials: options.inject_credentials,
+            keep_warm_given: options.keep_warm_given,
         }
     }
 
@@ -58,6 +61,7 @@ impl DriveJob {
             connect_timeout: None,
             user_files: self.user_files.clone(),
             inject_credentials: self.inject_credentials,
+            keep_warm_given: self.keep_warm_given,
         }
     }
 }

@@ -76,6 +76,7 @@ fn turn_options(args: &TurnArgs, config: &Resolved) -> Result<TurnOptions> {
         connect_timeout: None,
         user_files: Vec::new(),
         inject_credentials: args.credentials == Some(crate::cli::CredentialsArg::Inject),
+        keep_warm_given: args.settings.keep_warm.is_some(),
     })
 }
 
@@ -454,6 +455,25 @@ pub async fn stop(target_arg: &str, quiet: bool) -> Result<i32> {
     let id = Client::connect().await?.stop(target_arg).await?;
     if !quiet {
         output::eprintln(&format!("stopped the running turn of session {id}"));
+    }
+    Ok(0)
+}
+
+/// `caw-box warm TARGET [--for DURATION]`.
+pub async fn warm(target: &str, for_: Option<&str>, quiet: bool) -> Result<i32> {
+    let secs = for_
+        .map(|d| settings::parse_duration(d, "--for").map(|d| d.as_secs().max(1)))
+        .transpose()?;
+    let client = Client::connect().await?;
+    let mut session = client.open(target).await?;
+    let made = session.warm(secs).await?;
+    if !quiet {
+        let id = session.id();
+        output::eprintln(&if made {
+            format!("session {id} is warm: its next turn runs in its container")
+        } else {
+            format!("session {id} was warm already")
+        });
     }
     Ok(0)
 }
