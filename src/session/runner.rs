@@ -222,7 +222,13 @@ async fn realise(
                     let create = move |idle: TurnSpec| async move {
                         create_turn_container(backend, rec, turn_name, &idle).await
                     };
-                    super::warm::take_or_make(backend, &name, spec, secs, create).await
+                    let last_end = rec
+                        .turns
+                        .iter()
+                        .map(|t| t.started_at + t.duration_ms / 1000)
+                        .max()
+                        .unwrap_or(0);
+                    super::warm::take_or_make(backend, &name, spec, secs, last_end, create).await
                 }
                 None => create_turn_container(backend, record, &name, spec).await,
             }

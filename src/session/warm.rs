@@ -108,6 +108,7 @@ pub(super) async fn take_or_make<F>(
     name: &str,
     spec: &TurnSpec,
     secs: u64,
+    last_turn_end: u64,
     create: impl FnOnce(TurnSpec) -> F,
 ) -> Result<()>
 where
@@ -129,17 +130,33 @@ where
         run_dir: spec.runtime.mount.clone(),
     };
     if let Some(c) = backend.claim_warm(name).await? {
-        if c.running() && c.label(WARM_LABEL) == Some(fp.as_str()) {
+        let fits = c.running() && c.label(WARM_LABEL) == Some(fp.as_str());
+        if fits && !ends_soon(&c, secs, last_turn_end) {
             tracing::debug!("the turn runs in the warm container {}", c.id);
             backend.exec_in_warm(name, exec);
             return Ok(());
         }
-        tracing::debug!("the warm container does not fit the turn (or ended): a new one");
+        tracing::debug!("the warm container does not fit the turn, ends or ended: a new one");
         backend.remove_found(&c).await?;
     }
     make_idle(backend, name, spec, fp, secs, create).await?;
     backend.exec_in_warm(name, exec);
     Ok(())
+}
+
+/// Whether the idle container `c` (idle `secs` after a turn; its session's last turn ended
+/// at `last_turn_end`, unix seconds) may end by itself before a turn's exec would start in
+/// it: its loop counts from the end of the latest turn on a one-second tick. A turn then
+/// starts cold rather than fail.
+fn ends_soon(c: &crate::backend::ContainerInfo, secs: u64, last_turn_end: u64) -> bool {
+    // (A short --keep-warm's container is taken until nearly its end.)
+    let margin = (secs / 4).min(3);
+    let created = c
+        .created
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    let idle_since = created.max(last_turn_end).saturating_sub(1);
+    crate::session::record::now_secs() + margin >= idle_since + secs
 }
 
 /// Creates (with `create`, under the session's lock `name`) and starts the idle container
