@@ -348,6 +348,7 @@ async fn create_turn_container(
                 // (Docker reserves the name first): busy, never a leftover to remove.
                 let leftover = match existing {
                     Some(c) if !running && driver_is_gone(&c) => c,
+                    Some(c) if running && super::warm::orphaned(backend, &c).await? => c,
                     _ => return Err(busy(record, &turn)),
                 };
                 // A leftover of a turn whose caw-box was killed: it holds nothing we need.

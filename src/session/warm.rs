@@ -44,6 +44,26 @@ pub(super) async fn keep_for(
     Ok((secs > 0).then_some(secs))
 }
 
+/// Whether `c`, the running container under the session's lock, is a warm one that its
+/// turn's driver never gave back (killed): no turn runs in it, and still none a moment
+/// later with it still there (a live driver takes and gives one back around its turn's
+/// exec within moments). A new turn may then remove it.
+pub(super) async fn orphaned(
+    backend: &impl Backend,
+    c: &crate::backend::ContainerInfo,
+) -> Result<bool> {
+    const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+    if c.label(WARM_LABEL).is_none() || backend.turn_in_warm(&c.name).await?.is_some() {
+        return Ok(false);
+    }
+    tokio::time::sleep(SETTLE).await;
+    let still = backend
+        .inspect_container(&c.name)
+        .await?
+        .is_some_and(|now| now.id == c.id && now.running());
+    Ok(still && backend.turn_in_warm(&c.name).await?.is_none())
+}
+
 /// Why `caw-box warm` makes nothing for `record`'s session: its next turn would run cold.
 pub(super) fn runs_cold(backend: &impl Backend, record: &SessionRecord, egress: bool) -> Error {
     let id = record.session_id;

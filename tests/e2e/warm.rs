@@ -152,7 +152,8 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
 /// 2; a detached warm turn is stopped by `caw-box stop` and its end awaited by `caw-box
 /// wait` from other processes; the container survives the stop, idle, and the next turn
 /// runs in it and recalls; `stop` of the idle session ends its container; `caw-box warm`
-/// makes one ahead of a turn, which runs in it (and refuses bad input, making nothing).
+/// makes one ahead of a turn, which runs in it (and refuses bad input, making nothing); a
+/// warm turn's killed driver does not keep the session busy.
 #[test]
 fn a_warm_session_keeps_its_lock_and_its_stop() {
     use std::process::Stdio;
@@ -260,4 +261,28 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
         2,
         "the turn did not run in the container warmed ahead"
     );
+
+    check("a warm turn whose driver was killed");
+    let mut held = rig.resume_cmd(CODEX, &id, "HOLD:orphan RECALL", &[]);
+    held.stdout(Stdio::null()).stderr(Stdio::null());
+    let mut held = held.spawn().unwrap();
+    rig.wait_held("orphan");
+    held.kill().unwrap();
+    held.wait().unwrap();
+    rig.stub_release("orphan");
+    // Its container is left under the session's lock, idle again once the CLI ended: the
+    // next turn takes the lock over (not busy until the container's time runs out).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));
+        if code == 0 {
+            assert!(json["result"].as_str().unwrap().contains("fig-5"), "{json}");
+            break;
+        }
+        assert!(
+            code == 2 && std::time::Instant::now() < deadline,
+            "the session stayed busy after its driver was killed: {code} {stderr}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
 }
