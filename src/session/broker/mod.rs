@@ -19,7 +19,8 @@
 //! label or annotation holds them; it exits when the agent's container leaves its end
 //! marker ([`POD_END_DIR`]), so the pod completes. A login it holds is refreshed as on
 //! Docker: the driver stays attached, answers its refresh hand-offs (one refresh at a time
-//! per login among the turns of a data directory) and stores what it refreshed; its seal key
+//! per login, under the backend's refresh lock, `Backend::hold_refresh`: a Lease in the
+//! namespace, so across hosts) and stores what it refreshed; its seal key
 //! comes from the data directory and the pod's name, so a `wait` that finishes the turn
 //! after its driver is gone takes over, and has what the sidecar refreshed meanwhile
 //! reported again (`report`).
