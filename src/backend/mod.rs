@@ -89,7 +89,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
         name: &str,
     ) -> impl Future<Output = Result<Option<ContainerInfo>>> + Send;
     /// A running container's IP address on `network`; `None` where it has none there (or
-    /// the backend has no such addresses: Kubernetes keeps logins that need one injected).
+    /// the backend has no such addresses: Kubernetes, whose broker is on the pod's loopback).
     fn container_address(
         &self,
         _name: &str,

@@ -2435,7 +2435,8 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
 
 /// Logins brokered on Kubernetes (issue 29), as on Docker (tests/e2e/oauth.rs): a Claude
 /// login and a codex ChatGPT login, each in four sessions whose turns run at once, eight
-/// turns across a forced expiry. The pod's broker sidecar holds the login (the agent's
+/// turns across a forced expiry; then opencode's ChatGPT login in one session, whose
+/// sidecar stands in for chatgpt.com with TLS (the pod resolves it to its loopback). The pod's broker sidecar holds the login (the agent's
 /// container a placeholder login file) and owns its refresh: the stub's token endpoint
 /// rotates refresh tokens and rejects a used one, so exactly one refresh for the four pods'
 /// brokers with none rejected shows their hand-off. The sessions are driven from two data
@@ -2448,19 +2449,25 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
 /// finishes the turn answers the sidecar's hand-off and stores what it refreshed.
 #[test]
 fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
-    use crate::oauth::{at, claude_login, codex_login, secret_part};
+    use crate::oauth::{at, claude_login, codex_login, opencode_login, secret_part};
     const SESSIONS: usize = 4;
     check("lab up");
     let lab = Lab::up();
     lab.load_images(&[
         "caw-box/claude-code:latest",
         "caw-box/codex:latest",
+        "caw-box/opencode:latest",
         &stub_image(),
     ]);
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
-    for login in [claude_login(SESSIONS), codex_login(SESSIONS)] {
-        let p = login.provider;
+    // opencode's ChatGPT login (its broker stands in for chatgpt.com with TLS): one session.
+    for login in [
+        claude_login(SESSIONS),
+        codex_login(SESSIONS),
+        opencode_login(1),
+    ] {
+        let (p, sessions) = (login.provider, login.sessions);
         check(&format!("{p}: the login collected, its stub started"));
         let endpoint = lab.start_stub_with(
             &format!("stub-oauth-{}", p.replace('_', "-")),
@@ -2553,7 +2560,7 @@ fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
         };
 
         check(&format!("{p}: round 1, the login valid"));
-        let children = (0..SESSIONS)
+        let children = (0..sessions)
             .map(|i| {
                 let word = format!("first{i}");
                 let args = run_args(&format!("REMEMBER:{word}"));
@@ -2583,10 +2590,10 @@ fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
                 (turn_on(hosts[i % 2], &args).spawn().unwrap(), word)
             })
             .collect();
-        stub.wait_held("expiry", SESSIONS, HELD_WITHIN);
+        stub.wait_held("expiry", sessions, HELD_WITHIN);
         stub.release("expiry");
         check(&format!("{p}: a slow turn's agent container scanned"));
-        stub.wait_held(&scan_hold, SESSIONS, HELD_WITHIN);
+        stub.wait_held(&scan_hold, sessions, HELD_WITHIN);
         let pod = lab.wait_for_turn_pod(Duration::from_secs(60));
         let control = lab.scan(&pod, "agent", &["cawbox-placeholder".into()], true);
         assert!(

@@ -186,8 +186,12 @@ impl Broker {
     }
 
     /// The broker's address on the agent's network, once it runs (for the agent's
-    /// container to resolve the intercepted hosts to).
+    /// container to resolve the intercepted hosts to). A sidecar of the turn's pod: the
+    /// pod's loopback, known before the pod is made.
     pub(super) async fn address(&self, backend: &impl Backend) -> Result<Option<String>> {
+        if self.in_pod() {
+            return Ok(Some("127.0.0.1".to_string()));
+        }
         let network = match (&self.own_network, &self.join, &self.first) {
             (Some(n), _, _) | (None, Some(n), _) | (None, None, NetworkPolicy::Named(n)) => n,
             _ => return Ok(None),
