@@ -41,6 +41,9 @@
 // handler: a login's placeholder there goes to the login's upstream, the path unchanged.
 //
 // `"host": "127.0.0.1"` makes it listen on loopback only (a sidecar in the agent's pod).
+// `direct_dns` (hosts): the upstream's name is resolved by DNS, not the hosts file, for
+// those hosts: a sidecar that stands in for them shares the pod's hosts file, which points
+// them at itself.
 //
 // caw-box ships this file on the broker container's stdin too (the container runs a small
 // loader with `node -e`), so the broker always matches the caw-box that started it.
@@ -64,6 +67,21 @@ module.exports = function broker(config, rest) {
   const queryPlaces = places.filter((p) => p.startsWith('query:')).map((p) => p.slice(6));
   const client = upstream.protocol === 'https:' ? https : http;
   const base = upstream.pathname.replace(/\/+$/, '');
+  // The upstream's lookup (see `direct_dns`); undefined: the system's (hosts file first).
+  const lookup = (config.direct_dns || []).includes(upstream.hostname)
+    ? (host, opts, cb) => {
+      const dns = require('dns');
+      const found = (list) => (opts && opts.all ? cb(null, list)
+        : cb(null, list[0].address, list[0].family));
+      dns.resolve4(host, (e4, a4) => {
+        if (!e4 && a4.length) return found(a4.map((address) => ({ address, family: 4 })));
+        dns.resolve6(host, (e6, a6) => {
+          if (e6 || !a6.length) return cb(e4 || e6);
+          return found(a6.map((address) => ({ address, family: 6 })));
+        });
+      });
+    }
+    : undefined;
   const HOP = [
     'connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'te',
     'trailer', 'transfer-encoding', 'upgrade', 'host',
@@ -172,6 +190,7 @@ module.exports = function broker(config, rest) {
         path,
         headers: { ...headers, host: upstream.host },
         servername: upstream.hostname,
+        lookup,
       },
       (up) => {
         const h = { ...up.headers };
@@ -353,7 +372,7 @@ module.exports = function broker(config, rest) {
           { protocol: upstream.protocol, hostname: upstream.hostname,
             port: upstream.port || (upstream.protocol === 'https:' ? 443 : 80),
             method: req.method, path, headers: { ...headers, host: upstream.host },
-            servername: upstream.hostname },
+            servername: upstream.hostname, lookup },
           (up) => {
             if (up.statusCode === 401 && retry) {
               up.resume();

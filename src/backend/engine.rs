@@ -238,6 +238,13 @@ impl Backend for Engine {
     async fn sweep(&self, labels: &[String], keep: &[&str]) -> Result<()> {
         dispatch!(self, b => Backend::sweep(b, labels, keep).await)
     }
+    async fn hold_refresh(
+        &self,
+        login: &str,
+        limit: std::time::Duration,
+    ) -> Option<super::RefreshHold> {
+        dispatch!(self, b => Backend::hold_refresh(b, login, limit).await)
+    }
     async fn check_runtime(&self, name: &str) -> Result<()> {
         dispatch!(self, b => Backend::check_runtime(b, name).await)
     }

@@ -47,11 +47,13 @@ pub use kubernetes::KubeBackend;
 
 mod engine;
 mod plan;
+pub mod refresh_lock;
 pub mod warm;
 pub use engine::{connect, scope, BackendKind, Engine, Scope};
 pub use plan::{
     BrokerPlace, BrokerPlan, EgressPlan, EgressRoute, HostDirs, RuntimeDir, PROXY_SIDECAR,
 };
+pub use refresh_lock::RefreshHold;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -87,7 +89,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
         name: &str,
     ) -> impl Future<Output = Result<Option<ContainerInfo>>> + Send;
     /// A running container's IP address on `network`; `None` where it has none there (or
-    /// the backend has no such addresses: Kubernetes keeps logins that need one injected).
+    /// the backend has no such addresses: Kubernetes, whose broker is on the pod's loopback).
     fn container_address(
         &self,
         _name: &str,
@@ -202,6 +204,19 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// turn (errors ignored); a shared one stays for the next turns, one in the turn's own
     /// unit goes with it.
     fn close_broker(&self, plan: &BrokerPlan) -> impl Future<Output = ()> + Send;
+    /// Holds the refresh lock of the brokered login `login` (a provider's name), waiting up
+    /// to `limit`: of every process that brokers the login through this backend, one at a
+    /// time refreshes it ([`refresh_lock`]). Docker: a file lock in the data directory (the
+    /// turns of this host); Kubernetes: a Lease in the namespace (every host's drivers).
+    /// `None`: not had within `limit` (the caller goes on without it).
+    fn hold_refresh(
+        &self,
+        login: &str,
+        limit: Duration,
+    ) -> impl Future<Output = Option<RefreshHold>> + Send {
+        let login = login.to_string();
+        async move { refresh_lock::hold_on_host(&login, limit).await }
+    }
     /// Removes what the backend made beside turns, volumes and helpers for turns' brokers
     /// and egress (Docker: their containers and networks) carrying all of `labels`, but
     /// what is named in `keep`: leftovers of turns whose caw-box was killed, or of a

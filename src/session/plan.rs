@@ -257,8 +257,10 @@ pub(super) async fn plan_turn(
         let mut direct = "localhost,127.0.0.1".to_string();
         // A broker of its own is on the agent's network: model traffic goes to it
         // directly (one in the turn's pod is on its loopback).
-        if let Some(b) = broker.as_ref().filter(|b| !b.in_pod()) {
-            direct = format!("{direct},{}", b.container);
+        if let Some(b) = broker.as_ref() {
+            if !b.in_pod() {
+                direct = format!("{direct},{}", b.container);
+            }
             // The hosts it stands in for, too: the proxy would reach the real ones.
             for host in b.intercept().map_or(&[][..], |i| &i.hosts[..]) {
                 direct = format!("{direct},{host}");

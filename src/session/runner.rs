@@ -196,7 +196,11 @@ async fn realise(
         let spec = match broker.as_ref().and_then(|b| Some((b, b.intercept()?))) {
             Some((b, i)) => {
                 let mut ready = ready_rx.clone();
-                let started = ready.wait_for(Option::is_some).await.ok().and_then(|r| *r);
+                // A sidecar of the turn's pod starts with the pod: its address is known.
+                let started = match b.in_pod() {
+                    true => Some(true),
+                    false => ready.wait_for(Option::is_some).await.ok().and_then(|r| *r),
+                };
                 let address = match started {
                     Some(true) => b.address(backend).await?,
                     _ => None,

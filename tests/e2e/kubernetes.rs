@@ -259,7 +259,7 @@ impl Lab {
     fn test_objects(&self) -> Result<Vec<String>, String> {
         let mut found = Vec::new();
         for (kinds, selector) in [
-            ("pod,pvc,configmap,secret", CAW_OBJECTS),
+            ("pod,pvc,configmap,secret,lease", CAW_OBJECTS),
             ("pod", TEST_PODS),
             ("storageclass,runtimeclass,role,rolebinding", TEST_OBJECTS),
         ] {
@@ -318,7 +318,7 @@ impl Lab {
         for (kinds, selector) in [
             ("pod", CAW_OBJECTS),
             ("pod", TEST_PODS),
-            ("pvc,configmap,secret", CAW_OBJECTS),
+            ("pvc,configmap,secret,lease", CAW_OBJECTS),
             ("storageclass,runtimeclass,role,rolebinding", TEST_OBJECTS),
         ] {
             let mut args = vec!["delete", kinds, "-l", selector, "--ignore-not-found"];
@@ -2435,29 +2435,40 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
 
 /// Logins brokered on Kubernetes (issue 29), as on Docker (tests/e2e/oauth.rs): a Claude
 /// login and a codex ChatGPT login, each in four sessions whose turns run at once, eight
-/// turns across a forced expiry. The pod's broker sidecar holds the login (the agent's
+/// turns across a forced expiry; then opencode's ChatGPT login in one session whose first
+/// turn meets the expiry, its sidecar standing in for chatgpt.com with TLS (the pod
+/// resolves it to its loopback). The pod's broker sidecar holds the login (the agent's
 /// container a placeholder login file) and owns its refresh: the stub's token endpoint
 /// rotates refresh tokens and rejects a used one, so exactly one refresh for the four pods'
-/// brokers with none rejected shows their hand-off. The store ends with the newest tokens.
+/// brokers with none rejected shows their hand-off. The sessions are driven from two data
+/// directories that share one credential store (two hosts, as far as caw-box can tell: each
+/// data directory has its own refresh lock file), so that one refresh shows the hand-off's
+/// lock is the namespace's Lease, not a host's file. The store ends with the newest tokens.
 /// While the slow turns run, a scan of an agent's container (its processes and every file)
 /// finds no real token, and finds the placeholder (the control). Then a detached codex turn
 /// whose driver is SIGKILLed before the next expiry meets its broker: the `wait` that
 /// finishes the turn answers the sidecar's hand-off and stores what it refreshed.
 #[test]
 fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
-    use crate::oauth::{at, claude_login, codex_login, secret_part};
+    use crate::oauth::{at, claude_login, codex_login, opencode_login, secret_part};
     const SESSIONS: usize = 4;
     check("lab up");
     let lab = Lab::up();
     lab.load_images(&[
         "caw-box/claude-code:latest",
         "caw-box/codex:latest",
+        "caw-box/opencode:latest",
         &stub_image(),
     ]);
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
-    for login in [claude_login(SESSIONS), codex_login(SESSIONS)] {
-        let p = login.provider;
+    // opencode's ChatGPT login (its broker stands in for chatgpt.com with TLS): one session.
+    for login in [
+        claude_login(SESSIONS),
+        codex_login(SESSIONS),
+        opencode_login(1),
+    ] {
+        let (p, sessions) = (login.provider, login.sessions);
         check(&format!("{p}: the login collected, its stub started"));
         let endpoint = lab.start_stub_with(
             &format!("stub-oauth-{}", p.replace('_', "-")),
@@ -2466,6 +2477,11 @@ fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
         );
         let stub = StubControl::Http(endpoint.clone());
         let data = tempfile::tempdir().unwrap();
+        // The second "host": its own data directory, the first one's credential store.
+        let other_host = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(data.path().join("auth"), other_host.path().join("auth"))
+            .unwrap();
+        let hosts = [data.path(), other_host.path()];
         let home = tempfile::tempdir().unwrap();
         let file = home.path().join(login.target);
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
@@ -2476,8 +2492,8 @@ fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
             .env("HOME", home.path());
         let out = crate::common::run(collect);
         assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
-        let turn = |args: &[&str]| {
-            let mut c = caw_k8s(data.path(), workspace.path(), &lab);
+        let turn_on = |host: &std::path::Path, args: &[&str]| {
+            let mut c = caw_k8s(host, workspace.path(), &lab);
             c.args(args)
                 .env(
                     "CAW_BOX_OAUTH_TOKEN_URL",
@@ -2487,6 +2503,7 @@ fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
                 .stderr(std::process::Stdio::piped());
             c
         };
+        let turn = |args: &[&str]| turn_on(data.path(), args);
         let run_args = |prompt: &str| -> Vec<String> {
             let mut a = vec![
                 "run",
@@ -2543,21 +2560,25 @@ fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
             }
         };
 
-        check(&format!("{p}: round 1, the login valid"));
-        let children = (0..SESSIONS)
-            .map(|i| {
-                let word = format!("first{i}");
-                let args = run_args(&format!("REMEMBER:{word}"));
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                (turn(&args).spawn().unwrap(), word)
-            })
-            .collect();
-        let ids: Vec<String> = all_ok(children)
-            .iter()
-            .map(|v| v["session_id"].as_str().unwrap().to_string())
-            .collect();
+        // A lone session (opencode's) starts at the expiry: its first turn is round 2's.
+        let mut ids: Vec<Option<String>> = vec![None];
         let mut seen = login.secrets.clone();
-        newest_stored(0, &mut seen);
+        if sessions > 1 {
+            check(&format!("{p}: round 1, the login valid"));
+            let children = (0..sessions)
+                .map(|i| {
+                    let word = format!("first{i}");
+                    let args = run_args(&format!("REMEMBER:{word}"));
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    (turn_on(hosts[i % 2], &args).spawn().unwrap(), word)
+                })
+                .collect();
+            ids = all_ok(children)
+                .iter()
+                .map(|v| Some(v["session_id"].as_str().unwrap().to_string()))
+                .collect();
+            newest_stored(0, &mut seen);
+        }
 
         check(&format!("{p}: round 2, across a forced expiry"));
         // The login's model requests wait at the gate, then meet the expired token
@@ -2570,14 +2591,20 @@ fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
             .map(|(i, id)| {
                 let word = format!("second{i}");
                 let prompt = format!("HOLD:{scan_hold} REMEMBER:{word}");
-                let args = ["resume", id.as_str(), "-o", "json", prompt.as_str()];
-                (turn(&args).spawn().unwrap(), word)
+                let args = match id {
+                    Some(id) => ["resume", id, "-o", "json", &prompt]
+                        .map(str::to_string)
+                        .to_vec(),
+                    None => run_args(&prompt),
+                };
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                (turn_on(hosts[i % 2], &args).spawn().unwrap(), word)
             })
             .collect();
-        stub.wait_held("expiry", SESSIONS, HELD_WITHIN);
+        stub.wait_held("expiry", sessions, HELD_WITHIN);
         stub.release("expiry");
         check(&format!("{p}: a slow turn's agent container scanned"));
-        stub.wait_held(&scan_hold, SESSIONS, HELD_WITHIN);
+        stub.wait_held(&scan_hold, sessions, HELD_WITHIN);
         let pod = lab.wait_for_turn_pod(Duration::from_secs(60));
         let control = lab.scan(&pod, "agent", &["cawbox-placeholder".into()], true);
         assert!(
@@ -2606,6 +2633,15 @@ fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
         stub.release(&scan_hold);
         all_ok(children);
         newest_stored(1, &mut seen);
+        // The hand-off's lock: the login's Lease, released (no holder) after the refresh.
+        let lease = lab.kubectl_ok(&[
+            "get",
+            "lease",
+            &format!("caw-box-refresh-{}", p.replace('_', "-")),
+            "-o",
+            "jsonpath={.metadata.labels.app\\.kubernetes\\.io/managed-by} {.spec.holderIdentity}|",
+        ]);
+        assert_eq!(lease, "caw-box |", "{p}: the refresh Lease");
 
         if p != "codex" {
             continue;

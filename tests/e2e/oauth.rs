@@ -612,6 +612,11 @@ fn brokers_of_locked_down_turns_hand_a_refreshed_login_on_instead_of_refreshing_
 /// is no JWT (opencode only decodes it for an optional header); the refresh is a form post.
 #[test]
 fn the_broker_refreshes_an_opencode_chatgpt_login_once_for_two_parallel_sessions() {
+    refreshes_once_per_expiry(opencode_login(PAIR));
+}
+
+/// A fake opencode ChatGPT login (fresh tokens), for `sessions` sessions at once.
+pub fn opencode_login(sessions: usize) -> Login {
     let tag = uuid::Uuid::new_v4().simple().to_string();
     let (access, refresh) = (format!("realaccess{tag}"), format!("rt_realrefresh{tag}"));
     let account = format!("acct-{}", uuid::Uuid::new_v4().simple());
@@ -619,7 +624,7 @@ fn the_broker_refreshes_an_opencode_chatgpt_login_once_for_two_parallel_sessions
         r#"{{"openai":{{"type":"oauth","access":"{access}","refresh":"{refresh}","expires":{},"accountId":"{account}"}}}}"#,
         in_an_hour_ms()
     );
-    refreshes_once_per_expiry(Login {
+    Login {
         provider: "opencode",
         model: Some("gpt-5.5"),
         target: ".local/share/opencode/auth.json",
@@ -633,8 +638,8 @@ fn the_broker_refreshes_an_opencode_chatgpt_login_once_for_two_parallel_sessions
         inject_works: false,
         placeholder_in: ".local/share/opencode/auth.json",
         model_path: Some("/backend-api/codex/responses"),
-        sessions: PAIR,
-    });
+        sessions,
+    }
 }
 
 /// A gemini session that ran on the Google login goes on with an API key collected since

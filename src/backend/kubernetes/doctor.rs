@@ -45,6 +45,14 @@ pub const NEEDED: &[(&str, &str, &str)] = &[
     ("delete", "configmaps", ""),
 ];
 
+/// What caw-box does in its namespace outside the core API group: (group, verb, resource).
+/// A brokered login's refresh lock is a Lease (read, made, taken, renewed, released).
+pub const NEEDED_IN_GROUPS: &[(&str, &str, &str)] = &[
+    ("coordination.k8s.io", "get", "leases"),
+    ("coordination.k8s.io", "create", "leases"),
+    ("coordination.k8s.io", "update", "leases"),
+];
+
 /// `verb resource[/subresource]`.
 fn permission(verb: &str, resource: &str, sub: &str) -> String {
     if sub.is_empty() {
@@ -177,8 +185,14 @@ async fn allowed(
 
 async fn rbac(client: &kube::Client, namespace: &str) -> Check {
     let mut missing = Vec::new();
-    for (verb, resource, sub) in NEEDED {
-        match allowed(client, Some(namespace), verb, resource, sub, "").await {
+    let core = NEEDED
+        .iter()
+        .map(|(verb, resource, sub)| ("", *verb, *resource, *sub));
+    let grouped = NEEDED_IN_GROUPS
+        .iter()
+        .map(|(group, verb, resource)| (*group, *verb, *resource, ""));
+    for (group, verb, resource, sub) in core.chain(grouped) {
+        match allowed(client, Some(namespace), verb, resource, sub, group).await {
             Ok(true) => {}
             Ok(false) => missing.push(permission(verb, resource, sub)),
             Err(e) => {
@@ -191,7 +205,7 @@ async fn rbac(client: &kube::Client, namespace: &str) -> Check {
     if missing.is_empty() {
         Check::Ok(format!(
             "rbac: every permission caw-box needs in namespace '{namespace}' ({} checked)",
-            NEEDED.len()
+            NEEDED.len() + NEEDED_IN_GROUPS.len()
         ))
     } else {
         Check::Problem(format!(
@@ -409,5 +423,6 @@ mod tests {
         assert_eq!(permission("create", "pods", "exec"), "create pods/exec");
         assert_eq!(permission("list", "configmaps", ""), "list configmaps");
         assert!(NEEDED.contains(&("patch", "pods", "")));
+        assert!(NEEDED_IN_GROUPS.contains(&("coordination.k8s.io", "update", "leases")));
     }
 }

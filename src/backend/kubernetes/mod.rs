@@ -60,6 +60,7 @@
 //! - `sidecars.rs`: the broker, the egress proxy and its firewall beside the agent (pure)
 //! - `exec.rs`: exec and attach, and files through a pod
 //! - `meta.rs`: caw-box's labels as Kubernetes labels and annotations
+//! - `lease.rs`: a brokered login's refresh lock, a Lease (one refresh at a time across hosts)
 //! - `doctor.rs`: what `caw-box doctor` checks of a cluster
 //!
 //! [`Backend`]: crate::backend::Backend
@@ -82,6 +83,7 @@ use crate::error::{Error, Result};
 pub mod doctor;
 mod ends;
 mod exec;
+mod lease;
 mod meta;
 mod pods;
 mod sandbox;

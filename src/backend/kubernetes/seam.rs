@@ -181,6 +181,15 @@ impl Backend for KubeBackend {
 
     async fn close_broker(&self, _plan: &crate::backend::BrokerPlan) {}
 
+    /// A Lease in the namespace: one refresh of a login at a time across hosts.
+    async fn hold_refresh(
+        &self,
+        login: &str,
+        limit: Duration,
+    ) -> Option<crate::backend::RefreshHold> {
+        self.hold_refresh_lease(login, limit).await
+    }
+
     /// Nothing of a turn's broker or egress outlives its pod; a session's pods and claims
     /// are removed as containers and volumes.
     async fn sweep(&self, _labels: &[String], _keep: &[&str]) -> Result<()> {

@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements, VolumeMount};
+use k8s_openapi::api::core::v1::{
+    Container, HostAlias, PodSpec, ResourceRequirements, Sysctl, VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::sandbox::{claim_mounts, empty_dir, hardened, parse_user, pod_security, pull_policy};
@@ -141,11 +143,23 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         init_containers.push(egress_init(spec, brokered));
     }
     init_containers.push(seed_home(spec, uid, gid));
+    // A broker that stands in for hosts (`extra_hosts`: the pod's loopback) listens on
+    // their own port, 443: below 1024, which its uid may bind only with the pod's
+    // `ip_unprivileged_port_start` lowered (a safe sysctl; Docker lowers it for every
+    // container).
+    let mut security = pod_security(gid);
+    if brokered && !spec.extra_hosts.is_empty() {
+        security.sysctls = Some(vec![Sysctl {
+            name: "net.ipv4.ip_unprivileged_port_start".into(),
+            value: "0".into(),
+        }]);
+    }
     Ok(PodSpec {
         restart_policy: Some("Never".into()),
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
-        security_context: Some(pod_security(gid)),
+        host_aliases: host_aliases(&spec.extra_hosts),
+        security_context: Some(security),
         termination_grace_period_seconds: Some(10),
         // The whole pod (sidecars too: they share its sandbox) runs under the class.
         runtime_class_name: spec.oci_runtime.clone(),
@@ -154,6 +168,24 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         volumes: Some(volumes),
         ..Default::default()
     })
+}
+
+/// `host:ip` entries as the pod's `/etc/hosts` lines (one per address); `None`: none.
+fn host_aliases(entries: &[String]) -> Option<Vec<HostAlias>> {
+    let mut by_ip: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for entry in entries {
+        if let Some((host, ip)) = entry.rsplit_once(':') {
+            by_ip.entry(ip).or_default().push(host.to_string());
+        }
+    }
+    let aliases: Vec<HostAlias> = by_ip
+        .into_iter()
+        .map(|(ip, hostnames)| HostAlias {
+            ip: Some(ip.to_string()),
+            hostnames: Some(hostnames),
+        })
+        .collect();
+    (!aliases.is_empty()).then_some(aliases)
 }
 
 /// The agent's container in a turn pod (the first).

@@ -572,3 +572,27 @@ fn a_headless_turn_pod_is_labelled_adoptable_and_a_tui_ones_is_not() {
     tui.interactive = Some(None);
     assert_eq!(super::seam::turn_pod_labels(&tui).get(key), None);
 }
+
+/// A broker that stands in for hosts (opencode's chatgpt.com): the pod resolves them to its
+/// loopback, and its broker may listen on their port 443 (the pod's unprivileged port
+/// start lowered); a pod without one gets neither.
+#[test]
+fn a_pod_whose_broker_stands_in_for_a_host_resolves_it_to_loopback() {
+    let plain = turn_pod_spec(&turn()).unwrap();
+    assert!(plain.host_aliases.is_none());
+    assert!(plain.security_context.unwrap().sysctls.is_none());
+    let mut t = turn();
+    t.broker = Some(vec!["node".into()]);
+    t.extra_hosts = vec!["chatgpt.com:127.0.0.1".into()];
+    let spec = turn_pod_spec(&t).unwrap();
+    let aliases = spec.host_aliases.unwrap();
+    assert_eq!(aliases.len(), 1);
+    assert_eq!(aliases[0].ip.as_deref(), Some("127.0.0.1"));
+    assert_eq!(
+        aliases[0].hostnames.as_deref(),
+        Some(&["chatgpt.com".to_string()][..])
+    );
+    let sysctls = spec.security_context.unwrap().sysctls.unwrap();
+    assert_eq!(sysctls[0].name, "net.ipv4.ip_unprivileged_port_start");
+    assert_eq!(sysctls[0].value, "0");
+}

@@ -19,7 +19,8 @@
 //! label or annotation holds them; it exits when the agent's container leaves its end
 //! marker ([`POD_END_DIR`]), so the pod completes. A login it holds is refreshed as on
 //! Docker: the driver stays attached, answers its refresh hand-offs (one refresh at a time
-//! per login among the turns of a data directory) and stores what it refreshed; its seal key
+//! per login, under the backend's refresh lock, `Backend::hold_refresh`: a Lease in the
+//! namespace, so across hosts) and stores what it refreshed; its seal key
 //! comes from the data directory and the pod's name, so a `wait` that finishes the turn
 //! after its driver is gone takes over, and has what the sidecar refreshed meanwhile
 //! reported again (`report`).
@@ -185,8 +186,12 @@ impl Broker {
     }
 
     /// The broker's address on the agent's network, once it runs (for the agent's
-    /// container to resolve the intercepted hosts to).
+    /// container to resolve the intercepted hosts to). A sidecar of the turn's pod: the
+    /// pod's loopback, known before the pod is made.
     pub(super) async fn address(&self, backend: &impl Backend) -> Result<Option<String>> {
+        if self.in_pod() {
+            return Ok(Some("127.0.0.1".to_string()));
+        }
         let network = match (&self.own_network, &self.join, &self.first) {
             (Some(n), _, _) | (None, Some(n), _) | (None, None, NetworkPolicy::Named(n)) => n,
             _ => return Ok(None),

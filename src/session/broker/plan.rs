@@ -394,8 +394,9 @@ impl Broker {
 
     /// The broker of `record`'s turn as a sidecar of its pod `pod` (the backend runs one:
     /// [`BrokerPlace::InTurn`]), listening on the pod's loopback; `None` when
-    /// there is nothing to broker, or a login needs what a pod's sidecar does not do (stand
-    /// in for a host with TLS: opencode's ChatGPT login stays injected).
+    /// there is nothing to broker. A login it stands in for a host for (opencode's ChatGPT
+    /// login: chatgpt.com with TLS) has the turn's own CA, as on Docker; the agent's
+    /// container resolves those hosts to the pod's loopback ([`Broker::address`]).
     ///
     /// Its seal key is [`pod_seal`]'s: whoever finishes the turn (a `wait` after its driver
     /// is gone) opens the refreshed logins it reports.
@@ -411,9 +412,18 @@ impl Broker {
             return None;
         }
         let oauth_spec = crate::auth::spec::Spec::of(record.provider).oauth;
-        if !logins.is_empty() && oauth_spec.is_none_or(|o| !o.intercept.is_empty()) {
+        if !logins.is_empty() && oauth_spec.is_none() {
             return None;
         }
+        let hosts = match oauth_spec {
+            Some(o) if !logins.is_empty() => o.intercept,
+            _ => Vec::new(),
+        };
+        let tls = if hosts.is_empty() {
+            None
+        } else {
+            Some(crate::auth::intercept::intercept_tls(&hosts)?)
+        };
         let (upstream, cli_prefix) = upstream_of(record, logins);
         let places = crate::auth::spec::Spec::of(record.provider)
             .broker
@@ -440,7 +450,14 @@ impl Broker {
             "config": {"port": BROKER_PORT, "host": "127.0.0.1", "upstream": upstream,
                        "places": places, "keys": map,
                        "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms(),
-                       "cli_prefix": cli_prefix, "handoff": !logins.is_empty()},
+                       "cli_prefix": cli_prefix, "handoff": !logins.is_empty(),
+                       "tls": tls.as_ref().map(|t| serde_json::json!({
+                           "cert": t.cert_pem,
+                           "key": String::from_utf8_lossy(t.key_pem.expose()),
+                       })),
+                       "tls_port": INTERCEPT_PORT,
+                       // The pod's hosts file points the hosts it stands in for at it.
+                       "direct_dns": hosts},
         });
         let mut bytes = serde_json::to_vec(&line).ok()?;
         bytes.push(b'\n');
@@ -458,7 +475,10 @@ impl Broker {
             seal,
             logins: !logins.is_empty(),
             in_pod: Some(pod.to_string()),
-            intercept: None,
+            intercept: tls.map(|t| Intercept {
+                hosts,
+                ca_pem: t.ca_pem,
+            }),
             watching: std::sync::Mutex::new(None),
         })
     }

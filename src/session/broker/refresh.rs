@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::Broker;
-use crate::dirs;
+use crate::backend::Backend;
 use crate::provider::ProviderKind;
 
 /// When the access token of login `v` expires (epoch ms; 0 when it does not say).
@@ -79,28 +79,6 @@ fn aes_gcm_open(key: &[u8; 32], iv: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
     Some(plain.to_vec())
 }
 
-/// Holds `p`'s refresh lock (a file under the data directory), waiting up to `limit`:
-/// one broker at a time refreshes a login, across every network and process of this host.
-fn lock_refresh(p: ProviderKind, limit: Duration) -> Option<std::fs::File> {
-    let path = dirs::data_dir().ok()?.join(format!("refresh-{p}.lock"));
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .ok()?;
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Some(file),
-            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(100))
-            }
-            Err(_) => return None,
-        }
-    }
-}
-
 /// How long a broker's refresh may hold the login's refresh lock, and how long another
 /// waits for it.
 const REFRESH_LOCK: Duration = Duration::from_secs(40);
@@ -108,8 +86,11 @@ const REFRESH_LOCK: Duration = Duration::from_secs(40);
 /// Answers a broker's `caw-box-broker refresh? <slot> <id> <sealed>`: the stored login when
 /// it is newer than the one the broker would refresh (another broker refreshed it: the
 /// broker's refresh token is used up), else `go`, holding the login's refresh lock until
-/// the broker reports `caw-box-broker refreshed` (its new tokens stored by then).
+/// the broker reports `caw-box-broker refreshed` (its new tokens stored by then). The lock
+/// is the backend's ([`Backend::hold_refresh`]): this host's turns on Docker, every host's
+/// on Kubernetes.
 async fn answer_refresh(
+    backend: impl Backend,
     p: ProviderKind,
     seal: [u8; 32],
     id: String,
@@ -124,24 +105,26 @@ async fn answer_refresh(
     }) else {
         return;
     };
-    let held = tokio::task::spawn_blocking(move || {
-        let lock = lock_refresh(p, REFRESH_LOCK);
-        (lock, stored_tokens(p))
-    })
-    .await;
-    let Ok((lock, stored)) = held else { return };
+    let lock = backend.hold_refresh(p.as_str(), REFRESH_LOCK).await;
+    let Ok(stored) = tokio::task::spawn_blocking(move || stored_tokens(p)).await else {
+        return;
+    };
     let newer = stored.filter(|t| t["refresh"].as_str() != Some(theirs.as_str()));
     if let Some(sealed) = newer.and_then(|t| seal_json(&seal, &t)) {
         tracing::debug!("handed the credential broker the {p} login another one refreshed");
         let _ = answers.send(format!("handoff {id} {sealed}\n"));
+        if let Some(lock) = lock {
+            lock.release().await;
+        }
         return;
     }
     let done = refreshed.notified();
     tokio::pin!(done);
     done.as_mut().enable();
     let _ = answers.send(format!("handoff {id} go\n"));
-    if lock.is_some() {
+    if let Some(lock) = lock {
         let _ = tokio::time::timeout(REFRESH_LOCK, done).await;
+        lock.release().await;
     }
 }
 
@@ -161,7 +144,9 @@ fn open_sealed(key: &[u8; 32], sealed: &str) -> Option<serde_json::Value> {
 
 /// Reads a broker's stdout for refreshed logins and stores each (under the store's lock;
 /// only over the login it replaces, so every attached caw-box may try).
-pub(super) struct LoginWatch {
+pub(super) struct LoginWatch<B: Backend> {
+    /// Whose refresh lock the handoff holds.
+    backend: B,
     provider: ProviderKind,
     seal: [u8; 32],
     seen: Vec<u8>,
@@ -171,7 +156,7 @@ pub(super) struct LoginWatch {
     refreshed: std::sync::Arc<tokio::sync::Notify>,
 }
 
-impl LoginWatch {
+impl<B: Backend> LoginWatch<B> {
     pub(super) async fn take(&mut self, bytes: &[u8]) {
         self.seen.extend_from_slice(bytes);
         while let Some(i) = self.seen.iter().position(|b| *b == b'\n') {
@@ -185,6 +170,7 @@ impl LoginWatch {
             if let Some(asked) = line.strip_prefix("caw-box-broker refresh? ") {
                 if let [_slot, id, sealed] = asked.split(' ').collect::<Vec<_>>()[..] {
                     tokio::spawn(answer_refresh(
+                        self.backend.clone(),
                         self.provider,
                         self.seal,
                         id.to_string(),
@@ -234,15 +220,17 @@ impl LoginWatch {
     }
 }
 
-impl LoginWatch {
-    /// The reader of the stdout of a broker of `provider`'s login sealing with `seal`, and
-    /// the lines it answers with.
+impl<B: Backend> LoginWatch<B> {
+    /// The reader of the stdout of a broker of `provider`'s login sealing with `seal`, on
+    /// `backend`, and the lines it answers with.
     pub(super) fn new(
+        backend: &B,
         provider: ProviderKind,
         seal: [u8; 32],
-    ) -> (LoginWatch, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    ) -> (LoginWatch<B>, tokio::sync::mpsc::UnboundedReceiver<String>) {
         let (answers, to_broker) = tokio::sync::mpsc::unbounded_channel();
         let watch = LoginWatch {
+            backend: backend.clone(),
             provider,
             seal,
             seen: Vec::new(),
@@ -255,8 +243,11 @@ impl LoginWatch {
 
 impl Broker {
     /// The reader of the broker's stdout for logins, and the lines it answers with.
-    pub(super) fn watch(&self) -> (LoginWatch, tokio::sync::mpsc::UnboundedReceiver<String>) {
-        LoginWatch::new(self.provider, self.seal)
+    pub(super) fn watch<B: Backend>(
+        &self,
+        backend: &B,
+    ) -> (LoginWatch<B>, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        LoginWatch::new(backend, self.provider, self.seal)
     }
 }
 

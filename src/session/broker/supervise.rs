@@ -91,7 +91,7 @@ impl Broker {
         let Some(s) = &self.shared else {
             let attached = self.start_own(backend, None).await?;
             if self.logins {
-                let (watch, to_broker) = self.watch();
+                let (watch, to_broker) = self.watch(backend);
                 tokio::spawn(follow(attached, watch, to_broker));
             }
             return Ok(());
@@ -106,7 +106,7 @@ impl Broker {
                         .is_ok()
                     {
                         tracing::debug!("leased the running broker {}", self.container);
-                        self.keep(attached);
+                        self.keep(backend, attached);
                         return Ok(());
                     }
                     // On its way out: it answers no lease any more.
@@ -115,7 +115,7 @@ impl Broker {
                 Some(c) => backend.remove_found(&c).await?,
                 None => {
                     let attached = self.start_own(backend, Some(s)).await?;
-                    self.keep(attached);
+                    self.keep(backend, attached);
                     return Ok(());
                 }
             }
@@ -148,7 +148,7 @@ impl Broker {
         if self.logins {
             // Attached while the turn runs: the refresh handoff's answers, and the
             // refreshed logins to store.
-            let (watch, to_broker) = self.watch();
+            let (watch, to_broker) = self.watch(backend);
             let task = tokio::spawn(follow(attached, watch, to_broker));
             *self.watching.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
         }
@@ -169,17 +169,17 @@ impl Broker {
         let mut attached = backend.attach_broker(pod).await.ok()?;
         attached.input.write_all(b"report\n").await.ok()?;
         attached.input.flush().await.ok();
-        let (watch, to_broker) = super::refresh::LoginWatch::new(provider, seal);
+        let (watch, to_broker) = super::refresh::LoginWatch::new(backend, provider, seal);
         Some(tokio::spawn(follow(attached, watch, to_broker)))
     }
 
     /// Renews this turn's lease on `attached` until [`Broker::stop`] (and, with logins,
     /// stores the tokens the broker refreshes meanwhile).
-    fn keep(&self, mut attached: crate::backend::Attached) {
+    fn keep(&self, backend: &impl Backend, mut attached: crate::backend::Attached) {
         let Some(s) = &self.shared else { return };
         let (end, mut ended) = tokio::sync::oneshot::channel::<()>();
         let (renew, release) = (Self::lease_line(s), format!("release {}\n", s.lease_id));
-        let (mut watch, mut to_broker) = match self.logins.then(|| self.watch()) {
+        let (mut watch, mut to_broker) = match self.logins.then(|| self.watch(backend)) {
             Some((w, rx)) => (Some(w), Some(rx)),
             None => (None, None),
         };
@@ -296,9 +296,9 @@ pub(in crate::session) const WATCH_END: Duration = Duration::from_secs(5);
 
 /// Follows a broker that holds logins on `attached` until its output ends: stores the
 /// logins it reports and hands it the answers to its refresh handoffs.
-async fn follow(
+async fn follow<B: Backend>(
     attached: crate::backend::Attached,
-    mut watch: super::refresh::LoginWatch,
+    mut watch: super::refresh::LoginWatch<B>,
     mut to_broker: tokio::sync::mpsc::UnboundedReceiver<String>,
 ) {
     let (mut output, mut input) = (attached.output, attached.input);
