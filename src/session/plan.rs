@@ -309,6 +309,7 @@ pub(super) async fn plan_turn(
         options.interactive,
         egress.is_some(),
         place,
+        spec.broker.is_some(),
     );
     Ok(TurnPlan {
         name,

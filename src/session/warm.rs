@@ -17,17 +17,19 @@ const ENTRYPOINT: &str = "/usr/local/bin/caw-box-entry";
 /// How long (seconds) this turn keeps its container warm after it, `None`: it starts cold
 /// and its container goes. Headless turns only (a TUI's terminal is its container's);
 /// not with `--allow-host` (its private network goes with the turn) nor a broker of the
-/// turn's own (Podman: its network does too).
+/// turn's own (Podman: its network does too), nor a broker in the turn's pod
+/// (`pod_broker`, Kubernetes: its sidecar would hold its keys while the pod idles).
 pub(super) fn keep_for(
     backend: &impl Backend,
     record: &SessionRecord,
     interactive: bool,
     egress: bool,
     broker: BrokerPlace,
+    pod_broker: bool,
 ) -> Option<u64> {
     let secs = record.settings.keep_warm_secs.filter(|&s| s > 0)?;
-    (backend.keeps_warm() && !interactive && !egress && broker != BrokerPlace::OwnContainer)
-        .then_some(secs)
+    let own_broker = broker == BrokerPlace::OwnContainer || pod_broker;
+    (backend.keeps_warm() && !interactive && !egress && !own_broker).then_some(secs)
 }
 
 /// What of a turn's spec its container is made with: a warm container made with other
