@@ -372,7 +372,9 @@ impl Backend for KubeBackend {
             self.remove_idle(pod, uid.as_deref()).await?;
             return Ok(());
         }
-        self.delete_pod(&found.name, uid, true).await
+        // A warm pod's loop ends on SIGTERM: not forced (see `remove_idle`).
+        let force = !found.labels.contains_key(WARM_LABEL);
+        self.delete_pod(&found.name, uid, force).await
     }
 
     fn keeps_warm(&self) -> bool {

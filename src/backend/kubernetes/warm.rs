@@ -241,8 +241,10 @@ impl KubeBackend {
                 if warm_turn(&pod).is_some() {
                     return Ok(false);
                 }
+                // Not forced: the pod's object goes once its containers did (its loop ends
+                // on SIGTERM at once); a forced one's container could still be the kubelet's
+                // when the turn's next pod of that name comes, and take that one's exec.
                 let params = DeleteParams {
-                    grace_period_seconds: Some(0),
                     preconditions: Some(Preconditions {
                         uid: this.clone(),
                         resource_version: pod.metadata.resource_version.clone(),
@@ -257,7 +259,7 @@ impl KubeBackend {
                     Err(e) => return Err(failed(format!("delete pod '{name}'"), &e)),
                 }
             }
-            self.delete_pod(name, this, true).await?;
+            self.delete_pod(name, this, false).await?;
             return Ok(true);
         }
         Ok(false)
@@ -268,13 +270,16 @@ impl KubeBackend {
     pub(super) async fn create_over_idle(&self, pod: &Pod) -> std::result::Result<(), CreateError> {
         let name = pod.metadata.name.as_deref().unwrap_or_default();
         let mut created = self.create_pod(pod).await;
-        for _ in 0..2 {
-            if !matches!(created, Err(CreateError::NameTaken))
-                || !self
-                    .remove_idle(name, None)
-                    .await
-                    .map_err(CreateError::Other)?
-            {
+        for _ in 0..3 {
+            if !matches!(created, Err(CreateError::NameTaken)) {
+                break;
+            }
+            let removed = self
+                .remove_idle(name, None)
+                .await
+                .map_err(CreateError::Other)?;
+            // (Or gone meanwhile: a racing `remove_warm` of this turn's removed it.)
+            if !removed && self.pods().get_opt(name).await.ok().flatten().is_some() {
                 break;
             }
             created = self.create_pod(pod).await;
@@ -420,7 +425,7 @@ impl KubeBackend {
         super::timeline("release (warm pod)", t0);
         if let Err(e) = released {
             tracing::debug!("{e}; deleting it");
-            self.delete_pod(name, None, true).await?;
+            self.delete_pod(name, None, false).await?;
         }
         Ok(())
     }
