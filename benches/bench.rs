@@ -1095,7 +1095,8 @@ fn test_runs_lab() -> bool {
 /// session, so its claims exist) against the same turn as a plain pod: `kubectl run --rm
 /// -i` of the same image, CLI command, env and hardening, with a claim of its own at HOME.
 /// Both answered by the stub model as a pod (by pod IP: the lab has no DNS). Ratio of
-/// medians, held to 1.5x (a pod's start dominates both). `caw-box -v` prints where a
+/// medians, held to 1.5x (a pod's start dominates both). A warm resume (`--keep-warm`: the
+/// turn execs in the session's pod kept idle) against the same plain pod, held to 0.5x. `caw-box -v` prints where a
 /// turn's time goes on a cluster, step by step.
 fn cluster(reps: usize) -> Vec<Measure> {
     use caw_box::provider::TurnRequest;
@@ -1194,6 +1195,13 @@ fn cluster(reps: usize) -> Vec<Measure> {
     let caw_times: Vec<f64> = (0..reps)
         .map(|_| timed(caw(&["resume", &id, "hello"])).0)
         .collect();
+    // Warm resumes (`--keep-warm`): the first leaves the session's pod warm, the next run
+    // in it by exec; the last goes cold again and takes the pod with it.
+    timed(caw(&["resume", &id, "--keep-warm", "60s", "hello"]));
+    let warm_times: Vec<f64> = (0..reps)
+        .map(|_| timed(caw(&["resume", &id, "hello"])).0)
+        .collect();
+    timed(caw(&["resume", &id, "--keep-warm", "off", "hello"]));
 
     let claim = serde_json::json!({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
@@ -1256,7 +1264,7 @@ fn cluster(reps: usize) -> Vec<Measure> {
             timed(c).0
         })
         .collect();
-    let (caw, plain) = (median(caw_times), median(plain_times));
+    let (caw, plain, warm) = (median(caw_times), median(plain_times), median(warm_times));
     let _ = Command::new(caw_box())
         .args([
             "--backend",
@@ -1291,6 +1299,20 @@ fn cluster(reps: usize) -> Vec<Measure> {
             unit: "x",
             target: "<= 1.50".into(),
             met: Some(caw / plain <= 1.5),
+        },
+        Measure {
+            name: "cluster: codex warm resume turn (--keep-warm), caw-box (s)".into(),
+            value: warm,
+            unit: "s",
+            target: "(reported)".into(),
+            met: None,
+        },
+        Measure {
+            name: "cluster: warm resume / plain pod".into(),
+            value: warm / plain,
+            unit: "x",
+            target: "<= 0.50".into(),
+            met: Some(warm / plain <= 0.5),
         },
     ]
 }

@@ -305,8 +305,16 @@ pub(super) async fn plan_turn(
         spec.network = NetworkPolicy::Named(net);
     }
     spec.egress_allow = allow.clone();
-    let warm_for =
-        super::warm::keep_for(backend, record, &name, options, egress.is_some(), place).await?;
+    let warm_for = super::warm::keep_for(
+        backend,
+        record,
+        &name,
+        options,
+        egress.is_some(),
+        place,
+        spec.broker.is_some(),
+    )
+    .await?;
     Ok(TurnPlan {
         name,
         turn,

@@ -85,6 +85,7 @@ pub async fn warm_ahead(
             backend,
             record,
             plan.egress.is_some(),
+            plan.spec.broker.is_some(),
         ));
     };
     if plan.fill_home {

@@ -20,7 +20,8 @@ const ENTRYPOINT: &str = "/usr/local/bin/caw-box-entry";
 /// container waits for it (say one `caw-box warm --for` made), that one's; else the
 /// session's. Headless turns only (a TUI's terminal is its container's); not with
 /// `--allow-host` (its private network goes with the turn) nor a broker of the turn's own
-/// (Podman: its network does too).
+/// (Podman: its network does too), nor a broker in the turn's pod (`pod_broker`,
+/// Kubernetes: its sidecar would hold its keys while the pod idles).
 pub(super) async fn keep_for(
     backend: &impl Backend,
     record: &SessionRecord,
@@ -28,9 +29,10 @@ pub(super) async fn keep_for(
     options: &TurnOptions,
     egress: bool,
     broker: BrokerPlace,
+    pod_broker: bool,
 ) -> Result<Option<u64>> {
-    if !backend.keeps_warm() || options.interactive || egress || broker == BrokerPlace::OwnContainer
-    {
+    let own_broker = broker == BrokerPlace::OwnContainer || pod_broker;
+    if !backend.keeps_warm() || options.interactive || egress || own_broker {
         return Ok(None);
     }
     let said = record.settings.keep_warm_secs;
@@ -65,7 +67,12 @@ pub(super) async fn orphaned(
 }
 
 /// Why `caw-box warm` makes nothing for `record`'s session: its next turn would run cold.
-pub(super) fn runs_cold(backend: &impl Backend, record: &SessionRecord, egress: bool) -> Error {
+pub(super) fn runs_cold(
+    backend: &impl Backend,
+    record: &SessionRecord,
+    egress: bool,
+    pod_broker: bool,
+) -> Error {
     let id = record.session_id;
     if !backend.keeps_warm() {
         return Error::usage(
@@ -75,6 +82,11 @@ pub(super) fn runs_cold(backend: &impl Backend, record: &SessionRecord, egress: 
     if egress {
         return Error::usage(format!(
             "session {id}'s turns run cold: its --allow-host network goes with each turn"
+        ));
+    }
+    if pod_broker {
+        return Error::usage(format!(
+            "session {id}'s turns run cold: the credential broker in its pod would hold its keys while idle"
         ));
     }
     if record.settings.keep_warm_secs.is_none_or(|s| s == 0) {

@@ -2668,3 +2668,186 @@ fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
         newest_stored(2, &mut seen);
     }
 }
+
+/// `--keep-warm` on a cluster (issue 31): after a codex turn the session's pod stays
+/// Running, idle (no CLI process, no runtime file, no piece of the key anywhere in it); the
+/// next turn runs in it by exec (the same pod uid) and recalls; of two racing resumes one
+/// runs in it and one exits 2; a turn with another memory limit replaces it by a new one;
+/// left idle, that one ends by itself (its idle loop, no caw-box process), and the next
+/// turn is cold and recalls.
+#[test]
+fn kubernetes_warm_turns_exec_in_the_sessions_pod_which_ends_itself() {
+    check("lab up");
+    let lab = Lab::up();
+    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
+    let endpoint = lab.start_stub();
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let p = CODEX;
+    let command = |args: &[&str], prompt: &str| {
+        let mut c = turn_cmd(p, data.path(), workspace.path(), &lab, args);
+        c.args(["--model", p.model.unwrap()]).arg(prompt);
+        c
+    };
+    let turn = |args: &[&str], prompt: &str| -> Value {
+        let out = crate::common::run(command(args, prompt));
+        let json = json_of(&out);
+        assert_eq!(out.status.code(), Some(0), "{json}\n{}", stderr_of(&out));
+        assert_eq!(json["status"], "success", "{json}");
+        json
+    };
+    let recalls = |json: &Value| {
+        assert!(
+            json["result"].as_str().unwrap_or("").contains("quince-31"),
+            "no recall: {json}"
+        );
+    };
+
+    check("first turn");
+    let run = ["run", "--provider", "codex", "--endpoint", &endpoint];
+    let first = turn(
+        &[&run[..], &["--keep-warm", "60s"]].concat(),
+        "Please REMEMBER:quince-31 for later.",
+    );
+    let id = first["session_id"].as_str().unwrap().to_string();
+    let pod = format!("caw-box-{id}");
+    // The pod's uid and phase ("" when it is gone).
+    let state = || {
+        let out = lab.kubectl(&[
+            "get",
+            "pod",
+            &pod,
+            "-o",
+            "jsonpath={.metadata.uid} {.status.phase}",
+        ]);
+        let text = stdout_of(&out);
+        let (uid, phase) = text.split_once(' ').unwrap_or(("", ""));
+        (uid.to_string(), phase.to_string())
+    };
+    let (uid, phase) = state();
+    assert_eq!(phase, "Running", "no warm pod after the turn");
+
+    check("idle holds nothing");
+    let exec =
+        |script: &str| lab.kubectl_ok(&["exec", &pod, "-c", "agent", "--", "bash", "-c", script]);
+    let procs = exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '");
+    assert!(
+        procs.contains(".caw-box-warm"),
+        "the scan of processes read nothing: {procs}"
+    );
+    assert!(
+        !procs.contains("codex"),
+        "a CLI process while idle: {procs}"
+    );
+    assert_eq!(
+        exec("ls -A /run/caw-box").trim(),
+        "",
+        "runtime files while idle"
+    );
+    // Everything the agent can write (the root is read-only), and every process: no piece
+    // of the key; the session's record there is the scan's control.
+    let scan = |patterns: &[String]| {
+        let script = r#"grep -rlsaF -D skip -f /dev/stdin /home/agent /workspace /tmp /run/caw-box /proc/[0-9]*/environ /proc/[0-9]*/cmdline; true"#;
+        let mut child = Command::new(KUBECTL)
+            .env("KUBECONFIG", &lab.kubeconfig)
+            .args(["-n", NAMESPACE, "exec", "-i", &pod, "-c", "agent", "--"])
+            .args(["bash", "-c", script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl exec");
+        let mut stdin = child.stdin.take().unwrap();
+        let lines = format!("{}\n", patterns.join("\n"));
+        std::io::Write::write_all(&mut stdin, lines.as_bytes()).unwrap();
+        drop(stdin);
+        let out = wait_with_deadline(child, Duration::from_secs(60));
+        assert!(out.status.success(), "scan: {}", stderr_of(&out));
+        stdout_of(&out)
+    };
+    let control = scan(std::slice::from_ref(&id));
+    assert!(
+        control.contains("/home/agent/.caw-box/session.json"),
+        "the scan read nothing: {control}"
+    );
+    let found = scan(&key_pieces());
+    assert_eq!(found.trim(), "", "the key in the idle pod");
+
+    check("warm resume");
+    let second = turn(&["resume", &id], "RECALL");
+    recalls(&second);
+    assert_eq!(
+        state(),
+        (uid.clone(), "Running".into()),
+        "turn 2 ran elsewhere"
+    );
+
+    check("racing resumes");
+    let spawn = || {
+        let mut c = command(&["resume", &id], "HOLD:warm-race RECALL");
+        c.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let (mut a, mut b) = (spawn(), spawn());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while a.try_wait().unwrap().is_none()
+        && b.try_wait().unwrap().is_none()
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    release(&endpoint, "warm-race");
+    let outs = [
+        wait_with_deadline(a, Duration::from_secs(120)),
+        wait_with_deadline(b, Duration::from_secs(120)),
+    ];
+    let mut codes: Vec<i32> = outs.iter().map(|o| o.status.code().unwrap_or(-1)).collect();
+    codes.sort();
+    let stderrs: Vec<String> = outs.iter().map(stderr_of).collect();
+    assert_eq!(codes, vec![0, 2], "{stderrs:?}");
+    let winner = outs.iter().find(|o| o.status.code() == Some(0)).unwrap();
+    recalls(&json_of(winner));
+    assert_eq!(
+        state(),
+        (uid.clone(), "Running".into()),
+        "the race ran elsewhere"
+    );
+
+    check("settings change");
+    let third = turn(
+        &["resume", &id, "--keep-warm", "4s", "--memory", "700m"],
+        "RECALL",
+    );
+    recalls(&third);
+    let (changed, phase) = state();
+    assert!(
+        changed != uid && phase == "Running",
+        "the memory limit changed, the pod did not ({changed} {phase})"
+    );
+    let pods: Vec<String> = lab
+        .caw_objects()
+        .into_iter()
+        .filter(|o| o.starts_with("pod/"))
+        .collect();
+    assert_eq!(pods, vec![format!("pod/{pod}")], "the old warm pod stayed");
+
+    check("expiry");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state().1 == "Running" {
+        assert!(
+            Instant::now() < deadline,
+            "the warm pod did not end by itself"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(
+        state(),
+        (changed, "Succeeded".into()),
+        "it did not end by itself"
+    );
+    let fourth = turn(&["resume", &id, "--keep-warm", "off"], "RECALL");
+    recalls(&fourth);
+    assert_eq!(state().0, "", "a turn with --keep-warm off kept its pod");
+}

@@ -79,7 +79,16 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
     let mut ls = rig.caw();
     ls.args(["ls", "--json"]);
     let rows: Value = serde_json::from_str(&stdout_of(&run(ls))).unwrap();
-    let until = rows[0]["warm_until"]
+    // (ls lists every session on the daemon: other tests' too.)
+    let row = |rows: &Value| {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["session_id"] == id.as_str())
+            .cloned()
+            .unwrap_or_else(|| panic!("no row of {id}: {rows}"))
+    };
+    let until = row(&rows)["warm_until"]
         .as_u64()
         .unwrap_or_else(|| panic!("{rows}"));
     assert!(
@@ -145,7 +154,7 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
     let mut ls = rig.caw();
     ls.args(["ls", "--json"]);
     let rows: Value = serde_json::from_str(&stdout_of(&run(ls))).unwrap();
-    assert!(rows[0].get("warm_until").is_none(), "{rows}");
+    assert!(row(&rows).get("warm_until").is_none(), "{rows}");
 }
 
 /// On a warm session: of two racing resumes one runs (in the warm container) and one exits

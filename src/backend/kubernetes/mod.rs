@@ -61,6 +61,7 @@
 //! - `exec.rs`: exec and attach, and files through a pod
 //! - `meta.rs`: caw-box's labels as Kubernetes labels and annotations
 //! - `lease.rs`: a brokered login's refresh lock, a Lease (one refresh at a time across hosts)
+//! - `warm.rs`: warm pods (`--keep-warm`): claimed by a patch, turns by exec
 //! - `doctor.rs`: what `caw-box doctor` checks of a cluster
 //!
 //! [`Backend`]: crate::backend::Backend
@@ -91,6 +92,7 @@ mod seam;
 mod sidecars;
 mod spec;
 mod status;
+mod warm;
 
 pub use meta::{label_selector, valid_label_value};
 pub use sidecars::{BROKER_UID, EGRESS_INIT, PROXY_UID};
@@ -140,6 +142,8 @@ pub struct KubeBackend {
     terminals: std::sync::Arc<std::sync::Mutex<HashMap<String, Resizer>>>,
     /// What the agents of this process's attachments said of their end.
     ends: std::sync::Arc<ends::Ends>,
+    /// The turns this process runs in warm pods, by pod name (`warm.rs`).
+    warm: warm::WarmTurns,
 }
 
 /// Sends a TTY attachment's new size (columns, rows); `false` once the attachment ended.
@@ -213,6 +217,7 @@ impl KubeBackend {
             origin,
             terminals: Default::default(),
             ends: Default::default(),
+            warm: Default::default(),
         };
         let pods = backend.pods();
         let first = ListParams::default().limit(1);

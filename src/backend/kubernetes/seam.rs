@@ -20,6 +20,7 @@ use super::status::{
     Progress, OOM_COUNTERS,
 };
 use super::{failed, is_status, label_selector, meta, KubeBackend};
+use crate::backend::warm::WARM_LABEL;
 use crate::backend::{
     Attached, Backend, ContainerInfo, CreateError, HelperSpec, ImageInfo, OutputChunk,
     OutputStream, TarFile, TurnSpec, VolumeInfo,
@@ -38,6 +39,7 @@ impl Backend for KubeBackend {
             .items
             .iter()
             .map(container_info)
+            .map(super::warm::shown)
             .filter(|c| meta::matches(&c.labels, labels))
             .collect())
     }
@@ -64,8 +66,12 @@ impl Backend for KubeBackend {
                 init.retain(|c| c.name != super::spec::SEED_HOME);
             }
         }
-        let labels = turn_pod_labels(spec);
-        self.create_pod(&self.pod(name, &labels, pod_spec)).await?;
+        let mut labels = turn_pod_labels(spec);
+        if spec.labels.contains_key(WARM_LABEL) {
+            super::warm::warm_pod(spec, &mut pod_spec, &mut labels);
+        }
+        self.create_over_idle(&self.pod(name, &labels, pod_spec))
+            .await?;
         self.wait_running(name, &spec.image).await?;
         if let (false, Some(claim)) = (seeded, state) {
             self.note_seeded(name, claim).await;
@@ -103,15 +109,13 @@ impl Backend for KubeBackend {
     }
 
     async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
-        let pod = self
-            .pods()
-            .get_opt(name)
-            .await
-            .map_err(|e| failed(format!("read pod '{name}'"), &e))?;
-        Ok(pod.as_ref().map(container_info))
+        self.inspect_shown(name).await
     }
 
     async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {
+        if self.is_warm_turn(name) {
+            return self.warm_attach(name).await;
+        }
         let tty = self
             .pods()
             .get_opt(name)
@@ -216,6 +220,9 @@ impl Backend for KubeBackend {
     }
 
     async fn wait_container(&self, name: &str) -> Result<i64> {
+        if self.is_warm_turn(name) {
+            return self.warm_wait(name).await;
+        }
         let t0 = std::time::Instant::now();
         loop {
             // The agent's own word through an attachment, else the pod's status.
@@ -235,6 +242,9 @@ impl Backend for KubeBackend {
             let Some(pod) = pod else {
                 return Err(deleted_under_turn(name));
             };
+            if Self::is_warm_pod(&pod) {
+                return self.wait_warm_elsewhere(&pod).await;
+            }
             if let Progress::Ended(code) = pod_progress(&pod) {
                 super::timeline("wait for the pod's end", t0);
                 self.ends.forget(name);
@@ -313,6 +323,10 @@ impl Backend for KubeBackend {
     }
 
     async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
+        // A warm pod's turn, not the pod: it stays for the record.
+        if self.stop_warm_turn(name, grace).await? {
+            return Ok(());
+        }
         // tini forwards the signal to the entrypoint, which stops the CLI and cleans up.
         if self.exec(name, &["kill", "-TERM", "1"], None).await.is_ok() {
             let ended = tokio::time::timeout(grace, self.wait_container(name)).await;
@@ -355,12 +369,49 @@ impl Backend for KubeBackend {
     }
 
     async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
+        if self.is_warm_turn(name) {
+            return self.release_warm(name).await;
+        }
         self.delete_pod(name, None, force).await
     }
 
     async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
         let uid = (!found.id.is_empty()).then(|| found.id.clone());
-        self.delete_pod(&found.name, uid, true).await
+        if let Some(pod) = super::warm::idle_pod_of(found) {
+            self.remove_idle(pod, uid.as_deref()).await?;
+            return Ok(());
+        }
+        // A warm pod's loop ends on SIGTERM: not forced (see `remove_idle`).
+        let force = !found.labels.contains_key(WARM_LABEL);
+        self.delete_pod(&found.name, uid, force).await
+    }
+
+    fn keeps_warm(&self) -> bool {
+        true
+    }
+
+    async fn claim_warm(&self, name: &str) -> Result<Option<ContainerInfo>> {
+        KubeBackend::claim_warm(self, name).await
+    }
+
+    fn exec_in_warm(&self, name: &str, exec: crate::backend::warm::WarmExec) {
+        KubeBackend::exec_in_warm(self, name, exec)
+    }
+
+    async fn turn_in_warm(&self, name: &str) -> Result<Option<(u32, u32)>> {
+        KubeBackend::turn_in_warm(self, name).await
+    }
+
+    async fn warm_idle_for(&self, name: &str) -> Result<Option<u64>> {
+        KubeBackend::warm_idle_for(self, name).await
+    }
+
+    async fn idle_warm(&self, name: &str) -> Result<()> {
+        KubeBackend::idle_warm(self, name).await
+    }
+
+    async fn remove_warm(&self, name: &str) -> Result<bool> {
+        self.remove_idle(name, None).await
     }
 
     async fn run_to_completion(
