@@ -277,3 +277,22 @@ impl KubeBackend {
         unbound
     }
 }
+
+impl KubeBackend {
+    /// A claim of a storage class that does not exist would stay Pending for ever: refused
+    /// before it is made. Where the user may not read storage classes (cluster-scoped), the
+    /// claim's binding tells instead ([`Self::wait_running`]).
+    pub(super) async fn check_storage_class(&self, claim: &str, class: &str) -> Result<()> {
+        let classes: kube::Api<k8s_openapi::api::storage::v1::StorageClass> =
+            kube::Api::all(self.client.clone());
+        match classes.get_opt(class).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(Error::environment(format!(
+                "cannot create claim '{claim}': storage class '{class}' (CAW_BOX_STORAGE_CLASS) does not exist, so the claim would stay Pending"
+            ))
+            .with_hint("`kubectl get storageclass` lists the classes; unset CAW_BOX_STORAGE_CLASS for the default one")),
+            Err(e) if is_status(&e, 403) => Ok(()),
+            Err(e) => Err(failed(format!("read storage class '{class}'"), &e)),
+        }
+    }
+}

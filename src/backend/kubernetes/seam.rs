@@ -8,10 +8,9 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, ResourceRequirements,
 };
-use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 
 use super::exec::chunks;
 use super::spec::{helper_pod_spec, shell_quote, turn_pod_spec, RUNTIME_READY};
@@ -692,21 +691,5 @@ impl KubeBackend {
         }
         self.attach_to(name, Some(sidecar.to_string()), true, false)
             .await
-    }
-
-    /// A claim of a storage class that does not exist would stay Pending for ever: refused
-    /// before it is made. Where the user may not read storage classes (cluster-scoped), the
-    /// claim's binding tells instead ([`Self::wait_running`]).
-    async fn check_storage_class(&self, claim: &str, class: &str) -> Result<()> {
-        let classes: Api<StorageClass> = Api::all(self.client.clone());
-        match classes.get_opt(class).await {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => Err(Error::environment(format!(
-                "cannot create claim '{claim}': storage class '{class}' (CAW_BOX_STORAGE_CLASS) does not exist, so the claim would stay Pending"
-            ))
-            .with_hint("`kubectl get storageclass` lists the classes; unset CAW_BOX_STORAGE_CLASS for the default one")),
-            Err(e) if is_status(&e, 403) => Ok(()),
-            Err(e) => Err(failed(format!("read storage class '{class}'"), &e)),
-        }
     }
 }
