@@ -249,9 +249,10 @@ pub enum Command {
         /// A handle, session id, unique id prefix (4+ characters) or session name.
         target: String,
     },
-    /// Start a session's container ahead of its next turn, which then runs in it (see
-    /// `--keep-warm`): idle, it holds no credential and runs no CLI, and ends itself when
-    /// DURATION passes without a turn.
+    /// Start a session's container ahead of its next turn, which runs in it
+    ///
+    /// See `--keep-warm`: idle, the container holds no credential and runs no CLI, and ends
+    /// itself when DURATION passes without a turn.
     #[command(
         after_help = "Examples:\n  caw-box warm fixer --for 10m     # then: caw-box resume fixer \"...\"\n  caw-box warm fixer               # as long as the session's --keep-warm"
     )]
