@@ -44,6 +44,18 @@ done"#;
 /// it ([`release_argv`]). An entrypoint that ends 0 otherwise leaves it idle: exit 0.
 pub const RECORDED_NOT_RELEASED: i64 = 86;
 
+/// What the end of a warm turn's command says, in both backends: whether the command made
+/// the container idle itself (it ended 0), and the turn's exit code
+/// ([`RECORDED_NOT_RELEASED`] is a recorded turn: 0, its release still to do).
+pub fn turn_end(code: i64) -> (bool, i64) {
+    let turn = if code == RECORDED_NOT_RELEASED {
+        0
+    } else {
+        code
+    };
+    (code == 0, turn)
+}
+
 /// `release`: makes the container idle after a recorded turn: nothing of the turn stays:
 /// no process (what the CLI left running), no runtime file (`$1`: the runtime directory),
 /// no temporary file. Skips the container's init, the entrypoint and the loop (with its
@@ -178,6 +190,16 @@ pub struct WarmExec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a 0 is a release the command did; 86 is a recorded turn (0) to release; the
+    /// rest are the turn's own codes.
+    #[test]
+    fn a_turns_end_says_who_releases() {
+        assert_eq!(turn_end(0), (true, 0));
+        assert_eq!(turn_end(RECORDED_NOT_RELEASED), (false, 0));
+        assert_eq!(turn_end(1), (false, 1));
+        assert_eq!(turn_end(-1), (false, -1));
+    }
 
     /// The scripts are valid bash (the release's patterns need extglob, which they set on a
     /// line before them: `-n` does not run it), and the turn wrapper notes the turn's pid,

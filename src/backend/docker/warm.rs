@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 
 use super::{failed, is_not_found, DockerBackend};
 use crate::backend::warm::{
-    release_argv, stop_argv, WarmExec, RECORDED_NOT_RELEASED, WARM_FOR_LABEL, WARM_LABEL,
+    release_argv, stop_argv, turn_end, WarmExec, WARM_FOR_LABEL, WARM_LABEL,
 };
 use crate::backend::{Attached, ContainerInfo};
 use crate::error::{Error, Result};
@@ -207,20 +207,16 @@ impl DockerBackend {
         loop {
             match self.docker.inspect_exec(&id).await {
                 Ok(e) if e.running != Some(true) => {
-                    let code = e.exit_code.unwrap_or(-1);
+                    let (released, code) = turn_end(e.exit_code.unwrap_or(-1));
                     if let Some(t) = self
                         .warm
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .get_mut(name)
                     {
-                        t.released = code == 0;
+                        t.released = released;
                     }
-                    return Ok(if code == RECORDED_NOT_RELEASED {
-                        0
-                    } else {
-                        code
-                    });
+                    return Ok(code);
                 }
                 Ok(_) => {
                     let fast = started.elapsed() < Duration::from_secs(2);

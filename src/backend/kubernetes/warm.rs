@@ -36,7 +36,7 @@ use super::exec::chunks;
 use super::status::container_info;
 use super::{failed, is_status, meta, KubeBackend};
 use crate::backend::warm::{
-    release_argv, stop_argv, turn_of, WarmExec, RECORDED_NOT_RELEASED, WARM_FOR_LABEL, WARM_LABEL,
+    release_argv, stop_argv, turn_end, turn_of, WarmExec, WARM_FOR_LABEL, WARM_LABEL,
 };
 use crate::backend::{Attached, ContainerInfo, CreateError, OutputChunk, TurnSpec};
 use crate::error::{Error, Result};
@@ -380,18 +380,14 @@ impl KubeBackend {
         let Some(mut ended) = ended else {
             return Ok(-1);
         };
-        let code = match ended.wait_for(Option::is_some).await {
+        let (released, code) = turn_end(match ended.wait_for(Option::is_some).await {
             Ok(code) => code.unwrap_or(-1),
             Err(_) => -1,
-        };
+        });
         if let Some(t) = self.warm_turns().get_mut(name) {
-            t.released = code == 0;
+            t.released = released;
         }
-        Ok(if code == RECORDED_NOT_RELEASED {
-            0
-        } else {
-            code
-        })
+        Ok(code)
     }
 
     /// How long the idle warm pod `name` (running) stays idle after a turn, if it is one.
