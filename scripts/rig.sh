@@ -8,7 +8,8 @@
 #   scripts/rig.sh restart     stop and start the daemon that `up` started (tests use this)
 #   scripts/rig.sh base        build the local base image (debootstrap + node), cached by tag
 #   scripts/rig.sh tools       install the tools the end-to-end tests drive (tmux; openssl; sshd and
-#                              ssh for the ssh:// DOCKER_HOST test, which starts its own sshd)
+#                              ssh for the ssh:// DOCKER_HOST test, which starts its own sshd;
+#                              valgrind for scripts/hot-functions.sh)
 #   scripts/rig.sh build-deps  install what building caw-box needs besides Rust (Python's venv,
 #                              for the Python package's stage; TLS is rustls, no C library)
 #   scripts/rig.sh with CMD…   `up`, run CMD, then `down` if `up` started the daemon
@@ -217,6 +218,8 @@ case "${1:-}" in
         command -v openssl >/dev/null 2>&1 || apt_install openssl
         { [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null 2>&1; } \
             || apt_install openssh-server openssh-client
+        # scripts/hot-functions.sh profiles turns under its callgrind.
+        command -v valgrind >/dev/null 2>&1 || apt_install valgrind
         ;;
     build-deps)
         # TLS is rustls (no OpenSSL to link). The Python package's stage makes a virtualenv,

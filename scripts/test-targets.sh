@@ -15,6 +15,9 @@
 #      issue with the table, or comments on the open one
 #   5. `make demo`'s script on the images the run built: a codex run and a resume that recalls,
 #      against the stub model on an internal network of its own
+#   6. scripts/hot-functions.sh --smoke (what makes the list build.rs lays the release binary
+#      out by, scripts/hot-functions.txt): one codex turn of the debug build under callgrind,
+#      the list made and checked, then thrown away (about 11 s)
 #
 # Not here, because other stages run them: `make lint` (stage lint runs its commands),
 # `make images` (stage images), `make bench` (stage bench-smoke, scripts/bench.sh --smoke),
@@ -83,3 +86,6 @@ printf '%s\n' "$out"
 # The resumed turn's answer recalls what the first turn was told.
 grep -q marmalade <<<"$(sed -n '/caw-box resume/,$p' <<<"$out")" \
     || fail "the demo's resume did not recall 'marmalade'"
+
+step "the release layout's profiler, one debug turn (scripts/hot-functions.sh --smoke)"
+scripts/hot-functions.sh --smoke
