@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::provider::ProviderKind;
 use crate::session::handle::ResumeHandle;
+use crate::session::lifecycle::Stopped;
 use crate::session::names;
 use crate::session::record::{now_secs, volume_labels, SessionRecord, SessionSettings};
 use crate::session::runner::{self, TurnOptions};
@@ -325,12 +326,13 @@ impl Client {
 
     /// Stops the running turn of the session `target` names (whichever process drives it)
     /// and returns its id once the turn is recorded as interrupted; the session stays
-    /// resumable. An error if no turn runs.
-    pub async fn stop(&self, target: &str) -> Result<Uuid> {
+    /// resumable. Where no turn runs but the session is warm, its idle container goes
+    /// ([`Stopped::Warm`]). An error if there is neither.
+    pub async fn stop(&self, target: &str) -> Result<(Uuid, Stopped)> {
         let facts = target::resolve_view(&self.backend, target).await?.facts;
         let id = facts.session_id;
-        lifecycle::stop(&self.backend, id, &facts.settings).await?;
-        Ok(id)
+        let stopped = lifecycle::stop(&self.backend, id, &facts.settings).await?;
+        Ok((id, stopped))
     }
 
     /// Waits until the running turn (if any) of the session `target` names is recorded,
@@ -562,7 +564,7 @@ impl Session {
     }
 
     /// Stops this session's running turn, wherever it runs (see [`Client::stop`]).
-    pub async fn stop(&self) -> Result<()> {
+    pub async fn stop(&self) -> Result<Stopped> {
         lifecycle::stop(&self.backend, self.id(), &self.record.settings).await
     }
 

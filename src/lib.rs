@@ -35,6 +35,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use event::{Event, Status, TurnResult, Usage};
 pub use provider::ProviderKind;
 pub use session::handle::ResumeHandle;
+pub use session::lifecycle::Stopped;
 pub use session::runner::TurnOptions;
 
 /// For the property tests of `tests/fuzz.rs`: how `auth status` words an expiry.

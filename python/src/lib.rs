@@ -281,7 +281,8 @@ impl NativeSession {
 /// turn may not have started its container yet).
 async fn stop_until_stopped(client: caw_box::Client, id: String) {
     loop {
-        if client.stop(&id).await.is_ok() {
+        // Not a warm session's idle container, removed before the turn claimed it.
+        if let Ok((_, caw_box::Stopped::Turn)) = client.stop(&id).await {
             return;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -306,7 +307,7 @@ fn stop(py: Python<'_>, target: String) -> PyResult<String> {
     let rt = rt()?;
     py.allow_threads(|| {
         rt.block_on(async { caw_box::Client::connect().await?.stop(&target).await })
-            .map(|id| id.to_string())
+            .map(|(id, _)| id.to_string())
             .map_err(raise)
     })
 }

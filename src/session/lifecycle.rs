@@ -143,13 +143,23 @@ pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
     Ok(())
 }
 
+/// What [`stop`] stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// The running turn, recorded as interrupted.
+    Turn,
+    /// No turn ran: the session's idle warm container (pod), removed.
+    Warm,
+}
+
 /// Stops session `id`'s running turn and returns once its driver recorded the turn (as
-/// interrupted) and released the session, which stays resumable. An error if no turn runs.
+/// interrupted) and released the session, which stays resumable. Where no turn runs, the
+/// session's idle warm container goes instead. An error if there is neither.
 pub async fn stop(
     backend: &impl Backend,
     id: Uuid,
     settings: &crate::session::SessionSettings,
-) -> Result<()> {
+) -> Result<Stopped> {
     let container = names::turn_container(id);
     let running = backend
         .inspect_container(&container)
@@ -158,7 +168,7 @@ pub async fn stop(
     let Some(inspect) = running else {
         // No turn runs: a warm container idling for the next one is what there is to stop.
         if backend.remove_warm(&container).await? {
-            return Ok(());
+            return Ok(Stopped::Warm);
         }
         return Err(Error::usage(format!("session {id} has no running turn")));
     };
@@ -190,7 +200,8 @@ pub async fn stop(
         tracing::debug!("could not note the stop on the container: {e}");
     }
     backend.stop_container(&container, STOP_GRACE).await?;
-    await_release(backend, &container, Duration::from_secs(30)).await
+    await_release(backend, &container, Duration::from_secs(30)).await?;
+    Ok(Stopped::Turn)
 }
 
 /// Returns once the driver of the ended turn in `container` recorded the turn and released

@@ -236,6 +236,11 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
     let out = run(stop);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     assert!(
+        stderr_of(&out).contains("ran no turn: its warm container is removed"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert!(
         rig.caw_containers().is_empty(),
         "stop left the warm container"
     );

@@ -452,9 +452,14 @@ pub async fn wait(target_arg: &str, format: OutputFormat, quiet: bool) -> Result
 
 /// `stop`: ends the session's running turn; the session stays resumable.
 pub async fn stop(target_arg: &str, quiet: bool) -> Result<i32> {
-    let id = Client::connect().await?.stop(target_arg).await?;
+    let (id, stopped) = Client::connect().await?.stop(target_arg).await?;
     if !quiet {
-        output::eprintln(&format!("stopped the running turn of session {id}"));
+        output::eprintln(&match stopped {
+            crate::Stopped::Turn => format!("stopped the running turn of session {id}"),
+            crate::Stopped::Warm => {
+                format!("session {id} ran no turn: its warm container is removed")
+            }
+        });
     }
     Ok(0)
 }
