@@ -828,6 +828,22 @@ fn try_http_call(base: &str, method: &str, path: &str) -> Result<(u16, String), 
     Ok((status, body.to_string()))
 }
 
+/// A warm container's (pod's) processes' command lines, as a bash script run in it.
+pub const IDLE_PROCESSES: &str = "cat /proc/[0-9]*/cmdline | tr '\\0' ' '";
+
+/// Asserts that `procs` (what [`IDLE_PROCESSES`] printed) is an idle warm container's: its
+/// idle loop runs (the scan read something), no codex CLI process does.
+pub fn idle_runs_no_cli(procs: &str) {
+    assert!(
+        procs.contains(".caw-box-warm"),
+        "the scan of processes read nothing: {procs}"
+    );
+    assert!(
+        !procs.contains("codex"),
+        "a CLI process while idle: {procs}"
+    );
+}
+
 /// Marks the start of one check of a test that makes several in a row, on stderr: when the
 /// test fails, the last mark names the check that failed (scripts/drift.sh reads it).
 #[allow(clippy::print_stderr)] // the test's own captured stderr, shown when it fails

@@ -651,6 +651,20 @@ fn turn_cmd(
     c
 }
 
+/// What a codex session's tests on the cluster start from: the lab with the codex image and
+/// a stub model (its endpoint), a workspace with a file in it, and a data directory.
+fn codex_on_the_lab() -> (Lab, String, tempfile::TempDir, tempfile::TempDir) {
+    check("lab up");
+    let lab = Lab::up();
+    check("load images");
+    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
+    let endpoint = lab.start_stub();
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
+    let data = tempfile::tempdir().unwrap();
+    (lab, endpoint, workspace, data)
+}
+
 #[test]
 fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
     check("lab up");
@@ -922,14 +936,7 @@ fn result_text(v: &Value) -> String {
 #[test]
 fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
     const P: P = CODEX;
-    check("lab up");
-    let lab = Lab::up();
-    check("load images");
-    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
-    let endpoint = lab.start_stub();
-    let workspace = tempfile::tempdir().unwrap();
-    std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
-    let data = tempfile::tempdir().unwrap();
+    let (lab, endpoint, workspace, data) = codex_on_the_lab();
     let detached_run = |prompt: &str| {
         let mut run = turn_cmd(
             P,
@@ -1186,14 +1193,7 @@ fn error_line(out: &Output) -> String {
 #[test]
 fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
     const P: P = CODEX;
-    check("lab up");
-    let lab = Lab::up();
-    check("load images");
-    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
-    let endpoint = lab.start_stub();
-    let workspace = tempfile::tempdir().unwrap();
-    std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
-    let data = tempfile::tempdir().unwrap();
+    let (lab, endpoint, workspace, data) = codex_on_the_lab();
     let run = |extra: &[&str], prompt: &str| {
         let mut c = turn_cmd(
             P,
@@ -1560,13 +1560,7 @@ impl Lab {
 
 #[test]
 fn kubernetes_codex_tui_through_attach_follows_resizes_and_resumes_headless() {
-    check("lab up");
-    let lab = Lab::up();
-    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
-    let endpoint = lab.start_stub();
-    let workspace = tempfile::tempdir().unwrap();
-    std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
-    let data = tempfile::tempdir().unwrap();
+    let (lab, endpoint, workspace, data) = codex_on_the_lab();
     let name = format!("tui-{}", std::process::id());
 
     // A collected key: the TUI's turn is brokered (the broker beside it in its pod); the
@@ -2677,13 +2671,7 @@ fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
 /// turn is cold and recalls.
 #[test]
 fn kubernetes_warm_turns_exec_in_the_sessions_pod_which_ends_itself() {
-    check("lab up");
-    let lab = Lab::up();
-    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
-    let endpoint = lab.start_stub();
-    let workspace = tempfile::tempdir().unwrap();
-    std::fs::write(workspace.path().join("README.md"), "a workspace\n").unwrap();
-    let data = tempfile::tempdir().unwrap();
+    let (lab, endpoint, workspace, data) = codex_on_the_lab();
     let p = CODEX;
     let command = |args: &[&str], prompt: &str| {
         let mut c = turn_cmd(p, data.path(), workspace.path(), &lab, args);
@@ -2731,15 +2719,7 @@ fn kubernetes_warm_turns_exec_in_the_sessions_pod_which_ends_itself() {
     check("idle holds nothing");
     let exec =
         |script: &str| lab.kubectl_ok(&["exec", &pod, "-c", "agent", "--", "bash", "-c", script]);
-    let procs = exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '");
-    assert!(
-        procs.contains(".caw-box-warm"),
-        "the scan of processes read nothing: {procs}"
-    );
-    assert!(
-        !procs.contains("codex"),
-        "a CLI process while idle: {procs}"
-    );
+    idle_runs_no_cli(&exec(IDLE_PROCESSES));
     assert_eq!(
         exec("ls -A /run/caw-box").trim(),
         "",

@@ -56,18 +56,7 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
         scan.found.is_empty(),
         "a secret in the idle container: {scan:?}"
     );
-    let procs = rig.exec(
-        &idle,
-        &["bash", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"],
-    );
-    assert!(
-        procs.contains(".caw-box-warm"),
-        "the scan of processes read nothing: {procs}"
-    );
-    assert!(
-        !procs.contains("codex"),
-        "a CLI process while idle: {procs}"
-    );
+    idle_runs_no_cli(&rig.exec(&idle, &["bash", "-c", IDLE_PROCESSES]));
     let run_dir = rig.exec(&idle, &["ls", "-A", "/run/caw-box"]);
     assert_eq!(run_dir.trim(), "", "runtime files while idle");
 
