@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use super::egress::refused_by_proxy;
+use super::ended::{
+    last_line, model_host, stopped_outside_result, unreachable_result, EXIT_MARKER, SIGNAL_MARKER,
+};
 use super::history::{save_record, Ending, StoredHistory, TurnLogs};
 use super::runtime::{has_file, signal_file, STOP_NOW, STOP_REQUEST};
 use super::turn::{
@@ -19,10 +22,6 @@ use crate::event::{Event, Status, TurnResult};
 use crate::lines::LineBuffer;
 use crate::provider::ParseContext;
 use crate::session::record::{now_secs, SessionRecord, TurnRecord};
-
-/// The line the entrypoint prints on stdout after the CLI ended on its own, with its exit
-/// code, before it waits for the turn's record (the record hand-off, see `caw-box-entry`).
-pub(crate) const EXIT_MARKER: &str = "\u{1e}caw-box-exit ";
 
 /// Runs a headless turn in its created container, to its recorded end.
 pub(super) async fn drive_headless(
@@ -103,7 +102,12 @@ pub(super) async fn adopt(
     record.owner = Some(ctx.user);
     // A sidecar broker holding a login answers to this process now, and what it refreshed
     // without its driver is stored.
-    let broker = super::broker::Broker::take_over_in_pod(backend, record.provider, name).await;
+    // (Only a broker in the turn's own unit is the turn's: a shared one serves others.)
+    let in_turn = backend.broker_place().await == crate::backend::BrokerPlace::InTurn;
+    let broker = match in_turn {
+        true => super::broker::Broker::take_over_in_pod(backend, record.provider, name).await,
+        false => None,
+    };
     let result = drive(&ctx, record, &mut interrupts, &mut |_| {}, Some(adopted)).await;
     if let Some(task) = broker {
         let _ = tokio::time::timeout(super::broker::WATCH_END, task).await;
@@ -233,14 +237,15 @@ async fn drive(
     let mut output = attach.output;
     // The CLI's exit code, as the entrypoint reports it right after the CLI's last output.
     let mut cli_exit: Option<i64> = None;
+    // The signal the container got, where the CLI ended after one (SIGNAL_MARKER).
+    let mut signalled: Option<String> = None;
 
     loop {
         let printed = tokio::select! {
             chunk = output.next() => match chunk {
                 Some(Ok(OutputChunk::Stdout(message))) => {
-                    lines.feed(&message, |l| match l.strip_prefix(EXIT_MARKER) {
-                        Some(code) => cli_exit = code.trim().parse().ok(),
-                        None => reader.stdout_line(l),
+                    lines.feed(&message, |l| {
+                        read_stdout_line(l, &mut reader, &mut cli_exit, &mut signalled)
                     });
                     if let Some(code) = cli_exit {
                         // The CLI is done; the entrypoint waits for the record.
@@ -310,11 +315,11 @@ async fn drive(
         let drain = async {
             while let Some(Ok(chunk)) = output.next().await {
                 if let OutputChunk::Stdout(message) = chunk {
-                    lines.feed(&message, |l| match l.strip_prefix(EXIT_MARKER) {
-                        // The CLI ended as it was stopped: the entrypoint waits for the
-                        // record (a stop that reached the CLI, not the entrypoint).
-                        Some(code) => cli_exit = code.trim().parse().ok(),
-                        None => reader.stdout_line(l),
+                    // An exit marker: the CLI ended as it was stopped, and the entrypoint
+                    // waits for the record (a stop that reached the CLI, not the
+                    // entrypoint).
+                    lines.feed(&message, |l| {
+                        read_stdout_line(l, &mut reader, &mut cli_exit, &mut signalled)
                     });
                 }
             }
@@ -345,6 +350,10 @@ async fn drive(
     if stop_requested {
         ended_early = Some(EndedEarly::Interrupted);
     }
+    // Stopped from outside the turn: neither the CLI's own end, nor caw-box's doing.
+    let stopped_outside = signalled
+        .as_deref()
+        .filter(|_| ended_early.is_none() && cli_exit.is_none());
 
     let mut outcome = reader.parser.finish(exit_code);
     // A CLI that gave up on its own after failing to reach its model, and said so last.
@@ -369,7 +378,7 @@ async fn drive(
     // A CLI that failed because its pod hit a wall outside it (memory, an eviction): the
     // environment's failure (exit 3), not the agent's.
     let environment = match ended_early {
-        None if failed => backend.ended_by_environment(name).await,
+        None if failed && stopped_outside.is_none() => backend.ended_by_environment(name).await,
         _ => None,
     };
     if let Some(key) = reader.parser.resume_key() {
@@ -410,6 +419,9 @@ async fn drive(
                 (Status::Interrupted, "the turn was interrupted".to_string())
             }
         };
+    } else if let Some(signal) = stopped_outside {
+        outcome.status = Status::Interrupted;
+        outcome.result = stopped_outside_result(signal, &backend.words().engine);
     } else if let Some(why) = &environment {
         outcome.status = Status::Error;
         outcome.result = why.clone();
@@ -526,6 +538,24 @@ async fn drive(
     Ok(result)
 }
 
+/// One line of the CLI's stdout as the container printed it: the entrypoint's markers
+/// (how the CLI ended) are taken out, the rest goes to the reader.
+fn read_stdout_line(
+    line: &str,
+    reader: &mut TurnReader<'_>,
+    cli_exit: &mut Option<i64>,
+    signalled: &mut Option<String>,
+) {
+    if let Some(code) = line.strip_prefix(EXIT_MARKER) {
+        *cli_exit = code.trim().parse().ok();
+    } else if let Some(rest) = line.strip_prefix(SIGNAL_MARKER) {
+        let name = rest.split_whitespace().next().unwrap_or("TERM");
+        *signalled = Some(name.to_string());
+    } else {
+        reader.stdout_line(line);
+    }
+}
+
 /// Why a headless turn ended before its CLI did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EndedEarly {
@@ -600,65 +630,4 @@ impl TurnReader<'_> {
         }
         self.events = events;
     }
-}
-
-/// The result text of a turn whose CLI could not reach its model: which host, for how
-/// long, in the CLI's own words, and what the egress proxy refused.
-fn unreachable_result(
-    record: &SessionRecord,
-    waited: Option<Duration>,
-    words: &str,
-    refused: &[String],
-) -> String {
-    let cli = record.provider.executable();
-    let host = model_host(record);
-    let mut text = match waited {
-        Some(w) => format!(
-            "{cli} could not reach its model at {host}: no answer for {} (--connect-timeout)",
-            humantime::format_duration(w)
-        ),
-        None => format!("{cli} could not reach its model at {host}"),
-    };
-    let words = words.trim();
-    if !words.is_empty() {
-        let words: String = words.chars().take(300).collect();
-        text.push_str(&format!("; it said: {words}"));
-    }
-    if !refused.is_empty() {
-        text.push_str(&format!(
-            " (the egress proxy refused {}: not in --allow-host)",
-            refused.join(", ")
-        ));
-    }
-    text
-}
-
-/// The host a session's model traffic goes to: the `--endpoint` host, else the vendor's.
-pub fn model_host(record: &SessionRecord) -> String {
-    match record.settings.endpoint.as_deref() {
-        Some(url) => {
-            let rest = url.split_once("://").map_or(url, |(_, r)| r);
-            let authority = rest.split('/').next().unwrap_or(rest);
-            authority
-                .rsplit('@')
-                .next()
-                .unwrap_or(authority)
-                .to_string()
-        }
-        None => record
-            .provider
-            .api_hosts()
-            .first()
-            .map(|h| h.trim_end_matches(":443").to_string())
-            .unwrap_or_default(),
-    }
-}
-
-fn last_line(bytes: &[u8]) -> Option<String> {
-    String::from_utf8_lossy(bytes)
-        .lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .map(|l| l.chars().take(500).collect())
 }

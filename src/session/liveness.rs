@@ -38,7 +38,14 @@ pub(super) async fn remove_abandoned_turns(backend: &impl Backend, own: &str) {
         return;
     };
     for c in turns {
-        if c.name != own && c.state == crate::backend::ContainerState::Exited && driver_is_gone(&c)
+        // An adoptable one is left to be recorded by the next caw-box that meets its
+        // session (`orphans::settle`).
+        let recordable = c.label(labels::ADOPTABLE) == Some("true")
+            && backend.runtime_dir() == crate::backend::RuntimeDir::KeptWithContainer;
+        if c.name != own
+            && c.state == crate::backend::ContainerState::Exited
+            && driver_is_gone(&c)
+            && !recordable
         {
             tracing::debug!("removing {}, abandoned by its driver", c.name);
             let _ = backend.remove_found(&c).await;

@@ -22,6 +22,7 @@ mod kubernetes;
 mod limits;
 mod manage;
 mod oauth;
+mod orphans;
 mod patch;
 mod portable;
 mod protect;

@@ -1,0 +1,162 @@
+//! Turns whose driver is gone: a detached turn's `caw-box __drive` killed (the OOM killer, a
+//! CI runner's cleanup), or a driver that lost its engine mid-turn. The turn's container
+//! is adoptable (`labels::ADOPTABLE`): its output stays in its log and its state volume
+//! with it, so whoever comes next — `wait`, `stop`, `show`, `logs`, `ls`, the session's next
+//! turn — records it as its driver would have (result, usage, cost, status), once: one
+//! process at a time holds this host's lock on the session's orphan, and the others wait
+//! for the container to go.
+//!
+//! Not here: running turns (`runner.rs`, `headless.rs`), telling whether a driver lives
+//! (`liveness.rs`).
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use super::liveness::driver_is_gone;
+use crate::backend::{Backend, ContainerInfo, ContainerState, RuntimeDir};
+use crate::dirs;
+use crate::error::{Error, Result};
+use crate::event::TurnResult;
+use crate::session::names;
+use crate::session::record::{labels, SessionRecord};
+use crate::session::target;
+
+/// What was found of a session's turn container whose driver may be gone.
+#[derive(Debug)]
+pub enum Orphan {
+    /// Its driver lives, or there is none to record (no container, a TUI turn's).
+    None,
+    /// A turn whose driver is gone, recorded now by this process: the record with it.
+    Recorded(Box<(SessionRecord, TurnResult)>),
+    /// Recorded by another process that holds the lock (its container is gone now).
+    RecordedElsewhere,
+    /// Running on with its driver gone: recorded when it ends (`wait` follows it).
+    Running,
+}
+
+/// Holds this host's lock on recording session `id`'s orphaned turn, while alive.
+#[derive(Debug)]
+struct AdoptLock(#[allow(dead_code)] File);
+
+/// Takes the lock, or `None` while another process holds it (and records the turn).
+fn try_lock(id: Uuid) -> Result<Option<AdoptLock>> {
+    try_lock_in(&dirs::data_dir()?.join("adopt"), id)
+}
+
+fn try_lock_in(dir: &std::path::Path, id: Uuid) -> Result<Option<AdoptLock>> {
+    let failed =
+        |e: std::io::Error| Error::environment(format!("cannot lock '{}': {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(failed)?;
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(format!("{id}.lock")))
+        .map_err(failed)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(AdoptLock(file))),
+        Err(TryLockError::WouldBlock) => Ok(None),
+        Err(TryLockError::Error(e)) => Err(failed(e)),
+    }
+}
+
+/// Removes session `id`'s lock file (the session is gone).
+pub(super) fn forget(id: Uuid) {
+    if let Ok(dir) = dirs::data_dir() {
+        let _ = std::fs::remove_file(dir.join("adopt").join(format!("{id}.lock")));
+    }
+}
+
+/// Whether `c` is a turn container whose driver is gone and that any caw-box may record.
+pub(super) fn is_orphan(c: &ContainerInfo) -> bool {
+    c.label(labels::ADOPTABLE) == Some("true") && driver_is_gone(c)
+}
+
+/// Whether an ended orphan `c` can be recorded here: where its backend keeps an ended
+/// container's volumes writable (Docker). A pod that ended is gone for writing.
+pub(super) fn recordable_ended(backend: &impl Backend, c: &ContainerInfo) -> bool {
+    let ended = c.finished || c.state == ContainerState::Exited;
+    !c.running() && ended && backend.runtime_dir() == RuntimeDir::KeptWithContainer
+}
+
+/// Records session `id`'s turn whose driver is gone, if there is one that ended (or, with
+/// `follow`, one that runs: followed to its end). Cheap when there is none: one inspect.
+pub async fn settle(backend: &impl Backend, id: Uuid, follow: bool) -> Result<Orphan> {
+    let name = names::turn_container(id);
+    let Some(c) = backend.inspect_container(&name).await? else {
+        return Ok(Orphan::None);
+    };
+    if !is_orphan(&c) {
+        return Ok(Orphan::None);
+    }
+    if c.running() && !follow {
+        return Ok(Orphan::Running);
+    }
+    if !c.running() && !recordable_ended(backend, &c) {
+        return Ok(Orphan::None);
+    }
+    let Some(_lock) = try_lock(id)? else {
+        // Another caw-box records it: done once its container is gone (a minute after it
+        // ended at most; while it runs, that one follows it).
+        let mut deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            match backend.inspect_container(&name).await? {
+                None => return Ok(Orphan::RecordedElsewhere),
+                Some(c) if c.running() && !follow => return Ok(Orphan::Running),
+                Some(c) if c.running() => deadline = Instant::now() + Duration::from_secs(60),
+                Some(_) => {}
+            }
+        }
+        return Err(Error::environment(format!(
+            "the turn of session {id} is being recorded by another caw-box, which has not finished"
+        )));
+    };
+    // Under the lock: the one before may have recorded it meanwhile.
+    let Some(c) = backend.inspect_container(&name).await?.filter(is_orphan) else {
+        return Ok(Orphan::RecordedElsewhere);
+    };
+    adopt(backend, id, &c).await
+}
+
+/// Finishes turn container `c` of session `id` whose driver is gone (see
+/// [`super::headless::adopt`]).
+async fn adopt(backend: &impl Backend, id: Uuid, c: &ContainerInfo) -> Result<Orphan> {
+    // The record the driver started from (labels, the host cache): the stored history
+    // joins it when the turn is saved, as for the driver.
+    let mut record = target::resolve(backend, &id.to_string()).await?;
+    let turn = c.label(labels::TURN).and_then(|t| t.parse::<u32>().ok());
+    if turn != Some(record.next_turn()) {
+        // Not this session's next turn (a record written meanwhile): nothing to add to it.
+        tracing::debug!("turn container {} is not the next turn: removed", c.name);
+        if !c.running() {
+            backend.remove_found(c).await?;
+        }
+        return Ok(Orphan::RecordedElsewhere);
+    }
+    tracing::info!("recording turn {turn:?} of session {id}: its driver is gone");
+    let turn = record.next_turn();
+    let result = super::headless::adopt(backend, &mut record, &c.name, turn, c.created).await?;
+    Ok(Orphan::Recorded(Box::new((record, result))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_process_at_a_time_holds_a_sessions_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path().join("adopt");
+        let id = Uuid::new_v4();
+        let held = try_lock_in(&dir, id).unwrap().expect("a free lock");
+        // Another open file description: as another process would be.
+        assert!(try_lock_in(&dir, id).unwrap().is_none());
+        // Another session's lock is its own.
+        assert!(try_lock_in(&dir, Uuid::new_v4()).unwrap().is_some());
+        drop(held);
+        assert!(try_lock_in(&dir, id).unwrap().is_some());
+    }
+}
