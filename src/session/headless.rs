@@ -33,11 +33,28 @@ pub(super) async fn drive_headless(
     drive(ctx, record, interrupts, sink, None).await
 }
 
-/// A turn taken over from a driver that is gone: when its container started.
-#[derive(Clone, Copy)]
+/// A turn taken over from a driver that is gone: when it started, and what a warm turn's
+/// command kept of it.
 struct Adopted {
     started_at: u64,
     running_for: Duration,
+    warm: Option<(Vec<u8>, i64)>,
+}
+
+/// Where an adopted turn's output is read.
+#[derive(Debug)]
+pub(super) enum AdoptFrom {
+    /// The container's log, from its start (a cold turn's container, created then).
+    Log {
+        created: Option<std::time::SystemTime>,
+    },
+    /// What a warm turn's command kept of the turn that ended (`backend::warm::ADOPT_FILES`):
+    /// its stdout and exit code, and when it started (unix seconds).
+    Warm {
+        stdout: Vec<u8>,
+        exit: i64,
+        started_at: u64,
+    },
 }
 
 /// Finishes the running headless turn `turn` of `record`'s session in container `name`
@@ -47,7 +64,8 @@ struct Adopted {
 /// stream: the log keeps them together), and once the CLI ended the record is handed in
 /// on the container's stdin, which stayed open, as the driver would have. `record` is the
 /// stored one (before this turn). The driver's `--timeout` holds, counted from the pod's
-/// start (the driver left it in the runtime directory).
+/// start (the driver left it in the runtime directory). A warm turn's output is what its
+/// command kept ([`AdoptFrom::Warm`]); its record is written through the container.
 ///
 /// [`ADOPTABLE`]: crate::session::names::labels::ADOPTABLE
 pub(super) async fn adopt(
@@ -55,7 +73,7 @@ pub(super) async fn adopt(
     record: &mut SessionRecord,
     name: &str,
     turn: u32,
-    created: Option<std::time::SystemTime>,
+    from: AdoptFrom,
 ) -> Result<TurnResult> {
     let mut interrupts = Interrupts::install()?;
     let prompt = backend
@@ -78,10 +96,24 @@ pub(super) async fn adopt(
         timeout,
         ..Default::default()
     };
-    let running_for = created.and_then(|t| t.elapsed().ok()).unwrap_or_default();
-    let adopted = Adopted {
-        started_at: now_secs().saturating_sub(running_for.as_secs()),
-        running_for,
+    let adopted = match from {
+        AdoptFrom::Log { created } => {
+            let running_for = created.and_then(|t| t.elapsed().ok()).unwrap_or_default();
+            Adopted {
+                started_at: now_secs().saturating_sub(running_for.as_secs()),
+                running_for,
+                warm: None,
+            }
+        }
+        AdoptFrom::Warm {
+            stdout,
+            exit,
+            started_at,
+        } => Adopted {
+            started_at,
+            running_for: Duration::from_secs(now_secs().saturating_sub(started_at)),
+            warm: Some((stdout, exit)),
+        },
     };
     let ctx = TurnContext {
         backend,
@@ -170,16 +202,27 @@ async fn drive(
     place_home_files(backend, name, home_files, user).await?;
 
     let started = adopted
+        .as_ref()
         .and_then(|a| Instant::now().checked_sub(a.running_for))
         .unwrap_or_else(Instant::now);
-    let started_at = adopted.map(|a| a.started_at).unwrap_or_else(now_secs);
-    let attach = match adopted {
+    let started_at = adopted.as_ref().map_or_else(now_secs, |a| a.started_at);
+    let mut adopted = adopted;
+    let warm = adopted.as_mut().and_then(|a| a.warm.take());
+    let warm_exit = warm.as_ref().map(|(_, exit)| *exit);
+    let attach = match (&adopted, warm) {
+        // All that the warm turn's command kept; its record goes in through the container.
+        (_, Some((stdout, _))) => crate::backend::Attached {
+            output: Box::pin(futures_util::stream::iter([Ok(OutputChunk::Stdout(
+                stdout,
+            ))])),
+            input: Box::pin(tokio::io::sink()),
+        },
         // The CLI's output so far and to come; nothing to write until the record.
-        Some(_) => crate::backend::Attached {
+        (Some(_), None) => crate::backend::Attached {
             output: backend.follow_logs(name),
             input: Box::pin(tokio::io::sink()),
         },
-        None => backend.attach(name, runtime_payload.is_some()).await?,
+        (None, None) => backend.attach(name, runtime_payload.is_some()).await?,
     };
     // The runtime files go first on stdin; the same stdin takes the record at the end.
     let feeding = runtime_payload.map(|payload| {
@@ -225,7 +268,7 @@ async fn drive(
     let mut ended_early = None;
     let now = tokio::time::Instant::now;
     // An adopted turn's time started with its pod.
-    let ran = adopted.map(|a| a.running_for).unwrap_or_default();
+    let ran = adopted.as_ref().map(|a| a.running_for).unwrap_or_default();
     let deadline = options.timeout.map(|t| now() + t.saturating_sub(ran));
     // Reset by every line the CLI prints.
     let mut idle_deadline = options.idle_timeout.map(|t| now() + t);
@@ -328,9 +371,9 @@ async fn drive(
     }
     lines.finish(|l| reader.stdout_line(l));
     stderr_lines.finish(|l| reader.parser.parse_stderr_line(l));
-    let exit_code = match cli_exit {
-        Some(code) => code,
-        None => backend.wait_container(name).await?,
+    let exit_code = match (cli_exit, warm_exit) {
+        (Some(code), _) | (None, Some(code)) => code,
+        (None, None) => backend.wait_container(name).await?,
     };
     let refused = match proxy {
         Some(proxy) => refused_by_proxy(backend, proxy).await,
@@ -506,13 +549,15 @@ async fn drive(
     };
     let stdin = match feeding {
         // An adopted turn's record goes in through an attachment of this process's own.
-        _ if adopted.is_some() && cli_exit.is_some() => match backend.attach(name, true).await {
-            Ok(attached) => Some(Box::pin(Attachment(attached)) as super::history::Stdin),
-            Err(e) => {
-                tracing::debug!("cannot attach for the record hand-off: {e}");
-                None
+        _ if adopted.is_some() && cli_exit.is_some() && warm_exit.is_none() => {
+            match backend.attach(name, true).await {
+                Ok(attached) => Some(Box::pin(Attachment(attached)) as super::history::Stdin),
+                Err(e) => {
+                    tracing::debug!("cannot attach for the record hand-off: {e}");
+                    None
+                }
             }
-        },
+        }
         Some(task) if cli_exit.is_some() => match task.await {
             Ok(Ok(stdin)) => Some(stdin),
             Ok(Err(e)) => {

@@ -239,6 +239,14 @@ async fn await_release(
                 }
                 break;
             }
+            // A warm turn whose driver is gone, stopped: recorded once it ended.
+            Some(c) if record && orphans::may_be_warm_orphan(&c) => {
+                if let Orphan::Recorded(..) | Orphan::RecordedElsewhere =
+                    orphans::settle(backend, id, false).await?
+                {
+                    break;
+                }
+            }
             // A driver killed too hard to record the turn: nobody else will remove it.
             Some(c) if !c.running() && super::liveness::driver_is_gone(&c) => {
                 backend.remove_found(&c).await?;
@@ -260,7 +268,7 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
     let mut stopped_since: Option<Instant> = None;
     let is_running = |c: &crate::backend::ContainerInfo| c.running();
     while let Some(c) = backend.inspect_container(&container).await? {
-        if orphans::is_orphan(&c) {
+        if orphans::is_orphan(&c) || orphans::may_be_warm_orphan(&c) {
             // A turn whose driver was killed: it runs on (or ended), and this process
             // finishes it (reads its output, records it).
             match orphans::settle(backend, id, true).await? {

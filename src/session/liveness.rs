@@ -12,6 +12,12 @@ use crate::session::record::labels;
 /// live turn and must not be taken for a leftover.
 pub(super) fn driver_is_gone(container: &ContainerInfo) -> bool {
     let pid = container.label(labels::DRIVER_PID);
+    driver_of_is_gone(container, pid)
+}
+
+/// Whether the driver `pid` of a turn in `container` (of the container's driver host) is
+/// certainly gone: a warm container's turns each have their own driver.
+pub(super) fn driver_of_is_gone(container: &ContainerInfo, pid: Option<&str>) -> bool {
     let host = container.label(labels::DRIVER_HOST);
     if let (Some(pid), Some(host)) = (pid, host) {
         if host == dirs::host_name() {

@@ -14,13 +14,15 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::liveness::driver_is_gone;
+use super::headless::AdoptFrom;
+use super::liveness::{driver_is_gone, driver_of_is_gone};
+use crate::backend::warm::{ADOPT_FILES, WARM_LABEL};
 use crate::backend::{Backend, ContainerInfo, ContainerState, RuntimeDir};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::event::TurnResult;
 use crate::session::names;
-use crate::session::record::{labels, SessionRecord};
+use crate::session::record::{labels, now_secs, SessionRecord};
 use crate::session::target;
 
 /// What was found of a session's turn container whose driver may be gone.
@@ -81,6 +83,55 @@ pub(super) fn recordable_ended(backend: &impl Backend, c: &ContainerInfo) -> boo
     !c.running() && ended && backend.runtime_dir() == RuntimeDir::KeptWithContainer
 }
 
+/// Whether `c` is a warm container that runs a turn (claimed under the turn's name), which
+/// may be one whose driver is gone ([`warm_orphan`] tells).
+pub(super) fn may_be_warm_orphan(c: &ContainerInfo) -> bool {
+    c.running() && c.label(WARM_LABEL).is_some()
+}
+
+/// A warm turn whose driver is gone, as its command noted it (`warm::ADOPT_FILES`).
+#[derive(Debug)]
+struct WarmOrphan {
+    turn: u32,
+    started_at: u64,
+    /// The entrypoint's exit code, once it ended.
+    ended: Option<i64>,
+}
+
+/// `file` in a turn's runtime directory.
+fn in_run_dir(file: &str) -> String {
+    format!("{}/{file}", super::runtime::RUN_DIR)
+}
+
+/// The turn in warm container `c` if its driver is gone; `None` when no turn was noted in
+/// it (none runs, or it was released) or its driver lives.
+async fn warm_orphan(backend: &impl Backend, c: &ContainerInfo) -> Result<Option<WarmOrphan>> {
+    let [of, _, rc] = ADOPT_FILES.map(in_run_dir);
+    let Some(noted) = backend.download_file(&c.name, &of).await? else {
+        return Ok(None);
+    };
+    let noted = String::from_utf8_lossy(&noted);
+    let mut fields = noted.split_whitespace();
+    let (Some(turn), Some(pid), at) = (fields.next(), fields.next(), fields.next()) else {
+        return Ok(None);
+    };
+    let Ok(turn) = turn.parse() else {
+        return Ok(None);
+    };
+    if !driver_of_is_gone(c, Some(pid)) {
+        return Ok(None);
+    }
+    let ended = backend
+        .download_file(&c.name, &rc)
+        .await?
+        .and_then(|b| String::from_utf8_lossy(&b).trim().parse().ok());
+    Ok(Some(WarmOrphan {
+        turn,
+        started_at: at.and_then(|t| t.parse().ok()).unwrap_or_else(now_secs),
+        ended,
+    }))
+}
+
 /// Records session `id`'s turn whose driver is gone, if there is one that ended (or, with
 /// `follow`, one that runs: followed to its end). Cheap when there is none: one inspect.
 pub async fn settle(backend: &impl Backend, id: Uuid, follow: bool) -> Result<Orphan> {
@@ -88,6 +139,9 @@ pub async fn settle(backend: &impl Backend, id: Uuid, follow: bool) -> Result<Or
     let Some(c) = backend.inspect_container(&name).await? else {
         return Ok(Orphan::None);
     };
+    if may_be_warm_orphan(&c) {
+        return settle_warm(backend, id, &c, follow).await;
+    }
     if !is_orphan(&c) {
         return Ok(Orphan::None);
     }
@@ -121,6 +175,66 @@ pub async fn settle(backend: &impl Backend, id: Uuid, follow: bool) -> Result<Or
     adopt(backend, id, &c).await
 }
 
+/// [`settle`] for a warm container that runs a turn: recorded from what its command kept
+/// once the turn ended (followed till then with `follow`), and the container removed.
+async fn settle_warm(
+    backend: &impl Backend,
+    id: Uuid,
+    c: &ContainerInfo,
+    follow: bool,
+) -> Result<Orphan> {
+    let Some(mut orphan) = warm_orphan(backend, c).await? else {
+        return Ok(Orphan::None);
+    };
+    if orphan.ended.is_none() && !follow {
+        return Ok(Orphan::Running);
+    }
+    let Some(_lock) = try_lock(id)? else {
+        // Another caw-box records it: done once the container is released or gone.
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let now = backend.inspect_container(&c.name).await?;
+            match now {
+                Some(now) if now.id == c.id && warm_orphan(backend, &now).await?.is_some() => {}
+                _ => return Ok(Orphan::RecordedElsewhere),
+            }
+        }
+    };
+    while orphan.ended.is_none() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        match backend.inspect_container(&c.name).await? {
+            Some(now) if now.id == c.id && now.running() => {}
+            // Gone meanwhile (its idle time ran out, `rm`): nothing left to record.
+            _ => return Ok(Orphan::None),
+        }
+        let Some(now) = warm_orphan(backend, c).await? else {
+            return Ok(Orphan::RecordedElsewhere);
+        };
+        orphan = now;
+    }
+    let mut record = target::resolve(backend, &id.to_string()).await?;
+    if orphan.turn != record.next_turn() {
+        tracing::debug!("warm container {} ran no next turn: removed", c.name);
+        backend.remove_found(c).await?;
+        return Ok(Orphan::RecordedElsewhere);
+    }
+    let stdout = backend
+        .download_file(&c.name, &in_run_dir(ADOPT_FILES[1]))
+        .await?
+        .unwrap_or_default();
+    tracing::info!(
+        "recording turn {} of session {id} from its warm container: its driver is gone",
+        orphan.turn
+    );
+    let from = AdoptFrom::Warm {
+        stdout,
+        exit: orphan.ended.unwrap_or_default(),
+        started_at: orphan.started_at,
+    };
+    let result = super::headless::adopt(backend, &mut record, &c.name, orphan.turn, from).await?;
+    Ok(Orphan::Recorded(Box::new((record, result))))
+}
+
 /// Finishes turn container `c` of session `id` whose driver is gone (see
 /// [`super::headless::adopt`]).
 async fn adopt(backend: &impl Backend, id: Uuid, c: &ContainerInfo) -> Result<Orphan> {
@@ -138,7 +252,8 @@ async fn adopt(backend: &impl Backend, id: Uuid, c: &ContainerInfo) -> Result<Or
     }
     tracing::info!("recording turn {turn:?} of session {id}: its driver is gone");
     let turn = record.next_turn();
-    let result = super::headless::adopt(backend, &mut record, &c.name, turn, c.created).await?;
+    let from = AdoptFrom::Log { created: c.created };
+    let result = super::headless::adopt(backend, &mut record, &c.name, turn, from).await?;
     Ok(Orphan::Recorded(Box::new((record, result))))
 }
 

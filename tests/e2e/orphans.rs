@@ -191,3 +191,62 @@ fn an_ended_turn_whose_driver_is_gone_is_recorded_by_show_ls_and_the_next_turn()
     assert_eq!(recorded.len(), 1, "{recorded:?}");
     assert_eq!(recorded[0]["result"], "Noted: lime.");
 }
+
+/// SIGKILLs the driver of the warm turn running in session `id`'s container: the pid its
+/// exec's command names (`bash -c TURN turn N PID ...`).
+fn kill_warm_driver(rig: &Rig, id: &str) {
+    let name = format!("caw-box-{id}");
+    let pid = rig.rt.block_on(async {
+        let c = rig.docker.inspect_container(&name, None).await.unwrap();
+        for exec in c.exec_ids.unwrap_or_default() {
+            let e = rig.docker.inspect_exec(&exec).await.unwrap();
+            let args = e
+                .process_config
+                .and_then(|p| p.arguments)
+                .unwrap_or_default();
+            if e.running == Some(true) && args.get(2).map(String::as_str) == Some("turn") {
+                return args[4].clone();
+            }
+        }
+        panic!("no warm turn runs in {name}");
+    });
+    let killed = Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+    assert!(killed.success(), "kill -KILL {pid}");
+}
+
+#[test]
+fn a_detached_warm_turn_whose_driver_is_killed_is_recorded_by_wait() {
+    let rig = Rig::new("orphan-warm");
+    let (code, json, stderr) =
+        rig.json_turn(rig.run_cmd(CODEX, "REMEMBER:olive", &["--keep-warm", "60s"]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    let id = json["session_id"].as_str().unwrap().to_string();
+    resume_detached(&rig, &id, "HOLD:warm REMEMBER:melon");
+    rig.wait_held("warm");
+    kill_warm_driver(&rig, &id);
+    rig.stub_release("warm");
+    let answered = Instant::now();
+    let mut c = rig.caw();
+    c.args(["wait", &id, "-o", "json"]);
+    let out = run(c);
+    let took = answered.elapsed();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout_of(&out),
+        stderr_of(&out)
+    );
+    let w: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert_eq!(w["turn"], 2, "{w}");
+    assert_eq!(w["result"], "Noted: melon.", "{w}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let recorded = shown_turns(&rig, &id, 2);
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(recorded[0]["status"], "success");
+    // The warm container went with the recording; the next turn runs (cold) and recalls.
+    assert_eq!(rig.caw_containers(), Vec::<String>::new());
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert_eq!(json["result"], "You told me to remember melon.", "{json}");
+}
