@@ -31,6 +31,7 @@ mod restart;
 mod runtime;
 mod sandbox;
 mod sessions;
+mod soak;
 mod ssh_host;
 mod stub_control;
 mod user_config;
