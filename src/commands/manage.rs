@@ -175,11 +175,12 @@ async fn rows(all: bool, group: Option<String>) -> Result<Vec<Row>> {
         target::list_sessions(&backend),
         lifecycle::turn_containers(&backend)
     )?;
-    if !containers.orphaned.is_empty() {
-        // Turns whose driver is gone: recorded first, so the rows tell how they ended.
-        for id in &containers.orphaned {
-            orphans::settle(&backend, *id, false).await?;
-        }
+    // Turns whose driver is gone: recorded first, so the rows tell how they ended.
+    let mut recorded = false;
+    for id in &containers.orphaned {
+        recorded |= settled(&backend, *id).await?;
+    }
+    if recorded {
         (views, containers) = tokio::try_join!(
             target::list_sessions(&backend),
             lifecycle::turn_containers(&backend)

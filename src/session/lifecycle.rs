@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::runtime::STOP_REQUEST;
-use super::turn::{handle_of, STOP_GRACE};
+pub use super::turn::result_of;
+use super::turn::STOP_GRACE;
 use crate::backend::warm::WARM_FOR_LABEL;
 use crate::backend::Backend;
 use crate::dirs;
@@ -22,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::event::TurnResult;
 use crate::session::names;
 use crate::session::orphans::{self, Orphan};
-use crate::session::record::{labels, roles, SessionRecord, TurnRecord};
+use crate::session::record::{labels, roles};
 use crate::session::target::{self, VolumeFacts};
 
 /// The running turn of every session that has one: session id -> turn number. One call.
@@ -74,6 +75,15 @@ pub async fn turn_containers(backend: &impl Backend) -> Result<TurnContainers> {
             if orphans::is_orphan(c) && orphans::recordable_ended(backend, c) {
                 out.orphaned.push(id);
             }
+        }
+    }
+    // Turns this host noted in flight whose container is gone: lost with it, or recorded.
+    for id in super::inflight::noted() {
+        if !containers
+            .iter()
+            .any(|c| c.name == names::turn_container(id))
+        {
+            out.orphaned.push(id);
         }
     }
     for c in containers.into_iter().filter(|c| c.running()) {
@@ -155,6 +165,7 @@ pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
         let _ = std::fs::remove_file(dir.join(format!("{id}.json")));
     }
     orphans::forget(id);
+    super::inflight::forget(id);
     Ok(())
 }
 
@@ -303,6 +314,10 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // A turn that went with its container, noted in flight by a driver that is gone.
+    if let Orphan::Recorded(recorded) = orphans::settle(backend, id, false).await? {
+        return Ok(recorded.1);
+    }
     let record = target::read_record(backend, facts)
         .await?
         .ok_or_else(|| Error::usage(format!("session {id} has no finished turn")))?;
@@ -313,21 +328,4 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
     // What its driver moved aside (bind mode: this host's workspace, this host's data dir).
     result.quarantined = super::quarantine::recorded(id, last.turn);
     Ok(result)
-}
-
-/// The result object of a recorded turn.
-pub fn result_of(record: &SessionRecord, t: &TurnRecord) -> TurnResult {
-    TurnResult {
-        session_id: record.session_id.to_string(),
-        name: record.name.clone(),
-        provider: record.provider,
-        turn: t.turn,
-        status: t.status,
-        result: t.result.clone(),
-        resume_handle: handle_of(record).to_json(),
-        usage: t.usage,
-        duration_ms: t.duration_ms,
-        exit_code: t.exit_code,
-        quarantined: None,
-    }
 }

@@ -61,7 +61,7 @@ pub(super) async fn remove_abandoned_turns(backend: &impl Backend, own: &str) {
 
 /// Whether process `pid` lives and runs the same program as this one (where /proc tells):
 /// a dead driver's pid reused by another program must not keep its session busy for good.
-fn is_a_caw_box(pid: u32) -> bool {
+pub(super) fn is_a_caw_box(pid: u32) -> bool {
     let comm = |p: &str| std::fs::read_to_string(format!("/proc/{p}/comm"));
     dirs::process_is_alive(pid)
         && !is_a_zombie(pid)

@@ -8,6 +8,7 @@ pub mod files;
 pub mod handle;
 mod headless;
 mod history;
+mod inflight;
 mod interactive;
 pub mod lifecycle;
 pub mod limits;

@@ -15,14 +15,19 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::headless::AdoptFrom;
-use super::liveness::{driver_is_gone, driver_of_is_gone};
+use super::history::{save_record, Ending, StoredHistory, TurnLogs};
+use super::inflight;
+use super::liveness::{driver_is_gone, driver_of_is_gone, is_a_caw_box};
 use crate::backend::warm::{ADOPT_FILES, WARM_LABEL};
 use crate::backend::{Backend, ContainerInfo, ContainerState, RuntimeDir};
+use crate::backend::{HelperSpec, MountSpec, NetworkPolicy};
 use crate::dirs;
 use crate::error::{Error, Result};
+use crate::event::Status;
 use crate::event::TurnResult;
+use crate::provider::AGENT_HOME;
 use crate::session::names;
-use crate::session::record::{labels, now_secs, SessionRecord};
+use crate::session::record::{labels, now_secs, roles, SessionRecord, TurnRecord};
 use crate::session::target;
 
 /// What was found of a session's turn container whose driver may be gone.
@@ -137,7 +142,7 @@ async fn warm_orphan(backend: &impl Backend, c: &ContainerInfo) -> Result<Option
 pub async fn settle(backend: &impl Backend, id: Uuid, follow: bool) -> Result<Orphan> {
     let name = names::turn_container(id);
     let Some(c) = backend.inspect_container(&name).await? else {
-        return Ok(Orphan::None);
+        return settle_lost(backend, id).await;
     };
     if may_be_warm_orphan(&c) {
         return settle_warm(backend, id, &c, follow).await;
@@ -232,6 +237,85 @@ async fn settle_warm(
         started_at: orphan.started_at,
     };
     let result = super::headless::adopt(backend, &mut record, &c.name, orphan.turn, from).await?;
+    inflight::forget(id);
+    Ok(Orphan::Recorded(Box::new((record, result))))
+}
+
+/// [`settle`] where session `id` has no turn container: a turn this host noted in flight
+/// ([`inflight`]) whose driver is gone went with its container (removed from outside, or
+/// by the engine: a daemon restart removes a warm container). Nothing of its output is
+/// left: it is recorded as interrupted, through a helper container on the state volume.
+async fn settle_lost(backend: &impl Backend, id: Uuid) -> Result<Orphan> {
+    let Some(noted) = inflight::read(id) else {
+        return Ok(Orphan::None);
+    };
+    // Its driver is on it (or between its note and its container); a container that
+    // survives is read by the caller, and only a backend that writes into a volume
+    // through a container that never ran can record it here.
+    if is_a_caw_box(noted.pid) || backend.runtime_dir() != RuntimeDir::KeptWithContainer {
+        return Ok(Orphan::None);
+    }
+    let Some(_lock) = try_lock(id)? else {
+        return Ok(Orphan::RecordedElsewhere);
+    };
+    let mut record = target::resolve(backend, &id.to_string()).await?;
+    if inflight::read(id).as_ref() != Some(&noted) || noted.turn != record.next_turn() {
+        // Recorded meanwhile (the note outlived its driver by a moment), or never ran.
+        inflight::forget(id);
+        return Ok(Orphan::RecordedElsewhere);
+    }
+    let name = names::helper_container(id, "record");
+    let spec = HelperSpec {
+        image: record.settings.image.clone(),
+        entrypoint: vec!["true".into()],
+        labels: names::LabelSet::new(id, roles::PROBE).finish(),
+        mounts: vec![MountSpec::volume(names::state_volume(id), AGENT_HOME)],
+        network: NetworkPolicy::None,
+        drop_all_capabilities: true,
+        no_new_privileges: true,
+        ..Default::default()
+    };
+    backend.create_helper(&name, &spec).await?;
+    let turn = noted.turn;
+    let status = Status::Interrupted;
+    let result = format!(
+        "the turn was interrupted by its environment: its container is gone (removed from \
+         outside caw-box, or by {} on a restart); nothing of its output was kept",
+        backend.words().engine
+    );
+    record.turns.push(TurnRecord {
+        turn,
+        prompt: noted.prompt.clone(),
+        status,
+        result: result.clone(),
+        usage: Default::default(),
+        started_at: noted.started_at,
+        duration_ms: 0,
+        exit_code: status.exit_code(),
+        cumulative_usage: None,
+        interactive: false,
+        limit_resets_at: None,
+    });
+    tracing::info!("recording turn {turn} of session {id} as interrupted: its container is gone");
+    let history = StoredHistory::fetch(backend, &name, &record, turn);
+    let logs = TurnLogs {
+        raw: &[],
+        events: &[],
+        stderr: &[],
+    };
+    let ending = Ending {
+        handoff: None,
+        home_out: None,
+        guard: None,
+    };
+    let saved = save_record(backend, &name, &mut record, turn, history, logs, ending).await;
+    if saved.is_err() {
+        let _ = backend.remove_container(&name, true).await;
+    }
+    saved?;
+    inflight::forget(id);
+    let last = record.turns.last().expect("just pushed");
+    let result = super::turn::result_of(&record, last);
     Ok(Orphan::Recorded(Box::new((record, result))))
 }
 
@@ -254,6 +338,7 @@ async fn adopt(backend: &impl Backend, id: Uuid, c: &ContainerInfo) -> Result<Or
     let turn = record.next_turn();
     let from = AdoptFrom::Log { created: c.created };
     let result = super::headless::adopt(backend, &mut record, &c.name, turn, from).await?;
+    inflight::forget(id);
     Ok(Orphan::Recorded(Box::new((record, result))))
 }
 

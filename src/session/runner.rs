@@ -13,6 +13,7 @@
 //! stored history with the record hand-off (`history.rs`). What other modules use is
 //! re-exported here.
 
+use super::inflight::InFlight;
 use super::liveness::{driver_is_gone, remove_abandoned_turns};
 use super::orphans::Orphan;
 use super::owner::{ensure_owner, fill_new_home};
@@ -48,7 +49,14 @@ pub async fn run_turn(
     settle_orphan(backend, record).await?;
     let mut interrupts = Interrupts::install()?;
     let plan = plan_turn(backend, record, options).await?;
-    realise(backend, record, options, plan, &mut interrupts, sink).await
+    // Noted for whoever comes next if this process goes before the turn is recorded.
+    let in_flight = InFlight::note(record.session_id, plan.turn, &options.prompt);
+    let result = realise(backend, record, options, plan, &mut interrupts, sink).await;
+    if result.is_err() && record.turn_started {
+        // It began and is not recorded: the note stays, for the turn to be.
+        in_flight.keep();
+    }
+    result
 }
 
 /// Records this session's turn whose driver is gone, if one ended, so that this turn comes

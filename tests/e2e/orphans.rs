@@ -250,3 +250,54 @@ fn a_detached_warm_turn_whose_driver_is_killed_is_recorded_by_wait() {
     assert_eq!(code, 0, "{json}\n{stderr}");
     assert_eq!(json["result"], "You told me to remember melon.", "{json}");
 }
+
+#[test]
+fn a_detached_turn_whose_container_is_removed_from_outside_is_recorded_as_interrupted() {
+    let rig = Rig::new("orphan-rm");
+    let id = start_with_fact(&rig, "grape");
+    resume_detached(&rig, &id, "HOLD:removed REMEMBER:never");
+    rig.wait_held("removed");
+    rig.rt
+        .block_on(rig.docker.remove_container(
+            &format!("caw-box-{id}"),
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        ))
+        .unwrap();
+    rig.stub_release("removed");
+    let mut c = rig.caw();
+    c.args(["wait", &id, "-o", "json"]);
+    let out = run(c);
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}\n{}",
+        stdout_of(&out),
+        stderr_of(&out)
+    );
+    let w: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert_eq!(w["turn"], 2, "{w}");
+    assert_eq!(w["status"], "interrupted", "{w}");
+    assert_eq!(
+        w["result"],
+        "the turn was interrupted by its environment: its container is gone (removed from \
+         outside caw-box, or by the Docker daemon on a restart); nothing of its output was kept",
+        "{w}"
+    );
+    let recorded = shown_turns(&rig, &id, 2);
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(recorded[0]["prompt"], "HOLD:removed REMEMBER:never");
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert_eq!(json["turn"], 3, "{json}");
+    // grape, or the interrupted turn's word: the CLI kept the prompt it had sent.
+    let recalled = json["result"].as_str().unwrap();
+    assert!(
+        recalled == "You told me to remember grape."
+            || recalled == "You told me to remember never.",
+        "{json}"
+    );
+    assert_eq!(rig.caw_containers(), Vec::<String>::new());
+}
