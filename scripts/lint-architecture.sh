@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The architecture part of `make lint`: no import cycle between src/'s modules
+# The architecture part of `make lint`: no import from a layer to one above it
+# (scripts/layers.py, the layers of ARCHITECTURE.md's table), no import cycle between src/'s modules
 # (scripts/module-cycles.py) and no source file over 700 lines before its test module
 # (scripts/file-sizes.py). Both checks first prove on planted trees that they fail when they
 # should, so a broken check cannot pass a broken tree.
@@ -18,6 +19,22 @@ for _ in $(seq 701); do echo '// line'; done >"$plant/long/big.rs"
 # A `#[cfg(test)]` on something other than the test module does not end the count.
 { for _ in $(seq 690); do echo '// line'; done; printf '#[cfg(test)]\npub(crate) use x::y;\n'
     for _ in $(seq 20); do echo '// line'; done; } >"$plant/long/hidden.rs"
+# A planted upward import: a backend that imports the session layer above it.
+mkdir -p "$plant/layers/src/backend" "$plant/layers/src/session"
+printf '## Layers\n\n| Layer | Where | What |\n|---|---|---|\n| Session | [s](src/session/mod.rs) | x |\n| Backend | [b](src/backend/mod.rs) | x |\n' \
+    >"$plant/layers/ARCHITECTURE.md"
+printf 'pub mod backend;\npub mod session;\n' >"$plant/layers/src/lib.rs"
+printf 'pub fn s() { crate::backend::b() }\n' >"$plant/layers/src/session/mod.rs"
+printf 'pub fn b() {}\n' >"$plant/layers/src/backend/mod.rs"
+if ! (cd "$plant/layers" && "$OLDPWD/scripts/layers.py" >/dev/null); then
+    echo "lint-architecture: layers.py refused a downward import" >&2
+    exit 1
+fi
+printf 'pub fn b() { crate::session::s() }\n' >"$plant/layers/src/backend/mod.rs"
+if (cd "$plant/layers" && "$OLDPWD/scripts/layers.py" >/dev/null); then
+    echo "lint-architecture: layers.py missed a planted upward import" >&2
+    exit 1
+fi
 if scripts/module-cycles.py "$plant/cycle" >/dev/null; then
     echo "lint-architecture: module-cycles.py missed a planted cycle" >&2
     exit 1
@@ -27,6 +44,7 @@ if [ "$(scripts/file-sizes.py "$plant/long" | cut -d: -f1 | xargs -n1 basename |
     exit 1
 fi
 
+scripts/layers.py ARCHITECTURE.md src
 scripts/module-cycles.py src
 scripts/file-sizes.py src 700
-echo "lint-architecture: no module cycle, no file over 700 lines"
+echo "lint-architecture: layers hold, no module cycle, no file over 700 lines"

@@ -10,6 +10,7 @@ use crate::{Client, Error};
 
 /// The whole `caw-box` command: parse, run, exit with the outcome's code.
 pub fn main() -> ! {
+    crate::config::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => refuse_command_line(e),

@@ -152,6 +152,7 @@ impl ClientBuilder {
     /// Checks the settings and makes them this process's (see [`crate::connection`]),
     /// without connecting: what the binary does before it dispatches a command.
     pub fn install(self) -> Result<()> {
+        crate::config::install();
         let kind = match &self.backend {
             Some(b) => Some(crate::backend::BackendKind::parse(b)?),
             None => None,
@@ -202,6 +203,7 @@ impl Client {
     /// installed, else the variables and config files (Docker by default: DOCKER_CONTEXT,
     /// DOCKER_HOST, the current context or the local socket).
     pub async fn connect() -> Result<Self> {
+        crate::config::install();
         Ok(Client {
             backend: crate::backend::connect().await?,
         })

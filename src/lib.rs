@@ -22,6 +22,7 @@ pub mod embed;
 pub mod endpoint;
 pub mod error;
 pub mod event;
+pub mod labelling;
 mod lines;
 pub mod output;
 pub mod provider;

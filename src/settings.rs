@@ -9,6 +9,7 @@ use crate::cli::{SettingsArgs, TurnArgs, WorkspaceModeArg};
 pub use crate::endpoint::{endpoint_host, validate_endpoint};
 use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
+pub use crate::session::expand_allow_hosts;
 use crate::session::record::{SessionSettings, WorkspaceMode};
 
 /// The prompt of a turn: given, or absent (an interactive session).
@@ -203,27 +204,6 @@ pub fn validate_allow_host(host: &str, what: &str) -> Result<()> {
         Err(Error::usage(format!("{what} '{host}' is not HOST[:PORT]"))
             .with_hint("e.g. --allow-host api.example.com:443, --allow-host '*.example.com' or --allow-host @provider"))
     }
-}
-
-/// The hosts of `--allow-host` with `@provider` spelled out.
-pub fn expand_allow_hosts(
-    provider: crate::provider::ProviderKind,
-    settings: &SessionSettings,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    for h in &settings.allow_hosts {
-        if h == "@provider" {
-            match settings.endpoint.as_deref().and_then(endpoint_host) {
-                Some(e) => out.push(e),
-                None => out.extend(provider.api_hosts().iter().map(|s| s.to_string())),
-            }
-        } else {
-            out.push(h.to_lowercase());
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
 }
 
 /// Session names: short, shell-friendly, and never confusable with an id or a handle.

@@ -39,16 +39,25 @@ impl BackendKind {
     }
 
     /// The backend this process was asked for: `--backend` or a client's setting, else
-    /// `CAW_BOX_BACKEND`, else the config files' `backend` (project, then user), else Docker.
+    /// `CAW_BOX_BACKEND`, else the config files' `backend` (project, then user: read by the
+    /// reader [`read_config_by`] registered), else Docker.
     pub fn chosen() -> Result<Self> {
         if let Some(v) = crate::connection::setting("CAW_BOX_BACKEND") {
             return Self::parse(&v);
         }
-        let from_files = crate::config::Resolved::load(crate::config::Layer::default(), None)
-            .ok()
-            .and_then(|c| c.str(crate::config::Key::Backend));
+        let from_files = CONFIGURED.get().and_then(|read| read());
         Self::parse(from_files.as_deref().unwrap_or(""))
     }
+}
+
+/// How the config files' `backend` is read: by the layer that reads config files
+/// (`config::install`), which this one does not import.
+static CONFIGURED: std::sync::OnceLock<fn() -> Option<String>> = std::sync::OnceLock::new();
+
+/// Registers how [`BackendKind::chosen`] reads the config files' `backend` (the first call
+/// wins). Without it, only `--backend` and `CAW_BOX_BACKEND` choose.
+pub fn read_config_by(read: fn() -> Option<String>) {
+    let _ = CONFIGURED.set(read);
 }
 
 /// Where sessions live: the backend, and for Kubernetes the namespace. A handle names it.

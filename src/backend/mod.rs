@@ -49,9 +49,10 @@ mod engine;
 mod plan;
 pub mod refresh_lock;
 pub mod warm;
-pub use engine::{connect, scope, BackendKind, Engine, Scope};
+pub use engine::{connect, read_config_by, scope, BackendKind, Engine, Scope};
 pub use plan::{
-    BrokerPlace, BrokerPlan, EgressPlan, EgressRoute, HostDirs, RuntimeDir, PROXY_SIDECAR,
+    proxy_env, BrokerPlace, BrokerPlan, EgressPlan, EgressRoute, HostDirs, RuntimeDir,
+    BROKER_SIDECAR, PROXY_PORT, PROXY_SCRIPT, PROXY_SIDECAR, TURN_END_DIR, TURN_END_FILE,
 };
 pub use refresh_lock::RefreshHold;
 

@@ -10,6 +10,28 @@ use crate::error::Error;
 /// ([`Backend::egress_route`](super::Backend::egress_route)); `<pod>/proxy` names its log.
 pub const PROXY_SIDECAR: &str = "proxy";
 
+/// The egress proxy's port, wherever it runs.
+pub const PROXY_PORT: u16 = 3128;
+/// The egress proxy's program in caw-box's images (images/base/caw-box-proxy.js).
+pub const PROXY_SCRIPT: &str = "/usr/local/lib/caw-box/proxy.js";
+
+/// The proxy's environment wherever it runs (a container of its own, a pod's sidecar):
+/// the hosts it admits, and its port.
+pub fn proxy_env(allow: &[String]) -> Vec<(&'static str, String)> {
+    vec![
+        ("CAW_BOX_ALLOW", allow.join(",")),
+        ("CAW_BOX_PROXY_PORT", PROXY_PORT.to_string()),
+    ]
+}
+
+/// The broker's container where it runs beside the agent in the turn's unit
+/// ([`BrokerPlace::InTurn`]: a pod's second container).
+pub const BROKER_SIDECAR: &str = "broker";
+/// A directory the agent's and the broker's containers of a turn's unit share (memory): the
+/// agent's container leaves [`TURN_END_FILE`] there when it ends, and the broker exits.
+pub const TURN_END_DIR: &str = "/caw-box-pod";
+pub const TURN_END_FILE: &str = "agent-ended";
+
 /// Where a turn's runtime directory ([`TurnSpec::runtime`](super::TurnSpec::runtime)) is
 /// kept ([`Backend::runtime_dir`](super::Backend::runtime_dir)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,6 +25,17 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 pub use resolve::Resolved;
+
+/// Lets the backend layer read the config files' `backend` when it picks one
+/// ([`crate::backend::BackendKind::chosen`]). Every entry point calls it first: the
+/// binary, [`crate::Client`], the embedding API.
+pub fn install() {
+    crate::backend::read_config_by(|| {
+        Resolved::load(Layer::default(), None)
+            .ok()
+            .and_then(|c| c.str(Key::Backend))
+    });
+}
 pub use sources::{files, files_here, project_candidates, user_file, ConfigFile};
 use validate::check;
 

@@ -204,6 +204,23 @@ impl TurnState {
     }
 }
 
+/// Merges `overlay` into `base` (JSON objects, recursively); `overlay` wins on conflicts.
+pub fn merge_json(base: &mut serde_json::Value, overlay: &serde_json::Value) {
+    match (base, overlay) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(o)) => {
+            for (k, v) in o {
+                // `null` removes the key: a setting an earlier turn wrote is taken back.
+                if v.is_null() {
+                    b.remove(k);
+                    continue;
+                }
+                merge_json(b.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,5 +384,23 @@ impl Link {
 
     pub(super) fn get(&self) -> Option<&str> {
         self.failing.as_deref()
+    }
+}
+
+#[cfg(test)]
+mod merge_tests {
+    use super::*;
+
+    #[test]
+    fn merge_keeps_existing_keys() {
+        let mut base = serde_json::json!({"a": 1, "security": {"x": true}});
+        merge_json(
+            &mut base,
+            &serde_json::json!({"security": {"auth": {"selectedType": "k"}}}),
+        );
+        assert_eq!(
+            base,
+            serde_json::json!({"a": 1, "security": {"x": true, "auth": {"selectedType": "k"}}})
+        );
     }
 }

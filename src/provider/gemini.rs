@@ -90,7 +90,7 @@ impl Provider for Gemini {
         }
         let settings = match agent_settings(request) {
             Some(agent) => {
-                crate::session::files::merge_json(&mut settings, &agent);
+                super::merge_json(&mut settings, &agent);
                 // Kept as `null` for the merge into HOME's file, where it removes the key.
                 if agent["mcp"]["allowed"].is_null() && agent.get("mcp").is_some() {
                     settings["mcp"] = serde_json::json!({ "allowed": null });

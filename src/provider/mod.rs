@@ -11,6 +11,7 @@ use crate::event::{Event, Status, Usage};
 mod claude_code;
 mod codex;
 mod common;
+pub use common::merge_json;
 mod gemini;
 mod opencode;
 pub mod pricing;

@@ -10,23 +10,34 @@ use super::turn::{busy, image_hint};
 use crate::backend::{Backend, CreateError, EgressPlan};
 use crate::backend::{HelperSpec, NetworkPolicy, OutputChunk};
 use crate::dirs;
+use crate::endpoint::endpoint_host;
 use crate::error::Result;
 use crate::session::names::{self, LabelSet};
-use crate::session::record::{labels, roles, SessionRecord};
+use crate::session::record::{labels, roles, SessionRecord, SessionSettings};
 
 /// The proxy's name on a turn's egress network, and its port.
 pub const PROXY_ALIAS: &str = "caw-box-proxy";
-pub const PROXY_PORT: u16 = 3128;
-/// The proxy's program in caw-box's images.
-pub const PROXY_SCRIPT: &str = "/usr/local/lib/caw-box/proxy.js";
+pub use crate::backend::{proxy_env, PROXY_PORT, PROXY_SCRIPT};
 
-/// The proxy's environment wherever it runs (a container of its own, a pod's sidecar):
-/// the hosts it admits, and its port.
-pub fn proxy_env(allow: &[String]) -> Vec<(&'static str, String)> {
-    vec![
-        ("CAW_BOX_ALLOW", allow.join(",")),
-        ("CAW_BOX_PROXY_PORT", PROXY_PORT.to_string()),
-    ]
+/// The hosts of `--allow-host` with `@provider` spelled out.
+pub fn expand_allow_hosts(
+    provider: crate::provider::ProviderKind,
+    settings: &SessionSettings,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for h in &settings.allow_hosts {
+        if h == "@provider" {
+            match settings.endpoint.as_deref().and_then(endpoint_host) {
+                Some(e) => out.push(e),
+                None => out.extend(provider.api_hosts().iter().map(|s| s.to_string())),
+            }
+        } else {
+            out.push(h.to_lowercase());
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The plan of a turn's way out under `--allow-host`, the same on every backend: the

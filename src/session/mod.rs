@@ -27,7 +27,6 @@ pub mod record;
 pub mod runner;
 #[cfg(test)]
 pub(crate) use broker::sidecar_entrypoint;
-pub(crate) use broker::{POD_END_DIR, POD_END_FILE, SIDECAR};
 pub(crate) use ended::is_marker;
 mod runtime;
 pub mod safe_git;
@@ -36,5 +35,6 @@ mod turn;
 mod warm;
 pub mod workspace;
 
+pub use egress::expand_allow_hosts;
 pub use handle::ResumeHandle;
 pub use record::{SessionRecord, SessionSettings, TurnRecord, WorkspaceMode};

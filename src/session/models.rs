@@ -124,8 +124,8 @@ async fn fetch(
         other => other.to_string(),
     };
     if !settings.allow_hosts.is_empty() {
-        let allowed = crate::settings::expand_allow_hosts(provider, settings);
-        let host = crate::settings::endpoint_host(url).unwrap_or_default();
+        let allowed = super::egress::expand_allow_hosts(provider, settings);
+        let host = crate::endpoint::endpoint_host(url).unwrap_or_default();
         if !allowed.contains(&host) {
             return Ok(Fetched {
                 status: None,

@@ -104,7 +104,7 @@ pub(super) async fn plan_turn(
     // Who the turn runs as: decided once, here; kept in the record by `ensure_owner`.
     let ids = super::owner::turn_ids(&record.settings);
     let mut runtime = Runtime::new(ids);
-    let allow = crate::settings::expand_allow_hosts(record.provider, &record.settings);
+    let allow = super::egress::expand_allow_hosts(record.provider, &record.settings);
     // Planned once; the backend says how it holds the agent to it (its own network and a
     // proxy container, or the turn's own pod).
     let egress = (!allow.is_empty()).then(|| super::egress::plan(record, &allow, &name));

@@ -117,13 +117,13 @@ pub(super) fn turn_body(spec: &TurnSpec) -> ContainerCreateBody {
 /// volume with it, so any caw-box can record it (`session::headless::adopt`). A warm
 /// container's turns run by exec, whose output no log keeps: not adoptable.
 ///
-/// [`ADOPTABLE`]: crate::session::names::labels::ADOPTABLE
+/// [`ADOPTABLE`]: crate::labelling::labels::ADOPTABLE
 fn turn_labels(spec: &TurnSpec) -> HashMap<String, String> {
     let mut labels = spec.labels.clone();
     let warm = labels.contains_key(crate::backend::warm::WARM_LABEL);
     if spec.interactive.is_none() && spec.runtime_over_stdin && !warm {
         labels.insert(
-            crate::session::names::labels::ADOPTABLE.to_string(),
+            crate::labelling::labels::ADOPTABLE.to_string(),
             "true".to_string(),
         );
     }

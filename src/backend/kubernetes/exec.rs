@@ -107,7 +107,7 @@ impl KubeBackend {
         let labels = [
             (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
             (
-                crate::session::names::labels::MANAGED.to_string(),
+                crate::labelling::labels::MANAGED.to_string(),
                 "true".to_string(),
             ),
         ]
@@ -115,11 +115,11 @@ impl KubeBackend {
         .chain(
             meta::merged(&pod.metadata)
                 .into_iter()
-                .filter(|(k, _)| k == crate::session::names::labels::SESSION),
+                .filter(|(k, _)| k == crate::labelling::labels::SESSION),
         )
         .chain([(
-            crate::session::names::labels::ROLE.to_string(),
-            crate::session::names::roles::PROBE.to_string(),
+            crate::labelling::labels::ROLE.to_string(),
+            crate::labelling::roles::PROBE.to_string(),
         )])
         .collect::<HashMap<_, _>>();
         let pod_spec = PodSpec {

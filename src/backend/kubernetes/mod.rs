@@ -65,7 +65,7 @@
 //! - `doctor.rs`: what `caw-box doctor` checks of a cluster
 //!
 //! [`Backend`]: crate::backend::Backend
-//! [`ADOPTABLE`]: crate::session::names::labels::ADOPTABLE
+//! [`ADOPTABLE`]: crate::labelling::labels::ADOPTABLE
 //! [`TurnSpec::broker`]: crate::backend::TurnSpec::broker
 //! [`TurnSpec::egress_allow`]: crate::backend::TurnSpec::egress_allow
 //! [`MARKED_ENTRY`]: spec::MARKED_ENTRY

@@ -165,7 +165,7 @@ impl Backend for KubeBackend {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             match self
-                .attach_sidecar(&plan.name, crate::session::SIDECAR)
+                .attach_sidecar(&plan.name, crate::backend::BROKER_SIDECAR)
                 .await
             {
                 Ok(a) => return Ok(a),
@@ -179,7 +179,8 @@ impl Backend for KubeBackend {
 
     /// The broker goes with the turn's pod.
     async fn attach_broker(&self, name: &str) -> Result<Attached> {
-        self.attach_sidecar(name, crate::session::SIDECAR).await
+        self.attach_sidecar(name, crate::backend::BROKER_SIDECAR)
+            .await
     }
 
     async fn close_broker(&self, _plan: &crate::backend::BrokerPlan) {}
@@ -337,7 +338,7 @@ impl Backend for KubeBackend {
     }
 
     async fn note_stop(&self, name: &str) -> Result<()> {
-        let key = crate::session::names::labels::STOP_REQUESTED;
+        let key = crate::labelling::labels::STOP_REQUESTED;
         let patch = serde_json::json!({"metadata": {"annotations": {key: "true"}}});
         self.pods()
             .patch(
@@ -355,7 +356,7 @@ impl Backend for KubeBackend {
     }
 
     async fn stop_noted(&self, name: &str) -> bool {
-        let key = crate::session::names::labels::STOP_REQUESTED;
+        let key = crate::labelling::labels::STOP_REQUESTED;
         Backend::inspect_container(self, name)
             .await
             .ok()
@@ -494,9 +495,8 @@ impl Backend for KubeBackend {
             annotations: Some(annotations),
             ..Default::default()
         };
-        let role = labels.get(crate::session::names::labels::ROLE);
-        let created = if role.map(String::as_str) == Some(crate::session::names::roles::TURN_RECORD)
-        {
+        let role = labels.get(crate::labelling::labels::ROLE);
+        let created = if role.map(String::as_str) == Some(crate::labelling::roles::TURN_RECORD) {
             let map = ConfigMap {
                 metadata,
                 ..Default::default()
@@ -660,12 +660,12 @@ impl Backend for KubeBackend {
 /// its stdin and waits for its record when its driver is gone, so any caw-box can finish it
 /// (`session::headless::adopt`), and is told so.
 ///
-/// [`ADOPTABLE`]: crate::session::names::labels::ADOPTABLE
+/// [`ADOPTABLE`]: crate::labelling::labels::ADOPTABLE
 pub(super) fn turn_pod_labels(spec: &TurnSpec) -> HashMap<String, String> {
     let mut labels = spec.labels.clone();
     if spec.interactive.is_none() {
         labels.insert(
-            crate::session::names::labels::ADOPTABLE.to_string(),
+            crate::labelling::labels::ADOPTABLE.to_string(),
             "true".to_string(),
         );
     }

@@ -9,9 +9,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::sandbox::{hardened, pull_policy};
+use crate::backend::{
+    proxy_env, BROKER_SIDECAR as SIDECAR, PROXY_SCRIPT, TURN_END_DIR as POD_END_DIR,
+    TURN_END_FILE as POD_END_FILE,
+};
 use crate::backend::{TurnSpec, PROXY_SIDECAR};
-use crate::session::runner::{proxy_env, PROXY_SCRIPT};
-use crate::session::{POD_END_DIR, POD_END_FILE, SIDECAR};
 
 /// The uid of a turn pod's proxy sidecar (`--allow-host`), and of its broker sidecar: each
 /// its own, not the agent's, as the pod's firewall lets out these two alone

@@ -13,9 +13,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use super::sandbox::{claim_mounts, empty_dir, hardened, parse_user, pod_security, pull_policy};
 use super::sidecars::{broker_container, egress_init, proxy_container, BROKER_UID, PROXY_UID};
 use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, TurnSpec};
+use crate::backend::{PROXY_PORT, TURN_END_DIR as POD_END_DIR, TURN_END_FILE as POD_END_FILE};
 use crate::error::{Error, Result};
-use crate::session::runner::PROXY_PORT;
-use crate::session::{POD_END_DIR, POD_END_FILE};
 
 /// How long a turn pod whose CLI ended waits for its record (the entrypoint's
 /// `CAW_BOX_HANDOFF_WAIT`): long, so that a detached turn whose driver is gone is still

@@ -13,7 +13,7 @@ use super::status::{
 };
 use super::*;
 use crate::backend::{Limits, MountSpec, NetworkPolicy, Scratch, TurnSpec, PROXY_SIDECAR};
-use crate::session::{POD_END_DIR, POD_END_FILE};
+use crate::backend::{TURN_END_DIR as POD_END_DIR, TURN_END_FILE as POD_END_FILE};
 
 #[test]
 fn only_valid_values_become_labels_and_every_pair_an_annotation() {
@@ -565,7 +565,7 @@ fn a_failed_egress_init_container_is_told_apart_from_the_seeding_one() {
 /// (`caw-box wait` adopts it, `caw-box stop` waits for its prompt); a TUI turn's does not.
 #[test]
 fn a_headless_turn_pod_is_labelled_adoptable_and_a_tui_ones_is_not() {
-    let key = crate::session::names::labels::ADOPTABLE;
+    let key = crate::labelling::labels::ADOPTABLE;
     let headless = super::seam::turn_pod_labels(&turn());
     assert_eq!(headless.get(key).map(String::as_str), Some("true"));
     let mut tui = turn();

@@ -40,7 +40,7 @@ use crate::backend::warm::{
 };
 use crate::backend::{Attached, ContainerInfo, CreateError, OutputChunk, TurnSpec};
 use crate::error::{Error, Result};
-use crate::session::names::labels;
+use crate::labelling::labels;
 
 /// The annotation of a warm pod a turn runs in: `<turn> <driver pid>` (turn 0: claimed, its
 /// exec not yet started). Absent: the pod is idle.

@@ -79,12 +79,9 @@ fn uuid_shaped(b: &[u8]) -> bool {
     b[6] >> 4 == 4 && b[8] >> 6 == 2
 }
 
-/// The broker's container in a turn's pod (see the module docs).
-pub const SIDECAR: &str = "broker";
-/// A directory the agent's and the broker's containers of a turn's pod share (memory): the
-/// agent's container leaves [`POD_END_FILE`] there when it ends, and the broker exits.
-pub const POD_END_DIR: &str = "/caw-box-pod";
-pub const POD_END_FILE: &str = "agent-ended";
+pub use crate::backend::{
+    BROKER_SIDECAR as SIDECAR, TURN_END_DIR as POD_END_DIR, TURN_END_FILE as POD_END_FILE,
+};
 
 /// The sidecar broker's command: [`LOADER`], and an exit once the agent's container ended.
 pub fn sidecar_entrypoint() -> Vec<String> {

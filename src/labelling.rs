@@ -1,0 +1,61 @@
+//! The labels caw-box puts on everything it creates, and the roles its objects play
+//! (SPEC.md, "Docker objects"): vocabulary that the session layer writes and every backend
+//! reads back, so it lives below both. They must never change without a migration (old
+//! sessions must resume). The names built from them: `session::names`.
+
+/// Labels on everything caw-box creates (SPEC.md, "Docker objects").
+pub mod labels {
+    pub const MANAGED: &str = "io.caw-box.managed";
+    pub const SESSION: &str = "io.caw-box.session";
+    pub const PROVIDER: &str = "io.caw-box.provider";
+    pub const NAME: &str = "io.caw-box.name";
+    pub const GROUP: &str = "io.caw-box.group";
+    pub const CREATED: &str = "io.caw-box.created";
+    pub const SETTINGS: &str = "io.caw-box.settings";
+    /// On a bind-mode state volume: the git workspace at session start
+    /// ([`crate::session::patch::GitBase`]), for `diff --patch`.
+    pub const WORKSPACE_BASE: &str = "io.caw-box.workspace-base";
+    pub const ROLE: &str = "io.caw-box.role";
+    pub const TURN: &str = "io.caw-box.turn";
+    pub const CLI_VERSION: &str = "io.caw-box.cli-version";
+    /// On a turn container: the process that drives the turn, and its host.
+    pub const DRIVER_PID: &str = "io.caw-box.driver-pid";
+    pub const DRIVER_HOST: &str = "io.caw-box.driver-host";
+    /// On a turn pod (Kubernetes): `caw-box stop` ended it (its runtime directory, where
+    /// Docker's stop request goes, is gone with the pod).
+    pub const STOP_REQUESTED: &str = "io.caw-box.stop-requested";
+    /// On a headless turn's container, set by the backend that made it so (Docker, Kubernetes):
+    /// it runs on when its driver is gone, and any caw-box can record it
+    /// (`session::headless::adopt`): `wait`, `stop`, `show`, `logs`, `ls` and the session's
+    /// next turn do.
+    pub const ADOPTABLE: &str = "io.caw-box.adoptable";
+    /// On a turn-record volume: the [`crate::session::record::TurnSummary`] of the session's latest turn.
+    pub const SUMMARY: &str = "io.caw-box.summary";
+    /// On an image: a hash of everything it was built from; `image build` skips an image
+    /// whose hash is current.
+    pub const INPUTS: &str = "io.caw-box.inputs";
+    /// On a builder-stage image (set by the Dockerfile): the stage, and the `image build`
+    /// run that made it, which removes it when it ends.
+    pub const STAGE: &str = "io.caw-box.stage";
+    pub const BUILD_ID: &str = "io.caw-box.build-id";
+}
+
+/// Roles of the objects caw-box creates (label `io.caw-box.role`).
+pub mod roles {
+    /// The state volume, mounted at HOME.
+    pub const STATE: &str = "state";
+    /// The container of a running turn; its name is the session's lock.
+    pub const TURN: &str = "turn";
+    /// A never-started container that reads files out of a state volume.
+    pub const PROBE: &str = "probe";
+    /// An empty volume whose labels summarise the session's latest turn (labels cannot be
+    /// changed, so each turn replaces it): lets `ls` and `resume` learn the state of every
+    /// session from one Docker call, without reading any volume.
+    pub const TURN_RECORD: &str = "turn-record";
+    /// A turn's egress proxy (`--allow-host`) and its internal network.
+    pub const PROXY: &str = "proxy";
+    /// A turn's credential broker, and the network made for it on `--network open`.
+    pub const BROKER: &str = "broker";
+    /// A copy-mode session's workspace, mounted at /workspace.
+    pub const WORKSPACE: &str = "workspace";
+}
