@@ -72,7 +72,7 @@ def check(path):
             dest = os.path.normpath(os.path.join(here, file_part)) if file_part else path
             why = None
             if not os.path.exists(dest):
-                why = f"{dest} does not exist"
+                why = f"it resolves to {dest}, which does not exist"
             elif anchor and dest.endswith(".md") and anchor not in anchors(dest):
                 why = f"no heading of {dest} has the anchor #{anchor}"
             if why:
