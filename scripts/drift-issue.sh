@@ -22,7 +22,7 @@ trap 'rm -f "$body"' EXIT
         printf 'No table: `make drift` stopped before it (drift itself is broken: see the log).\n\n'
     fi
     [ -z "${DRIFT_RUN_URL:-}" ] || printf 'Logs: %s (artifact `drift`).\n\n' "$DRIFT_RUN_URL"
-    printf 'Keep the pins until the failing check is understood; README, "Vendor drift", says how a pin is bumped.\n'
+    printf 'Keep the pins until the failing check is understood; CONTRIBUTING.md, "Vendor drift", says how a pin is bumped.\n'
 } >"$body"
 
 number=$(gh issue list --repo "$repo" --state open --search "\"$TITLE\" in:title" \

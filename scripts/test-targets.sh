@@ -3,19 +3,22 @@
 # run cheaply so that none of them rots unseen (issue 32: `make drift` died at once, unseen,
 # because nothing ran it). About 15 s on the 2-core machine (13 s on 2026-11-26).
 #
-#   1. every target `make help` names has a row in README's table "What `make test` runs of
-#      each target" (which says how it is run here, or why not), and every script or file a
-#      target's recipe names (`make -n`) exists
-#   2. `make drift`'s planning step (scripts/drift.sh --plan): the pins and npm packages, read
+#   1. every target `make help` names has a row in CONTRIBUTING.md's table "What `make test`
+#      runs of each target" (which says how it is run here, or why not), and every script or
+#      file a target's recipe names (`make -n`) exists
+#   2. every relative link in README.md, CONTRIBUTING.md and docs/*.md resolves: the file
+#      exists, and an #anchor names one of its headings (scripts/check-links.py; no network,
+#      well under a second)
+#   3. `make drift`'s planning step (scripts/drift.sh --plan): the pins and npm packages, read
 #      from `caw-box --version --json`, the commands a run would take, the e2e tests it names
 #      exist. No network, no Docker.
-#   3. `make fuzz`'s script with --smoke: the same commands on the debug build, 1,000 inputs
+#   4. `make fuzz`'s script with --smoke: the same commands on the debug build, 1,000 inputs
 #      per parser
-#   4. drift.yml's issue step (scripts/drift-issue.sh) against a stand-in gh: it opens an
+#   5. drift.yml's issue step (scripts/drift-issue.sh) against a stand-in gh: it opens an
 #      issue with the table, or comments on the open one
-#   5. `make demo`'s script on the images the run built: a codex run and a resume that recalls,
+#   6. `make demo`'s script on the images the run built: a codex run and a resume that recalls,
 #      against the stub model on an internal network of its own
-#   6. scripts/hot-functions.sh --smoke (what makes the list build.rs lays the release binary
+#   7. scripts/hot-functions.sh --smoke (what makes the list build.rs lays the release binary
 #      out by, scripts/hot-functions.txt): one codex turn of the debug build under callgrind,
 #      the list made and checked, then thrown away (about 11 s)
 #
@@ -29,19 +32,24 @@ cd "$(dirname "$0")/.."
 step() { printf -- '-- %s\n' "$*"; }
 fail() { printf 'targets: %s\n' "$*" >&2; exit 1; }
 
-step "every target of make help is in README's table; every file its recipe names exists"
+step "every target of make help is in CONTRIBUTING.md's table; every file its recipe names exists"
 targets=$(make --no-print-directory help | awk '/^make /{print $2}')
 [ -n "$targets" ] || fail "make help names no target"
 for t in $targets; do
-    grep -q "^| \`make $t\` |" README.md \
-        || fail "make $t is not in README's table \"What \`make test\` runs of each target\": add a row saying how make test runs it, or why not"
+    grep -q "^| \`make $t\` |" CONTRIBUTING.md \
+        || fail "make $t is not in CONTRIBUTING.md's table \"What \`make test\` runs of each target\": add a row saying how make test runs it, or why not"
     # The recipe as make would run it (prerequisites included), without running it.
     recipe=$(make --no-print-directory -n "$t" CARGO=cargo) || fail "make -n $t failed"
     while read -r f; do
         [ -z "$f" ] || [ -e "$f" ] || fail "make $t runs $f, which does not exist"
     done < <(grep -oE '(scripts|ci)/[A-Za-z0-9_./-]+' <<<"$recipe" | sort -u)
 done
-echo "targets: $(wc -w <<<"$targets") targets, each in README"
+echo "targets: $(wc -w <<<"$targets") targets, each in CONTRIBUTING.md"
+
+step "every relative link in README.md, CONTRIBUTING.md and docs/*.md resolves"
+scripts/check-links.py README.md CONTRIBUTING.md docs/*.md \
+    || fail "a relative link is broken (named above): fix the link, or the heading it points to"
+echo "links: $(cat README.md CONTRIBUTING.md docs/*.md | grep -c '](') lines with links, none broken"
 
 step "make drift, its planning step (scripts/drift.sh --plan)"
 scripts/drift.sh --plan

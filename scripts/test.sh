@@ -153,7 +153,7 @@ tests podman podman_pass "$@"
 tests python scripts/test-python.sh
 tests bench-smoke scripts/bench.sh --smoke
 # The documented targets and scripts no stage above runs (drift's plan, fuzz, the demo), so
-# that none rots unseen, and README's table of what this run covers of each target.
+# that none rots unseen, and CONTRIBUTING.md's table of what this run covers of each target.
 tests targets scripts/test-targets.sh
 if [ ${#failed[@]} -gt 0 ]; then
     echo "make test: failed stages: ${failed[*]}" >&2

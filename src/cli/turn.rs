@@ -183,7 +183,7 @@ pub struct SettingsArgs {
     pub mcp_header: Vec<String>,
 }
 
-/// `--protect`'s long help, with the default set (the README explains each).
+/// `--protect`'s long help, with the default set (docs/walls.md explains each).
 fn protect_help() -> String {
     let defaults: Vec<&str> = crate::session::protect::DEFAULT_PROTECTED
         .iter()

@@ -132,7 +132,7 @@ fn runtimes_line(runtimes: &crate::backend::docker::Runtimes, podman: bool) -> S
         format!("✓ runtimes: {listed}; gVisor: --runtime runsc")
     } else {
         format!(
-            "- runtimes: {listed}; for gVisor (--runtime runsc): apt-get install runsc, add \"runtimes\": {{\"runsc\": {{\"path\": \"/usr/bin/runsc\", \"runtimeArgs\": [\"--network=host\"]}}}} to /etc/docker/daemon.json, reload the daemon (`systemctl reload docker`, or SIGHUP to dockerd); README: \"A stronger box\""
+            "- runtimes: {listed}; for gVisor (--runtime runsc): apt-get install runsc, add \"runtimes\": {{\"runsc\": {{\"path\": \"/usr/bin/runsc\", \"runtimeArgs\": [\"--network=host\"]}}}} to /etc/docker/daemon.json, reload the daemon (`systemctl reload docker`, or SIGHUP to dockerd); docs/walls.md: \"A stronger box\""
         )
     }
 }

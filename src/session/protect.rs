@@ -9,7 +9,7 @@
 
 use crate::error::{Error, Result};
 
-/// The default set, each with why it is there (README lists the same).
+/// The default set, each with why it is there (docs/walls.md lists the same).
 pub const DEFAULT_PROTECTED: &[(&str, &str)] = &[
     (
         ".git/config",
@@ -327,14 +327,14 @@ mod tests {
         assert!(apply(&mut protect, &mut unprotect, &["../up".into()], &[], None).is_err());
     }
 
-    /// The README's table lists the default set, each with its reason.
+    /// docs/walls.md's table lists the default set, each with its reason.
     #[test]
-    fn the_readme_lists_every_default() {
-        let readme = include_str!("../../README.md");
+    fn the_walls_page_lists_every_default() {
+        let page = include_str!("../../docs/walls.md");
         for (path, why) in DEFAULT_PROTECTED {
             assert!(
-                readme.contains(&format!("| `{path}` | {why} |")),
-                "README lacks {path}"
+                page.contains(&format!("| `{path}` | {why} |")),
+                "docs/walls.md lacks {path}"
             );
         }
     }

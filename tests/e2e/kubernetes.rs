@@ -990,7 +990,7 @@ fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
     let out = crate::common::run(resume(&id, "HOLD:plum REMEMBER:plum", true));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     // Past the driver's first moment, when it feeds the pod its runtime files (a driver
-    // killed before that leaves a pod that waits for them: see the README): the CLI's
+    // killed before that leaves a pod that waits for them: see docs/kubernetes.md, "Not yet"): the CLI's
     // request is at the stub, which holds it until the driver is gone.
     wait_held(&endpoint, "plum");
     let pid = lab.turn_pod_annotation(&id, "io.caw-box.driver-pid");

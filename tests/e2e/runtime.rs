@@ -90,7 +90,7 @@ fn assert_refused_unknown(rig: &Rig, cmd: Command) {
 
 /// caw-box's own containers beside the running turn `turn` (its credential broker, and
 /// under `--allow-host` its egress proxy) are on the daemon's default runtime, not the
-/// agent's: they run caw-box's code, never the agent's (README, "A stronger box").
+/// agent's: they run caw-box's code, never the agent's (docs/walls.md, "A stronger box").
 fn assert_helpers_on_default_runtime(rig: &Rig, turn: &str) {
     let helpers: Vec<String> = rig
         .caw_containers()

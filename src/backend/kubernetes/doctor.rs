@@ -209,7 +209,7 @@ async fn rbac(client: &kube::Client, namespace: &str) -> Check {
         ))
     } else {
         Check::Problem(format!(
-            "rbac: in namespace '{namespace}' this user may not: {}; fix: a Role with these rules, bound to the user (README: Kubernetes)",
+            "rbac: in namespace '{namespace}' this user may not: {}; fix: a Role with these rules, bound to the user (docs/kubernetes.md, \"Permissions\")",
             missing.join(", ")
         ))
     }
