@@ -46,10 +46,10 @@ for t in $targets; do
 done
 echo "targets: $(wc -w <<<"$targets") targets, each in CONTRIBUTING.md"
 
-step "every relative link in README.md, CONTRIBUTING.md and docs/*.md resolves"
-scripts/check-links.py README.md CONTRIBUTING.md docs/*.md \
+step "every relative link in README.md, CONTRIBUTING.md, ARCHITECTURE.md and docs/*.md resolves"
+scripts/check-links.py README.md CONTRIBUTING.md ARCHITECTURE.md docs/*.md \
     || fail "a relative link is broken (named above): fix the link, or the heading it points to"
-echo "links: $(cat README.md CONTRIBUTING.md docs/*.md | grep -c '](') lines with links, none broken"
+echo "links: $(cat README.md CONTRIBUTING.md ARCHITECTURE.md docs/*.md | grep -c '](') lines with links, none broken"
 
 step "make drift, its planning step (scripts/drift.sh --plan)"
 scripts/drift.sh --plan

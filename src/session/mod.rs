@@ -1,40 +1,31 @@
-//! Sessions: the resume handle, the labels and records that make a session live on a backend,
-//! and TARGET resolution.
+//! Sessions, in caw-box's terms and over any backend (`impl Backend`): a session lives on a
+//! backend as its labels, its state volume and its records, and runs one turn at a time.
+//! The layer is split by seam:
+//! - [`turn`]: driving one turn, from its plan to its recorded end;
+//! - [`store`]: storing sessions: records, history, names, the handle, TARGET resolution;
+//! - [`walls`]: what the agent may touch: workspace, protected paths, its user, egress;
+//! - `broker`: the credential broker that keeps real keys out of the box;
+//! - [`lifecycle`]: existing sessions from any process: running turns, stop, wait, remove,
+//!   and turns whose driver is gone.
+//!
+//! The modules other layers use are re-exported here under their old flat paths
+//! (`session::runner`, `session::record` …): the library's public paths.
 
 mod broker;
-mod egress;
-mod ended;
-pub mod files;
-pub mod handle;
-mod headless;
-mod history;
-mod inflight;
-mod interactive;
 pub mod lifecycle;
-pub mod limits;
-mod liveness;
-pub mod models;
-pub mod names;
-pub mod orphans;
-pub mod owner;
-pub mod patch;
-mod plan;
-pub mod portable;
-pub mod protect;
-pub mod protected_out;
-pub mod quarantine;
-pub mod record;
-pub mod runner;
+mod store;
+mod turn;
+mod walls;
+
+pub use lifecycle::orphans;
+pub use store::{files, handle, names, portable, record, target};
+pub use turn::{limits, models, runner};
+pub use walls::{owner, patch, protect, protected_out, quarantine, safe_git, workspace};
+
 #[cfg(test)]
 pub(crate) use broker::sidecar_entrypoint;
-pub(crate) use ended::is_marker;
-mod runtime;
-pub mod safe_git;
-pub mod target;
-mod turn;
-mod warm;
-pub mod workspace;
+pub(crate) use turn::ended::is_marker;
 
-pub use egress::expand_allow_hosts;
 pub use handle::ResumeHandle;
 pub use record::{SessionRecord, SessionSettings, TurnRecord, WorkspaceMode};
+pub use walls::egress::expand_allow_hosts;

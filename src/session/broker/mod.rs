@@ -41,8 +41,8 @@ use std::time::Duration;
 use crate::backend::{Backend, NetworkPolicy};
 use crate::error::Result;
 use crate::provider::ProviderKind;
-use crate::session::names::{self, LabelSet};
-use crate::session::record::{labels, roles};
+use crate::session::store::names::{self, LabelSet};
+use crate::session::store::record::{labels, roles};
 
 mod plan;
 mod refresh;

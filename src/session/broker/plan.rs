@@ -12,8 +12,8 @@ use crate::backend::NetworkPolicy;
 use crate::dirs;
 use crate::error::Result;
 use crate::provider::ProviderKind;
-use crate::session::names;
-use crate::session::record::SessionRecord;
+use crate::session::store::names;
+use crate::session::store::record::SessionRecord;
 
 /// How long a shared broker without a lease stays (`CAW_BOX_BROKER_IDLE`, seconds).
 fn idle_ms() -> u64 {
@@ -506,7 +506,7 @@ mod tests {
     use super::*;
     use crate::auth::Secret;
     use crate::session::broker::{sidecar_entrypoint, LOADER, POD_END_DIR, POD_END_FILE};
-    use crate::session::record::{SessionSettings, WorkspaceMode};
+    use crate::session::store::record::{SessionSettings, WorkspaceMode};
     fn record(network: &str, endpoint: Option<&str>) -> SessionRecord {
         SessionRecord {
             version: 1,

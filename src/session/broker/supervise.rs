@@ -10,7 +10,7 @@ use super::{Broker, Lease, Shared, LEASE_RENEW, LOADER, READY_TIMEOUT};
 use crate::backend::{Backend, BrokerPlan, HelperSpec, OutputChunk};
 use crate::dirs;
 use crate::error::{Error, Result};
-use crate::session::record::{labels, roles};
+use crate::session::store::record::{labels, roles};
 use crate::session::turn::image_hint_for;
 
 /// Holds the data directory's broker lock (finding or starting a shared broker) while alive.

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::session::record::SessionRecord;
+use crate::session::store::record::SessionRecord;
 
 /// The line the entrypoint prints on stdout after the CLI ended on its own, with its exit
 /// code, before it waits for the turn's record (the record hand-off, see `caw-box-entry`).
@@ -23,7 +23,7 @@ pub(crate) fn is_marker(line: &str) -> bool {
 
 /// The result text of a turn whose container was stopped from outside caw-box: the
 /// environment interrupted it, not the agent or its CLI.
-pub(super) fn stopped_outside_result(signal: &str, engine: &str) -> String {
+pub(in crate::session) fn stopped_outside_result(signal: &str, engine: &str) -> String {
     format!(
         "the turn was interrupted by its environment: its container got SIG{signal} from \
          outside caw-box ({engine} stopped it on a shutdown or restart, or it was stopped \
@@ -33,7 +33,7 @@ pub(super) fn stopped_outside_result(signal: &str, engine: &str) -> String {
 
 /// The result text of a turn whose CLI could not reach its model: which host, for how
 /// long, in the CLI's own words, and what the egress proxy refused.
-pub(super) fn unreachable_result(
+pub(in crate::session) fn unreachable_result(
     record: &SessionRecord,
     waited: Option<Duration>,
     words: &str,
@@ -83,7 +83,7 @@ pub fn model_host(record: &SessionRecord) -> String {
     }
 }
 
-pub(super) fn last_line(bytes: &[u8]) -> Option<String> {
+pub(in crate::session) fn last_line(bytes: &[u8]) -> Option<String> {
     String::from_utf8_lossy(bytes)
         .lines()
         .rev()

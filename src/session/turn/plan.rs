@@ -5,16 +5,16 @@
 //! filled, files put in HOME, refreshed credentials written back). `runner` realises the
 //! plan through the backend, which realises its parts its own way (`backend::plan`).
 
-use super::broker::Broker;
-use super::runtime::{Runtime, RUN_DIR};
-use super::turn::{container_name, TurnOptions, ENTRY_GRACE_SECS};
 use crate::backend::{Backend, EgressPlan, EgressRoute};
 use crate::backend::{Limits, MountSpec, NetworkPolicy, TurnSpec};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::provider::{HomeFile, TurnRequest, AGENT_HOME, WORKSPACE_DIR};
-use crate::session::names::{self, LabelSet};
-use crate::session::record::{labels, roles, SessionRecord, WorkspaceMode};
+use crate::session::broker::Broker;
+use crate::session::store::names::{self, LabelSet};
+use crate::session::store::record::{labels, roles, SessionRecord, WorkspaceMode};
+use crate::session::turn::runtime::{Runtime, RUN_DIR};
+use crate::session::turn::{container_name, TurnOptions, ENTRY_GRACE_SECS};
 
 /// A turn's process limit when the session sets none (`--pids-limit`).
 pub const DEFAULT_PIDS_LIMIT: i64 = 512;
@@ -24,7 +24,7 @@ const INTERCEPT_CA_FILE: &str = "intercept-ca.pem";
 
 /// One turn of a session as the session layer plans it, before anything is made: what
 /// `runner::run_turn` hands the backend, and what it does before and after the CLI.
-pub(super) struct TurnPlan {
+pub(in crate::session) struct TurnPlan {
     /// The turn's container (its pod), also the session's lock.
     pub name: String,
     pub turn: u32,
@@ -51,7 +51,7 @@ pub(super) struct TurnPlan {
     /// Files put in HOME before the CLI starts (the user's setup, the adapter's files).
     pub home_files: Vec<HomeFile>,
     /// A bound workspace's protected paths, read-only to the agent and swept after it.
-    pub guard: Option<super::quarantine::Guard>,
+    pub guard: Option<crate::session::walls::quarantine::Guard>,
     /// The turn got credential files the CLI may refresh: they are read back after it and
     /// written to the store.
     pub writes_back: bool,
@@ -62,7 +62,7 @@ pub(super) struct TurnPlan {
 
 /// Plans `record`'s next turn. Changes nothing outside `record` (its vendor key chosen up
 /// front, whether its HOME is unlike the image's): an `Err` leaves nothing made.
-pub(super) async fn plan_turn(
+pub(in crate::session) async fn plan_turn(
     backend: &impl Backend,
     record: &mut SessionRecord,
     options: &TurnOptions,
@@ -102,12 +102,14 @@ pub(super) async fn plan_turn(
         mcp: &record.settings.mcp,
     };
     // Who the turn runs as: decided once, here; kept in the record by `ensure_owner`.
-    let ids = super::owner::turn_ids(&record.settings);
+    let ids = crate::session::walls::owner::turn_ids(&record.settings);
     let mut runtime = Runtime::new(ids);
-    let allow = super::egress::expand_allow_hosts(record.provider, &record.settings);
+    let allow =
+        crate::session::walls::egress::expand_allow_hosts(record.provider, &record.settings);
     // Planned once; the backend says how it holds the agent to it (its own network and a
     // proxy container, or the turn's own pod).
-    let egress = (!allow.is_empty()).then(|| super::egress::plan(record, &allow, &name));
+    let egress =
+        (!allow.is_empty()).then(|| crate::session::walls::egress::plan(record, &allow, &name));
     let route = egress.as_ref().map(|p| backend.egress_route(p));
     let egress_network = route.as_ref().and_then(|r| r.agent_network.clone());
     // Brokered when asked for, and the turn has a network to put a broker on.
@@ -164,10 +166,16 @@ pub(super) async fn plan_turn(
     if !options.interactive {
         // For whoever finishes the turn if this process is gone, where the backend keeps
         // it for an adopter (`labels::ADOPTABLE`, `headless::adopt`).
-        runtime.write(super::headless::PROMPT_FILE, options.prompt.as_bytes());
+        runtime.write(
+            crate::session::turn::headless::PROMPT_FILE,
+            options.prompt.as_bytes(),
+        );
         if let Some(timeout) = options.timeout {
             let millis = timeout.as_millis().to_string();
-            runtime.write(super::headless::TIMEOUT_FILE, millis.as_bytes());
+            runtime.write(
+                crate::session::turn::headless::TIMEOUT_FILE,
+                millis.as_bytes(),
+            );
         }
     }
     let mut env: Vec<String> = command
@@ -284,7 +292,7 @@ pub(super) async fn plan_turn(
         runtime.into_scratch(),
     )?;
     // The protected paths as they are now: those there are read-only to the agent.
-    let guard = super::quarantine::for_turn(record, turn)?;
+    let guard = crate::session::walls::quarantine::for_turn(record, turn)?;
     spec.protected = guard.as_ref().map(|g| g.mounts()).unwrap_or_default();
     spec.runtime_over_stdin = payload.is_some();
     if payload.is_some() {
@@ -296,7 +304,7 @@ pub(super) async fn plan_turn(
     }
     if let Some(b) = broker.as_ref().filter(|b| b.in_pod()) {
         tracing::debug!("credentials brokered by the sidecar {}", b.container);
-        spec.broker = Some(super::broker::sidecar_entrypoint());
+        spec.broker = Some(crate::session::broker::sidecar_entrypoint());
     }
     if let Some(net) = broker.as_ref().and_then(Broker::agent_network) {
         spec.network = net;
@@ -305,7 +313,7 @@ pub(super) async fn plan_turn(
         spec.network = NetworkPolicy::Named(net);
     }
     spec.egress_allow = allow.clone();
-    let warm_for = super::warm::keep_for(
+    let warm_for = crate::session::turn::warm::keep_for(
         backend,
         record,
         &name,
@@ -333,7 +341,7 @@ pub(super) async fn plan_turn(
 }
 
 /// The turn as the backend runs it: the session's image, volumes and limits.
-pub(super) fn turn_spec(
+pub(in crate::session) fn turn_spec(
     record: &SessionRecord,
     turn: u32,
     image: &str,
@@ -396,11 +404,11 @@ pub(super) fn turn_spec(
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(in crate::session) mod tests {
     use super::*;
     use crate::provider::ProviderKind;
-    use crate::session::record::SessionSettings;
-    use crate::session::runtime::RUNTIME_MOUNT;
+    use crate::session::store::record::SessionSettings;
+    use crate::session::turn::runtime::RUNTIME_MOUNT;
 
     pub(in crate::session) fn record(network: &str) -> SessionRecord {
         SessionRecord {

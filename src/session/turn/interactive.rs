@@ -16,22 +16,22 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{signal, SignalKind};
 
-use super::history::{save_record, Ending, StoredHistory, TurnLogs};
-use super::record::{now_secs, SessionRecord, TurnRecord};
-use super::runtime::{has_file, RUN_DIR, STOP_REQUEST};
-use super::turn::{
-    append_event, handle_of, place_home_files, sleep_until, Interrupts, TurnContext, STOP_GRACE,
-};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::event::{Event, Status, TurnResult};
+use crate::session::store::history::{save_record, Ending, StoredHistory, TurnLogs};
+use crate::session::store::record::{now_secs, SessionRecord, TurnRecord};
+use crate::session::turn::runtime::{has_file, RUN_DIR, STOP_REQUEST};
+use crate::session::turn::{
+    append_event, handle_of, place_home_files, sleep_until, Interrupts, TurnContext, STOP_GRACE,
+};
 use crate::terminal::{self, Keys, RawMode};
 
 /// The file in the turn's runtime directory where the entrypoint leaves the output of the
 /// adapter's key script.
 const RESUME_KEY_FILE: &str = "resume-key";
 
-pub(super) async fn drive_tui(
+pub(in crate::session) async fn drive_tui(
     ctx: &TurnContext<'_, impl Backend>,
     record: &mut SessionRecord,
     interrupts: &mut Interrupts,
@@ -110,12 +110,12 @@ pub(super) async fn drive_tui(
             },
             _ = window_changed(&mut resized) => follow_size(backend, name).await,
             // A SIGINT not typed on this terminal (`kill -INT`): the TUI gets it as a Ctrl-C.
-            _ = super::turn::next(&mut interrupts.int) => {
+            _ = crate::session::turn::next(&mut interrupts.int) => {
                 let _ = input.write_all(b"\x03").await;
                 let _ = input.flush().await;
             }
-            _ = super::turn::next(&mut interrupts.term) => break Some(Status::Interrupted),
-            _ = super::turn::next(&mut interrupts.hup) => break Some(Status::Interrupted),
+            _ = crate::session::turn::next(&mut interrupts.term) => break Some(Status::Interrupted),
+            _ = crate::session::turn::next(&mut interrupts.hup) => break Some(Status::Interrupted),
             _ = sleep_until(deadline) => break Some(Status::Timeout),
         }
     };
@@ -244,7 +244,7 @@ async fn window_changed(signal: &mut Option<tokio::signal::unix::Signal>) {
 /// helper that runs the adapter's key script there (where the turn's runtime directory,
 /// which held the entrypoint's answer, went with its pod).
 async fn key_in_state(backend: &impl Backend, record: &SessionRecord) -> Option<String> {
-    use super::names;
+    use crate::session::store::names;
     let id = record.session_id;
     let spec = crate::backend::HelperSpec {
         image: record.settings.image.clone(),

@@ -13,26 +13,26 @@
 //! stored history with the record hand-off (`history.rs`). What other modules use is
 //! re-exported here.
 
-use super::inflight::InFlight;
-use super::liveness::{driver_is_gone, remove_abandoned_turns};
-use super::orphans::Orphan;
-use super::owner::{ensure_owner, fill_new_home};
-use super::plan::{plan_turn, TurnPlan};
-use super::turn::{busy, image_hint, Interrupts, TurnContext, STOP_GRACE};
 use crate::backend::{Backend, CreateError, TurnSpec};
 use crate::error::{Error, Result};
 use crate::event::{Event, TurnResult};
-use crate::session::record::{labels, SessionRecord};
+use crate::session::lifecycle::liveness::{driver_is_gone, remove_abandoned_turns};
+use crate::session::lifecycle::orphans::Orphan;
+use crate::session::store::inflight::InFlight;
+use crate::session::store::record::{labels, SessionRecord};
+use crate::session::turn::plan::{plan_turn, TurnPlan};
+use crate::session::turn::{busy, image_hint, Interrupts, TurnContext, STOP_GRACE};
+use crate::session::walls::owner::{ensure_owner, fill_new_home};
 
-pub use super::egress::{proxy_env, PROXY_ALIAS, PROXY_PORT, PROXY_SCRIPT};
-pub use super::ended::model_host;
-pub use super::history::cache_record;
-pub use super::plan::DEFAULT_PIDS_LIMIT;
-pub use super::runtime::{RUNTIME_MOUNT, RUN_DIR as RUNTIME_DIR, STOP_REQUEST};
-pub use super::turn::{
+pub use crate::session::store::history::cache_record;
+pub use crate::session::turn::ended::model_host;
+pub use crate::session::turn::plan::DEFAULT_PIDS_LIMIT;
+pub use crate::session::turn::runtime::{RUNTIME_MOUNT, RUN_DIR as RUNTIME_DIR, STOP_REQUEST};
+pub use crate::session::turn::{
     container_name, handle_of, image_hint_for, leave_signals_to_the_caller, turn_error,
     TurnOptions, DEFAULT_CONNECT_TIMEOUT,
 };
+pub use crate::session::walls::egress::{proxy_env, PROXY_ALIAS, PROXY_PORT, PROXY_SCRIPT};
 
 /// Runs one turn of `record`'s session and updates `record` with it.
 ///
@@ -64,7 +64,7 @@ pub async fn run_turn(
 /// that still runs keeps the session busy: `caw-box wait` records it when it ends.
 async fn settle_orphan(backend: &impl Backend, record: &mut SessionRecord) -> Result<()> {
     let id = record.session_id;
-    let stored = match super::orphans::settle(backend, id, false).await? {
+    let stored = match crate::session::lifecycle::orphans::settle(backend, id, false).await? {
         Orphan::None => return Ok(()),
         Orphan::Running => {
             let turn = record.next_turn().to_string();
@@ -74,7 +74,9 @@ async fn settle_orphan(backend: &impl Backend, record: &mut SessionRecord) -> Re
             )));
         }
         Orphan::Recorded(recorded) => recorded.0,
-        Orphan::RecordedElsewhere => super::target::resolve(backend, &id.to_string()).await?,
+        Orphan::RecordedElsewhere => {
+            crate::session::store::target::resolve(backend, &id.to_string()).await?
+        }
     };
     record.turns = stored.turns;
     record.resume_key = stored.resume_key;
@@ -116,7 +118,7 @@ pub async fn warm_ahead(
     }
     let plan = plan_turn(backend, record, &options).await?;
     let Some(secs) = plan.warm_for else {
-        return Err(super::warm::runs_cold(
+        return Err(crate::session::turn::warm::runs_cold(
             backend,
             record,
             plan.egress.is_some(),
@@ -150,7 +152,7 @@ pub async fn warm_ahead(
     let (rec, name): (&SessionRecord, &str) = (record, &plan.name);
     let create =
         move |idle: TurnSpec| async move { create_turn_container(backend, rec, name, &idle).await };
-    super::warm::make_ahead(backend, name, &spec, secs, create).await
+    crate::session::turn::warm::make_ahead(backend, name, &spec, secs, create).await
 }
 
 /// Runs a planned turn: what it needs made first (its state volume filled and handed to
@@ -197,7 +199,7 @@ async fn realise(
         return Err(e);
     }
     if let Some(plan) = &egress {
-        if let Err(e) = super::egress::open(backend, record, plan).await {
+        if let Err(e) = crate::session::walls::egress::open(backend, record, plan).await {
             if let Some(b) = &broker {
                 b.stop(backend).await;
             }
@@ -268,7 +270,10 @@ async fn realise(
                         .map(|t| t.started_at + t.duration_ms / 1000)
                         .max()
                         .unwrap_or(0);
-                    super::warm::take_or_make(backend, &name, spec, secs, last_end, create).await
+                    crate::session::turn::warm::take_or_make(
+                        backend, &name, spec, secs, last_end, create,
+                    )
+                    .await
                 }
                 None => create_turn_container(backend, record, &name, spec).await,
             }
@@ -289,7 +294,7 @@ async fn realise(
         created?;
         container_made = true;
         if let Some(plan) = &egress {
-            super::egress::remove_leftovers(backend, record, plan).await;
+            crate::session::walls::egress::remove_leftovers(backend, record, plan).await;
         }
         if let Some(b) = &broker {
             b.remove_leftovers(backend).await;
@@ -312,9 +317,9 @@ async fn realise(
             // A TUI's runtime files go in before its start: wait for the broker here.
             let mut ready = ready_rx.clone();
             let _ = ready.wait_for(Option::is_some).await;
-            super::interactive::drive_tui(&ctx, record, interrupts, sink).await
+            crate::session::turn::interactive::drive_tui(&ctx, record, interrupts, sink).await
         } else {
-            super::headless::drive_headless(&ctx, record, interrupts, sink).await
+            crate::session::turn::headless::drive_headless(&ctx, record, interrupts, sink).await
         };
         if outcome.is_err() {
             // A recorded turn's container is gone already (save_record released the lock);
@@ -388,7 +393,11 @@ async fn create_turn_container(
                 // (Docker reserves the name first): busy, never a leftover to remove.
                 let leftover = match existing {
                     Some(c) if !running && driver_is_gone(&c) => c,
-                    Some(c) if running && super::warm::orphaned(backend, &c).await? => c,
+                    Some(c)
+                        if running && crate::session::turn::warm::orphaned(backend, &c).await? =>
+                    {
+                        c
+                    }
                     _ => return Err(busy(record, &turn)),
                 };
                 // A leftover of a turn whose caw-box was killed: it holds nothing we need.
@@ -404,7 +413,7 @@ async fn create_turn_container(
 mod tests {
     use super::*;
     use crate::dirs;
-    use crate::session::plan::{tests::record, turn_spec};
+    use crate::session::turn::plan::{tests::record, turn_spec};
 
     /// A backend that holds one turn container (or none) and records what it was asked to
     /// do: enough to check how a turn takes the session's lock.

@@ -9,7 +9,7 @@
 use crate::backend::warm::{idle_argv, turn_argv, WarmExec, WARM_FOR_LABEL, WARM_LABEL};
 use crate::backend::{Backend, BrokerPlace, TurnSpec};
 use crate::error::{Error, Result};
-use crate::session::record::SessionRecord;
+use crate::session::store::record::SessionRecord;
 use crate::session::turn::TurnOptions;
 
 /// The image's entrypoint, which a warm turn's exec runs as a cold turn's container does.
@@ -22,7 +22,7 @@ const ENTRYPOINT: &str = "/usr/local/bin/caw-box-entry";
 /// `--allow-host` (its private network goes with the turn) nor a broker of the turn's own
 /// (Podman: its network does too), nor a broker in the turn's pod (`pod_broker`,
 /// Kubernetes: its sidecar would hold its keys while the pod idles).
-pub(super) async fn keep_for(
+pub(in crate::session) async fn keep_for(
     backend: &impl Backend,
     record: &SessionRecord,
     name: &str,
@@ -50,7 +50,7 @@ pub(super) async fn keep_for(
 /// turn's driver never gave back (killed): no turn runs in it, and still none a moment
 /// later with it still there (a live driver takes and gives one back around its turn's
 /// exec within moments). A new turn may then remove it.
-pub(super) async fn orphaned(
+pub(in crate::session) async fn orphaned(
     backend: &impl Backend,
     c: &crate::backend::ContainerInfo,
 ) -> Result<bool> {
@@ -67,7 +67,7 @@ pub(super) async fn orphaned(
 }
 
 /// Why `caw-box warm` makes nothing for `record`'s session: its next turn would run cold.
-pub(super) fn runs_cold(
+pub(in crate::session) fn runs_cold(
     backend: &impl Backend,
     record: &SessionRecord,
     egress: bool,
@@ -135,7 +135,7 @@ fn fingerprint_for(spec: &TurnSpec, secs: u64) -> String {
 /// cold turn's would be, but idle for `secs` after each turn (a warm one that does not fit
 /// or died is removed first). `create` creates a turn's container from its spec under the
 /// session's lock, as a cold turn's (`runner::create_turn_container`).
-pub(super) async fn take_or_make<F>(
+pub(in crate::session) async fn take_or_make<F>(
     backend: &impl Backend,
     name: &str,
     spec: &TurnSpec,
@@ -150,7 +150,7 @@ where
     let exec = WarmExec {
         argv: turn_argv(
             spec.labels
-                .get(crate::session::record::labels::TURN)
+                .get(crate::session::store::record::labels::TURN)
                 .and_then(|t| t.parse().ok())
                 .unwrap_or(0),
             std::process::id(),
@@ -188,7 +188,7 @@ fn ends_soon(c: &crate::backend::ContainerInfo, secs: u64, last_turn_end: u64) -
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
     let idle_since = created.max(last_turn_end).saturating_sub(1);
-    crate::session::record::now_secs() + margin >= idle_since + secs
+    crate::session::store::record::now_secs() + margin >= idle_since + secs
 }
 
 /// Creates (with `create`, under the session's lock `name`) and starts the idle container
@@ -228,7 +228,7 @@ where
 /// `caw-box warm`: makes the session's idle container for turns of `spec` ahead of its
 /// next turn, under the session's lock `name` while it is made; `false`: one made with the
 /// same settings was there already, and stays.
-pub(super) async fn make_ahead<F>(
+pub(in crate::session) async fn make_ahead<F>(
     backend: &impl Backend,
     name: &str,
     spec: &TurnSpec,

@@ -15,11 +15,11 @@ use crate::backend::{Backend, CreateError};
 use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, TarFile};
 use crate::error::{Error, Result};
 use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
-use crate::session::names::{self, labels, roles, LabelSet};
-use crate::session::protected_out::{self, sha256_hex as hash, ProtectedChange};
-use crate::session::protected_out::{CopyRecord as Base, RECORD_PATH as BASE_PATH};
-use crate::session::safe_git;
-use crate::session::target::VolumeFacts;
+use crate::session::store::names::{self, labels, roles, LabelSet};
+use crate::session::store::target::VolumeFacts;
+use crate::session::walls::protected_out::{self, sha256_hex as hash, ProtectedChange};
+use crate::session::walls::protected_out::{CopyRecord as Base, RECORD_PATH as BASE_PATH};
+use crate::session::walls::safe_git;
 
 /// A workspace as copied at session start.
 struct Copied {
@@ -143,7 +143,7 @@ fn holder(image: &str, session_id: Uuid, with_state: bool, read_only: bool) -> H
     }
 }
 
-pub(super) async fn with_holder<T>(
+pub(in crate::session) async fn with_holder<T>(
     backend: &impl Backend,
     spec: HelperSpec,
     session_id: Uuid,
@@ -202,7 +202,7 @@ pub async fn populate(
                     mode: 0o600,
                 },
                 TarFile {
-                    path: crate::session::patch::BASE_TAR_PATH,
+                    path: crate::session::walls::patch::BASE_TAR_PATH,
                     contents: &baseline,
                     mode: 0o600,
                 },
@@ -408,7 +408,7 @@ async fn git_listing(
 }
 
 async fn read_base(backend: &impl Backend, facts: &VolumeFacts) -> Result<Base> {
-    let bytes = crate::session::target::read_volume_file(backend, facts, BASE_PATH)
+    let bytes = crate::session::store::target::read_volume_file(backend, facts, BASE_PATH)
         .await?
         .ok_or_else(|| {
             Error::environment(format!(
@@ -452,10 +452,12 @@ pub async fn daemon_sees(
     let spec = HelperSpec {
         image: image.to_string(),
         entrypoint: vec!["true".into()],
-        labels: crate::session::record::with_extra_labels(std::collections::HashMap::from([
-            (labels::MANAGED.to_string(), "true".to_string()),
-            (labels::ROLE.to_string(), roles::PROBE.to_string()),
-        ])),
+        labels: crate::session::store::record::with_extra_labels(std::collections::HashMap::from(
+            [
+                (labels::MANAGED.to_string(), "true".to_string()),
+                (labels::ROLE.to_string(), roles::PROBE.to_string()),
+            ],
+        )),
         mounts: vec![MountSpec::host_dir(dir.display().to_string(), "/probe").read_only()],
         network: NetworkPolicy::None,
         ..Default::default()

@@ -14,7 +14,7 @@ use crate::backend::{Backend, HelperSpec, NetworkPolicy};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
-use crate::session::record::{labels, roles, SessionSettings};
+use crate::session::store::record::{labels, roles, SessionSettings};
 
 /// The model id used when the endpoint answers but keeps no list (no `/v1/models`): such
 /// servers serve whatever they were started with, whatever the name.
@@ -124,7 +124,7 @@ async fn fetch(
         other => other.to_string(),
     };
     if !settings.allow_hosts.is_empty() {
-        let allowed = super::egress::expand_allow_hosts(provider, settings);
+        let allowed = crate::session::walls::egress::expand_allow_hosts(provider, settings);
         let host = crate::endpoint::endpoint_host(url).unwrap_or_default();
         if !allowed.contains(&host) {
             return Ok(Fetched {
@@ -137,7 +137,7 @@ async fn fetch(
     let result = async {
         let credentials = crate::auth::inject::prepare(provider, env)?;
         // A helper of its own, on a tmpfs HOME: it touches none of a session's files.
-        let mut runtime = super::runtime::Runtime::new(dirs::agent_ids());
+        let mut runtime = crate::session::turn::runtime::Runtime::new(dirs::agent_ids());
         for (path, contents) in &credentials.files {
             runtime.write(path, contents);
         }
@@ -159,10 +159,10 @@ async fn fetch(
             // HOME on the tmpfs: the entrypoint places (and removes) credential files there.
             env: vec![
                 "HOME=/tmp/home".into(),
-                format!("CAW_BOX_RUN_DIR={}", super::runtime::RUN_DIR),
+                format!("CAW_BOX_RUN_DIR={}", crate::session::turn::runtime::RUN_DIR),
             ],
             user: Some(format!("{uid}:{gid}")),
-            labels: crate::session::record::with_extra_labels(HashMap::from([
+            labels: crate::session::store::record::with_extra_labels(HashMap::from([
                 (labels::MANAGED.to_string(), "true".to_string()),
                 (labels::ROLE.to_string(), roles::PROBE.to_string()),
             ])),
@@ -176,10 +176,9 @@ async fn fetch(
             ..Default::default()
         };
         let name = format!("caw-box-probe-models-{}", uuid::Uuid::new_v4().simple());
-        let (code, out, err) = backend
-            .run_to_completion(&name, &spec)
-            .await
-            .map_err(|e| crate::session::runner::image_hint_for(e, &settings.image, provider))?;
+        let (code, out, err) = backend.run_to_completion(&name, &spec).await.map_err(|e| {
+            crate::session::turn::runner::image_hint_for(e, &settings.image, provider)
+        })?;
         serde_json::from_str::<Fetched>(out.trim()).map_err(|_| {
             Error::environment(format!(
                 "asking {url} for its models failed (exit {code}): {}",

@@ -63,7 +63,7 @@ impl ResumeHandle {
             provider,
             session_id,
             resume_key: resume_key.into(),
-            volume: crate::session::names::state_volume(session_id),
+            volume: crate::session::store::names::state_volume(session_id),
             backend: (!docker).then(|| scope.kind.as_str().to_string()),
             namespace: if docker {
                 None
@@ -179,10 +179,10 @@ impl ResumeHandle {
             return Err(bad("\"resume_key\" is not a vendor session id"));
         }
         let volume = raw.volume.ok_or_else(|| bad("no \"volume\""))?;
-        if volume != crate::session::names::state_volume(session_id) {
+        if volume != crate::session::store::names::state_volume(session_id) {
             return Err(bad(&format!(
                 "\"volume\" is '{volume}' but a session {session_id} lives in '{}'",
-                crate::session::names::state_volume(session_id)
+                crate::session::store::names::state_volume(session_id)
             )));
         }
         Ok(ResumeHandle {

@@ -1,6 +1,23 @@
-//! What a turn's life ([`super::runner`]) and its two drivers (headless, interactive) share:
-//! the turn's options, the context a driver works with, the signals that end a turn early,
-//! and how a finished turn maps to an error. Not the drive loops themselves.
+//! Driving one turn: planned once in caw-box's terms ([`plan`]), its container made and run
+//! ([`runner`]) and driven to its recorded end, headless ([`headless`], [`ended`]) or in the
+//! vendor's TUI ([`interactive`]), in a warm container ([`warm`]), with its runtime files
+//! ([`runtime`]), the model a session runs ([`models`]) and usage limits ([`limits`]).
+//! Not here: storing sessions (`store`), the walls around the agent (`walls`), the
+//! credential broker (`broker`), existing sessions' lifecycle (`lifecycle`).
+//!
+//! This file: what a turn's life and its two drivers share: the turn's options, the
+//! context a driver works with, the signals that end a turn early, and how a finished turn
+//! maps to an error. Not the drive loops themselves.
+
+pub(in crate::session) mod ended;
+pub(in crate::session) mod headless;
+pub(in crate::session) mod interactive;
+pub mod limits;
+pub mod models;
+pub(in crate::session) mod plan;
+pub mod runner;
+pub(in crate::session) mod runtime;
+pub(in crate::session) mod warm;
 
 use std::time::Duration;
 
@@ -11,16 +28,16 @@ use crate::backend::{Backend, CreateError};
 use crate::error::{Error, ErrorKind, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::provider::AGENT_HOME;
-use crate::session::files;
-use crate::session::handle::ResumeHandle;
-use crate::session::record::{SessionRecord, TurnRecord};
+use crate::session::store::files;
+use crate::session::store::handle::ResumeHandle;
+use crate::session::store::record::{SessionRecord, TurnRecord};
 
 /// How long a stopped container gets between SIGTERM and SIGKILL. The entrypoint kills the
 /// CLI after [`ENTRY_GRACE_SECS`], so its credential clean-up still runs before Docker's
 /// SIGKILL, and Ctrl-C ends a turn well within 10 s.
-pub(super) const STOP_GRACE: Duration = Duration::from_secs(8);
+pub(in crate::session) const STOP_GRACE: Duration = Duration::from_secs(8);
 
-pub(super) const ENTRY_GRACE_SECS: u64 = 5;
+pub(in crate::session) const ENTRY_GRACE_SECS: u64 = 5;
 
 /// How long a CLI may report that it cannot reach its model before the turn is stopped.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -59,7 +76,7 @@ pub struct TurnOptions {
 
 /// The container name that is also the session's lock.
 pub fn container_name(record: &SessionRecord) -> String {
-    crate::session::names::turn_container(record.session_id)
+    crate::session::store::names::turn_container(record.session_id)
 }
 
 /// The handle for a session's current state.
@@ -86,14 +103,14 @@ pub fn leave_signals_to_the_caller() {
 
 /// Signals that end a turn early: Ctrl-C, SIGTERM, and SIGHUP (the terminal went away);
 /// none where the caller handles signals.
-pub(super) struct Interrupts {
-    pub(super) int: Option<tokio::signal::unix::Signal>,
-    pub(super) term: Option<tokio::signal::unix::Signal>,
-    pub(super) hup: Option<tokio::signal::unix::Signal>,
+pub(in crate::session) struct Interrupts {
+    pub(in crate::session) int: Option<tokio::signal::unix::Signal>,
+    pub(in crate::session) term: Option<tokio::signal::unix::Signal>,
+    pub(in crate::session) hup: Option<tokio::signal::unix::Signal>,
 }
 
 impl Interrupts {
-    pub(super) fn install() -> Result<Self> {
+    pub(in crate::session) fn install() -> Result<Self> {
         if CALLER_HANDLES_SIGNALS.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(Interrupts {
                 int: None,
@@ -110,7 +127,7 @@ impl Interrupts {
     }
 
     /// Any of the three.
-    pub(super) async fn recv(&mut self) {
+    pub(in crate::session) async fn recv(&mut self) {
         tokio::select! {
             _ = next(&mut self.int) => {},
             _ = next(&mut self.term) => {},
@@ -120,7 +137,7 @@ impl Interrupts {
 }
 
 /// The next delivery of `signal`; never, where it has no handler.
-pub(super) async fn next(signal: &mut Option<tokio::signal::unix::Signal>) {
+pub(in crate::session) async fn next(signal: &mut Option<tokio::signal::unix::Signal>) {
     match signal {
         Some(s) => {
             s.recv().await;
@@ -131,7 +148,7 @@ pub(super) async fn next(signal: &mut Option<tokio::signal::unix::Signal>) {
 
 /// A missing image when creating any of a turn's containers (the turn's, the volume owner
 /// fix-up, the egress proxy: all run the session's image) as the missing-image error.
-pub(super) fn image_hint(e: CreateError, record: &SessionRecord) -> Error {
+pub(in crate::session) fn image_hint(e: CreateError, record: &SessionRecord) -> Error {
     image_hint_for(e, &record.settings.image, record.provider)
 }
 
@@ -147,7 +164,7 @@ pub fn image_hint_for(
     }
 }
 
-pub(super) fn busy(record: &SessionRecord, turn: &str) -> Error {
+pub(in crate::session) fn busy(record: &SessionRecord, turn: &str) -> Error {
     let id = record.session_id;
     Error::usage(format!(
         "session {id} is busy: turn {turn} is running right now (container caw-box-{id})"
@@ -158,7 +175,7 @@ pub(super) fn busy(record: &SessionRecord, turn: &str) -> Error {
 }
 
 /// What a turn's driver works with, once the turn's container exists.
-pub(super) struct TurnContext<'a, B> {
+pub(in crate::session) struct TurnContext<'a, B> {
     pub backend: &'a B,
     /// The container's name (the session's lock).
     pub name: &'a str,
@@ -178,20 +195,20 @@ pub(super) struct TurnContext<'a, B> {
     /// `Some(true)` from the start when there is none: the runtime files wait for it.
     pub broker_ready: tokio::sync::watch::Receiver<Option<bool>>,
     /// A bind-mode workspace's protected paths, swept before the container goes.
-    pub guard: Option<&'a super::quarantine::Guard>,
+    pub guard: Option<&'a crate::session::walls::quarantine::Guard>,
     /// The uid:gid the container runs as (`owner::turn_ids`): files caw-box puts in its HOME
     /// and runtime directory belong to it.
     pub user: (u32, u32),
 }
 
-pub(super) fn append_event(log: &mut Vec<u8>, e: &Event) {
+pub(in crate::session) fn append_event(log: &mut Vec<u8>, e: &Event) {
     if let Ok(json) = serde_json::to_vec(e) {
         log.extend_from_slice(&json);
         log.push(b'\n');
     }
 }
 
-pub(super) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+pub(in crate::session) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
@@ -200,7 +217,7 @@ pub(super) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 
 /// Writes the adapter's config files into HOME (in the state volume), merging JSON files
 /// with what the CLI already keeps there.
-pub(super) async fn place_home_files(
+pub(in crate::session) async fn place_home_files(
     backend: &impl Backend,
     name: &str,
     home_files: &[crate::provider::HomeFile],

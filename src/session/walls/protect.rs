@@ -330,7 +330,7 @@ mod tests {
     /// docs/walls.md's table lists the default set, each with its reason.
     #[test]
     fn the_walls_page_lists_every_default() {
-        let page = include_str!("../../docs/walls.md");
+        let page = include_str!("../../../docs/walls.md");
         for (path, why) in DEFAULT_PROTECTED {
             assert!(
                 page.contains(&format!("| `{path}` | {why} |")),

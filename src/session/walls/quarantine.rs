@@ -1,4 +1,4 @@
-//! Protected paths ([`super::protect`]) applied to a bind-mode workspace on the host, around
+//! Protected paths ([`crate::session::walls::protect`]) applied to a bind-mode workspace on the host, around
 //! one turn: what exists when the turn starts is mounted read-only over itself in the agent's
 //! container; what is there after the turn and was not (the agent created it, or replaced
 //! what was) is moved aside into a quarantine directory under caw-box's data dir, per session
@@ -148,7 +148,7 @@ fn hooks_path_inside(ws: &Path, given_ws: &str) -> Option<String> {
         return None;
     }
     let text = std::fs::read(ws.join(at)).ok()?;
-    let value = super::protect::hooks_path(&String::from_utf8_lossy(&text))?;
+    let value = crate::session::walls::protect::hooks_path(&String::from_utf8_lossy(&text))?;
     if value.starts_with('~') {
         return None;
     }
@@ -156,12 +156,12 @@ fn hooks_path_inside(ws: &Path, given_ws: &str) -> Option<String> {
         let ws_text = ws.display().to_string();
         for top in [ws_text.as_str(), given_ws.trim_end_matches('/')] {
             if let Some(rest) = value.strip_prefix(top).filter(|r| r.starts_with('/')) {
-                return super::protect::normalise(rest.trim_start_matches('/'));
+                return crate::session::walls::protect::normalise(rest.trim_start_matches('/'));
             }
         }
         return None;
     }
-    super::protect::normalise(&value)
+    crate::session::walls::protect::normalise(&value)
 }
 
 impl Guard {
@@ -408,10 +408,10 @@ fn remove_no_follow(path: &Path) -> std::io::Result<()> {
 /// The guard of turn `turn` of `record`'s session: a bind-mode workspace with protected
 /// paths; `None` for any other.
 pub fn for_turn(
-    record: &crate::session::record::SessionRecord,
+    record: &crate::session::store::record::SessionRecord,
     turn: u32,
 ) -> crate::error::Result<Option<Guard>> {
-    use crate::session::record::WorkspaceMode;
+    use crate::session::store::record::WorkspaceMode;
     let settings = &record.settings;
     let Some(ws) = settings
         .workspace
@@ -463,7 +463,7 @@ mod tests {
         // .gemini leads inside: its settings.json is protected where it is.
         write(w, "conf/gemini/settings.json", "{}");
         std::os::unix::fs::symlink("conf/gemini", w.join(".gemini")).unwrap();
-        let paths = crate::session::protect::effective(&[], &[]);
+        let paths = crate::session::walls::protect::effective(&[], &[]);
         let g = Guard::survey(w.to_str().unwrap(), &paths, w.join("q"));
         let real = fs::canonicalize(w).unwrap();
         assert_eq!(
@@ -538,7 +538,7 @@ mod tests {
         write(w, "conf/gemini-b/settings.json", "{\"b\":1}");
         std::os::unix::fs::symlink("conf/gemini-a", w.join(".gemini")).unwrap();
         write(w, "conf/codex/config.toml", "# the user's\n");
-        let paths = crate::session::protect::effective(&["notes".into()], &[]);
+        let paths = crate::session::walls::protect::effective(&["notes".into()], &[]);
         let dir = q.path().join("turn-1");
         let g = Guard::survey(w.to_str().unwrap(), &paths, dir.clone());
         assert_eq!(g.sweep(), None, "nothing new");

@@ -19,22 +19,22 @@ pub const RUN_DIR: &str = RUNTIME_MOUNT;
 
 /// The first line of what a headless turn's driver writes on the container's stdin:
 /// `caw-box-runtime <bytes>`, then a tar archive of the runtime files of that length.
-pub(super) const PAYLOAD_TAG: &str = "caw-box-runtime";
+pub(in crate::session) const PAYLOAD_TAG: &str = "caw-box-runtime";
 
 /// A file that tells the entrypoint to kill the CLI at the stop signal, without grace.
-pub(super) const STOP_NOW: &str = "stop-now";
+pub(in crate::session) const STOP_NOW: &str = "stop-now";
 
 /// A file `caw-box stop` puts in the turn's runtime directory before stopping its
 /// container, so the process driving the turn records it as interrupted, not as a crash.
 pub const STOP_REQUEST: &str = "stop-requested";
 
 /// The files a turn's runtime directory starts with, gathered before the container exists.
-pub(super) struct Runtime(Scratch);
+pub(in crate::session) struct Runtime(Scratch);
 
 impl Runtime {
     /// An empty runtime directory of a container that runs as `owner` (uid:gid): its files
     /// belong to it.
-    pub(super) fn new(owner: (u32, u32)) -> Self {
+    pub(in crate::session) fn new(owner: (u32, u32)) -> Self {
         Runtime(Scratch {
             mount: RUNTIME_MOUNT.to_string(),
             owner,
@@ -43,12 +43,12 @@ impl Runtime {
     }
 
     /// The uid:gid the container runs as.
-    pub(super) fn owner(&self) -> (u32, u32) {
+    pub(in crate::session) fn owner(&self) -> (u32, u32) {
         self.0.owner
     }
 
     /// `name` relative to the runtime directory; mode 0600.
-    pub(super) fn write(&mut self, name: &str, contents: &[u8]) {
+    pub(in crate::session) fn write(&mut self, name: &str, contents: &[u8]) {
         self.0.files.push(ScratchFile {
             path: name.to_string(),
             contents: contents.to_vec(),
@@ -57,12 +57,12 @@ impl Runtime {
     }
 
     /// The files as the entrypoint reads them on stdin: the tag line, then a tar archive.
-    pub(super) fn payload(&self) -> Result<Vec<u8>> {
+    pub(in crate::session) fn payload(&self) -> Result<Vec<u8>> {
         framed(PAYLOAD_TAG, &self.0.tar_files(), self.0.owner)
     }
 
     /// The scratch directory the backend gives the turn's container.
-    pub(super) fn into_scratch(self) -> Scratch {
+    pub(in crate::session) fn into_scratch(self) -> Scratch {
         self.0
     }
 }
@@ -71,7 +71,7 @@ impl Runtime {
 /// reads from its stdin (`read` the line, `head -c` the bytes into `tar -x`). The files
 /// belong to `owner`, the uid:gid the container runs as: a `tar -x` as uid 0 (without the
 /// capability to give files away) keeps the archive's owners, and fails on any other.
-pub(super) fn framed(
+pub(in crate::session) fn framed(
     tag: &str,
     files: &[crate::backend::TarFile<'_>],
     (uid, gid): (u32, u32),
@@ -101,7 +101,11 @@ pub async fn signal_file(
 }
 
 /// Whether the (stopped) container's runtime directory holds `name`.
-pub(super) async fn has_file(backend: &impl Backend, container: &str, name: &str) -> bool {
+pub(in crate::session) async fn has_file(
+    backend: &impl Backend,
+    container: &str,
+    name: &str,
+) -> bool {
     matches!(
         backend
             .download_file(container, &format!("{RUN_DIR}/{name}"))

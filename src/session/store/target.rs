@@ -9,9 +9,9 @@ use crate::backend::{Backend, CreateError};
 use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, VolumeInfo};
 use crate::error::{Error, Result};
 use crate::provider::{ProviderKind, AGENT_HOME};
-use crate::session::handle::ResumeHandle;
-use crate::session::names::{self, LabelSet};
-use crate::session::record::{
+use crate::session::store::handle::ResumeHandle;
+use crate::session::store::names::{self, LabelSet};
+use crate::session::store::record::{
     labels, roles, SessionRecord, SessionSettings, TurnRecord, TurnSummary, RECORD_PATH,
 };
 
@@ -25,7 +25,7 @@ pub struct VolumeFacts {
     pub created_at: u64,
     pub settings: SessionSettings,
     /// A bind-mode git workspace as it was at session start (`diff --patch`).
-    pub workspace_base: Option<crate::session::record::GitBase>,
+    pub workspace_base: Option<crate::session::store::record::GitBase>,
 }
 
 impl VolumeFacts {
@@ -378,7 +378,7 @@ pub async fn read_volume_file(
             .provider(facts.provider)
             .finish(),
         mounts: vec![MountSpec::volume(
-            crate::session::names::state_volume(facts.session_id),
+            crate::session::store::names::state_volume(facts.session_id),
             AGENT_HOME,
         )
         .read_only()],

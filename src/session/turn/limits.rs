@@ -394,7 +394,7 @@ mod tests {
     #[test]
     fn codex_and_header_wordings() {
         // tests/fixtures/codex/hand-usage-limit.jsonl
-        let fixture = include_str!("../../tests/fixtures/codex/hand-usage-limit.jsonl");
+        let fixture = include_str!("../../../tests/fixtures/codex/hand-usage-limit.jsonl");
         assert_eq!(
             reset_after(fixture),
             Some(Duration::from_secs(2 * 86400 + 3 * 3600))
@@ -408,9 +408,9 @@ mod tests {
     #[test]
     fn recorded_limit_turns() {
         // tests/fixtures/README.md, "Usage limits": the stub's LIMIT:60 through the real CLIs.
-        let opencode = include_str!("../../tests/fixtures/opencode/limit-429.jsonl");
+        let opencode = include_str!("../../../tests/fixtures/opencode/limit-429.jsonl");
         assert_eq!(reset_after(opencode), Some(Duration::from_secs(60)));
-        let codex = include_str!("../../tests/fixtures/codex/limit-429.jsonl");
+        let codex = include_str!("../../../tests/fixtures/codex/limit-429.jsonl");
         assert_eq!(reset_after(codex), None);
     }
 
@@ -421,23 +421,24 @@ mod tests {
     fn subscription_limits_as_each_cli_passes_them_on() {
         // tests/fixtures/README.md, "Usage limits": the stub's QUOTA: through the real CLIs.
         // claude (a claude.ai login): the exact time of its rate_limit_event.
-        let claude = include_str!("../../tests/fixtures/claude_code/quota-429-subscription.jsonl");
+        let claude =
+            include_str!("../../../tests/fixtures/claude_code/quota-429-subscription.jsonl");
         assert_eq!(reset_at(claude, RECORDED_AT), Some(1_795_529_654.0));
         // codex: only a clock time to the minute; the reset is taken at the minute's end.
-        let codex = include_str!("../../tests/fixtures/codex/quota-429.jsonl");
+        let codex = include_str!("../../../tests/fixtures/codex/quota-429.jsonl");
         let at = reset_at(codex, RECORDED_AT).unwrap();
         assert_eq!(
             at,
             (days_from_civil(2026, 11, 24) * 86400 + 14 * 3600 + 10 * 60) as f64
         );
         // opencode quotes the API's body: resets_at is the latest time it names.
-        let opencode = include_str!("../../tests/fixtures/opencode/quota-429.jsonl");
+        let opencode = include_str!("../../../tests/fixtures/opencode/quota-429.jsonl");
         assert_eq!(reset_at(opencode, RECORDED_AT), Some(1_795_529_389.0));
         // gemini, a retry delay beyond what it waits out itself (300 s).
-        let gemini = include_str!("../../tests/fixtures/gemini/quota-429.jsonl");
+        let gemini = include_str!("../../../tests/fixtures/gemini/quota-429.jsonl");
         assert_eq!(reset_at(gemini, RECORDED_AT), Some(RECORDED_AT + 598.0));
         // claude with an API key retries the 429 and then names no reset.
-        let claude = include_str!("../../tests/fixtures/claude_code/quota-429-api-key.jsonl");
+        let claude = include_str!("../../../tests/fixtures/claude_code/quota-429-api-key.jsonl");
         assert_eq!(reset_at(claude, RECORDED_AT), None);
     }
 
@@ -488,7 +489,7 @@ mod tests {
         // The recorded 429s of the stub's FAIL:429 (`retry-after: 0`) name none but zero.
         assert_eq!(reset_after("exceeded retry limit, last status: 429"), None);
         assert_eq!(reset_after("try again in a while"), None);
-        let claude = include_str!("../../tests/fixtures/claude_code/error-429.jsonl");
+        let claude = include_str!("../../../tests/fixtures/claude_code/error-429.jsonl");
         assert_eq!(reset_after(claude), None);
     }
 

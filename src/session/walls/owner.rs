@@ -5,16 +5,16 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use super::turn::image_hint;
 use crate::backend::Backend;
 use crate::backend::{HelperSpec, MountSpec, NetworkPolicy};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
-use crate::session::names::{self, LabelSet};
-use crate::session::record::{roles, SessionRecord, SessionSettings, WorkspaceMode};
+use crate::session::store::names::{self, LabelSet};
+use crate::session::store::record::{roles, SessionRecord, SessionSettings, WorkspaceMode};
+use crate::session::turn::image_hint;
 
-pub use crate::session::record::IMAGE_IDS;
+pub use crate::session::store::record::IMAGE_IDS;
 
 /// The uid:gid a turn of a session with `settings` runs as, and so whom its volumes, its
 /// runtime files and what it creates in the workspace belong to. Decided once per turn (the
@@ -93,7 +93,7 @@ fn writable_by(owner: (u32, u32), mode: u32, ids: (u32, u32)) -> bool {
 /// Makes the session's volumes belong to `ids`, the uid:gid this turn runs as
 /// ([`turn_ids`]), when they belong to someone else (a fresh volume is [`IMAGE_IDS`]'): a
 /// short root helper container with only the capabilities chown needs, no network.
-pub(super) async fn ensure_owner(
+pub(in crate::session) async fn ensure_owner(
     backend: &impl Backend,
     record: &mut SessionRecord,
     ids: (u32, u32),
@@ -141,7 +141,7 @@ pub(super) async fn ensure_owner(
 /// caw-box writes files into it ([`Backend::fill_new_volume`]: where the engine does so only
 /// when a container first starts, Podman, by starting and removing a container of the
 /// session's image on it).
-pub(super) async fn fill_new_home(
+pub(in crate::session) async fn fill_new_home(
     backend: &impl Backend,
     record: &SessionRecord,
     (uid, gid): (u32, u32),

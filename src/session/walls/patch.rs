@@ -1,6 +1,6 @@
 //! `diff --patch`: what the agent changed, as a patch that `git apply` takes on the
 //! workspace as it was when the session started — new, deleted, renamed, binary and mode
-//! changes. Not the plain `diff` listing (that is [`super::workspace::diff`]).
+//! changes. Not the plain `diff` listing (that is [`crate::session::walls::workspace::diff`]).
 //!
 //! Each session keeps a baseline from its start: a copy-mode session keeps the copied tree
 //! (without `.git`) as a tar in its state volume, next to the hashes `diff` reads; a
@@ -17,16 +17,16 @@ use uuid::Uuid;
 use crate::backend::{Backend, HelperSpec, MountSpec, NetworkPolicy};
 use crate::error::{Error, Result};
 use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
-use crate::session::names::{self, roles, LabelSet};
-use crate::session::protected_out::{self, ProtectedChange};
-use crate::session::safe_git;
-use crate::session::target::VolumeFacts;
+use crate::session::store::names::{self, roles, LabelSet};
+use crate::session::store::target::VolumeFacts;
+use crate::session::walls::protected_out::{self, ProtectedChange};
+use crate::session::walls::safe_git;
 use crate::session::WorkspaceMode;
 
 /// The copied tree as it was at session start, under HOME in the state volume.
 pub const BASE_TAR_PATH: &str = ".caw-box/workspace-base.tar";
 
-pub use crate::session::record::GitBase;
+pub use crate::session::store::record::GitBase;
 
 /// Exit codes of [`PATCH_SCRIPT`] that caw-box turns into their own messages.
 const NO_BASE_TAR: i64 = 66;

@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
-use super::turn::{busy, image_hint};
 use crate::backend::{Backend, CreateError, EgressPlan};
 use crate::backend::{HelperSpec, NetworkPolicy, OutputChunk};
 use crate::dirs;
 use crate::endpoint::endpoint_host;
 use crate::error::Result;
-use crate::session::names::{self, LabelSet};
-use crate::session::record::{labels, roles, SessionRecord, SessionSettings};
+use crate::session::store::names::{self, LabelSet};
+use crate::session::store::record::{labels, roles, SessionRecord, SessionSettings};
+use crate::session::turn::{busy, image_hint};
 
 /// The proxy's name on a turn's egress network, and its port.
 pub const PROXY_ALIAS: &str = "caw-box-proxy";
@@ -44,7 +44,7 @@ pub fn expand_allow_hosts(
 /// hosts admitted, and the proxy (caw-box's `proxy.js` in the session's image) where it
 /// runs as a container of its own. The backend realises it ([`Backend::open_egress`]):
 /// Docker on networks of its own, Kubernetes in the turn's pod.
-pub(super) fn plan(record: &SessionRecord, allow: &[String], turn: &str) -> EgressPlan {
+pub(in crate::session) fn plan(record: &SessionRecord, allow: &[String], turn: &str) -> EgressPlan {
     let id = record.session_id;
     // Named for this driver: a second caw-box that starts on a busy session sets up its
     // own, and then fails on the lock without touching the running turn's.
@@ -89,7 +89,7 @@ pub(super) fn plan(record: &SessionRecord, allow: &[String], turn: &str) -> Egre
 
 /// Makes what the turn's egress needs before its container; a taken proxy name is a busy
 /// session.
-pub(super) async fn open(
+pub(in crate::session) async fn open(
     backend: &impl Backend,
     record: &SessionRecord,
     plan: &EgressPlan,
@@ -103,7 +103,7 @@ pub(super) async fn open(
 
 /// Removes the session's other proxies and egress networks: once this turn holds the
 /// session's lock, they are leftovers of turns whose caw-box was killed.
-pub(super) async fn remove_leftovers(
+pub(in crate::session) async fn remove_leftovers(
     backend: &impl Backend,
     record: &SessionRecord,
     plan: &EgressPlan,
@@ -117,7 +117,10 @@ pub(super) async fn remove_leftovers(
 }
 
 /// The targets the proxy refused during the turn, from its JSON log lines.
-pub(super) async fn refused_by_proxy(backend: &impl Backend, proxy: &str) -> Vec<String> {
+pub(in crate::session) async fn refused_by_proxy(
+    backend: &impl Backend,
+    proxy: &str,
+) -> Vec<String> {
     let mut logs = backend.follow_logs(proxy);
     let mut text = Vec::new();
     let read = async {

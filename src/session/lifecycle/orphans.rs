@@ -14,10 +14,6 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::headless::AdoptFrom;
-use super::history::{save_record, Ending, StoredHistory, TurnLogs};
-use super::inflight;
-use super::liveness::{driver_is_gone, driver_of_is_gone, is_a_caw_box};
 use crate::backend::warm::{ADOPT_FILES, WARM_LABEL};
 use crate::backend::{Backend, ContainerInfo, ContainerState, RuntimeDir};
 use crate::backend::{HelperSpec, MountSpec, NetworkPolicy};
@@ -26,9 +22,13 @@ use crate::error::{Error, Result};
 use crate::event::Status;
 use crate::event::TurnResult;
 use crate::provider::AGENT_HOME;
-use crate::session::names;
-use crate::session::record::{labels, now_secs, roles, SessionRecord, TurnRecord};
-use crate::session::target;
+use crate::session::lifecycle::liveness::{driver_is_gone, driver_of_is_gone, is_a_caw_box};
+use crate::session::store::history::{save_record, Ending, StoredHistory, TurnLogs};
+use crate::session::store::inflight;
+use crate::session::store::names;
+use crate::session::store::record::{labels, now_secs, roles, SessionRecord, TurnRecord};
+use crate::session::store::target;
+use crate::session::turn::headless::AdoptFrom;
 
 /// What was found of a session's turn container whose driver may be gone.
 #[derive(Debug)]
@@ -70,27 +70,27 @@ fn try_lock_in(dir: &std::path::Path, id: Uuid) -> Result<Option<AdoptLock>> {
 }
 
 /// Removes session `id`'s lock file (the session is gone).
-pub(super) fn forget(id: Uuid) {
+pub(in crate::session) fn forget(id: Uuid) {
     if let Ok(dir) = dirs::data_dir() {
         let _ = std::fs::remove_file(dir.join("adopt").join(format!("{id}.lock")));
     }
 }
 
 /// Whether `c` is a turn container whose driver is gone and that any caw-box may record.
-pub(super) fn is_orphan(c: &ContainerInfo) -> bool {
+pub(in crate::session) fn is_orphan(c: &ContainerInfo) -> bool {
     c.label(labels::ADOPTABLE) == Some("true") && driver_is_gone(c)
 }
 
 /// Whether an ended orphan `c` can be recorded here: where its backend keeps an ended
 /// container's volumes writable (Docker). A pod that ended is gone for writing.
-pub(super) fn recordable_ended(backend: &impl Backend, c: &ContainerInfo) -> bool {
+pub(in crate::session) fn recordable_ended(backend: &impl Backend, c: &ContainerInfo) -> bool {
     let ended = c.finished || c.state == ContainerState::Exited;
     !c.running() && ended && backend.runtime_dir() == RuntimeDir::KeptWithContainer
 }
 
 /// Whether `c` is a warm container that runs a turn (claimed under the turn's name), which
 /// may be one whose driver is gone ([`warm_orphan`] tells).
-pub(super) fn may_be_warm_orphan(c: &ContainerInfo) -> bool {
+pub(in crate::session) fn may_be_warm_orphan(c: &ContainerInfo) -> bool {
     c.running() && c.label(WARM_LABEL).is_some()
 }
 
@@ -105,7 +105,7 @@ struct WarmOrphan {
 
 /// `file` in a turn's runtime directory.
 fn in_run_dir(file: &str) -> String {
-    format!("{}/{file}", super::runtime::RUN_DIR)
+    format!("{}/{file}", crate::session::turn::runtime::RUN_DIR)
 }
 
 /// The turn in warm container `c` if its driver is gone; `None` when no turn was noted in
@@ -236,7 +236,9 @@ async fn settle_warm(
         exit: orphan.ended.unwrap_or_default(),
         started_at: orphan.started_at,
     };
-    let result = super::headless::adopt(backend, &mut record, &c.name, orphan.turn, from).await?;
+    let result =
+        crate::session::turn::headless::adopt(backend, &mut record, &c.name, orphan.turn, from)
+            .await?;
     inflight::forget(id);
     Ok(Orphan::Recorded(Box::new((record, result))))
 }
@@ -315,12 +317,12 @@ async fn settle_lost(backend: &impl Backend, id: Uuid) -> Result<Orphan> {
     saved?;
     inflight::forget(id);
     let last = record.turns.last().expect("just pushed");
-    let result = super::turn::result_of(&record, last);
+    let result = crate::session::turn::result_of(&record, last);
     Ok(Orphan::Recorded(Box::new((record, result))))
 }
 
 /// Finishes turn container `c` of session `id` whose driver is gone (see
-/// [`super::headless::adopt`]).
+/// [`crate::session::turn::headless::adopt`]).
 async fn adopt(backend: &impl Backend, id: Uuid, c: &ContainerInfo) -> Result<Orphan> {
     // The record the driver started from (labels, the host cache): the stored history
     // joins it when the turn is saved, as for the driver.
@@ -337,7 +339,8 @@ async fn adopt(backend: &impl Backend, id: Uuid, c: &ContainerInfo) -> Result<Or
     tracing::info!("recording turn {turn:?} of session {id}: its driver is gone");
     let turn = record.next_turn();
     let from = AdoptFrom::Log { created: c.created };
-    let result = super::headless::adopt(backend, &mut record, &c.name, turn, from).await?;
+    let result =
+        crate::session::turn::headless::adopt(backend, &mut record, &c.name, turn, from).await?;
     inflight::forget(id);
     Ok(Orphan::Recorded(Box::new((record, result))))
 }

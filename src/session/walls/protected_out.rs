@@ -1,5 +1,5 @@
 //! What comes back out of a copied workspace: `export` and `diff --patch` leave out the
-//! agent's changes to the session's protected paths ([`super::protect`]: git's config and
+//! agent's changes to the session's protected paths ([`crate::session::walls::protect`]: git's config and
 //! hooks, `.envrc`, editor tasks, ...) and say which; `--include-protected` brings them too.
 //! A protected file the agent left as it was copied (same bytes, same executable bit) is
 //! the user's own and is written as usual. Paths match case-insensitively, as a host's
@@ -302,7 +302,7 @@ mod tests {
     }
 
     fn protected() -> Protected {
-        Protected::new(&crate::session::protect::effective(&[], &[]))
+        Protected::new(&crate::session::walls::protect::effective(&[], &[]))
     }
 
     #[test]

@@ -5,26 +5,30 @@
 //!
 //! These work from the backend alone (labels, containers, volumes), never from the process
 //! that drives the turn: a turn started by another caw-box (or `--detach`) is stopped,
-//! waited for and removed the same way. Not here: running a turn (`runner.rs`) and finding a
-//! session (`target.rs`).
+//! waited for and removed the same way; a turn whose driver is gone is recorded by whoever
+//! meets it ([`orphans`]; [`liveness`] tells whether a driver lives). Not here: running a
+//! turn (`turn::runner`) and finding a session (`store::target`).
+
+pub(in crate::session) mod liveness;
+pub mod orphans;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::runtime::STOP_REQUEST;
-pub use super::turn::result_of;
-use super::turn::STOP_GRACE;
 use crate::backend::warm::WARM_FOR_LABEL;
 use crate::backend::Backend;
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::event::TurnResult;
-use crate::session::names;
-use crate::session::orphans::{self, Orphan};
-use crate::session::record::{labels, roles};
-use crate::session::target::{self, VolumeFacts};
+use crate::session::store::names;
+use crate::session::store::record::{labels, roles};
+use crate::session::store::target::{self, VolumeFacts};
+pub use crate::session::turn::result_of;
+use crate::session::turn::runtime::STOP_REQUEST;
+use crate::session::turn::STOP_GRACE;
+use orphans::Orphan;
 
 /// The running turn of every session that has one: session id -> turn number. One call.
 pub async fn running_turns(backend: &impl Backend) -> Result<HashMap<Uuid, u32>> {
@@ -78,7 +82,7 @@ pub async fn turn_containers(backend: &impl Backend) -> Result<TurnContainers> {
         }
     }
     // Turns this host noted in flight whose container is gone: lost with it, or recorded.
-    for id in super::inflight::noted() {
+    for id in crate::session::store::inflight::noted() {
         if !containers
             .iter()
             .any(|c| c.name == names::turn_container(id))
@@ -165,7 +169,7 @@ pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
         let _ = std::fs::remove_file(dir.join(format!("{id}.json")));
     }
     orphans::forget(id);
-    super::inflight::forget(id);
+    crate::session::store::inflight::forget(id);
     Ok(())
 }
 
@@ -202,9 +206,9 @@ pub async fn stop(
         // Right after `resume -d` returned, such a turn runs but its driver may not have
         // fed it yet: stopped then, the driver would find it gone and record nothing. The
         // prompt arrives with the runtime files, once the driver is attached.
-        let prompt = super::headless::PROMPT_FILE;
+        let prompt = crate::session::turn::headless::PROMPT_FILE;
         for _ in 0..100 {
-            if super::runtime::has_file(backend, &container, prompt).await {
+            if crate::session::turn::runtime::has_file(backend, &container, prompt).await {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -212,11 +216,11 @@ pub async fn stop(
     }
     // Tell the turn's driver that this is a stop, not a crash (through the backend: the
     // driver may run on another machine).
-    if let Err(e) = super::runtime::signal_file(
+    if let Err(e) = crate::session::turn::runtime::signal_file(
         backend,
         &container,
         STOP_REQUEST,
-        super::owner::turn_ids(settings),
+        crate::session::walls::owner::turn_ids(settings),
     )
     .await
     {
@@ -259,7 +263,7 @@ async fn await_release(
                 }
             }
             // A driver killed too hard to record the turn: nobody else will remove it.
-            Some(c) if !c.running() && super::liveness::driver_is_gone(&c) => {
+            Some(c) if !c.running() && crate::session::lifecycle::liveness::driver_is_gone(&c) => {
                 backend.remove_found(&c).await?;
                 break;
             }
@@ -306,7 +310,9 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
         // The turn's driver records the turn, then removes the container; one that is gone
         // and left a turn no one can record (a TUI's) will not.
         let since = *stopped_since.get_or_insert_with(Instant::now);
-        if super::liveness::driver_is_gone(&c) || since.elapsed() > Duration::from_secs(60) {
+        if crate::session::lifecycle::liveness::driver_is_gone(&c)
+            || since.elapsed() > Duration::from_secs(60)
+        {
             return Err(Error::environment(format!(
                 "the turn of session {id} ended but was never recorded (its caw-box process is gone)"
             ))
@@ -326,6 +332,6 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
     };
     let mut result = result_of(&record, last);
     // What its driver moved aside (bind mode: this host's workspace, this host's data dir).
-    result.quarantined = super::quarantine::recorded(id, last.turn);
+    result.quarantined = crate::session::walls::quarantine::recorded(id, last.turn);
     Ok(result)
 }

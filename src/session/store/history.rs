@@ -2,44 +2,46 @@
 //! runs, the record and logs written when the turn ends (by the record hand-off to the
 //! entrypoint, else an upload), the turn-record volume, and the host's record cache.
 
-use super::runtime::RUN_DIR;
 use crate::backend::Backend;
 use crate::backend::{ContainerState, RuntimeDir, TarFile};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::provider::AGENT_HOME;
-use crate::session::record::{labels, roles, SessionRecord, TurnRecord, TurnSummary};
+use crate::session::store::record::{labels, roles, SessionRecord, TurnRecord, TurnSummary};
+use crate::session::turn::runtime::RUN_DIR;
 
 /// The first line of the record hand-off on the container's stdin:
 /// `caw-box-record <bytes>`, then a tar archive of `session.json` and `turns/*`.
 const HANDOFF_TAG: &str = "caw-box-record";
 
 /// The container's stdin, held by the driver for the record hand-off.
-pub(super) type Stdin = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
+pub(in crate::session) type Stdin = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
 
 /// How a turn's container ended, for [`save_record`].
 #[derive(Default)]
-pub(super) struct Ending<'a> {
+pub(in crate::session) struct Ending<'a> {
     /// The CLI ended on its own and the entrypoint waits on this stdin for the record.
-    pub(super) handoff: Option<Stdin>,
+    pub(in crate::session) handoff: Option<Stdin>,
     /// Where to put the credential files the entrypoint handed back (the runtime
     /// directory's `auth/home-out`, as a tar), read before the container goes.
-    pub(super) home_out: Option<&'a std::sync::Mutex<Option<Vec<u8>>>>,
+    pub(in crate::session) home_out: Option<&'a std::sync::Mutex<Option<Vec<u8>>>>,
     /// The turn's protected paths: swept once the agent's processes are gone (the
     /// container ended) and before the lock is released, so `wait` finds the sweep done.
-    pub(super) guard: Option<&'a super::quarantine::Guard>,
+    pub(in crate::session) guard: Option<&'a crate::session::walls::quarantine::Guard>,
 }
 
 /// The session record stored in the state volume before this turn, read through the turn's
 /// container while the CLI runs (the CLI never touches it), so saving the turn does not wait
 /// for it.
-pub(super) struct StoredHistory(Option<tokio::task::JoinHandle<Result<Option<Vec<u8>>>>>);
+pub(in crate::session) struct StoredHistory(
+    Option<tokio::task::JoinHandle<Result<Option<Vec<u8>>>>>,
+);
 
 impl StoredHistory {
     /// Starts reading; call once the container runs (a read holds Docker's lock on the
     /// container, which would hold up its start). Nothing to read when `record` already
     /// holds every earlier turn (turn 1, or a record completed from the host cache).
-    pub(super) fn fetch(
+    pub(in crate::session) fn fetch(
         backend: &impl Backend,
         name: &str,
         record: &SessionRecord,
@@ -53,7 +55,10 @@ impl StoredHistory {
             backend
                 .download_file(
                     &name,
-                    &format!("{AGENT_HOME}/{}", crate::session::record::RECORD_PATH),
+                    &format!(
+                        "{AGENT_HOME}/{}",
+                        crate::session::store::record::RECORD_PATH
+                    ),
                 )
                 .await
         })))
@@ -71,10 +76,10 @@ impl StoredHistory {
 }
 
 /// A turn's output as it goes into the state volume.
-pub(super) struct TurnLogs<'a> {
-    pub(super) raw: &'a [u8],
-    pub(super) events: &'a [u8],
-    pub(super) stderr: &'a [u8],
+pub(in crate::session) struct TurnLogs<'a> {
+    pub(in crate::session) raw: &'a [u8],
+    pub(in crate::session) events: &'a [u8],
+    pub(in crate::session) stderr: &'a [u8],
 }
 
 /// Writes the session record and this turn's logs into the state volume (through the
@@ -84,7 +89,7 @@ pub(super) struct TurnLogs<'a> {
 /// The record stored in the volume ([`StoredHistory`]) is merged in here, so an in-memory
 /// record that only knows the latest turn (a session resumed from Docker labels alone) never
 /// loses the history of earlier turns.
-pub(super) async fn save_record(
+pub(in crate::session) async fn save_record(
     backend: &impl Backend,
     name: &str,
     record: &mut SessionRecord,
@@ -106,7 +111,7 @@ pub(super) async fn save_record(
     let stderr_path = format!(".caw-box/turns/{turn}.stderr.log");
     let files = [
         TarFile {
-            path: crate::session::record::RECORD_PATH,
+            path: crate::session::store::record::RECORD_PATH,
             contents: &json,
             mode: 0o600,
         },
@@ -163,7 +168,7 @@ pub(super) async fn save_record(
         // Not recorded: its turn-record volume must not claim it was (nor outlive a session
         // removed meanwhile, `caw-box rm --force`).
         if stale.is_ok() {
-            let fresh = super::names::turn_record_volume(record.session_id, turn);
+            let fresh = crate::session::store::names::turn_record_volume(record.session_id, turn);
             if let Err(e) = backend.remove_volume(&fresh).await {
                 tracing::debug!("could not remove the unrecorded turn's record volume: {e}");
             }
@@ -266,7 +271,7 @@ async fn hand_off(
         };
         relative.push(TarFile { path: rel, ..*f });
     }
-    let framed = super::runtime::framed(HANDOFF_TAG, &relative, owner)?;
+    let framed = crate::session::turn::runtime::framed(HANDOFF_TAG, &relative, owner)?;
     let sent = async {
         stdin.write_all(&framed).await?;
         stdin.flush().await?;
@@ -304,7 +309,7 @@ async fn write_turn_summary(backend: &impl Backend, record: &SessionRecord) -> R
         keep_warm_secs: record.settings.keep_warm_secs,
     };
     let id = record.session_id;
-    let fresh = super::names::turn_record_volume(id, last.turn);
+    let fresh = crate::session::store::names::turn_record_volume(id, last.turn);
     let filter = [
         format!("{}={id}", labels::SESSION),
         format!("{}={}", labels::ROLE, roles::TURN_RECORD),

@@ -17,7 +17,7 @@ use crate::dirs;
 
 /// What is noted of a running turn.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(super) struct Noted {
+pub(in crate::session) struct Noted {
     pub turn: u32,
     pub pid: u32,
     pub started_at: u64,
@@ -34,7 +34,7 @@ fn path_in(dir: &std::path::Path, id: Uuid) -> PathBuf {
 
 /// The note of one turn, removed when dropped unless [`InFlight::keep`] left it.
 #[derive(Debug)]
-pub(super) struct InFlight(Option<PathBuf>);
+pub(in crate::session) struct InFlight(Option<PathBuf>);
 
 impl InFlight {
     /// Notes turn `turn` of session `id`, driven by this process (best effort: without a
@@ -46,7 +46,7 @@ impl InFlight {
         let noted = Noted {
             turn,
             pid: std::process::id(),
-            started_at: crate::session::record::now_secs(),
+            started_at: crate::session::store::record::now_secs(),
             prompt: prompt.to_string(),
         };
         let path = path_in(&dir, id);
@@ -86,20 +86,20 @@ impl Drop for InFlight {
 }
 
 /// The note of session `id`'s turn, if this host has one.
-pub(super) fn read(id: Uuid) -> Option<Noted> {
+pub(in crate::session) fn read(id: Uuid) -> Option<Noted> {
     let bytes = std::fs::read(path_in(&dir()?, id)).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
 /// Removes session `id`'s note (its turn is recorded, or the session is gone).
-pub(super) fn forget(id: Uuid) {
+pub(in crate::session) fn forget(id: Uuid) {
     if let Some(dir) = dir() {
         let _ = std::fs::remove_file(path_in(&dir, id));
     }
 }
 
 /// The sessions this host has a note of.
-pub(super) fn noted() -> Vec<Uuid> {
+pub(in crate::session) fn noted() -> Vec<Uuid> {
     let Some(entries) = dir().and_then(|d| std::fs::read_dir(d).ok()) else {
         return Vec::new();
     };

@@ -6,25 +6,25 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use super::egress::refused_by_proxy;
-use super::ended::{
-    last_line, model_host, stopped_outside_result, unreachable_result, EXIT_MARKER, SIGNAL_MARKER,
-};
-use super::history::{save_record, Ending, StoredHistory, TurnLogs};
-use super::runtime::{has_file, signal_file, STOP_NOW, STOP_REQUEST};
-use super::turn::{
-    append_event, handle_of, place_home_files, sleep_until, Interrupts, TurnContext,
-    DEFAULT_CONNECT_TIMEOUT, STOP_GRACE,
-};
 use crate::backend::{Backend, OutputChunk};
 use crate::error::Result;
 use crate::event::{Event, Status, TurnResult};
 use crate::lines::LineBuffer;
 use crate::provider::ParseContext;
-use crate::session::record::{now_secs, SessionRecord, TurnRecord};
+use crate::session::store::history::{save_record, Ending, StoredHistory, TurnLogs};
+use crate::session::store::record::{now_secs, SessionRecord, TurnRecord};
+use crate::session::turn::ended::{
+    last_line, model_host, stopped_outside_result, unreachable_result, EXIT_MARKER, SIGNAL_MARKER,
+};
+use crate::session::turn::runtime::{has_file, signal_file, STOP_NOW, STOP_REQUEST};
+use crate::session::turn::{
+    append_event, handle_of, place_home_files, sleep_until, Interrupts, TurnContext,
+    DEFAULT_CONNECT_TIMEOUT, STOP_GRACE,
+};
+use crate::session::walls::egress::refused_by_proxy;
 
 /// Runs a headless turn in its created container, to its recorded end.
-pub(super) async fn drive_headless(
+pub(in crate::session) async fn drive_headless(
     ctx: &TurnContext<'_, impl Backend>,
     record: &mut SessionRecord,
     interrupts: &mut Interrupts,
@@ -43,7 +43,7 @@ struct Adopted {
 
 /// Where an adopted turn's output is read.
 #[derive(Debug)]
-pub(super) enum AdoptFrom {
+pub(in crate::session) enum AdoptFrom {
     /// The container's log, from its start (a cold turn's container, created then).
     Log {
         created: Option<std::time::SystemTime>,
@@ -67,8 +67,8 @@ pub(super) enum AdoptFrom {
 /// start (the driver left it in the runtime directory). A warm turn's output is what its
 /// command kept ([`AdoptFrom::Warm`]); its record is written through the container.
 ///
-/// [`ADOPTABLE`]: crate::session::names::labels::ADOPTABLE
-pub(super) async fn adopt(
+/// [`ADOPTABLE`]: crate::session::store::names::labels::ADOPTABLE
+pub(in crate::session) async fn adopt(
     backend: &impl Backend,
     record: &mut SessionRecord,
     name: &str,
@@ -77,7 +77,10 @@ pub(super) async fn adopt(
 ) -> Result<TurnResult> {
     let mut interrupts = Interrupts::install()?;
     let prompt = backend
-        .download_file(name, &format!("{}/{PROMPT_FILE}", super::runtime::RUN_DIR))
+        .download_file(
+            name,
+            &format!("{}/{PROMPT_FILE}", crate::session::turn::runtime::RUN_DIR),
+        )
         .await
         .ok()
         .flatten()
@@ -85,13 +88,16 @@ pub(super) async fn adopt(
         .unwrap_or_default();
     // The driver's --timeout, kept from the turn's start.
     let timeout = backend
-        .download_file(name, &format!("{}/{TIMEOUT_FILE}", super::runtime::RUN_DIR))
+        .download_file(
+            name,
+            &format!("{}/{TIMEOUT_FILE}", crate::session::turn::runtime::RUN_DIR),
+        )
         .await
         .ok()
         .flatten()
         .and_then(|t| String::from_utf8_lossy(&t).trim().parse::<u64>().ok())
         .map(Duration::from_millis);
-    let options = super::turn::TurnOptions {
+    let options = crate::session::turn::TurnOptions {
         prompt,
         timeout,
         ..Default::default()
@@ -129,7 +135,7 @@ pub(super) async fn adopt(
         // (Kubernetes: the workspace is a copy.)
         guard: None,
         // As its driver decided at the turn's start, by the same rule.
-        user: super::owner::turn_ids(&record.settings),
+        user: crate::session::walls::owner::turn_ids(&record.settings),
     };
     record.owner = Some(ctx.user);
     // A sidecar broker holding a login answers to this process now, and what it refreshed
@@ -137,21 +143,23 @@ pub(super) async fn adopt(
     // (Only a broker in the turn's own unit is the turn's: a shared one serves others.)
     let in_turn = backend.broker_place().await == crate::backend::BrokerPlace::InTurn;
     let broker = match in_turn {
-        true => super::broker::Broker::take_over_in_pod(backend, record.provider, name).await,
+        true => {
+            crate::session::broker::Broker::take_over_in_pod(backend, record.provider, name).await
+        }
         false => None,
     };
     let result = drive(&ctx, record, &mut interrupts, &mut |_| {}, Some(adopted)).await;
     if let Some(task) = broker {
-        let _ = tokio::time::timeout(super::broker::WATCH_END, task).await;
+        let _ = tokio::time::timeout(crate::session::broker::WATCH_END, task).await;
     }
     result
 }
 
 /// The runtime file that holds a headless turn's prompt, for [`adopt`] (where the backend
 /// keeps the turn for an adopter).
-pub(super) const PROMPT_FILE: &str = "prompt";
+pub(in crate::session) const PROMPT_FILE: &str = "prompt";
 /// The runtime file that holds a turn's `--timeout` in milliseconds, for [`adopt`].
-pub(super) const TIMEOUT_FILE: &str = "timeout";
+pub(in crate::session) const TIMEOUT_FILE: &str = "timeout";
 
 /// The container's stdin for the record hand-off, through an attachment of its own (an
 /// adopted turn's): the attachment lives as long as this.
@@ -499,7 +507,7 @@ async fn drive(
     let limit_resets_at = (outcome.status == Status::UsageLimit)
         .then(|| {
             let said = format!("{}\n{}", String::from_utf8_lossy(&raw), outcome.result);
-            crate::session::limits::reset_at(&said, crate::session::limits::now_unix())
+            crate::session::turn::limits::reset_at(&said, crate::session::turn::limits::now_unix())
         })
         .flatten()
         .map(|at| at.ceil() as u64);
@@ -551,7 +559,9 @@ async fn drive(
         // An adopted turn's record goes in through an attachment of this process's own.
         _ if adopted.is_some() && cli_exit.is_some() && warm_exit.is_none() => {
             match backend.attach(name, true).await {
-                Ok(attached) => Some(Box::pin(Attachment(attached)) as super::history::Stdin),
+                Ok(attached) => {
+                    Some(Box::pin(Attachment(attached)) as crate::session::store::history::Stdin)
+                }
                 Err(e) => {
                     tracing::debug!("cannot attach for the record hand-off: {e}");
                     None

@@ -14,8 +14,8 @@ use uuid::Uuid;
 use crate::event::{Status, Usage};
 use crate::provider::ProviderKind;
 
-use super::names::LabelSet;
-pub use super::names::{
+use crate::session::store::names::LabelSet;
+pub use crate::session::store::names::{
     extra_labels, labels, parse_labels, render_labels, roles, set_extra_labels, with_extra_labels,
 };
 
@@ -95,7 +95,7 @@ pub struct SessionSettings {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mcp: Vec<crate::agent_config::McpServer>,
     /// `--protect`: workspace paths made read-only to the agent beyond the defaults
-    /// (see [`crate::session::protect`]).
+    /// (see [`crate::session::walls::protect`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub protect: Vec<String>,
     /// `--unprotect`: default protected paths the agent may write in this session.
@@ -110,7 +110,7 @@ pub struct SessionSettings {
 impl SessionSettings {
     /// The workspace paths protected from the agent in this session (relative, `/`-separated).
     pub fn protected_paths(&self) -> Vec<String> {
-        crate::session::protect::effective(&self.protect, &self.unprotect)
+        crate::session::walls::protect::effective(&self.protect, &self.unprotect)
     }
 }
 

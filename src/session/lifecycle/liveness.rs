@@ -5,19 +5,19 @@ use std::time::Duration;
 
 use crate::backend::{Backend, ContainerInfo};
 use crate::dirs;
-use crate::session::record::labels;
+use crate::session::store::record::labels;
 
 /// Whether the process that drives a (not running) turn container is certainly gone: a
 /// container between create and start, or between exit and being recorded, belongs to a
 /// live turn and must not be taken for a leftover.
-pub(super) fn driver_is_gone(container: &ContainerInfo) -> bool {
+pub(in crate::session) fn driver_is_gone(container: &ContainerInfo) -> bool {
     let pid = container.label(labels::DRIVER_PID);
     driver_of_is_gone(container, pid)
 }
 
 /// Whether the driver `pid` of a turn in `container` (of the container's driver host) is
 /// certainly gone: a warm container's turns each have their own driver.
-pub(super) fn driver_of_is_gone(container: &ContainerInfo, pid: Option<&str>) -> bool {
+pub(in crate::session) fn driver_of_is_gone(container: &ContainerInfo, pid: Option<&str>) -> bool {
     let host = container.label(labels::DRIVER_HOST);
     if let (Some(pid), Some(host)) = (pid, host) {
         if host == dirs::host_name() {
@@ -34,10 +34,14 @@ pub(super) fn driver_of_is_gone(container: &ContainerInfo, pid: Option<&str>) ->
 /// too hard to clean up after itself): their runtime storage may hold credentials. Their
 /// sessions stay resumable; the turn was never recorded. Best effort. `own` (the turn
 /// container being created) is left to its creator, which handles its own leftover.
-pub(super) async fn remove_abandoned_turns(backend: &impl Backend, own: &str) {
+pub(in crate::session) async fn remove_abandoned_turns(backend: &impl Backend, own: &str) {
     let filter = [
         format!("{}=true", labels::MANAGED),
-        format!("{}={}", labels::ROLE, crate::session::record::roles::TURN),
+        format!(
+            "{}={}",
+            labels::ROLE,
+            crate::session::store::record::roles::TURN
+        ),
         format!("{}={}", labels::DRIVER_HOST, dirs::host_name()),
     ];
     let Ok(turns) = backend.list_containers(&filter).await else {
@@ -61,7 +65,7 @@ pub(super) async fn remove_abandoned_turns(backend: &impl Backend, own: &str) {
 
 /// Whether process `pid` lives and runs the same program as this one (where /proc tells):
 /// a dead driver's pid reused by another program must not keep its session busy for good.
-pub(super) fn is_a_caw_box(pid: u32) -> bool {
+pub(in crate::session) fn is_a_caw_box(pid: u32) -> bool {
     let comm = |p: &str| std::fs::read_to_string(format!("/proc/{p}/comm"));
     dirs::process_is_alive(pid)
         && !is_a_zombie(pid)

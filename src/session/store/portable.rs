@@ -28,9 +28,9 @@ use crate::auth::spec::Spec;
 use crate::backend::{Backend, HelperSpec, MountSpec, NetworkPolicy};
 use crate::error::{Error, Result};
 use crate::provider::{ProviderKind, AGENT_HOME, WORKSPACE_DIR};
-use crate::session::names::{self, LabelSet};
-use crate::session::record::{labels, roles};
-use crate::session::target::{self, VolumeFacts};
+use crate::session::store::names::{self, LabelSet};
+use crate::session::store::record::{labels, roles};
+use crate::session::store::target::{self, VolumeFacts};
 use crate::session::WorkspaceMode;
 
 /// The first entry of every archive.
@@ -134,19 +134,20 @@ pub async fn export(
         .filter(|v| v.mount.is_some())
         .collect();
     let spec = holder(&facts.settings.image, id, &mounted, true);
-    let trees = super::workspace::with_holder(backend, spec, id, async |name: &str| {
-        let mut trees = Vec::new();
-        for v in &mounted {
-            let dir = v.mount.as_deref().unwrap_or_default();
-            let tar = backend
-                .download_tar(name, &format!("{dir}/."))
-                .await?
-                .unwrap_or_default();
-            trees.push((v, tar));
-        }
-        Ok(trees)
-    })
-    .await?;
+    let trees =
+        crate::session::walls::workspace::with_holder(backend, spec, id, async |name: &str| {
+            let mut trees = Vec::new();
+            for v in &mounted {
+                let dir = v.mount.as_deref().unwrap_or_default();
+                let tar = backend
+                    .download_tar(name, &format!("{dir}/."))
+                    .await?
+                    .unwrap_or_default();
+                trees.push((v, tar));
+            }
+            Ok(trees)
+        })
+        .await?;
 
     for (volume, tree) in trees {
         let is_home = volume.mount.as_deref() == Some(AGENT_HOME);
@@ -324,10 +325,13 @@ pub async fn import(backend: &impl Backend, checked: &Checked, force: bool) -> R
                     .with_hint("pass --force to replace it, or remove it first: `caw-box rm ID`"),
             );
         }
-        if let Some(turn) = super::lifecycle::running_turns(backend).await?.get(&id) {
-            return Err(super::lifecycle::running_refusal(id, *turn));
+        if let Some(turn) = crate::session::lifecycle::running_turns(backend)
+            .await?
+            .get(&id)
+        {
+            return Err(crate::session::lifecycle::running_refusal(id, *turn));
         }
-        super::lifecycle::remove(backend, id).await?;
+        crate::session::lifecycle::remove(backend, id).await?;
     }
     if let Some(name) = &facts.name {
         let taken = target::list_sessions(backend)
@@ -370,7 +374,7 @@ async fn create_all(backend: &impl Backend, checked: &Checked, facts: &VolumeFac
     }
     let mounted: Vec<&VolumeEntry> = checked.trees.iter().map(|(v, _)| v).collect();
     let spec = holder(&facts.settings.image, id, &mounted, false);
-    super::workspace::with_holder(backend, spec, id, async |name: &str| {
+    crate::session::walls::workspace::with_holder(backend, spec, id, async |name: &str| {
         for (v, tar) in &checked.trees {
             let dir = v.mount.as_deref().unwrap_or_default();
             backend.upload_tar(name, dir, tar.clone()).await?;

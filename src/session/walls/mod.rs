@@ -1,0 +1,15 @@
+//! The walls around an agent: its workspace, bound or copied ([`workspace`]), and the
+//! patch of what it changed ([`patch`], with [`safe_git`]: a git that runs nothing a
+//! repository names); the paths it may not write ([`protect`], [`protected_out`]) and what
+//! it wrote there anyway, moved aside ([`quarantine`]); who it runs as ([`owner`]); and the
+//! hosts it may reach under `--allow-host` ([`egress`]). Not here: the credential broker
+//! (`broker`), which keeps its keys out of the box.
+
+pub(in crate::session) mod egress;
+pub mod owner;
+pub mod patch;
+pub mod protect;
+pub mod protected_out;
+pub mod quarantine;
+pub mod safe_git;
+pub mod workspace;
