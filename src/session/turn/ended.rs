@@ -1,10 +1,13 @@
-//! How a headless turn ended, in words: the entrypoint's markers of how its CLI ended, and
-//! the result texts of turns that ended otherwise than by the CLI's own answer. Not here:
-//! reading the turn (`headless.rs`).
+//! How a headless turn ended: the entrypoint's markers of how its CLI ended, why a turn
+//! ended before its CLI did, and the result texts of turns that ended otherwise than by the CLI's own answer. Not
+//! here: reading the turn's output (`reading.rs`), classifying and recording its end
+//! (`headless.rs`).
 
 use std::time::Duration;
 
+use crate::event::Status;
 use crate::session::store::record::SessionRecord;
+use crate::session::turn::TurnOptions;
 
 /// The line the entrypoint prints on stdout after the CLI ended on its own, with its exit
 /// code, before it waits for the turn's record (the record hand-off, see `caw-box-entry`).
@@ -90,4 +93,60 @@ pub(in crate::session) fn last_line(bytes: &[u8]) -> Option<String> {
         .map(str::trim)
         .find(|l| !l.is_empty())
         .map(|l| l.chars().take(500).collect())
+}
+
+/// Why a headless turn ended before its CLI did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::session) enum EndedEarly {
+    /// `--timeout`.
+    Timeout,
+    /// `--idle-timeout`: no output for that long.
+    Idle,
+    /// The CLI kept reporting that it could not reach its model (`--connect-timeout`).
+    Unreachable,
+    /// Not early: the CLI itself gave up after failing to reach its model.
+    GaveUp,
+    /// Ctrl-C, SIGTERM, SIGHUP or `caw-box stop`.
+    Interrupted,
+}
+
+impl EndedEarly {
+    /// The status and result text of a turn that ended so.
+    pub fn status_and_result(
+        self,
+        record: &SessionRecord,
+        options: &TurnOptions,
+        stop_requested: bool,
+        waited: Option<Duration>,
+        words: &str,
+        refused: &[String],
+    ) -> (Status, String) {
+        match self {
+            EndedEarly::Timeout => (
+                Status::Timeout,
+                format!(
+                    "the turn timed out after {} (--timeout)",
+                    humantime::format_duration(options.timeout.unwrap_or_default())
+                ),
+            ),
+            EndedEarly::Idle => (
+                Status::Timeout,
+                format!(
+                    "the CLI printed nothing for {} (--idle-timeout)",
+                    humantime::format_duration(options.idle_timeout.unwrap_or_default())
+                ),
+            ),
+            EndedEarly::Unreachable | EndedEarly::GaveUp => (
+                Status::Unreachable,
+                unreachable_result(record, waited, words, refused),
+            ),
+            EndedEarly::Interrupted if stop_requested => (
+                Status::Interrupted,
+                "the turn was stopped with `caw-box stop`".to_string(),
+            ),
+            EndedEarly::Interrupted => {
+                (Status::Interrupted, "the turn was interrupted".to_string())
+            }
+        }
+    }
 }

@@ -4,23 +4,15 @@
 
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-
 use crate::backend::{Backend, OutputChunk};
 use crate::error::Result;
 use crate::event::{Event, Status, TurnResult};
-use crate::lines::LineBuffer;
-use crate::provider::ParseContext;
 use crate::session::store::history::{save_record, Ending, StoredHistory, TurnLogs};
 use crate::session::store::record::{now_secs, SessionRecord, TurnRecord};
-use crate::session::turn::ended::{
-    last_line, model_host, stopped_outside_result, unreachable_result, EXIT_MARKER, SIGNAL_MARKER,
-};
-use crate::session::turn::runtime::{has_file, signal_file, STOP_NOW, STOP_REQUEST};
-use crate::session::turn::{
-    append_event, handle_of, place_home_files, sleep_until, Interrupts, TurnContext,
-    DEFAULT_CONNECT_TIMEOUT, STOP_GRACE,
-};
+use crate::session::turn::ended::{last_line, model_host, stopped_outside_result, EndedEarly};
+use crate::session::turn::reading::{Reading, TurnReader};
+use crate::session::turn::runtime::{has_file, STOP_REQUEST};
+use crate::session::turn::{append_event, handle_of, place_home_files, Interrupts, TurnContext};
 use crate::session::walls::egress::refused_by_proxy;
 
 /// Runs a headless turn in its created container, to its recorded end.
@@ -194,30 +186,92 @@ async fn drive(
     sink: &mut dyn FnMut(&Event),
     adopted: Option<Adopted>,
 ) -> Result<TurnResult> {
-    let &TurnContext {
-        backend,
-        name,
-        turn,
-        options,
-        home_files,
-        home_out,
-        runtime_payload,
-        proxy,
-        broker_ready: _,
-        guard,
-        user,
-    } = ctx;
-    place_home_files(backend, name, home_files, user).await?;
-
+    let (backend, name) = (ctx.backend, ctx.name);
+    place_home_files(backend, name, ctx.home_files, ctx.user).await?;
     let started = adopted
         .as_ref()
         .and_then(|a| Instant::now().checked_sub(a.running_for))
         .unwrap_or_else(Instant::now);
     let started_at = adopted.as_ref().map_or_else(now_secs, |a| a.started_at);
+    let ran = adopted.as_ref().map(|a| a.running_for).unwrap_or_default();
     let mut adopted = adopted;
     let warm = adopted.as_mut().and_then(|a| a.warm.take());
     let warm_exit = warm.as_ref().map(|(_, exit)| *exit);
-    let attach = match (&adopted, warm) {
+    let (mut output, feeding) = open_output(ctx, adopted.is_some(), warm).await?;
+    record.turn_started = true;
+    let history = StoredHistory::fetch(backend, name, record, ctx.turn);
+
+    let mut reading = Reading::new(record, sink);
+    let ended_early = reading
+        .read(&mut output, ctx.options, ran, interrupts, adopted.is_some())
+        .await?;
+    if let Some(early) = ended_early {
+        reading.stop_early(ctx, &mut output, early).await?;
+    }
+    reading.finish_lines();
+    let exit_code = match (reading.cli_exit, warm_exit) {
+        (Some(code), _) | (None, Some(code)) => code,
+        (None, None) => backend.wait_container(name).await?,
+    };
+    let ended = classify(ctx, record, &mut reading, exit_code, ended_early).await;
+    let duration_ms = started.elapsed().as_millis() as u64;
+    let result = record_turn(record, ctx, &ended, started_at, duration_ms);
+    let cli_ended = reading.cli_exit.is_some();
+    let TurnReader {
+        raw,
+        mut events_log,
+        session_announced,
+        sink,
+        ..
+    } = reading.reader;
+    if !session_announced {
+        sink(&Event::Session {
+            session_id: record.session_id.to_string(),
+            provider: record.provider,
+            resume_key: (!record.resume_key.is_empty()).then(|| record.resume_key.clone()),
+        });
+    }
+    append_event(
+        &mut events_log,
+        &Event::Result {
+            result: result.clone(),
+        },
+    );
+    let logs = TurnLogs {
+        raw: &raw,
+        events: &events_log,
+        stderr: &reading.stderr_tail,
+    };
+    // An adopted turn's record goes in through an attachment of this process's own (a
+    // warm one's through its container); a driver's on the stdin it fed.
+    let attach_anew = adopted.is_some() && cli_ended && warm_exit.is_none();
+    let ending = Ending {
+        handoff: handoff_stdin(backend, name, feeding, attach_anew, cli_ended).await,
+        home_out: ctx.home_out,
+        guard: ctx.guard,
+    };
+    let mut result = result;
+    result.quarantined =
+        save_record(backend, name, record, ctx.turn, history, logs, ending).await?;
+    sink(&Event::Result {
+        result: result.clone(),
+    });
+    Ok(result)
+}
+
+/// The runtime files' feeding of a driven turn's stdin: the same stdin once they are in.
+type Feeding = tokio::task::JoinHandle<std::io::Result<crate::session::store::history::Stdin>>;
+
+/// The turn's output, and its stdin being fed the runtime files: a driver's attachment
+/// (the container started after it), an adopted turn's log from its start, or what a warm
+/// turn's command kept.
+async fn open_output(
+    ctx: &TurnContext<'_, impl Backend>,
+    adopted: bool,
+    warm: Option<(Vec<u8>, i64)>,
+) -> Result<(crate::backend::OutputStream, Option<Feeding>)> {
+    let (backend, name) = (ctx.backend, ctx.name);
+    let attach = match (adopted, warm) {
         // All that the warm turn's command kept; its record goes in through the container.
         (_, Some((stdout, _))) => crate::backend::Attached {
             output: Box::pin(futures_util::stream::iter([Ok(OutputChunk::Stdout(
@@ -226,14 +280,14 @@ async fn drive(
             input: Box::pin(tokio::io::sink()),
         },
         // The CLI's output so far and to come; nothing to write until the record.
-        (Some(_), None) => crate::backend::Attached {
+        (true, None) => crate::backend::Attached {
             output: backend.follow_logs(name),
             input: Box::pin(tokio::io::sink()),
         },
-        (None, None) => backend.attach(name, runtime_payload.is_some()).await?,
+        (false, None) => backend.attach(name, ctx.runtime_payload.is_some()).await?,
     };
     // The runtime files go first on stdin; the same stdin takes the record at the end.
-    let feeding = runtime_payload.map(|payload| {
+    let feeding = ctx.runtime_payload.map(|payload| {
         let (mut stdin, payload) = (attach.input, payload.to_vec());
         let mut ready = ctx.broker_ready.clone();
         tokio::spawn(async move {
@@ -246,169 +300,131 @@ async fn drive(
             Ok::<_, std::io::Error>(stdin)
         })
     });
-    if adopted.is_none() {
+    if !adopted {
         backend.start_container(name).await?;
     }
-    record.turn_started = true;
-    let history = StoredHistory::fetch(backend, name, record, turn);
+    Ok((attach.output, feeding))
+}
 
-    let mut reader = TurnReader {
-        parser: record.provider.adapter().parser(ParseContext {
-            previous_cumulative_usage: record.last_cumulative_usage(),
-        }),
-        sink,
+/// The stdin the record is handed in on, where the entrypoint waits for it (the CLI ended
+/// on its own): a new attachment, or the one the runtime files went in on.
+async fn handoff_stdin(
+    backend: &impl Backend,
+    name: &str,
+    feeding: Option<Feeding>,
+    attach_anew: bool,
+    cli_ended: bool,
+) -> Option<crate::session::store::history::Stdin> {
+    match feeding {
+        _ if attach_anew => match backend.attach(name, true).await {
+            Ok(attached) => {
+                Some(Box::pin(Attachment(attached)) as crate::session::store::history::Stdin)
+            }
+            Err(e) => {
+                tracing::debug!("cannot attach for the record hand-off: {e}");
+                None
+            }
+        },
+        Some(task) if cli_ended => match task.await {
+            Ok(Ok(stdin)) => Some(stdin),
+            Ok(Err(e)) => {
+                tracing::debug!("writing the runtime files failed: {e}");
+                None
+            }
+            Err(e) => {
+                tracing::debug!("writing the runtime files failed: {e}");
+                None
+            }
+        },
+        _ => None,
+    }
+}
+
+/// Adds the turn to `record` and returns its result.
+fn record_turn(
+    record: &mut SessionRecord,
+    ctx: &TurnContext<'_, impl Backend>,
+    ended: &Ended,
+    started_at: u64,
+    duration_ms: u64,
+) -> TurnResult {
+    let outcome = &ended.outcome;
+    record.turns.push(TurnRecord {
+        turn: ctx.turn,
+        prompt: ctx.options.prompt.clone(),
+        status: outcome.status,
+        result: outcome.result.clone(),
+        usage: outcome.usage,
+        started_at,
+        duration_ms,
+        exit_code: ended.exit_code,
+        cumulative_usage: outcome.cumulative_usage,
+        interactive: false,
+        limit_resets_at: ended.limit_resets_at,
+    });
+    TurnResult {
         session_id: record.session_id.to_string(),
+        name: record.name.clone(),
         provider: record.provider,
-        mcp_servers: record.settings.mcp_names(),
-        session_announced: false,
-        raw: Vec::new(),
-        events_log: Vec::new(),
-        events: Vec::new(),
-        model_alive: false,
-    };
-    if !record.resume_key.is_empty() {
-        reader.announce(Some(record.resume_key.clone()));
+        turn: ctx.turn,
+        status: outcome.status,
+        result: outcome.result.clone(),
+        resume_handle: handle_of(record).to_json(),
+        usage: outcome.usage,
+        duration_ms,
+        exit_code: ended.exit_code,
+        quarantined: None,
     }
+}
 
-    let mut stderr_tail = Vec::new();
-    let mut lines = LineBuffer::default();
-    let mut stderr_lines = LineBuffer::default();
-    let mut ended_early = None;
-    let now = tokio::time::Instant::now;
-    // An adopted turn's time started with its pod.
-    let ran = adopted.as_ref().map(|a| a.running_for).unwrap_or_default();
-    let deadline = options.timeout.map(|t| now() + t.saturating_sub(ran));
-    // Reset by every line the CLI prints.
-    let mut idle_deadline = options.idle_timeout.map(|t| now() + t);
-    // Armed while the CLI reports that it cannot reach its model: `--connect-timeout`
-    // after the model's last sign of life (an answer, or a tool's result it asked for).
-    let connect_timeout = options.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
-    let mut alive_at = now();
-    let mut link_deadline: Option<tokio::time::Instant> = None;
-    let mut output = attach.output;
-    // The CLI's exit code, as the entrypoint reports it right after the CLI's last output.
-    let mut cli_exit: Option<i64> = None;
-    // The signal the container got, where the CLI ended after one (SIGNAL_MARKER).
-    let mut signalled: Option<String> = None;
+/// How a headless turn ended, in its record's terms: the CLI's outcome (status, result,
+/// usage), and the exit code the turn maps to.
+struct Ended {
+    pub outcome: crate::provider::TurnOutcome,
+    pub exit_code: i32,
+    /// A `usage_limit` turn: when the vendor said the limit resets.
+    pub limit_resets_at: Option<u64>,
+}
 
-    loop {
-        let printed = tokio::select! {
-            chunk = output.next() => match chunk {
-                Some(Ok(OutputChunk::Stdout(message))) => {
-                    lines.feed(&message, |l| {
-                        read_stdout_line(l, &mut reader, &mut cli_exit, &mut signalled)
-                    });
-                    if let Some(code) = cli_exit {
-                        // The CLI is done; the entrypoint waits for the record.
-                        tracing::debug!("the CLI exited with {code}; handing off the record");
-                        break;
-                    }
-                    true
-                }
-                Some(Ok(OutputChunk::Stderr(message))) => {
-                    stderr_lines.feed(&message, |l| reader.parser.parse_stderr_line(l));
-                    stderr_tail.extend_from_slice(&message);
-                    if stderr_tail.len() > 64 * 1024 {
-                        stderr_tail.drain(..stderr_tail.len() - 32 * 1024);
-                    }
-                    true
-                }
-                Some(Ok(_)) => false,
-                Some(Err(e)) => {
-                    tracing::warn!("reading the CLI's output failed: {e}");
-                    break;
-                }
-                None => break,
-            },
-            _ = sleep_until(deadline) => {
-                ended_early = Some(EndedEarly::Timeout);
-                break;
-            }
-            _ = sleep_until(idle_deadline) => {
-                ended_early = Some(EndedEarly::Idle);
-                break;
-            }
-            _ = sleep_until(link_deadline) => {
-                ended_early = Some(EndedEarly::Unreachable);
-                break;
-            }
-            _ = interrupts.recv() => {
-                if adopted.is_some() {
-                    // Only the waiting ends: the turn is not this process's to stop.
-                    return Err(crate::Error::new(
-                        crate::error::ErrorKind::Interrupted,
-                        "interrupted while waiting; the turn goes on",
-                    ));
-                }
-                ended_early = Some(EndedEarly::Interrupted);
-                break;
-            }
-        };
-        if printed {
-            idle_deadline = options.idle_timeout.map(|t| now() + t);
-            if std::mem::take(&mut reader.model_alive) {
-                alive_at = now();
-            }
-            link_deadline = match reader.parser.unreachable() {
-                Some(_) if !connect_timeout.is_zero() => Some(alive_at + connect_timeout),
-                _ => None,
-            };
-        }
-    }
-    if let Some(early) = ended_early {
-        if matches!(early, EndedEarly::Unreachable | EndedEarly::Idle) {
-            // A stuck CLI gets no grace: the entrypoint kills it at once (and still takes
-            // the credentials out of HOME).
-            let _ = signal_file(backend, name, STOP_NOW, user).await;
-        }
-        backend.stop_container(name, STOP_GRACE).await?;
-        // Whatever the CLI printed while stopping still counts.
-        let drain = async {
-            while let Some(Ok(chunk)) = output.next().await {
-                if let OutputChunk::Stdout(message) = chunk {
-                    // An exit marker: the CLI ended as it was stopped, and the entrypoint
-                    // waits for the record (a stop that reached the CLI, not the
-                    // entrypoint).
-                    lines.feed(&message, |l| {
-                        read_stdout_line(l, &mut reader, &mut cli_exit, &mut signalled)
-                    });
-                }
-            }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
-    }
-    lines.finish(|l| reader.stdout_line(l));
-    stderr_lines.finish(|l| reader.parser.parse_stderr_line(l));
-    let exit_code = match (cli_exit, warm_exit) {
-        (Some(code), _) | (None, Some(code)) => code,
-        (None, None) => backend.wait_container(name).await?,
-    };
-    let refused = match proxy {
+/// Tells how the turn ended: the CLI's own outcome, unless the turn ended before the CLI
+/// did (a timeout, a stop, a model it could not reach), its container was stopped from
+/// outside, or its environment failed it.
+async fn classify(
+    ctx: &TurnContext<'_, impl Backend>,
+    record: &mut SessionRecord,
+    reading: &mut Reading<'_>,
+    exit_code: i64,
+    mut ended_early: Option<EndedEarly>,
+) -> Ended {
+    let (backend, name) = (ctx.backend, ctx.name);
+    let refused = match ctx.proxy {
         Some(proxy) => refused_by_proxy(backend, proxy).await,
         None => Vec::new(),
     };
     for target in &refused {
-        reader.emit(&Event::Error {
+        reading.reader.emit(&Event::Error {
             message: format!("egress to {target} was refused: it is not in --allow-host"),
         });
     }
+    let cli_exit = reading.cli_exit;
     // `caw-box stop` leaves word in the runtime directory; a CLI that ended on its own
-    // was not stopped (and the file is not worth a request).
-    // Where the container ended before this could look (a pod's runtime directory is gone
-    // with it), `caw-box stop` noted it on the container too.
+    // was not stopped (and the file is not worth a request). Where the container ended
+    // before this could look (a pod's runtime directory is gone with it), `caw-box stop`
+    // noted it on the container too.
     let stop_requested = cli_exit.is_none()
         && (has_file(backend, name, STOP_REQUEST).await || backend.stop_noted(name).await);
     if stop_requested {
         ended_early = Some(EndedEarly::Interrupted);
     }
     // Stopped from outside the turn: neither the CLI's own end, nor caw-box's doing.
-    let stopped_outside = signalled
-        .as_deref()
+    let stopped_outside = reading
+        .signalled
+        .clone()
         .filter(|_| ended_early.is_none() && cli_exit.is_none());
-
-    let mut outcome = reader.parser.finish(exit_code);
+    let parser = &mut reading.reader.parser;
+    let mut outcome = parser.finish(exit_code);
     // A CLI that gave up on its own after failing to reach its model, and said so last.
-    let mut unreachable_words = reader.parser.unreachable().map(str::to_string);
+    let mut unreachable_words = parser.unreachable().map(str::to_string);
     let failed = outcome.status != Status::Success || exit_code != 0;
     // The egress proxy turned the model's host away (`--allow-host` without it): whatever
     // the CLI made of the proxy's 403, it could not reach its model.
@@ -426,58 +442,31 @@ async fn drive(
             unreachable_words = Some(outcome.result.clone());
         }
     }
-    // A CLI that failed because its pod hit a wall outside it (memory, an eviction): the
-    // environment's failure (exit 3), not the agent's.
+    // A CLI that failed because its container hit a wall outside it (memory, an
+    // eviction): the environment's failure (exit 3), not the agent's.
     let environment = match ended_early {
         None if failed && stopped_outside.is_none() => backend.ended_by_environment(name).await,
         _ => None,
     };
-    if let Some(key) = reader.parser.resume_key() {
+    if let Some(key) = parser.resume_key() {
         record.resume_key = key.to_string();
         record.key_confirmed = true;
     }
+    let options = ctx.options;
     if let Some(early) = ended_early {
-        (outcome.status, outcome.result) = match early {
-            EndedEarly::Timeout => (
-                Status::Timeout,
-                format!(
-                    "the turn timed out after {} (--timeout)",
-                    humantime::format_duration(options.timeout.unwrap_or_default())
-                ),
-            ),
-            EndedEarly::Idle => (
-                Status::Timeout,
-                format!(
-                    "the CLI printed nothing for {} (--idle-timeout)",
-                    humantime::format_duration(options.idle_timeout.unwrap_or_default())
-                ),
-            ),
-            EndedEarly::Unreachable | EndedEarly::GaveUp => (
-                Status::Unreachable,
-                unreachable_result(
-                    record,
-                    (early == EndedEarly::Unreachable)
-                        .then(|| Duration::from_secs(alive_at.elapsed().as_secs())),
-                    unreachable_words.as_deref().unwrap_or(""),
-                    &refused,
-                ),
-            ),
-            EndedEarly::Interrupted if stop_requested => (
-                Status::Interrupted,
-                "the turn was stopped with `caw-box stop`".to_string(),
-            ),
-            EndedEarly::Interrupted => {
-                (Status::Interrupted, "the turn was interrupted".to_string())
-            }
-        };
-    } else if let Some(signal) = stopped_outside {
+        let waited = (early == EndedEarly::Unreachable)
+            .then(|| Duration::from_secs(reading.alive_at.elapsed().as_secs()));
+        let words = unreachable_words.as_deref().unwrap_or("");
+        (outcome.status, outcome.result) =
+            early.status_and_result(record, options, stop_requested, waited, words, &refused);
+    } else if let Some(signal) = &stopped_outside {
         outcome.status = Status::Interrupted;
         outcome.result = stopped_outside_result(signal, &backend.words().engine);
     } else if let Some(why) = &environment {
         outcome.status = Status::Error;
         outcome.result = why.clone();
     } else if outcome.status != Status::Success && outcome.result.trim().is_empty() {
-        outcome.result = last_line(&stderr_tail)
+        outcome.result = last_line(&reading.stderr_tail)
             .unwrap_or_else(|| format!("the CLI exited with code {exit_code}"));
     }
     if outcome.status == Status::Success && exit_code != 0 {
@@ -489,200 +478,27 @@ async fn drive(
         record.settings.model.as_deref(),
         &mut outcome.usage,
     );
-    let TurnReader {
-        raw,
-        mut events_log,
-        session_announced,
-        sink,
-        ..
-    } = reader;
-
     let exit_code = match environment {
         Some(_) => crate::error::ErrorKind::Environment.exit_code(),
         None => outcome.status.exit_code(),
     };
-    let duration_ms = started.elapsed().as_millis() as u64;
-    // The CLI's whole output, for the words and events that name the reset (claude's
-    // `rate_limit_event`, an API body opencode quotes), not only its final message.
     let limit_resets_at = (outcome.status == Status::UsageLimit)
         .then(|| {
-            let said = format!("{}\n{}", String::from_utf8_lossy(&raw), outcome.result);
+            // The CLI's whole output, for the words and events that name the reset
+            // (claude's `rate_limit_event`, an API body opencode quotes), not only its
+            // final message.
+            let said = format!(
+                "{}\n{}",
+                String::from_utf8_lossy(&reading.reader.raw),
+                outcome.result
+            );
             crate::session::turn::limits::reset_at(&said, crate::session::turn::limits::now_unix())
         })
         .flatten()
         .map(|at| at.ceil() as u64);
-    let turn_record = TurnRecord {
-        turn,
-        prompt: options.prompt.clone(),
-        status: outcome.status,
-        result: outcome.result.clone(),
-        usage: outcome.usage,
-        started_at,
-        duration_ms,
+    Ended {
+        outcome,
         exit_code,
-        cumulative_usage: outcome.cumulative_usage,
-        interactive: false,
         limit_resets_at,
-    };
-    record.turns.push(turn_record);
-    let mut result = TurnResult {
-        session_id: record.session_id.to_string(),
-        name: record.name.clone(),
-        provider: record.provider,
-        turn,
-        status: outcome.status,
-        result: outcome.result,
-        resume_handle: handle_of(record).to_json(),
-        usage: outcome.usage,
-        duration_ms,
-        exit_code,
-        quarantined: None,
-    };
-    if !session_announced {
-        sink(&Event::Session {
-            session_id: record.session_id.to_string(),
-            provider: record.provider,
-            resume_key: (!record.resume_key.is_empty()).then(|| record.resume_key.clone()),
-        });
-    }
-    let result_event = Event::Result {
-        result: result.clone(),
-    };
-    append_event(&mut events_log, &result_event);
-
-    let logs = TurnLogs {
-        raw: &raw,
-        events: &events_log,
-        stderr: &stderr_tail,
-    };
-    let stdin = match feeding {
-        // An adopted turn's record goes in through an attachment of this process's own.
-        _ if adopted.is_some() && cli_exit.is_some() && warm_exit.is_none() => {
-            match backend.attach(name, true).await {
-                Ok(attached) => {
-                    Some(Box::pin(Attachment(attached)) as crate::session::store::history::Stdin)
-                }
-                Err(e) => {
-                    tracing::debug!("cannot attach for the record hand-off: {e}");
-                    None
-                }
-            }
-        }
-        Some(task) if cli_exit.is_some() => match task.await {
-            Ok(Ok(stdin)) => Some(stdin),
-            Ok(Err(e)) => {
-                tracing::debug!("writing the runtime files failed: {e}");
-                None
-            }
-            Err(e) => {
-                tracing::debug!("writing the runtime files failed: {e}");
-                None
-            }
-        },
-        _ => None,
-    };
-    let ending = Ending {
-        handoff: stdin,
-        home_out,
-        guard,
-    };
-    result.quarantined = save_record(backend, name, record, turn, history, logs, ending).await?;
-    sink(&Event::Result {
-        result: result.clone(),
-    });
-    Ok(result)
-}
-
-/// One line of the CLI's stdout as the container printed it: the entrypoint's markers
-/// (how the CLI ended) are taken out, the rest goes to the reader.
-fn read_stdout_line(
-    line: &str,
-    reader: &mut TurnReader<'_>,
-    cli_exit: &mut Option<i64>,
-    signalled: &mut Option<String>,
-) {
-    if let Some(code) = line.strip_prefix(EXIT_MARKER) {
-        *cli_exit = code.trim().parse().ok();
-    } else if let Some(rest) = line.strip_prefix(SIGNAL_MARKER) {
-        let name = rest.split_whitespace().next().unwrap_or("TERM");
-        *signalled = Some(name.to_string());
-    } else {
-        reader.stdout_line(line);
-    }
-}
-
-/// Why a headless turn ended before its CLI did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EndedEarly {
-    /// `--timeout`.
-    Timeout,
-    /// `--idle-timeout`: no output for that long.
-    Idle,
-    /// The CLI kept reporting that it could not reach its model (`--connect-timeout`).
-    Unreachable,
-    /// Not early: the CLI itself gave up after failing to reach its model.
-    GaveUp,
-    /// Ctrl-C, SIGTERM, SIGHUP or `caw-box stop`.
-    Interrupted,
-}
-
-/// Reads a headless turn's output: each stdout line becomes unified events for the sink
-/// and the turn's logs; stderr lines only inform the parser.
-struct TurnReader<'s> {
-    parser: Box<dyn crate::provider::StreamParser>,
-    sink: &'s mut dyn FnMut(&Event),
-    session_id: String,
-    provider: crate::provider::ProviderKind,
-    /// The session's MCP servers, whose tools the events name `mcp__server__tool`.
-    mcp_servers: Vec<String>,
-    session_announced: bool,
-    /// The CLI's stdout, line by line (`logs --raw`).
-    raw: Vec<u8>,
-    /// The unified events, one JSON line each (`logs`).
-    events_log: Vec<u8>,
-    events: Vec<Event>,
-    /// Set when a line showed the model at work (an answer, or a result of a tool it called).
-    model_alive: bool,
-}
-
-impl TurnReader<'_> {
-    fn announce(&mut self, resume_key: Option<String>) {
-        (self.sink)(&Event::Session {
-            session_id: self.session_id.clone(),
-            provider: self.provider,
-            resume_key,
-        });
-        self.session_announced = true;
-    }
-
-    fn emit(&mut self, e: &Event) {
-        append_event(&mut self.events_log, e);
-        (self.sink)(e);
-    }
-
-    fn stdout_line(&mut self, line: &str) {
-        self.raw.extend_from_slice(line.as_bytes());
-        self.raw.push(b'\n');
-        let mut events = std::mem::take(&mut self.events);
-        events.clear();
-        self.parser.parse_line(line, &mut events);
-        crate::agent_config::tag_tool_groups(self.provider, &self.mcp_servers, &mut events);
-        if !self.session_announced {
-            if let Some(key) = self.parser.resume_key().map(str::to_string) {
-                self.announce(Some(key));
-            }
-        }
-        for e in &events {
-            self.model_alive |= matches!(
-                e,
-                Event::Text { .. }
-                    | Event::Thinking { .. }
-                    | Event::ToolCall { .. }
-                    | Event::ToolResult { .. }
-                    | Event::Usage { .. }
-            );
-            self.emit(e);
-        }
-        self.events = events;
     }
 }

@@ -15,6 +15,7 @@ pub(in crate::session) mod interactive;
 pub mod limits;
 pub mod models;
 pub(in crate::session) mod plan;
+pub(in crate::session) mod reading;
 pub mod runner;
 pub(in crate::session) mod runtime;
 pub(in crate::session) mod warm;

@@ -1,0 +1,278 @@
+//! Reading a headless turn's output as it comes: its stdout lines into unified events (the
+//! entrypoint's markers of how the CLI ended taken out), its stderr for the parser, and
+//! the deadlines that end a turn before its CLI did. Not here: what is made of it at the
+//! end (`headless.rs`, `ended.rs`).
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use crate::backend::{Backend, OutputChunk};
+use crate::error::Result;
+use crate::event::Event;
+use crate::lines::LineBuffer;
+use crate::provider::ParseContext;
+use crate::session::store::record::SessionRecord;
+use crate::session::turn::ended::{EndedEarly, EXIT_MARKER, SIGNAL_MARKER};
+use crate::session::turn::runtime::{signal_file, STOP_NOW};
+use crate::session::turn::{
+    append_event, sleep_until, Interrupts, TurnContext, DEFAULT_CONNECT_TIMEOUT, STOP_GRACE,
+};
+
+/// What is read of a headless turn's output as it comes: the reader of its stdout lines,
+/// its stderr, and the entrypoint's markers of how the CLI ended.
+pub(in crate::session) struct Reading<'s> {
+    pub reader: TurnReader<'s>,
+    pub lines: LineBuffer,
+    pub stderr_lines: LineBuffer,
+    pub stderr_tail: Vec<u8>,
+    /// The CLI's exit code, as the entrypoint reports it right after the CLI's last output.
+    pub cli_exit: Option<i64>,
+    /// The signal the container got, where the CLI ended after one (SIGNAL_MARKER).
+    pub signalled: Option<String>,
+    /// The model's last sign of life (an answer, or a tool's result it asked for).
+    pub alive_at: tokio::time::Instant,
+}
+
+impl<'s> Reading<'s> {
+    pub fn new(record: &SessionRecord, sink: &'s mut dyn FnMut(&Event)) -> Self {
+        let mut reader = TurnReader {
+            parser: record.provider.adapter().parser(ParseContext {
+                previous_cumulative_usage: record.last_cumulative_usage(),
+            }),
+            sink,
+            session_id: record.session_id.to_string(),
+            provider: record.provider,
+            mcp_servers: record.settings.mcp_names(),
+            session_announced: false,
+            raw: Vec::new(),
+            events_log: Vec::new(),
+            events: Vec::new(),
+            model_alive: false,
+        };
+        if !record.resume_key.is_empty() {
+            reader.announce(Some(record.resume_key.clone()));
+        }
+        Reading {
+            reader,
+            lines: LineBuffer::default(),
+            stderr_lines: LineBuffer::default(),
+            stderr_tail: Vec::new(),
+            cli_exit: None,
+            signalled: None,
+            alive_at: tokio::time::Instant::now(),
+        }
+    }
+
+    fn stdout(&mut self, message: &[u8]) {
+        let Reading {
+            reader,
+            lines,
+            cli_exit,
+            signalled,
+            ..
+        } = self;
+        lines.feed(message, |l| {
+            read_stdout_line(l, reader, cli_exit, signalled)
+        });
+    }
+
+    fn stderr(&mut self, message: &[u8]) {
+        let parser = &mut self.reader.parser;
+        self.stderr_lines
+            .feed(message, |l| parser.parse_stderr_line(l));
+        self.stderr_tail.extend_from_slice(message);
+        if self.stderr_tail.len() > 64 * 1024 {
+            self.stderr_tail.drain(..self.stderr_tail.len() - 32 * 1024);
+        }
+    }
+
+    /// Reads the output until the CLI ended (its exit marker, or the end of the stream), or
+    /// why the turn ends before it did. An adopted turn's wait interrupted is an error:
+    /// the turn is not this process's to stop.
+    pub async fn read(
+        &mut self,
+        output: &mut crate::backend::OutputStream,
+        options: &crate::session::turn::TurnOptions,
+        ran: Duration,
+        interrupts: &mut Interrupts,
+        adopted: bool,
+    ) -> Result<Option<EndedEarly>> {
+        let now = tokio::time::Instant::now;
+        // An adopted turn's time started with its container.
+        let deadline = options.timeout.map(|t| now() + t.saturating_sub(ran));
+        // Reset by every line the CLI prints.
+        let mut idle_deadline = options.idle_timeout.map(|t| now() + t);
+        // Armed while the CLI reports that it cannot reach its model: `--connect-timeout`
+        // after the model's last sign of life.
+        let connect_timeout = options.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        let mut link_deadline: Option<tokio::time::Instant> = None;
+        loop {
+            let printed = tokio::select! {
+                chunk = output.next() => match chunk {
+                    Some(Ok(OutputChunk::Stdout(message))) => {
+                        self.stdout(&message);
+                        if let Some(code) = self.cli_exit {
+                            // The CLI is done; the entrypoint waits for the record.
+                            tracing::debug!("the CLI exited with {code}; handing off the record");
+                            return Ok(None);
+                        }
+                        true
+                    }
+                    Some(Ok(OutputChunk::Stderr(message))) => {
+                        self.stderr(&message);
+                        true
+                    }
+                    Some(Ok(_)) => false,
+                    Some(Err(e)) => {
+                        tracing::warn!("reading the CLI's output failed: {e}");
+                        return Ok(None);
+                    }
+                    None => return Ok(None),
+                },
+                _ = sleep_until(deadline) => return Ok(Some(EndedEarly::Timeout)),
+                _ = sleep_until(idle_deadline) => return Ok(Some(EndedEarly::Idle)),
+                _ = sleep_until(link_deadline) => return Ok(Some(EndedEarly::Unreachable)),
+                _ = interrupts.recv() => {
+                    if adopted {
+                        // Only the waiting ends: the turn is not this process's to stop.
+                        return Err(crate::Error::new(
+                            crate::error::ErrorKind::Interrupted,
+                            "interrupted while waiting; the turn goes on",
+                        ));
+                    }
+                    return Ok(Some(EndedEarly::Interrupted));
+                }
+            };
+            if printed {
+                idle_deadline = options.idle_timeout.map(|t| now() + t);
+                if std::mem::take(&mut self.reader.model_alive) {
+                    self.alive_at = now();
+                }
+                link_deadline = match self.reader.parser.unreachable() {
+                    Some(_) if !connect_timeout.is_zero() => Some(self.alive_at + connect_timeout),
+                    _ => None,
+                };
+            }
+        }
+    }
+
+    /// Stops a turn that ends before its CLI did, and reads what the CLI printed while
+    /// stopping (it still counts).
+    pub async fn stop_early(
+        &mut self,
+        ctx: &TurnContext<'_, impl Backend>,
+        output: &mut crate::backend::OutputStream,
+        early: EndedEarly,
+    ) -> Result<()> {
+        let (backend, name) = (ctx.backend, ctx.name);
+        if matches!(early, EndedEarly::Unreachable | EndedEarly::Idle) {
+            // A stuck CLI gets no grace: the entrypoint kills it at once (and still takes
+            // the credentials out of HOME).
+            let _ = signal_file(backend, name, STOP_NOW, ctx.user).await;
+        }
+        backend.stop_container(name, STOP_GRACE).await?;
+        // An exit marker here: the CLI ended as it was stopped, and the entrypoint waits
+        // for the record (a stop that reached the CLI, not the entrypoint).
+        let drain = async {
+            while let Some(Ok(chunk)) = output.next().await {
+                if let OutputChunk::Stdout(message) = chunk {
+                    self.stdout(&message);
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+        Ok(())
+    }
+
+    pub fn finish_lines(&mut self) {
+        let Reading {
+            reader,
+            lines,
+            stderr_lines,
+            ..
+        } = self;
+        lines.finish(|l| reader.stdout_line(l));
+        let parser = &mut reader.parser;
+        stderr_lines.finish(|l| parser.parse_stderr_line(l));
+    }
+}
+
+/// One line of the CLI's stdout as the container printed it: the entrypoint's markers
+/// (how the CLI ended) are taken out, the rest goes to the reader.
+fn read_stdout_line(
+    line: &str,
+    reader: &mut TurnReader<'_>,
+    cli_exit: &mut Option<i64>,
+    signalled: &mut Option<String>,
+) {
+    if let Some(code) = line.strip_prefix(EXIT_MARKER) {
+        *cli_exit = code.trim().parse().ok();
+    } else if let Some(rest) = line.strip_prefix(SIGNAL_MARKER) {
+        let name = rest.split_whitespace().next().unwrap_or("TERM");
+        *signalled = Some(name.to_string());
+    } else {
+        reader.stdout_line(line);
+    }
+}
+
+/// Reads a headless turn's output: each stdout line becomes unified events for the sink
+/// and the turn's logs; stderr lines only inform the parser.
+pub(in crate::session) struct TurnReader<'s> {
+    pub parser: Box<dyn crate::provider::StreamParser>,
+    pub sink: &'s mut dyn FnMut(&Event),
+    pub session_id: String,
+    pub provider: crate::provider::ProviderKind,
+    /// The session's MCP servers, whose tools the events name `mcp__server__tool`.
+    pub mcp_servers: Vec<String>,
+    pub session_announced: bool,
+    /// The CLI's stdout, line by line (`logs --raw`).
+    pub raw: Vec<u8>,
+    /// The unified events, one JSON line each (`logs`).
+    pub events_log: Vec<u8>,
+    pub events: Vec<Event>,
+    /// Set when a line showed the model at work (an answer, or a result of a tool it called).
+    pub model_alive: bool,
+}
+
+impl TurnReader<'_> {
+    fn announce(&mut self, resume_key: Option<String>) {
+        (self.sink)(&Event::Session {
+            session_id: self.session_id.clone(),
+            provider: self.provider,
+            resume_key,
+        });
+        self.session_announced = true;
+    }
+
+    pub fn emit(&mut self, e: &Event) {
+        append_event(&mut self.events_log, e);
+        (self.sink)(e);
+    }
+
+    pub fn stdout_line(&mut self, line: &str) {
+        self.raw.extend_from_slice(line.as_bytes());
+        self.raw.push(b'\n');
+        let mut events = std::mem::take(&mut self.events);
+        events.clear();
+        self.parser.parse_line(line, &mut events);
+        crate::agent_config::tag_tool_groups(self.provider, &self.mcp_servers, &mut events);
+        if !self.session_announced {
+            if let Some(key) = self.parser.resume_key().map(str::to_string) {
+                self.announce(Some(key));
+            }
+        }
+        for e in &events {
+            self.model_alive |= matches!(
+                e,
+                Event::Text { .. }
+                    | Event::Thinking { .. }
+                    | Event::ToolCall { .. }
+                    | Event::ToolResult { .. }
+                    | Event::Usage { .. }
+            );
+            self.emit(e);
+        }
+        self.events = events;
+    }
+}
