@@ -325,12 +325,12 @@ fn print_shown_json(
     }
     output::print_json(&Shown {
         protected_paths: protected_of(&record.settings),
-        status: &status,
+        status,
         total_cost_usd: record.total_cost_usd(),
         fallback_of: record.settings.fallback_of.map(|id| id.to_string()),
-        fallback_to: fallback_to.clone(),
+        fallback_to,
         warm_until,
-        record: &record,
+        record,
     });
 }
 
