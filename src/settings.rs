@@ -293,66 +293,156 @@ pub fn apply_resume_overrides(settings: &mut SessionSettings, args: &SettingsArg
 }
 
 /// Applies `run`/`resume` flags on top of settings (a resumed session's remembered ones).
+/// Every field of [`SettingsArgs`] is named below, without `..`: a new flag does not compile
+/// until it is given its place (and `every_run_flag_reaches_the_settings` checks it gets there).
 pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> Result<()> {
-    if let Some(image) = &args.image {
+    let SettingsArgs {
+        workspace,
+        workspace_mode,
+        image,
+        model,
+        timeout,
+        idle_timeout,
+        connect_timeout,
+        keep_warm,
+        memory,
+        cpus,
+        pids_limit,
+        network,
+        allow_host,
+        protect,
+        unprotect,
+        endpoint,
+        runtime,
+        system_prompt,
+        append_system_prompt,
+        effort,
+        tools,
+        allow_tool,
+        deny_tool,
+        mcp,
+        mcp_env,
+        mcp_header,
+    } = args;
+    if let Some(image) = image {
         settings.image = image.clone();
     }
-    if let Some(model) = &args.model {
+    if let Some(model) = model {
         settings.model = Some(model.clone());
     }
-    if let Some(endpoint) = &args.endpoint {
+    if let Some(endpoint) = endpoint {
         settings.endpoint = Some(validate_endpoint(endpoint, "--endpoint")?);
     }
-    if let Some(text) = &args.system_prompt {
+    if let Some(text) = system_prompt {
         settings.system_prompt = Some(crate::agent_config::read_prompt_arg(
             text,
             "--system-prompt",
         )?);
     }
-    if let Some(text) = &args.append_system_prompt {
+    if let Some(text) = append_system_prompt {
         settings.append_system_prompt = Some(crate::agent_config::read_prompt_arg(
             text,
             "--append-system-prompt",
         )?);
     }
-    if let Some(effort) = &args.effort {
+    if let Some(effort) = effort {
         settings.effort = Some(crate::agent_config::Effort::parse(effort, "--effort")?);
     }
-    if args.tools.is_some() || !args.allow_tool.is_empty() || !args.deny_tool.is_empty() {
-        use crate::agent_config::ToolPolicy;
-        // --tools replaces the remembered groups; tool names add to the remembered ones.
-        let mut tools = settings.tools.take().unwrap_or_default();
-        if let Some(groups) = &args.tools {
-            tools.groups = ToolPolicy::parse_groups(groups, "--tools")?;
+    apply_tool_flags(settings, tools.as_deref(), allow_tool, deny_tool)?;
+    apply_mcp_flags(settings, mcp, mcp_env, mcp_header)?;
+    if let Some(network) = network {
+        if network.trim().is_empty() {
+            return Err(Error::usage(
+                "--network needs a value: open, none, host or a network name",
+            ));
         }
-        for (names, list, what) in [
-            (&args.allow_tool, &mut tools.allow, "--allow-tool"),
-            (&args.deny_tool, &mut tools.deny, "--deny-tool"),
-        ] {
-            for name in names {
-                let name = ToolPolicy::check_name(name, what)?;
-                if !list.contains(&name) {
-                    list.push(name);
-                }
+        settings.network = network.clone();
+    }
+    if let Some(runtime) = runtime {
+        settings.runtime = parse_runtime(runtime, "--runtime")?;
+    }
+    if let Some(mode) = self::workspace_mode(*workspace_mode) {
+        settings.workspace_mode = mode;
+    }
+    if let Some(ws) = workspace {
+        settings.workspace = Some(resolve_workspace(ws)?);
+    }
+    apply_protect_flags(settings, protect, unprotect)?;
+    if let Some(m) = memory {
+        settings.memory = Some(parse_memory(m, "--memory")?);
+    }
+    if let Some(c) = *cpus {
+        check_cpus(c, "--cpus")?;
+        settings.cpus = Some(c);
+    }
+    if let Some(p) = *pids_limit {
+        check_pids_limit(p, "--pids-limit")?;
+        settings.pids_limit = Some(p);
+    }
+    apply_egress_flags(settings, allow_host)?;
+    apply_timeout_flags(
+        settings,
+        timeout.as_deref(),
+        idle_timeout.as_deref(),
+        connect_timeout.as_deref(),
+        keep_warm.as_deref(),
+    )
+}
+
+/// `--tools` replaces the remembered groups; `--allow-tool`/`--deny-tool` names add to the
+/// remembered ones.
+fn apply_tool_flags(
+    settings: &mut SessionSettings,
+    groups: Option<&str>,
+    allow_tool: &[String],
+    deny_tool: &[String],
+) -> Result<()> {
+    use crate::agent_config::ToolPolicy;
+    if groups.is_none() && allow_tool.is_empty() && deny_tool.is_empty() {
+        return Ok(());
+    }
+    let mut tools = settings.tools.take().unwrap_or_default();
+    if let Some(groups) = groups {
+        tools.groups = ToolPolicy::parse_groups(groups, "--tools")?;
+    }
+    for (names, list, what) in [
+        (allow_tool, &mut tools.allow, "--allow-tool"),
+        (deny_tool, &mut tools.deny, "--deny-tool"),
+    ] {
+        for name in names {
+            let name = ToolPolicy::check_name(name, what)?;
+            if !list.contains(&name) {
+                list.push(name);
             }
         }
-        // A name given now wins over the same name on the other list from before.
-        tools
-            .allow
-            .retain(|n| !args.deny_tool.iter().any(|d| d.trim() == n));
-        tools
-            .deny
-            .retain(|n| !args.allow_tool.iter().any(|a| a.trim() == n));
-        settings.tools = (tools != ToolPolicy::default()).then_some(tools);
     }
-    for value in &args.mcp {
+    // A name given now wins over the same name on the other list from before.
+    tools
+        .allow
+        .retain(|n| !deny_tool.iter().any(|d| d.trim() == n));
+    tools
+        .deny
+        .retain(|n| !allow_tool.iter().any(|a| a.trim() == n));
+    settings.tools = (tools != ToolPolicy::default()).then_some(tools);
+    Ok(())
+}
+
+/// `--mcp` servers replace the remembered ones of the same name; `--mcp-env` and
+/// `--mcp-header` add a secret's key name (never its value) to a command or an HTTP server.
+fn apply_mcp_flags(
+    settings: &mut SessionSettings,
+    mcp: &[String],
+    mcp_env: &[String],
+    mcp_header: &[String],
+) -> Result<()> {
+    for value in mcp {
         let server = crate::agent_config::McpServer::parse(value, "--mcp")?;
         settings.mcp.retain(|m| m.name != server.name);
         settings.mcp.push(server);
     }
     for (values, what, header) in [
-        (&args.mcp_env, "--mcp-env", false),
-        (&args.mcp_header, "--mcp-header", true),
+        (mcp_env, "--mcp-env", false),
+        (mcp_header, "--mcp-header", true),
     ] {
         for value in values {
             let (name, key, _) = crate::agent_config::parse_mcp_secret(value, what)?;
@@ -388,25 +478,16 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
             }
         }
     }
-    if let Some(network) = &args.network {
-        if network.trim().is_empty() {
-            return Err(Error::usage(
-                "--network needs a value: open, none, host or a network name",
-            ));
-        }
-        settings.network = network.clone();
-    }
-    if let Some(runtime) = &args.runtime {
-        settings.runtime = parse_runtime(runtime, "--runtime")?;
-    }
-    if let Some(mode) = workspace_mode(args.workspace_mode) {
-        settings.workspace_mode = mode;
-    }
-    if let Some(ws) = &args.workspace {
-        settings.workspace = Some(resolve_workspace(ws)?);
-    }
-    // A host path names a protected path inside the workspace (the current directory's
-    // for a new session that names none).
+    Ok(())
+}
+
+/// A host path names a protected path inside the workspace (the current directory's for a
+/// new session that names none).
+fn apply_protect_flags(
+    settings: &mut SessionSettings,
+    protect: &[String],
+    unprotect: &[String],
+) -> Result<()> {
     let here = std::env::current_dir()
         .ok()
         .and_then(|d| d.canonicalize().ok())
@@ -414,22 +495,16 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
     crate::session::protect::apply(
         &mut settings.protect,
         &mut settings.unprotect,
-        &args.protect,
-        &args.unprotect,
+        protect,
+        unprotect,
         settings.workspace.as_deref().or(here.as_deref()),
-    )?;
-    if let Some(m) = &args.memory {
-        settings.memory = Some(parse_memory(m, "--memory")?);
-    }
-    if let Some(c) = args.cpus {
-        check_cpus(c, "--cpus")?;
-        settings.cpus = Some(c);
-    }
-    if let Some(p) = args.pids_limit {
-        check_pids_limit(p, "--pids-limit")?;
-        settings.pids_limit = Some(p);
-    }
-    for host in &args.allow_host {
+    )
+}
+
+/// `--allow-host` adds to the remembered allowlist, then the network the settings end with
+/// is checked against it.
+fn apply_egress_flags(settings: &mut SessionSettings, allow_host: &[String]) -> Result<()> {
+    for host in allow_host {
         validate_allow_host(host, "--allow-host")?;
         if !settings.allow_hosts.contains(host) {
             settings.allow_hosts.push(host.clone());
@@ -456,16 +531,26 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
         ))
         .with_hint("the allowlist proxy needs a network to reach the allowed hosts: use --network open or a network name"));
     }
-    if let Some(t) = &args.timeout {
+    Ok(())
+}
+
+fn apply_timeout_flags(
+    settings: &mut SessionSettings,
+    timeout: Option<&str>,
+    idle_timeout: Option<&str>,
+    connect_timeout: Option<&str>,
+    keep_warm: Option<&str>,
+) -> Result<()> {
+    if let Some(t) = timeout {
         settings.timeout_secs = Some(parse_duration(t, "--timeout")?.as_secs().max(1));
     }
-    if let Some(t) = &args.idle_timeout {
+    if let Some(t) = idle_timeout {
         settings.idle_timeout_secs = Some(parse_limit(t, "--idle-timeout")?);
     }
-    if let Some(t) = &args.connect_timeout {
+    if let Some(t) = connect_timeout {
         settings.connect_timeout_secs = Some(parse_limit(t, "--connect-timeout")?);
     }
-    if let Some(t) = &args.keep_warm {
+    if let Some(t) = keep_warm {
         let secs = parse_limit(t, "--keep-warm")?;
         // `off` is kept only where it turns a warm session off: its next turn removes the
         // idle container (`session::warm`); a session never warm pays nothing for it.
@@ -727,5 +812,130 @@ mod mcp_tests {
             let e = apply_overrides(&mut s.clone(), &bad).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{}", e.message);
         }
+    }
+}
+
+#[cfg(test)]
+mod flag_tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    /// The flags of `run` that are a turn's, not its session's: they never reach
+    /// [`SessionSettings`].
+    const TURN_ONLY: &[&str] = &[
+        "prompt",
+        "prompt_file",
+        "env",
+        "output",
+        "detach",
+        "credentials",
+        "on_limit",
+        "max_wait",
+        "provider",
+        "name",
+        "group",
+        "user_config",
+        "help",
+    ];
+
+    /// For each session flag of `run` (by clap id): what a test sets it to, and what must be
+    /// given first for that value to make sense (an MCP server for its secret's key).
+    fn flag_values(workspace: &str) -> Vec<(&'static str, Vec<String>, Vec<String>)> {
+        let unprotected = crate::session::protect::DEFAULT_PROTECTED[0].0;
+        let v = |args: &[&str]| args.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        vec![
+            ("workspace", v(&["--workspace", workspace]), v(&[])),
+            ("workspace_mode", v(&["--workspace-mode", "copy"]), v(&[])),
+            ("image", v(&["--image", "other:1"]), v(&[])),
+            ("model", v(&["--model", "m-1"]), v(&[])),
+            ("timeout", v(&["--timeout", "5m"]), v(&[])),
+            ("idle_timeout", v(&["--idle-timeout", "90s"]), v(&[])),
+            ("connect_timeout", v(&["--connect-timeout", "20s"]), v(&[])),
+            ("keep_warm", v(&["--keep-warm", "10m"]), v(&[])),
+            ("memory", v(&["--memory", "2g"]), v(&[])),
+            ("cpus", v(&["--cpus", "1.5"]), v(&[])),
+            ("pids_limit", v(&["--pids-limit", "300"]), v(&[])),
+            ("network", v(&["--network", "lab"]), v(&[])),
+            ("allow_host", v(&["--allow-host", "example.com"]), v(&[])),
+            ("protect", v(&["--protect", "Makefile"]), v(&[])),
+            ("unprotect", v(&["--unprotect", unprotected]), v(&[])),
+            ("endpoint", v(&["--endpoint", "http://gw:8080"]), v(&[])),
+            ("runtime", v(&["--runtime", "runsc"]), v(&[])),
+            ("system_prompt", v(&["--system-prompt", "be brief"]), v(&[])),
+            (
+                "append_system_prompt",
+                v(&["--append-system-prompt", "and kind"]),
+                v(&[]),
+            ),
+            ("effort", v(&["--effort", "high"]), v(&[])),
+            ("tools", v(&["--tools", "read,edit"]), v(&[])),
+            ("allow_tool", v(&["--allow-tool", "Bash"]), v(&[])),
+            ("deny_tool", v(&["--deny-tool", "WebFetch"]), v(&[])),
+            ("mcp", v(&["--mcp", "caw=node e.js"]), v(&[])),
+            (
+                "mcp_env",
+                v(&["--mcp-env", "caw:TOKEN=t"]),
+                v(&["--mcp", "caw=node e.js"]),
+            ),
+            (
+                "mcp_header",
+                v(&["--mcp-header", "docs:X-Key=k"]),
+                v(&["--mcp", "docs=http://docs:8080/mcp"]),
+            ),
+        ]
+    }
+
+    /// The settings `caw-box run ARGS` resolves to, on top of a new session's.
+    fn settings_of(args: &[String]) -> SessionSettings {
+        let argv = ["caw-box", "run"].into_iter().map(String::from);
+        let cli = Cli::try_parse_from(argv.chain(args.iter().cloned()))
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        let Command::Run(run) = cli.command else {
+            panic!("not a run command: {args:?}")
+        };
+        let mut settings = SessionSettings {
+            network: "open".to_string(),
+            ..Default::default()
+        };
+        apply_overrides(&mut settings, &run.turn.settings)
+            .unwrap_or_else(|e| panic!("{args:?}: {}", e.message));
+        settings
+    }
+
+    /// Every flag of `run` is either a turn's own or changes the session's settings when
+    /// given alone on its command line: a new flag fails here until it has a value above and
+    /// reaches the settings.
+    #[test]
+    fn every_run_flag_reaches_the_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let values = flag_values(dir.path().to_str().unwrap());
+        let cli = Cli::command();
+        let run = cli.find_subcommand("run").expect("a run command");
+        let mut checked = Vec::new();
+        for arg in run.get_arguments() {
+            let id = arg.get_id().as_str();
+            if TURN_ONLY.contains(&id) {
+                continue;
+            }
+            let (_, flag, before) = values
+                .iter()
+                .find(|(known, _, _)| *known == id)
+                .unwrap_or_else(|| panic!("`run --{id}` has no value in flag_values"));
+            let with_flag: Vec<String> = before.iter().chain(flag).cloned().collect();
+            assert_ne!(
+                settings_of(before),
+                settings_of(&with_flag),
+                "`run {}` did not reach the session's settings",
+                flag.join(" ")
+            );
+            checked.push(id);
+        }
+        let named: Vec<&str> = values.iter().map(|(id, _, _)| *id).collect();
+        assert_eq!(
+            checked, named,
+            "flag_values names a flag `run` does not have"
+        );
     }
 }

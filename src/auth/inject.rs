@@ -101,25 +101,7 @@ pub fn prepare_as(
             )),
         );
     }
-    let now = now_secs();
-    let has_key = key_in_turn_env
-        || manifest
-            .items
-            .iter()
-            .any(|i| i.kind != "file" && i.kind != "keyring");
-    for item in &manifest.items {
-        if let Some(exp) = item.expires_at.filter(|e| *e < now) {
-            let ago = humantime::format_duration(std::time::Duration::from_secs(now - exp));
-            if has_key {
-                tracing::info!("the stored {} for {p} expired {ago} ago", item.target);
-            } else {
-                tracing::warn!(
-                    "the stored {p} login ({}) expired {ago} ago; the CLI will try to refresh it, else log in again on the host and run `caw-box auth collect --provider {p}`",
-                    item.target
-                );
-            }
-        }
-    }
+    warn_expired(p, &manifest, key_in_turn_env);
 
     let mut files = Vec::new();
     let has_files = spec
@@ -133,42 +115,13 @@ pub fn prepare_as(
         && vars
             .iter()
             .all(|(k, _)| BROKERED_VARS.contains(&k.as_str()));
-    // A login the broker can hold (an OAuth spec, a file of its shape, and no other
-    // credential file) is brokered; any other file keeps the whole turn injected.
-    let mut logins = Vec::new();
     // A placeholder the CLI takes from a variable instead of a login file.
     let mut login_env: Vec<(String, String)> = Vec::new();
-    if let (true, Some(o)) = (broker, spec.oauth.as_ref().filter(|o| o.brokered)) {
-        let others = spec
-            .home_targets()
-            .iter()
-            .any(|t| *t != o.target && !o.companions.contains(t) && store.file(p, t).is_some());
-        if let Some(real) = store.file(p, &o.target).filter(|_| !others) {
-            let stand_in = format!("{}{}", o.placeholder_prefix, uuid::Uuid::new_v4().simple());
-            match placeholder_login(o, real.expose(), &stand_in) {
-                Some((file, stand_in)) => {
-                    match &o.placeholder_env {
-                        Some(var) => login_env.push((var.clone(), stand_in.clone())),
-                        None => files.push((format!("{AUTH_SUBDIR}/home/{}", o.target), file)),
-                    }
-                    logins.push(BrokeredLogin {
-                        placeholder: stand_in,
-                        target: o.target.clone(),
-                        real,
-                    });
-                }
-                // (A file without the login's access token holds no login: opencode's
-                // `auth.json` with API keys only.)
-                None if !serde_json::from_slice::<serde_json::Value>(real.expose())
-                    .is_ok_and(|v| json_at(&v, &o.access).is_some()) => {}
-                None => tracing::warn!(
-                    "the {p} login in {} is not of the shape the credential broker knows; \
-                     the CLI gets it as it is (injected)",
-                    o.target
-                ),
-            }
-        }
-    }
+    let logins = if broker {
+        broker_logins(p, &spec, &store, &mut files, &mut login_env)
+    } else {
+        Vec::new()
+    };
     let broker =
         broker && (!has_files || !logins.is_empty()) && (!vars.is_empty() || !logins.is_empty());
     let mut brokered = Vec::new();
@@ -194,23 +147,7 @@ pub fn prepare_as(
     names.extend(vars.iter().map(|(k, _)| k.to_string()));
     names.extend(login_env.iter().map(|(k, _)| k.clone()));
     if !vars.is_empty() || !login_env.is_empty() {
-        let mut bytes = Vec::new();
-        for (k, v) in &login_env {
-            bytes.extend_from_slice(format!("{k}={v}").as_bytes());
-            bytes.push(0);
-        }
-        for (k, v) in &vars {
-            bytes.extend_from_slice(k.as_bytes());
-            bytes.push(b'=');
-            if broker && !v.is_empty() {
-                let stand_in = placeholder(k);
-                bytes.extend_from_slice(stand_in.as_bytes());
-                brokered.push((stand_in, v.clone()));
-            } else {
-                bytes.extend_from_slice(v.expose());
-            }
-            bytes.push(0);
-        }
+        let bytes = env_file(&login_env, &vars, broker, &mut brokered);
         files.push((format!("{AUTH_SUBDIR}/env"), bytes));
     }
     let mut scrub = Vec::new();
@@ -225,6 +162,103 @@ pub fn prepare_as(
         brokered,
         logins,
     })
+}
+
+/// Says which stored credentials have expired: a warning where a login is all the turn has.
+fn warn_expired(p: ProviderKind, manifest: &store::Manifest, key_in_turn_env: bool) {
+    let now = now_secs();
+    let has_key = key_in_turn_env
+        || manifest
+            .items
+            .iter()
+            .any(|i| i.kind != "file" && i.kind != "keyring");
+    for item in &manifest.items {
+        if let Some(exp) = item.expires_at.filter(|e| *e < now) {
+            let ago = humantime::format_duration(std::time::Duration::from_secs(now - exp));
+            if has_key {
+                tracing::info!("the stored {} for {p} expired {ago} ago", item.target);
+            } else {
+                tracing::warn!(
+                    "the stored {p} login ({}) expired {ago} ago; the CLI will try to refresh it, else log in again on the host and run `caw-box auth collect --provider {p}`",
+                    item.target
+                );
+            }
+        }
+    }
+}
+
+/// The logins the broker holds for a turn (a login it can hold: an OAuth spec, a file of its
+/// shape, and no other credential file); their placeholder files go to `files`, or their
+/// placeholders to `login_env`.
+fn broker_logins(
+    p: ProviderKind,
+    spec: &Spec,
+    store: &Store,
+    files: &mut Vec<(String, Vec<u8>)>,
+    login_env: &mut Vec<(String, String)>,
+) -> Vec<BrokeredLogin> {
+    let mut logins = Vec::new();
+    let Some(o) = spec.oauth.as_ref().filter(|o| o.brokered) else {
+        return logins;
+    };
+    let others = spec
+        .home_targets()
+        .iter()
+        .any(|t| *t != o.target && !o.companions.contains(t) && store.file(p, t).is_some());
+    if let Some(real) = store.file(p, &o.target).filter(|_| !others) {
+        let stand_in = format!("{}{}", o.placeholder_prefix, uuid::Uuid::new_v4().simple());
+        match placeholder_login(o, real.expose(), &stand_in) {
+            Some((file, stand_in)) => {
+                match &o.placeholder_env {
+                    Some(var) => login_env.push((var.clone(), stand_in.clone())),
+                    None => files.push((format!("{AUTH_SUBDIR}/home/{}", o.target), file)),
+                }
+                logins.push(BrokeredLogin {
+                    placeholder: stand_in,
+                    target: o.target.clone(),
+                    real,
+                });
+            }
+            // (A file without the login's access token holds no login: opencode's
+            // `auth.json` with API keys only.)
+            None if !serde_json::from_slice::<serde_json::Value>(real.expose())
+                .is_ok_and(|v| json_at(&v, &o.access).is_some()) => {}
+            None => tracing::warn!(
+                "the {p} login in {} is not of the shape the credential broker knows; \
+                 the CLI gets it as it is (injected)",
+                o.target
+            ),
+        }
+    }
+    logins
+}
+
+/// The `auth/env` file: NUL-separated `K=V`, each brokered key replaced by a placeholder
+/// (the pair goes to `brokered`).
+fn env_file(
+    login_env: &[(String, String)],
+    vars: &[(String, Secret)],
+    broker: bool,
+    brokered: &mut Vec<(String, Secret)>,
+) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for (k, v) in login_env {
+        bytes.extend_from_slice(format!("{k}={v}").as_bytes());
+        bytes.push(0);
+    }
+    for (k, v) in vars {
+        bytes.extend_from_slice(k.as_bytes());
+        bytes.push(b'=');
+        if broker && !v.is_empty() {
+            let stand_in = placeholder(k);
+            bytes.extend_from_slice(stand_in.as_bytes());
+            brokered.push((stand_in, v.clone()));
+        } else {
+            bytes.extend_from_slice(v.expose());
+        }
+        bytes.push(0);
+    }
+    bytes
 }
 
 /// The names a dotenv file defines (`NAME=value` lines; `export ` and comments allowed).

@@ -373,16 +373,7 @@ pub fn collect(
     let keyring_reachable = !cfg!(target_os = "linux")
         || env("DBUS_SESSION_BUS_ADDRESS").is_some_and(|v| !v.is_empty());
     for k in spec.keyring.iter().filter(|_| keyring_reachable) {
-        let config_dir = match k.hashed_by.as_deref() {
-            Some("CLAUDE_CONFIG_DIR") => crate::auth::keyring::claude_secure_storage_dir(env),
-            Some(var) => env(var),
-            None => None,
-        };
-        let services = if k.service == crate::auth::keyring::CLAUDE_SERVICE {
-            crate::auth::keyring::claude_services(config_dir.as_deref())
-        } else {
-            vec![k.service.clone()]
-        };
+        let services = keyring_services(k, env);
         let account = crate::auth::keyring::default_account();
         for service in services {
             match crate::auth::keyring::read(&service, &account) {
@@ -405,6 +396,47 @@ pub fn collect(
         }
     }
 
+    let (vars, env_items) = collect_vars(store, p, &spec, env, now);
+    // The manifest says where secrets go: save it before the first write.
+    manifest.store = keep_in;
+    store.save_manifest(p, &manifest)?;
+    if !env_items.is_empty() {
+        store.put_env(p, &vars)?;
+    }
+    for item in env_items {
+        report.found.push(item.clone());
+        manifest.upsert(item);
+    }
+    if !manifest.items.is_empty() {
+        store.save_manifest(p, &manifest)?;
+    }
+    Ok(report)
+}
+
+/// The keyring services a keyring source is read from (Claude's are named after its
+/// config directory).
+fn keyring_services(k: &spec::KeyringSource, env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+    let config_dir = match k.hashed_by.as_deref() {
+        Some("CLAUDE_CONFIG_DIR") => crate::auth::keyring::claude_secure_storage_dir(env),
+        Some(var) => env(var),
+        None => None,
+    };
+    if k.service == crate::auth::keyring::CLAUDE_SERVICE {
+        crate::auth::keyring::claude_services(config_dir.as_deref())
+    } else {
+        vec![k.service.clone()]
+    }
+}
+
+/// `p`'s variables: the stored ones with those the host's environment sets (or the stored
+/// files derive) put over them, and an item for each one collected now.
+fn collect_vars(
+    store: &Store,
+    p: ProviderKind,
+    spec: &Spec,
+    env: &dyn Fn(&str) -> Option<String>,
+    now: u64,
+) -> (Vec<(String, Secret)>, Vec<Item>) {
     let mut vars: Vec<(String, Secret)> = store.env(p);
     let mut set_var = |name: &str, value: Secret, kind: &str, source: String| {
         vars.retain(|(k, _)| k != name);
@@ -444,20 +476,7 @@ pub fn collect(
             ));
         }
     }
-    // The manifest says where secrets go: save it before the first write.
-    manifest.store = keep_in;
-    store.save_manifest(p, &manifest)?;
-    if !env_items.is_empty() {
-        store.put_env(p, &vars)?;
-    }
-    for item in env_items {
-        report.found.push(item.clone());
-        manifest.upsert(item);
-    }
-    if !manifest.items.is_empty() {
-        store.save_manifest(p, &manifest)?;
-    }
-    Ok(report)
+    (vars, env_items)
 }
 
 /// Writes back what a turn's CLI changed (`changed`: files under HOME, as the entrypoint

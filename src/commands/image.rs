@@ -212,6 +212,65 @@ fn inputs_hash(job: &BuildJob, from_id: Option<&str>) -> Option<String> {
     Some(format!("{:x}", h.finalize()))
 }
 
+/// What a build's stream of events came to.
+struct BuildRun {
+    log: String,
+    failure: Option<String>,
+    interrupted: bool,
+}
+
+/// Follows a build to its end or a Ctrl-C, its `Step` lines on the spinner.
+async fn stream_build(
+    backend: &DockerBackend,
+    spec: BuildSpec,
+    progress: &output::Spinner,
+    verbose: bool,
+    interrupts: &mut Interrupts,
+) -> BuildRun {
+    let mut log = String::new();
+    let mut failure: Option<String> = None;
+    let mut interrupted = false;
+    let mut stream = backend.build_image(spec);
+    loop {
+        let event = tokio::select! {
+            event = stream.next() => event,
+            _ = interrupts.recv() => {
+                interrupted = true;
+                break;
+            }
+        };
+        match event {
+            None => break,
+            Some(BuildEvent::Log(text)) => {
+                log.push_str(&text);
+                if verbose {
+                    output::write_stderr(&text);
+                }
+                if let Some(step) = text.lines().find(|l| l.starts_with("Step ")) {
+                    progress.set_message(step.to_string());
+                }
+            }
+            Some(BuildEvent::Failed(err)) => failure = Some(err),
+        }
+    }
+    // Dropping the stream closes the connection: the daemon cancels the build.
+    BuildRun {
+        log,
+        failure,
+        interrupted,
+    }
+}
+
+async fn failure_hint(backend: &DockerBackend, tag: &str, base: &str) -> String {
+    if tag == base_tag() && backend.inspect_image(base).await.ok().flatten().is_none() {
+        format!(
+            "the base image '{base}' is not present and could not be pulled: pass --base with a local image that has node >= 20"
+        )
+    } else {
+        "run again with -v for the full build log".to_string()
+    }
+}
+
 async fn build_one(
     backend: &DockerBackend,
     mut job: BuildJob,
@@ -253,41 +312,18 @@ async fn build_one(
     let tar = context_tar(&job.files)?;
     let progress = output::Spinner::new(format!("building {}", job.tag), !(quiet || verbose));
     let started = std::time::Instant::now();
-    let mut log = String::new();
-    let mut failure: Option<String> = None;
-    let mut interrupted = false;
-    {
-        let mut stream = backend.build_image(BuildSpec {
-            tag: job.tag.clone(),
-            context_tar: tar,
-            args: job.args.clone(),
-            labels: job.labels.clone(),
-            no_cache: args.no_cache,
-        });
-        loop {
-            let event = tokio::select! {
-                event = stream.next() => event,
-                _ = interrupts.recv() => {
-                    interrupted = true;
-                    break;
-                }
-            };
-            match event {
-                None => break,
-                Some(BuildEvent::Log(text)) => {
-                    log.push_str(&text);
-                    if verbose {
-                        output::write_stderr(&text);
-                    }
-                    if let Some(step) = text.lines().find(|l| l.starts_with("Step ")) {
-                        progress.set_message(step.to_string());
-                    }
-                }
-                Some(BuildEvent::Failed(err)) => failure = Some(err),
-            }
-        }
-        // Dropping the stream closes the connection: the daemon cancels the build.
-    }
+    let spec = BuildSpec {
+        tag: job.tag.clone(),
+        context_tar: tar,
+        args: job.args.clone(),
+        labels: job.labels.clone(),
+        no_cache: args.no_cache,
+    };
+    let BuildRun {
+        log,
+        failure,
+        interrupted,
+    } = stream_build(backend, spec, &progress, verbose, interrupts).await;
     progress.finish();
     // Success, failure or Ctrl-C: this build's builder-stage images go.
     remove_builder_images(backend, &build_id, interrupted).await;
@@ -300,21 +336,7 @@ async fn build_one(
     if let Some(err) = failure {
         let last_lines: Vec<&str> = log.lines().rev().take(3).collect();
         tracing::debug!("build log tail: {:?}", last_lines);
-        let hint = if job.tag == base_tag()
-            && backend
-                .inspect_image(&args.base)
-                .await
-                .ok()
-                .flatten()
-                .is_none()
-        {
-            format!(
-                "the base image '{}' is not present and could not be pulled: pass --base with a local image that has node >= 20",
-                args.base
-            )
-        } else {
-            "run again with -v for the full build log".to_string()
-        };
+        let hint = failure_hint(backend, &job.tag, &args.base).await;
         return Err(
             Error::environment(format!("building {} failed: {err}", job.tag)).with_hint(hint),
         );

@@ -288,39 +288,58 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     };
     let fallback_to = fallbacks_of(&target::list_sessions(&backend).await?, record.session_id);
     if json {
-        #[derive(Serialize)]
-        struct Shown<'a> {
-            status: &'a str,
-            /// The sum of the turns' known costs.
-            total_cost_usd: Option<f64>,
-            /// `--on-limit fallback`: the session this one took over from, and those that
-            /// took over from it.
-            #[serde(skip_serializing_if = "Option::is_none")]
-            fallback_of: Option<String>,
-            #[serde(skip_serializing_if = "Vec::is_empty")]
-            fallback_to: Vec<String>,
-            /// The workspace paths the agent cannot write (bind mode) and that `export` and
-            /// `diff --patch` leave out (copy mode): the defaults with `protect` and
-            /// without `unprotect`.
-            #[serde(skip_serializing_if = "Vec::is_empty")]
-            protected_paths: Vec<String>,
-            /// `--keep-warm`: until when (unix seconds) its idle container stays.
-            #[serde(skip_serializing_if = "Option::is_none")]
-            warm_until: Option<u64>,
-            #[serde(flatten)]
-            record: &'a SessionRecord,
-        }
-        output::print_json(&Shown {
-            protected_paths: protected_of(&record.settings),
-            status: &status,
-            total_cost_usd: record.total_cost_usd(),
-            fallback_of: record.settings.fallback_of.map(|id| id.to_string()),
-            fallback_to: fallback_to.clone(),
-            warm_until,
-            record: &record,
-        });
-        return Ok(0);
+        print_shown_json(&record, &status, fallback_to, warm_until);
+    } else {
+        print_shown(&record, &status, &fallback_to, warm_until);
     }
+    Ok(0)
+}
+
+fn print_shown_json(
+    record: &SessionRecord,
+    status: &str,
+    fallback_to: Vec<String>,
+    warm_until: Option<u64>,
+) {
+    #[derive(Serialize)]
+    struct Shown<'a> {
+        status: &'a str,
+        /// The sum of the turns' known costs.
+        total_cost_usd: Option<f64>,
+        /// `--on-limit fallback`: the session this one took over from, and those that
+        /// took over from it.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        fallback_of: Option<String>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        fallback_to: Vec<String>,
+        /// The workspace paths the agent cannot write (bind mode) and that `export` and
+        /// `diff --patch` leave out (copy mode): the defaults with `protect` and
+        /// without `unprotect`.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        protected_paths: Vec<String>,
+        /// `--keep-warm`: until when (unix seconds) its idle container stays.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        warm_until: Option<u64>,
+        #[serde(flatten)]
+        record: &'a SessionRecord,
+    }
+    output::print_json(&Shown {
+        protected_paths: protected_of(&record.settings),
+        status,
+        total_cost_usd: record.total_cost_usd(),
+        fallback_of: record.settings.fallback_of.map(|id| id.to_string()),
+        fallback_to,
+        warm_until,
+        record,
+    });
+}
+
+fn print_shown(
+    record: &SessionRecord,
+    status: &str,
+    fallback_to: &[String],
+    warm_until: Option<u64>,
+) {
     let s = &record.settings;
     output::println(&format!(
         "session {}  {}  {}",
@@ -341,6 +360,39 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
             &warm_left(until)["warm ".len()..]
         ));
     }
+    print_settings(s);
+    if let Some(id) = s.fallback_of {
+        output::println(&format!("fallback of {id} (its usage limit)"));
+    }
+    for id in fallback_to {
+        output::println(&format!("fell back to {id} (a usage limit)"));
+    }
+    for t in &record.turns {
+        output::println("");
+        let cost = t.usage.cost_usd.map(|c| format!("  ${c:.4}"));
+        output::println(&format!(
+            "turn {}  {}  {:.1}s  {} in / {} out tokens{}",
+            t.turn,
+            t.status,
+            t.duration_ms as f64 / 1000.0,
+            t.usage.input_tokens + t.usage.cache_read_tokens,
+            t.usage.output_tokens,
+            cost.unwrap_or_default()
+        ));
+        if t.interactive {
+            output::println("  > (interactive, in the vendor's TUI)");
+        } else {
+            output::println(&format!("  > {}", one_line(&t.prompt, 200)));
+        }
+        output::println(&format!("  < {}", one_line(&t.result, 400)));
+    }
+    if let Some(total) = record.total_cost_usd() {
+        output::println(&format!("\ntotal cost ${total:.4}"));
+    }
+}
+
+/// The settings lines of `show`, from the image to the MCP servers.
+fn print_settings(s: &crate::session::SessionSettings) {
     output::println(&format!("image      {}", s.image));
     if let Some(ws) = &s.workspace {
         output::println(&format!("workspace  {ws}"));
@@ -377,35 +429,6 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
         };
         output::println(&format!("mcp        {}={}", m.name, one_line(&what, 80)));
     }
-    if let Some(id) = s.fallback_of {
-        output::println(&format!("fallback of {id} (its usage limit)"));
-    }
-    for id in &fallback_to {
-        output::println(&format!("fell back to {id} (a usage limit)"));
-    }
-    for t in &record.turns {
-        output::println("");
-        let cost = t.usage.cost_usd.map(|c| format!("  ${c:.4}"));
-        output::println(&format!(
-            "turn {}  {}  {:.1}s  {} in / {} out tokens{}",
-            t.turn,
-            t.status,
-            t.duration_ms as f64 / 1000.0,
-            t.usage.input_tokens + t.usage.cache_read_tokens,
-            t.usage.output_tokens,
-            cost.unwrap_or_default()
-        ));
-        if t.interactive {
-            output::println("  > (interactive, in the vendor's TUI)");
-        } else {
-            output::println(&format!("  > {}", one_line(&t.prompt, 200)));
-        }
-        output::println(&format!("  < {}", one_line(&t.result, 400)));
-    }
-    if let Some(total) = record.total_cost_usd() {
-        output::println(&format!("\ntotal cost ${total:.4}"));
-    }
-    Ok(0)
 }
 
 /// A session's protected paths, where its workspace has any (not `--workspace-mode none`).

@@ -80,28 +80,7 @@ enum MemorySize {
 /// Reads `text` (the contents of `path`) into a layer of `origin`'s kind.
 pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<Layer> {
     let at = |span: std::ops::Range<usize>| format!("{}:{}", path.display(), line_of(text, span));
-    let document = DeTable::parse(text).map_err(|e| {
-        let line = e.span().map_or(1, |s| line_of(text, s));
-        refusal(path, line, None, e.message())
-    })?;
-    refuse_secrets(document.get_ref(), &|span, key, why| {
-        refusal(
-            path,
-            line_of(text, span),
-            Some(key),
-            &format!("{why}; config files hold no secret values (the value is not shown)"),
-        )
-        .with_hint("name the host variable that holds it instead: env_pass = [\"NAME\"]")
-    })?;
-    let file: ConfigFile = toml::from_str(text).map_err(|e| {
-        let line = e.span().map_or(1, |s| line_of(text, s));
-        // Serde names the key of an unknown field, and no other.
-        let key = e
-            .span()
-            .filter(|_| !e.message().starts_with("unknown field"))
-            .map(|s| key_on_line(text, s));
-        refusal(path, line, key.as_deref(), e.message())
-    })?;
+    let file = read(path, text)?;
 
     if let (Some(v), Origin::Project(_)) = (&file.unprotect, origin(String::new())) {
         // A repository (or an agent that wrote the file) must not lift its own walls.
@@ -186,31 +165,60 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
     }
     if let Some(v) = file.mcp {
         let span = v.span();
-        let servers = v
-            .into_inner()
-            .into_iter()
-            .map(|(name, e)| {
-                let command = e.command.map(|c| match c {
-                    CommandLine::Line(l) => l,
-                    CommandLine::Words(w) => shlex::try_join(w.iter().map(String::as_str))
-                        .unwrap_or_else(|_| w.join(" ")),
-                });
-                let entry = super::McpEntry {
-                    command,
-                    url: e.url,
-                    env: e.env,
-                    headers: e.headers,
-                };
-                (name, entry)
-            })
-            .collect();
-        put(Key::Mcp, Value::Mcp(servers), span)?;
+        put(Key::Mcp, Value::Mcp(mcp_entries(v.into_inner())), span)?;
     }
     if let Some(v) = file.user_config {
         let span = v.span();
         put(Key::UserConfig, Value::Bool(v.into_inner()), span)?;
     }
     Ok(layer)
+}
+
+/// The file's keys, once it is known to be TOML without secret values.
+fn read(path: &Path, text: &str) -> Result<ConfigFile> {
+    let document = DeTable::parse(text).map_err(|e| {
+        let line = e.span().map_or(1, |s| line_of(text, s));
+        refusal(path, line, None, e.message())
+    })?;
+    refuse_secrets(document.get_ref(), &|span, key, why| {
+        refusal(
+            path,
+            line_of(text, span),
+            Some(key),
+            &format!("{why}; config files hold no secret values (the value is not shown)"),
+        )
+        .with_hint("name the host variable that holds it instead: env_pass = [\"NAME\"]")
+    })?;
+    toml::from_str(text).map_err(|e| {
+        let line = e.span().map_or(1, |s| line_of(text, s));
+        // Serde names the key of an unknown field, and no other.
+        let key = e
+            .span()
+            .filter(|_| !e.message().starts_with("unknown field"))
+            .map(|s| key_on_line(text, s));
+        refusal(path, line, key.as_deref(), e.message())
+    })
+}
+
+fn mcp_entries(servers: BTreeMap<String, McpFileEntry>) -> BTreeMap<String, super::McpEntry> {
+    servers
+        .into_iter()
+        .map(|(name, e)| {
+            let command = e.command.map(|c| match c {
+                CommandLine::Line(l) => l,
+                CommandLine::Words(w) => {
+                    shlex::try_join(w.iter().map(String::as_str)).unwrap_or_else(|_| w.join(" "))
+                }
+            });
+            let entry = super::McpEntry {
+                command,
+                url: e.url,
+                env: e.env,
+                headers: e.headers,
+            };
+            (name, entry)
+        })
+        .collect()
 }
 
 /// `FILE:LINE: KEY: what is wrong`, exit 2.

@@ -79,55 +79,67 @@ pub(super) fn check(key: Key, value: Value, what: &str) -> Result<Value> {
             }
         }
         (Key::Mcp, Value::Mcp(servers)) => {
-            for (name, e) in servers {
-                let here = format!("{what}.{name}");
-                let (http, spec) = match (&e.command, &e.url) {
-                    (Some(c), None) => (false, c),
-                    (None, Some(u)) => (true, u),
-                    _ => {
-                        return Err(Error::usage(format!(
-                            "{here}: give either command or url"
-                        )))
-                    }
-                };
-                let server =
-                    crate::agent_config::McpServer::parse(&format!("{name}={spec}"), &here)?;
-                let is_http = matches!(server.transport, crate::agent_config::McpTransport::Http { .. });
-                if is_http != http {
-                    return Err(Error::usage(format!(
-                        "{here}: {} ",
-                        if http { "url is not an http(s):// URL" } else { "command is a URL: give it as url" }
-                    ).trim_end().to_string()));
-                }
-                for n in &e.env {
-                    settings::validate_env_name(n, &format!("{here}.env"))?;
-                }
-                if is_http && !e.env.is_empty() {
-                    return Err(Error::usage(format!(
-                        "{here}: env is for a command; an HTTP server takes headers"
-                    )));
-                }
-                if !is_http && !e.headers.is_empty() {
-                    return Err(Error::usage(format!(
-                        "{here}: headers are for an HTTP server; a command takes env"
-                    )));
-                }
-                for h in &e.headers {
-                    let bad = || {
-                        Error::usage(format!(
-                            "{here}.headers: each is HEADER=VARIABLE (the host variable that holds the value)"
-                        ))
-                    };
-                    let (header, var) = h.split_once('=').ok_or_else(bad)?;
-                    crate::agent_config::parse_mcp_secret(
-                        &format!("{name}:{}=x", header.trim()),
-                        &format!("{here}.headers"),
-                    )?;
-                    settings::validate_env_name(var.trim(), &format!("{here}.headers"))?;
-                }
+            for (name, entry) in servers {
+                check_mcp_server(name, entry, what)?;
             }
         }
         _ => {}
     }
     Ok(value)
+}
+
+/// An `[mcp.NAME]` table: a command or a URL, and secrets of the kind its transport takes.
+fn check_mcp_server(name: &str, e: &super::McpEntry, what: &str) -> Result<()> {
+    let here = format!("{what}.{name}");
+    let (http, spec) = match (&e.command, &e.url) {
+        (Some(c), None) => (false, c),
+        (None, Some(u)) => (true, u),
+        _ => return Err(Error::usage(format!("{here}: give either command or url"))),
+    };
+    let server = crate::agent_config::McpServer::parse(&format!("{name}={spec}"), &here)?;
+    let is_http = matches!(
+        server.transport,
+        crate::agent_config::McpTransport::Http { .. }
+    );
+    if is_http != http {
+        return Err(Error::usage(
+            format!(
+                "{here}: {} ",
+                if http {
+                    "url is not an http(s):// URL"
+                } else {
+                    "command is a URL: give it as url"
+                }
+            )
+            .trim_end()
+            .to_string(),
+        ));
+    }
+    for n in &e.env {
+        settings::validate_env_name(n, &format!("{here}.env"))?;
+    }
+    if is_http && !e.env.is_empty() {
+        return Err(Error::usage(format!(
+            "{here}: env is for a command; an HTTP server takes headers"
+        )));
+    }
+    if !is_http && !e.headers.is_empty() {
+        return Err(Error::usage(format!(
+            "{here}: headers are for an HTTP server; a command takes env"
+        )));
+    }
+    for h in &e.headers {
+        let bad = || {
+            Error::usage(format!(
+                "{here}.headers: each is HEADER=VARIABLE (the host variable that holds the value)"
+            ))
+        };
+        let (header, var) = h.split_once('=').ok_or_else(bad)?;
+        crate::agent_config::parse_mcp_secret(
+            &format!("{name}:{}=x", header.trim()),
+            &format!("{here}.headers"),
+        )?;
+        settings::validate_env_name(var.trim(), &format!("{here}.headers"))?;
+    }
+    Ok(())
 }

@@ -51,148 +51,35 @@ impl Provider for Codex {
         if let Some(model) = request.model {
             argv.extend(["-m".to_string(), model.to_string()]);
         }
+        let mut settings = Vec::new();
         if let Some(endpoint) = request.endpoint {
-            let base_url = endpoint_v1(endpoint);
-            let p = ENDPOINT_PROVIDER;
-            for (key, value) in [
-                ("model_provider".to_string(), p),
-                (format!("model_providers.{p}.name"), p),
-                (format!("model_providers.{p}.base_url"), base_url.as_str()),
-                (format!("model_providers.{p}.wire_api"), "responses"),
-            ] {
-                argv.extend(["-c".to_string(), format!("{key}={}", toml_string(value))]);
-            }
-            // With no API key, codex's own login (`auth.json`, a ChatGPT login: its access
-            // token as `Bearer`, and `chatgpt-account-id`) is what the provider uses.
-            let keyed = request
-                .credential_env
-                .iter()
-                .any(|n| n == "OPENAI_API_KEY" || n == "CODEX_API_KEY");
-            argv.extend([
-                "-c".to_string(),
-                if keyed {
-                    format!(
-                        "model_providers.{p}.env_key={}",
-                        toml_string("OPENAI_API_KEY")
-                    )
-                } else {
-                    format!("model_providers.{p}.requires_openai_auth=true")
-                },
-            ]);
-            // One silent request retry instead of four (~30 s of backoff before codex says
-            // anything): a dead endpoint shows as "Reconnecting... waiting for network" after
-            // ~10 s, and codex's reconnect loop still retries after that.
-            argv.extend([
-                "-c".to_string(),
-                format!("model_providers.{p}.request_max_retries=1"),
-            ]);
+            settings.extend(endpoint_settings(endpoint, request.credential_env));
         }
         // The replacing text goes in a file codex reads (a long one would not fit argv); codex
         // takes the appended text (its developer message) only as a value.
         if request.system_prompt.is_some() {
             let file = in_home(crate::agent_config::SYSTEM_PROMPT_FILE);
-            argv.extend([
-                "-c".to_string(),
-                format!("model_instructions_file={}", toml_string(&file)),
-            ]);
+            settings.push(format!("model_instructions_file={}", toml_string(&file)));
         }
         if let Some(text) = request.append_system_prompt {
-            argv.extend([
-                "-c".to_string(),
-                format!("developer_instructions={}", toml_string(text)),
-            ]);
+            settings.push(format!("developer_instructions={}", toml_string(text)));
         }
         if let Some(tools) = request.tools {
-            for group in tools.denied_groups() {
-                let settings: &[&str] = match group {
-                    // Both of its ways to run commands.
-                    ToolGroup::Shell => {
-                        &["features.shell_tool=false", "features.unified_exec=false"]
-                    }
-                    ToolGroup::Web => &["web_search=\"disabled\""],
-                    // No MCP server: an empty table replaces the config's own.
-                    ToolGroup::Mcp => &["mcp_servers={}", "features.apps=false"],
-                    // Refused up front (`support`): codex reads and edits through its shell.
-                    ToolGroup::Read | ToolGroup::Edit => &[],
-                };
-                for setting in settings {
-                    argv.extend(["-c".to_string(), setting.to_string()]);
-                }
-            }
+            settings.extend(denied_tool_settings(tools));
         }
-        // `-c` settings per server; a secret is named by its variable (`env_vars` passes
-        // one on to a command, `env_http_headers` reads a header from one).
         for m in crate::agent_config::mcp_for_turn(request.mcp, request.tools) {
-            let key = format!("mcp_servers.{}", m.name);
-            let strings = |v: &[String]| {
-                format!(
-                    "[{}]",
-                    v.iter()
-                        .map(|s| toml_string(s))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            };
-            let mut settings = Vec::new();
-            match &m.transport {
-                crate::agent_config::McpTransport::Stdio { command } => {
-                    settings.push(format!("{key}.command={}", toml_string(&command[0])));
-                    settings.push(format!("{key}.args={}", strings(&command[1..])));
-                    if !m.env.is_empty() {
-                        settings.push(format!("{key}.env_vars={}", strings(&m.env)));
-                    }
-                }
-                crate::agent_config::McpTransport::Http { url } => {
-                    settings.push(format!("{key}.url={}", toml_string(url)));
-                    if !m.headers.is_empty() {
-                        let headers: Vec<String> = m
-                            .headers
-                            .iter()
-                            .map(|h| {
-                                format!(
-                                    "{} = {}",
-                                    toml_string(h),
-                                    toml_string(&crate::agent_config::mcp_header_var(&m.name, h))
-                                )
-                            })
-                            .collect();
-                        settings.push(format!(
-                            "{key}.env_http_headers={{ {} }}",
-                            headers.join(", ")
-                        ));
-                    }
-                }
-            }
-            for setting in settings {
-                argv.extend(["-c".to_string(), setting]);
-            }
+            settings.extend(mcp_settings(m));
         }
         if let Some(effort) = request.effort {
-            argv.extend([
-                "-c".to_string(),
-                format!("model_reasoning_effort={}", toml_string(effort.as_str())),
-            ]);
+            settings.push(format!(
+                "model_reasoning_effort={}",
+                toml_string(effort.as_str())
+            ));
         }
-        let mut stdin = None;
-        if request.interactive {
-            // The TUI opens without an initial prompt (SPEC: no PROMPT means interactive).
-            if let Some(key) = request.resume_key {
-                argv.push(key.to_string());
-            }
-        } else {
-            if let Some(key) = request.resume_key {
-                argv.extend(["resume".to_string(), key.to_string()]);
-            }
-            if request.prompt == "-" {
-                // A lone "-" tells codex to read the prompt from stdin: give it the "-" there.
-                argv.push("-".to_string());
-                stdin = Some(b"-".to_vec());
-            } else {
-                // `--` keeps a prompt from being read as an option or as the `resume`/`review`
-                // subcommand.
-                argv.extend(["--".to_string(), request.prompt.to_string()]);
-            }
+        for setting in settings {
+            argv.extend(["-c".to_string(), setting]);
         }
+        let stdin = push_prompt(&mut argv, request);
         let home_files = match request.system_prompt {
             Some(_) => prompt_files(&TurnRequest {
                 append_system_prompt: None,
@@ -235,6 +122,127 @@ impl Provider for Codex {
     fn latest_key_script(&self) -> String {
         // Threads live in ~/.codex/sessions/YYYY/MM/DD/rollout-<time>-<thread id>.jsonl.
         r#"find "$HOME/.codex/sessions" -name 'rollout-*.jsonl' -printf '%T@ %f\n' 2>/dev/null | sort -n | tail -n1 | sed -nE 's/.*-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.jsonl$/\1/p'"#.to_string()
+    }
+}
+
+/// The `-c` settings that define `--endpoint` as codex's model provider.
+fn endpoint_settings(endpoint: &str, credential_env: &[String]) -> Vec<String> {
+    let base_url = endpoint_v1(endpoint);
+    let p = ENDPOINT_PROVIDER;
+    let mut settings: Vec<String> = [
+        ("model_provider".to_string(), p),
+        (format!("model_providers.{p}.name"), p),
+        (format!("model_providers.{p}.base_url"), base_url.as_str()),
+        (format!("model_providers.{p}.wire_api"), "responses"),
+    ]
+    .into_iter()
+    .map(|(key, value)| format!("{key}={}", toml_string(value)))
+    .collect();
+    // With no API key, codex's own login (`auth.json`, a ChatGPT login: its access
+    // token as `Bearer`, and `chatgpt-account-id`) is what the provider uses.
+    let keyed = credential_env
+        .iter()
+        .any(|n| n == "OPENAI_API_KEY" || n == "CODEX_API_KEY");
+    settings.push(if keyed {
+        format!(
+            "model_providers.{p}.env_key={}",
+            toml_string("OPENAI_API_KEY")
+        )
+    } else {
+        format!("model_providers.{p}.requires_openai_auth=true")
+    });
+    // One silent request retry instead of four (~30 s of backoff before codex says
+    // anything): a dead endpoint shows as "Reconnecting... waiting for network" after
+    // ~10 s, and codex's reconnect loop still retries after that.
+    settings.push(format!("model_providers.{p}.request_max_retries=1"));
+    settings
+}
+
+/// The `-c` settings that take away the tool groups a policy denies.
+fn denied_tool_settings(tools: &crate::agent_config::ToolPolicy) -> Vec<String> {
+    let mut out = Vec::new();
+    for group in tools.denied_groups() {
+        let settings: &[&str] = match group {
+            // Both of its ways to run commands.
+            ToolGroup::Shell => &["features.shell_tool=false", "features.unified_exec=false"],
+            ToolGroup::Web => &["web_search=\"disabled\""],
+            // No MCP server: an empty table replaces the config's own.
+            ToolGroup::Mcp => &["mcp_servers={}", "features.apps=false"],
+            // Refused up front (`support`): codex reads and edits through its shell.
+            ToolGroup::Read | ToolGroup::Edit => &[],
+        };
+        out.extend(settings.iter().map(|s| s.to_string()));
+    }
+    out
+}
+
+/// An MCP server's `-c` settings; a secret is named by its variable (`env_vars` passes
+/// one on to a command, `env_http_headers` reads a header from one).
+fn mcp_settings(m: &crate::agent_config::McpServer) -> Vec<String> {
+    let key = format!("mcp_servers.{}", m.name);
+    let strings = |v: &[String]| {
+        format!(
+            "[{}]",
+            v.iter()
+                .map(|s| toml_string(s))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let mut settings = Vec::new();
+    match &m.transport {
+        crate::agent_config::McpTransport::Stdio { command } => {
+            settings.push(format!("{key}.command={}", toml_string(&command[0])));
+            settings.push(format!("{key}.args={}", strings(&command[1..])));
+            if !m.env.is_empty() {
+                settings.push(format!("{key}.env_vars={}", strings(&m.env)));
+            }
+        }
+        crate::agent_config::McpTransport::Http { url } => {
+            settings.push(format!("{key}.url={}", toml_string(url)));
+            if !m.headers.is_empty() {
+                let headers: Vec<String> = m
+                    .headers
+                    .iter()
+                    .map(|h| {
+                        format!(
+                            "{} = {}",
+                            toml_string(h),
+                            toml_string(&crate::agent_config::mcp_header_var(&m.name, h))
+                        )
+                    })
+                    .collect();
+                settings.push(format!(
+                    "{key}.env_http_headers={{ {} }}",
+                    headers.join(", ")
+                ));
+            }
+        }
+    }
+    settings
+}
+
+/// Ends argv with the session to resume and the prompt; returns what codex reads on stdin.
+fn push_prompt(argv: &mut Vec<String>, request: &TurnRequest<'_>) -> Option<Vec<u8>> {
+    if request.interactive {
+        // The TUI opens without an initial prompt (SPEC: no PROMPT means interactive).
+        if let Some(key) = request.resume_key {
+            argv.push(key.to_string());
+        }
+        return None;
+    }
+    if let Some(key) = request.resume_key {
+        argv.extend(["resume".to_string(), key.to_string()]);
+    }
+    if request.prompt == "-" {
+        // A lone "-" tells codex to read the prompt from stdin: give it the "-" there.
+        argv.push("-".to_string());
+        Some(b"-".to_vec())
+    } else {
+        // `--` keeps a prompt from being read as an option or as the `resume`/`review`
+        // subcommand.
+        argv.extend(["--".to_string(), request.prompt.to_string()]);
+        None
     }
 }
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    Container, HostAlias, PodSpec, ResourceRequirements, Sysctl, VolumeMount,
+    Container, HostAlias, PodSpec, ResourceRequirements, Sysctl, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -24,83 +24,12 @@ const HANDOFF_WAIT: Duration = Duration::from_secs(6 * 3600);
 /// The pod of a turn (see the module docs).
 pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
     let interactive = spec.interactive.is_some();
-    match &spec.network {
-        NetworkPolicy::Default => {}
-        other => {
-            return Err(Error::usage(format!(
-                "--network {other:?} is not available with the kubernetes backend: pods use the cluster's network (--allow-host holds a turn's egress to a list)"
-            )))
-        }
-    }
     let (uid, gid) = (i64::from(spec.user.0), i64::from(spec.user.1));
     let held = !spec.egress_allow.is_empty();
-    if held && [PROXY_UID, BROKER_UID].contains(&uid) {
-        return Err(Error::usage(format!(
-            "the agent's uid {uid} is the one the kubernetes backend keeps for its proxy or broker sidecar: --allow-host could not tell them apart"
-        )));
-    }
-    if !interactive && !spec.runtime.files.is_empty() {
-        return Err(Error::environment(
-            "a turn's runtime files travel on its stdin on Kubernetes: none can be put in a pod before it starts",
-        ));
-    }
-    let mounts: Vec<&MountSpec> = spec.mounts().collect();
-    let (mut volumes, mut volume_mounts) = claim_mounts(&mounts)?;
-    // The runtime directory holds secrets for a moment: memory, never a node's disk.
-    volumes.push(empty_dir("runtime", true, "64Mi"));
-    volume_mounts.push(VolumeMount {
-        name: "runtime".into(),
-        mount_path: spec.runtime.mount.clone(),
-        ..Default::default()
-    });
-    volumes.push(empty_dir("tmp", false, "1Gi"));
-    volume_mounts.push(VolumeMount {
-        name: "tmp".into(),
-        mount_path: "/tmp".into(),
-        ..Default::default()
-    });
-    let mut limits = BTreeMap::new();
-    if let Some(memory) = spec.limits.memory {
-        limits.insert("memory".to_string(), Quantity(memory.to_string()));
-    }
-    if let Some(cpus) = spec.limits.cpus {
-        limits.insert(
-            "cpu".to_string(),
-            Quantity(format!("{}m", (cpus * 1000.0).ceil() as i64)),
-        );
-    }
+    check_fits_a_pod(spec, uid, held, interactive)?;
     let sidecars = spec.broker.is_some() || held;
-    if sidecars {
-        // Shared by the agent's container and its sidecars: the agent's end marker.
-        volumes.push(empty_dir("pod-end", true, "1Mi"));
-        volume_mounts.push(VolumeMount {
-            name: "pod-end".into(),
-            mount_path: POD_END_DIR.into(),
-            ..Default::default()
-        });
-    }
-    if held {
-        // For iptables-legacy's lock (the egress init container's root is read-only).
-        volumes.push(empty_dir("xtables", true, "1Mi"));
-    }
-    let handoff_wait = spec
-        .runtime_over_stdin
-        .then(|| format!("CAW_BOX_HANDOFF_WAIT={}", HANDOFF_WAIT.as_secs()));
-    let proxy_wait = held.then(|| format!("CAW_BOX_PROXY_WAIT={PROXY_PORT}"));
-    let env = spec
-        .env
-        .iter()
-        .chain(handoff_wait.as_ref())
-        .chain(proxy_wait.as_ref())
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            k8s_openapi::api::core::v1::EnvVar {
-                name: k.to_string(),
-                value: Some(v.to_string()),
-                value_from: None,
-            }
-        })
-        .collect();
+    let (volumes, volume_mounts) = pod_volumes(spec, sidecars, held)?;
+    let env = agent_env(spec, held);
     let broker = spec
         .broker
         .as_ref()
@@ -129,7 +58,7 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         tty: Some(interactive),
         security_context: Some(hardened(uid, gid)),
         resources: Some(ResourceRequirements {
-            limits: (!limits.is_empty()).then_some(limits),
+            limits: resource_limits(spec),
             ..Default::default()
         }),
         volume_mounts: Some(volume_mounts),
@@ -167,6 +96,102 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         volumes: Some(volumes),
         ..Default::default()
     })
+}
+
+/// Refuses what a turn pod cannot hold: another network, an agent with a sidecar's uid, and
+/// (headless) runtime files put in before the pod starts.
+fn check_fits_a_pod(spec: &TurnSpec, uid: i64, held: bool, interactive: bool) -> Result<()> {
+    match &spec.network {
+        NetworkPolicy::Default => {}
+        other => {
+            return Err(Error::usage(format!(
+                "--network {other:?} is not available with the kubernetes backend: pods use the cluster's network (--allow-host holds a turn's egress to a list)"
+            )))
+        }
+    }
+    if held && [PROXY_UID, BROKER_UID].contains(&uid) {
+        return Err(Error::usage(format!(
+            "the agent's uid {uid} is the one the kubernetes backend keeps for its proxy or broker sidecar: --allow-host could not tell them apart"
+        )));
+    }
+    if !interactive && !spec.runtime.files.is_empty() {
+        return Err(Error::environment(
+            "a turn's runtime files travel on its stdin on Kubernetes: none can be put in a pod before it starts",
+        ));
+    }
+    Ok(())
+}
+
+/// The pod's volumes and the agent's mounts of them: the turn's claims, then scratch space.
+fn pod_volumes(
+    spec: &TurnSpec,
+    sidecars: bool,
+    held: bool,
+) -> Result<(Vec<Volume>, Vec<VolumeMount>)> {
+    let mounts: Vec<&MountSpec> = spec.mounts().collect();
+    let (mut volumes, mut volume_mounts) = claim_mounts(&mounts)?;
+    // The runtime directory holds secrets for a moment: memory, never a node's disk.
+    volumes.push(empty_dir("runtime", true, "64Mi"));
+    volume_mounts.push(VolumeMount {
+        name: "runtime".into(),
+        mount_path: spec.runtime.mount.clone(),
+        ..Default::default()
+    });
+    volumes.push(empty_dir("tmp", false, "1Gi"));
+    volume_mounts.push(VolumeMount {
+        name: "tmp".into(),
+        mount_path: "/tmp".into(),
+        ..Default::default()
+    });
+    if sidecars {
+        // Shared by the agent's container and its sidecars: the agent's end marker.
+        volumes.push(empty_dir("pod-end", true, "1Mi"));
+        volume_mounts.push(VolumeMount {
+            name: "pod-end".into(),
+            mount_path: POD_END_DIR.into(),
+            ..Default::default()
+        });
+    }
+    if held {
+        // For iptables-legacy's lock (the egress init container's root is read-only).
+        volumes.push(empty_dir("xtables", true, "1Mi"));
+    }
+    Ok((volumes, volume_mounts))
+}
+
+fn resource_limits(spec: &TurnSpec) -> Option<BTreeMap<String, Quantity>> {
+    let mut limits = BTreeMap::new();
+    if let Some(memory) = spec.limits.memory {
+        limits.insert("memory".to_string(), Quantity(memory.to_string()));
+    }
+    if let Some(cpus) = spec.limits.cpus {
+        limits.insert(
+            "cpu".to_string(),
+            Quantity(format!("{}m", (cpus * 1000.0).ceil() as i64)),
+        );
+    }
+    (!limits.is_empty()).then_some(limits)
+}
+
+/// The agent's environment: the turn's, and the waits its entrypoint is told of.
+fn agent_env(spec: &TurnSpec, held: bool) -> Vec<k8s_openapi::api::core::v1::EnvVar> {
+    let handoff_wait = spec
+        .runtime_over_stdin
+        .then(|| format!("CAW_BOX_HANDOFF_WAIT={}", HANDOFF_WAIT.as_secs()));
+    let proxy_wait = held.then(|| format!("CAW_BOX_PROXY_WAIT={PROXY_PORT}"));
+    spec.env
+        .iter()
+        .chain(handoff_wait.as_ref())
+        .chain(proxy_wait.as_ref())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            k8s_openapi::api::core::v1::EnvVar {
+                name: k.to_string(),
+                value: Some(v.to_string()),
+                value_from: None,
+            }
+        })
+        .collect()
 }
 
 /// `host:ip` entries as the pod's `/etc/hosts` lines (one per address); `None`: none.

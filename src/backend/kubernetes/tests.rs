@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::meta::{label_selector, matches, merged, split, valid_label_value};
@@ -385,21 +385,9 @@ fn the_marked_entry_passes_stdin_exit_code_and_signals_and_leaves_the_marker() {
     assert_eq!(rest, "", "a stopped turn's end was announced");
 }
 
-/// `--allow-host`: an init container (root, NET_ADMIN and NET_RAW alone, no escalation, no
-/// secret) holds the pod's egress to the proxy sidecar's uid (and the broker's, brokered);
-/// the proxy runs under a uid of its own, on loopback, and ends on the agent's end marker.
-#[test]
-fn an_allow_host_pod_holds_its_egress_with_an_init_container_and_a_proxy_sidecar() {
-    let mut t = turn();
-    t.env.push("OPENAI_API_KEY=caw-box-placeholder".into());
-    t.egress_allow = vec!["10.244.7.9:8080".into(), "*.example.com".into()];
-    let spec = turn_pod_spec(&t).unwrap();
-    let inits = spec.init_containers.as_ref().unwrap();
-    assert_eq!(
-        inits[0].name, EGRESS_INIT,
-        "the rules come before anything runs"
-    );
-    let init = &inits[0];
+/// The egress init container: root with NET_ADMIN and NET_RAW alone, no escalation, no
+/// secret, its rules letting the proxy's uid out (unbrokered).
+fn assert_egress_init_is_narrow(init: &Container) {
     let sc = init.security_context.as_ref().unwrap();
     assert_eq!(sc.run_as_user, Some(0));
     assert_eq!(sc.allow_privilege_escalation, Some(false));
@@ -424,10 +412,9 @@ fn an_allow_host_pod_holds_its_egress_with_an_init_container_and_a_proxy_sidecar
         !init_json.contains("placeholder") && !init_json.contains("KEY"),
         "{init_json}"
     );
+}
 
-    let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(names, ["agent", PROXY_SIDECAR]);
-    let agent = &spec.containers[0];
+fn assert_agent_waits_for_the_proxy(agent: &Container) {
     assert_eq!(
         agent.security_context.as_ref().unwrap().run_as_user,
         Some(1000)
@@ -442,7 +429,11 @@ fn an_allow_host_pod_holds_its_egress_with_an_init_container_and_a_proxy_sidecar
     assert!(agent_env
         .iter()
         .any(|e| e.name == "CAW_BOX_PROXY_WAIT" && e.value.as_deref() == Some("3128")));
-    let proxy = &spec.containers[1];
+}
+
+/// The proxy sidecar: a uid of its own, on loopback, no secret, ending on the agent's end
+/// marker.
+fn assert_proxy_sidecar_is_narrow(proxy: &Container) {
     let psc = proxy.security_context.as_ref().unwrap();
     assert_eq!(psc.run_as_user, Some(PROXY_UID));
     assert_ne!(PROXY_UID, 1000);
@@ -473,6 +464,28 @@ fn an_allow_host_pod_holds_its_egress_with_an_init_container_and_a_proxy_sidecar
     );
     let proxy_json = serde_json::to_string(proxy).unwrap();
     assert!(!proxy_json.contains("placeholder"), "{proxy_json}");
+}
+
+/// `--allow-host`: an init container (root, NET_ADMIN and NET_RAW alone, no escalation, no
+/// secret) holds the pod's egress to the proxy sidecar's uid (and the broker's, brokered);
+/// the proxy runs under a uid of its own, on loopback, and ends on the agent's end marker.
+#[test]
+fn an_allow_host_pod_holds_its_egress_with_an_init_container_and_a_proxy_sidecar() {
+    let mut t = turn();
+    t.env.push("OPENAI_API_KEY=caw-box-placeholder".into());
+    t.egress_allow = vec!["10.244.7.9:8080".into(), "*.example.com".into()];
+    let spec = turn_pod_spec(&t).unwrap();
+    let inits = spec.init_containers.as_ref().unwrap();
+    assert_eq!(
+        inits[0].name, EGRESS_INIT,
+        "the rules come before anything runs"
+    );
+    assert_egress_init_is_narrow(&inits[0]);
+
+    let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["agent", PROXY_SIDECAR]);
+    assert_agent_waits_for_the_proxy(&spec.containers[0]);
+    assert_proxy_sidecar_is_narrow(&spec.containers[1]);
 
     // Brokered: the broker has a uid of its own too, and the rules let it out.
     t.broker = Some(vec!["node".into(), "-e".into(), "x".into()]);
