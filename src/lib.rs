@@ -23,6 +23,7 @@ pub mod endpoint;
 pub mod error;
 pub mod event;
 mod lines;
+mod mcp;
 pub mod output;
 pub mod provider;
 pub mod provider_kind;

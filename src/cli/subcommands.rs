@@ -191,3 +191,27 @@ pub struct ImageBuildArgs {
     #[arg(long)]
     pub no_cache: bool,
 }
+
+pub const MCP_EXAMPLES: &str = "\
+Examples:
+  claude mcp add caw-box -- caw-box mcp               # Claude Code delegates through it
+  caw-box mcp --allow-host @provider                  # every sub-agent locked down
+  caw-box mcp --network agents --endpoint http://gateway:8080 --env OPENAI_API_KEY
+
+Tools: start, reply, wait, status, events, result, diff, apply, cancel, list, remove
+(docs/mcp.md). The flags are the defaults of every `start` (a call's arguments override
+them, checked as `run` checks its flags); config files and CAW_BOX_* variables come under
+them, as for `run`. Sessions live in Docker, not in the server: a new server sees those an
+earlier one started. Credentials are brokered as for `run`: neither the server nor the
+sub-agents hold a real key.";
+
+/// `caw-box mcp`: the delegation server's settings.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    /// An environment variable for every sub-agent's CLI: `K=V`, or `K` to pass this
+    /// host's value (repeatable). Not remembered by sessions: passed to every turn.
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    pub env: Vec<String>,
+}
