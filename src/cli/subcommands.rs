@@ -196,6 +196,7 @@ pub const MCP_EXAMPLES: &str = "\
 Examples:
   claude mcp add caw-box -- caw-box mcp               # Claude Code delegates through it
   caw-box mcp --allow-host @provider                  # every sub-agent locked down
+  caw-box mcp --max-parallel 2                        # more turns than that wait, queued
   caw-box mcp --network agents --endpoint http://gateway:8080 --env OPENAI_API_KEY
 
 Tools: start, reply, wait, status, events, result, diff, apply, cancel, list, remove
@@ -214,4 +215,9 @@ pub struct McpArgs {
     /// host's value (repeatable). Not remembered by sessions: passed to every turn.
     #[arg(long = "env", short = 'e', value_name = "K=V")]
     pub env: Vec<String>,
+    /// Run at most N of this server's turns at once: `start` and `reply` beyond that return
+    /// status `queued`, and the turns start in the order they were asked for as running
+    /// ones end. Queued turns live in the server: they are lost if it ends before they start.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_parallel: Option<u16>,
 }

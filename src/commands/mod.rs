@@ -112,6 +112,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             crate::mcp::serve_stdio(crate::mcp::Defaults {
                 settings: args.settings,
                 env: args.env,
+                queue: args.max_parallel.map(|n| crate::mcp::Queue::new(n.into())),
             })
             .await
         }

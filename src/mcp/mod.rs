@@ -16,7 +16,9 @@
 //! - `read.rs`: `status`, `events`, `result`, `diff`'s patch, `list`
 //! - `apply.rs`: `apply`
 //!
-//! Not here: spend limits, `--max-parallel`, the Streamable HTTP transport.
+//! - `queue.rs`: `--max-parallel`
+//!
+//! Not here: spend limits, the Streamable HTTP transport.
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -33,8 +35,11 @@ use crate::error::{Error, Result};
 
 mod apply;
 mod args;
+mod queue;
 mod read;
 mod turns;
+
+pub use queue::Queue;
 
 use args::{
     ApplyArgs, EventsArgs, ListArgs, RemoveArgs, ReplyArgs, ResultArgs, SessionArg, StartArgs,
@@ -62,6 +67,8 @@ best, `remove` the rest. Sessions outlive this server: `list` shows them.";
 pub struct Defaults {
     pub settings: SettingsArgs,
     pub env: Vec<String>,
+    /// `--max-parallel`: the queue of turns beyond it.
+    pub queue: Option<std::sync::Arc<Queue>>,
 }
 
 /// The MCP server.
@@ -177,14 +184,16 @@ impl Delegation {
             token: context.meta.get_progress_token(),
             peer: context.peer,
         };
-        answer(off_thread(move || turns::wait(a, progress)).await)
+        let queue = self.defaults.queue.clone();
+        answer(off_thread(move || turns::wait(a, queue, progress)).await)
     }
 
     #[tool(
         description = "A session's status, cheap enough to poll: status, turn, elapsed seconds, the latest event (at most 200 characters), usage and cost so far."
     )]
     async fn status(&self, Parameters(a): Parameters<SessionArg>) -> CallToolResult {
-        answer(off_thread(move || async move { read::status(&a.session).await }).await)
+        let queue = self.defaults.queue.clone();
+        answer(off_thread(move || async move { read::status(&a.session, queue).await }).await)
     }
 
     #[tool(

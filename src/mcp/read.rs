@@ -8,6 +8,9 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use std::sync::Arc;
+
+use super::queue::Queue;
 use crate::backend::{Backend, OutputChunk};
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -124,7 +127,7 @@ async fn running_turn(client: &Client, id: Uuid) -> Result<Option<u32>> {
 }
 
 /// `status`: cheap, for polling loops.
-pub async fn status(target: &str) -> Result<Value> {
+pub async fn status(target: &str, queue: Option<Arc<Queue>>) -> Result<Value> {
     let client = Client::connect().await?;
     let backend = client.backend();
     let view = target::resolve_view(backend, target).await?;
@@ -135,7 +138,12 @@ pub async fn status(target: &str) -> Result<Value> {
         "group": view.facts.group,
         "provider": view.facts.provider.to_string(),
     });
-    if let Some(turn) = running_turn(&client, id).await? {
+    let queued = queue.as_ref().and_then(|q| q.position(id));
+    let failed = queue.as_ref().and_then(|q| q.failure(id));
+    if let Some(position) = queued {
+        out["status"] = json!("queued");
+        out["queue_position"] = json!(position);
+    } else if let Some(turn) = running_turn(&client, id).await? {
         let container = backend
             .inspect_container(&names::turn_container(id))
             .await?;
@@ -161,6 +169,9 @@ pub async fn status(target: &str) -> Result<Value> {
                 out["turn"] = json!(0);
             }
         }
+    }
+    if let Some(e) = failed {
+        out["queued_turn_failed"] = json!(e.report());
     }
     out["total_cost_usd"] = json!(view.last.as_ref().and_then(|l| l.total_cost_usd));
     Ok(out)

@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Value};
 
+use std::sync::Arc;
+
+use super::queue::Queue;
 use super::read;
 use super::{Defaults, Progress};
 use crate::cli::{RunArgs, SettingsArgs, TurnArgs, WorkspaceModeArg};
@@ -16,6 +19,7 @@ use crate::commands::turn::{new_session, open_session, NewTurn};
 use crate::error::{Error, Result};
 use crate::event::Status;
 use crate::mcp::args::{Overrides, ReplyArgs, StartArgs, WaitArgs};
+use crate::session::runner::TurnOptions;
 use crate::session::target;
 
 /// The most sessions one `start` makes.
@@ -92,16 +96,21 @@ fn workspace_mode(
     })
 }
 
-/// What `start` and `reply` say of a turn they started.
-fn started(session: &Session, turn: u32) -> Value {
+/// What `start` and `reply` say of a turn they started (or queued).
+fn started(session: &Session, turn: u32, queued: bool) -> Value {
     let r = session.record();
+    let status = if queued {
+        "queued".to_string()
+    } else {
+        Status::Running.to_string()
+    };
     json!({
         "session_id": r.session_id.to_string(),
         "name": r.name,
         "group": r.group,
         "provider": r.provider.to_string(),
         "turn": turn,
-        "status": Status::Running.to_string(),
+        "status": status,
         "handle": session.handle().to_json(),
     })
 }
@@ -142,7 +151,7 @@ pub async fn start(defaults: &Defaults, a: StartArgs) -> Result<Value> {
             user_config: false,
             turn: turn_args(defaults, settings.clone(), &a.prompt)?,
         };
-        runs.push(start_one(args));
+        runs.push(start_one(args, defaults.queue.clone()));
     }
     let outcomes = futures_util::future::join_all(runs).await;
     let errors: Vec<&Error> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
@@ -160,15 +169,33 @@ pub async fn start(defaults: &Defaults, a: StartArgs) -> Result<Value> {
     Ok(json!({ "group": group, "sessions": sessions }))
 }
 
-async fn start_one(mut args: RunArgs) -> Result<Value> {
-    let NewTurn {
-        session, options, ..
-    } = new_session(&mut args, true, &|_| {}).await?;
-    if let Err(e) = session.start_detached(&options).await {
-        session.discard_unless_recorded().await;
-        return Err(e);
+/// Starts `session`'s turn now, or queues it behind `--max-parallel`; `true` when queued.
+async fn start_or_queue(
+    queue: Option<&Arc<Queue>>,
+    client: &Client,
+    session: &Session,
+    options: &TurnOptions,
+    first: bool,
+) -> Result<bool> {
+    match queue {
+        Some(q) => q.start_or_queue(client, session, options, first).await,
+        None => session.start_detached(options).await.map(|()| false),
     }
-    Ok(started(&session, 1))
+}
+
+async fn start_one(mut args: RunArgs, queue: Option<Arc<Queue>>) -> Result<Value> {
+    let NewTurn {
+        client,
+        session,
+        options,
+    } = new_session(&mut args, true, &|_| {}).await?;
+    match start_or_queue(queue.as_ref(), &client, &session, &options, true).await {
+        Ok(queued) => Ok(started(&session, 1, queued)),
+        Err(e) => {
+            session.discard_unless_recorded().await;
+            Err(e)
+        }
+    }
 }
 
 /// The turn running in session `target` now, if any: its id and turn.
@@ -183,19 +210,29 @@ async fn running_turn(client: &Client, target: &str) -> Result<(uuid::Uuid, Opti
 /// `reply`: the session's next turn, in the background.
 pub async fn reply(defaults: &Defaults, a: ReplyArgs) -> Result<Value> {
     let client = Client::connect().await?;
-    if let (id, Some(turn)) = running_turn(&client, &a.session).await? {
+    let (id, running) = running_turn(&client, &a.session).await?;
+    if let Some(turn) = running {
         return Err(
             Error::usage(format!("busy: session {id} is running turn {turn}"))
                 .with_hint("`wait` for it, or `cancel` it"),
         );
     }
+    if defaults.queue.as_ref().is_some_and(|q| q.holds(id)) {
+        return Err(
+            Error::usage(format!("busy: session {id} has a turn queued"))
+                .with_hint("`wait` for it"),
+        );
+    }
     let settings = merged(&SettingsArgs::default(), &a.overrides)?;
     let turn = turn_args(defaults, settings, &a.prompt)?;
     let NewTurn {
-        session, options, ..
+        client,
+        session,
+        options,
     } = open_session(&a.session, &turn).await?;
-    session.start_detached(&options).await?;
-    Ok(started(&session, session.record().next_turn()))
+    let queued =
+        start_or_queue(defaults.queue.as_ref(), &client, &session, &options, false).await?;
+    Ok(started(&session, session.record().next_turn(), queued))
 }
 
 /// `cancel`: stops the running turn; answers within [`CANCEL_WITHIN`] (the stop goes on
@@ -229,7 +266,7 @@ pub async fn cancel(target: &str) -> Result<Value> {
 }
 
 /// `wait`: until every (or any) session's turn ended, or the timeout; progress on the way.
-pub async fn wait(a: WaitArgs, progress: Progress) -> Result<Value> {
+pub async fn wait(a: WaitArgs, queue: Option<Arc<Queue>>, progress: Progress) -> Result<Value> {
     let any = match a.mode.as_deref() {
         None | Some("all") => false,
         Some("any") => true,
@@ -261,7 +298,15 @@ pub async fn wait(a: WaitArgs, progress: Progress) -> Result<Value> {
         .iter()
         .map(|&id| {
             let client = client.clone();
-            async move { (id, client.wait(&id.to_string()).await) }
+            let queue = queue.clone();
+            async move {
+                if let Some(q) = &queue {
+                    if let Err(e) = q.until_started(id).await {
+                        return (id, Err(e));
+                    }
+                }
+                (id, client.wait(&id.to_string()).await)
+            }
         })
         .collect();
     let mut done: HashMap<uuid::Uuid, Value> = HashMap::new();
@@ -295,16 +340,19 @@ pub async fn wait(a: WaitArgs, progress: Progress) -> Result<Value> {
         .iter()
         .map(|id| {
             done.remove(id).unwrap_or_else(|| {
+                let queued = queue.as_ref().is_some_and(|q| q.holds(*id));
                 json!({
                     "session_id": id.to_string(),
-                    "status": Status::Running.to_string(),
+                    "status": if queued { "queued".to_string() } else { Status::Running.to_string() },
                     "turn": running.get(id),
                 })
             })
         })
         .collect();
-    let running = Status::Running.to_string();
-    let ended = sessions.iter().filter(|s| s["status"] != running).count();
+    let ended = sessions
+        .iter()
+        .filter(|s| s["status"] != "running" && s["status"] != "queued")
+        .count();
     let satisfied = if any {
         ended > 0
     } else {

@@ -26,11 +26,11 @@ def check(name):
     print(f"mcp check: {name}", flush=True)
 
 
-def server():
+def server(*extra):
     return StdioServerParameters(
         command=CAW,
         args=["mcp", "--network", NETWORK, "--endpoint", ENDPOINT, "--model", "gpt-5.5",
-              "--env", f"OPENAI_API_KEY={KEY}"],
+              "--env", f"OPENAI_API_KEY={KEY}", *extra],
         env=dict(os.environ),
         cwd=HOST_DIR,
     )
@@ -115,6 +115,7 @@ async def main_server(s):
     done = await wait_done(s, [sid], progress_callback=on_progress)
     assert done[sid]["status"] == "success", done
     assert notes and all(isinstance(n, str) and n for n in notes), notes
+    print(f"progress: {notes}", flush=True)
 
     check("status, events")
     st = await call(s, "status", {"session": "writer"})
@@ -173,11 +174,22 @@ async def main_server(s):
     r = await call(s, "result", {"session": sid})
     assert r["status"] == "success" and "walrus" in r["result"], r
 
-    check("n: 3 gives three sessions of one group")
-    st = await call(s, "start", {"provider": "codex", "prompt": "hi", "n": 3})
+    check("n: 3 gives three sessions of one group; --max-parallel 1 queues the others, in order")
+    st = await call(s, "start", {"provider": "codex", "prompt": "HOLD:first3 hi", "n": 3})
     ids = [x["session_id"] for x in st["sessions"]]
     assert len(set(ids)) == 3 and st["group"], st
     assert all(x["group"] == st["group"] for x in st["sessions"]), st
+    assert sorted(x["status"] for x in st["sessions"]) == ["queued", "queued", "running"], st
+    first = next(x["session_id"] for x in st["sessions"] if x["status"] == "running")
+    queued = [i for i in ids if i != first]
+    q = await call(s, "status", {"session": queued[0]})
+    assert q["status"] == "queued", q
+    e = await call(s, "reply", {"session": queued[0], "prompt": "hi"}, ok=False)
+    assert "queued" in e["error"]["message"], e
+    await asyncio.to_thread(stub, "/_stub/release/first3", "POST")
+    w = await call(s, "wait", {"sessions": ids, "mode": "any", "timeout_s": 240})
+    ended = [x["session_id"] for x in w["sessions"] if x["status"] not in ("running", "queued")]
+    assert ended == [first], w
     done = await wait_done(s, ids)
     assert all(d["status"] == "success" for d in done.values()), done
     ls = await call(s, "list", {"group": st["group"]})
@@ -212,7 +224,7 @@ class Killed(Exception):
 
 async def main():
     t0 = time.monotonic()
-    async with stdio_client(server()) as (r, w):
+    async with stdio_client(server("--max-parallel", "1")) as (r, w):
         async with ClientSession(r, w) as s:
             init = await s.initialize()
             assert "start" in (init.instructions or "") and "wait" in init.instructions
