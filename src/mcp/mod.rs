@@ -1,5 +1,5 @@
 //! `caw-box mcp`: a Model Context Protocol server (the official Rust SDK, `rmcp`, over
-//! stdio) that lets an orchestrating agent (Claude Code, Codex, opencode, Cursor, a
+//! stdio, or Streamable HTTP with `--http`) that lets an orchestrating agent (Claude Code, Codex, opencode, Cursor, a
 //! program) delegate work to boxed, resumable sub-agents: `start` a turn, `wait` for it,
 //! read its `result` and `diff`, `apply` it, `reply`, `cancel`.
 //!
@@ -17,8 +17,9 @@
 //! - `apply.rs`: `apply`
 //!
 //! - `queue.rs`: `--max-parallel`
+//! - `http.rs`: `--http ADDR`, the Streamable HTTP transport and its bearer token
 //!
-//! Not here: spend limits, the Streamable HTTP transport.
+//! Not here: spend limits.
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -35,6 +36,7 @@ use crate::error::{Error, Result};
 
 mod apply;
 mod args;
+pub mod http;
 mod queue;
 mod read;
 mod turns;

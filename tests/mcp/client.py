@@ -9,13 +9,21 @@ non-zero (an AssertionError) at the first that fails.
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
+# Test traffic goes to loopback only: never through a proxy the environment names.
+for var in ["http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"]:
+    os.environ.pop(var, None)
+
+from mcp import ClientSession, StdioServerParameters  # noqa: E402
+from mcp.client.stdio import stdio_client  # noqa: E402
+from mcp.client.streamable_http import streamablehttp_client  # noqa: E402
 
 CAW, NETWORK, ENDPOINT, KEY, STUB, HOST_DIR = sys.argv[1:7]
 TOOLS = {"start", "reply", "wait", "status", "events", "result", "diff", "apply",
@@ -26,11 +34,15 @@ def check(name):
     print(f"mcp check: {name}", flush=True)
 
 
+def server_args(*extra):
+    return ["mcp", "--network", NETWORK, "--endpoint", ENDPOINT, "--model", "gpt-5.5",
+            "--env", f"OPENAI_API_KEY={KEY}", *extra]
+
+
 def server(*extra):
     return StdioServerParameters(
         command=CAW,
-        args=["mcp", "--network", NETWORK, "--endpoint", ENDPOINT, "--model", "gpt-5.5",
-              "--env", f"OPENAI_API_KEY={KEY}", *extra],
+        args=server_args(*extra),
         env=dict(os.environ),
         cwd=HOST_DIR,
     )
@@ -158,6 +170,8 @@ async def main_server(s):
     check("a busy session's reply is refused; cancel of a held turn returns in < 10 s")
     await call(s, "reply", {"session": sid, "prompt": "HOLD:cancelme hi"})
     await asyncio.to_thread(held, "cancelme")
+    st = await call(s, "status", {"session": sid})
+    assert st["status"] == "running" and st["turn"] == 3 and "latest" in st, st
     e = await call(s, "reply", {"session": sid, "prompt": "hi"}, ok=False)
     assert "busy" in e["error"]["message"], e
     t0 = time.monotonic()
@@ -236,16 +250,44 @@ async def main():
             await asyncio.to_thread(held, "crash")
             kill_child_server()
     stub("/_stub/release/crash", "POST")
-    check("a new server's wait and result give that turn's outcome")
-    async with stdio_client(server()) as (r, w):
-        async with ClientSession(r, w) as s:
-            await s.initialize()
-            ls = await call(s, "list", {})
-            assert survivor in [x["session_id"] for x in ls["sessions"]], ls
-            done = await wait_done(s, [survivor])
-            assert done[survivor]["status"] == "success", done
-            r = await call(s, "result", {"session": "survivor"})
-            assert r["status"] == "success" and "otter" in r["result"], r
+
+    check("--http off loopback without a token exits 2")
+    refused = subprocess.run([CAW, *server_args("--http", "0.0.0.0:0")], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "--token-file" in refused.stderr, refused
+
+    check("a new server (Streamable HTTP, a bearer token) gives the killed turn's outcome")
+    token = os.urandom(16).hex()
+    token_file = os.path.join(os.environ["CAW_BOX_DATA_DIR"], "mcp-token")
+    with open(token_file, "w") as f:
+        f.write(token + "\n")
+    http = subprocess.Popen([CAW, *server_args("--http", "127.0.0.1:0", "--token-file", token_file)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, cwd=HOST_DIR)
+    try:
+        line = http.stderr.readline()
+        m = re.search(r"http://(127\.0\.0\.1:\d+)/mcp", line)
+        assert m, line
+        url = f"http://{m.group(1)}/mcp"
+        request = urllib.request.Request(url, method="POST", data=b"{}",
+                                         headers={"content-type": "application/json"})
+        try:
+            urllib.request.urlopen(request, timeout=30)
+            raise AssertionError("a request without the token was served")
+        except urllib.error.HTTPError as e:
+            assert e.code == 401, e
+        async with streamablehttp_client(url, headers={"Authorization": f"Bearer {token}"}) as (r, w, _):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                ls = await call(s, "list", {})
+                assert survivor in [x["session_id"] for x in ls["sessions"]], ls
+                done = await wait_done(s, [survivor])
+                assert done[survivor]["status"] == "success", done
+                r = await call(s, "result", {"session": "survivor"})
+                assert r["status"] == "success" and "otter" in r["result"], r
+    finally:
+        http.kill()
+        http.wait()
     print(f"mcp checks passed in {time.monotonic() - t0:.1f}s", flush=True)
 
 
