@@ -26,6 +26,9 @@ from mcp.client.stdio import stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamablehttp_client  # noqa: E402
 
 CAW, NETWORK, ENDPOINT, KEY, STUB, HOST_DIR = sys.argv[1:7]
+# Names are the daemon's, shared with other tests and runs: made unique.
+RUN = os.urandom(3).hex()
+WRITER, SURVIVOR = f"writer-{RUN}", f"survivor-{RUN}"
 TOOLS = {"start", "reply", "wait", "status", "events", "result", "diff", "apply",
          "cancel", "list", "remove"}
 
@@ -107,12 +110,12 @@ async def main_server(s):
     check("start codex in copy mode: returns at once, running")
     t0 = time.monotonic()
     st = await call(s, "start", {
-        "provider": "codex", "name": "writer",
+        "provider": "codex", "name": WRITER,
         "prompt": "REMEMBER:walrus HOLD:first\nRUN:echo hello from the box > hello.txt",
     })
     [one] = st["sessions"]
     sid = one["session_id"]
-    assert one["status"] == "running" and one["name"] == "writer" and one["handle"], one
+    assert one["status"] == "running" and one["name"] == WRITER and one["handle"], one
     assert time.monotonic() - t0 < 60
     assert not os.path.exists(os.path.join(HOST_DIR, "hello.txt")), "copy mode touched the dir"
 
@@ -130,7 +133,7 @@ async def main_server(s):
     print(f"progress: {notes}", flush=True)
 
     check("status, events")
-    st = await call(s, "status", {"session": "writer"})
+    st = await call(s, "status", {"session": WRITER})
     assert st["status"] == "success" and st["turn"] == 1, st
     ev = await call(s, "events", {"session": sid})
     assert any(e["type"] == "tool_call" for e in ev["events"]), ev
@@ -161,7 +164,7 @@ async def main_server(s):
     assert "nothing was written" in e["error"]["message"], e
 
     check("reply recalls the first turn")
-    rp = await call(s, "reply", {"session": "writer", "prompt": "RECALL"})
+    rp = await call(s, "reply", {"session": WRITER, "prompt": "RECALL"})
     assert rp["turn"] == 2 and rp["status"] == "running", rp
     await wait_done(s, [sid])
     r = await call(s, "result", {"session": sid})
@@ -244,7 +247,7 @@ async def main():
             assert "start" in (init.instructions or "") and "wait" in init.instructions
             await main_server(s)
             check("the server killed mid-turn")
-            st = await call(s, "start", {"provider": "codex", "name": "survivor",
+            st = await call(s, "start", {"provider": "codex", "name": SURVIVOR,
                                          "prompt": "HOLD:crash REMEMBER:otter"})
             survivor = st["sessions"][0]["session_id"]
             await asyncio.to_thread(held, "crash")
@@ -283,7 +286,7 @@ async def main():
                 assert survivor in [x["session_id"] for x in ls["sessions"]], ls
                 done = await wait_done(s, [survivor])
                 assert done[survivor]["status"] == "success", done
-                r = await call(s, "result", {"session": "survivor"})
+                r = await call(s, "result", {"session": SURVIVOR})
                 assert r["status"] == "success" and "otter" in r["result"], r
     finally:
         http.kill()
