@@ -36,6 +36,7 @@ pub fn turn_brief(r: &TurnResult) -> Value {
         "exit_code": r.exit_code,
         "result": shorten(&r.result, LATEST_CHARS),
         "usage": r.usage,
+        "handle": (!r.resume_handle.is_empty()).then_some(&r.resume_handle),
     })
 }
 

@@ -111,7 +111,9 @@ fn started(session: &Session, turn: u32, queued: bool) -> Value {
         "provider": r.provider.to_string(),
         "turn": turn,
         "status": status,
-        "handle": session.handle().to_json(),
+        // The vendor's own session id (in the handle) is known once the CLI started its
+        // conversation: `wait`, `status` and `result` give the handle then.
+        "handle": (!r.resume_key.is_empty()).then(|| session.handle().to_json()),
     })
 }
 

@@ -115,7 +115,7 @@ async def main_server(s):
     })
     [one] = st["sessions"]
     sid = one["session_id"]
-    assert one["status"] == "running" and one["name"] == WRITER and one["handle"], one
+    assert one["status"] == "running" and one["name"] == WRITER, one
     assert time.monotonic() - t0 < 60
     assert not os.path.exists(os.path.join(HOST_DIR, "hello.txt")), "copy mode touched the dir"
 
@@ -129,12 +129,16 @@ async def main_server(s):
 
     done = await wait_done(s, [sid], progress_callback=on_progress)
     assert done[sid]["status"] == "success", done
+    handle = done[sid]["handle"]
+    assert json.loads(handle)["session_id"] == sid, done
     assert notes and all(isinstance(n, str) and n for n in notes), notes
     print(f"progress: {notes}", flush=True)
 
     check("status, events")
     st = await call(s, "status", {"session": WRITER})
     assert st["status"] == "success" and st["turn"] == 1, st
+    assert (await call(s, "status", {"session": handle}))["session_id"] == sid
+    assert (await call(s, "status", {"session": sid[:8]}))["session_id"] == sid
     ev = await call(s, "events", {"session": sid})
     assert any(e["type"] == "tool_call" for e in ev["events"]), ev
     more = await call(s, "events", {"session": sid, "cursor": ev["next_cursor"]})
