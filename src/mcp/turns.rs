@@ -366,3 +366,49 @@ pub async fn wait(a: WaitArgs, queue: Option<Arc<Queue>>, progress: Progress) ->
         "sessions": sessions,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_calls_overrides_go_over_the_servers_flags() {
+        let server = SettingsArgs {
+            model: Some("server-model".into()),
+            timeout: Some("1h".into()),
+            allow_host: vec!["@provider".into()],
+            ..Default::default()
+        };
+        let call = Overrides {
+            model: Some("call-model".into()),
+            allow_host: Some(vec!["docs.example.com".into()]),
+            ..Default::default()
+        };
+        let s = merged(&server, &call).unwrap();
+        assert_eq!(s.model.as_deref(), Some("call-model"));
+        assert_eq!(s.timeout.as_deref(), Some("1h"));
+        assert_eq!(s.allow_host, ["@provider", "docs.example.com"]);
+        let spend = Overrides {
+            max_cost_usd: Some(1.0),
+            ..Default::default()
+        };
+        assert_eq!(merged(&server, &spend).unwrap_err().exit_code(), 2);
+    }
+
+    #[test]
+    fn copy_is_the_default_workspace_mode() {
+        assert_eq!(workspace_mode(None, None).unwrap(), WorkspaceModeArg::Copy);
+        assert_eq!(
+            workspace_mode(None, Some(WorkspaceModeArg::Bind)).unwrap(),
+            WorkspaceModeArg::Bind
+        );
+        assert_eq!(
+            workspace_mode(Some("none"), Some(WorkspaceModeArg::Bind)).unwrap(),
+            WorkspaceModeArg::None
+        );
+        assert_eq!(
+            workspace_mode(Some("host"), None).unwrap_err().exit_code(),
+            2
+        );
+    }
+}

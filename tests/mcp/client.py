@@ -105,6 +105,14 @@ async def main_server(s):
     assert "/no/such/dir" in e["error"]["message"], e
     e = await call(s, "status", {"session": "no-such-session"}, ok=False)
     assert e["exit_code"] == 2, e
+    e = await call(s, "start", {"provider": "codex", "prompt": "hi", "n": 9}, ok=False)
+    assert "n must be 1 to 8" in e["error"]["message"], e
+    e = await call(s, "start", {"provider": "codex", "prompt": "hi", "effort": "extreme"}, ok=False)
+    assert "effort" in e["error"]["message"], e
+    r = await s.call_tool("start", {"provider": "codex", "prompt": "hi", "n": "three"})
+    assert r.isError, r
+    e = await call(s, "wait", {"sessions": ["no-such-session"]}, ok=False)
+    assert "no-such-session" in e["error"]["message"], e
     await call(s, "list", {})
 
     check("start codex in copy mode: returns at once, running")
@@ -179,6 +187,8 @@ async def main_server(s):
     await asyncio.to_thread(held, "cancelme")
     st = await call(s, "status", {"session": sid})
     assert st["status"] == "running" and st["turn"] == 3 and "latest" in st, st
+    ev = await call(s, "events", {"session": sid})
+    assert ev["running"] and ev["turn"] == 3, ev
     e = await call(s, "reply", {"session": sid, "prompt": "hi"}, ok=False)
     assert "busy" in e["error"]["message"], e
     t0 = time.monotonic()
