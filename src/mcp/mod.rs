@@ -255,8 +255,12 @@ impl Delegation {
         description = "The sessions, newest first (also those an earlier server started): id, name, group, provider, turns, status, cost, handle."
     )]
     async fn list(&self, Parameters(a): Parameters<ListArgs>) -> CallToolResult {
+        let queue = self.defaults.queue.clone();
         answer(
-            off_thread(move || async move { read::list(a.group, a.status.as_deref()).await }).await,
+            off_thread(
+                move || async move { read::list(a.group, a.status.as_deref(), queue).await },
+            )
+            .await,
         )
     }
 

@@ -320,13 +320,32 @@ pub async fn result(target: &str, turn: Option<u32>) -> Result<Value> {
 }
 
 /// `list`: the sessions `caw-box ls --json` lists, by group and status.
-pub async fn list(group: Option<String>, status: Option<&str>) -> Result<Value> {
+pub async fn list(
+    group: Option<String>,
+    status: Option<&str>,
+    queue: Option<Arc<Queue>>,
+) -> Result<Value> {
     let rows = crate::embed::sessions(group).await?;
+    let queued = |r: &Value| {
+        let id = r["session_id"]
+            .as_str()
+            .and_then(|s| Uuid::parse_str(s).ok());
+        queue
+            .as_ref()
+            .zip(id)
+            .is_some_and(|(q, id)| q.position(id).is_some())
+    };
     let rows: Vec<Value> = rows
         .as_array()
         .cloned()
         .unwrap_or_default()
         .into_iter()
+        .map(|mut r| {
+            if queued(&r) {
+                r["status"] = json!("queued");
+            }
+            r
+        })
         .filter(|r| status.is_none_or(|s| r["status"] == s))
         .collect();
     Ok(json!({ "sessions": rows }))

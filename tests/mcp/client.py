@@ -215,6 +215,8 @@ async def main_server(s):
     queued = [i for i in ids if i != first]
     q = await call(s, "status", {"session": queued[0]})
     assert q["status"] == "queued", q
+    ls = await call(s, "list", {"group": st["group"], "status": "queued"})
+    assert sorted(x["session_id"] for x in ls["sessions"]) == sorted(queued), ls
     e = await call(s, "reply", {"session": queued[0], "prompt": "hi"}, ok=False)
     assert "queued" in e["error"]["message"], e
     await asyncio.to_thread(stub, "/_stub/release/first3", "POST")
