@@ -187,7 +187,8 @@ impl Delegation {
             peer: context.peer,
         };
         let queue = self.defaults.queue.clone();
-        answer(off_thread(move || turns::wait(a, queue, progress)).await)
+        let cancelled = context.ct.clone();
+        answer(off_thread(move || turns::wait(a, queue, progress, cancelled)).await)
     }
 
     #[tool(

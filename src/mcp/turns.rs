@@ -268,7 +268,14 @@ pub async fn cancel(target: &str) -> Result<Value> {
 }
 
 /// `wait`: until every (or any) session's turn ended, or the timeout; progress on the way.
-pub async fn wait(a: WaitArgs, queue: Option<Arc<Queue>>, progress: Progress) -> Result<Value> {
+/// `cancelled`: the client cancelled the call (or went away): the wait ends then, not at its
+/// timeout (it runs on a thread of its own, which dropping the call does not stop).
+pub async fn wait(
+    a: WaitArgs,
+    queue: Option<Arc<Queue>>,
+    progress: Progress,
+    cancelled: tokio_util::sync::CancellationToken,
+) -> Result<Value> {
     let any = match a.mode.as_deref() {
         None | Some("all") => false,
         Some("any") => true,
@@ -334,6 +341,9 @@ pub async fn wait(a: WaitArgs, queue: Option<Arc<Queue>>, progress: Progress) ->
                 progress.send(step, &line).await;
             }
             _ = tokio::time::sleep_until(deadline) => break,
+            _ = cancelled.cancelled() => {
+                return Err(Error::new(crate::error::ErrorKind::Interrupted, "the wait was cancelled"));
+            }
         }
     }
     drop(pending);
