@@ -8,7 +8,7 @@ CA_BUNDLE    ?= /etc/ssl/certs/ca-certificates.crt
 BIN          := target/debug/caw-box
 CA_FLAG      := $(if $(wildcard $(CA_BUNDLE)),--ca-cert $(CA_BUNDLE),)
 
-.PHONY: deps build test test-unit test-e2e images stub-image demo bench bench-cluster drift fuzz lint clean help
+.PHONY: deps build test test-unit test-e2e images stub-image demo bench bench-cluster drift soak fuzz lint clean help
 
 help:
 	@echo "make demo    run a session and resume it (stub model, no vendor account needed)"
@@ -17,6 +17,7 @@ help:
 	@echo "make bench   benchmarks against plain docker run and a plain pod (takes the k8s-lab)"
 	@echo "make bench-cluster  a turn on ../shared/k8s-lab against a plain pod (takes the lab)"
 	@echo "make drift   the newest vendor CLIs against the core e2e checks (table + target/drift.json)"
+	@echo "make soak    killed drivers and a daemon restart under N detached turns: none lost (restarts dockerd)"
 	@echo "make fuzz    property tests of every parser of untrusted input, 10^6 inputs each"
 	@echo "make lint    rustfmt --check, clippy -D warnings, workflows, no module cycle or file over 700 lines"
 	@echo "make clean   remove build output and every caw-box test object"
@@ -60,6 +61,11 @@ bench-cluster: build
 DRIFT_ARGS   ?=
 drift: build
 	$(RIG) with scripts/drift.sh $(DRIFT_ARGS)
+# Not part of `test`: it restarts the Docker daemon the rig started under every turn it
+# runs (tests/e2e/soak.rs). SOAK_SESSIONS=N sessions (default 16).
+SOAK_SESSIONS ?= 16
+soak: build
+	$(RIG) with scripts/soak.sh $(SOAK_SESSIONS)
 # No Docker: the parsers are pure. About 10 minutes on 2 cores.
 fuzz:
 	scripts/fuzz.sh

@@ -104,7 +104,7 @@ tests installed nt installed --workspace --no-fail-fast \
 # The OS keyring tests run against a real Secret Service of their own.
 tests keyring scripts/with-keyring.sh cargo nextest run --workspace --no-fail-fast --test keyring "$@"
 cp target/nextest/default/junit.xml "$timings/keyring.xml" 2>/dev/null || true
-tests restart nt restart --workspace --no-fail-fast -E 'test(daemon_restart)' "$@"
+tests restart nt restart --workspace --no-fail-fast --test-threads 1 -E 'test(daemon_restart)' "$@"
 
 # The end-to-end tests whose code paths differ under Podman, once more against its
 # Docker-compatible service (`podman system service`, started by the Podman rig with the

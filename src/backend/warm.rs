@@ -88,19 +88,32 @@ macro_rules! release_fn {
 /// signals it); once it ended 0 (recorded), makes the container idle at once when the
 /// driver reads nothing more of the runtime directory (`$CAW_BOX_RUN_DIR`), so that no
 /// second exec is on the turn's path; else exits [`RECORDED_NOT_RELEASED`].
+///
+/// For whoever records the turn if its driver is gone (an exec's output is kept by no log),
+/// in the runtime directory (a volume the engine reads from outside, unlike /tmp): the
+/// turn, driver and start, the entrypoint's stdout as well, and its exit code once it
+/// ended ([`ADOPT_FILES`]); a release empties the directory.
 const TURN: &str = concat!(
-    "W=${CAW_BOX_WARM_DIR:-/tmp/.caw-box-warm}; shift 2\n",
-    "shopt -s nullglob dotglob extglob\n",
+    "W=${CAW_BOX_WARM_DIR:-/tmp/.caw-box-warm}; run=${CAW_BOX_RUN_DIR:-/run/caw-box}\n",
+    "printf -v t '%(%s)T' -1\n",
+    "echo \"$1 $2 $t\" >\"$run/caw-box-turn.of\" && rm -f \"$run/caw-box-turn.rc\" || exit 1\n",
+    "shift 2; shopt -s nullglob dotglob extglob\n",
     release_fn!(),
-    r#"bash -c 'echo $$ >"$0" && exec "$@"' "$W/turn.pid" "$@"
+    r#"bash -c 'echo $$ >"$0" && exec "$@"' "$W/turn.pid" "$@" > >(tee "$run/caw-box-turn.out")
 rc=$?
+wait $!
+echo "$rc" >"$run/caw-box-turn.rc"
 [ "$rc" -eq 0 ] || exit "$rc"
-run=${CAW_BOX_RUN_DIR:-/run/caw-box}
 if [ ! -e "$run/stop-requested" ] && [ -z "$(ls -A "$run/auth/home-out" 2>/dev/null)" ]; then
   release "$run" && exit 0
 fi
 exit 86"#
 );
+
+/// Where a warm turn's command keeps, in the turn's runtime directory, the turn, its driver
+/// and when it started (`N PID UNIX-SECONDS`), the entrypoint's stdout, and its exit code
+/// once it ended ([`TURN`]).
+pub const ADOPT_FILES: [&str; 3] = ["caw-box-turn.of", "caw-box-turn.out", "caw-box-turn.rc"];
 
 /// Stops the running turn (`bash -c STOP stop GRACE`): SIGTERM to the entrypoint, which
 /// stops the CLI and takes the credentials out of HOME, SIGKILL after GRACE seconds.
@@ -224,6 +237,7 @@ mod tests {
                 .args(&argv[1..4])
                 .args(["3", "77", "bash", "-c", "echo ran $1; exit 3", "x", "a b"])
                 .env("CAW_BOX_WARM_DIR", warm_dir)
+                .env("CAW_BOX_RUN_DIR", warm_dir)
                 .output()
                 .unwrap()
         };
@@ -239,5 +253,13 @@ mod tests {
         assert_eq!(out.status.code(), Some(3), "{out:?}");
         let pid = std::fs::read_to_string(dir.path().join("turn.pid")).unwrap();
         assert!(pid.trim().parse::<u32>().is_ok(), "{pid}");
+        // What an adopter reads: the turn and driver, the output, the exit code.
+        let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
+        let of = read("caw-box-turn.of");
+        let (noted, at) = of.trim_end().rsplit_once(' ').unwrap();
+        assert_eq!(noted, "3 77");
+        assert!(at.parse::<u64>().unwrap() > 1_700_000_000, "{of}");
+        assert_eq!(read("caw-box-turn.out"), "ran a b\n");
+        assert_eq!(read("caw-box-turn.rc"), "3\n");
     }
 }

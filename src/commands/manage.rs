@@ -18,6 +18,7 @@ use crate::provider::ParseContext;
 use crate::session::handle::ResumeHandle;
 use crate::session::lifecycle::{self, WarmIdle};
 use crate::session::names;
+use crate::session::orphans::{self, Orphan};
 use crate::session::record::{labels, now_secs, SessionRecord};
 use crate::session::target::{self, SessionView};
 
@@ -170,10 +171,21 @@ pub(crate) async fn ls_rows(all: bool, group: Option<String>) -> Result<serde_js
 /// The rows of `ls`, newest activity first.
 async fn rows(all: bool, group: Option<String>) -> Result<Vec<Row>> {
     let backend = crate::backend::connect().await?;
-    let (views, containers) = tokio::try_join!(
+    let (mut views, mut containers) = tokio::try_join!(
         target::list_sessions(&backend),
         lifecycle::turn_containers(&backend)
     )?;
+    // Turns whose driver is gone: recorded first, so the rows tell how they ended.
+    let mut recorded = false;
+    for id in &containers.orphaned {
+        recorded |= settled(&backend, *id).await?;
+    }
+    if recorded {
+        (views, containers) = tokio::try_join!(
+            target::list_sessions(&backend),
+            lifecycle::turn_containers(&backend)
+        )?;
+    }
     let mut rows: Vec<Row> = views
         .iter()
         .filter(|v| group.is_none() || v.facts.group == group)
@@ -237,9 +249,21 @@ fn removed_but_cached(views: &[SessionView], group: Option<&str>) -> Vec<Row> {
         .collect()
 }
 
+/// Records session `id`'s ended turn whose driver is gone, if there is one; whether one
+/// was recorded (what the session's view said is then out of date).
+async fn settled(backend: &Engine, id: Uuid) -> Result<bool> {
+    Ok(matches!(
+        orphans::settle(backend, id, false).await?,
+        Orphan::Recorded(..) | Orphan::RecordedElsewhere
+    ))
+}
+
 pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     let backend = crate::backend::connect().await?;
-    let view = target::resolve_view(&backend, target_arg).await?;
+    let mut view = target::resolve_view(&backend, target_arg).await?;
+    if settled(&backend, view.facts.session_id).await? {
+        view = target::resolve_view(&backend, &view.facts.session_id.to_string()).await?;
+    }
     let containers = lifecycle::turn_containers(&backend).await?;
     let running = containers.running.contains_key(&view.facts.session_id);
     let warm_until = containers
@@ -403,8 +427,11 @@ fn one_line(s: &str, max: usize) -> String {
 
 pub async fn logs(target_arg: &str, turn: Option<u32>, raw: bool, follow: bool) -> Result<i32> {
     let backend = crate::backend::connect().await?;
-    let view = target::resolve_view(&backend, target_arg).await?;
+    let mut view = target::resolve_view(&backend, target_arg).await?;
     let id = view.facts.session_id;
+    if settled(&backend, id).await? {
+        view = target::resolve_view(&backend, &id.to_string()).await?;
+    }
     let container = names::turn_container(id);
     let running = backend
         .inspect_container(&container)
@@ -457,8 +484,8 @@ async fn follow_turn(
     let mut events = Vec::new();
     let mut printed = 0usize;
     let mut emit = |line: &str| {
-        if line.starts_with(crate::session::EXIT_MARKER) {
-            // The entrypoint's hand-off marker, for the driver.
+        if crate::session::is_marker(line) {
+            // The entrypoint's markers of how the CLI ended, for the driver.
             return;
         }
         if raw {
@@ -485,6 +512,8 @@ async fn follow_turn(
     }
     lines.finish(emit);
     tracing::debug!("turn {turn} of {} ended", view.facts.session_id);
+    // A turn whose driver is gone is recorded now, by this process.
+    orphans::settle(backend, view.facts.session_id, false).await?;
     // The turn's driver records it, then removes the container.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while std::time::Instant::now() < deadline {

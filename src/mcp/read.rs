@@ -93,7 +93,7 @@ async fn running_events(backend: &impl Backend, view: &SessionView) -> Vec<Event
     let mut events = Vec::new();
     let mut batch = Vec::new();
     let mut parse = |line: &str| {
-        if line.starts_with(crate::session::EXIT_MARKER) {
+        if crate::session::is_marker(line) {
             return;
         }
         batch.clear();

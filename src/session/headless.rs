@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use super::egress::refused_by_proxy;
+use super::ended::{
+    last_line, model_host, stopped_outside_result, unreachable_result, EXIT_MARKER, SIGNAL_MARKER,
+};
 use super::history::{save_record, Ending, StoredHistory, TurnLogs};
 use super::runtime::{has_file, signal_file, STOP_NOW, STOP_REQUEST};
 use super::turn::{
@@ -20,10 +23,6 @@ use crate::lines::LineBuffer;
 use crate::provider::ParseContext;
 use crate::session::record::{now_secs, SessionRecord, TurnRecord};
 
-/// The line the entrypoint prints on stdout after the CLI ended on its own, with its exit
-/// code, before it waits for the turn's record (the record hand-off, see `caw-box-entry`).
-pub(crate) const EXIT_MARKER: &str = "\u{1e}caw-box-exit ";
-
 /// Runs a headless turn in its created container, to its recorded end.
 pub(super) async fn drive_headless(
     ctx: &TurnContext<'_, impl Backend>,
@@ -34,11 +33,28 @@ pub(super) async fn drive_headless(
     drive(ctx, record, interrupts, sink, None).await
 }
 
-/// A turn taken over from a driver that is gone: when its container started.
-#[derive(Clone, Copy)]
+/// A turn taken over from a driver that is gone: when it started, and what a warm turn's
+/// command kept of it.
 struct Adopted {
     started_at: u64,
     running_for: Duration,
+    warm: Option<(Vec<u8>, i64)>,
+}
+
+/// Where an adopted turn's output is read.
+#[derive(Debug)]
+pub(super) enum AdoptFrom {
+    /// The container's log, from its start (a cold turn's container, created then).
+    Log {
+        created: Option<std::time::SystemTime>,
+    },
+    /// What a warm turn's command kept of the turn that ended (`backend::warm::ADOPT_FILES`):
+    /// its stdout and exit code, and when it started (unix seconds).
+    Warm {
+        stdout: Vec<u8>,
+        exit: i64,
+        started_at: u64,
+    },
 }
 
 /// Finishes the running headless turn `turn` of `record`'s session in container `name`
@@ -48,7 +64,8 @@ struct Adopted {
 /// stream: the log keeps them together), and once the CLI ended the record is handed in
 /// on the container's stdin, which stayed open, as the driver would have. `record` is the
 /// stored one (before this turn). The driver's `--timeout` holds, counted from the pod's
-/// start (the driver left it in the runtime directory).
+/// start (the driver left it in the runtime directory). A warm turn's output is what its
+/// command kept ([`AdoptFrom::Warm`]); its record is written through the container.
 ///
 /// [`ADOPTABLE`]: crate::session::names::labels::ADOPTABLE
 pub(super) async fn adopt(
@@ -56,7 +73,7 @@ pub(super) async fn adopt(
     record: &mut SessionRecord,
     name: &str,
     turn: u32,
-    created: Option<std::time::SystemTime>,
+    from: AdoptFrom,
 ) -> Result<TurnResult> {
     let mut interrupts = Interrupts::install()?;
     let prompt = backend
@@ -79,10 +96,24 @@ pub(super) async fn adopt(
         timeout,
         ..Default::default()
     };
-    let running_for = created.and_then(|t| t.elapsed().ok()).unwrap_or_default();
-    let adopted = Adopted {
-        started_at: now_secs().saturating_sub(running_for.as_secs()),
-        running_for,
+    let adopted = match from {
+        AdoptFrom::Log { created } => {
+            let running_for = created.and_then(|t| t.elapsed().ok()).unwrap_or_default();
+            Adopted {
+                started_at: now_secs().saturating_sub(running_for.as_secs()),
+                running_for,
+                warm: None,
+            }
+        }
+        AdoptFrom::Warm {
+            stdout,
+            exit,
+            started_at,
+        } => Adopted {
+            started_at,
+            running_for: Duration::from_secs(now_secs().saturating_sub(started_at)),
+            warm: Some((stdout, exit)),
+        },
     };
     let ctx = TurnContext {
         backend,
@@ -103,7 +134,12 @@ pub(super) async fn adopt(
     record.owner = Some(ctx.user);
     // A sidecar broker holding a login answers to this process now, and what it refreshed
     // without its driver is stored.
-    let broker = super::broker::Broker::take_over_in_pod(backend, record.provider, name).await;
+    // (Only a broker in the turn's own unit is the turn's: a shared one serves others.)
+    let in_turn = backend.broker_place().await == crate::backend::BrokerPlace::InTurn;
+    let broker = match in_turn {
+        true => super::broker::Broker::take_over_in_pod(backend, record.provider, name).await,
+        false => None,
+    };
     let result = drive(&ctx, record, &mut interrupts, &mut |_| {}, Some(adopted)).await;
     if let Some(task) = broker {
         let _ = tokio::time::timeout(super::broker::WATCH_END, task).await;
@@ -166,16 +202,27 @@ async fn drive(
     place_home_files(backend, name, home_files, user).await?;
 
     let started = adopted
+        .as_ref()
         .and_then(|a| Instant::now().checked_sub(a.running_for))
         .unwrap_or_else(Instant::now);
-    let started_at = adopted.map(|a| a.started_at).unwrap_or_else(now_secs);
-    let attach = match adopted {
+    let started_at = adopted.as_ref().map_or_else(now_secs, |a| a.started_at);
+    let mut adopted = adopted;
+    let warm = adopted.as_mut().and_then(|a| a.warm.take());
+    let warm_exit = warm.as_ref().map(|(_, exit)| *exit);
+    let attach = match (&adopted, warm) {
+        // All that the warm turn's command kept; its record goes in through the container.
+        (_, Some((stdout, _))) => crate::backend::Attached {
+            output: Box::pin(futures_util::stream::iter([Ok(OutputChunk::Stdout(
+                stdout,
+            ))])),
+            input: Box::pin(tokio::io::sink()),
+        },
         // The CLI's output so far and to come; nothing to write until the record.
-        Some(_) => crate::backend::Attached {
+        (Some(_), None) => crate::backend::Attached {
             output: backend.follow_logs(name),
             input: Box::pin(tokio::io::sink()),
         },
-        None => backend.attach(name, runtime_payload.is_some()).await?,
+        (None, None) => backend.attach(name, runtime_payload.is_some()).await?,
     };
     // The runtime files go first on stdin; the same stdin takes the record at the end.
     let feeding = runtime_payload.map(|payload| {
@@ -221,7 +268,7 @@ async fn drive(
     let mut ended_early = None;
     let now = tokio::time::Instant::now;
     // An adopted turn's time started with its pod.
-    let ran = adopted.map(|a| a.running_for).unwrap_or_default();
+    let ran = adopted.as_ref().map(|a| a.running_for).unwrap_or_default();
     let deadline = options.timeout.map(|t| now() + t.saturating_sub(ran));
     // Reset by every line the CLI prints.
     let mut idle_deadline = options.idle_timeout.map(|t| now() + t);
@@ -233,14 +280,15 @@ async fn drive(
     let mut output = attach.output;
     // The CLI's exit code, as the entrypoint reports it right after the CLI's last output.
     let mut cli_exit: Option<i64> = None;
+    // The signal the container got, where the CLI ended after one (SIGNAL_MARKER).
+    let mut signalled: Option<String> = None;
 
     loop {
         let printed = tokio::select! {
             chunk = output.next() => match chunk {
                 Some(Ok(OutputChunk::Stdout(message))) => {
-                    lines.feed(&message, |l| match l.strip_prefix(EXIT_MARKER) {
-                        Some(code) => cli_exit = code.trim().parse().ok(),
-                        None => reader.stdout_line(l),
+                    lines.feed(&message, |l| {
+                        read_stdout_line(l, &mut reader, &mut cli_exit, &mut signalled)
                     });
                     if let Some(code) = cli_exit {
                         // The CLI is done; the entrypoint waits for the record.
@@ -310,11 +358,11 @@ async fn drive(
         let drain = async {
             while let Some(Ok(chunk)) = output.next().await {
                 if let OutputChunk::Stdout(message) = chunk {
-                    lines.feed(&message, |l| match l.strip_prefix(EXIT_MARKER) {
-                        // The CLI ended as it was stopped: the entrypoint waits for the
-                        // record (a stop that reached the CLI, not the entrypoint).
-                        Some(code) => cli_exit = code.trim().parse().ok(),
-                        None => reader.stdout_line(l),
+                    // An exit marker: the CLI ended as it was stopped, and the entrypoint
+                    // waits for the record (a stop that reached the CLI, not the
+                    // entrypoint).
+                    lines.feed(&message, |l| {
+                        read_stdout_line(l, &mut reader, &mut cli_exit, &mut signalled)
                     });
                 }
             }
@@ -323,9 +371,9 @@ async fn drive(
     }
     lines.finish(|l| reader.stdout_line(l));
     stderr_lines.finish(|l| reader.parser.parse_stderr_line(l));
-    let exit_code = match cli_exit {
-        Some(code) => code,
-        None => backend.wait_container(name).await?,
+    let exit_code = match (cli_exit, warm_exit) {
+        (Some(code), _) | (None, Some(code)) => code,
+        (None, None) => backend.wait_container(name).await?,
     };
     let refused = match proxy {
         Some(proxy) => refused_by_proxy(backend, proxy).await,
@@ -345,6 +393,10 @@ async fn drive(
     if stop_requested {
         ended_early = Some(EndedEarly::Interrupted);
     }
+    // Stopped from outside the turn: neither the CLI's own end, nor caw-box's doing.
+    let stopped_outside = signalled
+        .as_deref()
+        .filter(|_| ended_early.is_none() && cli_exit.is_none());
 
     let mut outcome = reader.parser.finish(exit_code);
     // A CLI that gave up on its own after failing to reach its model, and said so last.
@@ -369,7 +421,7 @@ async fn drive(
     // A CLI that failed because its pod hit a wall outside it (memory, an eviction): the
     // environment's failure (exit 3), not the agent's.
     let environment = match ended_early {
-        None if failed => backend.ended_by_environment(name).await,
+        None if failed && stopped_outside.is_none() => backend.ended_by_environment(name).await,
         _ => None,
     };
     if let Some(key) = reader.parser.resume_key() {
@@ -410,6 +462,9 @@ async fn drive(
                 (Status::Interrupted, "the turn was interrupted".to_string())
             }
         };
+    } else if let Some(signal) = stopped_outside {
+        outcome.status = Status::Interrupted;
+        outcome.result = stopped_outside_result(signal, &backend.words().engine);
     } else if let Some(why) = &environment {
         outcome.status = Status::Error;
         outcome.result = why.clone();
@@ -494,13 +549,15 @@ async fn drive(
     };
     let stdin = match feeding {
         // An adopted turn's record goes in through an attachment of this process's own.
-        _ if adopted.is_some() && cli_exit.is_some() => match backend.attach(name, true).await {
-            Ok(attached) => Some(Box::pin(Attachment(attached)) as super::history::Stdin),
-            Err(e) => {
-                tracing::debug!("cannot attach for the record hand-off: {e}");
-                None
+        _ if adopted.is_some() && cli_exit.is_some() && warm_exit.is_none() => {
+            match backend.attach(name, true).await {
+                Ok(attached) => Some(Box::pin(Attachment(attached)) as super::history::Stdin),
+                Err(e) => {
+                    tracing::debug!("cannot attach for the record hand-off: {e}");
+                    None
+                }
             }
-        },
+        }
         Some(task) if cli_exit.is_some() => match task.await {
             Ok(Ok(stdin)) => Some(stdin),
             Ok(Err(e)) => {
@@ -524,6 +581,24 @@ async fn drive(
         result: result.clone(),
     });
     Ok(result)
+}
+
+/// One line of the CLI's stdout as the container printed it: the entrypoint's markers
+/// (how the CLI ended) are taken out, the rest goes to the reader.
+fn read_stdout_line(
+    line: &str,
+    reader: &mut TurnReader<'_>,
+    cli_exit: &mut Option<i64>,
+    signalled: &mut Option<String>,
+) {
+    if let Some(code) = line.strip_prefix(EXIT_MARKER) {
+        *cli_exit = code.trim().parse().ok();
+    } else if let Some(rest) = line.strip_prefix(SIGNAL_MARKER) {
+        let name = rest.split_whitespace().next().unwrap_or("TERM");
+        *signalled = Some(name.to_string());
+    } else {
+        reader.stdout_line(line);
+    }
 }
 
 /// Why a headless turn ended before its CLI did.
@@ -600,65 +675,4 @@ impl TurnReader<'_> {
         }
         self.events = events;
     }
-}
-
-/// The result text of a turn whose CLI could not reach its model: which host, for how
-/// long, in the CLI's own words, and what the egress proxy refused.
-fn unreachable_result(
-    record: &SessionRecord,
-    waited: Option<Duration>,
-    words: &str,
-    refused: &[String],
-) -> String {
-    let cli = record.provider.executable();
-    let host = model_host(record);
-    let mut text = match waited {
-        Some(w) => format!(
-            "{cli} could not reach its model at {host}: no answer for {} (--connect-timeout)",
-            humantime::format_duration(w)
-        ),
-        None => format!("{cli} could not reach its model at {host}"),
-    };
-    let words = words.trim();
-    if !words.is_empty() {
-        let words: String = words.chars().take(300).collect();
-        text.push_str(&format!("; it said: {words}"));
-    }
-    if !refused.is_empty() {
-        text.push_str(&format!(
-            " (the egress proxy refused {}: not in --allow-host)",
-            refused.join(", ")
-        ));
-    }
-    text
-}
-
-/// The host a session's model traffic goes to: the `--endpoint` host, else the vendor's.
-pub fn model_host(record: &SessionRecord) -> String {
-    match record.settings.endpoint.as_deref() {
-        Some(url) => {
-            let rest = url.split_once("://").map_or(url, |(_, r)| r);
-            let authority = rest.split('/').next().unwrap_or(rest);
-            authority
-                .rsplit('@')
-                .next()
-                .unwrap_or(authority)
-                .to_string()
-        }
-        None => record
-            .provider
-            .api_hosts()
-            .first()
-            .map(|h| h.trim_end_matches(":443").to_string())
-            .unwrap_or_default(),
-    }
-}
-
-fn last_line(bytes: &[u8]) -> Option<String> {
-    String::from_utf8_lossy(bytes)
-        .lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .map(|l| l.chars().take(500).collect())
 }

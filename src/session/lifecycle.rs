@@ -14,14 +14,16 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::runtime::STOP_REQUEST;
-use super::turn::{handle_of, STOP_GRACE};
+pub use super::turn::result_of;
+use super::turn::STOP_GRACE;
 use crate::backend::warm::WARM_FOR_LABEL;
 use crate::backend::Backend;
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::event::TurnResult;
 use crate::session::names;
-use crate::session::record::{labels, roles, SessionRecord, TurnRecord};
+use crate::session::orphans::{self, Orphan};
+use crate::session::record::{labels, roles};
 use crate::session::target::{self, VolumeFacts};
 
 /// The running turn of every session that has one: session id -> turn number. One call.
@@ -36,6 +38,9 @@ pub struct TurnContainers {
     pub running: HashMap<Uuid, u32>,
     /// Session id -> its idle warm container (`--keep-warm`).
     pub warm: HashMap<Uuid, WarmIdle>,
+    /// Sessions whose turn ended with its driver gone, not recorded yet
+    /// ([`orphans::settle`] records it).
+    pub orphaned: Vec<Uuid>,
 }
 
 /// An idle warm container: when it was made, and for how long it stays idle after a turn.
@@ -62,6 +67,25 @@ pub async fn turn_containers(backend: &impl Backend) -> Result<TurnContainers> {
         ])
         .await?;
     let mut out = TurnContainers::default();
+    for c in &containers {
+        let id = c
+            .label(labels::SESSION)
+            .and_then(|s| Uuid::parse_str(s).ok());
+        if let Some(id) = id.filter(|id| c.name == names::turn_container(*id)) {
+            if orphans::is_orphan(c) && orphans::recordable_ended(backend, c) {
+                out.orphaned.push(id);
+            }
+        }
+    }
+    // Turns this host noted in flight whose container is gone: lost with it, or recorded.
+    for id in super::inflight::noted() {
+        if !containers
+            .iter()
+            .any(|c| c.name == names::turn_container(id))
+        {
+            out.orphaned.push(id);
+        }
+    }
     for c in containers.into_iter().filter(|c| c.running()) {
         let l = &c.labels;
         let Some(id) = l.get(labels::SESSION).and_then(|s| Uuid::parse_str(s).ok()) else {
@@ -108,7 +132,7 @@ pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
         // volumes went). Killed first, and its driver given the time to finish.
         if turn.running() {
             backend.stop_container(&container, Duration::ZERO).await?;
-            await_release(backend, &container, Duration::from_secs(10)).await?;
+            await_release(backend, id, Duration::from_secs(10), false).await?;
         }
     }
     backend.remove_container(&container, true).await?;
@@ -140,6 +164,8 @@ pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
     if let Ok(dir) = dirs::sessions_dir() {
         let _ = std::fs::remove_file(dir.join(format!("{id}.json")));
     }
+    orphans::forget(id);
+    super::inflight::forget(id);
     Ok(())
 }
 
@@ -200,17 +226,38 @@ pub async fn stop(
         tracing::debug!("could not note the stop on the container: {e}");
     }
     backend.stop_container(&container, STOP_GRACE).await?;
-    await_release(backend, &container, Duration::from_secs(30)).await?;
+    await_release(backend, id, Duration::from_secs(30), true).await?;
     Ok(Stopped::Turn)
 }
 
-/// Returns once the driver of the ended turn in `container` recorded the turn and released
-/// the session (removed the container), or after `limit`.
-async fn await_release(backend: &impl Backend, container: &str, limit: Duration) -> Result<()> {
+/// Returns once the driver of session `id`'s ended turn recorded the turn and released the
+/// session (removed the container), or after `limit`. A turn whose driver is gone is
+/// recorded here when `record`, else removed.
+async fn await_release(
+    backend: &impl Backend,
+    id: Uuid,
+    limit: Duration,
+    record: bool,
+) -> Result<()> {
+    let container = &names::turn_container(id);
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
         match backend.inspect_container(container).await? {
             None => break,
+            Some(c) if record && !c.running() && orphans::is_orphan(&c) => {
+                if let Orphan::None = orphans::settle(backend, id, false).await? {
+                    backend.remove_found(&c).await?;
+                }
+                break;
+            }
+            // A warm turn whose driver is gone, stopped: recorded once it ended.
+            Some(c) if record && orphans::may_be_warm_orphan(&c) => {
+                if let Orphan::Recorded(..) | Orphan::RecordedElsewhere =
+                    orphans::settle(backend, id, false).await?
+                {
+                    break;
+                }
+            }
             // A driver killed too hard to record the turn: nobody else will remove it.
             Some(c) if !c.running() && super::liveness::driver_is_gone(&c) => {
                 backend.remove_found(&c).await?;
@@ -224,21 +271,22 @@ async fn await_release(backend: &impl Backend, container: &str, limit: Duration)
 }
 
 /// Waits until the session's running turn (if any) ended and was recorded, then returns
-/// the result of its latest recorded turn.
+/// the result of its latest recorded turn. A turn whose driver is gone is recorded by this
+/// process ([`orphans::settle`]).
 pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnResult> {
     let id = facts.session_id;
     let container = names::turn_container(id);
     let mut stopped_since: Option<Instant> = None;
     let is_running = |c: &crate::backend::ContainerInfo| c.running();
     while let Some(c) = backend.inspect_container(&container).await? {
-        let adoptable = c.label(labels::ADOPTABLE) == Some("true");
-        if is_running(&c) && adoptable && super::liveness::driver_is_gone(&c) {
-            // A detached turn whose driver was killed: it runs on, and this process
-            // finishes it (reads its output, hands its record in).
-            if let Some(result) = adopt(backend, facts, &c).await? {
-                return Ok(result);
+        if orphans::is_orphan(&c) || orphans::may_be_warm_orphan(&c) {
+            // A turn whose driver was killed: it runs on (or ended), and this process
+            // finishes it (reads its output, records it).
+            match orphans::settle(backend, id, true).await? {
+                Orphan::Recorded(recorded) => return Ok(recorded.1),
+                Orphan::RecordedElsewhere | Orphan::Running => continue,
+                Orphan::None => {}
             }
-            continue;
         }
         if is_running(&c) {
             if let Err(e) = backend.wait_container(&container).await {
@@ -255,15 +303,20 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
             }
             continue;
         }
-        // The turn's driver records the turn, then removes the container.
+        // The turn's driver records the turn, then removes the container; one that is gone
+        // and left a turn no one can record (a TUI's) will not.
         let since = *stopped_since.get_or_insert_with(Instant::now);
-        if since.elapsed() > Duration::from_secs(60) {
+        if super::liveness::driver_is_gone(&c) || since.elapsed() > Duration::from_secs(60) {
             return Err(Error::environment(format!(
                 "the turn of session {id} ended but was never recorded (its caw-box process is gone)"
             ))
             .with_hint(format!("its container is left for inspection: {}; `caw-box resume {id}` clears it", backend.logs_hint(&container))));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A turn that went with its container, noted in flight by a driver that is gone.
+    if let Orphan::Recorded(recorded) = orphans::settle(backend, id, false).await? {
+        return Ok(recorded.1);
     }
     let record = target::read_record(backend, facts)
         .await?
@@ -275,50 +328,4 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
     // What its driver moved aside (bind mode: this host's workspace, this host's data dir).
     result.quarantined = super::quarantine::recorded(id, last.turn);
     Ok(result)
-}
-
-/// Finishes turn container `c` of a session whose driver is gone (see
-/// [`super::headless::adopt`]); `None` when it is not this session's next turn.
-async fn adopt(
-    backend: &impl Backend,
-    facts: &VolumeFacts,
-    c: &crate::backend::ContainerInfo,
-) -> Result<Option<TurnResult>> {
-    // The record the driver started from (labels, the host cache): the stored history
-    // joins it when the turn is saved, as for the driver.
-    let mut record = target::resolve(backend, &facts.session_id.to_string()).await?;
-    let turn = c.label(labels::TURN).and_then(|t| t.parse::<u32>().ok());
-    if turn != Some(record.next_turn()) {
-        tracing::debug!(
-            "turn container {} is not the next turn: not adopted",
-            c.name
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        return Ok(None);
-    }
-    tracing::info!(
-        "finishing turn {:?} of session {}: its driver is gone",
-        turn,
-        facts.session_id
-    );
-    let turn = record.next_turn();
-    let result = super::headless::adopt(backend, &mut record, &c.name, turn, c.created).await?;
-    Ok(Some(result))
-}
-
-/// The result object of a recorded turn.
-pub fn result_of(record: &SessionRecord, t: &TurnRecord) -> TurnResult {
-    TurnResult {
-        session_id: record.session_id.to_string(),
-        name: record.name.clone(),
-        provider: record.provider,
-        turn: t.turn,
-        status: t.status,
-        result: t.result.clone(),
-        resume_handle: handle_of(record).to_json(),
-        usage: t.usage,
-        duration_ms: t.duration_ms,
-        exit_code: t.exit_code,
-        quarantined: None,
-    }
 }

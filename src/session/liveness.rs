@@ -12,6 +12,12 @@ use crate::session::record::labels;
 /// live turn and must not be taken for a leftover.
 pub(super) fn driver_is_gone(container: &ContainerInfo) -> bool {
     let pid = container.label(labels::DRIVER_PID);
+    driver_of_is_gone(container, pid)
+}
+
+/// Whether the driver `pid` of a turn in `container` (of the container's driver host) is
+/// certainly gone: a warm container's turns each have their own driver.
+pub(super) fn driver_of_is_gone(container: &ContainerInfo, pid: Option<&str>) -> bool {
     let host = container.label(labels::DRIVER_HOST);
     if let (Some(pid), Some(host)) = (pid, host) {
         if host == dirs::host_name() {
@@ -38,7 +44,14 @@ pub(super) async fn remove_abandoned_turns(backend: &impl Backend, own: &str) {
         return;
     };
     for c in turns {
-        if c.name != own && c.state == crate::backend::ContainerState::Exited && driver_is_gone(&c)
+        // An adoptable one is left to be recorded by the next caw-box that meets its
+        // session (`orphans::settle`).
+        let recordable = c.label(labels::ADOPTABLE) == Some("true")
+            && backend.runtime_dir() == crate::backend::RuntimeDir::KeptWithContainer;
+        if c.name != own
+            && c.state == crate::backend::ContainerState::Exited
+            && driver_is_gone(&c)
+            && !recordable
         {
             tracing::debug!("removing {}, abandoned by its driver", c.name);
             let _ = backend.remove_found(&c).await;
@@ -48,7 +61,7 @@ pub(super) async fn remove_abandoned_turns(backend: &impl Backend, own: &str) {
 
 /// Whether process `pid` lives and runs the same program as this one (where /proc tells):
 /// a dead driver's pid reused by another program must not keep its session busy for good.
-fn is_a_caw_box(pid: u32) -> bool {
+pub(super) fn is_a_caw_box(pid: u32) -> bool {
     let comm = |p: &str| std::fs::read_to_string(format!("/proc/{p}/comm"));
     dirs::process_is_alive(pid)
         && !is_a_zombie(pid)

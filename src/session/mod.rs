@@ -3,16 +3,19 @@
 
 mod broker;
 mod egress;
+mod ended;
 pub mod files;
 pub mod handle;
 mod headless;
 mod history;
+mod inflight;
 mod interactive;
 pub mod lifecycle;
 pub mod limits;
 mod liveness;
 pub mod models;
 pub mod names;
+pub mod orphans;
 pub mod owner;
 pub mod patch;
 mod plan;
@@ -25,7 +28,7 @@ pub mod runner;
 #[cfg(test)]
 pub(crate) use broker::sidecar_entrypoint;
 pub(crate) use broker::{POD_END_DIR, POD_END_FILE, SIDECAR};
-pub(crate) use headless::EXIT_MARKER;
+pub(crate) use ended::is_marker;
 mod runtime;
 pub mod safe_git;
 pub mod target;

@@ -29,9 +29,10 @@ pub mod labels {
     /// On a turn pod (Kubernetes): `caw-box stop` ended it (its runtime directory, where
     /// Docker's stop request goes, is gone with the pod).
     pub const STOP_REQUESTED: &str = "io.caw-box.stop-requested";
-    /// On a headless turn's container, set by the backend that made it so (Kubernetes): it
-    /// runs on when its driver is gone, and waits for its record, which any caw-box can hand
-    /// in (`session::headless::adopt`); `caw-box wait` adopts it.
+    /// On a headless turn's container, set by the backend that made it so (Docker, Kubernetes):
+    /// it runs on when its driver is gone, and any caw-box can record it
+    /// (`session::headless::adopt`): `wait`, `stop`, `show`, `logs`, `ls` and the session's
+    /// next turn do.
     pub const ADOPTABLE: &str = "io.caw-box.adoptable";
     /// On a turn-record volume: the [`crate::session::record::TurnSummary`] of the session's latest turn.
     pub const SUMMARY: &str = "io.caw-box.summary";

@@ -13,7 +13,9 @@
 //! stored history with the record hand-off (`history.rs`). What other modules use is
 //! re-exported here.
 
+use super::inflight::InFlight;
 use super::liveness::{driver_is_gone, remove_abandoned_turns};
+use super::orphans::Orphan;
 use super::owner::{ensure_owner, fill_new_home};
 use super::plan::{plan_turn, TurnPlan};
 use super::turn::{busy, image_hint, Interrupts, TurnContext, STOP_GRACE};
@@ -23,7 +25,7 @@ use crate::event::{Event, TurnResult};
 use crate::session::record::{labels, SessionRecord};
 
 pub use super::egress::{proxy_env, PROXY_ALIAS, PROXY_PORT, PROXY_SCRIPT};
-pub use super::headless::model_host;
+pub use super::ended::model_host;
 pub use super::history::cache_record;
 pub use super::plan::DEFAULT_PIDS_LIMIT;
 pub use super::runtime::{RUNTIME_MOUNT, RUN_DIR as RUNTIME_DIR, STOP_REQUEST};
@@ -44,9 +46,42 @@ pub async fn run_turn(
     sink: &mut dyn FnMut(&Event),
 ) -> Result<TurnResult> {
     record.settings.check_agent_config(record.provider)?;
+    settle_orphan(backend, record).await?;
     let mut interrupts = Interrupts::install()?;
     let plan = plan_turn(backend, record, options).await?;
-    realise(backend, record, options, plan, &mut interrupts, sink).await
+    // Noted for whoever comes next if this process goes before the turn is recorded.
+    let in_flight = InFlight::note(record.session_id, plan.turn, &options.prompt);
+    let result = realise(backend, record, options, plan, &mut interrupts, sink).await;
+    if result.is_err() && record.turn_started {
+        // It began and is not recorded: the note stays, for the turn to be.
+        in_flight.keep();
+    }
+    result
+}
+
+/// Records this session's turn whose driver is gone, if one ended, so that this turn comes
+/// after it (its answer is in the conversation the CLI resumes, and in the record). One
+/// that still runs keeps the session busy: `caw-box wait` records it when it ends.
+async fn settle_orphan(backend: &impl Backend, record: &mut SessionRecord) -> Result<()> {
+    let id = record.session_id;
+    let stored = match super::orphans::settle(backend, id, false).await? {
+        Orphan::None => return Ok(()),
+        Orphan::Running => {
+            let turn = record.next_turn().to_string();
+            return Err(busy(record, &turn).with_hint(format!(
+                "its caw-box is gone: `caw-box wait {id}` records it when it ends, \
+                 or `caw-box stop {id}` ends it"
+            )));
+        }
+        Orphan::Recorded(recorded) => recorded.0,
+        Orphan::RecordedElsewhere => super::target::resolve(backend, &id.to_string()).await?,
+    };
+    record.turns = stored.turns;
+    record.resume_key = stored.resume_key;
+    record.key_confirmed = stored.key_confirmed;
+    record.summary_only = stored.summary_only;
+    record.owner = record.owner.or(stored.owner);
+    Ok(())
 }
 
 /// `caw-box warm`: makes `record`'s session's warm container ahead of its next turn, idle

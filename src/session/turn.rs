@@ -13,7 +13,7 @@ use crate::event::{Event, Status, TurnResult};
 use crate::provider::AGENT_HOME;
 use crate::session::files;
 use crate::session::handle::ResumeHandle;
-use crate::session::record::SessionRecord;
+use crate::session::record::{SessionRecord, TurnRecord};
 
 /// How long a stopped container gets between SIGTERM and SIGKILL. The entrypoint kills the
 /// CLI after [`ENTRY_GRACE_SECS`], so its credential clean-up still runs before Docker's
@@ -281,4 +281,21 @@ pub fn turn_error(result: &TurnResult) -> Option<Error> {
         ),
     });
     Some(e)
+}
+
+/// The result object of a recorded turn.
+pub fn result_of(record: &SessionRecord, t: &TurnRecord) -> TurnResult {
+    TurnResult {
+        session_id: record.session_id.to_string(),
+        name: record.name.clone(),
+        provider: record.provider,
+        turn: t.turn,
+        status: t.status,
+        result: t.result.clone(),
+        resume_handle: handle_of(record).to_json(),
+        usage: t.usage,
+        duration_ms: t.duration_ms,
+        exit_code: t.exit_code,
+        quarantined: None,
+    }
 }

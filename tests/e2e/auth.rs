@@ -309,8 +309,8 @@ fn status_flags_an_expired_login_and_collect_reports_nothing_found() {
     );
 }
 
-/// A driver killed too hard to clean up (SIGKILL) leaves its turn's runtime dir, with the
-/// injected credentials, on the host: the next turn removes it.
+/// A driver killed too hard to clean up (SIGKILL) leaves its turn's container and runtime
+/// volume, with no credential in them; whoever records the turn removes them.
 #[test]
 fn a_killed_drivers_turn_leaves_no_credential_and_goes_with_the_next_turn() {
     let rig = Rig::new("sweep");
@@ -381,15 +381,29 @@ fn a_killed_drivers_turn_leaves_no_credential_and_goes_with_the_next_turn() {
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    // Any next turn on this host (here: of another session) removes it.
+    // Another session's turn leaves it (it is the killed turn's session's to record); the
+    // next caw-box that lists the sessions records it, as its driver would have: the
+    // container goes, and its runtime volume with it. (Another test's `ls` may be first.)
     let (code, json, stderr) = rig.json_turn(rig.run_cmd_stored_key(CODEX, "REMEMBER:next", &[]));
     assert_eq!(code, 0, "{json}\n{stderr}");
-    // The killed turn's container went, and its runtime volume with it.
+    let mut ls = rig.caw();
+    ls.args(["ls", "--json"]);
+    let out = run(ls);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let gone = rig.rt.block_on(rig.docker.inspect_volume(&runtime));
     assert!(
         gone.is_err(),
         "the killed turn's runtime volume is still there"
     );
+    let killed = container
+        .trim_start_matches('/')
+        .trim_start_matches("caw-box-");
+    let mut show = rig.caw();
+    show.args(["show", killed, "--json"]);
+    let out = run(show);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let shown: serde_json::Value = serde_json::from_str(&stdout_of(&out)).unwrap();
+    assert_eq!(shown["turns"][0]["result"], "Noted: killed.", "{shown}");
     // Nothing of a turn's runtime is on the host: the key is in the store alone.
     let outside_store: Vec<_> = walkdir(rig.data_dir.path())
         .into_iter()

@@ -178,7 +178,16 @@ fn the_leftover_of_a_hard_killed_caw_box_is_cleared_by_the_next_turn() {
         1,
         "the leftover should still be there"
     );
-    assert_recalls(&rig, CODEX, &id, "quince");
+    // The next turn records the killed one first (its answer came), then runs as turn 3.
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert_eq!(json["turn"], 3, "{json}");
+    assert_eq!(json["result"], "You told me to remember quince.", "{json}");
+    let mut show = rig.caw();
+    show.args(["show", &id, "--json"]);
+    let shown: serde_json::Value = serde_json::from_str(&stdout_of(&run(show))).unwrap();
+    assert_eq!(shown["turns"][1]["turn"], 2, "{shown}");
+    assert_eq!(shown["turns"][1]["status"], "success", "{shown}");
     assert!(rig.caw_containers().is_empty());
 }
 

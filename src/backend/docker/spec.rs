@@ -83,7 +83,7 @@ pub(super) fn turn_body(spec: &TurnSpec) -> ContainerCreateBody {
         env: Some(spec.env.clone()),
         user: Some(format!("{}:{}", spec.user.0, spec.user.1)),
         working_dir: Some(spec.working_dir.clone()),
-        labels: Some(spec.labels.clone()),
+        labels: Some(turn_labels(spec)),
         attach_stdout: Some(true),
         attach_stderr: Some(true),
         attach_stdin: Some(false),
@@ -110,6 +110,24 @@ pub(super) fn turn_body(spec: &TurnSpec) -> ContainerCreateBody {
         }
     }
     body
+}
+
+/// A turn container's labels: the turn's, and on a headless cold turn's [`ADOPTABLE`]: it
+/// runs on when its driver is gone, its output stays in the container's log and its state
+/// volume with it, so any caw-box can record it (`session::headless::adopt`). A warm
+/// container's turns run by exec, whose output no log keeps: not adoptable.
+///
+/// [`ADOPTABLE`]: crate::session::names::labels::ADOPTABLE
+fn turn_labels(spec: &TurnSpec) -> HashMap<String, String> {
+    let mut labels = spec.labels.clone();
+    let warm = labels.contains_key(crate::backend::warm::WARM_LABEL);
+    if spec.interactive.is_none() && spec.runtime_over_stdin && !warm {
+        labels.insert(
+            crate::session::names::labels::ADOPTABLE.to_string(),
+            "true".to_string(),
+        );
+    }
+    labels
 }
 
 /// One of caw-box's helper containers.
