@@ -26,6 +26,11 @@ const LATEST_CHARS: usize = 200;
 /// far arrives at once, a live turn's next line may be minutes away.
 const LOG_QUIET: Duration = Duration::from_millis(400);
 
+/// The kind of a turn's exit code, as the `-o json` error object names kinds (`null` for 0).
+fn exit_kind(code: i32) -> Option<&'static str> {
+    crate::error::ErrorKind::from_exit_code(code).map(|k| k.as_str())
+}
+
 /// A finished turn, short: for `wait`.
 pub fn turn_brief(r: &TurnResult) -> Value {
     json!({
@@ -34,6 +39,7 @@ pub fn turn_brief(r: &TurnResult) -> Value {
         "turn": r.turn,
         "status": r.status.to_string(),
         "exit_code": r.exit_code,
+        "exit_kind": exit_kind(r.exit_code),
         "result": shorten(&r.result, LATEST_CHARS),
         "usage": r.usage,
         "handle": (!r.resume_handle.is_empty()).then_some(&r.resume_handle),
@@ -303,6 +309,7 @@ pub async fn result(target: &str, turn: Option<u32>) -> Result<Value> {
     };
     let r = crate::session::lifecycle::result_of(&record, t);
     let mut out = serde_json::to_value(&r).expect("results serialize");
+    out["exit_kind"] = json!(exit_kind(r.exit_code));
     out["cost_usd"] = json!(r.usage.cost_usd);
     out["total_cost_usd"] = json!(record.total_cost_usd());
     if view.facts.settings.workspace_mode != crate::session::WorkspaceMode::None {

@@ -154,7 +154,7 @@ async def main_server(s):
 
     check("result names the file")
     r = await call(s, "result", {"session": sid})
-    assert r["status"] == "success" and r["exit_code"] == 0, r
+    assert r["status"] == "success" and r["exit_code"] == 0 and r["exit_kind"] is None, r
     assert [f["path"] for f in r["files_changed"]] == ["hello.txt"], r
     assert r["files_changed"][0]["added"] == 1, r
     assert r["usage"]["output_tokens"] > 0 and r["resume_handle"], r
@@ -200,6 +200,7 @@ async def main_server(s):
         await wait_done(s, [sid])
     r = await call(s, "result", {"session": sid})
     assert r["status"] == "interrupted" and r["turn"] == 3, r
+    assert r["exit_code"] == 130 and r["exit_kind"] == "interrupted", r
     await call(s, "reply", {"session": sid, "prompt": "RECALL"})
     await wait_done(s, [sid])
     r = await call(s, "result", {"session": sid})
