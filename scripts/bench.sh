@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: builds release binaries and runs the benchmark program (benches/bench.rs),
-# then the Python part (python/bench.py; `--only python` runs just that).
+# then the Python part (python/bench.py; `--only python` runs just that) and the MCP part
+# (tests/mcp/bench.py: `caw-box mcp` start + wait against run -d + wait; `--only mcp`).
 # `scripts/bench.sh --smoke` is the short run that `make test` does, so it cannot rot: it runs
 # the debug build the tests already made (its numbers are not held to the targets, and a
 # fat-LTO release build would cost CI minutes for nothing it checks).
@@ -10,6 +11,10 @@ if [[ " $* " == *" --smoke "* ]]; then
     exec cargo bench --workspace --profile dev --quiet --bench bench -- "$@"
 fi
 cargo build --release --quiet --bin caw-box
+target=${CARGO_TARGET_DIR:-$PWD/target}
+if [[ " $* " == *" --only mcp "* ]]; then
+    exec "$(scripts/mcp-venv.sh)" tests/mcp/bench.py "$target/release/caw-box"
+fi
 if [[ " $* " != *" --only "* ]] || [[ " $* " == *" --only python "* ]]; then
     # A missed target fails the run, after the Python part has measured too.
     rust=0
@@ -18,7 +23,6 @@ if [[ " $* " != *" --only "* ]] || [[ " $* " == *" --only python "* ]]; then
     fi
     # The Python part (python/bench.py): `Session.send` against the CLI's turn, with the
     # wheel built as published (release profile) into a virtualenv of its own.
-    target=${CARGO_TARGET_DIR:-$PWD/target}
     venv=$target/bench-python-venv
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     # bench.py takes the tests' rig (python/tests/conftest.py), which imports pytest.
@@ -26,7 +30,12 @@ if [[ " $* " != *" --only "* ]] || [[ " $* " == *" --only python "* ]]; then
     CARGO_TARGET_DIR=$target CAW_BOX_WHEEL_PROFILE=release \
         "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall ./python
     "$venv/bin/python" python/bench.py
-    exit "$rust"
+    mcp=0
+    if [[ " $* " != *" --only python "* ]]; then
+        "$(scripts/mcp-venv.sh)" tests/mcp/bench.py "$target/release/caw-box" || mcp=$?
+    fi
+    [ "$rust" = 0 ] || exit "$rust"
+    exit "$mcp"
 else
     cargo bench --quiet --bench bench -- "$@"
 fi

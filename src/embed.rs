@@ -105,8 +105,8 @@ pub async fn resume(target: &str, flags: &[String]) -> Result<Prepared> {
 
 /// Starts `options`' turn of `session` in a background driver process (the executable of
 /// [`crate::connection::driver`]) and returns once it runs, as `run -d` does.
-pub async fn detach(client: &Client, session: &Session, options: &TurnOptions) -> Result<()> {
-    crate::commands::turn::detach(client.backend(), session, options).await
+pub async fn detach(_client: &Client, session: &Session, options: &TurnOptions) -> Result<()> {
+    session.start_detached(options).await
 }
 
 /// The rows `caw-box ls --json [--group G]` prints.

@@ -24,6 +24,7 @@ pub mod error;
 pub mod event;
 pub mod labelling;
 mod lines;
+mod mcp;
 pub mod output;
 pub mod provider;
 pub mod provider_kind;

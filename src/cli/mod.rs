@@ -17,7 +17,7 @@ mod turn;
 
 pub use subcommands::{
     AuthCommand, ConfigCommand, ConfigShowArgs, ImageBuildArgs, ImageCommand, ImagePullArgs,
-    SessionCommand,
+    McpArgs, SessionCommand,
 };
 pub use turn::{CredentialsArg, ResumeArgs, RunArgs, SettingsArgs, TurnArgs, WorkspaceModeArg};
 
@@ -359,6 +359,14 @@ pub enum Command {
     /// Move a session to another Docker host: export it to one archive, import it there.
     #[command(subcommand)]
     Session(SessionCommand),
+    /// An MCP server (stdio) through which an agent delegates to boxed, resumable sub-agents
+    ///
+    /// An MCP server for Claude Code, Codex, opencode, Cursor or any MCP client. Its tools
+    /// start sessions (`start`, also n at once), continue them (`reply`), wait with progress
+    /// (`wait`), read them (`status`, `events`, `result`, `diff`), bring their changes back
+    /// (`apply`), stop them (`cancel`) and clean up (`list`, `remove`).
+    #[command(after_help = subcommands::MCP_EXAMPLES)]
+    Mcp(McpArgs),
     /// Check the daemon, images and credentials; say what is wrong and how to fix it.
     #[command(after_help = "Examples:\n  caw-box doctor")]
     Doctor,

@@ -191,3 +191,44 @@ pub struct ImageBuildArgs {
     #[arg(long)]
     pub no_cache: bool,
 }
+
+pub const MCP_EXAMPLES: &str = "\
+Examples:
+  claude mcp add caw-box -- caw-box mcp               # Claude Code delegates through it
+  caw-box mcp --allow-host @provider                  # every sub-agent locked down
+  caw-box mcp --max-parallel 2                        # more turns than that wait, queued
+  caw-box mcp --http 8765                             # Streamable HTTP on 127.0.0.1:8765/mcp
+  caw-box mcp --http 0.0.0.0:8765 --token-file token  # off loopback: a bearer token
+  caw-box mcp --network agents --endpoint http://gateway:8080 --env OPENAI_API_KEY
+
+Tools: start, reply, wait, status, events, result, diff, apply, cancel, list, remove
+(docs/mcp.md). The flags are the defaults of every `start` (a call's arguments override
+them, checked as `run` checks its flags); config files and CAW_BOX_* variables come under
+them, as for `run`. Sessions live in Docker, not in the server: a new server sees those an
+earlier one started. Credentials are brokered as for `run`: neither the server nor the
+sub-agents hold a real key.";
+
+/// `caw-box mcp`: the delegation server's settings.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    /// An environment variable for every sub-agent's CLI: `K=V`, or `K` to pass this
+    /// host's value (repeatable). Not remembered by sessions: passed to every turn.
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Run at most N of this server's turns at once: `start` and `reply` beyond that return
+    /// status `queued`, and the turns start in the order they were asked for as running
+    /// ones end. Queued turns live in the server: they are lost if it ends before they start.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_parallel: Option<u16>,
+    /// Serve MCP's Streamable HTTP transport on ADDR (`HOST:PORT`, or `PORT` on 127.0.0.1)
+    /// instead of stdio, at http://ADDR/mcp. An address other than loopback needs
+    /// --token-file.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<String>,
+    /// With --http: a file holding a bearer token (16+ characters); every request must carry
+    /// `Authorization: Bearer <token>`, else 401.
+    #[arg(long, value_name = "FILE", requires = "http")]
+    pub token_file: Option<PathBuf>,
+}

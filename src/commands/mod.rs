@@ -33,6 +33,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             apply_image_repo(args.settings.workspace.as_deref())?
         }
         Command::Image(_) | Command::Doctor => apply_image_repo(None)?,
+        Command::Mcp(args) => apply_image_repo(args.settings.workspace.as_deref())?,
         _ => {}
     }
     match cli.command {
@@ -107,6 +108,22 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Image(ImageCommand::Ls) => image::ls().await,
         Command::Image(ImageCommand::Prune) => image::prune(cli.quiet).await,
         Command::Doctor => doctor::doctor().await,
+        Command::Mcp(args) => {
+            let http = args
+                .http
+                .as_deref()
+                .map(|a| crate::mcp::http::checked(a, args.token_file.as_deref()))
+                .transpose()?;
+            let defaults = crate::mcp::Defaults {
+                settings: args.settings,
+                env: args.env,
+                queue: args.max_parallel.map(|n| crate::mcp::Queue::new(n.into())),
+            };
+            match http {
+                Some((addr, token)) => crate::mcp::http::serve(defaults, addr, token).await,
+                None => crate::mcp::serve_stdio(defaults).await,
+            }
+        }
         Command::Config(ConfigCommand::Show(args)) => config::show(&args),
         Command::Config(ConfigCommand::Path { workspace }) => config::path(workspace.as_deref()),
         Command::Man { dir } => man(dir.as_deref()),

@@ -21,6 +21,7 @@ mod interactive;
 mod kubernetes;
 mod limits;
 mod manage;
+mod mcp;
 mod oauth;
 mod orphans;
 mod patch;

@@ -26,9 +26,8 @@ use crate::settings;
 mod detach;
 mod group;
 
-pub(crate) use detach::detach;
 pub use detach::detached_driver;
-use detach::{print_detached, turn_recorded};
+use detach::print_detached;
 use group::resume_group;
 
 /// The secrets of a config file's MCP servers that the session's own servers take, added to
@@ -90,10 +89,10 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
     } = new_session(&mut args, quiet, &|line| printer.progress(line)).await?;
     let mut printer = printer;
     if args.turn.detach {
-        let started = detach(client.backend(), &session, &options).await;
+        let started = session.start_detached(&options).await;
         // This process's record never has a turn; Docker's says whether the driver ran one.
-        if started.is_err() && !turn_recorded(client.backend(), &session).await {
-            let _ = session.discard_if_unused().await;
+        if started.is_err() {
+            session.discard_unless_recorded().await;
         }
         return started.map(|()| print_detached(&session, args.turn.output));
     }
@@ -236,7 +235,7 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
         options,
     } = open_session(&target, &args.turn).await?;
     if args.turn.detach {
-        detach(client.backend(), &session, &options).await?;
+        session.start_detached(&options).await?;
         return Ok(print_detached(&session, args.turn.output));
     }
     let announce = format!(

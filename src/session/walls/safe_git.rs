@@ -117,7 +117,29 @@ fn absolute_dirs(path: &str) -> String {
 /// environment: [`GIT_ENV`], `PATH` of absolute directories, and `vars`. Its stdout, or
 /// `None` with the reason logged when it could not run or failed.
 pub async fn run_on_host(body: &str, vars: &[(&str, &str)]) -> Option<String> {
-    let tmp = tempfile::tempdir().ok()?;
+    match run_on_host_output(body, vars).await {
+        Ok(out) if out.status.success() => Some(String::from_utf8_lossy(&out.stdout).into_owned()),
+        Ok(out) => {
+            tracing::debug!(
+                "this machine's git failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            None
+        }
+        Err(e) => {
+            tracing::debug!("{e}");
+            None
+        }
+    }
+}
+
+/// [`run_on_host`], its whole output (a failure's stderr is what the caller reports), or
+/// why it could not run or did not end within [`HOST_TIMEOUT`].
+pub async fn run_on_host_output(
+    body: &str,
+    vars: &[(&str, &str)],
+) -> Result<std::process::Output, String> {
+    let tmp = tempfile::tempdir().map_err(|e| format!("no temporary directory: {e}"))?;
     let mut cmd = tokio::process::Command::new("/bin/sh");
     cmd.arg("-c")
         .arg(script(body))
@@ -135,25 +157,13 @@ pub async fn run_on_host(body: &str, vars: &[(&str, &str)]) -> Option<String> {
         .current_dir(tmp.path())
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
-    let out = match tokio::time::timeout(HOST_TIMEOUT, cmd.output()).await {
-        Ok(Ok(out)) => out,
-        Ok(Err(e)) => {
-            tracing::debug!("this machine's git could not run: {e}");
-            return None;
-        }
-        Err(_) => {
-            tracing::debug!("this machine's git took longer than {HOST_TIMEOUT:?}");
-            return None;
-        }
-    };
-    if !out.status.success() {
-        tracing::debug!(
-            "this machine's git failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        return None;
+    match tokio::time::timeout(HOST_TIMEOUT, cmd.output()).await {
+        Ok(Ok(out)) => Ok(out),
+        Ok(Err(e)) => Err(format!("this machine's git could not run: {e}")),
+        Err(_) => Err(format!(
+            "this machine's git took longer than {HOST_TIMEOUT:?}"
+        )),
     }
-    Some(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[cfg(test)]

@@ -384,10 +384,17 @@ pub fn pick_tool_search(tools: Vec<Tool>) -> Option<Tool> {
     tools.into_iter().find(|t| t.kind == ToolKind::ToolSearch)
 }
 
-/// Arguments for a called tool: `text`, plus placeholders for its other required properties.
+/// Arguments for a called tool: `text` (or, when the text is a JSON object, its fields), plus
+/// placeholders for its other required properties.
 pub fn call_args(schema: &Value, text: &str) -> Value {
-    let mut args = Map::new();
-    args.insert("text".to_string(), json!(text));
+    let mut args = match serde_json::from_str::<Value>(text.trim()) {
+        Ok(Value::Object(fields)) => fields,
+        _ => {
+            let mut args = Map::new();
+            args.insert("text".to_string(), json!(text));
+            args
+        }
+    };
     let empty = Map::new();
     let properties = schema
         .get("properties")
@@ -812,6 +819,13 @@ mod tests {
         );
         assert_eq!(pick_named_tool(vec![tool("necho")], "echo"), None);
         assert_eq!(call_args(&json!({}), "hi"), json!({"text": "hi"}));
+        // A JSON object is the arguments themselves (a tool with arguments of its own).
+        let schema =
+            json!({"required": ["session", "force"], "properties": {"force": {"type": "boolean"}}});
+        assert_eq!(
+            call_args(&schema, r#"{"session": "s1"}"#),
+            json!({"session": "s1", "force": false})
+        );
     }
 
     #[test]

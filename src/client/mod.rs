@@ -37,6 +37,8 @@ use crate::session::record::{now_secs, volume_labels, SessionRecord, SessionSett
 use crate::session::runner::{self, TurnOptions};
 use crate::session::{lifecycle, limits, target};
 
+pub mod detach;
+
 /// A connection to the Docker daemon that sessions run on.
 #[derive(Debug, Clone)]
 pub struct Client {

@@ -1,0 +1,306 @@
+//! `caw-box mcp`: a Model Context Protocol server (the official Rust SDK, `rmcp`, over
+//! stdio, or Streamable HTTP with `--http`) that lets an orchestrating agent (Claude Code, Codex, opencode, Cursor, a
+//! program) delegate work to boxed, resumable sub-agents: `start` a turn, `wait` for it,
+//! read its `result` and `diff`, `apply` it, `reply`, `cancel`.
+//!
+//! It is a thin layer over the library ([`crate::Client`], [`crate::Session`]): a turn
+//! runs detached, in a background `caw-box __drive` process ([`crate::Session::start_detached`]),
+//! as `run -d` does; a tool call's arguments become `run`'s and `resume`'s flags and go
+//! through the same resolution and checks ([`crate::commands::turn::new_session`]). The
+//! server keeps no state of its own: sessions live in the backend, so a new server lists,
+//! waits on, reads and resumes what an earlier one started.
+//!
+//! - `mod.rs`: the server, its instructions, the tool table
+//! - `args.rs`: the tools' arguments (their JSON schemas)
+//! - `turns.rs`: `start`, `reply`, `cancel`, `wait`
+//! - `read.rs`: `status`, `events`, `result`, `diff`'s patch, `list`
+//! - `apply.rs`: `apply`
+//!
+//! - `queue.rs`: `--max-parallel`
+//! - `http.rs`: `--http ADDR`, the Streamable HTTP transport and its bearer token
+//!
+//! Not here: spend limits.
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ProgressToken,
+    ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_handler, tool_router, Peer, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{json, Value};
+
+use crate::cli::SettingsArgs;
+use crate::error::{Error, Result};
+
+mod apply;
+mod args;
+pub mod http;
+mod queue;
+mod read;
+mod turns;
+
+pub use queue::Queue;
+
+use args::{
+    ApplyArgs, EventsArgs, ListArgs, RemoveArgs, ReplyArgs, ResultArgs, SessionArg, StartArgs,
+    WaitArgs,
+};
+
+/// What an orchestrating agent is told when it connects.
+pub const INSTRUCTIONS: &str = "\
+caw-box runs coding-agent CLIs (claude_code, codex, opencode, gemini) as sub-agents, each in \
+its own sandboxed container with its own copy of a directory, resumable at any time. \
+To delegate: `start` {provider, prompt, workspace} returns at once with a session id (status \
+`running`); `wait` {sessions: [id]} blocks until the turn ended (or timeout_s: then call it \
+again; `status` is the cheap poll); `result` {session} gives the final message, usage, cost and \
+the files changed; `diff` {session} gives the changes as a patch; `apply` {session} writes them \
+into the directory the session was started from (the default workspace_mode `copy` leaves that \
+directory untouched until then). `reply` {session, prompt} continues the same conversation; \
+`cancel` stops a running turn (the session stays resumable). `start` with n: 3 runs the same \
+task three times in one group: wait with mode `all`, compare the results and diffs, apply the \
+best, `remove` the rest. Sessions outlive this server: `list` shows them.";
+
+/// The server's own settings: the defaults of every `start` (`run`'s settings flags given to
+/// `caw-box mcp`; config files and `CAW_BOX_*` variables under them) and the `--env` passed
+/// to every turn.
+#[derive(Debug, Clone, Default)]
+pub struct Defaults {
+    pub settings: SettingsArgs,
+    pub env: Vec<String>,
+    /// `--max-parallel`: the queue of turns beyond it.
+    pub queue: Option<std::sync::Arc<Queue>>,
+}
+
+/// The MCP server.
+#[derive(Debug, Clone)]
+pub struct Delegation {
+    defaults: Defaults,
+    #[allow(dead_code)] // read by the `tool_handler` macro
+    tool_router: ToolRouter<Self>,
+}
+
+/// Where `wait` reports progress: the client's progress token, if it sent one.
+#[derive(Debug)]
+pub struct Progress {
+    peer: Peer<RoleServer>,
+    token: Option<ProgressToken>,
+}
+
+impl Progress {
+    pub async fn send(&self, step: u32, message: &str) {
+        if let Some(token) = &self.token {
+            let param = ProgressNotificationParam::new(token.clone(), f64::from(step))
+                .with_message(message);
+            if let Err(e) = self.peer.notify_progress(param).await {
+                tracing::debug!("progress notification not sent: {e}");
+            }
+        }
+    }
+}
+
+/// A tool's answer: the JSON as text (what every client shows the model) and as structured
+/// content; an error as the JSON object `-o json` prints for it, with `isError`.
+fn answer(outcome: Result<Value>) -> CallToolResult {
+    match outcome {
+        Ok(value) => {
+            let text = serde_json::to_string_pretty(&value).expect("values serialize");
+            let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+            if value.is_object() {
+                r.structured_content = Some(value);
+            }
+            r
+        }
+        Err(e) => error_result(&e),
+    }
+}
+
+fn error_result(e: &Error) -> CallToolResult {
+    let report = serde_json::to_value(e.report()).expect("reports serialize");
+    let mut r = CallToolResult::error(vec![ContentBlock::text(report.to_string())]);
+    r.structured_content = Some(report);
+    r
+}
+
+/// Runs a tool's work to its end on a thread of its own, with a runtime of its own: the
+/// session layer's futures (a turn adopted by `wait`, `run`'s resolution) are not `Send`,
+/// which the SDK's handlers must be. Only the arguments and the outcome cross threads.
+pub(crate) async fn off_thread<T, F>(work: impl FnOnce() -> F + Send + 'static) -> Result<T>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T>>,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let outcome = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt.block_on(work()),
+            Err(e) => Err(Error::environment(format!("cannot start a runtime: {e}"))),
+        };
+        let _ = tx.send(outcome);
+    });
+    rx.await.unwrap_or_else(|_| {
+        Err(Error::environment(
+            "the tool's work ended without an answer",
+        ))
+    })
+}
+
+#[tool_router]
+impl Delegation {
+    pub fn new(defaults: Defaults) -> Self {
+        Delegation {
+            defaults,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    #[tool(
+        description = "Start a sub-agent on a task: a new session (or n sessions of one group) whose first turn runs in the background. Returns at once with each session's id, name, handle and status `running`; then `wait`."
+    )]
+    async fn start(&self, Parameters(a): Parameters<StartArgs>) -> CallToolResult {
+        let d = self.defaults.clone();
+        answer(off_thread(move || async move { turns::start(&d, a).await }).await)
+    }
+
+    #[tool(
+        description = "Send a session its next prompt; the turn runs in the background and this returns at once. A session whose turn is still running is refused (`busy`)."
+    )]
+    async fn reply(&self, Parameters(a): Parameters<ReplyArgs>) -> CallToolResult {
+        let d = self.defaults.clone();
+        answer(off_thread(move || async move { turns::reply(&d, a).await }).await)
+    }
+
+    #[tool(
+        description = "Wait until the sessions' running turns ended (mode `all`) or one did (`any`), or timeout_s passed; returns each session's status. Sends progress notifications (the latest event of each) every few seconds when the call carries a progress token."
+    )]
+    async fn wait(
+        &self,
+        Parameters(a): Parameters<WaitArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let progress = Progress {
+            token: context.meta.get_progress_token(),
+            peer: context.peer,
+        };
+        let queue = self.defaults.queue.clone();
+        let cancelled = context.ct.clone();
+        answer(off_thread(move || turns::wait(a, queue, progress, cancelled)).await)
+    }
+
+    #[tool(
+        description = "A session's status, cheap enough to poll: status, turn, elapsed seconds, the latest event (at most 200 characters), usage and cost so far."
+    )]
+    async fn status(&self, Parameters(a): Parameters<SessionArg>) -> CallToolResult {
+        let queue = self.defaults.queue.clone();
+        answer(off_thread(move || async move { read::status(&a.session, queue).await }).await)
+    }
+
+    #[tool(
+        description = "A turn's unified events (text, tool_call, tool_result, usage, error, result) after a cursor, and the next cursor."
+    )]
+    async fn events(&self, Parameters(a): Parameters<EventsArgs>) -> CallToolResult {
+        answer(
+            off_thread(move || async move {
+                read::events(&a.session, a.turn, a.cursor.unwrap_or(0)).await
+            })
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "How a finished turn ended: status and exit code, the final message, usage, cost, duration, the files changed (path, lines added and removed) and the resume handle."
+    )]
+    async fn result(&self, Parameters(a): Parameters<ResultArgs>) -> CallToolResult {
+        answer(off_thread(move || async move { read::result(&a.session, a.turn).await }).await)
+    }
+
+    #[tool(
+        description = "The session's changes as a patch that `git apply` takes on the directory as it was when the session started (as `caw-box diff --patch`; protected paths such as .git/hooks are left out)."
+    )]
+    async fn diff(&self, Parameters(a): Parameters<SessionArg>) -> CallToolResult {
+        let patch = off_thread(move || async move {
+            let client = crate::Client::connect().await?;
+            let (_, bytes, _) = read::patch_of(&client, &a.session).await?;
+            Ok(String::from_utf8_lossy(&bytes).into_owned())
+        });
+        match patch.await {
+            Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
+            Err(e) => error_result(&e),
+        }
+    }
+
+    #[tool(
+        description = "Apply a copy-mode session's patch to the directory it was started from. All or nothing: on a conflict nothing is written and the error says why. `check: true` only checks."
+    )]
+    async fn apply(&self, Parameters(a): Parameters<ApplyArgs>) -> CallToolResult {
+        answer(
+            off_thread(
+                move || async move { apply::apply(&a.session, a.check.unwrap_or(false)).await },
+            )
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "Stop a session's running turn; returns within 10 seconds. The session stays resumable: `reply` continues it."
+    )]
+    async fn cancel(&self, Parameters(a): Parameters<SessionArg>) -> CallToolResult {
+        answer(off_thread(move || async move { turns::cancel(&a.session).await }).await)
+    }
+
+    #[tool(
+        description = "The sessions, newest first (also those an earlier server started): id, name, group, provider, turns, status, cost, handle."
+    )]
+    async fn list(&self, Parameters(a): Parameters<ListArgs>) -> CallToolResult {
+        let queue = self.defaults.queue.clone();
+        answer(
+            off_thread(
+                move || async move { read::list(a.group, a.status.as_deref(), queue).await },
+            )
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "Delete a session with its container and volumes. A session whose turn is running is refused unless force."
+    )]
+    async fn remove(&self, Parameters(a): Parameters<RemoveArgs>) -> CallToolResult {
+        answer(
+            off_thread(move || async move {
+                let client = crate::Client::connect().await?;
+                let id = client.remove(&a.session, a.force.unwrap_or(false)).await?;
+                Ok(json!({ "removed": id.to_string() }))
+            })
+            .await,
+        )
+    }
+}
+
+#[tool_handler]
+impl ServerHandler for Delegation {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("caw-box", crate::VERSION)
+                    .with_title("caw-box delegation server"),
+            )
+            .with_instructions(INSTRUCTIONS)
+    }
+}
+
+/// Serves MCP on this process's stdin and stdout until the client goes.
+pub async fn serve_stdio(defaults: Defaults) -> Result<i32> {
+    let service = Delegation::new(defaults)
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| Error::environment(format!("the MCP connection failed to start: {e}")))?;
+    service
+        .waiting()
+        .await
+        .map_err(|e| Error::environment(format!("the MCP server ended: {e}")))?;
+    Ok(0)
+}

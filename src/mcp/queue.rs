@@ -1,0 +1,190 @@
+//! `caw-box mcp --max-parallel N`: turns this server starts beyond N running at once wait,
+//! in the order they were asked for, and start as running ones end.
+//!
+//! The one thing the server holds itself: a queued turn has its session (made by `start`,
+//! or an existing one for `reply`) but no container yet; it lives in this process until it
+//! starts, so a server that ends takes its queued turns with it (the sessions stay, with
+//! the turns they ran). Running turns are counted from the backend, not from memory.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use crate::client::{Client, Session};
+use crate::error::{Error, Result};
+use crate::session::record::SessionSettings;
+use crate::session::runner::TurnOptions;
+
+/// How often queued turns look for a free slot.
+const POLL: Duration = Duration::from_millis(300);
+
+#[derive(Debug)]
+struct Queued {
+    id: Uuid,
+    /// The settings the turn runs with (the session's own and the call's overrides), and
+    /// whether it is the session's first turn (a session it could not start is discarded).
+    settings: SessionSettings,
+    options: TurnOptions,
+    first: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    waiting: VecDeque<Queued>,
+    /// Turns being started (no container seen running yet): they take a slot.
+    starting: HashSet<Uuid>,
+    /// The sessions whose turns this server started: the ones that count against N.
+    mine: HashSet<Uuid>,
+    /// Queued turns that could not start, and why (`wait` and `status` tell).
+    failed: HashMap<Uuid, Error>,
+    dispatching: bool,
+}
+
+/// The queue of turns beyond `--max-parallel`.
+#[derive(Debug)]
+pub struct Queue {
+    max: usize,
+    state: Mutex<State>,
+}
+
+impl Queue {
+    pub fn new(max: usize) -> Arc<Queue> {
+        Arc::new(Queue {
+            max: max.max(1),
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts `session`'s turn now if a slot is free and nothing queued is before it, else
+    /// queues it; `true` when queued.
+    pub async fn start_or_queue(
+        self: &Arc<Self>,
+        client: &Client,
+        session: &Session,
+        options: &TurnOptions,
+        first: bool,
+    ) -> Result<bool> {
+        let id = session.id();
+        let running = client.running().await?;
+        {
+            let mut st = self.lock();
+            st.failed.remove(&id);
+            st.mine.insert(id);
+            let busy =
+                st.mine.iter().filter(|m| running.contains_key(m)).count() + st.starting.len();
+            if !st.waiting.is_empty() || busy >= self.max {
+                st.waiting.push_back(Queued {
+                    id,
+                    settings: session.record().settings.clone(),
+                    options: options.clone(),
+                    first,
+                });
+                if !std::mem::replace(&mut st.dispatching, true) {
+                    let queue = Arc::clone(self);
+                    std::thread::spawn(move || queue.dispatch());
+                }
+                return Ok(true);
+            }
+            st.starting.insert(id);
+        }
+        let started = session.start_detached(options).await;
+        self.lock().starting.remove(&id);
+        started.map(|()| false)
+    }
+
+    /// Whether session `id` has a turn queued or being started by this server.
+    pub fn holds(&self, id: Uuid) -> bool {
+        let st = self.lock();
+        st.starting.contains(&id) || st.waiting.iter().any(|q| q.id == id)
+    }
+
+    /// Where session `id`'s turn is in the queue (0: next), if it is queued.
+    pub fn position(&self, id: Uuid) -> Option<usize> {
+        self.lock().waiting.iter().position(|q| q.id == id)
+    }
+
+    /// Why session `id`'s queued turn could not start, if it could not.
+    pub fn failure(&self, id: Uuid) -> Option<Error> {
+        self.lock().failed.get(&id).cloned()
+    }
+
+    /// Waits while session `id` has a turn queued or starting; the error of one that could
+    /// not start.
+    pub async fn until_started(&self, id: Uuid) -> Result<()> {
+        while self.holds(id) {
+            tokio::time::sleep(POLL).await;
+        }
+        match self.failure(id) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The dispatcher's thread: starts queued turns in order as slots free up, until the
+    /// queue is empty.
+    fn dispatch(self: Arc<Self>) {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                tracing::error!("--max-parallel: cannot start the queue's runtime: {e}");
+                self.lock().dispatching = false;
+                return;
+            }
+        };
+        rt.block_on(async {
+            loop {
+                tokio::time::sleep(POLL).await;
+                let client = match Client::connect().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!("--max-parallel: {e}");
+                        continue;
+                    }
+                };
+                let Ok(running) = client.running().await else {
+                    continue;
+                };
+                let next = {
+                    let mut st = self.lock();
+                    if st.waiting.is_empty() {
+                        st.dispatching = false;
+                        return;
+                    }
+                    let busy = st.mine.iter().filter(|m| running.contains_key(m)).count()
+                        + st.starting.len();
+                    if busy >= self.max {
+                        continue;
+                    }
+                    let next = st.waiting.pop_front().expect("not empty");
+                    st.starting.insert(next.id);
+                    next
+                };
+                let id = next.id;
+                if let Err(e) = start_queued(&client, next).await {
+                    tracing::warn!("a queued turn of session {id} could not start: {e}");
+                    self.lock().failed.insert(id, e);
+                }
+                self.lock().starting.remove(&id);
+            }
+        });
+    }
+}
+
+async fn start_queued(client: &Client, q: Queued) -> Result<()> {
+    let mut session = client.open(&q.id.to_string()).await?;
+    *session.settings_mut() = q.settings;
+    let started = session.start_detached(&q.options).await;
+    if started.is_err() && q.first {
+        session.discard_unless_recorded().await;
+    }
+    started
+}

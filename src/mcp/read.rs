@@ -1,0 +1,452 @@
+//! The tools that read sessions: `status`, `events`, `result`, `diff`, `list`, and the
+//! lines `wait` reports progress with. All from the backend (labels, containers, the state
+//! volume), never from this server's memory: a new server reads what an old one started.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use std::sync::Arc;
+
+use super::queue::Queue;
+use crate::backend::{Backend, OutputChunk};
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::event::{Event, Status, TurnResult};
+use crate::provider::ParseContext;
+use crate::session::names;
+use crate::session::target::{self, SessionView};
+
+/// The longest `latest` line `status` and `wait`'s progress give.
+const LATEST_CHARS: usize = 200;
+
+/// How long reading a running turn's output waits for more before it stops: the output so
+/// far arrives at once, a live turn's next line may be minutes away.
+const LOG_QUIET: Duration = Duration::from_millis(400);
+
+/// The kind of a turn's exit code, as the `-o json` error object names kinds (`null` for 0).
+fn exit_kind(code: i32) -> Option<&'static str> {
+    crate::error::ErrorKind::from_exit_code(code).map(|k| k.as_str())
+}
+
+/// A finished turn, short: for `wait`.
+pub fn turn_brief(r: &TurnResult) -> Value {
+    json!({
+        "session_id": r.session_id,
+        "name": r.name,
+        "turn": r.turn,
+        "status": r.status.to_string(),
+        "exit_code": r.exit_code,
+        "exit_kind": exit_kind(r.exit_code),
+        "result": shorten(&r.result, LATEST_CHARS),
+        "usage": r.usage,
+        "handle": (!r.resume_handle.is_empty()).then_some(&r.resume_handle),
+    })
+}
+
+fn shorten(s: &str, max: usize) -> String {
+    let joined = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if joined.chars().count() > max {
+        let cut: String = joined.chars().take(max.saturating_sub(1)).collect();
+        format!("{cut}…")
+    } else {
+        joined
+    }
+}
+
+/// One event as a line a person (or an orchestrating agent) reads at a glance.
+pub fn event_line(e: &Event) -> Option<String> {
+    let line = match e {
+        Event::ToolCall { name, input, .. } => {
+            let what = ["command", "cmd", "file_path", "path", "pattern", "url"]
+                .iter()
+                .find_map(|k| input.get(*k))
+                .map(|v| match v {
+                    Value::String(s) => s.clone(),
+                    Value::Array(a) => a
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    other => other.to_string(),
+                })
+                .unwrap_or_default();
+            format!("running tool: {name} {what}")
+        }
+        Event::ToolResult { is_error, .. } => {
+            format!("tool {}", if *is_error { "failed" } else { "finished" })
+        }
+        Event::Text { text } => format!("says: {text}"),
+        Event::Thinking { .. } => "thinking".to_string(),
+        Event::Error { message } => format!("error: {message}"),
+        Event::Usage { .. } | Event::Session { .. } | Event::Result { .. } => return None,
+    };
+    Some(shorten(&line, LATEST_CHARS))
+}
+
+/// The unified events a running turn printed so far, parsed as its driver parses them.
+async fn running_events(backend: &impl Backend, view: &SessionView) -> Vec<Event> {
+    let provider = view.facts.provider;
+    let mcp = view.record().settings.mcp_names();
+    let mut parser = provider.adapter().parser(ParseContext {
+        previous_cumulative_usage: view.last.as_ref().and_then(|l| l.cumulative_usage),
+    });
+    let container = names::turn_container(view.facts.session_id);
+    let mut stream = backend.follow_logs(&container);
+    let mut lines = crate::lines::LineBuffer::default();
+    let mut events = Vec::new();
+    let mut batch = Vec::new();
+    let mut parse = |line: &str| {
+        if crate::session::is_marker(line) {
+            return;
+        }
+        batch.clear();
+        parser.parse_line(line, &mut batch);
+        crate::agent_config::tag_tool_groups(provider, &mcp, &mut batch);
+        events.append(&mut batch);
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while let Ok(Some(chunk)) = tokio::time::timeout(LOG_QUIET, stream.next()).await {
+        if let Ok(OutputChunk::Stdout(bytes)) = chunk {
+            lines.feed(&bytes, &mut parse);
+        }
+        if tokio::time::Instant::now() > until {
+            break;
+        }
+    }
+    lines.finish(&mut parse);
+    events
+}
+
+/// The usage a running turn reported so far (the latest `usage` event).
+fn usage_so_far(events: &[Event]) -> Option<&crate::event::Usage> {
+    events.iter().rev().find_map(|e| match e {
+        Event::Usage { usage } => Some(usage),
+        _ => None,
+    })
+}
+
+/// The session's running turn, if any.
+async fn running_turn(client: &Client, id: Uuid) -> Result<Option<u32>> {
+    Ok(client.running().await?.get(&id).copied())
+}
+
+/// `status`: cheap, for polling loops.
+pub async fn status(target: &str, queue: Option<Arc<Queue>>) -> Result<Value> {
+    let client = Client::connect().await?;
+    let backend = client.backend();
+    let view = target::resolve_view(backend, target).await?;
+    let id = view.facts.session_id;
+    let mut out = json!({
+        "session_id": id.to_string(),
+        "name": view.facts.name,
+        "group": view.facts.group,
+        "provider": view.facts.provider.to_string(),
+    });
+    let queued = queue.as_ref().and_then(|q| q.position(id));
+    let failed = queue.as_ref().and_then(|q| q.failure(id));
+    if let Some(position) = queued {
+        out["status"] = json!("queued");
+        out["queue_position"] = json!(position);
+    } else if let Some(turn) = running_turn(&client, id).await? {
+        let container = backend
+            .inspect_container(&names::turn_container(id))
+            .await?;
+        let elapsed = container
+            .and_then(|c| c.created)
+            .and_then(|t| t.elapsed().ok())
+            .map(|d| d.as_secs());
+        let events = running_events(backend, &view).await;
+        out["status"] = json!(Status::Running.to_string());
+        out["turn"] = json!(turn);
+        out["elapsed_s"] = json!(elapsed);
+        out["latest"] = json!(events.iter().rev().find_map(event_line));
+        out["usage"] = json!(usage_so_far(&events));
+    } else {
+        match &view.last {
+            Some(last) => {
+                out["status"] = json!(last.status.to_string());
+                out["turn"] = json!(last.turn);
+                out["elapsed_s"] = json!(last.ended_at.saturating_sub(last.started_at));
+            }
+            None => {
+                out["status"] = json!("new");
+                out["turn"] = json!(0);
+            }
+        }
+    }
+    if let Some(e) = failed {
+        out["queued_turn_failed"] = json!(e.report());
+    }
+    out["total_cost_usd"] = json!(view.last.as_ref().and_then(|l| l.total_cost_usd));
+    Ok(out)
+}
+
+/// `events`: the unified events of a turn after `cursor`, and the cursor to ask with next.
+pub async fn events(target: &str, turn: Option<u32>, cursor: usize) -> Result<Value> {
+    let client = Client::connect().await?;
+    let backend = client.backend();
+    let view = target::resolve_view(backend, target).await?;
+    let id = view.facts.session_id;
+    let running = running_turn(&client, id).await?;
+    let last = view.last.as_ref().map_or(0, |l| l.turn);
+    let (n, events) = match (turn, running) {
+        (None, Some(r)) => (r, running_events(backend, &view).await),
+        (Some(t), Some(r)) if t == r => (r, running_events(backend, &view).await),
+        (t, _) => {
+            let n = t.unwrap_or(last);
+            if n == 0 {
+                return Err(Error::usage(format!(
+                    "session {id} has no finished turn yet"
+                )));
+            }
+            let path = format!(".caw-box/turns/{n}.events.jsonl");
+            let bytes = target::read_volume_file(backend, &view.facts, &path)
+                .await?
+                .ok_or_else(|| {
+                    Error::usage(format!("session {id} has no turn {n}"))
+                        .with_hint(format!("its turns are 1 to {last}"))
+                })?;
+            let events = String::from_utf8_lossy(&bytes)
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Event>(l).ok())
+                .collect();
+            (n, events)
+        }
+    };
+    let total = events.len();
+    let after: Vec<&Event> = events.iter().skip(cursor).collect();
+    Ok(json!({
+        "session_id": id.to_string(),
+        "turn": n,
+        "running": running == Some(n),
+        "events": after,
+        "next_cursor": total.max(cursor),
+    }))
+}
+
+/// One file of a patch: its path and the lines it adds and removes.
+#[derive(Debug, PartialEq, serde::Serialize)]
+pub struct FileChange {
+    pub path: String,
+    pub added: u64,
+    pub removed: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub binary: bool,
+}
+
+/// The files a `git diff` patch changes (a rename under its new name).
+pub fn files_of_patch(patch: &str) -> Vec<FileChange> {
+    let mut files: Vec<FileChange> = Vec::new();
+    let mut in_hunk = false;
+    for line in patch.lines() {
+        if let Some(rest) = line.strip_prefix("diff --git ") {
+            let path = rest.rsplit_once(" b/").map_or(rest, |(_, b)| b).to_string();
+            files.push(FileChange {
+                path,
+                added: 0,
+                removed: 0,
+                binary: false,
+            });
+            in_hunk = false;
+            continue;
+        }
+        let Some(f) = files.last_mut() else { continue };
+        if line.starts_with("@@") {
+            in_hunk = true;
+        } else if line == "GIT binary patch" || line.starts_with("Binary files ") {
+            f.binary = true;
+        } else if let Some(to) = line.strip_prefix("rename to ").filter(|_| !in_hunk) {
+            f.path = to.to_string();
+        } else if in_hunk && line.starts_with('+') {
+            f.added += 1;
+        } else if in_hunk && line.starts_with('-') {
+            f.removed += 1;
+        }
+    }
+    files
+}
+
+/// The patch of a session's changes, as `caw-box diff --patch` makes it.
+pub async fn patch_of(client: &Client, target: &str) -> Result<(SessionView, Vec<u8>, Value)> {
+    let backend = client.backend();
+    let view = target::resolve_view(backend, target).await?;
+    let ids = crate::session::owner::turn_ids(&view.facts.settings);
+    let made = crate::session::patch::patch(backend, &view.facts, ids, false).await?;
+    let protected = serde_json::to_value(&made.protected).expect("changes serialize");
+    Ok((view, made.bytes, protected))
+}
+
+/// `result`: how a turn ended, its answer, usage and cost, and the files it changed.
+pub async fn result(target: &str, turn: Option<u32>) -> Result<Value> {
+    let client = Client::connect().await?;
+    let backend = client.backend();
+    let view = target::resolve_view(backend, target).await?;
+    let id = view.facts.session_id;
+    if let (None, Some(r)) = (turn, running_turn(&client, id).await?) {
+        return Ok(json!({
+            "session_id": id.to_string(),
+            "turn": r,
+            "status": Status::Running.to_string(),
+            "hint": "the turn is still running: `wait` for it",
+        }));
+    }
+    let record = target::read_record(backend, &view.facts)
+        .await?
+        .ok_or_else(|| Error::usage(format!("session {id} has no finished turn")))?;
+    let t = match turn {
+        Some(n) => record
+            .turns
+            .iter()
+            .find(|t| t.turn == n)
+            .ok_or_else(|| Error::usage(format!("session {id} has no finished turn {n}")))?,
+        None => record
+            .turns
+            .last()
+            .ok_or_else(|| Error::usage(format!("session {id} has no finished turn")))?,
+    };
+    let r = crate::session::lifecycle::result_of(&record, t);
+    let mut out = serde_json::to_value(&r).expect("results serialize");
+    out["exit_kind"] = json!(exit_kind(r.exit_code));
+    out["cost_usd"] = json!(r.usage.cost_usd);
+    out["total_cost_usd"] = json!(record.total_cost_usd());
+    if view.facts.settings.workspace_mode != crate::session::WorkspaceMode::None {
+        match patch_of(&client, &id.to_string()).await {
+            Ok((_, bytes, _)) => {
+                out["files_changed"] = json!(files_of_patch(&String::from_utf8_lossy(&bytes)))
+            }
+            Err(e) => {
+                out["files_changed"] = Value::Null;
+                out["files_changed_unknown"] = json!(e.message);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `list`: the sessions `caw-box ls --json` lists, by group and status.
+pub async fn list(
+    group: Option<String>,
+    status: Option<&str>,
+    queue: Option<Arc<Queue>>,
+) -> Result<Value> {
+    let rows = crate::commands::manage::ls_rows(false, group).await?;
+    let queued = |r: &Value| {
+        let id = r["session_id"]
+            .as_str()
+            .and_then(|s| Uuid::parse_str(s).ok());
+        queue
+            .as_ref()
+            .zip(id)
+            .is_some_and(|(q, id)| q.position(id).is_some())
+    };
+    let rows: Vec<Value> = rows
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|mut r| {
+            if queued(&r) {
+                r["status"] = json!("queued");
+            }
+            r
+        })
+        .filter(|r| status.is_none_or(|s| r["status"] == s))
+        .collect();
+    Ok(json!({ "sessions": rows }))
+}
+
+/// The progress line of `wait`: each running session's latest event.
+pub async fn progress_line(client: &Client, running: &[Uuid], elapsed: Duration) -> String {
+    let mut parts = Vec::new();
+    for id in running {
+        let backend = client.backend();
+        let Ok(view) = target::resolve_view(backend, &id.to_string()).await else {
+            continue;
+        };
+        let events = running_events(backend, &view).await;
+        let who = view
+            .facts
+            .name
+            .clone()
+            .unwrap_or_else(|| id.to_string()[..8].to_string());
+        let latest = events
+            .iter()
+            .rev()
+            .find_map(event_line)
+            .unwrap_or_else(|| "starting".to_string());
+        let tokens = usage_so_far(&events)
+            .map(|u| format!(", {} tokens so far", u.input_tokens + u.output_tokens))
+            .unwrap_or_default();
+        parts.push(shorten(&format!("{who}: {latest}{tokens}"), LATEST_CHARS));
+    }
+    format!(
+        "{}s: {}",
+        elapsed.as_secs(),
+        if parts.is_empty() {
+            "waiting".to_string()
+        } else {
+            parts.join("; ")
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_patch_names_its_files_and_counts_their_lines() {
+        let patch = "diff --git a/keep.txt b/keep.txt\nindex 1..2 100644\n--- a/keep.txt\n+++ b/keep.txt\n@@ -1 +1,2 @@\n-original\n+changed\n+more\ndiff --git a/new.txt b/new.txt\nnew file mode 100644\n--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1 @@\n+new\ndiff --git a/move-me.txt b/moved.txt\nsimilarity index 100%\nrename from move-me.txt\nrename to moved.txt\ndiff --git a/blob.bin b/blob.bin\nGIT binary patch\nliteral 5\nabc\n";
+        assert_eq!(
+            files_of_patch(patch),
+            vec![
+                FileChange {
+                    path: "keep.txt".into(),
+                    added: 2,
+                    removed: 1,
+                    binary: false
+                },
+                FileChange {
+                    path: "new.txt".into(),
+                    added: 1,
+                    removed: 0,
+                    binary: false
+                },
+                FileChange {
+                    path: "moved.txt".into(),
+                    added: 0,
+                    removed: 0,
+                    binary: false
+                },
+                FileChange {
+                    path: "blob.bin".into(),
+                    added: 0,
+                    removed: 0,
+                    binary: true
+                },
+            ]
+        );
+        assert!(files_of_patch("").is_empty());
+    }
+
+    #[test]
+    fn a_latest_line_is_short_and_says_what_runs() {
+        let e = Event::ToolCall {
+            id: "1".into(),
+            name: "shell".into(),
+            input: json!({"command": ["bash", "-lc", "cargo test"]}),
+            group: None,
+        };
+        assert_eq!(
+            event_line(&e).unwrap(),
+            "running tool: shell bash -lc cargo test"
+        );
+        let long = Event::Text {
+            text: "x".repeat(500),
+        };
+        assert_eq!(event_line(&long).unwrap().chars().count(), LATEST_CHARS);
+    }
+}

@@ -1,0 +1,162 @@
+//! `caw-box mcp` (issue 41) driven by the official MCP Python SDK's client over stdio, as an
+//! orchestrating agent drives it: the tool list and schemas, a codex sub-agent in copy mode
+//! writing a file, `wait` with progress, `result`, `diff`, `apply`, `reply`, `cancel` of a
+//! held turn, `n: 3`, refusals as `isError`, and a second server finishing what a killed one
+//! started. The checks are in tests/mcp/client.py; codex runs only on the test's internal
+//! network against the stub model. One rig and one script run: one server (and the one that
+//! replaces it after the kill) for those checks; a second test has codex itself as the
+//! orchestrator, through a server of its own in a container.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+/// The virtualenv's Python with the MCP SDK (made by scripts/mcp-venv.sh, reused).
+fn mcp_python() -> String {
+    let out = Command::new(repo_root().join("scripts/mcp-venv.sh"))
+        .output()
+        .expect("run scripts/mcp-venv.sh");
+    assert!(
+        out.status.success(),
+        "scripts/mcp-venv.sh: {}",
+        stderr_of(&out)
+    );
+    stdout_of(&out).trim().to_string()
+}
+
+#[test]
+fn an_orchestrator_delegates_through_the_mcp_server() {
+    let python = mcp_python();
+    let rig = Rig::new("mcp");
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("README.md"), "the orchestrator's tree\n").unwrap();
+    let mut cmd = rig.caw_env(&python);
+    cmd.arg(repo_root().join("tests/mcp/client.py"))
+        .arg(env!("CARGO_BIN_EXE_caw-box"))
+        .args([&rig.network, &rig.endpoint(), TEST_KEY, &rig.stub])
+        .arg(host.path());
+    let started = Instant::now();
+    let out = wait_with_deadline(
+        {
+            cmd.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            cmd.spawn().expect("spawn the MCP client")
+        },
+        Duration::from_secs(420),
+    );
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert!(
+        out.status.success(),
+        "the MCP client failed after {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        started.elapsed()
+    );
+    assert!(stdout.contains("mcp checks passed"), "{stdout}\n{stderr}");
+    #[allow(clippy::print_stderr)] // the test's own captured output: what the client checked
+    {
+        eprintln!("{stdout}");
+    }
+    // The host directory got the agent's file by `apply` only, and nothing else of it.
+    assert_eq!(
+        std::fs::read_to_string(host.path().join("hello.txt")).unwrap(),
+        "hello from the box\n"
+    );
+}
+
+/// A real vendor CLI as the orchestrator: codex, with `caw-box mcp` as its MCP server
+/// (Streamable HTTP, a bearer token), the stub model scripting its calls: `start` a codex
+/// sub-agent, `wait` for it, read its `result`; the sub-agent's answer comes back into the
+/// orchestrator's turn (the orchestrator's CLI sends it to its model: the stub records it).
+///
+/// The server runs in a container of the test's own on the test's internal network (the
+/// stub's image, this caw-box binary mounted), with the Docker socket: the orchestrating
+/// agent reaches caw-box only through MCP, as it would on a machine of its own.
+#[test]
+fn a_codex_orchestrator_delegates_to_a_codex_sub_agent() {
+    let rig = Rig::new("mcp-orch");
+    let server = format!("mcpsrv-{}", rig.run_id);
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let token_file = rig.data_dir.path().join("mcp-token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let label = format!("{TEST_LABEL}={}", rig.run_id);
+    let caw = env!("CARGO_BIN_EXE_caw-box");
+    let out = Command::new("docker")
+        .args(["run", "-d", "--name", &server, "--label", &label])
+        .args(["--label", "io.caw-box.test=e2e", "--network", &rig.network])
+        .args(["--user", "0", "--entrypoint", "/usr/local/bin/caw-box"])
+        .args(["-v", "/var/run/docker.sock:/var/run/docker.sock"])
+        .args(["-v", &format!("{caw}:/usr/local/bin/caw-box:ro")])
+        .args(["-v", &format!("{}:/token:ro", token_file.display())])
+        .args(["-e", "CAW_BOX_DATA_DIR=/tmp/caw-box"])
+        .args(["-e", &format!("CAW_BOX_LABELS={label}")])
+        .args(["-e", "CAW_BOX_CONFIG=/tmp/no-config.toml"])
+        .arg(stub_image())
+        .args(["mcp", "--http", "0.0.0.0:8765", "--token-file", "/token"])
+        .args(["--network", &rig.network, "--endpoint", &rig.endpoint()])
+        .args(["--model", "gpt-5.5", "--workspace-mode", "none"])
+        .args(["--env", &format!("OPENAI_API_KEY={TEST_KEY}")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let logs = Command::new("docker")
+            .args(["logs", &server])
+            .output()
+            .unwrap();
+        if stderr_of(&logs).contains("serving MCP") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the MCP server did not start: {}{}",
+            stdout_of(&logs),
+            stderr_of(&logs)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let sub = format!("sub-{}", &rig.run_id[rig.run_id.len() - 8..]);
+    let mcp = format!("caw=http://{server}:8765/mcp");
+    let header = format!("caw:Authorization=Bearer {token}");
+    let flags = ["--mcp", &mcp, "--mcp-header", &header];
+    let start = format!(
+        r#"CALL:start {{"provider": "codex", "prompt": "REMEMBER:zebra", "name": "{sub}"}}"#
+    );
+    let (code, json, stderr) = rig.json_turn(rig.run_cmd(CODEX, &start, &flags));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    let orchestrator = json["session_id"].as_str().unwrap().to_string();
+    check(&format!("{start} -> {}", json["result"]));
+    assert!(
+        json["result"].as_str().unwrap().contains("running"),
+        "start did not answer (a stub image older than CALL's JSON arguments? \
+         scripts/stub-image.sh): {json}"
+    );
+    for call in [
+        format!(r#"CALL:wait {{"sessions": ["{sub}"]}}"#),
+        format!(r#"CALL:result {{"session": "{sub}"}}"#),
+    ] {
+        let mut resume = rig.resume_cmd(CODEX, &orchestrator, &call, &[]);
+        resume.args(["--mcp-header", &header]);
+        let (code, json, stderr) = rig.json_turn(resume);
+        assert_eq!(code, 0, "{call}: {json}\n{stderr}");
+        check(&format!("{call} -> {}", json["result"]));
+    }
+    // The sub-agent answered "Noted: zebra." (to its own model: no request of its carries
+    // its answer); the orchestrator's CLI sent that answer to its model, as the output of
+    // its MCP tool calls, in both turns.
+    let carrying: Vec<_> = rig
+        .stub_requests()
+        .into_iter()
+        .filter(|r| r["body"].to_string().contains("Noted: zebra."))
+        .collect();
+    assert!(
+        carrying.len() >= 2,
+        "the sub-agent's answer did not come back to the orchestrator: {carrying:#?}"
+    );
+    assert!(
+        carrying
+            .iter()
+            .all(|r| r["body"].to_string().contains("CALL:")),
+        "{carrying:#?}"
+    );
+}

@@ -1,0 +1,314 @@
+"""Drives `caw-box mcp` over stdio with the official MCP Python SDK, as an orchestrating
+agent would: the e2e test tests/e2e/mcp.rs runs it (scripts/mcp-venv.sh makes its Python).
+
+Usage: client.py CAW_BOX NETWORK ENDPOINT KEY STUB_CONTAINER HOST_DIR
+The caw-box environment (data dir, labels) is this process's. Every sub-agent runs codex on
+the test's internal network against the stub model. Prints one line per check; exits
+non-zero (an AssertionError) at the first that fails.
+"""
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+# Test traffic goes to loopback only: never through a proxy the environment names.
+for var in ["http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"]:
+    os.environ.pop(var, None)
+
+from mcp import ClientSession, StdioServerParameters  # noqa: E402
+from mcp.client.stdio import stdio_client  # noqa: E402
+from mcp.client.streamable_http import streamablehttp_client  # noqa: E402
+
+CAW, NETWORK, ENDPOINT, KEY, STUB, HOST_DIR = sys.argv[1:7]
+# Names are the daemon's, shared with other tests and runs: made unique.
+RUN = os.urandom(3).hex()
+WRITER, SURVIVOR = f"writer-{RUN}", f"survivor-{RUN}"
+TOOLS = {"start", "reply", "wait", "status", "events", "result", "diff", "apply",
+         "cancel", "list", "remove"}
+
+
+def check(name):
+    print(f"mcp check: {name}", flush=True)
+
+
+def server_args(*extra):
+    return ["mcp", "--network", NETWORK, "--endpoint", ENDPOINT, "--model", "gpt-5.5",
+            "--env", f"OPENAI_API_KEY={KEY}", *extra]
+
+
+def server(*extra):
+    return StdioServerParameters(
+        command=CAW,
+        args=server_args(*extra),
+        env=dict(os.environ),
+        cwd=HOST_DIR,
+    )
+
+
+def stub(path, method="GET"):
+    """The stub's own endpoint, from inside its container (its network is internal)."""
+    js = ("const [m, p] = process.argv.slice(1); fetch('http://127.0.0.1:8080' + p, {method: m})"
+          ".then(async r => console.log(await r.text()))")
+    out = subprocess.run(["docker", "exec", STUB, "node", "-e", js, method, path],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+def held(name):
+    for _ in range(6):
+        if stub(f"/_stub/holds/{name}?wait=30")["waiting"] >= 1:
+            return
+    raise AssertionError(f"no request held on {name}")
+
+
+async def call(s, tool, args, ok=True, **kw):
+    r = await s.call_tool(tool, args, **kw)
+    text = r.content[0].text if r.content else ""
+    assert bool(r.isError) != ok, f"{tool} {args}: isError={r.isError}: {text}"
+    if tool == "diff" and ok:
+        return text
+    return json.loads(text)
+
+
+async def wait_done(s, ids, **kw):
+    w = await call(s, "wait", {"sessions": ids, "timeout_s": 240}, **kw)
+    assert not w["timed_out"], w
+    return {x["session_id"]: x for x in w["sessions"]}
+
+
+async def main_server(s):
+    check("tools/list and schemas")
+    tools = {t.name: t for t in (await s.list_tools()).tools}
+    assert set(tools) == TOOLS, sorted(tools)
+    for t in tools.values():
+        assert t.description, t.name
+        for prop, schema in t.inputSchema.get("properties", {}).items():
+            assert schema.get("description"), f"{t.name}.{prop} has no description"
+    start_props = tools["start"].inputSchema["properties"]
+    for arg in ["provider", "prompt", "workspace", "workspace_mode", "name", "group", "model",
+                "effort", "system_prompt", "append_system_prompt", "tools", "allow_host",
+                "runtime", "keep_warm", "timeout", "max_cost_usd", "n"]:
+        assert arg in start_props, arg
+    assert set(tools["start"].inputSchema["required"]) == {"provider", "prompt"}
+
+    check("bad provider, missing workspace, unknown session: isError, and the server serves on")
+    e = await call(s, "start", {"provider": "nope", "prompt": "hi"}, ok=False)
+    assert e["error"]["kind"] == "usage" and "nope" in e["error"]["message"], e
+    e = await call(s, "start", {"provider": "codex", "prompt": "hi",
+                                "workspace": "/no/such/dir"}, ok=False)
+    assert "/no/such/dir" in e["error"]["message"], e
+    e = await call(s, "status", {"session": "no-such-session"}, ok=False)
+    assert e["exit_code"] == 2, e
+    e = await call(s, "start", {"provider": "codex", "prompt": "hi", "n": 9}, ok=False)
+    assert "n must be 1 to 8" in e["error"]["message"], e
+    e = await call(s, "start", {"provider": "codex", "prompt": "hi", "effort": "extreme"}, ok=False)
+    assert "effort" in e["error"]["message"], e
+    r = await s.call_tool("start", {"provider": "codex", "prompt": "hi", "n": "three"})
+    assert r.isError, r
+    e = await call(s, "wait", {"sessions": ["no-such-session"]}, ok=False)
+    assert "no-such-session" in e["error"]["message"], e
+    await call(s, "list", {})
+
+    check("start codex in copy mode: returns at once, running")
+    t0 = time.monotonic()
+    st = await call(s, "start", {
+        "provider": "codex", "name": WRITER,
+        "prompt": "REMEMBER:walrus HOLD:first\nRUN:echo hello from the box > hello.txt",
+    })
+    [one] = st["sessions"]
+    sid = one["session_id"]
+    assert one["status"] == "running" and one["name"] == WRITER, one
+    assert time.monotonic() - t0 < 60
+    assert not os.path.exists(os.path.join(HOST_DIR, "hello.txt")), "copy mode touched the dir"
+
+    check("wait: progress notifications, then the outcome")
+    notes = []
+
+    async def on_progress(progress, total, message):
+        notes.append(message)
+        if len(notes) == 1:
+            await asyncio.to_thread(stub, "/_stub/release/first", "POST")
+
+    done = await wait_done(s, [sid], progress_callback=on_progress)
+    assert done[sid]["status"] == "success", done
+    handle = done[sid]["handle"]
+    assert json.loads(handle)["session_id"] == sid, done
+    assert notes and all(isinstance(n, str) and n for n in notes), notes
+    print(f"progress: {notes}", flush=True)
+
+    check("status, events")
+    st = await call(s, "status", {"session": WRITER})
+    assert st["status"] == "success" and st["turn"] == 1, st
+    assert (await call(s, "status", {"session": handle}))["session_id"] == sid
+    assert (await call(s, "status", {"session": sid[:8]}))["session_id"] == sid
+    ev = await call(s, "events", {"session": sid})
+    assert any(e["type"] == "tool_call" for e in ev["events"]), ev
+    more = await call(s, "events", {"session": sid, "cursor": ev["next_cursor"]})
+    assert more["events"] == [], more
+
+    check("result names the file")
+    r = await call(s, "result", {"session": sid})
+    assert r["status"] == "success" and r["exit_code"] == 0 and r["exit_kind"] is None, r
+    assert [f["path"] for f in r["files_changed"]] == ["hello.txt"], r
+    assert r["files_changed"][0]["added"] == 1, r
+    assert r["usage"]["output_tokens"] > 0 and r["resume_handle"], r
+
+    check("diff is the patch of `caw-box diff --patch`")
+    patch = await call(s, "diff", {"session": sid})
+    cli = subprocess.run([CAW, "diff", sid, "--patch"], capture_output=True, text=True,
+                         check=True).stdout
+    assert patch == cli and "+hello from the box" in patch, patch
+
+    check("apply writes it into the host directory")
+    a = await call(s, "apply", {"session": sid, "check": True})
+    assert not os.path.exists(os.path.join(HOST_DIR, "hello.txt")), "check wrote"
+    a = await call(s, "apply", {"session": sid})
+    assert a["applied"], a
+    with open(os.path.join(HOST_DIR, "hello.txt")) as f:
+        assert f.read() == "hello from the box\n"
+    e = await call(s, "apply", {"session": sid}, ok=False)
+    assert "nothing was written" in e["error"]["message"], e
+
+    check("reply recalls the first turn")
+    rp = await call(s, "reply", {"session": WRITER, "prompt": "RECALL"})
+    assert rp["turn"] == 2 and rp["status"] == "running", rp
+    await wait_done(s, [sid])
+    r = await call(s, "result", {"session": sid})
+    assert "walrus" in r["result"], r
+
+    check("a busy session's reply is refused; cancel of a held turn returns in < 10 s")
+    await call(s, "reply", {"session": sid, "prompt": "HOLD:cancelme hi"})
+    await asyncio.to_thread(held, "cancelme")
+    st = await call(s, "status", {"session": sid})
+    assert st["status"] == "running" and st["turn"] == 3 and "latest" in st, st
+    ev = await call(s, "events", {"session": sid})
+    assert ev["running"] and ev["turn"] == 3, ev
+    e = await call(s, "reply", {"session": sid, "prompt": "hi"}, ok=False)
+    assert "busy" in e["error"]["message"], e
+    t0 = time.monotonic()
+    c = await call(s, "cancel", {"session": sid})
+    took = time.monotonic() - t0
+    assert took < 10, took
+    print(f"cancel took {took:.1f}s: {c}", flush=True)
+    if c["status"] == "stopping":
+        await wait_done(s, [sid])
+    r = await call(s, "result", {"session": sid})
+    assert r["status"] == "interrupted" and r["turn"] == 3, r
+    assert r["exit_code"] == 130 and r["exit_kind"] == "interrupted", r
+    await call(s, "reply", {"session": sid, "prompt": "RECALL"})
+    await wait_done(s, [sid])
+    r = await call(s, "result", {"session": sid})
+    assert r["status"] == "success" and "walrus" in r["result"], r
+
+    check("n: 3 gives three sessions of one group; --max-parallel 1 queues the others, in order")
+    st = await call(s, "start", {"provider": "codex", "prompt": "HOLD:first3 hi", "n": 3})
+    ids = [x["session_id"] for x in st["sessions"]]
+    assert len(set(ids)) == 3 and st["group"], st
+    assert all(x["group"] == st["group"] for x in st["sessions"]), st
+    assert sorted(x["status"] for x in st["sessions"]) == ["queued", "queued", "running"], st
+    first = next(x["session_id"] for x in st["sessions"] if x["status"] == "running")
+    queued = [i for i in ids if i != first]
+    q = await call(s, "status", {"session": queued[0]})
+    assert q["status"] == "queued", q
+    ls = await call(s, "list", {"group": st["group"], "status": "queued"})
+    assert sorted(x["session_id"] for x in ls["sessions"]) == sorted(queued), ls
+    e = await call(s, "reply", {"session": queued[0], "prompt": "hi"}, ok=False)
+    assert "queued" in e["error"]["message"], e
+    await asyncio.to_thread(stub, "/_stub/release/first3", "POST")
+    w = await call(s, "wait", {"sessions": ids, "mode": "any", "timeout_s": 240})
+    ended = [x["session_id"] for x in w["sessions"] if x["status"] not in ("running", "queued")]
+    assert ended == [first], w
+    done = await wait_done(s, ids)
+    assert all(d["status"] == "success" for d in done.values()), done
+    ls = await call(s, "list", {"group": st["group"]})
+    assert sorted(x["session_id"] for x in ls["sessions"]) == sorted(ids), ls
+    for i in ids:
+        assert (await call(s, "remove", {"session": i}))["removed"] == i
+    return sid
+
+
+def kill_child_server():
+    """SIGKILL the `caw-box mcp` this process started (the crash of an orchestrator's server)."""
+    me = os.getpid()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if ppid == me and b"mcp" in cmd:
+            os.kill(int(pid), signal.SIGKILL)
+            return int(pid)
+    raise AssertionError("the server process was not found")
+
+
+class Killed(Exception):
+    pass
+
+
+async def main():
+    t0 = time.monotonic()
+    async with stdio_client(server("--max-parallel", "1")) as (r, w):
+        async with ClientSession(r, w) as s:
+            init = await s.initialize()
+            assert "start" in (init.instructions or "") and "wait" in init.instructions
+            await main_server(s)
+            check("the server killed mid-turn")
+            st = await call(s, "start", {"provider": "codex", "name": SURVIVOR,
+                                         "prompt": "HOLD:crash REMEMBER:otter"})
+            survivor = st["sessions"][0]["session_id"]
+            await asyncio.to_thread(held, "crash")
+            kill_child_server()
+    stub("/_stub/release/crash", "POST")
+
+    check("--http off loopback without a token exits 2")
+    refused = subprocess.run([CAW, *server_args("--http", "0.0.0.0:0")], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "--token-file" in refused.stderr, refused
+
+    check("a new server (Streamable HTTP, a bearer token) gives the killed turn's outcome")
+    token = os.urandom(16).hex()
+    token_file = os.path.join(os.environ["CAW_BOX_DATA_DIR"], "mcp-token")
+    with open(token_file, "w") as f:
+        f.write(token + "\n")
+    http = subprocess.Popen([CAW, *server_args("--http", "127.0.0.1:0", "--token-file", token_file)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, cwd=HOST_DIR)
+    try:
+        line = http.stderr.readline()
+        m = re.search(r"http://(127\.0\.0\.1:\d+)/mcp", line)
+        assert m, line
+        url = f"http://{m.group(1)}/mcp"
+        request = urllib.request.Request(url, method="POST", data=b"{}",
+                                         headers={"content-type": "application/json"})
+        try:
+            urllib.request.urlopen(request, timeout=30)
+            raise AssertionError("a request without the token was served")
+        except urllib.error.HTTPError as e:
+            assert e.code == 401, e
+        async with streamablehttp_client(url, headers={"Authorization": f"Bearer {token}"}) as (r, w, _):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                ls = await call(s, "list", {})
+                assert survivor in [x["session_id"] for x in ls["sessions"]], ls
+                done = await wait_done(s, [survivor])
+                assert done[survivor]["status"] == "success", done
+                r = await call(s, "result", {"session": SURVIVOR})
+                assert r["status"] == "success" and "otter" in r["result"], r
+    finally:
+        http.kill()
+        http.wait()
+    print(f"mcp checks passed in {time.monotonic() - t0:.1f}s", flush=True)
+
+
+asyncio.run(main())
