@@ -108,34 +108,38 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Image(ImageCommand::Ls) => image::ls().await,
         Command::Image(ImageCommand::Prune) => image::prune(cli.quiet).await,
         Command::Doctor => doctor::doctor().await,
-        Command::Mcp(args) => {
-            let http = args
-                .http
-                .as_deref()
-                .map(|a| crate::mcp::http::checked(a, args.token_file.as_deref()))
-                .transpose()?;
-            let defaults = crate::mcp::Defaults {
-                settings: args.settings,
-                env: args.env,
-                queue: args.max_parallel.map(|n| crate::mcp::Queue::new(n.into())),
-            };
-            match http {
-                Some((addr, token)) => crate::mcp::http::serve(defaults, addr, token).await,
-                None => crate::mcp::serve_stdio(defaults).await,
-            }
-        }
+        Command::Mcp(args) => mcp(args).await,
         Command::Config(ConfigCommand::Show(args)) => config::show(&args),
         Command::Config(ConfigCommand::Path { workspace }) => config::path(workspace.as_deref()),
         Command::Man { dir } => man(dir.as_deref()),
-        Command::Completions { shell } => {
-            use clap::CommandFactory;
-            let mut cmd = Cli::command();
-            crate::output::with_stdout(|out| {
-                clap_complete::generate(shell, &mut cmd, "caw-box", out)
-            });
-            Ok(0)
-        }
+        Command::Completions { shell } => completions(shell),
     }
+}
+
+/// `mcp`: the delegation server, over stdio or (`--http`) Streamable HTTP.
+async fn mcp(args: crate::cli::McpArgs) -> Result<i32> {
+    let http = args
+        .http
+        .as_deref()
+        .map(|a| crate::mcp::http::checked(a, args.token_file.as_deref()))
+        .transpose()?;
+    let defaults = crate::mcp::Defaults {
+        settings: args.settings,
+        env: args.env,
+        queue: args.max_parallel.map(|n| crate::mcp::Queue::new(n.into())),
+    };
+    match http {
+        Some((addr, token)) => crate::mcp::http::serve(defaults, addr, token).await,
+        None => crate::mcp::serve_stdio(defaults).await,
+    }
+}
+
+/// `completions SHELL`: the shell's completion script on stdout.
+fn completions(shell: clap_complete::Shell) -> Result<i32> {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    crate::output::with_stdout(|out| clap_complete::generate(shell, &mut cmd, "caw-box", out));
+    Ok(0)
 }
 
 /// `man`: the man page (roff) on stdout, or one page per command written into `dir`.

@@ -73,6 +73,23 @@ pub(super) async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> 
             (id, s.send(options, |_| {}).await)
         });
     let outcomes = futures_util::future::join_all(runs).await;
+    let (exit, failed, results) = tally(outcomes);
+    print_results(&results, turn_args.output);
+    // Not silenced by -q ("only errors on stderr"): it is this exit's one error line.
+    if exit != 0 {
+        output::eprintln(&format!(
+            "caw-box: error: {failed} of {} sessions of group {group} did not succeed",
+            members.len()
+        ));
+    }
+    Ok(exit)
+}
+
+/// The group's exit code (its first failure's), how many failed, and the results of the
+/// turns that ran; each failure and quarantine said on stderr.
+fn tally(
+    outcomes: Vec<(uuid::Uuid, Result<crate::event::TurnResult>)>,
+) -> (i32, usize, Vec<crate::event::TurnResult>) {
     let mut exit = 0;
     let mut failed = 0;
     let mut results = Vec::new();
@@ -100,17 +117,22 @@ pub(super) async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> 
             }
         }
     }
-    match turn_args.output {
+    (exit, failed, results)
+}
+
+/// The group's results in the output format asked for.
+fn print_results(results: &[crate::event::TurnResult], format: OutputFormat) {
+    match format {
         OutputFormat::Json => output::print_json(&results),
         OutputFormat::StreamJson => {
-            for r in &results {
+            for r in results {
                 if let Ok(json) = serde_json::to_string(&Event::Result { result: r.clone() }) {
                     output::println(&json);
                 }
             }
         }
         OutputFormat::Text => {
-            for r in &results {
+            for r in results {
                 let who = r
                     .name
                     .clone()
@@ -124,12 +146,4 @@ pub(super) async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> 
             }
         }
     }
-    // Not silenced by -q ("only errors on stderr"): it is this exit's one error line.
-    if exit != 0 {
-        output::eprintln(&format!(
-            "caw-box: error: {failed} of {} sessions of group {group} did not succeed",
-            members.len()
-        ));
-    }
-    Ok(exit)
 }

@@ -266,6 +266,40 @@ impl Broker {
         })
     }
 
+    /// What names a shared broker and seals its reports: the turn's provider, upstream,
+    /// network, labels and image, and its secrets, under this host's salt.
+    fn shared_digest(
+        record: &SessionRecord,
+        upstream: &str,
+        reals: &[&[u8]],
+        logins: &[BrokeredLogin],
+        salt: &[u8],
+    ) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(salt);
+        for part in [
+            record.provider.as_str(),
+            upstream,
+            &record.settings.network,
+            &names::render_labels(&names::extra_labels()),
+            &record.settings.image,
+        ] {
+            h.update(part.as_bytes());
+            h.update([0]);
+        }
+        for r in reals {
+            h.update(r);
+            h.update([0]);
+        }
+        for l in logins {
+            h.update(b"login");
+            h.update(l.real.expose());
+            h.update([0]);
+        }
+        h.finalize().into()
+    }
+
     /// A shared broker for `record`'s turn: one per network, upstream and key set, found or
     /// started by [`Broker::start`]. `None` when the salt cannot be had (the turn then has
     /// none: injected).
@@ -288,28 +322,7 @@ impl Broker {
                 return None;
             }
         };
-        let mut h = Sha256::new();
-        h.update(&salt);
-        for part in [
-            record.provider.as_str(),
-            &upstream,
-            &record.settings.network,
-            &names::render_labels(&names::extra_labels()),
-            &record.settings.image,
-        ] {
-            h.update(part.as_bytes());
-            h.update([0]);
-        }
-        for r in &reals {
-            h.update(r);
-            h.update([0]);
-        }
-        for l in logins {
-            h.update(b"login");
-            h.update(l.real.expose());
-            h.update([0]);
-        }
-        let digest = h.finalize();
+        let digest = Self::shared_digest(record, &upstream, &reals, logins, &salt);
         let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
         // Every caw-box that shares this broker (same salt, same secrets) knows its seal key.
         let seal: [u8; 32] = Sha256::new()

@@ -191,35 +191,15 @@ pub struct Checked {
     trees: Vec<(VolumeEntry, Vec<u8>)>,
 }
 
-/// Reads and checks a whole archive; any fault is a usage error naming what is wrong.
-pub fn check(bytes: &[u8]) -> Result<Checked> {
-    let damaged = |what: String| {
-        Error::usage(format!("not a usable caw-box session archive: {what}"))
-            .with_hint("export the session again with `caw-box session export TARGET FILE`")
-    };
-    let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(bytes)
-        .read_to_end(&mut raw)
-        .map_err(|e| damaged(format!("it does not decompress ({e})")))?;
-    let mut archive = tar::Archive::new(&raw[..]);
-    let mut entries = archive
-        .entries()
-        .map_err(|e| damaged(format!("bad tar ({e})")))?;
-    let manifest: Manifest = {
-        let mut first = entries
-            .next()
-            .ok_or_else(|| damaged("it is empty".into()))?
-            .map_err(|e| damaged(format!("bad tar ({e})")))?;
-        if first.path().ok().as_deref() != Some(std::path::Path::new(MANIFEST_PATH)) {
-            return Err(damaged(format!("it does not start with {MANIFEST_PATH}")));
-        }
-        let mut json = Vec::new();
-        first
-            .read_to_end(&mut json)
-            .map_err(|e| damaged(format!("bad tar ({e})")))?;
-        serde_json::from_slice(&json)
-            .map_err(|e| damaged(format!("{MANIFEST_PATH} is not valid ({e})")))?
-    };
+/// A session archive that is not usable: `what` is wrong with it.
+fn damaged(what: String) -> Error {
+    Error::usage(format!("not a usable caw-box session archive: {what}"))
+        .with_hint("export the session again with `caw-box session export TARGET FILE`")
+}
+
+/// The manifest's format and version are this caw-box's, and each of its volumes is its
+/// session's, its state volume among them.
+fn check_manifest(manifest: &Manifest) -> Result<()> {
     if manifest.format != FORMAT {
         return Err(damaged(format!("its format is '{}'", manifest.format)));
     }
@@ -263,6 +243,35 @@ pub fn check(bytes: &[u8]) -> Result<Checked> {
             "its state volume's labels are not a session's".into(),
         ));
     }
+    Ok(())
+}
+
+/// Reads and checks a whole archive; any fault is a usage error naming what is wrong.
+pub fn check(bytes: &[u8]) -> Result<Checked> {
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(bytes)
+        .read_to_end(&mut raw)
+        .map_err(|e| damaged(format!("it does not decompress ({e})")))?;
+    let mut archive = tar::Archive::new(&raw[..]);
+    let mut entries = archive
+        .entries()
+        .map_err(|e| damaged(format!("bad tar ({e})")))?;
+    let manifest: Manifest = {
+        let mut first = entries
+            .next()
+            .ok_or_else(|| damaged("it is empty".into()))?
+            .map_err(|e| damaged(format!("bad tar ({e})")))?;
+        if first.path().ok().as_deref() != Some(std::path::Path::new(MANIFEST_PATH)) {
+            return Err(damaged(format!("it does not start with {MANIFEST_PATH}")));
+        }
+        let mut json = Vec::new();
+        first
+            .read_to_end(&mut json)
+            .map_err(|e| damaged(format!("bad tar ({e})")))?;
+        serde_json::from_slice(&json)
+            .map_err(|e| damaged(format!("{MANIFEST_PATH} is not valid ({e})")))?
+    };
+    check_manifest(&manifest)?;
 
     let mut builders: Vec<(VolumeEntry, tar::Builder<Vec<u8>>)> = manifest
         .volumes
