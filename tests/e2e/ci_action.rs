@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use serde_yaml::Value as Yaml;
+use yaml_serde::Value as Yaml;
 
 use crate::common::*;
 
@@ -100,7 +100,7 @@ fn run_action(
     job_env: &[(&str, &str)],
 ) -> ActionRun {
     let action: Yaml =
-        serde_yaml::from_str(&std::fs::read_to_string(repo_root().join("action.yml")).unwrap())
+        yaml_serde::from_str(&std::fs::read_to_string(repo_root().join("action.yml")).unwrap())
             .unwrap();
     assert_eq!(s(&action["runs"]["using"]), "composite");
     let mut ctx: HashMap<String, String> = HashMap::new();
@@ -369,7 +369,7 @@ fn expand(value: &str, vars: &HashMap<String, String>) -> String {
 fn the_gitlab_template_runs_a_turn_and_leaves_result_handle_patch_and_dotenv() {
     let rig = Rig::new("ci_gitlab");
     let project = fake_checkout();
-    let template: Yaml = serde_yaml::from_str(
+    let template: Yaml = yaml_serde::from_str(
         &std::fs::read_to_string(repo_root().join("ci/gitlab/caw-box.gitlab-ci.yml")).unwrap(),
     )
     .unwrap();
@@ -476,7 +476,7 @@ fn the_gitlab_template_runs_a_turn_and_leaves_result_handle_patch_and_dotenv() {
 #[test]
 fn the_release_and_image_workflows_cover_every_target_and_image() {
     let read = |p: &str| -> Yaml {
-        serde_yaml::from_str(&std::fs::read_to_string(repo_root().join(p)).unwrap()).unwrap()
+        yaml_serde::from_str(&std::fs::read_to_string(repo_root().join(p)).unwrap()).unwrap()
     };
     let release = read(".github/workflows/release.yml");
     let targets: Vec<String> = release["jobs"]["build"]["strategy"]["matrix"]["include"]
