@@ -92,7 +92,8 @@ def test_detached_turn_waited_for_by_name_from_another_process(rig):
     running = third.send("HOLD:bg3 REMEMBER:stopped", detach=True)
     wait_held(rig, "bg3", 1)
     running.stop()
-    assert [r["status"] for r in caw_box.sessions() if r["session_id"] == third.id] != ["running"]
+    rows = [r for r in caw_box.sessions() if r["session_id"] == third.id]
+    assert [r["status"] for r in rows] == ["interrupted"], rows
 
 
 CTRL_C = """

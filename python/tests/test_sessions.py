@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -78,14 +79,17 @@ def test_codex_across_processes_stream_on_event_gil_and_timeout(rig):
         n = 0
         for _ in range(200_000):
             n += 1
-        counted.append(n)
+        counted.append((n, time.monotonic()))
         (rig.workspace / "gil").touch()
 
     counter = threading.Thread(target=count_then_release)
     counter.start()
     turn = session.send("RUN:while [ ! -e /workspace/gil ]; do sleep 0.1; done; echo gil-free", on_event=on_event)
+    returned = time.monotonic()
     counter.join()
-    assert counted == [200_000]
+    # The thread counted all the way while send ran: before the turn, which waited for the
+    # thread's file, returned.
+    assert len(counted) == 1 and counted[0][0] == 200_000 and counted[0][1] < returned, counted
     assert turn.status == "success" and "gil-free" in turn.result, turn
     assert seen == turn.events and seen[-1]["type"] == "result"
     assert turn.usage.input_tokens > 0 and turn.duration_ms > 0 and turn.exit_code == 0
@@ -105,7 +109,10 @@ def test_codex_across_processes_stream_on_event_gil_and_timeout(rig):
     assert (e.value.exit_code, e.value.kind, e.value.turn.status) == (124, "timeout", "timeout")
     assert isinstance(e.value, TimeoutError)
     trajectory = session.end()
-    assert trajectory.num_turns >= 2 and trajectory.duration_ms > 0
+    # The session's five turns: kiwi, its recall in another process, the GIL turn, the
+    # streamed recall, the timeout.
+    assert trajectory.num_turns == 5 and trajectory.duration_ms > 0, trajectory
+    assert [t["status"] for t in trajectory.turns] == ["success"] * 4 + ["timeout"], trajectory.turns
     with pytest.raises(caw_box.UsageError):
         session.send("RECALL")
 

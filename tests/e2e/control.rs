@@ -83,7 +83,7 @@ fn interrupt_and_busy_session() {
         "capabilities left: {status}"
     );
     assert_eq!(hc.security_opt, Some(vec!["no-new-privileges".to_string()]));
-    assert_ne!(hc.privileged, Some(true));
+    assert_eq!(hc.privileged, Some(false));
     assert_eq!(hc.pids_limit, Some(300));
     assert_eq!(hc.memory, Some(768 << 20));
     assert_eq!(hc.nano_cpus, Some(1_500_000_000));
@@ -131,12 +131,13 @@ fn interrupt_and_busy_session() {
 fn a_crashing_cli_is_an_error_and_the_session_survives() {
     let rig = Rig::new("crash");
     let id = start_with_fact(&rig, GEMINI, "fig");
-    let mut cmd = rig.resume_cmd(GEMINI, &id, "SLEEP:120 then answer", &["-o", "json"]);
+    // Held at the stub (never released): the CLI is mid-request when it is killed.
+    let mut cmd = rig.resume_cmd(GEMINI, &id, "HOLD:crash then answer", &["-o", "json"]);
     cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let child = cmd.spawn().unwrap();
     let container = rig.wait_for_running_turn(Some(&id), Duration::from_secs(60));
-    std::thread::sleep(Duration::from_secs(2));
+    rig.wait_held("crash");
     // Kill every process of the agent user but the container's init: the CLI dies hard.
     rig.exec(&container, &["bash", "-c", "kill -KILL -1"]);
     let out = wait_with_deadline(child, Duration::from_secs(60));

@@ -248,17 +248,12 @@ async fn await_release(
     while Instant::now() < deadline {
         match backend.inspect_container(container).await? {
             None => break,
-            Some(c) if record && !c.running() && orphans::is_orphan(&c) => {
-                if let Orphan::None = orphans::settle(backend, id, false).await? {
-                    backend.remove_found(&c).await?;
-                }
-                break;
-            }
-            // A warm turn whose driver is gone, stopped: recorded once it ended.
+            // A turn whose driver is gone, stopped: left for whoever comes next to record
+            // (`wait`, `show`, `ls`, the next turn: `orphans::settle`; not here, so that a
+            // stop stays a `Send` future for the library's callers).
+            Some(c) if record && !c.running() && orphans::is_orphan(&c) => break,
             Some(c) if record && orphans::may_be_warm_orphan(&c) => {
-                if let Orphan::Recorded(..) | Orphan::RecordedElsewhere =
-                    orphans::settle(backend, id, false).await?
-                {
+                if orphans::warm_turn_ended_orphaned(backend, &c).await? {
                     break;
                 }
             }

@@ -137,6 +137,14 @@ async fn warm_orphan(backend: &impl Backend, c: &ContainerInfo) -> Result<Option
     }))
 }
 
+/// Whether warm container `c` holds a turn whose driver is gone and that ended (for
+/// [`settle`] to record).
+pub async fn warm_turn_ended_orphaned(backend: &impl Backend, c: &ContainerInfo) -> Result<bool> {
+    Ok(warm_orphan(backend, c)
+        .await?
+        .is_some_and(|o| o.ended.is_some()))
+}
+
 /// Records session `id`'s turn whose driver is gone, if there is one that ended (or, with
 /// `follow`, one that runs: followed to its end). Cheap when there is none: one inspect.
 pub async fn settle(backend: &impl Backend, id: Uuid, follow: bool) -> Result<Orphan> {
