@@ -43,11 +43,11 @@ pub(in crate::session) async fn drive_tui(
         turn,
         options,
         home_files,
-        home_out,
+        home_out: _,
         runtime_payload: _,
         proxy: _,
         broker_ready: _,
-        guard,
+        guard: _,
         user,
     } = ctx;
     place_home_files(backend, name, home_files, user).await?;
@@ -83,10 +83,61 @@ pub(in crate::session) async fn drive_tui(
 
     let mut output = attach.output;
     let mut input = attach.input;
+    let ended_early = relay(
+        backend,
+        name,
+        &mut output,
+        &mut input,
+        options.timeout,
+        interrupts,
+    )
+    .await;
+    drop(raw);
+    let exit_code = backend.wait_container(name).await?;
+    let stopped = has_file(backend, name, STOP_REQUEST).await;
+    if ended_early.is_some() || stopped {
+        // The TUI was killed, not quit: it had no chance to put the terminal back.
+        terminal::reset_after_kill();
+    }
+
+    if let Some(key) = key_of_the_tui(backend, name, record).await {
+        record.resume_key = key;
+        record.key_confirmed = true;
+    }
+    let (status, result) = tui_ending(ended_early, stopped, exit_code, options.timeout);
+    let duration_ms = started.elapsed().as_millis() as u64;
+    let turn_record = TurnRecord {
+        turn,
+        prompt: String::new(),
+        status,
+        result,
+        usage: Default::default(),
+        started_at,
+        duration_ms,
+        exit_code: status.exit_code(),
+        cumulative_usage: record.last_cumulative_usage(),
+        interactive: true,
+        limit_resets_at: None,
+    };
+    record_tui_turn(ctx, record, turn_record, history, sink).await
+}
+
+/// Relays the TUI's output to the terminal and the user's keys (and a SIGINT sent from
+/// elsewhere) to the TUI until it ends: `None` when it ended by itself, else how it was
+/// ended early (stopped, and what it still wrote shown). The keys stop being read
+/// before the caller leaves raw mode.
+async fn relay(
+    backend: &impl Backend,
+    name: &str,
+    output: &mut crate::backend::OutputStream,
+    input: &mut (impl tokio::io::AsyncWrite + Unpin),
+    timeout: Option<Duration>,
+    interrupts: &mut Interrupts,
+) -> Option<Status> {
     let mut keys = Keys::read();
     let mut keys_open = true;
     let mut resized = signal(SignalKind::window_change()).ok();
-    let deadline = options.timeout.map(|t| tokio::time::Instant::now() + t);
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     let mut screen = crate::terminal::Screen::stdout();
     let ended_early = loop {
         tokio::select! {
@@ -129,14 +180,15 @@ pub(in crate::session) async fn drive_tui(
         let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
     }
     drop(keys);
-    drop(raw);
-    let exit_code = backend.wait_container(name).await?;
-    let stopped = has_file(backend, name, STOP_REQUEST).await;
-    if ended_early.is_some() || stopped {
-        // The TUI was killed, not quit: it had no chance to put the terminal back.
-        terminal::reset_after_kill();
-    }
+    ended_early
+}
 
+/// The vendor key of the conversation the TUI wrote, as the entrypoint left it.
+async fn key_of_the_tui(
+    backend: &impl Backend,
+    name: &str,
+    record: &SessionRecord,
+) -> Option<String> {
     let key_file = format!("{RUN_DIR}/{RESUME_KEY_FILE}");
     let key_text = backend.download_file(name, &key_file).await.ok().flatten();
     let mut key = key_text.and_then(|t| plausible_key(&String::from_utf8_lossy(&t)));
@@ -144,16 +196,23 @@ pub(in crate::session) async fn drive_tui(
         // A pod's runtime directory is gone with it: the same script, on the state claim.
         key = key_in_state(backend, record).await;
     }
-    if let Some(key) = key {
-        record.resume_key = key;
-        record.key_confirmed = true;
-    }
-    let (status, result) = match ended_early {
+    key
+}
+
+/// How the TUI's turn ended, and the words for it: how it was ended early, else whether
+/// `caw-box stop` asked, else its exit code.
+fn tui_ending(
+    ended_early: Option<Status>,
+    stopped: bool,
+    exit_code: i64,
+    timeout: Option<Duration>,
+) -> (Status, String) {
+    match ended_early {
         Some(Status::Timeout) => (
             Status::Timeout,
             format!(
                 "the session timed out after {}",
-                humantime::format_duration(options.timeout.unwrap_or_default())
+                humantime::format_duration(timeout.unwrap_or_default())
             ),
         ),
         Some(status) => (status, "the session was interrupted".to_string()),
@@ -166,21 +225,32 @@ pub(in crate::session) async fn drive_tui(
             Status::Error,
             format!("the CLI exited with code {exit_code}"),
         ),
-    };
-    let duration_ms = started.elapsed().as_millis() as u64;
-    record.turns.push(TurnRecord {
+    }
+}
+
+/// Records the TUI's turn like a headless one (its result event the only one in its
+/// events log) and hands the record back, then tells `sink` the result.
+async fn record_tui_turn(
+    ctx: &TurnContext<'_, impl Backend>,
+    record: &mut SessionRecord,
+    turn_record: TurnRecord,
+    history: StoredHistory,
+    sink: &mut dyn FnMut(&Event),
+) -> Result<TurnResult> {
+    let &TurnContext {
+        backend,
+        name,
         turn,
-        prompt: String::new(),
-        status,
-        result: result.clone(),
-        usage: Default::default(),
-        started_at,
-        duration_ms,
-        exit_code: status.exit_code(),
-        cumulative_usage: record.last_cumulative_usage(),
-        interactive: true,
-        limit_resets_at: None,
-    });
+        home_out,
+        guard,
+        ..
+    } = ctx;
+    let (status, result, duration_ms) = (
+        turn_record.status,
+        turn_record.result.clone(),
+        turn_record.duration_ms,
+    );
+    record.turns.push(turn_record);
     let mut result = TurnResult {
         session_id: record.session_id.to_string(),
         name: record.name.clone(),

@@ -5,16 +5,18 @@
 //! filled, files put in HOME, refreshed credentials written back). `runner` realises the
 //! plan through the backend, which realises its parts its own way (`backend::plan`).
 
-use crate::backend::{Backend, EgressPlan, EgressRoute};
+use crate::auth::inject::Prepared;
+use crate::backend::{Backend, BrokerPlace, EgressPlan, EgressRoute};
 use crate::backend::{Limits, MountSpec, NetworkPolicy, TurnSpec};
 use crate::dirs;
 use crate::error::{Error, Result};
-use crate::provider::{HomeFile, TurnRequest, AGENT_HOME, WORKSPACE_DIR};
+use crate::provider::{HomeFile, Provider, TurnCommand, TurnRequest, AGENT_HOME, WORKSPACE_DIR};
 use crate::session::broker::Broker;
 use crate::session::store::names::{self, LabelSet};
 use crate::session::store::record::{labels, roles, SessionRecord, WorkspaceMode};
 use crate::session::turn::runtime::{Runtime, RUN_DIR};
 use crate::session::turn::{container_name, TurnOptions, ENTRY_GRACE_SECS};
+use crate::session::walls::quarantine::Guard;
 
 /// A turn's process limit when the session sets none (`--pids-limit`).
 pub const DEFAULT_PIDS_LIMIT: i64 = 512;
@@ -71,36 +73,8 @@ pub(in crate::session) async fn plan_turn(
     let turn = record.next_turn();
     let name = container_name(record);
 
-    let image = record.settings.image.clone();
-    // (A missing image shows when the turn's container is created: no inspect per turn.)
-
-    // A new vendor conversation until the vendor has confirmed a key in its output.
-    let first_turn = !record.key_confirmed || record.resume_key.is_empty();
-    let mut new_key = None;
-    if first_turn && provider.chooses_key_up_front() {
-        if record.resume_key.is_empty() {
-            record.resume_key = uuid::Uuid::new_v4().to_string();
-        }
-        new_key = Some(record.resume_key.clone());
-    }
-    let request = TurnRequest {
-        prompt: &options.prompt,
-        resume_key: if first_turn {
-            None
-        } else {
-            Some(record.resume_key.as_str())
-        },
-        new_session_key: new_key.as_deref(),
-        model: record.settings.model.as_deref(),
-        endpoint: record.settings.endpoint.as_deref(),
-        interactive: options.interactive,
-        credential_env: &[],
-        system_prompt: record.settings.system_prompt.as_deref(),
-        append_system_prompt: record.settings.append_system_prompt.as_deref(),
-        effort: record.settings.effort,
-        tools: record.settings.tools.as_ref(),
-        mcp: &record.settings.mcp,
-    };
+    let (first_turn, new_key) = choose_key(record, provider);
+    let request = turn_request(record, options, first_turn, new_key.as_deref());
     // Who the turn runs as: decided once, here; kept in the record by `ensure_owner`.
     let ids = crate::session::walls::owner::turn_ids(&record.settings);
     let mut runtime = Runtime::new(ids);
@@ -112,36 +86,8 @@ pub(in crate::session) async fn plan_turn(
         (!allow.is_empty()).then(|| crate::session::walls::egress::plan(record, &allow, &name));
     let route = egress.as_ref().map(|p| backend.egress_route(p));
     let egress_network = route.as_ref().and_then(|r| r.agent_network.clone());
-    // Brokered when asked for, and the turn has a network to put a broker on.
-    // (A turn that outlives its driver has a broker that does too: one in its own unit.)
-    let place = backend.broker_place().await;
-    let in_pod = place == crate::backend::BrokerPlace::InTurn;
-    let want_broker = !options.inject_credentials
-        && !matches!(
-            NetworkPolicy::from_setting(&record.settings.network),
-            NetworkPolicy::None | NetworkPolicy::Host
-        );
-    let mut credentials =
-        crate::auth::inject::prepare_as(record.provider, &options.env, want_broker)?;
-    let brokers_any = !credentials.brokered.is_empty() || !credentials.logins.is_empty();
-    let shared = brokers_any && place == crate::backend::BrokerPlace::SharedContainer;
-    let broker = if in_pod {
-        Broker::plan_in_pod(record, &credentials.brokered, &credentials.logins, &name)
-    } else {
-        Broker::plan_logins(
-            record,
-            egress_network.as_deref(),
-            &credentials.brokered,
-            &credentials.logins,
-            shared,
-        )
-    };
-    if broker.is_none() && brokers_any {
-        credentials = crate::auth::inject::prepare(record.provider, &options.env)?;
-    }
-    if let Some(b) = &broker {
-        tracing::debug!("credentials brokered by {}", b.container);
-    }
+    let (place, credentials, broker) =
+        plan_credentials(backend, record, options, &name, egress_network.as_deref()).await?;
     let request = TurnRequest {
         endpoint: broker
             .as_ref()
@@ -155,153 +101,29 @@ pub(in crate::session) async fn plan_turn(
         credential_env: &credentials.names,
         ..request
     });
-    let mut env_file = Vec::new();
-    for (k, v) in &options.env {
-        env_file.extend_from_slice(k.as_bytes());
-        env_file.push(b'=');
-        env_file.extend_from_slice(v.as_bytes());
-        env_file.push(0);
-    }
-    runtime.write("env", &env_file);
-    if !options.interactive {
-        // For whoever finishes the turn if this process is gone, where the backend keeps
-        // it for an adopter (`labels::ADOPTABLE`, `headless::adopt`).
-        runtime.write(
-            crate::session::turn::headless::PROMPT_FILE,
-            options.prompt.as_bytes(),
-        );
-        if let Some(timeout) = options.timeout {
-            let millis = timeout.as_millis().to_string();
-            runtime.write(
-                crate::session::turn::headless::TIMEOUT_FILE,
-                millis.as_bytes(),
-            );
-        }
-    }
-    let mut env: Vec<String> = command
-        .env
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    env.push(format!("HOME={AGENT_HOME}"));
-    env.push(format!("CAW_BOX_STOP_GRACE={ENTRY_GRACE_SECS}"));
-    env.push(format!("CAW_BOX_RUN_DIR={RUN_DIR}"));
-    if ids.0 == 0 {
-        // The workspace's owner is root: claude skips its permission prompts as root only
-        // in what it is told is a sandbox (the container is one; the other CLIs ignore it).
-        env.push("IS_SANDBOX=1".to_string());
-    }
-    if let Some(i) = broker.as_ref().and_then(Broker::intercept) {
-        // The turn's CA: its CLI trusts the broker standing in for the intercepted hosts.
-        runtime.write(INTERCEPT_CA_FILE, i.ca_pem.as_bytes());
-        env.push(format!("NODE_EXTRA_CA_CERTS={RUN_DIR}/{INTERCEPT_CA_FILE}"));
-    }
-    if !options.interactive {
-        // The runtime files and, after the CLI, the record: both on the container's stdin.
-        env.push("CAW_BOX_RUNTIME=stdin".to_string());
-        env.push("CAW_BOX_HANDOFF=stdin".to_string());
-    }
-    if let Some(stdin) = &command.stdin {
-        runtime.write("stdin", stdin);
-        env.push(format!("CAW_BOX_STDIN_FILE={RUN_DIR}/stdin"));
-    }
-    if options.interactive {
-        env.push(format!("TERM={}", crate::terminal::term()));
-        if let Ok(colorterm) = std::env::var("COLORTERM") {
-            env.push(format!("COLORTERM={colorterm}"));
-        }
-        env.push(format!(
-            "{}={}",
-            crate::provider::KEY_SCRIPT_ENV,
-            provider.latest_key_script()
-        ));
-    }
-
-    // Files an adapter merges into HOME (gemini's settings.json) come with its image and
-    // stay in the volume: only a custom image's first turn, or a turn after one in the TUI
-    // (where they may have been changed), pays the download and upload of a merge.
-    // Agent settings can live in a merged file (gemini's settings.json): merged every turn
-    // that has them; so is a file that differs from the image's (gemini's login choice).
-    let agent_merge = record.settings.append_system_prompt.is_some()
-        || record.settings.effort.is_some()
-        || record.settings.tools.is_some()
-        || !record.settings.mcp.is_empty();
+    let mut env = agent_env(
+        &mut runtime,
+        options,
+        provider,
+        &command,
+        ids,
+        broker.as_ref(),
+    );
     let unlike_image = provider.merges_unlike_its_image(&TurnRequest {
         credential_env: &credentials.names,
         ..request
     });
-    // A turn after one that merged unlike the image merges too: that undoes it.
-    let merge_due = options.interactive
-        || agent_merge
-        || unlike_image
-        || record.home_unlike_image
-        || match record.turns.last() {
-            Some(last) => last.interactive,
-            None => image != record.provider.default_image(),
-        };
-    record.home_unlike_image = unlike_image;
-    // The user's setup first; the adapter's files after it, also those merged into a file
-    // the user's setup just replaced.
-    let user_paths: Vec<&str> = options.user_files.iter().map(|f| f.path.as_str()).collect();
-    let home_files: Vec<_> = options
-        .user_files
-        .iter()
-        .chain(
-            command
-                .home_files
-                .iter()
-                .filter(|f| merge_due || !f.merge_json || user_paths.contains(&f.path.as_str())),
-        )
-        .cloned()
-        .collect();
-    // The image's HOME goes into a new state volume before files are placed in it: they
-    // would keep the image's own out (gemini's settings, codex's config.toml) where the
-    // engine fills a volume only when it is empty at a container's first start (Podman).
-    let fill_home = record.turns.is_empty() && !home_files.is_empty();
+    let (home_files, fill_home) = home_files(record, options, &command, unlike_image);
     if let Some(r) = &route {
-        for var in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
-            env.push(format!("{var}={}", r.proxy_url));
-        }
-        let mut direct = "localhost,127.0.0.1".to_string();
-        // A broker of its own is on the agent's network: model traffic goes to it
-        // directly (one in the turn's pod is on its loopback).
-        if let Some(b) = broker.as_ref() {
-            if !b.in_pod() {
-                direct = format!("{direct},{}", b.container);
-            }
-            // The hosts it stands in for, too: the proxy would reach the real ones.
-            for host in b.intercept().map_or(&[][..], |i| &i.hosts[..]) {
-                direct = format!("{direct},{host}");
-            }
-        }
-        env.push(format!("NO_PROXY={direct}"));
-        env.push(format!("no_proxy={direct}"));
-        tracing::debug!("egress through {}", r.proxy_log);
+        proxy_env(&mut env, r, broker.as_ref());
     }
     let payload = if options.interactive {
         None
     } else {
         Some(runtime.payload()?)
     };
-    let mut spec = turn_spec(
-        record,
-        turn,
-        &image,
-        command.argv.clone(),
-        env,
-        runtime.into_scratch(),
-    )?;
-    // The protected paths as they are now: those there are read-only to the agent.
-    let guard = crate::session::walls::quarantine::for_turn(record, turn)?;
-    spec.protected = guard.as_ref().map(|g| g.mounts()).unwrap_or_default();
-    spec.runtime_over_stdin = payload.is_some();
-    if payload.is_some() {
-        // On stdin instead: nothing to put in before the start.
-        spec.runtime.files.clear();
-    }
-    if options.interactive {
-        spec.interactive = Some(crate::terminal::size());
-    }
+    let over_stdin = payload.is_some();
+    let (mut spec, guard) = agent_spec(record, turn, options, &command, env, runtime, over_stdin)?;
     if let Some(b) = broker.as_ref().filter(|b| b.in_pod()) {
         tracing::debug!("credentials brokered by the sidecar {}", b.container);
         spec.broker = Some(crate::session::broker::sidecar_entrypoint());
@@ -338,6 +160,269 @@ pub(in crate::session) async fn plan_turn(
         writes_back: crate::auth::inject::has_files(&credentials),
         warm_for,
     })
+}
+
+/// Whether the turn starts a new vendor conversation (until the vendor has confirmed a
+/// key in its output), and the key it starts it with where caw-box chooses it.
+fn choose_key(record: &mut SessionRecord, provider: &dyn Provider) -> (bool, Option<String>) {
+    let first_turn = !record.key_confirmed || record.resume_key.is_empty();
+    let mut new_key = None;
+    if first_turn && provider.chooses_key_up_front() {
+        if record.resume_key.is_empty() {
+            record.resume_key = uuid::Uuid::new_v4().to_string();
+        }
+        new_key = Some(record.resume_key.clone());
+    }
+    (first_turn, new_key)
+}
+
+/// What the provider adapter is asked for, before the credentials are known.
+fn turn_request<'a>(
+    record: &'a SessionRecord,
+    options: &'a TurnOptions,
+    first_turn: bool,
+    new_key: Option<&'a str>,
+) -> TurnRequest<'a> {
+    TurnRequest {
+        prompt: &options.prompt,
+        resume_key: if first_turn {
+            None
+        } else {
+            Some(record.resume_key.as_str())
+        },
+        new_session_key: new_key,
+        model: record.settings.model.as_deref(),
+        endpoint: record.settings.endpoint.as_deref(),
+        interactive: options.interactive,
+        credential_env: &[],
+        system_prompt: record.settings.system_prompt.as_deref(),
+        append_system_prompt: record.settings.append_system_prompt.as_deref(),
+        effort: record.settings.effort,
+        tools: record.settings.tools.as_ref(),
+        mcp: &record.settings.mcp,
+    }
+}
+
+/// The turn's credentials, and where the backend puts a broker: brokered when asked for
+/// and the turn has a network to put a broker on, else (or where no broker is planned)
+/// injected into the runtime files.
+async fn plan_credentials(
+    backend: &impl Backend,
+    record: &SessionRecord,
+    options: &TurnOptions,
+    name: &str,
+    egress_network: Option<&str>,
+) -> Result<(BrokerPlace, Prepared, Option<Broker>)> {
+    // (A turn that outlives its driver has a broker that does too: one in its own unit.)
+    let place = backend.broker_place().await;
+    let in_pod = place == BrokerPlace::InTurn;
+    let want_broker = !options.inject_credentials
+        && !matches!(
+            NetworkPolicy::from_setting(&record.settings.network),
+            NetworkPolicy::None | NetworkPolicy::Host
+        );
+    let mut credentials =
+        crate::auth::inject::prepare_as(record.provider, &options.env, want_broker)?;
+    let brokers_any = !credentials.brokered.is_empty() || !credentials.logins.is_empty();
+    let shared = brokers_any && place == BrokerPlace::SharedContainer;
+    let broker = if in_pod {
+        Broker::plan_in_pod(record, &credentials.brokered, &credentials.logins, name)
+    } else {
+        Broker::plan_logins(
+            record,
+            egress_network,
+            &credentials.brokered,
+            &credentials.logins,
+            shared,
+        )
+    };
+    if broker.is_none() && brokers_any {
+        credentials = crate::auth::inject::prepare(record.provider, &options.env)?;
+    }
+    if let Some(b) = &broker {
+        tracing::debug!("credentials brokered by {}", b.container);
+    }
+    Ok((place, credentials, broker))
+}
+
+/// The agent's environment, and the runtime files that go with it: the turn's `--env`,
+/// what an adopter needs to finish the turn, the interception CA, the CLI's stdin.
+fn agent_env(
+    runtime: &mut Runtime,
+    options: &TurnOptions,
+    provider: &dyn Provider,
+    command: &TurnCommand,
+    ids: (u32, u32),
+    broker: Option<&Broker>,
+) -> Vec<String> {
+    let mut env_file = Vec::new();
+    for (k, v) in &options.env {
+        env_file.extend_from_slice(k.as_bytes());
+        env_file.push(b'=');
+        env_file.extend_from_slice(v.as_bytes());
+        env_file.push(0);
+    }
+    runtime.write("env", &env_file);
+    if !options.interactive {
+        // For whoever finishes the turn if this process is gone, where the backend keeps
+        // it for an adopter (`labels::ADOPTABLE`, `headless::adopt`).
+        runtime.write(
+            crate::session::turn::headless::PROMPT_FILE,
+            options.prompt.as_bytes(),
+        );
+        if let Some(timeout) = options.timeout {
+            let millis = timeout.as_millis().to_string();
+            runtime.write(
+                crate::session::turn::headless::TIMEOUT_FILE,
+                millis.as_bytes(),
+            );
+        }
+    }
+    let mut env: Vec<String> = command
+        .env
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    env.push(format!("HOME={AGENT_HOME}"));
+    env.push(format!("CAW_BOX_STOP_GRACE={ENTRY_GRACE_SECS}"));
+    env.push(format!("CAW_BOX_RUN_DIR={RUN_DIR}"));
+    if ids.0 == 0 {
+        // The workspace's owner is root: claude skips its permission prompts as root only
+        // in what it is told is a sandbox (the container is one; the other CLIs ignore it).
+        env.push("IS_SANDBOX=1".to_string());
+    }
+    if let Some(i) = broker.and_then(Broker::intercept) {
+        // The turn's CA: its CLI trusts the broker standing in for the intercepted hosts.
+        runtime.write(INTERCEPT_CA_FILE, i.ca_pem.as_bytes());
+        env.push(format!("NODE_EXTRA_CA_CERTS={RUN_DIR}/{INTERCEPT_CA_FILE}"));
+    }
+    if !options.interactive {
+        // The runtime files and, after the CLI, the record: both on the container's stdin.
+        env.push("CAW_BOX_RUNTIME=stdin".to_string());
+        env.push("CAW_BOX_HANDOFF=stdin".to_string());
+    }
+    if let Some(stdin) = &command.stdin {
+        runtime.write("stdin", stdin);
+        env.push(format!("CAW_BOX_STDIN_FILE={RUN_DIR}/stdin"));
+    }
+    if options.interactive {
+        env.push(format!("TERM={}", crate::terminal::term()));
+        if let Ok(colorterm) = std::env::var("COLORTERM") {
+            env.push(format!("COLORTERM={colorterm}"));
+        }
+        env.push(format!(
+            "{}={}",
+            crate::provider::KEY_SCRIPT_ENV,
+            provider.latest_key_script()
+        ));
+    }
+    env
+}
+
+/// The files put in HOME before the CLI starts, and whether the new state volume gets
+/// the image's HOME first. Records whether this turn's HOME is unlike the image's.
+fn home_files(
+    record: &mut SessionRecord,
+    options: &TurnOptions,
+    command: &TurnCommand,
+    unlike_image: bool,
+) -> (Vec<HomeFile>, bool) {
+    // Files an adapter merges into HOME (gemini's settings.json) come with its image and
+    // stay in the volume: only a custom image's first turn, or a turn after one in the TUI
+    // (where they may have been changed), pays the download and upload of a merge.
+    // Agent settings can live in a merged file (gemini's settings.json): merged every turn
+    // that has them; so is a file that differs from the image's (gemini's login choice).
+    let agent_merge = record.settings.append_system_prompt.is_some()
+        || record.settings.effort.is_some()
+        || record.settings.tools.is_some()
+        || !record.settings.mcp.is_empty();
+    // A turn after one that merged unlike the image merges too: that undoes it.
+    let merge_due = options.interactive
+        || agent_merge
+        || unlike_image
+        || record.home_unlike_image
+        || match record.turns.last() {
+            Some(last) => last.interactive,
+            None => record.settings.image != record.provider.default_image(),
+        };
+    record.home_unlike_image = unlike_image;
+    // The user's setup first; the adapter's files after it, also those merged into a file
+    // the user's setup just replaced.
+    let user_paths: Vec<&str> = options.user_files.iter().map(|f| f.path.as_str()).collect();
+    let home_files: Vec<_> = options
+        .user_files
+        .iter()
+        .chain(
+            command
+                .home_files
+                .iter()
+                .filter(|f| merge_due || !f.merge_json || user_paths.contains(&f.path.as_str())),
+        )
+        .cloned()
+        .collect();
+    // The image's HOME goes into a new state volume before files are placed in it: they
+    // would keep the image's own out (gemini's settings, codex's config.toml) where the
+    // engine fills a volume only when it is empty at a container's first start (Podman).
+    let fill_home = record.turns.is_empty() && !home_files.is_empty();
+    (home_files, fill_home)
+}
+
+/// Routes the agent's web traffic through the egress proxy, all but what goes to its
+/// broker.
+fn proxy_env(env: &mut Vec<String>, route: &EgressRoute, broker: Option<&Broker>) {
+    for var in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
+        env.push(format!("{var}={}", route.proxy_url));
+    }
+    let mut direct = "localhost,127.0.0.1".to_string();
+    // A broker of its own is on the agent's network: model traffic goes to it
+    // directly (one in the turn's pod is on its loopback).
+    if let Some(b) = broker {
+        if !b.in_pod() {
+            direct = format!("{direct},{}", b.container);
+        }
+        // The hosts it stands in for, too: the proxy would reach the real ones.
+        for host in b.intercept().map_or(&[][..], |i| &i.hosts[..]) {
+            direct = format!("{direct},{host}");
+        }
+    }
+    env.push(format!("NO_PROXY={direct}"));
+    env.push(format!("no_proxy={direct}"));
+    tracing::debug!("egress through {}", route.proxy_log);
+}
+
+/// The agent's container: the session's [`turn_spec`] with this turn's protected paths
+/// (read-only to the agent as they are now, swept after it), its runtime files (on stdin
+/// instead where `over_stdin`) and its terminal.
+fn agent_spec(
+    record: &SessionRecord,
+    turn: u32,
+    options: &TurnOptions,
+    command: &TurnCommand,
+    env: Vec<String>,
+    runtime: Runtime,
+    over_stdin: bool,
+) -> Result<(TurnSpec, Option<Guard>)> {
+    // (A missing image shows when the turn's container is created: no inspect per turn.)
+    let mut spec = turn_spec(
+        record,
+        turn,
+        &record.settings.image,
+        command.argv.clone(),
+        env,
+        runtime.into_scratch(),
+    )?;
+    // The protected paths as they are now: those there are read-only to the agent.
+    let guard = crate::session::walls::quarantine::for_turn(record, turn)?;
+    spec.protected = guard.as_ref().map(|g| g.mounts()).unwrap_or_default();
+    spec.runtime_over_stdin = over_stdin;
+    if over_stdin {
+        // On stdin instead: nothing to put in before the start.
+        spec.runtime.files.clear();
+    }
+    if options.interactive {
+        spec.interactive = Some(crate::terminal::size());
+    }
+    Ok((spec, guard))
 }
 
 /// The turn as the backend runs it: the session's image, volumes and limits.

@@ -13,9 +13,12 @@
 //! stored history with the record hand-off (`history.rs`). What other modules use is
 //! re-exported here.
 
-use crate::backend::{Backend, CreateError, TurnSpec};
+use std::borrow::Cow;
+
+use crate::backend::{Backend, CreateError, EgressPlan, TurnSpec};
 use crate::error::{Error, Result};
 use crate::event::{Event, TurnResult};
+use crate::session::broker::Broker;
 use crate::session::lifecycle::liveness::{driver_is_gone, remove_abandoned_turns};
 use crate::session::lifecycle::orphans::Orphan;
 use crate::session::store::inflight::InFlight;
@@ -23,6 +26,7 @@ use crate::session::store::record::{labels, SessionRecord};
 use crate::session::turn::plan::{plan_turn, TurnPlan};
 use crate::session::turn::{busy, image_hint, Interrupts, TurnContext, STOP_GRACE};
 use crate::session::walls::owner::{ensure_owner, fill_new_home};
+use crate::session::walls::quarantine::Guard;
 
 pub use crate::session::store::history::cache_record;
 pub use crate::session::turn::ended::model_host;
@@ -180,104 +184,27 @@ async fn realise(
         writes_back,
         warm_for,
     } = plan;
-    if fill_home {
-        fill_new_home(backend, record, ids).await?;
-    }
+    make_first(
+        backend,
+        record,
+        ids,
+        fill_home,
+        broker.as_ref(),
+        egress.as_ref(),
+    )
+    .await?;
     // What the CLI refreshed of its credential files, read back before its container goes.
     let home_out = std::sync::Mutex::new(None);
-    let prepare_broker = async {
-        match &broker {
-            Some(b) => b.prepare(backend).await,
-            None => Ok(()),
-        }
-    };
-    let (owned, prepared) = tokio::join!(ensure_owner(backend, record, ids), prepare_broker);
-    if let Err(e) = owned.and(prepared) {
-        if let Some(b) = &broker {
-            b.stop(backend).await;
-        }
-        return Err(e);
-    }
-    if let Some(plan) = &egress {
-        if let Err(e) = crate::session::walls::egress::open(backend, record, plan).await {
-            if let Some(b) = &broker {
-                b.stop(backend).await;
-            }
-            return Err(e);
-        }
-    }
     let mut container_made = false;
     // The broker starts beside the agent's container, off the turn's critical path: the
     // runtime files (and so the CLI) wait for it on the agent's stdin, not its creation.
     let (ready_tx, ready_rx) = tokio::sync::watch::channel(broker.is_none().then_some(true));
     // A sidecar starts with the turn's pod: handed its keys once the pod runs.
     let (pod_made, mut pod_made_rx) = tokio::sync::watch::channel(false);
-    let start_broker = async {
-        if let Some(b) = &broker {
-            if b.in_pod() && pod_made_rx.wait_for(|made| *made).await.is_err() {
-                // The pod was never made: nothing to start, and the turn failed already.
-                let _ = ready_tx.send(Some(false));
-                return;
-            }
-            let started = b.start(backend).await;
-            if let Err(e) = &started {
-                tracing::warn!("{e}");
-            }
-            let _ = ready_tx.send(Some(started.is_ok()));
-        }
-    };
+    let broker_starts = start_broker(backend, broker.as_ref(), &mut pod_made_rx, &ready_tx);
     let main = async {
-        // A broker that stands in for hosts the CLI reaches directly is where the agent's
-        // container resolves them: its address is known once it runs, before the container
-        // is made (on that login's turns only, the broker's start is on the critical path).
-        let intercepted;
-        let spec = match broker.as_ref().and_then(|b| Some((b, b.intercept()?))) {
-            Some((b, i)) => {
-                let mut ready = ready_rx.clone();
-                // A sidecar of the turn's pod starts with the pod: its address is known.
-                let started = match b.in_pod() {
-                    true => Some(true),
-                    false => ready.wait_for(Option::is_some).await.ok().and_then(|r| *r),
-                };
-                let address = match started {
-                    Some(true) => b.address(backend).await?,
-                    _ => None,
-                };
-                let Some(address) = address else {
-                    return Err(Error::environment(format!(
-                        "the credential broker {} that stands in for {} did not start",
-                        b.container,
-                        i.hosts.join(", ")
-                    )));
-                };
-                let mut s = spec.clone();
-                s.extra_hosts = i.hosts.iter().map(|h| format!("{h}:{address}")).collect();
-                intercepted = s;
-                &intercepted
-            }
-            None => &spec,
-        };
-        let make = async {
-            match warm_for {
-                Some(secs) => {
-                    let (rec, turn_name): (&SessionRecord, &str) = (record, &name);
-                    let create = move |idle: TurnSpec| async move {
-                        create_turn_container(backend, rec, turn_name, &idle).await
-                    };
-                    let last_end = rec
-                        .turns
-                        .iter()
-                        .map(|t| t.started_at + t.duration_ms / 1000)
-                        .max()
-                        .unwrap_or(0);
-                    crate::session::turn::warm::take_or_make(
-                        backend, &name, spec, secs, last_end, create,
-                    )
-                    .await
-                }
-                None => create_turn_container(backend, record, &name, spec).await,
-            }
-        };
+        let spec = with_intercepts(backend, broker.as_ref(), &spec, &ready_rx).await?;
+        let make = make_container(backend, record, &name, &spec, warm_for);
         let idle_goes = async {
             // A turn that starts cold when the session kept one warm: it goes.
             if warm_for.is_none() && record.settings.keep_warm_secs.is_some() {
@@ -313,43 +240,11 @@ async fn realise(
             guard: guard.as_ref(),
             user: ids,
         };
-        let outcome = if options.interactive {
-            // A TUI's runtime files go in before its start: wait for the broker here.
-            let mut ready = ready_rx.clone();
-            let _ = ready.wait_for(Option::is_some).await;
-            crate::session::turn::interactive::drive_tui(&ctx, record, interrupts, sink).await
-        } else {
-            crate::session::turn::headless::drive_headless(&ctx, record, interrupts, sink).await
-        };
-        if outcome.is_err() {
-            // A recorded turn's container is gone already (save_record released the lock);
-            // removing it again could remove the next turn's.
-            // A stop first, not a kill: the entrypoint then removes the credentials it put
-            // in HOME, and writes back refreshed ones.
-            let _ = backend.stop_container(&name, STOP_GRACE).await;
-            let _ = backend.remove_container(&name, true).await;
-        }
-        outcome
+        drive(&ctx, record, interrupts, sink).await
     };
-    let ((), mut outcome) = tokio::join!(start_broker, main);
+    let ((), mut outcome) = tokio::join!(broker_starts, main);
     if let Some(g) = guard.as_ref().filter(|_| container_made) {
-        // Again, now that the container is surely gone (its driver may have failed before
-        // the first sweep, or an agent's process outlived it): what this one moves is said.
-        let swept = g.sweep();
-        match &mut outcome {
-            Ok(result) if result.quarantined != swept => {
-                if let Some(q) = &swept {
-                    tracing::warn!("{}", q.warning());
-                }
-                result.quarantined = swept;
-            }
-            Err(_) => {
-                if let Some(q) = &swept {
-                    tracing::warn!("{}", q.warning());
-                }
-            }
-            Ok(_) => {}
-        }
+        sweep_again(g, &mut outcome);
     }
     if let Some(b) = &broker {
         b.stop(backend).await;
@@ -357,6 +252,179 @@ async fn realise(
     if let Some(plan) = &egress {
         backend.close_egress(plan).await;
     }
+    save_refreshed(record, home_out);
+    outcome
+}
+
+/// What the turn needs before its container: a new state volume filled with the image's
+/// HOME, the session's volumes handed to the turn's user, its broker prepared, its egress
+/// opened. A broker prepared is stopped again if the rest fails.
+async fn make_first(
+    backend: &impl Backend,
+    record: &mut SessionRecord,
+    ids: (u32, u32),
+    fill_home: bool,
+    broker: Option<&Broker>,
+    egress: Option<&EgressPlan>,
+) -> Result<()> {
+    if fill_home {
+        fill_new_home(backend, record, ids).await?;
+    }
+    let prepare_broker = async {
+        match broker {
+            Some(b) => b.prepare(backend).await,
+            None => Ok(()),
+        }
+    };
+    let (owned, prepared) = tokio::join!(ensure_owner(backend, record, ids), prepare_broker);
+    if let Err(e) = owned.and(prepared) {
+        if let Some(b) = broker {
+            b.stop(backend).await;
+        }
+        return Err(e);
+    }
+    if let Some(plan) = egress {
+        if let Err(e) = crate::session::walls::egress::open(backend, record, plan).await {
+            if let Some(b) = broker {
+                b.stop(backend).await;
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Starts the turn's broker, if it has one, and says on `ready` whether it runs.
+async fn start_broker(
+    backend: &impl Backend,
+    broker: Option<&Broker>,
+    pod_made: &mut tokio::sync::watch::Receiver<bool>,
+    ready: &tokio::sync::watch::Sender<Option<bool>>,
+) {
+    if let Some(b) = broker {
+        if b.in_pod() && pod_made.wait_for(|made| *made).await.is_err() {
+            // The pod was never made: nothing to start, and the turn failed already.
+            let _ = ready.send(Some(false));
+            return;
+        }
+        let started = b.start(backend).await;
+        if let Err(e) = &started {
+            tracing::warn!("{e}");
+        }
+        let _ = ready.send(Some(started.is_ok()));
+    }
+}
+
+/// The agent's spec with the hosts its broker stands in for resolved to the broker.
+async fn with_intercepts<'s>(
+    backend: &impl Backend,
+    broker: Option<&Broker>,
+    spec: &'s TurnSpec,
+    ready: &tokio::sync::watch::Receiver<Option<bool>>,
+) -> Result<Cow<'s, TurnSpec>> {
+    // A broker that stands in for hosts the CLI reaches directly is where the agent's
+    // container resolves them: its address is known once it runs, before the container
+    // is made (on that login's turns only, the broker's start is on the critical path).
+    let Some((b, i)) = broker.and_then(|b| Some((b, b.intercept()?))) else {
+        return Ok(Cow::Borrowed(spec));
+    };
+    let mut ready = ready.clone();
+    // A sidecar of the turn's pod starts with the pod: its address is known.
+    let started = match b.in_pod() {
+        true => Some(true),
+        false => ready.wait_for(Option::is_some).await.ok().and_then(|r| *r),
+    };
+    let address = match started {
+        Some(true) => b.address(backend).await?,
+        _ => None,
+    };
+    let Some(address) = address else {
+        return Err(Error::environment(format!(
+            "the credential broker {} that stands in for {} did not start",
+            b.container,
+            i.hosts.join(", ")
+        )));
+    };
+    let mut s = spec.clone();
+    s.extra_hosts = i.hosts.iter().map(|h| format!("{h}:{address}")).collect();
+    Ok(Cow::Owned(s))
+}
+
+/// The turn's container: taken warm where the session keeps one, else created.
+async fn make_container(
+    backend: &impl Backend,
+    record: &SessionRecord,
+    name: &str,
+    spec: &TurnSpec,
+    warm_for: Option<u64>,
+) -> Result<()> {
+    match warm_for {
+        Some(secs) => {
+            let create = move |idle: TurnSpec| async move {
+                create_turn_container(backend, record, name, &idle).await
+            };
+            let last_end = record
+                .turns
+                .iter()
+                .map(|t| t.started_at + t.duration_ms / 1000)
+                .max()
+                .unwrap_or(0);
+            crate::session::turn::warm::take_or_make(backend, name, spec, secs, last_end, create)
+                .await
+        }
+        None => create_turn_container(backend, record, name, spec).await,
+    }
+}
+
+/// Drives the turn in its container, and removes the container where the driver fails.
+async fn drive(
+    ctx: &TurnContext<'_, impl Backend>,
+    record: &mut SessionRecord,
+    interrupts: &mut Interrupts,
+    sink: &mut dyn FnMut(&Event),
+) -> Result<TurnResult> {
+    let outcome = if ctx.options.interactive {
+        // A TUI's runtime files go in before its start: wait for the broker here.
+        let mut ready = ctx.broker_ready.clone();
+        let _ = ready.wait_for(Option::is_some).await;
+        crate::session::turn::interactive::drive_tui(ctx, record, interrupts, sink).await
+    } else {
+        crate::session::turn::headless::drive_headless(ctx, record, interrupts, sink).await
+    };
+    if outcome.is_err() {
+        // A recorded turn's container is gone already (save_record released the lock);
+        // removing it again could remove the next turn's.
+        // A stop first, not a kill: the entrypoint then removes the credentials it put
+        // in HOME, and writes back refreshed ones.
+        let _ = ctx.backend.stop_container(ctx.name, STOP_GRACE).await;
+        let _ = ctx.backend.remove_container(ctx.name, true).await;
+    }
+    outcome
+}
+
+/// Sweeps the protected paths again, now that the container is surely gone (its driver
+/// may have failed before the first sweep, or an agent's process outlived it): what this
+/// one moves is said.
+fn sweep_again(guard: &Guard, outcome: &mut Result<TurnResult>) {
+    let swept = guard.sweep();
+    match outcome {
+        Ok(result) if result.quarantined != swept => {
+            if let Some(q) = &swept {
+                tracing::warn!("{}", q.warning());
+            }
+            result.quarantined = swept;
+        }
+        Err(_) => {
+            if let Some(q) = &swept {
+                tracing::warn!("{}", q.warning());
+            }
+        }
+        Ok(_) => {}
+    }
+}
+
+/// Saves the credentials the CLI refreshed, read back from its HOME, to the store.
+fn save_refreshed(record: &SessionRecord, home_out: std::sync::Mutex<Option<Vec<u8>>>) {
     let handed_back = home_out.into_inner().unwrap_or_else(|e| e.into_inner());
     match handed_back.map(|tar| crate::auth::inject::finish(record.provider, &tar)) {
         Some(Ok(updated)) if !updated.is_empty() => {
@@ -365,7 +433,6 @@ async fn realise(
         Some(Err(e)) => tracing::warn!("could not save refreshed credentials: {e}"),
         _ => {}
     }
-    outcome
 }
 
 /// Creates the turn's container, which is also the session's lock.
