@@ -35,6 +35,27 @@ if (cd "$plant/layers" && "$OLDPWD/scripts/layers.py" >/dev/null); then
     echo "lint-architecture: layers.py missed a planted upward import" >&2
     exit 1
 fi
+# A planted function with a 101-line body, in a crate of the lint's own clippy.toml and attribute:
+# clippy (make lint's, -D warnings) refuses it, and takes one of 100.
+mkdir -p "$plant/long-fn/src"
+cp clippy.toml "$plant/long-fn/"
+printf '[package]\nname = "planted"\nversion = "0.0.0"\nedition = "2021"\n[workspace]\n' \
+    >"$plant/long-fn/Cargo.toml"
+long_fn() { # $1: lines of the body, as clippy counts them
+    printf '#![warn(clippy::too_many_lines)]\npub fn f(x: &mut u64) {\n'
+    for _ in $(seq "$1"); do printf '    *x += 1;\n'; done
+    printf '}\n'
+}
+long_fn 100 >"$plant/long-fn/src/lib.rs"
+if ! (cd "$plant/long-fn" && CARGO_TARGET_DIR=$plant/long-fn/target cargo clippy --quiet -- -D warnings 2>/dev/null); then
+    echo "lint-architecture: clippy refused a 100-line function" >&2
+    exit 1
+fi
+long_fn 101 >"$plant/long-fn/src/lib.rs"
+if (cd "$plant/long-fn" && CARGO_TARGET_DIR=$plant/long-fn/target cargo clippy --quiet -- -D warnings 2>/dev/null); then
+    echo "lint-architecture: clippy missed a planted 101-line function" >&2
+    exit 1
+fi
 if scripts/module-cycles.py "$plant/cycle" >/dev/null; then
     echo "lint-architecture: module-cycles.py missed a planted cycle" >&2
     exit 1
@@ -47,4 +68,4 @@ fi
 scripts/layers.py ARCHITECTURE.md src
 scripts/module-cycles.py src
 scripts/file-sizes.py src 700
-echo "lint-architecture: layers hold, no module cycle, no file over 700 lines"
+echo "lint-architecture: layers hold, no module cycle, no file over 700 lines (clippy: no function over 100)"
