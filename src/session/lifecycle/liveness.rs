@@ -70,9 +70,21 @@ pub(in crate::session) fn is_a_caw_box(pid: u32) -> bool {
     dirs::process_is_alive(pid)
         && !is_a_zombie(pid)
         && match (comm(&pid.to_string()), comm("self")) {
-            (Ok(theirs), Ok(ours)) => theirs == ours,
+            // This program, or the driver it starts (a library embedded in another
+            // program, Python's, hands its detached turns to the `caw-box` binary).
+            (Ok(theirs), Ok(ours)) => {
+                theirs == ours || Some(theirs.trim()) == driver_comm().as_deref()
+            }
             _ => true,
         }
+}
+
+/// The kernel's name (`comm`: the first 15 bytes of the file name) of the program this
+/// process starts as a detached turn's driver.
+fn driver_comm() -> Option<String> {
+    let exe = crate::connection::driver().ok()?;
+    let name = exe.file_name()?.to_string_lossy().into_owned();
+    Some(name.chars().take(15).collect())
 }
 
 /// Whether `pid` has ended and waits to be reaped (a killed driver whose parent is gone,
