@@ -92,37 +92,29 @@ for m, f in sorted(mods.items()):
     src = open(f).read()
     t = TEST_MODULE.search(src)
     src = src[: t.start()] if t else src
-    base_of = lambda kind: [] if kind == "crate" else list(m if f.endswith("mod.rs") else m[:-1])
+
+    def check(no, target):
+        """An import of `target` at line `no`: a problem when it is of a layer above."""
+        if not target or target == m or m[: len(target)] == target:
+            return
+        theirs = layer_of(target)
+        if theirs is not None and theirs < mine:
+            problems.append(
+                f"{f}:{no}: {'::'.join(m)} ({layers[mine][0]}) imports "
+                f"{'::'.join(target)} ({layers[theirs][0]}), a layer above it"
+            )
+
     for no, line in enumerate(src.split("\n"), 1):
         line = re.sub(r"//.*", "", line)
-        targets = set()
         for cap in re.finditer(r"\b(crate|super)((?:::\w+)+)", line):
             parts = cap.group(2).strip(":").split("::")
-            base = base_of(cap.group(1))
-            if cap.group(1) == "super" and f.endswith("mod.rs"):
-                base = list(m[:-1])
-            targets.add(resolve(base + parts))
-        for target in targets:
-            if not target or target == m or m[: len(target)] == target:
-                continue
-            theirs = layer_of(target)
-            if theirs is not None and theirs < mine:
-                problems.append(
-                    f"{f}:{no}: {'::'.join(m)} ({layers[mine][0]}) imports "
-                    f"{'::'.join(target)} ({layers[theirs][0]}), a layer above it"
-                )
+            # `super` of a file's module is its parent (of a mod.rs, the folder's parent).
+            base = [] if cap.group(1) == "crate" else list(m[:-1])
+            check(no, resolve(base + parts))
     for cap in re.finditer(r"use crate::\{([^;]*)\};", src, re.S):
         no = src[: cap.start()].count("\n") + 1
         for item in re.findall(r"(\w+(?:::\w+)*)", cap.group(1)):
-            target = resolve(item.split("::"))
-            if not target or target == m or m[: len(target)] == target:
-                continue
-            theirs = layer_of(target)
-            if theirs is not None and theirs < mine:
-                problems.append(
-                    f"{f}:{no}: {'::'.join(m)} ({layers[mine][0]}) imports "
-                    f"{'::'.join(target)} ({layers[theirs][0]}), a layer above it"
-                )
+            check(no, resolve(item.split("::")))
 
 for p in sorted(set(problems)):
     print(p)
