@@ -47,6 +47,42 @@ pub fn kill_driver(rig: &Rig, id: &str) {
     }
 }
 
+/// Waits (at most a minute) until session `id`'s turn container no longer runs.
+fn wait_until_ended(rig: &Rig, id: &str) {
+    let name = format!("caw-box-{id}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rig
+        .rt
+        .block_on(rig.docker.inspect_container(&name, None))
+        .unwrap()
+        .state
+        .unwrap()
+        .running
+        == Some(true)
+    {
+        assert!(Instant::now() < deadline, "the turn never ended");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `caw-box wait ID -o json` from a fresh process: exits `code`; its JSON object, and how
+/// long it took.
+pub fn waited(rig: &Rig, id: &str, code: i32) -> (Value, Duration) {
+    let mut c = rig.caw();
+    c.args(["wait", id, "-o", "json"]);
+    let started = Instant::now();
+    let out = run(c);
+    let took = started.elapsed();
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{}\n{}",
+        stdout_of(&out),
+        stderr_of(&out)
+    );
+    (serde_json::from_str(stdout_of(&out).trim()).unwrap(), took)
+}
+
 /// The turns `show --json` lists with number `turn`.
 fn shown_turns(rig: &Rig, id: &str, turn: u64) -> Vec<Value> {
     let mut c = rig.caw();
@@ -127,21 +163,7 @@ fn an_ended_turn_whose_driver_is_gone_is_recorded_by_show_ls_and_the_next_turn()
     rig.wait_held("ended");
     kill_driver(&rig, &id);
     rig.stub_release("ended");
-    let name = format!("caw-box-{id}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let state = rig
-            .rt
-            .block_on(rig.docker.inspect_container(&name, None))
-            .unwrap()
-            .state
-            .unwrap();
-        if state.running != Some(true) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the turn never ended");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_until_ended(&rig, &id);
     // `ls` records it first: its row tells how the turn ended.
     let mut c = rig.caw();
     c.args(["ls", "--json"]);
@@ -166,17 +188,7 @@ fn an_ended_turn_whose_driver_is_gone_is_recorded_by_show_ls_and_the_next_turn()
     rig.wait_held("next");
     kill_driver(&rig, &id);
     rig.stub_release("next");
-    while rig
-        .rt
-        .block_on(rig.docker.inspect_container(&name, None))
-        .unwrap()
-        .state
-        .unwrap()
-        .running
-        == Some(true)
-    {
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_until_ended(&rig, &id);
     let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));
     assert_eq!(code, 0, "{json}\n{stderr}");
     assert_eq!(json["turn"], 4, "{json}");
@@ -225,19 +237,7 @@ fn a_detached_warm_turn_whose_driver_is_killed_is_recorded_by_wait() {
     rig.wait_held("warm");
     kill_warm_driver(&rig, &id);
     rig.stub_release("warm");
-    let answered = Instant::now();
-    let mut c = rig.caw();
-    c.args(["wait", &id, "-o", "json"]);
-    let out = run(c);
-    let took = answered.elapsed();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout_of(&out),
-        stderr_of(&out)
-    );
-    let w: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    let (w, took) = waited(&rig, &id, 0);
     assert_eq!(w["turn"], 2, "{w}");
     assert_eq!(w["result"], "Noted: melon.", "{w}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
@@ -267,17 +267,7 @@ fn a_detached_turn_whose_container_is_removed_from_outside_is_recorded_as_interr
         ))
         .unwrap();
     rig.stub_release("removed");
-    let mut c = rig.caw();
-    c.args(["wait", &id, "-o", "json"]);
-    let out = run(c);
-    assert_eq!(
-        out.status.code(),
-        Some(130),
-        "{}\n{}",
-        stdout_of(&out),
-        stderr_of(&out)
-    );
-    let w: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    let (w, _) = waited(&rig, &id, 130);
     assert_eq!(w["turn"], 2, "{w}");
     assert_eq!(w["status"], "interrupted", "{w}");
     assert_eq!(

@@ -21,11 +21,7 @@ fn daemon_restart_keeps_every_provider_resumable() {
         sessions.push((*p, json["session_id"].as_str().unwrap().to_string(), fact));
     }
     let old_pid = std::fs::read_to_string(&pid_file).unwrap();
-    let status = std::process::Command::new(repo_root().join("scripts/rig.sh"))
-        .arg("restart")
-        .status()
-        .unwrap();
-    assert!(status.success(), "restarting dockerd failed");
+    restart_daemon();
     let new_pid = std::fs::read_to_string(&pid_file).unwrap();
     assert_ne!(old_pid.trim(), new_pid.trim(), "the daemon did not restart");
 
@@ -61,24 +57,9 @@ fn daemon_restart_under_a_detached_turn_cold_or_warm_is_recorded_as_interrupted(
     let out = run(rig.resume_cmd(CODEX, &id, "HOLD:restart REMEMBER:never", &["-d"]));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     rig.wait_held("restart");
-    let status = std::process::Command::new(repo_root().join("scripts/rig.sh"))
-        .arg("restart")
-        .status()
-        .unwrap();
-    assert!(status.success(), "restarting dockerd failed");
-    let back = std::time::Instant::now();
-    let mut c = rig.caw();
-    c.args(["wait", &id, "-o", "json"]);
-    let out = run(c);
-    let took = back.elapsed();
-    assert_eq!(
-        out.status.code(),
-        Some(130),
-        "{}\n{}",
-        stdout_of(&out),
-        stderr_of(&out)
-    );
-    let w: serde_json::Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    restart_daemon();
+    // From the daemon's return.
+    let (w, took) = crate::orphans::waited(&rig, &id, 130);
     assert_eq!(w["turn"], 2, "{w}");
     assert_eq!(w["status"], "interrupted", "{w}");
     assert!(
@@ -116,24 +97,9 @@ fn daemon_restart_under_a_detached_turn_cold_or_warm_is_recorded_as_interrupted(
     let out = run(rig.resume_cmd(CODEX, &id, "HOLD:warm-restart REMEMBER:never", &["-d"]));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     rig.wait_held("warm-restart");
-    let status = std::process::Command::new(repo_root().join("scripts/rig.sh"))
-        .arg("restart")
-        .status()
-        .unwrap();
-    assert!(status.success(), "restarting dockerd failed");
-    let back = std::time::Instant::now();
-    let mut c = rig.caw();
-    c.args(["wait", &id, "-o", "json"]);
-    let out = run(c);
-    let took = back.elapsed();
-    assert_eq!(
-        out.status.code(),
-        Some(130),
-        "{}\n{}",
-        stdout_of(&out),
-        stderr_of(&out)
-    );
-    let w: serde_json::Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    restart_daemon();
+    // From the daemon's return.
+    let (w, took) = crate::orphans::waited(&rig, &id, 130);
     assert_eq!(w["turn"], 5, "{w}");
     assert_eq!(w["status"], "interrupted", "{w}");
     assert!(
@@ -162,4 +128,13 @@ fn daemon_restart_under_a_detached_turn_cold_or_warm_is_recorded_as_interrupted(
     // session's --keep-warm says).
     let left = rig.caw_containers();
     assert_eq!(left, vec![format!("/caw-box-{id}-warm")]);
+}
+
+/// Restarts the Docker daemon scripts/rig.sh started (the test containers stop with it).
+fn restart_daemon() {
+    let status = std::process::Command::new(repo_root().join("scripts/rig.sh"))
+        .arg("restart")
+        .status()
+        .unwrap();
+    assert!(status.success(), "restarting dockerd failed");
 }
