@@ -195,11 +195,7 @@ impl KubeBackend {
             params = params.container(c);
         }
         let t0 = std::time::Instant::now();
-        let mut process = self
-            .pods()
-            .attach(name, &params)
-            .await
-            .map_err(|e| failed(format!("attach to pod '{name}'"), &e))?;
+        let mut process = self.attach_retried(name, &params).await?;
         super::timeline("attach", t0);
         if let Some(mut sender) = process.terminal_size() {
             let resize: Resizer = Box::new(move |width, height| {
@@ -249,6 +245,31 @@ impl KubeBackend {
             output: Box::pin(output),
             input,
         })
+    }
+
+    /// Attaches with `params`, again for a moment while the kubelet answers the upgrade with
+    /// a server error: it does so for a container the runtime is still starting (seen on a
+    /// node that has just come up), and an attach that never began loses nothing.
+    async fn attach_retried(
+        &self,
+        name: &str,
+        params: &AttachParams,
+    ) -> Result<kube::api::AttachedProcess> {
+        use kube::client::UpgradeConnectionError::ProtocolSwitch;
+        let mut tries = 0;
+        loop {
+            match self.pods().attach(name, params).await {
+                Ok(process) => return Ok(process),
+                Err(kube::Error::UpgradeConnection(ProtocolSwitch(status)))
+                    if status.is_server_error() && tries < 10 =>
+                {
+                    tries += 1;
+                    tracing::debug!(pod = name, %status, "attach refused; again");
+                    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                }
+                Err(e) => return Err(failed(format!("attach to pod '{name}'"), &e)),
+            }
+        }
     }
 
     /// The name of pod `name`'s main container (the agent's, in a turn pod that has a
