@@ -66,6 +66,29 @@ pub fn version_report(caw_box_version: &str) -> serde_json::Value {
     serde_json::json!({"version": caw_box_version, "providers": providers})
 }
 
+/// The numeric parts of a CLI version (`2.1.332`, `0.171.0-alpha.2` as `0.171.0`); `None`
+/// for anything else (`latest`, empty).
+fn parse_version(version: &str) -> Option<Vec<u64>> {
+    let core = version.trim().trim_start_matches('v');
+    let core = core.split(['-', '+']).next()?;
+    core.split('.').map(|p| p.parse().ok()).collect()
+}
+
+/// Whether the CLI `version` (an image's `io.caw-box.cli-version` label) is `since` or newer.
+/// An unknown version (no label: an image built some other way) counts as new: it is taken
+/// to behave like the pins, the versions caw-box follows.
+pub fn cli_version_at_least(version: Option<&str>, since: &str) -> bool {
+    let (Some(have), Some(since)) = (version.and_then(parse_version), parse_version(since)) else {
+        return true;
+    };
+    let len = have.len().max(since.len());
+    let at = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
+    (0..len)
+        .map(|i| at(&have, i).cmp(&at(&since, i)))
+        .find(|o| o.is_ne())
+        .is_none_or(|o| o.is_gt())
+}
+
 /// One vendor CLI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
@@ -123,11 +146,33 @@ impl ProviderKind {
     /// The CLI version images are built with by default (observed in VENDORS.md).
     pub fn default_cli_version(self) -> &'static str {
         match self {
-            ProviderKind::ClaudeCode => "2.1.267",
+            ProviderKind::ClaudeCode => "2.1.332",
             ProviderKind::Codex => "0.169.0",
             ProviderKind::Opencode => "1.18.33",
             ProviderKind::Gemini => "0.61.0",
         }
+    }
+
+    /// The CLI versions caw-box is tested with: the oldest and the newest whose `make drift`
+    /// passed every check (docs/compatibility.md has the table). The oldest is the previous
+    /// pin, kept working for the sessions started on its images (e2e
+    /// `compat::claude_session_on_the_previous_pin_resumes_after_the_pin_moved`).
+    pub fn tested_cli_range(self) -> (&'static str, &'static str) {
+        match self {
+            ProviderKind::ClaudeCode => ("2.1.267", "2.1.332"),
+            ProviderKind::Codex => ("0.169.0", "0.169.0"),
+            ProviderKind::Opencode => ("1.18.33", "1.18.33"),
+            ProviderKind::Gemini => ("0.61.0", "0.61.0"),
+        }
+    }
+
+    /// Whether `version` lies outside [`Self::tested_cli_range`] (one that does not parse as
+    /// a version, e.g. `latest`, does: it may be anything).
+    pub fn untested_cli_version(self, version: &str) -> bool {
+        let (oldest, newest) = self.tested_cli_range();
+        !(cli_version_at_least(Some(version), oldest)
+            && cli_version_at_least(Some(newest), version)
+            && parse_version(version).is_some())
     }
 
     /// The CLI's executable inside the image.
@@ -189,5 +234,37 @@ impl FromStr for ProviderKind {
             "gemini" => Ok(ProviderKind::Gemini),
             _ => Err(UnknownProvider(s.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_compare_by_their_numbers() {
+        assert!(cli_version_at_least(Some("2.1.332"), "2.1.268"));
+        assert!(cli_version_at_least(Some("2.1.268"), "2.1.268"));
+        assert!(!cli_version_at_least(Some("2.1.267"), "2.1.268"));
+        assert!(!cli_version_at_least(Some("2.1.99"), "2.1.268"));
+        assert!(cli_version_at_least(Some("2.2"), "2.1.268"));
+        assert!(cli_version_at_least(Some("0.171.0-alpha.1"), "0.171.0"));
+        // Unknown: taken to behave like the pins.
+        assert!(cli_version_at_least(None, "2.1.268"));
+        assert!(cli_version_at_least(Some("latest"), "2.1.268"));
+    }
+
+    #[test]
+    fn the_pins_lie_in_the_tested_range() {
+        for p in ProviderKind::ALL {
+            assert!(!p.untested_cli_version(p.default_cli_version()), "{p}");
+            let (oldest, newest) = p.tested_cli_range();
+            assert!(!p.untested_cli_version(oldest) && !p.untested_cli_version(newest));
+        }
+        let claude = ProviderKind::ClaudeCode;
+        assert!(claude.untested_cli_version("2.1.266"));
+        assert!(claude.untested_cli_version("2.1.333"));
+        assert!(!claude.untested_cli_version("2.1.300"));
+        assert!(claude.untested_cli_version("latest"));
     }
 }

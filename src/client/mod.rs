@@ -311,6 +311,7 @@ impl Client {
                 home_unlike_image: false,
                 turn_started: false,
                 summary_only: false,
+                cli_version: None,
             },
         })
     }

@@ -2,8 +2,9 @@
 //! turns, the TUI for interactive ones, and a parser from its stream-json lines to unified
 //! events. It neither runs `claude` nor reads its state files.
 //!
-//! Usage: one `usage` event per turn, from the final `result` line (`result.usage` and
-//! `total_cost_usd`); claude's `input_tokens` already exclude cache reads and writes.
+//! Usage: one `usage` event per turn, from the final `result` line (`result.usage`, and the
+//! cost of this run: `model_usage_since_last_result`, else `total_cost_usd`); claude's
+//! `input_tokens` already exclude cache reads and writes.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -28,6 +29,13 @@ use crate::agent_config::ToolGroup;
 const MCP_CONFIG_FILE: &str = ".caw-box/agent/claude-mcp.json";
 /// claude's cache (its MCP logs) when it has MCP servers: outside the state volume.
 const MCP_CACHE_DIR: &str = "/tmp/caw-box-cache";
+
+/// From this version on claude records the system prompt of a conversation's first request
+/// and sends that record on every later one, resumes included, whatever a later launch
+/// passes (`--system-prompt-snapshot on`, its default): caw-box turns that off, so a resume's
+/// `--system-prompt` takes effect as documented. 2.1.267 has the option without effect; an
+/// older claude may not know it, so it is passed from here on only.
+const PROMPT_SNAPSHOT_SINCE: &str = "2.1.268";
 
 /// Claude Code's built-in tools per group (its MCP tools are `mcp__server__tool`).
 const TOOLS: ToolTable = &[
@@ -83,6 +91,9 @@ impl Provider for ClaudeCode {
                 in_home(APPEND_SYSTEM_PROMPT_FILE),
             ]);
         }
+        if cli_version_at_least(request.cli_version, PROMPT_SNAPSHOT_SINCE) {
+            argv.extend(["--system-prompt-snapshot", "off"].map(String::from));
+        }
         if let Some(effort) = request.effort {
             argv.extend(["--effort".to_string(), effort.as_str().to_string()]);
         }
@@ -134,6 +145,10 @@ impl Provider for ClaudeCode {
             // claude logs each MCP server's traffic, headers included, under its cache dir:
             // kept out of HOME (the state volume), so no MCP secret is left at rest.
             env.push(("XDG_CACHE_HOME".to_string(), MCP_CACHE_DIR.to_string()));
+            // Since 2.1.268 claude offers MCP tools behind its ToolSearch tool (the model
+            // first searches, then gets the tool): off, they are offered directly, as
+            // before. Older versions ignore the variable.
+            env.push(("ENABLE_TOOL_SEARCH".to_string(), "false".to_string()));
         }
         if let Some(endpoint) = request.endpoint {
             env.push((
@@ -345,13 +360,13 @@ impl ClaudeParser {
     }
 
     fn result(&mut self, line: Line<'_>, out: &mut Vec<Event>) {
-        if let Some(usage) = line.usage {
+        if let Some(usage) = &line.usage {
             self.state.usage = Usage {
                 input_tokens: usage.input_tokens.unwrap_or(0),
                 output_tokens: usage.output_tokens.unwrap_or(0),
                 cache_read_tokens: usage.cache_read_input_tokens.unwrap_or(0),
                 cache_write_tokens: usage.cache_creation_input_tokens.unwrap_or(0),
-                cost_usd: line.total_cost_usd,
+                cost_usd: line.turn_cost(),
             };
             out.push(Event::Usage {
                 usage: self.state.usage,
@@ -474,6 +489,30 @@ struct Line<'a> {
     usage: Option<ResultUsage>,
     #[serde(default)]
     total_cost_usd: Option<f64>,
+    /// This run's cost per model (claude 2.1.332; its `total_cost_usd` then counts the
+    /// resumed conversation's earlier runs too).
+    #[serde(default)]
+    model_usage_since_last_result: Option<std::collections::BTreeMap<String, ModelCost>>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+struct ModelCost {
+    #[serde(default, rename = "costUSD")]
+    cost_usd: Option<f64>,
+}
+
+impl Line<'_> {
+    /// This turn's cost as claude reports it: the sum over `model_usage_since_last_result`
+    /// where claude gives it (its `total_cost_usd` is then the whole resumed conversation's,
+    /// as 2.1.332's is), else `total_cost_usd` (one run's, as 2.1.267's is).
+    fn turn_cost(&self) -> Option<f64> {
+        match &self.model_usage_since_last_result {
+            Some(models) if models.values().all(|m| m.cost_usd.is_some()) => {
+                Some(models.values().filter_map(|m| m.cost_usd).sum())
+            }
+            _ => self.total_cost_usd,
+        }
+    }
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -643,6 +682,8 @@ mod tests {
                 "--session-id",
                 SESSION,
                 "--dangerously-skip-permissions",
+                "--system-prompt-snapshot",
+                "off",
                 "--",
                 "list the files"
             ]
@@ -677,11 +718,83 @@ mod tests {
                 "--resume",
                 SESSION,
                 "--dangerously-skip-permissions",
+                "--system-prompt-snapshot",
+                "off",
                 "--",
                 "and now?"
             ]
         );
         assert!(!command.argv.iter().any(|a| a == "--session-id"));
+    }
+
+    /// The pin's claude (and an image of unknown version) records no system prompt and
+    /// offers MCP tools directly; the previous pin's gets no option it does not take.
+    #[test]
+    fn the_flags_follow_the_images_cli_version() {
+        let servers =
+            [crate::agent_config::McpServer::parse("caw=node /workspace/s.js", "--mcp").unwrap()];
+        let turn = |version| {
+            ClaudeCode.turn_command(&TurnRequest {
+                cli_version: version,
+                resume_key: Some(SESSION),
+                system_prompt: Some("You are terse."),
+                mcp: &servers,
+                ..request("go on")
+            })
+        };
+        let tool_search_off = ("ENABLE_TOOL_SEARCH".to_string(), "false".to_string());
+        let snapshot_off = |argv: &[String]| {
+            argv.windows(2)
+                .any(|w| w == ["--system-prompt-snapshot", "off"])
+        };
+        for version in [None, Some("2.1.268"), Some("2.1.332")] {
+            let command = turn(version);
+            assert!(
+                snapshot_off(&command.argv),
+                "{version:?}: {:?}",
+                command.argv
+            );
+            assert!(command.env.contains(&tool_search_off), "{version:?}");
+        }
+        let old = turn(Some("2.1.267"));
+        assert!(
+            !old.argv
+                .iter()
+                .any(|a| a.starts_with("--system-prompt-snapshot")),
+            "{:?}",
+            old.argv
+        );
+        assert!(old.argv.contains(&"--system-prompt-file".to_string()));
+        // Ignored by a claude without tool search.
+        assert!(old.env.contains(&tool_search_off));
+        // No MCP server: no variable.
+        let plain = ClaudeCode.turn_command(&request("hi"));
+        assert!(!plain.env.iter().any(|(k, _)| k == "ENABLE_TOOL_SEARCH"));
+    }
+
+    /// A resumed claude 2.1.332 reports the conversation's cost in `total_cost_usd` and this
+    /// run's per model: the turn costs this run's.
+    #[test]
+    fn a_resumed_turn_costs_this_run_not_the_conversation() {
+        let line = json!({
+            "type": "result", "subtype": "success", "is_error": false, "result": "otter",
+            "session_id": SESSION, "total_cost_usd": 0.099108,
+            "usage": {"input_tokens": 12372, "output_tokens": 8},
+            "modelUsage": {"claude-opus-5-5": {"inputTokens": 24717, "costUSD": 0.099108}},
+            "model_usage_since_last_result": {
+                "claude-opus-5-5": {"inputTokens": 12372, "outputTokens": 8, "costUSD": 0.049648}
+            }
+        });
+        let (_, _, outcome) = parse(&line.to_string(), 0);
+        assert_eq!(outcome.usage.cost_usd, Some(0.049648));
+        assert_eq!(outcome.usage.input_tokens, 12372);
+        // Without it (2.1.267): total_cost_usd, one run's.
+        let mut line = line;
+        line.as_object_mut()
+            .unwrap()
+            .remove("model_usage_since_last_result");
+        let (_, _, outcome) = parse(&line.to_string(), 0);
+        assert_eq!(outcome.usage.cost_usd, Some(0.099108));
     }
 
     #[test]

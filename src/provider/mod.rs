@@ -25,8 +25,8 @@ pub const AGENT_HOME: &str = "/home/agent";
 pub const WORKSPACE_DIR: &str = "/workspace";
 
 pub use crate::provider_kind::{
-    image_repo, pinned_cli_versions, set_image_repo, version_report, ProviderKind, UnknownProvider,
-    DEFAULT_IMAGE_REPO,
+    cli_version_at_least, image_repo, pinned_cli_versions, set_image_repo, version_report,
+    ProviderKind, UnknownProvider, DEFAULT_IMAGE_REPO,
 };
 
 impl ProviderKind {
@@ -45,6 +45,10 @@ impl ProviderKind {
 #[derive(Debug, Clone, Default)]
 pub struct TurnRequest<'a> {
     pub prompt: &'a str,
+    /// The CLI version of the image the turn runs on (its `io.caw-box.cli-version` label);
+    /// `None`: unknown, taken to be the pinned one. The adapter passes what that version
+    /// takes, so a session on an older image keeps working after the pin moved.
+    pub cli_version: Option<&'a str>,
     /// The vendor's resume key from an earlier turn; `None` on the first turn.
     pub resume_key: Option<&'a str>,
     /// On a first turn, a key chosen up front where the vendor allows it (claude).

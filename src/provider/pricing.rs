@@ -57,15 +57,22 @@ fn table() -> &'static Table {
     TABLE.get_or_init(|| serde_json::from_str(PRICES_JSON).expect("prices.json is valid"))
 }
 
-/// The model a provider's pinned CLI uses when none is given, as seen on the wire against
-/// the stub model (tests/fixtures/README.md); `None` where caw-box does not know it.
-pub fn default_model(provider: ProviderKind) -> Option<&'static str> {
+/// The model a provider's CLI uses when none is given, as seen on the wire against the stub
+/// model, for the CLI version of the turn's image (`None`: unknown, taken to be the pinned
+/// one); `None` where caw-box does not know it.
+pub fn default_model(provider: ProviderKind, cli_version: Option<&str>) -> Option<&'static str> {
+    let since = |v| super::cli_version_at_least(cli_version, v);
     match provider {
-        // claude 2.1.267 (e2e `cost_claude_code_matches_the_table` checks the wire).
+        // e2e `cost_claude_code_matches_the_table` checks the wire: claude-opus-5 up to
+        // 2.1.267, claude-opus-5-5 from 2.1.268 (2.1.332 seen).
+        ProviderKind::ClaudeCode if since("2.1.268") => Some("claude-opus-5-5"),
         ProviderKind::ClaudeCode => Some("claude-opus-5"),
         ProviderKind::Gemini => Some("gemini-2.5-flash"),
-        // codex 0.169.0 with an API key: its bundled model catalog's default (e2e
-        // `cost_codex_default_model_from_the_table` checks the wire still says so).
+        // codex with an API key: its bundled model catalog's default (e2e
+        // `cost_codex_default_model_from_the_table` checks the wire): gpt-6.1-sol in
+        // 0.169.0, gpt-6.2-sol in 0.171.0, which no price list has yet (so its turns cost
+        // null, not a guess).
+        ProviderKind::Codex if since("0.171.0") => Some("gpt-6.2-sol"),
         ProviderKind::Codex => Some("gpt-6.1-sol"),
         // opencode's default is whatever its own config and providers pick: not known here.
         ProviderKind::Opencode => None,
@@ -108,7 +115,12 @@ pub fn price(provider: ProviderKind, model: &str) -> Option<Price> {
 /// Fills `usage.cost_usd` from the table when the CLI reported no cost (or a zero cost for
 /// tokens it did count: opencode does so for a model it has no price for). A model the
 /// table does not know leaves it as the CLI said.
-pub fn fill_cost(provider: ProviderKind, model: Option<&str>, usage: &mut Usage) {
+pub fn fill_cost(
+    provider: ProviderKind,
+    model: Option<&str>,
+    cli_version: Option<&str>,
+    usage: &mut Usage,
+) {
     let counted = usage.input_tokens
         + usage.output_tokens
         + usage.cache_read_tokens
@@ -121,7 +133,7 @@ pub fn fill_cost(provider: ProviderKind, model: Option<&str>, usage: &mut Usage)
     if reported {
         return;
     }
-    let Some(model) = model.or(default_model(provider)) else {
+    let Some(model) = model.or(default_model(provider, cli_version)) else {
         return;
     };
     if let Some(price) = price(provider, model) {
@@ -239,45 +251,50 @@ mod tests {
     fn fill_cost_keeps_what_the_cli_reported() {
         let mut u = usage(100, 10, 0, 0);
         u.cost_usd = Some(0.5);
-        fill_cost(ProviderKind::ClaudeCode, Some("claude-opus-4-8"), &mut u);
+        fill_cost(
+            ProviderKind::ClaudeCode,
+            Some("claude-opus-4-8"),
+            None,
+            &mut u,
+        );
         assert_eq!(u.cost_usd, Some(0.5));
         // No tokens and a zero cost: a true zero.
         let mut u = usage(0, 0, 0, 0);
         u.cost_usd = Some(0.0);
-        fill_cost(ProviderKind::Opencode, Some("gpt-5.5"), &mut u);
+        fill_cost(ProviderKind::Opencode, Some("gpt-5.5"), None, &mut u);
         assert_eq!(u.cost_usd, Some(0.0));
     }
 
     #[test]
     fn fill_cost_prices_an_unreported_or_zero_cost() {
         let mut u = usage(2000, 50, 1000, 0);
-        fill_cost(ProviderKind::Codex, Some("gpt-5.5"), &mut u);
+        fill_cost(ProviderKind::Codex, Some("gpt-5.5"), None, &mut u);
         let expected = (2000.0 * 5.0 + 50.0 * 30.0 + 1000.0 * 0.5) / 1e6;
         assert!(close(u.cost_usd.unwrap(), expected), "{:?}", u.cost_usd);
         let mut u = usage(2000, 50, 1000, 0);
         u.cost_usd = Some(0.0);
-        fill_cost(ProviderKind::Opencode, Some("gpt-5.5"), &mut u);
+        fill_cost(ProviderKind::Opencode, Some("gpt-5.5"), None, &mut u);
         assert!(close(u.cost_usd.unwrap(), expected));
         // No model named: the CLI's default.
         let mut u = usage(1_000_000, 0, 0, 0);
-        fill_cost(ProviderKind::Gemini, None, &mut u);
+        fill_cost(ProviderKind::Gemini, None, None, &mut u);
         assert!(close(u.cost_usd.unwrap(), 0.3));
     }
 
     #[test]
     fn an_unknown_model_stays_null() {
         let mut u = usage(100, 10, 0, 0);
-        fill_cost(ProviderKind::Opencode, Some("stub-model"), &mut u);
+        fill_cost(ProviderKind::Opencode, Some("stub-model"), None, &mut u);
         assert_eq!(u.cost_usd, None);
         // opencode's default model is its own config's: not known, so not guessed.
-        fill_cost(ProviderKind::Opencode, None, &mut u);
+        fill_cost(ProviderKind::Opencode, None, None, &mut u);
         assert_eq!(u.cost_usd, None);
     }
 
     #[test]
     fn codex_without_a_model_is_priced_at_its_default() {
         let mut u = usage(100, 10, 0, 0);
-        fill_cost(ProviderKind::Codex, None, &mut u);
+        fill_cost(ProviderKind::Codex, None, Some("0.169.0"), &mut u);
         assert_eq!(
             u.cost_usd,
             Some(
@@ -285,6 +302,29 @@ mod tests {
                     .unwrap()
                     .cost(&usage(100, 10, 0, 0))
             )
+        );
+        // 0.171.0's default has no list price yet: no cost, not 0.169.0's model's.
+        let mut u = usage(100, 10, 0, 0);
+        fill_cost(ProviderKind::Codex, None, Some("0.171.0"), &mut u);
+        assert_eq!(u.cost_usd, None);
+    }
+
+    /// Each pinned CLI's default model (where known) has a price: the table covers them.
+    #[test]
+    fn the_pinned_default_models_are_in_the_table() {
+        for p in ProviderKind::ALL {
+            let pinned = Some(p.default_cli_version());
+            if let Some(model) = default_model(p, pinned) {
+                assert!(price(p, model).is_some(), "{p} {model}");
+            }
+        }
+        assert_eq!(
+            default_model(ProviderKind::ClaudeCode, Some("2.1.267")),
+            Some("claude-opus-5")
+        );
+        assert_eq!(
+            default_model(ProviderKind::ClaudeCode, Some("2.1.332")),
+            Some("claude-opus-5-5")
         );
     }
 }

@@ -40,6 +40,27 @@ fn developer_messages(body: &Value) -> String {
         .unwrap_or_default()
 }
 
+/// The line claude (2.1.268 on) puts before a replaced system prompt when an appended one is
+/// given too: the vendor's, not caw-box's to take away (docs/agent-settings.md).
+const CLAUDE_IDENTITY_WITH_APPEND: &str =
+    "You are Claude Code, Anthropic's official CLI for Claude, running within the Claude Agent SDK.";
+
+/// claude's system prompt blocks without its billing header block (a header to the API,
+/// not words to the model).
+fn claude_system_blocks(body: &Value) -> Vec<String> {
+    body["system"]
+        .as_array()
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter_map(|b| b["text"].as_str())
+                .filter(|t| !t.starts_with("x-anthropic-billing-header:"))
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Every string inside `v`, unescaped.
 fn texts(v: &str) -> Vec<String> {
     fn walk(v: &Value, out: &mut Vec<String>) {
@@ -123,6 +144,17 @@ fn system_prompt_reaches_the_model(p: P, append: bool, effort: Option<&str>) {
             "append missing: {system}"
         );
     }
+    if (p.name, append) == ("claude_code", true) {
+        // Exactly its identity line, then the replaced prompt with the appended one.
+        assert_eq!(
+            claude_system_blocks(last),
+            [
+                CLAUDE_IDENTITY_WITH_APPEND,
+                "You are REPLACED-SYS-7781. Answer briefly.\n\n\nAPPENDED-SYS-4410 applies too."
+            ],
+            "{system}"
+        );
+    }
     // The effort, where the wire carries it.
     match (p.name, effort) {
         ("codex", Some(e)) => assert_eq!(last["reasoning"]["effort"], e, "{last}"),
@@ -179,6 +211,18 @@ fn system_prompt_reaches_the_model(p: P, append: bool, effort: Option<&str>) {
     let system = system_text(p, over.last().expect("a request of the override turn"));
     assert!(system.contains("OVERRIDE-SYS-5120"), "{system}");
     assert!(!system.contains("REPLACED-SYS-7781"), "{system}");
+    if (p.name, append) == ("claude_code", true) {
+        // claude recorded no snapshot of the first prompt: the override is sent, after the
+        // same identity line (the appended prompt stays the session's).
+        assert_eq!(
+            claude_system_blocks(over.last().unwrap()),
+            [
+                CLAUDE_IDENTITY_WITH_APPEND,
+                "You are OVERRIDE-SYS-5120.\n\nAPPENDED-SYS-4410 applies too."
+            ],
+            "{system}"
+        );
+    }
 }
 
 #[test]

@@ -256,8 +256,9 @@ fn cost_of_turns(p: P, model: Option<&str>, vendor: &str, priced_model: &str) {
 
 #[test]
 fn cost_claude_code_matches_the_table() {
-    // No --model: the pinned CLI's default, which reports its own cost.
-    cost_of_turns(CLAUDE, None, "anthropic", "claude-opus-5");
+    // No --model: the pinned CLI's default (claude-opus-5-5 since 2.1.268), which reports
+    // its own cost.
+    cost_of_turns(CLAUDE, None, "anthropic", "claude-opus-5-5");
 }
 
 #[test]

@@ -542,6 +542,7 @@ mod tests {
             home_unlike_image: false,
             turn_started: false,
             summary_only: false,
+            cli_version: None,
         }
     }
 

@@ -254,6 +254,10 @@ pub struct SessionRecord {
     /// its prompt and result (not stored): the full history is then in the state volume.
     #[serde(skip)]
     pub summary_only: bool,
+    /// The CLI version of the image this process's turn runs on (its label; not stored):
+    /// what the adapter passes and the pricing's default model follow it.
+    #[serde(skip)]
+    pub cli_version: Option<String>,
 }
 
 impl SessionRecord {
@@ -359,6 +363,7 @@ mod tests {
             home_unlike_image: false,
             turn_started: false,
             summary_only: false,
+            cli_version: None,
         }
     }
 

@@ -97,6 +97,7 @@ impl SessionView {
             home_unlike_image: false,
             turn_started: false,
             summary_only: false,
+            cli_version: None,
         };
         if let Some(last) = &self.last {
             record.resume_key = last.resume_key.clone();

@@ -476,6 +476,7 @@ async fn classify(
     crate::provider::pricing::fill_cost(
         record.provider,
         record.settings.model.as_deref(),
+        record.cli_version.as_deref(),
         &mut outcome.usage,
     );
     let exit_code = match environment {

@@ -73,6 +73,7 @@ pub(in crate::session) async fn plan_turn(
     let turn = record.next_turn();
     let name = container_name(record);
 
+    record.cli_version = image_cli_version(backend, &record.settings.image).await;
     let (first_turn, new_key) = choose_key(record, provider);
     let request = turn_request(record, options, first_turn, new_key.as_deref());
     // Who the turn runs as: decided once, here; kept in the record by `ensure_owner`.
@@ -162,6 +163,14 @@ pub(in crate::session) async fn plan_turn(
     })
 }
 
+/// The CLI version of the session's image, from its label; `None` when it has none (an
+/// image built some other way) or the backend cannot say (a cluster's nodes hold the images):
+/// the adapter then takes it to be the pinned one.
+async fn image_cli_version(backend: &impl Backend, image: &str) -> Option<String> {
+    let info = backend.inspect_image(image).await.ok().flatten()?;
+    info.labels.get(labels::CLI_VERSION).cloned()
+}
+
 /// Whether the turn starts a new vendor conversation (until the vendor has confirmed a
 /// key in its output), and the key it starts it with where caw-box chooses it.
 fn choose_key(record: &mut SessionRecord, provider: &dyn Provider) -> (bool, Option<String>) {
@@ -185,6 +194,7 @@ fn turn_request<'a>(
 ) -> TurnRequest<'a> {
     TurnRequest {
         prompt: &options.prompt,
+        cli_version: record.cli_version.as_deref(),
         resume_key: if first_turn {
             None
         } else {
@@ -519,6 +529,7 @@ pub(in crate::session) mod tests {
             home_unlike_image: false,
             turn_started: false,
             summary_only: false,
+            cli_version: None,
         }
     }
 

@@ -639,7 +639,8 @@ mod tests {
             unexpected!("follow logs")
         }
         async fn inspect_image(&self, _: &str) -> Result<Option<ImageInfo>> {
-            unexpected!("inspect images")
+            // A turn reads its image's CLI version: none here.
+            Ok(None)
         }
         async fn create_volume(&self, _: &str, _: HashMap<String, String>) -> Result<()> {
             unexpected!("create volumes")
