@@ -30,12 +30,12 @@ const MCP_CONFIG_FILE: &str = ".caw-box/agent/claude-mcp.json";
 /// claude's cache (its MCP logs) when it has MCP servers: outside the state volume.
 const MCP_CACHE_DIR: &str = "/tmp/caw-box-cache";
 
-/// From this version on claude records the system prompt of a conversation's first request
-/// and sends that record on every later one, resumes included, whatever a later launch
-/// passes (`--system-prompt-snapshot on`, its default): caw-box turns that off, so a resume's
-/// `--system-prompt` takes effect as documented. 2.1.267 has the option without effect; an
-/// older claude may not know it, so it is passed from here on only.
-const PROMPT_SNAPSHOT_SINCE: &str = "2.1.268";
+/// claude records the system prompt of a conversation's first request and sends that record
+/// on every later one, resumes included, whatever a later launch passes
+/// (`--system-prompt-snapshot on`, 2.1.332's default): caw-box turns that off, so a resume's
+/// `--system-prompt` takes effect as documented. 2.1.267 (the oldest version tested) takes the
+/// option, without effect there; an older claude may not know it, so it gets none.
+const PROMPT_SNAPSHOT_SINCE: &str = "2.1.267";
 
 /// Claude Code's built-in tools per group (its MCP tools are `mcp__server__tool`).
 const TOOLS: ToolTable = &[
@@ -145,9 +145,9 @@ impl Provider for ClaudeCode {
             // claude logs each MCP server's traffic, headers included, under its cache dir:
             // kept out of HOME (the state volume), so no MCP secret is left at rest.
             env.push(("XDG_CACHE_HOME".to_string(), MCP_CACHE_DIR.to_string()));
-            // Since 2.1.268 claude offers MCP tools behind its ToolSearch tool (the model
-            // first searches, then gets the tool): off, they are offered directly, as
-            // before. Older versions ignore the variable.
+            // claude 2.1.332 (2.1.268 on, as drift found) offers MCP tools behind its
+            // ToolSearch tool (the model first searches, then gets the tool): off, they are
+            // offered directly, as before. Older versions ignore the variable.
             env.push(("ENABLE_TOOL_SEARCH".to_string(), "false".to_string()));
         }
         if let Some(endpoint) = request.endpoint {
@@ -727,8 +727,8 @@ mod tests {
         assert!(!command.argv.iter().any(|a| a == "--session-id"));
     }
 
-    /// The pin's claude (and an image of unknown version) records no system prompt and
-    /// offers MCP tools directly; the previous pin's gets no option it does not take.
+    /// The pins' claude (and an image of unknown version) records no system prompt and
+    /// offers MCP tools directly; an older one gets no option it may not take.
     #[test]
     fn the_flags_follow_the_images_cli_version() {
         let servers =
@@ -747,7 +747,7 @@ mod tests {
             argv.windows(2)
                 .any(|w| w == ["--system-prompt-snapshot", "off"])
         };
-        for version in [None, Some("2.1.268"), Some("2.1.332")] {
+        for version in [None, Some("2.1.267"), Some("2.1.332")] {
             let command = turn(version);
             assert!(
                 snapshot_off(&command.argv),
@@ -756,7 +756,7 @@ mod tests {
             );
             assert!(command.env.contains(&tool_search_off), "{version:?}");
         }
-        let old = turn(Some("2.1.267"));
+        let old = turn(Some("2.1.266"));
         assert!(
             !old.argv
                 .iter()

@@ -9,6 +9,7 @@ mod auth;
 mod bad_input;
 mod broker;
 mod ci_action;
+mod compat;
 mod config;
 mod contexts;
 mod control;
