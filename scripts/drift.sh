@@ -4,7 +4,8 @@
 # Builds the four provider images at the newest versions npm offers (`--cli-version`) under
 # their own repository (caw-box-drift/*, so the pinned caw-box/* images stay as they are),
 # runs the core end-to-end checks against them, and prints a table: CLI, pinned, newest,
-# pass/fail per check. Also writes target/drift.json; logs go to target/drift/.
+# pass/fail per check. Also writes target/drift.json and the checked versions' rows of the
+# table in docs/compatibility.md (scripts/drift-doc.py); logs go to target/drift/.
 # Exit 1 when a build or a check failed. Not part of `make test` (it takes the network and
 # ~15 minutes); its planning step is:
 #
@@ -40,6 +41,7 @@ LOCAL_BASE=${CAW_BOX_LOCAL_BASE:-caw-box-local/node:20-bookworm}
 CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 OUT=target/drift
 JSON=target/drift.json
+DOC=docs/compatibility.md
 PROVIDERS=(claude_code codex opencode gemini)
 ALL_PROVIDERS=("${PROVIDERS[@]}")
 CHECKS=("run" "tool call" "resume recall" "usage" "interactive" "features")
@@ -270,10 +272,20 @@ done
             printf '"%s": "%s"%s' "$c" "$r" \
                 "$([ $m -lt ${#CHECKS[@]} ] && echo ', ')"
         done
-        printf '}}%s\n' "$([ $n -lt ${#PROVIDERS[@]} ] && echo ,)"
+        printf '}, "failed_features": ['
+        m=0
+        for t in ${broken[$p]:-}; do
+            [ $m = 0 ] || printf ', '
+            printf '"%s"' "$t"
+            m=1
+        done
+        printf ']}%s\n' "$([ $n -lt ${#PROVIDERS[@]} ] && echo ,)"
     done
     printf '  ]\n}\n'
 } >"$JSON"
+# The compatibility page's table of every version checked: this run's rows replace those of
+# the same versions (docs and the weekly workflow's result are one source).
+scripts/drift-doc.py "$JSON" "$DOC" || printf 'drift: could not update %s\n' "$DOC" >&2
 
 if [ "$failed" = 1 ]; then
     printf '\ndrift: failures; logs in %s/:\n' "$OUT" >&2

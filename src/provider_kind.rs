@@ -255,6 +255,16 @@ mod tests {
     }
 
     #[test]
+    fn the_compatibility_page_states_the_tested_ranges() {
+        let page = include_str!("../docs/compatibility.md");
+        for p in ProviderKind::ALL {
+            let (oldest, newest) = p.tested_cli_range();
+            let row = format!("| {p} | {oldest} | {newest} | `{}` |", p.npm_package());
+            assert!(page.contains(&row), "docs/compatibility.md lacks: {row}");
+        }
+    }
+
+    #[test]
     fn the_pins_lie_in_the_tested_range() {
         for p in ProviderKind::ALL {
             assert!(!p.untested_cli_version(p.default_cli_version()), "{p}");

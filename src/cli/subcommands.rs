@@ -176,7 +176,8 @@ pub struct ImageBuildArgs {
     /// The image the base is built FROM (needs node >= 20).
     #[arg(long, value_name = "IMAGE", default_value = "node:20-bookworm-slim")]
     pub base: String,
-    /// The vendor CLI version to install (default: the pinned one).
+    /// The vendor CLI version to install (default: the pinned one). One outside the tested
+    /// range (docs/compatibility.md) builds, with a one-line warning.
     #[arg(long, value_name = "V")]
     pub cli_version: Option<String>,
     /// A CA certificate (PEM) the install steps trust, e.g. a TLS-intercepting proxy's.

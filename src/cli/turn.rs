@@ -147,7 +147,7 @@ pub struct SettingsArgs {
     #[arg(long, value_name = "NAME")]
     pub runtime: Option<String>,
     /// Replace the CLI's default system prompt with TEXT (or @FILE's contents). Remembered
-    /// by the session.
+    /// by the session. claude keeps its one identity line before it (docs/agent-settings.md).
     #[arg(long, value_name = "TEXT|@FILE")]
     pub system_prompt: Option<String>,
     /// Add TEXT (or @FILE's contents) to the CLI's system prompt. Remembered by the session.

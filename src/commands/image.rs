@@ -75,25 +75,46 @@ fn refuse_on_kubernetes(what: &str) -> Result<()> {
     )))
 }
 
-pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i32> {
-    refuse_on_kubernetes("build")?;
-    let providers = chosen_providers(&args.provider, args.all, "build")?;
-    if args.cli_version.is_some() && providers.len() > 1 {
+/// `--cli-version`: one provider's, a version's shape; one line of warning when it lies
+/// outside the versions caw-box is tested with.
+fn check_cli_version(version: Option<&str>, providers: &[ProviderKind]) -> Result<()> {
+    let Some(v) = version else {
+        return Ok(());
+    };
+    let [p] = providers else {
         return Err(Error::usage(
             "--cli-version applies to one provider; build them one at a time",
         ));
+    };
+    if v.is_empty()
+        || !v
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".-+".contains(c))
+    {
+        return Err(Error::usage(format!(
+            "--cli-version '{v}' is not a version"
+        )));
     }
-    if let Some(v) = &args.cli_version {
-        if v.is_empty()
-            || !v
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || ".-+".contains(c))
-        {
-            return Err(Error::usage(format!(
-                "--cli-version '{v}' is not a version"
-            )));
-        }
+    if let Some(warning) = untested_warning(*p, v) {
+        output::eprintln(&warning);
     }
+    Ok(())
+}
+
+/// The warning for a CLI version outside `p`'s tested range, if it is.
+fn untested_warning(p: ProviderKind, version: &str) -> Option<String> {
+    let (oldest, newest) = p.tested_cli_range();
+    p.untested_cli_version(version).then(|| {
+        format!(
+            "warning: {p} {version} is outside the versions caw-box is tested with ({oldest} to {newest}, docs/compatibility.md): its features may differ from the docs"
+        )
+    })
+}
+
+pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i32> {
+    refuse_on_kubernetes("build")?;
+    let providers = chosen_providers(&args.provider, args.all, "build")?;
+    check_cli_version(args.cli_version.as_deref(), &providers)?;
     let ca = match &args.ca_cert {
         Some(path) => {
             let pem = std::fs::read(path).map_err(|e| {
@@ -626,6 +647,25 @@ mod tests {
 
     /// The version caw-box builds with (and `--version` names) is the one each Dockerfile
     /// defaults to, so a plain `docker build` of images/ (the images workflow) pins the same.
+    #[test]
+    fn a_cli_version_outside_the_tested_range_warns_in_one_line() {
+        let claude = ProviderKind::ClaudeCode;
+        assert_eq!(untested_warning(claude, "2.1.332"), None);
+        assert_eq!(untested_warning(claude, "2.1.300"), None);
+        assert_eq!(untested_warning(claude, "2.1.267"), None);
+        let warning = untested_warning(claude, "2.1.400").unwrap();
+        assert_eq!(
+            warning,
+            "warning: claude_code 2.1.400 is outside the versions caw-box is tested with (2.1.267 to 2.1.332, docs/compatibility.md): its features may differ from the docs"
+        );
+        assert!(untested_warning(claude, "2.1.100").is_some());
+        assert!(untested_warning(claude, "latest").is_some());
+        assert!(untested_warning(ProviderKind::Codex, "0.171.0").is_some());
+        assert!(check_cli_version(Some("2.1.400"), &[claude]).is_ok());
+        assert!(check_cli_version(Some("1.0"), &ProviderKind::ALL).is_err());
+        assert!(check_cli_version(Some("1 0"), &[claude]).is_err());
+    }
+
     #[test]
     fn each_dockerfile_defaults_to_the_pinned_cli_version() {
         for p in ProviderKind::ALL {
