@@ -109,19 +109,8 @@ impl Provider for ClaudeCode {
                 argv.push("--strict-mcp-config".to_string());
             }
         }
-        let mcp = crate::agent_config::mcp_for_turn(request.mcp, request.tools);
-        let mut mcp_file = None;
-        if !mcp.is_empty() {
-            // claude expands `${VAR}` in it: the secrets stay in its environment.
-            let servers =
-                crate::agent_config::mcp_servers_json(mcp, "url", |v| format!("${{{v}}}"));
-            mcp_file = Some(HomeFile {
-                path: MCP_CONFIG_FILE.to_string(),
-                contents: serde_json::json!({ "mcpServers": servers })
-                    .to_string()
-                    .into_bytes(),
-                merge_json: false,
-            });
+        let mcp_file = mcp_config(request);
+        if mcp_file.is_some() {
             argv.push(format!("--mcp-config={}", in_home(MCP_CONFIG_FILE)));
         }
         // The TUI opens without an initial prompt (SPEC: no PROMPT means interactive).
@@ -218,6 +207,23 @@ impl Provider for ClaudeCode {
     fn chooses_key_up_front(&self) -> bool {
         true
     }
+}
+
+/// The `--mcp-config` file of the turn's MCP servers, if it has any.
+fn mcp_config(request: &TurnRequest<'_>) -> Option<HomeFile> {
+    let mcp = crate::agent_config::mcp_for_turn(request.mcp, request.tools);
+    if mcp.is_empty() {
+        return None;
+    }
+    // claude expands `${VAR}` in it: the secrets stay in its environment.
+    let servers = crate::agent_config::mcp_servers_json(mcp, "url", |v| format!("${{{v}}}"));
+    Some(HomeFile {
+        path: MCP_CONFIG_FILE.to_string(),
+        contents: serde_json::json!({ "mcpServers": servers })
+            .to_string()
+            .into_bytes(),
+        merge_json: false,
+    })
 }
 
 /// A single bare word of the shape commander could take for a subcommand name.

@@ -83,8 +83,7 @@ fn claude_version_of_turn(rig: &Rig, id: &str, turn: &str) -> String {
 fn system_of(rig: &Rig, marker: &str) -> String {
     rig.stub_requests()
         .into_iter()
-        .filter(|r| r["method"] == "POST" && r["body"].to_string().contains(marker))
-        .last()
+        .rfind(|r| r["method"] == "POST" && r["body"].to_string().contains(marker))
         .map(|r| r["body"]["system"].to_string())
         .unwrap_or_else(|| panic!("no request carried {marker}"))
 }
