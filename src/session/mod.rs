@@ -19,7 +19,7 @@ mod walls;
 
 pub use lifecycle::orphans;
 pub use store::{files, handle, names, portable, record, target};
-pub use turn::{limits, models, runner};
+pub use turn::{budget, limits, models, runner};
 pub use walls::{owner, patch, protect, protected_out, quarantine, safe_git, workspace};
 
 #[cfg(test)]

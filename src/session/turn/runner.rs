@@ -51,6 +51,8 @@ pub async fn run_turn(
 ) -> Result<TurnResult> {
     record.settings.check_agent_config(record.provider)?;
     settle_orphan(backend, record).await?;
+    // After the orphan: its cost counts.
+    crate::session::turn::budget::check(record)?;
     let mut interrupts = Interrupts::install()?;
     let plan = plan_turn(backend, record, options).await?;
     // Noted for whoever comes next if this process goes before the turn is recorded.
