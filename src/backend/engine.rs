@@ -165,9 +165,6 @@ impl Backend for Engine {
     async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
         dispatch!(self, b => Backend::inspect_container(b, name).await)
     }
-    async fn container_address(&self, name: &str, network: &str) -> Result<Option<String>> {
-        dispatch!(self, b => Backend::container_address(b, name, network).await)
-    }
     async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {
         dispatch!(self, b => Backend::attach(b, name, stdin).await)
     }
@@ -220,6 +217,12 @@ impl Backend for Engine {
     async fn broker_place(&self) -> super::BrokerPlace {
         dispatch!(self, b => Backend::broker_place(b).await)
     }
+    fn broker_route(&self, plan: &super::BrokerPlan) -> super::BrokerRoute {
+        dispatch!(self, b => Backend::broker_route(b, plan))
+    }
+    async fn broker_address(&self, plan: &super::BrokerPlan) -> Result<Option<String>> {
+        dispatch!(self, b => Backend::broker_address(b, plan).await)
+    }
     fn egress_route(&self, plan: &super::EgressPlan) -> super::EgressRoute {
         dispatch!(self, b => Backend::egress_route(b, plan))
     }
@@ -238,8 +241,8 @@ impl Backend for Engine {
     ) -> std::result::Result<Attached, CreateError> {
         dispatch!(self, b => Backend::start_broker(b, plan).await)
     }
-    async fn attach_broker(&self, name: &str) -> Result<Attached> {
-        dispatch!(self, b => Backend::attach_broker(b, name).await)
+    async fn attach_broker(&self, turn: &str) -> Result<Attached> {
+        dispatch!(self, b => Backend::attach_broker(b, turn).await)
     }
     async fn close_broker(&self, plan: &super::BrokerPlan) {
         dispatch!(self, b => Backend::close_broker(b, plan).await)

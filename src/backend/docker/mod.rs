@@ -36,6 +36,7 @@ mod warm;
 
 pub use super::CreateError;
 pub use archive::{build_tar, first_file};
+pub use broker::broker_route;
 pub use images::{BuildEvent, BuildSpec, BuildStream};
 
 /// A long request timeout: turns, attaches and builds legitimately last for hours. Only
