@@ -12,6 +12,34 @@ use super::{
 };
 use crate::error::{Error, Result};
 
+/// `caw-box doctor`: checks the chosen backend, saying each line to `say` as it is known; `images` are the
+/// provider images to look for, (provider, image). An `Err` (exit 3): the backend could
+/// not be reached or checked; what was said before it stands.
+pub async fn checkup(
+    images: &[(String, String)],
+    say: &mut (dyn FnMut(&super::doctor::Check) + Send),
+) -> Result<()> {
+    match BackendKind::chosen()? {
+        BackendKind::Docker => super::docker::doctor::checkup(images, say).await,
+        BackendKind::Kubernetes => {
+            use super::kubernetes::doctor::checks;
+            let get = crate::connection::setting;
+            let (context, namespace) = (get("CAW_BOX_KUBE_CONTEXT"), get("CAW_BOX_NAMESPACE"));
+            let (lines, reached) = checks(context.as_deref(), namespace.as_deref(), images).await;
+            for line in &lines {
+                say(line);
+            }
+            if reached {
+                return Ok(());
+            }
+            Err(
+                Error::environment("the Kubernetes API server is not reachable")
+                    .with_hint("check KUBECONFIG and --context, then run `caw-box doctor` again"),
+            )
+        }
+    }
+}
+
 /// Which backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendKind {

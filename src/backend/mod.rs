@@ -45,11 +45,13 @@ pub use docker::build_tar;
 pub use docker::DockerBackend;
 pub use kubernetes::KubeBackend;
 
+pub mod doctor;
 mod engine;
+pub mod images;
 mod plan;
 pub mod refresh_lock;
 pub mod warm;
-pub use engine::{connect, read_config_by, scope, BackendKind, Engine, Scope};
+pub use engine::{checkup, connect, read_config_by, scope, BackendKind, Engine, Scope};
 pub use plan::{
     proxy_env, BrokerPlace, BrokerPlan, BrokerRoute, EgressPlan, EgressRoute, HostDirs, RuntimeDir,
     PROXY_PORT, PROXY_SCRIPT,
