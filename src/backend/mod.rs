@@ -32,10 +32,11 @@
 //!   source; an unreachable backend is an environment error (exit 3) with what to do.
 //! - **A missing image is typed** (`CreateError::ImageMissing`), never recognised from text
 //!   outside the backend.
-//! - **Plans are realised, not refused.** What the session layer plans beside a turn (its
-//!   broker, [`BrokerPlan`]; its egress, [`EgressPlan`]) every backend realises its own way
-//!   (`plan.rs`); a backend that cannot honour a setting refuses it before anything is made
-//!   ([`Backend::refuse_settings`], [`HostDirs::Never`]).
+//! - **Plans are realised, not refused.** What the session layer asks for beside a turn
+//!   (its broker, [`BrokerPlan`]; its egress, [`EgressPlan`]: what the turn needs, never
+//!   where) every backend routes ([`Backend::broker_route`], [`Backend::egress_route`]) and
+//!   realises its own way (`plan.rs`); a backend that cannot honour a setting refuses it
+//!   before anything is made ([`Backend::refuse_settings`], [`HostDirs::Never`]).
 
 pub mod docker;
 pub mod kubernetes;
