@@ -130,16 +130,9 @@ pub(in crate::session) async fn adopt(
         user: crate::session::walls::owner::turn_ids(&record.settings),
     };
     record.owner = Some(ctx.user);
-    // A sidecar broker holding a login answers to this process now, and what it refreshed
-    // without its driver is stored.
-    // (Only a broker in the turn's own unit is the turn's: a shared one serves others.)
-    let in_turn = backend.broker_place().await == crate::backend::BrokerPlace::InTurn;
-    let broker = match in_turn {
-        true => {
-            crate::session::broker::Broker::take_over_in_pod(backend, record.provider, name).await
-        }
-        false => None,
-    };
+    // A broker in the turn's own unit holding a login answers to this process now, and
+    // what it refreshed without its driver is stored.
+    let broker = crate::session::broker::Broker::take_over(backend, record.provider, name).await;
     let result = drive(&ctx, record, &mut interrupts, &mut |_| {}, Some(adopted)).await;
     if let Some(task) = broker {
         let _ = tokio::time::timeout(crate::session::broker::WATCH_END, task).await;
