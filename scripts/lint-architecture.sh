@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The architecture part of `make lint`: no import from a layer to one above it
-# (scripts/layers.py, the layers of ARCHITECTURE.md's table), no import cycle between src/'s modules
-# (scripts/module-cycles.py) and no source file over 700 lines before its test module
-# (scripts/file-sizes.py). Both checks first prove on planted trees that they fail when they
-# should, so a broken check cannot pass a broken tree.
+# (scripts/layers.py, the layers of ARCHITECTURE.md's table), no word of what lies behind a
+# seam where a layer must not know it (scripts/seam-words.py: no pod, sidecar, network name or
+# loopback in src/session; no backend type or backend-kind branch in src/commands), no import
+# cycle between src/'s modules (scripts/module-cycles.py) and no source file over 700 lines
+# before its test module (scripts/file-sizes.py). Each check first proves on planted trees
+# that it fails when it should, so a broken check cannot pass a broken tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +35,33 @@ fi
 printf 'pub fn b() { crate::session::s() }\n' >"$plant/layers/src/backend/mod.rs"
 if (cd "$plant/layers" && "$OLDPWD/scripts/layers.py" >/dev/null); then
     echo "lint-architecture: layers.py missed a planted upward import" >&2
+    exit 1
+fi
+# Planted words behind a seam: none in comments (nor `//` in a string) passes; one in the
+# session layer's code, or a backend type in a command, fails.
+mkdir -p "$plant/words/src/session" "$plant/words/src/commands"
+printf '// a pod, 127.0.0.1\n/* SIDECAR /* nested */ "bridge" */\n/// in_pod\nfn f() -> &str { "http://x" } // localhost\n' \
+    >"$plant/words/src/session/ok.rs"
+printf 'fn g() -> u8 { 0 } // DockerBackend\n' >"$plant/words/src/commands/ok.rs"
+if ! scripts/seam-words.py "$plant/words" >/dev/null; then
+    echo "lint-architecture: seam-words.py refused words in comments" >&2
+    exit 1
+fi
+printf 'fn f() -> &str { "127.0.0.1" }\n' >"$plant/words/src/session/loopback.rs"
+if scripts/seam-words.py "$plant/words" >/dev/null; then
+    echo "lint-architecture: seam-words.py missed a planted loopback address in src/session" >&2
+    exit 1
+fi
+rm "$plant/words/src/session/loopback.rs"
+printf 'fn f(pod: &str) {}\n' >"$plant/words/src/session/pod.rs"
+if scripts/seam-words.py "$plant/words" >/dev/null; then
+    echo "lint-architecture: seam-words.py missed a planted pod in src/session" >&2
+    exit 1
+fi
+rm "$plant/words/src/session/pod.rs"
+printf 'use crate::backend::DockerBackend;\n' >"$plant/words/src/commands/docker.rs"
+if scripts/seam-words.py "$plant/words" >/dev/null; then
+    echo "lint-architecture: seam-words.py missed a planted DockerBackend in src/commands" >&2
     exit 1
 fi
 # A planted function with a 101-line body, in a crate of the lint's own clippy.toml and attribute:
@@ -66,6 +95,7 @@ if [ "$(scripts/file-sizes.py "$plant/long" | cut -d: -f1 | xargs -n1 basename |
 fi
 
 scripts/layers.py ARCHITECTURE.md src
+scripts/seam-words.py .
 scripts/module-cycles.py src
 scripts/file-sizes.py src 700
-echo "lint-architecture: layers hold, no module cycle, no file over 700 lines (clippy: no function over 100)"
+echo "lint-architecture: layers hold, no word behind a seam, no module cycle, no file over 700 lines (clippy: no function over 100)"

@@ -22,6 +22,8 @@ pub enum ErrorKind {
     Credentials,
     /// Vendor usage or rate limit (exit 5).
     UsageLimit,
+    /// The session's spend limit (`--max-cost`) is reached (exit 6).
+    Budget,
     /// The turn ran out of time (exit 124).
     Timeout,
     /// Ctrl-C or SIGTERM (exit 130).
@@ -30,12 +32,13 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// SPEC.md's exit codes: the one table (turn statuses map onto these kinds).
-    const EXIT_CODES: [(ErrorKind, i32); 7] = [
+    const EXIT_CODES: [(ErrorKind, i32); 8] = [
         (ErrorKind::Turn, 1),
         (ErrorKind::Usage, 2),
         (ErrorKind::Environment, 3),
         (ErrorKind::Credentials, 4),
         (ErrorKind::UsageLimit, 5),
+        (ErrorKind::Budget, 6),
         (ErrorKind::Timeout, 124),
         (ErrorKind::Interrupted, 130),
     ];
@@ -55,6 +58,7 @@ impl ErrorKind {
             ErrorKind::Environment => "environment",
             ErrorKind::Credentials => "credentials",
             ErrorKind::UsageLimit => "usage_limit",
+            ErrorKind::Budget => "budget",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Interrupted => "interrupted",
         }

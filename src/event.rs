@@ -21,6 +21,9 @@ pub enum Status {
     /// The CLI could not reach its model (a wrong endpoint, a network with no route, an
     /// allowlist without the API host): the turn was stopped instead of retrying forever.
     Unreachable,
+    /// The session's spend crossed its `--max-cost`: caw-box stopped the turn (or the CLI,
+    /// which reports usage only at its end, had just answered). Its next turn is refused.
+    Budget,
     /// A detached turn that has not ended yet (only in records and `-o json` of `--detach`).
     Running,
 }
@@ -41,6 +44,7 @@ impl Status {
             Status::UsageLimit => Some(ErrorKind::UsageLimit),
             Status::Timeout => Some(ErrorKind::Timeout),
             Status::Interrupted => Some(ErrorKind::Interrupted),
+            Status::Budget => Some(ErrorKind::Budget),
         }
     }
 
@@ -53,6 +57,7 @@ impl Status {
             Status::Timeout => "timeout",
             Status::Interrupted => "interrupted",
             Status::Unreachable => "unreachable",
+            Status::Budget => "budget",
             Status::Running => "running",
         }
     }

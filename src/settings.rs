@@ -307,6 +307,7 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
         keep_warm,
         memory,
         cpus,
+        max_cost,
         pids_limit,
         network,
         allow_host,
@@ -374,6 +375,10 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
     if let Some(c) = *cpus {
         check_cpus(c, "--cpus")?;
         settings.cpus = Some(c);
+    }
+    if let Some(c) = *max_cost {
+        check_max_cost(c, "--max-cost")?;
+        settings.max_cost_usd = Some(c);
     }
     if let Some(p) = *pids_limit {
         check_pids_limit(p, "--pids-limit")?;
@@ -590,6 +595,16 @@ pub fn check_cpus(c: f64, what: &str) -> Result<()> {
     if c <= 0.0 || !c.is_finite() {
         return Err(Error::usage(format!(
             "{what} {c} must be a positive number"
+        )));
+    }
+    Ok(())
+}
+
+/// A spend limit: a positive amount of USD.
+pub fn check_max_cost(c: f64, what: &str) -> Result<()> {
+    if c <= 0.0 || !c.is_finite() {
+        return Err(Error::usage(format!(
+            "{what} {c} must be a positive amount of USD, e.g. 2.50"
         )));
     }
     Ok(())
@@ -856,6 +871,7 @@ mod flag_tests {
             ("keep_warm", v(&["--keep-warm", "10m"]), v(&[])),
             ("memory", v(&["--memory", "2g"]), v(&[])),
             ("cpus", v(&["--cpus", "1.5"]), v(&[])),
+            ("max_cost", v(&["--max-cost", "2.5"]), v(&[])),
             ("pids_limit", v(&["--pids-limit", "300"]), v(&[])),
             ("network", v(&["--network", "lab"]), v(&[])),
             ("allow_host", v(&["--allow-host", "example.com"]), v(&[])),

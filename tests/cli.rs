@@ -528,3 +528,21 @@ fn image_pull_help_and_refusals() {
         refused(&["image", "pull", "--image-repo", "ghcr.io/x/y"], 2)
     );
 }
+
+/// `caw-box image` with the Kubernetes backend is refused before anything is reached (exit 2,
+/// not an unreachable daemon's 3), in the backend seam's words: a cluster has no image store
+/// caw-box builds in, and what to do instead.
+#[test]
+fn image_commands_are_refused_on_kubernetes_before_any_daemon() {
+    for what in ["build", "pull", "ls", "prune"] {
+        let ran = caw_box(&["--backend", "kubernetes", "image", what]);
+        assert_eq!(ran.code, Some(2), "{}", ran.text);
+        assert!(!ran.text.contains("--- stdout"), "{}", ran.text);
+        let said = format!(
+            "`caw-box image {what}` works on a Docker daemon's images, not a cluster's: a cluster's nodes take images from a registry"
+        );
+        assert!(ran.text.contains(&said), "{}", ran.text);
+        let hint = format!("run `caw-box --backend docker image {what}`");
+        assert!(ran.text.contains(&hint), "{}", ran.text);
+    }
+}

@@ -24,6 +24,7 @@ from .errors import (
     TurnFailedError,
     UsageError,
     UsageLimitError,
+    BudgetError,
 )
 
 __version__ = _native.version()
@@ -109,6 +110,6 @@ from . import auth  # noqa: E402
 
 __all__ = [
     "Agent", "Session", "Turn", "Usage", "RunningTurn", "sessions", "wait", "stop", "connect", "binary",
-    "auth", "CawBoxError", "UsageError", "EnvironmentError", "CredentialsError", "UsageLimitError",
+    "auth", "CawBoxError", "UsageError", "EnvironmentError", "CredentialsError", "UsageLimitError", "BudgetError",
     "TimeoutError", "InterruptedError", "TurnFailedError",
 ]

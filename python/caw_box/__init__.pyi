@@ -2,6 +2,7 @@ from typing import Any, AsyncIterator, Callable, Dict, Iterable, Iterator, List,
 
 from . import auth as auth
 from .errors import (
+    BudgetError as BudgetError,
     CawBoxError as CawBoxError,
     CredentialsError as CredentialsError,
     EnvironmentError as EnvironmentError,
@@ -103,6 +104,7 @@ class Agent:
         group: Optional[str] = ...,
         image: Optional[str] = ...,
         keep_warm: Union[Seconds, bool, None] = ...,
+        max_cost: Optional[float] = ...,
     ) -> None: ...
     def start_session(self) -> Session: ...
     # On the class: `Agent.resume_session(handle, env=..., credentials=..., timeout=...)`;

@@ -46,6 +46,13 @@ class UsageLimitError(CawBoxError):
     kind = "usage_limit"
 
 
+class BudgetError(CawBoxError):
+    """The session's spend reached its `max_cost` (exit 6): a turn that crossed it, or a
+    turn refused because it had."""
+
+    kind = "budget"
+
+
 class TimeoutError(CawBoxError, builtins.TimeoutError):  # noqa: A001
     """The turn ran out of time (exit 124); also the builtin `TimeoutError`, so
     `except TimeoutError` catches it either way."""
@@ -60,7 +67,7 @@ class InterruptedError(CawBoxError, builtins.InterruptedError):  # noqa: A001
 
 
 _BY_KIND = {c.kind: c for c in (TurnFailedError, UsageError, EnvironmentError, CredentialsError,
-                                 UsageLimitError, TimeoutError, InterruptedError)}
+                                 UsageLimitError, BudgetError, TimeoutError, InterruptedError)}
 
 
 def from_report(text: str, turn=None) -> CawBoxError:

@@ -110,13 +110,15 @@ class Agent:
     config files, as on the command line). `env` (a dict, or names of host variables) goes
     with every turn and is never remembered; `timeout` is seconds or a duration such as
     "30m"; `keep_warm` (seconds or a duration, `False`: off) keeps a session's container
-    idle after each turn for its next one (`--keep-warm`). `backend` and `namespace` are
-    the process's connection."""
+    idle after each turn for its next one (`--keep-warm`); `max_cost` (USD) is what the
+    session may spend over all its turns (`--max-cost`: a turn that crosses it raises
+    `BudgetError`, and so does the next; a resumed session given a higher one goes on).
+    `backend` and `namespace` are the process's connection."""
 
     def __init__(self, provider: Optional[str] = None, *, model=None, endpoint=None, network=None, env=None,
                  workspace=None, workspace_mode=None, system_prompt=None, append_system_prompt=None, effort=None,
                  tools=None, mcp=None, allow_host=None, timeout=None, credentials=None, backend=None,
-                 namespace=None, name=None, group=None, image=None, keep_warm=None):
+                 namespace=None, name=None, group=None, image=None, keep_warm=None, max_cost=None):
         self.provider = provider
         self.backend = backend
         self.namespace = namespace
@@ -129,6 +131,9 @@ class Agent:
         if keep_warm is not None:
             warm = "off" if keep_warm is False else _duration(keep_warm)
             self._turn_flags.append(f"--keep-warm={warm}")
+        if max_cost is not None:
+            # With every turn's flags: a resume's limit replaces the remembered one.
+            self._turn_flags.append(f"--max-cost={float(max_cost)!r}")
         flags = [] if provider is None else [f"--provider={provider}"]
         for flag, value in (("model", model), ("endpoint", endpoint), ("network", network),
                             ("workspace", workspace), ("workspace-mode", workspace_mode),
@@ -153,7 +158,8 @@ class Agent:
     def resume_session(agent, cls, handle_or_target: str, **kwargs) -> "Session":
         """The session a handle, id, unique prefix or name gives, for more turns (a handle
         alone is enough, on any host of the same daemon). On the class, the keyword
-        arguments are those of `Agent` for its turns (`env`, `credentials`, `timeout`)."""
+        arguments are those of `Agent` for its turns (`env`, `credentials`, `timeout`,
+        `max_cost`)."""
         if agent is None:
             agent = cls(None, **kwargs)
         elif kwargs:

@@ -176,3 +176,26 @@ def test_the_cross_process_resume_example_with_settings_from_caw_box_variables(r
     # A variable's bad value is refused as the CLI refuses it (exit 2).
     bad = run([sys.executable, example, "start", "hi"], env=dict(env, CAW_BOX_NETWORK="none"))
     assert bad.returncode == 2 and "CAW_BOX_NETWORK" in bad.stderr, bad.stderr
+
+
+def test_max_cost_ends_the_crossing_turn_refuses_the_next_and_a_higher_one_resumes(rig):
+    # A limit far below one stub turn's price: the first turn crosses it (codex reports
+    # its usage at the turn's end, so the answer is kept), the next is refused before
+    # anything starts, and a resume with a higher limit goes on with the conversation.
+    body = """
+kw = dict({kw!r})
+agent = caw_box.Agent("codex", max_cost=1e-9, **kw)
+session = agent.start_session()
+turn = session.send("REMEMBER:plum")
+out["first"] = [turn.status, turn.ok, "plum" in turn.result, turn.usage.cost_usd > 1e-9]
+handle = session.resume_handle
+kind("spent", lambda: session.send("RECALL"))
+again = caw_box.Agent.resume_session(handle, env=kw["env"], max_cost=10.0).send("RECALL")
+out["raised"] = [again.status, again.result]
+""".format(kw=rig.agent_kwargs("codex"))
+    out = rig.python(ERRORS.format(body=body))
+    assert out == {
+        "first": ["budget", False, True, True],
+        "spent": ["BudgetError", "budget", 6],
+        "raised": ["success", "You told me to remember plum."],
+    }, out

@@ -12,6 +12,34 @@ use super::{
 };
 use crate::error::{Error, Result};
 
+/// `caw-box doctor`: checks the chosen backend, saying each line to `say` as it is known; `images` are the
+/// provider images to look for, (provider, image). An `Err` (exit 3): the backend could
+/// not be reached or checked; what was said before it stands.
+pub async fn checkup(
+    images: &[(String, String)],
+    say: &mut (dyn FnMut(&super::doctor::Check) + Send),
+) -> Result<()> {
+    match BackendKind::chosen()? {
+        BackendKind::Docker => super::docker::doctor::checkup(images, say).await,
+        BackendKind::Kubernetes => {
+            use super::kubernetes::doctor::checks;
+            let get = crate::connection::setting;
+            let (context, namespace) = (get("CAW_BOX_KUBE_CONTEXT"), get("CAW_BOX_NAMESPACE"));
+            let (lines, reached) = checks(context.as_deref(), namespace.as_deref(), images).await;
+            for line in &lines {
+                say(line);
+            }
+            if reached {
+                return Ok(());
+            }
+            Err(
+                Error::environment("the Kubernetes API server is not reachable")
+                    .with_hint("check KUBECONFIG and --context, then run `caw-box doctor` again"),
+            )
+        }
+    }
+}
+
 /// Which backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendKind {
@@ -165,9 +193,6 @@ impl Backend for Engine {
     async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
         dispatch!(self, b => Backend::inspect_container(b, name).await)
     }
-    async fn container_address(&self, name: &str, network: &str) -> Result<Option<String>> {
-        dispatch!(self, b => Backend::container_address(b, name, network).await)
-    }
     async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {
         dispatch!(self, b => Backend::attach(b, name, stdin).await)
     }
@@ -220,6 +245,12 @@ impl Backend for Engine {
     async fn broker_place(&self) -> super::BrokerPlace {
         dispatch!(self, b => Backend::broker_place(b).await)
     }
+    fn broker_route(&self, plan: &super::BrokerPlan) -> super::BrokerRoute {
+        dispatch!(self, b => Backend::broker_route(b, plan))
+    }
+    async fn broker_address(&self, plan: &super::BrokerPlan) -> Result<Option<String>> {
+        dispatch!(self, b => Backend::broker_address(b, plan).await)
+    }
     fn egress_route(&self, plan: &super::EgressPlan) -> super::EgressRoute {
         dispatch!(self, b => Backend::egress_route(b, plan))
     }
@@ -238,8 +269,8 @@ impl Backend for Engine {
     ) -> std::result::Result<Attached, CreateError> {
         dispatch!(self, b => Backend::start_broker(b, plan).await)
     }
-    async fn attach_broker(&self, name: &str) -> Result<Attached> {
-        dispatch!(self, b => Backend::attach_broker(b, name).await)
+    async fn attach_broker(&self, turn: &str) -> Result<Attached> {
+        dispatch!(self, b => Backend::attach_broker(b, turn).await)
     }
     async fn close_broker(&self, plan: &super::BrokerPlan) {
         dispatch!(self, b => Backend::close_broker(b, plan).await)

@@ -32,10 +32,11 @@
 //!   source; an unreachable backend is an environment error (exit 3) with what to do.
 //! - **A missing image is typed** (`CreateError::ImageMissing`), never recognised from text
 //!   outside the backend.
-//! - **Plans are realised, not refused.** What the session layer plans beside a turn (its
-//!   broker, [`BrokerPlan`]; its egress, [`EgressPlan`]) every backend realises its own way
-//!   (`plan.rs`); a backend that cannot honour a setting refuses it before anything is made
-//!   ([`Backend::refuse_settings`], [`HostDirs::Never`]).
+//! - **Plans are realised, not refused.** What the session layer asks for beside a turn
+//!   (its broker, [`BrokerPlan`]; its egress, [`EgressPlan`]: what the turn needs, never
+//!   where) every backend routes ([`Backend::broker_route`], [`Backend::egress_route`]) and
+//!   realises its own way (`plan.rs`); a backend that cannot honour a setting refuses it
+//!   before anything is made ([`Backend::refuse_settings`], [`HostDirs::Never`]).
 
 pub mod docker;
 pub mod kubernetes;
@@ -45,14 +46,16 @@ pub use docker::build_tar;
 pub use docker::DockerBackend;
 pub use kubernetes::KubeBackend;
 
+pub mod doctor;
 mod engine;
+pub mod images;
 mod plan;
 pub mod refresh_lock;
 pub mod warm;
-pub use engine::{connect, read_config_by, scope, BackendKind, Engine, Scope};
+pub use engine::{checkup, connect, read_config_by, scope, BackendKind, Engine, Scope};
 pub use plan::{
-    proxy_env, BrokerPlace, BrokerPlan, EgressPlan, EgressRoute, HostDirs, RuntimeDir,
-    BROKER_SIDECAR, PROXY_PORT, PROXY_SCRIPT, PROXY_SIDECAR, TURN_END_DIR, TURN_END_FILE,
+    proxy_env, BrokerPlace, BrokerPlan, BrokerRoute, EgressPlan, EgressRoute, HostDirs, RuntimeDir,
+    PROXY_PORT, PROXY_SCRIPT,
 };
 pub use refresh_lock::RefreshHold;
 
@@ -89,15 +92,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<Option<ContainerInfo>>> + Send;
-    /// A running container's IP address on `network`; `None` where it has none there (or
-    /// the backend has no such addresses: Kubernetes, whose broker is on the pod's loopback).
-    fn container_address(
-        &self,
-        _name: &str,
-        _network: &str,
-    ) -> impl Future<Output = Result<Option<String>>> + Send {
-        async { Ok(None) }
-    }
     /// Attaches to a created container's output (and input, with `stdin`) before its start.
     fn attach(&self, name: &str, stdin: bool) -> impl Future<Output = Result<Attached>> + Send;
     /// Resizes an interactive turn's terminal.
@@ -173,6 +167,20 @@ pub trait Backend: Clone + Send + Sync + 'static {
     }
     /// Where a turn's credential broker runs on this backend.
     fn broker_place(&self) -> impl Future<Output = BrokerPlace> + Send;
+    /// How the agent reaches the broker of `plan` (planned for this backend's
+    /// [`Self::broker_place`]), decided before anything is made: its host name and where it
+    /// listens; Docker: its container's name on a network the agent shares; Kubernetes: the
+    /// turn pod's loopback.
+    fn broker_route(&self, plan: &BrokerPlan) -> BrokerRoute;
+    /// The running broker's address as the agent reaches it (for the hosts it stands in
+    /// for); `None`: it has none there.
+    fn broker_address(
+        &self,
+        plan: &BrokerPlan,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        let address = self.broker_route(plan).address;
+        async move { Ok(address) }
+    }
     /// How this backend realises a turn's `--allow-host` ([`EgressPlan`]): where the agent
     /// finds the proxy, on which network, and whose log holds the proxy's decisions.
     fn egress_route(&self, plan: &EgressPlan) -> EgressRoute;
@@ -197,10 +205,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
         &self,
         plan: &BrokerPlan,
     ) -> impl Future<Output = std::result::Result<Attached, CreateError>> + Send;
-    /// Attaches again to the running broker of the unit `name` (a [`BrokerPlan::name`]):
-    /// another process taking over a turn whose driver is gone. Docker: the broker's
-    /// container; Kubernetes: the turn pod's broker container.
-    fn attach_broker(&self, name: &str) -> impl Future<Output = Result<Attached>> + Send;
+    /// Attaches again to the running broker in the turn `turn`'s own unit
+    /// ([`BrokerPlace::InTurn`]): another process taking over a turn whose driver is gone
+    /// (Kubernetes: the turn pod's broker container). Elsewhere there is none (an error).
+    fn attach_broker(&self, turn: &str) -> impl Future<Output = Result<Attached>> + Send;
     /// Removes a turn's own broker and what [`Self::open_broker`] made for it, after the
     /// turn (errors ignored); a shared one stays for the next turns, one in the turn's own
     /// unit goes with it.
@@ -616,9 +624,10 @@ pub struct TurnSpec {
     /// A terminal for the vendor's TUI (and its first size, columns x rows), or a headless
     /// turn read from stdout and stderr.
     pub interactive: Option<Option<(u16, u16)>>,
-    /// The credential broker as a sidecar of the turn (only where
-    /// [`BrokerPlace::InTurn`]): its command, run in the turn's image.
-    pub broker: Option<Vec<String>>,
+    /// The credential broker beside the agent in the turn's own unit (only where
+    /// [`BrokerPlace::InTurn`]): its program ([`BrokerPlan::program`]), run by node in the
+    /// turn's image; the backend ends it with the agent.
+    pub broker: Option<String>,
     /// `--allow-host`: the hosts the turn's proxy admits, all other egress refused; empty:
     /// open. A backend that holds egress in the turn's own unit (Kubernetes: a proxy
     /// sidecar and firewall rules) realises it from here; Docker, from its

@@ -1,14 +1,13 @@
-//! What the session layer plans for a turn beside its [`TurnSpec`](super::TurnSpec), once
-//! for every backend (the broker, the egress proxy), and what a backend says of how it
-//! realises a turn (where its broker runs, where its runtime directory is kept, how it sees
-//! this host's directories, how the agent reaches the proxy), in caw-box's terms.
+//! What the session layer asks for a turn beside its [`TurnSpec`](super::TurnSpec), once
+//! for every backend (a broker for its keys and logins, egress held to its hosts), and what
+//! a backend says of how it realises a turn (where its broker runs and how the agent
+//! reaches it, where its runtime directory is kept, how it sees this host's directories,
+//! how the agent reaches the proxy), in caw-box's terms: never where (networks, pods).
 
-use super::HelperSpec;
+use std::collections::HashMap;
+
+use super::NetworkPolicy;
 use crate::error::Error;
-
-/// The proxy sidecar's container in a turn pod that holds its own egress
-/// ([`Backend::egress_route`](super::Backend::egress_route)); `<pod>/proxy` names its log.
-pub const PROXY_SIDECAR: &str = "proxy";
 
 /// The egress proxy's port, wherever it runs.
 pub const PROXY_PORT: u16 = 3128;
@@ -23,14 +22,6 @@ pub fn proxy_env(allow: &[String]) -> Vec<(&'static str, String)> {
         ("CAW_BOX_PROXY_PORT", PROXY_PORT.to_string()),
     ]
 }
-
-/// The broker's container where it runs beside the agent in the turn's unit
-/// ([`BrokerPlace::InTurn`]: a pod's second container).
-pub const BROKER_SIDECAR: &str = "broker";
-/// A directory the agent's and the broker's containers of a turn's unit share (memory): the
-/// agent's container leaves [`TURN_END_FILE`] there when it ends, and the broker exits.
-pub const TURN_END_DIR: &str = "/caw-box-pod";
-pub const TURN_END_FILE: &str = "agent-ended";
 
 /// Where a turn's runtime directory ([`TurnSpec::runtime`](super::TurnSpec::runtime)) is
 /// kept ([`Backend::runtime_dir`](super::Backend::runtime_dir)).
@@ -72,48 +63,86 @@ pub enum BrokerPlace {
     /// the turn's driver, as this backend's turns do.
     OwnContainer,
     /// Beside the agent in the turn's own unit (Kubernetes: a second container of the
-    /// turn's pod, [`TurnSpec::broker`](super::TurnSpec::broker)), reached on loopback: it
-    /// lives as long as the turn, which outlives its driver. Keys only: a login is injected.
+    /// turn's pod, [`TurnSpec::broker`](super::TurnSpec::broker)), reached where
+    /// [`Backend::broker_route`](super::Backend::broker_route) says: it lives as long as
+    /// the turn, which outlives its driver, and ends with the agent. It shares the agent's
+    /// host names: the hosts it stands in for are resolved by it directly.
     InTurn,
 }
 
-/// A turn's credential broker, planned once by the session layer (`session::broker`: its
-/// program, keys, placeholders and protocol are the same on every backend) and run by the
-/// backend ([`Backend::open_broker`](super::Backend::open_broker),
-/// [`Backend::start_broker`](super::Backend::start_broker)) where it says
-/// ([`Backend::broker_place`](super::Backend::broker_place)).
+/// A turn's credential broker as the session layer asks for it (`session::broker`: its
+/// program, keys, placeholders and protocol are the same on every backend): what it runs
+/// and for whom, not where. The backend says how the agent reaches it
+/// ([`Backend::broker_route`](super::Backend::broker_route)) and runs it where
+/// [`Backend::broker_place`](super::Backend::broker_place) says
+/// ([`Backend::open_broker`](super::Backend::open_broker),
+/// [`Backend::start_broker`](super::Backend::start_broker)).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BrokerPlan {
-    /// The broker's container, also its host name on the agent's network; in the turn's own
-    /// unit ([`BrokerPlace::InTurn`]), the turn's.
+    /// The broker's own name where it is a unit of its own (the session's naming: of the
+    /// turn's driver, or of what a shared one holds); in the turn's own unit, the turn's.
     pub name: String,
-    /// Its container where it runs as one of its own: the broker's loader, stdin open for
-    /// its config, on the session's network or [`Self::network`] (and joined to a turn's
-    /// egress network). In the turn's own unit it runs
-    /// [`TurnSpec::broker`](super::TurnSpec::broker) instead.
-    pub spec: HelperSpec,
-    /// A network made for it that the agent joins too (`--network open`: the engine's
-    /// default network resolves no names).
-    pub network: Option<String>,
+    /// The turn it serves (its name, the session's lock).
+    pub turn: String,
+    /// Its program, run by node in `image` as `user`: it reads its config (the keys) from
+    /// its first line of stdin, which stays open for its protocol.
+    pub program: String,
+    pub image: String,
+    pub user: (u32, u32),
+    /// The labels of what is made for it.
+    pub labels: HashMap<String, String>,
+    /// The session's `--network`, where the agent is.
+    pub network: NetworkPolicy,
+    /// How the backend realised the turn's `--allow-host`, if it has one: the broker stays
+    /// reachable to the agent held to it, and reaches its upstream itself.
+    pub egress: Option<EgressRoute>,
     /// Kept for the next turns that have the same keys ([`BrokerPlace::SharedContainer`]):
-    /// its network is found or made once, and stays with it.
+    /// what is made for it stays with it, and it goes when it idled out.
     pub shared: bool,
+    /// A name for what the backend makes beside it where it makes anything (the session's
+    /// naming, so its sweep of leftovers knows it).
+    pub beside: String,
 }
 
-/// A turn's way out under `--allow-host`, planned once by the session layer
-/// (`session::egress`) and realised by the backend ([`Backend::open_egress`](super::Backend::open_egress)).
+/// How the agent reaches a turn's broker, as the backend realises its [`BrokerPlan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerRoute {
+    /// The host in the broker's URL as the agent sees it.
+    pub host: String,
+    /// The one address the broker listens on; `None`: every address of its own unit.
+    pub listen: Option<String>,
+    /// Its address, where known before it runs (for the hosts it stands in for); `None`:
+    /// asked once it runs ([`Backend::broker_address`](super::Backend::broker_address)).
+    pub address: Option<String>,
+    /// The network the agent joins to reach it (one made for it).
+    pub agent_network: Option<String>,
+    /// What names it in messages and logs.
+    pub shown: String,
+}
+
+/// A turn's way out under `--allow-host`, as the session layer asks for it
+/// (`session::egress`): the hosts it may reach, all else refused. The backend decides how
+/// ([`Backend::egress_route`](super::Backend::egress_route),
+/// [`Backend::open_egress`](super::Backend::open_egress)): Docker as a proxy container and
+/// a network of the turn's own, Kubernetes in the turn's pod (from
+/// [`TurnSpec::egress_allow`](super::TurnSpec::egress_allow)).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EgressPlan {
-    /// The turn's container (a proxy held in the turn's own unit is named after it).
+    /// The turn (its name, the session's lock).
     pub turn: String,
-    /// The proxy, where it runs as a container of its own: its spec (on the session's
-    /// outer network), its name, and its alias and port as the agent reaches it.
-    pub proxy: HelperSpec,
-    pub proxy_name: String,
-    pub alias: String,
-    pub port: u16,
-    /// The private network made for the agent, where the backend makes one.
-    pub network: String,
+    /// The hosts admitted.
+    pub allow: Vec<String>,
+    /// The image whose proxy program ([`PROXY_SCRIPT`]) admits them, run as `user`.
+    pub image: String,
+    pub user: (u32, u32),
+    /// The session's `--network`: the way out to the allowed hosts.
+    pub network: NetworkPolicy,
+    /// The labels of what is made for it.
+    pub labels: HashMap<String, String>,
+    /// Names for what the backend makes for it, this driver's own (a second caw-box that
+    /// starts on a busy session makes its own, and fails on the lock): the session's
+    /// naming, so its sweep of leftovers keeps them.
+    pub names: [String; 2],
 }
 
 /// How a backend realised a turn's egress, in caw-box's terms.
@@ -121,6 +150,8 @@ pub struct EgressPlan {
 pub struct EgressRoute {
     /// The proxy's URL as the agent sees it (`HTTPS_PROXY`).
     pub proxy_url: String,
+    /// The hosts the agent reaches without the proxy (its own unit's), for `NO_PROXY`.
+    pub direct: Vec<String>,
     /// The network the agent (and a broker of its own) goes on; `None`: the turn's own unit
     /// holds its egress.
     pub agent_network: Option<String>,

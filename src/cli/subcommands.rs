@@ -223,6 +223,13 @@ pub struct McpArgs {
     /// ones end. Queued turns live in the server: they are lost if it ends before they start.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub max_parallel: Option<u16>,
+    /// What this server's sessions may spend together, in USD. Each turn it starts gets a
+    /// session limit (--max-cost) of that session's spend plus its share of what is left
+    /// (a turn running or queued counts at its limit); once nothing is left, `start` and
+    /// `reply` are refused (kind `budget`). Counted by this server process: a new server
+    /// counts from zero.
+    #[arg(long, value_name = "USD")]
+    pub max_cost_usd: Option<f64>,
     /// Serve MCP's Streamable HTTP transport on ADDR (`HOST:PORT`, or `PORT` on 127.0.0.1)
     /// instead of stdio, at http://ADDR/mcp. An address other than loopback needs
     /// --token-file.

@@ -108,6 +108,14 @@ pub struct SettingsArgs {
     /// CPU limit, e.g. `1.5`.
     #[arg(long)]
     pub cpus: Option<f64>,
+    /// What the session may spend over all its turns, in USD (e.g. `2.50`), priced from the
+    /// CLI's usage by caw-box's price table (or the CLI's own cost). A turn that crosses it
+    /// ends with status `budget` (exit 6) and the next turn is refused; a resume's
+    /// `--max-cost` raises it. opencode reports usage after each step, so its turn is
+    /// stopped mid-way; claude, codex and gemini report it only at the turn's end, so their
+    /// turn runs to its answer and the next one is refused.
+    #[arg(long, value_name = "USD")]
+    pub max_cost: Option<f64>,
     /// Process limit.
     #[arg(long, value_name = "N")]
     pub pids_limit: Option<i64>,

@@ -11,9 +11,7 @@ use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
-use crate::backend::docker::{BuildEvent, BuildSpec};
-use crate::backend::DockerBackend;
-use crate::backend::ImageInfo;
+use crate::backend::images::{BuildEvent, BuildSpec, ImageStore};
 use crate::cli::{ImageBuildArgs, ImagePullArgs};
 use crate::error::{Error, ErrorKind, Result};
 use crate::output;
@@ -61,20 +59,6 @@ fn context_tar(files: &[(&'static str, Vec<u8>, u32)]) -> Result<Vec<u8>> {
         .map_err(|e| Error::environment(format!("failed to build the build context: {e}")))
 }
 
-/// Image commands work on a Docker daemon's images: with `--backend kubernetes` they are
-/// refused (exit 2) instead of quietly working on a Docker daemon the cluster never sees.
-fn refuse_on_kubernetes(what: &str) -> Result<()> {
-    if crate::backend::BackendKind::chosen()? != crate::backend::BackendKind::Kubernetes {
-        return Ok(());
-    }
-    Err(Error::usage(format!(
-        "`caw-box image {what}` works on a Docker daemon's images, not a cluster's: a cluster's nodes take images from a registry"
-    ))
-    .with_hint(format!(
-        "run `caw-box --backend docker image {what}`, push the images to a registry the nodes reach and set CAW_BOX_IMAGE_REPO (a test cluster: load them into its nodes, e.g. `k8s-lab load-image`)"
-    )))
-}
-
 /// `--cli-version`: one provider's, a version's shape; one line of warning when it lies
 /// outside the versions caw-box is tested with.
 fn check_cli_version(version: Option<&str>, providers: &[ProviderKind]) -> Result<()> {
@@ -112,7 +96,7 @@ fn untested_warning(p: ProviderKind, version: &str) -> Option<String> {
 }
 
 pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i32> {
-    refuse_on_kubernetes("build")?;
+    ImageStore::refuse_elsewhere("build")?;
     let providers = chosen_providers(&args.provider, args.all, "build")?;
     check_cli_version(args.cli_version.as_deref(), &providers)?;
     let ca = match &args.ca_cert {
@@ -130,7 +114,7 @@ pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i
         }
         None => Vec::new(),
     };
-    let backend = DockerBackend::connect().await?;
+    let backend = ImageStore::connect().await?;
 
     let mut jobs = vec![BuildJob {
         tag: base_tag(),
@@ -242,7 +226,7 @@ struct BuildRun {
 
 /// Follows a build to its end or a Ctrl-C, its `Step` lines on the spinner.
 async fn stream_build(
-    backend: &DockerBackend,
+    backend: &ImageStore,
     spec: BuildSpec,
     progress: &output::Spinner,
     verbose: bool,
@@ -282,7 +266,7 @@ async fn stream_build(
     }
 }
 
-async fn failure_hint(backend: &DockerBackend, tag: &str, base: &str) -> String {
+async fn failure_hint(backend: &ImageStore, tag: &str, base: &str) -> String {
     if tag == base_tag() && backend.inspect_image(base).await.ok().flatten().is_none() {
         format!(
             "the base image '{base}' is not present and could not be pulled: pass --base with a local image that has node >= 20"
@@ -293,7 +277,7 @@ async fn failure_hint(backend: &DockerBackend, tag: &str, base: &str) -> String 
 }
 
 async fn build_one(
-    backend: &DockerBackend,
+    backend: &ImageStore,
     mut job: BuildJob,
     args: &ImageBuildArgs,
     verbose: bool,
@@ -384,16 +368,12 @@ async fn build_one(
 /// Removes the builder-stage images that build `build_id` made. After an interruption the
 /// daemon is still tearing the build down (its step container holds the last image), so
 /// this waits a little for that container to go.
-async fn remove_builder_images(backend: &DockerBackend, build_id: &str, interrupted: bool) {
-    let label = format!("{}={build_id}", labels::BUILD_ID);
+async fn remove_builder_images(backend: &ImageStore, build_id: &str, interrupted: bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let mut clean_rounds = 0;
     loop {
         let mut left = 0;
-        match backend
-            .list_images(HashMap::from([("label".to_string(), vec![label.clone()])]))
-            .await
-        {
+        match backend.labelled(labels::BUILD_ID, build_id).await {
             Ok(images) => {
                 for img in images {
                     match backend.remove_image(&img.id).await {
@@ -412,9 +392,8 @@ async fn remove_builder_images(backend: &DockerBackend, build_id: &str, interrup
             return;
         }
         let busy = backend
-            .list_containers(std::slice::from_ref(&label))
+            .containers_labelled(labels::BUILD_ID, build_id)
             .await
-            .map(|c| c.len())
             .unwrap_or(0);
         // Twice clean in a row: the daemon has seen the cancellation by then.
         clean_rounds = if left == 0 && busy == 0 {
@@ -432,7 +411,7 @@ async fn remove_builder_images(backend: &DockerBackend, build_id: &str, interrup
 /// `image pull`: `REPO/<image>:TAG` of each provider from the image repository (the images
 /// workflow publishes them), tagged `REPO/<image>:latest` here, which `run` uses.
 pub async fn pull(args: ImagePullArgs, quiet: bool) -> Result<i32> {
-    refuse_on_kubernetes("pull")?;
+    ImageStore::refuse_elsewhere("pull")?;
     let providers = chosen_providers(&args.provider, args.all, "pull")?;
     let repo = crate::provider::image_repo();
     if repo == crate::provider::DEFAULT_IMAGE_REPO {
@@ -452,7 +431,7 @@ pub async fn pull(args: ImagePullArgs, quiet: bool) -> Result<i32> {
     {
         return Err(Error::usage(format!("--tag '{}' is not a tag", args.tag)));
     }
-    let backend = DockerBackend::connect().await?;
+    let backend = ImageStore::connect().await?;
     for p in providers {
         let image = format!("{repo}/{}:{}", p.image_name(), args.tag);
         let progress = output::Spinner::new(format!("pulling {image}"), !quiet);
@@ -511,9 +490,9 @@ fn chosen_providers(given: &[String], all: bool, what: &str) -> Result<Vec<Provi
 }
 
 pub async fn ls() -> Result<i32> {
-    refuse_on_kubernetes("ls")?;
-    let backend = DockerBackend::connect().await?;
-    let images = backend.list_images(managed_filter(false)).await?;
+    ImageStore::refuse_elsewhere("ls")?;
+    let backend = ImageStore::connect().await?;
+    let images = backend.managed().await?;
     let mut rows = vec![[
         "IMAGE".to_string(),
         "PROVIDER".to_string(),
@@ -560,41 +539,16 @@ pub async fn ls() -> Result<i32> {
     Ok(0)
 }
 
-/// Docker's filter for caw-box's images; `dangling`: only the untagged ones.
-fn managed_filter(dangling: bool) -> HashMap<String, Vec<String>> {
-    let mut f = HashMap::from([(
-        "label".to_string(),
-        vec![format!("{}=true", labels::MANAGED)],
-    )]);
-    if dangling {
-        f.insert("dangling".to_string(), vec!["true".to_string()]);
-    }
-    f
-}
-
 fn short_id(id: &str) -> &str {
     let id = id.strip_prefix("sha256:").unwrap_or(id);
     &id[..id.len().min(12)]
 }
 
-/// caw-box's untagged images: builder stages and replaced images of earlier caw-box
-/// versions (today's `image build` removes its own). A builder-stage image younger than an
-/// hour may belong to a build that is running now, which removes it itself: left alone.
-pub async fn leftovers(backend: &DockerBackend) -> Result<Vec<ImageInfo>> {
-    let now = crate::clock::now_secs() as i64;
-    Ok(backend
-        .list_images(managed_filter(true))
-        .await?
-        .into_iter()
-        .filter(|i| !(i.labels.contains_key(labels::STAGE) && now - i.created < 3600))
-        .collect())
-}
-
 pub async fn prune(quiet: bool) -> Result<i32> {
-    refuse_on_kubernetes("prune")?;
-    let backend = DockerBackend::connect().await?;
+    ImageStore::refuse_elsewhere("prune")?;
+    let backend = ImageStore::connect().await?;
     let (mut removed, mut kept) = (0, 0);
-    for img in leftovers(&backend).await? {
+    for img in backend.leftovers().await? {
         if backend.remove_image(&img.id).await? {
             removed += 1;
         } else {

@@ -282,10 +282,11 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
         .await?
         .unwrap_or_else(|| view.record());
     let mut record = record;
-    // Labels are the truth for what they hold.
+    // Labels are the truth for what they hold (the latest turn's own for what a resume
+    // changes: `--keep-warm`, `--max-cost`).
     record.name = view.facts.name.clone();
     record.group = view.facts.group.clone();
-    record.settings = view.facts.settings.clone();
+    record.settings = view.record().settings;
     let status = if running {
         Status::Running.to_string()
     } else {
@@ -328,6 +329,10 @@ fn print_shown_json(
         /// `--keep-warm`: until when (unix seconds) its idle container stays.
         #[serde(skip_serializing_if = "Option::is_none")]
         warm_until: Option<u64>,
+        /// `--max-cost`: the limit, what is spent and left, and whether a next turn is
+        /// refused.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        budget: Option<crate::session::budget::Spend>,
         #[serde(flatten)]
         record: &'a SessionRecord,
     }
@@ -338,6 +343,7 @@ fn print_shown_json(
         fallback_of: record.settings.fallback_of.map(|id| id.to_string()),
         fallback_to,
         warm_until,
+        budget: crate::session::budget::Spend::of(record),
         record,
     });
 }
@@ -369,6 +375,22 @@ fn print_shown(
         ));
     }
     print_settings(s);
+    if let Some(b) = crate::session::budget::Spend::of(record) {
+        use crate::session::budget::usd;
+        let then = if b.spent {
+            format!(
+                "spent: the next turn is refused (`caw-box resume {} --max-cost USD` raises it)",
+                record.session_id
+            )
+        } else {
+            format!("{} left", usd(b.left_usd))
+        };
+        output::println(&format!(
+            "budget     {} of {} --max-cost; {then}",
+            usd(b.spent_usd),
+            usd(b.max_cost_usd)
+        ));
+    }
     if let Some(id) = s.fallback_of {
         output::println(&format!("fallback of {id} (its usage limit)"));
     }

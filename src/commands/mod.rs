@@ -127,6 +127,11 @@ async fn mcp(args: crate::cli::McpArgs) -> Result<i32> {
         settings: args.settings,
         env: args.env,
         queue: args.max_parallel.map(|n| crate::mcp::Queue::new(n.into())),
+        budget: args
+            .max_cost_usd
+            .map(crate::mcp::ServerBudget::new)
+            .transpose()?
+            .map(std::sync::Arc::new),
     };
     match http {
         Some((addr, token)) => crate::mcp::http::serve(defaults, addr, token).await,

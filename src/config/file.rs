@@ -25,6 +25,7 @@ struct ConfigFile {
     allow_host: Option<Spanned<Vec<String>>>,
     memory: Option<Spanned<MemorySize>>,
     cpus: Option<Spanned<f64>>,
+    max_cost: Option<Spanned<f64>>,
     pids_limit: Option<Spanned<i64>>,
     timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
@@ -154,6 +155,10 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
     if let Some(v) = file.cpus {
         let span = v.span();
         put(Key::Cpus, Value::Float(v.into_inner()), span)?;
+    }
+    if let Some(v) = file.max_cost {
+        let span = v.span();
+        put(Key::MaxCost, Value::Float(v.into_inner()), span)?;
     }
     if let Some(v) = file.pids_limit {
         let span = v.span();

@@ -58,6 +58,7 @@ pub enum Key {
     IdleTimeout,
     KeepWarm,
     ConnectTimeout,
+    MaxCost,
     WorkspaceMode,
     Group,
     Labels,
@@ -78,7 +79,7 @@ pub enum Key {
 }
 
 impl Key {
-    pub const ALL: [Key; 30] = [
+    pub const ALL: [Key; 31] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -92,6 +93,7 @@ impl Key {
         Key::IdleTimeout,
         Key::KeepWarm,
         Key::ConnectTimeout,
+        Key::MaxCost,
         Key::WorkspaceMode,
         Key::Group,
         Key::Labels,
@@ -127,6 +129,7 @@ impl Key {
             Key::IdleTimeout => "idle_timeout",
             Key::KeepWarm => "keep_warm",
             Key::ConnectTimeout => "connect_timeout",
+            Key::MaxCost => "max_cost",
             Key::WorkspaceMode => "workspace_mode",
             Key::Group => "group",
             Key::Labels => "labels",

@@ -127,6 +127,10 @@ impl Resolved {
             Some(Value::Float(c)) => Some(*c),
             _ => None,
         };
+        out.max_cost = match self.get(Key::MaxCost) {
+            Some(Value::Float(c)) => Some(*c),
+            _ => None,
+        };
         out.pids_limit = match self.get(Key::PidsLimit) {
             Some(Value::Int(p)) => Some(*p),
             _ => None,

@@ -55,6 +55,7 @@ impl Layer {
         );
         put(Key::Memory, s(&args.memory));
         put(Key::Cpus, args.cpus.map(Value::Float));
+        put(Key::MaxCost, args.max_cost.map(Value::Float));
         put(Key::PidsLimit, args.pids_limit.map(Value::Int));
         put(Key::Timeout, s(&args.timeout));
         put(Key::IdleTimeout, s(&args.idle_timeout));
@@ -95,7 +96,7 @@ impl Layer {
                         .into_iter()
                         .collect(),
                 ),
-                Key::Cpus => Value::Float(
+                Key::Cpus | Key::MaxCost => Value::Float(
                     raw.trim()
                         .parse()
                         .map_err(|_| Error::usage(format!("{var} '{raw}' is not a number")))?,

@@ -30,7 +30,11 @@ pub struct Overrides {
     pub keep_warm: Option<String>,
     /// Stop the turn after this long, e.g. `30m` (`--timeout`; status `timeout`).
     pub timeout: Option<String>,
-    /// A spend limit in USD for the session. Not supported by this caw-box yet: refused.
+    /// A spend limit in USD for the session over all its turns (`--max-cost`), e.g. 0.50. A
+    /// turn that crosses it ends with status `budget`, and the next `reply` is refused until
+    /// one gives a higher limit. opencode reports usage after each step, so its turn is
+    /// stopped mid-way; claude, codex and gemini report usage at a turn's end, so such a
+    /// turn ends with its answer.
     pub max_cost_usd: Option<f64>,
 }
 

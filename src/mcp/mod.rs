@@ -36,11 +36,13 @@ use crate::error::{Error, Result};
 
 mod apply;
 mod args;
+mod budget;
 pub mod http;
 mod queue;
 mod read;
 mod turns;
 
+pub use budget::ServerBudget;
 pub use queue::Queue;
 
 use args::{
@@ -71,6 +73,15 @@ pub struct Defaults {
     pub env: Vec<String>,
     /// `--max-parallel`: the queue of turns beyond it.
     pub queue: Option<std::sync::Arc<Queue>>,
+    /// `--max-cost-usd`: what the server's sessions may spend together.
+    pub budget: Option<std::sync::Arc<budget::ServerBudget>>,
+}
+
+impl Defaults {
+    /// Whether session `id` has a turn in this server's queue.
+    pub fn queued(&self, id: uuid::Uuid) -> bool {
+        self.queue.as_ref().is_some_and(|q| q.holds(id))
+    }
 }
 
 /// The MCP server.

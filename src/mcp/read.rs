@@ -121,11 +121,24 @@ async fn running_events(backend: &impl Backend, view: &SessionView) -> Vec<Event
 }
 
 /// The usage a running turn reported so far (the latest `usage` event).
-fn usage_so_far(events: &[Event]) -> Option<&crate::event::Usage> {
-    events.iter().rev().find_map(|e| match e {
-        Event::Usage { usage } => Some(usage),
-        _ => None,
-    })
+/// The running turn's usage so far: its usage events added up (each CLI's events add up to
+/// its turn's usage), priced as the turn's cost will be; `None` before the first.
+fn usage_so_far(events: &[Event], view: &target::SessionView) -> Option<crate::event::Usage> {
+    let mut sum: Option<crate::event::Usage> = None;
+    for e in events {
+        if let Event::Usage { usage } = e {
+            let mut usage = *usage;
+            crate::provider::pricing::fill_cost(
+                view.facts.provider,
+                view.facts.settings.model.as_deref(),
+                // The image's CLI version is the turn's to read: the pin's default here.
+                None,
+                &mut usage,
+            );
+            sum.get_or_insert_with(Default::default).add(&usage);
+        }
+    }
+    sum
 }
 
 /// The session's running turn, if any.
@@ -163,7 +176,7 @@ pub async fn status(target: &str, queue: Option<Arc<Queue>>) -> Result<Value> {
         out["turn"] = json!(turn);
         out["elapsed_s"] = json!(elapsed);
         out["latest"] = json!(events.iter().rev().find_map(event_line));
-        out["usage"] = json!(usage_so_far(&events));
+        out["usage"] = json!(usage_so_far(&events, &view));
     } else {
         match &view.last {
             Some(last) => {
@@ -181,6 +194,12 @@ pub async fn status(target: &str, queue: Option<Arc<Queue>>) -> Result<Value> {
         out["queued_turn_failed"] = json!(e.report());
     }
     out["total_cost_usd"] = json!(view.last.as_ref().and_then(|l| l.total_cost_usd));
+    let max_cost = view
+        .last
+        .as_ref()
+        .and_then(|l| l.max_cost_usd)
+        .or(view.facts.settings.max_cost_usd);
+    out["max_cost_usd"] = json!(max_cost);
     Ok(out)
 }
 
@@ -377,7 +396,7 @@ pub async fn progress_line(client: &Client, running: &[Uuid], elapsed: Duration)
             .rev()
             .find_map(event_line)
             .unwrap_or_else(|| "starting".to_string());
-        let tokens = usage_so_far(&events)
+        let tokens = usage_so_far(&events, &view)
             .map(|u| format!(", {} tokens so far", u.input_tokens + u.output_tokens))
             .unwrap_or_default();
         parts.push(shorten(&format!("{who}: {latest}{tokens}"), LATEST_CHARS));

@@ -34,13 +34,11 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// `settings` with a tool call's overrides on top, as flags given after the server's.
 fn merged(settings: &SettingsArgs, o: &Overrides) -> Result<SettingsArgs> {
-    if o.max_cost_usd.is_some() {
-        return Err(Error::usage(
-            "max_cost_usd: spend limits are not supported by this caw-box yet",
-        )
-        .with_hint("leave max_cost_usd out"));
-    }
     let mut s = settings.clone();
+    if let Some(c) = o.max_cost_usd {
+        crate::settings::check_max_cost(c, "max_cost_usd")?;
+        s.max_cost = Some(c);
+    }
     let set = |field: &mut Option<String>, value: &Option<String>| {
         if let Some(v) = value {
             *field = Some(v.clone());
@@ -144,6 +142,20 @@ pub async fn start(defaults: &Defaults, a: StartArgs) -> Result<Value> {
         (Some(name), _) => Some(format!("{name}-{i}")),
         (None, _) => None,
     };
+    let client = match &defaults.budget {
+        Some(_) => Some(Client::connect().await?),
+        None => None,
+    };
+    let mut grant = match (&defaults.budget, &client) {
+        (Some(b), Some(c)) => Some(
+            b.grant(c, &|id| defaults.queued(id), 0.0, n, settings.max_cost)
+                .await?,
+        ),
+        _ => None,
+    };
+    if let Some(g) = &grant {
+        settings.max_cost = Some(g.limit());
+    }
     let mut runs = Vec::new();
     for i in 1..=n {
         let args = RunArgs {
@@ -156,6 +168,14 @@ pub async fn start(defaults: &Defaults, a: StartArgs) -> Result<Value> {
         runs.push(start_one(args, defaults.queue.clone()));
     }
     let outcomes = futures_util::future::join_all(runs).await;
+    if let Some(g) = &mut grant {
+        for o in outcomes.iter().flatten() {
+            if let Some(id) = o["session_id"].as_str().and_then(|s| s.parse().ok()) {
+                g.keep(id);
+            }
+        }
+    }
+    drop(grant);
     let errors: Vec<&Error> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
     if errors.len() == outcomes.len() {
         // Nothing started: the first refusal says why (they are the same refusal).
@@ -225,7 +245,22 @@ pub async fn reply(defaults: &Defaults, a: ReplyArgs) -> Result<Value> {
                 .with_hint("`wait` for it"),
         );
     }
-    let settings = merged(&SettingsArgs::default(), &a.overrides)?;
+    let mut settings = merged(&SettingsArgs::default(), &a.overrides)?;
+    let mut grant = match &defaults.budget {
+        Some(b) => {
+            let record = target::resolve(client.backend(), &a.session).await?;
+            let own = settings.max_cost.or(record.settings.max_cost_usd);
+            let spent = record.total_cost_usd().unwrap_or(0.0);
+            Some(
+                b.grant(&client, &|id| defaults.queued(id), spent, 1, own)
+                    .await?,
+            )
+        }
+        None => None,
+    };
+    if let Some(g) = &grant {
+        settings.max_cost = Some(g.limit());
+    }
     let turn = turn_args(defaults, settings, &a.prompt)?;
     let NewTurn {
         client,
@@ -234,6 +269,9 @@ pub async fn reply(defaults: &Defaults, a: ReplyArgs) -> Result<Value> {
     } = open_session(&a.session, &turn).await?;
     let queued =
         start_or_queue(defaults.queue.as_ref(), &client, &session, &options, false).await?;
+    if let Some(g) = &mut grant {
+        g.keep(id);
+    }
     Ok(started(&session, session.record().next_turn(), queued))
 }
 
@@ -398,11 +436,12 @@ mod tests {
         assert_eq!(s.model.as_deref(), Some("call-model"));
         assert_eq!(s.timeout.as_deref(), Some("1h"));
         assert_eq!(s.allow_host, ["@provider", "docs.example.com"]);
-        let spend = Overrides {
-            max_cost_usd: Some(1.0),
+        let spend = |usd| Overrides {
+            max_cost_usd: Some(usd),
             ..Default::default()
         };
-        assert_eq!(merged(&server, &spend).unwrap_err().exit_code(), 2);
+        assert_eq!(merged(&server, &spend(1.5)).unwrap().max_cost, Some(1.5));
+        assert_eq!(merged(&server, &spend(-1.0)).unwrap_err().exit_code(), 2);
     }
 
     #[test]

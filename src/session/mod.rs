@@ -19,11 +19,12 @@ mod walls;
 
 pub use lifecycle::orphans;
 pub use store::{files, handle, names, portable, record, target};
-pub use turn::{limits, models, runner};
+pub use turn::{budget, limits, models, runner};
 pub use walls::{owner, patch, protect, protected_out, quarantine, safe_git, workspace};
 
+/// The broker's program and its loader, for the backends' tests that run it as they would.
 #[cfg(test)]
-pub(crate) use broker::sidecar_entrypoint;
+pub(crate) use broker::{LOADER as BROKER_LOADER, SCRIPT as BROKER_SCRIPT};
 pub(crate) use turn::ended::is_marker;
 
 pub use handle::ResumeHandle;

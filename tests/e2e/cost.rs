@@ -326,3 +326,133 @@ fn cost_unknown_model_is_null() {
     assert!(out["usage"]["output_tokens"].as_u64().unwrap() > 0, "{out}");
     assert!(out["usage"]["cost_usd"].is_null(), "{out}");
 }
+
+/// `--max-cost` on codex, which reports its usage only with its answer: the turn that
+/// crosses the limit keeps its answer and ends `budget` (exit 6); the next turn is refused
+/// before anything starts (no request reaches the model); `show` says so; a resume with a
+/// higher limit goes on with the conversation. Bad limits are refused, creating nothing.
+#[test]
+fn max_cost_ends_the_crossing_turn_refuses_the_next_and_a_higher_one_resumes() {
+    let rig = Rig::new("budget-codex");
+    check("bad limits: exit 2, nothing made");
+    for bad in ["0", "-1", "nan"] {
+        let out = rig.caw_run(&[
+            "run",
+            "--provider",
+            "codex",
+            "--max-cost",
+            bad,
+            "--network",
+            &rig.network,
+            "hi",
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "--max-cost {bad}: {}",
+            stderr_of(&out)
+        );
+    }
+    let unpriced = P {
+        model: Some("stub-model-unpriced"),
+        ..CODEX
+    };
+    let out = run(rig.run_cmd(unpriced, "hi", &["--max-cost", "1"]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("price table does not know stub-model-unpriced"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert_eq!(
+        rig.caw_volumes(),
+        Vec::<String>::new(),
+        "a refused run left a volume"
+    );
+    assert_eq!(
+        rig.caw_containers(),
+        Vec::<String>::new(),
+        "a refused run left a container"
+    );
+
+    check("the crossing turn: status budget, exit 6, its answer kept");
+    let (code, first, stderr) =
+        rig.json_turn(rig.run_cmd(CODEX, "REMEMBER:quince", &["--max-cost", "0.000001"]));
+    assert_eq!(code, 6, "{first}\n{stderr}");
+    assert_eq!(first["status"], "budget", "{first}");
+    assert_eq!(first["exit_code"], 6, "{first}");
+    assert!(
+        first["result"].as_str().unwrap().contains("quince"),
+        "{first}"
+    );
+    assert!(
+        first["usage"]["cost_usd"].as_f64().unwrap() > 0.000001,
+        "{first}"
+    );
+    let id = first["session_id"].as_str().unwrap().to_string();
+
+    check("the next turn is refused before anything starts");
+    let before = rig.stub_requests().len();
+    let (code, refused, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));
+    assert_eq!(code, 6, "{refused}\n{stderr}");
+    assert_eq!(refused["error"]["kind"], "budget", "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("of its --max-cost $0.0000"),
+        "{refused}"
+    );
+    assert_eq!(
+        rig.stub_requests().len(),
+        before,
+        "the refused turn reached the model"
+    );
+    let shown: Value =
+        serde_json::from_str(&stdout_of(&rig.caw_run(&["show", &id, "--json"]))).unwrap();
+    assert_eq!(shown["turns"].as_array().unwrap().len(), 1, "{shown}");
+    assert_eq!(shown["budget"]["spent"], true, "{shown}");
+    assert_eq!(shown["budget"]["max_cost_usd"], 0.000001, "{shown}");
+
+    check("a resume with a higher limit goes on");
+    let (code, second, stderr) =
+        rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &["--max-cost", "5"]));
+    assert_eq!(code, 0, "{second}\n{stderr}");
+    assert_eq!(
+        second["result"], "You told me to remember quince.",
+        "{second}"
+    );
+    let shown: Value =
+        serde_json::from_str(&stdout_of(&rig.caw_run(&["show", &id, "--json"]))).unwrap();
+    assert_eq!(shown["budget"]["spent"], false, "{shown}");
+    assert_eq!(shown["settings"]["max_cost_usd"], 5.0, "{shown}");
+}
+
+/// `--max-cost` on opencode, which reports usage after each step: caw-box stops the turn
+/// at the first step's usage, before the model's next answer (each held 3 s by the stub)
+/// comes: the result is caw-box's stop, not the CLI's answer to its tool's output, and the
+/// step's cost counts.
+#[test]
+fn max_cost_stops_an_opencode_turn_at_the_step_that_crosses_it() {
+    let rig = Rig::new("budget-opencode");
+    let priced = P {
+        model: Some("gpt-5.5"),
+        ..OPENCODE
+    };
+    let (code, out, stderr) = rig.json_turn(rig.run_cmd(
+        priced,
+        "SLEEP:3 RUN:echo budget-step-one",
+        &["--max-cost", "0.000001"],
+    ));
+    assert_eq!(code, 6, "{out}\n{stderr}");
+    assert_eq!(out["status"], "budget", "{out}");
+    assert_eq!(
+        out["result"],
+        "the session's spend crossed its --max-cost during the turn: caw-box stopped it",
+        "{out}"
+    );
+    assert!(
+        out["usage"]["cost_usd"].as_f64().unwrap() > 0.000001,
+        "{out}"
+    );
+}

@@ -1663,36 +1663,31 @@ impl Lab {
         }
     }
 
-    /// `grep -l` for `patterns` (on the exec's stdin: in no command line or environment)
-    /// inside container `container` of pod `pod`, as the container's user: every
-    /// `/proc/*/environ` and `/proc/*/cmdline`, and with `all` every file under `/` outside
-    /// /proc and /sys. The files that matched.
+    /// The common scan ([`secret_scan`]) for `patterns` (on the exec's stdin: in no command
+    /// line or environment) inside container `container` of pod `pod`, as the container's
+    /// user: every `/proc/*/environ` and `/proc/*/cmdline`, and with `all` every file under
+    /// `/` outside /proc and /sys. The files that matched. Its positive controls, as on
+    /// Docker: the random marker it plants is found in its own environment and, with `all`,
+    /// in the file it put under /tmp, so an empty answer means nothing there, not a scan
+    /// that reads nothing.
     fn scan(&self, pod: &str, container: &str, patterns: &[String], all: bool) -> Vec<String> {
-        use std::io::Write;
-        let script = r#"d=(); if [ "$1" = all ]; then for x in /*; do case $x in /proc|/sys) ;; *) d+=("$x");; esac; done; fi
-grep -rlsaF -D skip -f /dev/stdin "${d[@]}" /proc/[0-9]*/environ /proc/[0-9]*/cmdline; true"#;
-        let mut child = Command::new(KUBECTL)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .args(["-n", NAMESPACE, "exec", "-i", pod, "-c", container, "--"])
-            .args([
-                "bash",
-                "-c",
-                script,
-                "scan",
-                if all { "all" } else { "proc" },
-            ])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("kubectl exec");
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(patterns.join("\n").as_bytes()).unwrap();
-        stdin.write_all(b"\n").unwrap();
-        drop(stdin);
-        let out = wait_with_deadline(child, Duration::from_secs(120));
-        assert!(out.status.success(), "scan in {pod}: {}", stderr_of(&out));
-        stdout_of(&out).lines().map(str::to_string).collect()
+        let mut exec = Command::new(KUBECTL);
+        exec.env("KUBECONFIG", &self.kubeconfig)
+            .args(["-n", NAMESPACE, "exec", "-i", pod, "-c", container, "--"]);
+        let scope = if all {
+            ScanScope::Everything
+        } else {
+            ScanScope::Proc
+        };
+        let scan = secret_scan(exec, scope, &[], patterns)
+            .unwrap_or_else(|out| panic!("scan in {pod}: {}", stderr_of(&out)));
+        assert!(
+            scan.marker_in_environ && (scan.marker_in_file || !all),
+            "scan in {pod}: its own marker not found (file: {}, environ: {}): it reads nothing",
+            scan.marker_in_file,
+            scan.marker_in_environ
+        );
+        scan.found
     }
 }
 

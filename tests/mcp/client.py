@@ -206,6 +206,24 @@ async def main_server(s):
     r = await call(s, "result", {"session": sid})
     assert r["status"] == "success" and "walrus" in r["result"], r
 
+    check("max_cost_usd: the crossing turn ends `budget`, the next reply is refused, a higher one goes on")
+    st = await call(s, "start", {"provider": "codex", "prompt": "REMEMBER:fig", "max_cost_usd": 1e-9})
+    spender = st["sessions"][0]["session_id"]
+    done = await wait_done(s, [spender])
+    assert done[spender]["status"] == "budget", done
+    r = await call(s, "result", {"session": spender})
+    # codex reports its usage with its answer: the answer is kept, and the spend is over.
+    assert r["status"] == "budget" and r["exit_code"] == 6 and "fig" in r["result"], r
+    assert r["cost_usd"] > 1e-9, r
+    e = await call(s, "reply", {"session": spender, "prompt": "RECALL"}, ok=False)
+    assert e["error"]["kind"] == "budget" and e["exit_code"] == 6, e
+    assert "has spent" in e["error"]["message"], e
+    await call(s, "reply", {"session": spender, "prompt": "RECALL", "max_cost_usd": 10})
+    await wait_done(s, [spender])
+    r = await call(s, "result", {"session": spender})
+    assert r["status"] == "success" and "fig" in r["result"], r
+    await call(s, "remove", {"session": spender})
+
     check("n: 3 gives three sessions of one group; --max-parallel 1 queues the others, in order")
     st = await call(s, "start", {"provider": "codex", "prompt": "HOLD:first3 hi", "n": 3})
     ids = [x["session_id"] for x in st["sessions"]]
@@ -281,7 +299,9 @@ async def main():
     token_file = os.path.join(os.environ["CAW_BOX_DATA_DIR"], "mcp-token")
     with open(token_file, "w") as f:
         f.write(token + "\n")
-    http = subprocess.Popen([CAW, *server_args("--http", "127.0.0.1:0", "--token-file", token_file)],
+    # A server budget far below one turn: its first turn takes it all.
+    http = subprocess.Popen([CAW, *server_args("--http", "127.0.0.1:0", "--token-file", token_file,
+                                               "--max-cost-usd", "0.000001")],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, cwd=HOST_DIR)
     try:
@@ -305,6 +325,19 @@ async def main():
                 assert done[survivor]["status"] == "success", done
                 r = await call(s, "result", {"session": SURVIVOR})
                 assert r["status"] == "success" and "otter" in r["result"], r
+
+                check("--max-cost-usd: a turn gets at most what the server has left; then it refuses")
+                st = await call(s, "start", {"provider": "codex", "prompt": "REMEMBER:plum",
+                                             "max_cost_usd": 5})
+                spent = st["sessions"][0]["session_id"]
+                done = await wait_done(s, [spent])
+                assert done[spent]["status"] == "budget", done
+                for tool, args in [("reply", {"session": spent, "prompt": "RECALL", "max_cost_usd": 5}),
+                                   ("start", {"provider": "codex", "prompt": "hi"})]:
+                    e = await call(s, tool, args, ok=False)
+                    assert e["error"]["kind"] == "budget", e
+                    assert "this server's --max-cost-usd $0.0000 is spent" in e["error"]["message"], e
+                await call(s, "remove", {"session": spent})
     finally:
         http.kill()
         http.wait()

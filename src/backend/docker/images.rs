@@ -10,6 +10,7 @@ use futures_util::StreamExt;
 use super::{daemon_message, failed, is_conflict, is_not_found, DockerBackend};
 use crate::backend::ImageInfo;
 use crate::error::Result;
+use crate::labelling::labels;
 
 /// What to build: a context (a tar made in memory), build args, labels and the tag.
 #[derive(Debug, Clone, Default)]
@@ -34,7 +35,33 @@ pub enum BuildEvent {
     Failed(String),
 }
 
+/// caw-box's images, as Docker's image list filters them; `dangling`: only the untagged.
+pub fn managed_filter(dangling: bool) -> HashMap<String, Vec<String>> {
+    let mut f = HashMap::from([(
+        "label".to_string(),
+        vec![format!("{}=true", labels::MANAGED)],
+    )]);
+    if dangling {
+        f.insert("dangling".to_string(), vec!["true".to_string()]);
+    }
+    f
+}
+
 impl DockerBackend {
+    /// caw-box's untagged images: builder stages and replaced images of earlier caw-box
+    /// versions (today's `image build` removes its own). A builder-stage image younger than
+    /// an hour may belong to a build that is running now, which removes it itself: left
+    /// alone.
+    pub async fn leftover_images(&self) -> Result<Vec<ImageInfo>> {
+        let now = crate::clock::now_secs() as i64;
+        Ok(self
+            .list_images(managed_filter(true))
+            .await?
+            .into_iter()
+            .filter(|i| !(i.labels.contains_key(labels::STAGE) && now - i.created < 3600))
+            .collect())
+    }
+
     /// The image `image` (by name or id), or `None` when the host does not have it.
     pub async fn inspect_image(&self, image: &str) -> Result<Option<ImageInfo>> {
         match self.docker.inspect_image(image).await {

@@ -26,6 +26,7 @@ mod api_version;
 mod archive;
 mod broker;
 mod containers;
+pub(super) mod doctor;
 mod egress;
 pub mod endpoint;
 mod images;
@@ -36,7 +37,8 @@ mod warm;
 
 pub use super::CreateError;
 pub use archive::{build_tar, first_file};
-pub use images::{BuildEvent, BuildSpec, BuildStream};
+pub use broker::broker_route;
+pub use images::{managed_filter, BuildEvent, BuildSpec, BuildStream};
 
 /// A long request timeout: turns, attaches and builds legitimately last for hours. Only
 /// `connect` bounds its probe tightly, so an unreachable daemon fails fast.

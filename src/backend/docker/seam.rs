@@ -60,6 +60,14 @@ impl Backend for DockerBackend {
         DockerBackend::close_egress(self, plan).await
     }
 
+    fn broker_route(&self, plan: &crate::backend::BrokerPlan) -> crate::backend::BrokerRoute {
+        super::broker::broker_route(plan)
+    }
+
+    async fn broker_address(&self, plan: &crate::backend::BrokerPlan) -> Result<Option<String>> {
+        DockerBackend::broker_address(self, plan).await
+    }
+
     async fn open_broker(&self, plan: &crate::backend::BrokerPlan) -> Result<()> {
         DockerBackend::open_broker(self, plan).await
     }
@@ -95,10 +103,6 @@ impl Backend for DockerBackend {
         .with_hint(format!(
             "the session's state is kept: `caw-box resume {id}` continues it"
         ))
-    }
-
-    async fn container_address(&self, name: &str, network: &str) -> Result<Option<String>> {
-        DockerBackend::container_address(self, name, network).await
     }
 
     async fn attach(&self, name: &str, stdin: bool) -> Result<Attached> {

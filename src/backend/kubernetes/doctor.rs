@@ -14,14 +14,7 @@ use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, PostParams};
 
-/// One line of the report.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Check {
-    Ok(String),
-    /// Works, but worth knowing.
-    Note(String),
-    Problem(String),
-}
+pub use crate::backend::doctor::Check;
 
 /// What caw-box does in its namespace: (verb, resource, subresource).
 pub const NEEDED: &[(&str, &str, &str)] = &[

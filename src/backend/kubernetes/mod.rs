@@ -95,7 +95,7 @@ mod status;
 mod warm;
 
 pub use meta::{label_selector, valid_label_value};
-pub use sidecars::{BROKER_UID, EGRESS_INIT, PROXY_UID};
+pub use sidecars::{broker_route, BROKER_UID, EGRESS_INIT, PROXY_UID};
 pub use spec::{helper_pod_spec, turn_pod_spec, SEEDED_MARKER};
 pub use status::pod_security_refused;
 

@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 
 use super::exec::chunks;
+use super::sidecars::{BROKER_SIDECAR, LOOPBACK, PROXY_SIDECAR};
 use super::spec::{helper_pod_spec, shell_quote, turn_pod_spec, RUNTIME_READY};
 use super::status::{
     container_info, deleted_under_turn, oom_kills, out_of_memory, pod_failure, pod_progress,
@@ -130,13 +131,20 @@ impl Backend for KubeBackend {
         crate::backend::BrokerPlace::InTurn
     }
 
+    /// A container of the turn's pod ([`TurnSpec::broker`]), on the pod's loopback alone:
+    /// the agent reaches it there, nothing else does.
+    fn broker_route(&self, plan: &crate::backend::BrokerPlan) -> crate::backend::BrokerRoute {
+        super::sidecars::broker_route(plan)
+    }
+
     /// Held in the turn's pod (from [`TurnSpec::egress_allow`]): a proxy sidecar on the
     /// pod's loopback, and firewall rules that let out only it and the broker.
     fn egress_route(&self, plan: &crate::backend::EgressPlan) -> crate::backend::EgressRoute {
         crate::backend::EgressRoute {
-            proxy_url: format!("http://127.0.0.1:{}", plan.port),
+            proxy_url: format!("http://{LOOPBACK}:{}", crate::backend::PROXY_PORT),
+            direct: vec!["localhost".to_string(), LOOPBACK.to_string()],
             agent_network: None,
-            proxy_log: format!("{}/{}", plan.turn, crate::backend::PROXY_SIDECAR),
+            proxy_log: format!("{}/{PROXY_SIDECAR}", plan.turn),
         }
     }
 
@@ -156,18 +164,15 @@ impl Backend for KubeBackend {
         Ok(())
     }
 
-    /// The turn pod's broker container (`plan.name` is the pod), attached to once it runs:
-    /// it may start a moment after the agent's.
+    /// The turn pod's broker container, attached to once it runs: it may start a moment
+    /// after the agent's.
     async fn start_broker(
         &self,
         plan: &crate::backend::BrokerPlan,
     ) -> std::result::Result<Attached, CreateError> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            match self
-                .attach_sidecar(&plan.name, crate::backend::BROKER_SIDECAR)
-                .await
-            {
+            match self.attach_sidecar(&plan.turn, BROKER_SIDECAR).await {
                 Ok(a) => return Ok(a),
                 Err(e) if tokio::time::Instant::now() > deadline => {
                     return Err(CreateError::Other(e))
@@ -178,9 +183,8 @@ impl Backend for KubeBackend {
     }
 
     /// The broker goes with the turn's pod.
-    async fn attach_broker(&self, name: &str) -> Result<Attached> {
-        self.attach_sidecar(name, crate::backend::BROKER_SIDECAR)
-            .await
+    async fn attach_broker(&self, turn: &str) -> Result<Attached> {
+        self.attach_sidecar(turn, BROKER_SIDECAR).await
     }
 
     async fn close_broker(&self, _plan: &crate::backend::BrokerPlan) {}

@@ -9,11 +9,20 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::sandbox::{hardened, pull_policy};
-use crate::backend::{
-    proxy_env, BROKER_SIDECAR as SIDECAR, PROXY_SCRIPT, TURN_END_DIR as POD_END_DIR,
-    TURN_END_FILE as POD_END_FILE,
-};
-use crate::backend::{TurnSpec, PROXY_SIDECAR};
+use crate::backend::{proxy_env, BrokerPlan, BrokerRoute, TurnSpec, PROXY_SCRIPT};
+
+/// The proxy sidecar's container in a turn pod that holds its own egress; `<pod>/proxy`
+/// names its log.
+pub const PROXY_SIDECAR: &str = "proxy";
+/// The broker's container beside the agent in a turn's pod
+/// ([`BrokerPlace::InTurn`](crate::backend::BrokerPlace::InTurn)).
+pub const BROKER_SIDECAR: &str = "broker";
+/// A directory the agent's and the sidecars' containers of a turn's pod share (memory): the
+/// agent's container leaves [`POD_END_FILE`] there when it ends, and the sidecars exit.
+pub const POD_END_DIR: &str = "/caw-box-pod";
+pub const POD_END_FILE: &str = "agent-ended";
+/// The pod's loopback, where the agent reaches its sidecars and they alone listen.
+pub const LOOPBACK: &str = "127.0.0.1";
 
 /// The uid of a turn pod's proxy sidecar (`--allow-host`), and of its broker sidecar: each
 /// its own, not the agent's, as the pod's firewall lets out these two alone
@@ -21,15 +30,49 @@ use crate::backend::{TurnSpec, PROXY_SIDECAR};
 pub const PROXY_UID: i64 = 10_001;
 pub const BROKER_UID: i64 = 10_002;
 
-/// The credential broker beside the agent (`crate::session::broker`): the same image and
-/// sandbox under a uid of its own, its keys on its stdin (never in its spec), the pod's end
-/// marker read-only.
-pub(super) fn broker_container(spec: &TurnSpec, command: &[String], gid: i64) -> Container {
+/// How the agent reaches its broker beside it: on the pod's loopback, where it alone
+/// listens.
+pub fn broker_route(plan: &BrokerPlan) -> BrokerRoute {
+    BrokerRoute {
+        host: LOOPBACK.to_string(),
+        listen: Some(LOOPBACK.to_string()),
+        address: Some(LOOPBACK.to_string()),
+        agent_network: None,
+        shown: format!("{}/{BROKER_SIDECAR}", plan.turn),
+    }
+}
+
+/// The credential broker beside the agent (`crate::session::broker`): its `program` in the
+/// same image and sandbox under a uid of its own, its keys on its stdin (never in its
+/// spec), the pod's end marker read-only.
+pub(super) fn broker_container(spec: &TurnSpec, program: &str, gid: i64) -> Container {
     Container {
         stdin: Some(true),
         stdin_once: Some(false),
-        ..sidecar(SIDECAR, spec, command.to_vec(), BROKER_UID, gid, "256Mi")
+        ..sidecar(
+            BROKER_SIDECAR,
+            spec,
+            broker_command(program, &end_marker()),
+            BROKER_UID,
+            gid,
+            "256Mi",
+        )
     }
+}
+
+/// The pod's end marker, which the agent's container leaves when it ended.
+fn end_marker() -> String {
+    format!("{POD_END_DIR}/{POD_END_FILE}")
+}
+
+/// The broker's command beside the agent: its `program`, and an exit once `marker` appears
+/// (the agent's container ended), so the pod completes.
+pub(super) fn broker_command(program: &str, marker: &str) -> Vec<String> {
+    let watch = format!(
+        "setInterval(()=>{{if(require('fs').existsSync({}))process.exit(0);}},300);",
+        serde_json::Value::String(marker.to_string())
+    );
+    vec!["node".into(), "-e".into(), format!("{program}{watch}")]
 }
 
 /// A helper beside the agent: the turn's image and the agent's sandbox under a uid of its
@@ -149,13 +192,13 @@ echo "caw-box: egress held to uids $1 ($v4${v6:+, $v6})""#;
 /// on the pod's loopback only, a uid of its own, the same sandbox; it exits on the pod's
 /// end marker, as the broker does.
 pub(super) fn proxy_container(spec: &TurnSpec, gid: i64) -> Container {
-    let marker = serde_json::Value::String(format!("{POD_END_DIR}/{POD_END_FILE}"));
+    let marker = serde_json::Value::String(end_marker());
     let script = format!(
         "setInterval(()=>{{if(require('fs').existsSync({marker}))process.exit(0);}},300);require('{PROXY_SCRIPT}');"
     );
     let env = proxy_env(&spec.egress_allow)
         .into_iter()
-        .chain([("CAW_BOX_PROXY_HOST", "127.0.0.1".to_string())])
+        .chain([("CAW_BOX_PROXY_HOST", LOOPBACK.to_string())])
         .map(|(k, v)| k8s_openapi::api::core::v1::EnvVar {
             name: k.to_string(),
             value: Some(v),

@@ -12,8 +12,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::sandbox::{claim_mounts, empty_dir, hardened, parse_user, pod_security, pull_policy};
 use super::sidecars::{broker_container, egress_init, proxy_container, BROKER_UID, PROXY_UID};
+use super::sidecars::{POD_END_DIR, POD_END_FILE};
+use crate::backend::PROXY_PORT;
 use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, TurnSpec};
-use crate::backend::{PROXY_PORT, TURN_END_DIR as POD_END_DIR, TURN_END_FILE as POD_END_FILE};
 use crate::error::{Error, Result};
 
 /// How long a turn pod whose CLI ended waits for its record (the entrypoint's
@@ -33,7 +34,7 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
     let broker = spec
         .broker
         .as_ref()
-        .map(|command| broker_container(spec, command, gid));
+        .map(|program| broker_container(spec, program, gid));
     let brokered = broker.is_some();
     let proxy = held.then(|| proxy_container(spec, gid));
     // A TUI's runtime files are put in once the pod runs (a terminal's stdin is no way for

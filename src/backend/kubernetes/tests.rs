@@ -7,13 +7,13 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::meta::{label_selector, matches, merged, split, valid_label_value};
+use super::sidecars::{POD_END_DIR, POD_END_FILE, PROXY_SIDECAR};
 use super::spec::{marked_entry, MARKED_ENTRY};
 use super::status::{
     egress_init_failed, oom_kills, pod_failure, pod_progress, readable_bytes, Progress,
 };
 use super::*;
-use crate::backend::{Limits, MountSpec, NetworkPolicy, Scratch, TurnSpec, PROXY_SIDECAR};
-use crate::backend::{TURN_END_DIR as POD_END_DIR, TURN_END_FILE as POD_END_FILE};
+use crate::backend::{Limits, MountSpec, NetworkPolicy, Scratch, TurnSpec};
 
 #[test]
 fn only_valid_values_become_labels_and_every_pair_an_annotation() {
@@ -281,7 +281,7 @@ fn an_evicted_or_oom_killed_pod_names_its_cause() {
 #[test]
 fn a_brokered_turn_pod_has_the_broker_beside_the_agent_and_no_key_in_its_spec() {
     let mut t = turn();
-    t.broker = Some(crate::session::sidecar_entrypoint());
+    t.broker = Some(crate::session::BROKER_LOADER.to_string());
     let spec = turn_pod_spec(&t).unwrap();
     let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["agent", "broker"]);
@@ -307,6 +307,11 @@ fn a_brokered_turn_pod_has_the_broker_beside_the_agent_and_no_key_in_its_spec() 
         .unwrap()
         .iter()
         .any(|m| m.mount_path == POD_END_DIR && m.read_only != Some(true)));
+    // The broker's program, which exits once the agent's container left the end marker.
+    let command = broker.command.as_deref().unwrap();
+    assert_eq!(command[..2], ["node", "-e"]);
+    assert!(command[2].starts_with(crate::session::BROKER_LOADER));
+    assert!(command[2].contains(&format!("{POD_END_DIR}/{POD_END_FILE}")));
     let json = serde_json::to_string(&spec).unwrap();
     assert!(!json.contains("sk-"), "{json}");
     // Without a broker: one container, the wrapper announcing its end without a marker.
@@ -488,7 +493,7 @@ fn an_allow_host_pod_holds_its_egress_with_an_init_container_and_a_proxy_sidecar
     assert_proxy_sidecar_is_narrow(&spec.containers[1]);
 
     // Brokered: the broker has a uid of its own too, and the rules let it out.
-    t.broker = Some(vec!["node".into(), "-e".into(), "x".into()]);
+    t.broker = Some("x".into());
     let spec = turn_pod_spec(&t).unwrap();
     let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["agent", "broker", PROXY_SIDECAR]);
@@ -595,7 +600,7 @@ fn a_pod_whose_broker_stands_in_for_a_host_resolves_it_to_loopback() {
     assert!(plain.host_aliases.is_none());
     assert!(plain.security_context.unwrap().sysctls.is_none());
     let mut t = turn();
-    t.broker = Some(vec!["node".into()]);
+    t.broker = Some("0".into());
     t.extra_hosts = vec!["chatgpt.com:127.0.0.1".into()];
     let spec = turn_pod_spec(&t).unwrap();
     let aliases = spec.host_aliases.unwrap();
@@ -608,4 +613,82 @@ fn a_pod_whose_broker_stands_in_for_a_host_resolves_it_to_loopback() {
     let sysctls = spec.security_context.unwrap().sysctls.unwrap();
     assert_eq!(sysctls[0].name, "net.ipv4.ip_unprivileged_port_start");
     assert_eq!(sysctls[0].value, "0");
+}
+
+/// The broker sidecar's command (run by the host's node here, as in the pod): it takes its
+/// keys on stdin, listens on loopback only, and exits 0 once the end marker appears.
+#[test]
+fn the_broker_sidecar_listens_on_loopback_and_exits_on_the_end_marker() {
+    use std::io::{BufRead, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("agent-ended");
+    let command =
+        super::sidecars::broker_command(crate::session::BROKER_LOADER, &marker.to_string_lossy());
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    let line = serde_json::json!({
+        "script": crate::session::BROKER_SCRIPT,
+        "config": {"port": port, "host": super::sidecars::LOOPBACK,
+                   "upstream": "http://127.0.0.1:9", "keys": {"p": "real"}},
+    });
+    let mut child = std::process::Command::new(&command[0])
+        .args(&command[1..])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("node");
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{line}").unwrap();
+    let mut ready = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready.trim(), "caw-box-broker ready");
+    let listening = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let local = format!("0100007F:{port:04X}");
+    assert!(
+        listening.lines().any(|l| l.contains(&local)),
+        "not on 127.0.0.1:{port}"
+    );
+    let any = format!("00000000:{port:04X}");
+    assert!(!listening.lines().any(|l| l.contains(&any)), "on 0.0.0.0");
+    // Still there without the marker; gone with it.
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "exited without the marker"
+    );
+    std::fs::write(&marker, b"").unwrap();
+    let code = (0..50).find_map(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        child.try_wait().unwrap().map(|s| s.code())
+    });
+    if code.is_none() {
+        let _ = child.kill();
+    }
+    drop(stdin);
+    assert_eq!(code, Some(Some(0)), "did not exit on the end marker");
+}
+
+/// The broker beside the agent is reached on the pod's loopback, where it alone listens
+/// (known before the pod is made), and is named in messages as the pod's container.
+#[test]
+fn the_broker_beside_the_agent_is_on_the_pods_loopback() {
+    let plan = crate::backend::BrokerPlan {
+        name: "caw-box-x".into(),
+        turn: "caw-box-x".into(),
+        program: "p".into(),
+        image: "img".into(),
+        user: (1000, 1000),
+        labels: HashMap::new(),
+        network: NetworkPolicy::Default,
+        egress: None,
+        shared: false,
+        beside: "caw-box-x".into(),
+    };
+    let route = super::broker_route(&plan);
+    assert_eq!(route.host, "127.0.0.1");
+    assert_eq!(route.listen.as_deref(), Some("127.0.0.1"));
+    assert_eq!(route.address.as_deref(), Some("127.0.0.1"));
+    assert_eq!(route.agent_network, None);
+    assert_eq!(route.shown, "caw-box-x/broker");
 }

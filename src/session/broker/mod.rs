@@ -4,32 +4,31 @@
 //! mechanism); the broker swaps the placeholder for the real key and forwards to the real
 //! upstream: the `--endpoint` URL, else the vendor's API host over TLS.
 //!
-//! The keys travel on the broker container's stdin (with the program itself), never in its
-//! config, environment, labels or logs. The broker is reached by its container name on a
-//! user-defined network the agent is on: the session's `--network NAME`, the egress network
-//! of `--allow-host` (the broker is also on the outer network: the way out for model traffic,
-//! so the provider's host need not be allowed), or, on `--network open`, a network made for
-//! the turn (Docker's default bridge has no names). It starts concurrently with the agent's
-//! container; the agent's runtime files (and so its CLI) wait for its "ready" line.
+//! The keys travel on the broker's stdin (with the program itself), never in its config,
+//! environment, labels or logs. Where it runs as a unit of its own the agent reaches it by
+//! its name (the backend puts both where names resolve, and keeps it reachable to an agent
+//! held to `--allow-host`'s proxy; its own way out is the session's network, so the
+//! provider's host need not be allowed). It starts concurrently with the agent's container;
+//! the agent's runtime files (and so its CLI) wait for its "ready" line.
 //!
-//! Where a backend runs a turn as a pod (Kubernetes, [`crate::backend::BrokerPlace::InTurn`]), the
-//! broker is a second container of the turn's pod ([`SIDECAR`]) instead, listening on the
-//! pod's loopback: the agent reaches it at `127.0.0.1`, nothing else does. Its keys still
-//! come on its stdin (through an attachment once the pod runs), so no Secret, env value,
-//! label or annotation holds them; it exits when the agent's container leaves its end
-//! marker ([`POD_END_DIR`]), so the pod completes. A login it holds is refreshed as on
-//! Docker: the driver stays attached, answers its refresh hand-offs (one refresh at a time
-//! per login, under the backend's refresh lock, `Backend::hold_refresh`: a Lease in the
-//! namespace, so across hosts) and stores what it refreshed; its seal key
-//! comes from the data directory and the pod's name, so a `wait` that finishes the turn
-//! after its driver is gone takes over, and has what the sidecar refreshed meanwhile
-//! reported again (`report`).
+//! Where a backend runs the broker beside the agent in the turn's own unit
+//! ([`crate::backend::BrokerPlace::InTurn`], Kubernetes), it listens only where the
+//! backend's route says, and the agent reaches it there. Its keys still come on its stdin
+//! (through an attachment once the turn's unit runs), so nothing the backend stores holds
+//! them; it ends with the agent. A login it holds is refreshed as elsewhere: the driver
+//! stays attached, answers its refresh hand-offs (one refresh at a time per login, under
+//! the backend's refresh lock, `Backend::hold_refresh`: across hosts where the backend's
+//! turns are) and stores what it refreshed; its seal key comes from the data directory and
+//! the turn's name, so a `wait` that finishes the turn after its driver is gone takes over,
+//! and has what the broker refreshed meanwhile reported again (`report`).
 //!
 //! What is the same on every backend lives here: the plan (which broker, its config, the
-//! placeholders), the keys on stdin, the leases and the refresh protocol. The backend runs
-//! the planned broker ([`crate::backend::BrokerPlan`], `Backend::open_broker`,
-//! `start_broker`, `close_broker`): Docker as a container on a network, Kubernetes as a
-//! container of the turn's pod.
+//! placeholders), the keys on stdin, the leases and the refresh protocol. The session asks
+//! the backend for a broker ([`crate::backend::BrokerPlan`]: its program, for this turn and
+//! network) and the backend decides where it runs and how the agent reaches it
+//! (`Backend::broker_place`, `broker_route`, `open_broker`, `start_broker`,
+//! `close_broker`): Docker as a container on a network, Kubernetes as a container of the
+//! turn's pod.
 //!
 //! - `mod.rs`: the broker's program, ports and names, and what a planned broker is
 //! - `plan.rs`: which broker a turn gets, and its config (the keys, the logins)
@@ -38,16 +37,15 @@
 
 use std::time::Duration;
 
-use crate::backend::{Backend, NetworkPolicy};
+use crate::backend::{Backend, BrokerPlan, BrokerRoute, NetworkPolicy};
 use crate::error::Result;
 use crate::provider::ProviderKind;
-use crate::session::store::names::{self, LabelSet};
-use crate::session::store::record::{labels, roles};
 
 mod plan;
 mod refresh;
 mod supervise;
 
+pub(in crate::session) use plan::Site;
 pub(in crate::session) use supervise::WATCH_END;
 
 /// The port the broker listens on, inside the turn's network.
@@ -59,9 +57,9 @@ pub const INTERCEPT_PORT: u16 = 443;
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Loads the program that follows on stdin: one JSON line `{"script", "config"}`.
-const LOADER: &str = "const c=[];const on=(d)=>{c.push(d);const b=Buffer.concat(c);const i=b.indexOf(10);if(i<0)return;process.stdin.off('data',on);process.stdin.pause();const j=JSON.parse(b.subarray(0,i).toString());c.length=0;const m={exports:{}};new Function('module','require',j.script)(m,require);m.exports(j.config,b.subarray(i+1));};process.stdin.on('data',on);";
+pub(crate) const LOADER: &str = "const c=[];const on=(d)=>{c.push(d);const b=Buffer.concat(c);const i=b.indexOf(10);if(i<0)return;process.stdin.off('data',on);process.stdin.pause();const j=JSON.parse(b.subarray(0,i).toString());c.length=0;const m={exports:{}};new Function('module','require',j.script)(m,require);m.exports(j.config,b.subarray(i+1));};process.stdin.on('data',on);";
 
-const SCRIPT: &str = include_str!("../../auth/broker.js");
+pub(crate) const SCRIPT: &str = include_str!("../../auth/broker.js");
 
 /// `N` bytes from the operating system's CSPRNG (`getrandom`): the broker's seal keys, the
 /// IVs of what it seals, the salt of shared brokers' names. No fallback: a key from anything
@@ -79,24 +77,6 @@ fn uuid_shaped(b: &[u8]) -> bool {
     b[6] >> 4 == 4 && b[8] >> 6 == 2
 }
 
-pub use crate::backend::{
-    BROKER_SIDECAR as SIDECAR, TURN_END_DIR as POD_END_DIR, TURN_END_FILE as POD_END_FILE,
-};
-
-/// The sidecar broker's command: [`LOADER`], and an exit once the agent's container ended.
-pub fn sidecar_entrypoint() -> Vec<String> {
-    sidecar_entrypoint_watching(&format!("{POD_END_DIR}/{POD_END_FILE}"))
-}
-
-/// [`sidecar_entrypoint`] with the end marker at `marker`.
-fn sidecar_entrypoint_watching(marker: &str) -> Vec<String> {
-    let watch = format!(
-        "setInterval(()=>{{if(require('fs').existsSync({}))process.exit(0);}},300);",
-        serde_json::Value::String(marker.to_string())
-    );
-    vec!["node".into(), "-e".into(), format!("{LOADER}{watch}")]
-}
-
 /// The vendor's API host when the session has no `--endpoint` (from its credential spec).
 pub fn default_upstream(p: ProviderKind) -> String {
     crate::auth::spec::Spec::of(p).broker.upstream
@@ -112,14 +92,11 @@ fn url_path(url: &str) -> String {
 
 /// One turn's broker, planned before anything is created.
 pub(super) struct Broker {
-    /// The container, also the broker's host name.
+    /// What the backend runs, and how the agent reaches it (the backend's answer).
+    plan: BrokerPlan,
+    route: BrokerRoute,
+    /// What names it in messages (the backend's words).
     pub(super) container: String,
-    /// A network made for this turn (`--network open`), which the agent joins too.
-    pub(super) own_network: Option<String>,
-    /// The network the broker is created on, and the agent's network it joins after.
-    first: NetworkPolicy,
-    join: Option<String>,
-    image: String,
     provider: ProviderKind,
     session: uuid::Uuid,
     /// The JSON line for stdin (holds the real keys).
@@ -131,12 +108,13 @@ pub(super) struct Broker {
     /// The key the broker seals refreshed tokens with, and whether it holds logins.
     seal: [u8; 32],
     logins: bool,
-    /// A sidecar in the turn's pod of this name ([`Broker::plan_in_pod`]).
-    in_pod: Option<String>,
+    /// It runs beside the agent in the turn's own unit ([`crate::backend::BrokerPlace::InTurn`]):
+    /// started once that unit is made, and it ends with the agent.
+    in_turn: bool,
     /// The hosts this broker stands in for with TLS (a login's `intercept`), and the
     /// turn's CA certificate the agent's container trusts for them.
     intercept: Option<Intercept>,
-    /// A sidecar's reader of refreshed logins, awaited by [`Broker::stop`].
+    /// A reader of refreshed logins of a broker in the turn's unit, awaited by [`Broker::stop`].
     watching: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -149,8 +127,6 @@ pub(super) struct Intercept {
 
 /// This turn's part of a shared broker (see the module docs).
 struct Shared {
-    /// The broker's name hash: its network's, and the label that finds both.
-    hash: String,
     /// The lease line's id and its `placeholder=slot` pairs.
     lease_id: String,
     pairs: String,
@@ -176,41 +152,26 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 impl Broker {
-    /// Whether this broker is a sidecar of the turn's pod (started once the pod runs).
     /// The hosts this broker stands in for with TLS, and the CA the agent trusts for them.
     pub(super) fn intercept(&self) -> Option<&Intercept> {
         self.intercept.as_ref()
     }
 
-    /// The broker's address on the agent's network, once it runs (for the agent's
-    /// container to resolve the intercepted hosts to). A sidecar of the turn's pod: the
-    /// pod's loopback, known before the pod is made.
+    /// The broker's address as the agent reaches it, once it runs (for the agent's
+    /// container to resolve the intercepted hosts to); the backend's route may know it
+    /// before.
     pub(super) async fn address(&self, backend: &impl Backend) -> Result<Option<String>> {
-        if self.in_pod() {
-            return Ok(Some("127.0.0.1".to_string()));
-        }
-        let network = match (&self.own_network, &self.join, &self.first) {
-            (Some(n), _, _) | (None, Some(n), _) | (None, None, NetworkPolicy::Named(n)) => n,
-            _ => return Ok(None),
-        };
-        backend.container_address(&self.container, network).await
+        backend.broker_address(&self.plan).await
     }
 
-    pub(super) fn in_pod(&self) -> bool {
-        self.in_pod.is_some()
+    /// Whether it runs beside the agent in the turn's own unit (started once that is made).
+    pub(super) fn in_turn(&self) -> bool {
+        self.in_turn
     }
 
-    /// The labels of this turn's broker and the network made for it.
-    fn labels(&self) -> std::collections::HashMap<String, String> {
-        match &self.shared {
-            None => LabelSet::new(self.session, roles::BROKER).finish(),
-            // Of no session: `rm` of one leaves it to the others.
-            Some(s) => names::with_extra_labels(std::collections::HashMap::from([
-                (labels::MANAGED.to_string(), "true".to_string()),
-                (labels::ROLE.to_string(), roles::BROKER.to_string()),
-                (SHARED_LABEL.to_string(), s.hash.clone()),
-            ])),
-        }
+    /// The host the agent reaches it at.
+    pub(super) fn host(&self) -> &str {
+        &self.route.host
     }
 
     /// This turn's lease line: its placeholders, valid for [`LEASE_TTL`].
@@ -223,9 +184,9 @@ impl Broker {
         )
     }
 
-    /// The agent's network when the broker made one.
+    /// The network the agent joins to reach it, where the backend made one for it.
     pub(super) fn agent_network(&self) -> Option<NetworkPolicy> {
-        self.own_network.clone().map(NetworkPolicy::Named)
+        self.route.agent_network.clone().map(NetworkPolicy::Named)
     }
 }
 
@@ -233,8 +194,6 @@ impl Broker {
 mod tests {
     use super::*;
 
-    /// The sidecar's command (run by the host's node here, as in the pod): it takes its
-    /// keys on stdin, listens on loopback only, and exits 0 once the end marker appears.
     /// Runs `command` (a broker loader), hands it `line` and waits for its ready line; its
     /// stdin stays open while the returned handle lives.
     fn started_broker(
@@ -258,49 +217,14 @@ mod tests {
         (child, stdin)
     }
 
-    #[test]
-    fn the_sidecar_listens_on_loopback_and_exits_on_the_end_marker() {
-        let dir = tempfile::tempdir().unwrap();
-        let marker = dir.path().join("agent-ended");
-        let command = sidecar_entrypoint_watching(&marker.to_string_lossy());
-        let port = 20000 + (std::process::id() % 20000) as u16;
-        let line = serde_json::json!({
-            "script": SCRIPT,
-            "config": {"port": port, "host": "127.0.0.1", "upstream": "http://127.0.0.1:9",
-                       "keys": {"p": "real"}},
-        });
-        let (mut child, _stdin) = started_broker(&command, &line);
-        let listening = std::fs::read_to_string("/proc/net/tcp").unwrap();
-        let local = format!("0100007F:{port:04X}");
-        assert!(
-            listening.lines().any(|l| l.contains(&local)),
-            "not on 127.0.0.1:{port}"
-        );
-        let any = format!("00000000:{port:04X}");
-        assert!(!listening.lines().any(|l| l.contains(&any)), "on 0.0.0.0");
-        // Still there without the marker; gone with it.
-        std::thread::sleep(Duration::from_millis(700));
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "exited without the marker"
-        );
-        std::fs::write(&marker, b"").unwrap();
-        let code = (0..50).find_map(|_| {
-            std::thread::sleep(Duration::from_millis(100));
-            child.try_wait().unwrap().map(|s| s.code())
-        });
-        if code.is_none() {
-            let _ = child.kill();
-        }
-        assert_eq!(code, Some(Some(0)), "did not exit on the end marker");
-    }
-
     /// broker.js with `tls`: a client that trusts only the turn's CA reaches it as
     /// chatgpt.com; the login's placeholder becomes the real access token, the path stays.
     #[test]
     fn the_broker_stands_in_for_an_intercepted_host_with_the_turns_certificate() {
         use std::io::{Read, Write};
-        let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        // This host's own loopback: the test's upstream and broker are local processes.
+        let local = std::net::Ipv4Addr::LOCALHOST;
+        let upstream = std::net::TcpListener::bind((local, 0)).unwrap();
         let up_port = upstream.local_addr().unwrap().port();
         let seen = std::thread::spawn(move || {
             let (mut s, _) = upstream.accept().unwrap();
@@ -316,7 +240,7 @@ mod tests {
         });
         let tls = crate::auth::intercept::intercept_tls(&["chatgpt.com".to_string()]).unwrap();
         let free = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
+            std::net::TcpListener::bind((local, 0))
                 .unwrap()
                 .local_addr()
                 .unwrap()
@@ -325,13 +249,13 @@ mod tests {
         let (port, tls_port) = (free(), free());
         let line = serde_json::json!({
             "script": SCRIPT,
-            "config": {"port": port, "tls_port": tls_port, "host": "127.0.0.1",
-                       "upstream": format!("http://127.0.0.1:{up_port}"),
+            "config": {"port": port, "tls_port": tls_port, "host": local.to_string(),
+                       "upstream": format!("http://{local}:{up_port}"),
                        "places": ["authorization"], "keys": {}, "seal": hex(&[1u8; 32]),
                        "oauth": {"cawbox-placeholder-z": {
                            "access": "real-a", "refresh": "real-r",
                            "expires_ms": 4_102_444_800_000u64,
-                           "token_url": "http://127.0.0.1:9/oauth/token",
+                           "token_url": format!("http://{local}:9/oauth/token"),
                            "client_id": "c", "body": "form"}},
                        "tls": {"cert": tls.cert_pem,
                                "key": String::from_utf8_lossy(tls.key_pem.expose())}},
@@ -342,7 +266,7 @@ mod tests {
         let client = crate::auth::intercept::tests::client_trusting(&tls.ca_pem);
         let name = rustls::pki_types::ServerName::try_from("chatgpt.com").unwrap();
         let conn = rustls::ClientConnection::new(client, name).unwrap();
-        let tcp = std::net::TcpStream::connect(("127.0.0.1", tls_port)).unwrap();
+        let tcp = std::net::TcpStream::connect((local, tls_port)).unwrap();
         let mut s = rustls::StreamOwned::new(conn, tcp);
         s.write_all(
             b"POST /backend-api/codex/responses HTTP/1.1\r\nhost: chatgpt.com\r\n\

@@ -1,19 +1,21 @@
-//! Planning a turn's broker before anything is created: its own, a shared one or a sidecar
-//! of the turn's pod; where it sits; and the config line (with the real keys and logins) it
-//! gets on its stdin.
+//! Planning a turn's broker before anything is created: its own, a shared one, or one in the
+//! turn's own unit, as the backend places it; how the agent reaches it (the backend's
+//! route); and the config line (with the real keys and logins) it gets on its stdin.
 
 use super::refresh::expires_ms;
+use std::collections::HashMap;
+
 use super::{
     default_upstream, hex, url_path, Broker, Intercept, Shared, BROKER_PORT, INTERCEPT_PORT,
-    SCRIPT, SIDECAR,
+    LOADER, SCRIPT, SHARED_LABEL,
 };
 use crate::auth::inject::BrokeredLogin;
-use crate::backend::NetworkPolicy;
+use crate::backend::{BrokerPlace, BrokerPlan, BrokerRoute, EgressRoute, NetworkPolicy};
 use crate::dirs;
 use crate::error::Result;
 use crate::provider::ProviderKind;
-use crate::session::store::names;
-use crate::session::store::record::SessionRecord;
+use crate::session::store::names::{self, LabelSet};
+use crate::session::store::record::{labels, roles, SessionRecord};
 
 /// How long a shared broker without a lease stays (`CAW_BOX_BROKER_IDLE`, seconds).
 fn idle_ms() -> u64 {
@@ -152,37 +154,72 @@ fn with_login_places(
     places
 }
 
+/// Where a turn's broker goes, as its backend says: its place, how the backend routes a
+/// planned one, and the turn (and its egress) it serves.
+pub(in crate::session) struct Site<'a> {
+    pub place: BrokerPlace,
+    pub route: &'a (dyn Fn(&BrokerPlan) -> BrokerRoute + Sync),
+    pub turn: &'a str,
+    pub egress: Option<&'a EgressRoute>,
+}
+
+/// The labels of a turn's broker and what is made for it; a shared one's (`hash`) are of
+/// no session: `rm` of one leaves it to the others.
+fn broker_labels(session: uuid::Uuid, hash: Option<&str>) -> HashMap<String, String> {
+    match hash {
+        None => LabelSet::new(session, roles::BROKER).finish(),
+        Some(hash) => names::with_extra_labels(HashMap::from([
+            (labels::MANAGED.to_string(), "true".to_string()),
+            (labels::ROLE.to_string(), roles::BROKER.to_string()),
+            (SHARED_LABEL.to_string(), hash.to_string()),
+        ])),
+    }
+}
+
+/// What the backend is asked to run for `record`'s turn: the broker's program in the
+/// session's image as the agent's user, named `name` (and `beside` for what is made for
+/// it).
+fn backend_plan(
+    record: &SessionRecord,
+    site: &Site<'_>,
+    (name, beside): (String, String),
+    hash: Option<&str>,
+) -> BrokerPlan {
+    BrokerPlan {
+        name,
+        turn: site.turn.to_string(),
+        program: LOADER.to_string(),
+        image: record.settings.image.clone(),
+        user: dirs::agent_ids(),
+        labels: broker_labels(record.session_id, hash),
+        network: NetworkPolicy::from_setting(&record.settings.network),
+        egress: site.egress.cloned(),
+        shared: hash.is_some(),
+        beside,
+    }
+}
+
 impl Broker {
-    /// The broker for `record`'s turn with `keys` (placeholder, real key) and OAuth `logins`, or `None` when
-    /// the turn cannot be brokered (`--network none|host`: nothing to put it on).
-    /// `shared`: whether the backend keeps a broker for several turns
-    /// ([`BrokerPlace::SharedContainer`]); else each turn has its own.
-    ///
-    /// [`BrokerPlace::SharedContainer`]: crate::backend::BrokerPlace::SharedContainer
-    pub(in crate::session) fn plan_logins(
+    /// The broker for `record`'s turn with `keys` (placeholder, real key) and OAuth
+    /// `logins`, where `site` says, or `None` when the turn cannot be brokered
+    /// (`--network none|host`: nothing to put it on). A backend that keeps a broker for
+    /// several turns ([`BrokerPlace::SharedContainer`]) gets a shared one where it can;
+    /// else each turn has its own.
+    pub(in crate::session) fn plan(
         record: &SessionRecord,
-        egress_network: Option<&str>,
+        site: &Site<'_>,
         keys: &[(String, crate::auth::Secret)],
         logins: &[BrokeredLogin],
-        shared: bool,
     ) -> Option<Broker> {
-        Self::plan_salted_logins(record, egress_network, keys, logins, shared.then_some(salt))
+        let salt = (site.place == BrokerPlace::SharedContainer).then_some(salt as fn() -> _);
+        Self::plan_salted(record, site, keys, logins, salt)
     }
 
-    /// [`Broker::plan_logins`], with the salt of shared brokers' names from `salt`.
-    #[cfg(test)]
+    /// [`Broker::plan`], with the salt of shared brokers' names from `salt` (`None`: none
+    /// is shared).
     fn plan_salted(
         record: &SessionRecord,
-        egress_network: Option<&str>,
-        keys: &[(String, crate::auth::Secret)],
-        salt: Option<fn() -> Result<Vec<u8>>>,
-    ) -> Option<Broker> {
-        Self::plan_salted_logins(record, egress_network, keys, &[], salt)
-    }
-
-    fn plan_salted_logins(
-        record: &SessionRecord,
-        egress_network: Option<&str>,
+        site: &Site<'_>,
         keys: &[(String, crate::auth::Secret)],
         logins: &[BrokeredLogin],
         salt: Option<fn() -> Result<Vec<u8>>>,
@@ -190,30 +227,35 @@ impl Broker {
         if keys.is_empty() && logins.is_empty() {
             return None;
         }
+        let in_turn = site.place == BrokerPlace::InTurn;
+        let oauth_spec = crate::auth::spec::Spec::of(record.provider).oauth;
+        if in_turn && !logins.is_empty() && oauth_spec.is_none() {
+            return None;
+        }
         let outer = NetworkPolicy::from_setting(&record.settings.network);
-        if matches!(outer, NetworkPolicy::None | NetworkPolicy::Host) {
+        if !in_turn && matches!(outer, NetworkPolicy::None | NetworkPolicy::Host) {
             return None;
         }
         // A login the broker intercepts for has the turn's own broker: its CA is the turn's.
-        let hosts = match crate::auth::spec::Spec::of(record.provider).oauth {
+        let hosts = match oauth_spec {
             Some(o) if !logins.is_empty() => o.intercept,
             _ => Vec::new(),
         };
-        if let (None, Some(salt), true) = (egress_network, salt, hosts.is_empty()) {
-            return Self::plan_shared(record, &outer, keys, logins, salt);
+        if let (None, Some(salt), true) = (site.egress, salt, hosts.is_empty()) {
+            return Self::plan_shared(record, site, keys, logins, salt);
         }
         let tls = if hosts.is_empty() {
             None
         } else {
             Some(crate::auth::intercept::intercept_tls(&hosts)?)
         };
-        let (container, net) = names::broker_names(record.session_id, std::process::id());
-        let (first, join, own_network) = match (egress_network, &outer) {
-            (_, NetworkPolicy::None | NetworkPolicy::Host) => return None,
-            (Some(e), _) => (outer.clone(), Some(e.to_string()), None),
-            (None, NetworkPolicy::Named(_)) => (outer.clone(), None, None),
-            (None, NetworkPolicy::Default) => (NetworkPolicy::Named(net.clone()), None, Some(net)),
+        // In the turn's own unit it is the turn's; else a container of this driver's.
+        let names = match in_turn {
+            true => (site.turn.to_string(), site.turn.to_string()),
+            false => names::broker_names(record.session_id, std::process::id()),
         };
+        let plan = backend_plan(record, site, names, None);
+        let route = (site.route)(&plan);
         let (upstream, cli_prefix) = upstream_of(record, logins);
         let places = crate::auth::spec::Spec::of(record.provider)
             .broker
@@ -228,10 +270,15 @@ impl Broker {
             let real = String::from_utf8_lossy(real.expose()).into_owned();
             map.insert(placeholder.clone(), serde_json::Value::String(real));
         }
-        let seal: [u8; 32] = super::random_bytes();
+        // Beside the agent, whoever finishes the turn opens what it seals.
+        let seal: [u8; 32] = match (in_turn, logins.is_empty()) {
+            (false, _) => super::random_bytes(),
+            (true, true) => [0; 32],
+            (true, false) => turn_seal(site.turn)?,
+        };
         let oauth = login_slots(record.provider, logins, |l| l.placeholder.clone());
         let places = with_login_places(places, record.provider, logins);
-        let line = serde_json::json!({
+        let mut line = serde_json::json!({
             "script": SCRIPT,
             "config": {"port": BROKER_PORT, "upstream": upstream, "places": places, "keys": map,
                        "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms(),
@@ -242,6 +289,13 @@ impl Broker {
                        })),
                        "tls_port": INTERCEPT_PORT},
         });
+        if let Some(listen) = &route.listen {
+            line["config"]["host"] = listen.clone().into();
+        }
+        if in_turn {
+            // It shares the agent's host names, which point the hosts it stands in for at it.
+            line["config"]["direct_dns"] = hosts.clone().into();
+        }
         let mut bytes = serde_json::to_vec(&line).ok()?;
         bytes.push(b'\n');
         Some(Broker {
@@ -251,17 +305,15 @@ impl Broker {
             }),
             seal,
             logins: !logins.is_empty(),
-            url: format!("http://{container}:{BROKER_PORT}{path}"),
-            container,
-            own_network,
-            first,
-            join,
-            image: record.settings.image.clone(),
+            url: format!("http://{}:{BROKER_PORT}{path}", route.host),
+            container: route.shown.clone(),
+            plan,
+            route,
             provider: record.provider,
             session: record.session_id,
             config: crate::auth::Secret::new(bytes),
             shared: None,
-            in_pod: None,
+            in_turn,
             watching: std::sync::Mutex::new(None),
         })
     }
@@ -305,7 +357,7 @@ impl Broker {
     /// none: injected).
     fn plan_shared(
         record: &SessionRecord,
-        outer: &NetworkPolicy,
+        site: &Site<'_>,
         keys: &[(String, crate::auth::Secret)],
         logins: &[BrokeredLogin],
         salt: fn() -> Result<Vec<u8>>,
@@ -373,142 +425,47 @@ impl Broker {
         });
         let mut bytes = serde_json::to_vec(&line).ok()?;
         bytes.push(b'\n');
-        let container = format!("caw-box-broker-{hash}");
-        let (first, own_network) = match outer {
-            NetworkPolicy::Named(_) => (outer.clone(), None),
-            _ => {
-                let net = format!("caw-box-brokernet-{hash}");
-                (NetworkPolicy::Named(net.clone()), Some(net))
-            }
-        };
+        let names = (
+            format!("caw-box-broker-{hash}"),
+            format!("caw-box-brokernet-{hash}"),
+        );
+        let plan = backend_plan(record, site, names, Some(&hash));
+        let route = (site.route)(&plan);
         Some(Broker {
             seal,
             logins: !logins.is_empty(),
-            url: format!("http://{container}:{BROKER_PORT}{path}"),
-            container,
-            own_network,
-            first,
-            join: None,
-            image: record.settings.image.clone(),
+            url: format!("http://{}:{BROKER_PORT}{path}", route.host),
+            container: route.shown.clone(),
+            plan,
+            route,
             provider: record.provider,
             session: record.session_id,
             config: crate::auth::Secret::new(bytes),
             shared: Some(Shared {
-                hash,
                 lease_id: uuid::Uuid::new_v4().simple().to_string(),
                 pairs,
                 held: std::sync::Mutex::new(None),
             }),
-            in_pod: None,
+            in_turn: false,
             intercept: None,
-            watching: std::sync::Mutex::new(None),
-        })
-    }
-
-    /// The broker of `record`'s turn as a sidecar of its pod `pod` (the backend runs one:
-    /// [`BrokerPlace::InTurn`]), listening on the pod's loopback; `None` when
-    /// there is nothing to broker. A login it stands in for a host for (opencode's ChatGPT
-    /// login: chatgpt.com with TLS) has the turn's own CA, as on Docker; the agent's
-    /// container resolves those hosts to the pod's loopback ([`Broker::address`]).
-    ///
-    /// Its seal key is [`pod_seal`]'s: whoever finishes the turn (a `wait` after its driver
-    /// is gone) opens the refreshed logins it reports.
-    ///
-    /// [`BrokerPlace::InTurn`]: crate::backend::BrokerPlace::InTurn
-    pub(in crate::session) fn plan_in_pod(
-        record: &SessionRecord,
-        keys: &[(String, crate::auth::Secret)],
-        logins: &[BrokeredLogin],
-        pod: &str,
-    ) -> Option<Broker> {
-        if keys.is_empty() && logins.is_empty() {
-            return None;
-        }
-        let oauth_spec = crate::auth::spec::Spec::of(record.provider).oauth;
-        if !logins.is_empty() && oauth_spec.is_none() {
-            return None;
-        }
-        let hosts = match oauth_spec {
-            Some(o) if !logins.is_empty() => o.intercept,
-            _ => Vec::new(),
-        };
-        let tls = if hosts.is_empty() {
-            None
-        } else {
-            Some(crate::auth::intercept::intercept_tls(&hosts)?)
-        };
-        let (upstream, cli_prefix) = upstream_of(record, logins);
-        let places = crate::auth::spec::Spec::of(record.provider)
-            .broker
-            .key_places;
-        let path = if cli_prefix.is_some() {
-            String::new()
-        } else {
-            url_path(&upstream)
-        };
-        let mut map = serde_json::Map::new();
-        for (placeholder, real) in keys {
-            let real = String::from_utf8_lossy(real.expose()).into_owned();
-            map.insert(placeholder.clone(), serde_json::Value::String(real));
-        }
-        let seal = if logins.is_empty() {
-            [0; 32]
-        } else {
-            pod_seal(pod)?
-        };
-        let oauth = login_slots(record.provider, logins, |l| l.placeholder.clone());
-        let places = with_login_places(places, record.provider, logins);
-        let line = serde_json::json!({
-            "script": SCRIPT,
-            "config": {"port": BROKER_PORT, "host": "127.0.0.1", "upstream": upstream,
-                       "places": places, "keys": map,
-                       "oauth": oauth, "seal": hex(&seal), "margin_ms": margin_ms(),
-                       "cli_prefix": cli_prefix, "handoff": !logins.is_empty(),
-                       "tls": tls.as_ref().map(|t| serde_json::json!({
-                           "cert": t.cert_pem,
-                           "key": String::from_utf8_lossy(t.key_pem.expose()),
-                       })),
-                       "tls_port": INTERCEPT_PORT,
-                       // The pod's hosts file points the hosts it stands in for at it.
-                       "direct_dns": hosts},
-        });
-        let mut bytes = serde_json::to_vec(&line).ok()?;
-        bytes.push(b'\n');
-        Some(Broker {
-            url: format!("http://127.0.0.1:{BROKER_PORT}{path}"),
-            container: format!("{pod}/{SIDECAR}"),
-            own_network: None,
-            first: NetworkPolicy::Default,
-            join: None,
-            image: record.settings.image.clone(),
-            provider: record.provider,
-            session: record.session_id,
-            config: crate::auth::Secret::new(bytes),
-            shared: None,
-            seal,
-            logins: !logins.is_empty(),
-            in_pod: Some(pod.to_string()),
-            intercept: tls.map(|t| Intercept {
-                hosts,
-                ca_pem: t.ca_pem,
-            }),
             watching: std::sync::Mutex::new(None),
         })
     }
 }
 
-/// The seal key of the sidecar broker of pod `pod`: of the data directory's private salt
-/// and the pod's name, so every caw-box of this data directory (the turn's driver, or a
-/// `wait` that finishes the turn without it) opens what that broker seals, and no other.
-pub(in crate::session) fn pod_seal(pod: &str) -> Option<[u8; 32]> {
+/// The seal key of the broker in turn `turn`'s own unit: of the data directory's private
+/// salt and the turn's name, so every caw-box of this data directory (the turn's driver,
+/// or a `wait` that finishes the turn without it) opens what that broker seals, and no
+/// other.
+pub(in crate::session) fn turn_seal(turn: &str) -> Option<[u8; 32]> {
     use sha2::{Digest, Sha256};
     let salt = salt().inspect_err(|e| tracing::warn!("{e}")).ok()?;
     Some(
         Sha256::new()
-            .chain_update(b"caw-box-pod-seal")
+            .chain_update(b"caw-box-turn-seal")
             .chain_update(&salt)
             .chain_update([0])
-            .chain_update(pod.as_bytes())
+            .chain_update(turn.as_bytes())
             .finalize()
             .into(),
     )
@@ -518,7 +475,6 @@ pub(in crate::session) fn pod_seal(pod: &str) -> Option<[u8; 32]> {
 mod tests {
     use super::*;
     use crate::auth::Secret;
-    use crate::session::broker::{sidecar_entrypoint, LOADER, POD_END_DIR, POD_END_FILE};
     use crate::session::store::record::{SessionSettings, WorkspaceMode};
     fn record(network: &str, endpoint: Option<&str>) -> SessionRecord {
         SessionRecord {
@@ -550,8 +506,45 @@ mod tests {
         Ok(vec![7; 32])
     }
 
+    /// Where a backend of `place` puts a turn's broker (Docker's routes, or Kubernetes' for
+    /// one in the turn's unit), under `--allow-host` on the network `egress`.
+    fn with_site<T>(place: BrokerPlace, egress: Option<&str>, f: impl FnOnce(&Site<'_>) -> T) -> T {
+        let route: &(dyn Fn(&BrokerPlan) -> BrokerRoute + Sync) = match place {
+            BrokerPlace::InTurn => &crate::backend::kubernetes::broker_route,
+            _ => &crate::backend::docker::broker_route,
+        };
+        let egress = egress.map(|n| EgressRoute {
+            proxy_url: "http://caw-box-proxy:3128".into(),
+            direct: vec![],
+            agent_network: Some(n.to_string()),
+            proxy_log: "proxy".into(),
+        });
+        f(&Site {
+            place,
+            route,
+            turn: "caw-box-x",
+            egress: egress.as_ref(),
+        })
+    }
+
+    fn plan_logins(
+        r: &SessionRecord,
+        egress: Option<&str>,
+        keys: &[(String, Secret)],
+        logins: &[BrokeredLogin],
+        salt: Option<fn() -> Result<Vec<u8>>>,
+    ) -> Option<Broker> {
+        let place = match salt {
+            Some(_) => BrokerPlace::SharedContainer,
+            None => BrokerPlace::OwnContainer,
+        };
+        with_site(place, egress, |site| {
+            Broker::plan_salted(r, site, keys, logins, salt)
+        })
+    }
+
     fn plan(r: &SessionRecord, egress: Option<&str>, keys: &[(String, Secret)]) -> Option<Broker> {
-        Broker::plan_salted(r, egress, keys, Some(test_salt))
+        plan_logins(r, egress, keys, &[], Some(test_salt))
     }
 
     fn keys() -> Vec<(String, Secret)> {
@@ -561,22 +554,36 @@ mod tests {
         )]
     }
 
+    /// The backend is asked for a broker on the session's network (and the turn's egress),
+    /// and says how the agent reaches it (Docker's answers here: `backend::docker`'s tests
+    /// hold where its container goes).
     #[test]
     fn the_broker_sits_where_the_agent_can_name_it() {
-        // --network open: a network of its own, which the agent joins.
+        // --network open: a network made for it, which the agent joins.
         let b = plan(&record("open", None), None, &keys()).unwrap();
-        let own = b.own_network.clone().unwrap();
-        assert_eq!(b.first, NetworkPolicy::Named(own.clone()));
+        assert_eq!(b.plan.network, NetworkPolicy::Default);
+        let own = b.route.agent_network.clone().unwrap();
+        assert_eq!(own, b.plan.beside);
         assert_eq!(b.agent_network(), Some(NetworkPolicy::Named(own)));
         assert_eq!(b.url, format!("http://{}:{BROKER_PORT}", b.container));
+        assert_eq!(
+            (b.host(), b.plan.program.as_str()),
+            (b.container.as_str(), LOADER)
+        );
         // --network NAME: on it, under its own name (not a shared alias).
         let b = plan(&record("gw-net", None), None, &keys()).unwrap();
-        assert_eq!(b.first, NetworkPolicy::Named("gw-net".into()));
-        assert_eq!((b.join.as_deref(), b.agent_network()), (None, None));
-        // --allow-host: on the outer network, and joins the agent's egress network.
+        assert_eq!(b.plan.network, NetworkPolicy::Named("gw-net".into()));
+        assert_eq!((b.plan.egress.as_ref(), b.agent_network()), (None, None));
+        // --allow-host: the turn's own, beside the agent's egress.
         let b = plan(&record("open", None), Some("egress-net"), &keys()).unwrap();
-        assert_eq!(b.first, NetworkPolicy::Default);
-        assert_eq!(b.join.as_deref(), Some("egress-net"));
+        assert!(b.shared.is_none());
+        assert_eq!(b.plan.network, NetworkPolicy::Default);
+        let egress = b
+            .plan
+            .egress
+            .as_ref()
+            .and_then(|e| e.agent_network.as_deref());
+        assert_eq!(egress, Some("egress-net"));
         assert_eq!(b.agent_network(), None);
         // Nowhere to put it, or nothing to broker.
         assert!(plan(&record("none", None), None, &keys()).is_none());
@@ -635,20 +642,20 @@ mod tests {
         assert_ne!(name("n", "k1"), name("m", "k1"));
         assert_ne!(name("n", "k1"), name("open", "k1"));
         let salted = |salt: fn() -> Result<Vec<u8>>| {
-            Broker::plan_salted(&record("n", None), None, &keys(), Some(salt))
+            plan_logins(&record("n", None), None, &keys(), &[], Some(salt))
                 .unwrap()
                 .container
         };
         assert_ne!(salted(test_salt), salted(|| Ok(vec![8; 32])));
         // A backend that cannot share one (Podman): the turn's own, on its own network.
-        let own = Broker::plan_salted(&record("open", None), None, &keys(), None).unwrap();
+        let own = plan_logins(&record("open", None), None, &keys(), &[], None).unwrap();
         assert!(own.shared.is_none());
         assert!(
             own.container.contains(&own.session.to_string()),
             "{}",
             own.container
         );
-        assert!(own.own_network.is_some());
+        assert!(own.route.agent_network.is_some());
     }
 
     fn login() -> BrokeredLogin {
@@ -663,9 +670,7 @@ mod tests {
 
     #[test]
     fn a_login_goes_to_the_broker_as_a_slot_and_its_placeholder_in_the_lease() {
-        let b =
-            Broker::plan_salted_logins(&record("n", None), None, &[], &[login()], Some(test_salt))
-                .unwrap();
+        let b = plan_logins(&record("n", None), None, &[], &[login()], Some(test_salt)).unwrap();
         let line: serde_json::Value = serde_json::from_slice(b.config.expose()).unwrap();
         let slot = &line["config"]["oauth"]["login0"];
         assert_eq!(slot["access"], "real-a");
@@ -685,9 +690,7 @@ mod tests {
         other.real = Secret::new(
             r#"{"claudeAiOauth":{"accessToken":"a2","refreshToken":"r2","expiresAt":1}}"#,
         );
-        let b2 =
-            Broker::plan_salted_logins(&record("n", None), None, &[], &[other], Some(test_salt))
-                .unwrap();
+        let b2 = plan_logins(&record("n", None), None, &[], &[other], Some(test_salt)).unwrap();
         assert_ne!(b.container, b2.container);
         assert_ne!(b.seal, b2.seal);
     }
@@ -708,7 +711,7 @@ mod tests {
     fn an_own_brokers_seal_key_is_random_bytes_not_uuids() {
         let keys: Vec<[u8; 32]> = (0..16)
             .map(|_| {
-                let b = Broker::plan_salted_logins(
+                let b = plan_logins(
                     &record("n", None),
                     Some("egress"),
                     &[],
@@ -740,9 +743,9 @@ mod tests {
                 r#"{"openai":{"type":"oauth","access":"real-a","refresh":"real-r","expires":1700000000000,"accountId":"acct"}}"#,
             ),
         };
-        let b = Broker::plan_salted_logins(&r, None, &[], &[l], Some(test_salt)).unwrap();
+        let b = plan_logins(&r, None, &[], &[l], Some(test_salt)).unwrap();
         assert!(b.shared.is_none());
-        assert!(b.own_network.is_some());
+        assert!(b.route.agent_network.is_some());
         let i = b.intercept().unwrap();
         assert_eq!(i.hosts, ["chatgpt.com"]);
         assert!(i.ca_pem.contains("BEGIN CERTIFICATE"));
@@ -759,34 +762,48 @@ mod tests {
         assert_eq!(c["oauth"]["cawbox-placeholder-z"]["body"], "form");
         assert_eq!(c["oauth"]["cawbox-placeholder-z"]["access"], "real-a");
         // Nothing of the key in what the backend sees of the broker.
-        let labels = format!("{:?}", b.labels());
+        let labels = format!("{:?}", b.plan);
         assert!(!labels.contains("PRIVATE") && !labels.contains("real-"));
         // API keys alone: no interception, shared as before.
-        let keyed = Broker::plan_salted(&r, None, &keys(), Some(test_salt)).unwrap();
+        let keyed = plan(&r, None, &keys()).unwrap();
         assert!(keyed.intercept().is_none() && keyed.shared.is_some());
     }
 
+    /// Where the backend runs the broker beside the agent in the turn's own unit, it listens
+    /// only where the backend's route says, the agent reaches it there, and its keys go
+    /// only to its stdin: the program the unit runs holds none.
     #[test]
-    fn a_sidecar_broker_listens_on_the_pods_loopback_and_its_keys_go_only_to_stdin() {
-        let b = Broker::plan_in_pod(
-            &record("open", Some("http://10.0.0.5:8080/v1")),
-            &keys(),
-            &[],
-            "caw-box-x",
-        )
+    fn a_broker_in_the_turns_unit_listens_where_its_route_says_and_its_keys_go_only_to_stdin() {
+        let b = with_site(BrokerPlace::InTurn, None, |site| {
+            let r = record("open", Some("http://10.0.0.5:8080/v1"));
+            Broker::plan(&r, site, &keys(), &[])
+        })
         .unwrap();
-        assert!(b.in_pod());
-        assert_eq!(b.url, format!("http://127.0.0.1:{BROKER_PORT}/v1"));
+        assert!(b.in_turn() && b.shared.is_none());
+        assert_eq!(
+            (b.plan.name.as_str(), b.plan.turn.as_str()),
+            ("caw-box-x", "caw-box-x")
+        );
+        assert_eq!(b.url, format!("http://{}:{BROKER_PORT}/v1", b.route.host));
         let line: serde_json::Value = serde_json::from_slice(b.config.expose()).unwrap();
-        assert_eq!(line["config"]["host"], "127.0.0.1");
+        let listen = b.route.listen.clone().unwrap();
+        assert_eq!(listen, b.route.host);
+        assert_eq!(line["config"]["host"], listen);
+        assert_eq!(line["config"]["direct_dns"], serde_json::json!([]));
         assert_eq!(line["config"]["upstream"], "http://10.0.0.5:8080/v1");
         assert_eq!(
             line["config"]["keys"]["sk-ant-api03-cawbox-placeholder-x"],
             "real-key"
         );
-        let command = sidecar_entrypoint().join(" ");
-        assert!(!command.contains("real-key"));
-        assert!(command.contains(&format!("{POD_END_DIR}/{POD_END_FILE}")));
-        assert!(Broker::plan_in_pod(&record("open", None), &[], &[], "caw-box-x").is_none());
+        assert!(!b.plan.program.contains("real-key"));
+        // Its own container's on Docker: no `host`, so every address of its container.
+        let own = plan(&record("n", None), Some("egress"), &keys()).unwrap();
+        let line: serde_json::Value = serde_json::from_slice(own.config.expose()).unwrap();
+        assert_eq!(line["config"].get("host"), None);
+        assert_eq!(line["config"].get("direct_dns"), None);
+        let none = with_site(BrokerPlace::InTurn, None, |site| {
+            Broker::plan(&record("open", None), site, &[], &[])
+        });
+        assert!(none.is_none());
     }
 }

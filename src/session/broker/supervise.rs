@@ -6,8 +6,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
-use super::{Broker, Lease, Shared, LEASE_RENEW, LOADER, READY_TIMEOUT};
-use crate::backend::{Backend, BrokerPlan, HelperSpec, OutputChunk};
+use super::{Broker, Lease, Shared, LEASE_RENEW, READY_TIMEOUT};
+use crate::backend::{Backend, BrokerPlace, OutputChunk};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::session::store::record::{labels, roles};
@@ -33,60 +33,22 @@ async fn lock_brokers() -> Result<BrokerLock> {
 }
 
 impl Broker {
-    /// What the backend runs ([`Backend::start_broker`]): the broker's container, or the
-    /// turn pod's broker container.
-    fn backend_plan(&self) -> BrokerPlan {
-        let (uid, gid) = dirs::agent_ids();
-        let entrypoint = match &self.in_pod {
-            Some(_) => super::sidecar_entrypoint(),
-            None => vec!["node".into(), "-e".into(), LOADER.into()],
-        };
-        BrokerPlan {
-            name: self
-                .in_pod
-                .clone()
-                .unwrap_or_else(|| self.container.clone()),
-            spec: HelperSpec {
-                scratch: None,
-                image: self.image.clone(),
-                entrypoint,
-                argv: vec![],
-                env: vec![],
-                user: Some(format!("{uid}:{gid}")),
-                labels: self.labels(),
-                mounts: vec![],
-                network: self.first.clone(),
-                read_only_root: true,
-                drop_all_capabilities: true,
-                add_capabilities: vec![],
-                no_new_privileges: true,
-                pids_limit: Some(64),
-                tmp: None,
-                stdin: true,
-                auto_remove: self.shared.is_some(),
-                join: self.join.clone().map(|n| (n, self.container.clone())),
-            },
-            network: self.own_network.clone(),
-            shared: self.shared.is_some(),
-        }
-    }
-
     /// Makes what the broker needs before the agent's container can be created (its
     /// network, where the backend makes one).
     pub(in crate::session) async fn prepare(&self, backend: &impl Backend) -> Result<()> {
-        // A shared broker's network is kept with it: made once, under the lock.
-        let _lock = match (&self.shared, &self.own_network) {
+        // What is made for a shared broker is kept with it: made once, under the lock.
+        let _lock = match (&self.shared, &self.route.agent_network) {
             (Some(_), Some(_)) => Some(lock_brokers().await?),
             _ => None,
         };
-        backend.open_broker(&self.backend_plan()).await
+        backend.open_broker(&self.plan).await
     }
 
     /// Returns once the turn's broker listens with its keys: a shared one found running and
     /// leased, else one started.
     pub(in crate::session) async fn start(&self, backend: &impl Backend) -> Result<()> {
-        if self.in_pod.is_some() {
-            return self.start_in_pod(backend).await;
+        if self.in_turn {
+            return self.start_in_turn(backend).await;
         }
         let Some(s) = &self.shared else {
             let attached = self.start_own(backend, None).await?;
@@ -126,11 +88,11 @@ impl Broker {
         )))
     }
 
-    /// Hands the sidecar of the running pod `pod` its keys and waits for it to listen. The
-    /// attachment goes after: the broker read its one line, and lives until the agent's
-    /// container ended.
-    async fn start_in_pod(&self, backend: &impl Backend) -> Result<()> {
-        let mut attached = backend.start_broker(&self.backend_plan()).await?;
+    /// Hands the broker in the running turn's own unit its keys and waits for it to
+    /// listen. The attachment goes after: the broker read its one line, and lives until the
+    /// agent's container ended.
+    async fn start_in_turn(&self, backend: &impl Backend) -> Result<()> {
+        let mut attached = backend.start_broker(&self.plan).await?;
         attached
             .input
             .write_all(self.config.expose())
@@ -155,18 +117,23 @@ impl Broker {
         Ok(())
     }
 
-    /// Takes over the running sidecar broker of pod `pod` whose driver is gone (a `wait`
-    /// finishing its turn): answers its refresh handoffs and stores the logins it refreshed,
-    /// those of before this attachment included (`report`). `None` when it has none to
-    /// report or does not run. Await the task after the turn (it ends with the pod).
-    pub(in crate::session) async fn take_over_in_pod(
+    /// Takes over the running broker in the own unit of turn `turn` whose driver is gone (a
+    /// `wait` finishing its turn), where the backend runs one there
+    /// ([`BrokerPlace::InTurn`]; elsewhere a broker is not the turn's alone): answers its
+    /// refresh handoffs and stores the logins it refreshed, those of before this attachment
+    /// included (`report`). `None` when it has none to report or does not run. Await the
+    /// task after the turn (it ends with the turn).
+    pub(in crate::session) async fn take_over(
         backend: &impl Backend,
         provider: crate::provider::ProviderKind,
-        pod: &str,
+        turn: &str,
     ) -> Option<tokio::task::JoinHandle<()>> {
+        if backend.broker_place().await != BrokerPlace::InTurn {
+            return None;
+        }
         crate::auth::spec::Spec::of(provider).oauth?;
-        let seal = super::plan::pod_seal(pod)?;
-        let mut attached = backend.attach_broker(pod).await.ok()?;
+        let seal = super::plan::turn_seal(turn)?;
+        let mut attached = backend.attach_broker(turn).await.ok()?;
         attached.input.write_all(b"report\n").await.ok()?;
         attached.input.flush().await.ok();
         let (watch, to_broker) = super::refresh::LoginWatch::new(backend, provider, seal);
@@ -222,9 +189,9 @@ impl Broker {
         shared: Option<&Shared>,
     ) -> Result<crate::backend::Attached> {
         let mut attached = backend
-            .start_broker(&self.backend_plan())
+            .start_broker(&self.plan)
             .await
-            .map_err(|e| image_hint_for(e, &self.image, self.provider))?;
+            .map_err(|e| image_hint_for(e, &self.plan.image, self.provider))?;
         let mut first = self.config.expose().to_vec();
         if let Some(s) = shared {
             first.extend_from_slice(Self::lease_line(s).as_bytes());
@@ -248,9 +215,9 @@ impl Broker {
     /// Ends the turn's use of its broker: a shared one's lease is released (the broker
     /// stays for the next turns), a turn's own broker is removed.
     pub(in crate::session) async fn stop(&self, backend: &impl Backend) {
-        if self.in_pod.is_some() {
-            // It ends with the agent's container (and goes with the pod); what it reported
-            // is stored first.
+        if self.in_turn {
+            // It ends with the agent's container (and goes with the turn's unit); what it
+            // reported is stored first.
             let watching = self
                 .watching
                 .lock()
@@ -269,12 +236,11 @@ impl Broker {
             }
             return;
         }
-        // (One in the turn's pod ends with the agent's container, and goes with the pod.)
-        backend.close_broker(&self.backend_plan()).await;
+        backend.close_broker(&self.plan).await;
     }
 
-    /// Removes the session's other brokers and their networks: once this turn holds the
-    /// session's lock, they are leftovers of turns whose caw-box was killed.
+    /// Removes the session's other brokers and what was made for them: once this turn holds
+    /// the session's lock, they are leftovers of turns whose caw-box was killed.
     pub(in crate::session) async fn remove_leftovers(&self, backend: &impl Backend) {
         if self.shared.is_some() {
             // Not this session's alone (a per-turn leftover goes with `rm`/`gc`).
@@ -284,14 +250,13 @@ impl Broker {
             format!("{}={}", labels::SESSION, self.session),
             format!("{}={}", labels::ROLE, roles::BROKER),
         ];
-        let keep: Vec<&str> = std::iter::once(self.container.as_str())
-            .chain(self.own_network.as_deref())
-            .collect();
+        let keep = [self.plan.name.as_str(), self.plan.beside.as_str()];
         let _ = backend.sweep(&filter, &keep).await;
     }
 }
 
-/// How long a turn's end waits for its sidecar broker's last reports to be stored.
+/// How long a turn's end waits for the last reports of its broker in its own unit to be
+/// stored.
 pub(in crate::session) const WATCH_END: Duration = Duration::from_secs(5);
 
 /// Follows a broker that holds logins on `attached` until its output ends: stores the

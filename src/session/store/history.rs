@@ -307,6 +307,7 @@ async fn write_turn_summary(backend: &impl Backend, record: &SessionRecord) -> R
         interactive: last.interactive,
         home_unlike_image: record.home_unlike_image,
         keep_warm_secs: record.settings.keep_warm_secs,
+        max_cost_usd: record.settings.max_cost_usd,
     };
     let id = record.session_id;
     let fresh = crate::session::store::names::turn_record_volume(id, last.turn);

@@ -71,6 +71,10 @@ pub struct SessionSettings {
     /// `--connect-timeout` in seconds; 0: off; `None`: the default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_timeout_secs: Option<u64>,
+    /// `--max-cost` in USD: what the session may spend over all its turns (priced as
+    /// `total_cost_usd`); a resume's flag raises or lowers it. `None`: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd: Option<f64>,
     /// `--keep-warm` in seconds: how long the session's container stays idle after a
     /// headless turn for the next one to run in (`session::warm`); 0 or `None`: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -191,6 +195,10 @@ pub struct TurnSummary {
     /// say otherwise: the state volume's labels hold only the settings it started with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_warm_secs: Option<u64>,
+    /// The session's `--max-cost` after the turn (a resume may have changed it since the
+    /// settings of the state volume's labels).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd: Option<f64>,
 }
 
 impl TurnSummary {

@@ -107,12 +107,20 @@ impl SessionView {
             if last.keep_warm_secs.is_some() {
                 record.settings.keep_warm_secs = last.keep_warm_secs;
             }
+            if last.max_cost_usd.is_some() {
+                record.settings.max_cost_usd = last.max_cost_usd;
+            }
             record.turns.push(TurnRecord {
                 turn: last.turn,
                 prompt: String::new(),
                 status: last.status,
                 result: String::new(),
-                usage: Default::default(),
+                // The session's spend so far, which its `--max-cost` is held against (the
+                // turns' own costs are in the state volume's history).
+                usage: crate::event::Usage {
+                    cost_usd: last.total_cost_usd,
+                    ..Default::default()
+                },
                 started_at: last.started_at,
                 duration_ms: last.ended_at.saturating_sub(last.started_at) * 1000,
                 exit_code: last.status.exit_code(),
@@ -237,6 +245,7 @@ pub async fn resolve_view(backend: &impl Backend, target: &str) -> Result<Sessio
             interactive: false,
             home_unlike_image: false,
             keep_warm_secs: None,
+            max_cost_usd: None,
         });
         l.resume_key = handle.resume_key.clone();
         l.key_confirmed = true;

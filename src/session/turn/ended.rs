@@ -108,6 +108,8 @@ pub(in crate::session) enum EndedEarly {
     GaveUp,
     /// Ctrl-C, SIGTERM, SIGHUP or `caw-box stop`.
     Interrupted,
+    /// The CLI's usage so far took the session over its `--max-cost`.
+    Budget,
 }
 
 impl EndedEarly {
@@ -139,6 +141,11 @@ impl EndedEarly {
             EndedEarly::Unreachable | EndedEarly::GaveUp => (
                 Status::Unreachable,
                 unreachable_result(record, waited, words, refused),
+            ),
+            EndedEarly::Budget => (
+                Status::Budget,
+                "the session's spend crossed its --max-cost during the turn: caw-box stopped it"
+                    .to_string(),
             ),
             EndedEarly::Interrupted if stop_requested => (
                 Status::Interrupted,

@@ -130,16 +130,9 @@ pub(in crate::session) async fn adopt(
         user: crate::session::walls::owner::turn_ids(&record.settings),
     };
     record.owner = Some(ctx.user);
-    // A sidecar broker holding a login answers to this process now, and what it refreshed
-    // without its driver is stored.
-    // (Only a broker in the turn's own unit is the turn's: a shared one serves others.)
-    let in_turn = backend.broker_place().await == crate::backend::BrokerPlace::InTurn;
-    let broker = match in_turn {
-        true => {
-            crate::session::broker::Broker::take_over_in_pod(backend, record.provider, name).await
-        }
-        false => None,
-    };
+    // A broker in the turn's own unit holding a login answers to this process now, and
+    // what it refreshed without its driver is stored.
+    let broker = crate::session::broker::Broker::take_over(backend, record.provider, name).await;
     let result = drive(&ctx, record, &mut interrupts, &mut |_| {}, Some(adopted)).await;
     if let Some(task) = broker {
         let _ = tokio::time::timeout(crate::session::broker::WATCH_END, task).await;
@@ -479,6 +472,7 @@ async fn classify(
         record.cli_version.as_deref(),
         &mut outcome.usage,
     );
+    hold_budget(reading, &mut outcome, ended_early);
     let exit_code = match environment {
         Some(_) => crate::error::ErrorKind::Environment.exit_code(),
         None => outcome.status.exit_code(),
@@ -501,5 +495,33 @@ async fn classify(
         outcome,
         exit_code,
         limit_resets_at,
+    }
+}
+
+/// The turn's cost and status against its session's `--max-cost`: a turn stopped mid-way
+/// costs at least what its usage events said (its CLI's own total may not have come), and
+/// one that took the session over it ends `budget`, said as its last error event (a turn
+/// stopped for it, or one whose CLI reported its usage only with its answer).
+fn hold_budget(
+    reading: &mut Reading<'_>,
+    outcome: &mut crate::provider::TurnOutcome,
+    ended_early: Option<EndedEarly>,
+) {
+    let metered = reading.reader.meter.this_turn();
+    if metered > outcome.usage.cost_usd.unwrap_or(0.0) {
+        outcome.usage.cost_usd = Some(metered);
+    }
+    let over = reading
+        .reader
+        .meter
+        .over(outcome.usage.cost_usd.unwrap_or(0.0));
+    if let Some(why) = over.filter(|_| {
+        matches!(ended_early, Some(EndedEarly::Budget))
+            || (ended_early.is_none() && outcome.status == Status::Success)
+    }) {
+        outcome.status = Status::Budget;
+        reading.reader.emit(&Event::Error {
+            message: format!("{why}; the next turn is refused until a resume raises it"),
+        });
     }
 }

@@ -1,7 +1,8 @@
 //! Driving one turn: planned once in caw-box's terms ([`plan`]), its container made and run
 //! ([`runner`]) and driven to its recorded end, headless ([`headless`], [`ended`]) or in the
 //! vendor's TUI ([`interactive`]), in a warm container ([`warm`]), with its runtime files
-//! ([`runtime`]), the model a session runs ([`models`]) and usage limits ([`limits`]).
+//! ([`runtime`]), the model a session runs ([`models`]), usage limits ([`limits`]) and the
+//! session's spend limit ([`budget`]).
 //! Not here: storing sessions (`store`), the walls around the agent (`walls`), the
 //! credential broker (`broker`), existing sessions' lifecycle (`lifecycle`).
 //!
@@ -9,6 +10,7 @@
 //! context a driver works with, the signals that end a turn early, and how a finished turn
 //! maps to an error. Not the drive loops themselves.
 
+pub mod budget;
 pub(in crate::session) mod ended;
 pub(in crate::session) mod headless;
 pub(in crate::session) mod interactive;
@@ -289,6 +291,10 @@ pub fn turn_error(result: &TurnResult) -> Option<Error> {
             result.provider
         ),
         Status::UsageLimit => "wait for the vendor's limit to reset, then resume".to_string(),
+        Status::Budget => format!(
+            "the session has spent its --max-cost; resume it with a higher one: `caw-box resume {} --max-cost USD`",
+            result.session_id
+        ),
         Status::Unreachable => format!(
             "check that --endpoint names a server that answers, that --network has a route to it, and that --allow-host lists it (@provider); the session is kept: `caw-box resume {}` once it is reachable",
             result.session_id

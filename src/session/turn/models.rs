@@ -119,10 +119,6 @@ async fn fetch(
     env: &[(String, String)],
     url: &str,
 ) -> Result<Fetched> {
-    let network = match settings.network.as_str() {
-        "open" | "" => "bridge".to_string(),
-        other => other.to_string(),
-    };
     if !settings.allow_hosts.is_empty() {
         let allowed = crate::session::walls::egress::expand_allow_hosts(provider, settings);
         let host = crate::endpoint::endpoint_host(url).unwrap_or_default();
@@ -167,7 +163,7 @@ async fn fetch(
                 (labels::ROLE.to_string(), roles::PROBE.to_string()),
             ])),
             scratch: Some(runtime.into_scratch()),
-            network: NetworkPolicy::Named(network),
+            network: NetworkPolicy::from_setting(&settings.network),
             read_only_root: true,
             drop_all_capabilities: true,
             no_new_privileges: true,

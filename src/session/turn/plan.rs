@@ -86,9 +86,8 @@ pub(in crate::session) async fn plan_turn(
     let egress =
         (!allow.is_empty()).then(|| crate::session::walls::egress::plan(record, &allow, &name));
     let route = egress.as_ref().map(|p| backend.egress_route(p));
-    let egress_network = route.as_ref().and_then(|r| r.agent_network.clone());
     let (place, credentials, broker) =
-        plan_credentials(backend, record, options, &name, egress_network.as_deref()).await?;
+        plan_credentials(backend, record, options, &name, route.as_ref()).await?;
     let request = TurnRequest {
         endpoint: broker
             .as_ref()
@@ -125,9 +124,9 @@ pub(in crate::session) async fn plan_turn(
     };
     let over_stdin = payload.is_some();
     let (mut spec, guard) = agent_spec(record, turn, options, &command, env, runtime, over_stdin)?;
-    if let Some(b) = broker.as_ref().filter(|b| b.in_pod()) {
-        tracing::debug!("credentials brokered by the sidecar {}", b.container);
-        spec.broker = Some(crate::session::broker::sidecar_entrypoint());
+    if let Some(b) = broker.as_ref().filter(|b| b.in_turn()) {
+        tracing::debug!("credentials brokered beside the agent by {}", b.container);
+        spec.broker = Some(crate::session::broker::LOADER.to_string());
     }
     if let Some(net) = broker.as_ref().and_then(Broker::agent_network) {
         spec.network = net;
@@ -221,11 +220,10 @@ async fn plan_credentials(
     record: &SessionRecord,
     options: &TurnOptions,
     name: &str,
-    egress_network: Option<&str>,
+    egress: Option<&EgressRoute>,
 ) -> Result<(BrokerPlace, Prepared, Option<Broker>)> {
     // (A turn that outlives its driver has a broker that does too: one in its own unit.)
     let place = backend.broker_place().await;
-    let in_pod = place == BrokerPlace::InTurn;
     let want_broker = !options.inject_credentials
         && !matches!(
             NetworkPolicy::from_setting(&record.settings.network),
@@ -234,18 +232,14 @@ async fn plan_credentials(
     let mut credentials =
         crate::auth::inject::prepare_as(record.provider, &options.env, want_broker)?;
     let brokers_any = !credentials.brokered.is_empty() || !credentials.logins.is_empty();
-    let shared = brokers_any && place == BrokerPlace::SharedContainer;
-    let broker = if in_pod {
-        Broker::plan_in_pod(record, &credentials.brokered, &credentials.logins, name)
-    } else {
-        Broker::plan_logins(
-            record,
-            egress_network,
-            &credentials.brokered,
-            &credentials.logins,
-            shared,
-        )
+    let route = |plan: &crate::backend::BrokerPlan| backend.broker_route(plan);
+    let site = crate::session::broker::Site {
+        place,
+        route: &route,
+        turn: name,
+        egress,
     };
+    let broker = Broker::plan(record, &site, &credentials.brokered, &credentials.logins);
     if broker.is_none() && brokers_any {
         credentials = crate::auth::inject::prepare(record.provider, &options.env)?;
     }
@@ -383,12 +377,12 @@ fn proxy_env(env: &mut Vec<String>, route: &EgressRoute, broker: Option<&Broker>
     for var in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
         env.push(format!("{var}={}", route.proxy_url));
     }
-    let mut direct = "localhost,127.0.0.1".to_string();
-    // A broker of its own is on the agent's network: model traffic goes to it
-    // directly (one in the turn's pod is on its loopback).
+    let mut direct = route.direct.join(",");
+    // Model traffic goes to the broker directly (where the agent reaches it already
+    // without the proxy, it is said once).
     if let Some(b) = broker {
-        if !b.in_pod() {
-            direct = format!("{direct},{}", b.container);
+        if !route.direct.iter().any(|d| d == b.host()) {
+            direct = format!("{direct},{}", b.host());
         }
         // The hosts it stands in for, too: the proxy would reach the real ones.
         for host in b.intercept().map_or(&[][..], |i| &i.hosts[..]) {

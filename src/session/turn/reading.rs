@@ -49,6 +49,7 @@ impl<'s> Reading<'s> {
             events_log: Vec::new(),
             events: Vec::new(),
             model_alive: false,
+            meter: crate::session::turn::budget::Meter::new(record),
         };
         if !record.resume_key.is_empty() {
             reader.announce(Some(record.resume_key.clone()));
@@ -116,6 +117,12 @@ impl<'s> Reading<'s> {
                             // The CLI is done; the entrypoint waits for the record.
                             tracing::debug!("the CLI exited with {code}; handing off the record");
                             return Ok(None);
+                        }
+                        if self.reader.meter.crossed()
+                            && !adopted
+                            && crate::session::turn::budget::stops_mid_turn(self.reader.provider)
+                        {
+                            return Ok(Some(EndedEarly::Budget));
                         }
                         true
                     }
@@ -233,6 +240,8 @@ pub(in crate::session) struct TurnReader<'s> {
     pub events: Vec<Event>,
     /// Set when a line showed the model at work (an answer, or a result of a tool it called).
     pub model_alive: bool,
+    /// The turn's spend so far against the session's `--max-cost`.
+    pub meter: crate::session::turn::budget::Meter,
 }
 
 impl TurnReader<'_> {
@@ -263,6 +272,9 @@ impl TurnReader<'_> {
             }
         }
         for e in &events {
+            if let Event::Usage { usage } = e {
+                self.meter.add(usage);
+            }
             self.model_alive |= matches!(
                 e,
                 Event::Text { .. }

@@ -36,7 +36,6 @@ pub use crate::session::turn::{
     container_name, handle_of, image_hint_for, leave_signals_to_the_caller, turn_error,
     TurnOptions, DEFAULT_CONNECT_TIMEOUT,
 };
-pub use crate::session::walls::egress::{proxy_env, PROXY_ALIAS, PROXY_PORT, PROXY_SCRIPT};
 
 /// Runs one turn of `record`'s session and updates `record` with it.
 ///
@@ -51,6 +50,8 @@ pub async fn run_turn(
 ) -> Result<TurnResult> {
     record.settings.check_agent_config(record.provider)?;
     settle_orphan(backend, record).await?;
+    // After the orphan: its cost counts.
+    crate::session::turn::budget::check(record)?;
     let mut interrupts = Interrupts::install()?;
     let plan = plan_turn(backend, record, options).await?;
     // Noted for whoever comes next if this process goes before the turn is recorded.
@@ -199,9 +200,9 @@ async fn realise(
     // The broker starts beside the agent's container, off the turn's critical path: the
     // runtime files (and so the CLI) wait for it on the agent's stdin, not its creation.
     let (ready_tx, ready_rx) = tokio::sync::watch::channel(broker.is_none().then_some(true));
-    // A sidecar starts with the turn's pod: handed its keys once the pod runs.
-    let (pod_made, mut pod_made_rx) = tokio::sync::watch::channel(false);
-    let broker_starts = start_broker(backend, broker.as_ref(), &mut pod_made_rx, &ready_tx);
+    // A broker in the turn's own unit starts with it: handed its keys once that runs.
+    let (turn_made, mut turn_made_rx) = tokio::sync::watch::channel(false);
+    let broker_starts = start_broker(backend, broker.as_ref(), &mut turn_made_rx, &ready_tx);
     let main = async {
         let spec = with_intercepts(backend, broker.as_ref(), &spec, &ready_rx).await?;
         let make = make_container(backend, record, &name, &spec, warm_for);
@@ -214,10 +215,10 @@ async fn realise(
         let (created, (), ()) =
             tokio::join!(make, remove_abandoned_turns(backend, &name), idle_goes);
         let created = created.inspect(|()| {
-            let _ = pod_made.send(true);
+            let _ = turn_made.send(true);
         });
-        // (Dropped on failure, which frees a sidecar's start from its wait.)
-        drop(pod_made);
+        // (Dropped on failure, which frees the start of a broker in it from its wait.)
+        drop(turn_made);
         created?;
         container_made = true;
         if let Some(plan) = &egress {
@@ -298,12 +299,12 @@ async fn make_first(
 async fn start_broker(
     backend: &impl Backend,
     broker: Option<&Broker>,
-    pod_made: &mut tokio::sync::watch::Receiver<bool>,
+    turn_made: &mut tokio::sync::watch::Receiver<bool>,
     ready: &tokio::sync::watch::Sender<Option<bool>>,
 ) {
     if let Some(b) = broker {
-        if b.in_pod() && pod_made.wait_for(|made| *made).await.is_err() {
-            // The pod was never made: nothing to start, and the turn failed already.
+        if b.in_turn() && turn_made.wait_for(|made| *made).await.is_err() {
+            // The turn's unit was never made: nothing to start, and the turn failed already.
             let _ = ready.send(Some(false));
             return;
         }
@@ -329,8 +330,8 @@ async fn with_intercepts<'s>(
         return Ok(Cow::Borrowed(spec));
     };
     let mut ready = ready.clone();
-    // A sidecar of the turn's pod starts with the pod: its address is known.
-    let started = match b.in_pod() {
+    // A broker in the turn's own unit starts with it: its address is known.
+    let started = match b.in_turn() {
         true => Some(true),
         false => ready.wait_for(Option::is_some).await.ok().and_then(|r| *r),
     };
@@ -615,6 +616,9 @@ mod tests {
             _: &crate::backend::BrokerPlan,
         ) -> std::result::Result<Attached, CreateError> {
             unexpected!("start a broker")
+        }
+        fn broker_route(&self, _: &crate::backend::BrokerPlan) -> crate::backend::BrokerRoute {
+            unexpected!("route a broker")
         }
         async fn attach_broker(&self, _: &str) -> Result<Attached> {
             unexpected!("attach to a broker")

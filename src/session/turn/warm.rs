@@ -20,8 +20,8 @@ const ENTRYPOINT: &str = "/usr/local/bin/caw-box-entry";
 /// container waits for it (say one `caw-box warm --for` made), that one's; else the
 /// session's. Headless turns only (a TUI's terminal is its container's); not with
 /// `--allow-host` (its private network goes with the turn) nor a broker of the turn's own
-/// (Podman: its network does too), nor a broker in the turn's pod (`pod_broker`,
-/// Kubernetes: its sidecar would hold its keys while the pod idles).
+/// (Podman: its network does too), nor a broker in the turn's own unit (`turn_broker`,
+/// Kubernetes: it would hold its keys while the turn's unit idles).
 pub(in crate::session) async fn keep_for(
     backend: &impl Backend,
     record: &SessionRecord,
@@ -29,9 +29,9 @@ pub(in crate::session) async fn keep_for(
     options: &TurnOptions,
     egress: bool,
     broker: BrokerPlace,
-    pod_broker: bool,
+    turn_broker: bool,
 ) -> Result<Option<u64>> {
-    let own_broker = broker == BrokerPlace::OwnContainer || pod_broker;
+    let own_broker = broker == BrokerPlace::OwnContainer || turn_broker;
     if !backend.keeps_warm() || options.interactive || egress || own_broker {
         return Ok(None);
     }
@@ -71,7 +71,7 @@ pub(in crate::session) fn runs_cold(
     backend: &impl Backend,
     record: &SessionRecord,
     egress: bool,
-    pod_broker: bool,
+    turn_broker: bool,
 ) -> Error {
     let id = record.session_id;
     if !backend.keeps_warm() {
@@ -84,9 +84,9 @@ pub(in crate::session) fn runs_cold(
             "session {id}'s turns run cold: its --allow-host network goes with each turn"
         ));
     }
-    if pod_broker {
+    if turn_broker {
         return Error::usage(format!(
-            "session {id}'s turns run cold: the credential broker in its pod would hold its keys while idle"
+            "session {id}'s turns run cold: the credential broker beside its agent would hold its keys while idle"
         ));
     }
     if record.settings.keep_warm_secs.is_none_or(|s| s == 0) {

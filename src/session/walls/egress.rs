@@ -1,23 +1,18 @@
-//! A turn's way out under `--allow-host`, planned once for every backend: the hosts
-//! admitted and the proxy that admits them; and what the proxy refused. How the agent is
-//! held to the proxy (networks, a pod's firewall) is the backend's.
+//! A turn's way out under `--allow-host`, asked for once for every backend: the hosts
+//! admitted; and what the proxy refused. How the agent is held to them (a proxy and its
+//! container, its networks or firewall) is the backend's.
 
 use std::time::Duration;
 
 use futures_util::StreamExt;
 
-use crate::backend::{Backend, CreateError, EgressPlan};
-use crate::backend::{HelperSpec, NetworkPolicy, OutputChunk};
+use crate::backend::{Backend, CreateError, EgressPlan, NetworkPolicy, OutputChunk};
 use crate::dirs;
 use crate::endpoint::endpoint_host;
 use crate::error::Result;
 use crate::session::store::names::{self, LabelSet};
 use crate::session::store::record::{labels, roles, SessionRecord, SessionSettings};
 use crate::session::turn::{busy, image_hint};
-
-/// The proxy's name on a turn's egress network, and its port.
-pub const PROXY_ALIAS: &str = "caw-box-proxy";
-pub use crate::backend::{proxy_env, PROXY_PORT, PROXY_SCRIPT};
 
 /// The hosts of `--allow-host` with `@provider` spelled out.
 pub fn expand_allow_hosts(
@@ -40,50 +35,22 @@ pub fn expand_allow_hosts(
     out
 }
 
-/// The plan of a turn's way out under `--allow-host`, the same on every backend: the
-/// hosts admitted, and the proxy (caw-box's `proxy.js` in the session's image) where it
-/// runs as a container of its own. The backend realises it ([`Backend::open_egress`]):
-/// Docker on networks of its own, Kubernetes in the turn's pod.
+/// What a turn's way out under `--allow-host` is, the same on every backend: the hosts
+/// admitted, for the turn `turn`, by the proxy program in the session's image. The backend
+/// realises it ([`Backend::open_egress`]).
 pub(in crate::session) fn plan(record: &SessionRecord, allow: &[String], turn: &str) -> EgressPlan {
     let id = record.session_id;
     // Named for this driver: a second caw-box that starts on a busy session sets up its
     // own, and then fails on the lock without touching the running turn's.
     let (network, proxy_name) = names::egress_names(id, std::process::id());
-    let outer = match record.settings.network.as_str() {
-        "open" | "" => "bridge".to_string(),
-        other => other.to_string(),
-    };
-    let (uid, gid) = dirs::agent_ids();
-    let proxy = HelperSpec {
-        scratch: None,
-        image: record.settings.image.clone(),
-        entrypoint: vec!["node".into(), PROXY_SCRIPT.into()],
-        argv: vec![],
-        env: proxy_env(allow)
-            .into_iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect(),
-        user: Some(format!("{uid}:{gid}")),
-        labels: LabelSet::new(id, roles::PROXY).finish(),
-        mounts: vec![],
-        network: NetworkPolicy::Named(outer),
-        read_only_root: true,
-        drop_all_capabilities: true,
-        add_capabilities: vec![],
-        no_new_privileges: true,
-        pids_limit: Some(128),
-        tmp: None,
-        stdin: false,
-        auto_remove: false,
-        join: None,
-    };
     EgressPlan {
         turn: turn.to_string(),
-        proxy,
-        proxy_name,
-        alias: PROXY_ALIAS.to_string(),
-        port: PROXY_PORT,
-        network,
+        allow: allow.to_vec(),
+        image: record.settings.image.clone(),
+        user: dirs::agent_ids(),
+        network: NetworkPolicy::from_setting(&record.settings.network),
+        labels: LabelSet::new(id, roles::PROXY).finish(),
+        names: [network, proxy_name],
     }
 }
 
@@ -112,7 +79,7 @@ pub(in crate::session) async fn remove_leftovers(
         format!("{}={}", labels::SESSION, record.session_id),
         format!("{}={}", labels::ROLE, roles::PROXY),
     ];
-    let keep = [plan.proxy_name.as_str(), plan.network.as_str()];
+    let keep = [plan.names[0].as_str(), plan.names[1].as_str()];
     let _ = backend.sweep(&filter, &keep).await;
 }
 
