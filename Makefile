@@ -8,7 +8,7 @@ CA_BUNDLE    ?= /etc/ssl/certs/ca-certificates.crt
 BIN          := target/debug/caw-box
 CA_FLAG      := $(if $(wildcard $(CA_BUNDLE)),--ca-cert $(CA_BUNDLE),)
 
-.PHONY: deps build test test-unit test-e2e images stub-image demo bench bench-cluster drift soak fuzz lint clean help
+.PHONY: deps build test test-unit test-e2e images stub-image demo bench bench-cluster dist drift soak fuzz lint clean help
 
 help:
 	@echo "make demo    run a session and resume it (stub model, no vendor account needed)"
@@ -16,6 +16,7 @@ help:
 	@echo "make images  build the base and the four provider images"
 	@echo "make bench   benchmarks against plain docker run and a plain pod (takes the k8s-lab)"
 	@echo "make bench-cluster  a turn on ../shared/k8s-lab against a plain pod (takes the lab)"
+	@echo "make dist    what a release publishes, into dist/: static musl binary, archive, wheel, SHA256SUMS"
 	@echo "make drift   the newest vendor CLIs against the core e2e checks (table + target/drift.json)"
 	@echo "make soak    killed drivers and a daemon restart under N detached turns: none lost (restarts dockerd)"
 	@echo "make fuzz    property tests of every parser of untrusted input, 10^6 inputs each"
@@ -55,6 +56,11 @@ bench: build
 # when it ends; a test run's lab, named by CAW_BOX_K8S_LAB_RUN, is used as it is).
 bench-cluster: build
 	$(RIG) with scripts/bench.sh --only cluster
+
+# What a release publishes (release.yml runs the same script): the static x86_64 musl
+# binary, its archive with man pages and completions, the Python wheel, SHA256SUMS. No Docker.
+dist: deps
+	scripts/dist.sh
 
 # Not part of `test` (its `--plan` is): the newest CLI releases, built as caw-box-drift/*
 # images. DRIFT_ARGS="--provider claude_code" checks one provider.

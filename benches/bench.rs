@@ -9,7 +9,8 @@
 //! `resume` turn against plain `docker run` of the same image, command, mounts and env,
 //! against the stub model on an internal network (ratios, same run; caw-box's turns use a
 //! collected key, so they are brokered, as by default; docker run gets the key in its env);
-//! peak RSS of caw-box during a turn; 32 turns at once against the same turns one by one;
+//! peak RSS of caw-box during a turn (of the shipped static musl binary, `make dist`, when
+//! CAW_BOX_BENCH_SHIPPED names it, beside this bench's gnu build); 32 turns at once against the same turns one by one;
 //! the bind-mode git baseline of `run` (hardened git on this machine) against plain git;
 //! a codex `run` and `resume` on gVisor (`--runtime runsc`) against plain `docker run
 //! --runtime runsc` (part `runsc`, when the daemon has that runtime).
@@ -577,7 +578,20 @@ fn caw_turn_with(
     extra: &[&str],
     prompt: &str,
 ) -> (f64, String, u64) {
-    let mut c = Command::new(caw_box());
+    caw_turn_by(&caw_box(), rig, b, ws, session, extra, prompt)
+}
+
+/// [`caw_turn_with`] of the caw-box binary `bin`.
+fn caw_turn_by(
+    bin: &std::path::Path,
+    rig: &ModelRig,
+    b: &Bench,
+    ws: &std::path::Path,
+    session: Option<&str>,
+    extra: &[&str],
+    prompt: &str,
+) -> (f64, String, u64) {
+    let mut c = Command::new(bin);
     match session {
         None => {
             c.args([
@@ -607,6 +621,29 @@ fn caw_turn_with(
     let (secs, out, peak, anon) = timed_with_anon(c);
     PEAK_ANON_KB.fetch_max(anon, std::sync::atomic::Ordering::Relaxed);
     (secs, out, peak)
+}
+
+/// The peak RSS (KiB) of `bin` over `reps` codex turns: a run, then a resume of it.
+fn shipped_peak_rss(
+    rig: &ModelRig,
+    ws: &std::path::Path,
+    bin: &std::path::Path,
+    reps: usize,
+) -> u64 {
+    let codex = &TURN_BENCHES[1];
+    assert_eq!(codex.provider, ProviderKind::Codex);
+    let mut peak = 0;
+    for _ in 0..reps {
+        let (_, out, rss) = caw_turn_by(bin, rig, codex, ws, None, &[], "REMEMBER:shipped");
+        peak = rss.max(peak);
+        let session = serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()["session_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let (_, _, rss) = caw_turn_by(bin, rig, codex, ws, Some(&session), &[], "RECALL");
+        peak = rss.max(peak);
+    }
+    peak
 }
 
 /// The same turn as a plain `docker run`: same image, CLI command, mounts, env, hardening.
@@ -887,18 +924,45 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
         }
     }
     if measured_turns {
+        // The binary users install (`make dist`'s static musl binary, which the hot-function
+        // list is made for) holds the target; this bench's own gnu build is shown beside it.
+        let shipped = std::env::var_os("CAW_BOX_BENCH_SHIPPED").map(std::path::PathBuf::from);
+        if let Some(bin) = &shipped {
+            let reps = filter.reps.unwrap_or(if smoke { 1 } else { 5 });
+            let peak = shipped_peak_rss(&rig, ws.path(), bin, reps);
+            results.push(Measure {
+                name: "peak RSS of caw-box during a turn: the shipped musl binary (make dist)"
+                    .into(),
+                value: peak as f64 / 1024.0,
+                unit: "MiB",
+                target: "<= 10 MiB".into(),
+                met: (!smoke).then_some(peak <= 10 * 1024),
+            });
+        }
+        let gnu_holds_target = shipped.is_none() && !smoke;
         results.push(Measure {
-            name: "peak RSS of caw-box during a turn".into(),
+            name: format!(
+                "peak RSS of caw-box during a turn: the gnu binary of this bench ({})",
+                if smoke { "debug" } else { "release" }
+            ),
             value: peak_rss as f64 / 1024.0,
             unit: "MiB",
-            target: "<= 10 MiB".into(),
-            met: (!smoke).then_some(peak_rss <= 10 * 1024),
+            target: if shipped.is_some() {
+                "(reported)".into()
+            } else {
+                "<= 10 MiB".into()
+            },
+            met: gnu_holds_target.then_some(peak_rss <= 10 * 1024),
         });
-        if !smoke && peak_rss > 10 * 1024 {
+        let over = results
+            .iter()
+            .any(|m| m.name.starts_with("peak RSS") && m.met == Some(false));
+        if over {
             // Most of it is the binary's code pages: build.rs lays out what turns run.
             eprintln!(
                 "peak RSS over its target: if much of the code or its dependencies changed \
-                 since scripts/hot-functions.txt was made, run scripts/hot-functions.sh"
+                 since scripts/hot-functions.txt was made, run scripts/rig.sh with \
+                 scripts/hot-functions.sh"
             );
         }
         results.push(Measure {

@@ -1,25 +1,53 @@
 #!/usr/bin/env bash
-# Writes scripts/hot-functions.txt: the functions of the release caw-box that real turns run,
-# which build.rs has the linker put first and together (why: build.rs). Re-run it when
-# `make bench` finds a turn's peak RSS over its target after dependencies or much of the code
-# changed: a function whose name changed is no longer in the list.
+# Writes scripts/hot-functions.txt: the functions of the shipped caw-box (the static musl
+# release binary `make dist` builds) that real turns run, which build.rs has the linker put
+# first and together (why: build.rs). The names are mangled symbols, whose hashes change with
+# the rustc version (rust-toolchain.toml), caw-box's version and Cargo.lock: `make dist` and
+# its test stage check the list against the binary (--check) and fail with the command that
+# remakes it.
 #
-#   scripts/hot-functions.sh            release build, a profile of real turns, the list written
+#   scripts/hot-functions.sh            the musl release build, a profile of real turns, the
+#                                       list written
 #   scripts/hot-functions.sh --smoke    one turn of the debug build profiled, the list checked
 #                                       and thrown away (`make test`'s stage targets: so this
 #                                       script cannot rot unseen)
+#   scripts/hot-functions.sh --check BIN [LIST]
+#                                       at least 90% of LIST's names (default: the committed
+#                                       list) are functions of BIN, else exit 1 saying how to
+#                                       remake the list. No Docker, under a second.
 #
 # The turns: a run and a resume of each of the four CLIs (brokered: keys collected), a codex
 # session kept warm (a warm resume), `ls` and `show`, each caw-box under valgrind's
 # callgrind, which records every instruction run. Against the stub model on an internal
 # network of its own, on the images `make images` built. Needs the Docker rig
-# (`scripts/rig.sh with scripts/hot-functions.sh`). About 6 minutes (the release build).
+# (`scripts/rig.sh with scripts/hot-functions.sh`). About 8 minutes (the release build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 smoke=false
 [ "${1:-}" = --smoke ] && smoke=true
 say() { printf 'hot-functions: %s\n' "$*" >&2; }
+
+if [ "${1:-}" = --check ]; then
+    bin=${2:?usage: scripts/hot-functions.sh --check BIN [LIST]}
+    list=${3:-scripts/hot-functions.txt}
+    exec python3 - "$bin" "$list" <<'EOF'
+import subprocess, sys
+binary, path = sys.argv[1], sys.argv[2]
+names = [l.strip() for l in open(path) if l.strip() and not l.startswith("#")]
+nm = subprocess.run(["nm", "--defined-only", binary], capture_output=True, text=True, check=True)
+have = {f[2] for f in (l.split() for l in nm.stdout.splitlines()) if len(f) == 3}
+found = sum(n in have for n in names)
+share = found / len(names) if names else 0.0
+print(f"hot-functions: {found} of the {len(names)} names of {path} are in {binary} ({share:.0%})",
+      file=sys.stderr)
+if share < 0.9:
+    sys.exit(f"hot-functions: {path} is stale for {binary} (under 90% of its names are there: "
+             "rustc, Cargo.lock or caw-box's version changed since it was made), so the binary "
+             "is not laid out by use. Remake the list (about 8 minutes, needs `make images`):\n"
+             "    scripts/rig.sh with scripts/hot-functions.sh")
+EOF
+fi
 
 command -v valgrind >/dev/null || scripts/rig.sh tools
 target=${CARGO_TARGET_DIR:-$PWD/target}
@@ -28,8 +56,8 @@ if $smoke; then
     bin=$(realpath "$target/debug/caw-box")
     providers=(codex)
 else
-    cargo build --release --quiet --bin caw-box
-    bin=$(realpath "$target/release/caw-box")
+    # The binary a release ships (its names are the ones build.rs orders).
+    bin=$(realpath "$(scripts/dist.sh binary)")
     providers=(claude-code codex opencode gemini)
 fi
 for image in caw-box-test/stub-model:latest "${providers[@]/#/caw-box/}"; do
@@ -39,7 +67,14 @@ done
 
 run=hot-functions-$$
 work=$(mktemp -d)
-cleanup() { scripts/cleanup.sh "$run"; rm -rf "$work"; }
+# This run's objects only, by its label (sessions carry it through CAW_BOX_LABELS).
+cleanup() {
+    local filter=label=io.caw-box.test-run=$run
+    docker ps -aq --filter "$filter" | xargs -r docker rm -f -v >/dev/null
+    docker volume ls -q --filter "$filter" | xargs -r docker volume rm -f >/dev/null
+    docker network ls -q --filter "$filter" | xargs -r docker network rm >/dev/null
+    rm -rf "$work"
+}
 trap cleanup EXIT
 label=(--label io.caw-box.test=hot-functions --label "io.caw-box.test-run=$run")
 docker network create --internal "${label[@]}" "$run" >/dev/null

@@ -19,5 +19,6 @@ if ! command -v shellcheck >/dev/null; then
     apt-get install -y -qq shellcheck >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq shellcheck; }
 fi
 shellcheck ci/run-turn.sh scripts/lint-workflows.sh scripts/podman.sh scripts/drift.sh \
-    scripts/drift-issue.sh scripts/test-targets.sh
-echo "shellcheck: ci/run-turn.sh, the rig, drift and targets scripts ok"
+    scripts/drift-issue.sh scripts/test-targets.sh scripts/dist.sh scripts/test-dist.sh \
+    scripts/hot-functions.sh
+echo "shellcheck: ci/run-turn.sh, the rig, drift, targets, dist and hot-function scripts ok"

@@ -11,7 +11,9 @@
 #                              ssh for the ssh:// DOCKER_HOST test, which starts its own sshd;
 #                              valgrind for scripts/hot-functions.sh)
 #   scripts/rig.sh build-deps  install what building caw-box needs besides Rust (Python's venv,
-#                              for the Python package's stage; TLS is rustls, no C library)
+#                              for the Python package's stage; TLS is rustls, no C library;
+#                              for `make dist`'s static binary: rustup's musl target and
+#                              musl-tools, whose musl-gcc compiles ring's C code)
 #   scripts/rig.sh with CMD…   `up`, run CMD, then `down` if `up` started the daemon
 #
 # Quiet on success; every failure says what failed. State lives in $RIG_DIR.
@@ -225,6 +227,13 @@ case "${1:-}" in
         # TLS is rustls (no OpenSSL to link). The Python package's stage makes a virtualenv,
         # which Debian's python3 leaves to the python3-venv package.
         python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || apt_install python3-venv
+        # `make dist`: the static x86_64-unknown-linux-musl binary (rust-toolchain.toml lists
+        # the target too; an older rustup does not add it by itself).
+        if command -v rustup >/dev/null 2>&1 \
+            && ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
+            rustup target add x86_64-unknown-linux-musl >/dev/null || die "rustup target add x86_64-unknown-linux-musl failed"
+        fi
+        command -v musl-gcc >/dev/null 2>&1 || apt_install musl-tools
         ;;
     pid) our_pid || die "no daemon started by the rig is running" ;;
     with) shift; mkdir -p "$RIG_DIR"; cmd_with "$@" ;;

@@ -151,6 +151,9 @@ tests podman podman_pass "$@"
 
 # The Python package: a fresh virtualenv, `pip install ./python`, pytest (python/tests).
 tests python scripts/test-python.sh
+# What a release publishes: `make dist`, then the static binary alone in a scratch image and
+# the wheel in a fresh virtualenv, each running turns (scripts/test-dist.sh).
+tests dist scripts/test-dist.sh
 tests bench-smoke scripts/bench.sh --smoke
 # The documented targets and scripts no stage above runs (drift's plan, fuzz, the demo), so
 # that none rots unseen, and CONTRIBUTING.md's table of what this run covers of each target.

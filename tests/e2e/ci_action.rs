@@ -493,17 +493,47 @@ fn the_release_and_image_workflows_cover_every_target_and_image() {
     ] {
         assert!(targets.iter().any(|x| x == t), "no {t} in {targets:?}");
     }
+    // Its steps are scripts/dist.sh's (`make dist`, which the dist stage of `make test` runs).
     let text = std::fs::read_to_string(repo_root().join(".github/workflows/release.yml")).unwrap();
     for needle in [
-        "caw-box man --dir docs/man",
+        "scripts/dist.sh docs docs target/debug/caw-box",
+        "scripts/dist.sh\n",
+        r#"scripts/dist.sh archive "${{ matrix.target }}""#,
+        "scripts/dist.sh sums",
+    ] {
+        assert!(text.contains(needle), "release.yml lacks {needle}");
+    }
+    let dist = std::fs::read_to_string(repo_root().join("scripts/dist.sh")).unwrap();
+    for needle in [
+        r#""$bin" man --dir "$dir/man""#,
         "completions bash",
         "completions zsh",
         "completions fish",
-        "cp -R docs/man docs/completions",
-        r#"name="caw-box-${version}-${{ matrix.target }}""#,
-        r#"> "$name.tar.gz.sha256""#,
+        r#"cp -R "$docs/man" "$docs/completions""#,
+        r#"name="caw-box-$(version)-$target""#,
+        r#">"$name.tar.gz.sha256""#,
     ] {
-        assert!(text.contains(needle), "release.yml lacks {needle}");
+        assert!(dist.contains(needle), "scripts/dist.sh lacks {needle}");
+    }
+    // One toolchain: rust-toolchain.toml's version in every workflow that builds.
+    let toolchain = std::fs::read_to_string(repo_root().join("rust-toolchain.toml")).unwrap();
+    let channel = toolchain
+        .lines()
+        .find_map(|l| l.strip_prefix("channel = "))
+        .expect("a channel in rust-toolchain.toml")
+        .trim_matches('"');
+    for workflow in ["release.yml", "drift.yml"] {
+        let text =
+            std::fs::read_to_string(repo_root().join(".github/workflows").join(workflow)).unwrap();
+        let pins: Vec<&str> = text
+            .split("dtolnay/rust-toolchain@")
+            .skip(1)
+            .map(|rest| rest.split_whitespace().next().unwrap_or(""))
+            .collect();
+        assert!(
+            !pins.is_empty() && pins.iter().all(|p| *p == channel),
+            "{workflow} installs {pins:?}, rust-toolchain.toml says {channel}"
+        );
     }
     // The names the CI templates' install step downloads.
     let script = std::fs::read_to_string(repo_root().join("ci/run-turn.sh")).unwrap();
