@@ -189,27 +189,12 @@ mod tests {
             interactive: false,
             limit_resets_at: None,
         };
-        SessionRecord {
-            version: 1,
-            session_id: uuid::Uuid::new_v4(),
-            provider,
-            name: None,
-            group: None,
-            resume_key: String::new(),
-            key_confirmed: false,
-            owner: None,
-            created_at: 0,
-            settings: SessionSettings {
-                model: Some(model.to_string()),
-                max_cost_usd: max,
-                ..Default::default()
-            },
-            turns: spent.iter().enumerate().map(turn).collect(),
-            home_unlike_image: false,
-            turn_started: false,
-            summary_only: false,
-            cli_version: None,
-        }
+        let mut r = crate::session::turn::plan::tests::record("open");
+        r.provider = provider;
+        r.settings.model = Some(model.to_string());
+        r.settings.max_cost_usd = max;
+        r.turns = spent.iter().enumerate().map(turn).collect();
+        r
     }
 
     #[test]
