@@ -165,7 +165,7 @@ impl Meter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::store::record::{SessionSettings, TurnRecord};
+    use crate::session::store::record::TurnRecord;
 
     fn record(
         provider: ProviderKind,
