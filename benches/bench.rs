@@ -623,6 +623,55 @@ fn caw_turn_by(
     (secs, out, peak)
 }
 
+/// The first turn of a session in a bound workspace owned by root (a CI job's checkout, caw-box
+/// run as root): the agent runs as root there, so the session's new state volume (the
+/// image's HOME, 1000:1000) is first handed to root. Against the same plain `docker run` of a
+/// first turn (a fresh volume, the image's user), alternating which goes first. `None` when
+/// this bench does not run as root (only root's caw-box runs the agent as root).
+fn root_owned_first_turns(
+    rig: &ModelRig,
+    ws: &std::path::Path,
+    reps: usize,
+    smoke: bool,
+) -> Option<Measure> {
+    if !caw_box::dirs::is_root() {
+        eprintln!("root-owned workspace: this bench does not run as root: not measured");
+        return None;
+    }
+    let codex = &TURN_BENCHES[1];
+    let root_ws = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(root_ws.path(), Some(0), Some(0)).unwrap();
+    let (mut caw, mut dk) = (vec![], vec![]);
+    for i in 0..reps {
+        let volume = format!("caw-box-bench-{}-{i}-root", std::process::id());
+        let caw_first = || caw_turn(rig, codex, root_ws.path(), None, "REMEMBER:bench").0;
+        let dk_first = || docker_turn(rig, codex, ws, &volume, None, "REMEMBER:bench").0;
+        if i % 2 == 0 {
+            caw.push(caw_first());
+            dk.push(dk_first());
+        } else {
+            dk.push(dk_first());
+            caw.push(caw_first());
+        }
+    }
+    if std::env::var_os("BENCH_DEBUG").is_some() {
+        eprintln!("root-owned caw {caw:.3?}\nroot-owned dk  {dk:.3?}");
+    }
+    let ratio = median(caw.iter().zip(&dk).map(|(c, d)| c / d).collect());
+    let (c, d) = (median(caw), median(dk));
+    Some(Measure {
+        name: format!(
+            "codex run, workspace owned by root (a CI checkout): caw-box {:.0} ms / docker run {:.0} ms",
+            c * 1000.0,
+            d * 1000.0
+        ),
+        value: ratio,
+        unit: "x",
+        target: "<= 1.05".into(),
+        met: (!smoke).then_some(ratio <= 1.05),
+    })
+}
+
 /// The peak RSS (KiB) of `bin` over `reps` codex turns: a run, then a resume of it.
 fn shipped_peak_rss(
     rig: &ModelRig,
@@ -922,6 +971,10 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
                 met: (!smoke).then_some(ratio <= 1.05),
             });
         }
+    }
+    if filter.wants("turns") && codex_wanted {
+        let reps = filter.reps.unwrap_or(if smoke { 1 } else { 9 });
+        results.extend(root_owned_first_turns(&rig, ws.path(), reps, smoke));
     }
     if measured_turns {
         // The binary users install (`make dist`'s static musl binary, which the hot-function

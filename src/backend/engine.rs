@@ -208,6 +208,9 @@ impl Backend for Engine {
     async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
         dispatch!(self, b => Backend::stop_container(b, name, grace).await)
     }
+    fn hands_over_in_turn(&self, user: (u32, u32)) -> bool {
+        dispatch!(self, b => Backend::hands_over_in_turn(b, user))
+    }
     fn runtime_dir(&self) -> super::RuntimeDir {
         dispatch!(self, b => Backend::runtime_dir(b))
     }

@@ -117,6 +117,12 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn note_stop(&self, _name: &str) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
+    /// Whether a turn's own container can hand its volumes to a turn user `user` before its
+    /// CLI starts ([`TurnSpec::hand_over`]): no helper container on the first turn's path.
+    /// `false`: the session runs a helper to do it first.
+    fn hands_over_in_turn(&self, _user: (u32, u32)) -> bool {
+        false
+    }
     /// Where a turn's runtime directory is kept, and so when the driver reads what the
     /// entrypoint hands back there.
     fn runtime_dir(&self) -> RuntimeDir {
@@ -640,6 +646,11 @@ pub struct TurnSpec {
     /// the pod's RuntimeClass (its sidecars share the pod's sandbox). `None`: the
     /// engine's default. Checked before the turn ([`Backend::check_runtime`]).
     pub oci_runtime: Option<String>,
+    /// Paths in the turn's volumes (HOME, a copied workspace) its container first hands to
+    /// [`Self::user`], where the backend [`Backend::hands_over_in_turn`]: with only the
+    /// capabilities chown needs, all dropped (the bounding set too) before the image's
+    /// entrypoint starts, so nothing of the turn ever holds one. Empty: none.
+    pub hand_over: Vec<String>,
 }
 
 impl TurnSpec {

@@ -418,7 +418,10 @@ fn as_root_the_agent_writes_and_commits_in_a_root_owned_checkout() {
     std::fs::set_permissions(dir, PermissionsExt::from_mode(0o755)).unwrap();
     let ws = dir.to_str().unwrap();
 
+    // PID 1 (tini) holds no capability either: the first turn's container handed the new
+    // state volume to root itself, with capabilities it dropped before tini started.
     let make = "REMEMBER:rooted RUN:id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; \
+                grep -E '^CapBnd' /proc/1/status | sed 's/^/pid1 /'; \
                 touch /usr/x 2>/dev/null || echo ro-root; echo one > made.txt && \
                 echo more >> README && git add -A && git commit -qm agent-made && echo committed";
     let (code, json, stderr) = rig.json_turn(rig.run_cmd(CLAUDE, make, &["--workspace", ws]));
@@ -428,6 +431,7 @@ fn as_root_the_agent_writes_and_commits_in_a_root_owned_checkout() {
     for line in [
         "Tool said: 0\n",
         "CapEff:\t0000000000000000",
+        "pid1 CapBnd:\t0000000000000000",
         "NoNewPrivs:\t1",
         "ro-root",
         "committed",

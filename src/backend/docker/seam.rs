@@ -13,6 +13,12 @@ use crate::backend::{
 use crate::error::Result;
 
 impl Backend for DockerBackend {
+    /// A container of uid 0 keeps the capabilities chown needs until its start drops them
+    /// (docker/spec.rs `HAND_OVER`); any other uid's are gone at its first exec.
+    fn hands_over_in_turn(&self, user: (u32, u32)) -> bool {
+        user.0 == 0
+    }
+
     async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>> {
         DockerBackend::list_containers(self, labels).await
     }

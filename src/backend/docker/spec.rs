@@ -92,6 +92,9 @@ pub(super) fn turn_body(spec: &TurnSpec) -> ContainerCreateBody {
         host_config: Some(host_config),
         ..Default::default()
     };
+    if !spec.hand_over.is_empty() {
+        hand_over_first(&mut body, spec);
+    }
     if spec.runtime_over_stdin {
         body.open_stdin = Some(true);
         body.stdin_once = Some(true);
@@ -110,6 +113,46 @@ pub(super) fn turn_body(spec: &TurnSpec) -> ContainerCreateBody {
         }
     }
     body
+}
+
+/// The start of a turn container that hands [`TurnSpec::hand_over`] to the turn's user (uid 0:
+/// only root keeps capabilities it is given): a shell with the capabilities chown needs (and
+/// SETPCAP, which dropping them from the bounding set takes) chowns the paths, drops every
+/// capability (bounding, inheritable and ambient sets: nothing after it can have one back,
+/// under no-new-privileges too) and becomes the image's entrypoint, tini as PID 1.
+const HAND_OVER: &str = r#"ids=$1; shift
+while [ "$1" != -- ]; do
+  chown -R -- "$ids" "$1" || { echo "caw-box: could not hand $1 to $ids" >&2; exit 1; }
+  shift
+done
+shift
+exec setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all -- /usr/bin/tini -- /usr/local/bin/caw-box-entry "$@""#;
+
+/// What [`HAND_OVER`] takes: its entrypoint, and the capabilities it holds until it drops them.
+fn hand_over_first(body: &mut ContainerCreateBody, spec: &TurnSpec) {
+    let mut entrypoint: Vec<String> = vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        HAND_OVER.into(),
+        "caw-box-hand-over".into(),
+        format!("{}:{}", spec.user.0, spec.user.1),
+    ];
+    entrypoint.extend(spec.hand_over.iter().cloned());
+    entrypoint.push("--".into());
+    body.entrypoint = Some(entrypoint);
+    if let Some(hc) = body.host_config.as_mut() {
+        hc.cap_add = Some(
+            [
+                "CHOWN",
+                "DAC_OVERRIDE",
+                "DAC_READ_SEARCH",
+                "FOWNER",
+                "SETPCAP",
+            ]
+            .map(String::from)
+            .to_vec(),
+        );
+    }
 }
 
 /// A turn container's labels: the turn's, and on a headless cold turn's [`ADOPTABLE`]: it
@@ -199,6 +242,7 @@ mod tests {
             egress_allow: vec![],
             extra_hosts: Vec::new(),
             oci_runtime: None,
+            hand_over: Vec::new(),
             protected: Vec::new(),
         }
     }
@@ -239,6 +283,50 @@ mod tests {
             .all(|m| !m.source.as_deref().unwrap_or("").contains("docker.sock")));
         assert_ne!(body.user.as_deref(), Some("0:0"));
         assert_eq!(body.tty, Some(false));
+    }
+
+    /// A turn that hands its volumes over starts as the hand-over shell with only the
+    /// capabilities it drops before the image's entrypoint (tini, caw-box-entry) runs the
+    /// turn's command; the rest of the lock-down is the same.
+    #[test]
+    fn a_hand_over_holds_its_capabilities_only_until_the_entrypoint() {
+        let mut s = spec(NetworkPolicy::None);
+        s.user = (0, 0);
+        s.hand_over = vec!["/home/agent".into(), "/workspace".into()];
+        let body = turn_body(&s);
+        let entrypoint = body.entrypoint.unwrap();
+        assert_eq!(entrypoint[..2], ["/bin/sh".to_string(), "-c".to_string()]);
+        assert!(entrypoint[2].contains(
+            "exec setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all -- /usr/bin/tini -- /usr/local/bin/caw-box-entry \"$@\""
+        ));
+        assert_eq!(
+            entrypoint[3..],
+            [
+                "caw-box-hand-over",
+                "0:0",
+                "/home/agent",
+                "/workspace",
+                "--"
+            ]
+            .map(String::from)
+        );
+        assert_eq!(body.cmd, Some(s.argv.clone()));
+        let hc = body.host_config.unwrap();
+        assert_eq!(
+            hc.cap_add.unwrap(),
+            [
+                "CHOWN",
+                "DAC_OVERRIDE",
+                "DAC_READ_SEARCH",
+                "FOWNER",
+                "SETPCAP"
+            ]
+            .map(String::from)
+        );
+        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(hc.security_opt, Some(vec!["no-new-privileges".to_string()]));
+        // Without one, the image's entrypoint as it is.
+        assert_eq!(turn_body(&spec(NetworkPolicy::None)).entrypoint, None);
     }
 
     /// `--runtime`: the agent's container runs under it; none: the daemon's default.

@@ -104,6 +104,7 @@ fn turn() -> TurnSpec {
         egress_allow: vec![],
         extra_hosts: Vec::new(),
         oci_runtime: None,
+        hand_over: Vec::new(),
         protected: Vec::new(),
     }
 }

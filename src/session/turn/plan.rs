@@ -489,6 +489,7 @@ pub(in crate::session) fn turn_spec(
         egress_allow: vec![],
         extra_hosts: Vec::new(),
         oci_runtime: settings.runtime.clone(),
+        hand_over: Vec::new(),
     })
 }
 

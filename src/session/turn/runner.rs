@@ -25,7 +25,7 @@ use crate::session::store::inflight::InFlight;
 use crate::session::store::record::{labels, SessionRecord};
 use crate::session::turn::plan::{plan_turn, TurnPlan};
 use crate::session::turn::{busy, image_hint, Interrupts, TurnContext, STOP_GRACE};
-use crate::session::walls::owner::{ensure_owner, fill_new_home};
+use crate::session::walls::owner::{ensure_owner, fill_new_home, hand_over_in_turn};
 use crate::session::walls::quarantine::Guard;
 
 pub use crate::session::store::history::cache_record;
@@ -185,6 +185,10 @@ async fn realise(
         writes_back,
         warm_for,
     } = plan;
+    // A cold turn's container hands the volumes to its user itself where it can (a warm
+    // container would keep what that takes for the turns it runs later).
+    let (mut spec, owner_before) = (spec, record.owner);
+    let handed_in_turn = warm_for.is_none() && hand_over_in_turn(backend, record, ids, &mut spec);
     make_first(
         backend,
         record,
@@ -193,7 +197,8 @@ async fn realise(
         broker.as_ref(),
         egress.as_ref(),
     )
-    .await?;
+    .await
+    .inspect_err(|_| record.owner = owner_before)?;
     // What the CLI refreshed of its credential files, read back before its container goes.
     let home_out = std::sync::Mutex::new(None);
     let mut container_made = false;
@@ -244,6 +249,10 @@ async fn realise(
         drive(&ctx, record, interrupts, sink).await
     };
     let ((), mut outcome) = tokio::join!(broker_starts, main);
+    if handed_in_turn && outcome.is_err() {
+        // Maybe never handed over: the next turn does it again (chown is idempotent).
+        record.owner = owner_before;
+    }
     if let Some(g) = guard.as_ref().filter(|_| container_made) {
         sweep_again(g, &mut outcome);
     }

@@ -281,6 +281,7 @@ mod tests {
             egress_allow: vec![],
             extra_hosts: vec![],
             oci_runtime: None,
+            hand_over: Vec::new(),
         };
         let mut turn = base.clone();
         turn.argv.push("resume".into());

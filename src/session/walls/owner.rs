@@ -6,7 +6,7 @@
 use std::os::unix::fs::MetadataExt;
 
 use crate::backend::Backend;
-use crate::backend::{HelperSpec, MountSpec, NetworkPolicy};
+use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, TurnSpec};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
@@ -102,15 +102,7 @@ pub(in crate::session) async fn ensure_owner(
         return Ok(());
     }
     let id = record.session_id;
-    let mut mounts = vec![MountSpec::volume(names::state_volume(id), AGENT_HOME)];
-    let mut paths = vec![AGENT_HOME.to_string()];
-    if record.settings.workspace_mode == WorkspaceMode::Copy {
-        mounts.push(MountSpec::volume(
-            names::workspace_volume(id),
-            WORKSPACE_DIR,
-        ));
-        paths.push(WORKSPACE_DIR.to_string());
-    }
+    let (mounts, paths) = session_volumes(record);
     let mut argv = vec!["-R".to_string(), format!("{}:{}", ids.0, ids.1)];
     argv.extend(paths);
     let spec = HelperSpec {
@@ -135,6 +127,39 @@ pub(in crate::session) async fn ensure_owner(
     run_helper(backend, record, "chown", &spec, &what).await?;
     record.owner = Some(ids);
     Ok(())
+}
+
+/// Where the backend can, the turn's own container hands the session's volumes to `ids`
+/// ([`TurnSpec::hand_over`]) instead of a helper before it: `true` when `spec` now does, and
+/// the record says the volumes are `ids`' (the caller puts back `previous` when the turn
+/// failed before its container could). `false`: [`ensure_owner`] is still to run.
+pub(in crate::session) fn hand_over_in_turn(
+    backend: &impl Backend,
+    record: &mut SessionRecord,
+    ids: (u32, u32),
+    spec: &mut TurnSpec,
+) -> bool {
+    if record.owner_ids() == ids || !backend.hands_over_in_turn(ids) {
+        return false;
+    }
+    spec.hand_over = session_volumes(record).1;
+    record.owner = Some(ids);
+    true
+}
+
+/// The session's volumes whose owner is the turn's user, and where a turn mounts them.
+fn session_volumes(record: &SessionRecord) -> (Vec<MountSpec>, Vec<String>) {
+    let id = record.session_id;
+    let mut mounts = vec![MountSpec::volume(names::state_volume(id), AGENT_HOME)];
+    let mut paths = vec![AGENT_HOME.to_string()];
+    if record.settings.workspace_mode == WorkspaceMode::Copy {
+        mounts.push(MountSpec::volume(
+            names::workspace_volume(id),
+            WORKSPACE_DIR,
+        ));
+        paths.push(WORKSPACE_DIR.to_string());
+    }
+    (mounts, paths)
 }
 
 /// Has the backend fill the session's new state volume with the image's HOME before
