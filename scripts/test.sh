@@ -111,7 +111,8 @@ tests restart nt restart --workspace --no-fail-fast --test-threads 1 -E 'test(da
 # same images): a new volume filled at first start, not at create (codex's config.toml,
 # gemini's settings: the two session tests), stdin not kept across attaches (a broker per
 # turn: the broker tests; the TUI), its stopped state and listing races (manage, control),
-# ownership under its user namespace, copy mode's archive calls, the proxy network, and an
+# ownership under its user namespace (and a root turn's container handing its new volume to
+# root, with capabilities it drops before the entrypoint), copy mode's archive calls, the proxy network, and an
 # installed binary building images through it. claude's and opencode's session tests take
 # the same paths as codex's there, and run on Docker only. Protected paths (`protect::`) ask
 # Podman for the same create body (nested read-only binds) as Docker: not here; the TUI
@@ -126,6 +127,7 @@ podman_tests=(
     'test(sandbox::allow_host_admits_only_listed_hosts_through_the_proxy)'
     'test(sandbox::copy_mode_leaves_the_host_tree_alone_and_exports_and_diffs)'
     'test(sandbox::files_the_agent_creates_belong_to_a_non_1000_host_user)'
+    'test(sandbox::as_root_the_agent_writes_and_commits_in_a_root_owned_checkout)'
     'test(control::interrupt_and_busy_session)'
     'test(bad_input::bad_input_is_refused_cleanly_and_creates_nothing)'
     'test(/^user_config::/)'
