@@ -654,22 +654,34 @@ fn root_owned_first_turns(
             caw.push(caw_first());
         }
     }
+    Some(paired(
+        "codex run, workspace owned by root (a CI checkout)",
+        caw,
+        dk,
+        1.05,
+        smoke,
+    ))
+}
+
+/// The median of the paired ratios of caw-box's turns `caw` to plain `docker run`'s `dk`
+/// (seconds), against `target`; held to it unless `smoke`.
+fn paired(what: &str, caw: Vec<f64>, dk: Vec<f64>, target: f64, smoke: bool) -> Measure {
     if std::env::var_os("BENCH_DEBUG").is_some() {
-        eprintln!("root-owned caw {caw:.3?}\nroot-owned dk  {dk:.3?}");
+        eprintln!("{what}: caw {caw:.3?}\n{what}: dk  {dk:.3?}");
     }
     let ratio = median(caw.iter().zip(&dk).map(|(c, d)| c / d).collect());
     let (c, d) = (median(caw), median(dk));
-    Some(Measure {
+    Measure {
         name: format!(
-            "codex run, workspace owned by root (a CI checkout): caw-box {:.0} ms / docker run {:.0} ms",
+            "{what}: caw-box {:.0} ms / docker run {:.0} ms",
             c * 1000.0,
             d * 1000.0
         ),
         value: ratio,
         unit: "x",
-        target: "<= 1.05".into(),
-        met: (!smoke).then_some(ratio <= 1.05),
-    })
+        target: format!("<= {target}"),
+        met: (!smoke).then_some(ratio <= target),
+    }
 }
 
 /// The peak RSS (KiB) of `bin` over `reps` codex turns: a run, then a resume of it.
@@ -936,40 +948,13 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
             }
         }
         if warm && !caw_warm.is_empty() {
-            let ratio = median(caw_warm.iter().zip(&dk_warm).map(|(c, d)| c / d).collect());
-            let (c, d) = (median(caw_warm), median(dk_warm));
-            results.push(Measure {
-                name: format!(
-                    "{} warm resume (--keep-warm): caw-box {:.0} ms / docker run {:.0} ms",
-                    b.provider,
-                    c * 1000.0,
-                    d * 1000.0
-                ),
-                value: ratio,
-                unit: "x",
-                target: "<= 0.6".into(),
-                met: (!smoke).then_some(ratio <= 0.6),
-            });
+            let what = format!("{} warm resume (--keep-warm)", b.provider);
+            results.push(paired(&what, caw_warm, dk_warm, 0.6, smoke));
         }
         for (what, caw, dk) in [("run", caw_run, dk_run), ("resume", caw_resume, dk_resume)] {
-            let ratio = median(caw.iter().zip(&dk).map(|(c, d)| c / d).collect());
-            if std::env::var_os("BENCH_DEBUG").is_some() {
-                eprintln!("{what} caw {caw:.3?}\n{what} dk  {dk:.3?}");
-            }
-            let (c, d) = (median(caw), median(dk));
             let on = b.runtime.map(|r| format!(" ({r})")).unwrap_or_default();
-            results.push(Measure {
-                name: format!(
-                    "{}{on} {what}: caw-box {:.0} ms / docker run {:.0} ms",
-                    b.provider,
-                    c * 1000.0,
-                    d * 1000.0
-                ),
-                value: ratio,
-                unit: "x",
-                target: "<= 1.05".into(),
-                met: (!smoke).then_some(ratio <= 1.05),
-            });
+            let what = format!("{}{on} {what}", b.provider);
+            results.push(paired(&what, caw, dk, 1.05, smoke));
         }
     }
     if filter.wants("turns") && codex_wanted {
