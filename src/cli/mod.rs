@@ -16,8 +16,8 @@ mod subcommands;
 mod turn;
 
 pub use subcommands::{
-    AuthCommand, ConfigCommand, ConfigShowArgs, ImageBuildArgs, ImageCommand, ImagePullArgs,
-    McpArgs, SessionCommand,
+    AuthCommand, AuthLoginArgs, ConfigCommand, ConfigShowArgs, ImageBuildArgs, ImageCommand,
+    ImagePullArgs, McpArgs, SessionCommand,
 };
 pub use turn::{CredentialsArg, ResumeArgs, RunArgs, SettingsArgs, TurnArgs, WorkspaceModeArg};
 
