@@ -7,7 +7,7 @@ use std::io::{IsTerminal, Read};
 use std::time::Duration;
 
 use crate::auth::spec::Spec;
-use crate::auth::store::{self, LoginResult, Store};
+use crate::auth::store::{self, Item, LoginResult, Store};
 use crate::auth::Secret;
 use crate::cli::AuthLoginArgs;
 use crate::error::{Error, Result};
@@ -17,18 +17,15 @@ use crate::session::login::{self, LoginEvent, LoginPlan};
 
 pub async fn login(args: AuthLoginArgs, quiet: bool, verbose: bool) -> Result<i32> {
     let p: ProviderKind = args.provider.parse()?;
-    if args.with_api_key {
-        let key = read_key(p)?;
-        return store_and_say(p, &key_login(p, key), quiet);
-    }
-    let plan = plan(&args, p)?;
-    let spec = Spec::of(p).login;
-    if spec.argv.is_empty() {
-        return Err(login::unavailable(p, &spec));
-    }
-    let backend = crate::backend::connect().await?;
+    let key = if args.with_api_key {
+        Some(read_key(p)?)
+    } else {
+        None
+    };
     let json = args.json;
-    let timeout = humantime::format_duration(plan.timeout).to_string();
+    let timeout = humantime::parse_duration(&args.timeout)
+        .map(|t| humantime::format_duration(t).to_string())
+        .unwrap_or_default();
     let mut say = |event: LoginEvent<'_>| {
         match event {
         LoginEvent::Line(line) if verbose => output::eprintln(&format!("{p}: {line}")),
@@ -41,8 +38,41 @@ pub async fn login(args: AuthLoginArgs, quiet: bool, verbose: bool) -> Result<i3
         )),
     }
     };
-    let result = login::login(&backend, &plan, &mut say).await?;
-    store_and_say(p, &result, quiet)
+    let items = run_login(&args, key, None, &mut say).await?;
+    if !quiet {
+        for item in &items {
+            output::println(&format!("{p}: {} stored (source login)", item.target));
+        }
+        output::eprintln(&format!("stored in {}", Store::open()?.root().display()));
+    }
+    Ok(0)
+}
+
+/// `auth login` as the command line and the library run it: `key` (read by the caller)
+/// stored as the provider's key, else the vendor's flow run (`say` told its lines and the
+/// URL and code; `cancel` ends it as Ctrl-C would) and its login stored. Returns what was
+/// stored (no secret).
+pub(crate) async fn run_login(
+    args: &AuthLoginArgs,
+    key: Option<Secret>,
+    cancel: Option<std::sync::Arc<tokio::sync::Notify>>,
+    say: &mut (dyn FnMut(LoginEvent<'_>) + Send),
+) -> Result<Vec<Item>> {
+    let p: ProviderKind = args.provider.parse()?;
+    let result = match key {
+        Some(key) => key_login(p, key),
+        None => {
+            let mut plan = plan(args, p)?;
+            plan.cancel = cancel;
+            let spec = Spec::of(p).login;
+            if spec.argv.is_empty() {
+                return Err(login::unavailable(p, &spec));
+            }
+            let backend = crate::backend::connect().await?;
+            login::login(&backend, &plan, say).await?
+        }
+    };
+    store::store_login(&Store::open()?, p, &result)
 }
 
 /// The login's plan from the flags: the provider's image (or `--image`), `--network`, the
@@ -71,6 +101,7 @@ fn plan(args: &AuthLoginArgs, p: ProviderKind) -> Result<LoginPlan> {
         network: args.network.clone(),
         ca_cert,
         timeout,
+        cancel: None,
     })
 }
 
@@ -134,16 +165,4 @@ fn key_login(p: ProviderKind, key: Secret) -> LoginResult {
         files: vec![],
         vars: vec![(var, key)],
     }
-}
-
-fn store_and_say(p: ProviderKind, login: &LoginResult, quiet: bool) -> Result<i32> {
-    let store = Store::open()?;
-    let items = store::store_login(&store, p, login)?;
-    if !quiet {
-        for item in &items {
-            output::println(&format!("{p}: {} stored (source login)", item.target));
-        }
-        output::eprintln(&format!("stored in {}", store.root().display()));
-    }
-    Ok(0)
 }

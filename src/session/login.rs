@@ -35,6 +35,9 @@ pub struct LoginPlan {
     /// A CA certificate (PEM) the CLI trusts besides its own.
     pub ca_cert: Option<Vec<u8>>,
     pub timeout: Duration,
+    /// Ends the flow as Ctrl-C would, for a caller that handles signals itself (Python):
+    /// notified once, the login is cleaned up and ends interrupted.
+    pub cancel: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
 
 /// What the vendor's flow asks of the person logging in: a URL to open, and the one-time
@@ -205,8 +208,14 @@ async fn run_flow(
     // Attached before the start: its stdout and stderr from the first byte.
     let mut attached = backend.attach(container, false).await?;
     backend.start_container(container).await?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| Error::environment(format!("cannot handle SIGTERM: {e}")))?;
+    // Ctrl-C, SIGTERM, SIGHUP, as a turn's (none where the caller handles signals).
+    let mut interrupts = crate::session::turn::Interrupts::install()?;
+    let cancelled = async {
+        match &plan.cancel {
+            Some(cancel) => cancel.notified().await,
+            None => std::future::pending().await,
+        }
+    };
     let mut transcript = Transcript::new(p);
     let followed = async {
         while let Some(chunk) = attached.output.next().await {
@@ -220,14 +229,8 @@ async fn run_flow(
     };
     let code = tokio::select! {
         code = followed => code?,
-        _ = tokio::signal::ctrl_c() => {
-            return Err(Error::new(crate::error::ErrorKind::Interrupted,
-                format!("{p} login interrupted: nothing was stored")));
-        }
-        _ = term.recv() => {
-            return Err(Error::new(crate::error::ErrorKind::Interrupted,
-                format!("{p} login stopped (SIGTERM): nothing was stored")));
-        }
+        () = interrupts.recv() => return Err(interrupted(p)),
+        () = cancelled => return Err(interrupted(p)),
         () = tokio::time::sleep(plan.timeout) => {
             return Err(Error::new(crate::error::ErrorKind::Timeout, format!(
                 "{p} login not finished within {}: nothing was stored",
@@ -253,6 +256,13 @@ async fn run_flow(
         .with_hint(format!("run `caw-box auth login --provider {p}` again")));
     }
     Ok(result)
+}
+
+fn interrupted(p: ProviderKind) -> Error {
+    Error::new(
+        crate::error::ErrorKind::Interrupted,
+        format!("{p} login interrupted: nothing was stored"),
+    )
 }
 
 /// The CLI's output, line by line: escape sequences removed, the URL and code picked out.

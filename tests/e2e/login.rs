@@ -244,17 +244,14 @@ fn nothing_left(rig: &Rig) {
 fn codex_device_code_login_is_stored_brokered_and_refreshed() {
     let login = crate::oauth::codex_login(1);
     let (rig, ca) = openai_auth_rig("login-codex", &login);
-    let t0 = std::time::Instant::now();
     let mut child = spawn_login(&rig, "codex", ca.path());
     let (url, code) = read_prompt(&mut child);
-    eprintln!("[{:?}] prompt", t0.elapsed());
     assert_eq!(url, format!("https://{OPENAI_AUTH}/codex/device"));
     let approved = rig
         .stub_control()
         .json("POST", &format!("/_stub/device/approve?code={code}"));
     assert_eq!(approved["state"], "approve", "{approved}");
     let out = wait_with_deadline(child, std::time::Duration::from_secs(90));
-    eprintln!("[{:?}] login done", t0.elapsed());
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let said = format!("{}{}", stdout_of(&out), stderr_of(&out));
     assert!(
@@ -292,7 +289,6 @@ fn codex_device_code_login_is_stored_brokered_and_refreshed() {
     let outside: Vec<_> = found.iter().filter(|f| !f.starts_with(&store)).collect();
     assert_eq!(outside, Vec::<&std::path::PathBuf>::new());
 
-    eprintln!("[{:?}] scanned", t0.elapsed());
     // The stub expires the access token; a brokered turn on the login then runs: the broker
     // meets the 401, refreshes once, retries (one turn proves both: a codex turn on a
     // ChatGPT login costs tens of seconds here).
@@ -307,7 +303,6 @@ fn codex_device_code_login_is_stored_brokered_and_refreshed() {
             format!("{endpoint}/v1/oauth/token"),
         );
     let out = run(c);
-    eprintln!("[{:?}] turn", t0.elapsed());
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let json: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(
