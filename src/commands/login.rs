@@ -166,3 +166,28 @@ fn key_login(p: ProviderKind, key: Secret) -> LoginResult {
         vars: vec![(var, key)],
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_goes_to_the_providers_key_variable_and_claudes_token_to_its_own() {
+        let var = |p, key: &str| {
+            key_login(p, Secret::new(key.as_bytes().to_vec())).vars[0]
+                .0
+                .clone()
+        };
+        assert_eq!(var(ProviderKind::Codex, "sk-proj-x"), "OPENAI_API_KEY");
+        assert_eq!(var(ProviderKind::Opencode, "sk-proj-x"), "OPENAI_API_KEY");
+        assert_eq!(var(ProviderKind::Gemini, "AIza-x"), "GEMINI_API_KEY");
+        assert_eq!(
+            var(ProviderKind::ClaudeCode, "sk-ant-api03-x"),
+            "ANTHROPIC_API_KEY"
+        );
+        assert_eq!(
+            var(ProviderKind::ClaudeCode, "sk-ant-oat01-x"),
+            "CLAUDE_CODE_OAUTH_TOKEN"
+        );
+    }
+}

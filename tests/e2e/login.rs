@@ -358,9 +358,9 @@ fn host_files_containing(needle: &str) -> Vec<std::path::PathBuf> {
         .collect()
 }
 
-/// A denied code and Ctrl-C mid-flow: one line, the right exit code (4, 130), nothing left
-/// on Docker, the store as it was. And a flow the vendor switched off: one line naming the
-/// alternatives.
+/// A denied code, Ctrl-C mid-flow and the timeout: one line, the right exit code (4, 130,
+/// 124), nothing left on Docker, the store as it was. And a flow the vendor switched off:
+/// one line naming the alternatives.
 #[test]
 fn a_denied_interrupted_or_switched_off_device_login_changes_nothing() {
     let login = crate::oauth::codex_login(1);
@@ -433,6 +433,41 @@ fn a_denied_interrupted_or_switched_off_device_login_changes_nothing() {
         "an interrupted login changed the store"
     );
 
+    // The timeout while the code waits to be entered: 124, one line, nothing left.
+    let out = run({
+        let mut c = rig.caw();
+        c.args([
+            "auth",
+            "login",
+            "--provider",
+            "codex",
+            "--network",
+            &rig.network,
+        ])
+        .args(["--timeout", "4s", "--ca-cert"])
+        .arg(ca.path().join("ca.pem"));
+        c
+    });
+    assert_eq!(out.status.code(), Some(124), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("To log in to codex: open https://auth.openai.com/codex/device"),
+        "{err}"
+    );
+    assert!(
+        err.trim()
+            .lines()
+            .last()
+            .unwrap()
+            .contains("not finished within 4s"),
+        "{err}"
+    );
+    nothing_left(&rig);
+    assert!(
+        store_snapshot(&rig) == before,
+        "a timed-out login changed the store"
+    );
+
     // Switched off for the account: codex gets a 404 for a code.
     rig.stub_control().json("POST", "/_stub/device/disable");
     let out = run({
@@ -466,9 +501,9 @@ fn a_denied_interrupted_or_switched_off_device_login_changes_nothing() {
 /// opencode's ChatGPT login runs the same OpenAI device-code flow (`opencode auth login
 /// --provider openai --method "ChatGPT Pro/Plus (headless)"`, opencode 1.18.33): approved at
 /// the stub, opencode writes its `openai` OAuth login to `~/.local/share/opencode/auth.json`,
-/// which is stored with source `login` (turns on it are oauth.rs's opencode test).
+/// which is stored with source `login`; a turn on it after an expiry gets it refreshed.
 #[test]
-fn opencode_chatgpt_device_code_login_is_stored() {
+fn opencode_chatgpt_device_code_login_is_stored_and_refreshed() {
     let login = crate::oauth::codex_login(1);
     let (rig, ca) = openai_auth_rig("login-opencode", &login);
     let mut child = spawn_login(&rig, "opencode", ca.path());
@@ -497,4 +532,33 @@ fn opencode_chatgpt_device_code_login_is_stored() {
     .unwrap();
     assert_eq!(stored["openai"]["type"], "oauth", "{stored}");
     assert_eq!(stored["openai"]["refresh"], login.refresh.as_str());
+
+    // A brokered turn on it after an expiry: opencode posts to chatgpt.com, which the turn's
+    // broker stands in for; it meets the 401, refreshes once and retries.
+    rig.stub_control().json("POST", "/_stub/oauth/expire");
+    let endpoint = rig.endpoint();
+    let mut c = rig.caw();
+    c.args(["run", "--provider", "opencode", "--network", &rig.network])
+        .args(["--endpoint", &endpoint, "--model", "gpt-5.5", "-o", "json"])
+        .arg("REMEMBER:headless")
+        .env(
+            "CAW_BOX_OAUTH_TOKEN_URL",
+            format!("{endpoint}/v1/oauth/token"),
+        );
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        json["result"]
+            .as_str()
+            .unwrap()
+            .contains("Noted: headless."),
+        "{json}"
+    );
+    let s = rig.stub_control().json("GET", "/_stub/oauth");
+    assert_eq!(
+        (s["refreshes"].as_u64(), s["rejected"].as_u64()),
+        (Some(1), Some(0)),
+        "{s}"
+    );
 }
