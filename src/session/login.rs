@@ -17,7 +17,7 @@ use crate::auth::Secret;
 use crate::backend::{Backend, CreateError, EgressPlan, HelperSpec, NetworkPolicy};
 use crate::backend::{EgressRoute, OutputChunk, Scratch, ScratchFile};
 use crate::error::{Error, Result};
-use crate::labelling::roles;
+use crate::labelling::{labels, roles};
 use crate::provider::{ProviderKind, AGENT_HOME};
 use crate::session::names::LabelSet;
 use crate::session::record::IMAGE_IDS;
@@ -68,6 +68,8 @@ fn names(plan: &LoginPlan, spec: &LoginSpec) -> Names {
     let id = Uuid::new_v4();
     let labels = LabelSet::new(id, roles::LOGIN)
         .provider(plan.provider)
+        .with(labels::DRIVER_PID, std::process::id().to_string())
+        .with(labels::DRIVER_HOST, crate::dirs::host_name())
         .finish();
     let container = format!("caw-box-login-{id}");
     let egress = EgressPlan {
@@ -154,6 +156,7 @@ pub async fn login(
     if spec.argv.is_empty() {
         return Err(unavailable(p, &spec));
     }
+    remove_abandoned(backend).await;
     let Names { container, egress } = names(plan, &spec);
     let route = backend.egress_route(&egress);
     if route.agent_network.is_none() {
@@ -177,6 +180,34 @@ pub async fn login(
     let _ = backend.remove_container(&container, true).await;
     backend.close_egress(&egress).await;
     outcome
+}
+
+/// Removes what logins of this host whose caw-box was killed left behind (their container
+/// may hold the login the CLI wrote): container, proxy and network, by the login's own id.
+/// Another live caw-box's login, and another host's, are left alone. Best effort.
+async fn remove_abandoned(backend: &impl Backend) {
+    let filter = [
+        format!("{}=true", labels::MANAGED),
+        format!("{}={}", labels::ROLE, roles::LOGIN),
+    ];
+    let Ok(found) = backend.list_containers(&filter).await else {
+        return;
+    };
+    let host = crate::dirs::host_name();
+    for c in &found {
+        let gone = c.label(labels::DRIVER_HOST) == Some(host.as_str())
+            && !c
+                .label(labels::DRIVER_PID)
+                .and_then(|p| p.parse().ok())
+                .is_some_and(crate::session::lifecycle::liveness::is_a_caw_box);
+        if let (true, Some(id)) = (gone, c.label(labels::SESSION)) {
+            let own = [
+                format!("{}={id}", labels::SESSION),
+                format!("{}={}", labels::ROLE, roles::LOGIN),
+            ];
+            let _ = backend.sweep(&own, &[]).await;
+        }
+    }
 }
 
 fn created(e: CreateError, plan: &LoginPlan) -> Error {

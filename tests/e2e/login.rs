@@ -223,7 +223,8 @@ fn store_snapshot(rig: &Rig) -> Vec<(String, Vec<u8>)> {
     out
 }
 
-/// Nothing of this test's is left on Docker but the stub and its network.
+/// Nothing of this test's is left on Docker (containers, the logins' networks) but the stub
+/// and its network.
 fn nothing_left(rig: &Rig) {
     let left: Vec<String> = rig
         .caw_containers()
@@ -231,6 +232,13 @@ fn nothing_left(rig: &Rig) {
         .filter(|c| !c.trim_start_matches('/').starts_with("stub-"))
         .collect();
     assert_eq!(left, Vec::<String>::new());
+    let networks = Command::new("docker")
+        .args(["network", "ls", "--format", "{{.Name}}", "--filter"])
+        .arg(format!("label={TEST_LABEL}={}", rig.run_id))
+        .args(["--filter", "label=io.caw-box.role=login"])
+        .output()
+        .unwrap();
+    assert_eq!(stdout_of(&networks).trim(), "", "login networks left");
 }
 
 /// codex's device-code login, for real: the CLI asks the stub (as auth.openai.com) for a
@@ -431,6 +439,40 @@ fn a_denied_interrupted_or_switched_off_device_login_changes_nothing() {
     assert!(
         store_snapshot(&rig) == before,
         "an interrupted login changed the store"
+    );
+
+    // caw-box killed outright mid-flow: its login container, proxy and network stay (no
+    // process left to remove them) until the next login of this host, which removes them
+    // first (here it then times out at once).
+    let mut child = spawn_login(&rig, "codex", ca.path());
+    read_prompt(&mut child);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        rig.caw_containers()
+            .iter()
+            .any(|c| c.contains("caw-box-login-")),
+        "{:?}",
+        rig.caw_containers()
+    );
+    let out = run({
+        let mut c = rig.caw();
+        c.args([
+            "auth",
+            "login",
+            "--provider",
+            "codex",
+            "--network",
+            &rig.network,
+        ])
+        .args(["--timeout", "1ms"]);
+        c
+    });
+    assert_eq!(out.status.code(), Some(124), "{}", stderr_of(&out));
+    nothing_left(&rig);
+    assert!(
+        store_snapshot(&rig) == before,
+        "a killed login changed the store"
     );
 
     // The timeout while the code waits to be entered: 124, one line, nothing left.
