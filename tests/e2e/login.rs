@@ -19,6 +19,10 @@
 //! - `POST https://auth.openai.com/oauth/token` (form, `grant_type=authorization_code`,
 //!   `redirect_uri=https://auth.openai.com/deviceauth/callback`) → `{"id_token",
 //!   "access_token","refresh_token"}`, written to `~/.codex/auth.json`.
+//!
+//! Cost: about 75 s of test time over five tests, each login a few seconds; a codex turn on
+//! a ChatGPT login takes ~25 s here (as in oauth.rs), so each device-code flow is proven with
+//! one turn across an expiry (the stored login used, refreshed once) rather than two.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -88,6 +92,10 @@ fn with_api_key_stores_a_key_from_stdin_for_every_provider() {
     }
     let env = std::fs::read(rig.data_dir.path().join("auth/codex/env")).unwrap();
     assert!(String::from_utf8_lossy(&env).contains(TEST_KEY));
+    // `auth rm` removes a login's key as a collected one's.
+    let out = rig.caw_run(&["auth", "rm", "--provider", "gemini"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert_eq!(status_items(&rig, "gemini"), Vec::<Value>::new());
 
     // Downstream it is a stored key like a collected one: a brokered turn uses it.
     let (code, json, stderr) = rig.json_turn(rig.run_cmd_stored_key(CODEX, "REMEMBER:keyed", &[]));
