@@ -27,8 +27,9 @@ def _tls(tmp_path):
     return tmp_path / "ca.pem", (tmp_path / "leaf.pem").read_text(), (tmp_path / "leaf.key").read_text()
 
 
-def test_login_gives_the_url_and_code_to_the_caller_and_stores_the_login(rig, tmp_path, monkeypatch):
-    monkeypatch.setenv("CAW_BOX_DATA_DIR", str(tmp_path / "data"))
+def _auth_stub(rig, tmp_path, name):
+    """A stub on the rig's network that is also auth.openai.com (HTTPS on 443, a certificate
+    of a CA made here), holding a ChatGPT login: (its name, the CA file, the refresh token)."""
     ca, cert, key = _tls(tmp_path)
     refresh = f"rt_py{uuid.uuid4().hex}"
     # A ChatGPT login's access token: a JWT whose claims codex reads (never verifies).
@@ -36,11 +37,30 @@ def test_login_gives_the_url_and_code_to_the_caller_and_stores_the_login(rig, tm
     claims = {"exp": int(time.time()) + 3600, "email": "dev@example.com",
               "https://api.openai.com/auth": {"chatgpt_account_id": "acct-py", "chatgpt_plan_type": "pro"}}
     access = f"{b64({'alg': 'RS256', 'typ': 'JWT'})}.{b64(claims)}.pyaccesssig{uuid.uuid4().hex}"
-    stub = f"auth-{rig.run_id}"
+    stub = f"{name}-{rig.run_id}"
     docker("run", "-d", "--name", stub, "--label", f"{TEST_LABEL}={rig.run_id}", "--network", rig.network,
            "--network-alias", "auth.openai.com", "--sysctl", "net.ipv4.ip_unprivileged_port_start=0",
            "-e", f"STUB_OAUTH={access},{refresh}", "-e", f"STUB_TLS_CERT={cert}", "-e", f"STUB_TLS_KEY={key}",
            STUB_IMAGE)
+    return stub, ca, refresh
+
+
+def _logins_left(rig):
+    return docker("ps", "-aq", "--filter", "label=io.caw-box.role=login", "--filter",
+                  f"label={TEST_LABEL}={rig.run_id}")
+
+
+def test_login_gives_the_url_and_code_to_the_caller_and_stores_the_login(rig, tmp_path, monkeypatch):
+    monkeypatch.setenv("CAW_BOX_DATA_DIR", str(tmp_path / "data"))
+    stub, ca, refresh = _auth_stub(rig, tmp_path, "auth")
+    try:
+        _approved_login(rig, tmp_path, stub, ca, refresh)
+    finally:
+        # Another test's stub takes the alias next.
+        docker("rm", "-f", stub, check=False)
+
+
+def _approved_login(rig, tmp_path, stub, ca, refresh):
     prompts = []
 
     def approve(prompt):
@@ -56,9 +76,25 @@ def test_login_gives_the_url_and_code_to_the_caller_and_stores_the_login(rig, tm
     stored = json.loads((tmp_path / "data/auth/codex/home/.codex/auth.json").read_text())
     assert stored["tokens"]["refresh_token"] == refresh
     assert refresh not in json.dumps(items)
-    left = docker("ps", "-aq", "--filter", "label=io.caw-box.role=login", "--filter",
-                  f"label={TEST_LABEL}={rig.run_id}")
-    assert left == ""
+    assert _logins_left(rig) == ""
+
+
+def test_an_exception_of_on_prompt_ends_the_login_with_nothing_stored_or_left(rig, tmp_path, monkeypatch):
+    monkeypatch.setenv("CAW_BOX_DATA_DIR", str(tmp_path / "data"))
+    stub, ca, _ = _auth_stub(rig, tmp_path, "auth-raise")
+
+    def refuse(prompt):
+        raise ValueError(f"not now: {prompt['code']}")
+
+    try:
+        caw_box.auth.login("codex", on_prompt=refuse, network=rig.network, ca_cert=str(ca), timeout="2m")
+        raise AssertionError("login returned")
+    except ValueError as e:
+        assert str(e).startswith("not now: "), e
+    finally:
+        docker("rm", "-f", stub, check=False)
+    assert _logins_left(rig) == ""
+    assert not (tmp_path / "data/auth/codex").exists()
 
 
 def test_login_with_an_api_key_stores_it_without_a_container(rig, tmp_path, monkeypatch):
