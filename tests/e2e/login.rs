@@ -20,7 +20,7 @@
 //!   `redirect_uri=https://auth.openai.com/deviceauth/callback`) → `{"id_token",
 //!   "access_token","refresh_token"}`, written to `~/.codex/auth.json`.
 //!
-//! Cost: about 75 s of test time over five tests, each login a few seconds; a codex turn on
+//! Cost: about 80 s of test time over six tests, each login a few seconds; a codex turn on
 //! a ChatGPT login takes ~25 s here (as in oauth.rs), so each device-code flow is proven with
 //! one turn across an expiry (the stored login used, refreshed once) rather than two.
 
@@ -611,4 +611,46 @@ fn opencode_chatgpt_device_code_login_is_stored_and_refreshed() {
         (Some(1), Some(0)),
         "{s}"
     );
+}
+
+/// claude's long-lived token (what `claude setup-token` prints, `sk-ant-oat…`) piped to
+/// `--with-api-key` is stored as such, `CLAUDE_CODE_OAUTH_TOKEN` (a token, nothing to
+/// refresh), and a brokered claude turn runs on it (the stub accepts only that token).
+#[test]
+fn claudes_long_lived_token_from_stdin_is_stored_as_its_oauth_token() {
+    let token = format!("sk-ant-oat01-{}", uuid::Uuid::new_v4().simple());
+    let rig = Rig::with_stub_env("login-claude-token", &[format!("STUB_EXPECT_KEY={token}")]);
+    let mut c = rig.caw();
+    c.args(["auth", "login", "--provider", "claude", "--with-api-key"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{token}\n").as_bytes())
+        .unwrap();
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains("claude_code: CLAUDE_CODE_OAUTH_TOKEN stored (source login)"),
+        "{}",
+        stdout_of(&out)
+    );
+    let items = status_items(&rig, "claude_code");
+    assert_eq!(items.len(), 1, "{items:?}");
+    assert_eq!(items[0]["target"], "CLAUDE_CODE_OAUTH_TOKEN");
+    assert_eq!(items[0]["source"], "login");
+    let (code, json, stderr) = rig.json_turn(rig.run_cmd_stored_key(CLAUDE, "REMEMBER:oat", &[]));
+    assert_eq!(code, 0, "{json} {stderr}");
+    assert!(
+        json["result"]
+            .as_str()
+            .unwrap_or("")
+            .contains("Noted: oat."),
+        "{json}"
+    );
+    assert!(!json.to_string().contains(&token) && !stderr.contains(&token));
 }
