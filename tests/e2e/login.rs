@@ -308,17 +308,47 @@ fn codex_device_code_login_is_stored_brokered_and_refreshed() {
     // The stub expires the access token; a brokered turn on the login then runs: the broker
     // meets the 401, refreshes once, retries (one turn proves both: a codex turn on a
     // ChatGPT login costs tens of seconds here).
+    // While it runs (held at the stub once past the refresh), its container is scanned:
+    // it holds the placeholder login and none of the real tokens, first or refreshed.
     rig.stub_control().json("POST", "/_stub/oauth/expire");
     let endpoint = rig.endpoint();
     let mut c = rig.caw();
     c.args(["run", "--provider", "codex", "--network", &rig.network])
         .args(["--endpoint", &endpoint, "--model", "gpt-5.5", "-o", "json"])
-        .arg("REMEMBER:device")
+        .arg("HOLD:scan REMEMBER:device")
         .env(
             "CAW_BOX_OAUTH_TOKEN_URL",
             format!("{endpoint}/v1/oauth/token"),
-        );
-    let out = run(c);
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = c.spawn().unwrap();
+    rig.wait_held("scan");
+    let container = rig.wait_for_running_turn(None, std::time::Duration::from_secs(60));
+    let mut patterns: Vec<String> = login
+        .secrets
+        .iter()
+        .flat_map(|t| (0..=t.len() - 16).map(move |i| t[i..i + 16].to_string()))
+        .collect();
+    patterns.extend(["stub-access-".to_string(), "stub-refresh-".to_string()]);
+    let scan = crate::oauth::scan_writable_with_controls(
+        &container,
+        "1000",
+        &patterns,
+        &["cawbox-placeholder"],
+    )
+    .expect("the turn ended before its scan");
+    assert!(
+        scan.marker_in_file
+            && scan
+                .controls
+                .iter()
+                .any(|f| f.ends_with(".codex/auth.json")),
+        "the scan could not have found a token: {scan:?}"
+    );
+    assert_eq!(scan.found, Vec::<String>::new());
+    rig.stub_release("scan");
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(120));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let json: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(
@@ -336,9 +366,7 @@ fn codex_device_code_login_is_stored_brokered_and_refreshed() {
     )
     .unwrap();
     assert_eq!(stored["tokens"]["refresh_token"], s["refresh_token"]);
-    // The model saw the real, refreshed token from the broker, never the CLI's placeholder
-    // (that the agent's container holds only the placeholder of a stored login, whichever
-    // way it was stored, oauth.rs scans for).
+    // The model saw the real, refreshed token from the broker, never the CLI's placeholder.
     let requests = rig.stub_requests();
     let model: Vec<&Value> = requests
         .iter()
