@@ -109,8 +109,7 @@ fn plan(args: &AuthLoginArgs, p: ProviderKind) -> Result<LoginPlan> {
 fn read_key(p: ProviderKind) -> Result<Secret> {
     let stdin = std::io::stdin();
     let text = if stdin.is_terminal() {
-        output::eprintln(&format!("{p} API key (not shown; Enter ends it):"));
-        read_hidden_line()?
+        read_hidden_line(&format!("{p} API key (not shown; Enter ends it):"))?
     } else {
         let mut buf = Vec::new();
         stdin
@@ -132,8 +131,9 @@ fn read_key(p: ProviderKind) -> Result<Secret> {
     }
 }
 
-/// One line typed on the terminal with echo off (restored after, also on an error).
-fn read_hidden_line() -> Result<String> {
+/// One line typed on the terminal with echo off (restored after, also on an error); the
+/// `prompt` shows once echo is off, so nothing typed after it is shown.
+fn read_hidden_line(prompt: &str) -> Result<String> {
     use rustix::termios::{self, LocalModes, OptionalActions};
     let stdin = std::io::stdin();
     let original = termios::tcgetattr(&stdin)
@@ -142,6 +142,7 @@ fn read_hidden_line() -> Result<String> {
     quiet.local_modes.remove(LocalModes::ECHO);
     termios::tcsetattr(&stdin, OptionalActions::Now, &quiet)
         .map_err(|e| Error::usage(format!("cannot switch the terminal's echo off: {e}")))?;
+    output::eprintln(prompt);
     let mut line = String::new();
     let read = stdin.read_line(&mut line);
     let _ = termios::tcsetattr(&stdin, OptionalActions::Now, &original);

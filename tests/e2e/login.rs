@@ -92,6 +92,40 @@ fn with_api_key_stores_a_key_from_stdin_for_every_provider() {
     }
     let env = std::fs::read(rig.data_dir.path().join("auth/codex/env")).unwrap();
     assert!(String::from_utf8_lossy(&env).contains(TEST_KEY));
+    // Typed on a terminal (script(1) gives caw-box one): not echoed.
+    let typed = format!("sk-typed-{}", uuid::Uuid::new_v4().simple());
+    let mut c = Command::new("script");
+    c.args(["-qfec"])
+        .arg(format!(
+            "{} auth login --provider opencode --with-api-key",
+            env!("CARGO_BIN_EXE_caw-box")
+        ))
+        .arg("/dev/null")
+        .env("CAW_BOX_DATA_DIR", rig.data_dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // Typed after the prompt, as a person would (caw-box shows it once echo is off).
+    let mut screen = Vec::new();
+    let mut stdout = child.stdout.take().unwrap();
+    while !String::from_utf8_lossy(&screen).contains("Enter ends it") {
+        let mut byte = [0u8; 1];
+        let n = std::io::Read::read(&mut stdout, &mut byte).unwrap();
+        assert!(n == 1, "no prompt: {}", String::from_utf8_lossy(&screen));
+        screen.push(byte[0]);
+    }
+    stdin.write_all(format!("{typed}\n").as_bytes()).unwrap();
+    std::io::Read::read_to_end(&mut stdout, &mut screen).unwrap();
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(30));
+    drop(stdin);
+    let screen = format!("{}{}", String::from_utf8_lossy(&screen), stderr_of(&out));
+    assert_eq!(out.status.code(), Some(0), "{screen}");
+    assert!(!screen.contains(&typed), "echoed: {screen}");
+    let env = std::fs::read(rig.data_dir.path().join("auth/opencode/env")).unwrap();
+    assert!(String::from_utf8_lossy(&env).contains(&typed));
+
     // `auth rm` removes a login's key as a collected one's.
     let out = rig.caw_run(&["auth", "rm", "--provider", "gemini"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
