@@ -97,8 +97,9 @@ pub struct AuthLoginArgs {
     /// Give up after this long (the vendor's codes last 15 minutes).
     #[arg(long, value_name = "DURATION", default_value = "15m")]
     pub timeout: String,
-    /// Print the URL and code as one JSON object on stdout (for programs) instead of a line
-    /// on stderr.
+    /// For programs: the URL and code as one JSON object on stdout (`{"provider","url",
+    /// "code"}`) instead of a line on stderr, and at the end `{"provider","stored":[...]}`
+    /// (the items stored, never a secret).
     #[arg(long)]
     pub json: bool,
 }

@@ -39,7 +39,9 @@ pub async fn login(args: AuthLoginArgs, quiet: bool, verbose: bool) -> Result<i3
     }
     };
     let items = run_login(&args, key, None, &mut say).await?;
-    if !quiet {
+    if json {
+        output::print_json_line(&serde_json::json!({"provider": p, "stored": items}));
+    } else if !quiet {
         for item in &items {
             output::println(&format!("{p}: {} stored (source login)", item.target));
         }

@@ -304,10 +304,11 @@ fn codex_device_code_login_is_stored_brokered_and_refreshed() {
     let out = wait_with_deadline(child, std::time::Duration::from_secs(90));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let said = format!("{}{}", stdout_of(&out), stderr_of(&out));
-    assert!(
-        said.contains("codex: .codex/auth.json stored (source login)"),
-        "{said}"
-    );
+    let done: Value = serde_json::from_str(stdout_of(&out).trim())
+        .unwrap_or_else(|e| panic!("no result object ({e}): {said}"));
+    assert_eq!(done["provider"], "codex", "{done}");
+    assert_eq!(done["stored"][0]["target"], ".codex/auth.json", "{done}");
+    assert_eq!(done["stored"][0]["source"], "login", "{done}");
     for secret in &login.secrets {
         assert!(!said.contains(secret.as_str()), "{said}");
     }
