@@ -170,11 +170,14 @@ pub async fn login(
         ));
     }
     let spec_of_container = container_spec(plan, &spec, &route, &egress);
+    // Ctrl-C, SIGTERM, SIGHUP, as a turn's (none where the caller handles signals): from
+    // before anything exists, so that one during the setup is still cleaned up after.
+    let mut interrupts = crate::session::turn::Interrupts::install()?;
     if let Err(e) = backend.open_egress(&egress).await {
         return Err(created(e, plan));
     }
     let outcome = match backend.create_helper(&container, &spec_of_container).await {
-        Ok(_) => run_flow(backend, plan, &spec, &container, say).await,
+        Ok(_) => run_flow(backend, plan, &spec, &container, &mut interrupts, say).await,
         Err(e) => Err(created(e, plan)),
     };
     let _ = backend.remove_container(&container, true).await;
@@ -233,14 +236,13 @@ async fn run_flow(
     plan: &LoginPlan,
     spec: &LoginSpec,
     container: &str,
+    interrupts: &mut crate::session::turn::Interrupts,
     say: &mut (dyn FnMut(LoginEvent<'_>) + Send),
 ) -> Result<LoginResult> {
     let p = plan.provider;
     // Attached before the start: its stdout and stderr from the first byte.
     let mut attached = backend.attach(container, false).await?;
     backend.start_container(container).await?;
-    // Ctrl-C, SIGTERM, SIGHUP, as a turn's (none where the caller handles signals).
-    let mut interrupts = crate::session::turn::Interrupts::install()?;
     let cancelled = async {
         match &plan.cancel {
             Some(cancel) => cancel.notified().await,
