@@ -187,7 +187,8 @@ pub async fn login(
 
 /// Removes what logins of this host whose caw-box was killed left behind (their container
 /// may hold the login the CLI wrote): container, proxy and network, by the login's own id.
-/// Another live caw-box's login, and another host's, are left alone. Best effort.
+/// A login whose driver still runs (caw-box, or a program embedding it: Python), and
+/// another host's, are left alone. Best effort.
 async fn remove_abandoned(backend: &impl Backend) {
     let filter = [
         format!("{}=true", labels::MANAGED),
@@ -202,7 +203,7 @@ async fn remove_abandoned(backend: &impl Backend) {
             && !c
                 .label(labels::DRIVER_PID)
                 .and_then(|p| p.parse().ok())
-                .is_some_and(crate::session::lifecycle::liveness::is_a_caw_box);
+                .is_some_and(crate::session::lifecycle::liveness::process_lives);
         if let (true, Some(id)) = (gone, c.label(labels::SESSION)) {
             let own = [
                 format!("{}={id}", labels::SESSION),
