@@ -80,6 +80,13 @@ pub(crate) async fn run_login(
 /// The login's plan from the flags: the provider's image (or `--image`), `--network`, the
 /// CA file, the timeout.
 fn plan(args: &AuthLoginArgs, p: ProviderKind) -> Result<LoginPlan> {
+    if matches!(args.network.as_str(), "none" | "host") {
+        return Err(Error::usage(format!(
+            "auth login --network {}: the login goes out through a proxy of its own, on \
+             `open` (the default) or a named network",
+            args.network
+        )));
+    }
     let timeout: Duration = humantime::parse_duration(&args.timeout)
         .map_err(|e| Error::usage(format!("--timeout {:?}: {e}", args.timeout)))?;
     let ca_cert = match &args.ca_cert {

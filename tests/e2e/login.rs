@@ -170,7 +170,7 @@ fn with_api_key_stores_a_key_from_stdin_for_every_provider() {
 }
 
 /// A flow caw-box cannot run in a container says why in one line and names the
-/// alternatives (exit 2), and creates nothing.
+/// alternatives (exit 2), and creates nothing; so does a network a login cannot go out on.
 #[test]
 fn a_provider_without_a_headless_flow_says_so_in_one_line() {
     let data = tempfile::tempdir().unwrap();
@@ -190,6 +190,22 @@ fn a_provider_without_a_headless_flow_says_so_in_one_line() {
         );
     }
     assert!(!data.path().join("auth/gemini").exists());
+    // A flow needs its way out: --network none or host is refused before anything is made.
+    for network in ["none", "host"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_caw-box"))
+            .env("CAW_BOX_DATA_DIR", data.path())
+            .args(["auth", "login", "--provider", "codex", "--network", network])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+        assert_eq!(
+            stderr_of(&out).trim().lines().count(),
+            1,
+            "{}",
+            stderr_of(&out)
+        );
+    }
 }
 
 /// The vendor's auth host the device-code flows reach (the stub's alias).
