@@ -350,7 +350,7 @@ pub enum Command {
         /// A handle, session id, unique id prefix (4+ characters) or session name.
         target: String,
     },
-    /// Collect host credentials into caw-box's store, and manage them.
+    /// Collect host credentials or log in, into caw-box's store; manage them.
     #[command(subcommand)]
     Auth(AuthCommand),
     /// Build and list caw-box's images.

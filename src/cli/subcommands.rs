@@ -67,7 +67,7 @@ Examples:
   caw-box auth login --provider opencode              # ChatGPT, the same device code flow
   printenv OPENAI_API_KEY | caw-box auth login --provider codex --with-api-key
   caw-box auth login --provider gemini --with-api-key # type the key (not echoed), Enter
-  claude setup-token | tail -1 | caw-box auth login --provider claude --with-api-key
+  caw-box auth login --provider claude --with-api-key # paste what `claude setup-token` printed
 
 Flows (docs/credentials.md): codex `codex login --device-auth`; opencode `opencode auth login`
 with ChatGPT Pro/Plus (headless); claude and gemini: --with-api-key (or `auth collect`).
