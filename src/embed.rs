@@ -126,6 +126,40 @@ pub fn auth_collect(providers: &[String], keyring: bool) -> Result<serde_json::V
     crate::commands::auth::collect_value(providers, keyring)
 }
 
+/// `caw-box auth login`'s flags (`--provider P` …) as clap parses them.
+#[derive(Debug, Parser)]
+#[command(no_binary_name = true)]
+struct LoginFlags {
+    #[command(flatten)]
+    login: crate::cli::AuthLoginArgs,
+}
+
+/// `caw-box auth login` with these flags: `key` stored as the provider's key (the caller
+/// read it, never a flag), else the vendor's flow run in its container, `on_prompt` given
+/// `{"provider","url","code"}` once the CLI printed them, `cancel` ending it as Ctrl-C
+/// would (this process's signals are the caller's). Returns the items stored (no secret).
+pub async fn auth_login(
+    flags: &[String],
+    key: Option<String>,
+    cancel: Option<std::sync::Arc<tokio::sync::Notify>>,
+    on_prompt: &mut (dyn FnMut(serde_json::Value) + Send),
+) -> Result<serde_json::Value> {
+    crate::config::install();
+    let mut args = parse::<LoginFlags>(flags)?.login;
+    args.with_api_key = key.is_some();
+    let key = key.map(|k| crate::auth::Secret::new(k.trim().as_bytes().to_vec()));
+    if key.as_ref().is_some_and(|k| k.is_empty()) {
+        return Err(Error::usage("the API key is empty"));
+    }
+    let mut say = |event: crate::session::login::LoginEvent<'_>| {
+        if let crate::session::login::LoginEvent::Prompt(p) = event {
+            on_prompt(serde_json::to_value(p).unwrap_or_default());
+        }
+    };
+    let items = crate::commands::login::run_login(&args, key, cancel, &mut say).await?;
+    Ok(serde_json::to_value(items).expect("items serialize"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -58,4 +58,7 @@ pub mod roles {
     pub const BROKER: &str = "broker";
     /// A copy-mode session's workspace, mounted at /workspace.
     pub const WORKSPACE: &str = "workspace";
+    /// `caw-box auth login`'s container of the vendor's login, and its egress (its
+    /// session label is the login's own id: no session has it).
+    pub const LOGIN: &str = "login";
 }

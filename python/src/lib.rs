@@ -343,6 +343,55 @@ fn auth_collect(py: Python<'_>, providers: Vec<String>, keyring: bool) -> PyResu
     })
 }
 
+/// `auth login` with these flags, as JSON (the items stored): `api_key` stored as the
+/// provider's key, else the vendor's flow run with the GIL released, `on_prompt` called
+/// with the prompt's JSON (`{"provider","url","code"}`). Ctrl-C (checked on the main
+/// thread) or an exception of `on_prompt` ends the flow (nothing stored, nothing left) and
+/// is raised once it ended.
+#[pyfunction]
+#[pyo3(signature = (flags, api_key=None, on_prompt=None))]
+fn auth_login(
+    py: Python<'_>,
+    flags: Vec<String>,
+    api_key: Option<String>,
+    on_prompt: Option<PyObject>,
+) -> PyResult<String> {
+    caw_box::session::runner::leave_signals_to_the_caller();
+    let rt = rt()?;
+    py.allow_threads(move || {
+        let failed: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
+        let cancel = Arc::new(tokio::sync::Notify::new());
+        let result = rt.block_on(async {
+            let mut prompt = |json: serde_json::Value| {
+                let Some(cb) = &on_prompt else { return };
+                let text = json.to_string();
+                if let Err(err) = Python::with_gil(|py| cb.call1(py, (text,)).map(|_| ())) {
+                    *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
+                    cancel.notify_one();
+                }
+            };
+            let login = caw_box::embed::auth_login(&flags, api_key, Some(cancel.clone()), &mut prompt);
+            tokio::pin!(login);
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tokio::select! {
+                    r = &mut login => break r,
+                    _ = tick.tick() => {
+                        if let Err(e) = Python::with_gil(|py| py.check_signals()) {
+                            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                            cancel.notify_one();
+                        }
+                    }
+                }
+            }
+        });
+        if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(e);
+        }
+        result.map(|v| v.to_string()).map_err(raise)
+    })
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("NativeError", m.py().get_type::<NativeError>())?;
@@ -357,6 +406,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(sessions, m)?,
         wrap_pyfunction!(auth_status, m)?,
         wrap_pyfunction!(auth_collect, m)?,
+        wrap_pyfunction!(auth_login, m)?,
     ] {
         m.add_function(f)?;
     }

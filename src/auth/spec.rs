@@ -26,6 +26,40 @@ pub struct Spec {
     /// login cannot be brokered (it stays injected).
     #[serde(default)]
     pub oauth: Option<OAuthSpec>,
+    /// How `caw-box auth login` logs in with the vendor's own CLI (`auth::login_flow`).
+    pub login: LoginSpec,
+}
+
+/// The vendor's own headless login, as `caw-box auth login` runs it in a short-lived
+/// container of the provider's image (evidence and the vendors' flows: docs/credentials.md).
+#[derive(Debug, Clone, Deserialize)]
+pub struct LoginSpec {
+    /// The variable a key from `--with-api-key` is stored as.
+    pub api_key_env: String,
+    /// The CLI's login command; empty: no headless flow that finishes in a container.
+    #[serde(default)]
+    pub argv: Vec<String>,
+    /// Why there is none, and what to do instead (when `argv` is empty).
+    #[serde(default)]
+    pub unavailable: Option<String>,
+    /// The hosts the flow reaches (`host:port`): the login's only egress.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// The variables that make the CLI trust an extra CA (`--ca-cert`): a file's path.
+    #[serde(default)]
+    pub ca_env: Vec<String>,
+    /// Other variables the flow needs (`KEY=VALUE`, no secret).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// The files under HOME the CLI writes the login to: what is stored.
+    #[serde(default)]
+    pub files: Vec<String>,
+    /// Texts of the CLI's output that mean the vendor has this flow switched off for the
+    /// account or workspace, and the one line saying so.
+    #[serde(default)]
+    pub disabled: Vec<String>,
+    #[serde(default)]
+    pub disabled_message: Option<String>,
 }
 
 /// A vendor's OAuth login as the broker holds it (evidence: tests/fixtures/README.md).

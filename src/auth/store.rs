@@ -479,6 +479,64 @@ fn collect_vars(
     (vars, env_items)
 }
 
+/// What `caw-box auth login` stores for one provider: files under HOME the vendor's CLI
+/// wrote, and variables (a key read from stdin).
+#[derive(Debug, Default)]
+pub struct LoginResult {
+    pub files: Vec<(String, Secret)>,
+    pub vars: Vec<(String, Secret)>,
+}
+
+/// The source `auth status` shows for what `auth login` stored.
+pub const LOGIN_SOURCE: &str = "login";
+
+/// Stores a login of `p` (`caw-box auth login`), under the store's lock, where `p`'s
+/// secrets are kept now (files, or the keyring): each item recorded with source
+/// [`LOGIN_SOURCE`], downstream the same as a collected one. Returns the items stored.
+pub fn store_login(store: &Store, p: ProviderKind, login: &LoginResult) -> Result<Vec<Item>> {
+    let spec = Spec::of(p);
+    let _lock = store.lock()?;
+    dirs::ensure_private_dir(&store.provider_dir(p))?;
+    let mut manifest = store.manifest(p);
+    // A first write of this provider: the manifest says where secrets go.
+    store.save_manifest(p, &manifest)?;
+    let now = now_secs();
+    let mut stored = Vec::new();
+    for (target, secret) in &login.files {
+        store.put_file(p, target, secret)?;
+        let expires = spec
+            .expiry_of(target)
+            .and_then(|r| spec::expiry_secs(r, secret.expose()));
+        stored.push(login_item("file", target, secret, expires, now));
+    }
+    if !login.vars.is_empty() {
+        let mut vars = store.env(p);
+        for (name, value) in &login.vars {
+            vars.retain(|(k, _)| k != name);
+            vars.push((name.clone(), value.clone()));
+            stored.push(login_item("env", name, value, None, now));
+        }
+        store.put_env(p, &vars)?;
+    }
+    for item in &stored {
+        manifest.upsert(item.clone());
+    }
+    store.save_manifest(p, &manifest)?;
+    Ok(stored)
+}
+
+fn login_item(kind: &str, target: &str, secret: &Secret, expires: Option<u64>, now: u64) -> Item {
+    Item {
+        kind: kind.to_string(),
+        target: target.to_string(),
+        source: LOGIN_SOURCE.to_string(),
+        collected_at: now,
+        refreshed_at: None,
+        sha256: sha256_hex(secret.expose()),
+        expires_at: expires,
+    }
+}
+
 /// Writes back what a turn's CLI changed (`changed`: files under HOME, as the entrypoint
 /// handed them out), keeping for each file whichever copy states the later expiry.
 /// Returns the targets that were updated.

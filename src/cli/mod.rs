@@ -16,8 +16,8 @@ mod subcommands;
 mod turn;
 
 pub use subcommands::{
-    AuthCommand, ConfigCommand, ConfigShowArgs, ImageBuildArgs, ImageCommand, ImagePullArgs,
-    McpArgs, SessionCommand,
+    AuthCommand, AuthLoginArgs, ConfigCommand, ConfigShowArgs, ImageBuildArgs, ImageCommand,
+    ImagePullArgs, McpArgs, SessionCommand,
 };
 pub use turn::{CredentialsArg, ResumeArgs, RunArgs, SettingsArgs, TurnArgs, WorkspaceModeArg};
 
@@ -350,7 +350,7 @@ pub enum Command {
         /// A handle, session id, unique id prefix (4+ characters) or session name.
         target: String,
     },
-    /// Collect host credentials into caw-box's store, and manage them.
+    /// Collect host credentials or log in, into caw-box's store; manage them.
     #[command(subcommand)]
     Auth(AuthCommand),
     /// Build and list caw-box's images.

@@ -33,6 +33,11 @@ pub enum AuthCommand {
         #[arg(long, value_enum, default_value = "files")]
         store: StoreArg,
     },
+    /// Log in with the vendor CLI's own headless flow in a short-lived container of its
+    /// image (no vendor CLI on this host), or store an API key read from stdin; the result
+    /// goes to caw-box's store only, never to the host's vendor directories.
+    #[command(after_help = AUTH_LOGIN_EXAMPLES)]
+    Login(AuthLoginArgs),
     /// What is stored, from where, when, and when it expires.
     #[command(after_help = "Examples:\n  caw-box auth status\n  caw-box auth status --json")]
     Status {
@@ -54,6 +59,49 @@ pub enum AuthCommand {
         #[arg(long, short = 'p')]
         provider: Vec<String>,
     },
+}
+
+const AUTH_LOGIN_EXAMPLES: &str = "\
+Examples:
+  caw-box auth login --provider codex                 # prints a URL and a one-time code
+  caw-box auth login --provider opencode              # ChatGPT, the same device code flow
+  printenv OPENAI_API_KEY | caw-box auth login --provider codex --with-api-key
+  caw-box auth login --provider gemini --with-api-key # type the key (not echoed), Enter
+  caw-box auth login --provider claude --with-api-key # paste what `claude setup-token` printed
+
+Flows (docs/credentials.md): codex `codex login --device-auth`; opencode `opencode auth login`
+with ChatGPT Pro/Plus (headless); claude and gemini: --with-api-key (or `auth collect`).
+The login's container has no workspace and reaches only the vendor's auth hosts.";
+
+/// `auth login`'s flags.
+#[derive(Debug, Args)]
+pub struct AuthLoginArgs {
+    /// The provider to log in to.
+    #[arg(long, short = 'p')]
+    pub provider: String,
+    /// Read an API key (or claude's long-lived token) from stdin instead of running the
+    /// vendor's login: never an argument, never echoed.
+    #[arg(long)]
+    pub with_api_key: bool,
+    /// The Docker network the login's egress proxy goes out on (`open`: the default
+    /// bridge; NAME: an existing network, e.g. behind a gateway).
+    #[arg(long, value_name = "NAME", default_value = "open")]
+    pub network: String,
+    /// A CA certificate (PEM) the vendor's CLI trusts besides its own (a TLS-intercepting
+    /// corporate proxy).
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// The image to run the vendor's CLI from (default: the provider's).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Give up after this long (the vendor's codes last 15 minutes).
+    #[arg(long, value_name = "DURATION", default_value = "15m")]
+    pub timeout: String,
+    /// For programs: the URL and code as one JSON object on stdout (`{"provider","url",
+    /// "code"}`) instead of a line on stderr, and at the end `{"provider","stored":[...]}`
+    /// (the items stored, never a secret).
+    #[arg(long)]
+    pub json: bool,
 }
 
 const CONFIG_SHOW_EXAMPLES: &str = "\

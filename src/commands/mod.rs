@@ -5,6 +5,7 @@ pub mod auth;
 pub mod config;
 pub mod doctor;
 pub mod image;
+pub mod login;
 pub mod manage;
 pub mod portable;
 pub mod turn;
@@ -100,6 +101,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Auth(AuthCommand::Collect { provider, store }) => {
             auth::collect(&provider, store.into(), cli.quiet)
         }
+        Command::Auth(AuthCommand::Login(args)) => login::login(args, cli.quiet, verbose).await,
         Command::Auth(AuthCommand::Status { json }) => auth::status(json),
         Command::Auth(AuthCommand::Flags { provider }) => auth::flags(&provider),
         Command::Auth(AuthCommand::Rm { provider }) => auth::rm(&provider, cli.quiet),

@@ -6,13 +6,16 @@
 //! - [`walls`]: what the agent may touch: workspace, protected paths, its user, egress;
 //! - `broker`: the credential broker that keeps real keys out of the box;
 //! - [`lifecycle`]: existing sessions from any process: running turns, stop, wait, remove,
-//!   and turns whose driver is gone.
+//!   and turns whose driver is gone;
+//! - [`login`]: `caw-box auth login`'s short-lived container of the vendor's own login, held
+//!   to the vendor's auth hosts as a turn's egress is.
 //!
 //! The modules other layers use are re-exported here under their old flat paths
 //! (`session::runner`, `session::record` …): the library's public paths.
 
 mod broker;
 pub mod lifecycle;
+pub mod login;
 mod store;
 mod turn;
 mod walls;

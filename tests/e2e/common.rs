@@ -118,6 +118,12 @@ impl Rig {
 
     /// A rig whose stub gets extra environment (e.g. `STUB_MODELS=...`).
     pub fn with_stub_env(test: &str, stub_env: &[String]) -> Rig {
+        Rig::with_stub_aliases(test, stub_env, &[])
+    }
+
+    /// A rig whose stub also answers, on the test's network, to `aliases` (a vendor's host
+    /// names), and may listen on a privileged port (443, for `STUB_TLS_CERT`).
+    pub fn with_stub_aliases(test: &str, stub_env: &[String], aliases: &[&str]) -> Rig {
         let rt = runtime();
         let docker = rt.block_on(async { docker().negotiate_version().await.expect("docker") });
         let run_id = format!(
@@ -139,7 +145,8 @@ impl Rig {
         // The workspace is the images' user's, as a user's own checkout: caw-box, run as
         // root here, runs the agent as the workspace's owner, uid 1000.
         std::os::unix::fs::chown(rig.workspace.path(), Some(1000), Some(1000)).unwrap();
-        rig.rt.block_on(rig.start_network_and_stub(stub_env));
+        rig.rt
+            .block_on(rig.start_network_and_stub(stub_env, aliases));
         rig
     }
 
@@ -150,7 +157,7 @@ impl Rig {
         ])
     }
 
-    async fn start_network_and_stub(&self, extra_env: &[String]) {
+    async fn start_network_and_stub(&self, extra_env: &[String], aliases: &[&str]) {
         self.docker
             .create_network(NetworkCreateRequest {
                 name: self.network.clone(),
@@ -160,17 +167,33 @@ impl Rig {
             })
             .await
             .expect("create the test's internal network");
-        self.start_stub(extra_env).await;
-    }
-
-    pub async fn start_stub(&self, extra_env: &[String]) {
         let mut env = vec![format!("STUB_EXPECT_KEY={TEST_KEY}")];
         env.extend_from_slice(extra_env);
-        self.start_stub_image(&self.stub, env).await;
+        self.start_stub_image_as(&self.stub, env, aliases).await;
     }
 
     /// A container of the stub image named `name` on the test's network.
     async fn start_stub_image(&self, name: &str, env: Vec<String>) {
+        self.start_stub_image_as(name, env, &[]).await
+    }
+
+    /// [`Rig::start_stub_image`], also known as `aliases` on the network.
+    async fn start_stub_image_as(&self, name: &str, env: Vec<String>, aliases: &[&str]) {
+        let networking = (!aliases.is_empty()).then(|| bollard::models::NetworkingConfig {
+            endpoints_config: Some(HashMap::from([(
+                self.network.clone(),
+                bollard::models::EndpointSettings {
+                    aliases: Some(aliases.iter().map(|a| a.to_string()).collect()),
+                    ..Default::default()
+                },
+            )])),
+        });
+        let sysctls = (!aliases.is_empty()).then(|| {
+            HashMap::from([(
+                "net.ipv4.ip_unprivileged_port_start".to_string(),
+                "0".to_string(),
+            )])
+        });
         self.docker
             .create_container(
                 Some(CreateContainerOptions {
@@ -183,8 +206,10 @@ impl Rig {
                     labels: Some(self.labels()),
                     host_config: Some(HostConfig {
                         network_mode: Some(self.network.clone()),
+                        sysctls,
                         ..Default::default()
                     }),
+                    networking_config: networking,
                     ..Default::default()
                 },
             )

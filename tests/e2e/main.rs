@@ -21,6 +21,7 @@ mod in_container;
 mod interactive;
 mod kubernetes;
 mod limits;
+mod login;
 mod manage;
 mod mcp;
 mod oauth;

@@ -46,7 +46,7 @@ fn scan_writable(container: &str, user: &str, patterns: &[String]) -> Option<Vec
 /// [`scan_writable`], also reporting what shows the scan could find something: `controls`
 /// (texts known to be there) and the marker file the scan plants under /tmp (common.rs,
 /// [`secret_scan`]).
-fn scan_writable_with_controls(
+pub fn scan_writable_with_controls(
     container: &str,
     user: &str,
     patterns: &[String],

@@ -79,6 +79,12 @@ pub(in crate::session) fn is_a_caw_box(pid: u32) -> bool {
         }
 }
 
+/// Whether process `pid` lives (and is no zombie), whatever program it runs: a login's
+/// driver may be a program that embeds caw-box (Python), not caw-box itself.
+pub(in crate::session) fn process_lives(pid: u32) -> bool {
+    dirs::process_is_alive(pid) && !is_a_zombie(pid)
+}
+
 /// The kernel's name (`comm`: the first 15 bytes of the file name) of the program this
 /// process starts as a detached turn's driver.
 fn driver_comm() -> Option<String> {

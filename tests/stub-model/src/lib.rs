@@ -8,6 +8,7 @@ pub mod anthropic;
 pub mod chat;
 pub mod code_assist;
 pub mod conversation;
+pub mod device;
 pub mod gemini;
 pub mod hold;
 pub mod oauth;
@@ -17,4 +18,4 @@ pub mod responses;
 pub mod server;
 pub mod sse;
 
-pub use server::{serve, Config};
+pub use server::{serve, serve_tls, Config};

@@ -129,6 +129,29 @@ impl OAuth {
         (200, body)
     }
 
+    /// The login as an authorization code's trade hands it out (`device`): the tokens valid
+    /// now, and an identity token of the access token's claims (a JWT whose signature,
+    /// `stub-id-…`, is its one secret part).
+    pub fn login_tokens(&self) -> Value {
+        let t = self.lock();
+        let (header, claims) = t
+            .jwt
+            .clone()
+            .unwrap_or_else(|| (b64().encode(r#"{"alg":"none","typ":"JWT"}"#), json!({})));
+        let stamp = crate::protocol::unix_millis();
+        let id_token = format!(
+            "{header}.{}.stub-id-{stamp:x}",
+            b64().encode(claims.to_string())
+        );
+        json!({
+            "id_token": id_token,
+            "access_token": t.access,
+            "refresh_token": t.refresh,
+            "expires_in": t.until.saturating_duration_since(Instant::now()).as_secs(),
+            "token_type": "Bearer",
+        })
+    }
+
     /// `POST /_stub/oauth/expire`: the current access token stops being accepted now.
     /// With `gate` (`?hold=<name>`), model requests then wait until the test releases that
     /// name before their token is checked: released at once, they all meet the expired
@@ -165,7 +188,7 @@ fn jwt_parts(token: &str) -> Option<(String, Value)> {
 }
 
 /// Percent-decoding of a form value (`+` is a space).
-fn decode(v: &str) -> String {
+pub fn decode(v: &str) -> String {
     let bytes = v.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -55,17 +55,42 @@ struct State {
     limited_since: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// The `HOLD:` names released and the requests held.
     holds: Holds,
+    /// OpenAI's device-code login (see `device`).
+    device: crate::device::DeviceAuth,
 }
 
 /// Serves connections from `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, config: Config) {
+    serve_tls(listener, None, config).await
+}
+
+/// [`serve`], and with `tls` a second listener whose connections speak TLS (the stub under
+/// a vendor's host name, with a certificate of the test's CA): the same state behind both.
+pub async fn serve_tls(
+    listener: TcpListener,
+    tls: Option<(TcpListener, tokio_rustls::TlsAcceptor)>,
+    config: Config,
+) {
     let state = Arc::new(State {
         recorder: Recorder::new(config.echo),
         oauth: crate::oauth::OAuth::from_env(),
         config,
         limited_since: Default::default(),
         holds: Holds::default(),
+        device: Default::default(),
     });
+    if let Some((tls_listener, acceptor)) = tls {
+        let state = Arc::clone(&state);
+        tokio::spawn(accept_loop(tls_listener, Some(acceptor), state));
+    }
+    accept_loop(listener, None, state).await
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    state: Arc<State>,
+) {
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -76,12 +101,28 @@ pub async fn serve(listener: TcpListener, config: Config) {
             }
         };
         let state = Arc::clone(&state);
+        let tls = tls.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request| handle(Arc::clone(&state), request));
-            if let Err(err) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
+            let served = match tls {
+                Some(acceptor) => match acceptor.accept(stream).await {
+                    Ok(stream) => {
+                        http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await
+                    }
+                    Err(err) => {
+                        eprintln!("stub-model: TLS handshake failed: {err}");
+                        return;
+                    }
+                },
+                None => {
+                    http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await
+                }
+            };
+            if let Err(err) = served {
                 eprintln!("stub-model: connection error: {err}");
             }
         });
@@ -254,7 +295,18 @@ async fn stub_endpoint(state: &State, method: &Method, path: &str, query: Option
             _ => not_found(method, path),
         };
     }
+    if let Some(action) = path.strip_prefix("/_stub/device/") {
+        let code = query
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .find_map(|pair| pair.strip_prefix("code="));
+        return match (method, state.device.control(action, code)) {
+            (&Method::POST, Some(body)) => Answer::json(200, &body, "device"),
+            _ => not_found(method, path),
+        };
+    }
     match (method, path) {
+        (&Method::GET, "/_stub/device") => Answer::json(200, &state.device.status(), "device"),
         (&Method::GET, "/_stub/health") => Answer {
             content_type: "text/plain; charset=utf-8",
             body: "ok\n".into(),
@@ -284,6 +336,32 @@ async fn stub_endpoint(state: &State, method: &Method, path: &str, query: Option
         }
         _ => not_found(method, path),
     }
+}
+
+/// OpenAI's device-code login (`device`), if `parts` asks for a step of it.
+fn device_route(state: &State, parts: &Parts, bytes: &Bytes) -> Option<Answer> {
+    if parts.method != Method::POST {
+        return None;
+    }
+    let (status, body, what) = match parts.uri.path() {
+        "/api/accounts/deviceauth/usercode" => {
+            let (s, b) = state.device.user_code();
+            (s, b, "device_usercode")
+        }
+        "/api/accounts/deviceauth/token" => {
+            let (s, b) = state.device.poll(bytes);
+            (s, b, "device_poll")
+        }
+        "/oauth/token" if crate::device::is_code_grant(bytes) => {
+            let (s, b) = match &state.oauth {
+                Some(o) => state.device.exchange(bytes, || o.login_tokens()),
+                None => (400, json!({"error": "invalid_grant"})),
+            };
+            (s, b, "device_exchange")
+        }
+        _ => return None,
+    };
+    Some(Answer::json(status, &body, what))
 }
 
 fn not_found(method: &Method, path: &str) -> Answer {
@@ -426,6 +504,9 @@ fn presented_key(parts: &Parts, expected: Option<&str>) -> Option<PresentedKey> 
 }
 
 async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<PresentedKey>) -> Answer {
+    if let Some(answer) = device_route(state, parts, bytes) {
+        return answer;
+    }
     if let (Some(o), &Method::POST, "/v1/oauth/token" | "/oauth/token") =
         (&state.oauth, &parts.method, parts.uri.path())
     {

@@ -1,0 +1,491 @@
+//! `caw-box auth login`: the vendor CLI's own headless login (its spec's `login.argv`), in a
+//! short-lived container of the provider's image that has no workspace and no state volume,
+//! whose only way out is the egress proxy admitting the vendor's auth hosts (as
+//! `--allow-host` holds a turn). What the CLI wrote under HOME is read out of the ended
+//! container and handed back; the container and its egress are removed whatever happens
+//! (the flow's end, a failure, Ctrl-C, the timeout). Not the store (`auth::store` keeps the
+//! result) and not the terminal (the caller is told the URL and code through `say`).
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use uuid::Uuid;
+
+use crate::auth::spec::{LoginSpec, Spec};
+use crate::auth::store::LoginResult;
+use crate::auth::Secret;
+use crate::backend::{Backend, CreateError, EgressPlan, HelperSpec, NetworkPolicy};
+use crate::backend::{EgressRoute, OutputChunk, Scratch, ScratchFile};
+use crate::error::{Error, Result};
+use crate::labelling::{labels, roles};
+use crate::provider::{ProviderKind, AGENT_HOME};
+use crate::session::names::LabelSet;
+use crate::session::record::IMAGE_IDS;
+
+/// Where the login's container finds the extra CA (`--ca-cert`).
+const CA_DIR: &str = "/run/caw-box-login";
+
+/// One login as the caller asks for it.
+#[derive(Debug, Clone)]
+pub struct LoginPlan {
+    pub provider: ProviderKind,
+    pub image: String,
+    /// The `--network` the login's egress proxy goes out on.
+    pub network: String,
+    /// A CA certificate (PEM) the CLI trusts besides its own.
+    pub ca_cert: Option<Vec<u8>>,
+    pub timeout: Duration,
+    /// Ends the flow as Ctrl-C would, for a caller that handles signals itself (Python):
+    /// notified once, the login is cleaned up and ends interrupted.
+    pub cancel: Option<std::sync::Arc<tokio::sync::Notify>>,
+}
+
+/// What the vendor's flow asks of the person logging in: a URL to open, and the one-time
+/// code to enter there.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LoginPrompt {
+    pub provider: ProviderKind,
+    pub url: String,
+    pub code: Option<String>,
+}
+
+/// What the login tells its caller as it goes.
+#[derive(Debug)]
+pub enum LoginEvent<'a> {
+    /// A line the vendor's CLI printed (escape sequences removed).
+    Line(&'a str),
+    /// The URL and code, once both are known.
+    Prompt(&'a LoginPrompt),
+}
+
+/// The container's and egress's names and labels of one login.
+struct Names {
+    container: String,
+    egress: EgressPlan,
+}
+
+fn names(plan: &LoginPlan, spec: &LoginSpec) -> Names {
+    let id = Uuid::new_v4();
+    let labels = LabelSet::new(id, roles::LOGIN)
+        .provider(plan.provider)
+        .with(labels::DRIVER_PID, std::process::id().to_string())
+        .with(labels::DRIVER_HOST, crate::dirs::host_name())
+        .finish();
+    let container = format!("caw-box-login-{id}");
+    let egress = EgressPlan {
+        turn: container.clone(),
+        allow: spec.hosts.clone(),
+        image: plan.image.clone(),
+        user: IMAGE_IDS,
+        network: NetworkPolicy::from_setting(&plan.network),
+        labels,
+        names: [format!("{container}-egress"), format!("{container}-proxy")],
+    };
+    Names { container, egress }
+}
+
+/// The login's container: the CLI's login command as the image's user, hardened, on the
+/// egress route's network with the proxy in its environment.
+fn container_spec(
+    plan: &LoginPlan,
+    spec: &LoginSpec,
+    route: &EgressRoute,
+    egress: &EgressPlan,
+) -> HelperSpec {
+    let proxy = &route.proxy_url;
+    let mut env = vec![
+        format!("HOME={AGENT_HOME}"),
+        format!("HTTPS_PROXY={proxy}"),
+        format!("https_proxy={proxy}"),
+        format!("HTTP_PROXY={proxy}"),
+        format!("http_proxy={proxy}"),
+        format!("NO_PROXY={}", route.direct.join(",")),
+        "NO_COLOR=1".to_string(),
+        "TERM=dumb".to_string(),
+    ];
+    env.extend(spec.env.iter().cloned());
+    let scratch = plan.ca_cert.as_ref().map(|pem| {
+        env.extend(
+            spec.ca_env
+                .iter()
+                .map(|var| format!("{var}={CA_DIR}/ca.pem")),
+        );
+        Scratch {
+            mount: CA_DIR.to_string(),
+            owner: IMAGE_IDS,
+            files: vec![ScratchFile {
+                path: "ca.pem".to_string(),
+                contents: pem.clone(),
+                mode: 0o644,
+            }],
+        }
+    });
+    HelperSpec {
+        image: plan.image.clone(),
+        entrypoint: spec.argv.clone(),
+        argv: vec![],
+        env,
+        user: Some(format!("{}:{}", IMAGE_IDS.0, IMAGE_IDS.1)),
+        labels: egress.labels.clone(),
+        mounts: vec![],
+        network: NetworkPolicy::Named(route.agent_network.clone().unwrap_or_default()),
+        read_only_root: false,
+        drop_all_capabilities: true,
+        add_capabilities: vec![],
+        no_new_privileges: true,
+        pids_limit: Some(256),
+        tmp: Some("rw,nosuid,nodev,size=64m".to_string()),
+        scratch,
+        stdin: false,
+        auto_remove: false,
+        join: None,
+    }
+}
+
+/// Runs `plan`'s login to its end and returns what the CLI wrote (nothing is stored here).
+/// Errors: the flow has no headless form (exit 2), the vendor refused or the flow failed
+/// (exit 4, the CLI's last line), Ctrl-C (130), the timeout (124); in every case nothing of
+/// the login is left on the backend.
+pub async fn login(
+    backend: &impl Backend,
+    plan: &LoginPlan,
+    say: &mut (dyn FnMut(LoginEvent<'_>) + Send),
+) -> Result<LoginResult> {
+    let p = plan.provider;
+    let spec = Spec::of(p).login;
+    if spec.argv.is_empty() {
+        return Err(unavailable(p, &spec));
+    }
+    remove_abandoned(backend).await;
+    let Names { container, egress } = names(plan, &spec);
+    let route = backend.egress_route(&egress);
+    if route.agent_network.is_none() {
+        return Err(Error::usage(format!(
+            "`auth login` runs the vendor's login on a backend whose containers reach the \
+             vendor through a proxy of their own, not this one ({p})"
+        ))
+        .with_hint(
+            "run it with `--backend docker` on this host: the login lands in this host's \
+             store either way",
+        ));
+    }
+    let spec_of_container = container_spec(plan, &spec, &route, &egress);
+    // Ctrl-C, SIGTERM, SIGHUP, as a turn's (none where the caller handles signals): from
+    // before anything exists, so that one during the setup is still cleaned up after.
+    let mut interrupts = crate::session::turn::Interrupts::install()?;
+    if let Err(e) = backend.open_egress(&egress).await {
+        return Err(created(e, plan));
+    }
+    let outcome = match backend.create_helper(&container, &spec_of_container).await {
+        Ok(_) => run_flow(backend, plan, &spec, &container, &mut interrupts, say).await,
+        Err(e) => Err(created(e, plan)),
+    };
+    let _ = backend.remove_container(&container, true).await;
+    backend.close_egress(&egress).await;
+    outcome
+}
+
+/// Removes what logins of this host whose caw-box was killed left behind (their container
+/// may hold the login the CLI wrote): container, proxy and network, by the login's own id.
+/// A login whose driver still runs (caw-box, or a program embedding it: Python), and
+/// another host's, are left alone. Best effort.
+async fn remove_abandoned(backend: &impl Backend) {
+    let filter = [
+        format!("{}=true", labels::MANAGED),
+        format!("{}={}", labels::ROLE, roles::LOGIN),
+    ];
+    let Ok(found) = backend.list_containers(&filter).await else {
+        return;
+    };
+    let host = crate::dirs::host_name();
+    for c in &found {
+        let gone = c.label(labels::DRIVER_HOST) == Some(host.as_str())
+            && !c
+                .label(labels::DRIVER_PID)
+                .and_then(|p| p.parse().ok())
+                .is_some_and(crate::session::lifecycle::liveness::process_lives);
+        if let (true, Some(id)) = (gone, c.label(labels::SESSION)) {
+            let own = [
+                format!("{}={id}", labels::SESSION),
+                format!("{}={}", labels::ROLE, roles::LOGIN),
+            ];
+            let _ = backend.sweep(&own, &[]).await;
+        }
+    }
+}
+
+fn created(e: CreateError, plan: &LoginPlan) -> Error {
+    match e {
+        CreateError::ImageMissing(_) => Error::missing_image(&plan.image, plan.provider),
+        other => Error::from(other),
+    }
+}
+
+/// Why `p` has no login caw-box can run, and what to do instead.
+pub fn unavailable(p: ProviderKind, spec: &LoginSpec) -> Error {
+    let why = spec
+        .unavailable
+        .clone()
+        .unwrap_or_else(|| "no headless login of this CLI finishes in a container".into());
+    Error::usage(format!("{p}: {why}"))
+}
+
+/// Starts the container and follows it to its end, against Ctrl-C and the timeout; then
+/// reads the login files out of the ended container.
+async fn run_flow(
+    backend: &impl Backend,
+    plan: &LoginPlan,
+    spec: &LoginSpec,
+    container: &str,
+    interrupts: &mut crate::session::turn::Interrupts,
+    say: &mut (dyn FnMut(LoginEvent<'_>) + Send),
+) -> Result<LoginResult> {
+    let p = plan.provider;
+    // Attached before the start: its stdout and stderr from the first byte.
+    let mut attached = backend.attach(container, false).await?;
+    backend.start_container(container).await?;
+    let cancelled = async {
+        match &plan.cancel {
+            Some(cancel) => cancel.notified().await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut transcript = Transcript::new(p);
+    let followed = async {
+        while let Some(chunk) = attached.output.next().await {
+            let bytes = match chunk {
+                Ok(OutputChunk::Stdout(b) | OutputChunk::Stderr(b) | OutputChunk::Console(b)) => b,
+                Err(_) => break,
+            };
+            transcript.feed(&bytes, say);
+        }
+        backend.wait_container(container).await
+    };
+    let code = tokio::select! {
+        code = followed => code?,
+        () = interrupts.recv() => return Err(interrupted(p)),
+        () = cancelled => return Err(interrupted(p)),
+        () = tokio::time::sleep(plan.timeout) => {
+            return Err(Error::new(crate::error::ErrorKind::Timeout, format!(
+                "{p} login not finished within {}: nothing was stored",
+                humantime::format_duration(plan.timeout)
+            )).with_hint("run it again and enter the code sooner, or pass a longer --timeout"));
+        }
+    };
+    if code != 0 {
+        return Err(transcript.failure(spec, code));
+    }
+    let mut result = LoginResult::default();
+    for target in &spec.files {
+        let path = format!("{AGENT_HOME}/{target}");
+        if let Some(bytes) = backend.download_file(container, &path).await? {
+            result.files.push((target.clone(), Secret::new(bytes)));
+        }
+    }
+    if result.files.is_empty() {
+        return Err(Error::credentials(format!(
+            "{p} login ended without writing a login ({})",
+            spec.files.join(", ")
+        ))
+        .with_hint(format!("run `caw-box auth login --provider {p}` again")));
+    }
+    Ok(result)
+}
+
+fn interrupted(p: ProviderKind) -> Error {
+    Error::new(
+        crate::error::ErrorKind::Interrupted,
+        format!("{p} login interrupted: nothing was stored"),
+    )
+}
+
+/// The CLI's output, line by line: escape sequences removed, the URL and code picked out.
+struct Transcript {
+    provider: ProviderKind,
+    pending: Vec<u8>,
+    lines: Vec<String>,
+    url: Option<String>,
+    code: Option<String>,
+    told: bool,
+}
+
+impl Transcript {
+    fn new(provider: ProviderKind) -> Self {
+        Transcript {
+            provider,
+            pending: Vec::new(),
+            lines: Vec::new(),
+            url: None,
+            code: None,
+            told: false,
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8], say: &mut (dyn FnMut(LoginEvent<'_>) + Send)) {
+        self.pending.extend_from_slice(bytes);
+        while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+            let raw: Vec<u8> = self.pending.drain(..=end).collect();
+            let line = strip_escapes(&String::from_utf8_lossy(&raw));
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            say(LoginEvent::Line(line));
+            self.url = self.url.take().or_else(|| find_url(line));
+            self.code = self.code.take().or_else(|| find_code(line));
+            self.lines.push(line.to_string());
+            if let (false, Some(url), Some(code)) = (self.told, &self.url, &self.code) {
+                self.told = true;
+                let prompt = LoginPrompt {
+                    provider: self.provider,
+                    url: url.clone(),
+                    code: Some(code.clone()),
+                };
+                say(LoginEvent::Prompt(&prompt));
+            }
+        }
+    }
+
+    /// The error of a flow that ended with `code`: the vendor's switch-off in one line, or
+    /// the CLI's last line.
+    fn failure(&self, spec: &LoginSpec, code: i64) -> Error {
+        let p = self.provider;
+        let all = self.lines.join("\n");
+        if spec.disabled.iter().any(|d| all.contains(d.as_str())) {
+            let message = spec.disabled_message.clone().unwrap_or_default();
+            return Error::credentials(format!("{p}: {message}"));
+        }
+        let last = self
+            .lines
+            .iter()
+            .rev()
+            .find(|l| !l.is_empty())
+            .map_or("no output".to_string(), |l| l.chars().take(300).collect());
+        Error::credentials(format!("{p} login failed (the CLI exited {code}): {last}")).with_hint(
+            format!(
+            "run `caw-box auth login --provider {p}` again, or store an API key with --with-api-key"
+        ),
+        )
+    }
+}
+
+/// `text` without terminal escape sequences (colours, cursor moves).
+fn strip_escapes(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            if c != '\r' {
+                out.push(c);
+            }
+            continue;
+        }
+        match chars.peek() {
+            Some('[') => {
+                chars.next();
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            Some(']') => {
+                for c in chars.by_ref() {
+                    if c == '\u{7}' {
+                        break;
+                    }
+                }
+            }
+            _ => {
+                chars.next();
+            }
+        }
+    }
+    out
+}
+
+/// The first `https://` URL of a line.
+fn find_url(line: &str) -> Option<String> {
+    let start = line.find("https://")?;
+    let url: String = line[start..]
+        .chars()
+        .take_while(|c| !c.is_whitespace() && !matches!(c, '"' | '\'' | '<' | '>' | ')'))
+        .collect();
+    Some(url.trim_end_matches(['.', ',', ';']).to_string())
+}
+
+/// A one-time code: a word of upper-case letters and digits in groups joined by `-`
+/// (`ABCD-12345`).
+fn find_code(line: &str) -> Option<String> {
+    line.split_whitespace()
+        .map(|w| w.trim_matches(|c: char| !c.is_ascii_alphanumeric()))
+        .find(|w| {
+            let groups: Vec<&str> = w.split('-').collect();
+            groups.len() >= 2
+                && groups.iter().all(|g| {
+                    g.len() >= 4
+                        && g.chars()
+                            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+                })
+        })
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_url_and_code_are_read_from_codexs_prompt() {
+        let mut t = Transcript::new(ProviderKind::Codex);
+        let mut prompts = Vec::new();
+        let out = "\nWelcome to Codex [v\x1b[90m0.169.0\x1b[0m]\n\
+            1. Open this link in your browser and sign in to your account\n   \
+            \x1b[94mhttps://auth.openai.com/codex/device\x1b[0m\n\n\
+            2. Enter this one-time code \x1b[90m(expires in 15 minutes)\x1b[0m\n   \
+            \x1b[94mABCD-12345\x1b[0m\n";
+        // In two pieces, split mid-line, as a log stream may deliver it.
+        let (a, b) = out.split_at(90);
+        for part in [a, b] {
+            t.feed(part.as_bytes(), &mut |e| {
+                if let LoginEvent::Prompt(p) = e {
+                    prompts.push(p.clone());
+                }
+            });
+        }
+        assert_eq!(
+            prompts,
+            vec![LoginPrompt {
+                provider: ProviderKind::Codex,
+                url: "https://auth.openai.com/codex/device".into(),
+                code: Some("ABCD-12345".into()),
+            }]
+        );
+    }
+
+    #[test]
+    fn a_switched_off_flow_is_one_line_naming_the_alternatives() {
+        let spec = Spec::of(ProviderKind::Codex).login;
+        let mut t = Transcript::new(ProviderKind::Codex);
+        t.feed(
+            b"Error: device code login is not enabled for this Codex server. Use the browser login or verify the server URL.\n",
+            &mut |_| {},
+        );
+        let e = t.failure(&spec, 1);
+        assert_eq!(e.exit_code(), 4);
+        assert!(e.message.contains("switched off"), "{}", e.message);
+        assert!(e.message.contains("--with-api-key"), "{}", e.message);
+        assert!(!e.message.contains('\n'));
+    }
+
+    #[test]
+    fn words_that_are_no_codes_are_not_taken_for_one() {
+        assert_eq!(find_code("see RFC-8628 for it"), None);
+        assert_eq!(find_code("code: WXYZ-9876."), Some("WXYZ-9876".into()));
+        assert_eq!(find_code("x-api-key"), None);
+        assert_eq!(
+            find_url("go to https://a.example/x?y=1."),
+            Some("https://a.example/x?y=1".into())
+        );
+    }
+}
