@@ -175,21 +175,19 @@ fn with_api_key_stores_a_key_from_stdin_for_every_provider() {
 #[test]
 fn a_provider_without_a_headless_flow_says_so_in_one_line() {
     let data = tempfile::tempdir().unwrap();
-    for p in ["gemini"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_caw-box"))
-            .env("CAW_BOX_DATA_DIR", data.path())
-            .args(["auth", "login", "--provider", p])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
-        let err = stderr_of(&out);
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(
-            err.contains("--with-api-key") && err.contains("auth collect"),
-            "{err}"
-        );
-    }
+    let out = Command::new(env!("CARGO_BIN_EXE_caw-box"))
+        .env("CAW_BOX_DATA_DIR", data.path())
+        .args(["auth", "login", "--provider", "gemini"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--with-api-key") && err.contains("auth collect"),
+        "{err}"
+    );
     assert!(!data.path().join("auth/gemini").exists());
     // A flow needs its way out: --network none or host is refused before anything is made.
     for network in ["none", "host"] {
