@@ -125,8 +125,8 @@ fn ask_code(prompt: &LoginPrompt, reply: CodeReply, json: bool, timeout: &str) {
         output::print_json_line(prompt);
     } else {
         output::eprintln(&format!(
-            "To log in to {p}: open {} , approve, and paste the code the page then shows \
-             here (waiting up to {timeout}; Ctrl-C cancels)",
+            "To log in to {p}: open {} in a browser, approve, and paste the code the page \
+             then shows here (waiting up to {timeout}; Ctrl-C cancels)",
             prompt.url
         ));
     }
