@@ -235,8 +235,9 @@ fn claude_paste_code_login_is_stored_brokered_and_refreshed() {
     }
 }
 
-/// A code the vendor refuses (exit 4), Ctrl-C while the code is awaited (130), and stdin
-/// ending with no code (2): one line each, nothing left on Docker, the store as it was.
+/// A code the vendor refuses (exit 4; `--json` and on a terminal), Ctrl-C while the code is
+/// awaited (130), and stdin ending with no code (2): one line each, nothing left on Docker,
+/// the store as it was.
 #[test]
 fn a_refused_interrupted_or_missing_claude_code_changes_nothing() {
     let login = crate::oauth::claude_login(1);
@@ -277,6 +278,59 @@ fn a_refused_interrupted_or_missing_claude_code_changes_nothing() {
         "{err}"
     );
     assert!(!err.contains(&code), "{err}");
+
+    // The same on a terminal (script(1) gives caw-box one): the URL and a prompt on it,
+    // the code typed there.
+    let mut c = std::process::Command::new("script");
+    c.arg("-qfec")
+        .arg(format!(
+            "{} auth login --provider claude --network {} --ca-cert {}",
+            env!("CARGO_BIN_EXE_caw-box"),
+            rig.network,
+            ca.path().join("ca.pem").display()
+        ))
+        .arg("/dev/null")
+        .env("CAW_BOX_DATA_DIR", rig.data_dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut screen = Vec::new();
+    let mut stdout = child.stdout.take().unwrap();
+    while !String::from_utf8_lossy(&screen).contains("Code > ") {
+        let mut byte = [0u8; 1];
+        let n = std::io::Read::read(&mut stdout, &mut byte).unwrap();
+        assert!(n == 1, "no prompt: {}", String::from_utf8_lossy(&screen));
+        screen.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&screen).to_string();
+    let url = text
+        .split_whitespace()
+        .find(|w| w.starts_with("https://claude.ai/oauth/authorize?"))
+        .unwrap_or_else(|| panic!("no URL: {text}"))
+        .to_string();
+    assert!(
+        text.contains("To log in to claude_code: open https://claude.ai/"),
+        "{text}"
+    );
+    paste(&mut child, &browser_code(&rig, "deny", &url));
+    std::io::Read::read_to_end(&mut stdout, &mut screen).unwrap();
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
+    let text = String::from_utf8_lossy(&screen).to_string();
+    assert_eq!(out.status.code(), Some(4), "{text}");
+    assert!(
+        text.trim()
+            .lines()
+            .last()
+            .unwrap()
+            .contains("wasn't accepted"),
+        "{text}"
+    );
+    nothing_left(&rig);
+    assert!(
+        store_snapshot(&rig) == before,
+        "a refused code changed the store"
+    );
 
     // Ctrl-C while the code is awaited.
     let mut child = spawn_login(&rig, ca.path());
