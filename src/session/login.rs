@@ -296,13 +296,11 @@ async fn follow(
 /// The code the caller pasted, checked for the vendor page's shape (`code#state`, one word).
 fn pasted(p: ProviderKind, code: Option<Secret>) -> Result<Secret> {
     let Some(code) = code else {
-        return Err(
-            Error::usage(format!("{p} login: no code was pasted: nothing was stored")).with_hint(
-                format!(
+        let again = format!(
             "run `caw-box auth login --provider {p}` again and paste the code the page shows"
-        ),
-            ),
         );
+        let none = format!("{p} login: no code was pasted: nothing was stored");
+        return Err(Error::usage(none).with_hint(again));
     };
     let text = String::from_utf8_lossy(code.expose()).trim().to_string();
     let whole = text
