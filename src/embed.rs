@@ -136,13 +136,15 @@ struct LoginFlags {
 
 /// `caw-box auth login` with these flags: `key` stored as the provider's key (the caller
 /// read it, never a flag), else the vendor's flow run in its container, `on_prompt` given
-/// `{"provider","url","code"}` once the CLI printed them, `cancel` ending it as Ctrl-C
-/// would (this process's signals are the caller's). Returns the items stored (no secret).
+/// `{"provider","url","code"}` once the CLI printed them (a device-code flow), or
+/// `{"provider","url","needs":"code"}` (a paste-code flow: it returns the code the page
+/// showed, `None` ends the login), `cancel` ending it as Ctrl-C would (this process's
+/// signals are the caller's). Returns the items stored (no secret).
 pub async fn auth_login(
     flags: &[String],
     key: Option<String>,
     cancel: Option<std::sync::Arc<tokio::sync::Notify>>,
-    on_prompt: &mut (dyn FnMut(serde_json::Value) + Send),
+    on_prompt: &mut (dyn FnMut(serde_json::Value) -> Option<String> + Send),
 ) -> Result<serde_json::Value> {
     crate::config::install();
     let mut args = parse::<LoginFlags>(flags)?.login;
@@ -151,10 +153,16 @@ pub async fn auth_login(
     if key.as_ref().is_some_and(|k| k.is_empty()) {
         return Err(Error::usage("the API key is empty"));
     }
-    let mut say = |event: crate::session::login::LoginEvent<'_>| {
-        if let crate::session::login::LoginEvent::Prompt(p) = event {
+    let mut say = |event: crate::session::login::LoginEvent<'_>| match event {
+        crate::session::login::LoginEvent::Prompt(p) => {
             on_prompt(serde_json::to_value(p).unwrap_or_default());
         }
+        crate::session::login::LoginEvent::AskCode(p, reply) => {
+            if let Some(code) = on_prompt(serde_json::to_value(p).unwrap_or_default()) {
+                reply.send(crate::auth::Secret::new(code.trim().as_bytes().to_vec()));
+            }
+        }
+        crate::session::login::LoginEvent::Line(_) => {}
     };
     let items = crate::commands::login::run_login(&args, key, cancel, &mut say).await?;
     Ok(serde_json::to_value(items).expect("items serialize"))

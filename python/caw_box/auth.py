@@ -24,7 +24,7 @@ def status() -> list:
 def login(
     provider: str,
     *,
-    on_prompt: Optional[Callable[[Dict[str, Any]], None]] = None,
+    on_prompt: Optional[Callable[[Dict[str, Any]], Optional[str]]] = None,
     api_key: Optional[str] = None,
     network: Optional[str] = None,
     ca_cert: Optional[str] = None,
@@ -34,7 +34,9 @@ def login(
     """`caw-box auth login --provider <provider>`: the vendor CLI's own headless login in a
     short-lived container, its result in caw-box's store (never the host's vendor
     directories). `on_prompt` gets `{"provider", "url", "code"}` once the CLI printed them
-    (show them to the person who logs in; nothing goes to the terminal). With `api_key`,
+    (show them to the person who logs in; nothing goes to the terminal); in a paste-code
+    flow (claude) it gets `{"provider", "url", "needs": "code"}` and returns the code the
+    page shows after approval (`code#state`; `None` ends the login with nothing stored). With `api_key`,
     that key is stored instead (the `--with-api-key` of the command line). `network`,
     `ca_cert`, `image` and `timeout` (e.g. "15m") are the command's flags. Returns the items
     stored (`kind`, `target`, `source` "login", ...; never a secret). Raises the error

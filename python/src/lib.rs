@@ -345,7 +345,8 @@ fn auth_collect(py: Python<'_>, providers: Vec<String>, keyring: bool) -> PyResu
 
 /// `auth login` with these flags, as JSON (the items stored): `api_key` stored as the
 /// provider's key, else the vendor's flow run with the GIL released, `on_prompt` called
-/// with the prompt's JSON (`{"provider","url","code"}`). Ctrl-C (checked on the main
+/// with the prompt's JSON (`{"provider","url","code"}`; in a paste-code flow
+/// `{"provider","url","needs":"code"}`, and what it returns, a str, is the pasted code). Ctrl-C (checked on the main
 /// thread) or an exception of `on_prompt` ends the flow (nothing stored, nothing left) and
 /// is raised once it ended.
 #[pyfunction]
@@ -362,12 +363,22 @@ fn auth_login(
         let failed: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
         let cancel = Arc::new(tokio::sync::Notify::new());
         let result = rt.block_on(async {
-            let mut prompt = |json: serde_json::Value| {
-                let Some(cb) = &on_prompt else { return };
+            let mut prompt = |json: serde_json::Value| -> Option<String> {
+                let cb = on_prompt.as_ref()?;
                 let text = json.to_string();
-                if let Err(err) = Python::with_gil(|py| cb.call1(py, (text,)).map(|_| ())) {
-                    *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
-                    cancel.notify_one();
+                // A paste-code flow's prompt gets the code back (a str); any other value
+                // is no code.
+                let returned = Python::with_gil(|py| {
+                    cb.call1(py, (text,))
+                        .map(|r| r.extract::<Option<String>>(py).ok().flatten())
+                });
+                match returned {
+                    Ok(code) => code,
+                    Err(err) => {
+                        *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
+                        cancel.notify_one();
+                        None
+                    }
                 }
             };
             let login = caw_box::embed::auth_login(&flags, api_key, Some(cancel.clone()), &mut prompt);

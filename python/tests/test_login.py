@@ -1,7 +1,9 @@
 """`caw_box.auth.login`: the vendor's login in the box, its URL and code handed to the caller
 (`on_prompt`) instead of the terminal. codex's real device-code flow runs against a stub of
 this test standing in for auth.openai.com (its network alias, HTTPS with a certificate of a
-CA made here; tests/e2e/login.rs has the vendor facts), on the rig's internal network."""
+CA made here; tests/e2e/login.rs has the vendor facts), on the rig's internal network; so does
+claude's paste-code flow, the stub standing in for platform.claude.com and api.anthropic.com
+(tests/e2e/login_claude.rs), the code going back as `on_prompt`'s return value."""
 
 import base64
 import json
@@ -13,14 +15,15 @@ import caw_box
 from conftest import TEST_LABEL, STUB_IMAGE, TEST_KEY, docker
 
 
-def _tls(tmp_path):
-    """A CA, and a certificate for auth.openai.com signed by it: (ca.pem path, cert, key)."""
+def _tls(tmp_path, hosts=("auth.openai.com",)):
+    """A CA, and a certificate for `hosts` signed by it: (ca.pem path, cert, key)."""
     def openssl(*args):
         subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=caw-box test CA",
             "-keyout", "ca.key", "-out", "ca.pem")
-    (tmp_path / "ext").write_text("subjectAltName=DNS:auth.openai.com\nextendedKeyUsage=serverAuth\n")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=auth.openai.com", "-keyout", "leaf.key",
+    names = ",".join(f"DNS:{h}" for h in hosts)
+    (tmp_path / "ext").write_text(f"subjectAltName={names}\nextendedKeyUsage=serverAuth\n")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={hosts[0]}", "-keyout", "leaf.key",
             "-out", "leaf.csr")
     openssl("x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
             "-days", "2", "-extfile", "ext", "-out", "leaf.pem")
@@ -104,3 +107,37 @@ def test_login_with_an_api_key_stores_it_without_a_container(rig, tmp_path, monk
     assert TEST_KEY not in json.dumps(items)
     status = {row["provider"]: row for row in caw_box.auth.status()}
     assert status["gemini"]["present"]
+
+
+def test_claudes_paste_code_login_takes_the_code_on_prompt_returns(rig, tmp_path, monkeypatch):
+    """claude's paste-code flow (`claude auth login`; tests/e2e/login_claude.rs has the vendor
+    facts): `on_prompt` gets the URL with `needs: "code"` and returns the code the page
+    shows after approval, which caw-box pastes into the CLI."""
+    monkeypatch.setenv("CAW_BOX_DATA_DIR", str(tmp_path / "data"))
+    hosts = ("platform.claude.com", "api.anthropic.com")
+    ca, cert, key = _tls(tmp_path, hosts)
+    access, refresh = f"sk-ant-oat01-py{uuid.uuid4().hex}", f"sk-ant-ort01-py{uuid.uuid4().hex}"
+    stub = f"claude-auth-{rig.run_id}"
+    aliases = [arg for h in hosts for arg in ("--network-alias", h)]
+    docker("run", "-d", "--name", stub, "--label", f"{TEST_LABEL}={rig.run_id}", "--network", rig.network,
+           *aliases, "--sysctl", "net.ipv4.ip_unprivileged_port_start=0",
+           "-e", f"STUB_OAUTH={access},{refresh}", "-e", f"STUB_TLS_CERT={cert}", "-e", f"STUB_TLS_KEY={key}",
+           STUB_IMAGE)
+    prompts = []
+
+    def approve(prompt):
+        prompts.append(prompt)
+        fetch = ("fetch('http://127.0.0.1:8080/_stub/claude/approve?url=' + encodeURIComponent(process.argv[1]),"
+                 " {method: 'POST'}).then(async r => console.log(await r.text()))")
+        return json.loads(docker("exec", stub, "node", "-e", fetch, prompt["url"]))["code"]
+
+    try:
+        items = caw_box.auth.login("claude", on_prompt=approve, network=rig.network, ca_cert=str(ca), timeout="2m")
+    finally:
+        docker("rm", "-f", stub, check=False)
+    assert len(prompts) == 1 and prompts[0]["needs"] == "code" and "code" not in prompts[0], prompts
+    assert prompts[0]["url"].startswith("https://claude.ai/oauth/authorize?"), prompts
+    assert [(i["target"], i["source"]) for i in items] == [(".claude/.credentials.json", "login")], items
+    stored = json.loads((tmp_path / "data/auth/claude_code/home/.claude/.credentials.json").read_text())
+    assert stored["claudeAiOauth"]["refreshToken"] == refresh
+    assert _logins_left(rig) == ""

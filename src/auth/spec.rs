@@ -60,6 +60,19 @@ pub struct LoginSpec {
     pub disabled: Vec<String>,
     #[serde(default)]
     pub disabled_message: Option<String>,
+    /// A paste-code flow (claude's): the CLI prints a URL and reads the code the vendor's
+    /// page shows from its stdin, which caw-box forwards; `None`: a device-code flow (the
+    /// code is entered at the vendor's page, the CLI polls).
+    #[serde(default)]
+    pub paste_code: Option<PasteCodeSpec>,
+}
+
+/// How a paste-code flow asks for the code.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PasteCodeSpec {
+    /// The prompt the CLI prints before the code, with no line end (taken off the line
+    /// that follows it).
+    pub prompt: String,
 }
 
 /// A vendor's OAuth login as the broker holds it (evidence: tests/fixtures/README.md).

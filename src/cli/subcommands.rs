@@ -65,12 +65,14 @@ const AUTH_LOGIN_EXAMPLES: &str = "\
 Examples:
   caw-box auth login --provider codex                 # prints a URL and a one-time code
   caw-box auth login --provider opencode              # ChatGPT, the same device code flow
+  caw-box auth login --provider claude                # prints a URL; paste the code it shows
   printenv OPENAI_API_KEY | caw-box auth login --provider codex --with-api-key
   caw-box auth login --provider gemini --with-api-key # type the key (not echoed), Enter
   caw-box auth login --provider claude --with-api-key # paste what `claude setup-token` printed
 
 Flows (docs/credentials.md): codex `codex login --device-auth`; opencode `opencode auth login`
-with ChatGPT Pro/Plus (headless); claude and gemini: --with-api-key (or `auth collect`).
+with ChatGPT Pro/Plus (headless); claude `claude auth login` (the code the page shows after
+approval, `code#state`, pasted here); gemini: --with-api-key (or `auth collect`).
 The login's container has no workspace and reaches only the vendor's auth hosts.";
 
 /// `auth login`'s flags.
@@ -98,8 +100,9 @@ pub struct AuthLoginArgs {
     #[arg(long, value_name = "DURATION", default_value = "15m")]
     pub timeout: String,
     /// For programs: the URL and code as one JSON object on stdout (`{"provider","url",
-    /// "code"}`) instead of a line on stderr, and at the end `{"provider","stored":[...]}`
-    /// (the items stored, never a secret).
+    /// "code"}`; claude's: `{"provider","url","needs":"code"}`, then the code is read as one
+    /// line from stdin) instead of a line on stderr, and at the end
+    /// `{"provider","stored":[...]}` (the items stored, never a secret).
     #[arg(long)]
     pub json: bool,
 }

@@ -3,7 +3,7 @@
 //! caw-box's store (`auth::store::store_login`), never to the host's vendor directories.
 //! What is said to the user is here; the container's life is the session layer's.
 
-use std::io::{IsTerminal, Read};
+use std::io::{BufRead, IsTerminal, Read};
 use std::time::Duration;
 
 use crate::auth::spec::Spec;
@@ -13,7 +13,7 @@ use crate::cli::AuthLoginArgs;
 use crate::error::{Error, Result};
 use crate::output;
 use crate::provider::ProviderKind;
-use crate::session::login::{self, LoginEvent, LoginPlan};
+use crate::session::login::{self, CodeReply, LoginEvent, LoginPlan, LoginPrompt};
 
 pub async fn login(args: AuthLoginArgs, quiet: bool, verbose: bool) -> Result<i32> {
     let p: ProviderKind = args.provider.parse()?;
@@ -36,6 +36,7 @@ pub async fn login(args: AuthLoginArgs, quiet: bool, verbose: bool) -> Result<i3
             prompt.url,
             prompt.code.as_deref().unwrap_or("-"),
         )),
+        LoginEvent::AskCode(prompt, reply) => ask_code(prompt, reply, json, &timeout),
     }
     };
     let items = run_login(&args, key, None, &mut say).await?;
@@ -112,6 +113,34 @@ fn plan(args: &AuthLoginArgs, p: ProviderKind) -> Result<LoginPlan> {
         timeout,
         cancel: None,
     })
+}
+
+/// A paste-code flow's URL told (`--json`: `{"provider","url","needs":"code"}` on stdout),
+/// and the code read from stdin on a thread of its own (so that Ctrl-C and the timeout
+/// still end the login while it waits): on a terminal after a prompt, else the first line.
+/// End of input without a line drops `reply` (the login ends: no code).
+fn ask_code(prompt: &LoginPrompt, reply: CodeReply, json: bool, timeout: &str) {
+    let p = prompt.provider;
+    if json {
+        output::print_json_line(prompt);
+    } else {
+        output::eprintln(&format!(
+            "To log in to {p}: open {} in a browser, approve, and paste the code the page \
+             then shows here (waiting up to {timeout}; Ctrl-C cancels)",
+            prompt.url
+        ));
+    }
+    let terminal = std::io::stdin().is_terminal();
+    std::thread::spawn(move || {
+        if terminal {
+            output::write_stderr("Code > ");
+        }
+        let mut line = String::new();
+        let read = std::io::stdin().lock().take(8 * 1024).read_line(&mut line);
+        if matches!(read, Ok(n) if n > 0) && !line.trim().is_empty() {
+            reply.send(Secret::new(line.trim().as_bytes().to_vec()));
+        }
+    });
 }
 
 /// A key read from stdin: from a terminal without echo, else the first line of a pipe.

@@ -4,11 +4,16 @@
 //! `--allow-host` holds a turn). What the CLI wrote under HOME is read out of the ended
 //! container and handed back; the container and its egress are removed whatever happens
 //! (the flow's end, a failure, Ctrl-C, the timeout). Not the store (`auth::store` keeps the
-//! result) and not the terminal (the caller is told the URL and code through `say`).
+//! result) and not the terminal (the caller is told the URL and code through `say`). Two
+//! kinds of flow: a device code (codex, opencode: the person enters the code the CLI printed
+//! at the vendor's page, the CLI polls) and a pasted code (claude: the person approves at the
+//! URL the CLI printed and pastes the code the page shows; the caller is asked for it through
+//! `say` and caw-box writes it to the CLI's stdin).
 
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
 use uuid::Uuid;
 
 use crate::auth::spec::{LoginSpec, Spec};
@@ -41,12 +46,16 @@ pub struct LoginPlan {
 }
 
 /// What the vendor's flow asks of the person logging in: a URL to open, and the one-time
-/// code to enter there.
+/// code to enter there (a device-code flow), or the code the page shows to be pasted back
+/// (`needs: "code"`, a paste-code flow).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct LoginPrompt {
     pub provider: ProviderKind,
     pub url: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub needs: Option<&'static str>,
 }
 
 /// What the login tells its caller as it goes.
@@ -56,6 +65,20 @@ pub enum LoginEvent<'a> {
     Line(&'a str),
     /// The URL and code, once both are known.
     Prompt(&'a LoginPrompt),
+    /// The URL of a paste-code flow: the code the vendor's page shows goes back through
+    /// the reply (dropping it unanswered ends the login: no code).
+    AskCode(&'a LoginPrompt, CodeReply),
+}
+
+/// Where the caller sends the pasted code (from any thread).
+#[derive(Debug)]
+pub struct CodeReply(tokio::sync::mpsc::Sender<Secret>);
+
+impl CodeReply {
+    /// Hands the code to the login (once).
+    pub fn send(self, code: Secret) {
+        let _ = self.0.try_send(code);
+    }
 }
 
 /// The container's and egress's names and labels of one login.
@@ -136,7 +159,8 @@ fn container_spec(
         pids_limit: Some(256),
         tmp: Some("rw,nosuid,nodev,size=64m".to_string()),
         scratch,
-        stdin: false,
+        // A paste-code flow reads the code from its stdin.
+        stdin: spec.paste_code.is_some(),
         auto_remove: false,
         join: None,
     }
@@ -230,6 +254,69 @@ pub fn unavailable(p: ProviderKind, spec: &LoginSpec) -> Error {
     Error::usage(format!("{p}: {why}"))
 }
 
+/// The container's output fed to `transcript` until it ends, and in a paste-code flow the
+/// code the caller sends on `codes` written to its stdin; then the container's exit code.
+async fn follow(
+    backend: &impl Backend,
+    container: &str,
+    attached: crate::backend::Attached,
+    mut codes: tokio::sync::mpsc::Receiver<Secret>,
+    transcript: &mut Transcript,
+    say: &mut (dyn FnMut(LoginEvent<'_>) + Send),
+) -> Result<i64> {
+    let crate::backend::Attached {
+        mut output,
+        mut input,
+    } = attached;
+    let mut waiting = transcript.paste.is_some();
+    loop {
+        tokio::select! {
+            chunk = output.next() => match chunk {
+                Some(Ok(OutputChunk::Stdout(b) | OutputChunk::Stderr(b) | OutputChunk::Console(b))) => {
+                    transcript.feed(&b, say);
+                }
+                _ => break,
+            },
+            code = codes.recv(), if waiting => {
+                waiting = false;
+                let code = pasted(transcript.provider, code)?;
+                let mut line = code.expose().to_vec();
+                line.push(b'\n');
+                input.write_all(&line).await.map_err(|e| {
+                    Error::environment(format!("cannot hand the code to the login's container: {e}"))
+                })?;
+                input.flush().await.ok();
+            }
+        }
+    }
+    drop(input);
+    backend.wait_container(container).await
+}
+
+/// The code the caller pasted, checked for the vendor page's shape (`code#state`, one word).
+fn pasted(p: ProviderKind, code: Option<Secret>) -> Result<Secret> {
+    let Some(code) = code else {
+        let again = format!(
+            "run `caw-box auth login --provider {p}` again and paste the code the page shows"
+        );
+        let none = format!("{p} login: no code was pasted: nothing was stored");
+        return Err(Error::usage(none).with_hint(again));
+    };
+    let text = String::from_utf8_lossy(code.expose()).trim().to_string();
+    let whole = text
+        .split_once('#')
+        .is_some_and(|(c, s)| !c.is_empty() && !s.is_empty())
+        && text.len() <= 4096
+        && text.chars().all(|c| c.is_ascii_graphic());
+    if !whole {
+        return Err(Error::usage(format!(
+            "{p} login: that is not the whole code the page shows (`code#state`, with the # in \
+             the middle): nothing was stored"
+        )));
+    }
+    Ok(Secret::new(text.into_bytes()))
+}
+
 /// Starts the container and follows it to its end, against Ctrl-C and the timeout; then
 /// reads the login files out of the ended container.
 async fn run_flow(
@@ -241,8 +328,9 @@ async fn run_flow(
     say: &mut (dyn FnMut(LoginEvent<'_>) + Send),
 ) -> Result<LoginResult> {
     let p = plan.provider;
+    let paste = spec.paste_code.is_some();
     // Attached before the start: its stdout and stderr from the first byte.
-    let mut attached = backend.attach(container, false).await?;
+    let attached = backend.attach(container, paste).await?;
     backend.start_container(container).await?;
     let cancelled = async {
         match &plan.cancel {
@@ -250,17 +338,12 @@ async fn run_flow(
             None => std::future::pending().await,
         }
     };
+    let (reply, codes) = tokio::sync::mpsc::channel(1);
     let mut transcript = Transcript::new(p);
-    let followed = async {
-        while let Some(chunk) = attached.output.next().await {
-            let bytes = match chunk {
-                Ok(OutputChunk::Stdout(b) | OutputChunk::Stderr(b) | OutputChunk::Console(b)) => b,
-                Err(_) => break,
-            };
-            transcript.feed(&bytes, say);
-        }
-        backend.wait_container(container).await
-    };
+    if let Some(paste) = &spec.paste_code {
+        transcript.paste = Some((paste.prompt.clone(), Some(CodeReply(reply))));
+    }
+    let followed = follow(backend, container, attached, codes, &mut transcript, say);
     let code = tokio::select! {
         code = followed => code?,
         () = interrupts.recv() => return Err(interrupted(p)),
@@ -302,6 +385,9 @@ fn interrupted(p: ProviderKind) -> Error {
 /// The CLI's output, line by line: escape sequences removed, the URL and code picked out.
 struct Transcript {
     provider: ProviderKind,
+    /// A paste-code flow's prompt (taken off the line after it) and where the code goes,
+    /// until asked for.
+    paste: Option<(String, Option<CodeReply>)>,
     pending: Vec<u8>,
     lines: Vec<String>,
     url: Option<String>,
@@ -313,6 +399,7 @@ impl Transcript {
     fn new(provider: ProviderKind) -> Self {
         Transcript {
             provider,
+            paste: None,
             pending: Vec::new(),
             lines: Vec::new(),
             url: None,
@@ -326,12 +413,28 @@ impl Transcript {
         while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
             let raw: Vec<u8> = self.pending.drain(..=end).collect();
             let line = strip_escapes(&String::from_utf8_lossy(&raw));
-            let line = line.trim();
+            let mut line = line.trim();
+            if let Some((prompt, _)) = &self.paste {
+                line = line.strip_prefix(prompt.as_str()).unwrap_or(line).trim();
+            }
             if line.is_empty() {
                 continue;
             }
             say(LoginEvent::Line(line));
             self.url = self.url.take().or_else(|| find_url(line));
+            if let (Some(url), Some((_, reply))) = (&self.url, &mut self.paste) {
+                if let Some(reply) = reply.take() {
+                    let prompt = LoginPrompt {
+                        provider: self.provider,
+                        url: url.clone(),
+                        code: None,
+                        needs: Some("code"),
+                    };
+                    say(LoginEvent::AskCode(&prompt, reply));
+                }
+                self.lines.push(line.to_string());
+                continue;
+            }
             self.code = self.code.take().or_else(|| find_code(line));
             self.lines.push(line.to_string());
             if let (false, Some(url), Some(code)) = (self.told, &self.url, &self.code) {
@@ -340,6 +443,7 @@ impl Transcript {
                     provider: self.provider,
                     url: url.clone(),
                     code: Some(code.clone()),
+                    needs: None,
                 };
                 say(LoginEvent::Prompt(&prompt));
             }
@@ -459,6 +563,7 @@ mod tests {
                 provider: ProviderKind::Codex,
                 url: "https://auth.openai.com/codex/device".into(),
                 code: Some("ABCD-12345".into()),
+                needs: None,
             }]
         );
     }
@@ -476,6 +581,60 @@ mod tests {
         assert!(e.message.contains("switched off"), "{}", e.message);
         assert!(e.message.contains("--with-api-key"), "{}", e.message);
         assert!(!e.message.contains('\n'));
+    }
+
+    #[test]
+    fn claudes_url_is_asked_for_its_code_and_its_prompt_is_taken_off_the_next_line() {
+        let spec = Spec::of(ProviderKind::ClaudeCode).login;
+        let paste = spec
+            .paste_code
+            .clone()
+            .expect("claude's flow is a paste-code one");
+        let (reply, mut codes) = tokio::sync::mpsc::channel(1);
+        let mut t = Transcript::new(ProviderKind::ClaudeCode);
+        t.paste = Some((paste.prompt, Some(CodeReply(reply))));
+        let mut asked = Vec::new();
+        let out = "Opening browser to sign in\u{2026}\nIf the browser didn't open, visit:\n\
+            https://claude.ai/oauth/authorize?z-W-T3S9XcZz18yQqEkwg6Y8yKsSRT7XRr5zHsL7HhdXE\n\
+            Paste code here if prompted > ";
+        t.feed(out.as_bytes(), &mut |e| {
+            if let LoginEvent::AskCode(p, reply) = e {
+                asked.push(serde_json::to_value(p).unwrap());
+                reply.send(Secret::new(b"c0de#st8".to_vec()));
+            }
+        });
+        assert_eq!(
+            asked,
+            vec![
+                serde_json::json!({"provider": "claude_code", "needs": "code",
+                "url": "https://claude.ai/oauth/authorize?z-W-T3S9XcZz18yQqEkwg6Y8yKsSRT7XRr5zHsL7HhdXE"})
+            ]
+        );
+        assert_eq!(codes.try_recv().unwrap().expose(), b"c0de#st8");
+        t.feed(
+            b"Couldn't log in: That code wasn't accepted. Sign in again to get a new code.\n",
+            &mut |_| {},
+        );
+        let e = t.failure(&spec, 1);
+        assert_eq!(e.exit_code(), 4);
+        assert!(
+            e.message.ends_with(
+                ": Couldn't log in: That code wasn't accepted. Sign in again to get a new code."
+            ),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn a_pasted_code_must_be_the_whole_code() {
+        let p = ProviderKind::ClaudeCode;
+        let code = |s: &str| pasted(p, Some(Secret::new(s.as_bytes().to_vec())));
+        assert_eq!(code(" abc#def\n").unwrap().expose(), b"abc#def");
+        for bad in ["abc", "abc#", "#def", "a b#c", ""] {
+            assert_eq!(code(bad).unwrap_err().exit_code(), 2, "{bad:?}");
+        }
+        assert_eq!(pasted(p, None).unwrap_err().exit_code(), 2);
     }
 
     #[test]

@@ -1,4 +1,5 @@
 //! `caw-box auth login` (issue 45): a login made in the box, with no vendor CLI on the host.
+//! (claude's paste-code flow: login_claude.rs.)
 //!
 //! `--with-api-key` reads the key from stdin into the store. The vendors' device-code flows
 //! (codex `codex login --device-auth`; opencode `opencode auth login --provider openai
@@ -32,7 +33,7 @@ use serde_json::Value;
 use crate::common::*;
 
 /// `auth status --json`'s items of provider `p`.
-fn status_items(rig: &Rig, p: &str) -> Vec<Value> {
+pub(crate) fn status_items(rig: &Rig, p: &str) -> Vec<Value> {
     let mut c = rig.caw();
     c.args(["auth", "status", "--json"]);
     let out = run(c);
@@ -169,26 +170,24 @@ fn with_api_key_stores_a_key_from_stdin_for_every_provider() {
     }
 }
 
-/// A flow caw-box cannot run in a container says why in one line and names the
+/// A flow caw-box cannot run in a container (gemini's) says why in one line and names the
 /// alternatives (exit 2), and creates nothing; so does a network a login cannot go out on.
 #[test]
 fn a_provider_without_a_headless_flow_says_so_in_one_line() {
     let data = tempfile::tempdir().unwrap();
-    for p in ["gemini", "claude"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_caw-box"))
-            .env("CAW_BOX_DATA_DIR", data.path())
-            .args(["auth", "login", "--provider", p])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
-        let err = stderr_of(&out);
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(
-            err.contains("--with-api-key") && err.contains("auth collect"),
-            "{err}"
-        );
-    }
+    let out = Command::new(env!("CARGO_BIN_EXE_caw-box"))
+        .env("CAW_BOX_DATA_DIR", data.path())
+        .args(["auth", "login", "--provider", "gemini"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--with-api-key") && err.contains("auth collect"),
+        "{err}"
+    );
     assert!(!data.path().join("auth/gemini").exists());
     // A flow needs its way out: --network none or host is refused before anything is made.
     for network in ["none", "host"] {
@@ -262,7 +261,7 @@ fn read_prompt(child: &mut std::process::Child) -> (String, String) {
 }
 
 /// What the store holds, file by file (to compare before and after a failed login).
-fn store_snapshot(rig: &Rig) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn store_snapshot(rig: &Rig) -> Vec<(String, Vec<u8>)> {
     let root = rig.data_dir.path().join("auth");
     let mut out = Vec::new();
     let mut dirs = vec![root.clone()];
@@ -283,7 +282,7 @@ fn store_snapshot(rig: &Rig) -> Vec<(String, Vec<u8>)> {
 
 /// Nothing of this test's is left on Docker (containers, the logins' networks) but the stub
 /// and its network.
-fn nothing_left(rig: &Rig) {
+pub(crate) fn nothing_left(rig: &Rig) {
     let left: Vec<String> = rig
         .caw_containers()
         .into_iter()
@@ -437,7 +436,7 @@ fn codex_device_code_login_is_stored_brokered_and_refreshed() {
 /// Files under this host's HOME and temporary directories that contain `needle` (the
 /// places a CLI or caw-box could have left a copy; the test's own store is under /tmp):
 /// files under 1 MiB, outside toolchains and build output.
-fn host_files_containing(needle: &str) -> Vec<std::path::PathBuf> {
+pub(crate) fn host_files_containing(needle: &str) -> Vec<std::path::PathBuf> {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     let script = r#"find "$@" -xdev \( -name .cargo -o -name .rustup -o -name target \
         -o -name node_modules -o -name .cache -o -name .pyenv -o -name .npm \) -prune -o -type f -size -1024k -print0 \

@@ -22,6 +22,7 @@ mod interactive;
 mod kubernetes;
 mod limits;
 mod login;
+mod login_claude;
 mod manage;
 mod mcp;
 mod oauth;

@@ -6,6 +6,7 @@
 
 pub mod anthropic;
 pub mod chat;
+pub mod claude_auth;
 pub mod code_assist;
 pub mod conversation;
 pub mod device;

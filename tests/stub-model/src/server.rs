@@ -57,6 +57,8 @@ struct State {
     holds: Holds,
     /// OpenAI's device-code login (see `device`).
     device: crate::device::DeviceAuth,
+    /// Anthropic's paste-code login (see `claude_auth`).
+    claude: crate::claude_auth::ClaudeAuth,
 }
 
 /// Serves connections from `listener` until the task is dropped.
@@ -78,6 +80,7 @@ pub async fn serve_tls(
         limited_since: Default::default(),
         holds: Holds::default(),
         device: Default::default(),
+        claude: Default::default(),
     });
     if let Some((tls_listener, acceptor)) = tls {
         let state = Arc::clone(&state);
@@ -295,6 +298,18 @@ async fn stub_endpoint(state: &State, method: &Method, path: &str, query: Option
             _ => not_found(method, path),
         };
     }
+    if let Some(action) = path.strip_prefix("/_stub/claude/") {
+        let url = query
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .find_map(|pair| pair.strip_prefix("url="))
+            .map(crate::oauth::decode)
+            .unwrap_or_default();
+        return match (method, state.claude.control(action, &url)) {
+            (&Method::POST, Some(body)) => Answer::json(200, &body, "claude_authorize"),
+            _ => not_found(method, path),
+        };
+    }
     if let Some(action) = path.strip_prefix("/_stub/device/") {
         let code = query
             .into_iter()
@@ -307,6 +322,7 @@ async fn stub_endpoint(state: &State, method: &Method, path: &str, query: Option
     }
     match (method, path) {
         (&Method::GET, "/_stub/device") => Answer::json(200, &state.device.status(), "device"),
+        (&Method::GET, "/_stub/claude") => Answer::json(200, &state.claude.status(), "claude"),
         (&Method::GET, "/_stub/health") => Answer {
             content_type: "text/plain; charset=utf-8",
             body: "ok\n".into(),
@@ -338,8 +354,29 @@ async fn stub_endpoint(state: &State, method: &Method, path: &str, query: Option
     }
 }
 
-/// OpenAI's device-code login (`device`), if `parts` asks for a step of it.
+/// OpenAI's device-code login (`device`) or Anthropic's paste-code login (`claude_auth`),
+/// if `parts` asks for a step of one.
 fn device_route(state: &State, parts: &Parts, bytes: &Bytes) -> Option<Answer> {
+    if parts.method == Method::GET {
+        let (body, what) = match parts.uri.path() {
+            "/api/oauth/profile" => (crate::claude_auth::ClaudeAuth::profile(), "claude_profile"),
+            "/api/oauth/claude_cli/roles" => {
+                (crate::claude_auth::ClaudeAuth::roles(), "claude_roles")
+            }
+            _ => return None,
+        };
+        let bearer = parts
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !state.oauth.as_ref().is_some_and(|o| o.accepts(bearer)) {
+            let body = json!({"type": "error", "error": {"type": "authentication_error",
+                              "message": "stub-model: not the access token valid now"}});
+            return Some(Answer::json(401, &body, what));
+        }
+        return Some(Answer::json(200, &body, what));
+    }
     if parts.method != Method::POST {
         return None;
     }
@@ -351,6 +388,18 @@ fn device_route(state: &State, parts: &Parts, bytes: &Bytes) -> Option<Answer> {
         "/api/accounts/deviceauth/token" => {
             let (s, b) = state.device.poll(bytes);
             (s, b, "device_poll")
+        }
+        "/v1/oauth/token" if crate::device::is_code_grant(bytes) => {
+            let (s, b) = match &state.oauth {
+                Some(o) => state.claude.exchange(bytes, || {
+                    let t = o.login_tokens();
+                    let text = |k: &str| t[k].as_str().unwrap_or_default().to_string();
+                    let left = t["expires_in"].as_u64().unwrap_or_default();
+                    (text("access_token"), text("refresh_token"), left)
+                }),
+                None => (400, json!({"error": "invalid_grant"})),
+            };
+            (s, b, "claude_exchange")
         }
         "/oauth/token" if crate::device::is_code_grant(bytes) => {
             let (s, b) = match &state.oauth {

@@ -1,0 +1,354 @@
+//! `caw-box auth login --provider claude` (issue 45): claude's own paste-code login, run for
+//! real in a login container whose only way out is the egress proxy admitting
+//! `platform.claude.com:443` and `api.anthropic.com:443`. The stub stands in for both under
+//! those very names (network aliases, HTTPS with a certificate of a CA this test makes, which
+//! the login container trusts through `--ca-cert`: claude reads `NODE_EXTRA_CA_CERTS`), and
+//! the test stands in for the person at claude.ai. What claude 2.1.332 does (read from the
+//! JS bundled in its binary, and seen here):
+//! - `claude auth login` needs no terminal: it prints "Opening browser to sign in…", "If the
+//!   browser didn't open, visit:", the URL, and "Paste code here if prompted > " (no line end),
+//!   then reads lines from stdin; a line without a `#` gets "That doesn't look like the full
+//!   code…" and another is read;
+//! - the URL is a short form: `https://claude.ai/oauth/authorize?<client and scopes packed in
+//!   a few characters><the 43-character PKCE challenge>` (no state; the full authorize URL,
+//!   `https://claude.com/cai/oauth/authorize?code=true&client_id=…&state=…`, only with
+//!   `CLAUDE_CODE_FULL_SIGN_IN_LINK`); the page then shows `code#state`;
+//! - the pasted line's part before `#` is traded: `POST https://platform.claude.com/v1/oauth/
+//!   token` (JSON `{"grant_type":"authorization_code","code","state","code_verifier",
+//!   "redirect_uri":"https://platform.claude.com/oauth/code/callback","client_id"}`) →
+//!   `{"access_token","refresh_token","expires_in","scope","account","organization"}`; a
+//!   refused code: "Couldn't log in: That code wasn't accepted. …", exit 1;
+//! - then `GET https://api.anthropic.com/api/oauth/profile` and `…/api/oauth/claude_cli/roles`
+//!   with the new access token (the account, its organization and plan, its role);
+//! - it writes `~/.claude/.credentials.json` (`claudeAiOauth`: accessToken, refreshToken,
+//!   expiresAt in ms, scopes, subscriptionType …) and the account into `~/.claude.json`
+//!   (`oauthAccount`); caw-box stores the first. No first-run question stops `auth login`;
+//!   the turns' own onboarding answers are the provider adapter's.
+//!
+//! Cost: two tests, about 30 s of test time together.
+
+use std::io::Write;
+use std::process::{Child, Stdio};
+
+use serde_json::Value;
+
+use crate::common::*;
+use crate::login::{host_files_containing, nothing_left, status_items, store_snapshot};
+
+/// Anthropic's hosts the flow reaches (the stub's aliases).
+const HOSTS: [&str; 2] = ["platform.claude.com", "api.anthropic.com"];
+
+/// A rig whose stub is also Anthropic's auth and API hosts on the test's network, serving
+/// HTTPS on 443 with a certificate of a CA made for the test (its PEM file returned, for
+/// `--ca-cert`), holding the login `login` that an approved code is traded for.
+fn anthropic_auth_rig(test: &str, login: &crate::oauth::Login) -> (Rig, tempfile::TempDir) {
+    let hosts: Vec<String> = HOSTS.iter().map(|h| h.to_string()).collect();
+    let tls = caw_box::auth::intercept::intercept_tls(&hosts).unwrap();
+    let key = String::from_utf8(tls.key_pem.expose().to_vec()).unwrap();
+    let rig = Rig::with_stub_aliases(
+        test,
+        &[
+            format!("STUB_OAUTH={},{}", login.access, login.refresh),
+            format!("STUB_TLS_CERT={}", tls.cert_pem),
+            format!("STUB_TLS_KEY={key}"),
+        ],
+        &HOSTS,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), &tls.ca_pem).unwrap();
+    (rig, dir)
+}
+
+/// `caw-box auth login --provider claude --json` on the test's network, trusting the test's
+/// CA, its stdin, stdout and stderr piped.
+fn spawn_login(rig: &Rig, ca: &std::path::Path) -> Child {
+    let mut c = rig.caw();
+    c.args(["auth", "login", "--provider", "claude", "--json"])
+        .args(["--network", &rig.network])
+        .arg("--ca-cert")
+        .arg(ca.join("ca.pem"))
+        .args(["--timeout", "2m"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c.spawn().unwrap()
+}
+
+/// The URL of the prompt `auth login --json` prints for a paste-code flow.
+fn read_url(child: &mut Child) -> String {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let prompt: Value = serde_json::from_str(line.trim())
+        .unwrap_or_else(|e| panic!("no prompt on stdout ({e}): {line:?}"));
+    assert_eq!(prompt["provider"], "claude_code", "{prompt}");
+    assert_eq!(prompt["needs"], "code", "{prompt}");
+    assert!(prompt.get("code").is_none(), "{prompt}");
+    prompt["url"].as_str().unwrap().to_string()
+}
+
+/// What the test's "browser" shows after `action` (`approve`, `deny`) at `url`.
+fn browser_code(rig: &Rig, action: &str, url: &str) -> String {
+    let encoded: String = url
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    let shown = rig
+        .stub_control()
+        .json("POST", &format!("/_stub/claude/{action}?url={encoded}"));
+    shown["code"].as_str().unwrap().to_string()
+}
+
+/// Pastes `code` into the running login.
+fn paste(child: &mut Child, code: &str) {
+    let stdin = child.stdin.as_mut().unwrap();
+    stdin.write_all(format!("{code}\n").as_bytes()).unwrap();
+    stdin.flush().unwrap();
+}
+
+/// claude's real `auth login` to its end: the URL asked about, the code the stub's page
+/// shows pasted back; the login is stored with source `login`, nowhere else on this host;
+/// a brokered claude turn on it after an expiry gets it refreshed once, and its container
+/// holds the placeholder login, none of the real tokens.
+#[test]
+fn claude_paste_code_login_is_stored_brokered_and_refreshed() {
+    let login = crate::oauth::claude_login(1);
+    let (rig, ca) = anthropic_auth_rig("login-claude", &login);
+    let mut child = spawn_login(&rig, ca.path());
+    let url = read_url(&mut child);
+    assert!(
+        url.starts_with("https://claude.ai/oauth/authorize?"),
+        "{url}"
+    );
+    let code = browser_code(&rig, "approve", &url);
+    paste(&mut child, &code);
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(90));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let said = format!("{}{}", stdout_of(&out), stderr_of(&out));
+    for secret in [&login.access, &login.refresh, &code] {
+        assert!(!said.contains(secret.as_str()), "{said}");
+    }
+    let last: Value = serde_json::from_str(stdout_of(&out).trim().lines().last().unwrap()).unwrap();
+    assert_eq!(
+        last["stored"][0]["target"], ".claude/.credentials.json",
+        "{last}"
+    );
+    nothing_left(&rig);
+    let exchanged = rig.stub_control().json("GET", "/_stub/claude");
+    assert_eq!(exchanged["codes"][0]["used"], true, "{exchanged}");
+
+    // Stored as a collected login would be, from `login`.
+    let items = status_items(&rig, "claude_code");
+    let item = items
+        .iter()
+        .find(|i| i["target"] == ".claude/.credentials.json")
+        .unwrap_or_else(|| panic!("{items:?}"));
+    assert_eq!(item["source"], "login");
+    assert!(item["expires_at"].as_u64().is_some(), "{item}");
+    let file = rig
+        .data_dir
+        .path()
+        .join("auth/claude_code/home/.claude/.credentials.json");
+    let stored: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(
+        stored["claudeAiOauth"]["refreshToken"],
+        login.refresh.as_str()
+    );
+    assert_eq!(
+        stored["claudeAiOauth"]["accessToken"],
+        login.access.as_str()
+    );
+    let found = host_files_containing(&login.refresh);
+    let store = rig.data_dir.path().join("auth");
+    assert!(found.iter().any(|f| f.starts_with(&store)), "{found:?}");
+    let outside: Vec<_> = found.iter().filter(|f| !f.starts_with(&store)).collect();
+    assert_eq!(outside, Vec::<&std::path::PathBuf>::new());
+
+    // Expired at the stub; a brokered turn meets the 401, the broker refreshes once and
+    // retries; held past that, the turn's container is scanned for the tokens.
+    rig.stub_control().json("POST", "/_stub/oauth/expire");
+    let endpoint = rig.endpoint();
+    let mut c = rig.caw();
+    c.args(["run", "--provider", "claude", "--network", &rig.network])
+        .args(["--endpoint", &endpoint, "-o", "json"])
+        .arg("HOLD:scan REMEMBER:pasted")
+        .env(
+            "CAW_BOX_OAUTH_TOKEN_URL",
+            format!("{endpoint}/v1/oauth/token"),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = c.spawn().unwrap();
+    rig.wait_held("scan");
+    let container = rig.wait_for_running_turn(None, std::time::Duration::from_secs(60));
+    let mut patterns = login.secrets.clone();
+    patterns.extend(["stub-access-".to_string(), "stub-refresh-".to_string()]);
+    let scan = crate::oauth::scan_writable_with_controls(
+        &container,
+        "1000",
+        &patterns,
+        &["cawbox-placeholder"],
+    )
+    .expect("the turn ended before its scan");
+    assert!(
+        scan.marker_in_file
+            && scan
+                .controls
+                .iter()
+                .any(|f| f.ends_with(".claude/.credentials.json")),
+        "the scan could not have found a token: {scan:?}"
+    );
+    assert_eq!(scan.found, Vec::<String>::new());
+    rig.stub_release("scan");
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(120));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        json["result"].as_str().unwrap().contains("Noted: pasted."),
+        "{json}"
+    );
+    let s = rig.stub_control().json("GET", "/_stub/oauth");
+    assert_eq!(
+        (s["refreshes"].as_u64(), s["rejected"].as_u64()),
+        (Some(1), Some(0)),
+        "{s}"
+    );
+    let stored: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(stored["claudeAiOauth"]["refreshToken"], s["refresh_token"]);
+    // The model saw the real, refreshed token from the broker, never the placeholder.
+    let requests = rig.stub_requests();
+    let model: Vec<&Value> = requests
+        .iter()
+        .filter(|r| r["path"] == "/v1/messages")
+        .collect();
+    assert!(!model.is_empty(), "{requests:#?}");
+    for r in &model {
+        let auth = r["headers"]["authorization"].as_str().unwrap_or("");
+        assert!(!auth.contains("cawbox-placeholder"), "{r:#}");
+    }
+}
+
+/// A code the vendor refuses (exit 4; `--json` and on a terminal), Ctrl-C while the code is
+/// awaited (130), and stdin ending with no code (2): one line each, nothing left on Docker,
+/// the store as it was.
+#[test]
+fn a_refused_interrupted_or_missing_claude_code_changes_nothing() {
+    let login = crate::oauth::claude_login(1);
+    let (rig, ca) = anthropic_auth_rig("login-claude-fail", &login);
+    let mut c = rig.caw();
+    c.args(["auth", "login", "--provider", "claude", "--with-api-key"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"sk-ant-api03-kept\n")
+        .unwrap();
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let before = store_snapshot(&rig);
+    let one_line = |out: &std::process::Output, code: i32, what: &str| {
+        let err = stderr_of(out);
+        assert_eq!(out.status.code(), Some(code), "{what}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{what}: {err}");
+        nothing_left(&rig);
+        assert!(store_snapshot(&rig) == before, "{what} changed the store");
+        err
+    };
+
+    // Refused at the vendor: the code the page showed after a denial.
+    let mut child = spawn_login(&rig, ca.path());
+    let url = read_url(&mut child);
+    let code = browser_code(&rig, "deny", &url);
+    paste(&mut child, &code);
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
+    let err = one_line(&out, 4, "a refused code");
+    assert!(
+        err.contains("claude_code login failed") && err.contains("wasn't accepted"),
+        "{err}"
+    );
+    assert!(!err.contains(&code), "{err}");
+
+    // The same on a terminal (script(1) gives caw-box one): the URL and a prompt on it,
+    // the code typed there.
+    let mut c = std::process::Command::new("script");
+    c.arg("-qfec")
+        .arg(format!(
+            "{} auth login --provider claude --network {} --ca-cert {}",
+            env!("CARGO_BIN_EXE_caw-box"),
+            rig.network,
+            ca.path().join("ca.pem").display()
+        ))
+        .arg("/dev/null")
+        .env("CAW_BOX_DATA_DIR", rig.data_dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut screen = Vec::new();
+    let mut stdout = child.stdout.take().unwrap();
+    while !String::from_utf8_lossy(&screen).contains("Code > ") {
+        let mut byte = [0u8; 1];
+        let n = std::io::Read::read(&mut stdout, &mut byte).unwrap();
+        assert!(n == 1, "no prompt: {}", String::from_utf8_lossy(&screen));
+        screen.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&screen).to_string();
+    let url = text
+        .split_whitespace()
+        .find(|w| w.starts_with("https://claude.ai/oauth/authorize?"))
+        .unwrap_or_else(|| panic!("no URL: {text}"))
+        .to_string();
+    assert!(
+        text.contains("To log in to claude_code: open https://claude.ai/"),
+        "{text}"
+    );
+    paste(&mut child, &browser_code(&rig, "deny", &url));
+    std::io::Read::read_to_end(&mut stdout, &mut screen).unwrap();
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
+    let text = String::from_utf8_lossy(&screen).to_string();
+    assert_eq!(out.status.code(), Some(4), "{text}");
+    assert!(
+        text.trim()
+            .lines()
+            .last()
+            .unwrap()
+            .contains("wasn't accepted"),
+        "{text}"
+    );
+    nothing_left(&rig);
+    assert!(
+        store_snapshot(&rig) == before,
+        "a refused code changed the store"
+    );
+
+    // Ctrl-C while the code is awaited.
+    let mut child = spawn_login(&rig, ca.path());
+    read_url(&mut child);
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
+    one_line(&out, 130, "Ctrl-C");
+
+    // stdin ends with no code.
+    let mut child = spawn_login(&rig, ca.path());
+    read_url(&mut child);
+    drop(child.stdin.take());
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
+    let err = one_line(&out, 2, "no code");
+    assert!(err.contains("no code was pasted"), "{err}");
+}
