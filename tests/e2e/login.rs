@@ -26,7 +26,7 @@
 //! one turn across an expiry (the stored login used, refreshed once) rather than two.
 
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
@@ -373,43 +373,17 @@ fn codex_device_code_login_is_stored_brokered_and_refreshed() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let child = c.spawn().unwrap();
-    rig.wait_held("scan");
-    let container = rig.wait_for_running_turn(None, std::time::Duration::from_secs(60));
-    let mut patterns: Vec<String> = login
+    let patterns: Vec<String> = login
         .secrets
         .iter()
         .flat_map(|t| (0..=t.len() - 16).map(move |i| t[i..i + 16].to_string()))
         .collect();
-    patterns.extend(["stub-access-".to_string(), "stub-refresh-".to_string()]);
-    let scan = crate::oauth::scan_writable_with_controls(
-        &container,
-        "1000",
+    let s = held_turn_holds_only_the_placeholder(
+        &rig,
+        child,
         &patterns,
-        &["cawbox-placeholder"],
-    )
-    .expect("the turn ended before its scan");
-    assert!(
-        scan.marker_in_file
-            && scan
-                .controls
-                .iter()
-                .any(|f| f.ends_with(".codex/auth.json")),
-        "the scan could not have found a token: {scan:?}"
-    );
-    assert_eq!(scan.found, Vec::<String>::new());
-    rig.stub_release("scan");
-    let out = wait_with_deadline(child, std::time::Duration::from_secs(120));
-    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
-    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(
-        json["result"].as_str().unwrap().contains("Noted: device."),
-        "{json}"
-    );
-    let s = rig.stub_control().json("GET", "/_stub/oauth");
-    assert_eq!(
-        (s["refreshes"].as_u64(), s["rejected"].as_u64()),
-        (Some(1), Some(0)),
-        "{s}"
+        ".codex/auth.json",
+        "Noted: device.",
     );
     let stored: Value = serde_json::from_slice(
         &std::fs::read(rig.data_dir.path().join("auth/codex/home/.codex/auth.json")).unwrap(),
@@ -731,4 +705,45 @@ fn claudes_long_lived_token_from_stdin_is_stored_as_its_oauth_token() {
         "{json}"
     );
     assert!(!json.to_string().contains(&token) && !stderr.contains(&token));
+}
+
+/// A brokered turn held at the stub (its `scan` hold) while its agent's container is scanned:
+/// none of `patterns` (the login's tokens) anywhere it could write, the placeholder in
+/// `login_file` (the control: the scan could have found a token); then the turn answers with
+/// `noted` and the stub refreshed the login exactly once. The stub's OAuth state.
+pub fn held_turn_holds_only_the_placeholder(
+    rig: &Rig,
+    child: Child,
+    patterns: &[String],
+    login_file: &str,
+    noted: &str,
+) -> Value {
+    rig.wait_held("scan");
+    let container = rig.wait_for_running_turn(None, std::time::Duration::from_secs(60));
+    let mut patterns = patterns.to_vec();
+    patterns.extend(["stub-access-".to_string(), "stub-refresh-".to_string()]);
+    let scan = crate::oauth::scan_writable_with_controls(
+        &container,
+        "1000",
+        &patterns,
+        &["cawbox-placeholder"],
+    )
+    .expect("the turn ended before its scan");
+    assert!(
+        scan.marker_in_file && scan.controls.iter().any(|f| f.ends_with(login_file)),
+        "the scan could not have found a token: {scan:?}"
+    );
+    assert_eq!(scan.found, Vec::<String>::new());
+    rig.stub_release("scan");
+    let out = wait_with_deadline(child, std::time::Duration::from_secs(120));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(json["result"].as_str().unwrap().contains(noted), "{json}");
+    let s = rig.stub_control().json("GET", "/_stub/oauth");
+    assert_eq!(
+        (s["refreshes"].as_u64(), s["rejected"].as_u64()),
+        (Some(1), Some(0)),
+        "{s}"
+    );
+    s
 }

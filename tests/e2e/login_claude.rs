@@ -186,39 +186,12 @@ fn claude_paste_code_login_is_stored_brokered_and_refreshed() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let child = c.spawn().unwrap();
-    rig.wait_held("scan");
-    let container = rig.wait_for_running_turn(None, std::time::Duration::from_secs(60));
-    let mut patterns = login.secrets.clone();
-    patterns.extend(["stub-access-".to_string(), "stub-refresh-".to_string()]);
-    let scan = crate::oauth::scan_writable_with_controls(
-        &container,
-        "1000",
-        &patterns,
-        &["cawbox-placeholder"],
-    )
-    .expect("the turn ended before its scan");
-    assert!(
-        scan.marker_in_file
-            && scan
-                .controls
-                .iter()
-                .any(|f| f.ends_with(".claude/.credentials.json")),
-        "the scan could not have found a token: {scan:?}"
-    );
-    assert_eq!(scan.found, Vec::<String>::new());
-    rig.stub_release("scan");
-    let out = wait_with_deadline(child, std::time::Duration::from_secs(120));
-    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
-    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(
-        json["result"].as_str().unwrap().contains("Noted: pasted."),
-        "{json}"
-    );
-    let s = rig.stub_control().json("GET", "/_stub/oauth");
-    assert_eq!(
-        (s["refreshes"].as_u64(), s["rejected"].as_u64()),
-        (Some(1), Some(0)),
-        "{s}"
+    let s = crate::login::held_turn_holds_only_the_placeholder(
+        &rig,
+        child,
+        &login.secrets,
+        ".claude/.credentials.json",
+        "Noted: pasted.",
     );
     let stored: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     assert_eq!(stored["claudeAiOauth"]["refreshToken"], s["refresh_token"]);
