@@ -546,3 +546,24 @@ fn image_commands_are_refused_on_kubernetes_before_any_daemon() {
         assert!(ran.text.contains(&hint), "{}", ran.text);
     }
 }
+
+/// `--ca-cert` (an image build's, a login's): a file that cannot be read, or holds no PEM
+/// certificate, is one line and exit 2, before anything is built or started.
+#[test]
+fn a_bad_ca_cert_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "not a certificate\n").unwrap();
+    let not_pem = not_pem.to_str().unwrap();
+    let missing = dir.path().join("missing.pem");
+    let missing = missing.to_str().unwrap();
+    for cmd in [
+        &["image", "build", "--provider", "codex"][..],
+        &["auth", "login", "--provider", "codex"][..],
+    ] {
+        let text = refused(&[cmd, &["--ca-cert", not_pem]].concat(), 2);
+        assert!(text.contains("holds no PEM certificate"), "{text}");
+        let text = refused(&[cmd, &["--ca-cert", missing]].concat(), 2);
+        assert!(text.contains("cannot read --ca-cert"), "{text}");
+    }
+}

@@ -100,18 +100,7 @@ pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i
     let providers = chosen_providers(&args.provider, args.all, "build")?;
     check_cli_version(args.cli_version.as_deref(), &providers)?;
     let ca = match &args.ca_cert {
-        Some(path) => {
-            let pem = std::fs::read(path).map_err(|e| {
-                Error::usage(format!("cannot read --ca-cert '{}': {e}", path.display()))
-            })?;
-            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-                return Err(Error::usage(format!(
-                    "--ca-cert '{}' holds no PEM certificate",
-                    path.display()
-                )));
-            }
-            pem
-        }
+        Some(path) => read_ca_cert(path)?,
         None => Vec::new(),
     };
     let backend = ImageStore::connect().await?;
@@ -577,6 +566,20 @@ fn round_age(d: Duration) -> Duration {
         3600..=86399 => s / 3600 * 3600,
         _ => s / 86400 * 86400,
     })
+}
+
+/// The PEM of a `--ca-cert FILE` (an image build's, a login's): a usage error when it cannot
+/// be read or holds no certificate.
+pub(crate) fn read_ca_cert(path: &std::path::Path) -> Result<Vec<u8>> {
+    let pem = std::fs::read(path)
+        .map_err(|e| Error::usage(format!("cannot read --ca-cert '{}': {e}", path.display())))?;
+    if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+        return Err(Error::usage(format!(
+            "--ca-cert '{}' holds no PEM certificate",
+            path.display()
+        )));
+    }
+    Ok(pem)
 }
 
 #[cfg(test)]

@@ -91,18 +91,7 @@ fn plan(args: &AuthLoginArgs, p: ProviderKind) -> Result<LoginPlan> {
     let timeout: Duration = humantime::parse_duration(&args.timeout)
         .map_err(|e| Error::usage(format!("--timeout {:?}: {e}", args.timeout)))?;
     let ca_cert = match &args.ca_cert {
-        Some(path) => {
-            let pem = std::fs::read(path).map_err(|e| {
-                Error::usage(format!("cannot read --ca-cert '{}': {e}", path.display()))
-            })?;
-            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-                return Err(Error::usage(format!(
-                    "--ca-cert '{}' holds no PEM certificate",
-                    path.display()
-                )));
-            }
-            Some(pem)
-        }
+        Some(path) => Some(super::image::read_ca_cert(path)?),
         None => None,
     };
     Ok(LoginPlan {
