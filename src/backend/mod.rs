@@ -645,4 +645,11 @@ pub struct HelperSpec {
     /// credential broker on the session's network joining a turn's egress network). Only
     /// for backends whose turns live on networks ([`EgressRoute::agent_network`]).
     pub join: Option<(String, String)>,
+    /// The hosts a helper that goes out (a login) may reach, where the backend holds egress
+    /// in the helper's own unit (Kubernetes, as a turn pod's: [`EgressRoute::agent_network`]
+    /// `None`); Docker holds it with [`Backend::open_egress`]'s network. Empty: none here.
+    pub egress_allow: Vec<String>,
+    /// A directory its command writes that is read after the command ended, until it is
+    /// removed (Kubernetes keeps it in the pod's memory; Docker, a stopped container's).
+    pub kept_dir: Option<String>,
 }

@@ -74,6 +74,8 @@ impl DockerBackend {
             stdin: true,
             auto_remove: plan.shared,
             join: nets.join.map(|n| (n, plan.name.clone())),
+            egress_allow: vec![],
+            kept_dir: None,
         }
     }
 

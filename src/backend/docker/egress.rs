@@ -56,6 +56,8 @@ impl DockerBackend {
             stdin: false,
             auto_remove: false,
             join: None,
+            egress_allow: vec![],
+            kept_dir: None,
         }
     }
 
