@@ -60,11 +60,23 @@ pub struct LoginSpec {
     pub disabled: Vec<String>,
     #[serde(default)]
     pub disabled_message: Option<String>,
-    /// A paste-code flow (claude's): the CLI prints a URL and reads the code the vendor's
-    /// page shows from its stdin, which caw-box forwards; `None`: a device-code flow (the
-    /// code is entered at the vendor's page, the CLI polls).
+    /// A paste-code flow (claude's, gemini's): the CLI prints a URL and reads the code the
+    /// vendor's page shows from its stdin, which caw-box forwards; `None`: a device-code
+    /// flow (the code is entered at the vendor's page, the CLI polls).
     #[serde(default)]
     pub paste_code: Option<PasteCodeSpec>,
+    /// The CLI runs its flow only on a terminal (gemini's manual code flow is part of its
+    /// interactive UI): the container gets one.
+    #[serde(default)]
+    pub tty: bool,
+    /// Files the CLI reads (`name` → contents, no secret), put in the login's private
+    /// directory (`/run/caw-box-login`) before it starts: a settings file naming the flow.
+    #[serde(default)]
+    pub config_files: std::collections::BTreeMap<String, String>,
+    /// The CLI does not exit after its login (gemini goes on into its UI): the flow is done
+    /// once the first of `files` is written whole, and caw-box then ends the container.
+    #[serde(default)]
+    pub stays: bool,
 }
 
 /// How a paste-code flow asks for the code.
@@ -73,6 +85,13 @@ pub struct PasteCodeSpec {
     /// The prompt the CLI prints before the code, with no line end (taken off the line
     /// that follows it).
     pub prompt: String,
+    /// The page shows `code#state` (claude's), not a code alone (Google's).
+    #[serde(default)]
+    pub with_state: bool,
+    /// Texts of the CLI's output that mean the vendor refused the code (or the CLI gave up
+    /// waiting for it): the flow ends there, where the CLI would ask again.
+    #[serde(default)]
+    pub refused: Vec<String>,
 }
 
 /// A vendor's OAuth login as the broker holds it (evidence: tests/fixtures/README.md).

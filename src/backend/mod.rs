@@ -639,6 +639,9 @@ pub struct HelperSpec {
     pub scratch: Option<Scratch>,
     /// Keep stdin open for `attach` (the credential broker reads its keys there).
     pub stdin: bool,
+    /// A terminal for stdin and output (a CLI whose flow runs only on one): `attach` then
+    /// gives its output as one console stream.
+    pub tty: bool,
     /// Removed by the engine once it exits (a shared credential broker that idled out).
     pub auto_remove: bool,
     /// A second network the helper joins, under an alias, before it starts (Docker: a

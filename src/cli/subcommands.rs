@@ -66,13 +66,15 @@ Examples:
   caw-box auth login --provider codex                 # prints a URL and a one-time code
   caw-box auth login --provider opencode              # ChatGPT, the same device code flow
   caw-box auth login --provider claude                # prints a URL; paste the code it shows
+  caw-box auth login --provider gemini                # Google: a URL; paste the code it shows
   printenv OPENAI_API_KEY | caw-box auth login --provider codex --with-api-key
   caw-box auth login --provider gemini --with-api-key # type the key (not echoed), Enter
   caw-box auth login --provider claude --with-api-key # paste what `claude setup-token` printed
 
 Flows (docs/credentials.md): codex `codex login --device-auth`; opencode `opencode auth login`
 with ChatGPT Pro/Plus (headless); claude `claude auth login` (the code the page shows after
-approval, `code#state`, pasted here); gemini: --with-api-key (or `auth collect`).
+approval, `code#state`, pasted here); gemini its Google login in its own UI, on a terminal of
+the container (the code the page shows, pasted here).
 The login's container has no workspace and reaches only the vendor's auth hosts; with
 --backend kubernetes it is a pod of the namespace, and the login lands in this host's store.";
 

@@ -8,9 +8,11 @@
 //! (the flow's end, a failure, Ctrl-C, the timeout). Not the store (`auth::store` keeps the
 //! result) and not the terminal (the caller is told the URL and code through `say`). Two
 //! kinds of flow: a device code (codex, opencode: the person enters the code the CLI printed
-//! at the vendor's page, the CLI polls) and a pasted code (claude: the person approves at the
-//! URL the CLI printed and pastes the code the page shows; the caller is asked for it through
-//! `say` and caw-box writes it to the CLI's stdin).
+//! at the vendor's page, the CLI polls) and a pasted code (claude, gemini: the person approves
+//! at the URL the CLI printed and pastes the code the page shows; the caller is asked for it
+//! through `say` and caw-box writes it to the CLI's stdin). gemini's flow runs only in its
+//! interactive UI: its container gets a terminal, and since the CLI goes on into that UI
+//! after the login, the flow is done once the login file is written.
 
 use std::time::Duration;
 
@@ -29,8 +31,9 @@ use crate::provider::{ProviderKind, AGENT_HOME};
 use crate::session::names::LabelSet;
 use crate::session::record::IMAGE_IDS;
 
-/// Where the login's container finds the extra CA (`--ca-cert`).
-const CA_DIR: &str = "/run/caw-box-login";
+/// Where the login's container finds the extra CA (`--ca-cert`) and the spec's
+/// `config_files`.
+const LOGIN_DIR: &str = "/run/caw-box-login";
 
 /// One login as the caller asks for it.
 #[derive(Debug, Clone)]
@@ -130,21 +133,32 @@ fn container_spec(
         "TERM=dumb".to_string(),
     ];
     env.extend(spec.env.iter().cloned());
-    let scratch = plan.ca_cert.as_ref().map(|pem| {
+    let mut files: Vec<ScratchFile> = spec
+        .config_files
+        .iter()
+        .map(|(name, contents)| ScratchFile {
+            path: name.clone(),
+            contents: contents.as_bytes().to_vec(),
+            mode: 0o644,
+        })
+        .collect();
+    if let Some(pem) = &plan.ca_cert {
         env.extend(
             spec.ca_env
                 .iter()
-                .map(|var| format!("{var}={CA_DIR}/ca.pem")),
+                .map(|var| format!("{var}={LOGIN_DIR}/ca.pem")),
         );
-        Scratch {
-            mount: CA_DIR.to_string(),
-            owner: IMAGE_IDS,
-            files: vec![ScratchFile {
-                path: "ca.pem".to_string(),
-                contents: pem.clone(),
-                mode: 0o644,
-            }],
-        }
+        files.push(ScratchFile {
+            path: "ca.pem".to_string(),
+            contents: pem.clone(),
+            mode: 0o644,
+        });
+    }
+    // Root's, readable by all: gemini takes a system settings file only from root.
+    let scratch = (!files.is_empty()).then(|| Scratch {
+        mount: LOGIN_DIR.to_string(),
+        owner: (0, 0),
+        files,
     });
     HelperSpec {
         image: plan.image.clone(),
@@ -167,6 +181,7 @@ fn container_spec(
         scratch,
         // A paste-code flow reads the code from its stdin.
         stdin: spec.paste_code.is_some(),
+        tty: spec.tty,
         auto_remove: false,
         join: None,
         egress_allow: egress.allow.clone(),
@@ -261,47 +276,103 @@ pub fn unavailable(p: ProviderKind, spec: &LoginSpec) -> Error {
     Error::usage(format!("{p}: {why}"))
 }
 
+/// How a followed login ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The CLI exited with this code.
+    Exited(i64),
+    /// A CLI that stays (`LoginSpec::stays`) wrote its login.
+    Written,
+    /// The CLI said the vendor refused the code (`PasteCodeSpec::refused`).
+    Refused,
+}
+
 /// The container's output fed to `transcript` until it ends, and in a paste-code flow the
-/// code the caller sends on `codes` written to its stdin; then the container's exit code.
+/// code the caller sends on `codes` written to its stdin (a line; on a terminal, ended as
+/// Enter ends it). A CLI that stays after its login is polled, once the code went in, for
+/// the login it writes ([`written`]).
 async fn follow(
     backend: &impl Backend,
     container: &str,
+    spec: &LoginSpec,
     attached: crate::backend::Attached,
     mut codes: tokio::sync::mpsc::Receiver<Secret>,
     transcript: &mut Transcript,
     say: &mut (dyn FnMut(LoginEvent<'_>) + Send),
-) -> Result<i64> {
+) -> Result<Ended> {
     let crate::backend::Attached {
         mut output,
         mut input,
     } = attached;
     let mut waiting = transcript.paste.is_some();
+    let mut sent = false;
+    let mut first_written = None;
+    let mut poll = tokio::time::interval(Duration::from_millis(300));
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             chunk = output.next() => match chunk {
                 Some(Ok(OutputChunk::Stdout(b) | OutputChunk::Stderr(b) | OutputChunk::Console(b))) => {
                     transcript.feed(&b, say);
+                    if transcript.refusal.is_some() {
+                        return Ok(Ended::Refused);
+                    }
                 }
                 _ => break,
             },
             code = codes.recv(), if waiting => {
                 waiting = false;
-                let code = pasted(transcript.provider, code)?;
+                let with_state = spec.paste_code.as_ref().is_some_and(|p| p.with_state);
+                let code = pasted(transcript.provider, with_state, code)?;
+                transcript.pasted = Some(String::from_utf8_lossy(code.expose()).into_owned());
                 let mut line = code.expose().to_vec();
-                line.push(b'\n');
+                line.push(if spec.tty { b'\r' } else { b'\n' });
                 input.write_all(&line).await.map_err(|e| {
                     Error::environment(format!("cannot hand the code to the login's container: {e}"))
                 })?;
                 input.flush().await.ok();
+                sent = true;
+            }
+            _ = poll.tick(), if sent && spec.stays => {
+                if written(backend, container, &spec.files, &mut first_written).await {
+                    return Ok(Ended::Written);
+                }
             }
         }
     }
     drop(input);
-    backend.wait_container(container).await
+    Ok(Ended::Exited(backend.wait_container(container).await?))
 }
 
-/// The code the caller pasted, checked for the vendor page's shape (`code#state`, one word).
-fn pasted(p: ProviderKind, code: Option<Secret>) -> Result<Secret> {
+/// Whether a CLI that stays has written its login: the first of `files` whole (JSON that
+/// parses, for a `.json` one), and the others too, or a moment passed since the first was
+/// (a companion the CLI may not write: gemini's account file, when it cannot read the
+/// account).
+async fn written(
+    backend: &impl Backend,
+    container: &str,
+    files: &[String],
+    first_written: &mut Option<std::time::Instant>,
+) -> bool {
+    let whole = |target: &str, bytes: &[u8]| {
+        !target.ends_with(".json") || serde_json::from_slice::<serde_json::Value>(bytes).is_ok()
+    };
+    let mut present = 0;
+    for target in files {
+        let path = format!("{AGENT_HOME}/{target}");
+        match backend.download_file(container, &path).await {
+            Ok(Some(bytes)) if whole(target, &bytes) => present += 1,
+            _ if present == 0 => return false,
+            _ => {}
+        }
+    }
+    let since = *first_written.get_or_insert_with(std::time::Instant::now);
+    present == files.len() || since.elapsed() > Duration::from_secs(3)
+}
+
+/// The code the caller pasted, checked for the vendor page's shape: one word, and with
+/// `with_state` a `code#state` one.
+fn pasted(p: ProviderKind, with_state: bool, code: Option<Secret>) -> Result<Secret> {
     let Some(code) = code else {
         let again = format!(
             "run `caw-box auth login --provider {p}` again and paste the code the page shows"
@@ -310,18 +381,21 @@ fn pasted(p: ProviderKind, code: Option<Secret>) -> Result<Secret> {
         return Err(Error::usage(none).with_hint(again));
     };
     let text = String::from_utf8_lossy(code.expose()).trim().to_string();
-    let whole = text
+    let word = !text.is_empty() && text.len() <= 4096 && text.chars().all(|c| c.is_ascii_graphic());
+    let stated = text
         .split_once('#')
-        .is_some_and(|(c, s)| !c.is_empty() && !s.is_empty())
-        && text.len() <= 4096
-        && text.chars().all(|c| c.is_ascii_graphic());
-    if !whole {
-        return Err(Error::usage(format!(
-            "{p} login: that is not the whole code the page shows (`code#state`, with the # in \
-             the middle): nothing was stored"
-        )));
+        .is_some_and(|(c, s)| !c.is_empty() && !s.is_empty());
+    if word && (stated || !with_state) {
+        return Ok(Secret::new(text.into_bytes()));
     }
-    Ok(Secret::new(text.into_bytes()))
+    let shape = if with_state {
+        "`code#state`, with the # in the middle"
+    } else {
+        "one word"
+    };
+    Err(Error::usage(format!(
+        "{p} login: that is not the whole code the page shows ({shape}): nothing was stored"
+    )))
 }
 
 /// Starts the container and follows it to its end, against Ctrl-C and the timeout; then
@@ -349,10 +423,19 @@ async fn run_flow(
     let mut transcript = Transcript::new(p);
     if let Some(paste) = &spec.paste_code {
         transcript.paste = Some((paste.prompt.clone(), Some(CodeReply(reply))));
+        transcript.refused = paste.refused.clone();
     }
-    let followed = follow(backend, container, attached, codes, &mut transcript, say);
-    let code = tokio::select! {
-        code = followed => code?,
+    let followed = follow(
+        backend,
+        container,
+        spec,
+        attached,
+        codes,
+        &mut transcript,
+        say,
+    );
+    let ended = tokio::select! {
+        ended = followed => ended?,
         () = interrupts.recv() => return Err(interrupted(p)),
         () = cancelled => return Err(interrupted(p)),
         () = tokio::time::sleep(plan.timeout) => {
@@ -362,8 +445,10 @@ async fn run_flow(
             )).with_hint("run it again and enter the code sooner, or pass a longer --timeout"));
         }
     };
-    if code != 0 {
-        return Err(transcript.failure(spec, code));
+    match ended {
+        Ended::Exited(0) | Ended::Written => {}
+        Ended::Exited(code) => return Err(transcript.failure(spec, Some(code))),
+        Ended::Refused => return Err(transcript.failure(spec, None)),
     }
     let mut result = LoginResult::default();
     for target in &spec.files {
@@ -395,6 +480,11 @@ struct Transcript {
     /// A paste-code flow's prompt (taken off the line after it) and where the code goes,
     /// until asked for.
     paste: Option<(String, Option<CodeReply>)>,
+    /// The code once pasted: a line holding it (a terminal's echo) is not kept or told.
+    pasted: Option<String>,
+    /// Texts that mean the vendor refused the code, and the line that said so.
+    refused: Vec<String>,
+    refusal: Option<String>,
     pending: Vec<u8>,
     lines: Vec<String>,
     url: Option<String>,
@@ -407,6 +497,9 @@ impl Transcript {
         Transcript {
             provider,
             paste: None,
+            pasted: None,
+            refused: Vec::new(),
+            refusal: None,
             pending: Vec::new(),
             lines: Vec::new(),
             url: None,
@@ -424,10 +517,17 @@ impl Transcript {
             if let Some((prompt, _)) = &self.paste {
                 line = line.strip_prefix(prompt.as_str()).unwrap_or(line).trim();
             }
-            if line.is_empty() {
+            let echo = self
+                .pasted
+                .as_ref()
+                .is_some_and(|c| line.contains(c.as_str()));
+            if line.is_empty() || echo {
                 continue;
             }
             say(LoginEvent::Line(line));
+            if self.refusal.is_none() && self.refused.iter().any(|r| line.contains(r.as_str())) {
+                self.refusal = Some(line.chars().take(300).collect());
+            }
             self.url = self.url.take().or_else(|| find_url(line));
             if let (Some(url), Some((_, reply))) = (&self.url, &mut self.paste) {
                 if let Some(reply) = reply.take() {
@@ -457,9 +557,9 @@ impl Transcript {
         }
     }
 
-    /// The error of a flow that ended with `code`: the vendor's switch-off in one line, or
-    /// the CLI's last line.
-    fn failure(&self, spec: &LoginSpec, code: i64) -> Error {
+    /// The error of a flow that ended with `code` (`None`: the vendor refused the code and
+    /// the CLI would ask again): the vendor's switch-off in one line, or the CLI's line.
+    fn failure(&self, spec: &LoginSpec, code: Option<i64>) -> Error {
         let p = self.provider;
         let all = self.lines.join("\n");
         if spec.disabled.iter().any(|d| all.contains(d.as_str())) {
@@ -472,11 +572,14 @@ impl Transcript {
             .rev()
             .find(|l| !l.is_empty())
             .map_or("no output".to_string(), |l| l.chars().take(300).collect());
-        Error::credentials(format!("{p} login failed (the CLI exited {code}): {last}")).with_hint(
-            format!(
+        let message = match (code, &self.refusal) {
+            (Some(code), _) => format!("{p} login failed (the CLI exited {code}): {last}"),
+            (None, Some(refusal)) => format!("{p} login failed: {refusal}"),
+            (None, None) => format!("{p} login failed: {last}"),
+        };
+        Error::credentials(message).with_hint(format!(
             "run `caw-box auth login --provider {p}` again, or store an API key with --with-api-key"
-        ),
-        )
+        ))
     }
 }
 
@@ -583,7 +686,7 @@ mod tests {
             b"Error: device code login is not enabled for this Codex server. Use the browser login or verify the server URL.\n",
             &mut |_| {},
         );
-        let e = t.failure(&spec, 1);
+        let e = t.failure(&spec, Some(1));
         assert_eq!(e.exit_code(), 4);
         assert!(e.message.contains("switched off"), "{}", e.message);
         assert!(e.message.contains("--with-api-key"), "{}", e.message);
@@ -622,7 +725,7 @@ mod tests {
             b"Couldn't log in: That code wasn't accepted. Sign in again to get a new code.\n",
             &mut |_| {},
         );
-        let e = t.failure(&spec, 1);
+        let e = t.failure(&spec, Some(1));
         assert_eq!(e.exit_code(), 4);
         assert!(
             e.message.ends_with(
@@ -634,14 +737,90 @@ mod tests {
     }
 
     #[test]
+    fn geminis_terminal_echo_is_not_told_and_a_refusal_ends_the_flow() {
+        let spec = Spec::of(ProviderKind::Gemini).login;
+        let paste = spec
+            .paste_code
+            .clone()
+            .expect("gemini's flow is a paste-code one");
+        assert!(spec.tty && spec.stays && !paste.with_state);
+        let (reply, _codes) = tokio::sync::mpsc::channel(1);
+        let mut t = Transcript::new(ProviderKind::Gemini);
+        t.paste = Some((paste.prompt, Some(CodeReply(reply))));
+        t.refused = paste.refused;
+        let mut told = Vec::new();
+        // As gemini 0.61.0 writes it on its terminal: the alternate screen, the URL, the
+        // prompt with no line end, then (once the code went in) the echo and the refusal.
+        let out = "\x1b[?1049h\x1b[2J\x1b[HPlease visit the following URL to authorize the application:\r\n\r\n\
+            https://accounts.google.com/o/oauth2/v2/auth?redirect_uri=x&code_challenge=c&state=s\r\n\r\n\
+            \x1b[1G\x1b[0JEnter the authorization code:  \x1b[1G";
+        t.feed(out.as_bytes(), &mut |e| {
+            if let LoginEvent::AskCode(p, _) = e {
+                told.push(p.url.clone());
+            }
+        });
+        assert_eq!(
+            told,
+            ["https://accounts.google.com/o/oauth2/v2/auth?redirect_uri=x&code_challenge=c&state=s"]
+        );
+        t.pasted = Some("4/0Secret".into());
+        let mut lines = Vec::new();
+        t.feed(
+            b"4/0Secret\r\r\nFailed to authenticate with authorization code:invalid_grant\r\n\r\nFailed to authenticate with user code. Retrying...\r\n",
+            &mut |e| {
+                if let LoginEvent::Line(l) = e {
+                    lines.push(l.to_string());
+                }
+            },
+        );
+        assert!(lines.iter().all(|l| !l.contains("4/0Secret")), "{lines:?}");
+        let e = t.failure(&spec, None);
+        assert_eq!(e.exit_code(), 4);
+        assert!(
+            e.message.ends_with(
+                "gemini login failed: Failed to authenticate with authorization code:invalid_grant"
+            ),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn a_spec_without_a_flow_says_why_in_one_line() {
+        let spec: LoginSpec = serde_json::from_value(serde_json::json!({
+            "api_key_env": "K",
+            "unavailable": "no login of this CLI finishes in a container; instead: --with-api-key"
+        }))
+        .unwrap();
+        let e = unavailable(ProviderKind::Gemini, &spec);
+        assert_eq!(e.exit_code(), 2);
+        assert_eq!(
+            e.message,
+            "gemini: no login of this CLI finishes in a container; instead: --with-api-key"
+        );
+    }
+
+    #[test]
     fn a_pasted_code_must_be_the_whole_code() {
         let p = ProviderKind::ClaudeCode;
-        let code = |s: &str| pasted(p, Some(Secret::new(s.as_bytes().to_vec())));
+        let code = |s: &str| pasted(p, true, Some(Secret::new(s.as_bytes().to_vec())));
         assert_eq!(code(" abc#def\n").unwrap().expose(), b"abc#def");
         for bad in ["abc", "abc#", "#def", "a b#c", ""] {
             assert_eq!(code(bad).unwrap_err().exit_code(), 2, "{bad:?}");
         }
-        assert_eq!(pasted(p, None).unwrap_err().exit_code(), 2);
+        assert_eq!(pasted(p, true, None).unwrap_err().exit_code(), 2);
+        // Google's page shows the code alone.
+        let google = |s: &str| {
+            pasted(
+                ProviderKind::Gemini,
+                false,
+                Some(Secret::new(s.as_bytes().to_vec())),
+            )
+        };
+        assert_eq!(google("4/0Ab_x-Y\n").unwrap().expose(), b"4/0Ab_x-Y");
+        for bad in ["4/0 Ab", "", "\u{e9}"] {
+            assert_eq!(google(bad).unwrap_err().exit_code(), 2, "{bad:?}");
+        }
     }
 
     #[test]

@@ -170,25 +170,11 @@ fn with_api_key_stores_a_key_from_stdin_for_every_provider() {
     }
 }
 
-/// A flow caw-box cannot run in a container (gemini's) says why in one line and names the
-/// alternatives (exit 2), and creates nothing; so does a network a login cannot go out on.
+/// A login needs its way out: `--network none` or `host` is refused in one line before
+/// anything is made (exit 2).
 #[test]
-fn a_provider_without_a_headless_flow_says_so_in_one_line() {
+fn a_login_network_without_a_way_out_is_refused_in_one_line() {
     let data = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_caw-box"))
-        .env("CAW_BOX_DATA_DIR", data.path())
-        .args(["auth", "login", "--provider", "gemini"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
-    let err = stderr_of(&out);
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(
-        err.contains("--with-api-key") && err.contains("auth collect"),
-        "{err}"
-    );
-    assert!(!data.path().join("auth/gemini").exists());
     // A flow needs its way out: --network none or host is refused before anything is made.
     for network in ["none", "host"] {
         let out = Command::new(env!("CARGO_BIN_EXE_caw-box"))
@@ -210,11 +196,17 @@ fn a_provider_without_a_headless_flow_says_so_in_one_line() {
 /// The vendor's auth host the device-code flows reach (the stub's alias).
 pub(crate) const OPENAI_AUTH: &str = "auth.openai.com";
 
-/// A rig whose stub is also `auth.openai.com` on the test's network, serving HTTPS on 443
-/// with a certificate of a CA made for the test (its PEM file returned, for `--ca-cert`),
-/// holding the ChatGPT login `login` that an approved device code is traded for.
-fn openai_auth_rig(test: &str, login: &crate::oauth::Login) -> (Rig, tempfile::TempDir) {
-    let tls = caw_box::auth::intercept::intercept_tls(&[OPENAI_AUTH.to_string()]).unwrap();
+/// A rig whose stub is also the vendor's auth and API `hosts` on the test's network
+/// (`auth.openai.com`, …), serving HTTPS on 443 with a certificate of a CA made for the test
+/// (its PEM file returned, for `--ca-cert`), holding the login `login` that an approved code
+/// is traded for.
+pub(crate) fn auth_rig(
+    test: &str,
+    login: &crate::oauth::Login,
+    hosts: &[&str],
+) -> (Rig, tempfile::TempDir) {
+    let names: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
+    let tls = caw_box::auth::intercept::intercept_tls(&names).unwrap();
     let key = String::from_utf8(tls.key_pem.expose().to_vec()).unwrap();
     let rig = Rig::with_stub_aliases(
         test,
@@ -223,7 +215,7 @@ fn openai_auth_rig(test: &str, login: &crate::oauth::Login) -> (Rig, tempfile::T
             format!("STUB_TLS_CERT={}", tls.cert_pem),
             format!("STUB_TLS_KEY={key}"),
         ],
-        &[OPENAI_AUTH],
+        hosts,
     );
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ca.pem"), &tls.ca_pem).unwrap();
@@ -231,14 +223,16 @@ fn openai_auth_rig(test: &str, login: &crate::oauth::Login) -> (Rig, tempfile::T
 }
 
 /// `caw-box auth login --provider <p> --json` on the test's network, trusting the test's
-/// CA: the running process, its stdout (the prompt's JSON line comes there) and stderr piped.
-fn spawn_login(rig: &Rig, provider: &str, ca: &std::path::Path) -> std::process::Child {
+/// CA: the running process, its stdin (a pasted code goes there), stdout (the prompt's JSON
+/// line comes there) and stderr piped.
+pub(crate) fn spawn_login(rig: &Rig, provider: &str, ca: &std::path::Path) -> Child {
     let mut c = rig.caw();
     c.args(["auth", "login", "--provider", provider, "--json"])
         .args(["--network", &rig.network])
         .arg("--ca-cert")
         .arg(ca.join("ca.pem"))
         .args(["--timeout", "2m"])
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c.spawn().unwrap()
@@ -285,6 +279,23 @@ pub(crate) fn store_snapshot_of(data: &std::path::Path) -> Vec<(String, Vec<u8>)
     out
 }
 
+/// A login that ended as `what` with exit `code` and one line on stderr (returned), leaving
+/// nothing on Docker and the store as it was `before`.
+pub(crate) fn failed_and_changed_nothing(
+    rig: &Rig,
+    out: &std::process::Output,
+    code: i32,
+    what: &str,
+    before: &[(String, Vec<u8>)],
+) -> String {
+    let err = stderr_of(out);
+    assert_eq!(out.status.code(), Some(code), "{what}: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "{what}: {err}");
+    nothing_left(rig);
+    assert!(store_snapshot(rig) == before, "{what} changed the store");
+    err
+}
+
 /// Nothing of this test's is left on Docker (containers, the logins' networks) but the stub
 /// and its network.
 pub(crate) fn nothing_left(rig: &Rig) {
@@ -303,6 +314,52 @@ pub(crate) fn nothing_left(rig: &Rig) {
     assert_eq!(stdout_of(&networks).trim(), "", "login networks left");
 }
 
+/// `auth status` lists `target` of `provider` from source `login`, with its expiry; and the
+/// login's `refresh` token is in no file of this host outside the store (HOME and the
+/// temporary directories scanned; the store itself is the positive control).
+pub(crate) fn stored_from_login(rig: &Rig, provider: &str, target: &str, refresh: &str) {
+    let items = status_items(rig, provider);
+    let item = items
+        .iter()
+        .find(|i| i["target"] == target)
+        .unwrap_or_else(|| panic!("{items:?}"));
+    assert_eq!(item["source"], "login");
+    assert!(item["expires_at"].as_u64().is_some(), "{item}");
+    let found = host_files_containing(refresh);
+    let store = rig.data_dir.path().join("auth");
+    assert!(
+        found.iter().any(|f| f.starts_with(&store)),
+        "the scan finds nothing: {found:?}"
+    );
+    let outside: Vec<_> = found.iter().filter(|f| !f.starts_with(&store)).collect();
+    assert_eq!(outside, Vec::<&std::path::PathBuf>::new());
+}
+
+/// The stub expires the login's access token, and a brokered turn of `provider` on it
+/// starts (prompt `HOLD:scan REMEMBER:<word>`, the broker refreshing at the stub's token
+/// endpoint), for [`held_turn_holds_only_the_placeholder`].
+pub(crate) fn expired_and_turned(
+    rig: &Rig,
+    provider: &str,
+    model: Option<&str>,
+    word: &str,
+) -> Child {
+    rig.stub_control().json("POST", "/_stub/oauth/expire");
+    let endpoint = rig.endpoint();
+    let mut c = rig.caw();
+    c.args(["run", "--provider", provider, "--network", &rig.network])
+        .args(["--endpoint", &endpoint, "-o", "json"])
+        .args(model.map(|m| ["--model", m]).into_iter().flatten())
+        .arg(format!("HOLD:scan REMEMBER:{word}"))
+        .env(
+            "CAW_BOX_OAUTH_TOKEN_URL",
+            format!("{endpoint}/v1/oauth/token"),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c.spawn().unwrap()
+}
+
 /// codex's device-code login, for real: the CLI asks the stub (as auth.openai.com) for a
 /// code, caw-box prints the URL and code, the test approves it at the stub, codex trades it
 /// for the login and writes `~/.codex/auth.json` in the login container, which caw-box
@@ -313,7 +370,7 @@ pub(crate) fn nothing_left(rig: &Rig) {
 #[test]
 fn codex_device_code_login_is_stored_brokered_and_refreshed() {
     let login = crate::oauth::codex_login(1);
-    let (rig, ca) = openai_auth_rig("login-codex", &login);
+    let (rig, ca) = auth_rig("login-codex", &login, &[OPENAI_AUTH]);
     let mut child = spawn_login(&rig, "codex", ca.path());
     let (url, code) = read_prompt(&mut child);
     assert_eq!(url, format!("https://{OPENAI_AUTH}/codex/device"));
@@ -334,14 +391,9 @@ fn codex_device_code_login_is_stored_brokered_and_refreshed() {
     }
     nothing_left(&rig);
 
-    // The store has the login codex wrote, as a collected one would be, from `login`.
-    let items = status_items(&rig, "codex");
-    let item = items
-        .iter()
-        .find(|i| i["target"] == ".codex/auth.json")
-        .unwrap_or_else(|| panic!("{items:?}"));
-    assert_eq!(item["source"], "login");
-    assert!(item["expires_at"].as_u64().is_some(), "{item}");
+    // The store has the login codex wrote, as a collected one would be, from `login`, and
+    // nothing of it is on this host outside the store.
+    stored_from_login(&rig, "codex", ".codex/auth.json", &login.refresh);
     let stored: Value = serde_json::from_slice(
         &std::fs::read(rig.data_dir.path().join("auth/codex/home/.codex/auth.json")).unwrap(),
     )
@@ -349,35 +401,12 @@ fn codex_device_code_login_is_stored_brokered_and_refreshed() {
     assert_eq!(stored["tokens"]["refresh_token"], login.refresh.as_str());
     assert_eq!(stored["tokens"]["access_token"], login.access.as_str());
 
-    // Nothing of it on this host outside the store: HOME and the temporary directories
-    // scanned for the refresh token; the store itself is the positive control.
-    let found = host_files_containing(&login.refresh);
-    let store = rig.data_dir.path().join("auth");
-    assert!(
-        found.iter().any(|f| f.starts_with(&store)),
-        "the scan finds nothing: {found:?}"
-    );
-    let outside: Vec<_> = found.iter().filter(|f| !f.starts_with(&store)).collect();
-    assert_eq!(outside, Vec::<&std::path::PathBuf>::new());
-
     // The stub expires the access token; a brokered turn on the login then runs: the broker
     // meets the 401, refreshes once, retries (one turn proves both: a codex turn on a
     // ChatGPT login costs tens of seconds here).
     // While it runs (held at the stub once past the refresh), its container is scanned:
     // it holds the placeholder login and none of the real tokens, first or refreshed.
-    rig.stub_control().json("POST", "/_stub/oauth/expire");
-    let endpoint = rig.endpoint();
-    let mut c = rig.caw();
-    c.args(["run", "--provider", "codex", "--network", &rig.network])
-        .args(["--endpoint", &endpoint, "--model", "gpt-5.5", "-o", "json"])
-        .arg("HOLD:scan REMEMBER:device")
-        .env(
-            "CAW_BOX_OAUTH_TOKEN_URL",
-            format!("{endpoint}/v1/oauth/token"),
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = c.spawn().unwrap();
+    let child = expired_and_turned(&rig, "codex", Some("gpt-5.5"), "device");
     let patterns: Vec<String> = login
         .secrets
         .iter()
@@ -437,7 +466,7 @@ pub(crate) fn host_files_containing(needle: &str) -> Vec<std::path::PathBuf> {
 #[test]
 fn a_denied_interrupted_or_switched_off_device_login_changes_nothing() {
     let login = crate::oauth::codex_login(1);
-    let (rig, ca) = openai_auth_rig("login-codex-fail", &login);
+    let (rig, ca) = auth_rig("login-codex-fail", &login, &[OPENAI_AUTH]);
     // Something stored already, which must stay as it is.
     let mut c = rig.caw();
     c.args(["auth", "login", "--provider", "codex", "--with-api-key"])
@@ -612,7 +641,7 @@ fn a_denied_interrupted_or_switched_off_device_login_changes_nothing() {
 #[test]
 fn opencode_chatgpt_device_code_login_is_stored_and_refreshed() {
     let login = crate::oauth::codex_login(1);
-    let (rig, ca) = openai_auth_rig("login-opencode", &login);
+    let (rig, ca) = auth_rig("login-opencode", &login, &[OPENAI_AUTH]);
     let mut child = spawn_login(&rig, "opencode", ca.path());
     let (url, code) = read_prompt(&mut child);
     assert!(url.starts_with(&format!("https://{OPENAI_AUTH}/")), "{url}");

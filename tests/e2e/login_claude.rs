@@ -33,49 +33,16 @@ use std::process::{Child, Stdio};
 use serde_json::Value;
 
 use crate::common::*;
-use crate::login::{host_files_containing, nothing_left, status_items, store_snapshot};
+use crate::login::{
+    auth_rig, expired_and_turned, failed_and_changed_nothing, nothing_left, spawn_login,
+    store_snapshot, stored_from_login,
+};
 
 /// Anthropic's hosts the flow reaches (the stub's aliases).
 const HOSTS: [&str; 2] = ["platform.claude.com", "api.anthropic.com"];
 
-/// A rig whose stub is also Anthropic's auth and API hosts on the test's network, serving
-/// HTTPS on 443 with a certificate of a CA made for the test (its PEM file returned, for
-/// `--ca-cert`), holding the login `login` that an approved code is traded for.
-fn anthropic_auth_rig(test: &str, login: &crate::oauth::Login) -> (Rig, tempfile::TempDir) {
-    let hosts: Vec<String> = HOSTS.iter().map(|h| h.to_string()).collect();
-    let tls = caw_box::auth::intercept::intercept_tls(&hosts).unwrap();
-    let key = String::from_utf8(tls.key_pem.expose().to_vec()).unwrap();
-    let rig = Rig::with_stub_aliases(
-        test,
-        &[
-            format!("STUB_OAUTH={},{}", login.access, login.refresh),
-            format!("STUB_TLS_CERT={}", tls.cert_pem),
-            format!("STUB_TLS_KEY={key}"),
-        ],
-        &HOSTS,
-    );
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("ca.pem"), &tls.ca_pem).unwrap();
-    (rig, dir)
-}
-
-/// `caw-box auth login --provider claude --json` on the test's network, trusting the test's
-/// CA, its stdin, stdout and stderr piped.
-fn spawn_login(rig: &Rig, ca: &std::path::Path) -> Child {
-    let mut c = rig.caw();
-    c.args(["auth", "login", "--provider", "claude", "--json"])
-        .args(["--network", &rig.network])
-        .arg("--ca-cert")
-        .arg(ca.join("ca.pem"))
-        .args(["--timeout", "2m"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    c.spawn().unwrap()
-}
-
-/// The URL of the prompt `auth login --json` prints for a paste-code flow.
-fn read_url(child: &mut Child) -> String {
+/// The URL of the prompt `auth login --json` prints for a paste-code flow of `provider`.
+pub(crate) fn read_url(child: &mut Child, provider: &str) -> String {
     use std::io::BufRead;
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.as_mut().unwrap())
@@ -83,14 +50,15 @@ fn read_url(child: &mut Child) -> String {
         .unwrap();
     let prompt: Value = serde_json::from_str(line.trim())
         .unwrap_or_else(|e| panic!("no prompt on stdout ({e}): {line:?}"));
-    assert_eq!(prompt["provider"], "claude_code", "{prompt}");
+    assert_eq!(prompt["provider"], provider, "{prompt}");
     assert_eq!(prompt["needs"], "code", "{prompt}");
     assert!(prompt.get("code").is_none(), "{prompt}");
     prompt["url"].as_str().unwrap().to_string()
 }
 
-/// What the test's "browser" shows after `action` (`approve`, `deny`) at `url`.
-fn browser_code(rig: &Rig, action: &str, url: &str) -> String {
+/// What the test's "browser" shows after `action` (`approve`, `deny`) at `url`, at the
+/// vendor's `page` (`claude`, `google`).
+pub(crate) fn browser_code(rig: &Rig, page: &str, action: &str, url: &str) -> String {
     let encoded: String = url
         .bytes()
         .map(|b| match b {
@@ -102,12 +70,12 @@ fn browser_code(rig: &Rig, action: &str, url: &str) -> String {
         .collect();
     let shown = rig
         .stub_control()
-        .json("POST", &format!("/_stub/claude/{action}?url={encoded}"));
+        .json("POST", &format!("/_stub/{page}/{action}?url={encoded}"));
     shown["code"].as_str().unwrap().to_string()
 }
 
 /// Pastes `code` into the running login.
-fn paste(child: &mut Child, code: &str) {
+pub(crate) fn paste(child: &mut Child, code: &str) {
     let stdin = child.stdin.as_mut().unwrap();
     stdin.write_all(format!("{code}\n").as_bytes()).unwrap();
     stdin.flush().unwrap();
@@ -120,14 +88,14 @@ fn paste(child: &mut Child, code: &str) {
 #[test]
 fn claude_paste_code_login_is_stored_brokered_and_refreshed() {
     let login = crate::oauth::claude_login(1);
-    let (rig, ca) = anthropic_auth_rig("login-claude", &login);
-    let mut child = spawn_login(&rig, ca.path());
-    let url = read_url(&mut child);
+    let (rig, ca) = auth_rig("login-claude", &login, &HOSTS);
+    let mut child = spawn_login(&rig, "claude", ca.path());
+    let url = read_url(&mut child, "claude_code");
     assert!(
         url.starts_with("https://claude.ai/oauth/authorize?"),
         "{url}"
     );
-    let code = browser_code(&rig, "approve", &url);
+    let code = browser_code(&rig, "claude", "approve", &url);
     paste(&mut child, &code);
     let out = wait_with_deadline(child, std::time::Duration::from_secs(90));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
@@ -144,14 +112,13 @@ fn claude_paste_code_login_is_stored_brokered_and_refreshed() {
     let exchanged = rig.stub_control().json("GET", "/_stub/claude");
     assert_eq!(exchanged["codes"][0]["used"], true, "{exchanged}");
 
-    // Stored as a collected login would be, from `login`.
-    let items = status_items(&rig, "claude_code");
-    let item = items
-        .iter()
-        .find(|i| i["target"] == ".claude/.credentials.json")
-        .unwrap_or_else(|| panic!("{items:?}"));
-    assert_eq!(item["source"], "login");
-    assert!(item["expires_at"].as_u64().is_some(), "{item}");
+    // Stored as a collected login would be, from `login`, and nowhere else on this host.
+    stored_from_login(
+        &rig,
+        "claude_code",
+        ".claude/.credentials.json",
+        &login.refresh,
+    );
     let file = rig
         .data_dir
         .path()
@@ -165,27 +132,10 @@ fn claude_paste_code_login_is_stored_brokered_and_refreshed() {
         stored["claudeAiOauth"]["accessToken"],
         login.access.as_str()
     );
-    let found = host_files_containing(&login.refresh);
-    let store = rig.data_dir.path().join("auth");
-    assert!(found.iter().any(|f| f.starts_with(&store)), "{found:?}");
-    let outside: Vec<_> = found.iter().filter(|f| !f.starts_with(&store)).collect();
-    assert_eq!(outside, Vec::<&std::path::PathBuf>::new());
 
     // Expired at the stub; a brokered turn meets the 401, the broker refreshes once and
     // retries; held past that, the turn's container is scanned for the tokens.
-    rig.stub_control().json("POST", "/_stub/oauth/expire");
-    let endpoint = rig.endpoint();
-    let mut c = rig.caw();
-    c.args(["run", "--provider", "claude", "--network", &rig.network])
-        .args(["--endpoint", &endpoint, "-o", "json"])
-        .arg("HOLD:scan REMEMBER:pasted")
-        .env(
-            "CAW_BOX_OAUTH_TOKEN_URL",
-            format!("{endpoint}/v1/oauth/token"),
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = c.spawn().unwrap();
+    let child = expired_and_turned(&rig, "claude", None, "pasted");
     let s = crate::login::held_turn_holds_only_the_placeholder(
         &rig,
         child,
@@ -214,7 +164,7 @@ fn claude_paste_code_login_is_stored_brokered_and_refreshed() {
 #[test]
 fn a_refused_interrupted_or_missing_claude_code_changes_nothing() {
     let login = crate::oauth::claude_login(1);
-    let (rig, ca) = anthropic_auth_rig("login-claude-fail", &login);
+    let (rig, ca) = auth_rig("login-claude-fail", &login, &HOSTS);
     let mut c = rig.caw();
     c.args(["auth", "login", "--provider", "claude", "--with-api-key"])
         .stdin(Stdio::piped())
@@ -231,18 +181,13 @@ fn a_refused_interrupted_or_missing_claude_code_changes_nothing() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let before = store_snapshot(&rig);
     let one_line = |out: &std::process::Output, code: i32, what: &str| {
-        let err = stderr_of(out);
-        assert_eq!(out.status.code(), Some(code), "{what}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "{what}: {err}");
-        nothing_left(&rig);
-        assert!(store_snapshot(&rig) == before, "{what} changed the store");
-        err
+        failed_and_changed_nothing(&rig, out, code, what, &before)
     };
 
     // Refused at the vendor: the code the page showed after a denial.
-    let mut child = spawn_login(&rig, ca.path());
-    let url = read_url(&mut child);
-    let code = browser_code(&rig, "deny", &url);
+    let mut child = spawn_login(&rig, "claude", ca.path());
+    let url = read_url(&mut child, "claude_code");
+    let code = browser_code(&rig, "claude", "deny", &url);
     paste(&mut child, &code);
     let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
     let err = one_line(&out, 4, "a refused code");
@@ -286,7 +231,7 @@ fn a_refused_interrupted_or_missing_claude_code_changes_nothing() {
         text.contains("To log in to claude_code: open https://claude.ai/"),
         "{text}"
     );
-    paste(&mut child, &browser_code(&rig, "deny", &url));
+    paste(&mut child, &browser_code(&rig, "claude", "deny", &url));
     std::io::Read::read_to_end(&mut stdout, &mut screen).unwrap();
     let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
     let text = String::from_utf8_lossy(&screen).to_string();
@@ -306,8 +251,8 @@ fn a_refused_interrupted_or_missing_claude_code_changes_nothing() {
     );
 
     // Ctrl-C while the code is awaited.
-    let mut child = spawn_login(&rig, ca.path());
-    read_url(&mut child);
+    let mut child = spawn_login(&rig, "claude", ca.path());
+    read_url(&mut child, "claude_code");
     let pid = child.id().to_string();
     assert!(std::process::Command::new("kill")
         .args(["-INT", &pid])
@@ -318,8 +263,8 @@ fn a_refused_interrupted_or_missing_claude_code_changes_nothing() {
     one_line(&out, 130, "Ctrl-C");
 
     // stdin ends with no code.
-    let mut child = spawn_login(&rig, ca.path());
-    read_url(&mut child);
+    let mut child = spawn_login(&rig, "claude", ca.path());
+    read_url(&mut child, "claude_code");
     drop(child.stdin.take());
     let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
     let err = one_line(&out, 2, "no code");

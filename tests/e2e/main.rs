@@ -23,6 +23,7 @@ mod kubernetes;
 mod limits;
 mod login;
 mod login_claude;
+mod login_gemini;
 mod manage;
 mod mcp;
 mod oauth;

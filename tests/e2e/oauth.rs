@@ -279,6 +279,11 @@ pub fn codex_login(sessions: usize) -> Login {
 /// installed-app client's secret beside its id.
 #[test]
 fn the_broker_refreshes_a_gemini_google_login_once_for_two_parallel_sessions() {
+    refreshes_once_per_expiry(gemini_login(PAIR));
+}
+
+/// A fake Google login of gemini (fresh tokens), for `sessions` sessions at once.
+pub fn gemini_login(sessions: usize) -> Login {
     let tag = uuid::Uuid::new_v4().simple().to_string();
     let (access, refresh) = (
         format!("ya29.realaccess{tag}"),
@@ -288,7 +293,7 @@ fn the_broker_refreshes_a_gemini_google_login_once_for_two_parallel_sessions() {
         r#"{{"access_token":"{access}","refresh_token":"{refresh}","scope":"https://www.googleapis.com/auth/cloud-platform openid","token_type":"Bearer","expiry_date":{}}}"#,
         in_an_hour_ms()
     );
-    refreshes_once_per_expiry(Login {
+    Login {
         provider: "gemini",
         model: Some("gemini-2.5-flash"),
         target: ".gemini/oauth_creds.json",
@@ -303,8 +308,8 @@ fn the_broker_refreshes_a_gemini_google_login_once_for_two_parallel_sessions() {
         inject_works: false,
         placeholder_in: "/environ",
         model_path: None,
-        sessions: PAIR,
-    });
+        sessions,
+    }
 }
 
 /// What of `token` is secret: a JWT's signature (its header and claims are not: a

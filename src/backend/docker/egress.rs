@@ -54,6 +54,7 @@ impl DockerBackend {
             pids_limit: Some(128),
             tmp: None,
             stdin: false,
+            tty: false,
             auto_remove: false,
             join: None,
             egress_allow: vec![],

@@ -186,7 +186,10 @@ pub(super) fn helper_body(spec: &HelperSpec) -> ContainerCreateBody {
         labels: Some(spec.labels.clone()),
         open_stdin: spec.stdin.then_some(true),
         attach_stdin: spec.stdin.then_some(true),
+        tty: spec.tty.then_some(true),
         host_config: Some(HostConfig {
+            // A terminal wide enough that nothing the CLI prints (a long URL) wraps.
+            console_size: spec.tty.then(|| vec![50, 500]),
             mounts: {
                 let scratch = spec.scratch.as_ref().map(scratch_mount);
                 let all: Vec<Mount> = spec.mounts.iter().map(mount).chain(scratch).collect();

@@ -108,8 +108,9 @@ pub fn helper_pod_spec(spec: &HelperSpec, created: bool) -> Result<PodSpec> {
         command,
         args,
         env: Some(env_vars(&env)),
-        stdin: Some(spec.stdin),
+        stdin: Some(spec.stdin || spec.tty),
         stdin_once: Some(false),
+        tty: Some(spec.tty),
         security_context: Some(security),
         volume_mounts: Some(volume_mounts.clone()),
         ..Default::default()
@@ -370,14 +371,20 @@ impl KubeBackend {
 
     /// A helper pod's output from its start (its log, complete once it ended: an attachment
     /// can lose the last lines of a container that ends at once), and with `stdin` its input
-    /// (an attachment to that alone).
-    pub(super) async fn attach_helper(&self, name: &str, stdin: bool) -> Result<Attached> {
+    /// (an attachment to that alone, on its terminal with `tty`).
+    pub(super) async fn attach_helper(
+        &self,
+        name: &str,
+        stdin: bool,
+        tty: bool,
+    ) -> Result<Attached> {
         let input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> = if stdin {
             let params = kube::api::AttachParams::default()
                 .container(HELPER)
                 .stdin(true)
                 .stdout(false)
-                .stderr(false);
+                .stderr(false)
+                .tty(tty);
             let mut process = self
                 .pods()
                 .attach(name, &params)

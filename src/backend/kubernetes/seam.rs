@@ -122,10 +122,10 @@ impl Backend for KubeBackend {
             .map_err(|e| failed(format!("read pod '{name}'"), &e))?
             .and_then(|p| p.spec?.containers.first().cloned());
         let main = tty.as_ref().map(|c| c.name.clone());
-        if main.as_deref() == Some(HELPER) {
-            return self.attach_helper(name, stdin).await;
-        }
         let tty = tty.and_then(|c| c.tty).unwrap_or(false);
+        if main.as_deref() == Some(HELPER) {
+            return self.attach_helper(name, stdin, tty).await;
+        }
         self.attach_to(name, main, stdin, tty).await
     }
 

@@ -37,7 +37,8 @@ pub struct DeviceAuth {
     inner: Mutex<(Vec<Device>, bool)>,
 }
 
-fn fields(body: &[u8]) -> Vec<(String, String)> {
+/// A token request's fields, from JSON or a form.
+pub(crate) fn fields(body: &[u8]) -> Vec<(String, String)> {
     let text = String::from_utf8_lossy(body);
     match serde_json::from_str::<Value>(&text) {
         Ok(Value::Object(o)) => o
@@ -52,7 +53,7 @@ fn fields(body: &[u8]) -> Vec<(String, String)> {
     }
 }
 
-fn field<'a>(fields: &'a [(String, String)], key: &str) -> Option<&'a str> {
+pub(crate) fn field<'a>(fields: &'a [(String, String)], key: &str) -> Option<&'a str> {
     fields
         .iter()
         .find(|(k, _)| k == key)

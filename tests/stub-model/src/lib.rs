@@ -6,13 +6,13 @@
 
 pub mod anthropic;
 pub mod chat;
-pub mod claude_auth;
 pub mod code_assist;
 pub mod conversation;
 pub mod device;
 pub mod gemini;
 pub mod hold;
 pub mod oauth;
+pub mod paste_auth;
 pub mod protocol;
 pub mod record;
 pub mod responses;

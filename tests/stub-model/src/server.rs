@@ -57,8 +57,9 @@ struct State {
     holds: Holds,
     /// OpenAI's device-code login (see `device`).
     device: crate::device::DeviceAuth,
-    /// Anthropic's paste-code login (see `claude_auth`).
-    claude: crate::claude_auth::ClaudeAuth,
+    /// Anthropic's and Google's paste-code logins (see `paste_auth`).
+    claude: crate::paste_auth::PasteAuth,
+    google: crate::paste_auth::PasteAuth,
 }
 
 /// Serves connections from `listener` until the task is dropped.
@@ -80,7 +81,8 @@ pub async fn serve_tls(
         limited_since: Default::default(),
         holds: Holds::default(),
         device: Default::default(),
-        claude: Default::default(),
+        claude: crate::paste_auth::PasteAuth::new(crate::paste_auth::Vendor::Anthropic),
+        google: crate::paste_auth::PasteAuth::new(crate::paste_auth::Vendor::Google),
     });
     if let Some((tls_listener, acceptor)) = tls {
         let state = Arc::clone(&state);
@@ -298,15 +300,22 @@ async fn stub_endpoint(state: &State, method: &Method, path: &str, query: Option
             _ => not_found(method, path),
         };
     }
-    if let Some(action) = path.strip_prefix("/_stub/claude/") {
+    let paste = [
+        ("/_stub/claude/", &state.claude),
+        ("/_stub/google/", &state.google),
+    ];
+    if let Some((action, auth)) = paste
+        .iter()
+        .find_map(|(prefix, auth)| Some((path.strip_prefix(prefix)?, auth)))
+    {
         let url = query
             .into_iter()
             .flat_map(|q| q.split('&'))
             .find_map(|pair| pair.strip_prefix("url="))
             .map(crate::oauth::decode)
             .unwrap_or_default();
-        return match (method, state.claude.control(action, &url)) {
-            (&Method::POST, Some(body)) => Answer::json(200, &body, "claude_authorize"),
+        return match (method, auth.control(action, &url)) {
+            (&Method::POST, Some(body)) => Answer::json(200, &body, "paste_authorize"),
             _ => not_found(method, path),
         };
     }
@@ -323,6 +332,7 @@ async fn stub_endpoint(state: &State, method: &Method, path: &str, query: Option
     match (method, path) {
         (&Method::GET, "/_stub/device") => Answer::json(200, &state.device.status(), "device"),
         (&Method::GET, "/_stub/claude") => Answer::json(200, &state.claude.status(), "claude"),
+        (&Method::GET, "/_stub/google") => Answer::json(200, &state.google.status(), "google"),
         (&Method::GET, "/_stub/health") => Answer {
             content_type: "text/plain; charset=utf-8",
             body: "ok\n".into(),
@@ -354,15 +364,16 @@ async fn stub_endpoint(state: &State, method: &Method, path: &str, query: Option
     }
 }
 
-/// OpenAI's device-code login (`device`) or Anthropic's paste-code login (`claude_auth`),
-/// if `parts` asks for a step of one.
+/// OpenAI's device-code login (`device`) or Anthropic's or Google's paste-code login
+/// (`paste_auth`), if `parts` asks for a step of one.
 fn device_route(state: &State, parts: &Parts, bytes: &Bytes) -> Option<Answer> {
     if parts.method == Method::GET {
         let (body, what) = match parts.uri.path() {
-            "/api/oauth/profile" => (crate::claude_auth::ClaudeAuth::profile(), "claude_profile"),
+            "/api/oauth/profile" => (crate::paste_auth::PasteAuth::profile(), "claude_profile"),
             "/api/oauth/claude_cli/roles" => {
-                (crate::claude_auth::ClaudeAuth::roles(), "claude_roles")
+                (crate::paste_auth::PasteAuth::roles(), "claude_roles")
             }
+            "/oauth2/v2/userinfo" => (crate::paste_auth::PasteAuth::userinfo(), "google_userinfo"),
             _ => return None,
         };
         let bearer = parts
@@ -391,15 +402,17 @@ fn device_route(state: &State, parts: &Parts, bytes: &Bytes) -> Option<Answer> {
         }
         "/v1/oauth/token" if crate::device::is_code_grant(bytes) => {
             let (s, b) = match &state.oauth {
-                Some(o) => state.claude.exchange(bytes, || {
-                    let t = o.login_tokens();
-                    let text = |k: &str| t[k].as_str().unwrap_or_default().to_string();
-                    let left = t["expires_in"].as_u64().unwrap_or_default();
-                    (text("access_token"), text("refresh_token"), left)
-                }),
+                Some(o) => state.claude.exchange(bytes, || login_tokens(o)),
                 None => (400, json!({"error": "invalid_grant"})),
             };
             (s, b, "claude_exchange")
+        }
+        "/token" if crate::device::is_code_grant(bytes) => {
+            let (s, b) = match &state.oauth {
+                Some(o) => state.google.exchange(bytes, || login_tokens(o)),
+                None => (400, json!({"error": "invalid_grant"})),
+            };
+            (s, b, "google_exchange")
         }
         "/oauth/token" if crate::device::is_code_grant(bytes) => {
             let (s, b) = match &state.oauth {
@@ -411,6 +424,14 @@ fn device_route(state: &State, parts: &Parts, bytes: &Bytes) -> Option<Answer> {
         _ => return None,
     };
     Some(Answer::json(status, &body, what))
+}
+
+/// The login an approved paste code is traded for: access and refresh token, seconds left.
+fn login_tokens(o: &crate::oauth::OAuth) -> (String, String, u64) {
+    let t = o.login_tokens();
+    let text = |k: &str| t[k].as_str().unwrap_or_default().to_string();
+    let left = t["expires_in"].as_u64().unwrap_or_default();
+    (text("access_token"), text("refresh_token"), left)
 }
 
 fn not_found(method: &Method, path: &str) -> Answer {

@@ -1,9 +1,9 @@
-//! Anthropic's paste-code login as `claude auth login` runs it (claude 2.1.332), for the
-//! tests of `caw-box auth login --provider claude`: the test stands in for the person at
-//! claude.ai (it hands the stub the URL the CLI printed and gets back the `code#state` the
-//! browser would show once approved, or one the vendor then refuses), then the CLI trades
-//! the code at the token endpoint and reads the account it belongs to.
+//! The paste-code logins, for the tests of `caw-box auth login`: the test stands in for the
+//! person at the vendor's page (it hands the stub the URL the CLI printed and gets back the
+//! code the browser would show once approved, or one the vendor then refuses), then the CLI
+//! trades the code at the token endpoint and reads the account it belongs to. Two vendors:
 //!
+//! Anthropic's, as `claude auth login` runs it (claude 2.1.332; `/_stub/claude/…`):
 //! - the URL the CLI prints: `https://claude.ai/oauth/authorize?<flags><code_challenge>`
 //!   (the CLI's short form: the client and scopes packed into a few characters before the
 //!   43-character PKCE challenge; no state) or, with `CLAUDE_CODE_FULL_SIGN_IN_LINK`, the
@@ -14,6 +14,18 @@
 //!   code whose challenge is the verifier's SHA-256; a refused code gets 400 `invalid_grant`;
 //! - `GET /api/oauth/profile` and `GET /api/oauth/claude_cli/roles` with the access token:
 //!   the account and organization (a Max plan), and the roles in it.
+//!
+//! Google's, as gemini's manual code flow runs it (gemini 0.61.0, `NO_BROWSER=true`;
+//! `/_stub/google/…`):
+//! - the URL the CLI prints: `https://accounts.google.com/o/oauth2/v2/auth?redirect_uri=
+//!   https://codeassist.google.com/authcode&access_type=offline&scope=…&code_challenge_method=
+//!   S256&code_challenge=…&state=…&response_type=code&client_id=…`; the page shows the code
+//!   alone;
+//! - `POST oauth2.googleapis.com/token` (form) `grant_type=authorization_code&code&
+//!   code_verifier&redirect_uri&client_id&client_secret` → `{"access_token","expires_in",
+//!   "refresh_token","scope","token_type"}`; a refused code gets 400 `invalid_grant`;
+//! - `GET www.googleapis.com/oauth2/v2/userinfo` with the access token → the account's
+//!   `email` (which gemini keeps in `~/.gemini/google_accounts.json`).
 
 use std::sync::Mutex;
 
@@ -34,15 +46,27 @@ struct Code {
     used: bool,
 }
 
+/// Whose login: what the page shows and what the token endpoint answers.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Vendor {
+    #[default]
+    Anthropic,
+    Google,
+}
+
 /// The codes handed out to the test's "browser".
 #[derive(Debug, Default)]
-pub struct ClaudeAuth {
+pub struct PasteAuth {
+    vendor: Vendor,
     codes: Mutex<Vec<Code>>,
 }
 
-/// The PKCE challenge and state of an authorize URL the CLI printed (short or full form).
+/// The PKCE challenge and state of an authorize URL the CLI printed (claude's short or full
+/// form, Google's).
 pub fn parse_authorize_url(url: &str) -> Option<(String, Option<String>)> {
-    let (_, query) = url.split_once("/oauth/authorize?")?;
+    let (_, query) = url
+        .split_once("/oauth/authorize?")
+        .or_else(|| url.split_once("/o/oauth2/v2/auth?"))?;
     let params: Vec<(&str, String)> = query
         .split('&')
         .filter_map(|p| p.split_once('='))
@@ -69,14 +93,21 @@ pub fn challenge_of(verifier: &str) -> String {
     b64().encode(ring::digest::digest(&ring::digest::SHA256, verifier.as_bytes()).as_ref())
 }
 
-impl ClaudeAuth {
+impl PasteAuth {
+    pub fn new(vendor: Vendor) -> Self {
+        PasteAuth {
+            vendor,
+            codes: Mutex::default(),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Code>> {
         self.codes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `POST /_stub/claude/{approve,deny}?url=<the URL the CLI printed>`: what the browser
-    /// shows at the end, `{"code": "<code>#<state>"}`; a denied one is refused at the token
-    /// endpoint.
+    /// `POST /_stub/{claude,google}/{approve,deny}?url=<the URL the CLI printed>`: what the
+    /// browser shows at the end, `{"code": "<code>#<state>"}` (Anthropic's) or `{"code":
+    /// "<code>"}` (Google's); a denied one is refused at the token endpoint.
     pub fn control(&self, action: &str, url: &str) -> Option<Value> {
         let approved = match action {
             "approve" => true,
@@ -95,19 +126,23 @@ impl ClaudeAuth {
             approved,
             used: false,
         });
-        Some(json!({"code": format!("{code}#{state}")}))
+        let shown = match self.vendor {
+            Vendor::Anthropic => format!("{code}#{state}"),
+            Vendor::Google => code,
+        };
+        Some(json!({"code": shown}))
     }
 
-    /// `POST /v1/oauth/token` with `grant_type=authorization_code`: `tokens` (access and
-    /// refresh token, seconds left) for an approved, unused code whose challenge the verifier
-    /// meets.
+    /// `POST /v1/oauth/token` (Anthropic's, JSON) or `POST /token` (Google's, a form) with
+    /// `grant_type=authorization_code`: `tokens` (access and refresh token, seconds left) for
+    /// an approved, unused code whose challenge the verifier meets.
     pub fn exchange(
         &self,
         body: &[u8],
         tokens: impl FnOnce() -> (String, String, u64),
     ) -> (u16, Value) {
-        let v: Value = serde_json::from_slice(body).unwrap_or_default();
-        let field = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default();
+        let fields = crate::device::fields(body);
+        let field = |k: &str| crate::device::field(&fields, k).unwrap_or_default();
         let mut codes = self.lock();
         let found = codes.iter_mut().find(|c| c.code == field("code"));
         let refused = || {
@@ -121,6 +156,14 @@ impl ClaudeAuth {
         }
         c.used = true;
         let (access, refresh, expires_in) = tokens();
+        if self.vendor == Vendor::Google {
+            let scope = "https://www.googleapis.com/auth/cloud-platform \
+                https://www.googleapis.com/auth/userinfo.email \
+                https://www.googleapis.com/auth/userinfo.profile openid";
+            let body = json!({"access_token": access, "expires_in": expires_in,
+                              "refresh_token": refresh, "scope": scope, "token_type": "Bearer"});
+            return (200, body);
+        }
         let body = json!({
             "token_type": "Bearer",
             "access_token": access,
@@ -146,12 +189,18 @@ impl ClaudeAuth {
         })
     }
 
+    /// `GET /oauth2/v2/userinfo` (Google's).
+    pub fn userinfo() -> Value {
+        json!({"id": "100000000000000000001", "email": "stub@example.invalid",
+               "verified_email": true, "picture": ""})
+    }
+
     /// `GET /api/oauth/claude_cli/roles`.
     pub fn roles() -> Value {
         json!({"organization_role": "admin", "workspace_role": null, "organization_name": "Stub Org"})
     }
 
-    /// `GET /_stub/claude`: the codes and whether each was traded.
+    /// `GET /_stub/{claude,google}`: the codes and whether each was traded.
     pub fn status(&self) -> Value {
         let codes: Vec<Value> = self
             .lock()
@@ -168,7 +217,7 @@ mod tests {
 
     #[test]
     fn an_approved_code_trades_once_against_its_verifier() {
-        let a = ClaudeAuth::default();
+        let a = PasteAuth::default();
         let verifier = "v".repeat(43);
         let url = format!(
             "https://claude.ai/oauth/authorize?z-W{}",
@@ -193,7 +242,7 @@ mod tests {
 
     #[test]
     fn a_denied_code_is_refused_and_a_full_url_keeps_its_state() {
-        let a = ClaudeAuth::default();
+        let a = PasteAuth::default();
         let verifier = "w".repeat(43);
         let url = format!(
             "https://claude.com/cai/oauth/authorize?code=true&code_challenge={}&state=st8",
@@ -212,5 +261,24 @@ mod tests {
             400
         );
         assert!(parse_authorize_url("https://claude.ai/oauth/authorize?short").is_none());
+    }
+
+    #[test]
+    fn googles_page_shows_the_code_alone_and_its_form_trades_it() {
+        let a = PasteAuth::new(Vendor::Google);
+        let verifier = "g".repeat(43);
+        let url = format!(
+            "https://accounts.google.com/o/oauth2/v2/auth?redirect_uri=https%3A%2F%2Fcodeassist.google.com%2Fauthcode&code_challenge_method=S256&code_challenge={}&state=ab12&response_type=code",
+            challenge_of(&verifier)
+        );
+        let code = a.control("approve", &url).unwrap()["code"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(!code.contains('#'), "{code}");
+        let form = format!("grant_type=authorization_code&code={code}&code_verifier={verifier}");
+        let (status, got) = a.exchange(form.as_bytes(), || ("a".into(), "r".into(), 60));
+        assert_eq!((status, got["refresh_token"].as_str()), (200, Some("r")));
+        assert!(got.get("account").is_none(), "{got}");
     }
 }
