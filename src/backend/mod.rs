@@ -51,6 +51,7 @@ mod engine;
 pub mod images;
 mod plan;
 pub mod refresh_lock;
+mod scratch;
 pub mod warm;
 pub use engine::{checkup, connect, read_config_by, scope, BackendKind, Engine, Scope};
 pub use plan::{
@@ -58,6 +59,7 @@ pub use plan::{
     PROXY_PORT, PROXY_SCRIPT,
 };
 pub use refresh_lock::RefreshHold;
+pub use scratch::{Scratch, ScratchFile};
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -539,55 +541,6 @@ impl MountSpec {
     }
 }
 
-/// A container's private scratch directory at `mount`: storage of its own, removed with
-/// the container, holding `files` (owned by `owner`) before the container starts. Nothing of it is a host path, so it works with a daemon that does not share
-/// caw-box's filesystem. The files may be secrets: `Debug` shows their paths only.
-#[derive(Clone, PartialEq, Eq, Default)]
-pub struct Scratch {
-    pub mount: String,
-    /// Owner (uid, gid) of the files and of their parent directories.
-    pub owner: (u32, u32),
-    /// Paths relative to `mount`; parent directories are made (mode 0700).
-    pub files: Vec<ScratchFile>,
-}
-
-#[derive(Clone, PartialEq, Eq)]
-pub struct ScratchFile {
-    pub path: String,
-    pub contents: Vec<u8>,
-    pub mode: u32,
-}
-
-impl std::fmt::Debug for ScratchFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({} bytes)", self.path, self.contents.len())
-    }
-}
-
-impl std::fmt::Debug for Scratch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let paths: Vec<&str> = self.files.iter().map(|x| x.path.as_str()).collect();
-        f.debug_struct("Scratch")
-            .field("mount", &self.mount)
-            .field("owner", &self.owner)
-            .field("files", &paths)
-            .finish()
-    }
-}
-
-impl Scratch {
-    pub fn tar_files(&self) -> Vec<TarFile<'_>> {
-        self.files
-            .iter()
-            .map(|f| TarFile {
-                path: &f.path,
-                contents: &f.contents,
-                mode: f.mode,
-            })
-            .collect()
-    }
-}
-
 /// Resource limits of a turn.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Limits {
@@ -695,4 +648,11 @@ pub struct HelperSpec {
     /// credential broker on the session's network joining a turn's egress network). Only
     /// for backends whose turns live on networks ([`EgressRoute::agent_network`]).
     pub join: Option<(String, String)>,
+    /// The hosts a helper that goes out (a login) may reach, where the backend holds egress
+    /// in the helper's own unit (Kubernetes, as a turn pod's: [`EgressRoute::agent_network`]
+    /// `None`); Docker holds it with [`Backend::open_egress`]'s network. Empty: none here.
+    pub egress_allow: Vec<String>,
+    /// A directory its command writes that is read after the command ended, until it is
+    /// removed (Kubernetes keeps it in the pod's memory; Docker, a stopped container's).
+    pub kept_dir: Option<String>,
 }

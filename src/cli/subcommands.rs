@@ -75,7 +75,8 @@ Flows (docs/credentials.md): codex `codex login --device-auth`; opencode `openco
 with ChatGPT Pro/Plus (headless); claude `claude auth login` (the code the page shows after
 approval, `code#state`, pasted here); gemini its Google login in its own UI, on a terminal of
 the container (the code the page shows, pasted here).
-The login's container has no workspace and reaches only the vendor's auth hosts.";
+The login's container has no workspace and reaches only the vendor's auth hosts; with
+--backend kubernetes it is a pod of the namespace, and the login lands in this host's store.";
 
 /// `auth login`'s flags.
 #[derive(Debug, Args)]
@@ -88,7 +89,7 @@ pub struct AuthLoginArgs {
     #[arg(long)]
     pub with_api_key: bool,
     /// The Docker network the login's egress proxy goes out on (`open`: the default
-    /// bridge; NAME: an existing network, e.g. behind a gateway).
+    /// bridge; NAME: an existing network, e.g. behind a gateway). Kubernetes: `open` only.
     #[arg(long, value_name = "NAME", default_value = "open")]
     pub network: String,
     /// A CA certificate (PEM) the vendor's CLI trusts besides its own (a TLS-intercepting

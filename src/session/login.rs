@@ -1,8 +1,10 @@
 //! `caw-box auth login`: the vendor CLI's own headless login (its spec's `login.argv`), in a
 //! short-lived container of the provider's image that has no workspace and no state volume,
 //! whose only way out is the egress proxy admitting the vendor's auth hosts (as
-//! `--allow-host` holds a turn). What the CLI wrote under HOME is read out of the ended
-//! container and handed back; the container and its egress are removed whatever happens
+//! `--allow-host` holds a turn, on a network or in the container's own unit, as the backend
+//! routes it). What the CLI wrote under HOME is read out of the ended container (HOME kept
+//! for that: [`HelperSpec::kept_dir`]) and handed back; the container and its egress are
+//! removed whatever happens
 //! (the flow's end, a failure, Ctrl-C, the timeout). Not the store (`auth::store` keeps the
 //! result) and not the terminal (the caller is told the URL and code through `say`). Two
 //! kinds of flow: a device code (codex, opencode: the person enters the code the CLI printed
@@ -111,7 +113,8 @@ fn names(plan: &LoginPlan, spec: &LoginSpec) -> Names {
 }
 
 /// The login's container: the CLI's login command as the image's user, hardened, on the
-/// egress route's network with the proxy in its environment.
+/// egress route's network (or holding its egress itself, where the route has none) with the
+/// proxy in its environment, its HOME read after its end.
 fn container_spec(
     plan: &LoginPlan,
     spec: &LoginSpec,
@@ -165,7 +168,10 @@ fn container_spec(
         user: Some(format!("{}:{}", IMAGE_IDS.0, IMAGE_IDS.1)),
         labels: egress.labels.clone(),
         mounts: vec![],
-        network: NetworkPolicy::Named(route.agent_network.clone().unwrap_or_default()),
+        network: route
+            .agent_network
+            .clone()
+            .map_or(NetworkPolicy::Default, NetworkPolicy::Named),
         read_only_root: false,
         drop_all_capabilities: true,
         add_capabilities: vec![],
@@ -178,6 +184,8 @@ fn container_spec(
         tty: spec.tty,
         auto_remove: false,
         join: None,
+        egress_allow: egress.allow.clone(),
+        kept_dir: Some(AGENT_HOME.to_string()),
     }
 }
 
@@ -195,19 +203,11 @@ pub async fn login(
     if spec.argv.is_empty() {
         return Err(unavailable(p, &spec));
     }
+    // A `--network` the backend cannot put the login's way out on: refused, not ignored.
+    backend.refuse_settings(&plan.network, None)?;
     remove_abandoned(backend).await;
     let Names { container, egress } = names(plan, &spec);
     let route = backend.egress_route(&egress);
-    if route.agent_network.is_none() {
-        return Err(Error::usage(format!(
-            "`auth login` runs the vendor's login on a backend whose containers reach the \
-             vendor through a proxy of their own, not this one ({p})"
-        ))
-        .with_hint(
-            "run it with `--backend docker` on this host: the login lands in this host's \
-             store either way",
-        ));
-    }
     let spec_of_container = container_spec(plan, &spec, &route, &egress);
     // Ctrl-C, SIGTERM, SIGHUP, as a turn's (none where the caller handles signals): from
     // before anything exists, so that one during the setup is still cleaned up after.
@@ -215,9 +215,14 @@ pub async fn login(
     if let Err(e) = backend.open_egress(&egress).await {
         return Err(created(e, plan));
     }
-    let outcome = match backend.create_helper(&container, &spec_of_container).await {
+    // (A backend may take seconds to run it: a Ctrl-C meanwhile ends the login there.)
+    let made = tokio::select! {
+        made = backend.create_helper(&container, &spec_of_container) => made.map_err(|e| created(e, plan)),
+        () = interrupts.recv() => Err(interrupted(p)),
+    };
+    let outcome = match made {
         Ok(_) => run_flow(backend, plan, &spec, &container, &mut interrupts, say).await,
-        Err(e) => Err(created(e, plan)),
+        Err(e) => Err(e),
     };
     let _ = backend.remove_container(&container, true).await;
     backend.close_egress(&egress).await;
@@ -249,6 +254,8 @@ async fn remove_abandoned(backend: &impl Backend) {
                 format!("{}={}", labels::ROLE, roles::LOGIN),
             ];
             let _ = backend.sweep(&own, &[]).await;
+            // The container itself, where nothing was made beside it for the sweep to find.
+            let _ = backend.remove_found(c).await;
         }
     }
 }

@@ -37,6 +37,8 @@ use serde_json::Value;
 
 use crate::common::*;
 
+mod login;
+
 const LAB_DIR: &str = "/tmp/k8s-lab";
 const KUBECTL: &str = "/var/cache/k8s-lab/bin/kubectl";
 /// The lab's own containerd (the k8s-lab script's `SOCK`), read with Debian's `ctr`.
@@ -406,7 +408,13 @@ impl Lab {
 
     /// [`Self::start_stub`] as pod `name` with `env` (the container's `env` list).
     fn start_stub_with(&self, name: &str, env: Value) -> String {
-        let pod = serde_json::json!({
+        self.start_stub_with_spec(name, env, serde_json::json!({}))
+    }
+
+    /// [`Self::start_stub_with`], with `more` merged into the pod's spec (a
+    /// `securityContext` that lets it listen on 443).
+    fn start_stub_with_spec(&self, name: &str, env: Value, more: Value) -> String {
+        let mut pod = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
@@ -424,6 +432,9 @@ impl Lab {
                 }]
             }
         });
+        if let (Some(spec), Some(more)) = (pod["spec"].as_object_mut(), more.as_object()) {
+            spec.extend(more.clone());
+        }
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), pod.to_string()).unwrap();
         self.kubectl_ok(&["apply", "-f", &file.path().to_string_lossy()]);

@@ -194,7 +194,7 @@ fn a_login_network_without_a_way_out_is_refused_in_one_line() {
 }
 
 /// The vendor's auth host the device-code flows reach (the stub's alias).
-const OPENAI_AUTH: &str = "auth.openai.com";
+pub(crate) const OPENAI_AUTH: &str = "auth.openai.com";
 
 /// A rig whose stub is also the vendor's auth and API `hosts` on the test's network
 /// (`auth.openai.com`, …), serving HTTPS on 443 with a certificate of a CA made for the test
@@ -239,7 +239,7 @@ pub(crate) fn spawn_login(rig: &Rig, provider: &str, ca: &std::path::Path) -> Ch
 }
 
 /// Reads the prompt `caw-box auth login --json` prints: (url, code).
-fn read_prompt(child: &mut std::process::Child) -> (String, String) {
+pub(crate) fn read_prompt(child: &mut std::process::Child) -> (String, String) {
     use std::io::BufRead;
     let stdout = child.stdout.as_mut().unwrap();
     let mut line = String::new();
@@ -256,7 +256,12 @@ fn read_prompt(child: &mut std::process::Child) -> (String, String) {
 
 /// What the store holds, file by file (to compare before and after a failed login).
 pub(crate) fn store_snapshot(rig: &Rig) -> Vec<(String, Vec<u8>)> {
-    let root = rig.data_dir.path().join("auth");
+    store_snapshot_of(rig.data_dir.path())
+}
+
+/// [`store_snapshot`] of the data directory `data`.
+pub(crate) fn store_snapshot_of(data: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let root = data.join("auth");
     let mut out = Vec::new();
     let mut dirs = vec![root.clone()];
     while let Some(d) = dirs.pop() {

@@ -75,6 +75,8 @@ impl DockerBackend {
             tty: false,
             auto_remove: plan.shared,
             join: nets.join.map(|n| (n, plan.name.clone())),
+            egress_allow: vec![],
+            kept_dir: None,
         }
     }
 

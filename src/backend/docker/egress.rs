@@ -57,6 +57,8 @@ impl DockerBackend {
             tty: false,
             auto_remove: false,
             join: None,
+            egress_allow: vec![],
+            kept_dir: None,
         }
     }
 

@@ -21,12 +21,27 @@ impl KubeBackend {
         argv: &[&str],
         input: Option<Vec<u8>>,
     ) -> Result<Vec<u8>> {
+        self.exec_in(name, None, argv, input).await
+    }
+
+    /// [`Self::exec`] in container `container` of the pod (`None`: its main one).
+    async fn exec_in(
+        &self,
+        name: &str,
+        container: Option<String>,
+        argv: &[&str],
+        input: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
         let what = || format!("run `{}` in pod '{name}'", argv.first().unwrap_or(&""));
         let mut params = AttachParams::default()
             .stdin(input.is_some())
             .stdout(true)
             .stderr(true);
-        if let Some(main) = self.main_container(name).await? {
+        let container = match container {
+            Some(c) => Some(c),
+            None => self.main_container(name).await?,
+        };
+        if let Some(main) = container {
             params = params.container(main);
         }
         let mut process = self
@@ -71,16 +86,20 @@ impl KubeBackend {
         Ok(out)
     }
 
-    /// The running pod files of pod `name`'s claims move through: `name` itself while it
-    /// runs; once it ended, a short-lived pod mounting the same claims on the same node
-    /// (`Some` of its name: the caller deletes it). A pod's own memory and empty dirs are
-    /// gone with it.
+    /// The running pod (and container: `None`, its main one) files of pod `name`'s claims
+    /// move through: `name` itself while it runs; once it ended, its `keep` container for
+    /// the directory that holds (a helper's kept directory, `helpers.rs`), else a
+    /// short-lived pod mounting the same claims on the same node (`Some` of its name: the
+    /// caller deletes it). A pod's own memory and empty dirs are gone with it.
     /// A path off the ended pod's claims (its runtime directory, say) is gone with it:
     /// `None`.
-    async fn through(&self, name: &str, path: &str) -> Result<Option<(String, Option<String>)>> {
+    async fn through(&self, name: &str, path: &str) -> Result<Option<Through>> {
         let pod = self.existing_pod(name).await?;
         if container_info(&pod).running() {
-            return Ok(Some((name.to_string(), None)));
+            return Ok(Some((name.to_string(), None, None)));
+        }
+        if let Some(keeper) = super::helpers::keeper_of(&pod, path) {
+            return Ok(Some((name.to_string(), Some(keeper), None)));
         }
         let spec = pod.spec.clone().unwrap_or_default();
         let main = spec.containers.first().cloned().unwrap_or_default();
@@ -153,7 +172,7 @@ impl KubeBackend {
             let _ = self.remove_container(&helper, true).await;
             return Err(e.into());
         }
-        Ok(Some((helper.clone(), Some(helper))))
+        Ok(Some((helper.clone(), None, Some(helper))))
     }
 
     /// Runs `argv` with `input` through [`Self::through`] pod `name`, for `path`: its
@@ -165,10 +184,10 @@ impl KubeBackend {
         argv: &[&str],
         input: Option<Vec<u8>>,
     ) -> Result<Option<Vec<u8>>> {
-        let Some((pod, helper)) = self.through(name, path).await? else {
+        let Some((pod, container, helper)) = self.through(name, path).await? else {
             return Ok(None);
         };
-        let out = self.exec(&pod, argv, input).await;
+        let out = self.exec_in(&pod, container, argv, input).await;
         if let Some(helper) = helper {
             let _ = self.remove_container(&helper, true).await;
         }
@@ -304,6 +323,10 @@ impl KubeBackend {
         }
     }
 }
+
+/// Where files move through ([`KubeBackend::through`]): a pod, the container (`None`: its
+/// main one), and a short-lived pod made for it (the caller deletes it).
+type Through = (String, Option<String>, Option<String>);
 
 /// A reader as a stream of output chunks.
 pub(super) fn chunks(

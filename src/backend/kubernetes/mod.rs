@@ -55,7 +55,9 @@
 //! - `seam.rs`: [`Backend`] for Kubernetes, over the files below
 //! - `pods.rs`: create (the lock), wait to run, delete
 //! - `status.rs`: what a pod's status says (pure)
-//! - `spec.rs`: the pod specs of turns and helpers (pure)
+//! - `spec.rs`: the pod specs of turns (pure)
+//! - `helpers.rs`: helpers' pods: created waiting for their start, a login's held egress and
+//!   kept HOME
 //! - `sandbox.rs`: the sandbox and volumes every container there gets (pure)
 //! - `sidecars.rs`: the broker, the egress proxy and its firewall beside the agent (pure)
 //! - `exec.rs`: exec and attach, and files through a pod
@@ -84,6 +86,7 @@ use crate::error::{Error, Result};
 pub mod doctor;
 mod ends;
 mod exec;
+mod helpers;
 mod lease;
 mod meta;
 mod pods;
@@ -94,9 +97,10 @@ mod spec;
 mod status;
 mod warm;
 
+pub use helpers::helper_pod_spec;
 pub use meta::{label_selector, valid_label_value};
 pub use sidecars::{broker_route, BROKER_UID, EGRESS_INIT, PROXY_UID};
-pub use spec::{helper_pod_spec, turn_pod_spec, SEEDED_MARKER};
+pub use spec::{turn_pod_spec, SEEDED_MARKER};
 pub use status::pod_security_refused;
 
 /// Every object caw-box creates here carries this label too (the Kubernetes convention).
@@ -144,6 +148,8 @@ pub struct KubeBackend {
     ends: std::sync::Arc<ends::Ends>,
     /// The turns this process runs in warm pods, by pod name (`warm.rs`).
     warm: warm::WarmTurns,
+    /// The helper pods this process created that wait for their start (`helpers.rs`).
+    waiting: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 /// Sends a TTY attachment's new size (columns, rows); `false` once the attachment ended.
@@ -218,6 +224,7 @@ impl KubeBackend {
             terminals: Default::default(),
             ends: Default::default(),
             warm: Default::default(),
+            waiting: Default::default(),
         };
         let pods = backend.pods();
         let first = ListParams::default().limit(1);

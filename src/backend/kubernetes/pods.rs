@@ -231,7 +231,13 @@ impl KubeBackend {
         }
     }
 
-    pub(super) fn pod(&self, name: &str, labels: &HashMap<String, String>, spec: PodSpec) -> Pod {
+    pub(super) fn pod(
+        &self,
+        name: &str,
+        labels: &HashMap<String, String>,
+        mut spec: PodSpec,
+    ) -> Pod {
+        super::spec::add_host_aliases_from_env(&mut spec);
         let (labels, annotations) = meta::split(labels);
         Pod {
             metadata: ObjectMeta {

@@ -13,8 +13,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 
 use super::exec::chunks;
+use super::helpers::HELPER;
 use super::sidecars::{BROKER_SIDECAR, LOOPBACK, PROXY_SIDECAR};
-use super::spec::{helper_pod_spec, shell_quote, turn_pod_spec, RUNTIME_READY};
+use super::spec::{shell_quote, turn_pod_spec, RUNTIME_READY};
 use super::status::{
     container_info, deleted_under_turn, oom_kills, out_of_memory, pod_failure, pod_progress,
     Progress, OOM_COUNTERS,
@@ -101,11 +102,9 @@ impl Backend for KubeBackend {
         name: &str,
         spec: &HelperSpec,
     ) -> std::result::Result<String, CreateError> {
-        let pod_spec = helper_pod_spec(spec, true).map_err(CreateError::Other)?;
-        self.create_pod(&self.pod(name, &spec.labels, pod_spec))
-            .await?;
-        self.wait_running(name, &spec.image).await?;
-        Ok(name.to_string())
+        self.create_waiting_helper(name, spec)
+            .await
+            .map(|()| name.to_string())
     }
 
     async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
@@ -124,6 +123,9 @@ impl Backend for KubeBackend {
             .and_then(|p| p.spec?.containers.first().cloned());
         let main = tty.as_ref().map(|c| c.name.clone());
         let tty = tty.and_then(|c| c.tty).unwrap_or(false);
+        if main.as_deref() == Some(HELPER) {
+            return self.attach_helper(name, stdin, tty).await;
+        }
         self.attach_to(name, main, stdin, tty).await
     }
 
@@ -217,10 +219,10 @@ impl Backend for KubeBackend {
         Ok(())
     }
 
-    async fn start_container(&self, _name: &str) -> Result<()> {
-        // A pod runs once created (create_turn waited for it); its entrypoint waits for
-        // the runtime files on stdin.
-        Ok(())
+    async fn start_container(&self, name: &str) -> Result<()> {
+        // A turn's pod runs once created (its entrypoint waits for the runtime files on
+        // stdin); a created helper's command waits for its start marker (`helpers.rs`).
+        self.start_waiting_helper(name).await
     }
 
     async fn wait_container(&self, name: &str) -> Result<i64> {
@@ -376,6 +378,7 @@ impl Backend for KubeBackend {
         if self.is_warm_turn(name) {
             return self.release_warm(name).await;
         }
+        self.forget_waiting_helper(name);
         self.delete_pod(name, None, force).await
     }
 
@@ -423,30 +426,7 @@ impl Backend for KubeBackend {
         name: &str,
         spec: &HelperSpec,
     ) -> std::result::Result<(i64, String, String), CreateError> {
-        let pod_spec = helper_pod_spec(spec, false).map_err(CreateError::Other)?;
-        self.create_pod(&self.pod(name, &spec.labels, pod_spec))
-            .await?;
-        let run = async {
-            self.wait_running(name, &spec.image).await?;
-            let code = self
-                .wait_container(name)
-                .await
-                .map_err(CreateError::Other)?;
-            // Kubernetes keeps one log per container: stdout and stderr together.
-            let logs = self
-                .pods()
-                .logs(name, &LogParams::default())
-                .await
-                .map_err(|e| CreateError::Other(failed(format!("read pod '{name}'s logs"), &e)))?;
-            Ok((
-                code,
-                logs.clone(),
-                if code == 0 { String::new() } else { logs },
-            ))
-        };
-        let out = run.await;
-        let _ = self.remove_container(name, true).await;
-        out
+        self.run_helper(name, spec).await
     }
 
     fn follow_logs(&self, name: &str) -> OutputStream {

@@ -51,7 +51,7 @@ pub(super) fn broker_container(spec: &TurnSpec, program: &str, gid: i64) -> Cont
         stdin_once: Some(false),
         ..sidecar(
             BROKER_SIDECAR,
-            spec,
+            &spec.image,
             broker_command(program, &end_marker()),
             BROKER_UID,
             gid,
@@ -79,7 +79,7 @@ pub(super) fn broker_command(program: &str, marker: &str) -> Vec<String> {
 /// own, a memory limit, and the pod's end marker read-only (it exits when it appears).
 fn sidecar(
     name: &str,
-    spec: &TurnSpec,
+    image: &str,
     command: Vec<String>,
     uid: i64,
     gid: i64,
@@ -87,7 +87,7 @@ fn sidecar(
 ) -> Container {
     Container {
         name: name.into(),
-        image: Some(spec.image.clone()),
+        image: Some(image.to_string()),
         image_pull_policy: Some(pull_policy()),
         command: Some(command),
         security_context: Some(hardened(uid, gid)),
@@ -115,7 +115,8 @@ fn sidecar(
 /// uid and (brokered) the broker's uid get out; every other packet is rejected. The
 /// agent's container then reaches only the proxy on 127.0.0.1, which admits the allowed
 /// hosts. It has no secret. A PodSecurity level of `baseline` or `restricted` forbids it.
-pub(super) fn egress_init(spec: &TurnSpec, brokered: bool) -> Container {
+/// (A helper pod that goes out, a login, gets the same: `helpers.rs`.)
+pub(super) fn egress_init(image: &str, brokered: bool) -> Container {
     let mut uids = vec![PROXY_UID];
     if brokered {
         uids.push(BROKER_UID);
@@ -127,7 +128,7 @@ pub(super) fn egress_init(spec: &TurnSpec, brokered: bool) -> Container {
         .join(" ");
     Container {
         name: EGRESS_INIT.into(),
-        image: Some(spec.image.clone()),
+        image: Some(image.to_string()),
         image_pull_policy: Some(pull_policy()),
         command: Some(vec![
             "bash".into(),
@@ -191,12 +192,12 @@ echo "caw-box: egress held to uids $1 ($v4${v6:+, $v6})""#;
 /// The proxy beside the agent under `--allow-host` (the image's proxy.js, as on Docker):
 /// on the pod's loopback only, a uid of its own, the same sandbox; it exits on the pod's
 /// end marker, as the broker does.
-pub(super) fn proxy_container(spec: &TurnSpec, gid: i64) -> Container {
+pub(super) fn proxy_container(image: &str, allow: &[String], gid: i64) -> Container {
     let marker = serde_json::Value::String(end_marker());
     let script = format!(
         "setInterval(()=>{{if(require('fs').existsSync({marker}))process.exit(0);}},300);require('{PROXY_SCRIPT}');"
     );
-    let env = proxy_env(&spec.egress_allow)
+    let env = proxy_env(allow)
         .into_iter()
         .chain([("CAW_BOX_PROXY_HOST", LOOPBACK.to_string())])
         .map(|(k, v)| k8s_openapi::api::core::v1::EnvVar {
@@ -208,6 +209,6 @@ pub(super) fn proxy_container(spec: &TurnSpec, gid: i64) -> Container {
     let command = vec!["node".into(), "-e".into(), script];
     Container {
         env: Some(env),
-        ..sidecar(PROXY_SIDECAR, spec, command, PROXY_UID, gid, "128Mi")
+        ..sidecar(PROXY_SIDECAR, image, command, PROXY_UID, gid, "128Mi")
     }
 }

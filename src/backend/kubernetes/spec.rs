@@ -1,4 +1,4 @@
-//! The pod specs of turns and helpers: the agent's container and its entrypoint (with an end
+//! The pod specs of turns (helpers': `helpers.rs`): the agent's container and its entrypoint (with an end
 //! marker beside sidecars, a wait for its files in a TUI), the sidecars it gets, and the init
 //! container that seeds HOME. Pure: the API server sees them in `pods.rs`.
 
@@ -10,11 +10,11 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::sandbox::{claim_mounts, empty_dir, hardened, parse_user, pod_security, pull_policy};
+use super::sandbox::{claim_mounts, empty_dir, hardened, pod_security, pull_policy};
 use super::sidecars::{broker_container, egress_init, proxy_container, BROKER_UID, PROXY_UID};
 use super::sidecars::{POD_END_DIR, POD_END_FILE};
 use crate::backend::PROXY_PORT;
-use crate::backend::{HelperSpec, MountSpec, NetworkPolicy, TurnSpec};
+use crate::backend::{MountSpec, NetworkPolicy, TurnSpec};
 use crate::error::{Error, Result};
 
 /// How long a turn pod whose CLI ended waits for its record (the entrypoint's
@@ -36,7 +36,7 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         .as_ref()
         .map(|program| broker_container(spec, program, gid));
     let brokered = broker.is_some();
-    let proxy = held.then(|| proxy_container(spec, gid));
+    let proxy = held.then(|| proxy_container(&spec.image, &spec.egress_allow, gid));
     // A TUI's runtime files are put in once the pod runs (a terminal's stdin is no way for
     // an archive): the image's entrypoint starts when they are there. Beside a broker, the
     // entrypoint leaves the end marker when it ended; a headless one announces its end.
@@ -69,7 +69,7 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
     containers.extend(proxy);
     let mut init_containers = Vec::new();
     if held {
-        init_containers.push(egress_init(spec, brokered));
+        init_containers.push(egress_init(&spec.image, brokered));
     }
     init_containers.push(seed_home(spec, uid, gid));
     // A broker that stands in for hosts (`extra_hosts`: the pod's loopback) listens on
@@ -195,11 +195,12 @@ fn agent_env(spec: &TurnSpec, held: bool) -> Vec<k8s_openapi::api::core::v1::Env
         .collect()
 }
 
-/// `host:ip` entries as the pod's `/etc/hosts` lines (one per address); `None`: none.
-fn host_aliases(entries: &[String]) -> Option<Vec<HostAlias>> {
+/// `host:ip` entries as the pod's `/etc/hosts` lines (one per address; a host name has no
+/// colon, an IPv6 address may); `None`: none.
+pub(super) fn host_aliases(entries: &[String]) -> Option<Vec<HostAlias>> {
     let mut by_ip: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for entry in entries {
-        if let Some((host, ip)) = entry.rsplit_once(':') {
+        if let Some((host, ip)) = entry.split_once(':') {
             by_ip.entry(ip).or_default().push(host.to_string());
         }
     }
@@ -211,6 +212,22 @@ fn host_aliases(entries: &[String]) -> Option<Vec<HostAlias>> {
         })
         .collect();
     (!aliases.is_empty()).then_some(aliases)
+}
+
+/// `CAW_BOX_HOST_ALIASES` (`HOST:IP,…`): names every pod caw-box makes resolves to those
+/// addresses, beside its own (a cluster with no DNS for a gateway or a vendor's host, as a
+/// test cluster; the egress proxy resolves through the pod's hosts file too).
+pub(super) fn add_host_aliases_from_env(spec: &mut PodSpec) {
+    let entries: Vec<String> = std::env::var("CAW_BOX_HOST_ALIASES")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(str::to_string)
+        .collect();
+    if let Some(more) = host_aliases(&entries) {
+        spec.host_aliases.get_or_insert_with(Vec::new).extend(more);
+    }
 }
 
 /// The agent's container in a turn pod (the first).
@@ -331,75 +348,6 @@ pub(super) fn seed_home(spec: &TurnSpec, uid: i64, gid: i64) -> Container {
         }]),
         ..Default::default()
     }
-}
-
-/// The pod of a helper: `sleep` while files move through it (`hold`), or the helper's own
-/// command run to its end.
-pub fn helper_pod_spec(spec: &HelperSpec, hold: bool) -> Result<PodSpec> {
-    if spec.network != NetworkPolicy::None && spec.network != NetworkPolicy::Default {
-        return Err(Error::usage(
-            "helpers on a named network (an egress proxy) are not available with the kubernetes backend yet",
-        ));
-    }
-    let mounts: Vec<&MountSpec> = spec.mounts.iter().collect();
-    let (mut volumes, mut volume_mounts) = claim_mounts(&mounts)?;
-    volumes.push(empty_dir("tmp", false, "256Mi"));
-    volume_mounts.push(VolumeMount {
-        name: "tmp".into(),
-        mount_path: "/tmp".into(),
-        ..Default::default()
-    });
-    let (uid, gid) = spec
-        .user
-        .as_deref()
-        .and_then(parse_user)
-        .unwrap_or_else(|| {
-            let (u, g) = crate::dirs::agent_ids();
-            (u.into(), g.into())
-        });
-    let mut security = hardened(uid, gid);
-    if !spec.add_capabilities.is_empty() {
-        if let Some(caps) = security.capabilities.as_mut() {
-            caps.add = Some(spec.add_capabilities.clone());
-        }
-    }
-    let command = if hold {
-        vec!["sleep".to_string(), "3600".to_string()]
-    } else {
-        spec.entrypoint.clone()
-    };
-    Ok(PodSpec {
-        restart_policy: Some("Never".into()),
-        automount_service_account_token: Some(false),
-        enable_service_links: Some(false),
-        security_context: Some(pod_security(gid)),
-        termination_grace_period_seconds: Some(0),
-        containers: vec![Container {
-            name: "helper".into(),
-            image: Some(spec.image.clone()),
-            image_pull_policy: Some(pull_policy()),
-            command: (!command.is_empty()).then_some(command),
-            args: (!hold && !spec.argv.is_empty()).then(|| spec.argv.clone()),
-            env: Some(
-                spec.env
-                    .iter()
-                    .map(|kv| {
-                        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                        k8s_openapi::api::core::v1::EnvVar {
-                            name: k.to_string(),
-                            value: Some(v.to_string()),
-                            value_from: None,
-                        }
-                    })
-                    .collect(),
-            ),
-            security_context: Some(security),
-            volume_mounts: Some(volume_mounts),
-            ..Default::default()
-        }],
-        volumes: Some(volumes),
-        ..Default::default()
-    })
 }
 
 pub(super) fn shell_quote(s: &str) -> String {

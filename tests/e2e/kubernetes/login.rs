@@ -1,0 +1,193 @@
+//! `caw-box auth login --backend kubernetes` (issue 45): the vendor's login as a pod of the
+//! lab, its result in this host's store, as on Docker (tests/e2e/login.rs).
+//!
+//! The stub stands in for OpenAI's auth server as on Docker: a pod serving HTTPS on 443 with
+//! a certificate for `auth.openai.com` of a CA the test makes (`--ca-cert`). The lab has no
+//! DNS: `CAW_BOX_HOST_ALIASES` gives caw-box's pods a hosts-file line for that name (the
+//! login pod's proxy sidecar resolves it there). The stub runs as nobody, so its pod lowers
+//! `ip_unprivileged_port_start` (a safe sysctl) to listen on 443.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{caw_k8s, Lab};
+use crate::common::*;
+use crate::login::{read_prompt, store_snapshot_of, OPENAI_AUTH};
+
+/// The lab with the codex image and the stub as `auth.openai.com` holding `login`: the stub's
+/// pod IP, and the test CA's PEM file (in a directory kept while the test runs).
+fn auth_stub_on_the_lab(lab: &Lab, login: &crate::oauth::Login) -> (String, tempfile::TempDir) {
+    lab.load_images(&["caw-box/codex:latest", &stub_image()]);
+    let tls = caw_box::auth::intercept::intercept_tls(&[OPENAI_AUTH.to_string()]).unwrap();
+    let key = String::from_utf8(tls.key_pem.expose().to_vec()).unwrap();
+    let env = serde_json::json!([
+        {"name": "STUB_EXPECT_KEY", "value": TEST_KEY},
+        {"name": "STUB_OAUTH", "value": format!("{},{}", login.access, login.refresh)},
+        {"name": "STUB_TLS_CERT", "value": tls.cert_pem},
+        {"name": "STUB_TLS_KEY", "value": key},
+    ]);
+    let port_443 = serde_json::json!({"securityContext": {"sysctls": [
+        {"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}
+    ]}});
+    let endpoint = lab.start_stub_with_spec("stub-auth", env, port_443);
+    let ip = endpoint
+        .trim_start_matches("http://")
+        .split(':')
+        .next()
+        .unwrap()
+        .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), &tls.ca_pem).unwrap();
+    (ip, dir)
+}
+
+/// `caw-box --backend kubernetes auth login --provider codex --json`, trusting the test's CA,
+/// `auth.openai.com` resolved to the stub's pod: running, stdout and stderr piped.
+fn spawn_login(
+    lab: &Lab,
+    data: &std::path::Path,
+    stub_ip: &str,
+    ca: &std::path::Path,
+) -> std::process::Child {
+    let mut c = caw_k8s(data, data, lab);
+    c.args(["auth", "login", "--provider", "codex", "--json"])
+        .arg("--ca-cert")
+        .arg(ca.join("ca.pem"))
+        .args(["--timeout", "2m"])
+        .env("CAW_BOX_HOST_ALIASES", format!("{OPENAI_AUTH}:{stub_ip}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c.spawn().unwrap()
+}
+
+/// codex's items of `auth status --json` as `status` (that command) prints them.
+fn status_items_of(status: std::process::Command) -> Vec<Value> {
+    let out = run(status);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    all.as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["provider"] == "codex")
+        .and_then(|row| row["items"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// The login pods in the lab now.
+fn login_pods(lab: &Lab) -> Vec<String> {
+    lab.kubectl_ok(&["get", "pod", "-l", "io.caw-box.role=login", "-o", "name"])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// codex's device-code login as a pod of the lab, for real. First what must change nothing
+/// (a store holding a key already): a code the vendor denies (exit 4, one line), Ctrl-C while
+/// the CLI waits for the code (exit 130, one line), a caw-box killed outright mid-flow (its
+/// pod stays, holding nobody's login yet, until the next login of this host removes it):
+/// each leaves the store byte for byte as it was and no pod of its own. Then the login
+/// approved at the stub: codex writes `~/.codex/auth.json` in the pod, caw-box reads it out
+/// of the pod after the CLI ended and stores it (source `login`, the stub's tokens), and no
+/// caw-box object is left in the cluster.
+#[test]
+fn kubernetes_codex_login_runs_as_a_pod_and_leaves_nothing() {
+    check("lab up");
+    let lab = Lab::up();
+    let login = crate::oauth::codex_login(1);
+    let (stub_ip, ca) = auth_stub_on_the_lab(&lab, &login);
+    let data = tempfile::tempdir().unwrap();
+    let mut key = caw_k8s(data.path(), data.path(), &lab);
+    key.args(["auth", "login", "--provider", "codex", "--with-api-key"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = key.spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), TEST_KEY.as_bytes()).unwrap();
+    let out = wait_with_deadline(child, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let before = store_snapshot_of(data.path());
+    let one_line = |out: &std::process::Output| {
+        let err = stderr_of(out);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        err
+    };
+
+    check("a denied code: exit 4, one line, nothing left, the store unchanged");
+    let mut child = spawn_login(&lab, data.path(), &stub_ip, ca.path());
+    let (url, code) = read_prompt(&mut child);
+    assert_eq!(url, format!("https://{OPENAI_AUTH}/codex/device"));
+    assert_eq!(login_pods(&lab).len(), 1, "the login runs as a pod");
+    let stub = StubControl::Http(format!("http://{stub_ip}:8080"));
+    stub.json("POST", &format!("/_stub/device/deny?code={code}"));
+    let out = wait_with_deadline(child, Duration::from_secs(90));
+    assert_eq!(out.status.code(), Some(4), "{}", stderr_of(&out));
+    assert!(one_line(&out).contains("codex login failed"));
+    assert_eq!(lab.caw_objects(), Vec::<String>::new());
+    assert!(
+        store_snapshot_of(data.path()) == before,
+        "a denied login changed the store"
+    );
+
+    check("Ctrl-C while the CLI waits: exit 130, one line, nothing left");
+    let mut child = spawn_login(&lab, data.path(), &stub_ip, ca.path());
+    read_prompt(&mut child);
+    let pid = child.id().to_string();
+    let int = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status();
+    assert!(int.unwrap().success());
+    let out = wait_with_deadline(child, Duration::from_secs(90));
+    assert_eq!(out.status.code(), Some(130), "{}", stderr_of(&out));
+    assert!(one_line(&out).contains("interrupted"));
+    assert_eq!(lab.caw_objects(), Vec::<String>::new());
+    assert!(
+        store_snapshot_of(data.path()) == before,
+        "an interrupted login changed the store"
+    );
+
+    check("caw-box killed mid-flow: its pod stays until the next login");
+    let mut child = spawn_login(&lab, data.path(), &stub_ip, ca.path());
+    read_prompt(&mut child);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(login_pods(&lab).len(), 1, "the killed login's pod");
+    assert!(
+        store_snapshot_of(data.path()) == before,
+        "a killed login changed the store"
+    );
+
+    check("approved: stored from the pod, source login, nothing left");
+    let mut child = spawn_login(&lab, data.path(), &stub_ip, ca.path());
+    let (_, code) = read_prompt(&mut child);
+    // The killed login's pod went first: this login's is the only one.
+    assert_eq!(login_pods(&lab).len(), 1, "{:?}", login_pods(&lab));
+    let approved = stub.json("POST", &format!("/_stub/device/approve?code={code}"));
+    assert_eq!(approved["state"], "approve", "{approved}");
+    let out = wait_with_deadline(child, Duration::from_secs(90));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let said = format!("{}{}", stdout_of(&out), stderr_of(&out));
+    let done: Value = serde_json::from_str(stdout_of(&out).lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("no result object ({e}): {said}"));
+    assert_eq!(done["stored"][0]["target"], ".codex/auth.json", "{done}");
+    assert_eq!(done["stored"][0]["source"], "login", "{done}");
+    for secret in &login.secrets {
+        assert!(!said.contains(secret.as_str()), "{said}");
+    }
+    assert_eq!(lab.caw_objects(), Vec::<String>::new());
+    let mut status = caw_k8s(data.path(), data.path(), &lab);
+    status.args(["auth", "status", "--json"]);
+    let items = status_items_of(status);
+    let item = items
+        .iter()
+        .find(|i| i["target"] == ".codex/auth.json")
+        .unwrap_or_else(|| panic!("{items:?}"));
+    assert_eq!(item["source"], "login", "{item}");
+    let stored: Value = serde_json::from_slice(
+        &std::fs::read(data.path().join("auth/codex/home/.codex/auth.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(stored["tokens"]["refresh_token"], login.refresh.as_str());
+    drop(lab);
+}
