@@ -54,6 +54,11 @@ pub struct LoginSpec {
     /// The files under HOME the CLI writes the login to: what is stored.
     #[serde(default)]
     pub files: Vec<String>,
+    /// The CLI's HOME for `files` when it is not the image's: the login's private directory
+    /// (`/run/caw-box-login`), where `env` points the CLI (gemini's `GEMINI_CLI_HOME`), so
+    /// that `config_files` are its own settings there.
+    #[serde(default)]
+    pub home: Option<String>,
     /// Texts of the CLI's output that mean the vendor has this flow switched off for the
     /// account or workspace, and the one line saying so.
     #[serde(default)]
@@ -69,7 +74,7 @@ pub struct LoginSpec {
     /// interactive UI): the container gets one.
     #[serde(default)]
     pub tty: bool,
-    /// Files the CLI reads (`name` → contents, no secret), put in the login's private
+    /// Files the CLI reads (`path` → contents, no secret), put in the login's private
     /// directory (`/run/caw-box-login`) before it starts: a settings file naming the flow.
     #[serde(default)]
     pub config_files: std::collections::BTreeMap<String, String>,

@@ -154,10 +154,9 @@ fn container_spec(
             mode: 0o644,
         });
     }
-    // Root's, readable by all: gemini takes a system settings file only from root.
     let scratch = (!files.is_empty()).then(|| Scratch {
         mount: LOGIN_DIR.to_string(),
-        owner: (0, 0),
+        owner: IMAGE_IDS,
         files,
     });
     HelperSpec {
@@ -334,7 +333,7 @@ async fn follow(
                 sent = true;
             }
             _ = poll.tick(), if sent && spec.stays => {
-                if written(backend, container, &spec.files, &mut first_written).await {
+                if written(backend, container, spec, &mut first_written).await {
                     return Ok(Ended::Written);
                 }
             }
@@ -351,15 +350,16 @@ async fn follow(
 async fn written(
     backend: &impl Backend,
     container: &str,
-    files: &[String],
+    spec: &LoginSpec,
     first_written: &mut Option<std::time::Instant>,
 ) -> bool {
+    let files = &spec.files;
     let whole = |target: &str, bytes: &[u8]| {
         !target.ends_with(".json") || serde_json::from_slice::<serde_json::Value>(bytes).is_ok()
     };
     let mut present = 0;
     for target in files {
-        let path = format!("{AGENT_HOME}/{target}");
+        let path = format!("{}/{target}", home_of(spec));
         match backend.download_file(container, &path).await {
             Ok(Some(bytes)) if whole(target, &bytes) => present += 1,
             _ if present == 0 => return false,
@@ -368,6 +368,11 @@ async fn written(
     }
     let since = *first_written.get_or_insert_with(std::time::Instant::now);
     present == files.len() || since.elapsed() > Duration::from_secs(3)
+}
+
+/// Where the CLI writes its login's `files`: the spec's own HOME for them, else the image's.
+fn home_of(spec: &LoginSpec) -> &str {
+    spec.home.as_deref().unwrap_or(AGENT_HOME)
 }
 
 /// The code the caller pasted, checked for the vendor page's shape: one word, and with
@@ -452,7 +457,7 @@ async fn run_flow(
     }
     let mut result = LoginResult::default();
     for target in &spec.files {
-        let path = format!("{AGENT_HOME}/{target}");
+        let path = format!("{}/{target}", home_of(spec));
         if let Some(bytes) = backend.download_file(container, &path).await? {
             result.files.push((target.clone(), Secret::new(bytes)));
         }

@@ -59,19 +59,23 @@ pub(crate) fn read_url(child: &mut Child, provider: &str) -> String {
 /// What the test's "browser" shows after `action` (`approve`, `deny`) at `url`, at the
 /// vendor's `page` (`claude`, `google`).
 pub(crate) fn browser_code(rig: &Rig, page: &str, action: &str, url: &str) -> String {
-    let encoded: String = url
-        .bytes()
+    let shown = rig.stub_control().json(
+        "POST",
+        &format!("/_stub/{page}/{action}?url={}", url_encoded(url)),
+    );
+    shown["code"].as_str().unwrap().to_string()
+}
+
+/// `text` percent-encoded for a query value.
+pub(crate) fn url_encoded(text: &str) -> String {
+    text.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
                 (b as char).to_string()
             }
             _ => format!("%{b:02X}"),
         })
-        .collect();
-    let shown = rig
-        .stub_control()
-        .json("POST", &format!("/_stub/{page}/{action}?url={encoded}"));
-    shown["code"].as_str().unwrap().to_string()
+        .collect()
 }
 
 /// Pastes `code` into the running login.

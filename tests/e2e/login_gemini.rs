@@ -9,17 +9,19 @@
 //!   code flow, and only in an interactive session: headless (`-p`, or stdin or stdout not a
 //!   terminal, or `CI=true`) it exits 41, "Manual authorization is required but the current
 //!   session is non-interactive". So caw-box gives the container a terminal and runs plain
-//!   `gemini`, its auth type chosen by a system settings file
-//!   (`GEMINI_CLI_SYSTEM_SETTINGS_PATH`, `security.auth.selectedType: oauth-personal`);
+//!   `gemini`, its home for `.gemini` (`GEMINI_CLI_HOME`) the login's private directory,
+//!   whose `.gemini/settings.json` chooses `security.auth.selectedType: oauth-personal` (a
+//!   system settings file, `GEMINI_CLI_SYSTEM_SETTINGS_PATH`, is skipped unless root owns it:
+//!   "File is insecure");
 //! - before its UI it prints "Please visit the following URL to authorize the
 //!   application:", `https://accounts.google.com/o/oauth2/v2/auth?redirect_uri=https://
 //!   codeassist.google.com/authcode&…&code_challenge=…&state=…`, and reads a line after
 //!   "Enter the authorization code: " (the page shows the code alone, no state);
 //! - it trades the code: `POST https://oauth2.googleapis.com/token` (form, with the PKCE
-//!   verifier and the installed-app client's id and secret), writes `~/.gemini/
+//!   verifier and the installed-app client's id and secret), writes `.gemini/
 //!   oauth_creds.json` (`access_token`, `refresh_token`, `expiry_date` in ms …), then reads
 //!   `GET https://www.googleapis.com/oauth2/v2/userinfo` and keeps the account's email in
-//!   `~/.gemini/google_accounts.json`; caw-box stores both;
+//!   `.gemini/google_accounts.json` (under `GEMINI_CLI_HOME`); caw-box stores both;
 //! - a refused code: "Failed to authenticate with authorization code:<the error>", and it
 //!   asks again with a new URL (twice in all, then it exits); caw-box ends the flow at the
 //!   first refusal;

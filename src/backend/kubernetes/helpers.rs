@@ -15,6 +15,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, PodSpec, Volume, VolumeMount};
 
 use super::sandbox::{claim_mounts, empty_dir, hardened, parse_user, pod_security, pull_policy};
+use super::sandbox::{env_vars, seed_container, SEED_MOUNT};
 use super::sidecars::{egress_init, proxy_container, PROXY_UID};
 use super::sidecars::{POD_END_DIR, POD_END_FILE};
 use super::spec::shell_quote;
@@ -33,8 +34,6 @@ pub(super) const KEPT_FOR: Duration = Duration::from_secs(300);
 const START_FILE: &str = "start";
 /// How long a created helper waits for its start (as a held one slept before).
 const START_WAIT_TENTHS: u32 = 36_000;
-/// Where the seeding init container mounts the kept directory's volume.
-const SEED_MOUNT: &str = "/caw-box-seed";
 
 /// A created helper's command: waits for the start marker (a helper never started ends after
 /// an hour without running anything), then for the proxy sidecar's port when told
@@ -197,19 +196,6 @@ fn command_of(spec: &HelperSpec) -> Vec<String> {
     spec.entrypoint.iter().chain(&spec.argv).cloned().collect()
 }
 
-fn env_vars(env: &[String]) -> Vec<k8s_openapi::api::core::v1::EnvVar> {
-    env.iter()
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            k8s_openapi::api::core::v1::EnvVar {
-                name: k.to_string(),
-                value: Some(v.to_string()),
-                value_from: None,
-            }
-        })
-        .collect()
-}
-
 /// The init container that copies the image's own `dir` into the kept directory's volume
 /// (as Docker's container sees it: a login's HOME with the vendor's config the image ships).
 fn seed_kept(spec: &HelperSpec, dir: &str, uid: i64, gid: i64) -> Container {
@@ -217,19 +203,7 @@ fn seed_kept(spec: &HelperSpec, dir: &str, uid: i64, gid: i64) -> Container {
         "cp -a {dir}/. {SEED_MOUNT}/ 2>/dev/null; true",
         dir = shell_quote(dir.trim_end_matches('/'))
     );
-    Container {
-        name: "seed-kept".into(),
-        image: Some(spec.image.clone()),
-        image_pull_policy: Some(pull_policy()),
-        command: Some(vec!["sh".into(), "-c".into(), script]),
-        security_context: Some(hardened(uid, gid)),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "kept".into(),
-            mount_path: SEED_MOUNT.into(),
-            ..Default::default()
-        }]),
-        ..Default::default()
-    }
+    seed_container("seed-kept", &spec.image, script, (uid, gid), "kept")
 }
 
 /// The container that holds the kept directory (mounted where the helper has it, so a path

@@ -94,3 +94,47 @@ pub(super) fn pod_security(gid: i64) -> PodSecurityContext {
 pub(super) fn pull_policy() -> String {
     std::env::var("CAW_BOX_IMAGE_PULL_POLICY").unwrap_or_else(|_| "IfNotPresent".to_string())
 }
+
+/// Where a seeding init container mounts the volume it fills.
+pub(super) const SEED_MOUNT: &str = "/caw-box-seed";
+
+/// An init container `name` of `image` that runs `script` (as `uid:gid`, hardened) with the
+/// volume `volume` at [`SEED_MOUNT`]: it fills that volume from the image before the pod's
+/// containers start.
+pub(super) fn seed_container(
+    name: &str,
+    image: &str,
+    script: String,
+    (uid, gid): (i64, i64),
+    volume: &str,
+) -> k8s_openapi::api::core::v1::Container {
+    k8s_openapi::api::core::v1::Container {
+        name: name.into(),
+        image: Some(image.to_string()),
+        image_pull_policy: Some(pull_policy()),
+        command: Some(vec!["sh".into(), "-c".into(), script]),
+        security_context: Some(hardened(uid, gid)),
+        volume_mounts: Some(vec![k8s_openapi::api::core::v1::VolumeMount {
+            name: volume.into(),
+            mount_path: SEED_MOUNT.into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// `KEY=VALUE` entries as a container's variables.
+pub(super) fn env_vars<'a>(
+    env: impl IntoIterator<Item = &'a String>,
+) -> Vec<k8s_openapi::api::core::v1::EnvVar> {
+    env.into_iter()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            k8s_openapi::api::core::v1::EnvVar {
+                name: k.to_string(),
+                value: Some(v.to_string()),
+                value_from: None,
+            }
+        })
+        .collect()
+}

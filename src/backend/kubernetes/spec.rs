@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::sandbox::{claim_mounts, empty_dir, hardened, pod_security, pull_policy};
+use super::sandbox::{env_vars, seed_container, SEED_MOUNT};
 use super::sidecars::{broker_container, egress_init, proxy_container, BROKER_UID, PROXY_UID};
 use super::sidecars::{POD_END_DIR, POD_END_FILE};
 use crate::backend::PROXY_PORT;
@@ -180,19 +181,12 @@ fn agent_env(spec: &TurnSpec, held: bool) -> Vec<k8s_openapi::api::core::v1::Env
         .runtime_over_stdin
         .then(|| format!("CAW_BOX_HANDOFF_WAIT={}", HANDOFF_WAIT.as_secs()));
     let proxy_wait = held.then(|| format!("CAW_BOX_PROXY_WAIT={PROXY_PORT}"));
-    spec.env
-        .iter()
-        .chain(handoff_wait.as_ref())
-        .chain(proxy_wait.as_ref())
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            k8s_openapi::api::core::v1::EnvVar {
-                name: k.to_string(),
-                value: Some(v.to_string()),
-                value_from: None,
-            }
-        })
-        .collect()
+    env_vars(
+        spec.env
+            .iter()
+            .chain(handoff_wait.as_ref())
+            .chain(proxy_wait.as_ref()),
+    )
 }
 
 /// `host:ip` entries as the pod's `/etc/hosts` lines (one per address; a host name has no
@@ -317,7 +311,6 @@ fn tui_command(run_dir: &str, brokered: bool) -> Vec<String> {
 /// The name of [`seed_home`]'s init container.
 pub(super) const SEED_HOME: &str = "seed-home";
 /// Where [`seed_home`] mounts the state claim.
-const SEED_MOUNT: &str = "/caw-box-seed";
 /// The marker [`seed_home`] leaves in HOME once it copied the image's HOME.
 pub const SEEDED_MARKER: &str = ".caw-box/image-home-copied";
 
@@ -334,20 +327,8 @@ pub(super) fn seed_home(spec: &TurnSpec, uid: i64, gid: i64) -> Container {
         marker = SEEDED_MARKER,
         home = shell_quote(home),
     );
-    Container {
-        name: SEED_HOME.into(),
-        image: Some(spec.image.clone()),
-        image_pull_policy: Some(pull_policy()),
-        command: Some(vec!["sh".into(), "-c".into(), script]),
-        security_context: Some(hardened(uid, gid)),
-        volume_mounts: Some(vec![VolumeMount {
-            // The first volume is the state claim (`claim_mounts` of `spec.mounts()`).
-            name: "v0".into(),
-            mount_path: SEED_MOUNT.into(),
-            ..Default::default()
-        }]),
-        ..Default::default()
-    }
+    // The first volume is the state claim (`claim_mounts` of `spec.mounts()`).
+    seed_container(SEED_HOME, &spec.image, script, (uid, gid), "v0")
 }
 
 pub(super) fn shell_quote(s: &str) -> String {
