@@ -103,8 +103,8 @@ pub struct AuthLoginArgs {
     #[arg(long, value_name = "DURATION", default_value = "15m")]
     pub timeout: String,
     /// For programs: the URL and code as one JSON object on stdout (`{"provider","url",
-    /// "code"}`; claude's: `{"provider","url","needs":"code"}`, then the code is read as one
-    /// line from stdin) instead of a line on stderr, and at the end
+    /// "code"}`; claude's and gemini's: `{"provider","url","needs":"code"}`, then the code is
+    /// read as one line from stdin) instead of a line on stderr, and at the end
     /// `{"provider","stored":[...]}` (the items stored, never a secret).
     #[arg(long)]
     pub json: bool,
