@@ -58,6 +58,22 @@ fn chown_tree(dir: &Path) {
     }
 }
 
+/// What under `dir` (itself included) `uid` does not own.
+fn not_owned_by(dir: &Path, uid: u32) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(dir).unwrap();
+    let mut out = Vec::new();
+    if meta.uid() != uid {
+        out.push(format!("{} ({})", dir.display(), meta.uid()));
+    }
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            out.extend(not_owned_by(&entry.unwrap().path(), uid));
+        }
+    }
+    out
+}
+
 /// A git workspace with every planted protected path; returns each planted file's bytes.
 fn plant(ws: &Path) -> Vec<(String, Vec<u8>)> {
     git(ws, &["init", "-q"]);
@@ -147,6 +163,13 @@ fn protected_paths_are_read_only_to_the_agent_and_what_it_plants_is_quarantined(
 
     let (code, json, stderr) = rig.json_turn(rig.run_cmd(CODEX, &agent_script(), &[]));
     assert_eq!(code, 0, "{json}\n{stderr}");
+    // The session's git baseline (caw-box runs as root here) wrote the repository's objects
+    // as its owner: an object directory root made would refuse the agent's commit whenever
+    // its object fell there.
+    assert_eq!(
+        not_owned_by(&ws.join(".git/objects"), 1000),
+        Vec::<String>::new()
+    );
     let said = json["result"].as_str().unwrap();
     assert!(
         !said.contains("WROTE:"),

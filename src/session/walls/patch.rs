@@ -115,11 +115,18 @@ EOF
 fi
 "#;
 
-/// The uid:gid git runs as on a bind-mode workspace: the invoking user's own, so objects it
-/// writes into the repository are theirs (root: root, with every capability dropped).
-fn host_user() -> String {
-    let (uid, gid) = crate::dirs::host_ids();
-    format!("{uid}:{gid}")
+/// The uid:gid git writes a bind-mode workspace's objects as: the invoking user's own, so
+/// objects it writes into the repository are theirs; for root, the object store's owner
+/// (an object directory root made would be closed to the owner, and to an agent running as
+/// the owner, whose commit then fails once its object falls in that directory).
+fn object_writer(dir: &str) -> (u32, u32) {
+    let me = crate::dirs::host_ids();
+    if me.0 != 0 {
+        return me;
+    }
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(std::path::Path::new(dir).join(".git/objects"))
+        .map_or(me, |m| (m.uid(), m.gid()))
 }
 
 fn git_helper(image: &str, session_id: Uuid, body: &str, mounts: Vec<MountSpec>) -> HelperSpec {
@@ -164,7 +171,8 @@ pub async fn record_bind_base(
         vec![MountSpec::host_dir(dir, WORKSPACE_DIR)],
     );
     spec.env.push("CAW_TMP=/tmp/caw-box-base".into());
-    spec.user = Some(host_user());
+    let (uid, gid) = object_writer(dir);
+    spec.user = Some(format!("{uid}:{gid}"));
     let name = names::helper_container(session_id, "git-base");
     let outcome = backend.run_to_completion(&name, &spec).await;
     let failed = |why: &str| {
@@ -181,10 +189,12 @@ pub async fn record_bind_base(
     }
 }
 
-/// [`BASE_SCRIPT`] run by this machine's git, as this user (who runs caw-box in the repo),
-/// hardened ([`safe_git::run_on_host`]).
+/// [`BASE_SCRIPT`] run by this machine's git, as this user (who runs caw-box in the repo;
+/// root as the repository's owner: [`object_writer`]), hardened ([`safe_git::run_on_host`]).
 pub async fn host_base(dir: &str) -> Option<GitBase> {
-    let out = safe_git::run_on_host(BASE_SCRIPT, &[("CAW_WS", dir)]).await?;
+    let me = crate::dirs::host_ids();
+    let writer = Some(object_writer(dir)).filter(|w| *w != me);
+    let out = safe_git::run_on_host_as(BASE_SCRIPT, &[("CAW_WS", dir)], writer).await?;
     parse_base(&out)
 }
 
@@ -251,6 +261,7 @@ pub async fn patch(
                     "the session's workspace '{dir}' does not exist"
                 )));
             }
+            let (uid, gid) = object_writer(&dir);
             let mut spec = git_helper(
                 image,
                 id,
@@ -258,7 +269,7 @@ pub async fn patch(
                 vec![MountSpec::host_dir(dir, WORKSPACE_DIR).read_only()],
             );
             spec.env.push(format!("CAW_BASE_TREE={}", base.tree));
-            spec.user = Some(host_user());
+            spec.user = Some(format!("{uid}:{gid}"));
             spec
         }
         WorkspaceMode::None => {

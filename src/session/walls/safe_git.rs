@@ -117,7 +117,17 @@ fn absolute_dirs(path: &str) -> String {
 /// environment: [`GIT_ENV`], `PATH` of absolute directories, and `vars`. Its stdout, or
 /// `None` with the reason logged when it could not run or failed.
 pub async fn run_on_host(body: &str, vars: &[(&str, &str)]) -> Option<String> {
-    match run_on_host_output(body, vars).await {
+    run_on_host_as(body, vars, None).await
+}
+
+/// [`run_on_host`] as `user` (`uid`, `gid`; root may hand a step to a repository's owner),
+/// or as this user.
+pub async fn run_on_host_as(
+    body: &str,
+    vars: &[(&str, &str)],
+    user: Option<(u32, u32)>,
+) -> Option<String> {
+    match run_as(body, vars, user).await {
         Ok(out) if out.status.success() => Some(String::from_utf8_lossy(&out.stdout).into_owned()),
         Ok(out) => {
             tracing::debug!(
@@ -139,8 +149,22 @@ pub async fn run_on_host_output(
     body: &str,
     vars: &[(&str, &str)],
 ) -> Result<std::process::Output, String> {
+    run_as(body, vars, None).await
+}
+
+async fn run_as(
+    body: &str,
+    vars: &[(&str, &str)],
+    user: Option<(u32, u32)>,
+) -> Result<std::process::Output, String> {
     let tmp = tempfile::tempdir().map_err(|e| format!("no temporary directory: {e}"))?;
     let mut cmd = tokio::process::Command::new("/bin/sh");
+    if let Some((uid, gid)) = user {
+        // Its private directory is its own; std drops root's supplementary groups.
+        std::os::unix::fs::chown(tmp.path(), Some(uid), Some(gid))
+            .map_err(|e| format!("cannot hand the temporary directory to {uid}:{gid}: {e}"))?;
+        cmd.uid(uid).gid(gid);
+    }
     cmd.arg("-c")
         .arg(script(body))
         .env_clear()
