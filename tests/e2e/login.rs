@@ -36,7 +36,13 @@ use crate::common::*;
 pub(crate) fn status_items(rig: &Rig, p: &str) -> Vec<Value> {
     let mut c = rig.caw();
     c.args(["auth", "status", "--json"]);
-    let out = run(c);
+    status_items_of(c, p)
+}
+
+/// Provider `p`'s items of `auth status --json` as `status` (that command, of any backend)
+/// prints them.
+pub(crate) fn status_items_of(status: Command, p: &str) -> Vec<Value> {
+    let out = run(status);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let all: Value = serde_json::from_slice(&out.stdout).unwrap();
     all.as_array()
@@ -111,12 +117,7 @@ fn with_api_key_stores_a_key_from_stdin_for_every_provider() {
     // Typed after the prompt, as a person would (caw-box shows it once echo is off).
     let mut screen = Vec::new();
     let mut stdout = child.stdout.take().unwrap();
-    while !String::from_utf8_lossy(&screen).contains("Enter ends it") {
-        let mut byte = [0u8; 1];
-        let n = std::io::Read::read(&mut stdout, &mut byte).unwrap();
-        assert!(n == 1, "no prompt: {}", String::from_utf8_lossy(&screen));
-        screen.push(byte[0]);
-    }
+    read_until(&mut stdout, &mut screen, "Enter ends it");
     stdin.write_all(format!("{typed}\n").as_bytes()).unwrap();
     std::io::Read::read_to_end(&mut stdout, &mut screen).unwrap();
     let out = wait_with_deadline(child, std::time::Duration::from_secs(30));
@@ -294,6 +295,32 @@ pub(crate) fn failed_and_changed_nothing(
     nothing_left(rig);
     assert!(store_snapshot(rig) == before, "{what} changed the store");
     err
+}
+
+/// Reads `from` onto `screen` byte by byte until it shows `prompt` (a terminal's prompt has
+/// no line end).
+pub(crate) fn read_until(from: &mut impl std::io::Read, screen: &mut Vec<u8>, prompt: &str) {
+    while !String::from_utf8_lossy(screen).contains(prompt) {
+        let mut byte = [0u8; 1];
+        let n = from.read(&mut byte).unwrap();
+        assert!(n == 1, "no prompt: {}", String::from_utf8_lossy(screen));
+        screen.push(byte[0]);
+    }
+}
+
+/// A login whose output `text` ends with a line saying `said`, leaving nothing on Docker and
+/// the store as it was `before` (`what` ended it).
+pub(crate) fn ended_saying(
+    rig: &Rig,
+    text: &str,
+    said: &str,
+    what: &str,
+    before: &[(String, Vec<u8>)],
+) {
+    let last = text.trim().lines().last().unwrap_or_default();
+    assert!(last.contains(said), "{what}: {text}");
+    nothing_left(rig);
+    assert!(store_snapshot(rig) == before, "{what} changed the store");
 }
 
 /// Nothing of this test's is left on Docker (containers, the logins' networks) but the stub
@@ -590,18 +617,12 @@ fn a_denied_interrupted_or_switched_off_device_login_changes_nothing() {
         err.contains("To log in to codex: open https://auth.openai.com/codex/device"),
         "{err}"
     );
-    assert!(
-        err.trim()
-            .lines()
-            .last()
-            .unwrap()
-            .contains("not finished within 4s"),
-        "{err}"
-    );
-    nothing_left(&rig);
-    assert!(
-        store_snapshot(&rig) == before,
-        "a timed-out login changed the store"
+    ended_saying(
+        &rig,
+        &err,
+        "not finished within 4s",
+        "a timed-out login",
+        &before,
     );
 
     // Switched off for the account: codex gets a 404 for a code.

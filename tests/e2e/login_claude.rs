@@ -34,9 +34,14 @@ use serde_json::Value;
 
 use crate::common::*;
 use crate::login::{
-    auth_rig, expired_and_turned, failed_and_changed_nothing, nothing_left, spawn_login,
-    store_snapshot, stored_from_login,
+    auth_rig, ended_saying, expired_and_turned, failed_and_changed_nothing, nothing_left,
+    read_until, spawn_login, store_snapshot, stored_from_login,
 };
+
+/// claude's login: the provider, its name in the prompt, the stub's page.
+const CLAUDE: (&str, &str, &str) = ("claude", "claude_code", "claude");
+/// Where claude's URL points.
+const AUTHORIZE: &str = "https://claude.ai/oauth/authorize?";
 
 /// Anthropic's hosts the flow reaches (the stub's aliases).
 const HOSTS: [&str; 2] = ["platform.claude.com", "api.anthropic.com"];
@@ -66,6 +71,28 @@ pub(crate) fn browser_code(rig: &Rig, page: &str, action: &str, url: &str) -> St
     shown["code"].as_str().unwrap().to_string()
 }
 
+/// A paste-code login of `provider` (`name` in its prompt) to its end: the URL it asks
+/// about (starting with `url_start`), `action` (`approve`, `deny`) taken there at the
+/// vendor's `page`, and the code the page then shows pasted back. The ended caw-box, and
+/// that code.
+pub(crate) fn paste_code_login(
+    rig: &Rig,
+    ca: &std::path::Path,
+    (provider, name, page): (&str, &str, &str),
+    url_start: &str,
+    action: &str,
+) -> (std::process::Output, String) {
+    let mut child = spawn_login(rig, provider, ca);
+    let url = read_url(&mut child, name);
+    assert!(url.starts_with(url_start), "{url}");
+    let code = browser_code(rig, page, action, &url);
+    paste(&mut child, &code);
+    (
+        wait_with_deadline(child, std::time::Duration::from_secs(90)),
+        code,
+    )
+}
+
 /// `text` percent-encoded for a query value.
 pub(crate) fn url_encoded(text: &str) -> String {
     text.bytes()
@@ -93,15 +120,7 @@ pub(crate) fn paste(child: &mut Child, code: &str) {
 fn claude_paste_code_login_is_stored_brokered_and_refreshed() {
     let login = crate::oauth::claude_login(1);
     let (rig, ca) = auth_rig("login-claude", &login, &HOSTS);
-    let mut child = spawn_login(&rig, "claude", ca.path());
-    let url = read_url(&mut child, "claude_code");
-    assert!(
-        url.starts_with("https://claude.ai/oauth/authorize?"),
-        "{url}"
-    );
-    let code = browser_code(&rig, "claude", "approve", &url);
-    paste(&mut child, &code);
-    let out = wait_with_deadline(child, std::time::Duration::from_secs(90));
+    let (out, code) = paste_code_login(&rig, ca.path(), CLAUDE, AUTHORIZE, "approve");
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let said = format!("{}{}", stdout_of(&out), stderr_of(&out));
     for secret in [&login.access, &login.refresh, &code] {
@@ -189,11 +208,7 @@ fn a_refused_interrupted_or_missing_claude_code_changes_nothing() {
     };
 
     // Refused at the vendor: the code the page showed after a denial.
-    let mut child = spawn_login(&rig, "claude", ca.path());
-    let url = read_url(&mut child, "claude_code");
-    let code = browser_code(&rig, "claude", "deny", &url);
-    paste(&mut child, &code);
-    let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
+    let (out, code) = paste_code_login(&rig, ca.path(), CLAUDE, AUTHORIZE, "deny");
     let err = one_line(&out, 4, "a refused code");
     assert!(
         err.contains("claude_code login failed") && err.contains("wasn't accepted"),
@@ -219,16 +234,11 @@ fn a_refused_interrupted_or_missing_claude_code_changes_nothing() {
     let mut child = c.spawn().unwrap();
     let mut screen = Vec::new();
     let mut stdout = child.stdout.take().unwrap();
-    while !String::from_utf8_lossy(&screen).contains("Code > ") {
-        let mut byte = [0u8; 1];
-        let n = std::io::Read::read(&mut stdout, &mut byte).unwrap();
-        assert!(n == 1, "no prompt: {}", String::from_utf8_lossy(&screen));
-        screen.push(byte[0]);
-    }
+    read_until(&mut stdout, &mut screen, "Code > ");
     let text = String::from_utf8_lossy(&screen).to_string();
     let url = text
         .split_whitespace()
-        .find(|w| w.starts_with("https://claude.ai/oauth/authorize?"))
+        .find(|w| w.starts_with(AUTHORIZE))
         .unwrap_or_else(|| panic!("no URL: {text}"))
         .to_string();
     assert!(
@@ -240,19 +250,7 @@ fn a_refused_interrupted_or_missing_claude_code_changes_nothing() {
     let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
     let text = String::from_utf8_lossy(&screen).to_string();
     assert_eq!(out.status.code(), Some(4), "{text}");
-    assert!(
-        text.trim()
-            .lines()
-            .last()
-            .unwrap()
-            .contains("wasn't accepted"),
-        "{text}"
-    );
-    nothing_left(&rig);
-    assert!(
-        store_snapshot(&rig) == before,
-        "a refused code changed the store"
-    );
+    ended_saying(&rig, &text, "wasn't accepted", "a refused code", &before);
 
     // Ctrl-C while the code is awaited.
     let mut child = spawn_login(&rig, "claude", ca.path());

@@ -37,7 +37,12 @@ use crate::login::{
     auth_rig, expired_and_turned, failed_and_changed_nothing, nothing_left, spawn_login,
     store_snapshot, stored_from_login,
 };
-use crate::login_claude::{browser_code, paste, read_url};
+use crate::login_claude::{paste_code_login, read_url};
+
+/// gemini's login: the provider, its name in the prompt, the stub's page.
+const GEMINI: (&str, &str, &str) = ("gemini", "gemini", "google");
+/// Where gemini's URL points.
+const AUTHORIZE: &str = "https://accounts.google.com/o/oauth2/v2/auth?";
 
 /// Google's hosts the flow reaches (the stub's aliases).
 const HOSTS: [&str; 2] = ["oauth2.googleapis.com", "www.googleapis.com"];
@@ -57,15 +62,7 @@ fn gemini_code_login_in_its_ui_is_stored_brokered_and_refreshed() {
     };
 
     // Refused at the vendor: the code the page showed after a denial.
-    let mut child = spawn_login(&rig, "gemini", ca.path());
-    let url = read_url(&mut child, "gemini");
-    assert!(
-        url.starts_with("https://accounts.google.com/o/oauth2/v2/auth?"),
-        "{url}"
-    );
-    let code = browser_code(&rig, "google", "deny", &url);
-    paste(&mut child, &code);
-    let out = wait_with_deadline(child, std::time::Duration::from_secs(60));
+    let (out, code) = paste_code_login(&rig, ca.path(), GEMINI, AUTHORIZE, "deny");
     let err = one_line(&out, 4, "a refused code");
     assert!(
         err.contains("gemini login failed: Failed to authenticate with authorization code"),
@@ -86,11 +83,7 @@ fn gemini_code_login_in_its_ui_is_stored_brokered_and_refreshed() {
     one_line(&out, 130, "Ctrl-C");
 
     // Approved.
-    let mut child = spawn_login(&rig, "gemini", ca.path());
-    let url = read_url(&mut child, "gemini");
-    let code = browser_code(&rig, "google", "approve", &url);
-    paste(&mut child, &code);
-    let out = wait_with_deadline(child, std::time::Duration::from_secs(90));
+    let (out, code) = paste_code_login(&rig, ca.path(), GEMINI, AUTHORIZE, "approve");
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let said = format!("{}{}", stdout_of(&out), stderr_of(&out));
     for secret in [&login.access, &login.refresh, &code] {

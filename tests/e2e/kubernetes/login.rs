@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::{caw_k8s, Lab};
 use crate::common::*;
-use crate::login::{read_prompt, store_snapshot_of, OPENAI_AUTH};
+use crate::login::{read_prompt, status_items_of, store_snapshot_of, OPENAI_AUTH};
 
 /// The auth hosts the stub stands in for.
 const HOSTS: [&str; 5] = [
@@ -82,19 +82,6 @@ fn spawn_login(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c.spawn().unwrap()
-}
-
-/// `provider`'s items of `auth status --json` as `status` (that command) prints them.
-fn status_items_of(status: std::process::Command, provider: &str) -> Vec<Value> {
-    let out = run(status);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
-    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
-    all.as_array()
-        .unwrap()
-        .iter()
-        .find(|row| row["provider"] == provider)
-        .and_then(|row| row["items"].as_array().cloned())
-        .unwrap_or_default()
 }
 
 /// A login that ended well (`out`): it told none of `login`'s tokens, left no caw-box
