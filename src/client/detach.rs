@@ -78,6 +78,15 @@ impl Session {
         let exe = crate::connection::driver().map_err(|e| {
             Error::environment(format!("cannot find caw-box's own executable: {e}"))
         })?;
+        // The driver's stderr goes to a file of this host, not to this process: it outlives
+        // this one, and what it says when it fails mid-turn is its last words for `wait`.
+        let logs = crate::session::lifecycle::liveness::driver_logs(self.id())?;
+        let log = tempfile::NamedTempFile::new_in(&logs).map_err(|e| {
+            Error::environment(format!("cannot write in '{}': {e}", logs.display()))
+        })?;
+        let log_writer = log.reopen().map_err(|e| {
+            Error::environment(format!("cannot write in '{}': {e}", logs.display()))
+        })?;
         let mut child = {
             use std::os::unix::process::CommandExt;
             Command::new(exe)
@@ -91,7 +100,7 @@ impl Session {
                 )
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())
-                .stderr(Stdio::piped())
+                .stderr(log_writer)
                 // Its own process group: a Ctrl-C meant for this terminal does not reach it.
                 .process_group(0)
                 .spawn()
@@ -103,18 +112,22 @@ impl Session {
                 Error::environment(format!("cannot hand the turn to the background: {e}"))
             })?;
         }
+        let driver_pid = child.id().to_string();
+        let log = log
+            .persist(logs.join(format!("{driver_pid}.log")))
+            .map_err(|e| {
+                Error::environment(format!("cannot write in '{}': {e}", logs.display()))
+            })?;
         let container = runner::container_name(&self.record);
         let turn = self.record.next_turn().to_string();
-        let driver_pid = child.id().to_string();
         loop {
             if let Some(status) = child
                 .try_wait()
                 .map_err(|e| Error::environment(format!("lost the background turn: {e}")))?
             {
-                let mut stderr = String::new();
-                if let Some(mut pipe) = child.stderr.take() {
-                    let _ = pipe.read_to_string(&mut stderr);
-                }
+                let stderr = std::fs::read_to_string(logs.join(format!("{driver_pid}.log")))
+                    .unwrap_or_default();
+                let _ = std::fs::remove_file(logs.join(format!("{driver_pid}.log")));
                 return driver_ended(status.code(), &stderr);
             }
             // Our turn's container, not any turn N: a turn N already running (this session
@@ -135,6 +148,9 @@ impl Session {
                     .is_some_and(|c| c.running() || c.finished),
             };
             if started {
+                drop(log);
+                // Reaped when it ends: a long-lived caller (the MCP server) keeps no zombies.
+                std::thread::spawn(move || child.wait());
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -206,6 +222,10 @@ pub async fn drive_from_stdin() -> Result<i32> {
     let options = job.turn_options();
     *session.settings_mut() = job.settings;
     let result = session.send(options, |_| {}).await?;
+    // Recorded: no last words to keep.
+    if let Ok(logs) = crate::session::lifecycle::liveness::driver_logs(session.id()) {
+        let _ = std::fs::remove_file(logs.join(format!("{}.log", std::process::id())));
+    }
     Ok(result.exit_code)
 }
 

@@ -102,6 +102,8 @@ fn detach_wait_and_stop() {
         "{}",
         stdout_of(&out)
     );
+    // Its driver recorded it: it kept no last words.
+    assert_eq!(driver_logs(&rig, &id), Vec::<String>::new());
 
     // -o json of a detached turn says running; stop keeps the session resumable.
     let mut cmd = rig.resume_cmd(CODEX, &id, "SLEEP:120", &["--detach"]);
@@ -139,6 +141,13 @@ fn detach_on_a_busy_session_is_refused_and_the_running_turn_goes_on() {
     assert!(stdout_of(&out).trim().is_empty(), "{}", stdout_of(&out));
     assert!(stderr_of(&out).contains("is busy"), "{}", stderr_of(&out));
     assert_eq!(stderr_of(&out).lines().count(), 1, "{}", stderr_of(&out));
+    // The refused driver's words were said, not kept; the running one's log is there.
+    assert_eq!(
+        driver_logs(&rig, &id).len(),
+        1,
+        "{:?}",
+        driver_logs(&rig, &id)
+    );
     rig.stub_release("busy");
 
     let out = caw_out(&rig, &["wait", &id, "-o", "json"]);
@@ -149,6 +158,7 @@ fn detach_on_a_busy_session_is_refused_and_the_running_turn_goes_on() {
         json["result"].as_str().unwrap().contains("remember plum"),
         "{json}"
     );
+    assert_eq!(driver_logs(&rig, &id), Vec::<String>::new());
     assert!(
         rig.caw_containers().is_empty(),
         "{:?}",
@@ -386,4 +396,15 @@ fn a_group_of_two_vendors_resumes_with_one_command() {
     let out = caw_out(&rig, &["rm", "--group", &group]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     assert!(rig.caw_volumes().is_empty(), "{:?}", rig.caw_volumes());
+}
+
+/// The logs that detached turns' drivers of session `id` left in the rig's data directory.
+fn driver_logs(rig: &Rig, id: &str) -> Vec<String> {
+    let dir = rig.data_dir.path().join("drivers").join(id);
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
 }

@@ -79,6 +79,55 @@ pub(in crate::session) fn is_a_caw_box(pid: u32) -> bool {
         }
 }
 
+/// Where the detached turns' drivers (`caw-box __drive`) of `session` write their stderr
+/// on this host, one `<pid>.log` each: a driver's last words (an error line, a panic) when
+/// it ends without recording its turn. A driver that recorded its turn deletes its own;
+/// removing the session deletes them all. Private (0700, in the data directory).
+pub fn driver_logs(session: uuid::Uuid) -> crate::error::Result<std::path::PathBuf> {
+    let dir = dirs::data_dir()?.join("drivers").join(session.to_string());
+    dirs::ensure_private_dir(&dir)?;
+    Ok(dir)
+}
+
+/// The last line driver `pid` of a detached turn of `session` wrote on this host, if any:
+/// why it ended without recording its turn.
+pub(in crate::session) fn driver_last_words(session: uuid::Uuid, pid: &str) -> Option<String> {
+    let dir = dirs::data_dir()
+        .ok()?
+        .join("drivers")
+        .join(session.to_string());
+    last_words(&std::fs::read_to_string(dir.join(format!("{pid}.log"))).ok()?)
+}
+
+/// What a driver said last: its error line (without the prefix), a panic's message, or
+/// else its last line.
+fn last_words(stderr: &str) -> Option<String> {
+    let lines: Vec<&str> = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if let Some(error) = lines
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix("caw-box: error: "))
+    {
+        return Some(error.to_string());
+    }
+    if let Some(at) = lines.iter().rposition(|l| l.contains("panicked at")) {
+        let message = lines.get(at + 1).copied().unwrap_or_default();
+        return Some(format!("{} {message}", lines[at]).trim_end().to_string());
+    }
+    lines.last().map(|l| l.to_string())
+}
+
+/// Deletes what the drivers of `session` wrote on this host (the session is removed).
+pub(in crate::session) fn forget_driver_logs(session: uuid::Uuid) {
+    if let Ok(dir) = dirs::data_dir() {
+        let _ = std::fs::remove_dir_all(dir.join("drivers").join(session.to_string()));
+    }
+}
+
 /// Whether process `pid` lives (and is no zombie), whatever program it runs: a login's
 /// driver may be a program that embeds caw-box (Python), not caw-box itself.
 pub(in crate::session) fn process_lives(pid: u32) -> bool {
@@ -109,6 +158,23 @@ fn is_a_zombie(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_drivers_last_words_are_its_last_line() {
+        assert_eq!(last_words(""), None);
+        assert_eq!(last_words("\n  \n"), None);
+        let log = "WARN caw_box: slow\ncaw-box: error: the daemon went away\n\n";
+        assert_eq!(last_words(log).as_deref(), Some("the daemon went away"));
+        let panic = "thread 'main' panicked at src/x.rs:1:1:\nboom\nnote: RUST_BACKTRACE=1\n";
+        assert_eq!(
+            last_words(panic).as_deref(),
+            Some("thread 'main' panicked at src/x.rs:1:1: boom")
+        );
+        assert_eq!(
+            last_words("killed by\nsomething\n").as_deref(),
+            Some("something")
+        );
+    }
 
     #[test]
     fn a_driver_is_a_live_process_of_the_same_program() {

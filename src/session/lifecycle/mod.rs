@@ -9,7 +9,7 @@
 //! meets it ([`orphans`]; [`liveness`] tells whether a driver lives). Not here: running a
 //! turn (`turn::runner`) and finding a session (`store::target`).
 
-pub(in crate::session) mod liveness;
+pub mod liveness;
 pub mod orphans;
 
 use std::collections::HashMap;
@@ -170,6 +170,7 @@ pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
     }
     orphans::forget(id);
     crate::session::store::inflight::forget(id);
+    liveness::forget_driver_logs(id);
     Ok(())
 }
 
@@ -305,13 +306,21 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
         // The turn's driver records the turn, then removes the container; one that is gone
         // and left a turn no one can record (a TUI's) will not.
         let since = *stopped_since.get_or_insert_with(Instant::now);
-        if crate::session::lifecycle::liveness::driver_is_gone(&c)
-            || since.elapsed() > Duration::from_secs(60)
-        {
+        if liveness::driver_is_gone(&c) || since.elapsed() > Duration::from_secs(60) {
+            let words = c
+                .label(labels::DRIVER_PID)
+                .and_then(|pid| liveness::driver_last_words(id, pid));
+            let why = match words {
+                Some(words) => format!("its caw-box process is gone; its last words: {words}"),
+                None => "its caw-box process is gone".to_string(),
+            };
             return Err(Error::environment(format!(
-                "the turn of session {id} ended but was never recorded (its caw-box process is gone)"
+                "the turn of session {id} ended but was never recorded ({why})"
             ))
-            .with_hint(format!("its container is left for inspection: {}; `caw-box resume {id}` clears it", backend.logs_hint(&container))));
+            .with_hint(format!(
+                "its container is left for inspection: {}; `caw-box resume {id}` clears it",
+                backend.logs_hint(&container)
+            )));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
