@@ -306,7 +306,14 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
         // The turn's driver records the turn, then removes the container; one that is gone
         // and left a turn no one can record (a TUI's) will not.
         let since = *stopped_since.get_or_insert_with(Instant::now);
-        if liveness::driver_is_gone(&c) || since.elapsed() > Duration::from_secs(60) {
+        // The driver first, then the container again: `c` may be from before the driver
+        // recorded the turn, removed the container and exited.
+        let abandoned = liveness::driver_is_gone(&c)
+            && backend
+                .inspect_container(&container)
+                .await?
+                .is_some_and(|now| now.id == c.id && !now.running());
+        if abandoned || since.elapsed() > Duration::from_secs(60) {
             let words = c
                 .label(labels::DRIVER_PID)
                 .and_then(|pid| liveness::driver_last_words(id, pid));
