@@ -4,7 +4,8 @@
 //! `git apply` runs on this machine hardened as every git step over a workspace is
 //! ([`crate::session::safe_git`]): a private, empty repository, no system or global
 //! configuration, so no filter, hook or fsmonitor the directory names runs. `git apply`
-//! checks every hunk before it writes: a conflict writes nothing.
+//! checks every hunk before it writes: a conflict writes nothing. caw-box run as root in
+//! another user's directory applies it as that user, so the files it writes are theirs.
 
 use serde_json::{json, Value};
 
@@ -56,7 +57,14 @@ pub async fn apply(target: &str, check: bool) -> Result<Value> {
     if check {
         vars.push(("CAW_CHECK_ONLY", "1"));
     }
-    let ran = safe_git::run_on_host_output(APPLY_SCRIPT, &vars)
+    // caw-box as root in another user's directory: the files go in as that user's.
+    let writer = safe_git::writer_for_root(std::path::Path::new(&dir));
+    if let Some((uid, gid)) = writer {
+        std::os::unix::fs::chown(patch.path(), Some(uid), Some(gid)).map_err(|e| {
+            Error::environment(format!("cannot hand the patch to {uid}:{gid}: {e}"))
+        })?;
+    }
+    let ran = safe_git::run_on_host_output(APPLY_SCRIPT, &vars, writer)
         .await
         .map_err(Error::environment)?;
     if !ran.status.success() {

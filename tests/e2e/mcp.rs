@@ -31,6 +31,11 @@ fn an_orchestrator_delegates_through_the_mcp_server() {
     let rig = Rig::new("mcp");
     let host = tempfile::tempdir().unwrap();
     std::fs::write(host.path().join("README.md"), "the orchestrator's tree\n").unwrap();
+    // A user's own directory (uid 1000), with caw-box run as root here: `apply` writes as
+    // its owner.
+    for path in [host.path().join("README.md"), host.path().to_path_buf()] {
+        std::os::unix::fs::chown(path, Some(1000), Some(1000)).unwrap();
+    }
     let mut cmd = rig.caw_env(&python);
     cmd.arg(repo_root().join("tests/mcp/client.py"))
         .arg(env!("CARGO_BIN_EXE_caw-box"))
@@ -61,6 +66,9 @@ fn an_orchestrator_delegates_through_the_mcp_server() {
         std::fs::read_to_string(host.path().join("hello.txt")).unwrap(),
         "hello from the box\n"
     );
+    use std::os::unix::fs::MetadataExt;
+    let applied = std::fs::metadata(host.path().join("hello.txt")).unwrap();
+    assert_eq!((applied.uid(), applied.gid()), (1000, 1000));
 }
 
 /// A real vendor CLI as the orchestrator: codex, with `caw-box mcp` as its MCP server

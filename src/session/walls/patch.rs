@@ -120,13 +120,8 @@ fi
 /// (an object directory root made would be closed to the owner, and to an agent running as
 /// the owner, whose commit then fails once its object falls in that directory).
 fn object_writer(dir: &str) -> (u32, u32) {
-    let me = crate::dirs::host_ids();
-    if me.0 != 0 {
-        return me;
-    }
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(std::path::Path::new(dir).join(".git/objects"))
-        .map_or(me, |m| (m.uid(), m.gid()))
+    safe_git::writer_for_root(&std::path::Path::new(dir).join(".git/objects"))
+        .unwrap_or_else(crate::dirs::host_ids)
 }
 
 fn git_helper(image: &str, session_id: Uuid, body: &str, mounts: Vec<MountSpec>) -> HelperSpec {

@@ -148,8 +148,21 @@ pub async fn run_on_host_as(
 pub async fn run_on_host_output(
     body: &str,
     vars: &[(&str, &str)],
+    user: Option<(u32, u32)>,
 ) -> Result<std::process::Output, String> {
-    run_as(body, vars, None).await
+    run_as(body, vars, user).await
+}
+
+/// Who should write into `path` (a directory) when caw-box runs as root: its owner, where
+/// that is another user (what root made there would be closed to them); `None` (this
+/// user) otherwise.
+pub fn writer_for_root(path: &std::path::Path) -> Option<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    if crate::dirs::host_ids().0 != 0 {
+        return None;
+    }
+    let m = std::fs::metadata(path).ok()?;
+    (m.uid() != 0).then_some((m.uid(), m.gid()))
 }
 
 async fn run_as(
