@@ -3,7 +3,9 @@
 this test standing in for auth.openai.com (its network alias, HTTPS with a certificate of a
 CA made here; tests/e2e/login.rs has the vendor facts), on the rig's internal network; so does
 claude's paste-code flow, the stub standing in for platform.claude.com and api.anthropic.com
-(tests/e2e/login_claude.rs), the code going back as `on_prompt`'s return value."""
+(tests/e2e/login_claude.rs), the code going back as `on_prompt`'s return value; and gemini's
+Google login in its UI, the stub standing in for oauth2.googleapis.com and www.googleapis.com
+(tests/e2e/login_gemini.rs)."""
 
 import base64
 import json
@@ -109,15 +111,12 @@ def test_login_with_an_api_key_stores_it_without_a_container(rig, tmp_path, monk
     assert status["gemini"]["present"]
 
 
-def test_claudes_paste_code_login_takes_the_code_on_prompt_returns(rig, tmp_path, monkeypatch):
-    """claude's paste-code flow (`claude auth login`; tests/e2e/login_claude.rs has the vendor
-    facts): `on_prompt` gets the URL with `needs: "code"` and returns the code the page
-    shows after approval, which caw-box pastes into the CLI."""
-    monkeypatch.setenv("CAW_BOX_DATA_DIR", str(tmp_path / "data"))
-    hosts = ("platform.claude.com", "api.anthropic.com")
+def _paste_code_login(rig, tmp_path, provider, hosts, page, access, refresh):
+    """`caw_box.auth.login(provider)` with a paste-code flow, the stub on the rig's network
+    standing in for the vendor's `hosts` and approving at its `page`: (the prompts
+    `on_prompt` got, the items stored). Nothing of the login is left on Docker."""
     ca, cert, key = _tls(tmp_path, hosts)
-    access, refresh = f"sk-ant-oat01-py{uuid.uuid4().hex}", f"sk-ant-ort01-py{uuid.uuid4().hex}"
-    stub = f"claude-auth-{rig.run_id}"
+    stub = f"{provider}-auth-{rig.run_id}"
     aliases = [arg for h in hosts for arg in ("--network-alias", h)]
     docker("run", "-d", "--name", stub, "--label", f"{TEST_LABEL}={rig.run_id}", "--network", rig.network,
            *aliases, "--sysctl", "net.ipv4.ip_unprivileged_port_start=0",
@@ -127,17 +126,46 @@ def test_claudes_paste_code_login_takes_the_code_on_prompt_returns(rig, tmp_path
 
     def approve(prompt):
         prompts.append(prompt)
-        fetch = ("fetch('http://127.0.0.1:8080/_stub/claude/approve?url=' + encodeURIComponent(process.argv[1]),"
+        fetch = (f"fetch('http://127.0.0.1:8080/_stub/{page}/approve?url=' + encodeURIComponent(process.argv[1]),"
                  " {method: 'POST'}).then(async r => console.log(await r.text()))")
         return json.loads(docker("exec", stub, "node", "-e", fetch, prompt["url"]))["code"]
 
     try:
-        items = caw_box.auth.login("claude", on_prompt=approve, network=rig.network, ca_cert=str(ca), timeout="2m")
+        items = caw_box.auth.login(provider, on_prompt=approve, network=rig.network, ca_cert=str(ca), timeout="2m")
     finally:
         docker("rm", "-f", stub, check=False)
     assert len(prompts) == 1 and prompts[0]["needs"] == "code" and "code" not in prompts[0], prompts
+    assert refresh not in json.dumps(items) and access not in json.dumps(items)
+    assert _logins_left(rig) == ""
+    return prompts, items
+
+
+def test_claudes_paste_code_login_takes_the_code_on_prompt_returns(rig, tmp_path, monkeypatch):
+    """claude's paste-code flow (`claude auth login`; tests/e2e/login_claude.rs has the vendor
+    facts): `on_prompt` gets the URL with `needs: "code"` and returns the code the page
+    shows after approval, which caw-box pastes into the CLI."""
+    monkeypatch.setenv("CAW_BOX_DATA_DIR", str(tmp_path / "data"))
+    access, refresh = f"sk-ant-oat01-py{uuid.uuid4().hex}", f"sk-ant-ort01-py{uuid.uuid4().hex}"
+    prompts, items = _paste_code_login(rig, tmp_path, "claude", ("platform.claude.com", "api.anthropic.com"),
+                                       "claude", access, refresh)
     assert prompts[0]["url"].startswith("https://claude.ai/oauth/authorize?"), prompts
     assert [(i["target"], i["source"]) for i in items] == [(".claude/.credentials.json", "login")], items
     stored = json.loads((tmp_path / "data/auth/claude_code/home/.claude/.credentials.json").read_text())
     assert stored["claudeAiOauth"]["refreshToken"] == refresh
-    assert _logins_left(rig) == ""
+
+
+def test_geminis_google_login_in_its_ui_takes_the_code_on_prompt_returns(rig, tmp_path, monkeypatch):
+    """gemini's Google login, which runs only on a terminal (tests/e2e/login_gemini.rs has the
+    vendor facts): the same `needs: "code"` prompt as claude's; the bare code it returns
+    goes to gemini's UI, and both of gemini's login files are stored."""
+    monkeypatch.setenv("CAW_BOX_DATA_DIR", str(tmp_path / "data"))
+    access, refresh = f"ya29.py{uuid.uuid4().hex}", f"1//py{uuid.uuid4().hex}"
+    prompts, items = _paste_code_login(rig, tmp_path, "gemini", ("oauth2.googleapis.com", "www.googleapis.com"),
+                                       "google", access, refresh)
+    assert prompts[0]["provider"] == "gemini", prompts
+    assert prompts[0]["url"].startswith("https://accounts.google.com/o/oauth2/v2/auth?"), prompts
+    assert [(i["target"], i["source"]) for i in items] == [
+        (".gemini/oauth_creds.json", "login"), (".gemini/google_accounts.json", "login")], items
+    home = tmp_path / "data/auth/gemini/home/.gemini"
+    assert json.loads((home / "oauth_creds.json").read_text())["refresh_token"] == refresh
+    assert json.loads((home / "google_accounts.json").read_text())["active"] == "stub@example.invalid"
