@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::{Client, Session};
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind, Result};
+use crate::session::lifecycle::liveness;
 use crate::session::record::{self, labels, SessionSettings};
 use crate::session::runner::{self, TurnOptions};
 use crate::session::target;
@@ -80,7 +81,7 @@ impl Session {
         })?;
         // The driver's stderr goes to a file of this host, not to this process: it outlives
         // this one, and what it says when it fails mid-turn is its last words for `wait`.
-        let logs = crate::session::lifecycle::liveness::driver_logs(self.id())?;
+        let logs = liveness::driver_logs(self.id())?;
         let log = tempfile::NamedTempFile::new_in(&logs).map_err(|e| {
             Error::environment(format!("cannot write in '{}': {e}", logs.display()))
         })?;
@@ -113,11 +114,10 @@ impl Session {
             })?;
         }
         let driver_pid = child.id().to_string();
-        let log = log
-            .persist(logs.join(format!("{driver_pid}.log")))
-            .map_err(|e| {
-                Error::environment(format!("cannot write in '{}': {e}", logs.display()))
-            })?;
+        let log_path = liveness::driver_log(&logs, &driver_pid);
+        log.persist(&log_path).map_err(|e| {
+            Error::environment(format!("cannot write in '{}': {e}", logs.display()))
+        })?;
         let container = runner::container_name(&self.record);
         let turn = self.record.next_turn().to_string();
         loop {
@@ -125,9 +125,8 @@ impl Session {
                 .try_wait()
                 .map_err(|e| Error::environment(format!("lost the background turn: {e}")))?
             {
-                let stderr = std::fs::read_to_string(logs.join(format!("{driver_pid}.log")))
-                    .unwrap_or_default();
-                let _ = std::fs::remove_file(logs.join(format!("{driver_pid}.log")));
+                let stderr = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let _ = std::fs::remove_file(&log_path);
                 return driver_ended(status.code(), &stderr);
             }
             // Our turn's container, not any turn N: a turn N already running (this session
@@ -148,7 +147,6 @@ impl Session {
                     .is_some_and(|c| c.running() || c.finished),
             };
             if started {
-                drop(log);
                 // Reaped when it ends: a long-lived caller (the MCP server) keeps no zombies.
                 std::thread::spawn(move || child.wait());
                 return Ok(());
@@ -223,8 +221,8 @@ pub async fn drive_from_stdin() -> Result<i32> {
     *session.settings_mut() = job.settings;
     let result = session.send(options, |_| {}).await?;
     // Recorded: no last words to keep.
-    if let Ok(logs) = crate::session::lifecycle::liveness::driver_logs(session.id()) {
-        let _ = std::fs::remove_file(logs.join(format!("{}.log", std::process::id())));
+    if let Ok(logs) = liveness::driver_logs(session.id()) {
+        let _ = std::fs::remove_file(liveness::driver_log(&logs, std::process::id()));
     }
     Ok(result.exit_code)
 }

@@ -84,19 +84,25 @@ pub(in crate::session) fn is_a_caw_box(pid: u32) -> bool {
 /// it ends without recording its turn. A driver that recorded its turn deletes its own;
 /// removing the session deletes them all. Private (0700, in the data directory).
 pub fn driver_logs(session: uuid::Uuid) -> crate::error::Result<std::path::PathBuf> {
-    let dir = dirs::data_dir()?.join("drivers").join(session.to_string());
+    let dir = drivers_dir(session)?;
     dirs::ensure_private_dir(&dir)?;
     Ok(dir)
+}
+
+/// Driver `pid`'s log in `dir` ([`driver_logs`]).
+pub fn driver_log(dir: &std::path::Path, pid: impl std::fmt::Display) -> std::path::PathBuf {
+    dir.join(format!("{pid}.log"))
+}
+
+fn drivers_dir(session: uuid::Uuid) -> crate::error::Result<std::path::PathBuf> {
+    Ok(dirs::data_dir()?.join("drivers").join(session.to_string()))
 }
 
 /// The last line driver `pid` of a detached turn of `session` wrote on this host, if any:
 /// why it ended without recording its turn.
 pub(in crate::session) fn driver_last_words(session: uuid::Uuid, pid: &str) -> Option<String> {
-    let dir = dirs::data_dir()
-        .ok()?
-        .join("drivers")
-        .join(session.to_string());
-    last_words(&std::fs::read_to_string(dir.join(format!("{pid}.log"))).ok()?)
+    let log = driver_log(&drivers_dir(session).ok()?, pid);
+    last_words(&std::fs::read_to_string(log).ok()?)
 }
 
 /// What a driver said last: its error line (without the prefix), a panic's message, or
@@ -123,8 +129,8 @@ fn last_words(stderr: &str) -> Option<String> {
 
 /// Deletes what the drivers of `session` wrote on this host (the session is removed).
 pub(in crate::session) fn forget_driver_logs(session: uuid::Uuid) {
-    if let Ok(dir) = dirs::data_dir() {
-        let _ = std::fs::remove_dir_all(dir.join("drivers").join(session.to_string()));
+    if let Ok(dir) = drivers_dir(session) {
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
 
