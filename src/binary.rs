@@ -16,6 +16,7 @@ pub fn main() -> ! {
         Err(e) => refuse_command_line(e),
     };
     let format = cli.output_format();
+    let driver = matches!(cli.command, cli::Command::Drive);
     init_tracing(cli.verbose, cli.quiet);
     // Before any thread: the backend, its context and the image repository become this
     // process's settings (values, not variables), here as in the detached driver.
@@ -82,6 +83,15 @@ pub fn main() -> ! {
     let code = match runtime.block_on(crate::commands::dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
+            if driver {
+                // For the process that started this detached turn: the error's kind, which
+                // its exit code alone does not tell (`busy` and `usage` are both 2).
+                output::eprintln(&format!(
+                    "{}{}",
+                    crate::client::detach::DRIVER_ERROR_REPORT,
+                    serde_json::to_string(&e.report()).expect("reports serialize")
+                ));
+            }
             report(&e, format);
             e.exit_code()
         }

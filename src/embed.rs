@@ -71,7 +71,7 @@ fn with_placeholder(turn: &mut TurnArgs) {
 /// A new session, as `caw-box run FLAGS` makes it before its first turn (`flags` are `run`'s,
 /// e.g. `["--provider", "codex", "--model=gpt-5.5"]`); `progress` hears what was decided
 /// on the way (a model discovered).
-pub async fn start(flags: &[String], progress: &dyn Fn(&str)) -> Result<Prepared> {
+pub async fn start(flags: &[String], progress: &(dyn Fn(&str) + Sync)) -> Result<Prepared> {
     crate::config::install();
     let mut args = parse::<RunFlags>(flags)?.run;
     with_placeholder(&mut args.turn);

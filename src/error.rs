@@ -14,8 +14,18 @@ use crate::provider_kind::ProviderKind;
 pub enum ErrorKind {
     /// The agent's turn failed (exit 1).
     Turn,
-    /// Bad flag, bad or unknown handle, busy session (exit 2).
+    /// Bad flag, bad handle, a setting out of range (exit 2).
     Usage,
+    /// No session (or other object) of that name, id or handle where it was looked for: none
+    /// at all, or one outside what the caller may see (an MCP server's scope) (exit 2).
+    NotFound,
+    /// The session is running or has queued a turn; a second one is refused (exit 2).
+    Busy,
+    /// What was asked no longer fits what is there: a patch that does not apply (exit 2).
+    Conflict,
+    /// A setting wider than the caller may grant: an MCP tool call asking past the server's
+    /// ceilings (another host, runtime, directory, bind mode) (exit 2).
+    Forbidden,
     /// Docker unreachable, image or volume missing, build failed (exit 3).
     Environment,
     /// Credentials missing or expired (exit 4).
@@ -32,9 +42,15 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// SPEC.md's exit codes: the one table (turn statuses map onto these kinds).
-    const EXIT_CODES: [(ErrorKind, i32); 8] = [
+    /// Reading an exit code back finds the first kind of that code: `usage` for 2, whose
+    /// finer kinds (`not_found`, `busy`, `conflict`, `forbidden`) keep SPEC.md's exit code.
+    const EXIT_CODES: [(ErrorKind, i32); 12] = [
         (ErrorKind::Turn, 1),
         (ErrorKind::Usage, 2),
+        (ErrorKind::NotFound, 2),
+        (ErrorKind::Busy, 2),
+        (ErrorKind::Conflict, 2),
+        (ErrorKind::Forbidden, 2),
         (ErrorKind::Environment, 3),
         (ErrorKind::Credentials, 4),
         (ErrorKind::UsageLimit, 5),
@@ -55,6 +71,10 @@ impl ErrorKind {
         match self {
             ErrorKind::Turn => "turn",
             ErrorKind::Usage => "usage",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Busy => "busy",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::Forbidden => "forbidden",
             ErrorKind::Environment => "environment",
             ErrorKind::Credentials => "credentials",
             ErrorKind::UsageLimit => "usage_limit",
@@ -62,6 +82,14 @@ impl ErrorKind {
             ErrorKind::Timeout => "timeout",
             ErrorKind::Interrupted => "interrupted",
         }
+    }
+
+    /// The kind named `name` in a `-o json` error object.
+    pub fn from_name(name: &str) -> Option<ErrorKind> {
+        Self::EXIT_CODES
+            .iter()
+            .map(|(k, _)| *k)
+            .find(|k| k.as_str() == name)
     }
 
     /// The kind a (non-zero) exit code stands for, read back from another caw-box process.
@@ -179,6 +207,37 @@ impl Error {
         Self::new(ErrorKind::Usage, message)
     }
 
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, message)
+    }
+
+    pub fn busy(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Busy, message)
+    }
+
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Conflict, message)
+    }
+
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Forbidden, message)
+    }
+
+    /// The error a `-o json` error object describes (read back from another caw-box
+    /// process); `None` for anything else.
+    pub fn from_report(value: &serde_json::Value) -> Option<Self> {
+        if value["status"] != "error" {
+            return None;
+        }
+        let detail = &value["error"];
+        let kind = ErrorKind::from_name(detail["kind"].as_str()?)?;
+        let error = Error::new(kind, detail["message"].as_str()?);
+        Some(match detail["hint"].as_str() {
+            Some(hint) => error.with_hint(hint),
+            None => error,
+        })
+    }
+
     pub fn environment(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Environment, message)
     }
@@ -283,7 +342,32 @@ mod tests {
             let kind = ErrorKind::from_exit_code(code).unwrap();
             assert_eq!(kind.exit_code(), code);
         }
+        assert_eq!(ErrorKind::from_exit_code(2), Some(ErrorKind::Usage));
         assert_eq!(ErrorKind::from_exit_code(0), None);
         assert_eq!(ErrorKind::from_exit_code(101), None);
+    }
+
+    #[test]
+    fn the_finer_kinds_of_a_refusal_keep_exit_2_and_read_back_by_name() {
+        for (e, name) in [
+            (Error::not_found("no session matches 'x'"), "not_found"),
+            (Error::busy("session x is busy"), "busy"),
+            (Error::conflict("the patch does not apply"), "conflict"),
+            (
+                Error::forbidden("allow_host is wider")
+                    .with_hint("start the server with --allow-host"),
+                "forbidden",
+            ),
+        ] {
+            assert_eq!(e.exit_code(), 2);
+            let report = serde_json::to_value(e.report()).unwrap();
+            assert_eq!(report["error"]["kind"], name);
+            let back = Error::from_report(&report).unwrap();
+            assert_eq!(
+                (back.kind, back.message, back.hint),
+                (e.kind, e.message, e.hint)
+            );
+        }
+        assert!(Error::from_report(&serde_json::json!({"status": "success"})).is_none());
     }
 }

@@ -25,6 +25,10 @@ from .errors import (
     UsageError,
     UsageLimitError,
     BudgetError,
+    BusyError,
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
 )
 
 __version__ = _native.version()
@@ -111,5 +115,6 @@ from . import auth  # noqa: E402
 __all__ = [
     "Agent", "Session", "Turn", "Usage", "RunningTurn", "sessions", "wait", "stop", "connect", "binary",
     "auth", "CawBoxError", "UsageError", "EnvironmentError", "CredentialsError", "UsageLimitError", "BudgetError",
-    "TimeoutError", "InterruptedError", "TurnFailedError",
+    "TimeoutError", "InterruptedError", "TurnFailedError", "NotFoundError", "BusyError", "ConflictError",
+    "ForbiddenError",
 ]

@@ -3,6 +3,10 @@ from typing import Any, AsyncIterator, Callable, Dict, Iterable, Iterator, List,
 from . import auth as auth
 from .errors import (
     BudgetError as BudgetError,
+    BusyError as BusyError,
+    ConflictError as ConflictError,
+    ForbiddenError as ForbiddenError,
+    NotFoundError as NotFoundError,
     CawBoxError as CawBoxError,
     CredentialsError as CredentialsError,
     EnvironmentError as EnvironmentError,

@@ -31,6 +31,30 @@ class UsageError(CawBoxError):
     kind = "usage"
 
 
+class NotFoundError(UsageError):
+    """No session of that id, name or handle (exit 2, a usage error's code)."""
+
+    kind = "not_found"
+
+
+class BusyError(UsageError):
+    """The session is running (or has queued) a turn: a second one is refused (exit 2)."""
+
+    kind = "busy"
+
+
+class ConflictError(UsageError):
+    """What was asked no longer fits what is there, e.g. a patch that does not apply (exit 2)."""
+
+    kind = "conflict"
+
+
+class ForbiddenError(UsageError):
+    """A setting wider than the caller may grant (exit 2)."""
+
+    kind = "forbidden"
+
+
 class EnvironmentError(CawBoxError, OSError):  # noqa: A001 - the error kind's own name
     """Docker (or the cluster) cannot be reached or did not do what was asked (exit 3);
     also an `OSError`, as the builtin of that name is."""
@@ -66,8 +90,9 @@ class InterruptedError(CawBoxError, builtins.InterruptedError):  # noqa: A001
     kind = "interrupted"
 
 
-_BY_KIND = {c.kind: c for c in (TurnFailedError, UsageError, EnvironmentError, CredentialsError,
-                                 UsageLimitError, BudgetError, TimeoutError, InterruptedError)}
+_BY_KIND = {c.kind: c for c in (TurnFailedError, UsageError, NotFoundError, BusyError, ConflictError,
+                                 ForbiddenError, EnvironmentError, CredentialsError, UsageLimitError,
+                                 BudgetError, TimeoutError, InterruptedError)}
 
 
 def from_report(text: str, turn=None) -> CawBoxError:

@@ -146,7 +146,7 @@ kind("no_credentials", lambda: caw_box.Agent("codex", **kw).start_session().send
     out = rig.python(ERRORS.format(body=body))
     assert out == {
         "bad_provider": ["UsageError", "usage", 2],
-        "unknown_target": ["UsageError", "usage", 2],
+        "unknown_target": ["NotFoundError", "not_found", 2],
         "no_credentials": ["CredentialsError", "credentials", 4],
     }, out
     # No daemon where DOCKER_HOST points: environment (3), an OSError too.

@@ -177,6 +177,16 @@ impl Session {
 /// `__drive` ends: after a turn it prints nothing (it runs with `-q` and returns the
 /// turn's exit code), while an error is always its last stderr line, `caw-box: error: …`.
 fn driver_ended(code: Option<i32>, stderr: &str) -> Result<()> {
+    // Its error's report, written just before its error line: the kind as it was.
+    if let Some(e) = stderr
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix(DRIVER_ERROR_REPORT))
+        .and_then(|json| serde_json::from_str(json).ok())
+        .and_then(|report| Error::from_report(&report))
+    {
+        return Err(e);
+    }
     let last = stderr
         .lines()
         .rev()
@@ -205,6 +215,10 @@ fn driver_ended(code: Option<i32>, stderr: &str) -> Result<()> {
     };
     Err(Error::new(kind, message))
 }
+
+/// The prefix of the line on which a failed `__drive` writes its error's `-o json` report,
+/// before its `caw-box: error: …` line.
+pub const DRIVER_ERROR_REPORT: &str = "caw-box: error-report: ";
 
 /// `__drive`: reads the job [`Session::start_detached`] wrote on stdin and runs that turn
 /// to its end, recording it in the session's volume; the turn's exit code.
@@ -269,6 +283,17 @@ mod tests {
             busy.message,
             "session x is busy: turn 3 is running right now"
         );
+        // With its report, the kind the driver's error had: `busy`, not `usage`.
+        let reported = driver_ended(
+            Some(2),
+            &format!(
+                "{DRIVER_ERROR_REPORT}{}\ncaw-box: error: session x is busy\n",
+                serde_json::to_string(&Error::busy("session x is busy").report()).unwrap()
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(reported.kind, ErrorKind::Busy);
+        assert_eq!(reported.message, "session x is busy");
         // Exit 4 with an error line is missing credentials, not an auth_error turn.
         let creds =
             driver_ended(Some(4), "caw-box: error: no credentials for codex\n").unwrap_err();

@@ -377,7 +377,7 @@ impl Client {
         options: TurnOptions,
         providers: &[ProviderKind],
         progress: impl Fn(&str),
-        mut on_event: impl FnMut(&Event),
+        mut on_event: impl FnMut(&Event) + Send,
     ) -> Result<TurnResult> {
         let mut from = session.record().clone();
         let mut next = providers.iter();
@@ -469,7 +469,7 @@ impl Session {
     pub async fn send(
         &mut self,
         mut options: TurnOptions,
-        mut on_event: impl FnMut(&Event),
+        mut on_event: impl FnMut(&Event) + Send,
     ) -> Result<TurnResult> {
         let settings = &self.record.settings;
         if options.timeout.is_none() {
@@ -500,7 +500,7 @@ impl Session {
         options: TurnOptions,
         max_wait: Duration,
         mut progress: impl FnMut(&str),
-        mut on_event: impl FnMut(&Event),
+        mut on_event: impl FnMut(&Event) + Send,
     ) -> Result<TurnResult> {
         let mut waited = Duration::ZERO;
         loop {
@@ -595,7 +595,7 @@ impl Session {
 }
 
 /// Passes `e` on, except a `usage_limit` result, which waits in `held`.
-fn hold_limited(e: &Event, held: &mut Option<Event>, on_event: &mut impl FnMut(&Event)) {
+fn hold_limited(e: &Event, held: &mut Option<Event>, on_event: &mut (impl FnMut(&Event) + Send)) {
     match e {
         Event::Result { result } if result.status == Status::UsageLimit => *held = Some(e.clone()),
         _ => on_event(e),

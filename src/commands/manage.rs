@@ -510,7 +510,7 @@ pub async fn logs(target_arg: &str, turn: Option<u32>, raw: bool, follow: bool) 
     let bytes = target::read_volume_file(&backend, &view.facts, &path)
         .await?
         .ok_or_else(|| {
-            Error::usage(format!("session {id} has no turn {n}"))
+            Error::not_found(format!("session {id} has no turn {n}"))
                 .with_hint(format!("its turns are 1 to {last}"))
         })?;
     output::write_stdout(&bytes);
@@ -625,7 +625,7 @@ pub async fn rm(targets: Vec<String>, force: bool, group: Option<String>) -> Res
             .cloned()
             .collect();
         if members.is_empty() && targets.is_empty() {
-            return Err(Error::usage(format!("no session is in group '{g}'")));
+            return Err(Error::not_found(format!("no session is in group '{g}'")));
         }
         chosen.extend(members);
     }

@@ -75,7 +75,7 @@ pub async fn apply(target: &str, check: bool) -> Result<Value> {
             .filter(|l| !l.is_empty())
             .collect::<Vec<_>>()
             .join("; ");
-        return Err(Error::usage(format!(
+        return Err(Error::conflict(format!(
             "the patch of session {id} does not apply to '{dir}'; nothing was written: {why}"
         ))
         .with_hint("`diff` gives the patch to merge by hand"));

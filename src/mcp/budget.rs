@@ -54,7 +54,7 @@ impl ServerBudget {
     pub async fn grant(
         &self,
         client: &Client,
-        busy: &dyn Fn(Uuid) -> bool,
+        busy: &(dyn Fn(Uuid) -> bool + Sync),
         spent: f64,
         n: u32,
         own: Option<f64>,

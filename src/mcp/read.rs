@@ -225,7 +225,7 @@ pub async fn events(target: &str, turn: Option<u32>, cursor: usize) -> Result<Va
             let bytes = target::read_volume_file(backend, &view.facts, &path)
                 .await?
                 .ok_or_else(|| {
-                    Error::usage(format!("session {id} has no turn {n}"))
+                    Error::not_found(format!("session {id} has no turn {n}"))
                         .with_hint(format!("its turns are 1 to {last}"))
                 })?;
             let events = String::from_utf8_lossy(&bytes)

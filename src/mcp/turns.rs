@@ -235,13 +235,13 @@ pub async fn reply(defaults: &Defaults, a: ReplyArgs) -> Result<Value> {
     let (id, running) = running_turn(&client, &a.session).await?;
     if let Some(turn) = running {
         return Err(
-            Error::usage(format!("busy: session {id} is running turn {turn}"))
+            Error::busy(format!("session {id} is busy: it is running turn {turn}"))
                 .with_hint("`wait` for it, or `cancel` it"),
         );
     }
     if defaults.queue.as_ref().is_some_and(|q| q.holds(id)) {
         return Err(
-            Error::usage(format!("busy: session {id} has a turn queued"))
+            Error::busy(format!("session {id} is busy: it has a turn queued"))
                 .with_hint("`wait` for it"),
         );
     }

@@ -201,7 +201,7 @@ fn failures_before_the_turn_answer_with_one_json_object() {
         rig.resume_cmd(CODEX, "no-such-session", "hi", &[]),
         "json",
         2,
-        "usage",
+        "not_found",
         "no session matches 'no-such-session'",
     );
     // No daemon.

@@ -104,7 +104,7 @@ async def main_server(s):
                                 "workspace": "/no/such/dir"}, ok=False)
     assert "/no/such/dir" in e["error"]["message"], e
     e = await call(s, "status", {"session": "no-such-session"}, ok=False)
-    assert e["exit_code"] == 2, e
+    assert e["exit_code"] == 2 and e["error"]["kind"] == "not_found", e
     e = await call(s, "start", {"provider": "codex", "prompt": "hi", "n": 9}, ok=False)
     assert "n must be 1 to 8" in e["error"]["message"], e
     e = await call(s, "start", {"provider": "codex", "prompt": "hi", "effort": "extreme"}, ok=False)
@@ -190,7 +190,7 @@ async def main_server(s):
     ev = await call(s, "events", {"session": sid})
     assert ev["running"] and ev["turn"] == 3, ev
     e = await call(s, "reply", {"session": sid, "prompt": "hi"}, ok=False)
-    assert "busy" in e["error"]["message"], e
+    assert e["error"]["kind"] == "busy" and e["exit_code"] == 2, e
     t0 = time.monotonic()
     c = await call(s, "cancel", {"session": sid})
     took = time.monotonic() - t0

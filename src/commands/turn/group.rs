@@ -41,8 +41,10 @@ pub(super) async fn resume_group(args: ResumeArgs, group: &str, quiet: bool) -> 
         .filter(|v| v.facts.group.as_deref() == Some(group))
         .collect();
     if members.is_empty() {
-        return Err(Error::usage(format!("no session is in group '{group}'"))
-            .with_hint("start sessions with `caw-box run --group G ...`"));
+        return Err(
+            Error::not_found(format!("no session is in group '{group}'"))
+                .with_hint("start sessions with `caw-box run --group G ...`"),
+        );
     }
     let mut sessions = Vec::new();
     for view in &members {

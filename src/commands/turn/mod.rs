@@ -142,7 +142,7 @@ pub(crate) struct NewTurn {
 pub(crate) async fn new_session(
     args: &mut RunArgs,
     quiet: bool,
-    progress: &dyn Fn(&str),
+    progress: &(dyn Fn(&str) + Sync),
 ) -> Result<NewTurn> {
     let mut flags = Layer::from_flags(
         args.provider.as_deref(),
@@ -325,7 +325,7 @@ async fn send(
     options: TurnOptions,
     limit: &LimitArgs,
     progress: &impl Fn(&str),
-    mut on_event: impl FnMut(&Event),
+    mut on_event: impl FnMut(&Event) + Send,
 ) -> Result<TurnResult> {
     match &limit.on_limit {
         OnLimit::Wait => {

@@ -266,7 +266,7 @@ fn join_last(volumes: &[VolumeInfo], id: Uuid) -> Option<TurnSummary> {
 /// Picks one session by exact id, name, or unique id prefix.
 pub fn find_in(all: Vec<SessionView>, target: &str) -> Result<SessionView> {
     let not_found = || {
-        Error::usage(format!("no session matches '{target}'")).with_hint(
+        Error::not_found(format!("no session matches '{target}'")).with_hint(
             "pass a handle, a session id, a unique id prefix (4+ characters) or a session name; `caw-box ls` lists them",
         )
     };
@@ -306,7 +306,7 @@ async fn facts_for_handle(backend: &impl Backend, handle: &ResumeHandle) -> Resu
         .await?
         .ok_or_else(|| {
             let words = backend.words();
-            Error::usage(format!(
+            Error::not_found(format!(
                 "the handle's state volume '{}' does not exist on {}",
                 handle.volume, words.here
             ))

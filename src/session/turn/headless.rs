@@ -20,7 +20,7 @@ pub(in crate::session) async fn drive_headless(
     ctx: &TurnContext<'_, impl Backend>,
     record: &mut SessionRecord,
     interrupts: &mut Interrupts,
-    sink: &mut dyn FnMut(&Event),
+    sink: &mut (dyn FnMut(&Event) + Send),
 ) -> Result<TurnResult> {
     drive(ctx, record, interrupts, sink, None).await
 }
@@ -176,7 +176,7 @@ async fn drive(
     ctx: &TurnContext<'_, impl Backend>,
     record: &mut SessionRecord,
     interrupts: &mut Interrupts,
-    sink: &mut dyn FnMut(&Event),
+    sink: &mut (dyn FnMut(&Event) + Send),
     adopted: Option<Adopted>,
 ) -> Result<TurnResult> {
     let (backend, name) = (ctx.backend, ctx.name);

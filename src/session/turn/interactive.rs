@@ -35,7 +35,7 @@ pub(in crate::session) async fn drive_tui(
     ctx: &TurnContext<'_, impl Backend>,
     record: &mut SessionRecord,
     interrupts: &mut Interrupts,
-    sink: &mut dyn FnMut(&Event),
+    sink: &mut (dyn FnMut(&Event) + Send),
 ) -> Result<TurnResult> {
     let &TurnContext {
         backend,
@@ -235,7 +235,7 @@ async fn record_tui_turn(
     record: &mut SessionRecord,
     turn_record: TurnRecord,
     history: StoredHistory,
-    sink: &mut dyn FnMut(&Event),
+    sink: &mut (dyn FnMut(&Event) + Send),
 ) -> Result<TurnResult> {
     let &TurnContext {
         backend,

@@ -169,7 +169,7 @@ pub fn image_hint_for(
 
 pub(in crate::session) fn busy(record: &SessionRecord, turn: &str) -> Error {
     let id = record.session_id;
-    Error::usage(format!(
+    Error::busy(format!(
         "session {id} is busy: turn {turn} is running right now (container caw-box-{id})"
     ))
     .with_hint(format!(

@@ -35,7 +35,7 @@ pub(in crate::session) struct Reading<'s> {
 }
 
 impl<'s> Reading<'s> {
-    pub fn new(record: &SessionRecord, sink: &'s mut dyn FnMut(&Event)) -> Self {
+    pub fn new(record: &SessionRecord, sink: &'s mut (dyn FnMut(&Event) + Send)) -> Self {
         let mut reader = TurnReader {
             parser: record.provider.adapter().parser(ParseContext {
                 previous_cumulative_usage: record.last_cumulative_usage(),
@@ -227,7 +227,7 @@ fn read_stdout_line(
 /// and the turn's logs; stderr lines only inform the parser.
 pub(in crate::session) struct TurnReader<'s> {
     pub parser: Box<dyn crate::provider::StreamParser>,
-    pub sink: &'s mut dyn FnMut(&Event),
+    pub sink: &'s mut (dyn FnMut(&Event) + Send),
     pub session_id: String,
     pub provider: crate::provider::ProviderKind,
     /// The session's MCP servers, whose tools the events name `mcp__server__tool`.

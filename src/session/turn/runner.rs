@@ -46,7 +46,7 @@ pub async fn run_turn(
     backend: &impl Backend,
     record: &mut SessionRecord,
     options: &TurnOptions,
-    sink: &mut dyn FnMut(&Event),
+    sink: &mut (dyn FnMut(&Event) + Send),
 ) -> Result<TurnResult> {
     record.settings.check_agent_config(record.provider)?;
     settle_orphan(backend, record).await?;
@@ -168,7 +168,7 @@ async fn realise(
     options: &TurnOptions,
     plan: TurnPlan,
     interrupts: &mut Interrupts,
-    sink: &mut dyn FnMut(&Event),
+    sink: &mut (dyn FnMut(&Event) + Send),
 ) -> Result<TurnResult> {
     let TurnPlan {
         name,
@@ -391,7 +391,7 @@ async fn drive(
     ctx: &TurnContext<'_, impl Backend>,
     record: &mut SessionRecord,
     interrupts: &mut Interrupts,
-    sink: &mut dyn FnMut(&Event),
+    sink: &mut (dyn FnMut(&Event) + Send),
 ) -> Result<TurnResult> {
     let outcome = if ctx.options.interactive {
         // A TUI's runtime files go in before its start: wait for the broker here.
