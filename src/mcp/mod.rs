@@ -14,6 +14,7 @@
 //! - `args.rs`: the tools' arguments (their JSON schemas)
 //! - `turns.rs`: `start`, `reply`, `cancel`, `wait`
 //! - `read.rs`: `status`, `events`, `result`, `diff`'s patch, `list`
+//! - `diff.rs`: `diff`, bounded by `max_bytes`
 //! - `apply.rs`: `apply`
 //!
 //! - `queue.rs`: `--max-parallel`
@@ -37,6 +38,7 @@ use crate::error::{Error, Result};
 mod apply;
 mod args;
 mod budget;
+mod diff;
 pub mod http;
 mod queue;
 mod read;
@@ -46,8 +48,8 @@ pub use budget::ServerBudget;
 pub use queue::Queue;
 
 use args::{
-    ApplyArgs, EventsArgs, ListArgs, RemoveArgs, ReplyArgs, ResultArgs, SessionArg, StartArgs,
-    WaitArgs,
+    ApplyArgs, DiffArgs, EventsArgs, ListArgs, RemoveArgs, ReplyArgs, ResultArgs, SessionArg,
+    StartArgs, WaitArgs,
 };
 
 /// What an orchestrating agent is told when it connects.
@@ -211,12 +213,12 @@ impl Delegation {
     }
 
     #[tool(
-        description = "A turn's unified events (text, tool_call, tool_result, usage, error, result) after a cursor, and the next cursor."
+        description = "A turn's unified events (text, tool_call, tool_result, usage, error, result) after a cursor, at most `limit` (200) of them, the next cursor and whether there are `more`."
     )]
     async fn events(&self, Parameters(a): Parameters<EventsArgs>) -> CallToolResult {
         answer(
             off_thread(move || async move {
-                read::events(&a.session, a.turn, a.cursor.unwrap_or(0)).await
+                read::events(&a.session, a.turn, a.cursor.unwrap_or(0), a.limit).await
             })
             .await,
         )
@@ -230,18 +232,12 @@ impl Delegation {
     }
 
     #[tool(
-        description = "The session's changes as a patch that `git apply` takes on the directory as it was when the session started (as `caw-box diff --patch`; protected paths such as .git/hooks are left out)."
+        description = "The session's changes as a patch that `git apply` takes on the directory as it was when the session started: the first text block is the patch, byte for byte what `apply` applies and `caw-box diff --patch` writes (protected paths such as .git/hooks are left out). At most `max_bytes` (1 MiB) of it: a longer one is cut where a file begins and says `truncated: true`; its size and files changed are in the structured content."
     )]
-    async fn diff(&self, Parameters(a): Parameters<SessionArg>) -> CallToolResult {
-        let patch = off_thread(move || async move {
-            let client = crate::Client::connect().await?;
-            let (_, bytes, _) = read::patch_of(&client, &a.session).await?;
-            Ok(String::from_utf8_lossy(&bytes).into_owned())
-        });
-        match patch.await {
-            Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
-            Err(e) => error_result(&e),
-        }
+    async fn diff(&self, Parameters(a): Parameters<DiffArgs>) -> CallToolResult {
+        off_thread(move || async move { diff::diff(&a.session, a.max_bytes).await })
+            .await
+            .unwrap_or_else(|e| error_result(&e))
     }
 
     #[tool(
