@@ -78,7 +78,11 @@ pub async fn diff(target: &str, asked: Option<usize>) -> Result<CallToolResult> 
     let client = Client::connect().await?;
     let (view, made) = patch_of(&client, target).await?;
     let id = view.facts.session_id;
-    let text = made.text()?;
+    let text = made.text().map_err(|e| {
+        e.with_hint(format!(
+            "`caw-box diff {id} --patch FILE` writes it as bytes; `apply` applies it as well"
+        ))
+    })?;
     let (head, how) = cut(text, max);
     let truncated = how != Cut::Whole;
     let meta = json!({
