@@ -65,7 +65,9 @@ echo "tree=$(git write-tree)"
 /// binary to it), so when the patch is not UTF-8, [`BINARY_MARKS`] marks those files
 /// `binary` in the private repository's `info/attributes` (which outranks the workspace's
 /// own `.gitattributes`) and git writes the patch again. Without perl (every Debian image
-/// has it: git needs it) the patch stays as git wrote it; [`Patch::text`] says so.
+/// has it: git needs it) the patch stays as git wrote it, as it does for a symbolic link to
+/// a name that is not UTF-8 (git diffs a link as text whatever its attributes);
+/// [`Patch::text`] says so.
 const PATCH_SCRIPT: &str = r#"ws="${CAW_WS:-/workspace}"
 t="${CAW_TMP:-/tmp}/caw-box-patch"
 mkdir -p "$t/objects"
@@ -309,8 +311,9 @@ impl Patch {
     pub fn text(&self) -> Result<&str> {
         std::str::from_utf8(&self.bytes).map_err(|e| {
             Error::environment(format!(
-                "the patch is not UTF-8 text (a file that is not UTF-8 at byte {} was not made \
-                 a binary hunk: has the session's image no perl?)",
+                "the patch is not UTF-8 text (at byte {}): a symbolic link to a name that is \
+                 not UTF-8 (git diffs a link's target as text, whatever its attributes), or a \
+                 file that is not, where the session's image has no perl to mark it binary",
                 e.valid_up_to()
             ))
             .with_hint("`caw-box diff SESSION --patch FILE` writes it as bytes")
