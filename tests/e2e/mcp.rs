@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 
 /// The virtualenv's Python with the MCP SDK (made by scripts/mcp-venv.sh, reused).
-fn mcp_python() -> String {
+pub(crate) fn mcp_python() -> String {
     let out = Command::new(repo_root().join("scripts/mcp-venv.sh"))
         .output()
         .expect("run scripts/mcp-venv.sh");
