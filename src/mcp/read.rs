@@ -304,11 +304,11 @@ pub async fn result(target: &str, turn: Option<u32>) -> Result<Value> {
         .await?
         .ok_or_else(|| Error::usage(format!("session {id} has no finished turn")))?;
     let t = match turn {
-        Some(n) => record
-            .turns
-            .iter()
-            .find(|t| t.turn == n)
-            .ok_or_else(|| Error::usage(format!("session {id} has no finished turn {n}")))?,
+        Some(n) => record.turns.iter().find(|t| t.turn == n).ok_or_else(|| {
+            let last = record.turns.last().map_or(0, |t| t.turn);
+            Error::not_found(format!("session {id} has no finished turn {n}"))
+                .with_hint(format!("its finished turns are 1 to {last}"))
+        })?,
         None => record
             .turns
             .last()

@@ -94,6 +94,9 @@ async def main(s, scratch):
     assert files["keep.txt"] == {"path": "keep.txt", "added": 1, "removed": 0,
                                  "binary": False}, files["keep.txt"]
     assert files[WEIRD]["added"] == 1 and not files[WEIRD]["binary"], files[WEIRD]
+    for tool in ["result", "events"]:
+        e = await answer(s, tool, {"session": sid, "turn": 99}, ok=False)
+        assert e["error"]["kind"] == "not_found", (tool, e)
 
     check("diff: the first block is the patch, the structured content says what it is")
     d = await call(s, "diff", {"session": sid})
