@@ -560,7 +560,7 @@ mod tests {
         .unwrap();
         let pairs: Vec<(String, Vec<String>)> = aliases
             .into_iter()
-            .map(|a| (a.ip.unwrap(), a.hostnames.unwrap()))
+            .map(|a| (a.ip, a.hostnames.unwrap()))
             .collect();
         assert_eq!(
             pairs,

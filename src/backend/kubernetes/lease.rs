@@ -45,7 +45,7 @@ fn identity() -> String {
 }
 
 fn now() -> MicroTime {
-    MicroTime(k8s_openapi::chrono::Utc::now())
+    MicroTime(k8s_openapi::jiff::Timestamp::now())
 }
 
 /// Whether a Lease read is free to take: no holder, or its record (`version`) unchanged
@@ -137,6 +137,7 @@ fn held_spec(me: &str, before: Option<&LeaseSpec>) -> LeaseSpec {
         acquire_time: Some(now()),
         renew_time: Some(now()),
         lease_transitions: Some(transitions + before.is_some() as i32),
+        ..Default::default()
     }
 }
 

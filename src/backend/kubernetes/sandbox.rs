@@ -57,6 +57,7 @@ pub(super) fn empty_dir(name: &str, memory: bool, limit: &str) -> Volume {
         empty_dir: Some(EmptyDirVolumeSource {
             medium: memory.then(|| "Memory".to_string()),
             size_limit: Some(Quantity(limit.to_string())),
+            ..Default::default()
         }),
         ..Default::default()
     }

@@ -201,7 +201,7 @@ pub(super) fn host_aliases(entries: &[String]) -> Option<Vec<HostAlias>> {
     let aliases: Vec<HostAlias> = by_ip
         .into_iter()
         .map(|(ip, hostnames)| HostAlias {
-            ip: Some(ip.to_string()),
+            ip: ip.to_string(),
             hostnames: Some(hostnames),
         })
         .collect();

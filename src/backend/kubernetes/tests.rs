@@ -606,7 +606,7 @@ fn a_pod_whose_broker_stands_in_for_a_host_resolves_it_to_loopback() {
     let spec = turn_pod_spec(&t).unwrap();
     let aliases = spec.host_aliases.unwrap();
     assert_eq!(aliases.len(), 1);
-    assert_eq!(aliases[0].ip.as_deref(), Some("127.0.0.1"));
+    assert_eq!(aliases[0].ip, "127.0.0.1");
     assert_eq!(
         aliases[0].hostnames.as_deref(),
         Some(&["chatgpt.com".to_string()][..])
