@@ -56,7 +56,7 @@ fn connect(
 ) -> PyResult<()> {
     caw_box::session::runner::leave_signals_to_the_caller();
     let rt = rt()?;
-    py.allow_threads(|| {
+    py.detach(|| {
         let mut b = caw_box::Client::builder();
         if let Some(v) = backend {
             b = b.backend(v);
@@ -122,7 +122,7 @@ async fn refresh(p: &mut Prepared, stale: &AtomicBool, id: &str) -> caw_box::Res
 #[pyfunction]
 fn start(py: Python<'_>, flags: Vec<String>) -> PyResult<NativeSession> {
     let rt = rt()?;
-    py.allow_threads(|| {
+    py.detach(|| {
         rt.block_on(caw_box::embed::start(&flags, &|_| {}))
             .map(wrap)
             .map_err(raise)
@@ -133,7 +133,7 @@ fn start(py: Python<'_>, flags: Vec<String>) -> PyResult<NativeSession> {
 #[pyfunction]
 fn resume(py: Python<'_>, target: String, flags: Vec<String>) -> PyResult<NativeSession> {
     let rt = rt()?;
-    py.allow_threads(|| {
+    py.detach(|| {
         rt.block_on(caw_box::embed::resume(&target, &flags))
             .map(wrap)
             .map_err(raise)
@@ -168,7 +168,7 @@ impl NativeSession {
     fn handle(&self, py: Python<'_>) -> PyResult<Option<String>> {
         let mut p = self.inner.try_lock().map_err(|_| busy(&self.id))?;
         let rt = rt()?;
-        py.allow_threads(|| rt.block_on(refresh(&mut p, &self.stale, &self.id)))
+        py.detach(|| rt.block_on(refresh(&mut p, &self.stale, &self.id)))
             .map_err(raise)?;
         Ok((!p.session.record().resume_key.is_empty()).then(|| p.session.handle().to_json()))
     }
@@ -177,7 +177,7 @@ impl NativeSession {
     fn record(&self, py: Python<'_>) -> PyResult<String> {
         let mut p = self.inner.try_lock().map_err(|_| busy(&self.id))?;
         let rt = rt()?;
-        py.allow_threads(|| rt.block_on(refresh(&mut p, &self.stale, &self.id)))
+        py.detach(|| rt.block_on(refresh(&mut p, &self.stale, &self.id)))
             .map_err(raise)?;
         Ok(serde_json::to_string(p.session.record()).unwrap_or_default())
     }
@@ -192,13 +192,13 @@ impl NativeSession {
         py: Python<'_>,
         prompt: String,
         timeout: Option<f64>,
-        on_event: Option<PyObject>,
+        on_event: Option<Py<PyAny>>,
     ) -> PyResult<TurnOut> {
         let rt = rt()?;
         let inner = self.inner.clone();
         let id = self.id.clone();
         let stale = self.stale.clone();
-        py.allow_threads(move || {
+        py.detach(move || {
             let mut p = inner.try_lock_owned().map_err(|_| busy(&id))?;
             rt.block_on(refresh(&mut p, &stale, &id)).map_err(raise)?;
             let mut options = p.options.clone();
@@ -216,7 +216,7 @@ impl NativeSession {
                         return;
                     }
                     let json = serde_json::to_string(e).unwrap_or_default();
-                    if let Err(err) = Python::with_gil(|py| cb.call1(py, (json,)).map(|_| ())) {
+                    if let Err(err) = Python::attach(|py| cb.call1(py, (json,)).map(|_| ())) {
                         *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
                     }
                 };
@@ -232,7 +232,7 @@ impl NativeSession {
                                 continue;
                             }
                             if failed.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
-                                if let Err(e) = Python::with_gil(|py| py.check_signals()) {
+                                if let Err(e) = Python::attach(|py| py.check_signals()) {
                                     *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                                 }
                             }
@@ -261,7 +261,7 @@ impl NativeSession {
         let inner = self.inner.clone();
         let id = self.id.clone();
         let stale = self.stale.clone();
-        py.allow_threads(move || {
+        py.detach(move || {
             let mut p = inner.try_lock().map_err(|_| busy(&id))?;
             rt.block_on(refresh(&mut p, &stale, &id)).map_err(raise)?;
             let mut options = p.options.clone();
@@ -294,7 +294,7 @@ async fn stop_until_stopped(client: caw_box::Client, id: String) {
 #[pyfunction]
 fn wait(py: Python<'_>, target: String) -> PyResult<TurnOut> {
     let rt = rt()?;
-    py.allow_threads(|| {
+    py.detach(|| {
         rt.block_on(async { caw_box::Client::connect().await?.wait(&target).await })
             .map(|r| turn_out(&r))
             .map_err(raise)
@@ -305,7 +305,7 @@ fn wait(py: Python<'_>, target: String) -> PyResult<TurnOut> {
 #[pyfunction]
 fn stop(py: Python<'_>, target: String) -> PyResult<String> {
     let rt = rt()?;
-    py.allow_threads(|| {
+    py.detach(|| {
         rt.block_on(async { caw_box::Client::connect().await?.stop(&target).await })
             .map(|(id, _)| id.to_string())
             .map_err(raise)
@@ -317,7 +317,7 @@ fn stop(py: Python<'_>, target: String) -> PyResult<String> {
 #[pyo3(signature = (group=None))]
 fn sessions(py: Python<'_>, group: Option<String>) -> PyResult<String> {
     let rt = rt()?;
-    py.allow_threads(|| {
+    py.detach(|| {
         rt.block_on(caw_box::embed::sessions(group))
             .map(|v| v.to_string())
             .map_err(raise)
@@ -336,7 +336,7 @@ fn auth_status() -> PyResult<String> {
 #[pyfunction]
 #[pyo3(signature = (providers, keyring=false))]
 fn auth_collect(py: Python<'_>, providers: Vec<String>, keyring: bool) -> PyResult<String> {
-    py.allow_threads(|| {
+    py.detach(|| {
         caw_box::embed::auth_collect(&providers, keyring)
             .map(|v| v.to_string())
             .map_err(raise)
@@ -355,11 +355,11 @@ fn auth_login(
     py: Python<'_>,
     flags: Vec<String>,
     api_key: Option<String>,
-    on_prompt: Option<PyObject>,
+    on_prompt: Option<Py<PyAny>>,
 ) -> PyResult<String> {
     caw_box::session::runner::leave_signals_to_the_caller();
     let rt = rt()?;
-    py.allow_threads(move || {
+    py.detach(move || {
         let failed: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
         let cancel = Arc::new(tokio::sync::Notify::new());
         let result = rt.block_on(async {
@@ -368,7 +368,7 @@ fn auth_login(
                 let text = json.to_string();
                 // A paste-code flow's prompt gets the code back (a str); any other value
                 // is no code.
-                let returned = Python::with_gil(|py| {
+                let returned = Python::attach(|py| {
                     cb.call1(py, (text,))
                         .map(|r| r.extract::<Option<String>>(py).ok().flatten())
                 });
@@ -388,7 +388,7 @@ fn auth_login(
                 tokio::select! {
                     r = &mut login => break r,
                     _ = tick.tick() => {
-                        if let Err(e) = Python::with_gil(|py| py.check_signals()) {
+                        if let Err(e) = Python::attach(|py| py.check_signals()) {
                             *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                             cancel.notify_one();
                         }
