@@ -20,5 +20,5 @@ if ! command -v shellcheck >/dev/null; then
 fi
 shellcheck ci/run-turn.sh scripts/lint-workflows.sh scripts/podman.sh scripts/drift.sh \
     scripts/drift-issue.sh scripts/test-targets.sh scripts/dist.sh scripts/test-dist.sh \
-    scripts/hot-functions.sh
-echo "shellcheck: ci/run-turn.sh, the rig, drift, targets, dist and hot-function scripts ok"
+    scripts/hot-functions.sh scripts/deny.sh
+echo "shellcheck: ci/run-turn.sh, the rig, drift, targets, dist, hot-function and deny scripts ok"

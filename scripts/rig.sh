@@ -13,7 +13,8 @@
 #   scripts/rig.sh build-deps  install what building caw-box needs besides Rust (Python's venv,
 #                              for the Python package's stage; TLS is rustls, no C library;
 #                              for `make dist`'s static binary: rustup's musl target and
-#                              musl-tools, whose musl-gcc compiles ring's C code)
+#                              musl-tools, whose musl-gcc compiles ring's C code; for `make
+#                              lint`'s dependency check: cargo-deny, from crates.io)
 #   scripts/rig.sh with CMD…   `up`, run CMD, then `down` if `up` started the daemon
 #
 # Quiet on success; every failure says what failed. State lives in $RIG_DIR.
@@ -23,6 +24,8 @@ RIG_DIR=${CAW_BOX_RIG_DIR:-/var/tmp/caw-box-rig}
 PID_FILE=$RIG_DIR/dockerd.pid
 LOG_FILE=$RIG_DIR/dockerd.log
 LOCAL_BASE=${CAW_BOX_LOCAL_BASE:-caw-box-local/node:20-bookworm}
+# deny.toml is written for it; bump both together.
+CARGO_DENY_VERSION=0.20.2
 
 say() { printf 'rig: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
@@ -234,6 +237,14 @@ case "${1:-}" in
             rustup target add x86_64-unknown-linux-musl >/dev/null || die "rustup target add x86_64-unknown-linux-musl failed"
         fi
         command -v musl-gcc >/dev/null 2>&1 || apt_install musl-tools
+        # `make lint`'s dependency check (scripts/deny.sh, deny.toml): cargo-deny at the version
+        # deny.toml is written for, compiled from crates.io (some 10 minutes on 2 cores, once;
+        # skipped when that version is there).
+        if ! cargo deny --version 2>/dev/null | grep -qx "cargo-deny $CARGO_DENY_VERSION"; then
+            say "installing cargo-deny $CARGO_DENY_VERSION (cargo install, once)"
+            cargo install --quiet --locked cargo-deny --version "$CARGO_DENY_VERSION" \
+                || die "cargo install cargo-deny $CARGO_DENY_VERSION failed"
+        fi
         ;;
     pid) our_pid || die "no daemon started by the rig is running" ;;
     with) shift; mkdir -p "$RIG_DIR"; cmd_with "$@" ;;

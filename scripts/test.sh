@@ -70,7 +70,8 @@ lint() {
     cargo fmt --all -- --check &&
         cargo clippy --workspace --all-targets --quiet -- -D warnings &&
         scripts/lint-workflows.sh &&
-        scripts/lint-architecture.sh
+        scripts/lint-architecture.sh &&
+        scripts/deny.sh
 }
 stage lint lint
 
