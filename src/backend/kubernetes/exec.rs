@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Container, PodSpec, Volume, VolumeMount};
 use kube::api::AttachParams;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
+use super::pipes::{Ended, UntilEnded};
 use super::status::container_info;
 use super::{failed, meta, KubeBackend, Resizer, MANAGED_BY};
 use crate::backend::{Attached, Backend, OutputChunk, OutputStream};
@@ -57,18 +58,27 @@ impl KubeBackend {
             }
             Ok::<_, std::io::Error>(())
         };
-        let mut stdout = process.stdout().expect("stdout was asked for");
-        let mut stderr = process.stderr().expect("stderr was asked for");
+        let ended = Ended::new();
+        let mut stdout = UntilEnded::new(process.stdout().expect("stdout was asked for"), &ended);
+        let mut stderr = UntilEnded::new(process.stderr().expect("stderr was asked for"), &ended);
+        // The status comes last, or the loop ends without one: either ends the pipes. (Not
+        // `join`: it ends stdin first, and so the exec, when it has none of ours.)
+        let status = process.take_status();
+        let ends = async {
+            let status = match status {
+                Some(status) => status.await,
+                None => None,
+            };
+            ended.finish();
+            status
+        };
         let (mut out, mut err) = (Vec::new(), Vec::new());
-        let (fed, read_out, read_err) = tokio::join!(
+        let (fed, read_out, read_err, status) = tokio::join!(
             feed,
             stdout.read_to_end(&mut out),
-            stderr.read_to_end(&mut err)
+            stderr.read_to_end(&mut err),
+            ends
         );
-        let status = match process.take_status() {
-            Some(status) => status.await,
-            None => None,
-        };
         fed.and(read_out)
             .and(read_err)
             .map_err(|e| Error::environment(format!("failed to {}: {e}", what())))?;
@@ -226,9 +236,10 @@ impl KubeBackend {
                 terminals.insert(name.to_string(), resize);
             }
         }
-        let stdout = process.stdout().expect("stdout was asked for");
+        let ended = Ended::new();
+        let stdout = UntilEnded::new(process.stdout().expect("stdout was asked for"), &ended);
         let stderr: OutputStream = match process.stderr() {
-            Some(stderr) => chunks(stderr, OutputChunk::Stderr),
+            Some(stderr) => chunks(UntilEnded::new(stderr, &ended), OutputChunk::Stderr),
             // A terminal has one stream.
             None => Box::pin(futures_util::stream::empty()),
         };
@@ -246,9 +257,19 @@ impl KubeBackend {
             Some(w) => (Box::pin(w), None),
             None => (Box::pin(tokio::io::sink()), None),
         };
-        // The attachment lives as long as its output is read.
+        // The attachment lives as long as its output is read; its end ends the pipes. Its
+        // status future resolves when its loop ends (or just before): only then `join`,
+        // which would end stdin first, and an attachment with none of ours with it.
+        let pod = name.to_string();
+        let status = process.take_status();
         let keep = futures_util::stream::once(async move {
-            let _ = process.join().await;
+            if let Some(status) = status {
+                let _ = status.await;
+            }
+            if let Err(e) = process.join().await {
+                tracing::debug!(pod, "the attachment ended: {e}");
+            }
+            ended.finish();
             None
         })
         .filter_map(|x: Option<Result<OutputChunk>>| async move { x });

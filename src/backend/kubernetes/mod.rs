@@ -89,6 +89,7 @@ mod exec;
 mod helpers;
 mod lease;
 mod meta;
+mod pipes;
 mod pods;
 mod sandbox;
 mod seam;

@@ -33,6 +33,7 @@ use kube::api::{AttachParams, DeleteParams, Patch, PatchParams, Preconditions};
 
 use super::ends::{KeepOpen, Shared};
 use super::exec::chunks;
+use super::pipes::{Ended, UntilEnded};
 use super::status::container_info;
 use super::{failed, is_status, meta, KubeBackend};
 use crate::backend::warm::{
@@ -326,8 +327,9 @@ impl KubeBackend {
             .await
             .map_err(|e| failed(format!("run the turn in pod '{name}'"), &e))?;
         super::timeline("exec (warm turn)", t0);
-        let stdout = process.stdout().expect("stdout was asked for");
-        let stderr = process.stderr().expect("stderr was asked for");
+        let ended = Ended::new();
+        let stdout = UntilEnded::new(process.stdout().expect("stdout was asked for"), &ended);
+        let stderr = UntilEnded::new(process.stderr().expect("stderr was asked for"), &ended);
         // Open to the end: a closed stdin would end the exec's connection (kube has no
         // half-close), and with it the wait for its status.
         let input: Shared = match process.stdin() {
@@ -342,6 +344,7 @@ impl KubeBackend {
                 None => None,
             };
             let _ = process.join().await;
+            ended.finish();
             let _ = tx.send(Some(exit_code(status)));
         });
         if let Some(t) = self.warm_turns().get_mut(name) {
