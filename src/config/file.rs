@@ -48,6 +48,17 @@ struct ConfigFile {
     unprotect: Option<Spanned<Vec<String>>>,
     mcp: Option<Spanned<BTreeMap<String, McpFileEntry>>>,
     runtime: Option<Spanned<String>>,
+    prices: Option<Spanned<BTreeMap<String, PriceEntry>>>,
+}
+
+/// One model of the `prices` table: USD per million tokens.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PriceEntry {
+    input: f64,
+    output: f64,
+    cache_read: Option<f64>,
+    cache_write: Option<f64>,
 }
 
 /// One server of the `mcp` table.
@@ -92,6 +103,16 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
             "a project file cannot unprotect paths: the repository would lift its own protection",
         )
         .with_hint("put `unprotect` in your user config file, or pass --unprotect PATH"));
+    }
+    if let (Some(v), Origin::Project(_)) = (&file.prices, origin(String::new())) {
+        // Prices decide what a turn counts against --max-cost: a repository would lower them.
+        return Err(refusal(
+            path,
+            line_of(text, v.span()),
+            Some("prices"),
+            "a project file cannot set prices: the repository would decide what its turns count against --max-cost",
+        )
+        .with_hint("put `prices` in your user config file"));
     }
     let mut layer = Layer::default();
     let mut put = |key: Key, value: Value, span: std::ops::Range<usize>| -> Result<()> {
@@ -175,6 +196,23 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
     if let Some(v) = file.user_config {
         let span = v.span();
         put(Key::UserConfig, Value::Bool(v.into_inner()), span)?;
+    }
+    if let Some(v) = file.prices {
+        let span = v.span();
+        let book = v
+            .into_inner()
+            .into_iter()
+            .map(|(model, e)| {
+                let price = crate::provider::pricing::Price {
+                    input: e.input,
+                    output: e.output,
+                    cache_read: e.cache_read,
+                    cache_write: e.cache_write,
+                };
+                (model, price)
+            })
+            .collect();
+        put(Key::Prices, Value::Prices(book), span)?;
     }
     Ok(layer)
 }

@@ -134,6 +134,7 @@ fn usage_so_far(events: &[Event], view: &target::SessionView) -> Option<crate::e
                 view.facts.settings.model.as_deref(),
                 // The image's CLI version is the turn's to read: the pin's default here.
                 None,
+                &view.facts.settings.prices,
                 &mut usage,
             );
             sum.get_or_insert_with(Default::default).add(&usage);

@@ -83,6 +83,11 @@ pub struct SessionSettings {
     /// stands for the provider's API host, or the `--endpoint` host).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_hosts: Vec<String>,
+    /// `[prices."MODEL"]` of the person's config file when the session started (a resume
+    /// takes the file's again): its turns' costs where the CLI reports none, before the
+    /// price table's (`provider::pricing`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub prices: crate::provider::pricing::PriceBook,
     /// `--system-prompt`: replaces the CLI's default system prompt (see `agent_config`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_prompt: Option<String>,

@@ -318,6 +318,7 @@ pub fn result_of(record: &SessionRecord, t: &TurnRecord) -> TurnResult {
         result: t.result.clone(),
         resume_handle: handle_of(record).to_json(),
         usage: t.usage,
+        priced: crate::provider::pricing::is_priced(&t.usage),
         duration_ms: t.duration_ms,
         exit_code: t.exit_code,
         quarantined: None,
