@@ -18,6 +18,9 @@
 //!
 //! - `queue.rs`: `--max-parallel`
 //! - `http.rs`: `--http ADDR`, the Streamable HTTP transport and its bearer token
+//! - `listener.rs`: the HTTP connections: their cap and deadlines
+//! - `stdio.rs`: the stdio transport
+//! - `shutdown.rs`: stopping on SIGTERM or SIGINT, the calls in flight answered
 //!
 //! Not here: spend limits.
 
@@ -28,7 +31,7 @@ use rmcp::model::{
     ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
-use rmcp::{tool, tool_handler, tool_router, Peer, RoleServer, ServerHandler, ServiceExt};
+use rmcp::{tool, tool_handler, tool_router, Peer, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
 use crate::cli::SettingsArgs;
@@ -38,12 +41,16 @@ mod apply;
 mod args;
 mod budget;
 pub mod http;
+mod listener;
 mod queue;
 mod read;
+mod shutdown;
+mod stdio;
 mod turns;
 
 pub use budget::ServerBudget;
 pub use queue::Queue;
+pub use stdio::serve_stdio;
 
 use args::{
     ApplyArgs, EventsArgs, ListArgs, RemoveArgs, ReplyArgs, ResultArgs, SessionArg, StartArgs,
@@ -75,6 +82,8 @@ pub struct Defaults {
     pub queue: Option<std::sync::Arc<Queue>>,
     /// `--max-cost-usd`: what the server's sessions may spend together.
     pub budget: Option<std::sync::Arc<budget::ServerBudget>>,
+    /// Cancelled when the server stops: a `wait` in flight answers then.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl Defaults {
@@ -198,8 +207,10 @@ impl Delegation {
             peer: context.peer,
         };
         let queue = self.defaults.queue.clone();
-        let cancelled = context.ct.clone();
-        answer(off_thread(move || turns::wait(a, queue, progress, cancelled)).await)
+        let stopping = &self.defaults.shutdown;
+        let (cancelled, _linked) = shutdown::either(&context.ct, stopping);
+        let outcome = off_thread(move || turns::wait(a, queue, progress, cancelled)).await;
+        answer(shutdown::wait_outcome(outcome, stopping))
     }
 
     #[tool(
@@ -301,17 +312,4 @@ impl ServerHandler for Delegation {
             )
             .with_instructions(INSTRUCTIONS)
     }
-}
-
-/// Serves MCP on this process's stdin and stdout until the client goes.
-pub async fn serve_stdio(defaults: Defaults) -> Result<i32> {
-    let service = Delegation::new(defaults)
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| Error::environment(format!("the MCP connection failed to start: {e}")))?;
-    service
-        .waiting()
-        .await
-        .map_err(|e| Error::environment(format!("the MCP server ended: {e}")))?;
-    Ok(0)
 }
