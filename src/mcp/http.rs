@@ -414,8 +414,9 @@ mod tests {
             stopping: CancellationToken::new(),
             calls: TaskTracker::new(),
         };
-        let mcp = StreamableHttpService::new(
-            || Ok(Delegation::new(Defaults::default())),
+        // No session is made: a refused request never reaches one.
+        let mcp: Mcp = StreamableHttpService::new(
+            || Err(std::io::Error::other("no session in this test")),
             Arc::new(LocalSessionManager::default()),
             StreamableHttpServerConfig::default().with_max_request_body_bytes(MAX_BODY),
         );

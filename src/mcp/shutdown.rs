@@ -8,9 +8,8 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio::signal::unix::{signal, Signal, SignalKind};
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -47,31 +46,17 @@ impl Signals {
     }
 }
 
-/// A token cancelled when either is: a call's own cancellation or the server stopping. The
-/// guard ends the link when the call is done.
-pub fn either(
-    call: &CancellationToken,
-    server: &CancellationToken,
-) -> (CancellationToken, DropGuard) {
-    let both = server.child_token();
-    let (call, linked) = (call.clone(), both.clone());
-    tokio::spawn(async move {
-        tokio::select! {
-            () = call.cancelled() => linked.cancel(),
-            () = linked.cancelled() => {}
-        }
-    });
-    (both.clone(), both.drop_guard())
-}
-
-/// A `wait` the stopping server cut short: said so, and that the turns go on.
-pub fn wait_outcome(outcome: Result<Value>, stopping: &CancellationToken) -> Result<Value> {
-    match outcome {
-        Err(e) if stopping.is_cancelled() && e.kind == ErrorKind::Interrupted => Err(Error::new(
+/// A `wait`'s work, ended when the server stops with an answer saying so: the turns go on.
+pub async fn until_stopping<T>(
+    stopping: &CancellationToken,
+    work: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::select! {
+        outcome = work => outcome,
+        () = stopping.cancelled() => Err(Error::new(
             ErrorKind::Interrupted,
             "this caw-box mcp server is stopping: the wait ended; the turns go on",
         )
         .with_hint("wait for them again through the next server: sessions outlive it")),
-        other => other,
     }
 }
