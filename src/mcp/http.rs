@@ -99,7 +99,7 @@ fn refuse_loose_mode(file: &Path, mode: u32) -> Result<()> {
         return Ok(());
     }
     Err(Error::usage(format!(
-        "--token-file '{}' is open to others (mode {:04o}): its token would not be secret",
+        "--token-file '{}' is open to its group or others (mode {:04o}): its token would not be secret",
         file.display(),
         mode & 0o7777
     ))
@@ -259,7 +259,7 @@ pub async fn serve(defaults: Defaults, addr: SocketAddr, token: Option<String>) 
         // the loopback Host check.
         config = config.disable_allowed_hosts();
     }
-    let stopping_calls = defaults.shutdown.clone();
+    let waits_end = defaults.shutdown.clone();
     let mcp = StreamableHttpService::new(
         move || Ok(Delegation::new(defaults.clone())),
         Arc::new(LocalSessionManager::default()),
@@ -273,6 +273,7 @@ pub async fn serve(defaults: Defaults, addr: SocketAddr, token: Option<String>) 
         head: STALL,
         idle: IDLE,
     };
+    listener::raise_open_file_limit();
     let listener = Capped::new(listener, listener::connection_cap(), timeouts);
     let gate = Gate {
         stopping: CancellationToken::new(),
@@ -305,7 +306,7 @@ pub async fn serve(defaults: Defaults, addr: SocketAddr, token: Option<String>) 
         "caw-box mcp: {signal}: stopping; answering the calls in flight (the turns go on)"
     ));
     gate.stopping.cancel();
-    stopping_calls.cancel();
+    waits_end.cancel();
     gate.calls.close();
     if tokio::time::timeout(shutdown::CALLS_GRACE, gate.calls.wait())
         .await

@@ -42,7 +42,6 @@ pub struct Timeouts {
 /// backlog rather than being refused, and a stalled one frees its slot within
 /// [`Timeouts::head`].
 pub fn connection_cap() -> usize {
-    raise_open_file_limit();
     let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .current
         .unwrap_or(u64::MAX);
@@ -53,7 +52,7 @@ pub fn connection_cap() -> usize {
 
 /// Raises the soft open-file limit to the hard one, as Go's runtime does for every program:
 /// the soft default (1024 on many systems) is far below what a server may rightly hold.
-fn raise_open_file_limit() {
+pub fn raise_open_file_limit() {
     use rustix::process::{getrlimit, setrlimit, Resource};
     let mut limit = getrlimit(Resource::Nofile);
     if limit.current < limit.maximum {
