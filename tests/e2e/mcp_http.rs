@@ -1,11 +1,11 @@
 //! `caw-box mcp --http` under load and hostile clients, and its stop (issue 51): the real
 //! binary, the official MCP Python SDK as the client (tests/mcp/http_server.py holds the
 //! checks). A token file open to others is refused at once; then one server takes a wrong
-//! and a lower-case bearer, 20 MiB bodies, 300 connections stalled mid-head beside a real
-//! client's first call (within 3 s), 100 parallel calls (its peak thread count read from
-//! /proc), and SIGTERM with a codex turn running (held by the stub) and a `wait` on it in
-//! flight: the wait is answered, the server exits 0 within 10 s, the turn goes on and a new
-//! server gives its outcome; a stdio server stops on SIGTERM too.
+//! and a lower-case bearer, a rebinding Host, 20 MiB bodies, 300 connections stalled
+//! mid-head beside a real client's first call (within 3 s), 100 parallel calls (its peak
+//! thread count read from /proc), and SIGTERM with a codex turn running (held by the stub)
+//! and a `wait` on it in flight: the wait is answered, the server exits 0 within 10 s, the
+//! turn goes on and a new server gives its outcome; a stdio server stops on SIGTERM too.
 //!
 //! Cost: one rig, one codex turn, two HTTP servers and a stdio one; about 30 s, most of it
 //! the turn and the stalled connections' 10 s head deadline.

@@ -174,7 +174,7 @@ def post(server, headers, body):
     """A POST to /mcp on a connection of its own: status and headers (the body not read)."""
     c = http.client.HTTPConnection(server.host, server.port, timeout=30)
     try:
-        c.putrequest("POST", "/mcp", skip_accept_encoding=True)
+        c.putrequest("POST", "/mcp", skip_host="Host" in headers, skip_accept_encoding=True)
         for name, value in headers.items():
             c.putheader(name, value)  # names as given: a lower-case one stays lower-case
         c.putheader("content-length", str(len(body)))
@@ -260,6 +260,11 @@ async def hostile_and_heavy(server):
     status, headers = post(server, {**json_headers, "authorization": f"bearer {TOKEN}"},
                            initialize_body())
     assert status == 200 and headers.get("mcp-session-id"), (status, headers)
+
+    check("a Host that is not loopback is refused on a loopback server (DNS rebinding)")
+    status, headers = post(server, {**json_headers, **AUTH,
+                                    "Host": f"rebound.example:{server.port}"}, initialize_body())
+    assert status == 403, (status, headers)
 
     check("a 20 MiB body is 413, its length declared or not")
     for chunked in (False, True):
