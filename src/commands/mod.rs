@@ -155,7 +155,11 @@ async fn mcp(args: crate::cli::McpArgs) -> Result<i32> {
             .map(crate::mcp::ServerBudget::new)
             .transpose()?
             .map(std::sync::Arc::new),
+        shutdown: Default::default(),
     };
+    // The server stops itself on SIGTERM and SIGINT; a turn it follows (an orphan `wait`
+    // adopts) must not take them as its own stop: the turns go on without the server.
+    crate::session::runner::leave_signals_to_the_caller();
     match http {
         Some((addr, token)) => crate::mcp::http::serve(defaults, addr, token).await,
         None => crate::mcp::serve_stdio(defaults).await,

@@ -26,6 +26,7 @@ mod login_claude;
 mod login_gemini;
 mod manage;
 mod mcp;
+mod mcp_http;
 mod oauth;
 mod orphans;
 mod patch;

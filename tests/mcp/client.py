@@ -297,7 +297,8 @@ async def main():
     check("a new server (Streamable HTTP, a bearer token) gives the killed turn's outcome")
     token = os.urandom(16).hex()
     token_file = os.path.join(os.environ["CAW_BOX_DATA_DIR"], "mcp-token")
-    with open(token_file, "w") as f:
+    # Its owner's only, or the server refuses it (as ssh a private key).
+    with open(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(token + "\n")
     # A server budget far below one turn: its first turn takes it all.
     http = subprocess.Popen([CAW, *server_args("--http", "127.0.0.1:0", "--token-file", token_file,
