@@ -69,10 +69,7 @@ pub fn main() -> ! {
         report(&e, format);
         std::process::exit(e.exit_code());
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime_for(&cli.command) {
         Ok(r) => r,
         Err(e) => {
             let e = Error::environment(format!("cannot start the async runtime: {e}"));
@@ -99,6 +96,22 @@ pub fn main() -> ! {
     // Leave the turn's background tasks (signal listeners, streams) behind: we are done.
     drop(runtime);
     std::process::exit(code);
+}
+
+/// The async runtime a command runs on: one thread, but for `caw-box mcp`, a long-lived server
+/// whose tool calls run side by side on a few workers (and a bounded pool for blocking work),
+/// so a burst of calls neither waits on one thread nor grows the process's threads.
+fn runtime_for(command: &cli::Command) -> std::io::Result<tokio::runtime::Runtime> {
+    if matches!(command, cli::Command::Mcp(_)) {
+        return tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(16)
+            .enable_all()
+            .build();
+    }
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
 }
 
 /// The one error line on stderr; under `-o json`/`stream-json` also the error object on

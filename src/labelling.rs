@@ -10,6 +10,9 @@ pub mod labels {
     pub const PROVIDER: &str = "io.caw-box.provider";
     pub const NAME: &str = "io.caw-box.name";
     pub const GROUP: &str = "io.caw-box.group";
+    /// The `caw-box mcp --scope` a session was started under: what that server may see and
+    /// touch (a session without it, such as one `caw-box run` started, belongs to none).
+    pub const SCOPE: &str = "io.caw-box.scope";
     pub const CREATED: &str = "io.caw-box.created";
     pub const SETTINGS: &str = "io.caw-box.settings";
     /// On a bind-mode state volume: the git workspace at session start

@@ -977,6 +977,7 @@ fn view(id: Uuid, name: Option<String>) -> SessionView {
             provider: ProviderKind::Codex,
             name,
             group: None,
+            scope: None,
             created_at: 0,
             settings: SessionSettings::default(),
             workspace_base: None,

@@ -4,7 +4,6 @@
 //! `NativeError` whose one argument is the JSON error object; the Python layer maps it to
 //! its exception family.
 
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -208,16 +207,17 @@ impl NativeSession {
                 options.timeout = Some(Duration::from_secs_f64(t.max(0.001)));
             }
             let client = p.client.clone();
-            let failed: RefCell<Option<PyErr>> = RefCell::new(None);
+            // A Mutex, not a RefCell: the event sink is `Send` (a turn's future may move threads).
+            let failed: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
             let result = rt.block_on(async {
                 let events = |e: &caw_box::Event| {
                     let Some(cb) = &on_event else { return };
-                    if failed.borrow().is_some() {
+                    if failed.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
                         return;
                     }
                     let json = serde_json::to_string(e).unwrap_or_default();
                     if let Err(err) = Python::with_gil(|py| cb.call1(py, (json,)).map(|_| ())) {
-                        *failed.borrow_mut() = Some(err);
+                        *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
                     }
                 };
                 let turn = p.session.send(options, events);
@@ -231,12 +231,12 @@ impl NativeSession {
                             if stopper.is_some() {
                                 continue;
                             }
-                            if failed.borrow().is_none() {
+                            if failed.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
                                 if let Err(e) = Python::with_gil(|py| py.check_signals()) {
-                                    *failed.borrow_mut() = Some(e);
+                                    *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                                 }
                             }
-                            if failed.borrow().is_some() {
+                            if failed.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
                                 stopper = Some(tokio::spawn(stop_until_stopped(client.clone(), id.clone())));
                             }
                         }
@@ -247,7 +247,7 @@ impl NativeSession {
                 }
                 result
             });
-            if let Some(e) = failed.into_inner() {
+            if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
                 return Err(e);
             }
             result.map(|r| turn_out(&r)).map_err(raise)

@@ -250,18 +250,20 @@ pub struct ImageBuildArgs {
 pub const MCP_EXAMPLES: &str = "\
 Examples:
   claude mcp add caw-box -- caw-box mcp               # Claude Code delegates through it
-  caw-box mcp --allow-host @provider                  # every sub-agent locked down
+  caw-box mcp --allow-host @provider                  # no sub-agent reaches any other host
+  caw-box mcp --workspace-root ~/src --runtime runsc  # calls name dirs under ~/src; gVisor
   caw-box mcp --max-parallel 2                        # more turns than that wait, queued
   caw-box mcp --http 8765                             # Streamable HTTP on 127.0.0.1:8765/mcp
   caw-box mcp --http 0.0.0.0:8765 --token-file token  # off loopback: a bearer token
   caw-box mcp --network agents --endpoint http://gateway:8080 --env OPENAI_API_KEY
 
 Tools: start, reply, wait, status, events, result, diff, apply, cancel, list, remove
-(docs/mcp.md). The flags are the defaults of every `start` (a call's arguments override
-them, checked as `run` checks its flags); config files and CAW_BOX_* variables come under
-them, as for `run`. Sessions live in Docker, not in the server: a new server sees those an
-earlier one started. Credentials are brokered as for `run`: neither the server nor the
-sub-agents hold a real key.";
+(docs/mcp.md). The flags are the defaults of every `start`, and its ceilings: a call's
+arguments may narrow them (fewer hosts or tools, less time, memory or money), never widen
+them (kind `forbidden`, naming the flag that would allow it); config files and CAW_BOX_*
+variables come under them, as for `run`. Sessions live in Docker, not in the server: a new
+server of the same --scope sees those an earlier one started. Credentials are brokered as
+for `run`: neither the server nor the sub-agents hold a real key.";
 
 /// `caw-box mcp`: the delegation server's settings.
 #[derive(Debug, Args)]
@@ -293,4 +295,19 @@ pub struct McpArgs {
     /// `Authorization: Bearer <token>`, else 401.
     #[arg(long, value_name = "FILE", requires = "http")]
     pub token_file: Option<PathBuf>,
+    /// A directory a tool call's `workspace` (and an `@FILE` in a prompt argument) must lie
+    /// in, symlinks followed (repeatable). Default: --workspace if given, else the directory
+    /// the server was started in.
+    #[arg(long = "workspace-root", value_name = "DIR")]
+    pub workspace_roots: Vec<PathBuf>,
+    /// Let a tool call ask for `workspace_mode: bind`, a sub-agent editing the directory
+    /// itself (by default only `copy` and `none`: changes come back by `diff` and `apply`).
+    #[arg(long)]
+    pub allow_bind: bool,
+    /// The sessions this server starts, lists and may touch: it labels its sessions with the
+    /// scope, and a session outside it (one `caw-box run` started, another scope's) is
+    /// `not_found` to every tool. A new server of the same scope picks up what an earlier one
+    /// started.
+    #[arg(long, value_name = "NAME", default_value = "mcp")]
+    pub scope: String,
 }

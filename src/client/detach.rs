@@ -5,8 +5,8 @@
 //! Not here: waiting for such a turn or stopping it (any process does that through the
 //! backend: [`crate::Client::wait`], [`crate::Client::stop`]).
 
-use std::io::{Read, Write};
-use std::process::{Command, Stdio};
+use std::io::Read;
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -91,8 +91,10 @@ impl Session {
             Error::environment(format!("cannot write in '{}': {e}", logs.display()))
         })?;
         let mut child = {
-            use std::os::unix::process::CommandExt;
-            Command::new(exe)
+            // tokio's child: dropped while it runs, it is reaped by the runtime's SIGCHLD
+            // handling, so a long-lived caller (the MCP server) keeps neither a zombie nor a
+            // thread per turn.
+            tokio::process::Command::new(exe)
                 .args(["-q", "__drive"])
                 // This process's backend, context and image repository, as it connected.
                 .envs(crate::connection::installed().child_env())
@@ -110,12 +112,13 @@ impl Session {
                 .map_err(|e| Error::environment(format!("cannot start the background turn: {e}")))?
         };
         if let Some(mut stdin) = child.stdin.take() {
+            use tokio::io::AsyncWriteExt;
             let json = serde_json::to_vec(&job).expect("jobs serialize");
-            stdin.write_all(&json).map_err(|e| {
+            stdin.write_all(&json).await.map_err(|e| {
                 Error::environment(format!("cannot hand the turn to the background: {e}"))
             })?;
         }
-        let driver_pid = child.id().to_string();
+        let driver_pid = child.id().map(|p| p.to_string()).unwrap_or_default();
         let log_path = liveness::driver_log(&logs, &driver_pid);
         log.persist(&log_path).map_err(|e| {
             Error::environment(format!("cannot write in '{}': {e}", logs.display()))
@@ -149,8 +152,7 @@ impl Session {
                     .is_some_and(|c| c.running() || c.finished),
             };
             if started {
-                // Reaped when it ends: a long-lived caller (the MCP server) keeps no zombies.
-                std::thread::spawn(move || child.wait());
+                drop(child);
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -125,9 +125,30 @@ async fn mcp(args: crate::cli::McpArgs) -> Result<i32> {
         .as_deref()
         .map(|a| crate::mcp::http::checked(a, args.token_file.as_deref()))
         .transpose()?;
+    let policy = crate::mcp::Policy::new(crate::mcp::PolicyArgs {
+        settings: &args.settings,
+        env: &args.env,
+        workspace_roots: &args.workspace_roots,
+        allow_bind: args.allow_bind,
+        scope: Some(&args.scope),
+    })?;
+    // Every object the server's sessions make carries its scope (and the config's labels),
+    // fixed before the first call: a workspace's `.caw-box.toml` cannot relabel them.
+    let config = crate::config::Resolved::load(
+        crate::config::Layer::default(),
+        args.settings.workspace.as_deref(),
+    )?;
+    let mut labels = config.labels();
+    labels.retain(|(k, _)| k != crate::labelling::labels::SCOPE);
+    labels.push((
+        crate::labelling::labels::SCOPE.to_string(),
+        policy.scope.clone(),
+    ));
+    crate::session::record::set_extra_labels(labels);
     let defaults = crate::mcp::Defaults {
         settings: args.settings,
         env: args.env,
+        policy: std::sync::Arc::new(policy),
         queue: args.max_parallel.map(|n| crate::mcp::Queue::new(n.into())),
         budget: args
             .max_cost_usd

@@ -1,5 +1,10 @@
 //! The tools' arguments: the contract an orchestrating agent reads (every field's doc
-//! comment is its JSON-schema description).
+//! comment is its JSON-schema description). Choices are JSON-schema enums and numbers carry
+//! their bounds, so the schema tells the agent what is allowed; the fields stay plain strings
+//! and numbers so that a value outside them is the tool's own `isError` answer (the `-o json`
+//! error object), not a protocol error. What this server allows beyond the static schema (its
+//! runtime, its spend limit) is written into the schemas when it starts
+//! ([`super::Delegation::new`]).
 
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -11,30 +16,47 @@ pub struct Overrides {
     /// The model the CLI asks for (`--model`), e.g. `gpt-5.5`, `claude-sonnet-4-5`.
     pub model: Option<String>,
     /// How hard the model thinks: `low`, `medium` or `high` (`--effort`).
+    #[schemars(extend("enum" = ["low", "medium", "high"]))]
     pub effort: Option<String>,
-    /// Replace the CLI's default system prompt with this text (`--system-prompt`).
+    /// Replace the CLI's default system prompt with this text (`--system-prompt`); `@FILE`
+    /// reads it from a file under the server's workspace roots. A server started with a
+    /// system prompt keeps its own first: this text is added after it.
+    #[schemars(length(min = 1))]
     pub system_prompt: Option<String>,
-    /// Add this text to the CLI's system prompt (`--append-system-prompt`).
+    /// Add this text to the CLI's system prompt (`--append-system-prompt`; `@FILE` as for
+    /// `system_prompt`), after the server's own if it has one.
+    #[schemars(length(min = 1))]
     pub append_system_prompt: Option<String>,
     /// The tool groups the sub-agent may use: some of `read,edit,shell,web,mcp`, or `all` or
-    /// `none` (`--tools`). A group the CLI cannot take away is refused.
+    /// `none` (`--tools`), at most the server's. A group the CLI cannot take away is refused.
     pub tools: Option<String>,
     /// Egress only to these hosts, through caw-box's proxy: `HOST[:PORT]`, `*.example.com`,
-    /// or `@provider` for the model's API host (`--allow-host`, repeatable).
+    /// or `@provider` for the model's API host (`--allow-host`). Replaces the server's list
+    /// for this session and must lie within it: a server started with `--allow-host` refuses
+    /// any other host (`forbidden`).
+    #[schemars(length(min = 1))]
     pub allow_host: Option<Vec<String>>,
     /// The OCI runtime of the sub-agent's container, e.g. `runsc` (gVisor), or `default`
-    /// (`--runtime`).
+    /// (`--runtime`). A server started with `--runtime R` takes only R.
     pub runtime: Option<String>,
     /// Keep the session's container idle for this long after the turn so the next `reply`
-    /// starts at once, e.g. `5m`; `off` to stop (`--keep-warm`).
+    /// starts at once, e.g. `5m`; `off` to stop (`--keep-warm`). At most the server's: a
+    /// server without `--keep-warm` keeps nothing warm.
     pub keep_warm: Option<String>,
-    /// Stop the turn after this long, e.g. `30m` (`--timeout`; status `timeout`).
+    /// Stop the turn after this long, e.g. `30m` (`--timeout`; status `timeout`); at most the
+    /// server's `--timeout`.
     pub timeout: Option<String>,
+    /// The sub-agent's memory limit, e.g. `2g` (`--memory`); at most the server's.
+    pub memory: Option<String>,
+    /// The CPUs the sub-agent may use, e.g. 1.5 (`--cpus`); at most the server's.
+    #[schemars(range(min = 0.01))]
+    pub cpus: Option<f64>,
     /// A spend limit in USD for the session over all its turns (`--max-cost`), e.g. 0.50. A
     /// turn that crosses it ends with status `budget`, and the next `reply` is refused until
     /// one gives a higher limit. opencode reports usage after each step, so its turn is
     /// stopped mid-way; claude, codex and gemini report usage at a turn's end, so such a
-    /// turn ends with its answer.
+    /// turn ends with its answer. At most the server's `--max-cost`.
+    #[schemars(range(min = 0.0))]
     pub max_cost_usd: Option<f64>,
 }
 
@@ -45,11 +67,14 @@ pub struct StartArgs {
     pub provider: String,
     /// The task for the sub-agent: its first turn's prompt.
     pub prompt: String,
-    /// The directory the sub-agent works on (default: the server's current directory). In
-    /// `copy` mode it is copied into the session and not touched until `apply`.
+    /// The directory the sub-agent works on (default: the server's current directory). It
+    /// must lie, symlinks followed, under one of the server's workspace roots. In `copy` mode
+    /// it is copied into the session and not touched until `apply`.
     pub workspace: Option<String>,
     /// `copy` (default: the sub-agent works on its own copy; `diff` and `apply` bring its
-    /// changes back), `bind` (it edits the directory itself) or `none` (no workspace).
+    /// changes back), `bind` (it edits the directory itself; only on a server started with
+    /// `--allow-bind`) or `none` (no workspace).
+    #[schemars(extend("enum" = ["copy", "bind", "none"]))]
     pub workspace_mode: Option<String>,
     /// A unique name for the session, usable wherever a session is asked for (with `n` > 1:
     /// `NAME-1` … `NAME-n`).
@@ -59,6 +84,7 @@ pub struct StartArgs {
     pub group: Option<String>,
     /// Run the same task in this many sessions of one group (1-8, default 1), e.g. to pick
     /// the best of several answers.
+    #[schemars(range(min = 1, max = 8))]
     pub n: Option<u32>,
     #[serde(flatten)]
     pub overrides: Overrides,
@@ -76,12 +102,15 @@ pub struct ReplyArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct WaitArgs {
-    /// The sessions to wait for (ids, prefixes, names or handles).
+    /// The sessions to wait for (ids, prefixes, names or handles), 1 to 64.
+    #[schemars(length(min = 1, max = 64))]
     pub sessions: Vec<String>,
     /// `all` (default): return when every one's turn ended; `any`: when the first did.
+    #[schemars(extend("enum" = ["all", "any"]))]
     pub mode: Option<String>,
     /// Return after this many seconds at the latest (default 300, at most 3600), with the
     /// sessions still running shown as `running`: call `wait` again.
+    #[schemars(range(min = 1, max = 3600))]
     pub timeout_s: Option<u64>,
 }
 
@@ -96,6 +125,7 @@ pub struct EventsArgs {
     /// The session: its id, a unique id prefix (4+ characters), its name or its handle.
     pub session: String,
     /// Which turn (default: the running one, else the latest).
+    #[schemars(range(min = 1))]
     pub turn: Option<u32>,
     /// Return the events after this many (the `next_cursor` of the previous call; default 0).
     pub cursor: Option<usize>,
@@ -106,6 +136,7 @@ pub struct ResultArgs {
     /// The session: its id, a unique id prefix (4+ characters), its name or its handle.
     pub session: String,
     /// Which turn (default: the latest finished one).
+    #[schemars(range(min = 1))]
     pub turn: Option<u32>,
 }
 
@@ -121,8 +152,8 @@ pub struct ApplyArgs {
 pub struct ListArgs {
     /// Only the sessions of this group.
     pub group: Option<String>,
-    /// Only the sessions with this status: `running`, `success`, `error`, `interrupted`,
-    /// `timeout`, `new`, ...
+    /// Only the sessions with this status.
+    #[schemars(extend("enum" = ["new", "running", "queued", "success", "error", "auth_error", "usage_limit", "budget", "timeout", "interrupted", "unreachable"]))]
     pub status: Option<String>,
 }
 

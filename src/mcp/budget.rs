@@ -3,7 +3,10 @@
 //! hold: the session's spend so far plus its share of what is left. What is left counts
 //! a session with a turn running or queued at the limit it was given (it may spend up to
 //! it), and every other session at what it spent. The ledger lives in the server process:
-//! a new server counts from zero (its sessions' own limits stay with them).
+//! a new server counts from zero (its sessions' own limits stay with them). A grant reads
+//! the spend of the sessions whose turns may still run, not of every session the server ever
+//! started: one whose turn is seen ended is settled at what it spent then (a later turn of it
+//! is granted anew).
 
 use std::collections::HashMap;
 
@@ -16,15 +19,22 @@ use crate::session::budget::usd;
 #[derive(Debug)]
 pub struct ServerBudget {
     max: f64,
-    /// Each session this server started a turn of: the limit that turn was given, and its
-    /// spend when last read (what counts once the session is gone).
-    granted: tokio::sync::Mutex<HashMap<Uuid, (f64, f64)>>,
+    ledger: tokio::sync::Mutex<Ledger>,
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    /// Each session with a turn of this server that may still run: the limit that turn was
+    /// given, and its spend when last read.
+    active: HashMap<Uuid, (f64, f64)>,
+    /// Each session whose turn was seen ended: what it had spent then.
+    settled: HashMap<Uuid, f64>,
 }
 
 /// A turn's share of the server's budget, held while it starts: [`Grant::limit`] is its
 /// session's `--max-cost`; [`Grant::keep`] notes the session once its turn started.
 pub struct Grant<'a> {
-    ledger: tokio::sync::MutexGuard<'a, HashMap<Uuid, (f64, f64)>>,
+    ledger: tokio::sync::MutexGuard<'a, Ledger>,
     spent: f64,
     limit: f64,
 }
@@ -35,7 +45,8 @@ impl Grant<'_> {
     }
 
     pub fn keep(&mut self, session: Uuid) {
-        self.ledger.insert(session, (self.limit, self.spent));
+        self.ledger.settled.remove(&session);
+        self.ledger.active.insert(session, (self.limit, self.spent));
     }
 }
 
@@ -44,7 +55,7 @@ impl ServerBudget {
         crate::settings::check_max_cost(max, "--max-cost-usd")?;
         Ok(ServerBudget {
             max,
-            granted: Default::default(),
+            ledger: Default::default(),
         })
     }
 
@@ -59,19 +70,26 @@ impl ServerBudget {
         n: u32,
         own: Option<f64>,
     ) -> Result<Grant<'_>> {
-        let mut ledger = self.granted.lock().await;
+        let mut ledger = self.ledger.lock().await;
         let running = client.running().await?;
-        let mut committed = 0.0;
-        for (id, (granted, seen)) in ledger.iter_mut() {
+        let mut committed: f64 = ledger.settled.values().sum();
+        let mut ended = Vec::new();
+        for (id, (granted, seen)) in ledger.active.iter_mut() {
             if let Some(now) = session_spent(client, *id).await {
                 *seen = now;
             }
-            committed += if running.contains_key(id) || busy(*id) {
-                seen.max(*granted)
+            if running.contains_key(id) || busy(*id) {
+                committed += seen.max(*granted);
             } else {
-                *seen
-            };
+                committed += *seen;
+                ended.push((*id, *seen));
+            }
         }
+        for (id, seen) in ended {
+            ledger.active.remove(&id);
+            ledger.settled.insert(id, seen);
+        }
+        let sessions = ledger.active.len() + ledger.settled.len();
         let left = self.max - committed;
         if left <= 0.0 {
             return Err(Error::new(
@@ -79,7 +97,7 @@ impl ServerBudget {
                 format!(
                     "this server's --max-cost-usd {} is spent: its {} sessions spent or hold {}",
                     usd(self.max),
-                    ledger.len(),
+                    sessions,
                     usd(committed)
                 ),
             )

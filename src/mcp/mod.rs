@@ -7,11 +7,15 @@
 //! runs detached, in a background `caw-box __drive` process ([`crate::Session::start_detached`]),
 //! as `run -d` does; a tool call's arguments become `run`'s and `resume`'s flags and go
 //! through the same resolution and checks ([`crate::commands::turn::new_session`]). The
-//! server keeps no state of its own: sessions live in the backend, so a new server lists,
-//! waits on, reads and resumes what an earlier one started.
+//! server keeps no state of its own: sessions live in the backend, so a new server of the same
+//! scope lists, waits on, reads and resumes what an earlier one started. Its tool calls run
+//! on the server's own runtime (no thread per call).
 //!
 //! - `mod.rs`: the server, its instructions, the tool table
-//! - `args.rs`: the tools' arguments (their JSON schemas)
+//! - `args.rs`: the tools' arguments (their JSON schemas); `schema.rs` narrows them to what
+//!   this server allows
+//! - `policy.rs`: what a call may ask for (workspace roots, `@FILE`s, bind mode, the scope);
+//!   `ceilings.rs`: the server's settings as the widest a sub-agent gets
 //! - `turns.rs`: `start`, `reply`, `cancel`, `wait`
 //! - `read.rs`: `status`, `events`, `result`, `diff`'s patch, `list`
 //! - `apply.rs`: `apply`
@@ -37,12 +41,16 @@ use crate::error::{Error, Result};
 mod apply;
 mod args;
 mod budget;
+mod ceilings;
 pub mod http;
+pub mod policy;
 mod queue;
 mod read;
+mod schema;
 mod turns;
 
 pub use budget::ServerBudget;
+pub use policy::{Policy, PolicyArgs};
 pub use queue::Queue;
 
 use args::{
@@ -65,12 +73,14 @@ task three times in one group: wait with mode `all`, compare the results and dif
 best, `remove` the rest. Sessions outlive this server: `list` shows them.";
 
 /// The server's own settings: the defaults of every `start` (`run`'s settings flags given to
-/// `caw-box mcp`; config files and `CAW_BOX_*` variables under them) and the `--env` passed
-/// to every turn.
-#[derive(Debug, Clone, Default)]
+/// `caw-box mcp`; config files and `CAW_BOX_*` variables under them), the `--env` passed to
+/// every turn, and its walls.
+#[derive(Debug, Clone)]
 pub struct Defaults {
     pub settings: SettingsArgs,
     pub env: Vec<String>,
+    /// Ceilings, places and scope: what a tool call may ask for.
+    pub policy: std::sync::Arc<Policy>,
     /// `--max-parallel`: the queue of turns beyond it.
     pub queue: Option<std::sync::Arc<Queue>>,
     /// `--max-cost-usd`: what the server's sessions may spend together.
@@ -88,7 +98,6 @@ impl Defaults {
 #[derive(Debug, Clone)]
 pub struct Delegation {
     defaults: Defaults,
-    #[allow(dead_code)] // read by the `tool_handler` macro
     tool_router: ToolRouter<Self>,
 }
 
@@ -134,55 +143,66 @@ fn error_result(e: &Error) -> CallToolResult {
     r
 }
 
-/// Runs a tool's work to its end on a thread of its own, with a runtime of its own: the
-/// session layer's futures (a turn adopted by `wait`, `run`'s resolution) are not `Send`,
-/// which the SDK's handlers must be. Only the arguments and the outcome cross threads.
-pub(crate) async fn off_thread<T, F>(work: impl FnOnce() -> F + Send + 'static) -> Result<T>
-where
-    T: Send + 'static,
-    F: std::future::Future<Output = Result<T>>,
-{
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let outcome = match tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            Ok(rt) => rt.block_on(work()),
-            Err(e) => Err(Error::environment(format!("cannot start a runtime: {e}"))),
-        };
-        let _ = tx.send(outcome);
-    });
-    rx.await.unwrap_or_else(|_| {
-        Err(Error::environment(
-            "the tool's work ended without an answer",
-        ))
-    })
+/// A reading tool's work, dropped (and so stopped) when the client cancels the request
+/// (`notifications/cancelled`) or goes away. The tools that change something (`start`,
+/// `reply`, `cancel`, `apply`, `remove`) are not: each is short, and stopping one half-way
+/// would leave half of what it makes.
+async fn cancellable<T>(
+    context: &RequestContext<RoleServer>,
+    work: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::select! {
+        outcome = work => outcome,
+        () = context.ct.cancelled() => Err(Error::new(
+            crate::error::ErrorKind::Interrupted,
+            "the call was cancelled",
+        )),
+    }
 }
 
 #[tool_router]
 impl Delegation {
     pub fn new(defaults: Defaults) -> Self {
+        let mut tool_router = Self::tool_router();
+        for tool in ["start", "reply"] {
+            if let Some(route) = tool_router.map.get_mut(tool) {
+                let mut schema = (*route.attr.input_schema).clone();
+                schema::narrow(&mut schema, &defaults.policy);
+                route.attr.input_schema = std::sync::Arc::new(schema);
+            }
+        }
         Delegation {
             defaults,
-            tool_router: Self::tool_router(),
+            tool_router,
         }
     }
 
+    fn policy(&self) -> &Policy {
+        &self.defaults.policy
+    }
+
+    /// The session `target` names in this server's scope, as its full id.
+    async fn session(&self, target: &str) -> Result<String> {
+        let client = crate::Client::connect().await?;
+        Ok(turns::scoped(&client, self.policy(), target)
+            .await?
+            .facts
+            .session_id
+            .to_string())
+    }
+
     #[tool(
-        description = "Start a sub-agent on a task: a new session (or n sessions of one group) whose first turn runs in the background. Returns at once with each session's id, name, handle and status `running`; then `wait`."
+        description = "Start a sub-agent on a task: a new session (or n sessions of one group) whose first turn runs in the background. Returns at once with each session's id, name, handle and status `running`; then `wait`. The server's settings are ceilings: an argument may narrow the sub-agent's box (fewer hosts, tools, less time or money), never widen it (`forbidden`)."
     )]
     async fn start(&self, Parameters(a): Parameters<StartArgs>) -> CallToolResult {
-        let d = self.defaults.clone();
-        answer(off_thread(move || async move { turns::start(&d, a).await }).await)
+        answer(turns::start(&self.defaults, a).await)
     }
 
     #[tool(
         description = "Send a session its next prompt; the turn runs in the background and this returns at once. A session whose turn is still running is refused (`busy`)."
     )]
     async fn reply(&self, Parameters(a): Parameters<ReplyArgs>) -> CallToolResult {
-        let d = self.defaults.clone();
-        answer(off_thread(move || async move { turns::reply(&d, a).await }).await)
+        answer(turns::reply(&self.defaults, a).await)
     }
 
     #[tool(
@@ -195,103 +215,124 @@ impl Delegation {
     ) -> CallToolResult {
         let progress = Progress {
             token: context.meta.get_progress_token(),
-            peer: context.peer,
+            peer: context.peer.clone(),
         };
         let queue = self.defaults.queue.clone();
-        let cancelled = context.ct.clone();
-        answer(off_thread(move || turns::wait(a, queue, progress, cancelled)).await)
+        answer(cancellable(&context, turns::wait(self.policy(), a, queue, progress)).await)
     }
 
     #[tool(
         description = "A session's status, cheap enough to poll: status, turn, elapsed seconds, the latest event (at most 200 characters), usage and cost so far."
     )]
-    async fn status(&self, Parameters(a): Parameters<SessionArg>) -> CallToolResult {
-        let queue = self.defaults.queue.clone();
-        answer(off_thread(move || async move { read::status(&a.session, queue).await }).await)
+    async fn status(
+        &self,
+        Parameters(a): Parameters<SessionArg>,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let work = async {
+            let id = self.session(&a.session).await?;
+            read::status(&id, self.defaults.queue.clone()).await
+        };
+        answer(cancellable(&context, work).await)
     }
 
     #[tool(
         description = "A turn's unified events (text, tool_call, tool_result, usage, error, result) after a cursor, and the next cursor."
     )]
-    async fn events(&self, Parameters(a): Parameters<EventsArgs>) -> CallToolResult {
-        answer(
-            off_thread(move || async move {
-                read::events(&a.session, a.turn, a.cursor.unwrap_or(0)).await
-            })
-            .await,
-        )
+    async fn events(
+        &self,
+        Parameters(a): Parameters<EventsArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let work = async {
+            let id = self.session(&a.session).await?;
+            read::events(&id, a.turn, a.cursor.unwrap_or(0)).await
+        };
+        answer(cancellable(&context, work).await)
     }
 
     #[tool(
         description = "How a finished turn ended: status and exit code, the final message, usage, cost, duration, the files changed (path, lines added and removed) and the resume handle."
     )]
-    async fn result(&self, Parameters(a): Parameters<ResultArgs>) -> CallToolResult {
-        answer(off_thread(move || async move { read::result(&a.session, a.turn).await }).await)
+    async fn result(
+        &self,
+        Parameters(a): Parameters<ResultArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let work = async {
+            let id = self.session(&a.session).await?;
+            read::result(&id, a.turn).await
+        };
+        answer(cancellable(&context, work).await)
     }
 
     #[tool(
         description = "The session's changes as a patch that `git apply` takes on the directory as it was when the session started (as `caw-box diff --patch`; protected paths such as .git/hooks are left out)."
     )]
-    async fn diff(&self, Parameters(a): Parameters<SessionArg>) -> CallToolResult {
-        let patch = off_thread(move || async move {
+    async fn diff(
+        &self,
+        Parameters(a): Parameters<SessionArg>,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let work = async {
+            let id = self.session(&a.session).await?;
             let client = crate::Client::connect().await?;
-            let (_, bytes, _) = read::patch_of(&client, &a.session).await?;
+            let (_, bytes, _) = read::patch_of(&client, &id).await?;
             Ok(String::from_utf8_lossy(&bytes).into_owned())
-        });
-        match patch.await {
+        };
+        match cancellable(&context, work).await {
             Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
             Err(e) => error_result(&e),
         }
     }
 
     #[tool(
-        description = "Apply a copy-mode session's patch to the directory it was started from. All or nothing: on a conflict nothing is written and the error says why. `check: true` only checks."
+        description = "Apply a copy-mode session's patch to the directory it was started from. All or nothing: on a conflict nothing is written and the error says why (`conflict`). `check: true` only checks."
     )]
     async fn apply(&self, Parameters(a): Parameters<ApplyArgs>) -> CallToolResult {
-        answer(
-            off_thread(
-                move || async move { apply::apply(&a.session, a.check.unwrap_or(false)).await },
-            )
-            .await,
-        )
+        let work = async {
+            let id = self.session(&a.session).await?;
+            apply::apply(&id, a.check.unwrap_or(false)).await
+        };
+        answer(work.await)
     }
 
     #[tool(
         description = "Stop a session's running turn; returns within 10 seconds. The session stays resumable: `reply` continues it."
     )]
     async fn cancel(&self, Parameters(a): Parameters<SessionArg>) -> CallToolResult {
-        answer(off_thread(move || async move { turns::cancel(&a.session).await }).await)
+        answer(turns::cancel(self.policy(), &a.session).await)
     }
 
     #[tool(
-        description = "The sessions, newest first (also those an earlier server started): id, name, group, provider, turns, status, cost, handle."
+        description = "This server's sessions, newest first (also those an earlier server of the same scope started): id, name, group, provider, turns, status, cost, handle."
     )]
-    async fn list(&self, Parameters(a): Parameters<ListArgs>) -> CallToolResult {
+    async fn list(
+        &self,
+        Parameters(a): Parameters<ListArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
         let queue = self.defaults.queue.clone();
-        answer(
-            off_thread(
-                move || async move { read::list(a.group, a.status.as_deref(), queue).await },
-            )
-            .await,
-        )
+        let work = read::list(&self.policy().scope, a.group, a.status.as_deref(), queue);
+        answer(cancellable(&context, work).await)
     }
 
     #[tool(
-        description = "Delete a session with its container and volumes. A session whose turn is running is refused unless force."
+        description = "Delete one of this server's sessions with its container and volumes. A session whose turn is running is refused unless force."
     )]
     async fn remove(&self, Parameters(a): Parameters<RemoveArgs>) -> CallToolResult {
-        answer(
-            off_thread(move || async move {
-                let client = crate::Client::connect().await?;
-                let id = client.remove(&a.session, a.force.unwrap_or(false)).await?;
-                Ok(json!({ "removed": id.to_string() }))
-            })
-            .await,
-        )
+        let work = async {
+            let id = self.session(&a.session).await?;
+            let client = crate::Client::connect().await?;
+            let id = client.remove(&id, a.force.unwrap_or(false)).await?;
+            Ok(json!({ "removed": id.to_string() }))
+        };
+        answer(work.await)
     }
 }
 
-#[tool_handler]
+// The server's own router (its schemas narrowed to its ceilings), not a fresh one per call.
+#[tool_handler(router = self.tool_router)]
 impl ServerHandler for Delegation {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())

@@ -4,7 +4,10 @@
 //! The one thing the server holds itself: a queued turn has its session (made by `start`,
 //! or an existing one for `reply`) but no container yet; it lives in this process until it
 //! starts, so a server that ends takes its queued turns with it (the sessions stay, with
-//! the turns they ran). Running turns are counted from the backend, not from memory.
+//! the turns they ran). Running turns are counted from the backend, not from memory; what it
+//! keeps costs O(turns running or queued), not O(sessions it ever started): a session drops
+//! out of its count once its turn is seen ended. One task on the server's runtime starts the
+//! queued turns, with one connection to the backend for as long as it has work.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,7 +38,8 @@ struct State {
     waiting: VecDeque<Queued>,
     /// Turns being started (no container seen running yet): they take a slot.
     starting: HashSet<Uuid>,
-    /// The sessions whose turns this server started: the ones that count against N.
+    /// The sessions whose turns this server started and that may still run: the ones that
+    /// count against N (pruned each time the running turns are read).
     mine: HashSet<Uuid>,
     /// Queued turns that could not start, and why (`wait` and `status` tell).
     failed: HashMap<Uuid, Error>,
@@ -75,9 +79,8 @@ impl Queue {
         {
             let mut st = self.lock();
             st.failed.remove(&id);
+            let busy = st.busy(&running);
             st.mine.insert(id);
-            let busy =
-                st.mine.iter().filter(|m| running.contains_key(m)).count() + st.starting.len();
             if !st.waiting.is_empty() || busy >= self.max {
                 st.waiting.push_back(Queued {
                     id,
@@ -86,8 +89,7 @@ impl Queue {
                     first,
                 });
                 if !std::mem::replace(&mut st.dispatching, true) {
-                    let queue = Arc::clone(self);
-                    std::thread::spawn(move || queue.dispatch());
+                    tokio::spawn(Arc::clone(self).dispatch(client.clone()));
                 }
                 return Ok(true);
             }
@@ -126,56 +128,52 @@ impl Queue {
         }
     }
 
-    /// The dispatcher's thread: starts queued turns in order as slots free up, until the
-    /// queue is empty.
-    fn dispatch(self: Arc<Self>) {
-        let rt = match tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            Ok(rt) => rt,
-            Err(e) => {
-                tracing::error!("--max-parallel: cannot start the queue's runtime: {e}");
-                self.lock().dispatching = false;
-                return;
-            }
-        };
-        rt.block_on(async {
-            loop {
-                tokio::time::sleep(POLL).await;
-                let client = match Client::connect().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!("--max-parallel: {e}");
-                        continue;
-                    }
-                };
-                let Ok(running) = client.running().await else {
+    /// The dispatcher: starts queued turns in order as slots free up, until the queue is
+    /// empty.
+    async fn dispatch(self: Arc<Self>, client: Client) {
+        loop {
+            tokio::time::sleep(POLL).await;
+            let running = match client.running().await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!("--max-parallel: cannot read the running turns: {e}");
                     continue;
-                };
-                let next = {
-                    let mut st = self.lock();
-                    if st.waiting.is_empty() {
-                        st.dispatching = false;
-                        return;
-                    }
-                    let busy = st.mine.iter().filter(|m| running.contains_key(m)).count()
-                        + st.starting.len();
-                    if busy >= self.max {
-                        continue;
-                    }
-                    let next = st.waiting.pop_front().expect("not empty");
-                    st.starting.insert(next.id);
-                    next
-                };
-                let id = next.id;
-                if let Err(e) = start_queued(&client, next).await {
-                    tracing::warn!("a queued turn of session {id} could not start: {e}");
-                    self.lock().failed.insert(id, e);
                 }
-                self.lock().starting.remove(&id);
+            };
+            let next = {
+                let mut st = self.lock();
+                if st.waiting.is_empty() {
+                    st.dispatching = false;
+                    return;
+                }
+                if st.busy(&running) >= self.max {
+                    continue;
+                }
+                let next = st.waiting.pop_front().expect("not empty");
+                st.starting.insert(next.id);
+                next
+            };
+            let id = next.id;
+            if let Err(e) = start_queued(&client, next).await {
+                tracing::warn!("a queued turn of session {id} could not start: {e}");
+                self.lock().failed.insert(id, e);
             }
+            self.lock().starting.remove(&id);
+        }
+    }
+}
+
+impl State {
+    /// The turns of this server that hold a slot: running (in `running`, the backend's
+    /// running turns) or being started. Sessions seen not running and not starting leave
+    /// `mine`, so the count stays as small as what runs.
+    fn busy(&mut self, running: &HashMap<Uuid, u32>) -> usize {
+        let starting = &self.starting;
+        let waiting = &self.waiting;
+        self.mine.retain(|m| {
+            running.contains_key(m) || starting.contains(m) || waiting.iter().any(|q| q.id == *m)
         });
+        self.mine.iter().filter(|m| running.contains_key(m)).count() + self.starting.len()
     }
 }
 

@@ -345,12 +345,21 @@ pub async fn result(target: &str, turn: Option<u32>) -> Result<Value> {
     Ok(out)
 }
 
-/// `list`: the sessions `caw-box ls --json` lists, by group and status.
+/// `list`: the sessions of scope `scope` as `caw-box ls --json` lists them, by group and
+/// status.
 pub async fn list(
+    scope: &str,
     group: Option<String>,
     status: Option<&str>,
     queue: Option<Arc<Queue>>,
 ) -> Result<Value> {
+    let client = Client::connect().await?;
+    let mine: std::collections::HashSet<String> = target::list_sessions(client.backend())
+        .await?
+        .into_iter()
+        .filter(|v| v.facts.scope.as_deref() == Some(scope))
+        .map(|v| v.facts.session_id.to_string())
+        .collect();
     let rows = crate::commands::manage::ls_rows(false, group).await?;
     let queued = |r: &Value| {
         let id = r["session_id"]
@@ -366,6 +375,7 @@ pub async fn list(
         .cloned()
         .unwrap_or_default()
         .into_iter()
+        .filter(|r| r["session_id"].as_str().is_some_and(|id| mine.contains(id)))
         .map(|mut r| {
             if queued(&r) {
                 r["status"] = json!("queued");

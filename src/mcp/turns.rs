@@ -10,20 +10,27 @@ use serde_json::{json, Value};
 
 use std::sync::Arc;
 
+use super::policy::Policy;
 use super::queue::Queue;
 use super::read;
 use super::{Defaults, Progress};
+use crate::agent_config::ToolPolicy;
 use crate::cli::{RunArgs, SettingsArgs, TurnArgs, WorkspaceModeArg};
 use crate::client::{Client, Session};
-use crate::commands::turn::{new_session, open_session, NewTurn};
+use crate::commands::turn::{new_session_admitted, open_session, Admit, NewTurn};
 use crate::error::{Error, Result};
 use crate::event::Status;
 use crate::mcp::args::{Overrides, ReplyArgs, StartArgs, WaitArgs};
+use crate::provider::ProviderKind;
+use crate::session::record::SessionSettings;
 use crate::session::runner::TurnOptions;
-use crate::session::target;
+use crate::session::target::{self, SessionView};
 
 /// The most sessions one `start` makes.
 const MAX_N: u32 = 8;
+
+/// The most sessions one `wait` takes.
+const MAX_WAIT: usize = 64;
 
 /// How long `cancel` waits for the stopped turn to be recorded before it answers (the stop
 /// goes on in the background after that).
@@ -32,30 +39,105 @@ const CANCEL_WITHIN: Duration = Duration::from_secs(9);
 /// How often `wait` reports progress (the contract: at least every 10 s).
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
-/// `settings` with a tool call's overrides on top, as flags given after the server's.
-fn merged(settings: &SettingsArgs, o: &Overrides) -> Result<SettingsArgs> {
-    let mut s = settings.clone();
-    if let Some(c) = o.max_cost_usd {
-        crate::settings::check_max_cost(c, "max_cost_usd")?;
-        s.max_cost = Some(c);
+/// The server's flags with a tool call's overrides on top, each checked against the server's
+/// ceilings first (`forbidden` for one wider than the server's): `allow_host` replaces the
+/// server's list (within it), the others replace its values (at most them). The system
+/// prompts are not among them: [`CallPrompts`] adds them to the server's.
+fn call_flags(
+    policy: &Policy,
+    base: &SettingsArgs,
+    o: &Overrides,
+    provider: ProviderKind,
+) -> Result<SettingsArgs> {
+    let c = &policy.ceilings;
+    let mut s = base.clone();
+    if let Some(usd) = o.max_cost_usd {
+        crate::settings::check_max_cost(usd, "max_cost_usd")?;
+        c.max_cost(Some(usd))?;
+        s.max_cost = Some(usd);
     }
-    let set = |field: &mut Option<String>, value: &Option<String>| {
-        if let Some(v) = value {
-            *field = Some(v.clone());
-        }
-    };
-    set(&mut s.model, &o.model);
-    set(&mut s.effort, &o.effort);
-    set(&mut s.system_prompt, &o.system_prompt);
-    set(&mut s.append_system_prompt, &o.append_system_prompt);
-    set(&mut s.tools, &o.tools);
-    set(&mut s.runtime, &o.runtime);
-    set(&mut s.keep_warm, &o.keep_warm);
-    set(&mut s.timeout, &o.timeout);
+    if let Some(effort) = &o.effort {
+        crate::agent_config::Effort::parse(effort, "effort")?;
+        s.effort = Some(effort.clone());
+    }
+    if let Some(tools) = &o.tools {
+        let server = c.server.tools.clone().unwrap_or_default();
+        let groups = ToolPolicy::parse_groups(tools, "tools")?;
+        c.tools(Some(&ToolPolicy { groups, ..server }))?;
+        s.tools = Some(tools.clone());
+    }
+    if let Some(runtime) = &o.runtime {
+        c.runtime(crate::settings::parse_runtime(runtime, "runtime")?.as_deref())?;
+        s.runtime = Some(runtime.clone());
+    }
+    if let Some(warm) = &o.keep_warm {
+        c.keep_warm(crate::settings::parse_limit(warm, "keep_warm")?)?;
+        s.keep_warm = Some(warm.clone());
+    }
+    if let Some(t) = &o.timeout {
+        let secs = crate::settings::parse_duration(t, "timeout")?
+            .as_secs()
+            .max(1);
+        c.timeout(Some(secs))?;
+        s.timeout = Some(t.clone());
+    }
+    if let Some(m) = &o.memory {
+        c.memory(Some(crate::settings::parse_memory(m, "memory")?))?;
+        s.memory = Some(m.clone());
+    }
+    if let Some(cpus) = o.cpus {
+        crate::settings::check_cpus(cpus, "cpus")?;
+        c.cpus(Some(cpus))?;
+        s.cpus = Some(cpus);
+    }
     if let Some(hosts) = &o.allow_host {
-        s.allow_host.extend(hosts.iter().cloned());
+        if hosts.is_empty() {
+            return Err(Error::usage("allow_host is empty")
+                .with_hint("name at least one host, e.g. [\"@provider\"], or leave it out"));
+        }
+        for h in hosts {
+            crate::settings::validate_allow_host(h, "allow_host")?;
+        }
+        c.hosts(provider, hosts)?;
+        s.allow_host = hosts.clone();
+    }
+    if let Some(model) = &o.model {
+        s.model = Some(model.clone());
     }
     Ok(s)
+}
+
+/// A call's system prompts, read (an `@FILE` only under a workspace root) before anything
+/// is made, and added to the server's when the turn's settings are known.
+#[derive(Debug, Clone, Default)]
+struct CallPrompts {
+    system: Option<String>,
+    append: Option<String>,
+}
+
+impl CallPrompts {
+    fn read(policy: &Policy, o: &Overrides) -> Result<CallPrompts> {
+        let read =
+            |v: &Option<String>, what| v.as_deref().map(|v| policy.prompt_arg(v, what)).transpose();
+        Ok(CallPrompts {
+            system: read(&o.system_prompt, "system_prompt")?,
+            append: read(&o.append_system_prompt, "append_system_prompt")?,
+        })
+    }
+
+    /// The prompts added to `settings`, then every wall of the server checked on what the
+    /// turn will run with.
+    fn admit(
+        &self,
+        policy: &Policy,
+        provider: ProviderKind,
+        settings: &mut SessionSettings,
+        options: &TurnOptions,
+    ) -> Result<()> {
+        policy.compose_prompts(settings, self.system.clone(), self.append.clone());
+        let env: Vec<String> = options.env.iter().map(|(k, _)| k.clone()).collect();
+        policy.admit(provider, settings, &env)
+    }
 }
 
 /// A turn's flags with `prompt`: started detached, the server's `--env` passed again (values
@@ -85,10 +167,9 @@ fn workspace_mode(
         Some("copy") => WorkspaceModeArg::Copy,
         Some("bind") => WorkspaceModeArg::Bind,
         Some("none") => WorkspaceModeArg::None,
-        Some("auto") => WorkspaceModeArg::Auto,
         Some(other) => {
             return Err(Error::usage(format!(
-                "workspace_mode '{other}' is not one of copy, bind, none, auto"
+                "workspace_mode '{other}' is not one of copy, bind, none"
             )))
         }
     })
@@ -117,18 +198,25 @@ fn started(session: &Session, turn: u32, queued: bool) -> Value {
 
 /// `start`: n new sessions, each with its first turn running in the background.
 pub async fn start(defaults: &Defaults, a: StartArgs) -> Result<Value> {
+    let policy = &defaults.policy;
     let n = a.n.unwrap_or(1);
     if !(1..=MAX_N).contains(&n) {
         return Err(Error::usage(format!("n must be 1 to {MAX_N}, not {n}")));
     }
-    let mut settings = merged(&defaults.settings, &a.overrides)?;
-    settings.workspace_mode = Some(workspace_mode(
+    let provider: ProviderKind = a.provider.parse()?;
+    let mut settings = call_flags(policy, &defaults.settings, &a.overrides, provider)?;
+    let mode = workspace_mode(
         a.workspace_mode.as_deref(),
         defaults.settings.workspace_mode,
-    )?);
-    if let Some(w) = &a.workspace {
-        settings.workspace = Some(w.into());
+    )?;
+    if a.workspace_mode.is_some() {
+        policy.workspace_mode(mode)?;
     }
+    settings.workspace_mode = Some(mode);
+    if let Some(w) = &a.workspace {
+        settings.workspace = Some(policy.workspace(w)?);
+    }
+    let prompts = CallPrompts::read(policy, &a.overrides)?;
     let group = match (&a.group, n) {
         (Some(g), _) => Some(g.clone()),
         (None, 1) => None,
@@ -146,9 +234,10 @@ pub async fn start(defaults: &Defaults, a: StartArgs) -> Result<Value> {
         Some(_) => Some(Client::connect().await?),
         None => None,
     };
+    let own_limit = settings.max_cost.or(policy.ceilings.server.max_cost_usd);
     let mut grant = match (&defaults.budget, &client) {
         (Some(b), Some(c)) => Some(
-            b.grant(c, &|id| defaults.queued(id), 0.0, n, settings.max_cost)
+            b.grant(c, &|id| defaults.queued(id), 0.0, n, own_limit)
                 .await?,
         ),
         _ => None,
@@ -156,6 +245,8 @@ pub async fn start(defaults: &Defaults, a: StartArgs) -> Result<Value> {
     if let Some(g) = &grant {
         settings.max_cost = Some(g.limit());
     }
+    let admit =
+        |provider, s: &mut SessionSettings, o: &TurnOptions| prompts.admit(policy, provider, s, o);
     let mut runs = Vec::new();
     for i in 1..=n {
         let args = RunArgs {
@@ -165,7 +256,7 @@ pub async fn start(defaults: &Defaults, a: StartArgs) -> Result<Value> {
             user_config: false,
             turn: turn_args(defaults, settings.clone(), &a.prompt)?,
         };
-        runs.push(start_one(args, defaults.queue.clone()));
+        runs.push(start_one(args, defaults.queue.clone(), &admit));
     }
     let outcomes = futures_util::future::join_all(runs).await;
     if let Some(g) = &mut grant {
@@ -205,12 +296,16 @@ async fn start_or_queue(
     }
 }
 
-async fn start_one(mut args: RunArgs, queue: Option<Arc<Queue>>) -> Result<Value> {
+async fn start_one(
+    mut args: RunArgs,
+    queue: Option<Arc<Queue>>,
+    admit: &Admit<'_>,
+) -> Result<Value> {
     let NewTurn {
         client,
         session,
         options,
-    } = new_session(&mut args, true, &|_| {}).await?;
+    } = new_session_admitted(&mut args, true, &|_| {}, admit).await?;
     match start_or_queue(queue.as_ref(), &client, &session, &options, true).await {
         Ok(queued) => Ok(started(&session, 1, queued)),
         Err(e) => {
@@ -220,20 +315,14 @@ async fn start_one(mut args: RunArgs, queue: Option<Arc<Queue>>) -> Result<Value
     }
 }
 
-/// The turn running in session `target` now, if any: its id and turn.
-async fn running_turn(client: &Client, target: &str) -> Result<(uuid::Uuid, Option<u32>)> {
-    let id = target::resolve_view(client.backend(), target)
-        .await?
-        .facts
-        .session_id;
-    Ok((id, client.running().await?.get(&id).copied()))
-}
-
 /// `reply`: the session's next turn, in the background.
 pub async fn reply(defaults: &Defaults, a: ReplyArgs) -> Result<Value> {
+    let policy = &defaults.policy;
     let client = Client::connect().await?;
-    let (id, running) = running_turn(&client, &a.session).await?;
-    if let Some(turn) = running {
+    let view = scoped(&client, policy, &a.session).await?;
+    let id = view.facts.session_id;
+    let provider = view.facts.provider;
+    if let Some(turn) = client.running().await?.get(&id).copied() {
         return Err(
             Error::busy(format!("session {id} is busy: it is running turn {turn}"))
                 .with_hint("`wait` for it, or `cancel` it"),
@@ -245,10 +334,11 @@ pub async fn reply(defaults: &Defaults, a: ReplyArgs) -> Result<Value> {
                 .with_hint("`wait` for it"),
         );
     }
-    let mut settings = merged(&SettingsArgs::default(), &a.overrides)?;
+    let mut settings = call_flags(policy, &SettingsArgs::default(), &a.overrides, provider)?;
+    let prompts = CallPrompts::read(policy, &a.overrides)?;
     let mut grant = match &defaults.budget {
         Some(b) => {
-            let record = target::resolve(client.backend(), &a.session).await?;
+            let record = view.record();
             let own = settings.max_cost.or(record.settings.max_cost_usd);
             let spent = record.total_cost_usd().unwrap_or(0.0);
             Some(
@@ -264,9 +354,10 @@ pub async fn reply(defaults: &Defaults, a: ReplyArgs) -> Result<Value> {
     let turn = turn_args(defaults, settings, &a.prompt)?;
     let NewTurn {
         client,
-        session,
+        mut session,
         options,
-    } = open_session(&a.session, &turn).await?;
+    } = open_session(&id.to_string(), &turn).await?;
+    prompts.admit(policy, provider, session.settings_mut(), &options)?;
     let queued =
         start_or_queue(defaults.queue.as_ref(), &client, &session, &options, false).await?;
     if let Some(g) = &mut grant {
@@ -275,16 +366,27 @@ pub async fn reply(defaults: &Defaults, a: ReplyArgs) -> Result<Value> {
     Ok(started(&session, session.record().next_turn(), queued))
 }
 
+/// The session `target` names among this server's scope: one outside it is not found.
+pub async fn scoped(client: &Client, policy: &Policy, target: &str) -> Result<SessionView> {
+    target::resolve_view_in(client.backend(), target, Some(&policy.scope)).await
+}
+
 /// `cancel`: stops the running turn; answers within [`CANCEL_WITHIN`] (the stop goes on
 /// in the background when the turn takes longer to be recorded).
-pub async fn cancel(target: &str) -> Result<Value> {
+pub async fn cancel(policy: &Policy, target: &str) -> Result<Value> {
     let client = Client::connect().await?;
-    let (id, turn) = running_turn(&client, target).await?;
-    // On a thread of its own: it goes on stopping after this call answered.
-    let stopping = super::off_thread({
-        let target = target.to_string();
-        move || async move { Client::connect().await?.stop(&target).await }
+    let id = scoped(&client, policy, target).await?.facts.session_id;
+    let turn = client.running().await?.get(&id).copied();
+    // A task of its own: it goes on stopping after this call answered.
+    let stopping = tokio::spawn({
+        let client = client.clone();
+        async move { client.stop(&id.to_string()).await }
     });
+    let stopping = async move {
+        stopping
+            .await
+            .unwrap_or_else(|e| Err(Error::environment(format!("stopping the turn failed: {e}"))))
+    };
     match tokio::time::timeout(CANCEL_WITHIN, stopping).await {
         Ok(Ok((_, stopped))) => Ok(json!({
             "session_id": id.to_string(),
@@ -305,15 +407,8 @@ pub async fn cancel(target: &str) -> Result<Value> {
     }
 }
 
-/// `wait`: until every (or any) session's turn ended, or the timeout; progress on the way.
-/// `cancelled`: the client cancelled the call (or went away): the wait ends then, not at its
-/// timeout (it runs on a thread of its own, which dropping the call does not stop).
-pub async fn wait(
-    a: WaitArgs,
-    queue: Option<Arc<Queue>>,
-    progress: Progress,
-    cancelled: tokio_util::sync::CancellationToken,
-) -> Result<Value> {
+/// `wait`'s mode (`true`: any) and time limit, checked.
+fn wait_args(a: &WaitArgs) -> Result<(bool, Duration)> {
     let any = match a.mode.as_deref() {
         None | Some("all") => false,
         Some("any") => true,
@@ -326,15 +421,33 @@ pub async fn wait(
     if a.sessions.is_empty() {
         return Err(Error::usage("say which sessions to wait for: sessions"));
     }
-    let timeout = Duration::from_secs(a.timeout_s.unwrap_or(300).clamp(1, 3600));
+    if a.sessions.len() > MAX_WAIT {
+        return Err(Error::usage(format!(
+            "wait takes at most {MAX_WAIT} sessions, not {}",
+            a.sessions.len()
+        ))
+        .with_hint("wait for them in batches"));
+    }
+    Ok((
+        any,
+        Duration::from_secs(a.timeout_s.unwrap_or(300).clamp(1, 3600)),
+    ))
+}
+
+/// `wait`: until every (or any) session's turn ended, or the timeout; progress on the way.
+/// A call the client cancels (or leaves) is dropped, which ends the wait.
+pub async fn wait(
+    policy: &Policy,
+    a: WaitArgs,
+    queue: Option<Arc<Queue>>,
+    progress: Progress,
+) -> Result<Value> {
+    let (any, timeout) = wait_args(&a)?;
     let client = Client::connect().await?;
     // Every target resolved first: one unknown session is refused before any wait.
     let mut ids = Vec::new();
     for t in &a.sessions {
-        let id = target::resolve_view(client.backend(), t)
-            .await?
-            .facts
-            .session_id;
+        let id = scoped(&client, policy, t).await?.facts.session_id;
         if !ids.contains(&id) {
             ids.push(id);
         }
@@ -379,9 +492,6 @@ pub async fn wait(
                 progress.send(step, &line).await;
             }
             _ = tokio::time::sleep_until(deadline) => break,
-            _ = cancelled.cancelled() => {
-                return Err(Error::new(crate::error::ErrorKind::Interrupted, "the wait was cancelled"));
-            }
         }
     }
     drop(pending);
@@ -418,30 +528,84 @@ pub async fn wait(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::policy::PolicyArgs;
+
+    fn policy(server: &SettingsArgs) -> Policy {
+        let dir = std::env::current_dir().unwrap();
+        Policy::new(PolicyArgs {
+            settings: server,
+            env: &[],
+            workspace_roots: &[dir],
+            allow_bind: false,
+            scope: None,
+        })
+        .unwrap()
+    }
 
     #[test]
-    fn a_calls_overrides_go_over_the_servers_flags() {
+    fn a_call_narrows_the_servers_flags_and_may_not_widen_them() {
         let server = SettingsArgs {
             model: Some("server-model".into()),
             timeout: Some("1h".into()),
-            allow_host: vec!["@provider".into()],
+            allow_host: vec!["@provider".into(), "docs.example.com".into()],
+            runtime: Some("runsc".into()),
             ..Default::default()
         };
+        let p = policy(&server);
         let call = Overrides {
             model: Some("call-model".into()),
             allow_host: Some(vec!["docs.example.com".into()]),
+            timeout: Some("10m".into()),
             ..Default::default()
         };
-        let s = merged(&server, &call).unwrap();
+        let s = call_flags(&p, &server, &call, ProviderKind::Codex).unwrap();
         assert_eq!(s.model.as_deref(), Some("call-model"));
-        assert_eq!(s.timeout.as_deref(), Some("1h"));
-        assert_eq!(s.allow_host, ["@provider", "docs.example.com"]);
-        let spend = |usd| Overrides {
-            max_cost_usd: Some(usd),
-            ..Default::default()
+        assert_eq!(s.timeout.as_deref(), Some("10m"));
+        // Replaced, not added to: the call's list is the session's.
+        assert_eq!(s.allow_host, ["docs.example.com"]);
+        let refused = |o: Overrides, names: &str| {
+            let e = call_flags(&p, &server, &o, ProviderKind::Codex).unwrap_err();
+            assert_eq!(e.kind, crate::error::ErrorKind::Forbidden, "{e}");
+            assert!(e.to_string().contains(names), "{e} lacks {names}");
         };
-        assert_eq!(merged(&server, &spend(1.5)).unwrap().max_cost, Some(1.5));
-        assert_eq!(merged(&server, &spend(-1.0)).unwrap_err().exit_code(), 2);
+        refused(
+            Overrides {
+                allow_host: Some(vec!["anything.example".into()]),
+                ..Default::default()
+            },
+            "--allow-host anything.example",
+        );
+        refused(
+            Overrides {
+                runtime: Some("runc".into()),
+                ..Default::default()
+            },
+            "--runtime runsc",
+        );
+        refused(
+            Overrides {
+                timeout: Some("2h".into()),
+                ..Default::default()
+            },
+            "--timeout",
+        );
+        refused(
+            Overrides {
+                keep_warm: Some("5m".into()),
+                ..Default::default()
+            },
+            "--keep-warm",
+        );
+        let bad = call_flags(
+            &p,
+            &server,
+            &Overrides {
+                max_cost_usd: Some(-1.0),
+                ..Default::default()
+            },
+            ProviderKind::Codex,
+        );
+        assert_eq!(bad.unwrap_err().exit_code(), 2);
     }
 
     #[test]
@@ -455,9 +619,8 @@ mod tests {
             workspace_mode(Some("none"), Some(WorkspaceModeArg::Bind)).unwrap(),
             WorkspaceModeArg::None
         );
-        assert_eq!(
-            workspace_mode(Some("host"), None).unwrap_err().exit_code(),
-            2
-        );
+        for bad in ["host", "auto"] {
+            assert_eq!(workspace_mode(Some(bad), None).unwrap_err().exit_code(), 2);
+        }
     }
 }

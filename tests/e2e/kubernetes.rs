@@ -38,6 +38,7 @@ use serde_json::Value;
 use crate::common::*;
 
 mod login;
+mod mcp;
 
 const LAB_DIR: &str = "/tmp/k8s-lab";
 const KUBECTL: &str = "/var/cache/k8s-lab/bin/kubectl";

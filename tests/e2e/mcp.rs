@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 
 /// The virtualenv's Python with the MCP SDK (made by scripts/mcp-venv.sh, reused).
-fn mcp_python() -> String {
+pub(crate) fn mcp_python() -> String {
     let out = Command::new(repo_root().join("scripts/mcp-venv.sh"))
         .output()
         .expect("run scripts/mcp-venv.sh");
@@ -167,4 +167,66 @@ fn a_codex_orchestrator_delegates_to_a_codex_sub_agent() {
             .all(|r| r["body"].to_string().contains("CALL:")),
         "{carrying:#?}"
     );
+}
+
+/// Issue 51: an orchestrating model that reads untrusted text must not be stronger than the
+/// person who started its server. A hostile orchestrator (the official Python SDK's client,
+/// tests/mcp/walls.py) against `caw-box mcp --allow-host @provider --allow-host OTHER`: another
+/// host, a workspace outside the root (an absolute path, the root's parent, a symlink inside
+/// the root that points out), `@/etc/hostname` and a symlinked secret as a prompt file, bind
+/// mode, a warm container, and a repository whose `.caw-box.toml` asks for another image are
+/// each `forbidden`, with nothing made; a narrower call runs, and in its box the host the
+/// server allows but the call dropped is refused by the proxy (the same call keeping it
+/// reaches it). A session a person started with `caw-box run` is `not_found` to every tool
+/// and still there after; a server of another scope neither lists nor removes the first
+/// one's; a `--runtime runsc` server refuses runc and the default.
+#[test]
+fn a_hostile_orchestrator_cannot_widen_the_servers_walls() {
+    let python = mcp_python();
+    let rig = Rig::new("mcp-walls");
+    let other = rig.start_other_server();
+    // OUTSIDE/{secret.txt, inner/, root/{repo/, evil-repo/.caw-box.toml, prompt.md, out -> OUTSIDE}}
+    let outside = tempfile::tempdir().unwrap();
+    let root = outside.path().join("root");
+    std::fs::create_dir_all(root.join("repo")).unwrap();
+    std::fs::create_dir_all(root.join("evil-repo")).unwrap();
+    std::fs::create_dir_all(outside.path().join("inner")).unwrap();
+    std::fs::write(outside.path().join("secret.txt"), "the-secret\n").unwrap();
+    std::fs::write(root.join("prompt.md"), "You review code.\n").unwrap();
+    std::fs::write(
+        root.join("evil-repo/.caw-box.toml"),
+        "image = \"evil/image:latest\"\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.join("out")).unwrap();
+    // A person's own session, started on the command line: no server may touch it.
+    let (code, json, stderr) = rig.json_turn(rig.run_cmd(CODEX, "REMEMBER:mine", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    let person = json["session_id"].as_str().unwrap().to_string();
+
+    let mut cmd = rig.caw_env(&python);
+    cmd.arg(repo_root().join("tests/mcp/walls.py"))
+        .arg(env!("CARGO_BIN_EXE_caw-box"))
+        .args([&rig.network, &rig.endpoint(), TEST_KEY, &other])
+        .arg(&root)
+        .arg(outside.path())
+        .arg(&person);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let started = Instant::now();
+    let out = wait_with_deadline(
+        cmd.spawn().expect("spawn walls.py"),
+        Duration::from_secs(420),
+    );
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert!(
+        out.status.success() && stdout.contains("walls checks passed"),
+        "walls.py failed after {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        started.elapsed()
+    );
+    check(&stdout);
+    // The person's session resumes as it was: its conversation intact.
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &person, "RECALL", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert!(json["result"].as_str().unwrap().contains("mine"), "{json}");
 }

@@ -2,9 +2,11 @@
 `wait`, over stdio with the official MCP Python SDK) against the same turn by the CLI
 (`caw-box run -d`, then `caw-box wait`), both new copy-mode sessions of the same directory,
 against the stub model on an internal network of its own (the Python tests' rig). Paired,
-the order alternating; the median of the ratios; the target is 1.05x. Run with the
-virtualenv of scripts/mcp-venv.sh (scripts/bench.sh does): bench.py CAW_BOX. BENCH_REPS sets
-the pairs (default 7)."""
+the order alternating; the median of the ratios; the target is 1.05x. Also reported, with no
+target: the server's threads and resident memory at idle, and at their peak under 100
+parallel tool calls from one client (and after them). Run with the virtualenv of
+scripts/mcp-venv.sh (scripts/bench.sh does): bench.py CAW_BOX. BENCH_REPS sets the pairs
+(default 7)."""
 
 import asyncio
 import json
@@ -25,6 +27,60 @@ TARGET = 1.05
 CAW = os.path.abspath(sys.argv[1])
 
 
+def server_pid() -> int:
+    """The `caw-box mcp` this process started."""
+    me = os.getpid()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if ppid == me and b"mcp" in cmd:
+            return int(pid)
+    raise AssertionError("the server process was not found")
+
+
+def threads_and_rss(pid: int) -> tuple[int, int]:
+    """The process's threads and resident set (KiB), from /proc."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            fields[k] = v.split()
+    return int(fields["Threads"][0]), int(fields["VmRSS"][0])
+
+
+async def footprint(s) -> str:
+    """Threads and RSS at idle, at the peak of 100 parallel calls, and after them."""
+    pid = server_pid()
+    idle = threads_and_rss(pid)
+    peak = list(idle)
+    done = False
+
+    def sample():
+        while not done:
+            t, r = threads_and_rss(pid)
+            peak[0], peak[1] = max(peak[0], t), max(peak[1], r)
+            time.sleep(0.01)
+
+    sampler = asyncio.get_running_loop().run_in_executor(None, sample)
+    t0 = time.perf_counter()
+    calls = [s.call_tool("list", {}) if i % 2 else s.call_tool("status", {"session": "no-such"})
+             for i in range(100)]
+    results = await asyncio.gather(*calls)
+    took = time.perf_counter() - t0
+    done = True
+    await sampler
+    assert sum(1 for r in results if not r.isError) == 50, results[:2]
+    after = threads_and_rss(pid)
+    return (f"mcp server footprint: idle {idle[0]} threads, {idle[1] / 1024:.1f} MiB RSS; "
+            f"100 parallel calls in {took:.2f}s: peak {peak[0]} threads, {peak[1] / 1024:.1f} MiB; "
+            f"after {after[0]} threads, {after[1] / 1024:.1f} MiB")
+
+
 async def bench(rig: Rig, env: dict, reps: int) -> int:
     settings = ["--network", rig.network, "--endpoint", rig.endpoint, "--model", "gpt-5.5",
                 "--env", f"OPENAI_API_KEY={TEST_KEY}"]
@@ -33,6 +89,7 @@ async def bench(rig: Rig, env: dict, reps: int) -> int:
     async with stdio_client(params) as (r, w):
         async with ClientSession(r, w) as s:
             await s.initialize()
+            print(await footprint(s), flush=True)
 
             async def mcp_turn() -> float:
                 t = time.perf_counter()

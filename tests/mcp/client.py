@@ -173,7 +173,7 @@ async def main_server(s):
     with open(os.path.join(HOST_DIR, "hello.txt")) as f:
         assert f.read() == "hello from the box\n"
     e = await call(s, "apply", {"session": sid}, ok=False)
-    assert "nothing was written" in e["error"]["message"], e
+    assert e["error"]["kind"] == "conflict" and "nothing was written" in e["error"]["message"], e
 
     check("reply recalls the first turn")
     rp = await call(s, "reply", {"session": WRITER, "prompt": "RECALL"})

@@ -144,6 +144,23 @@ pub(crate) async fn new_session(
     quiet: bool,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<NewTurn> {
+    new_session_admitted(args, quiet, progress, &|_, _, _| Ok(())).await
+}
+
+/// What a caller with walls of its own (`caw-box mcp`) checks of a new session's settings and
+/// its turn's variables, once the flags, config files (the workspace's `.caw-box.toml`
+/// among them) and variables are resolved and before anything is made or run; it may also
+/// add to the settings (a server's system prompt).
+pub(crate) type Admit<'a> =
+    dyn Fn(ProviderKind, &mut SessionSettings, &TurnOptions) -> Result<()> + Sync + 'a;
+
+/// [`new_session`], with `admit` asked before anything is made.
+pub(crate) async fn new_session_admitted(
+    args: &mut RunArgs,
+    quiet: bool,
+    progress: &(dyn Fn(&str) + Sync),
+    admit: &Admit<'_>,
+) -> Result<NewTurn> {
     let mut flags = Layer::from_flags(
         args.provider.as_deref(),
         args.group.as_deref(),
@@ -174,6 +191,7 @@ pub(crate) async fn new_session(
     if config.yes(Key::UserConfig) {
         options.user_files = user_config(provider, quiet)?;
     }
+    admit(provider, &mut session_settings, &options)?;
     let client = Client::connect().await?;
     check_runtime(client.backend(), &session_settings).await?;
     if session_settings.workspace_mode == WorkspaceMode::Bind {

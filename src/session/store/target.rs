@@ -22,6 +22,8 @@ pub struct VolumeFacts {
     pub provider: ProviderKind,
     pub name: Option<String>,
     pub group: Option<String>,
+    /// The `caw-box mcp` scope it was started under, if any.
+    pub scope: Option<String>,
     pub created_at: u64,
     pub settings: SessionSettings,
     /// A bind-mode git workspace as it was at session start (`diff --patch`).
@@ -50,6 +52,7 @@ impl VolumeFacts {
             provider,
             name: l.get(labels::NAME).cloned(),
             group: l.get(labels::GROUP).cloned(),
+            scope: l.get(labels::SCOPE).cloned(),
             created_at: l
                 .get(labels::CREATED)
                 .and_then(|c| c.parse().ok())
@@ -217,11 +220,34 @@ pub fn parse_target(target: &str) -> Result<TargetSpec<'_>> {
 
 /// Resolves TARGET (a handle, id, unique id prefix of 4+ characters, or name) to a session.
 pub async fn resolve_view(backend: &impl Backend, target: &str) -> Result<SessionView> {
+    resolve_view_in(backend, target, None).await
+}
+
+/// [`resolve_view`] among the sessions of one `caw-box mcp` scope (`None`: all of them). A
+/// session outside the scope is not found, as if it did not exist: a prefix or name is
+/// matched only against the scope's sessions, so one outside it neither answers nor makes a
+/// prefix ambiguous, and a handle of one is refused with the same words as an unknown one.
+pub async fn resolve_view_in(
+    backend: &impl Backend,
+    target: &str,
+    scope: Option<&str>,
+) -> Result<SessionView> {
+    let visible = |facts: &VolumeFacts| scope.is_none() || facts.scope.as_deref() == scope;
     let handle = match parse_target(target)? {
         TargetSpec::Handle(handle) => handle,
-        TargetSpec::Lookup(target) => return find_in(list_sessions(backend).await?, target),
+        TargetSpec::Lookup(target) => {
+            let mut all = list_sessions(backend).await?;
+            all.retain(|v| visible(&v.facts));
+            return find_in(all, target);
+        }
     };
     let facts = facts_for_handle(backend, &handle).await?;
+    if !visible(&facts) {
+        return Err(not_found(&format!(
+            "the handle of session {}",
+            handle.session_id
+        )));
+    }
     let volumes = backend
         .list_volumes(&[
             format!("{}={}", labels::SESSION, facts.session_id),
@@ -263,13 +289,16 @@ fn join_last(volumes: &[VolumeInfo], id: Uuid) -> Option<TurnSummary> {
         .max_by_key(|s| s.turn)
 }
 
+/// What an unknown TARGET is told (`what`: the TARGET as the message names it).
+fn not_found(what: &str) -> Error {
+    Error::not_found(format!("no session matches {what}")).with_hint(
+        "pass a handle, a session id, a unique id prefix (4+ characters) or a session name; `caw-box ls` lists them",
+    )
+}
+
 /// Picks one session by exact id, name, or unique id prefix.
 pub fn find_in(all: Vec<SessionView>, target: &str) -> Result<SessionView> {
-    let not_found = || {
-        Error::not_found(format!("no session matches '{target}'")).with_hint(
-            "pass a handle, a session id, a unique id prefix (4+ characters) or a session name; `caw-box ls` lists them",
-        )
-    };
+    let not_found = || not_found(&format!("'{target}'"));
     let lower = target.to_ascii_lowercase();
     let mut by_prefix = Vec::new();
     for view in all {
