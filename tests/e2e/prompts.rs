@@ -97,30 +97,40 @@ fn assert_the_stub_got(requests: &[Value], who: &str, prompt: &str) {
     );
 }
 
+/// A turn of `cmd` (a `run` or `resume` with `-o json`, given what goes where its PROMPT
+/// does, last) with `text` as its prompt, from a file named `file` or on stdin: its JSON, the
+/// turn a success.
+fn turn_with(rig: &Rig, cmd: impl Fn(&str) -> Command, text: &str, file: Option<&str>) -> Value {
+    let out = match file {
+        Some(name) => {
+            let file = rig.data_dir.path().join(name);
+            std::fs::write(&file, text).unwrap();
+            let mut cmd = cmd("--prompt-file");
+            cmd.arg(&file);
+            run(cmd)
+        }
+        None => run_with_stdin(cmd("-"), text),
+    };
+    let json = json_of(&out, 0);
+    assert_eq!(json["status"], "success", "{json}");
+    json
+}
+
 /// One CLI's session: a 512 KiB first turn and a large resume (`resume_len` bytes), both
-/// successful, both prompts whole at the stub. Returns the session id.
+/// successful. Returns the session id.
 fn run_and_resume(rig: &Rig, p: P, resume_len: usize) -> String {
-    let first = prompt(&format!("{}-first", p.name), 512 * 1024);
     // Both ways a large prompt is given: on stdin, or in a file.
-    let by_file = matches!(p.name, "codex" | "opencode");
-    let extra: &[&str] = match p.name {
-        // Its resume runs in the warm container: the runtime files go in by exec.
+    let file = |turn: &str| {
+        matches!(p.name, "codex" | "opencode").then(|| format!("{}-{turn}.txt", p.name))
+    };
+    // codex's resume runs in its warm container: the runtime files go in by exec.
+    let warm: &[&str] = match p.name {
         "codex" => &["--keep-warm", "2m"],
         _ => &[],
     };
-    let out = if by_file {
-        let file = rig.data_dir.path().join(format!("{}-first.txt", p.name));
-        std::fs::write(&file, &first).unwrap();
-        let mut cmd = rig.run_cmd(p, "--prompt-file", extra);
-        cmd.arg(&file).args(["-o", "json"]);
-        run(cmd)
-    } else {
-        let mut cmd = rig.run_cmd(p, "-", extra);
-        cmd.args(["-o", "json"]);
-        run_with_stdin(cmd, &first)
-    };
-    let json = json_of(&out, 0);
-    assert_eq!(json["status"], "success", "{}: {json}", p.name);
+    let first = prompt(&format!("{}-first", p.name), 512 * 1024);
+    let run = |at: &str| rig.run_cmd(p, at, &[warm, &["-o", "json"]].concat());
+    let json = turn_with(rig, run, &first, file("first").as_deref());
     let id = json["session_id"].as_str().unwrap().to_string();
     if p.name == "codex" {
         let warm = format!("caw-box-{id}-warm");
@@ -130,22 +140,9 @@ fn run_and_resume(rig: &Rig, p: P, resume_len: usize) -> String {
             rig.caw_containers()
         );
     }
-
     let next = prompt(&format!("{}-resume", p.name), resume_len);
-    let mut cmd = rig.resume_cmd(p, &id, "-", &["-o", "json"]);
-    if by_file {
-        cmd = rig.resume_cmd(p, &id, "--prompt-file", &["-o", "json"]);
-        let file = rig.data_dir.path().join(format!("{}-resume.txt", p.name));
-        std::fs::write(&file, &next).unwrap();
-        cmd.arg(&file);
-    }
-    let out = if by_file {
-        run(cmd)
-    } else {
-        run_with_stdin(cmd, &next)
-    };
-    let json = json_of(&out, 0);
-    assert_eq!(json["status"], "success", "{}: {json}", p.name);
+    let resume = |at: &str| rig.resume_cmd(p, &id, at, &["-o", "json"]);
+    let json = turn_with(rig, resume, &next, file("resume").as_deref());
     assert_eq!(json["turn"], 2, "{}: {json}", p.name);
     id
 }
@@ -230,7 +227,12 @@ fn a_prompt_over_the_cap_is_refused_and_nothing_is_created() {
     let (code, first, stderr) = rig.json_turn(rig.run_cmd(GEMINI, "hello", &[]));
     assert_eq!(code, 0, "{first}\n{stderr}");
     let id = first["session_id"].as_str().unwrap().to_string();
-    let volumes = rig.caw_volumes();
+    // (Docker lists volumes in no set order.)
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let volumes = sorted(rig.caw_volumes());
     let cmd = rig.resume_cmd(GEMINI, &id, "-", &["-o", "json"]);
     assert_over_the_cap(&run_with_stdin(cmd, &over), CAP + 1);
     let cmd = rig.resume_cmd(GEMINI, &id, "-", &["-o", "json", "--detach"]);
@@ -240,7 +242,11 @@ fn a_prompt_over_the_cap_is_refused_and_nothing_is_created() {
         "{:?}",
         rig.caw_containers()
     );
-    assert_eq!(rig.caw_volumes(), volumes, "a volume was made or taken");
+    assert_eq!(
+        sorted(rig.caw_volumes()),
+        volumes,
+        "a volume was made or taken"
+    );
     let shown: Value =
         serde_json::from_str(&stdout_of(&rig.caw_run(&["show", &id, "--json"]))).unwrap();
     assert_eq!(shown["turns"].as_array().map(Vec::len), Some(1), "{shown}");
