@@ -9,7 +9,7 @@
 
 use serde_json::{json, Value};
 
-use super::read::{files_of_patch, patch_of};
+use super::read::patch_of;
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::session::{safe_git, WorkspaceMode};
@@ -23,7 +23,7 @@ if [ "${CAW_CHECK_ONLY:-}" != 1 ]; then git apply --binary "$CAW_PATCH"; fi
 
 pub async fn apply(target: &str, check: bool) -> Result<Value> {
     let client = Client::connect().await?;
-    let (view, bytes, protected) = patch_of(&client, target).await?;
+    let (view, made) = patch_of(&client, target).await?;
     let id = view.facts.session_id;
     let settings = &view.facts.settings;
     if settings.workspace_mode != WorkspaceMode::Copy {
@@ -37,20 +37,19 @@ pub async fn apply(target: &str, check: bool) -> Result<Value> {
             "the directory session {id} was started from, '{dir}', is gone"
         )));
     }
-    let files = files_of_patch(&String::from_utf8_lossy(&bytes));
     let mut out = json!({
         "session_id": id.to_string(),
         "workspace": dir,
-        "files": files,
-        "protected_left_out": protected,
+        "files_changed": made.files,
+        "protected_left_out": made.protected,
     });
-    if bytes.is_empty() {
+    if made.bytes.is_empty() {
         out["applied"] = json!(false);
         out["note"] = json!("the session changed nothing");
         return Ok(out);
     }
     let patch = tempfile::NamedTempFile::new()
-        .and_then(|f| std::fs::write(f.path(), &bytes).map(|()| f))
+        .and_then(|f| std::fs::write(f.path(), &made.bytes).map(|()| f))
         .map_err(|e| Error::environment(format!("cannot write the patch down: {e}")))?;
     let path = patch.path().display().to_string();
     let mut vars = vec![("CAW_WS", dir.as_str()), ("CAW_PATCH", path.as_str())];

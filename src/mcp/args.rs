@@ -129,6 +129,22 @@ pub struct EventsArgs {
     pub turn: Option<u32>,
     /// Return the events after this many (the `next_cursor` of the previous call; default 0).
     pub cursor: Option<usize>,
+    /// Return at most this many events (default 200, at most 1000); `more: true` in the
+    /// answer says there are more after `next_cursor`: call again with that cursor.
+    #[schemars(range(min = 1, max = super::read::EVENTS_MAX_LIMIT))]
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct DiffArgs {
+    /// The session: its id, a unique id prefix (4+ characters), its name or its handle.
+    pub session: String,
+    /// Return at most this many bytes of the patch (default 1048576 = 1 MiB, at most
+    /// 16777216 = 16 MiB). A longer patch is cut where a file begins (else a line) and the
+    /// answer says `truncated: true` and its whole size in `bytes`: call again with a larger
+    /// `max_bytes` for all of it. `apply` applies the whole patch either way.
+    #[schemars(range(min = 1, max = super::diff::MAX_MAX_BYTES))]
+    pub max_bytes: Option<usize>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

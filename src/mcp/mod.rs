@@ -18,6 +18,7 @@
 //!   `ceilings.rs`: the server's settings as the widest a sub-agent gets
 //! - `turns.rs`: `start`, `reply`, `cancel`, `wait`
 //! - `read.rs`: `status`, `events`, `result`, `diff`'s patch, `list`
+//! - `diff.rs`: `diff`, bounded by `max_bytes`
 //! - `apply.rs`: `apply`
 //!
 //! - `queue.rs`: `--max-parallel`
@@ -42,6 +43,7 @@ mod apply;
 mod args;
 mod budget;
 mod ceilings;
+mod diff;
 pub mod http;
 pub mod policy;
 mod queue;
@@ -54,8 +56,8 @@ pub use policy::{Policy, PolicyArgs};
 pub use queue::Queue;
 
 use args::{
-    ApplyArgs, EventsArgs, ListArgs, RemoveArgs, ReplyArgs, ResultArgs, SessionArg, StartArgs,
-    WaitArgs,
+    ApplyArgs, DiffArgs, EventsArgs, ListArgs, RemoveArgs, ReplyArgs, ResultArgs, SessionArg,
+    StartArgs, WaitArgs,
 };
 
 /// What an orchestrating agent is told when it connects.
@@ -237,7 +239,7 @@ impl Delegation {
     }
 
     #[tool(
-        description = "A turn's unified events (text, tool_call, tool_result, usage, error, result) after a cursor, and the next cursor."
+        description = "A turn's unified events (text, tool_call, tool_result, usage, error, result) after a cursor, at most `limit` (200) of them, the next cursor and whether there are `more`."
     )]
     async fn events(
         &self,
@@ -246,7 +248,7 @@ impl Delegation {
     ) -> CallToolResult {
         let work = async {
             let id = self.session(&a.session).await?;
-            read::events(&id, a.turn, a.cursor.unwrap_or(0)).await
+            read::events(&id, a.turn, a.cursor.unwrap_or(0), a.limit).await
         };
         answer(cancellable(&context, work).await)
     }
@@ -267,23 +269,20 @@ impl Delegation {
     }
 
     #[tool(
-        description = "The session's changes as a patch that `git apply` takes on the directory as it was when the session started (as `caw-box diff --patch`; protected paths such as .git/hooks are left out)."
+        description = "The session's changes as a patch that `git apply` takes on the directory as it was when the session started: the first text block is the patch, byte for byte what `apply` applies and `caw-box diff --patch` writes (protected paths such as .git/hooks are left out). At most `max_bytes` (1 MiB) of it: a longer one is cut where a file begins and says `truncated: true`; its size and files changed are in the structured content."
     )]
     async fn diff(
         &self,
-        Parameters(a): Parameters<SessionArg>,
+        Parameters(a): Parameters<DiffArgs>,
         context: RequestContext<RoleServer>,
     ) -> CallToolResult {
         let work = async {
             let id = self.session(&a.session).await?;
-            let client = crate::Client::connect().await?;
-            let (_, bytes, _) = read::patch_of(&client, &id).await?;
-            Ok(String::from_utf8_lossy(&bytes).into_owned())
+            diff::diff(&id, a.max_bytes).await
         };
-        match cancellable(&context, work).await {
-            Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
-            Err(e) => error_result(&e),
-        }
+        cancellable(&context, work)
+            .await
+            .unwrap_or_else(|e| error_result(&e))
     }
 
     #[tool(

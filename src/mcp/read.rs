@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::provider::ParseContext;
 use crate::session::names;
+use crate::session::patch::Patch;
 use crate::session::target::{self, SessionView};
 
 /// The longest `latest` line `status` and `wait`'s progress give.
@@ -203,8 +204,38 @@ pub async fn status(target: &str, queue: Option<Arc<Queue>>) -> Result<Value> {
     Ok(out)
 }
 
-/// `events`: the unified events of a turn after `cursor`, and the cursor to ask with next.
-pub async fn events(target: &str, turn: Option<u32>, cursor: usize) -> Result<Value> {
+/// How many events `events` returns unless asked otherwise, and at most.
+pub const EVENTS_DEFAULT_LIMIT: usize = 200;
+pub const EVENTS_MAX_LIMIT: usize = 1000;
+
+/// One page of a turn's events: at most `limit` after `cursor`, the cursor to ask with next
+/// (past what was returned; `cursor` itself when there was nothing after it), and whether
+/// more are there already (a running turn may add more after `more: false`).
+fn page(events: &[Event], cursor: usize, limit: usize) -> (&[Event], usize, bool) {
+    let from = cursor.min(events.len());
+    let to = from.saturating_add(limit).min(events.len());
+    (&events[from..to], cursor.max(to), to < events.len())
+}
+
+/// `limit` as given, checked: 1 to [`EVENTS_MAX_LIMIT`], [`EVENTS_DEFAULT_LIMIT`] when absent.
+fn events_limit(asked: Option<usize>) -> Result<usize> {
+    match asked {
+        None => Ok(EVENTS_DEFAULT_LIMIT),
+        Some(n) if (1..=EVENTS_MAX_LIMIT).contains(&n) => Ok(n),
+        Some(n) => Err(Error::usage(format!(
+            "limit must be 1 to {EVENTS_MAX_LIMIT}, not {n}"
+        ))),
+    }
+}
+
+/// `events`: one page of a turn's unified events after `cursor` ([`page`]).
+pub async fn events(
+    target: &str,
+    turn: Option<u32>,
+    cursor: usize,
+    limit: Option<usize>,
+) -> Result<Value> {
+    let limit = events_limit(limit)?;
     let client = Client::connect().await?;
     let backend = client.backend();
     let view = target::resolve_view(backend, target).await?;
@@ -235,67 +266,24 @@ pub async fn events(target: &str, turn: Option<u32>, cursor: usize) -> Result<Va
             (n, events)
         }
     };
-    let total = events.len();
-    let after: Vec<&Event> = events.iter().skip(cursor).collect();
+    let (after, next_cursor, more) = page(&events, cursor, limit);
     Ok(json!({
         "session_id": id.to_string(),
         "turn": n,
         "running": running == Some(n),
         "events": after,
-        "next_cursor": total.max(cursor),
+        "next_cursor": next_cursor,
+        "more": more,
     }))
 }
 
-/// One file of a patch: its path and the lines it adds and removes.
-#[derive(Debug, PartialEq, serde::Serialize)]
-pub struct FileChange {
-    pub path: String,
-    pub added: u64,
-    pub removed: u64,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub binary: bool,
-}
-
-/// The files a `git diff` patch changes (a rename under its new name).
-pub fn files_of_patch(patch: &str) -> Vec<FileChange> {
-    let mut files: Vec<FileChange> = Vec::new();
-    let mut in_hunk = false;
-    for line in patch.lines() {
-        if let Some(rest) = line.strip_prefix("diff --git ") {
-            let path = rest.rsplit_once(" b/").map_or(rest, |(_, b)| b).to_string();
-            files.push(FileChange {
-                path,
-                added: 0,
-                removed: 0,
-                binary: false,
-            });
-            in_hunk = false;
-            continue;
-        }
-        let Some(f) = files.last_mut() else { continue };
-        if line.starts_with("@@") {
-            in_hunk = true;
-        } else if line == "GIT binary patch" || line.starts_with("Binary files ") {
-            f.binary = true;
-        } else if let Some(to) = line.strip_prefix("rename to ").filter(|_| !in_hunk) {
-            f.path = to.to_string();
-        } else if in_hunk && line.starts_with('+') {
-            f.added += 1;
-        } else if in_hunk && line.starts_with('-') {
-            f.removed += 1;
-        }
-    }
-    files
-}
-
-/// The patch of a session's changes, as `caw-box diff --patch` makes it.
-pub async fn patch_of(client: &Client, target: &str) -> Result<(SessionView, Vec<u8>, Value)> {
+/// The patch of a session's changes, as `caw-box diff --patch` makes it, with its files.
+pub async fn patch_of(client: &Client, target: &str) -> Result<(SessionView, Patch)> {
     let backend = client.backend();
     let view = target::resolve_view(backend, target).await?;
     let ids = crate::session::owner::turn_ids(&view.facts.settings);
     let made = crate::session::patch::patch(backend, &view.facts, ids, false).await?;
-    let protected = serde_json::to_value(&made.protected).expect("changes serialize");
-    Ok((view, made.bytes, protected))
+    Ok((view, made))
 }
 
 /// `result`: how a turn ended, its answer, usage and cost, and the files it changed.
@@ -316,11 +304,11 @@ pub async fn result(target: &str, turn: Option<u32>) -> Result<Value> {
         .await?
         .ok_or_else(|| Error::usage(format!("session {id} has no finished turn")))?;
     let t = match turn {
-        Some(n) => record
-            .turns
-            .iter()
-            .find(|t| t.turn == n)
-            .ok_or_else(|| Error::usage(format!("session {id} has no finished turn {n}")))?,
+        Some(n) => record.turns.iter().find(|t| t.turn == n).ok_or_else(|| {
+            let last = record.turns.last().map_or(0, |t| t.turn);
+            Error::not_found(format!("session {id} has no finished turn {n}"))
+                .with_hint(format!("its finished turns are 1 to {last}"))
+        })?,
         None => record
             .turns
             .last()
@@ -333,9 +321,7 @@ pub async fn result(target: &str, turn: Option<u32>) -> Result<Value> {
     out["total_cost_usd"] = json!(record.total_cost_usd());
     if view.facts.settings.workspace_mode != crate::session::WorkspaceMode::None {
         match patch_of(&client, &id.to_string()).await {
-            Ok((_, bytes, _)) => {
-                out["files_changed"] = json!(files_of_patch(&String::from_utf8_lossy(&bytes)))
-            }
+            Ok((_, made)) => out["files_changed"] = json!(made.files),
             Err(e) => {
                 out["files_changed"] = Value::Null;
                 out["files_changed_unknown"] = json!(e.message);
@@ -427,38 +413,63 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_patch_names_its_files_and_counts_their_lines() {
-        let patch = "diff --git a/keep.txt b/keep.txt\nindex 1..2 100644\n--- a/keep.txt\n+++ b/keep.txt\n@@ -1 +1,2 @@\n-original\n+changed\n+more\ndiff --git a/new.txt b/new.txt\nnew file mode 100644\n--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1 @@\n+new\ndiff --git a/move-me.txt b/moved.txt\nsimilarity index 100%\nrename from move-me.txt\nrename to moved.txt\ndiff --git a/blob.bin b/blob.bin\nGIT binary patch\nliteral 5\nabc\n";
+    fn events_come_a_page_at_a_time_to_the_end() {
+        let events: Vec<Event> = (0..5)
+            .map(|i| Event::Text {
+                text: format!("e{i}"),
+            })
+            .collect();
+        let texts = |page: &[Event]| {
+            page.iter()
+                .map(|e| match e {
+                    Event::Text { text } => text.clone(),
+                    other => panic!("{other:?}"),
+                })
+                .collect::<Vec<_>>()
+        };
+        let (mut cursor, mut seen, mut calls) = (0, Vec::new(), 0);
+        loop {
+            let (got, next, more) = page(&events, cursor, 2);
+            assert!(got.len() <= 2);
+            seen.extend(texts(got));
+            cursor = next;
+            calls += 1;
+            if !more {
+                break;
+            }
+        }
+        assert_eq!(seen, ["e0", "e1", "e2", "e3", "e4"]);
+        assert_eq!((calls, cursor), (3, 5));
+        // At the end, and past it: nothing, the same cursor, no more.
+        assert_eq!(page(&events, 5, 2), (&events[5..], 5, false));
+        assert_eq!(page(&events, 9, 2), (&events[5..], 9, false));
+        assert_eq!(page(&events, 0, usize::MAX), (&events[..], 5, false));
+    }
+
+    #[test]
+    fn the_schema_tells_a_client_the_limits_bounds() {
+        let schema =
+            serde_json::to_value(schemars::schema_for!(super::super::args::EventsArgs)).unwrap();
+        let limit = &schema["properties"]["limit"];
+        assert_eq!(limit["minimum"], 1);
+        assert_eq!(limit["maximum"], EVENTS_MAX_LIMIT);
+        let said = limit["description"].as_str().unwrap();
+        assert!(said.contains("default 200, at most 1000"), "{said}");
+        assert_eq!(EVENTS_DEFAULT_LIMIT, 200);
+    }
+
+    #[test]
+    fn the_limit_has_a_default_and_a_ceiling() {
+        assert_eq!(events_limit(None).unwrap(), EVENTS_DEFAULT_LIMIT);
+        assert_eq!(events_limit(Some(1)).unwrap(), 1);
         assert_eq!(
-            files_of_patch(patch),
-            vec![
-                FileChange {
-                    path: "keep.txt".into(),
-                    added: 2,
-                    removed: 1,
-                    binary: false
-                },
-                FileChange {
-                    path: "new.txt".into(),
-                    added: 1,
-                    removed: 0,
-                    binary: false
-                },
-                FileChange {
-                    path: "moved.txt".into(),
-                    added: 0,
-                    removed: 0,
-                    binary: false
-                },
-                FileChange {
-                    path: "blob.bin".into(),
-                    added: 0,
-                    removed: 0,
-                    binary: true
-                },
-            ]
+            events_limit(Some(EVENTS_MAX_LIMIT)).unwrap(),
+            EVENTS_MAX_LIMIT
         );
-        assert!(files_of_patch("").is_empty());
+        for bad in [0, EVENTS_MAX_LIMIT + 1] {
+            let e = events_limit(Some(bad)).unwrap_err();
+            assert_eq!(e.kind, crate::error::ErrorKind::Usage, "{e:?}");
+        }
     }
 
     #[test]

@@ -169,6 +169,57 @@ fn a_codex_orchestrator_delegates_to_a_codex_sub_agent() {
     );
 }
 
+/// `diff`, `apply`, `result` and `events` exact and bounded (issue 51), through the official
+/// MCP Python SDK (tests/mcp/diff_client.py): a codex sub-agent in copy mode writes a file
+/// that is not UTF-8, a binary file and `é b/x.txt` and changes an existing one; the text
+/// `diff` returns is `caw-box diff --patch`'s bytes and applies (`git apply --binary`) to a
+/// fresh copy of the directory as the agent's files, byte for byte; `apply` writes the same;
+/// `files_changed` names those paths; a small `max_bytes` cuts where a file begins; `events`
+/// pages with `limit: 1`. Its cost: one stub and one codex turn, and a helper container per
+/// patch made (about ten).
+#[test]
+fn mcp_diff_is_what_apply_applies_byte_for_byte() {
+    let python = mcp_python();
+    let rig = Rig::new("mcp-diff");
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("keep.txt"), "original\n").unwrap();
+    for path in [host.path().join("keep.txt"), host.path().to_path_buf()] {
+        std::os::unix::fs::chown(path, Some(1000), Some(1000)).unwrap();
+    }
+    let mut cmd = rig.caw_env(&python);
+    cmd.arg(repo_root().join("tests/mcp/diff_client.py"))
+        .arg(env!("CARGO_BIN_EXE_caw-box"))
+        .args([&rig.network, &rig.endpoint(), TEST_KEY])
+        .arg(host.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = wait_with_deadline(
+        cmd.spawn().expect("spawn the MCP client"),
+        Duration::from_secs(300),
+    );
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert!(
+        out.status.success() && stdout.contains("mcp diff checks passed"),
+        "the MCP client failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    #[allow(clippy::print_stderr)] // the test's own captured output: what the client checked
+    {
+        eprintln!("{stdout}");
+    }
+    // `apply` wrote the agent's bytes into the directory, as its owner.
+    use std::os::unix::fs::MetadataExt;
+    let latin = host.path().join("latin1.txt");
+    assert_eq!(
+        std::fs::read(&latin).unwrap(),
+        b"\xff\xfe latin-1 caf\xe9\n"
+    );
+    assert_eq!(
+        std::fs::read(host.path().join("\u{e9} b/x.txt")).unwrap(),
+        b"x\n"
+    );
+    assert_eq!(std::fs::metadata(&latin).unwrap().uid(), 1000);
+}
+
 /// Issue 51: an orchestrating model that reads untrusted text must not be stronger than the
 /// person who started its server. A hostile orchestrator (the official Python SDK's client,
 /// tests/mcp/walls.py) against `caw-box mcp --allow-host @provider --allow-host OTHER`: another

@@ -1,11 +1,13 @@
 //! The walls around an agent: its workspace, bound or copied ([`workspace`]), and the
 //! patch of what it changed ([`patch`], with [`safe_git`]: a git that runs nothing a
-//! repository names); the paths it may not write ([`protect`], [`protected_out`]) and what
-//! it wrote there anyway, moved aside ([`quarantine`]); who it runs as ([`owner`]); and the
-//! hosts it may reach under `--allow-host` ([`egress`]). Not here: the credential broker
-//! (`broker`), which keeps its keys out of the box.
+//! repository names; [`numstat`]: the files it changes); the paths it may not write
+//! ([`protect`], [`protected_out`]) and what it wrote there anyway, moved aside
+//! ([`quarantine`]); who it runs as ([`owner`]); and the hosts it may reach under
+//! `--allow-host` ([`egress`]). Not here: the credential broker (`broker`), which keeps its
+//! keys out of the box.
 
 pub(in crate::session) mod egress;
+pub mod numstat;
 pub mod owner;
 pub mod patch;
 pub mod protect;

@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::provider::{AGENT_HOME, WORKSPACE_DIR};
 use crate::session::store::names::{self, roles, LabelSet};
 use crate::session::store::target::VolumeFacts;
+use crate::session::walls::numstat::{self, FileChange};
 use crate::session::walls::protected_out::{self, ProtectedChange};
 use crate::session::walls::safe_git;
 use crate::session::WorkspaceMode;
@@ -48,17 +49,29 @@ echo "commit=$head"
 echo "tree=$(git write-tree)"
 "#;
 
-/// Writes the patch from the baseline to /workspace now, with a private repository
-/// ([`safe_git`]); prints base64 lines (byte-exact): the patch; the protected paths it
-/// changed (`git diff --name-status -z`); in copy mode, a tar of the protected paths inside
-/// `.git` (a patch never carries `.git`) and the copied tree's record (`CAW_BASE_JSON`).
+/// Writes the patch from the baseline to the workspace now (`CAW_WS`, default /workspace in
+/// a helper), with a private repository ([`safe_git`]); prints base64 lines (byte-exact): the
+/// patch; its files as git counts them (`--numstat -z`); the protected paths it changed
+/// (`git diff --name-status -z`); in copy mode, a tar of the protected paths inside `.git` (a
+/// patch never carries `.git`) and the copied tree's record (`CAW_BASE_JSON`).
 /// Copy mode: `CAW_BASE_TAR`, the copied tree, is unpacked and hashed too. Bind mode:
 /// `CAW_BASE_TREE` is in the workspace's object store (mounted read-only), an alternate of
 /// a private one. `CAW_PROTECTED`: the session's protected paths, one a line, left out of the
 /// patch unless `CAW_INCLUDE_PROTECTED=1`.
-const PATCH_SCRIPT: &str = r#"t=/tmp/caw-box-patch
+///
+/// The patch is UTF-8, so that it can travel as text (an MCP answer) and still apply byte
+/// for byte: git C-quotes paths (`core.quotePath`), and a file whose old or new content is
+/// not UTF-8 gets a binary hunk. Git diffs such a file as text (only a NUL makes a file
+/// binary to it), so when the patch is not UTF-8, [`BINARY_MARKS`] marks those files
+/// `binary` in the private repository's `info/attributes` (which outranks the workspace's
+/// own `.gitattributes`) and git writes the patch again. Without perl (every Debian image
+/// has it: git needs it) the patch stays as git wrote it, as it does for a symbolic link to
+/// a name that is not UTF-8 (git diffs a link as text whatever its attributes);
+/// [`Patch::text`] says so.
+const PATCH_SCRIPT: &str = r#"ws="${CAW_WS:-/workspace}"
+t="${CAW_TMP:-/tmp}/caw-box-patch"
 mkdir -p "$t/objects"
-private_repo /workspace "$t/git"
+private_repo "$ws" "$t/git"
 export GIT_OBJECT_DIRECTORY="$t/objects"
 tree_of() {
   GIT_WORK_TREE="$1" GIT_INDEX_FILE="$2" git -C "$1" add -A .
@@ -70,12 +83,12 @@ if [ -n "${CAW_BASE_TAR:-}" ]; then
   tar -xf "$CAW_BASE_TAR" -C "$t/base"
   base=$(tree_of "$t/base" "$t/base.index")
 else
-  export GIT_ALTERNATE_OBJECT_DIRECTORIES=/workspace/.git/objects
+  export GIT_ALTERNATE_OBJECT_DIRECTORIES="$ws/.git/objects"
   base="$CAW_BASE_TREE"
   git cat-file -e "$base^{tree}" 2>/dev/null || exit 67
-  if [ -f /workspace/.git/index ]; then cp /workspace/.git/index "$t/now.index"; fi
+  if [ -f "$ws/.git/index" ]; then cp "$ws/.git/index" "$t/now.index"; fi
 fi
-now=$(tree_of /workspace "$t/now.index")
+now=$(tree_of "$ws" "$t/now.index")
 set --
 while IFS= read -r p; do
   if [ -n "$p" ]; then set -- "$@" ":(literal,icase)$p"; fi
@@ -94,11 +107,25 @@ if [ "${CAW_INCLUDE_PROTECTED:-}" != 1 ]; then
 ${CAW_PROTECTED:-}
 EOF
 fi
-git diff --binary -M --no-color --no-ext-diff --no-textconv "$base" "$now" -- "$@" > "$t/patch"
+patch_now() {
+  git -c core.quotePath=true diff --binary -M --no-color --no-ext-diff --no-textconv \
+    "$base" "$now" -- "$@" > "$t/patch"
+  git diff --numstat -z -M --no-ext-diff --no-textconv "$base" "$now" -- "$@" > "$t/files"
+}
+patch_now "$@"
+if [ -s "$t/patch" ] && command -v perl >/dev/null 2>&1; then
+  printf '%s' "$CAW_BINARY_MARKS" > "$t/marks.pl"
+  if ! perl "$t/marks.pl" check < "$t/patch"; then
+    git diff --raw -z --no-abbrev -M "$base" "$now" -- "$@" > "$t/raw"
+    perl "$t/marks.pl" marks < "$t/raw" > "$GIT_DIR/info/attributes"
+    patch_now "$@"
+  fi
+fi
 base64 -w0 "$t/patch"; echo
+base64 -w0 "$t/files"; echo
 base64 -w0 "$t/protected"; echo
 if [ -n "${CAW_BASE_JSON:-}" ]; then
-  cd /workspace
+  cd "$ws"
   set --
   while IFS= read -r p; do
     case "$p" in .git/*) if [ -e "$p" ] || [ -L "$p" ]; then set -- "$@" "$p"; fi ;; esac
@@ -113,6 +140,67 @@ EOF
   if [ -f "$CAW_BASE_JSON" ]; then base64 -w0 "$CAW_BASE_JSON"; fi
   echo
 fi
+"#;
+
+/// The Perl program [`PATCH_SCRIPT`] runs (`CAW_BINARY_MARKS`; Perl is in every Debian
+/// image). `check`: exit 0 when stdin is UTF-8 as Rust defines it (no overlong form,
+/// surrogate or code point past U+10FFFF; glibc's `iconv` lets the last pass). `marks`: reads
+/// `git diff --raw -z` and prints an `info/attributes` line marking `binary` each path (both
+/// names of a rename) whose old or new blob is not UTF-8. A pattern is the path anchored at
+/// the top (`/`), its glob characters escaped, C-quoted (git unquotes a pattern that starts
+/// with `"`); past git's line limit (2048 bytes: it ignores longer lines) its non-ASCII bytes
+/// become `?`, which may mark a neighbour of the same shape too, whose binary hunk applies as
+/// exactly.
+const BINARY_MARKS: &str = r#"use strict;
+use warnings;
+sub utf8_ok {
+  my ($s) = @_;
+  pos($s) = 0;
+  1 while $s =~ /\G(?:[\x00-\x7F]+|[\xC2-\xDF][\x80-\xBF]|\xE0[\xA0-\xBF][\x80-\xBF]
+    |[\xE1-\xEC\xEE\xEF][\x80-\xBF]{2}|\xED[\x80-\x9F][\x80-\xBF]|\xF0[\x90-\xBF][\x80-\xBF]{2}
+    |[\xF1-\xF3][\x80-\xBF]{3}|\xF4[\x80-\x8F][\x80-\xBF]{2})/gcx;
+  return (pos($s) // 0) == length $s;
+}
+sub blob {
+  my ($id) = @_;
+  open(my $fh, '-|', 'git', 'cat-file', 'blob', $id) or die "git cat-file: $!";
+  binmode $fh;
+  my $s = do { local $/; <$fh> } // '';
+  close $fh or die "git cat-file blob $id failed";
+  return $s;
+}
+sub pattern {
+  my ($p, $short) = @_;
+  $p =~ s/[\x80-\xFF]/\x00/g if $short;
+  $p =~ s/([\\*?\[])/\\$1/g;
+  $p =~ s/\x00/?/g if $short;
+  $p =~ s/(["\\])/\\$1/g;
+  $p =~ s/([^\x20-\x7E])/sprintf('\\%03o', ord $1)/ge;
+  return "\"/$p\" binary\n";
+}
+binmode STDIN;
+binmode STDOUT;
+my $in = do { local $/; <STDIN> } // '';
+exit(utf8_ok($in) ? 0 : 1) if $ARGV[0] eq 'check';
+my @f = split /\0/, $in;
+my %marked;
+while (@f) {
+  my ($old_mode, $new_mode, $old_id, $new_id, $status) = split / /, substr(shift @f, 1);
+  my @paths = (shift @f);
+  push @paths, shift @f if $status =~ /^[RC]/;
+  my $bad = 0;
+  for ([$old_mode, $old_id], [$new_mode, $new_id]) {
+    my ($mode, $id) = @$_;
+    next if $mode eq '160000' || $id =~ /^0+$/;
+    $bad ||= !utf8_ok(blob($id));
+  }
+  if ($bad) { $marked{$_} = 1 for @paths }
+}
+for my $p (sort keys %marked) {
+  my $line = pattern($p, 0);
+  $line = pattern($p, 1) if length $line > 2000;
+  print $line;
+}
 "#;
 
 /// The uid:gid git writes a bind-mode workspace's objects as: the invoking user's own, so
@@ -205,12 +293,32 @@ fn parse_base(out: &str) -> Option<GitBase> {
     Some(GitBase { commit, tree })
 }
 
-/// A patch, and the agent's changes to protected paths that it leaves out (or carries).
+/// A patch, the files it changes, and the agent's changes to protected paths that it leaves
+/// out (or carries).
 #[derive(Debug)]
 pub struct Patch {
     /// Empty: no change.
     pub bytes: Vec<u8>,
+    /// As git counts them ([`numstat`]), in the patch's order.
+    pub files: Vec<FileChange>,
     pub protected: Vec<ProtectedChange>,
+}
+
+impl Patch {
+    /// The patch as text, the same bytes: it is UTF-8 unless the helper's image had no Perl
+    /// to find the files that are not ([`PATCH_SCRIPT`]); then an error, as no text would
+    /// apply exactly.
+    pub fn text(&self) -> Result<&str> {
+        std::str::from_utf8(&self.bytes).map_err(|e| {
+            Error::environment(format!(
+                "the patch is not UTF-8 text (at byte {}): a symbolic link to a name that is \
+                 not UTF-8 (git diffs a link's target as text, whatever its attributes), or a \
+                 file that is not, where the session's image has no perl to mark it binary",
+                e.valid_up_to()
+            ))
+            .with_hint("`caw-box diff SESSION --patch FILE` writes it as bytes")
+        })
+    }
 }
 
 /// The patch from the session's baseline to its workspace now, without the changes to the
@@ -275,6 +383,7 @@ pub async fn patch(
     };
     spec.env
         .push(format!("CAW_PROTECTED={}", protected_paths.join("\n")));
+    spec.env.push(format!("CAW_BINARY_MARKS={BINARY_MARKS}"));
     if include_protected {
         spec.env.push("CAW_INCLUDE_PROTECTED=1".into());
     }
@@ -303,8 +412,8 @@ pub async fn patch(
     }
 }
 
-/// The lines of [`PATCH_SCRIPT`]: the patch, the protected paths git saw change, and in copy
-/// mode the protected paths inside `.git` with the copy's record to judge them by.
+/// The lines of [`PATCH_SCRIPT`]: the patch, its files, the protected paths git saw change,
+/// and in copy mode the protected paths inside `.git` with the copy's record to judge them by.
 fn read_patch(out: &str, protected_paths: &[String], include: bool) -> Result<Patch> {
     let damaged =
         |e: &dyn std::fmt::Display| Error::environment(format!("the patch came back damaged: {e}"));
@@ -314,6 +423,10 @@ fn read_patch(out: &str, protected_paths: &[String], include: bool) -> Result<Pa
             .map_err(|e| damaged(&e))
     });
     let bytes = lines.next().unwrap_or(Ok(Vec::new()))?;
+    let files = match lines.next() {
+        Some(numstat) => numstat::parse(&numstat?),
+        None => return Err(damaged(&"no list of files")),
+    };
     let mut protected = match lines.next() {
         Some(names) => protected_out::changes_from_git(&names?, include),
         None => return Err(damaged(&"no list of protected paths")),
@@ -321,7 +434,11 @@ fn read_patch(out: &str, protected_paths: &[String], include: bool) -> Result<Pa
     if let (Some(git_tar), Some(record)) = (lines.next(), lines.next()) {
         let (git_tar, record) = (git_tar?, record?);
         if git_tar.is_empty() {
-            return Ok(Patch { bytes, protected });
+            return Ok(Patch {
+                bytes,
+                files,
+                protected,
+            });
         }
         let record: Option<protected_out::CopyRecord> = serde_json::from_slice(&record).ok();
         protected.extend(protected_out::changes_in_tar(
@@ -330,7 +447,11 @@ fn read_patch(out: &str, protected_paths: &[String], include: bool) -> Result<Pa
             record.as_ref(),
         )?);
     }
-    Ok(Patch { bytes, protected })
+    Ok(Patch {
+        bytes,
+        files,
+        protected,
+    })
 }
 
 fn no_bind_base(facts: &VolumeFacts) -> Error {
@@ -443,6 +564,244 @@ mod tests {
             vec!["filter", "fsmonitor"],
             "the control did not fire"
         );
+    }
+
+    /// Writes each (path, bytes) under `dir`, with its directories.
+    fn write_tree(dir: &std::path::Path, files: &[(&[u8], &[u8])]) {
+        use std::os::unix::ffi::OsStrExt;
+        for (path, bytes) in files {
+            let path = dir.join(std::ffi::OsStr::from_bytes(path));
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, bytes).unwrap();
+        }
+    }
+
+    /// Every file under `dir` (its path relative to `dir`, as bytes) and its content.
+    fn read_tree(dir: &std::path::Path) -> std::collections::BTreeMap<Vec<u8>, Vec<u8>> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut files = std::collections::BTreeMap::new();
+        let mut dirs = vec![dir.to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else {
+                    let rel = path
+                        .strip_prefix(dir)
+                        .unwrap()
+                        .as_os_str()
+                        .as_bytes()
+                        .to_vec();
+                    files.insert(rel, std::fs::read(&path).unwrap());
+                }
+            }
+        }
+        files
+    }
+
+    /// The workspace at the start: text, text that is not UTF-8, a file to move.
+    fn start(dir: &std::path::Path) {
+        let moving = b"l\xe4nger line of latin-1, to be moved\n".repeat(8);
+        write_tree(
+            dir,
+            &[
+                (b"keep.txt", b"original\n"),
+                (b"becomes-latin.txt", b"plain text\n"),
+                (b"was-latin.txt", b"caf\xe9 before\n"),
+                (b"move-latin.txt", &moving),
+                (b"utf8.txt", "na\u{ef}ve\n".as_bytes()),
+                (b"untouched-latin.txt", b"\xff untouched\n"),
+            ],
+        );
+    }
+
+    /// The path of a file three directories of 100 `é` deep: its pattern, octal-quoted,
+    /// would pass git's line limit.
+    fn deep_path() -> String {
+        format!("{0}/{0}/{0}/x.txt", "\u{e9}".repeat(100))
+    }
+
+    /// What the agent does: changes text to text that is not UTF-8 and back, moves a file that
+    /// is not, adds such files under names of every shape, a binary and a UTF-8 file.
+    fn agent_changes(w: &std::path::Path) {
+        let moved = [
+            b"l\xe4nger line of latin-1, to be moved\n".repeat(8),
+            b"and one more\n".to_vec(),
+        ]
+        .concat();
+        std::fs::remove_file(w.join("move-latin.txt")).unwrap();
+        write_tree(
+            w,
+            &[
+                (b"keep.txt", b"changed\n"),
+                (b"becomes-latin.txt", b"caf\xe9 now\n"),
+                (b"was-latin.txt", "caf\u{e9} now\n".as_bytes()),
+                (b"moved latin.txt", &moved),
+                (
+                    b"utf8.txt",
+                    "na\u{ef}ve caf\u{e9} \u{65e5}\u{672c}\n".as_bytes(),
+                ),
+                (b"latin1.txt", b"\xff\xfe latin-1 caf\xe9\n"),
+                ("\u{e9} b/x.txt".as_bytes(), b"x\n"),
+                (b"a[1]*?.txt", b"glob \xe9\n"),
+                (b"a1xy.txt", b"a name its pattern would match unescaped\n"),
+                (b"back\\slash \"q\".txt", b"\xe9\n"),
+                (b"caf\xe9.txt", b"\xe9\n"),
+                (b"blob.bin", b"bin\x00\x01\x02"),
+                (deep_path().as_bytes(), b"deep \xe9\n"),
+            ],
+        );
+    }
+
+    /// [`PATCH_SCRIPT`] run here on `ws` against a tar of `base`, read as the helper's is.
+    async fn patch_here(base: &std::path::Path, ws: &std::path::Path) -> Patch {
+        let scratch = tempfile::tempdir().unwrap();
+        let tar = scratch.path().join("base.tar");
+        let tarred = std::process::Command::new("tar")
+            .arg("-cf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(base)
+            .arg(".")
+            .status()
+            .unwrap();
+        assert!(tarred.success());
+        let vars = [
+            ("CAW_WS", ws.to_str().unwrap()),
+            ("CAW_BASE_TAR", tar.to_str().unwrap()),
+            ("CAW_BINARY_MARKS", BINARY_MARKS),
+        ];
+        let ran = safe_git::run_on_host_output(PATCH_SCRIPT, &vars, None)
+            .await
+            .unwrap();
+        assert!(ran.status.success(), "{ran:?}");
+        read_patch(&String::from_utf8(ran.stdout).unwrap(), &[], false).unwrap()
+    }
+
+    /// The script a helper runs, run here by this machine's git and perl on a copied
+    /// workspace: the patch is UTF-8 (files that are not get binary hunks, their names
+    /// quoted, escaped and marked whatever their shape), and `git apply --binary` of it on
+    /// the start gives the agent's tree byte for byte.
+    #[tokio::test]
+    async fn the_patch_is_utf8_and_applies_byte_for_byte() {
+        let (base, now) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        start(base.path());
+        start(now.path());
+        agent_changes(now.path());
+        let made = patch_here(base.path(), now.path()).await;
+        let text = made.text().expect("a UTF-8 patch");
+        assert!(text.contains("GIT binary patch"), "{text}");
+
+        let fresh = tempfile::tempdir().unwrap();
+        start(fresh.path());
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        let applied = std::process::Command::new("git")
+            .args(["apply", "--binary"])
+            .arg(file.path())
+            .current_dir(fresh.path())
+            .output()
+            .unwrap();
+        assert!(applied.status.success(), "{applied:?}\n{text}");
+        assert_eq!(read_tree(fresh.path()), read_tree(now.path()));
+        assert_files(&made.files);
+    }
+
+    /// The files of that patch, as git counts them: every path as it is, those that are not
+    /// UTF-8 binary, the rest with counts, the move under its new name.
+    fn assert_files(files: &[FileChange]) {
+        let deep = deep_path();
+        let binary = |path: &str| {
+            files
+                .iter()
+                .find(|f| f.path == path)
+                .unwrap_or_else(|| panic!("{path} not in {files:#?}"))
+                .binary
+        };
+        let mut paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+        paths.sort_unstable();
+        let mut expected = vec![
+            "a1xy.txt",
+            "a[1]*?.txt",
+            "back\\slash \"q\".txt",
+            "becomes-latin.txt",
+            "blob.bin",
+            "caf\u{fffd}.txt",
+            "keep.txt",
+            "latin1.txt",
+            "moved latin.txt",
+            "utf8.txt",
+            "was-latin.txt",
+            "\u{e9} b/x.txt",
+            &deep,
+        ];
+        expected.sort_unstable();
+        assert_eq!(paths, expected);
+        for not_utf8 in [
+            "latin1.txt",
+            "becomes-latin.txt",
+            "was-latin.txt",
+            "moved latin.txt",
+            "a[1]*?.txt",
+            "back\\slash \"q\".txt",
+            "caf\u{fffd}.txt",
+            &deep,
+            "blob.bin",
+        ] {
+            assert!(binary(not_utf8), "{not_utf8} is not binary");
+        }
+        for text_file in ["keep.txt", "utf8.txt", "\u{e9} b/x.txt", "a1xy.txt"] {
+            assert!(!binary(text_file), "{text_file} is binary");
+        }
+        let moved = files.iter().find(|f| f.path == "moved latin.txt");
+        assert_eq!(
+            moved.and_then(|f| f.renamed_from.as_deref()),
+            Some("move-latin.txt")
+        );
+        let keep = files.iter().find(|f| f.path == "keep.txt").unwrap();
+        assert_eq!((keep.added, keep.removed), (Some(1), Some(1)));
+    }
+
+    /// The script's `check` calls UTF-8 what Rust does, where glibc's `iconv` would not.
+    #[test]
+    fn the_perl_check_is_rusts_utf8() {
+        let inputs: [&[u8]; 11] = [
+            b"",
+            b"plain",
+            "caf\u{e9} \u{65e5}\u{672c} \u{1f600} \u{ffff}".as_bytes(),
+            b"a\0b",
+            b"caf\xe9",
+            b"\xc0\x80",
+            b"\xed\xa0\x80",
+            b"\xf4\x90\x80\x80",
+            b"\xf8\x88\x80\x80\x80",
+            b"\xe6\x97",
+            b"\x80",
+        ];
+        for input in inputs {
+            let mut perl = std::process::Command::new("perl")
+                .args(["-e", BINARY_MARKS, "check"])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::Write;
+            perl.stdin.take().unwrap().write_all(input).unwrap();
+            let utf8 = perl.wait().unwrap().success();
+            assert_eq!(utf8, std::str::from_utf8(input).is_ok(), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn a_patch_that_is_not_utf8_is_no_text() {
+        let patch = |bytes: &[u8]| Patch {
+            bytes: bytes.to_vec(),
+            files: Vec::new(),
+            protected: Vec::new(),
+        };
+        assert_eq!(patch(b"+caf\xc3\xa9\n").text().unwrap(), "+caf\u{e9}\n");
+        let e = patch(b"+caf\xe9\n").text().unwrap_err();
+        assert!(e.message.contains("at byte 4"), "{e:?}");
     }
 
     #[test]
