@@ -108,6 +108,12 @@ def test_codex_across_processes_stream_on_event_gil_and_timeout(rig):
         session.send("HOLD:never-released", timeout=2, check=True)
     assert (e.value.exit_code, e.value.kind, e.value.turn.status) == (124, "timeout", "timeout")
     assert isinstance(e.value, TimeoutError)
+    # A prompt over the 1 MiB cap, in this process or detached: UsageError before its turn
+    # makes anything (no turn is recorded below).
+    for detach in (False, True):
+        with pytest.raises(caw_box.UsageError) as e:
+            session.send("x" * (1024 * 1024 + 1), detach=detach)
+        assert e.value.exit_code == 2 and "1048577 bytes" in e.value.message, e.value
     trajectory = session.end()
     # The session's five turns: kiwi, its recall in another process, the GIL turn, the
     # streamed recall, the timeout.

@@ -31,6 +31,7 @@ mod oauth;
 mod orphans;
 mod patch;
 mod portable;
+mod prompts;
 mod protect;
 mod release;
 mod restart;
