@@ -27,7 +27,8 @@ with agent.start_session() as session:
         early = [e.kind, e.exit_code]
     turn = session.send("REMEMBER:kiwi")
     print(json.dumps(dict(early=early, handle=session.resume_handle, status=turn.status, result=turn.result,
-                          cost=turn.usage.cost_usd, tokens=turn.usage.input_tokens, types=[e["type"] for e in turn.events])))
+                          cost=turn.usage.cost_usd, priced=turn.priced, tokens=turn.usage.input_tokens,
+                          types=[e["type"] for e in turn.events])))
 """
 
 PROCESS_2 = """
@@ -46,6 +47,7 @@ def cross_process_resume(rig, provider: str) -> str:
     assert first["early"] == ["usage", 2], first
     assert first["status"] == "success", first
     assert "kiwi" in first["result"] and first["tokens"] > 0, first
+    assert first["priced"] is True, first
     assert first["types"][-1] == "result", first
     # The host knows nothing of the session any more: the handle alone resumes it.
     shutil.rmtree(rig.data_dir)
@@ -139,6 +141,16 @@ def kind(name, f):
 {body}
 print(json.dumps(out))
 """
+
+
+def test_a_turn_on_a_model_nothing_prices_says_so(rig):
+    kwargs = dict(rig.agent_kwargs("codex"), model="stub-model-unpriced")
+    out = rig.python("""
+import json, caw_box
+turn = caw_box.Agent("codex", **{kw!r}).start_session().send("hi")
+print(json.dumps(dict(status=turn.status, priced=turn.priced, cost=turn.usage.cost_usd)))
+""".format(kw=kwargs))
+    assert out == {"status": "success", "priced": False, "cost": None}, out
 
 
 def test_each_error_kind_raises_its_exception_with_its_exit_code(rig):

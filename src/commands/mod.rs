@@ -8,6 +8,7 @@ pub mod image;
 pub mod login;
 pub mod manage;
 pub mod portable;
+pub mod show;
 pub mod turn;
 pub mod workspace;
 
@@ -42,7 +43,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Resume(args) => turn::resume(args, cli.quiet, verbose).await,
         Command::Handle { target } => turn::handle(&target).await,
         Command::Ls { json, all, group } => manage::ls(json, all, group).await,
-        Command::Show { target, json } => manage::show(&target, json).await,
+        Command::Show { target, json } => show::show(&target, json).await,
         Command::Logs {
             target,
             turn,
