@@ -5,6 +5,7 @@
 //! reports its own, which must agree); `show --json` sums a session's turns and `ls --json`
 //! sums per session and per group.
 
+use caw_box::ProviderKind;
 use serde_json::Value;
 
 use crate::common::*;
@@ -282,11 +283,23 @@ fn cost_gemini_from_the_table() {
     );
 }
 
-/// codex without `--model`: the model its pinned version sends (seen by the stub) is the one
-/// caw-box prices, so `cost_usd` is the table's, not null.
+/// codex without `--model`: the model its version (the image's) sends, seen by the stub, is the
+/// one caw-box knows as that version's default, so its turn is priced as that model, from the
+/// table; a default no price list has yet is `priced: false` with a null cost, never a guess,
+/// and a `drift warning` (`make drift` lists those under its table without failing).
 #[test]
 fn cost_codex_default_model_from_the_table() {
     let rig = Rig::new("cost-codex-default");
+    let image = std::env::var("CAW_BOX_E2E_IMAGE_REPO").unwrap_or_else(|_| "caw-box".into())
+        + "/codex:latest";
+    let version = rig
+        .rt
+        .block_on(rig.docker.inspect_image(&image))
+        .ok()
+        .and_then(|i| i.config?.labels?.get("io.caw-box.cli-version").cloned())
+        .unwrap_or_else(|| panic!("{image} has no io.caw-box.cli-version label"));
+    let default = caw_box::provider::pricing::default_model(ProviderKind::Codex, Some(&version))
+        .expect("caw-box knows codex's default model");
     let mut seen = rig.stub_requests().len();
     let (code, out, stderr) = rig.json_turn(rig.run_cmd(
         P {
@@ -305,10 +318,19 @@ fn cost_codex_default_model_from_the_table() {
         .collect();
     assert!(!models.is_empty(), "no request carried the prompt");
     assert!(
-        models.iter().all(|m| m == "gpt-6.1-sol"),
-        "codex's default model changed: {models:?}"
+        models.iter().all(|m| m == default),
+        "codex {version}'s default model is not {default} (caw-box's pricing::default_model): {models:?}"
     );
-    checked_cost(CODEX, &out, &sent, "openai", "gpt-6.1-sol");
+    if caw_box::provider::pricing::price(ProviderKind::Codex, default).is_some() {
+        checked_cost(CODEX, &out, &sent, "openai", default);
+        assert_eq!(out["priced"], true, "{out}");
+    } else {
+        assert!(out["usage"]["cost_usd"].is_null(), "{out}");
+        assert_eq!(out["priced"], false, "{out}");
+        check(&format!(
+            "drift warning: codex {version}'s default model {default} has no price: its turns are unpriced until the price table (or a [prices] entry) has it"
+        ));
+    }
 }
 
 /// A model the table does not know: `cost_usd` is null, not a guess (codex reports none), and
