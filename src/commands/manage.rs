@@ -336,7 +336,11 @@ async fn follow_turn(
         }
         events.clear();
         parser.parse_line(line, &mut events);
-        crate::agent_config::tag_tool_groups(provider, &mcp_servers, &mut events);
+        crate::agent_config::tag_tool_groups(
+            provider.adapter().tool_names(),
+            &mcp_servers,
+            &mut events,
+        );
         for e in &events {
             if let Ok(json) = serde_json::to_string(e) {
                 output::println(&json);

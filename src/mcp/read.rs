@@ -105,7 +105,7 @@ async fn running_events(backend: &impl Backend, view: &SessionView) -> Vec<Event
         }
         batch.clear();
         parser.parse_line(line, &mut batch);
-        crate::agent_config::tag_tool_groups(provider, &mcp, &mut batch);
+        crate::agent_config::tag_tool_groups(provider.adapter().tool_names(), &mcp, &mut batch);
         events.append(&mut batch);
     };
     let until = tokio::time::Instant::now() + Duration::from_secs(5);

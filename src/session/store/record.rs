@@ -131,14 +131,18 @@ impl SessionSettings {
 
     /// Refuses (exit 2) an agent setting that `provider`'s CLI cannot take.
     pub fn check_agent_config(&self, provider: ProviderKind) -> crate::error::Result<()> {
+        let support = provider.adapter().support();
         crate::agent_config::check_support(
             provider,
-            self.system_prompt.is_some(),
-            self.append_system_prompt.is_some(),
-            self.effort.is_some(),
+            support,
+            [
+                self.system_prompt.is_some(),
+                self.append_system_prompt.is_some(),
+                self.effort.is_some(),
+            ],
         )?;
         match &self.tools {
-            Some(tools) => crate::agent_config::check_tools(provider, tools),
+            Some(tools) => crate::agent_config::check_tools(provider, support, tools),
             None => Ok(()),
         }
     }
