@@ -439,7 +439,10 @@ mod tests {
             }
         }
         for model in UNPRICED_DEFAULTS {
-            assert!(price(ProviderKind::Codex, model).is_none(), "{model} is priced now");
+            assert!(
+                price(ProviderKind::Codex, model).is_none(),
+                "{model} is priced now"
+            );
         }
         assert_eq!(
             default_model(ProviderKind::ClaudeCode, Some("2.1.267")),

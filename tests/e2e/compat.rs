@@ -58,9 +58,16 @@ fn previous_image(rig: &Rig, provider: &str, image: &str, version: &str) -> Stri
         return image;
     }
     let mut cmd = rig.caw();
-    cmd.args(["image", "build", "--provider", provider, "--base", LOCAL_BASE])
-        .args(["--cli-version", version, "-q"])
-        .env("CAW_BOX_IMAGE_REPO", PREVIOUS_REPO);
+    cmd.args([
+        "image",
+        "build",
+        "--provider",
+        provider,
+        "--base",
+        LOCAL_BASE,
+    ])
+    .args(["--cli-version", version, "-q"])
+    .env("CAW_BOX_IMAGE_REPO", PREVIOUS_REPO);
     if std::path::Path::new(CA_BUNDLE).exists() {
         cmd.args(["--ca-cert", CA_BUNDLE]);
     }
@@ -173,7 +180,10 @@ fn codex_session_on_the_previous_pin_resumes_after_the_pin_moved() {
     let pinned_version = rig
         .cli_version_label(&pinned)
         .expect("the pinned image's label");
-    assert_ne!(pinned_version, CODEX_PREVIOUS, "{pinned} is the previous pin");
+    assert_ne!(
+        pinned_version, CODEX_PREVIOUS,
+        "{pinned} is the previous pin"
+    );
     let session_image = SessionImage::on(&rig, "codex", &previous);
     let image = ["--image", session_image.tag.as_str()];
 
