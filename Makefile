@@ -20,7 +20,7 @@ help:
 	@echo "make drift   the newest vendor CLIs against the core e2e checks (table + target/drift.json)"
 	@echo "make soak    killed drivers and a daemon restart under N detached turns: none lost (restarts dockerd)"
 	@echo "make fuzz    property tests of every parser of untrusted input, 10^6 inputs each"
-	@echo "make lint    rustfmt --check, clippy -D warnings (no function over 100 lines), workflows, layers, seam words, no module cycle or file over 700 lines, cargo deny"
+	@echo "make lint    rustfmt --check, clippy -D warnings (no function over 100 lines), workflows, layers, seam words, no import cycle between files, no file over 700 lines, cargo deny"
 	@echo "make clean   remove build output and every caw-box test object"
 
 deps:

@@ -1,25 +1,28 @@
 #!/usr/bin/env python3
 """Source files too long to read as one piece: each .rs file under ROOT with more than LIMIT
-lines before its test module (a `#[cfg(test)]` line followed by a `mod` item: a
-`#[cfg(test)]` on anything else is code like any other; a file without one counts whole).
+lines that are not its tests. Its tests are its test modules (scripts/rust_source.py): a
+`#[cfg(test)]` `mod` item, inline from its attribute to its closing brace, or a file of its
+own, whose lines are all tests; every other line counts, wherever it stands (after a test
+module too), and a `#[cfg(test)]` on anything else is code like any other.
 Prints each, exit 1 if any. Usage: scripts/file-sizes.py [ROOT] [LIMIT]"""
-import os, re, sys
+import os
+import sys
 
-TEST_MODULE = re.compile(r"^#\[cfg\(test\)\]\s*\n(?:\s*#\[.*\]\s*\n)*\s*(?:pub(?:\([^)]*\))?\s+)?mod\s", re.M)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rust_source import Tree, test_modules  # noqa: E402
 
 root = sys.argv[1] if len(sys.argv) > 1 else "src"
 limit = int(sys.argv[2]) if len(sys.argv) > 2 else 700
+tree = Tree(root)
 over = []
-for dp, _, fs in os.walk(root):
-    for f in sorted(fs):
-        if not f.endswith(".rs"):
-            continue
-        path = os.path.join(dp, f)
-        text = open(path, encoding="utf-8").read()
-        m = TEST_MODULE.search(text)
-        n = (text[: m.start()] if m else text).count("\n")
-        if n > limit:
-            over.append((n, path))
+for _, path in tree.production():
+    text = tree.text(path)
+    n = text.count("\n")
+    for start, end, _, _, _ in test_modules(text):
+        # The lines from the attribute's to the closing brace's (or `;`'s), both whole.
+        n -= text.count("\n", start, end) + 1
+    if n > limit:
+        over.append((n, path))
 for n, path in sorted(over, reverse=True):
-    print(f"{path}: {n} lines before its tests (at most {limit}): split it along a seam")
+    print(f"{path}: {n} lines but its tests (at most {limit}): split it along a seam")
 sys.exit(1 if over else 0)

@@ -136,12 +136,20 @@ pub struct TurnResult {
     pub result: String,
     pub resume_handle: String,
     pub usage: Usage,
+    /// Whether `usage.cost_usd` is known: `false` for tokens of a model neither the CLI, the
+    /// price table nor the person's config prices (`[prices."MODEL"]`).
+    #[serde(default = "priced_by_default")]
+    pub priced: bool,
     pub duration_ms: u64,
     pub exit_code: i32,
     /// Protected paths the agent created (or replaced) in a bind-mode workspace, moved aside
     /// after the turn; absent when there were none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quarantined: Option<Quarantined>,
+}
+
+fn priced_by_default() -> bool {
+    true
 }
 
 /// Where a turn's quarantined protected paths went (see `session::quarantine`).

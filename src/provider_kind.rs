@@ -147,7 +147,7 @@ impl ProviderKind {
     pub fn default_cli_version(self) -> &'static str {
         match self {
             ProviderKind::ClaudeCode => "2.1.332",
-            ProviderKind::Codex => "0.169.0",
+            ProviderKind::Codex => "0.171.0",
             ProviderKind::Opencode => "1.18.33",
             ProviderKind::Gemini => "0.61.0",
         }
@@ -160,7 +160,7 @@ impl ProviderKind {
     pub fn tested_cli_range(self) -> (&'static str, &'static str) {
         match self {
             ProviderKind::ClaudeCode => ("2.1.267", "2.1.332"),
-            ProviderKind::Codex => ("0.169.0", "0.169.0"),
+            ProviderKind::Codex => ("0.169.0", "0.171.0"),
             ProviderKind::Opencode => ("1.18.33", "1.18.33"),
             ProviderKind::Gemini => ("0.61.0", "0.61.0"),
         }

@@ -11,25 +11,31 @@ use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
 pub use crate::session::expand_allow_hosts;
 use crate::session::record::{SessionSettings, WorkspaceMode};
+use crate::session::runner::{check_prompt_size, MAX_TURN_PROMPT_BYTES};
 
-/// The prompt of a turn: given, or absent (an interactive session).
+/// The prompt of a turn: given, or absent (an interactive session). One over
+/// [`MAX_TURN_PROMPT_BYTES`] is refused here, before anything is created (a file or stdin is read
+/// no further than the cap, and only measured beyond it).
 pub fn resolve_prompt(args: &TurnArgs) -> Result<Option<String>> {
     let prompt = if let Some(file) = &args.prompt_file {
-        Some(std::fs::read_to_string(file).map_err(|e| {
+        let cannot = |e: std::io::Error| {
             Error::usage(format!(
                 "cannot read the prompt file '{}': {e}",
                 file.display()
             ))
-        })?)
+        };
+        Some(read_prompt(std::fs::File::open(file).map_err(cannot)?).map_err(cannot)??)
     } else if args.prompt.as_deref() == Some("-") {
-        let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .map_err(|e| Error::usage(format!("cannot read the prompt from stdin: {e}")))?;
-        Some(s)
+        Some(
+            read_prompt(std::io::stdin().lock())
+                .map_err(|e| Error::usage(format!("cannot read the prompt from stdin: {e}")))??,
+        )
     } else {
         args.prompt.clone()
     };
+    if let Some(p) = &prompt {
+        check_prompt_size(p.len())?;
+    }
     match prompt {
         Some(p) if p.trim().is_empty() => Err(Error::usage("the prompt is empty")
             .with_hint("pass the prompt as an argument, `-` for stdin, or --prompt-file FILE")),
@@ -41,6 +47,23 @@ pub fn resolve_prompt(args: &TurnArgs) -> Result<Option<String>> {
                 .with_hint("pass the prompt as an argument, `-` for stdin, or --prompt-file FILE"),
         ),
     }
+}
+
+/// A prompt from `input`, at most [`MAX_TURN_PROMPT_BYTES`] of it kept: a longer one is the cap's
+/// refusal, with its whole size (the rest is read and counted, not kept). The outer error is
+/// reading's, the inner the prompt's (over the cap, not UTF-8).
+fn read_prompt(mut input: impl Read) -> std::io::Result<Result<String>> {
+    let mut bytes = Vec::new();
+    let cap = MAX_TURN_PROMPT_BYTES as u64;
+    (&mut input).take(cap + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > cap {
+        let rest = std::io::copy(&mut input, &mut std::io::sink())?;
+        let len = usize::try_from(bytes.len() as u64 + rest).unwrap_or(usize::MAX);
+        return Ok(check_prompt_size(len).map(|()| String::new()));
+    }
+    Ok(String::from_utf8(bytes).map_err(|_| {
+        Error::usage("the prompt is not UTF-8 text").with_hint("give the prompt as UTF-8 text")
+    }))
 }
 
 /// `--env K=V` / `--env K` (the host's value) into pairs.
@@ -622,6 +645,38 @@ pub fn check_pids_limit(p: i64, what: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A prompt read from a file or stdin: whole up to the cap; over it, refused with its
+    /// whole size (kept no further than the cap).
+    #[test]
+    fn prompts_are_read_up_to_the_cap() {
+        let at_cap = "p".repeat(MAX_TURN_PROMPT_BYTES);
+        let read = read_prompt(at_cap.as_bytes()).unwrap().unwrap();
+        assert_eq!(read.len(), MAX_TURN_PROMPT_BYTES);
+        let over = "p".repeat(MAX_TURN_PROMPT_BYTES + 1000);
+        let e = read_prompt(over.as_bytes()).unwrap().unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.message.contains("1049576 bytes"), "{}", e.message);
+        let e = read_prompt(&b"caf\xe9"[..]).unwrap().unwrap_err();
+        assert_eq!(
+            (e.exit_code(), e.message.as_str()),
+            (2, "the prompt is not UTF-8 text")
+        );
+        // An argument (the MCP server's, a library caller's flags) is held to the cap too.
+        let args = TurnArgs {
+            prompt: Some("p".repeat(MAX_TURN_PROMPT_BYTES + 1)),
+            ..Default::default()
+        };
+        assert_eq!(resolve_prompt(&args).unwrap_err().exit_code(), 2);
+        let args = TurnArgs {
+            prompt: Some(at_cap),
+            ..Default::default()
+        };
+        assert_eq!(
+            resolve_prompt(&args).unwrap().unwrap().len(),
+            MAX_TURN_PROMPT_BYTES
+        );
+    }
 
     #[test]
     fn memory_sizes() {

@@ -41,6 +41,7 @@ class Turn:
     events: List[Event]
     name: Optional[str]
     provider: str
+    priced: bool
     @property
     def ok(self) -> bool: ...
 

@@ -44,6 +44,8 @@ class Turn:
     events: List[dict] = field(default_factory=list)
     name: Optional[str] = None
     provider: str = ""
+    #: Whether `usage.cost_usd` is known (False: a model no price table or config prices).
+    priced: bool = True
 
     @property
     def ok(self) -> bool:
@@ -55,7 +57,8 @@ class Turn:
         r = json.loads(result_json)
         return cls(result=r["result"], status=r["status"], turn=r["turn"], usage=Usage._of(r.get("usage") or {}),
                    duration_ms=r["duration_ms"], exit_code=r["exit_code"], session_id=r["session_id"],
-                   resume_handle=r["resume_handle"], events=events, name=r.get("name"), provider=r["provider"])
+                   resume_handle=r["resume_handle"], events=events, name=r.get("name"), provider=r["provider"],
+                   priced=r.get("priced", True))
 
 
 @dataclass

@@ -27,7 +27,8 @@ with agent.start_session() as session:
         early = [e.kind, e.exit_code]
     turn = session.send("REMEMBER:kiwi")
     print(json.dumps(dict(early=early, handle=session.resume_handle, status=turn.status, result=turn.result,
-                          cost=turn.usage.cost_usd, tokens=turn.usage.input_tokens, types=[e["type"] for e in turn.events])))
+                          cost=turn.usage.cost_usd, priced=turn.priced, tokens=turn.usage.input_tokens,
+                          types=[e["type"] for e in turn.events])))
 """
 
 PROCESS_2 = """
@@ -46,6 +47,7 @@ def cross_process_resume(rig, provider: str) -> str:
     assert first["early"] == ["usage", 2], first
     assert first["status"] == "success", first
     assert "kiwi" in first["result"] and first["tokens"] > 0, first
+    assert first["priced"] is True, first
     assert first["types"][-1] == "result", first
     # The host knows nothing of the session any more: the handle alone resumes it.
     shutil.rmtree(rig.data_dir)
@@ -108,6 +110,12 @@ def test_codex_across_processes_stream_on_event_gil_and_timeout(rig):
         session.send("HOLD:never-released", timeout=2, check=True)
     assert (e.value.exit_code, e.value.kind, e.value.turn.status) == (124, "timeout", "timeout")
     assert isinstance(e.value, TimeoutError)
+    # A prompt over the 1 MiB cap, in this process or detached: UsageError before its turn
+    # makes anything (no turn is recorded below).
+    for detach in (False, True):
+        with pytest.raises(caw_box.UsageError) as e:
+            session.send("x" * (1024 * 1024 + 1), detach=detach)
+        assert e.value.exit_code == 2 and "1048577 bytes" in e.value.message, e.value
     trajectory = session.end()
     # The session's five turns: kiwi, its recall in another process, the GIL turn, the
     # streamed recall, the timeout.
@@ -133,6 +141,16 @@ def kind(name, f):
 {body}
 print(json.dumps(out))
 """
+
+
+def test_a_turn_on_a_model_nothing_prices_says_so(rig):
+    kwargs = dict(rig.agent_kwargs("codex"), model="stub-model-unpriced")
+    out = rig.python("""
+import json, caw_box
+turn = caw_box.Agent("codex", **{kw!r}).start_session().send("hi")
+print(json.dumps(dict(status=turn.status, priced=turn.priced, cost=turn.usage.cost_usd)))
+""".format(kw=kwargs))
+    assert out == {"status": "success", "priced": False, "cost": None}, out
 
 
 def test_each_error_kind_raises_its_exception_with_its_exit_code(rig):

@@ -26,6 +26,7 @@ Examples:
   caw-box run --provider claude \"fix the failing test\"
   caw-box run --provider codex --name fixer -o json \"explain src/main.rs\"
   echo \"summarise the README\" | caw-box run --provider gemini -
+  caw-box run --provider codex --prompt-file task.md   # a long prompt (up to 1 MiB)
   caw-box run --provider opencode --endpoint http://gateway:8080 --env OPENAI_API_KEY \"hi\"
   caw-box run --provider codex --name live      # no prompt: codex's own TUI, in this terminal
   caw-box run --provider claude --allow-host @provider \"fix it\"   # recommended locked-down setup
@@ -50,6 +51,7 @@ const RESUME_EXAMPLES: &str = "\
 Examples:
   caw-box resume fixer \"now add a test\"
   caw-box resume 5b0c \"and the docs\"            # a unique id prefix
+  git diff main | caw-box resume fixer -         # the prompt on stdin (up to 1 MiB)
   caw-box resume \"$(caw-box handle fixer)\" \"go on\"  # the handle alone
   caw-box resume --group team \"rebase on main\"      # every session of a group
   caw-box resume fixer                          # no prompt: the same conversation in the TUI

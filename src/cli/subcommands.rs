@@ -291,7 +291,8 @@ pub struct McpArgs {
     /// --token-file.
     #[arg(long, value_name = "ADDR")]
     pub http: Option<String>,
-    /// With --http: a file holding a bearer token (16+ characters); every request must carry
+    /// With --http: a file holding a bearer token (16+ characters), its owner's alone
+    /// (`chmod 600`: one its group or others may read is refused); every request must carry
     /// `Authorization: Bearer <token>`, else 401.
     #[arg(long, value_name = "FILE", requires = "http")]
     pub token_file: Option<PathBuf>,

@@ -25,7 +25,8 @@ pub struct TurnArgs {
     /// The prompt; `-` reads it from stdin. Without one, on a terminal, the vendor's own
     /// interactive TUI opens in the container (quit it to end the turn).
     pub prompt: Option<String>,
-    /// Read the prompt from a file.
+    /// Read the prompt from a file: the way for a long one (a command-line argument holds at
+    /// most 128 KiB; `-` reads stdin). A prompt takes up to 1 MiB.
     #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
     pub prompt_file: Option<PathBuf>,
     #[command(flatten)]

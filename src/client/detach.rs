@@ -74,6 +74,8 @@ impl Session {
     /// its container runs (or with the error that kept it from starting: a busy session, no
     /// credentials, …). [`Client::wait`] and [`Client::stop`] reach it from any process.
     pub async fn start_detached(&self, options: &TurnOptions) -> Result<()> {
+        // Refused here, not by the driver: nothing is started for a turn that cannot run.
+        runner::check_prompt_size(options.prompt.len())?;
         let backend = &self.backend;
         let job = DriveJob::new(self.id().to_string(), self.record.settings.clone(), options);
         let exe = crate::connection::driver().map_err(|e| {

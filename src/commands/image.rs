@@ -617,7 +617,7 @@ mod tests {
         );
         assert!(untested_warning(claude, "2.1.100").is_some());
         assert!(untested_warning(claude, "latest").is_some());
-        assert!(untested_warning(ProviderKind::Codex, "0.171.0").is_some());
+        assert!(untested_warning(ProviderKind::Codex, "0.172.0").is_some());
         assert!(check_cli_version(Some("2.1.400"), &[claude]).is_ok());
         assert!(check_cli_version(Some("1.0"), &ProviderKind::ALL).is_err());
         assert!(check_cli_version(Some("1 0"), &[claude]).is_err());

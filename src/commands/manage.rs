@@ -1,5 +1,5 @@
-//! `ls`, `show`, `logs`, `rm` and `gc`: finding, inspecting and cleaning up sessions, all
-//! from Docker itself (labels, volumes, containers), so they work with the host's data
+//! `ls`, `logs`, `rm` and `gc`: finding, inspecting and cleaning up sessions (`show`: its own
+//! module), all from Docker itself (labels, volumes, containers), so they work with the host's data
 //! directory gone.
 
 use std::time::Duration;
@@ -53,7 +53,7 @@ struct Row {
 }
 
 /// The sessions that took over from `id` after a usage limit (`--on-limit fallback`).
-fn fallbacks_of(views: &[SessionView], id: uuid::Uuid) -> Vec<String> {
+pub(super) fn fallbacks_of(views: &[SessionView], id: uuid::Uuid) -> Vec<String> {
     views
         .iter()
         .filter(|v| v.facts.settings.fallback_of == Some(id))
@@ -109,7 +109,7 @@ fn row(view: &SessionView, running: Option<u32>, warm: Option<&WarmIdle>) -> Row
 }
 
 /// "warm 4m": how long an idle warm container has left, until `until`.
-fn warm_left(until: u64) -> String {
+pub(super) fn warm_left(until: u64) -> String {
     let d = until.saturating_sub(now_secs());
     match d {
         0..=59 => format!("warm {d}s"),
@@ -251,7 +251,7 @@ fn removed_but_cached(views: &[SessionView], group: Option<&str>) -> Vec<Row> {
 
 /// Records session `id`'s ended turn whose driver is gone, if there is one; whether one
 /// was recorded (what the session's view said is then out of date).
-async fn settled(backend: &Engine, id: Uuid) -> Result<bool> {
+pub(super) async fn settled(backend: &Engine, id: Uuid) -> Result<bool> {
     match orphans::settle(backend, id, false).await {
         Ok(o) => Ok(matches!(
             o,
@@ -263,218 +263,6 @@ async fn settled(backend: &Engine, id: Uuid) -> Result<bool> {
             tracing::warn!("could not record session {id}'s turn whose driver is gone: {e}");
             Ok(false)
         }
-    }
-}
-
-pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
-    let backend = crate::backend::connect().await?;
-    let mut view = target::resolve_view(&backend, target_arg).await?;
-    if settled(&backend, view.facts.session_id).await? {
-        view = target::resolve_view(&backend, &view.facts.session_id.to_string()).await?;
-    }
-    let containers = lifecycle::turn_containers(&backend).await?;
-    let running = containers.running.contains_key(&view.facts.session_id);
-    let warm_until = containers
-        .warm
-        .get(&view.facts.session_id)
-        .map(|w| w.until(view.last_activity()));
-    let record = target::read_record(&backend, &view.facts)
-        .await?
-        .unwrap_or_else(|| view.record());
-    let mut record = record;
-    // Labels are the truth for what they hold (the latest turn's own for what a resume
-    // changes: `--keep-warm`, `--max-cost`).
-    record.name = view.facts.name.clone();
-    record.group = view.facts.group.clone();
-    record.settings = view.record().settings;
-    let status = if running {
-        Status::Running.to_string()
-    } else {
-        record
-            .turns
-            .last()
-            .map_or("new".to_string(), |t| t.status.to_string())
-    };
-    let fallback_to = fallbacks_of(&target::list_sessions(&backend).await?, record.session_id);
-    if json {
-        print_shown_json(&record, &status, fallback_to, warm_until);
-    } else {
-        print_shown(&record, &status, &fallback_to, warm_until);
-    }
-    Ok(0)
-}
-
-fn print_shown_json(
-    record: &SessionRecord,
-    status: &str,
-    fallback_to: Vec<String>,
-    warm_until: Option<u64>,
-) {
-    #[derive(Serialize)]
-    struct Shown<'a> {
-        status: &'a str,
-        /// The sum of the turns' known costs.
-        total_cost_usd: Option<f64>,
-        /// `--on-limit fallback`: the session this one took over from, and those that
-        /// took over from it.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        fallback_of: Option<String>,
-        #[serde(skip_serializing_if = "Vec::is_empty")]
-        fallback_to: Vec<String>,
-        /// The workspace paths the agent cannot write (bind mode) and that `export` and
-        /// `diff --patch` leave out (copy mode): the defaults with `protect` and
-        /// without `unprotect`.
-        #[serde(skip_serializing_if = "Vec::is_empty")]
-        protected_paths: Vec<String>,
-        /// `--keep-warm`: until when (unix seconds) its idle container stays.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        warm_until: Option<u64>,
-        /// `--max-cost`: the limit, what is spent and left, and whether a next turn is
-        /// refused.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        budget: Option<crate::session::budget::Spend>,
-        #[serde(flatten)]
-        record: &'a SessionRecord,
-    }
-    output::print_json(&Shown {
-        protected_paths: protected_of(&record.settings),
-        status,
-        total_cost_usd: record.total_cost_usd(),
-        fallback_of: record.settings.fallback_of.map(|id| id.to_string()),
-        fallback_to,
-        warm_until,
-        budget: crate::session::budget::Spend::of(record),
-        record,
-    });
-}
-
-fn print_shown(
-    record: &SessionRecord,
-    status: &str,
-    fallback_to: &[String],
-    warm_until: Option<u64>,
-) {
-    let s = &record.settings;
-    output::println(&format!(
-        "session {}  {}  {}",
-        record.session_id, record.provider, status
-    ));
-    if let Some(name) = &record.name {
-        output::println(&format!("name       {name}"));
-    }
-    if let Some(group) = &record.group {
-        output::println(&format!("group      {group}"));
-    }
-    output::println(&format!("created    {}", ago(record.created_at)));
-    if let Some(until) = warm_until {
-        let at = std::time::UNIX_EPOCH + Duration::from_secs(until);
-        output::println(&format!(
-            "warm       its container waits for the next turn until {} ({} left)",
-            humantime::format_rfc3339_seconds(at),
-            &warm_left(until)["warm ".len()..]
-        ));
-    }
-    print_settings(s);
-    if let Some(b) = crate::session::budget::Spend::of(record) {
-        use crate::session::budget::usd;
-        let then = if b.spent {
-            format!(
-                "spent: the next turn is refused (`caw-box resume {} --max-cost USD` raises it)",
-                record.session_id
-            )
-        } else {
-            format!("{} left", usd(b.left_usd))
-        };
-        output::println(&format!(
-            "budget     {} of {} --max-cost; {then}",
-            usd(b.spent_usd),
-            usd(b.max_cost_usd)
-        ));
-    }
-    if let Some(id) = s.fallback_of {
-        output::println(&format!("fallback of {id} (its usage limit)"));
-    }
-    for id in fallback_to {
-        output::println(&format!("fell back to {id} (a usage limit)"));
-    }
-    for t in &record.turns {
-        output::println("");
-        let cost = t.usage.cost_usd.map(|c| format!("  ${c:.4}"));
-        output::println(&format!(
-            "turn {}  {}  {:.1}s  {} in / {} out tokens{}",
-            t.turn,
-            t.status,
-            t.duration_ms as f64 / 1000.0,
-            t.usage.input_tokens + t.usage.cache_read_tokens,
-            t.usage.output_tokens,
-            cost.unwrap_or_default()
-        ));
-        if t.interactive {
-            output::println("  > (interactive, in the vendor's TUI)");
-        } else {
-            output::println(&format!("  > {}", one_line(&t.prompt, 200)));
-        }
-        output::println(&format!("  < {}", one_line(&t.result, 400)));
-    }
-    if let Some(total) = record.total_cost_usd() {
-        output::println(&format!("\ntotal cost ${total:.4}"));
-    }
-}
-
-/// The settings lines of `show`, from the image to the MCP servers.
-fn print_settings(s: &crate::session::SessionSettings) {
-    output::println(&format!("image      {}", s.image));
-    if let Some(ws) = &s.workspace {
-        output::println(&format!("workspace  {ws}"));
-    }
-    let protected = protected_of(s);
-    if !protected.is_empty() {
-        output::println(&format!("protected  {}", protected.join(" ")));
-    }
-    if let Some(m) = &s.model {
-        output::println(&format!("model      {m}"));
-    }
-    if let Some(e) = &s.endpoint {
-        output::println(&format!("endpoint   {e}"));
-    }
-    if let Some(r) = &s.runtime {
-        output::println(&format!("runtime    {r}"));
-    }
-    if let Some(p) = &s.system_prompt {
-        output::println(&format!("system     {}", one_line(p, 80)));
-    }
-    if let Some(p) = &s.append_system_prompt {
-        output::println(&format!("append     {}", one_line(p, 80)));
-    }
-    if let Some(e) = s.effort {
-        output::println(&format!("effort     {}", e.as_str()));
-    }
-    if let Some(t) = &s.tools {
-        output::println(&format!("tools      {}", t.describe()));
-    }
-    for m in &s.mcp {
-        let what = match &m.transport {
-            crate::agent_config::McpTransport::Stdio { command } => command.join(" "),
-            crate::agent_config::McpTransport::Http { url } => url.clone(),
-        };
-        output::println(&format!("mcp        {}={}", m.name, one_line(&what, 80)));
-    }
-}
-
-/// A session's protected paths, where its workspace has any (not `--workspace-mode none`).
-fn protected_of(s: &crate::session::SessionSettings) -> Vec<String> {
-    match s.workspace_mode {
-        crate::session::WorkspaceMode::None => Vec::new(),
-        _ => s.protected_paths(),
-    }
-}
-
-fn one_line(s: &str, max: usize) -> String {
-    let joined = s.split_whitespace().collect::<Vec<_>>().join(" ");
-    if joined.chars().count() > max {
-        format!("{}…", joined.chars().take(max).collect::<String>())
-    } else {
-        joined
     }
 }
 
@@ -548,7 +336,11 @@ async fn follow_turn(
         }
         events.clear();
         parser.parse_line(line, &mut events);
-        crate::agent_config::tag_tool_groups(provider, &mcp_servers, &mut events);
+        crate::agent_config::tag_tool_groups(
+            provider.adapter().tool_names(),
+            &mcp_servers,
+            &mut events,
+        );
         for e in &events {
             if let Ok(json) = serde_json::to_string(e) {
                 output::println(&json);

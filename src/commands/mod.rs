@@ -8,6 +8,7 @@ pub mod image;
 pub mod login;
 pub mod manage;
 pub mod portable;
+pub mod show;
 pub mod turn;
 pub mod workspace;
 
@@ -42,7 +43,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Resume(args) => turn::resume(args, cli.quiet, verbose).await,
         Command::Handle { target } => turn::handle(&target).await,
         Command::Ls { json, all, group } => manage::ls(json, all, group).await,
-        Command::Show { target, json } => manage::show(&target, json).await,
+        Command::Show { target, json } => show::show(&target, json).await,
         Command::Logs {
             target,
             turn,
@@ -155,7 +156,11 @@ async fn mcp(args: crate::cli::McpArgs) -> Result<i32> {
             .map(crate::mcp::ServerBudget::new)
             .transpose()?
             .map(std::sync::Arc::new),
+        shutdown: Default::default(),
     };
+    // The server stops itself on SIGTERM and SIGINT; a turn it follows (an orphan `wait`
+    // adopts) must not take them as its own stop: the turns go on without the server.
+    crate::session::runner::leave_signals_to_the_caller();
     match http {
         Some((addr, token)) => crate::mcp::http::serve(defaults, addr, token).await,
         None => crate::mcp::serve_stdio(defaults).await,

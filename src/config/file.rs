@@ -48,6 +48,17 @@ struct ConfigFile {
     unprotect: Option<Spanned<Vec<String>>>,
     mcp: Option<Spanned<BTreeMap<String, McpFileEntry>>>,
     runtime: Option<Spanned<String>>,
+    prices: Option<Spanned<BTreeMap<String, PriceEntry>>>,
+}
+
+/// One model of the `prices` table: USD per million tokens.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PriceEntry {
+    input: f64,
+    output: f64,
+    cache_read: Option<f64>,
+    cache_write: Option<f64>,
 }
 
 /// One server of the `mcp` table.
@@ -83,15 +94,8 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
     let at = |span: std::ops::Range<usize>| format!("{}:{}", path.display(), line_of(text, span));
     let file = read(path, text)?;
 
-    if let (Some(v), Origin::Project(_)) = (&file.unprotect, origin(String::new())) {
-        // A repository (or an agent that wrote the file) must not lift its own walls.
-        return Err(refusal(
-            path,
-            line_of(text, v.span()),
-            Some("unprotect"),
-            "a project file cannot unprotect paths: the repository would lift its own protection",
-        )
-        .with_hint("put `unprotect` in your user config file, or pass --unprotect PATH"));
+    if matches!(origin(String::new()), Origin::Project(_)) {
+        refuse_in_a_project(path, text, &file)?;
     }
     let mut layer = Layer::default();
     let mut put = |key: Key, value: Value, span: std::ops::Range<usize>| -> Result<()> {
@@ -176,7 +180,51 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
         let span = v.span();
         put(Key::UserConfig, Value::Bool(v.into_inner()), span)?;
     }
+    if let Some(v) = file.prices {
+        let span = v.span();
+        put(Key::Prices, Value::Prices(price_book(v.into_inner())), span)?;
+    }
     Ok(layer)
+}
+
+/// What a project file (a repository's, or one an agent wrote) must not say: what would lift
+/// its own walls.
+fn refuse_in_a_project(path: &Path, text: &str, file: &ConfigFile) -> Result<()> {
+    if let Some(v) = &file.unprotect {
+        return Err(refusal(
+            path,
+            line_of(text, v.span()),
+            Some("unprotect"),
+            "a project file cannot unprotect paths: the repository would lift its own protection",
+        )
+        .with_hint("put `unprotect` in your user config file, or pass --unprotect PATH"));
+    }
+    if let Some(v) = &file.prices {
+        // Prices decide what a turn counts against --max-cost: a repository would lower them.
+        return Err(refusal(
+            path,
+            line_of(text, v.span()),
+            Some("prices"),
+            "a project file cannot set prices: the repository would decide what its turns count against --max-cost",
+        )
+        .with_hint("put `prices` in your user config file"));
+    }
+    Ok(())
+}
+
+fn price_book(table: BTreeMap<String, PriceEntry>) -> crate::provider::pricing::PriceBook {
+    table
+        .into_iter()
+        .map(|(model, e)| {
+            let price = crate::provider::pricing::Price {
+                input: e.input,
+                output: e.output,
+                cache_read: e.cache_read,
+                cache_write: e.cache_write,
+            };
+            (model, price)
+        })
+        .collect()
 }
 
 /// The file's keys, once it is known to be TOML without secret values.

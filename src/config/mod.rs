@@ -76,10 +76,11 @@ pub enum Key {
     Runtime,
     Protect,
     Unprotect,
+    Prices,
 }
 
 impl Key {
-    pub const ALL: [Key; 31] = [
+    pub const ALL: [Key; 32] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -111,6 +112,7 @@ impl Key {
         Key::Runtime,
         Key::Protect,
         Key::Unprotect,
+        Key::Prices,
     ];
 
     /// Its name in a config file.
@@ -147,23 +149,25 @@ impl Key {
             Key::Runtime => "runtime",
             Key::Protect => "protect",
             Key::Unprotect => "unprotect",
+            Key::Prices => "prices",
         }
     }
 
-    /// Its flag, if it has one (`labels` and `env_pass` are config-only; `--env` adds).
+    /// Its flag, if it has one (`labels`, `env_pass` and `prices` are config-only; `--env`
+    /// adds).
     pub fn flag(self) -> Option<String> {
         match self {
-            Key::Labels | Key::EnvPass => None,
+            Key::Labels | Key::EnvPass | Key::Prices => None,
             k => Some(format!("--{}", k.name().replace('_', "-"))),
         }
     }
 
     /// The `CAW_BOX_*` variable that sets it: each key but `env_pass` (a variable naming
-    /// variables would only hide where a value came from) and `mcp` (a table). Lists are
-    /// comma-separated, labels `k=v,k=v` (the variable caw-box always had).
+    /// variables would only hide where a value came from), `mcp` and `prices` (tables).
+    /// Lists are comma-separated, labels `k=v,k=v` (the variable caw-box always had).
     pub fn env_var(self) -> Option<String> {
         match self {
-            Key::EnvPass | Key::Mcp => None,
+            Key::EnvPass | Key::Mcp | Key::Prices => None,
             k => Some(format!("CAW_BOX_{}", k.name().to_ascii_uppercase())),
         }
     }
@@ -181,6 +185,8 @@ pub enum Value {
     Bool(bool),
     /// `mcp`: the MCP servers by name.
     Mcp(BTreeMap<String, McpEntry>),
+    /// `prices`: USD per million tokens, by model id.
+    Prices(crate::provider::pricing::PriceBook),
 }
 
 /// One MCP server of a config file's `mcp` table (or of `--mcp` flags, for `config show`):
@@ -239,6 +245,20 @@ impl Value {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(","),
+            Value::Prices(book) => book
+                .iter()
+                .map(|(model, p)| {
+                    let mut s = format!("{model}: in {} out {}", p.input, p.output);
+                    if let Some(r) = p.cache_read {
+                        s.push_str(&format!(" cache read {r}"));
+                    }
+                    if let Some(w) = p.cache_write {
+                        s.push_str(&format!(" cache write {w}"));
+                    }
+                    s
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
             Value::Mcp(servers) => servers
                 .iter()
                 .map(|(name, e)| {

@@ -74,6 +74,14 @@ impl Resolved {
         self.list(Key::EnvPass)
     }
 
+    /// `prices` (the user file's): the person's prices, before the price table's.
+    pub fn prices(&self) -> crate::provider::pricing::PriceBook {
+        match self.get(Key::Prices) {
+            Some(Value::Prices(book)) => book.clone(),
+            _ => Default::default(),
+        }
+    }
+
     /// `labels` (or `CAW_BOX_LABELS`): extra labels for every object of the command.
     pub fn labels(&self) -> Vec<(String, String)> {
         match self.get(Key::Labels) {

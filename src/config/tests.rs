@@ -445,6 +445,30 @@ fn protected_paths_come_from_config_files_but_a_project_cannot_unprotect() {
     );
 }
 
+/// `prices`: the user file prices models (USD per million tokens); a project file cannot (a
+/// repository would decide what its turns count against `--max-cost`), nor a bad number.
+#[test]
+fn prices_come_from_the_user_file_only() {
+    let w = World::new(
+        "[prices.\"gpt-6.2-sol\"]\ninput = 2.5\noutput = 10\ncache_read = 0.25\n",
+        "model = \"m\"\n",
+    );
+    let r = w.resolve(Layer::default()).unwrap();
+    let book = r.prices();
+    let p = book["gpt-6.2-sol"];
+    assert_eq!(
+        (p.input, p.output, p.cache_read, p.cache_write),
+        (2.5, 10.0, Some(0.25), None)
+    );
+    assert_eq!(
+        refusal("", "[prices.m]\ninput = 0\noutput = 0\n"),
+        "<tmp>/repo/.caw-box.toml:1: prices: a project file cannot set prices: the repository would decide what its turns count against --max-cost; put `prices` in your user config file"
+    );
+    assert!(refusal("[prices.m]\ninput = -1\noutput = 1\n", "")
+        .contains("prices.\"m\".input is not a price"));
+    assert!(refusal("[prices.m]\ninput = 1\n", "").contains("missing field `output`"));
+}
+
 /// MCP servers have a config table: a command or a URL, and the NAMES of the host variables
 /// that hold their secrets; they reach `run`'s flags with those variables' values.
 #[test]

@@ -84,6 +84,26 @@ pub(super) fn check(key: Key, value: Value, what: &str) -> Result<Value> {
                 check_mcp_server(name, entry, what)?;
             }
         }
+        (Key::Prices, Value::Prices(book)) => {
+            for (model, p) in book {
+                let fields = [
+                    ("input", Some(p.input)),
+                    ("output", Some(p.output)),
+                    ("cache_read", p.cache_read),
+                    ("cache_write", p.cache_write),
+                ];
+                for (field, v) in fields {
+                    if v.is_some_and(|v| !v.is_finite() || v < 0.0) {
+                        return Err(Error::usage(format!(
+                            "{what}.\"{model}\".{field} is not a price: USD per million tokens, 0 or more"
+                        )));
+                    }
+                }
+                if model.trim().is_empty() {
+                    return Err(Error::usage(format!("{what}: a model id is empty")));
+                }
+            }
+        }
         _ => {}
     }
     Ok(value)

@@ -23,6 +23,9 @@
 //!
 //! - `queue.rs`: `--max-parallel`
 //! - `http.rs`: `--http ADDR`, the Streamable HTTP transport and its bearer token
+//! - `listener.rs`: the HTTP connections: their cap and deadlines
+//! - `stdio.rs`: the stdio transport
+//! - `shutdown.rs`: stopping on SIGTERM or SIGINT, the calls in flight answered
 //!
 //! Not here: spend limits.
 
@@ -33,7 +36,7 @@ use rmcp::model::{
     ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
-use rmcp::{tool, tool_handler, tool_router, Peer, RoleServer, ServerHandler, ServiceExt};
+use rmcp::{tool, tool_handler, tool_router, Peer, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
 use crate::cli::SettingsArgs;
@@ -45,15 +48,19 @@ mod budget;
 mod ceilings;
 mod diff;
 pub mod http;
+mod listener;
 pub mod policy;
 mod queue;
 mod read;
 mod schema;
+mod shutdown;
+mod stdio;
 mod turns;
 
 pub use budget::ServerBudget;
 pub use policy::{Policy, PolicyArgs};
 pub use queue::Queue;
+pub use stdio::serve_stdio;
 
 use args::{
     ApplyArgs, DiffArgs, EventsArgs, ListArgs, RemoveArgs, ReplyArgs, ResultArgs, SessionArg,
@@ -87,6 +94,8 @@ pub struct Defaults {
     pub queue: Option<std::sync::Arc<Queue>>,
     /// `--max-cost-usd`: what the server's sessions may spend together.
     pub budget: Option<std::sync::Arc<budget::ServerBudget>>,
+    /// Cancelled when the server stops: a `wait` in flight answers then.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl Defaults {
@@ -220,7 +229,14 @@ impl Delegation {
             peer: context.peer.clone(),
         };
         let queue = self.defaults.queue.clone();
-        answer(cancellable(&context, turns::wait(self.policy(), a, queue, progress)).await)
+        let work = turns::wait(self.policy(), a, queue, progress);
+        answer(
+            cancellable(
+                &context,
+                shutdown::until_stopping(&self.defaults.shutdown, work),
+            )
+            .await,
+        )
     }
 
     #[tool(
@@ -341,17 +357,4 @@ impl ServerHandler for Delegation {
             )
             .with_instructions(INSTRUCTIONS)
     }
-}
-
-/// Serves MCP on this process's stdin and stdout until the client goes.
-pub async fn serve_stdio(defaults: Defaults) -> Result<i32> {
-    let service = Delegation::new(defaults)
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| Error::environment(format!("the MCP connection failed to start: {e}")))?;
-    service
-        .waiting()
-        .await
-        .map_err(|e| Error::environment(format!("the MCP server ended: {e}")))?;
-    Ok(0)
 }

@@ -105,7 +105,7 @@ async fn running_events(backend: &impl Backend, view: &SessionView) -> Vec<Event
         }
         batch.clear();
         parser.parse_line(line, &mut batch);
-        crate::agent_config::tag_tool_groups(provider, &mcp, &mut batch);
+        crate::agent_config::tag_tool_groups(provider.adapter().tool_names(), &mcp, &mut batch);
         events.append(&mut batch);
     };
     let until = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -134,6 +134,7 @@ fn usage_so_far(events: &[Event], view: &target::SessionView) -> Option<crate::e
                 view.facts.settings.model.as_deref(),
                 // The image's CLI version is the turn's to read: the pin's default here.
                 None,
+                &view.facts.settings.prices,
                 &mut usage,
             );
             sum.get_or_insert_with(Default::default).add(&usage);

@@ -113,19 +113,11 @@ impl Provider for ClaudeCode {
         if mcp_file.is_some() {
             argv.push(format!("--mcp-config={}", in_home(MCP_CONFIG_FILE)));
         }
-        // The TUI opens without an initial prompt (SPEC: no PROMPT means interactive).
-        let mut stdin = None;
-        if !request.interactive {
-            if could_be_subcommand(request.prompt) {
-                // commander dispatches a first operand that names a subcommand (`update`,
-                // `doctor`, `mcp`, ...) even after `--`; `claude -p` reads the prompt from
-                // stdin when none is given, which no word can be mistaken for.
-                stdin = Some(request.prompt.as_bytes().to_vec());
-            } else {
-                // `--` keeps a prompt that starts with '-' from being read as options.
-                argv.extend(["--".to_string(), request.prompt.to_string()]);
-            }
-        }
+        // `claude -p` with no prompt operand reads the prompt from stdin: a prompt of any
+        // size (an argument takes at most 128 KiB), never taken for an option or for a
+        // subcommand (commander dispatches `update`, `mcp`, ... even after `--`). The TUI
+        // opens without an initial prompt (SPEC: no PROMPT means interactive).
+        let stdin = (!request.interactive).then(|| request.prompt.as_bytes().to_vec());
         let mut env = vec![(
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".to_string(),
             "1".to_string(),
@@ -224,13 +216,6 @@ fn mcp_config(request: &TurnRequest<'_>) -> Option<HomeFile> {
             .into_bytes(),
         merge_json: false,
     })
-}
-
-/// A single bare word of the shape commander could take for a subcommand name.
-fn could_be_subcommand(prompt: &str) -> bool {
-    let mut chars = prompt.chars();
-    chars.next().is_some_and(|c| c.is_ascii_lowercase())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
 }
 
 /// Parses one turn of `claude -p --output-format stream-json --verbose`.
@@ -662,7 +647,7 @@ impl<'de> Deserialize<'de> for Content {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::test_support::{parse_with, request};
+    use crate::provider::test_support::{assert_prompt_only_on_stdin, parse_with, request};
     use serde_json::json;
 
     const SESSION: &str = "0b7e9c52-5a8f-4d8e-9a51-3c2f1e7d9a10";
@@ -690,8 +675,6 @@ mod tests {
                 "--dangerously-skip-permissions",
                 "--system-prompt-snapshot",
                 "off",
-                "--",
-                "list the files"
             ]
         );
         assert_eq!(
@@ -701,7 +684,7 @@ mod tests {
                 "1".to_string()
             )]
         );
-        assert_eq!(command.stdin, None);
+        assert_eq!(command.stdin.as_deref(), Some(&b"list the files"[..]));
         assert!(command.home_files.is_empty());
         assert!(ClaudeCode.chooses_key_up_front());
     }
@@ -726,10 +709,9 @@ mod tests {
                 "--dangerously-skip-permissions",
                 "--system-prompt-snapshot",
                 "off",
-                "--",
-                "and now?"
             ]
         );
+        assert_eq!(command.stdin.as_deref(), Some(&b"and now?"[..]));
         assert!(!command.argv.iter().any(|a| a == "--session-id"));
     }
 
@@ -812,7 +794,6 @@ mod tests {
         });
         let at = command.argv.iter().position(|a| a == "--model").unwrap();
         assert_eq!(command.argv[at + 1], "claude-sonnet-4-5");
-        assert!(at < command.argv.iter().position(|a| a == "--").unwrap());
         assert!(command.env.contains(&(
             "ANTHROPIC_BASE_URL".to_string(),
             "http://stub:8080".to_string()
@@ -824,29 +805,8 @@ mod tests {
     }
 
     #[test]
-    fn a_prompt_starting_with_a_dash_follows_the_separator() {
-        let command = ClaudeCode.turn_command(&request("--help me with -v"));
-        assert_eq!(
-            command.argv[command.argv.len() - 2..],
-            ["--", "--help me with -v"]
-        );
-        let multiline = "fix it\n- step one\n- step two";
-        let command = ClaudeCode.turn_command(&request(multiline));
-        assert_eq!(command.argv.last().map(String::as_str), Some(multiline));
-    }
-
-    #[test]
-    fn a_prompt_that_names_a_subcommand_goes_through_stdin() {
-        for word in ["update", "doctor", "mcp", "setup-token"] {
-            let command = ClaudeCode.turn_command(&request(word));
-            assert_eq!(command.stdin.as_deref(), Some(word.as_bytes()));
-            assert!(
-                !command.argv.iter().any(|a| a == word || a == "--"),
-                "{word}"
-            );
-        }
-        let command = ClaudeCode.turn_command(&request("Update"));
-        assert_eq!(command.stdin, None);
+    fn the_prompt_is_only_on_stdin() {
+        assert_prompt_only_on_stdin(&ClaudeCode);
     }
 
     #[test]

@@ -222,7 +222,8 @@ fn mcp_settings(m: &crate::agent_config::McpServer) -> Vec<String> {
     settings
 }
 
-/// Ends argv with the session to resume and the prompt; returns what codex reads on stdin.
+/// Ends argv with the session to resume and `-` (the prompt on stdin); returns what codex
+/// reads on stdin.
 fn push_prompt(argv: &mut Vec<String>, request: &TurnRequest<'_>) -> Option<Vec<u8>> {
     if request.interactive {
         // The TUI opens without an initial prompt (SPEC: no PROMPT means interactive).
@@ -234,16 +235,10 @@ fn push_prompt(argv: &mut Vec<String>, request: &TurnRequest<'_>) -> Option<Vec<
     if let Some(key) = request.resume_key {
         argv.extend(["resume".to_string(), key.to_string()]);
     }
-    if request.prompt == "-" {
-        // A lone "-" tells codex to read the prompt from stdin: give it the "-" there.
-        argv.push("-".to_string());
-        Some(b"-".to_vec())
-    } else {
-        // `--` keeps a prompt from being read as an option or as the `resume`/`review`
-        // subcommand.
-        argv.extend(["--".to_string(), request.prompt.to_string()]);
-        None
-    }
+    // `-`: codex reads the prompt from stdin, whole (an argument takes at most 128 KiB),
+    // never taken for an option or for the `resume`/`review` subcommand.
+    argv.push("-".to_string());
+    Some(request.prompt.as_bytes().to_vec())
 }
 
 /// `value` as a TOML basic string (the `-c key=value` overrides are parsed as TOML).
@@ -656,7 +651,7 @@ struct Item {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::test_support::{parse_with, request};
+    use crate::provider::test_support::{assert_prompt_only_on_stdin, parse_with, request};
 
     const THREAD: &str = "0199a213-81c0-7800-8aa1-bbab2a035a53";
     const FLAGS: [&str; 5] = [
@@ -693,10 +688,10 @@ mod tests {
             argv(&[
                 &["codex", "exec", "--json", "--skip-git-repo-check"],
                 &FLAGS,
-                &["--", "list the files"]
+                &["-"]
             ])
         );
-        assert_eq!(command.stdin, None);
+        assert_eq!(command.stdin.as_deref(), Some(&b"list the files"[..]));
         assert!(command.env.is_empty());
         assert!(!Codex.chooses_key_up_front());
     }
@@ -713,9 +708,10 @@ mod tests {
             argv(&[
                 &["codex", "exec", "--json", "--skip-git-repo-check"],
                 &FLAGS,
-                &["-m", "gpt-5.5", "resume", THREAD, "--", "and now?"]
+                &["-m", "gpt-5.5", "resume", THREAD, "-"]
             ])
         );
+        assert_eq!(command.stdin.as_deref(), Some(&b"and now?"[..]));
     }
 
     #[test]
@@ -760,7 +756,7 @@ mod tests {
                 ],
                 "{endpoint}"
             );
-            assert_eq!(command.argv[command.argv.len() - 2..], ["--", "hi"]);
+            assert_eq!(command.argv.last().map(String::as_str), Some("-"));
         }
     }
 
@@ -774,21 +770,8 @@ mod tests {
     }
 
     #[test]
-    fn prompts_that_look_like_flags_or_subcommands_stay_prompts() {
-        for prompt in ["-h", "--version please", "resume", "review my code"] {
-            let command = Codex.turn_command(&request(prompt));
-            assert_eq!(command.argv[command.argv.len() - 2..], ["--", prompt]);
-        }
-        let multiline = "step one\nstep two";
-        let command = Codex.turn_command(&TurnRequest {
-            resume_key: Some(THREAD),
-            ..request(multiline)
-        });
-        assert_eq!(command.argv.last().map(String::as_str), Some(multiline));
-        let command = Codex.turn_command(&request("-"));
-        assert_eq!(command.argv.last().map(String::as_str), Some("-"));
-        assert!(!command.argv.iter().any(|a| a == "--"));
-        assert_eq!(command.stdin.as_deref(), Some(&b"-"[..]));
+    fn the_prompt_is_only_on_stdin() {
+        assert_prompt_only_on_stdin(&Codex);
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! The Gemini CLI adapter: `gemini -p … --output-format stream-json` for headless turns, the
-//! TUI for interactive ones, the settings file headless API-key auth needs, and a parser from
-//! its stream-json events to unified events. It neither runs `gemini` nor reads `~/.gemini`.
+//! The Gemini CLI adapter: `gemini --output-format stream-json` with the prompt on stdin for
+//! headless turns, the TUI for interactive ones, the settings file headless API-key auth
+//! needs, and a parser from its stream-json events to unified events. It neither runs
+//! `gemini` nor reads `~/.gemini`.
 //!
 //! The session id is chosen up front (`--session-id`, accepted on a first turn since 0.61).
 //!
@@ -48,10 +49,6 @@ impl Provider for Gemini {
             (Some(key), _) => argv.extend(["--resume".to_string(), key.to_string()]),
             (None, Some(key)) => argv.extend(["--session-id".to_string(), key.to_string()]),
             (None, None) => {}
-        }
-        // The TUI opens without an initial prompt (SPEC: no PROMPT means interactive).
-        if !request.interactive {
-            push_prompt(&mut argv, request.prompt);
         }
         argv.push("--skip-trust".to_string());
         if !request.interactive {
@@ -115,11 +112,15 @@ impl Provider for Gemini {
                 merge_json: false,
             });
         }
+        // Headless with no `-p`, gemini takes what it reads on stdin (not a terminal) as the
+        // prompt: whole (an argument takes at most 128 KiB), never taken for an option. The
+        // TUI opens without an initial prompt (SPEC: no PROMPT means interactive).
+        let stdin = (!request.interactive).then(|| request.prompt.as_bytes().to_vec());
         TurnCommand {
             argv,
             env,
             home_files,
-            stdin: None,
+            stdin,
         }
     }
 
@@ -244,17 +245,6 @@ fn agent_settings(request: &TurnRequest<'_>) -> Option<serde_json::Value> {
         settings["mcpServers"] = servers;
     }
     (settings != serde_json::json!({})).then_some(settings)
-}
-
-/// Adds the prompt so that yargs takes it verbatim. yargs does not take a following word that
-/// starts with '-' as an option's value, so such a prompt goes in the `--prompt=` form; other
-/// prompts go as a separate word, because the `=` form strips one pair of surrounding quotes.
-fn push_prompt(argv: &mut Vec<String>, prompt: &str) {
-    if prompt.starts_with('-') {
-        argv.push(format!("--prompt={prompt}"));
-    } else {
-        argv.extend(["-p".to_string(), prompt.to_string()]);
-    }
 }
 
 /// Parses one turn of `gemini --output-format stream-json`.
@@ -503,7 +493,7 @@ struct Line<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::test_support::{parse_with, request};
+    use crate::provider::test_support::{assert_prompt_only_on_stdin, parse_with, request};
     use serde_json::json;
 
     const SESSION: &str = "3f9c2a71-8b4d-4e6f-a1c2-d3e4f5a6b7c8";
@@ -533,15 +523,13 @@ mod tests {
                 "gemini-2.5-flash",
                 "--session-id",
                 SESSION,
-                "-p",
-                "list the files",
                 "--skip-trust",
                 "--output-format",
                 "stream-json",
                 "--yolo"
             ]
         );
-        assert_eq!(command.stdin, None);
+        assert_eq!(command.stdin.as_deref(), Some(&b"list the files"[..]));
         assert!(command.env.is_empty());
         assert_eq!(command.home_files.len(), 1);
         let file = &command.home_files[0];
@@ -572,14 +560,13 @@ mod tests {
                 "gemini",
                 "--resume",
                 SESSION,
-                "-p",
-                "and now?",
                 "--skip-trust",
                 "--output-format",
                 "stream-json",
                 "--yolo"
             ]
         );
+        assert_eq!(command.stdin.as_deref(), Some(&b"and now?"[..]));
     }
 
     #[test]
@@ -645,17 +632,8 @@ mod tests {
     }
 
     #[test]
-    fn prompts_reach_yargs_verbatim() {
-        let command = Gemini.turn_command(&request("-v is broken, fix it"));
-        assert!(command
-            .argv
-            .contains(&"--prompt=-v is broken, fix it".to_string()));
-        assert!(!command.argv.iter().any(|a| a == "-p"));
-        for prompt in ["\"quoted\"", "line one\nline two", "mcp"] {
-            let command = Gemini.turn_command(&request(prompt));
-            let at = command.argv.iter().position(|a| a == "-p").unwrap();
-            assert_eq!(command.argv[at + 1], prompt);
-        }
+    fn the_prompt_is_only_on_stdin() {
+        assert_prompt_only_on_stdin(&Gemini);
     }
 
     #[test]

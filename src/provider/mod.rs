@@ -12,6 +12,8 @@ mod claude_code;
 mod codex;
 mod common;
 pub use common::merge_json;
+#[cfg(test)]
+mod agent_config_tests;
 mod gemini;
 mod opencode;
 pub mod pricing;

@@ -564,7 +564,7 @@ struct ErrorData {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::test_support::parse_with;
+    use crate::provider::test_support::{assert_prompt_only_on_stdin, parse_with};
 
     /// A turn whose CLI has an API key (as every test here but the login's).
     static KEYED: std::sync::LazyLock<Vec<String>> =
@@ -687,6 +687,11 @@ mod tests {
             ]
         );
         assert_eq!(command.stdin.as_deref(), Some(&b"and now?"[..]));
+    }
+
+    #[test]
+    fn the_prompt_is_only_on_stdin() {
+        assert_prompt_only_on_stdin(&Opencode);
     }
 
     #[test]

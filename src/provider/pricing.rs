@@ -6,7 +6,10 @@
 //! The table is keyed by model vendor (`anthropic`, `openai`, `google`) and model id. A
 //! provider maps to its vendor; opencode, which speaks to any vendor, names its models
 //! `vendor/model` (`anthropic/claude-sonnet-4-5`), or a bare id on an `--endpoint`, which is
-//! looked up under every vendor. A model the table does not know has no cost (`null`).
+//! looked up under every vendor. A model the table does not know has no cost (`null`) and its
+//! turn says `priced: false`, unless the person priced it in their config file
+//! (`[prices."MODEL"]`): such prices come as a [`PriceBook`] of the session's settings and go
+//! before the table's.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -17,15 +20,21 @@ use super::ProviderKind;
 use crate::event::Usage;
 
 /// One model's list prices, USD per million tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, serde::Serialize)]
 pub struct Price {
     pub input: f64,
     pub output: f64,
     /// `None`: no separate price; cached input is charged as input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_read: Option<f64>,
     /// `None`: no separate price; cache writes are charged as input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write: Option<f64>,
 }
+
+/// Prices a person gave (a config file's `[prices."MODEL"]`), by model id as the CLI names
+/// it: they go before the table's, for any provider.
+pub type PriceBook = BTreeMap<String, Price>;
 
 impl Price {
     /// The cost of `usage` at these prices (`usage.input_tokens` are the uncached part, as
@@ -88,13 +97,26 @@ fn vendor_of(provider: ProviderKind) -> Option<&'static str> {
     }
 }
 
+/// `model` without what does not change its price: claude's `[1m]` context suffix, Gemini's
+/// `models/` prefix.
+fn bare(model: &str) -> &str {
+    let model = model.trim();
+    let model = model.strip_suffix("[1m]").unwrap_or(model);
+    model.strip_prefix("models/").unwrap_or(model)
+}
+
+/// The price of `model` as `provider` names it: the person's (`book`), else the table's.
+pub fn price_in(book: &PriceBook, provider: ProviderKind, model: &str) -> Option<Price> {
+    book.get(model)
+        .or_else(|| book.get(bare(model)))
+        .copied()
+        .or_else(|| price(provider, model))
+}
+
 /// The list price of `model` as `provider` names it, if the table has it.
 pub fn price(provider: ProviderKind, model: &str) -> Option<Price> {
     let vendors = &table().vendors;
-    // claude's `[1m]` context suffix and `models/` prefixes do not change the price.
-    let model = model.trim();
-    let model = model.strip_suffix("[1m]").unwrap_or(model);
-    let model = model.strip_prefix("models/").unwrap_or(model);
+    let model = bare(model);
     let in_vendor = |vendor: &str, id: &str| vendors.get(vendor).and_then(|m| m.get(id)).copied();
     if let Some(vendor) = vendor_of(provider) {
         return in_vendor(vendor, model);
@@ -112,22 +134,28 @@ pub fn price(provider: ProviderKind, model: &str) -> Option<Price> {
     }
 }
 
-/// Fills `usage.cost_usd` from the table when the CLI reported no cost (or a zero cost for
-/// tokens it did count: opencode does so for a model it has no price for). A model the
-/// table does not know leaves it as the CLI said.
+/// Whether `usage` has a cost: the CLI's or a price's, or nothing to price.
+pub fn is_priced(usage: &Usage) -> bool {
+    usage.cost_usd.is_some() || !counted(usage)
+}
+
+fn counted(usage: &Usage) -> bool {
+    usage.input_tokens + usage.output_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+        > 0
+}
+
+/// Fills `usage.cost_usd` from the person's prices (`book`), else the table, when the CLI
+/// reported no cost (or a zero cost for tokens it did count: opencode does so for a model it
+/// has no price for). A model neither knows leaves it as the CLI said.
 pub fn fill_cost(
     provider: ProviderKind,
     model: Option<&str>,
     cli_version: Option<&str>,
+    book: &PriceBook,
     usage: &mut Usage,
 ) {
-    let counted = usage.input_tokens
-        + usage.output_tokens
-        + usage.cache_read_tokens
-        + usage.cache_write_tokens
-        > 0;
     let reported = match usage.cost_usd {
-        Some(c) => c > 0.0 || !counted,
+        Some(c) => c > 0.0 || !counted(usage),
         None => false,
     };
     if reported {
@@ -136,7 +164,7 @@ pub fn fill_cost(
     let Some(model) = model.or(default_model(provider, cli_version)) else {
         return;
     };
-    if let Some(price) = price(provider, model) {
+    if let Some(price) = price_in(book, provider, model) {
         usage.cost_usd = Some(price.cost(usage));
     }
 }
@@ -255,46 +283,83 @@ mod tests {
             ProviderKind::ClaudeCode,
             Some("claude-opus-4-8"),
             None,
+            &PriceBook::new(),
             &mut u,
         );
         assert_eq!(u.cost_usd, Some(0.5));
         // No tokens and a zero cost: a true zero.
         let mut u = usage(0, 0, 0, 0);
         u.cost_usd = Some(0.0);
-        fill_cost(ProviderKind::Opencode, Some("gpt-5.5"), None, &mut u);
+        fill_cost(
+            ProviderKind::Opencode,
+            Some("gpt-5.5"),
+            None,
+            &PriceBook::new(),
+            &mut u,
+        );
         assert_eq!(u.cost_usd, Some(0.0));
     }
 
     #[test]
     fn fill_cost_prices_an_unreported_or_zero_cost() {
         let mut u = usage(2000, 50, 1000, 0);
-        fill_cost(ProviderKind::Codex, Some("gpt-5.5"), None, &mut u);
+        fill_cost(
+            ProviderKind::Codex,
+            Some("gpt-5.5"),
+            None,
+            &PriceBook::new(),
+            &mut u,
+        );
         let expected = (2000.0 * 5.0 + 50.0 * 30.0 + 1000.0 * 0.5) / 1e6;
         assert!(close(u.cost_usd.unwrap(), expected), "{:?}", u.cost_usd);
         let mut u = usage(2000, 50, 1000, 0);
         u.cost_usd = Some(0.0);
-        fill_cost(ProviderKind::Opencode, Some("gpt-5.5"), None, &mut u);
+        fill_cost(
+            ProviderKind::Opencode,
+            Some("gpt-5.5"),
+            None,
+            &PriceBook::new(),
+            &mut u,
+        );
         assert!(close(u.cost_usd.unwrap(), expected));
         // No model named: the CLI's default.
         let mut u = usage(1_000_000, 0, 0, 0);
-        fill_cost(ProviderKind::Gemini, None, None, &mut u);
+        fill_cost(ProviderKind::Gemini, None, None, &PriceBook::new(), &mut u);
         assert!(close(u.cost_usd.unwrap(), 0.3));
     }
 
     #[test]
     fn an_unknown_model_stays_null() {
         let mut u = usage(100, 10, 0, 0);
-        fill_cost(ProviderKind::Opencode, Some("stub-model"), None, &mut u);
+        fill_cost(
+            ProviderKind::Opencode,
+            Some("stub-model"),
+            None,
+            &PriceBook::new(),
+            &mut u,
+        );
         assert_eq!(u.cost_usd, None);
         // opencode's default model is its own config's: not known, so not guessed.
-        fill_cost(ProviderKind::Opencode, None, None, &mut u);
+        fill_cost(
+            ProviderKind::Opencode,
+            None,
+            None,
+            &PriceBook::new(),
+            &mut u,
+        );
         assert_eq!(u.cost_usd, None);
     }
 
     #[test]
     fn codex_without_a_model_is_priced_at_its_default() {
         let mut u = usage(100, 10, 0, 0);
-        fill_cost(ProviderKind::Codex, None, Some("0.169.0"), &mut u);
+        fill_cost(
+            ProviderKind::Codex,
+            None,
+            Some("0.169.0"),
+            &PriceBook::new(),
+            &mut u,
+        );
         assert_eq!(
             u.cost_usd,
             Some(
@@ -305,18 +370,79 @@ mod tests {
         );
         // 0.171.0's default has no list price yet: no cost, not 0.169.0's model's.
         let mut u = usage(100, 10, 0, 0);
-        fill_cost(ProviderKind::Codex, None, Some("0.171.0"), &mut u);
+        fill_cost(
+            ProviderKind::Codex,
+            None,
+            Some("0.171.0"),
+            &PriceBook::new(),
+            &mut u,
+        );
         assert_eq!(u.cost_usd, None);
     }
 
-    /// Each pinned CLI's default model (where known) has a price: the table covers them.
+    #[test]
+    fn a_persons_price_counts_before_the_tables() {
+        let mut book = PriceBook::new();
+        book.insert(
+            "gpt-6.2-sol".into(),
+            Price {
+                input: 2.0,
+                output: 8.0,
+                cache_read: None,
+                cache_write: None,
+            },
+        );
+        let mut u = usage(1_000_000, 1_000_000, 0, 0);
+        fill_cost(ProviderKind::Codex, None, Some("0.171.0"), &book, &mut u);
+        assert!(close(u.cost_usd.unwrap(), 10.0), "{:?}", u.cost_usd);
+        assert!(is_priced(&u));
+        // Over the table's own row too.
+        book.insert(
+            "gpt-5.5".into(),
+            Price {
+                input: 1.0,
+                output: 1.0,
+                cache_read: None,
+                cache_write: None,
+            },
+        );
+        let mut u = usage(1_000_000, 0, 0, 0);
+        fill_cost(ProviderKind::Codex, Some("gpt-5.5"), None, &book, &mut u);
+        assert!(close(u.cost_usd.unwrap(), 1.0));
+        let mut unpriced = usage(5, 5, 0, 0);
+        fill_cost(
+            ProviderKind::Codex,
+            Some("no-such"),
+            None,
+            &book,
+            &mut unpriced,
+        );
+        assert!(!is_priced(&unpriced));
+        assert!(is_priced(&usage(0, 0, 0, 0)));
+    }
+
+    /// The pinned CLIs' default models no price list has yet: their turns are `priced: false`
+    /// until the table (or the person's `[prices]`) has them. A pin does not wait for a price.
+    const UNPRICED_DEFAULTS: [&str; 1] = ["gpt-6.2-sol"];
+
+    /// Each pinned CLI's default model (where known) has a price, or is one of the few known
+    /// to have none yet.
     #[test]
     fn the_pinned_default_models_are_in_the_table() {
         for p in ProviderKind::ALL {
             let pinned = Some(p.default_cli_version());
             if let Some(model) = default_model(p, pinned) {
-                assert!(price(p, model).is_some(), "{p} {model}");
+                assert!(
+                    price(p, model).is_some() || UNPRICED_DEFAULTS.contains(&model),
+                    "{p} {model}"
+                );
             }
+        }
+        for model in UNPRICED_DEFAULTS {
+            assert!(
+                price(ProviderKind::Codex, model).is_none(),
+                "{model} is priced now"
+            );
         }
         assert_eq!(
             default_model(ProviderKind::ClaudeCode, Some("2.1.267")),

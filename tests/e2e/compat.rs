@@ -9,6 +9,8 @@ use crate::common::*;
 
 /// claude's previous pin: the oldest of its tested range (`ProviderKind::tested_cli_range`).
 const CLAUDE_PREVIOUS: &str = "2.1.267";
+/// codex's previous pin, likewise.
+const CODEX_PREVIOUS: &str = "0.169.0";
 /// Where that image is kept between runs: built once (`image build --cli-version`), reused.
 const PREVIOUS_REPO: &str = "caw-box-prev";
 const LOCAL_BASE: &str = "caw-box-local/node:20-bookworm";
@@ -46,8 +48,13 @@ impl Rig {
 
 /// claude's previous-pin image: `caw-box-prev/claude-code:latest`, built when missing.
 fn previous_claude_image(rig: &Rig) -> String {
-    let image = format!("{PREVIOUS_REPO}/claude-code:latest");
-    if rig.cli_version_label(&image).as_deref() == Some(CLAUDE_PREVIOUS) {
+    previous_image(rig, "claude", "claude-code", CLAUDE_PREVIOUS)
+}
+
+/// `provider`'s image at `version` as `caw-box-prev/<image>:latest`, built when missing.
+fn previous_image(rig: &Rig, provider: &str, image: &str, version: &str) -> String {
+    let image = format!("{PREVIOUS_REPO}/{image}:latest");
+    if rig.cli_version_label(&image).as_deref() == Some(version) {
         return image;
     }
     let mut cmd = rig.caw();
@@ -55,11 +62,11 @@ fn previous_claude_image(rig: &Rig) -> String {
         "image",
         "build",
         "--provider",
-        "claude",
+        provider,
         "--base",
         LOCAL_BASE,
     ])
-    .args(["--cli-version", CLAUDE_PREVIOUS, "-q"])
+    .args(["--cli-version", version, "-q"])
     .env("CAW_BOX_IMAGE_REPO", PREVIOUS_REPO);
     if std::path::Path::new(CA_BUNDLE).exists() {
         cmd.args(["--ca-cert", CA_BUNDLE]);
@@ -67,6 +74,31 @@ fn previous_claude_image(rig: &Rig) -> String {
     let out = run(cmd);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     image
+}
+
+/// The session's image: a tag of the test's own (`caw-box-compat-<run>/<image>:latest`) on
+/// the previous pin's image, removed when dropped.
+struct SessionImage<'a> {
+    rig: &'a Rig,
+    tag: String,
+}
+
+impl<'a> SessionImage<'a> {
+    fn on(rig: &'a Rig, image: &str, previous: &str) -> Self {
+        let tag = format!("caw-box-compat-{}/{image}:latest", rig.run_id);
+        rig.tag_as(previous, &tag);
+        SessionImage { rig, tag }
+    }
+}
+
+impl Drop for SessionImage<'_> {
+    fn drop(&mut self) {
+        let remove = self
+            .rig
+            .docker
+            .remove_image(&self.tag, None::<RemoveImageOptions>, None);
+        let _ = self.rig.rt.block_on(remove);
+    }
 }
 
 /// The `system/init` line of a turn: the CLI version that ran it.
@@ -104,20 +136,8 @@ fn claude_session_on_the_previous_pin_resumes_after_the_pin_moved() {
         pinned_version, CLAUDE_PREVIOUS,
         "{pinned} is the previous pin"
     );
-    // The session's image: a tag of this test's own, removed at the end.
-    let tag = format!("caw-box-compat-{}/claude-code:latest", rig.run_id);
-    struct Untag<'a>(&'a Rig, &'a str);
-    impl Drop for Untag<'_> {
-        fn drop(&mut self) {
-            let remove = self
-                .0
-                .docker
-                .remove_image(self.1, None::<RemoveImageOptions>, None);
-            let _ = self.0.rt.block_on(remove);
-        }
-    }
-    let _untag = Untag(&rig, &tag);
-    rig.tag_as(&previous, &tag);
+    let session_image = SessionImage::on(&rig, "claude-code", &previous);
+    let tag = session_image.tag.clone();
 
     check("turn 1 on the previous pin");
     let image = ["--image", tag.as_str()];
@@ -147,4 +167,43 @@ fn claude_session_on_the_previous_pin_resumes_after_the_pin_moved() {
     let system = system_of(&rig, "compat-q3");
     assert!(system.contains("COMPAT-OVER-7702"), "{system}");
     assert!(!system.contains("COMPAT-SYS-3301"), "{system}");
+}
+
+/// A codex session begun on codex's previous pin (0.169.0) resumes after the pin moved to
+/// 0.171.0: the new CLI reads the old one's conversation (the stub answers from it) and the
+/// turn runs on the new image.
+#[test]
+fn codex_session_on_the_previous_pin_resumes_after_the_pin_moved() {
+    let rig = Rig::new("compat-codex");
+    let previous = previous_image(&rig, "codex", "codex", CODEX_PREVIOUS);
+    let pinned = format!("{}/codex:latest", e2e_image_repo());
+    let pinned_version = rig
+        .cli_version_label(&pinned)
+        .expect("the pinned image's label");
+    assert_ne!(
+        pinned_version, CODEX_PREVIOUS,
+        "{pinned} is the previous pin"
+    );
+    let session_image = SessionImage::on(&rig, "codex", &previous);
+    let image = ["--image", session_image.tag.as_str()];
+
+    check("turn 1 on the previous pin");
+    let (code, out, stderr) = rig.json_turn(rig.run_cmd(CODEX, "REMEMBER:heron", &image));
+    assert_eq!(code, 0, "turn 1 failed: {out}\n{stderr}");
+    let id = out["session_id"].as_str().unwrap().to_string();
+
+    check("the pin moves");
+    rig.tag_as(&pinned, &session_image.tag);
+    assert_eq!(
+        rig.cli_version_label(&session_image.tag).as_deref(),
+        Some(pinned_version.as_str())
+    );
+
+    check("resume on the new pin recalls turn 1");
+    let (code, out, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));
+    assert_eq!(code, 0, "resume failed: {out}\n{stderr}");
+    assert!(
+        out["result"].as_str().unwrap_or_default().contains("heron"),
+        "the resume lost turn 1: {out}"
+    );
 }

@@ -5,6 +5,7 @@
 //! reports its own, which must agree); `show --json` sums a session's turns and `ls --json`
 //! sums per session and per group.
 
+use caw_box::ProviderKind;
 use serde_json::Value;
 
 use crate::common::*;
@@ -282,11 +283,23 @@ fn cost_gemini_from_the_table() {
     );
 }
 
-/// codex without `--model`: the model its pinned version sends (seen by the stub) is the one
-/// caw-box prices, so `cost_usd` is the table's, not null.
+/// codex without `--model`: the model its version (the image's) sends, seen by the stub, is the
+/// one caw-box knows as that version's default, so its turn is priced as that model, from the
+/// table; a default no price list has yet is `priced: false` with a null cost, never a guess,
+/// and a `drift warning` (`make drift` lists those under its table without failing).
 #[test]
 fn cost_codex_default_model_from_the_table() {
     let rig = Rig::new("cost-codex-default");
+    let image = std::env::var("CAW_BOX_E2E_IMAGE_REPO").unwrap_or_else(|_| "caw-box".into())
+        + "/codex:latest";
+    let version = rig
+        .rt
+        .block_on(rig.docker.inspect_image(&image))
+        .ok()
+        .and_then(|i| i.config?.labels?.get("io.caw-box.cli-version").cloned())
+        .unwrap_or_else(|| panic!("{image} has no io.caw-box.cli-version label"));
+    let default = caw_box::provider::pricing::default_model(ProviderKind::Codex, Some(&version))
+        .expect("caw-box knows codex's default model");
     let mut seen = rig.stub_requests().len();
     let (code, out, stderr) = rig.json_turn(rig.run_cmd(
         P {
@@ -305,26 +318,94 @@ fn cost_codex_default_model_from_the_table() {
         .collect();
     assert!(!models.is_empty(), "no request carried the prompt");
     assert!(
-        models.iter().all(|m| m == "gpt-6.1-sol"),
-        "codex's default model changed: {models:?}"
+        models.iter().all(|m| m == default),
+        "codex {version}'s default model is not {default} (caw-box's pricing::default_model): {models:?}"
     );
-    checked_cost(CODEX, &out, &sent, "openai", "gpt-6.1-sol");
+    if caw_box::provider::pricing::price(ProviderKind::Codex, default).is_some() {
+        checked_cost(CODEX, &out, &sent, "openai", default);
+        assert_eq!(out["priced"], true, "{out}");
+    } else {
+        assert!(out["usage"]["cost_usd"].is_null(), "{out}");
+        assert_eq!(out["priced"], false, "{out}");
+        check(&format!(
+            "drift warning: codex {version}'s default model {default} has no price: its turns are unpriced until the price table (or a [prices] entry) has it"
+        ));
+    }
 }
 
-/// A model the table does not know: `cost_usd` is null, not a guess (codex reports none).
+/// A model the table does not know: `cost_usd` is null, not a guess (codex reports none), and
+/// the turn says `priced: false` (`-o json`, `show`); `--max-cost` is refused for it. Once the
+/// person prices the model in their config file (`[prices."MODEL"]`), `show` prices the
+/// earlier turn, and the next turn is priced and held to `--max-cost`.
 #[test]
-fn cost_unknown_model_is_null() {
+fn an_unpriced_model_says_so_until_the_person_prices_it() {
     let rig = Rig::new("cost-unknown");
-    let mut cmd = rig.caw();
-    cmd.args(["run", "--provider", "codex", "--network", &rig.network])
-        .args(["--endpoint", &rig.endpoint()])
-        .args(["--env", &format!("OPENAI_API_KEY={TEST_KEY}")])
-        .args(["--model", "stub-model-unpriced"])
-        .arg("hello");
-    let (code, out, stderr) = rig.json_turn(cmd);
+    let unpriced = P {
+        model: Some("stub-model-unpriced"),
+        ..CODEX
+    };
+    let (code, out, stderr) = rig.json_turn(rig.run_cmd(unpriced, "REMEMBER:kiwi", &[]));
     assert_eq!(code, 0, "turn failed: {out}\n{stderr}");
-    assert!(out["usage"]["output_tokens"].as_u64().unwrap() > 0, "{out}");
-    assert!(out["usage"]["cost_usd"].is_null(), "{out}");
+    let tokens = &out["usage"];
+    assert!(tokens["output_tokens"].as_u64().unwrap() > 0, "{out}");
+    assert!(tokens["cost_usd"].is_null(), "{out}");
+    assert_eq!(out["priced"], false, "{out}");
+    let id = out["session_id"].as_str().unwrap().to_string();
+    let show = |json: bool| {
+        let mut args = vec!["show", id.as_str()];
+        if json {
+            args.push("--json");
+        }
+        let out = rig.caw_run(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        stdout_of(&out)
+    };
+    let shown: Value = serde_json::from_str(&show(true)).unwrap();
+    assert_eq!(shown["priced"], false, "{shown}");
+    assert_eq!(shown["unpriced_turns"], serde_json::json!([1]), "{shown}");
+    assert!(show(false).contains("unpriced"), "{}", show(false));
+    let refused = run(rig.resume_cmd(unpriced, &id, "RECALL", &["--max-cost", "1"]));
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr_of(&refused));
+    assert!(
+        stderr_of(&refused).contains("[prices."),
+        "{}",
+        stderr_of(&refused)
+    );
+
+    check("priced in the user's config file: show prices turn 1; --max-cost holds turn 2");
+    // $1000 per million tokens either way: a turn of some thousand tokens crosses $0.01.
+    std::fs::write(
+        rig.data_dir.path().join("no-user-config.toml"),
+        "[prices.\"stub-model-unpriced\"]\ninput = 1000\noutput = 1000\n",
+    )
+    .unwrap();
+    let shown: Value = serde_json::from_str(&show(true)).unwrap();
+    assert_eq!(shown["priced"], true, "{shown}");
+    let first = &shown["turns"][0]["usage"];
+    let expected = (first["input_tokens"].as_u64().unwrap()
+        + first["cache_read_tokens"].as_u64().unwrap()
+        + first["output_tokens"].as_u64().unwrap()) as f64
+        * 1000.0
+        / 1e6;
+    let priced = first["cost_usd"].as_f64().unwrap();
+    assert!(
+        (priced - expected).abs() < 1e-9,
+        "{priced} vs {expected}: {shown}"
+    );
+    let mut resume = rig.resume_cmd(unpriced, &id, "RECALL", &["--max-cost", "0.01"]);
+    resume.args(["-o", "json"]);
+    let out = run(resume);
+    let turn: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert_eq!(out.status.code(), Some(6), "{turn}\n{}", stderr_of(&out));
+    assert_eq!(
+        (turn["status"].as_str(), turn["priced"].as_bool()),
+        (Some("budget"), Some(true)),
+        "{turn}"
+    );
+    assert!(turn["usage"]["cost_usd"].as_f64().unwrap() > 0.0, "{turn}");
+    // Spent: the next turn is refused before anything starts.
+    let next = run(rig.resume_cmd(unpriced, &id, "RECALL", &[]));
+    assert_eq!(next.status.code(), Some(6), "{}", stderr_of(&next));
 }
 
 /// `--max-cost` on codex, which reports its usage only with its answer: the turn that
@@ -360,7 +441,7 @@ fn max_cost_ends_the_crossing_turn_refuses_the_next_and_a_higher_one_resumes() {
     let out = run(rig.run_cmd(unpriced, "hi", &["--max-cost", "1"]));
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
     assert!(
-        stderr_of(&out).contains("price table does not know stub-model-unpriced"),
+        stderr_of(&out).contains("nor your config prices stub-model-unpriced"),
         "{}",
         stderr_of(&out)
     );

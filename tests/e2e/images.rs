@@ -11,7 +11,7 @@ use crate::common::*;
 
 const PINNED: [(&str, &str, &str); 4] = [
     ("claude-code", "claude", "2.1.332"),
-    ("codex", "codex", "0.169.0"),
+    ("codex", "codex", "0.171.0"),
     ("opencode", "opencode", "1.18.33"),
     ("gemini", "gemini", "0.61.0"),
 ];

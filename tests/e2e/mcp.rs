@@ -86,6 +86,9 @@ fn a_codex_orchestrator_delegates_to_a_codex_sub_agent() {
     let token = uuid::Uuid::new_v4().simple().to_string();
     let token_file = rig.data_dir.path().join("mcp-token");
     std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    // Readable by its owner only, or the server refuses it (as ssh a private key).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let label = format!("{TEST_LABEL}={}", rig.run_id);
     let caw = env!("CARGO_BIN_EXE_caw-box");
     let out = Command::new("docker")

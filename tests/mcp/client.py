@@ -251,6 +251,40 @@ async def main_server(s):
     return sid
 
 
+def stub_got(text):
+    """Whether a model request the stub recorded carried `text` whole, in one string."""
+    def strings(v):
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, (list, dict)):
+            for x in (v.values() if isinstance(v, dict) else v):
+                yield from strings(x)
+    logs = subprocess.run(["docker", "logs", STUB], capture_output=True, text=True,
+                          timeout=120, check=True).stdout
+    records = (json.loads(line) for line in logs.splitlines() if line.startswith('{"stub":"request"'))
+    return any(text in x for r in records for x in strings(r["body"]))
+
+
+async def large_prompts(s):
+    check("start with a 512 KiB prompt: the stub gets all of it; over the 1 MiB cap: isError, nothing made")
+    big = f"BEGIN-{RUN}\n" + "keep every line of this prompt\n" * (512 * 1024 // 31)
+    big = (big + "x" * 512 * 1024)[:512 * 1024 - len(f"END-{RUN}")] + f"END-{RUN}"
+    st = await call(s, "start", {"provider": "codex", "prompt": big})
+    sid = st["sessions"][0]["session_id"]
+    done = await wait_done(s, [sid])
+    assert done[sid]["status"] == "success", done
+    assert stub_got(big), "no request carried the whole 512 KiB prompt"
+    before = await call(s, "list", {})
+    over = "y" * (1024 * 1024 + 1)
+    for tool, args in [("start", {"provider": "codex", "prompt": over}),
+                       ("reply", {"session": sid, "prompt": over})]:
+        e = await call(s, tool, args, ok=False)
+        assert e["error"]["kind"] == "usage" and e["exit_code"] == 2, e
+        assert "1048577 bytes" in e["error"]["message"], e
+    assert await call(s, "list", {}) == before, "a session was made or changed"
+    await call(s, "remove", {"session": sid})
+
+
 def kill_child_server():
     """SIGKILL the `caw-box mcp` this process started (the crash of an orchestrator's server)."""
     me = os.getpid()
@@ -281,6 +315,7 @@ async def main():
             init = await s.initialize()
             assert "start" in (init.instructions or "") and "wait" in init.instructions
             await main_server(s)
+            await large_prompts(s)
             check("the server killed mid-turn")
             st = await call(s, "start", {"provider": "codex", "name": SURVIVOR,
                                          "prompt": "HOLD:crash REMEMBER:otter"})
@@ -297,7 +332,8 @@ async def main():
     check("a new server (Streamable HTTP, a bearer token) gives the killed turn's outcome")
     token = os.urandom(16).hex()
     token_file = os.path.join(os.environ["CAW_BOX_DATA_DIR"], "mcp-token")
-    with open(token_file, "w") as f:
+    # Its owner's only, or the server refuses it (as ssh a private key).
+    with open(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(token + "\n")
     # A server budget far below one turn: its first turn takes it all.
     http = subprocess.Popen([CAW, *server_args("--http", "127.0.0.1:0", "--token-file", token_file,

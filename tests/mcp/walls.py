@@ -82,7 +82,7 @@ async def answer_of(s, args):
     sid = st["sessions"][0]["session_id"]
     w = await call(s, "wait", {"sessions": [sid], "timeout_s": 240})
     assert not w["timed_out"] and w["sessions"][0]["status"] == "success", w
-    return sid, (await call(s, "result", {"session": sid}))["result"]
+    return sid, await call(s, "result", {"session": sid})
 
 
 async def walls(s):
@@ -117,14 +117,18 @@ async def walls(s):
 
     check("a narrower call runs: a host the server allows and the call dropped is unreachable")
     probe = PROBE.format(hosts=f"{STUB} {OTHER}")
-    sid, said = await answer_of(s, {"prompt": probe, "allow_host": ["@provider"],
-                                    "workspace": os.path.join(ROOT, "repo"),
-                                    "system_prompt": "@" + os.path.join(ROOT, "prompt.md")})
+    sid, r = await answer_of(s, {"prompt": probe, "allow_host": ["@provider"],
+                                 "workspace": os.path.join(ROOT, "repo"),
+                                 "system_prompt": "@" + os.path.join(ROOT, "prompt.md")})
+    said = r["result"]
     assert f"{STUB}: HTTP/1.1 200" in said, said
     assert f"{OTHER}: HTTP/1.1 403" in said, said
-    check("the same call keeping the other host reaches it (the control)")
-    _, said = await answer_of(s, {"prompt": probe, "allow_host": ["@provider", f"{OTHER}:8080"]})
-    assert f"{OTHER}: HTTP/1.1 200" in said, said
+    assert r["priced"] is True, r
+    check("the same call keeping the other host reaches it (the control); an unpriced model says so")
+    _, r = await answer_of(s, {"prompt": probe, "allow_host": ["@provider", f"{OTHER}:8080"],
+                               "model": "stub-model-unpriced"})
+    assert f"{OTHER}: HTTP/1.1 200" in r["result"], r
+    assert r["priced"] is False and r["cost_usd"] is None, r
 
     check("a session `caw-box run` started is not found, and left alone")
     for tool, args in [("remove", {"session": PERSON, "force": True}),

@@ -21,6 +21,7 @@ pub(super) fn print_detached(session: &Session, format: OutputFormat) -> i32 {
                 result: String::new(),
                 resume_handle: session.handle().to_json(),
                 usage: Default::default(),
+                priced: true,
                 duration_ms: 0,
                 exit_code: 0,
                 quarantined: None,

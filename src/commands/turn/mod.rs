@@ -185,6 +185,7 @@ pub(crate) async fn new_session_admitted(
     }
     args.turn.settings = config.settings_args(&args.turn.settings)?;
     let mut session_settings = settings::new_session_settings(provider, &args.turn.settings)?;
+    session_settings.prices = config.prices();
     session_settings.check_agent_config(provider)?;
     let mut options = turn_options(&args.turn, &config)?;
     add_config_mcp_env(&mut options, &config, &session_settings)?;
@@ -289,6 +290,8 @@ pub(crate) async fn open_session(target: &str, turn: &TurnArgs) -> Result<NewTur
     let client = Client::connect().await?;
     let mut session = client.open(target).await?;
     settings::apply_resume_overrides(session.settings_mut(), &turn.settings)?;
+    // The person's prices as their config file says now, over those the session started with.
+    session.settings_mut().prices.extend(config.prices());
     refuse_unsupported(client.backend(), session.settings_mut())?;
     check_runtime(client.backend(), session.settings_mut()).await?;
     warn_if_workspace_unwritable(session.settings_mut());

@@ -83,6 +83,11 @@ pub struct SessionSettings {
     /// stands for the provider's API host, or the `--endpoint` host).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_hosts: Vec<String>,
+    /// `[prices."MODEL"]` of the person's config file when the session started (a resume
+    /// takes the file's again): its turns' costs where the CLI reports none, before the
+    /// price table's (`provider::pricing`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub prices: crate::provider::pricing::PriceBook,
     /// `--system-prompt`: replaces the CLI's default system prompt (see `agent_config`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_prompt: Option<String>,
@@ -126,14 +131,18 @@ impl SessionSettings {
 
     /// Refuses (exit 2) an agent setting that `provider`'s CLI cannot take.
     pub fn check_agent_config(&self, provider: ProviderKind) -> crate::error::Result<()> {
+        let support = provider.adapter().support();
         crate::agent_config::check_support(
             provider,
-            self.system_prompt.is_some(),
-            self.append_system_prompt.is_some(),
-            self.effort.is_some(),
+            support,
+            [
+                self.system_prompt.is_some(),
+                self.append_system_prompt.is_some(),
+                self.effort.is_some(),
+            ],
         )?;
         match &self.tools {
-            Some(tools) => crate::agent_config::check_tools(provider, tools),
+            Some(tools) => crate::agent_config::check_tools(provider, support, tools),
             None => Ok(()),
         }
     }

@@ -39,17 +39,22 @@ pub fn check(record: &SessionRecord) -> Result<()> {
         record.provider,
         record.settings.model.as_deref(),
         record.cli_version.as_deref(),
+        &record.settings.prices,
     ) {
         let model = record
             .settings
             .model
             .clone()
+            .or_else(|| {
+                pricing::default_model(record.provider, record.cli_version.as_deref())
+                    .map(|m| format!("its default model {m}"))
+            })
             .unwrap_or_else(|| "its default model".to_string());
         return Err(Error::usage(format!(
-            "--max-cost cannot be held for session {id}: {} reports no cost, and caw-box's price table does not know {model}",
+            "--max-cost cannot be held for session {id}: {} reports no cost, and neither caw-box's price table nor your config prices {model}",
             record.provider.executable()
         ))
-        .with_hint("give --model a model of the price table (`caw-box --version --json` names its source), or leave --max-cost out"));
+        .with_hint("price it in your config file (`[prices.\"MODEL\"]` with input, output, cache_read, cache_write in USD per million tokens), give --model a model of the price table (`caw-box --version --json` names its source), or leave --max-cost out"));
     }
     Ok(())
 }
@@ -80,12 +85,17 @@ impl Spend {
 
 /// Whether a turn of `provider` on `model` (else the default of `cli_version`, the pin's when
 /// unknown) has a cost caw-box can know.
-fn can_price(provider: ProviderKind, model: Option<&str>, cli_version: Option<&str>) -> bool {
+fn can_price(
+    provider: ProviderKind,
+    model: Option<&str>,
+    cli_version: Option<&str>,
+    book: &pricing::PriceBook,
+) -> bool {
     // Claude Code prices every turn itself (`total_cost_usd`).
     provider == ProviderKind::ClaudeCode
         || model
             .or(pricing::default_model(provider, cli_version))
-            .is_some_and(|m| pricing::price(provider, m).is_some())
+            .is_some_and(|m| pricing::price_in(book, provider, m).is_some())
 }
 
 /// Whether a crossing seen in `provider`'s usage events stops its turn: opencode reports
@@ -102,6 +112,8 @@ pub(in crate::session) struct Meter {
     model: Option<String>,
     /// The CLI version of the turn's image (its default model's price).
     cli_version: Option<String>,
+    /// The person's prices.
+    prices: pricing::PriceBook,
     /// What the session spent before this turn.
     before: f64,
     max: Option<f64>,
@@ -115,6 +127,7 @@ impl Meter {
             provider: record.provider,
             model: record.settings.model.clone(),
             cli_version: record.cli_version.clone(),
+            prices: record.settings.prices.clone(),
             before: record.total_cost_usd().unwrap_or(0.0),
             max: record.settings.max_cost_usd,
             this_turn: 0.0,
@@ -131,6 +144,7 @@ impl Meter {
             self.provider,
             self.model.as_deref(),
             self.cli_version.as_deref(),
+            &self.prices,
             &mut usage,
         );
         self.this_turn += usage.cost_usd.unwrap_or(0.0);
@@ -219,14 +233,25 @@ mod tests {
 
     #[test]
     fn a_limit_that_cannot_be_priced_is_refused_up_front() {
-        let r = record(ProviderKind::Codex, "no-such-model", Some(1.0), &[]);
+        let mut r = record(ProviderKind::Codex, "no-such-model", Some(1.0), &[]);
         let e = check(&r).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Usage);
+        assert!(e.message.contains("prices no-such-model"), "{}", e.message);
         assert!(
-            e.message.contains("does not know no-such-model"),
-            "{}",
-            e.message
+            e.hint.unwrap().contains("[prices."),
+            "the hint says how to price it"
         );
+        // Priced in the person's config: held.
+        r.settings.prices.insert(
+            "no-such-model".into(),
+            pricing::Price {
+                input: 1.0,
+                output: 2.0,
+                cache_read: None,
+                cache_write: None,
+            },
+        );
+        assert!(check(&r).is_ok());
         // Claude Code prices its turns itself.
         assert!(check(&record(
             ProviderKind::ClaudeCode,

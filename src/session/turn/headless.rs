@@ -364,6 +364,7 @@ fn record_turn(
         result: outcome.result.clone(),
         resume_handle: handle_of(record).to_json(),
         usage: outcome.usage,
+        priced: crate::provider::pricing::is_priced(&outcome.usage),
         duration_ms,
         exit_code: ended.exit_code,
         quarantined: None,
@@ -470,6 +471,7 @@ async fn classify(
         record.provider,
         record.settings.model.as_deref(),
         record.cli_version.as_deref(),
+        &record.settings.prices,
         &mut outcome.usage,
     );
     hold_budget(reading, &mut outcome, ended_early);

@@ -260,6 +260,7 @@ async fn record_tui_turn(
         result,
         resume_handle: handle_of(record).to_json(),
         usage: Default::default(),
+        priced: true,
         duration_ms,
         exit_code: status.exit_code(),
         quarantined: None,

@@ -1,8 +1,8 @@
 //! Driving one turn: planned once in caw-box's terms ([`plan`]), its container made and run
 //! ([`runner`]) and driven to its recorded end, headless ([`headless`], [`ended`]) or in the
 //! vendor's TUI ([`interactive`]), in a warm container ([`warm`]), with its runtime files
-//! ([`runtime`]), the model a session runs ([`models`]), usage limits ([`limits`]) and the
-//! session's spend limit ([`budget`]).
+//! ([`runtime`]), the model a session runs ([`models`]), usage limits ([`limits`]), the
+//! session's spend limit ([`budget`]) and the cap on a prompt ([`prompt`]).
 //! Not here: storing sessions (`store`), the walls around the agent (`walls`), the
 //! credential broker (`broker`), existing sessions' lifecycle (`lifecycle`).
 //!
@@ -17,6 +17,7 @@ pub(in crate::session) mod interactive;
 pub mod limits;
 pub mod models;
 pub(in crate::session) mod plan;
+pub mod prompt;
 pub(in crate::session) mod reading;
 pub mod runner;
 pub(in crate::session) mod runtime;
@@ -318,6 +319,7 @@ pub fn result_of(record: &SessionRecord, t: &TurnRecord) -> TurnResult {
         result: t.result.clone(),
         resume_handle: handle_of(record).to_json(),
         usage: t.usage,
+        priced: crate::provider::pricing::is_priced(&t.usage),
         duration_ms: t.duration_ms,
         exit_code: t.exit_code,
         quarantined: None,

@@ -305,9 +305,18 @@ fn agent_env(
         env.push("CAW_BOX_RUNTIME=stdin".to_string());
         env.push("CAW_BOX_HANDOFF=stdin".to_string());
     }
-    if let Some(stdin) = &command.stdin {
-        runtime.write("stdin", stdin);
-        env.push(format!("CAW_BOX_STDIN_FILE={RUN_DIR}/stdin"));
+    match &command.stdin {
+        // The prompt (how every adapter hands it over): the file it is in already, so a
+        // large one travels once.
+        Some(stdin) if !options.interactive && *stdin == options.prompt.as_bytes() => {
+            let file = crate::session::turn::headless::PROMPT_FILE;
+            env.push(format!("CAW_BOX_STDIN_FILE={RUN_DIR}/{file}"));
+        }
+        Some(stdin) => {
+            runtime.write("stdin", stdin);
+            env.push(format!("CAW_BOX_STDIN_FILE={RUN_DIR}/stdin"));
+        }
+        None => {}
     }
     if options.interactive {
         env.push(format!("TERM={}", crate::terminal::term()));
@@ -616,5 +625,44 @@ pub(in crate::session) mod tests {
         let e = turn_spec(&r, 1, "img", vec![], vec![], dir()).unwrap_err();
         assert_eq!(e.exit_code(), 3);
         assert!(e.message.contains("does not exist"), "{}", e.message);
+    }
+
+    /// A headless turn's prompt (the CLI's stdin, from every adapter) travels in the runtime
+    /// files once, however large, and is what the entrypoint feeds the CLI.
+    #[test]
+    fn the_prompt_is_in_the_runtime_files_once_as_the_clis_stdin() {
+        let prompt = "y".repeat(300 * 1024);
+        let options = TurnOptions {
+            prompt: prompt.clone(),
+            ..Default::default()
+        };
+        for kind in ProviderKind::ALL {
+            let provider = kind.adapter();
+            let command = provider.turn_command(&TurnRequest {
+                prompt: &prompt,
+                ..Default::default()
+            });
+            let mut runtime = Runtime::new((1000, 1000));
+            let env = agent_env(
+                &mut runtime,
+                &options,
+                provider,
+                &command,
+                (1000, 1000),
+                None,
+            );
+            assert!(
+                env.contains(&format!("CAW_BOX_STDIN_FILE={RUN_DIR}/prompt")),
+                "{kind}: {env:?}"
+            );
+            let scratch = runtime.into_scratch();
+            let holding: Vec<&str> = scratch
+                .files
+                .iter()
+                .filter(|f| f.contents == prompt.as_bytes())
+                .map(|f| f.path.as_str())
+                .collect();
+            assert_eq!(holding, ["prompt"], "{kind}");
+        }
     }
 }

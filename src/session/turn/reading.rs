@@ -265,7 +265,11 @@ impl TurnReader<'_> {
         let mut events = std::mem::take(&mut self.events);
         events.clear();
         self.parser.parse_line(line, &mut events);
-        crate::agent_config::tag_tool_groups(self.provider, &self.mcp_servers, &mut events);
+        crate::agent_config::tag_tool_groups(
+            self.provider.adapter().tool_names(),
+            &self.mcp_servers,
+            &mut events,
+        );
         if !self.session_announced {
             if let Some(key) = self.parser.resume_key().map(str::to_string) {
                 self.announce(Some(key));

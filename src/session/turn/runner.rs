@@ -31,6 +31,7 @@ use crate::session::walls::quarantine::Guard;
 pub use crate::session::store::history::cache_record;
 pub use crate::session::turn::ended::model_host;
 pub use crate::session::turn::plan::DEFAULT_PIDS_LIMIT;
+pub use crate::session::turn::prompt::{check_prompt_size, MAX_TURN_PROMPT_BYTES};
 pub use crate::session::turn::runtime::{RUNTIME_MOUNT, RUN_DIR as RUNTIME_DIR, STOP_REQUEST};
 pub use crate::session::turn::{
     container_name, handle_of, image_hint_for, leave_signals_to_the_caller, turn_error,
@@ -48,6 +49,11 @@ pub async fn run_turn(
     options: &TurnOptions,
     sink: &mut (dyn FnMut(&Event) + Send),
 ) -> Result<TurnResult> {
+    // Before anything of the turn exists; `run` and `resume` refused it sooner (before a new
+    // session's volume), a library caller's turn is refused here.
+    if !options.interactive {
+        check_prompt_size(options.prompt.len())?;
+    }
     record.settings.check_agent_config(record.provider)?;
     settle_orphan(backend, record).await?;
     // After the orphan: its cost counts.
