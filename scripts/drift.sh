@@ -192,7 +192,8 @@ for p in "${ALL_PROVIDERS[@]}"; do
     fi
 done
 
-# Each test in a nextest run of its own (its log then is its own), $JOBS at a time.
+# Each test in a nextest run of its own (its log then is its own, with a passing test's output
+# too: its `drift warning` lines), $JOBS at a time.
 tests=()
 for p in "${PROVIDERS[@]}"; do
     [ "${built[$p]}" = pass ] && while read -r t; do tests+=("$t"); done < <(tests_of "$p"; features_of "$p")
@@ -200,7 +201,7 @@ done
 printf 'drift: running %d e2e tests against %s/* images\n' "${#tests[@]}" "$REPO" >&2
 export CAW_BOX_E2E_IMAGE_REPO=$REPO
 printf '%s\n' "${tests[@]}" | xargs -P "$JOBS" -I{} sh -c \
-    'cargo nextest run --workspace --test e2e --no-fail-fast -E "test(={})" >"$1/{}.log" 2>&1; echo $? >"$1/{}.rc"' \
+    'cargo nextest run --workspace --test e2e --no-fail-fast --success-output immediate -E "test(={})" >"$1/{}.log" 2>&1; echo $? >"$1/{}.rc"' \
     _ "$OUT"
 
 # Per check: pass, FAIL, or - (not run: the build failed, or an earlier check of the same
