@@ -84,12 +84,14 @@ make_wheel() {
     mkdir -p dist
     rm -f dist/caw_box-*.whl
     # _build/backend.py puts BIN in the wheel as its `caw-box` and has maturin build the
-    # extension with the release profile. pip fetches maturin into an isolated build env.
+    # extension with the release profile ($CAW_BOX_WHEEL_PROFILE may name another: `make
+    # test`'s dist stage). pip fetches maturin into an isolated build env.
     # The platform tag: manylinux_2_34, which maturin checks the extension's glibc symbol
     # versions against (2.34 at most when built on Debian 12), and which pip takes on glibc
     # 2.34 or newer: Debian 12 (2.36), python:3.x-slim, Ubuntu 22.04. (pip's own build leaves
     # it at linux_x86_64, which an index refuses.) BIN is static: it runs on any of them.
-    CARGO_TARGET_DIR=$target_dir CAW_BOX_WHEEL_PROFILE=release CAW_BOX_WHEEL_BINARY=$bin \
+    CARGO_TARGET_DIR=$target_dir CAW_BOX_WHEEL_PROFILE=${CAW_BOX_WHEEL_PROFILE:-release} \
+        CAW_BOX_WHEEL_BINARY=$bin \
         MATURIN_PEP517_ARGS="--compatibility manylinux_2_34" \
         python3 -m pip wheel --quiet --disable-pip-version-check --no-deps -w dist ./python >&2
     ls dist/caw_box-*.whl >/dev/null 2>&1 || die "pip wheel built no dist/caw_box-*.whl"

@@ -38,6 +38,12 @@ cleanup() {
 trap cleanup EXIT
 
 step "make dist"
+# The wheel's extension module with the dev profile, which the python stage has compiled
+# already: a second whole-program-LTO build of the library (about 300 s on 2 cores) would
+# check nothing the release workflow's own build does not. The wheel is otherwise made as
+# published (the same pyproject, maturin, manylinux tag, and the release musl binary as its
+# `caw-box`); release.yml runs `make dist` without this, so its wheel is the release build.
+export CAW_BOX_WHEEL_PROFILE=${CAW_BOX_WHEEL_PROFILE:-dev}
 t0=$SECONDS
 make --no-print-directory dist
 echo "make dist: $((SECONDS - t0)) s"

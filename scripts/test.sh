@@ -57,6 +57,8 @@ nt() {
 finish() {
     local rc=$?
     set +e
+    # A release build still running beside the stages (a failed or killed run) goes too.
+    [ -z "${prebuild:-}" ] || kill -- -"$prebuild" 2>/dev/null
     scripts/podman.sh down
     unset DOCKER_HOST
     scripts/cleanup.sh
@@ -93,6 +95,15 @@ tests() {
     shift
     stage "$name" "$@" || failed+=("$name")
 }
+# The static musl release binary the stage dist ships (a whole-program-LTO build, about 300 s
+# of CPU), built beside the main stage at the lowest CPU and I/O priority: it takes the CPU
+# the end-to-end tests leave idle while they wait on containers, and little else. Its own
+# lock (target/x86_64-unknown-linux-musl/release) is not the tests'. The stage dist builds it
+# again, a no-op when this finished and the same build when it failed (its errors are said
+# there). Its own process group, so that `finish` stops all of it.
+prebuild_log=$timings/prebuild.log
+setsid nice -n 19 ionice -c 3 scripts/dist.sh binary >"$prebuild_log" 2>&1 &
+prebuild=$!
 tests main nt main --workspace --no-fail-fast --test-threads 3 \
     -E "not ($alone) & not binary(keyring)" "$@"
 # No later stage runs a Kubernetes test: the lab's processes stop now rather than idle on
@@ -156,6 +167,12 @@ tests podman podman_pass "$@"
 tests python scripts/test-python.sh
 # What a release publishes: `make dist`, then the static binary alone in a scratch image and
 # the wheel in a fresh virtualenv, each running turns (scripts/test-dist.sh).
+prebuilt() {
+    local t0=$SECONDS
+    wait "$prebuild" || echo "the release binary's build beside the main stage failed: the stage dist builds it"
+    echo "waited $((SECONDS - t0)) s for the release binary's build beside the main stage"
+}
+prebuilt
 tests dist scripts/test-dist.sh
 tests bench-smoke scripts/bench.sh --smoke
 # The documented targets and scripts no stage above runs (drift's plan, fuzz, the demo), so
