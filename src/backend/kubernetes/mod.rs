@@ -143,6 +143,8 @@ pub struct KubeBackend {
     namespace: String,
     /// Where the client's configuration came from, for messages.
     origin: String,
+    /// What this backend can do, and where its sessions live (the namespace, the context).
+    capabilities: std::sync::Arc<crate::backend::Capabilities>,
     /// The terminal size senders of this process's TTY attachments, by pod name.
     terminals: std::sync::Arc<std::sync::Mutex<HashMap<String, Resizer>>>,
     /// What the agents of this process's attachments said of their end.
@@ -178,6 +180,38 @@ fn failed(what: impl std::fmt::Display, e: &kube::Error) -> Error {
         kube::Error::Api(r) => Error::environment(format!("failed to {what}: {}", r.message)),
         other => Error::environment(format!("failed to {what}: {other}"))
             .with_hint("is the Kubernetes API server reachable? check KUBECONFIG and --context"),
+    }
+}
+
+/// What a cluster can do, for the sessions of `namespace` made through the kubeconfig
+/// context `context` (when one was named).
+fn capabilities(namespace: &str, context: Option<&str>) -> crate::backend::Capabilities {
+    use crate::backend::{BackendKind, BrokerPlace, HostDirs, RuntimeDir, Scope, Words};
+    crate::backend::Capabilities {
+        scope: Scope {
+            kind: BackendKind::Kubernetes,
+            namespace: Some(namespace.to_string()),
+            context: context.map(str::to_string),
+        },
+        words: Words {
+            here: format!("namespace '{namespace}' of this cluster"),
+            elsewhere: "another namespace or cluster".into(),
+            engine: "the cluster".into(),
+        },
+        // A cluster has no host directories: the workspace is always copied in.
+        host_dirs: HostDirs::Never(
+            Error::usage(
+                "--workspace-mode bind is not available with the kubernetes backend: a pod cannot mount a directory of this host",
+            )
+            .with_hint("use --workspace-mode copy (the default there) or none"),
+        ),
+        // The pod's memory: gone with the pod.
+        runtime_dir: RuntimeDir::GoesWithTurn,
+        broker_place: BrokerPlace::InTurn,
+        keeps_warm: true,
+        hands_over_to_root: false,
+        // The turn pod's init container seeds a new claim.
+        fill_volume_first: false,
     }
 }
 
@@ -218,10 +252,12 @@ impl KubeBackend {
             .map(str::to_string)
             .unwrap_or_else(|| config.default_namespace.clone());
         let client = kube::Client::try_from(config).map_err(|e| unreachable(&origin, e))?;
+        let capabilities = capabilities(&namespace, context);
         let backend = KubeBackend {
             client,
             namespace,
             origin,
+            capabilities: std::sync::Arc::new(capabilities),
             terminals: Default::default(),
             ends: Default::default(),
             warm: Default::default(),
