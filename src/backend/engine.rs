@@ -25,8 +25,7 @@ pub async fn checkup(
         BackendKind::Docker => super::docker::doctor::checkup(settings, images, say).await,
         BackendKind::Kubernetes => {
             use super::kubernetes::doctor::checks;
-            let (context, namespace) = (&settings.kube_context, &settings.namespace);
-            let (lines, reached) = checks(context.as_deref(), namespace.as_deref(), images).await;
+            let (lines, reached) = checks(settings, images).await;
             for line in &lines {
                 say(line);
             }
@@ -70,7 +69,10 @@ impl BackendKind {
 
 /// What a backend is connected with, as values. Its caller resolves them (the command line
 /// and [`crate::Client`]: flags and a client's settings, then the variables, then the config
-/// files, then these defaults); a backend reads no setting of this process itself.
+/// files, then these defaults); a backend reads no caw-box setting of this process itself.
+/// What it does read is its engine's own client configuration, as that engine's CLI would:
+/// the docker CLI's config directory and TLS variables (`DOCKER_CONFIG`, `DOCKER_TLS_VERIFY`,
+/// `DOCKER_CERT_PATH`), the kubeconfig (`KUBECONFIG`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BackendSettings {
     /// Which backend (`--backend`, `CAW_BOX_BACKEND`, the config files' `backend`).
@@ -86,6 +88,25 @@ pub struct BackendSettings {
     pub docker_context: Option<String>,
     /// Docker: the daemon's address (`DOCKER_HOST`), where no context is named.
     pub docker_host: Option<String>,
+    /// Kubernetes: what every claim and pod caw-box makes gets, beside what its session asks.
+    pub cluster: ClusterSettings,
+}
+
+/// What every claim and pod caw-box makes on a cluster gets, beside what its session asks
+/// (docs/kubernetes.md), for a cluster that needs it (a storage class of its own, a registry
+/// it may not pull from, no DNS for a host).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterSettings {
+    /// The storage class of a session's claims (`CAW_BOX_STORAGE_CLASS`); `None`: the
+    /// cluster's default.
+    pub storage_class: Option<String>,
+    /// The storage a session's claim requests (`CAW_BOX_VOLUME_SIZE`); `None`: 1Gi.
+    pub volume_size: Option<String>,
+    /// When a pod's images are pulled (`CAW_BOX_IMAGE_PULL_POLICY`); `None`: only when the
+    /// node does not have them (`IfNotPresent`).
+    pub image_pull_policy: Option<String>,
+    /// `HOST:IP` lines of every pod's hosts file (`CAW_BOX_HOST_ALIASES`, comma-separated).
+    pub host_aliases: Vec<String>,
 }
 
 /// Where sessions live: the backend, and for Kubernetes the namespace. A handle names it.
@@ -111,13 +132,7 @@ pub enum Engine {
 pub async fn connect(settings: &BackendSettings) -> Result<Engine> {
     Ok(match settings.kind {
         BackendKind::Docker => Engine::Docker(DockerBackend::connect(settings).await?),
-        BackendKind::Kubernetes => Engine::Kubernetes(
-            KubeBackend::connect(
-                settings.kube_context.as_deref(),
-                settings.namespace.as_deref(),
-            )
-            .await?,
-        ),
+        BackendKind::Kubernetes => Engine::Kubernetes(KubeBackend::connect(settings).await?),
     })
 }
 

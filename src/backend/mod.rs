@@ -57,7 +57,7 @@ pub mod refresh_lock;
 mod scratch;
 pub mod warm;
 pub use capabilities::{Capabilities, Words};
-pub use engine::{checkup, connect, BackendKind, BackendSettings, Engine, Scope};
+pub use engine::{checkup, connect, BackendKind, BackendSettings, ClusterSettings, Engine, Scope};
 pub use plan::{
     proxy_env, BrokerPlace, BrokerPlan, BrokerRoute, EgressPlan, EgressRoute, HostDirs, RuntimeDir,
     PROXY_PORT, PROXY_SCRIPT,

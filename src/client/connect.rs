@@ -7,7 +7,7 @@
 //! package, a library caller).
 
 use super::Client;
-use crate::backend::{BackendKind, BackendSettings, Engine};
+use crate::backend::{BackendKind, BackendSettings, ClusterSettings, Engine};
 use crate::connection;
 use crate::error::{Error, Result};
 
@@ -129,14 +129,29 @@ pub fn chosen_backend() -> Result<BackendKind> {
 /// This process's backend settings, as the values the backend is connected with: the
 /// backend [`chosen_backend`] names, and each of its other settings a [`ClientBuilder`]'s
 /// (or the command line's) where it installed one, else its variable
-/// (`CAW_BOX_NAMESPACE`, `CAW_BOX_KUBE_CONTEXT`, `DOCKER_CONTEXT`, `DOCKER_HOST`).
+/// (`CAW_BOX_NAMESPACE`, `CAW_BOX_KUBE_CONTEXT`, `DOCKER_CONTEXT`, `DOCKER_HOST`, and a
+/// cluster's `CAW_BOX_STORAGE_CLASS`, `CAW_BOX_VOLUME_SIZE`, `CAW_BOX_IMAGE_PULL_POLICY`,
+/// `CAW_BOX_HOST_ALIASES`; an empty one counts as unset).
 pub fn backend_settings() -> Result<BackendSettings> {
+    let host_aliases = connection::setting("CAW_BOX_HOST_ALIASES")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(str::to_string)
+        .collect();
     Ok(BackendSettings {
         kind: chosen_backend()?,
         namespace: connection::setting("CAW_BOX_NAMESPACE"),
         kube_context: connection::setting("CAW_BOX_KUBE_CONTEXT"),
         docker_context: connection::var("DOCKER_CONTEXT"),
         docker_host: connection::var("DOCKER_HOST"),
+        cluster: ClusterSettings {
+            storage_class: connection::setting("CAW_BOX_STORAGE_CLASS"),
+            volume_size: connection::setting("CAW_BOX_VOLUME_SIZE"),
+            image_pull_policy: connection::setting("CAW_BOX_IMAGE_PULL_POLICY"),
+            host_aliases,
+        },
     })
 }
 

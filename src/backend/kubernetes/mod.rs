@@ -145,6 +145,8 @@ pub struct KubeBackend {
     origin: String,
     /// What this backend can do, and where its sessions live (the namespace, the context).
     capabilities: std::sync::Arc<crate::backend::Capabilities>,
+    /// What every claim and pod it makes gets (a storage class, a pull policy …).
+    cluster: std::sync::Arc<crate::backend::ClusterSettings>,
     /// The terminal size senders of this process's TTY attachments, by pod name.
     terminals: std::sync::Arc<std::sync::Mutex<HashMap<String, Resizer>>>,
     /// What the agents of this process's attachments said of their end.
@@ -220,10 +222,15 @@ fn is_status(e: &kube::Error, code: u16) -> bool {
 }
 
 impl KubeBackend {
-    /// Connects with the kubeconfig (`KUBECONFIG`, `~/.kube/config`, `context` when given)
-    /// or the in-cluster service account, and checks that the API server answers. Nothing
-    /// reads the server's version: a server whose `/version` has no major/minor works.
-    pub async fn connect(context: Option<&str>, namespace: Option<&str>) -> Result<Self> {
+    /// Connects with the kubeconfig (`KUBECONFIG`, `~/.kube/config`, the settings' context
+    /// when given) or the in-cluster service account, in the settings' namespace (else the
+    /// context's), and checks that the API server answers. Nothing reads the server's
+    /// version: a server whose `/version` has no major/minor works.
+    pub async fn connect(settings: &crate::backend::BackendSettings) -> Result<Self> {
+        let (context, namespace) = (
+            settings.kube_context.as_deref(),
+            settings.namespace.as_deref(),
+        );
         STARTED.get_or_init(std::time::Instant::now);
         let (config, origin) = match context {
             Some(context) => {
@@ -258,6 +265,7 @@ impl KubeBackend {
             namespace,
             origin,
             capabilities: std::sync::Arc::new(capabilities),
+            cluster: std::sync::Arc::new(settings.cluster.clone()),
             terminals: Default::default(),
             ends: Default::default(),
             warm: Default::default(),

@@ -468,11 +468,11 @@ impl Backend for KubeBackend {
             super::timeline("ConfigMap (turn record)", t0);
             made
         } else {
-            let class = std::env::var("CAW_BOX_STORAGE_CLASS").ok();
+            let class = self.cluster.storage_class.clone();
             if let Some(class) = &class {
                 self.check_storage_class(name, class).await?;
             }
-            let size = std::env::var("CAW_BOX_VOLUME_SIZE").unwrap_or_else(|_| "1Gi".into());
+            let size = (self.cluster.volume_size.clone()).unwrap_or_else(|| "1Gi".into());
             let claim = PersistentVolumeClaim {
                 metadata,
                 spec: Some(PersistentVolumeClaimSpec {
