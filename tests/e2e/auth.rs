@@ -404,17 +404,55 @@ fn a_killed_drivers_turn_leaves_no_credential_and_goes_with_the_next_turn() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let shown: serde_json::Value = serde_json::from_str(&stdout_of(&out)).unwrap();
     assert_eq!(shown["turns"][0]["result"], "Noted: killed.", "{shown}");
-    // Nothing of a turn's runtime is on the host: the key is in the store alone.
+    // Nothing of a turn's runtime is on the host: the key is in the store alone. (Of the
+    // session records this test's `ls` may have written, only its own two sessions' count:
+    // another test's killed driver leaves a turn that this `ls` records here too, and a
+    // test may have put the key in a prompt on purpose.)
+    let next = json["session_id"]
+        .as_str()
+        .expect("the next turn's session");
+    let sessions = rig.data_dir.path().join("sessions");
+    let ours = |f: &std::path::Path| {
+        !f.starts_with(&sessions)
+            || [killed, next].iter().any(|id| {
+                f.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(id))
+            })
+    };
     let outside_store: Vec<_> = walkdir(rig.data_dir.path())
         .into_iter()
-        .filter(|f| !f.starts_with(rig.data_dir.path().join("auth")))
+        .filter(|f| !f.starts_with(rig.data_dir.path().join("auth")) && ours(f))
         .filter(|f| {
             std::fs::read(f)
                 .is_ok_and(|b| b.windows(TEST_KEY.len()).any(|w| w == TEST_KEY.as_bytes()))
         })
         .collect();
-    assert_eq!(outside_store, Vec::<std::path::PathBuf>::new());
+    assert_eq!(
+        outside_store,
+        Vec::<std::path::PathBuf>::new(),
+        "where the key was found: {}",
+        key_context(&outside_store)
+    );
     rig.cleanup();
+}
+
+/// Each of `files` where it holds the test key: 200 characters either side of it, the key
+/// itself written as `<TEST_KEY>`.
+fn key_context(files: &[std::path::PathBuf]) -> String {
+    let mut said = String::new();
+    for file in files {
+        let text = String::from_utf8_lossy(&std::fs::read(file).unwrap_or_default()).into_owned();
+        for (at, _) in text.match_indices(TEST_KEY) {
+            let from = text.floor_char_boundary(at.saturating_sub(200));
+            let to = text.ceil_char_boundary((at + TEST_KEY.len() + 200).min(text.len()));
+            said += &format!(
+                "\n{}: …{}…",
+                file.display(),
+                text[from..to].replace(TEST_KEY, "<TEST_KEY>")
+            );
+        }
+    }
+    said
 }
 
 /// Every file below `dir`.

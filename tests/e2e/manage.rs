@@ -27,7 +27,7 @@ fn two_racing_resumes_exactly_one_runs() {
     let rig = Rig::new("race");
     let id = start(&rig, CODEX, "REMEMBER:race", &[]);
     let spawn = || {
-        let mut c = rig.resume_cmd(CODEX, &id, "HOLD:race REMEMBER:again", &[]);
+        let mut c = rig.resume_cmd(CODEX, &id, "HOLD:race REMEMBER:again", &["-o", "json"]);
         c.stdout(Stdio::piped()).stderr(Stdio::piped());
         c.spawn().unwrap()
     };
@@ -46,6 +46,16 @@ fn two_racing_resumes_exactly_one_runs() {
         stderr_of(loser).contains("is running right now"),
         "{}",
         stderr_of(loser)
+    );
+    // `-o json`: the refusal's kind is `busy` (exit 2, as a usage error's).
+    let report: Value = serde_json::from_str(stdout_of(loser).trim()).unwrap();
+    assert_eq!(
+        (
+            report["error"]["kind"].as_str(),
+            report["exit_code"].as_i64()
+        ),
+        (Some("busy"), Some(2)),
+        "{report}"
     );
 }
 
