@@ -203,7 +203,7 @@ impl std::fmt::Display for SourceError {
 impl std::error::Error for SourceError {}
 
 impl DockerBackend {
-    /// Connects to the daemon `settings` name ([`endpoint`]) and checks that it answers.
+    /// Connects to the daemon `settings` name ([`endpoint()`]) and checks that it answers.
     pub async fn connect(settings: &BackendSettings) -> Result<Self> {
         let endpoint = endpoint(settings)?;
         if let Some(docker) = Self::connect_cached(&endpoint).await? {
