@@ -10,7 +10,6 @@ use crate::{Client, Error};
 
 /// The whole `caw-box` command: parse, run, exit with the outcome's code.
 pub fn main() -> ! {
-    crate::config::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => refuse_command_line(e),
@@ -30,8 +29,8 @@ pub fn main() -> ! {
     let backend = match (&cli.backend, &handle) {
         (Some(b), _) => crate::backend::BackendKind::parse(b),
         (None, Some(h)) => crate::backend::BackendKind::parse(h.backend_name()),
-        // The config files' `backend`, or Docker.
-        (None, None) => crate::backend::BackendKind::chosen(),
+        // CAW_BOX_BACKEND, the config files' `backend`, or Docker.
+        (None, None) => crate::client::chosen_backend(),
     };
     let backend = match backend {
         Ok(b) => b,

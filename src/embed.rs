@@ -72,7 +72,6 @@ fn with_placeholder(turn: &mut TurnArgs) {
 /// e.g. `["--provider", "codex", "--model=gpt-5.5"]`); `progress` hears what was decided
 /// on the way (a model discovered).
 pub async fn start(flags: &[String], progress: &(dyn Fn(&str) + Sync)) -> Result<Prepared> {
-    crate::config::install();
     let mut args = parse::<RunFlags>(flags)?.run;
     with_placeholder(&mut args.turn);
     if args.turn.detach || args.turn.on_limit.is_some() || args.turn.max_wait.is_some() {
@@ -90,7 +89,6 @@ pub async fn start(flags: &[String], progress: &(dyn Fn(&str) + Sync)) -> Result
 /// The session `target` (a handle, id, unique prefix or name) opened as `caw-box resume
 /// TARGET FLAGS` opens it: `flags` override its remembered settings.
 pub async fn resume(target: &str, flags: &[String]) -> Result<Prepared> {
-    crate::config::install();
     let mut args = parse::<ResumeFlags>(flags)?.resume;
     with_placeholder(&mut args.turn);
     if args.group.is_some() || args.target.is_some() {
@@ -111,7 +109,6 @@ pub async fn detach(_client: &Client, session: &Session, options: &TurnOptions) 
 
 /// The rows `caw-box ls --json [--group G]` prints.
 pub async fn sessions(group: Option<String>) -> Result<serde_json::Value> {
-    crate::config::install();
     crate::commands::manage::ls_rows(false, group).await
 }
 
@@ -146,7 +143,6 @@ pub async fn auth_login(
     cancel: Option<std::sync::Arc<tokio::sync::Notify>>,
     on_prompt: &mut (dyn FnMut(serde_json::Value) -> Option<String> + Send),
 ) -> Result<serde_json::Value> {
-    crate::config::install();
     let mut args = parse::<LoginFlags>(flags)?.login;
     args.with_api_key = key.is_some();
     let key = key.map(|k| crate::auth::Secret::new(k.trim().as_bytes().to_vec()));

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use caw_box::auth::spec::{self, Expiry, Spec};
 use caw_box::auth::Secret;
+use caw_box::backend::{BackendKind, Scope};
 use caw_box::event::{Event, Status, Usage};
 use caw_box::provider::{ParseContext, ProviderKind};
 use caw_box::session::names::state_volume;
@@ -38,6 +39,13 @@ use proptest::sample::{select, Index};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use serde_json::{json, Value};
 use uuid::Uuid;
+
+/// Where the handles here live: a Docker daemon's sessions (version-1 handles).
+const DOCKER: Scope = Scope {
+    kind: BackendKind::Docker,
+    namespace: None,
+    context: None,
+};
 
 // ---------------------------------------------------------------------------------------
 // The harness: one proptest runner per parser, with a hang watchdog and a count report.
@@ -836,7 +844,7 @@ fn any_provider() -> BoxedStrategy<ProviderKind> {
 
 fn valid_handle() -> BoxedStrategy<ResumeHandle> {
     (any_provider(), any::<[u8; 16]>(), valid_resume_key())
-        .prop_map(|(p, id, key)| ResumeHandle::new(p, Uuid::from_bytes(id), key))
+        .prop_map(|(p, id, key)| ResumeHandle::in_scope(p, Uuid::from_bytes(id), key, &DOCKER))
         .boxed()
 }
 
@@ -847,7 +855,7 @@ fn handle_corpus() -> &'static Corpus {
         let other = "caw-box-00000000-0000-0000-0000-000000000000";
         let mut lines: Vec<String> = ProviderKind::ALL
             .iter()
-            .map(|p| ResumeHandle::new(*p, id, "019a-thread").to_json())
+            .map(|p| ResumeHandle::in_scope(*p, id, "019a-thread", &DOCKER).to_json())
             .collect();
         // Words the mutations draw from: aliases, ids and volumes of other sessions.
         lines.push(
@@ -1018,7 +1026,7 @@ fn target_resolution_input() {
     });
     fuzz("TARGET resolution", strategy, |(all, input)| {
         let trimmed = input.trim_matches(|c: char| c.is_whitespace() || c == '\u{feff}');
-        match target::parse_target(&input) {
+        match target::parse_target(&input, &DOCKER) {
             Err(e) => {
                 prop_assert!(
                     trimmed.is_empty() || trimmed.starts_with('{'),
@@ -1673,8 +1681,8 @@ fn regression_handle_errors_do_not_quote_the_handle_back() {
 
 #[test]
 fn regression_a_handle_after_a_byte_order_mark_is_a_handle() {
-    let h = ResumeHandle::new(ProviderKind::ClaudeCode, Uuid::nil(), "k");
-    match target::parse_target(&format!("\u{feff}{}\n", h.to_json())).unwrap() {
+    let h = ResumeHandle::in_scope(ProviderKind::ClaudeCode, Uuid::nil(), "k", &DOCKER);
+    match target::parse_target(&format!("\u{feff}{}\n", h.to_json()), &DOCKER).unwrap() {
         TargetSpec::Handle(parsed) => assert_eq!(parsed, h),
         other => panic!("{other:?}"),
     }

@@ -1,7 +1,8 @@
-//! The backend a process runs sessions on, chosen once: Docker (the default) or Kubernetes
-//! (`--backend kubernetes`, `CAW_BOX_BACKEND`), and the [`Backend`] that dispatches to it.
-//! The session layer stays generic over `impl Backend`; commands that need a backend's own
-//! operations (image builds, `doctor`) match on [`Engine`].
+//! The backend a process runs sessions on: Docker (the default) or Kubernetes, connected
+//! with the [`BackendSettings`] its caller resolved (the command line, a
+//! [`crate::Client`]'s builder), and the [`Backend`] that dispatches to it. The session
+//! layer stays generic over `impl Backend`; commands that need a backend's own operations
+//! (image builds, `doctor`) match on [`Engine`].
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -12,20 +13,19 @@ use super::{
 };
 use crate::error::{Error, Result};
 
-/// `caw-box doctor`: checks the chosen backend, saying each line to `say` as it is known; `images` are the
-/// provider images to look for, (provider, image). An `Err` (exit 3): the backend could
-/// not be reached or checked; what was said before it stands.
+/// `caw-box doctor`: checks the backend `settings` name, saying each line to `say` as it
+/// is known; `images` are the provider images to look for, (provider, image). An `Err`
+/// (exit 3): the backend could not be reached or checked; what was said before it stands.
 pub async fn checkup(
+    settings: &BackendSettings,
     images: &[(String, String)],
     say: &mut (dyn FnMut(&super::doctor::Check) + Send),
 ) -> Result<()> {
-    match BackendKind::chosen()? {
-        BackendKind::Docker => super::docker::doctor::checkup(images, say).await,
+    match settings.kind {
+        BackendKind::Docker => super::docker::doctor::checkup(settings, images, say).await,
         BackendKind::Kubernetes => {
             use super::kubernetes::doctor::checks;
-            let get = crate::connection::setting;
-            let (context, namespace) = (get("CAW_BOX_KUBE_CONTEXT"), get("CAW_BOX_NAMESPACE"));
-            let (lines, reached) = checks(context.as_deref(), namespace.as_deref(), images).await;
+            let (lines, reached) = checks(settings, images).await;
             for line in &lines {
                 say(line);
             }
@@ -65,27 +65,48 @@ impl BackendKind {
             ))),
         }
     }
-
-    /// The backend this process was asked for: `--backend` or a client's setting, else
-    /// `CAW_BOX_BACKEND`, else the config files' `backend` (project, then user: read by the
-    /// reader [`read_config_by`] registered), else Docker.
-    pub fn chosen() -> Result<Self> {
-        if let Some(v) = crate::connection::setting("CAW_BOX_BACKEND") {
-            return Self::parse(&v);
-        }
-        let from_files = CONFIGURED.get().and_then(|read| read());
-        Self::parse(from_files.as_deref().unwrap_or(""))
-    }
 }
 
-/// How the config files' `backend` is read: by the layer that reads config files
-/// (`config::install`), which this one does not import.
-static CONFIGURED: std::sync::OnceLock<fn() -> Option<String>> = std::sync::OnceLock::new();
+/// What a backend is connected with, as values. Its caller resolves them (the command line
+/// and [`crate::Client`]: flags and a client's settings, then the variables, then the config
+/// files, then these defaults); a backend reads no caw-box setting of this process itself.
+/// What it does read is its engine's own client configuration, as that engine's CLI would:
+/// the docker CLI's config directory and TLS variables (`DOCKER_CONFIG`, `DOCKER_TLS_VERIFY`,
+/// `DOCKER_CERT_PATH`), the kubeconfig (`KUBECONFIG`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackendSettings {
+    /// Which backend (`--backend`, `CAW_BOX_BACKEND`, the config files' `backend`).
+    pub kind: BackendKind,
+    /// Kubernetes: the namespace (`--namespace`, `CAW_BOX_NAMESPACE`); `None`: the
+    /// kubeconfig context's.
+    pub namespace: Option<String>,
+    /// Kubernetes: the kubeconfig context (`--context`, `CAW_BOX_KUBE_CONTEXT`); `None`:
+    /// the kubeconfig's current one, or the in-cluster service account.
+    pub kube_context: Option<String>,
+    /// Docker: the context (`--context`, `DOCKER_CONTEXT`); `None` (or empty): the docker
+    /// CLI's current one, else the local socket.
+    pub docker_context: Option<String>,
+    /// Docker: the daemon's address (`DOCKER_HOST`), where no context is named.
+    pub docker_host: Option<String>,
+    /// Kubernetes: what every claim and pod caw-box makes gets, beside what its session asks.
+    pub cluster: ClusterSettings,
+}
 
-/// Registers how [`BackendKind::chosen`] reads the config files' `backend` (the first call
-/// wins). Without it, only `--backend` and `CAW_BOX_BACKEND` choose.
-pub fn read_config_by(read: fn() -> Option<String>) {
-    let _ = CONFIGURED.set(read);
+/// What every claim and pod caw-box makes on a cluster gets, beside what its session asks
+/// (docs/kubernetes.md), for a cluster that needs it (a storage class of its own, a registry
+/// it may not pull from, no DNS for a host).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterSettings {
+    /// The storage class of a session's claims (`CAW_BOX_STORAGE_CLASS`); `None`: the
+    /// cluster's default.
+    pub storage_class: Option<String>,
+    /// The storage a session's claim requests (`CAW_BOX_VOLUME_SIZE`); `None`: 1Gi.
+    pub volume_size: Option<String>,
+    /// When a pod's images are pulled (`CAW_BOX_IMAGE_PULL_POLICY`); `None`: only when the
+    /// node does not have them (`IfNotPresent`).
+    pub image_pull_policy: Option<String>,
+    /// `HOST:IP` lines of every pod's hosts file (`CAW_BOX_HOST_ALIASES`, comma-separated).
+    pub host_aliases: Vec<String>,
 }
 
 /// Where sessions live: the backend, and for Kubernetes the namespace. A handle names it.
@@ -98,23 +119,6 @@ pub struct Scope {
     pub context: Option<String>,
 }
 
-static SCOPE: std::sync::OnceLock<Scope> = std::sync::OnceLock::new();
-
-/// The scope of the backend this process connected to; before it connected, the one it
-/// was asked for (the namespace only when given).
-pub fn scope() -> Scope {
-    SCOPE.get().cloned().unwrap_or_else(|| Scope {
-        kind: BackendKind::chosen().unwrap_or_default(),
-        namespace: crate::connection::setting("CAW_BOX_NAMESPACE"),
-        context: kube_context(),
-    })
-}
-
-/// The kubeconfig context named for this process (`--context`), if any.
-fn kube_context() -> Option<String> {
-    crate::connection::setting("CAW_BOX_KUBE_CONTEXT")
-}
-
 /// A connected backend.
 #[derive(Debug, Clone)]
 pub enum Engine {
@@ -122,36 +126,17 @@ pub enum Engine {
     Kubernetes(KubeBackend),
 }
 
-/// Connects to the chosen backend: `CAW_BOX_BACKEND`; Kubernetes takes its context from
-/// `CAW_BOX_KUBE_CONTEXT` (`--context`) and namespace from `CAW_BOX_NAMESPACE`
-/// (`--namespace`), else the kubeconfig's.
-pub async fn connect() -> Result<Engine> {
-    let engine = match BackendKind::chosen()? {
-        BackendKind::Docker => Engine::Docker(DockerBackend::connect().await?),
-        BackendKind::Kubernetes => {
-            let context = crate::connection::setting("CAW_BOX_KUBE_CONTEXT");
-            let namespace = crate::connection::setting("CAW_BOX_NAMESPACE");
-            Engine::Kubernetes(
-                KubeBackend::connect(context.as_deref(), namespace.as_deref()).await?,
-            )
-        }
-    };
-    let _ = SCOPE.set(engine.scope());
-    Ok(engine)
+/// Connects to the backend `settings` name: Docker at its context or host, else the docker
+/// CLI's; Kubernetes through its kubeconfig context (else the current one), in its
+/// namespace (else the context's).
+pub async fn connect(settings: &BackendSettings) -> Result<Engine> {
+    Ok(match settings.kind {
+        BackendKind::Docker => Engine::Docker(DockerBackend::connect(settings).await?),
+        BackendKind::Kubernetes => Engine::Kubernetes(KubeBackend::connect(settings).await?),
+    })
 }
 
 impl Engine {
-    pub fn scope(&self) -> Scope {
-        match self {
-            Engine::Docker(_) => Scope::default(),
-            Engine::Kubernetes(k) => Scope {
-                kind: BackendKind::Kubernetes,
-                namespace: Some(k.namespace().to_string()),
-                context: kube_context(),
-            },
-        }
-    }
-
     /// The Docker backend, for Docker-only commands; on Kubernetes a usage error.
     pub fn docker(&self, what: &str) -> Result<&DockerBackend> {
         match self {
@@ -173,6 +158,9 @@ macro_rules! dispatch {
 }
 
 impl Backend for Engine {
+    fn capabilities(&self) -> &super::Capabilities {
+        dispatch!(self, b => b.capabilities())
+    }
     async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>> {
         dispatch!(self, b => b.list_containers(labels).await)
     }
@@ -208,12 +196,6 @@ impl Backend for Engine {
     async fn stop_container(&self, name: &str, grace: Duration) -> Result<()> {
         dispatch!(self, b => Backend::stop_container(b, name, grace).await)
     }
-    fn hands_over_in_turn(&self, user: (u32, u32)) -> bool {
-        dispatch!(self, b => Backend::hands_over_in_turn(b, user))
-    }
-    fn runtime_dir(&self) -> super::RuntimeDir {
-        dispatch!(self, b => Backend::runtime_dir(b))
-    }
     async fn stop_noted(&self, name: &str) -> bool {
         dispatch!(self, b => Backend::stop_noted(b, name).await)
     }
@@ -223,30 +205,14 @@ impl Backend for Engine {
     async fn ended_by_environment(&self, name: &str) -> Option<String> {
         dispatch!(self, b => Backend::ended_by_environment(b, name).await)
     }
-    fn words(&self) -> super::Words {
-        dispatch!(self, b => Backend::words(b))
-    }
     fn logs_hint(&self, name: &str) -> String {
         dispatch!(self, b => Backend::logs_hint(b, name))
     }
     fn refuse_settings(&self, network: &str, pids_limit: Option<i64>) -> Result<()> {
         dispatch!(self, b => Backend::refuse_settings(b, network, pids_limit))
     }
-    fn host_dirs(&self) -> crate::backend::HostDirs {
-        dispatch!(self, b => Backend::host_dirs(b))
-    }
     async fn note_stop(&self, name: &str) -> Result<()> {
         dispatch!(self, b => Backend::note_stop(b, name).await)
-    }
-    async fn fill_new_volume(
-        &self,
-        name: &str,
-        spec: &HelperSpec,
-    ) -> std::result::Result<Option<(i64, String, String)>, CreateError> {
-        dispatch!(self, b => Backend::fill_new_volume(b, name, spec).await)
-    }
-    async fn broker_place(&self) -> super::BrokerPlace {
-        dispatch!(self, b => Backend::broker_place(b).await)
     }
     fn broker_route(&self, plan: &super::BrokerPlan) -> super::BrokerRoute {
         dispatch!(self, b => Backend::broker_route(b, plan))
@@ -296,9 +262,6 @@ impl Backend for Engine {
     }
     async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
         dispatch!(self, b => Backend::remove_found(b, found).await)
-    }
-    fn keeps_warm(&self) -> bool {
-        dispatch!(self, b => Backend::keeps_warm(b))
     }
     async fn claim_warm(&self, name: &str) -> Result<Option<ContainerInfo>> {
         dispatch!(self, b => Backend::claim_warm(b, name).await)

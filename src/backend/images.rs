@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use super::{BackendKind, DockerBackend, ImageInfo};
+use super::{BackendKind, BackendSettings, DockerBackend, ImageInfo};
 use crate::error::{Error, Result};
 
 pub use super::docker::{BuildEvent, BuildSpec, BuildStream};
@@ -27,10 +27,10 @@ impl std::fmt::Debug for ImageStore {
 use super::docker::managed_filter;
 
 impl ImageStore {
-    /// Refuses (exit 2, with what to do) `caw-box image WHAT` where the chosen backend has
-    /// no image store of its own.
-    pub fn refuse_elsewhere(what: &str) -> Result<()> {
-        if BackendKind::chosen()? != BackendKind::Kubernetes {
+    /// Refuses (exit 2, with what to do) `caw-box image WHAT` where the backend `settings`
+    /// name has no image store of its own.
+    pub fn refuse_elsewhere(settings: &BackendSettings, what: &str) -> Result<()> {
+        if settings.kind != BackendKind::Kubernetes {
             return Ok(());
         }
         Err(Error::usage(format!(
@@ -41,9 +41,10 @@ impl ImageStore {
         )))
     }
 
-    /// Connects to the image store (after [`Self::refuse_elsewhere`]).
-    pub async fn connect() -> Result<Self> {
-        DockerBackend::connect().await.map(ImageStore)
+    /// Connects to the image store of the backend `settings` name (after
+    /// [`Self::refuse_elsewhere`]).
+    pub async fn connect(settings: &BackendSettings) -> Result<Self> {
+        DockerBackend::connect(settings).await.map(ImageStore)
     }
 
     /// Builds `spec`; dropping the stream cancels the build.

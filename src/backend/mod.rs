@@ -37,6 +37,8 @@
 //!   where) every backend routes ([`Backend::broker_route`], [`Backend::egress_route`]) and
 //!   realises its own way (`plan.rs`); a backend that cannot honour a setting refuses it
 //!   before anything is made ([`Backend::refuse_settings`], [`HostDirs::Never`]).
+//! - **What a backend can do is one value** ([`Capabilities`], worked out when it connects):
+//!   the session layer reads it, never which backend it has.
 
 pub mod docker;
 pub mod kubernetes;
@@ -46,6 +48,7 @@ pub use docker::build_tar;
 pub use docker::DockerBackend;
 pub use kubernetes::KubeBackend;
 
+mod capabilities;
 pub mod doctor;
 mod engine;
 pub mod images;
@@ -53,7 +56,8 @@ mod plan;
 pub mod refresh_lock;
 mod scratch;
 pub mod warm;
-pub use engine::{checkup, connect, read_config_by, scope, BackendKind, Engine, Scope};
+pub use capabilities::{Capabilities, Words};
+pub use engine::{checkup, connect, BackendKind, BackendSettings, ClusterSettings, Engine, Scope};
 pub use plan::{
     proxy_env, BrokerPlace, BrokerPlan, BrokerRoute, EgressPlan, EgressRoute, HostDirs, RuntimeDir,
     PROXY_PORT, PROXY_SCRIPT,
@@ -72,6 +76,8 @@ use crate::error::{Error, Result};
 /// where one is chosen (Docker today). Containers are named by caw-box (the turn's name is
 /// the session's lock); labels are `key=value` filters that must all match.
 pub trait Backend: Clone + Send + Sync + 'static {
+    /// What this backend is and can do, worked out when it connected ([`Capabilities`]).
+    fn capabilities(&self) -> &Capabilities;
     /// Containers (running or not) carrying all of `labels`.
     fn list_containers(
         &self,
@@ -119,17 +125,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn note_stop(&self, _name: &str) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
-    /// Whether a turn's own container can hand its volumes to a turn user `user` before its
-    /// CLI starts ([`TurnSpec::hand_over`]): no helper container on the first turn's path.
-    /// `false`: the session runs a helper to do it first.
-    fn hands_over_in_turn(&self, _user: (u32, u32)) -> bool {
-        false
-    }
-    /// Where a turn's runtime directory is kept, and so when the driver reads what the
-    /// entrypoint hands back there.
-    fn runtime_dir(&self) -> RuntimeDir {
-        RuntimeDir::KeptWithContainer
-    }
     /// Whether [`Self::note_stop`] noted on the turn's container `name` that `caw-box stop`
     /// ended it, read once the container ended. `false` where nothing is noted there
     /// (Docker: the stop request in the runtime directory is read instead).
@@ -147,9 +142,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn ended_by_environment(&self, _name: &str) -> impl Future<Output = Option<String>> + Send {
         async { None }
     }
-    /// How this backend is named in backend-neutral messages: where sessions live, and the
-    /// engine that runs their containers.
-    fn words(&self) -> Words;
     /// What to run to read the output of a turn's container `name` left for inspection.
     fn logs_hint(&self, name: &str) -> String;
     /// Refuses (a usage error, with what to do) a session's `--network` or `--pids-limit`
@@ -157,28 +149,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn refuse_settings(&self, _network: &str, _pids_limit: Option<i64>) -> Result<()> {
         Ok(())
     }
-    /// How this backend's containers see this host's directories (a bind-mode workspace).
-    fn host_dirs(&self) -> HostDirs;
-    /// Has a new, empty volume take the image's files at its mount point before caw-box
-    /// puts anything in it: where the engine fills a volume only when a container that
-    /// mounts it first starts, and only if it is still empty then (Podman), by running
-    /// `spec` (such a container, exiting at once) to completion: (exit code, stdout,
-    /// stderr). `None`: nothing to run, the backend fills it anyway (Docker, when a
-    /// container that mounts it is created; Kubernetes, from the turn pod's init container).
-    fn fill_new_volume(
-        &self,
-        _name: &str,
-        _spec: &HelperSpec,
-    ) -> impl Future<Output = std::result::Result<Option<(i64, String, String)>, CreateError>> + Send
-    {
-        async { Ok(None) }
-    }
-    /// Where a turn's credential broker runs on this backend.
-    fn broker_place(&self) -> impl Future<Output = BrokerPlace> + Send;
     /// How the agent reaches the broker of `plan` (planned for this backend's
-    /// [`Self::broker_place`]), decided before anything is made: its host name and where it
-    /// listens; Docker: its container's name on a network the agent shares; Kubernetes: the
-    /// turn pod's loopback.
+    /// [`Capabilities::broker_place`]), decided before anything is made: its host name and
+    /// where it listens; Docker: its container's name on a network the agent shares;
+    /// Kubernetes: the turn pod's loopback.
     fn broker_route(&self, plan: &BrokerPlan) -> BrokerRoute;
     /// The running broker's address as the agent reaches it (for the hosts it stands in
     /// for); `None`: it has none there.
@@ -245,11 +219,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn check_runtime(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
     /// Removes a container (`force`: also a running one); a missing one is `Ok`.
     fn remove_container(&self, name: &str, force: bool) -> impl Future<Output = Result<()>> + Send;
-    /// Whether this backend keeps a session's container warm between turns
-    /// (`--keep-warm`, [`warm`]); `false`: every turn starts cold.
-    fn keeps_warm(&self) -> bool {
-        false
-    }
     /// Takes the session's idle warm container for the turn `name` (atomically: of racing
     /// turns, one takes it); after this it holds the session's lock as a turn's container
     /// does. `None`: there is none.
@@ -342,17 +311,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
         name: &str,
         path: &str,
     ) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
-}
-
-/// A backend's words for backend-neutral messages of the session layer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Words {
-    /// Where this process's sessions live ("this Docker host").
-    pub here: String,
-    /// Where else a session may live ("another Docker host").
-    pub elsewhere: String,
-    /// What runs the containers and mounts their directories ("the Docker daemon").
-    pub engine: String,
 }
 
 /// Why a container could not be created.
@@ -600,7 +558,7 @@ pub struct TurnSpec {
     /// engine's default. Checked before the turn ([`Backend::check_runtime`]).
     pub oci_runtime: Option<String>,
     /// Paths in the turn's volumes (HOME, a copied workspace) its container first hands to
-    /// [`Self::user`], where the backend [`Backend::hands_over_in_turn`]: with only the
+    /// [`Self::user`], where the backend does ([`Capabilities::hands_over_to`]): with only the
     /// capabilities chown needs, all dropped (the bounding set too) before the image's
     /// entrypoint starts, so nothing of the turn ever holds one. Empty: none.
     pub hand_over: Vec<String>,

@@ -24,7 +24,7 @@ pub fn proxy_env(allow: &[String]) -> Vec<(&'static str, String)> {
 }
 
 /// Where a turn's runtime directory ([`TurnSpec::runtime`](super::TurnSpec::runtime)) is
-/// kept ([`Backend::runtime_dir`](super::Backend::runtime_dir)).
+/// kept ([`Capabilities::runtime_dir`](super::Capabilities::runtime_dir)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuntimeDir {
     /// With the turn's container, readable once the container ended (Docker): what the
@@ -36,8 +36,8 @@ pub enum RuntimeDir {
 }
 
 /// How a backend's containers see the directories of the host that runs caw-box
-/// ([`Backend::host_dirs`](super::Backend::host_dirs)).
-#[derive(Debug)]
+/// ([`Capabilities::host_dirs`](super::Capabilities::host_dirs)).
+#[derive(Debug, Clone)]
 pub enum HostDirs {
     /// As they are: a mount of one shows that directory, and this host's tools may read it
     /// in the container's stead (a local Docker daemon, caw-box not in a job's container).
@@ -74,7 +74,7 @@ pub enum BrokerPlace {
 /// program, keys, placeholders and protocol are the same on every backend): what it runs
 /// and for whom, not where. The backend says how the agent reaches it
 /// ([`Backend::broker_route`](super::Backend::broker_route)) and runs it where
-/// [`Backend::broker_place`](super::Backend::broker_place) says
+/// [`Capabilities::broker_place`](super::Capabilities::broker_place) says
 /// ([`Backend::open_broker`](super::Backend::open_broker),
 /// [`Backend::start_broker`](super::Backend::start_broker)).
 #[derive(Debug, Clone, PartialEq)]

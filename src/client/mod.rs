@@ -37,7 +37,10 @@ use crate::session::record::{now_secs, volume_labels, SessionRecord, SessionSett
 use crate::session::runner::{self, TurnOptions};
 use crate::session::{lifecycle, limits, target};
 
+mod connect;
 pub mod detach;
+
+pub use connect::{backend_settings, chosen_backend, connect_backend, ClientBuilder};
 
 /// A connection to the Docker daemon that sessions run on.
 #[derive(Debug, Clone)]
@@ -88,126 +91,18 @@ pub struct Session {
     record: SessionRecord,
 }
 
-/// The settings a [`Client`] connects with, as values: each one left unset falls back to its
-/// variable (`CAW_BOX_BACKEND`, …), then the config files, as on the command line.
-///
-/// ```no_run
-/// # async fn demo() -> caw_box::Result<()> {
-/// let client = caw_box::Client::builder()
-///     .backend("kubernetes")
-///     .namespace("agents")
-///     .context("lab")
-///     .connect()
-///     .await?;
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, Default)]
-pub struct ClientBuilder {
-    backend: Option<String>,
-    namespace: Option<String>,
-    context: Option<String>,
-    docker_host: Option<String>,
-    image_repo: Option<String>,
-    driver: Option<std::path::PathBuf>,
-}
-
-impl ClientBuilder {
-    /// `docker` or `kubernetes` (as `--backend`).
-    pub fn backend(mut self, backend: impl Into<String>) -> Self {
-        self.backend = Some(backend.into());
-        self
-    }
-
-    /// The Kubernetes namespace (as `--namespace`).
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = Some(namespace.into());
-        self
-    }
-
-    /// The Docker context, or with the kubernetes backend the kubeconfig context (as
-    /// `--context`).
-    pub fn context(mut self, context: impl Into<String>) -> Self {
-        self.context = Some(context.into());
-        self
-    }
-
-    /// The Docker daemon's address, e.g. `unix:///run/user/1000/docker.sock` (as
-    /// `DOCKER_HOST`).
-    pub fn docker_host(mut self, host: impl Into<String>) -> Self {
-        self.docker_host = Some(host.into());
-        self
-    }
-
-    /// The repository the provider images are named under (as `--image-repo`).
-    pub fn image_repo(mut self, repo: impl Into<String>) -> Self {
-        self.image_repo = Some(repo.into());
-        self
-    }
-
-    /// The `caw-box` executable that drives detached turns (default: this process's own
-    /// executable, which is right for the binary, not for a program embedding the library).
-    pub fn driver(mut self, path: impl Into<std::path::PathBuf>) -> Self {
-        self.driver = Some(path.into());
-        self
-    }
-
-    /// Checks the settings and makes them this process's (see [`crate::connection`]),
-    /// without connecting: what the binary does before it dispatches a command.
-    pub fn install(self) -> Result<()> {
-        crate::config::install();
-        let kind = match &self.backend {
-            Some(b) => Some(crate::backend::BackendKind::parse(b)?),
-            None => None,
-        };
-        if let Some(repo) = &self.image_repo {
-            crate::settings::validate_image_repo(repo, "--image-repo")?;
-        }
-        // The context is the chosen backend's: given here, by the variable or the files.
-        let chosen = match kind {
-            Some(k) => k,
-            None => crate::backend::BackendKind::chosen()?,
-        };
-        let (docker_context, kube_context) = match chosen {
-            crate::backend::BackendKind::Docker => (self.context, None),
-            crate::backend::BackendKind::Kubernetes => (None, self.context),
-        };
-        crate::connection::install(crate::connection::Connection {
-            backend: kind.map(|k| k.as_str().to_string()),
-            namespace: self.namespace,
-            kube_context,
-            docker_context,
-            docker_host: self.docker_host,
-            image_repo: self.image_repo,
-            driver: self.driver,
-        })
-        .map_err(|installed| {
-            Error::usage(format!(
-                "this process already connected with other settings ({installed:?}); one backend and daemon per process"
-            ))
-            .with_hint("start another process for the other settings, or pass the same ones")
-        })
-    }
-
-    /// Installs the settings and connects.
-    pub async fn connect(self) -> Result<Client> {
-        self.install()?;
-        Client::connect().await
-    }
-}
-
 impl Client {
     /// The settings to connect with, as values.
     pub fn builder() -> ClientBuilder {
         ClientBuilder::default()
     }
 
-    /// Connects to the backend of this process's settings: those a [`ClientBuilder`]
-    /// installed, else the variables and config files (Docker by default: DOCKER_CONTEXT,
-    /// DOCKER_HOST, the current context or the local socket).
+    /// Connects to the backend of this process's settings ([`backend_settings`]): those a
+    /// [`ClientBuilder`] installed, else the variables and config files (Docker by default:
+    /// DOCKER_CONTEXT, DOCKER_HOST, the current context or the local socket).
     pub async fn connect() -> Result<Self> {
-        crate::config::install();
         Ok(Client {
-            backend: crate::backend::connect().await?,
+            backend: connect_backend().await?,
         })
     }
 
@@ -455,7 +350,7 @@ impl Session {
 
     /// The resume handle as of now.
     pub fn handle(&self) -> ResumeHandle {
-        runner::handle_of(&self.record)
+        runner::handle_of(&self.record, &self.backend.capabilities().scope)
     }
 
     /// Makes the session's warm container ahead of its next turn (`caw-box warm`), idle for

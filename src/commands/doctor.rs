@@ -14,7 +14,8 @@ pub async fn doctor() -> Result<i32> {
         .map(|p| (p.to_string(), p.default_image()))
         .collect();
     let mut problems = 0;
-    checkup(&images, &mut |check| {
+    let settings = crate::client::backend_settings()?;
+    checkup(&settings, &images, &mut |check| {
         if matches!(check, Check::Problem(_)) {
             problems += 1;
         }

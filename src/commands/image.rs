@@ -96,14 +96,15 @@ fn untested_warning(p: ProviderKind, version: &str) -> Option<String> {
 }
 
 pub async fn build(args: ImageBuildArgs, verbose: bool, quiet: bool) -> Result<i32> {
-    ImageStore::refuse_elsewhere("build")?;
+    let settings = crate::client::backend_settings()?;
+    ImageStore::refuse_elsewhere(&settings, "build")?;
     let providers = chosen_providers(&args.provider, args.all, "build")?;
     check_cli_version(args.cli_version.as_deref(), &providers)?;
     let ca = match &args.ca_cert {
         Some(path) => read_ca_cert(path)?,
         None => Vec::new(),
     };
-    let backend = ImageStore::connect().await?;
+    let backend = ImageStore::connect(&settings).await?;
 
     let mut jobs = vec![BuildJob {
         tag: base_tag(),
@@ -400,7 +401,8 @@ async fn remove_builder_images(backend: &ImageStore, build_id: &str, interrupted
 /// `image pull`: `REPO/<image>:TAG` of each provider from the image repository (the images
 /// workflow publishes them), tagged `REPO/<image>:latest` here, which `run` uses.
 pub async fn pull(args: ImagePullArgs, quiet: bool) -> Result<i32> {
-    ImageStore::refuse_elsewhere("pull")?;
+    let settings = crate::client::backend_settings()?;
+    ImageStore::refuse_elsewhere(&settings, "pull")?;
     let providers = chosen_providers(&args.provider, args.all, "pull")?;
     let repo = crate::provider::image_repo();
     if repo == crate::provider::DEFAULT_IMAGE_REPO {
@@ -420,7 +422,7 @@ pub async fn pull(args: ImagePullArgs, quiet: bool) -> Result<i32> {
     {
         return Err(Error::usage(format!("--tag '{}' is not a tag", args.tag)));
     }
-    let backend = ImageStore::connect().await?;
+    let backend = ImageStore::connect(&settings).await?;
     for p in providers {
         let image = format!("{repo}/{}:{}", p.image_name(), args.tag);
         let progress = output::Spinner::new(format!("pulling {image}"), !quiet);
@@ -479,8 +481,9 @@ fn chosen_providers(given: &[String], all: bool, what: &str) -> Result<Vec<Provi
 }
 
 pub async fn ls() -> Result<i32> {
-    ImageStore::refuse_elsewhere("ls")?;
-    let backend = ImageStore::connect().await?;
+    let settings = crate::client::backend_settings()?;
+    ImageStore::refuse_elsewhere(&settings, "ls")?;
+    let backend = ImageStore::connect(&settings).await?;
     let images = backend.managed().await?;
     let mut rows = vec![[
         "IMAGE".to_string(),
@@ -534,8 +537,9 @@ fn short_id(id: &str) -> &str {
 }
 
 pub async fn prune(quiet: bool) -> Result<i32> {
-    ImageStore::refuse_elsewhere("prune")?;
-    let backend = ImageStore::connect().await?;
+    let settings = crate::client::backend_settings()?;
+    ImageStore::refuse_elsewhere(&settings, "prune")?;
+    let backend = ImageStore::connect(&settings).await?;
     let (mut removed, mut kept) = (0, 0);
     for img in backend.leftovers().await? {
         if backend.remove_image(&img.id).await? {

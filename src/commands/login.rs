@@ -71,7 +71,7 @@ pub(crate) async fn run_login(
             if spec.argv.is_empty() {
                 return Err(login::unavailable(p, &spec));
             }
-            let backend = crate::backend::connect().await?;
+            let backend = crate::client::connect_backend().await?;
             login::login(&backend, &plan, say).await?
         }
     };

@@ -74,7 +74,12 @@ fn sum_groups(rows: &mut [Row]) {
     }
 }
 
-fn row(view: &SessionView, running: Option<u32>, warm: Option<&WarmIdle>) -> Row {
+fn row(
+    view: &SessionView,
+    running: Option<u32>,
+    warm: Option<&WarmIdle>,
+    scope: &crate::backend::Scope,
+) -> Row {
     let f = &view.facts;
     let (turns, status) = match (running, &view.last) {
         (Some(turn), _) => (turn, Status::Running.to_string()),
@@ -85,7 +90,8 @@ fn row(view: &SessionView, running: Option<u32>, warm: Option<&WarmIdle>) -> Row
         .last
         .as_ref()
         .filter(|l| !l.resume_key.is_empty())
-        .map(|l| ResumeHandle::new(f.provider, f.session_id, l.resume_key.clone()).to_json());
+        .map(|l| ResumeHandle::in_scope(f.provider, f.session_id, l.resume_key.clone(), scope))
+        .map(|h| h.to_json());
     Row {
         session_id: f.session_id.to_string(),
         name: f.name.clone(),
@@ -170,7 +176,7 @@ pub(crate) async fn ls_rows(all: bool, group: Option<String>) -> Result<serde_js
 
 /// The rows of `ls`, newest activity first.
 async fn rows(all: bool, group: Option<String>) -> Result<Vec<Row>> {
-    let backend = crate::backend::connect().await?;
+    let backend = crate::client::connect_backend().await?;
     let (mut views, mut containers) = tokio::try_join!(
         target::list_sessions(&backend),
         lifecycle::turn_containers(&backend)
@@ -195,6 +201,7 @@ async fn rows(all: bool, group: Option<String>) -> Result<Vec<Row>> {
                 v,
                 containers.running.get(&id).copied(),
                 containers.warm.get(&id),
+                &backend.capabilities().scope,
             );
             r.fallback_to = fallbacks_of(&views, v.facts.session_id);
             r
@@ -267,7 +274,7 @@ pub(super) async fn settled(backend: &Engine, id: Uuid) -> Result<bool> {
 }
 
 pub async fn logs(target_arg: &str, turn: Option<u32>, raw: bool, follow: bool) -> Result<i32> {
-    let backend = crate::backend::connect().await?;
+    let backend = crate::client::connect_backend().await?;
     let mut view = target::resolve_view(&backend, target_arg).await?;
     let id = view.facts.session_id;
     if settled(&backend, id).await? {
@@ -395,7 +402,7 @@ pub async fn rm(targets: Vec<String>, force: bool, group: Option<String>) -> Res
             "say which sessions to remove: TARGET... or --group G",
         ));
     }
-    let backend = crate::backend::connect().await?;
+    let backend = crate::client::connect_backend().await?;
     let (all, running) = tokio::try_join!(
         target::list_sessions(&backend),
         lifecycle::running_turns(&backend)
@@ -441,7 +448,7 @@ pub async fn rm(targets: Vec<String>, force: bool, group: Option<String>) -> Res
 
 pub async fn gc(older_than: &str, dry_run: bool, group: Option<&str>) -> Result<i32> {
     let age = crate::settings::parse_duration(older_than, "--older-than")?;
-    let backend = crate::backend::connect().await?;
+    let backend = crate::client::connect_backend().await?;
     let (all, running) = tokio::try_join!(
         target::list_sessions(&backend),
         lifecycle::running_turns(&backend)

@@ -14,7 +14,7 @@ pub async fn export(target_arg: &str, file: &Path, force: bool, quiet: bool) -> 
         return Err(Error::usage(format!("'{}' exists", file.display()))
             .with_hint("pick a new file name, or pass --force to replace it"));
     }
-    let backend = crate::backend::connect().await?;
+    let backend = crate::client::connect_backend().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let id = view.facts.session_id;
     if let Some(turn) = lifecycle::running_turns(&backend).await?.get(&id) {
@@ -76,7 +76,7 @@ pub async fn import(file: &Path, force: bool, quiet: bool) -> Result<i32> {
     }
     // Checked whole before Docker is asked for anything: a bad archive creates nothing.
     let checked = portable::check(&bytes)?;
-    let backend = crate::backend::connect().await?;
+    let backend = crate::client::connect_backend().await?;
     let facts = portable::import(&backend, &checked, force).await?;
     let id = facts.session_id;
     output::println(&id.to_string());

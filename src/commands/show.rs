@@ -17,7 +17,7 @@ use crate::session::record::SessionRecord;
 use crate::session::target;
 
 pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
-    let backend = crate::backend::connect().await?;
+    let backend = crate::client::connect_backend().await?;
     let mut view = target::resolve_view(&backend, target_arg).await?;
     if settled(&backend, view.facts.session_id).await? {
         view = target::resolve_view(&backend, &view.facts.session_id.to_string()).await?;

@@ -85,7 +85,7 @@ pub async fn export(
     force: bool,
     how: Outbound,
 ) -> Result<i32> {
-    let backend = crate::backend::connect().await?;
+    let backend = crate::client::connect_backend().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let exported =
         crate::session::workspace::export(&backend, &view.facts, dir, force, how.include_protected)
@@ -118,7 +118,7 @@ pub async fn diff(target_arg: &str, patch: Option<&std::path::Path>, how: Outbou
                 .with_hint("e.g. `caw-box diff fixer --patch fixer.patch --json`"),
         );
     }
-    let backend = crate::backend::connect().await?;
+    let backend = crate::client::connect_backend().await?;
     let view = target::resolve_view(&backend, target_arg).await?;
     let ids = crate::session::owner::turn_ids(&view.facts.settings);
     let Some(file) = patch else {

@@ -26,15 +26,14 @@ use serde::Serialize;
 
 pub use resolve::Resolved;
 
-/// Lets the backend layer read the config files' `backend` when it picks one
-/// ([`crate::backend::BackendKind::chosen`]). Every entry point calls it first: the
-/// binary, [`crate::Client`], the embedding API.
-pub fn install() {
-    crate::backend::read_config_by(|| {
-        Resolved::load(Layer::default(), None)
-            .ok()
-            .and_then(|c| c.str(Key::Backend))
-    });
+/// The `backend` setting as the variables and config files give it (`CAW_BOX_BACKEND`, then
+/// the project file, then the user file), unresolved; `None` where none gives one, or the
+/// files cannot be read (the command reading them says why). Where the backend is chosen
+/// ([`crate::client::chosen_backend`]), a flag or a client's setting comes first.
+pub fn configured_backend() -> Option<String> {
+    Resolved::load(Layer::default(), None)
+        .ok()
+        .and_then(|c| c.str(Key::Backend))
 }
 pub use sources::{files, files_here, project_candidates, user_file, ConfigFile};
 use validate::check;

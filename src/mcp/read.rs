@@ -315,7 +315,7 @@ pub async fn result(target: &str, turn: Option<u32>) -> Result<Value> {
             .last()
             .ok_or_else(|| Error::usage(format!("session {id} has no finished turn")))?,
     };
-    let r = crate::session::lifecycle::result_of(&record, t);
+    let r = crate::session::lifecycle::result_of(&record, t, &backend.capabilities().scope);
     let mut out = serde_json::to_value(&r).expect("results serialize");
     out["exit_kind"] = json!(exit_kind(r.exit_code));
     out["cost_usd"] = json!(r.usage.cost_usd);

@@ -443,8 +443,15 @@ fn key_context(files: &[std::path::PathBuf]) -> String {
     for file in files {
         let text = String::from_utf8_lossy(&std::fs::read(file).unwrap_or_default()).into_owned();
         for (at, _) in text.match_indices(TEST_KEY) {
-            let from = text.floor_char_boundary(at.saturating_sub(200));
-            let to = text.ceil_char_boundary((at + TEST_KEY.len() + 200).min(text.len()));
+            // (`str::floor_char_boundary` is newer than the crate's MSRV.)
+            let mut from = at.saturating_sub(200);
+            while !text.is_char_boundary(from) {
+                from -= 1;
+            }
+            let mut to = (at + TEST_KEY.len() + 200).min(text.len());
+            while !text.is_char_boundary(to) {
+                to += 1;
+            }
             said += &format!(
                 "\n{}: …{}…",
                 file.display(),

@@ -7,7 +7,7 @@ use futures_util::StreamExt;
 
 use bollard::query_parameters::{DownloadFromContainerOptions, UploadToContainerOptions};
 
-use super::{failed, is_not_found, DockerBackend};
+use super::{is_not_found, DockerBackend};
 use crate::backend::TarFile;
 use crate::error::{Error, Result};
 
@@ -38,7 +38,7 @@ impl DockerBackend {
                 bollard::body_full(tar.into()),
             )
             .await
-            .map_err(|e| failed(format_args!("copy files into container '{name}'"), &e))
+            .map_err(|e| self.failed(format_args!("copy files into container '{name}'"), &e))
     }
 
     /// The contents of the file at `path` in a (created or stopped) container; `None` when
@@ -64,10 +64,9 @@ impl DockerBackend {
                 Ok(bytes) => out.extend_from_slice(&bytes),
                 Err(e) if is_not_found(&e) => return Ok(None),
                 Err(e) => {
-                    return Err(failed(
-                        format_args!("copy '{path}' out of container '{name}'"),
-                        &e,
-                    ))
+                    return Err(
+                        self.failed(format_args!("copy '{path}' out of container '{name}'"), &e)
+                    )
                 }
             }
         }

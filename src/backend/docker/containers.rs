@@ -17,8 +17,7 @@ use bollard::query_parameters::{
 use bollard::models::{ContainerStateStatusEnum, ContainerSummary, ContainerSummaryStateEnum};
 
 use super::{
-    daemon_message, failed, is_conflict, is_name_taken, is_not_found, spec, CreateError,
-    DockerBackend,
+    daemon_message, is_conflict, is_name_taken, is_not_found, spec, CreateError, DockerBackend,
 };
 use crate::backend::{
     Attached, ContainerInfo, ContainerState, HelperSpec, OutputChunk, OutputStream, TurnSpec,
@@ -62,7 +61,7 @@ impl DockerBackend {
                     attempts += 1;
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
-                other => break other.map_err(|e| failed("list containers", &e))?,
+                other => break other.map_err(|e| self.failed("list containers", &e))?,
             }
         };
         Ok(list.into_iter().map(summary_info).collect())
@@ -147,15 +146,13 @@ impl DockerBackend {
                         .to_ascii_lowercase()
                         .contains("no such image") =>
             {
-                Err(CreateError::ImageMissing(failed(
-                    format_args!("create container '{name}'"),
-                    &e,
-                )))
+                Err(CreateError::ImageMissing(
+                    self.failed(format_args!("create container '{name}'"), &e),
+                ))
             }
-            Err(e) => Err(CreateError::Other(failed(
-                format_args!("create container '{name}'"),
-                &e,
-            ))),
+            Err(e) => Err(CreateError::Other(
+                self.failed(format_args!("create container '{name}'"), &e),
+            )),
         }
     }
 
@@ -169,7 +166,7 @@ impl DockerBackend {
                 Ok(c) => return Ok(Some(inspect_info(c))),
                 // Podman: removed between its lookup of the name and reading the container.
                 Err(e) if is_not_found(&e) || is_podman_listing_race(&e) => return Ok(None),
-                Err(e) => return Err(failed(format_args!("inspect container '{name}'"), &e)),
+                Err(e) => return Err(self.failed(format_args!("inspect container '{name}'"), &e)),
             }
         }
         Err(Error::environment(format!(
@@ -182,7 +179,7 @@ impl DockerBackend {
         let c = match self.docker.inspect_container(name, None).await {
             Ok(c) => c,
             Err(e) if is_not_found(&e) => return Ok(None),
-            Err(e) => return Err(failed(format_args!("inspect container '{name}'"), &e)),
+            Err(e) => return Err(self.failed(format_args!("inspect container '{name}'"), &e)),
         };
         Ok(c.network_settings
             .and_then(|n| n.networks)
@@ -210,9 +207,9 @@ impl DockerBackend {
                 }),
             )
             .await
-            .map_err(|e| failed(format_args!("attach to container '{name}'"), &e))?;
+            .map_err(|e| self.failed(format_args!("attach to container '{name}'"), &e))?;
         Ok(Attached {
-            output: output_stream(attached.output, what),
+            output: self.output_stream(attached.output, what),
             input: attached.input,
         })
     }
@@ -229,7 +226,7 @@ impl DockerBackend {
             )
             .await
             .map_err(|e| {
-                failed(
+                self.failed(
                     format_args!("resize the terminal of container '{name}'"),
                     &e,
                 )
@@ -240,7 +237,7 @@ impl DockerBackend {
         self.docker
             .start_container(name, None)
             .await
-            .map_err(|e| failed(format_args!("start container '{name}'"), &e))
+            .map_err(|e| self.failed(format_args!("start container '{name}'"), &e))
     }
 
     /// Waits until the container stops; returns its exit code.
@@ -254,7 +251,7 @@ impl DockerBackend {
         match stream.next().await {
             Some(Ok(r)) => Ok(r.status_code),
             Some(Err(BollardError::DockerContainerWaitError { code, .. })) => Ok(code),
-            Some(Err(e)) => Err(failed(format_args!("wait for container '{name}'"), &e)),
+            Some(Err(e)) => Err(self.failed(format_args!("wait for container '{name}'"), &e)),
             None => {
                 // The stream ended without a status: ask the container itself.
                 let c = self.docker.inspect_container(name, None).await.ok();
@@ -283,7 +280,7 @@ impl DockerBackend {
                 status_code: 304 | 404,
                 ..
             }) => Ok(()),
-            Err(e) => Err(failed(format_args!("stop container '{name}'"), &e)),
+            Err(e) => Err(self.failed(format_args!("stop container '{name}'"), &e)),
         }
     }
 
@@ -305,7 +302,7 @@ impl DockerBackend {
             Err(e) if is_not_found(&e) || is_podman_listing_race(&e) => Ok(()),
             // "removal already in progress"
             Err(e) if is_conflict(&e) => Ok(()),
-            Err(e) => Err(failed(format_args!("remove container '{name}'"), &e)),
+            Err(e) => Err(self.failed(format_args!("remove container '{name}'"), &e)),
         }
     }
 
@@ -360,25 +357,29 @@ impl DockerBackend {
                 ..Default::default()
             }),
         );
-        output_stream(logs, format!("read the output of container '{name}'"))
+        self.output_stream(logs, format!("read the output of container '{name}'"))
     }
 }
 
-/// bollard's output stream as caw-box's: chunks of caw-box's own type, errors saying what
-/// was being read.
-pub(super) fn output_stream(
-    stream: impl futures_util::Stream<Item = std::result::Result<LogOutput, BollardError>>
-        + Send
-        + 'static,
-    what: String,
-) -> OutputStream {
-    Box::pin(stream.map(move |item| match item {
-        Ok(LogOutput::StdOut { message }) => Ok(OutputChunk::Stdout(message.to_vec())),
-        Ok(LogOutput::StdErr { message }) => Ok(OutputChunk::Stderr(message.to_vec())),
-        Ok(LogOutput::Console { message }) => Ok(OutputChunk::Console(message.to_vec())),
-        Ok(LogOutput::StdIn { message }) => Ok(OutputChunk::Console(message.to_vec())),
-        Err(e) => Err(failed(&what, &e)),
-    }))
+impl DockerBackend {
+    /// bollard's output stream as caw-box's: chunks of caw-box's own type, errors saying
+    /// what was being read.
+    pub(super) fn output_stream(
+        &self,
+        stream: impl futures_util::Stream<Item = std::result::Result<LogOutput, BollardError>>
+            + Send
+            + 'static,
+        what: String,
+    ) -> OutputStream {
+        let endpoint = self.endpoint.clone();
+        Box::pin(stream.map(move |item| match item {
+            Ok(LogOutput::StdOut { message }) => Ok(OutputChunk::Stdout(message.to_vec())),
+            Ok(LogOutput::StdErr { message }) => Ok(OutputChunk::Stderr(message.to_vec())),
+            Ok(LogOutput::Console { message }) => Ok(OutputChunk::Console(message.to_vec())),
+            Ok(LogOutput::StdIn { message }) => Ok(OutputChunk::Console(message.to_vec())),
+            Err(e) => Err(super::failed(&endpoint, &what, &e)),
+        }))
+    }
 }
 
 fn inspect_info(c: ContainerInspectResponse) -> ContainerInfo {

@@ -4,16 +4,17 @@
 
 use super::{DockerBackend, Runtimes};
 use crate::backend::doctor::Check;
-use crate::backend::{Backend, HostDirs};
+use crate::backend::{BackendSettings, HostDirs};
 use crate::error::{Error, Result};
 use crate::labelling::labels;
 
 /// See [`crate::backend::doctor::checkup`].
 pub async fn checkup(
+    settings: &BackendSettings,
     images: &[(String, String)],
     say: &mut (dyn FnMut(&Check) + Send),
 ) -> Result<()> {
-    let backend = match DockerBackend::connect().await {
+    let backend = match DockerBackend::connect(settings).await {
         Ok(b) => b,
         Err(e) => {
             say(&Check::Problem(format!("docker: {e}")));
@@ -21,7 +22,7 @@ pub async fn checkup(
                 .with_hint("start Docker, then run `caw-box doctor` again"));
         }
     };
-    let endpoint = super::endpoint()?;
+    let endpoint = backend.endpoint();
     let tls = match &endpoint.tls {
         Some(tls) => format!(", TLS with the client certificate {}", tls.cert.display()),
         None => String::new(),
@@ -34,9 +35,9 @@ pub async fn checkup(
     )));
     say(&runtimes_check(
         &backend.runtimes().await?,
-        backend.is_podman().await,
+        backend.is_podman(),
     ));
-    if !matches!(Backend::host_dirs(&backend), HostDirs::Shared) {
+    if !matches!(backend.capabilities().host_dirs, HostDirs::Shared) {
         say(&Check::Detail(
             "the daemon may not see this machine's files: a new session's workspace is copied unless it can (--workspace-mode auto)".into(),
         ));

@@ -7,7 +7,7 @@ use bollard::query_parameters::{
 };
 use futures_util::StreamExt;
 
-use super::{daemon_message, failed, is_conflict, is_not_found, DockerBackend};
+use super::{daemon_message, is_conflict, is_not_found, DockerBackend};
 use crate::backend::ImageInfo;
 use crate::error::Result;
 use crate::labelling::labels;
@@ -73,7 +73,7 @@ impl DockerBackend {
                 created: 0,
             })),
             Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(failed(format_args!("inspect image '{image}'"), &e)),
+            Err(e) => Err(self.failed(format_args!("inspect image '{image}'"), &e)),
         }
     }
 
@@ -144,7 +144,7 @@ impl DockerBackend {
                         last = s;
                     }
                 }
-                Err(e) => return Err(failed(format_args!("pull '{image}'"), &e)),
+                Err(e) => return Err(self.failed(format_args!("pull '{image}'"), &e)),
             }
         }
         Ok(last)
@@ -162,7 +162,7 @@ impl DockerBackend {
                 }),
             )
             .await
-            .map_err(|e| failed(format_args!("tag image '{id}' as '{tag}'"), &e))
+            .map_err(|e| self.failed(format_args!("tag image '{id}' as '{tag}'"), &e))
     }
 
     /// Top-level images matching Docker's image list `filters` (e.g. `label`, `dangling`).
@@ -177,7 +177,7 @@ impl DockerBackend {
                 ..Default::default()
             }))
             .await
-            .map_err(|e| failed("list images", &e))?;
+            .map_err(|e| self.failed("list images", &e))?;
         Ok(images
             .into_iter()
             .map(|img| ImageInfo {
@@ -208,7 +208,7 @@ impl DockerBackend {
         {
             Ok(_) => Ok(true),
             Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(false),
-            Err(e) => Err(failed(format_args!("remove image '{id}'"), &e)),
+            Err(e) => Err(self.failed(format_args!("remove image '{id}'"), &e)),
         }
     }
 }

@@ -20,6 +20,7 @@ use std::time::Duration;
 use bollard::errors::Error as BollardError;
 use bollard::Docker;
 
+use crate::backend::BackendSettings;
 use crate::error::{Error, Result};
 
 mod api_version;
@@ -49,8 +50,13 @@ const PING_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct DockerBackend {
     docker: Docker,
-    /// Whether the daemon is Podman's service: from the API version cache, else asked once.
-    podman: std::sync::Arc<tokio::sync::OnceCell<bool>>,
+    /// Where the daemon is, and why there (for `doctor` and error lines).
+    endpoint: std::sync::Arc<endpoint::Endpoint>,
+    /// Whether the daemon is Podman's service: from the API version cache, else asked when
+    /// it connected.
+    podman: bool,
+    /// What this daemon can do, worked out when it connected.
+    capabilities: std::sync::Arc<crate::backend::Capabilities>,
     /// The OCI runtimes the daemon lists, asked once (`--runtime`: checked by `run` before
     /// anything is made, and again by the session layer).
     runtimes: std::sync::Arc<tokio::sync::OnceCell<Runtimes>>,
@@ -73,32 +79,41 @@ fn in_a_job_container() -> bool {
     (exists("/.dockerenv") || exists("/run/.containerenv")) && !exists("/var/lib/docker")
 }
 
-impl DockerBackend {
-    /// Whether the daemon certainly sees this process's paths as they are: a local socket,
-    /// and this process is not in a job's container. Otherwise it may or may not (a socket
-    /// mounted into a CI job's container, a remote `DOCKER_HOST`): ask it.
-    pub(super) fn surely_shares_paths(&self) -> bool {
-        docker_host().starts_with("unix://") && !in_a_job_container()
+/// Whether the daemon at `host` certainly sees this process's paths as they are: a local
+/// socket, and this process is not in a job's container. Otherwise it may or may not (a
+/// socket mounted into a CI job's container, a remote `DOCKER_HOST`): ask it.
+fn surely_shares_paths(host: &str) -> bool {
+    host.starts_with("unix://") && !in_a_job_container()
+}
+
+/// Whether the daemon is Podman's Docker-compatible service, asked once per connection
+/// (`GET /version`, some 10 ms) where the API version cache does not say: every turn needs
+/// the answer (where its broker runs).
+async fn ask_podman(docker: &Docker) -> bool {
+    match docker.version().await {
+        Ok(v) => v
+            .components
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.name.starts_with("Podman")),
+        Err(e) => {
+            tracing::debug!("could not ask the daemon for its version: {e}");
+            false
+        }
     }
 }
 
-/// The daemon this process talks to (see [`endpoint`]): resolved once.
-static ENDPOINT: std::sync::OnceLock<endpoint::Endpoint> = std::sync::OnceLock::new();
-
-/// The daemon's address and why it is that one (`unix://`, `tcp://`, or `ssh://user@host`,
-/// reached through the user's `ssh` and `docker system dial-stdio` on the far side).
-pub fn endpoint() -> Result<endpoint::Endpoint> {
-    if let Some(e) = ENDPOINT.get() {
-        return Ok(e.clone());
-    }
-    let resolved = endpoint::resolve(&crate::connection::var, &|p| p.exists())?;
-    Ok(ENDPOINT.get_or_init(|| resolved).clone())
-}
-
-fn docker_host() -> String {
-    endpoint()
-        .map(|e| e.host)
-        .unwrap_or_else(|_| "unix:///var/run/docker.sock".to_string())
+/// The daemon `settings` name and why it is that one (`unix://`, `tcp://`, or
+/// `ssh://user@host`, reached through the user's `ssh` and `docker system dial-stdio` on
+/// the far side): its context or host as given, the docker CLI's own variables beside them
+/// (TLS, its config directory, the runtime directory's sockets) as this process has them.
+pub fn endpoint(settings: &BackendSettings) -> Result<endpoint::Endpoint> {
+    let get = |name: &str| match name {
+        "DOCKER_CONTEXT" => settings.docker_context.clone(),
+        "DOCKER_HOST" => settings.docker_host.clone(),
+        other => std::env::var(other).ok(),
+    };
+    endpoint::resolve(&get, &|p| p.exists())
 }
 
 /// An error with the causes under it (`client error (Connect): invalid peer certificate:
@@ -116,11 +131,8 @@ fn with_causes(e: &dyn std::error::Error) -> String {
     text
 }
 
-fn unreachable(e: impl std::fmt::Display) -> Error {
-    let at = match endpoint() {
-        Ok(e) => format!("{} ({})", e.host, e.why),
-        Err(_) => docker_host(),
-    };
+fn unreachable(at: &endpoint::Endpoint, e: impl std::fmt::Display) -> Error {
+    let at = format!("{} ({})", at.host, at.why);
     Error::environment(format!("cannot reach the Docker daemon at {at}: {e}")).with_hint(
         "is Docker running? start it (e.g. `sudo systemctl start docker`) or set DOCKER_HOST",
     )
@@ -163,12 +175,17 @@ pub fn daemon_message(e: &BollardError) -> String {
     }
 }
 
-fn failed(what: impl std::fmt::Display, e: &BollardError) -> Error {
+/// What failed to be done (`what`) on the daemon at `at`: the daemon's own message, or that
+/// it could not be reached.
+fn failed(at: &endpoint::Endpoint, what: impl std::fmt::Display, e: &BollardError) -> Error {
     let error = match e {
         BollardError::DockerResponseServerError { .. } => {
             Error::environment(format!("failed to {what}: {}", daemon_message(e)))
         }
-        other => unreachable(format!("while trying to {what}: {}", with_causes(other))),
+        other => unreachable(
+            at,
+            format!("while trying to {what}: {}", with_causes(other)),
+        ),
     };
     error.with_source(SourceError(e.to_string()))
 }
@@ -186,13 +203,14 @@ impl std::fmt::Display for SourceError {
 impl std::error::Error for SourceError {}
 
 impl DockerBackend {
-    /// Connects (honouring DOCKER_HOST) and checks that the daemon answers.
-    pub async fn connect() -> Result<Self> {
-        let endpoint = endpoint()?;
-        let host = endpoint.host;
-        if let Some(docker) = Self::connect_cached(&host).await? {
+    /// Connects to the daemon `settings` name ([`endpoint()`]) and checks that it answers.
+    pub async fn connect(settings: &BackendSettings) -> Result<Self> {
+        let endpoint = endpoint(settings)?;
+        if let Some(docker) = Self::connect_cached(&endpoint).await? {
             return Ok(docker);
         }
+        let host = endpoint.host.clone();
+        let unreachable = |e: String| unreachable(&endpoint, e);
         let api = bollard::API_DEFAULT_VERSION;
         let secs = PING_TIMEOUT.as_secs();
         let docker = if host.starts_with("unix://") {
@@ -208,32 +226,84 @@ impl DockerBackend {
                 "the Docker endpoint '{host}' is not unix://, tcp:// or ssh://"
             )));
         }
-        .map_err(unreachable)?;
+        .map_err(|e| unreachable(e.to_string()))?;
         let docker = docker.with_timeout(PING_TIMEOUT);
         let docker = match tokio::time::timeout(PING_TIMEOUT, docker.negotiate_version()).await {
             Ok(Ok(d)) => d,
             Ok(Err(e)) => return Err(unreachable(with_causes(&e))),
-            Err(_) => return Err(unreachable("no answer within 10 s")),
+            Err(_) => return Err(unreachable("no answer within 10 s".into())),
         };
-        let backend = DockerBackend {
-            docker: docker.with_timeout(REQUEST_TIMEOUT),
-            podman: Default::default(),
-            runtimes: Default::default(),
-            warm: Default::default(),
-        };
+        let docker = docker.with_timeout(REQUEST_TIMEOUT);
+        let podman = ask_podman(&docker).await;
         if host.starts_with("unix://") {
             let known = api_version::Known {
-                version: backend.docker.client_version(),
-                podman: backend.is_podman().await,
+                version: docker.client_version(),
+                podman,
             };
             api_version::store(&host, &known);
         }
-        Ok(backend)
+        Ok(Self::connected(docker, endpoint, podman))
+    }
+
+    /// The backend over the daemon at `endpoint` that answered: what it can do worked out
+    /// once.
+    fn connected(docker: Docker, endpoint: endpoint::Endpoint, podman: bool) -> Self {
+        let host_dirs = if surely_shares_paths(&endpoint.host) {
+            crate::backend::HostDirs::Shared
+        } else {
+            crate::backend::HostDirs::Unknown
+        };
+        let (broker_place, fill_volume_first) = if podman {
+            (crate::backend::BrokerPlace::OwnContainer, true)
+        } else {
+            (crate::backend::BrokerPlace::SharedContainer, false)
+        };
+        let capabilities = crate::backend::Capabilities {
+            scope: crate::backend::Scope::default(),
+            words: crate::backend::Words {
+                here: "this Docker host".into(),
+                elsewhere: "another Docker host".into(),
+                engine: "the Docker daemon".into(),
+            },
+            host_dirs,
+            runtime_dir: crate::backend::RuntimeDir::KeptWithContainer,
+            broker_place,
+            keeps_warm: true,
+            // A container of uid 0 keeps the capabilities chown needs until its start
+            // drops them (spec.rs `HAND_OVER`); any other uid's are gone at its first exec.
+            hands_over_to_root: true,
+            // Podman fills a volume when a container that mounts it first starts.
+            fill_volume_first,
+        };
+        DockerBackend {
+            docker,
+            endpoint: std::sync::Arc::new(endpoint),
+            podman,
+            capabilities: std::sync::Arc::new(capabilities),
+            runtimes: Default::default(),
+            warm: Default::default(),
+        }
+    }
+
+    /// What this daemon can do ([`crate::backend::Backend::capabilities`]).
+    pub fn capabilities(&self) -> &crate::backend::Capabilities {
+        &self.capabilities
+    }
+
+    /// The daemon's address and why it is that one.
+    pub fn endpoint(&self) -> &endpoint::Endpoint {
+        &self.endpoint
+    }
+
+    /// What failed to be done (`what`) on this daemon ([`failed`]).
+    fn failed(&self, what: impl std::fmt::Display, e: &BollardError) -> Error {
+        failed(&self.endpoint, what, e)
     }
 
     /// A connection at the cached API version (see [`api_version`]), when there is one and
     /// the daemon still takes it; `None` means negotiate.
-    async fn connect_cached(host: &str) -> Result<Option<Self>> {
+    async fn connect_cached(endpoint: &endpoint::Endpoint) -> Result<Option<Self>> {
+        let host = endpoint.host.as_str();
         if !host.starts_with("unix://") {
             return Ok(None);
         }
@@ -241,42 +311,26 @@ impl DockerBackend {
             return Ok(None);
         };
         let docker = Docker::connect_with_unix(host, PING_TIMEOUT.as_secs(), &version)
-            .map_err(unreachable)?;
+            .map_err(|e| unreachable(endpoint, e))?;
         match tokio::time::timeout(PING_TIMEOUT, docker.ping()).await {
-            Ok(Ok(_)) => Ok(Some(DockerBackend {
-                docker: docker.with_timeout(REQUEST_TIMEOUT),
-                podman: std::sync::Arc::new(tokio::sync::OnceCell::new_with(Some(podman))),
-                runtimes: Default::default(),
-                warm: Default::default(),
-            })),
+            Ok(Ok(_)) => Ok(Some(Self::connected(
+                docker.with_timeout(REQUEST_TIMEOUT),
+                endpoint.clone(),
+                podman,
+            ))),
             Ok(Err(e @ BollardError::DockerResponseServerError { .. })) => {
                 tracing::debug!("the daemon refused the cached API version: {e}");
                 Ok(None)
             }
-            Ok(Err(e)) => Err(unreachable(with_causes(&e))),
-            Err(_) => Err(unreachable("no answer within 10 s")),
+            Ok(Err(e)) => Err(unreachable(endpoint, with_causes(&e))),
+            Err(_) => Err(unreachable(endpoint, "no answer within 10 s")),
         }
     }
 
     /// Whether the daemon is Podman's Docker-compatible service (known from the API version
-    /// cache, else asked once per connection: `GET /version` costs a turn some 10 ms).
-    pub async fn is_podman(&self) -> bool {
-        *self
-            .podman
-            .get_or_init(|| async {
-                match self.docker.version().await {
-                    Ok(v) => v
-                        .components
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.name.starts_with("Podman")),
-                    Err(e) => {
-                        tracing::debug!("could not ask the daemon for its version: {e}");
-                        false
-                    }
-                }
-            })
-            .await
+    /// cache, else asked when it connected).
+    pub fn is_podman(&self) -> bool {
+        self.podman
     }
 
     /// The OCI runtimes the daemon has (`docker info`), names sorted.
@@ -287,7 +341,7 @@ impl DockerBackend {
                     .docker
                     .info()
                     .await
-                    .map_err(|e| failed("ask the Docker daemon for its runtimes", &e))?;
+                    .map_err(|e| self.failed("ask the Docker daemon for its runtimes", &e))?;
                 let mut names: Vec<String> =
                     info.runtimes.unwrap_or_default().into_keys().collect();
                 names.sort();
@@ -307,7 +361,7 @@ impl DockerBackend {
     /// what a container runs on.
     pub async fn check_runtime(&self, name: &str) -> Result<()> {
         let runtimes = self.runtimes().await?;
-        if self.is_podman().await {
+        if self.is_podman() {
             if runtimes.default.as_deref() == Some(name) {
                 return Ok(());
             }
@@ -339,7 +393,7 @@ impl DockerBackend {
             .docker
             .version()
             .await
-            .map_err(|e| failed("ask Docker for its version", &e))?;
+            .map_err(|e| self.failed("ask Docker for its version", &e))?;
         let podman = v
             .components
             .iter()

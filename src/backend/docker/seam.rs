@@ -13,10 +13,8 @@ use crate::backend::{
 use crate::error::Result;
 
 impl Backend for DockerBackend {
-    /// A container of uid 0 keeps the capabilities chown needs until its start drops them
-    /// (docker/spec.rs `HAND_OVER`); any other uid's are gone at its first exec.
-    fn hands_over_in_turn(&self, user: (u32, u32)) -> bool {
-        user.0 == 0
+    fn capabilities(&self) -> &crate::backend::Capabilities {
+        DockerBackend::capabilities(self)
     }
 
     async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>> {
@@ -41,14 +39,6 @@ impl Backend for DockerBackend {
 
     async fn inspect_container(&self, name: &str) -> Result<Option<ContainerInfo>> {
         DockerBackend::inspect_container(self, name).await
-    }
-
-    fn words(&self) -> crate::backend::Words {
-        crate::backend::Words {
-            here: "this Docker host".into(),
-            elsewhere: "another Docker host".into(),
-            engine: "the Docker daemon".into(),
-        }
     }
 
     fn egress_route(&self, plan: &crate::backend::EgressPlan) -> crate::backend::EgressRoute {
@@ -163,10 +153,6 @@ impl Backend for DockerBackend {
         DockerBackend::remove_container(self, name, force).await
     }
 
-    fn keeps_warm(&self) -> bool {
-        true
-    }
-
     async fn claim_warm(&self, name: &str) -> Result<Option<ContainerInfo>> {
         DockerBackend::claim_warm(self, name).await
     }
@@ -245,35 +231,6 @@ impl Backend for DockerBackend {
 
     async fn upload_tar(&self, name: &str, dir: &str, tar: Vec<u8>) -> Result<()> {
         DockerBackend::upload_tar(self, name, dir, tar).await
-    }
-
-    fn host_dirs(&self) -> crate::backend::HostDirs {
-        if DockerBackend::surely_shares_paths(self) {
-            crate::backend::HostDirs::Shared
-        } else {
-            crate::backend::HostDirs::Unknown
-        }
-    }
-
-    async fn fill_new_volume(
-        &self,
-        name: &str,
-        spec: &HelperSpec,
-    ) -> std::result::Result<Option<(i64, String, String)>, CreateError> {
-        if !self.is_podman().await {
-            return Ok(None);
-        }
-        DockerBackend::run_to_completion(self, name, spec)
-            .await
-            .map(Some)
-    }
-
-    async fn broker_place(&self) -> crate::backend::BrokerPlace {
-        if self.is_podman().await {
-            crate::backend::BrokerPlace::OwnContainer
-        } else {
-            crate::backend::BrokerPlace::SharedContainer
-        }
     }
 
     async fn download_file(&self, name: &str, path: &str) -> Result<Option<Vec<u8>>> {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use bollard::models::{Volume, VolumeCreateRequest};
 use bollard::query_parameters::{ListVolumesOptions, RemoveVolumeOptions};
 
-use super::{failed, is_not_found, DockerBackend};
+use super::{is_not_found, DockerBackend};
 use crate::backend::VolumeInfo;
 use crate::error::Result;
 
@@ -35,14 +35,14 @@ impl DockerBackend {
             })
             .await
             .map(|_| ())
-            .map_err(|e| failed(format_args!("create volume '{name}'"), &e))
+            .map_err(|e| self.failed(format_args!("create volume '{name}'"), &e))
     }
 
     pub async fn inspect_volume(&self, name: &str) -> Result<Option<VolumeInfo>> {
         match self.docker.inspect_volume(name).await {
             Ok(v) => Ok(Some(info(v))),
             Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(failed(format_args!("inspect volume '{name}'"), &e)),
+            Err(e) => Err(self.failed(format_args!("inspect volume '{name}'"), &e)),
         }
     }
 
@@ -55,7 +55,7 @@ impl DockerBackend {
                 filters: Some(filters),
             }))
             .await
-            .map_err(|e| failed("list volumes", &e))?;
+            .map_err(|e| self.failed("list volumes", &e))?;
         // Podman (4.3) returns the volumes carrying *any* of the labels: filter again here.
         Ok(res
             .volumes
@@ -74,7 +74,7 @@ impl DockerBackend {
         {
             Ok(()) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
-            Err(e) => Err(failed(format_args!("remove volume '{name}'"), &e)),
+            Err(e) => Err(self.failed(format_args!("remove volume '{name}'"), &e)),
         }
     }
 
@@ -94,7 +94,7 @@ impl DockerBackend {
             })
             .await
             .map(|_| ())
-            .map_err(|e| failed(format_args!("create network '{name}'"), &e))
+            .map_err(|e| self.failed(format_args!("create network '{name}'"), &e))
     }
 
     /// The names of the networks carrying every one of `labels` ("key=value").
@@ -106,7 +106,7 @@ impl DockerBackend {
                 filters: Some(filters),
             }))
             .await
-            .map_err(|e| failed("list networks", &e))?;
+            .map_err(|e| self.failed("list networks", &e))?;
         Ok(networks.into_iter().filter_map(|n| n.name).collect())
     }
 
@@ -114,7 +114,7 @@ impl DockerBackend {
         match self.docker.remove_network(name).await {
             Ok(()) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
-            Err(e) => Err(failed(format_args!("remove network '{name}'"), &e)),
+            Err(e) => Err(self.failed(format_args!("remove network '{name}'"), &e)),
         }
     }
 
@@ -133,7 +133,7 @@ impl DockerBackend {
             )
             .await
             .map_err(|e| {
-                failed(
+                self.failed(
                     format_args!("attach container '{container}' to network '{network}'"),
                     &e,
                 )

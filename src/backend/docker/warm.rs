@@ -13,7 +13,7 @@ use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::query_parameters::RenameContainerOptions;
 use futures_util::StreamExt;
 
-use super::{failed, is_not_found, DockerBackend};
+use super::{is_not_found, DockerBackend};
 use crate::backend::warm::{
     release_argv, stop_argv, turn_end, WarmExec, WARM_FOR_LABEL, WARM_LABEL,
 };
@@ -83,7 +83,7 @@ impl DockerBackend {
             Err(e) if super::daemon_message(&e).contains("same name as its current name") => {
                 Ok(None)
             }
-            Err(e) => Err(failed(format_args!("take the warm container '{idle}'"), &e)),
+            Err(e) => Err(self.failed(format_args!("take the warm container '{idle}'"), &e)),
         }
     }
 
@@ -93,7 +93,7 @@ impl DockerBackend {
         let c = match self.docker.inspect_container(name, None).await {
             Ok(c) => c,
             Err(e) if is_not_found(&e) => return Ok(None),
-            Err(e) => return Err(failed(format_args!("inspect container '{name}'"), &e)),
+            Err(e) => return Err(self.failed(format_args!("inspect container '{name}'"), &e)),
         };
         for id in c.exec_ids.unwrap_or_default() {
             let Ok(exec) = self.docker.inspect_exec(&id).await else {
@@ -128,7 +128,7 @@ impl DockerBackend {
                 },
             )
             .await
-            .map_err(|e| failed(format_args!("make container '{name}' idle"), &e))
+            .map_err(|e| self.failed(format_args!("make container '{name}' idle"), &e))
     }
 
     /// Removes turn `name`'s idle warm container, if there is one.
@@ -161,7 +161,7 @@ impl DockerBackend {
                 },
             )
             .await
-            .map_err(|e| failed(format_args!("run the turn in container '{name}'"), &e))?;
+            .map_err(|e| self.failed(format_args!("run the turn in container '{name}'"), &e))?;
         if let Some(t) = self
             .warm
             .lock()
@@ -181,13 +181,11 @@ impl DockerBackend {
                 }),
             )
             .await
-            .map_err(|e| failed(format_args!("start the turn in container '{name}'"), &e))?;
+            .map_err(|e| self.failed(format_args!("start the turn in container '{name}'"), &e))?;
         match started {
             StartExecResults::Attached { output, input } => Ok(Attached {
-                output: super::containers::output_stream(
-                    output,
-                    format!("read the output of container '{name}'"),
-                ),
+                output: self
+                    .output_stream(output, format!("read the output of container '{name}'")),
                 input,
             }),
             StartExecResults::Detached => Err(Error::environment(format!(
@@ -224,7 +222,9 @@ impl DockerBackend {
                 }
                 // The container is gone, and the turn with it.
                 Err(e) if is_not_found(&e) => return Ok(-1),
-                Err(e) => return Err(failed(format_args!("wait for the turn in '{name}'"), &e)),
+                Err(e) => {
+                    return Err(self.failed(format_args!("wait for the turn in '{name}'"), &e))
+                }
             }
         }
     }
@@ -243,20 +243,19 @@ impl DockerBackend {
                 },
             )
             .await
-            .map_err(|e| failed(format_args!("run a command in container '{name}'"), &e))?;
+            .map_err(|e| self.failed(format_args!("run a command in container '{name}'"), &e))?;
         if let StartExecResults::Attached { mut output, .. } = self
             .docker
             .start_exec(&exec.id, None)
             .await
-            .map_err(|e| failed(format_args!("run a command in container '{name}'"), &e))?
+            .map_err(|e| self.failed(format_args!("run a command in container '{name}'"), &e))?
         {
             while output.next().await.is_some() {}
         }
-        let inspected = self
-            .docker
-            .inspect_exec(&exec.id)
-            .await
-            .map_err(|e| failed(format_args!("run a command in container '{name}'"), &e))?;
+        let inspected =
+            self.docker.inspect_exec(&exec.id).await.map_err(|e| {
+                self.failed(format_args!("run a command in container '{name}'"), &e)
+            })?;
         Ok(inspected.exit_code.unwrap_or(-1))
     }
 
@@ -303,7 +302,7 @@ impl DockerBackend {
                     },
                 )
                 .await
-                .map_err(|e| failed(format_args!("release container '{name}'"), &e)),
+                .map_err(|e| self.failed(format_args!("release container '{name}'"), &e)),
             Ok(code) => Err(Error::environment(format!(
                 "making container '{name}' idle failed ({code})"
             ))),

@@ -58,10 +58,13 @@ fn permission(verb: &str, resource: &str, sub: &str) -> String {
 /// The report, and whether the API server answered at all (`false`: nothing else could be
 /// checked).
 pub async fn checks(
-    context: Option<&str>,
-    namespace: Option<&str>,
+    settings: &crate::backend::BackendSettings,
     images: &[(String, String)],
 ) -> (Vec<Check>, bool) {
+    let (context, namespace) = (
+        settings.kube_context.as_deref(),
+        settings.namespace.as_deref(),
+    );
     let mut out = Vec::new();
     let (config, origin) = match context {
         Some(c) => {
@@ -139,7 +142,7 @@ pub async fn checks(
     }
 
     out.push(rbac(&client, &namespace).await);
-    out.push(storage(&client).await);
+    out.push(storage(&client, settings.cluster.storage_class.as_deref()).await);
     out.push(runtime_classes(&client).await);
     out.extend(node_images(&client, images).await);
     (out, true)
@@ -208,14 +211,12 @@ async fn rbac(client: &kube::Client, namespace: &str) -> Check {
     }
 }
 
-/// The storage class a session's claim gets: `CAW_BOX_STORAGE_CLASS`, else the default.
-async fn storage(client: &kube::Client) -> Check {
+/// The storage class a session's claim gets: `class` (`CAW_BOX_STORAGE_CLASS`), else the
+/// default.
+async fn storage(client: &kube::Client, class: Option<&str>) -> Check {
     let classes: Api<StorageClass> = Api::all(client.clone());
-    if let Some(name) = std::env::var("CAW_BOX_STORAGE_CLASS")
-        .ok()
-        .filter(|c| !c.is_empty())
-    {
-        return match classes.get_opt(&name).await {
+    if let Some(name) = class {
+        return match classes.get_opt(name).await {
             Ok(Some(c)) => Check::Ok(format!(
                 "storage: class '{name}' (CAW_BOX_STORAGE_CLASS, provisioner {})",
                 c.provisioner

@@ -161,7 +161,6 @@ impl KubeBackend {
             containers: vec![Container {
                 name: "files".into(),
                 image: main.image.clone(),
-                image_pull_policy: main.image_pull_policy.clone(),
                 command: Some(vec!["sleep".into(), "600".into()]),
                 security_context: main.security_context.clone(),
                 volume_mounts: Some(mounts),

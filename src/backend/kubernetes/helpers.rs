@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, PodSpec, Volume, VolumeMount};
 
-use super::sandbox::{claim_mounts, empty_dir, hardened, parse_user, pod_security, pull_policy};
+use super::sandbox::{claim_mounts, empty_dir, hardened, parse_user, pod_security};
 use super::sandbox::{env_vars, seed_container, SEED_MOUNT};
 use super::sidecars::{egress_init, proxy_container, PROXY_UID};
 use super::sidecars::{POD_END_DIR, POD_END_FILE};
@@ -103,7 +103,6 @@ pub fn helper_pod_spec(spec: &HelperSpec, created: bool) -> Result<PodSpec> {
     let mut containers = vec![Container {
         name: HELPER.into(),
         image: Some(spec.image.clone()),
-        image_pull_policy: Some(pull_policy()),
         command,
         args,
         env: Some(env_vars(&env)),
@@ -217,7 +216,6 @@ fn keeper(spec: &HelperSpec, kept: &VolumeMount, uid: i64, gid: i64) -> Containe
     Container {
         name: KEEPER.into(),
         image: Some(spec.image.clone()),
-        image_pull_policy: Some(pull_policy()),
         command: Some(vec!["sh".into(), "-c".into(), script]),
         security_context: Some(hardened(uid, gid)),
         volume_mounts: Some(vec![

@@ -143,6 +143,10 @@ pub struct KubeBackend {
     namespace: String,
     /// Where the client's configuration came from, for messages.
     origin: String,
+    /// What this backend can do, and where its sessions live (the namespace, the context).
+    capabilities: std::sync::Arc<crate::backend::Capabilities>,
+    /// What every claim and pod it makes gets (a storage class, a pull policy …).
+    cluster: std::sync::Arc<crate::backend::ClusterSettings>,
     /// The terminal size senders of this process's TTY attachments, by pod name.
     terminals: std::sync::Arc<std::sync::Mutex<HashMap<String, Resizer>>>,
     /// What the agents of this process's attachments said of their end.
@@ -181,15 +185,52 @@ fn failed(what: impl std::fmt::Display, e: &kube::Error) -> Error {
     }
 }
 
+/// What a cluster can do, for the sessions of `namespace` made through the kubeconfig
+/// context `context` (when one was named).
+fn capabilities(namespace: &str, context: Option<&str>) -> crate::backend::Capabilities {
+    use crate::backend::{BackendKind, BrokerPlace, HostDirs, RuntimeDir, Scope, Words};
+    crate::backend::Capabilities {
+        scope: Scope {
+            kind: BackendKind::Kubernetes,
+            namespace: Some(namespace.to_string()),
+            context: context.map(str::to_string),
+        },
+        words: Words {
+            here: format!("namespace '{namespace}' of this cluster"),
+            elsewhere: "another namespace or cluster".into(),
+            engine: "the cluster".into(),
+        },
+        // A cluster has no host directories: the workspace is always copied in.
+        host_dirs: HostDirs::Never(
+            Error::usage(
+                "--workspace-mode bind is not available with the kubernetes backend: a pod cannot mount a directory of this host",
+            )
+            .with_hint("use --workspace-mode copy (the default there) or none"),
+        ),
+        // The pod's memory: gone with the pod.
+        runtime_dir: RuntimeDir::GoesWithTurn,
+        broker_place: BrokerPlace::InTurn,
+        keeps_warm: true,
+        hands_over_to_root: false,
+        // The turn pod's init container seeds a new claim.
+        fill_volume_first: false,
+    }
+}
+
 fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(r) if r.code == code)
 }
 
 impl KubeBackend {
-    /// Connects with the kubeconfig (`KUBECONFIG`, `~/.kube/config`, `context` when given)
-    /// or the in-cluster service account, and checks that the API server answers. Nothing
-    /// reads the server's version: a server whose `/version` has no major/minor works.
-    pub async fn connect(context: Option<&str>, namespace: Option<&str>) -> Result<Self> {
+    /// Connects with the kubeconfig (`KUBECONFIG`, `~/.kube/config`, the settings' context
+    /// when given) or the in-cluster service account, in the settings' namespace (else the
+    /// context's), and checks that the API server answers. Nothing reads the server's
+    /// version: a server whose `/version` has no major/minor works.
+    pub async fn connect(settings: &crate::backend::BackendSettings) -> Result<Self> {
+        let (context, namespace) = (
+            settings.kube_context.as_deref(),
+            settings.namespace.as_deref(),
+        );
         STARTED.get_or_init(std::time::Instant::now);
         let (config, origin) = match context {
             Some(context) => {
@@ -218,10 +259,13 @@ impl KubeBackend {
             .map(str::to_string)
             .unwrap_or_else(|| config.default_namespace.clone());
         let client = kube::Client::try_from(config).map_err(|e| unreachable(&origin, e))?;
+        let capabilities = capabilities(&namespace, context);
         let backend = KubeBackend {
             client,
             namespace,
             origin,
+            capabilities: std::sync::Arc::new(capabilities),
+            cluster: std::sync::Arc::new(settings.cluster.clone()),
             terminals: Default::default(),
             ends: Default::default(),
             warm: Default::default(),

@@ -237,7 +237,7 @@ impl KubeBackend {
         labels: &HashMap<String, String>,
         mut spec: PodSpec,
     ) -> Pod {
-        super::spec::add_host_aliases_from_env(&mut spec);
+        super::spec::for_cluster(&mut spec, &self.cluster);
         let (labels, annotations) = meta::split(labels);
         Pod {
             metadata: ObjectMeta {

@@ -92,10 +92,6 @@ pub(super) fn pod_security(gid: i64) -> PodSecurityContext {
     }
 }
 
-pub(super) fn pull_policy() -> String {
-    std::env::var("CAW_BOX_IMAGE_PULL_POLICY").unwrap_or_else(|_| "IfNotPresent".to_string())
-}
-
 /// Where a seeding init container mounts the volume it fills.
 pub(super) const SEED_MOUNT: &str = "/caw-box-seed";
 
@@ -112,7 +108,6 @@ pub(super) fn seed_container(
     k8s_openapi::api::core::v1::Container {
         name: name.into(),
         image: Some(image.to_string()),
-        image_pull_policy: Some(pull_policy()),
         command: Some(vec!["sh".into(), "-c".into(), script]),
         security_context: Some(hardened(uid, gid)),
         volume_mounts: Some(vec![k8s_openapi::api::core::v1::VolumeMount {

@@ -29,6 +29,10 @@ use crate::backend::{
 use crate::error::{Error, Result};
 
 impl Backend for KubeBackend {
+    fn capabilities(&self) -> &crate::backend::Capabilities {
+        &self.capabilities
+    }
+
     async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>> {
         let params = ListParams::default().labels(&label_selector(labels));
         let pods = self
@@ -127,10 +131,6 @@ impl Backend for KubeBackend {
             return self.attach_helper(name, stdin, tty).await;
         }
         self.attach_to(name, main, stdin, tty).await
-    }
-
-    async fn broker_place(&self) -> crate::backend::BrokerPlace {
-        crate::backend::BrokerPlace::InTurn
     }
 
     /// A container of the turn's pod ([`TurnSpec::broker`]), on the pod's loopback alone:
@@ -263,14 +263,6 @@ impl Backend for KubeBackend {
         }
     }
 
-    fn words(&self) -> crate::backend::Words {
-        crate::backend::Words {
-            here: format!("namespace '{}' of this cluster", self.namespace()),
-            elsewhere: "another namespace or cluster".into(),
-            engine: "the cluster".into(),
-        }
-    }
-
     fn logs_hint(&self, name: &str) -> String {
         format!("`kubectl logs -n {} {name}`", self.namespace())
     }
@@ -294,16 +286,6 @@ impl Backend for KubeBackend {
             .with_hint("drop --pids-limit (and `pids_limit` from config files); ask the cluster's admin for a kubelet podPidsLimit"));
         }
         Ok(())
-    }
-
-    /// A cluster has no host directories: the workspace is always copied in.
-    fn host_dirs(&self) -> crate::backend::HostDirs {
-        crate::backend::HostDirs::Never(
-            Error::usage(
-                "--workspace-mode bind is not available with the kubernetes backend: a pod cannot mount a directory of this host",
-            )
-            .with_hint("use --workspace-mode copy (the default there) or none"),
-        )
     }
 
     fn removed_under_turn(&self, name: &str) -> Error {
@@ -357,10 +339,6 @@ impl Backend for KubeBackend {
         Ok(())
     }
 
-    fn runtime_dir(&self) -> crate::backend::RuntimeDir {
-        crate::backend::RuntimeDir::GoesWithTurn
-    }
-
     async fn stop_noted(&self, name: &str) -> bool {
         let key = crate::labelling::labels::STOP_REQUESTED;
         Backend::inspect_container(self, name)
@@ -391,10 +369,6 @@ impl Backend for KubeBackend {
         // A warm pod's loop ends on SIGTERM: not forced (see `remove_idle`).
         let force = !found.labels.contains_key(WARM_LABEL);
         self.delete_pod(&found.name, uid, force).await
-    }
-
-    fn keeps_warm(&self) -> bool {
-        true
     }
 
     async fn claim_warm(&self, name: &str) -> Result<Option<ContainerInfo>> {
@@ -494,11 +468,11 @@ impl Backend for KubeBackend {
             super::timeline("ConfigMap (turn record)", t0);
             made
         } else {
-            let class = std::env::var("CAW_BOX_STORAGE_CLASS").ok();
+            let class = self.cluster.storage_class.clone();
             if let Some(class) = &class {
                 self.check_storage_class(name, class).await?;
             }
-            let size = std::env::var("CAW_BOX_VOLUME_SIZE").unwrap_or_else(|_| "1Gi".into());
+            let size = (self.cluster.volume_size.clone()).unwrap_or_else(|| "1Gi".into());
             let claim = PersistentVolumeClaim {
                 metadata,
                 spec: Some(PersistentVolumeClaimSpec {

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::sandbox::{hardened, pull_policy};
+use super::sandbox::hardened;
 use crate::backend::{proxy_env, BrokerPlan, BrokerRoute, TurnSpec, PROXY_SCRIPT};
 
 /// The proxy sidecar's container in a turn pod that holds its own egress; `<pod>/proxy`
@@ -88,7 +88,6 @@ fn sidecar(
     Container {
         name: name.into(),
         image: Some(image.to_string()),
-        image_pull_policy: Some(pull_policy()),
         command: Some(command),
         security_context: Some(hardened(uid, gid)),
         resources: Some(ResourceRequirements {
@@ -129,7 +128,6 @@ pub(super) fn egress_init(image: &str, brokered: bool) -> Container {
     Container {
         name: EGRESS_INIT.into(),
         image: Some(image.to_string()),
-        image_pull_policy: Some(pull_policy()),
         command: Some(vec![
             "bash".into(),
             "-c".into(),

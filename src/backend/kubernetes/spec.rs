@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::sandbox::{claim_mounts, empty_dir, hardened, pod_security, pull_policy};
+use super::sandbox::{claim_mounts, empty_dir, hardened, pod_security};
 use super::sandbox::{env_vars, seed_container, SEED_MOUNT};
 use super::sidecars::{broker_container, egress_init, proxy_container, BROKER_UID, PROXY_UID};
 use super::sidecars::{POD_END_DIR, POD_END_FILE};
@@ -48,7 +48,6 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
     let mut containers = vec![Container {
         name: AGENT.into(),
         image: Some(spec.image.clone()),
-        image_pull_policy: Some(pull_policy()),
         command,
         args: Some(spec.argv.clone()),
         env: Some(env),
@@ -208,18 +207,21 @@ pub(super) fn host_aliases(entries: &[String]) -> Option<Vec<HostAlias>> {
     (!aliases.is_empty()).then_some(aliases)
 }
 
-/// `CAW_BOX_HOST_ALIASES` (`HOST:IP,…`): names every pod caw-box makes resolves to those
-/// addresses, beside its own (a cluster with no DNS for a gateway or a vendor's host, as a
-/// test cluster; the egress proxy resolves through the pod's hosts file too).
-pub(super) fn add_host_aliases_from_env(spec: &mut PodSpec) {
-    let entries: Vec<String> = std::env::var("CAW_BOX_HOST_ALIASES")
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-        .map(str::to_string)
-        .collect();
-    if let Some(more) = host_aliases(&entries) {
+/// What every pod caw-box makes gets from the `cluster`'s settings, beside what its spec
+/// says: the image pull policy of each of its containers (default `IfNotPresent`), and the
+/// names of `host_aliases` (`CAW_BOX_HOST_ALIASES`) resolving to their addresses beside its
+/// own (a cluster with no DNS for a gateway or a vendor's host, as a test cluster; the egress
+/// proxy resolves through the pod's hosts file too).
+pub(super) fn for_cluster(spec: &mut PodSpec, cluster: &crate::backend::ClusterSettings) {
+    let policy = cluster
+        .image_pull_policy
+        .as_deref()
+        .unwrap_or("IfNotPresent");
+    let init = spec.init_containers.iter_mut().flatten();
+    for container in spec.containers.iter_mut().chain(init) {
+        container.image_pull_policy = Some(policy.to_string());
+    }
+    if let Some(more) = host_aliases(&cluster.host_aliases) {
         spec.host_aliases.get_or_insert_with(Vec::new).extend(more);
     }
 }

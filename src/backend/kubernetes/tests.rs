@@ -693,3 +693,43 @@ fn the_broker_beside_the_agent_is_on_the_pods_loopback() {
     assert_eq!(route.agent_network, None);
     assert_eq!(route.shown, "caw-box-x/broker");
 }
+
+/// The cluster's settings reach every container of every pod, init containers and sidecars
+/// too (a node that may not pull has to run all of them from what it has), and its host
+/// aliases join those the turn asked for.
+#[test]
+fn a_clusters_pull_policy_and_host_aliases_reach_every_container_of_a_pod() {
+    let mut t = turn();
+    t.broker = Some("0".into());
+    t.extra_hosts = vec!["chatgpt.com:127.0.0.1".into()];
+    t.egress_allow = vec!["*.example.com".into()];
+    let mut spec = turn_pod_spec(&t).unwrap();
+    let cluster = crate::backend::ClusterSettings {
+        image_pull_policy: Some("Never".into()),
+        host_aliases: vec!["gateway.lab:10.0.0.2".into()],
+        ..Default::default()
+    };
+    super::spec::for_cluster(&mut spec, &cluster);
+    let every = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten());
+    let policies: Vec<_> = every.map(|c| c.image_pull_policy.as_deref()).collect();
+    assert!(policies.len() > 2, "{policies:?}");
+    assert!(policies.iter().all(|p| *p == Some("Never")), "{policies:?}");
+    let ips: Vec<_> = spec
+        .host_aliases
+        .unwrap()
+        .into_iter()
+        .map(|a| a.ip)
+        .collect();
+    assert_eq!(ips, ["127.0.0.1", "10.0.0.2"]);
+
+    let mut plain = turn_pod_spec(&turn()).unwrap();
+    super::spec::for_cluster(&mut plain, &Default::default());
+    assert_eq!(
+        plain.containers[0].image_pull_policy.as_deref(),
+        Some("IfNotPresent")
+    );
+    assert!(plain.host_aliases.is_none());
+}

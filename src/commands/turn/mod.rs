@@ -405,9 +405,9 @@ async fn place_workspace(
     let Some(dir) = settings.workspace.clone() else {
         return Ok(());
     };
-    if let crate::backend::HostDirs::Never(refusal) = backend.host_dirs() {
+    if let crate::backend::HostDirs::Never(refusal) = &backend.capabilities().host_dirs {
         if asked == Some(WorkspaceModeArg::Bind) {
-            return Err(refusal);
+            return Err(refusal.clone());
         }
         if settings.workspace_mode == WorkspaceMode::Bind {
             settings.workspace_mode = WorkspaceMode::Copy;
@@ -420,7 +420,7 @@ async fn place_workspace(
         return Ok(());
     };
     if asked == Some(WorkspaceModeArg::Bind) {
-        let engine = backend.words().engine;
+        let engine = &backend.capabilities().words.engine;
         return Err(Error::usage(format!(
             "--workspace-mode bind: {engine} cannot mount {dir}: {reason}"
         ))
@@ -430,7 +430,7 @@ async fn place_workspace(
     if !quiet {
         output::eprintln(&format!(
             "copying the workspace into the session: {} cannot mount {dir} ({reason})",
-            backend.words().engine
+            backend.capabilities().words.engine
         ));
     }
     Ok(())

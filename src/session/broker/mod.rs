@@ -26,7 +26,7 @@
 //! placeholders), the keys on stdin, the leases and the refresh protocol. The session asks
 //! the backend for a broker ([`crate::backend::BrokerPlan`]: its program, for this turn and
 //! network) and the backend decides where it runs and how the agent reaches it
-//! (`Backend::broker_place`, `broker_route`, `open_broker`, `start_broker`,
+//! (`Capabilities::broker_place`, `Backend::broker_route`, `open_broker`, `start_broker`,
 //! `close_broker`): Docker as a container on a network, Kubernetes as a container of the
 //! turn's pod.
 //!

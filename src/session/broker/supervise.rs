@@ -128,7 +128,7 @@ impl Broker {
         provider: crate::provider::ProviderKind,
         turn: &str,
     ) -> Option<tokio::task::JoinHandle<()>> {
-        if backend.broker_place().await != BrokerPlace::InTurn {
+        if backend.capabilities().broker_place != BrokerPlace::InTurn {
             return None;
         }
         crate::auth::spec::Spec::of(provider).oauth?;

@@ -51,7 +51,7 @@ pub(in crate::session) async fn remove_abandoned_turns(backend: &impl Backend, o
         // An adoptable one is left to be recorded by the next caw-box that meets its
         // session (`orphans::settle`).
         let recordable = c.label(labels::ADOPTABLE) == Some("true")
-            && backend.runtime_dir() == crate::backend::RuntimeDir::KeptWithContainer;
+            && backend.capabilities().runtime_dir == crate::backend::RuntimeDir::KeptWithContainer;
         if c.name != own
             && c.state == crate::backend::ContainerState::Exited
             && driver_is_gone(&c)

@@ -341,7 +341,7 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
     let Some(last) = record.turns.last() else {
         return Err(Error::usage(format!("session {id} has no finished turn")));
     };
-    let mut result = result_of(&record, last);
+    let mut result = result_of(&record, last, &backend.capabilities().scope);
     // What its driver moved aside (bind mode: this host's workspace, this host's data dir).
     result.quarantined = crate::session::walls::quarantine::recorded(id, last.turn);
     Ok(result)

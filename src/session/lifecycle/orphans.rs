@@ -85,7 +85,7 @@ pub(in crate::session) fn is_orphan(c: &ContainerInfo) -> bool {
 /// container's volumes writable (Docker). A pod that ended is gone for writing.
 pub(in crate::session) fn recordable_ended(backend: &impl Backend, c: &ContainerInfo) -> bool {
     let ended = c.finished || c.state == ContainerState::Exited;
-    !c.running() && ended && backend.runtime_dir() == RuntimeDir::KeptWithContainer
+    !c.running() && ended && backend.capabilities().runtime_dir == RuntimeDir::KeptWithContainer
 }
 
 /// Whether `c` is a warm container that runs a turn (claimed under the turn's name), which
@@ -262,7 +262,9 @@ async fn settle_lost(backend: &impl Backend, id: Uuid) -> Result<Orphan> {
     // Its driver is on it (or between its note and its container); a container that
     // survives is read by the caller, and only a backend that writes into a volume
     // through a container that never ran can record it here.
-    if is_a_caw_box(noted.pid) || backend.runtime_dir() != RuntimeDir::KeptWithContainer {
+    if is_a_caw_box(noted.pid)
+        || backend.capabilities().runtime_dir != RuntimeDir::KeptWithContainer
+    {
         return Ok(Orphan::None);
     }
     let Some(_lock) = try_lock(id)? else {
@@ -291,7 +293,7 @@ async fn settle_lost(backend: &impl Backend, id: Uuid) -> Result<Orphan> {
     let result = format!(
         "the turn was interrupted by its environment: its container is gone (removed from \
          outside caw-box, or by {} on a restart); nothing of its output was kept",
-        backend.words().engine
+        backend.capabilities().words.engine
     );
     record.turns.push(TurnRecord {
         turn,
@@ -325,7 +327,7 @@ async fn settle_lost(backend: &impl Backend, id: Uuid) -> Result<Orphan> {
     saved?;
     inflight::forget(id);
     let last = record.turns.last().expect("just pushed");
-    let result = crate::session::turn::result_of(&record, last);
+    let result = crate::session::turn::result_of(&record, last, &backend.capabilities().scope);
     Ok(Orphan::Recorded(Box::new((record, result))))
 }
 

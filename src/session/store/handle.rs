@@ -41,12 +41,9 @@ pub struct ResumeHandle {
 }
 
 impl ResumeHandle {
-    pub fn new(provider: ProviderKind, session_id: Uuid, resume_key: impl Into<String>) -> Self {
-        Self::in_scope(provider, session_id, resume_key, &crate::backend::scope())
-    }
-
-    /// A handle of a session on the backend `scope`: Docker's keep version 1 (what every
-    /// earlier caw-box reads); others name their backend and namespace (version 2).
+    /// A handle of a session on the backend `scope` (a connected backend's,
+    /// [`crate::backend::Capabilities::scope`]): Docker's keep version 1 (what every earlier
+    /// caw-box reads); others name their backend and namespace (version 2).
     pub fn in_scope(
         provider: ProviderKind,
         session_id: Uuid,
@@ -214,10 +211,11 @@ mod tests {
     use super::*;
 
     fn sample() -> ResumeHandle {
-        ResumeHandle::new(
+        ResumeHandle::in_scope(
             ProviderKind::Codex,
             Uuid::parse_str("5b0c3f0e-9a51-4f0b-8d3c-0f3a1e2d4c5b").unwrap(),
             "019a-thread",
+            &crate::backend::Scope::default(),
         )
     }
 

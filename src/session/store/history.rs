@@ -136,7 +136,7 @@ pub(in crate::session) async fn save_record(
     // for the record: it writes them to the runtime directory and deletes them from HOME
     // only once it has the record.
     if let (Some(slot), Some(_)) = (ending.home_out, ending.handoff.as_ref()) {
-        if backend.runtime_dir() == RuntimeDir::GoesWithTurn {
+        if backend.capabilities().runtime_dir == RuntimeDir::GoesWithTurn {
             match changed_home_files(backend, name, record.provider).await {
                 Ok(tar) => *slot.lock().unwrap_or_else(|e| e.into_inner()) = tar,
                 Err(e) => tracing::warn!("could not read the refreshed credentials: {e}"),
@@ -186,7 +186,7 @@ pub(in crate::session) async fn save_record(
     }));
     if let Some(slot) = ending
         .home_out
-        .filter(|_| backend.runtime_dir() == RuntimeDir::KeptWithContainer)
+        .filter(|_| backend.capabilities().runtime_dir == RuntimeDir::KeptWithContainer)
     {
         let path = format!("{RUN_DIR}/{}", crate::auth::inject::HOME_OUT);
         match backend.download_tar(name, &path).await {

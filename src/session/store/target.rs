@@ -201,8 +201,9 @@ pub enum TargetSpec<'a> {
     Lookup(&'a str),
 }
 
-/// Classifies TARGET: trims it, refuses an empty one, and parses what looks like a handle.
-pub fn parse_target(target: &str) -> Result<TargetSpec<'_>> {
+/// Classifies TARGET: trims it, refuses an empty one, and parses what looks like a handle,
+/// refusing one of a session that lives outside `scope` (another backend or namespace).
+pub fn parse_target<'a>(target: &'a str, scope: &crate::backend::Scope) -> Result<TargetSpec<'a>> {
     // A byte-order mark counts as blank: a handle saved by some editors starts with one.
     let target = target.trim_matches(|c: char| c.is_whitespace() || c == '\u{feff}');
     if target.is_empty() {
@@ -212,7 +213,7 @@ pub fn parse_target(target: &str) -> Result<TargetSpec<'_>> {
     }
     if ResumeHandle::looks_like_handle(target) {
         let handle = ResumeHandle::parse(target)?;
-        handle.check_scope(&crate::backend::scope())?;
+        handle.check_scope(scope)?;
         return Ok(TargetSpec::Handle(handle));
     }
     Ok(TargetSpec::Lookup(target))
@@ -233,7 +234,7 @@ pub async fn resolve_view_in(
     scope: Option<&str>,
 ) -> Result<SessionView> {
     let visible = |facts: &VolumeFacts| scope.is_none() || facts.scope.as_deref() == scope;
-    let handle = match parse_target(target)? {
+    let handle = match parse_target(target, &backend.capabilities().scope)? {
         TargetSpec::Handle(handle) => handle,
         TargetSpec::Lookup(target) => {
             let mut all = list_sessions(backend).await?;
@@ -334,7 +335,7 @@ async fn facts_for_handle(backend: &impl Backend, handle: &ResumeHandle) -> Resu
         .inspect_volume(&handle.volume)
         .await?
         .ok_or_else(|| {
-            let words = backend.words();
+            let words = &backend.capabilities().words;
             Error::not_found(format!(
                 "the handle's state volume '{}' does not exist on {}",
                 handle.volume, words.here

@@ -362,7 +362,7 @@ fn record_turn(
         turn: ctx.turn,
         status: outcome.status,
         result: outcome.result.clone(),
-        resume_handle: handle_of(record).to_json(),
+        resume_handle: handle_of(record, &ctx.backend.capabilities().scope).to_json(),
         usage: outcome.usage,
         priced: crate::provider::pricing::is_priced(&outcome.usage),
         duration_ms,
@@ -455,7 +455,7 @@ async fn classify(
             early.status_and_result(record, options, stop_requested, waited, words, &refused);
     } else if let Some(signal) = &stopped_outside {
         outcome.status = Status::Interrupted;
-        outcome.result = stopped_outside_result(signal, &backend.words().engine);
+        outcome.result = stopped_outside_result(signal, &backend.capabilities().words.engine);
     } else if let Some(why) = &environment {
         outcome.status = Status::Error;
         outcome.result = why.clone();

@@ -192,7 +192,9 @@ async fn key_of_the_tui(
     let key_file = format!("{RUN_DIR}/{RESUME_KEY_FILE}");
     let key_text = backend.download_file(name, &key_file).await.ok().flatten();
     let mut key = key_text.and_then(|t| plausible_key(&String::from_utf8_lossy(&t)));
-    if key.is_none() && backend.runtime_dir() == crate::backend::RuntimeDir::GoesWithTurn {
+    if key.is_none()
+        && backend.capabilities().runtime_dir == crate::backend::RuntimeDir::GoesWithTurn
+    {
         // A pod's runtime directory is gone with it: the same script, on the state claim.
         key = key_in_state(backend, record).await;
     }
@@ -258,7 +260,7 @@ async fn record_tui_turn(
         turn,
         status,
         result,
-        resume_handle: handle_of(record).to_json(),
+        resume_handle: handle_of(record, &backend.capabilities().scope).to_json(),
         usage: Default::default(),
         priced: true,
         duration_ms,

@@ -83,12 +83,14 @@ pub fn container_name(record: &SessionRecord) -> String {
     crate::session::store::names::turn_container(record.session_id)
 }
 
-/// The handle for a session's current state.
-pub fn handle_of(record: &SessionRecord) -> ResumeHandle {
-    ResumeHandle::new(
+/// The handle for a session's current state, on the backend `scope` (where it lives:
+/// the connected backend's, [`crate::backend::Capabilities::scope`]).
+pub fn handle_of(record: &SessionRecord, scope: &crate::backend::Scope) -> ResumeHandle {
+    ResumeHandle::in_scope(
         record.provider,
         record.session_id,
         record.resume_key.clone(),
+        scope,
     )
 }
 
@@ -308,8 +310,12 @@ pub fn turn_error(result: &TurnResult) -> Option<Error> {
     Some(e)
 }
 
-/// The result object of a recorded turn.
-pub fn result_of(record: &SessionRecord, t: &TurnRecord) -> TurnResult {
+/// The result object of a recorded turn of a session on the backend `scope`.
+pub fn result_of(
+    record: &SessionRecord,
+    t: &TurnRecord,
+    scope: &crate::backend::Scope,
+) -> TurnResult {
     TurnResult {
         session_id: record.session_id.to_string(),
         name: record.name.clone(),
@@ -317,7 +323,7 @@ pub fn result_of(record: &SessionRecord, t: &TurnRecord) -> TurnResult {
         turn: t.turn,
         status: t.status,
         result: t.result.clone(),
-        resume_handle: handle_of(record).to_json(),
+        resume_handle: handle_of(record, scope).to_json(),
         usage: t.usage,
         priced: crate::provider::pricing::is_priced(&t.usage),
         duration_ms: t.duration_ms,

@@ -48,7 +48,8 @@ pub(in crate::session) struct TurnPlan {
     pub egress: Option<EgressPlan>,
     pub route: Option<EgressRoute>,
     /// The session's first turn puts files in HOME: the new state volume gets the image's
-    /// HOME first (`Backend::fill_new_volume`).
+    /// HOME first, where the backend fills one only when a container first starts
+    /// ([`Capabilities::fill_volume_first`](crate::backend::Capabilities::fill_volume_first)).
     pub fill_home: bool,
     /// Files put in HOME before the CLI starts (the user's setup, the adapter's files).
     pub home_files: Vec<HomeFile>,
@@ -223,7 +224,7 @@ async fn plan_credentials(
     egress: Option<&EgressRoute>,
 ) -> Result<(BrokerPlace, Prepared, Option<Broker>)> {
     // (A turn that outlives its driver has a broker that does too: one in its own unit.)
-    let place = backend.broker_place().await;
+    let place = backend.capabilities().broker_place;
     let want_broker = !options.inject_credentials
         && !matches!(
             NetworkPolicy::from_setting(&record.settings.network),

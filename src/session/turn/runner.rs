@@ -533,7 +533,27 @@ mod tests {
         };
     }
 
+    /// What the fake can do: a local Docker daemon's answers, where the lock asks any.
+    static FAKE_CAPABILITIES: std::sync::LazyLock<crate::backend::Capabilities> =
+        std::sync::LazyLock::new(|| crate::backend::Capabilities {
+            scope: crate::backend::Scope::default(),
+            words: crate::backend::Words {
+                here: "here".into(),
+                elsewhere: "elsewhere".into(),
+                engine: "the engine".into(),
+            },
+            host_dirs: crate::backend::HostDirs::Shared,
+            runtime_dir: crate::backend::RuntimeDir::KeptWithContainer,
+            broker_place: crate::backend::BrokerPlace::SharedContainer,
+            keeps_warm: false,
+            hands_over_to_root: false,
+            fill_volume_first: false,
+        });
+
     impl Backend for FakeBackend {
+        fn capabilities(&self) -> &crate::backend::Capabilities {
+            &FAKE_CAPABILITIES
+        }
         async fn create_turn(
             &self,
             name: &str,
@@ -569,9 +589,6 @@ mod tests {
             self.0.lock().unwrap().existing = None;
             Ok(())
         }
-        async fn broker_place(&self) -> crate::backend::BrokerPlace {
-            crate::backend::BrokerPlace::SharedContainer
-        }
         async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
             self.log(format!("remove id {}", found.id));
             self.0.lock().unwrap().existing = None;
@@ -601,12 +618,6 @@ mod tests {
         }
         async fn stop_container(&self, _: &str, _: std::time::Duration) -> Result<()> {
             unexpected!("stop")
-        }
-        fn host_dirs(&self) -> crate::backend::HostDirs {
-            crate::backend::HostDirs::Shared
-        }
-        fn words(&self) -> crate::backend::Words {
-            unexpected!("words")
         }
         fn logs_hint(&self, _: &str) -> String {
             unexpected!("a logs hint")

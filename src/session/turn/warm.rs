@@ -32,7 +32,7 @@ pub(in crate::session) async fn keep_for(
     turn_broker: bool,
 ) -> Result<Option<u64>> {
     let own_broker = broker == BrokerPlace::OwnContainer || turn_broker;
-    if !backend.keeps_warm() || options.interactive || egress || own_broker {
+    if !backend.capabilities().keeps_warm || options.interactive || egress || own_broker {
         return Ok(None);
     }
     let said = record.settings.keep_warm_secs;
@@ -74,7 +74,7 @@ pub(in crate::session) fn runs_cold(
     turn_broker: bool,
 ) -> Error {
     let id = record.session_id;
-    if !backend.keeps_warm() {
+    if !backend.capabilities().keeps_warm {
         return Error::usage(
             "this backend runs every turn in a new container: nothing to keep warm",
         );

@@ -139,7 +139,7 @@ pub(in crate::session) fn hand_over_in_turn(
     ids: (u32, u32),
     spec: &mut TurnSpec,
 ) -> bool {
-    if record.owner_ids() == ids || !backend.hands_over_in_turn(ids) {
+    if record.owner_ids() == ids || !backend.capabilities().hands_over_to(ids) {
         return false;
     }
     spec.hand_over = session_volumes(record).1;
@@ -162,15 +162,19 @@ fn session_volumes(record: &SessionRecord) -> (Vec<MountSpec>, Vec<String>) {
     (mounts, paths)
 }
 
-/// Has the backend fill the session's new state volume with the image's HOME before
-/// caw-box writes files into it ([`Backend::fill_new_volume`]: where the engine does so only
-/// when a container first starts, Podman, by starting and removing a container of the
-/// session's image on it).
+/// Fills the session's new state volume with the image's HOME before caw-box writes files
+/// into it, where the engine does so only when a container first starts
+/// ([`Capabilities::fill_volume_first`](crate::backend::Capabilities::fill_volume_first):
+/// Podman), by running a container of the session's image on it to its end. Elsewhere the
+/// backend fills it anyway: nothing to do.
 pub(in crate::session) async fn fill_new_home(
     backend: &impl Backend,
     record: &SessionRecord,
     (uid, gid): (u32, u32),
 ) -> Result<()> {
+    if !backend.capabilities().fill_volume_first {
+        return Ok(());
+    }
     let id = record.session_id;
     let spec = HelperSpec {
         image: record.settings.image.clone(),
@@ -184,17 +188,17 @@ pub(in crate::session) async fn fill_new_home(
         ..Default::default()
     };
     let name = names::helper_container(id, "fill");
-    let ran = backend
-        .fill_new_volume(&name, &spec)
+    let (code, _, err) = backend
+        .run_to_completion(&name, &spec)
         .await
         .map_err(|e| image_hint(e, record))?;
-    match ran {
-        Some((code, _, err)) if code != 0 => Err(Error::environment(format!(
+    if code != 0 {
+        return Err(Error::environment(format!(
             "failed to prepare session {id}'s new volume: {}",
             err.trim()
-        ))),
-        _ => Ok(()),
+        )));
     }
+    Ok(())
 }
 
 /// Runs one of the session's volume helpers to its end; a failure says what it was to do.

@@ -242,7 +242,10 @@ pub async fn record_bind_base(
     // `safe_git`) in tens of milliseconds instead of a helper container's ~350 ms; the
     // helper remains for the rest (no git here, a repository git refuses to touch as this
     // user, a failure of any kind).
-    if matches!(backend.host_dirs(), crate::backend::HostDirs::Shared) {
+    if matches!(
+        backend.capabilities().host_dirs,
+        crate::backend::HostDirs::Shared
+    ) {
         if let Some(base) = host_base(dir).await {
             return Some(base);
         }

@@ -430,7 +430,10 @@ pub async fn daemon_sees(
     image: &str,
     dir: &Path,
 ) -> std::result::Result<(), String> {
-    if matches!(backend.host_dirs(), crate::backend::HostDirs::Shared) {
+    if matches!(
+        backend.capabilities().host_dirs,
+        crate::backend::HostDirs::Shared
+    ) {
         return Ok(());
     }
     // One file of the directory, read back through the daemon: the same bytes, the same

@@ -1,0 +1,62 @@
+//! What a backend is and can do, answered in one value ([`Capabilities`],
+//! [`Backend::capabilities`](super::Backend::capabilities)) that the backend works out once,
+//! when it connects: the session layer reads its fields instead of asking one question at a
+//! time, and never branches on which backend it has. What a backend does, or says of one
+//! object (a container, a plan, a setting), stays a method of [`Backend`](super::Backend).
+
+use super::{BrokerPlace, HostDirs, RuntimeDir, Scope};
+
+/// What a backend can do, and how it is named, for as long as it is connected.
+#[derive(Debug, Clone)]
+pub struct Capabilities {
+    /// Where its sessions live: the backend, and on Kubernetes the namespace and the
+    /// kubeconfig context. A resume handle names it; a handle of another scope is refused.
+    pub scope: Scope,
+    /// How it is named in backend-neutral messages.
+    pub words: Words,
+    /// How its containers see this host's directories (a bind-mode workspace): `Shared`
+    /// on a local Docker daemon, `Unknown` on one that may be remote (checked per
+    /// directory), `Never` on a cluster (`--workspace-mode bind` refused).
+    pub host_dirs: HostDirs,
+    /// Where a turn's runtime directory is kept, and so when the driver reads what the
+    /// entrypoint hands back there.
+    pub runtime_dir: RuntimeDir,
+    /// Where a turn's credential broker runs (a container shared by turns with the same
+    /// keys, one of the turn's own, or beside the agent in the turn's own unit).
+    pub broker_place: BrokerPlace,
+    /// Whether it keeps a session's container warm between turns (`--keep-warm`,
+    /// [`warm`](super::warm)); `false`: every turn starts cold.
+    pub keeps_warm: bool,
+    /// Whether a turn's own container hands the session's volumes
+    /// ([`TurnSpec::hand_over`](super::TurnSpec::hand_over)) to a turn user of uid 0
+    /// before its CLI starts: only root keeps the capabilities chown needs (Docker). For
+    /// any other user, and where `false`, the session runs a helper to do it first
+    /// ([`Self::hands_over_to`]).
+    pub hands_over_to_root: bool,
+    /// Whether a new state volume takes the image's HOME only when a container that mounts
+    /// it first starts, and only if it is still empty then (Podman): the session runs one
+    /// on it (exiting at once) before it puts anything in it. `false`: the backend fills
+    /// it anyway (Docker, when a container that mounts it is created; Kubernetes, from the
+    /// turn pod's init container).
+    pub fill_volume_first: bool,
+}
+
+impl Capabilities {
+    /// Whether a turn's own container hands the session's volumes to the turn user `user`
+    /// (uid, gid) before its CLI starts ([`Self::hands_over_to_root`]); `false`: the
+    /// session runs a helper to do it first.
+    pub fn hands_over_to(&self, user: (u32, u32)) -> bool {
+        self.hands_over_to_root && user.0 == 0
+    }
+}
+
+/// A backend's words for backend-neutral messages of the session layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Words {
+    /// Where this process's sessions live ("this Docker host").
+    pub here: String,
+    /// Where else a session may live ("another Docker host").
+    pub elsewhere: String,
+    /// What runs the containers and mounts their directories ("the Docker daemon").
+    pub engine: String,
+}
