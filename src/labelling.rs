@@ -34,6 +34,9 @@ pub mod labels {
     pub const ADOPTABLE: &str = "io.caw-box.adoptable";
     /// On a turn-record volume: the [`crate::session::record::TurnSummary`] of the session's latest turn.
     pub const SUMMARY: &str = "io.caw-box.summary";
+    /// On a checkpoint volume: its [`crate::session::checkpoint::Checkpoint`] (turn, time,
+    /// the checkpoint it holds the changes since).
+    pub const CHECKPOINT: &str = "io.caw-box.checkpoint";
     /// On an image: a hash of everything it was built from; `image build` skips an image
     /// whose hash is current.
     pub const INPUTS: &str = "io.caw-box.inputs";
@@ -61,6 +64,10 @@ pub mod roles {
     pub const BROKER: &str = "broker";
     /// A copy-mode session's workspace, mounted at /workspace.
     pub const WORKSPACE: &str = "workspace";
+    /// One turn's checkpoint: the files of HOME (and of a copy-mode workspace) that changed
+    /// since the session's previous checkpoint, as a tar layer, with a listing of every path
+    /// (`session::checkpoint`). Never mounted in a turn: the agent cannot touch it.
+    pub const CHECKPOINT: &str = "checkpoint";
     /// `caw-box auth login`'s container of the vendor's login, and its egress (its
     /// session label is the login's own id: no session has it).
     pub const LOGIN: &str = "login";

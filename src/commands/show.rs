@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::event::Status;
 use crate::output;
 use crate::provider::pricing;
+use crate::session::checkpoint::{self, CheckpointStats};
 use crate::session::lifecycle;
 use crate::session::record::SessionRecord;
 use crate::session::target;
@@ -47,12 +48,65 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
             .map_or("new".to_string(), |t| t.status.to_string())
     };
     let fallback_to = fallbacks_of(&target::list_sessions(&backend).await?, record.session_id);
+    let checkpoints = checkpoints_of(&backend, &record).await?;
     if json {
-        print_shown_json(&record, &status, fallback_to, warm_until);
+        print_shown_json(&record, &status, fallback_to, warm_until, checkpoints);
     } else {
         print_shown(&record, &status, &fallback_to, warm_until);
+        print_checkpoints(&checkpoints);
     }
     Ok(0)
+}
+
+/// The session's checkpoints and what each holds (read through one helper); where that
+/// cannot be read, what their labels say.
+async fn checkpoints_of(
+    backend: &impl crate::backend::Backend,
+    record: &SessionRecord,
+) -> Result<Vec<CheckpointStats>> {
+    let id = record.session_id;
+    let listed = checkpoint::list(backend, id).await?;
+    match checkpoint::stats(backend, id, &record.settings.image, &listed).await {
+        Ok(stats) if stats.len() == listed.len() => Ok(stats),
+        outcome => {
+            if let Err(e) = outcome {
+                tracing::warn!("could not read what the checkpoints hold: {e}");
+            }
+            Ok(listed
+                .iter()
+                .map(|c| CheckpointStats {
+                    turn: c.turn,
+                    at: c.at,
+                    base: c.base,
+                    files_changed: 0,
+                    workspace_files_changed: 0,
+                    deleted: 0,
+                    workspace_deleted: 0,
+                    bytes: 0,
+                })
+                .collect())
+        }
+    }
+}
+
+/// `checkpoints`: one line per turn's checkpoint, what changed in it.
+fn print_checkpoints(checkpoints: &[CheckpointStats]) {
+    if checkpoints.is_empty() {
+        return;
+    }
+    output::println("\ncheckpoints (`caw-box fork TARGET --at TURN` starts from one)");
+    for c in checkpoints {
+        let at = std::time::UNIX_EPOCH + Duration::from_secs(c.at);
+        let whole = if c.base.is_none() { ", whole" } else { "" };
+        output::println(&format!(
+            "  turn {}  {}  {} files changed ({} in the workspace){whole}, {} KiB",
+            c.turn,
+            humantime::format_rfc3339_seconds(at),
+            c.files_changed,
+            c.workspace_files_changed,
+            c.bytes.div_ceil(1024)
+        ));
+    }
 }
 
 /// Turns recorded with no cost (a model nothing priced then) priced now, where the person's
@@ -81,9 +135,15 @@ fn print_shown_json(
     status: &str,
     fallback_to: Vec<String>,
     warm_until: Option<u64>,
+    checkpoints: Vec<CheckpointStats>,
 ) {
     #[derive(Serialize)]
     struct Shown<'a> {
+        /// `caw-box fork`: the session and turn this one was made from.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        forked_from: Option<crate::session::ForkedFrom>,
+        /// Every turn's checkpoint: when, and what changed since the one before.
+        checkpoints: Vec<CheckpointStats>,
         status: &'a str,
         /// The sum of the turns' known costs.
         total_cost_usd: Option<f64>,
@@ -127,6 +187,8 @@ fn print_shown_json(
         unpriced_turns: unpriced,
         fallback_of: record.settings.fallback_of.map(|id| id.to_string()),
         fallback_to,
+        forked_from: record.settings.forked_from,
+        checkpoints,
         warm_until,
         budget: crate::session::budget::Spend::of(record),
         record,
@@ -178,6 +240,12 @@ fn print_shown(
     }
     if let Some(id) = s.fallback_of {
         output::println(&format!("fallback of {id} (its usage limit)"));
+    }
+    if let Some(f) = s.forked_from {
+        output::println(&format!(
+            "forked from {} at the end of its turn {}",
+            f.session, f.turn
+        ));
     }
     for id in fallback_to {
         output::println(&format!("fell back to {id} (a usage limit)"));

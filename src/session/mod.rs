@@ -21,7 +21,7 @@ mod turn;
 mod walls;
 
 pub use lifecycle::orphans;
-pub use store::{files, handle, names, portable, record, target};
+pub use store::{checkpoint, files, handle, names, portable, record, target};
 pub use turn::{budget, limits, models, runner};
 pub use walls::{numstat, owner, patch, protect, protected_out, quarantine, safe_git, workspace};
 
@@ -31,5 +31,5 @@ pub(crate) use broker::{LOADER as BROKER_LOADER, SCRIPT as BROKER_SCRIPT};
 pub(crate) use turn::ended::is_marker;
 
 pub use handle::ResumeHandle;
-pub use record::{SessionRecord, SessionSettings, TurnRecord, WorkspaceMode};
+pub use record::{ForkedFrom, SessionRecord, SessionSettings, TurnRecord, WorkspaceMode};
 pub use walls::egress::expand_allow_hosts;

@@ -34,12 +34,17 @@ fn run_tool_and_recall(p: P) {
         rig.caw_containers().is_empty(),
         "a turn container was left behind"
     );
-    // The state volume, and the turn-record volume whose labels summarise the last turn.
+    // The state volume, the turn's checkpoint, and the turn-record volume whose labels
+    // summarise the last turn.
     let mut volumes = rig.caw_volumes();
     volumes.sort();
     assert_eq!(
         volumes,
-        vec![format!("caw-box-{id}"), format!("caw-box-{id}-turn-1")]
+        vec![
+            format!("caw-box-{id}"),
+            format!("caw-box-{id}-checkpoint-1"),
+            format!("caw-box-{id}-turn-1")
+        ]
     );
 
     // Turn 2, by name: a tool call, as unified stream-json events.

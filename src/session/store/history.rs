@@ -176,6 +176,7 @@ pub(in crate::session) async fn save_record(
         return Err(e);
     }
     let stale = stale?;
+    take_checkpoint(backend, record, turn).await;
     // The turn is recorded: release the session's lock (the container) while the older
     // turn-record volumes go. A listing meanwhile finds the new one, the latest.
     let remove_stale = futures_util::future::join_all(stale.iter().map(|v| async move {
@@ -199,6 +200,22 @@ pub(in crate::session) async fn save_record(
     removed?;
     cache_record(record);
     Ok(quarantined)
+}
+
+/// The turn's checkpoint, while its container still holds the session's lock: no other turn
+/// changes the volumes under it. A failure costs only this checkpoint (the next one then
+/// holds the changes since the one before), never the turn.
+async fn take_checkpoint(backend: &impl Backend, record: &SessionRecord, turn: u32) {
+    let source = crate::session::store::checkpoint::Source {
+        session_id: record.session_id,
+        provider: record.provider,
+        image: &record.settings.image,
+        workspace_mode: record.settings.workspace_mode,
+        resume_key: &record.resume_key,
+    };
+    if let Err(e) = crate::session::store::checkpoint::take(backend, &source, turn).await {
+        tracing::warn!("no checkpoint of turn {turn}: {e}");
+    }
 }
 
 /// The provider's credential files in the running turn `name`'s HOME that differ from the
@@ -290,7 +307,10 @@ async fn hand_off(
 /// Creates the session's turn-record volume for its latest turn; returns the names of the
 /// older ones, for the caller to remove: the new one exists before the old ones go, so a
 /// listing never finds none.
-async fn write_turn_summary(backend: &impl Backend, record: &SessionRecord) -> Result<Vec<String>> {
+pub(in crate::session) async fn write_turn_summary(
+    backend: &impl Backend,
+    record: &SessionRecord,
+) -> Result<Vec<String>> {
     let Some(last) = record.turns.last() else {
         return Ok(Vec::new());
     };

@@ -2,9 +2,10 @@
 //! ([`record`], [`history`]), the names and labels of its objects ([`names`]), its resume
 //! handle ([`handle`]), finding it by TARGET ([`target`]), moving it between hosts
 //! ([`portable`]), caw-box's own files in HOME ([`files`]) and this host's note of the turns
-//! it drives ([`inflight`]). Not here: running a turn (`turn`), or what a turn may touch
+//! it drives ([`inflight`]), and each turn's checkpoint ([`checkpoint`]). Not here: running a turn (`turn`), or what a turn may touch
 //! (`walls`).
 
+pub mod checkpoint;
 pub mod files;
 pub mod handle;
 pub(in crate::session) mod history;

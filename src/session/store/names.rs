@@ -80,6 +80,11 @@ pub fn turn_record_volume(session_id: Uuid, turn: u32) -> String {
     format!("caw-box-{session_id}-turn-{turn}")
 }
 
+/// The checkpoint volume of `session_id`'s turn `turn` (`session::checkpoint`).
+pub fn checkpoint_volume(session_id: Uuid, turn: u32) -> String {
+    format!("caw-box-{session_id}-checkpoint-{turn}")
+}
+
 /// A fresh name for one of caw-box's short-lived helper containers of a session
 /// (`what`: "chown", "diff", ...; empty for a plain volume reader).
 pub fn helper_container(session_id: Uuid, what: &str) -> String {

@@ -57,6 +57,10 @@ pub struct SessionSettings {
     /// from (the other side of the link is found by listing: labels are fixed at creation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_of: Option<Uuid>,
+    /// `caw-box fork`: the session and turn whose checkpoint this session was made from
+    /// (its conversation and workspace as they were at the end of that turn).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -146,6 +150,13 @@ impl SessionSettings {
             None => Ok(()),
         }
     }
+}
+
+/// A fork's lineage: the session it was forked from, and at the end of which turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkedFrom {
+    pub session: Uuid,
+    pub turn: u32,
 }
 
 fn default_network() -> String {
