@@ -39,6 +39,10 @@ pub struct Capabilities {
     /// it anyway (Docker, when a container that mounts it is created; Kubernetes, from the
     /// turn pod's init container).
     pub fill_volume_first: bool,
+    /// Whether every turn's end is kept as a checkpoint (`session::checkpoint`), which
+    /// `caw-box fork` starts from: Docker's engine. Not yet Podman's or a cluster's (their
+    /// turns keep none, and `fork` says so).
+    pub checkpoints: bool,
 }
 
 impl Capabilities {

@@ -274,6 +274,8 @@ impl DockerBackend {
             hands_over_to_root: true,
             // Podman fills a volume when a container that mounts it first starts.
             fill_volume_first,
+            // Proven on Docker's engine; Podman's volumes and capabilities are not yet.
+            checkpoints: !podman,
         };
         DockerBackend {
             docker,

@@ -206,6 +206,9 @@ pub(in crate::session) async fn save_record(
 /// changes the volumes under it. A failure costs only this checkpoint (the next one then
 /// holds the changes since the one before), never the turn.
 async fn take_checkpoint(backend: &impl Backend, record: &SessionRecord, turn: u32) {
+    if !backend.capabilities().checkpoints {
+        return;
+    }
     let source = crate::session::store::checkpoint::Source {
         session_id: record.session_id,
         provider: record.provider,

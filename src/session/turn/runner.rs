@@ -548,6 +548,7 @@ mod tests {
             keeps_warm: false,
             hands_over_to_root: false,
             fill_volume_first: false,
+            checkpoints: false,
         });
 
     impl Backend for FakeBackend {
