@@ -98,6 +98,11 @@ fn resume_help() {
 }
 
 #[test]
+fn fork_help() {
+    insta::assert_snapshot!("fork_help", help(&["fork", "--help"]));
+}
+
+#[test]
 fn an_unknown_provider_is_refused_with_the_valid_ones() {
     insta::assert_snapshot!(
         "unknown_provider",

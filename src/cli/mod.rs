@@ -19,7 +19,9 @@ pub use subcommands::{
     AuthCommand, AuthLoginArgs, ConfigCommand, ConfigShowArgs, ImageBuildArgs, ImageCommand,
     ImagePullArgs, McpArgs, SessionCommand,
 };
-pub use turn::{CredentialsArg, ResumeArgs, RunArgs, SettingsArgs, TurnArgs, WorkspaceModeArg};
+pub use turn::{
+    CredentialsArg, ForkArgs, ResumeArgs, RunArgs, SettingsArgs, TurnArgs, WorkspaceModeArg,
+};
 
 const RUN_EXAMPLES: &str = "\
 Examples:
@@ -59,6 +61,16 @@ Examples:
 
 A resumed session keeps the settings it was started with (flags override them); of the config
 files and CAW_BOX_* variables only env_pass and labels apply to its turns.";
+
+const FORK_EXAMPLES: &str = "\
+Examples:
+  caw-box fork fixer --at 3 --name retry           # a new session as fixer was after turn 3
+  caw-box fork fixer -n 3 \"try another approach\"   # three forks of the latest turn, each runs it
+  caw-box fork fixer -n 3 -d --group tries \"go\"    # the same, detached; `caw-box wait` each
+  caw-box fork 5b0c -o json                        # {\"sessions\":[{\"session_id\",\"name\",\"handle\",\"forked_from\"}]}
+
+The forks remember exactly the turns up to TURN, for every provider; `show --json`, `ls --json`
+and the handle carry `forked_from: {session, turn}`.";
 
 /// `caw-box --version`: caw-box's version and the vendor CLI versions its images pin.
 fn long_version() -> &'static str {
@@ -128,6 +140,7 @@ impl Cli {
         match &self.command {
             Command::Run(args) => args.turn.output,
             Command::Resume(args) => args.turn.output,
+            Command::Fork(args) => args.turn.output,
             Command::Wait { output, .. } => *output,
             _ => OutputFormat::Text,
         }
@@ -141,6 +154,7 @@ impl Cli {
             Command::Resume(args) if args.group.is_none() => {
                 args.target.as_deref().into_iter().collect()
             }
+            Command::Fork(args) => vec![args.target.as_str()],
             Command::Show { target, .. }
             | Command::Logs { target, .. }
             | Command::Wait { target, .. }
@@ -197,6 +211,22 @@ pub enum Command {
     /// Run the next turn of an existing session (headless, or the vendor's TUI).
     #[command(after_help = RESUME_EXAMPLES)]
     Resume(ResumeArgs),
+    /// New sessions from a session's checkpoint: its conversation and workspace as they were
+    /// at the end of a turn
+    ///
+    /// Every turn's end is a checkpoint (`caw-box show` lists them). Each fork is a whole
+    /// session of its own (its own volumes, handle and name), resumable, exportable and
+    /// removable without touching TARGET, which stays as it is. With a PROMPT, each fork's
+    /// first turn runs it (in parallel; `-d` detaches them). A bind-mode session's workspace
+    /// is your directory, which no checkpoint holds: its forks get a copy of it as it is now.
+    #[command(
+        after_help = FORK_EXAMPLES,
+        mut_arg("prompt", |a| a.help(
+            "The first turn of each fork; `-` reads it from stdin. Without one, the forks are \
+             made and no turn runs"
+        ).long_help(None::<&str>))
+    )]
+    Fork(ForkArgs),
     /// List sessions, newest first (from Docker itself).
     #[command(after_help = "Examples:\n  caw-box ls\n  caw-box ls --group team --json")]
     Ls {

@@ -239,3 +239,25 @@ pub struct ResumeArgs {
     #[command(flatten)]
     pub turn: TurnArgs,
 }
+
+/// `caw-box fork`'s flags: which session and turn, how many forks, and (for the forks'
+/// first turn, when a PROMPT is given) a turn's flags, as `resume` takes them.
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    /// A handle, session id, unique id prefix (4+ characters) or session name.
+    pub target: String,
+    /// The turn whose end the forks start from (default: the session's latest turn).
+    #[arg(long, value_name = "TURN")]
+    pub at: Option<u32>,
+    /// How many forks to make, 1 to 8.
+    #[arg(short = 'n', long = "count", value_name = "N", default_value_t = 1)]
+    pub count: u32,
+    /// The fork's name; with -n, NAME-1 ... NAME-N.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Put the forks in this group.
+    #[arg(long)]
+    pub group: Option<String>,
+    #[command(flatten)]
+    pub turn: TurnArgs,
+}

@@ -46,6 +46,9 @@ struct Row {
     /// ... and the sessions that took over from this one.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     fallback_to: Vec<String>,
+    /// `caw-box fork`: the session and turn this one was forked from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    forked_from: Option<crate::session::ForkedFrom>,
     /// `--keep-warm`: until when (unix seconds) the session's idle container stays for its
     /// next turn; absent when it has none.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -90,7 +93,10 @@ fn row(
         .last
         .as_ref()
         .filter(|l| !l.resume_key.is_empty())
-        .map(|l| ResumeHandle::in_scope(f.provider, f.session_id, l.resume_key.clone(), scope))
+        .map(|l| {
+            ResumeHandle::in_scope(f.provider, f.session_id, l.resume_key.clone(), scope)
+                .forked(f.settings.forked_from)
+        })
         .map(|h| h.to_json());
     Row {
         session_id: f.session_id.to_string(),
@@ -110,6 +116,7 @@ fn row(
         group_cost_usd: None,
         fallback_of: f.settings.fallback_of.map(|id| id.to_string()),
         fallback_to: Vec::new(),
+        forked_from: f.settings.forked_from,
         warm_until: warm.map(|w| w.until(view.last_activity())),
     }
 }
@@ -251,6 +258,7 @@ fn removed_but_cached(views: &[SessionView], group: Option<&str>) -> Vec<Row> {
             group_cost_usd: None,
             fallback_of: r.settings.fallback_of.map(|id| id.to_string()),
             fallback_to: Vec::new(),
+            forked_from: r.settings.forked_from,
             warm_until: None,
         })
         .collect()

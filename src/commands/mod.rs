@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod config;
 pub mod doctor;
+pub mod fork;
 pub mod image;
 pub mod login;
 pub mod manage;
@@ -41,6 +42,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Run(args) => turn::run(args, cli.quiet, verbose).await,
         Command::Resume(args) => turn::resume(args, cli.quiet, verbose).await,
+        Command::Fork(args) => fork::fork(args, cli.quiet).await,
         Command::Handle { target } => turn::handle(&target).await,
         Command::Ls { json, all, group } => manage::ls(json, all, group).await,
         Command::Show { target, json } => show::show(&target, json).await,

@@ -9,6 +9,7 @@
 //! meets it ([`orphans`]; [`liveness`] tells whether a driver lives). Not here: running a
 //! turn (`turn::runner`) and finding a session (`store::target`).
 
+pub mod fork;
 pub mod liveness;
 pub mod orphans;
 

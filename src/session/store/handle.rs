@@ -38,6 +38,9 @@ pub struct ResumeHandle {
     /// one was named (`--context`); else the kubeconfig's current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<String>,
+    /// A fork's lineage (`caw-box fork`): the session and turn it was made from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<crate::session::store::record::ForkedFrom>,
 }
 
 impl ResumeHandle {
@@ -68,7 +71,14 @@ impl ResumeHandle {
                 scope.namespace.clone()
             },
             context: if docker { None } else { scope.context.clone() },
+            forked_from: None,
         }
+    }
+
+    /// The handle with a fork's lineage.
+    pub fn forked(mut self, from: Option<crate::session::store::record::ForkedFrom>) -> Self {
+        self.forked_from = from;
+        self
     }
 
     /// The handle in `target` (a command's TARGET argument) if it is one that parses.
@@ -123,6 +133,7 @@ impl ResumeHandle {
             backend: Option<String>,
             namespace: Option<String>,
             context: Option<String>,
+            forked_from: Option<crate::session::store::record::ForkedFrom>,
         }
         let bad = |why: &str| {
             Error::usage(format!("malformed resume handle: {why}")).with_hint(
@@ -191,6 +202,7 @@ impl ResumeHandle {
             backend,
             namespace,
             context,
+            forked_from: raw.forked_from,
         })
     }
 

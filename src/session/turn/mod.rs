@@ -92,6 +92,7 @@ pub fn handle_of(record: &SessionRecord, scope: &crate::backend::Scope) -> Resum
         record.resume_key.clone(),
         scope,
     )
+    .forked(record.settings.forked_from)
 }
 
 /// Set by a program that embeds caw-box and keeps its own signals (the Python package: its

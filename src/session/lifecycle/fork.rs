@@ -1,0 +1,355 @@
+//! `caw-box fork`: new whole sessions made from a session's checkpoint
+//! (`store::checkpoint`), each with its own volumes: its conversation and workspace as they
+//! were at the end of the turn forked at, its record holding the turns up to it, and its
+//! lineage (`SessionSettings::forked_from`) in its labels, so that its handle alone resumes
+//! it from any process and `rm` removes it without touching the session it came from.
+//!
+//! The vendor's conversation needs no cutting: a checkpoint holds the CLI's whole state
+//! under HOME as it was at that turn's end, so every conversation file holds exactly the
+//! turns up to it, and the fork resumes it under the same vendor key in its own HOME (no
+//! vendor keeps a conversation anywhere else). A bind-mode session's workspace is the
+//! person's own directory, which no checkpoint holds: its forks get a copy-mode workspace
+//! copied from that directory now.
+//!
+//! Everything is checked before anything is made (the source exists, runs no turn, has the
+//! turn and its checkpoint; the names are free; the image is here), and what a failed fork
+//! made is removed again: nothing half-made stays. The source is only read. Not here: a
+//! fork's first turn (the caller resumes it as any session), the command's output.
+
+use uuid::Uuid;
+
+use crate::backend::{Backend, TarFile};
+use crate::error::{Error, Result};
+use crate::provider::AGENT_HOME;
+use crate::session::store::checkpoint::{self, Checkpoint};
+use crate::session::store::history;
+use crate::session::store::names::{self, LabelSet};
+use crate::session::store::record::{
+    roles, volume_labels, ForkedFrom, SessionRecord, WorkspaceMode, RECORD_PATH,
+};
+use crate::session::store::target::{self, SessionView};
+
+/// At most this many forks in one call (`-n`).
+pub const MAX_FORKS: u32 = 8;
+
+/// What to fork, and how many.
+#[derive(Debug, Clone, Default)]
+pub struct ForkRequest {
+    /// The turn whose end the forks start from; `None`: the latest.
+    pub at: Option<u32>,
+    /// How many forks, 1 to [`MAX_FORKS`].
+    pub count: u32,
+    /// The forks' name: NAME for one, NAME-1 … NAME-N for more.
+    pub name: Option<String>,
+    pub group: Option<String>,
+}
+
+/// The forks made.
+#[derive(Debug, Clone)]
+pub struct Forks {
+    pub forked_from: ForkedFrom,
+    /// Each fork's record, as its next turn reads it.
+    pub sessions: Vec<SessionRecord>,
+    /// A bind-mode source: the directory its forks' workspaces were copied from, now (not
+    /// as it was at the turn).
+    pub workspace_copied_from: Option<String>,
+}
+
+/// Makes `request.count` forks of the session `target` names (see the module's docs).
+pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -> Result<Forks> {
+    if !(1..=MAX_FORKS).contains(&request.count) {
+        return Err(Error::usage(format!(
+            "-n takes 1 to {MAX_FORKS} forks, not {}",
+            request.count
+        )));
+    }
+    if request.at == Some(0) {
+        return Err(Error::usage("--at 0 names no turn: turns count from 1")
+            .with_hint("fork the end of a turn: `--at 1` is the state after the first turn"));
+    }
+    if !backend.capabilities().checkpoints {
+        return Err(Error::usage(format!(
+            "fork needs checkpoints, which caw-box does not keep on {} yet",
+            backend.capabilities().words.engine
+        ))
+        .with_hint("fork a session of a Docker engine (not Podman, not Kubernetes)"));
+    }
+    let view = target::resolve_view(backend, target).await?;
+    let id = view.facts.session_id;
+    refuse_busy(backend, id).await?;
+    let record = full_record(backend, &view).await?;
+    let last = record.turns.last().map_or(0, |t| t.turn);
+    if last == 0 {
+        return Err(Error::usage(format!(
+            "session {id} has no turn yet: there is nothing to fork"
+        ))
+        .with_hint(format!("run its first turn: `caw-box resume {id} PROMPT`")));
+    }
+    let at = request.at.unwrap_or(last);
+    if at > last {
+        return Err(Error::not_found(format!(
+            "session {id} has no turn {at}: its last is turn {last}"
+        )));
+    }
+    let checkpoints = checkpoint::list(backend, id).await?;
+    let chain = checkpoint::chain_to(&checkpoints, at).ok_or_else(|| {
+        Error::not_found(format!("turn {at} of session {id} has no checkpoint"))
+            .with_hint("turns run by a caw-box without checkpoints have none; fork a later turn")
+    })?;
+    let names = fork_names(request.name.as_deref(), request.count);
+    for name in names.iter().flatten() {
+        if target::name_taken(backend, name).await? {
+            return Err(
+                Error::usage(format!("a session named '{name}' exists already"))
+                    .with_hint("pick another --name"),
+            );
+        }
+    }
+    let image = &record.settings.image;
+    if backend.inspect_image(image).await?.is_none() {
+        return Err(Error::missing_image(image, record.provider));
+    }
+    let workspace_copied_from = bind_dir(&record)?;
+    let plan = Plan {
+        source: &record,
+        forked_from: ForkedFrom {
+            session: id,
+            turn: at,
+        },
+        chain: &chain,
+        group: request.group.as_deref(),
+        bind_dir: workspace_copied_from.as_deref(),
+    };
+    let mut sessions = Vec::new();
+    for name in names {
+        let fork_id = Uuid::new_v4();
+        match make_one(backend, &plan, fork_id, name).await {
+            Ok(made) => sessions.push(made),
+            Err(e) => {
+                // Nothing half-made stays: this fork's volumes and the earlier forks'.
+                let made = sessions.iter().map(|s: &SessionRecord| s.session_id);
+                for gone in made.chain([fork_id]) {
+                    if let Err(e) = crate::session::lifecycle::remove(backend, gone).await {
+                        tracing::warn!("could not remove the unfinished fork {gone}: {e}");
+                    }
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(Forks {
+        forked_from: plan.forked_from,
+        sessions,
+        workspace_copied_from,
+    })
+}
+
+/// A session whose turn runs is refused: a fork is made between turns. A turn that ended
+/// with its driver gone is recorded first (its checkpoint with it), as `show` does.
+async fn refuse_busy(backend: &impl Backend, id: Uuid) -> Result<()> {
+    let busy = |turn: Option<u32>| {
+        let turn = turn.map_or("a turn".to_string(), |t| format!("turn {t}"));
+        Error::busy(format!(
+            "session {id} is running {turn}: a fork is made between turns"
+        ))
+        .with_hint(format!("wait for it (`caw-box wait {id}`), then fork"))
+    };
+    if let Some(turn) = crate::session::lifecycle::running_turns(backend)
+        .await?
+        .get(&id)
+    {
+        return Err(busy(Some(*turn)));
+    }
+    match crate::session::lifecycle::orphans::settle(backend, id, false).await? {
+        crate::session::lifecycle::orphans::Orphan::Running => Err(busy(None)),
+        _ => Ok(()),
+    }
+}
+
+/// The source's record with every turn (from its state volume), its settings as its labels
+/// say now (a resume's `--keep-warm` and `--max-cost` included).
+async fn full_record(backend: &impl Backend, view: &SessionView) -> Result<SessionRecord> {
+    let labelled = view.record();
+    let mut record = match target::read_record(backend, &view.facts).await? {
+        Some(stored)
+            if stored.turns.last().map(|t| t.turn) >= labelled.turns.last().map(|t| t.turn) =>
+        {
+            stored
+        }
+        _ => labelled.clone(),
+    };
+    record.name = view.facts.name.clone();
+    record.group = view.facts.group.clone();
+    record.settings = labelled.settings;
+    Ok(record)
+}
+
+/// NAME for one fork, NAME-1 … NAME-N for more; none without a name.
+fn fork_names(name: Option<&str>, count: u32) -> Vec<Option<String>> {
+    (1..=count)
+        .map(|i| match (name, count) {
+            (None, _) => None,
+            (Some(n), 1) => Some(n.to_string()),
+            (Some(n), _) => Some(format!("{n}-{i}")),
+        })
+        .collect()
+}
+
+/// A bind-mode source's directory, which its forks' workspaces are copied from.
+fn bind_dir(record: &SessionRecord) -> Result<Option<String>> {
+    if record.settings.workspace_mode != WorkspaceMode::Bind {
+        return Ok(None);
+    }
+    let dir = record.settings.workspace.clone().unwrap_or_default();
+    if !std::path::Path::new(&dir).is_dir() {
+        return Err(Error::usage(format!(
+            "session {}'s workspace '{dir}' is not a directory here: a fork of a bind-mode \
+             session copies it",
+            record.session_id
+        )));
+    }
+    Ok(Some(dir))
+}
+
+/// What every fork of one call shares.
+struct Plan<'a> {
+    source: &'a SessionRecord,
+    forked_from: ForkedFrom,
+    chain: &'a [Checkpoint],
+    group: Option<&'a str>,
+    bind_dir: Option<&'a str>,
+}
+
+/// Makes one fork: its volumes, its restored state and workspace, its record.
+async fn make_one(
+    backend: &impl Backend,
+    plan: &Plan<'_>,
+    fork_id: Uuid,
+    name: Option<String>,
+) -> Result<SessionRecord> {
+    let source = plan.source;
+    let provider = source.provider;
+    let mut record = source.clone();
+    record.session_id = fork_id;
+    record.name = name;
+    record.group = plan.group.map(str::to_string);
+    record.created_at = crate::clock::now_secs();
+    record.turns.retain(|t| t.turn <= plan.forked_from.turn);
+    record.summary_only = false;
+    record.turn_started = false;
+    if let Some(key) = plan
+        .chain
+        .last()
+        .map(|c| &c.resume_key)
+        .filter(|k| !k.is_empty())
+    {
+        record.resume_key = key.clone();
+    }
+    let settings = &mut record.settings;
+    settings.forked_from = Some(plan.forked_from);
+    settings.fallback_of = None;
+    if plan.bind_dir.is_some() {
+        settings.workspace_mode = WorkspaceMode::Copy;
+    }
+    backend
+        .create_volume(
+            &names::state_volume(fork_id),
+            volume_labels(
+                fork_id,
+                provider,
+                record.name.as_deref(),
+                record.group.as_deref(),
+                record.created_at,
+                &record.settings,
+            ),
+        )
+        .await?;
+    let restores_workspace = checkpoint::keeps_workspace(source.settings.workspace_mode);
+    if restores_workspace {
+        backend
+            .create_volume(
+                &names::workspace_volume(fork_id),
+                LabelSet::new(fork_id, roles::WORKSPACE)
+                    .provider(provider)
+                    .finish(),
+            )
+            .await?;
+    }
+    let image = &source.settings.image;
+    let spec = checkpoint::restore_spec(
+        image,
+        source.session_id,
+        fork_id,
+        plan.chain,
+        restores_workspace,
+    );
+    let (code, _, err) = backend
+        .run_to_completion(&names::helper_container(fork_id, "restore"), &spec)
+        .await?;
+    if code != 0 {
+        return Err(Error::environment(format!(
+            "restoring turn {} of session {} into fork {fork_id} failed: {}",
+            plan.forked_from.turn,
+            source.session_id,
+            err.trim()
+        )));
+    }
+    if let Some(dir) = plan.bind_dir {
+        crate::session::workspace::populate(
+            backend,
+            fork_id,
+            provider,
+            image,
+            std::path::Path::new(dir),
+            record.owner_ids(),
+        )
+        .await?;
+    }
+    write_record(backend, &record).await?;
+    history::write_turn_summary(backend, &record).await?;
+    history::cache_record(&record);
+    Ok(record)
+}
+
+/// The fork's own `session.json` in its HOME: the turns it inherited, its id and names.
+async fn write_record(backend: &impl Backend, record: &SessionRecord) -> Result<()> {
+    let json = serde_json::to_vec_pretty(record).expect("records serialize");
+    let id = record.session_id;
+    let spec = crate::backend::HelperSpec {
+        image: record.settings.image.clone(),
+        entrypoint: vec!["true".into()],
+        labels: LabelSet::new(id, roles::PROBE).finish(),
+        mounts: vec![crate::backend::MountSpec::volume(
+            names::state_volume(id),
+            AGENT_HOME,
+        )],
+        network: crate::backend::NetworkPolicy::None,
+        ..Default::default()
+    };
+    crate::session::walls::workspace::with_holder(backend, spec, id, async |name: &str| {
+        let files = [TarFile {
+            path: RECORD_PATH,
+            contents: &json,
+            mode: 0o600,
+        }];
+        backend
+            .upload_files(name, AGENT_HOME, &files, record.owner_ids())
+            .await
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_fork_takes_the_name_more_are_numbered() {
+        assert_eq!(fork_names(None, 2), vec![None, None]);
+        assert_eq!(fork_names(Some("try"), 1), vec![Some("try".to_string())]);
+        assert_eq!(
+            fork_names(Some("try"), 3),
+            ["try-1", "try-2", "try-3"].map(|n| Some(n.to_string()))
+        );
+    }
+}
