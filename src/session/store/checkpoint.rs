@@ -47,10 +47,12 @@ const NEW_DIR: &str = "/ckpt";
 const PREV_DIR: &str = "/prev";
 
 /// Takes a checkpoint into `/ckpt`, the previous one (if any) at `/prev`. Prints its
-/// `info.json`. Runs as root with the capabilities a faithful copy needs.
+/// `info.json`. Runs as root with the capabilities a faithful copy needs. (`CKPT_ROOT`
+/// moves every path under another root: the unit tests run it in a directory.)
 const TAKE_SCRIPT: &str = r#"set -eu
 export LC_ALL=C
-cd /
+R=${CKPT_ROOT:-}
+cd "${R:-/}"
 roots=(home/agent)
 [ "$CKPT_WORKSPACE" = 1 ] && roots+=(workspace)
 excl=()
@@ -59,35 +61,35 @@ while IFS= read -r p; do
 done <<<"$CKPT_EXCLUDE"
 excl+=(-false)
 list() { find "${roots[@]}" \( "${excl[@]}" \) -prune -o "$@" -print0; }
-touch /ckpt/stamp
-list | sort -z >/ckpt/manifest
+touch "$R/ckpt/stamp"
+list | sort -z >"$R/ckpt/manifest"
 deleted=0 ws_deleted=0 base=null
-if [ -f /prev/stamp ] && [ -f /prev/manifest ]; then
+if [ -f "$R/prev/stamp" ] && [ -f "$R/prev/manifest" ]; then
     base=$CKPT_PREV
-    list -cnewer /prev/stamp >/tmp/changed
+    list -cnewer "$R/prev/stamp" >"$R/tmp/changed"
     while IFS= read -r -d '' p; do
         deleted=$((deleted + 1))
         case $p in workspace/*) ws_deleted=$((ws_deleted + 1)) ;; esac
-    done < <(comm -z -23 /prev/manifest /ckpt/manifest)
+    done < <(comm -z -23 "$R/prev/manifest" "$R/ckpt/manifest")
 else
-    cp /ckpt/manifest /tmp/changed
+    cp "$R/ckpt/manifest" "$R/tmp/changed"
 fi
 files=0 ws_files=0
 while IFS= read -r -d '' p; do
     [ -d "$p" ] && continue
     files=$((files + 1))
     case $p in workspace/*) ws_files=$((ws_files + 1)) ;; esac
-done </tmp/changed
+done <"$R/tmp/changed"
 rc=0
-tar --null --no-recursion --numeric-owner -cpf /ckpt/layer.tar -T /tmp/changed || rc=$?
+tar --null --no-recursion --numeric-owner -cpf "$R/ckpt/layer.tar" -T "$R/tmp/changed" || rc=$?
 # 1: a file changed as it was read, or a socket was left out; not a failure here.
 [ "$rc" -le 1 ]
-bytes=$(stat -c %s /ckpt/layer.tar)
+bytes=$(stat -c %s "$R/ckpt/layer.tar")
 printf '{"turn":%s,"at":%s,"base":%s,"files_changed":%s,"workspace_files_changed":%s,"deleted":%s,"workspace_deleted":%s,"bytes":%s}\n' \
     "$CKPT_TURN" "$CKPT_AT" "$base" $((files + deleted)) $((ws_files + ws_deleted)) \
-    "$deleted" "$ws_deleted" "$bytes" >/ckpt/info.json
-chmod 600 /ckpt/layer.tar /ckpt/manifest /ckpt/info.json
-cat /ckpt/info.json
+    "$deleted" "$ws_deleted" "$bytes" >"$R/ckpt/info.json"
+chmod 600 "$R/ckpt/layer.tar" "$R/ckpt/manifest" "$R/ckpt/info.json"
+cat "$R/ckpt/info.json"
 "#;
 
 /// Restores the checkpoints `CKPT_CHAIN` (their turns, oldest first, mounted at
@@ -95,16 +97,17 @@ cat /ckpt/info.json
 /// then every path the last one's manifest does not list is deleted.
 const RESTORE_SCRIPT: &str = r#"set -eu
 export LC_ALL=C
-cd /
+R=${CKPT_ROOT:-}
+cd "${R:-/}"
 roots=(home/agent)
 [ "$CKPT_WORKSPACE" = 1 ] && roots+=(workspace)
 last=
 for c in $CKPT_CHAIN; do
-    tar --numeric-owner -xpf "/c/$c/layer.tar" -C /
-    last=/c/$c
+    tar --numeric-owner -xpf "$R/c/$c/layer.tar" -C "${R:-/}"
+    last="$R/c/$c"
 done
-find "${roots[@]}" -print0 | sort -z >/tmp/now
-comm -z -23 /tmp/now "$last/manifest" | xargs -0 -r rm -rf --
+find "${roots[@]}" -print0 | sort -z >"$R/tmp/now"
+comm -z -23 "$R/tmp/now" "$last/manifest" | xargs -0 -r rm -rf --
 "#;
 
 /// One checkpoint as its volume's labels say.
@@ -438,6 +441,142 @@ mod tests {
         assert_eq!(l[labels::SESSION], id.to_string());
         assert_eq!(l[labels::TURN], "3");
         assert_eq!(Checkpoint::from_labels(&l), Some(c(3, Some(2))));
+    }
+
+    /// Runs one of this module's scripts under `root` (its `CKPT_ROOT`), as its helper would.
+    fn script(script: &str, root: &std::path::Path, env: &[(&str, &str)]) -> String {
+        let out = std::process::Command::new("bash")
+            .args(["-c", script])
+            .env("CKPT_ROOT", root)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn write(root: &std::path::Path, rel: &str, text: &str) {
+        let path = root.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+
+    /// The files (not directories) under `root`'s HOME and workspace, relative to `root`.
+    fn files(root: &std::path::Path) -> Vec<String> {
+        fn walk(dir: &std::path::Path, root: &std::path::Path, out: &mut Vec<String>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let path = e.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, root, out);
+                } else {
+                    out.push(path.strip_prefix(root).unwrap().display().to_string());
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for top in ["home/agent", "workspace"] {
+            walk(&root.join(top), root, &mut out);
+        }
+        out.sort();
+        out
+    }
+
+    /// Takes checkpoint `turn` of the tree under `src` into `into`, after `prev` (the
+    /// helper's mounts are links here).
+    fn take_in(
+        src: &std::path::Path,
+        turn: u32,
+        into: &std::path::Path,
+        prev: Option<&std::path::Path>,
+    ) -> CheckpointStats {
+        for (link, target) in [("ckpt", Some(into)), ("prev", prev)] {
+            let _ = std::fs::remove_file(src.join(link));
+            if let Some(t) = target {
+                std::os::unix::fs::symlink(t, src.join(link)).unwrap();
+            }
+        }
+        let turn = turn.to_string();
+        let excluded = never_kept(ProviderKind::Codex);
+        let out = script(
+            TAKE_SCRIPT,
+            src,
+            &[
+                ("CKPT_WORKSPACE", "1"),
+                ("CKPT_EXCLUDE", &excluded),
+                ("CKPT_TURN", &turn),
+                ("CKPT_AT", "7"),
+                ("CKPT_PREV", "1"),
+            ],
+        );
+        serde_json::from_str(out.trim()).unwrap()
+    }
+
+    /// The take and restore scripts, run on this host in a directory: a later layer holds
+    /// only what changed (deletions counted), credentials and caw-box's records are never
+    /// in one, and a restore is the turn's tree exactly.
+    #[test]
+    fn layers_hold_what_changed_and_a_restore_is_the_turn_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        let rollout = "home/agent/.codex/sessions/r.jsonl";
+        write(&src, rollout, "turn 1\n");
+        write(&src, "home/agent/.codex/auth.json", "secret");
+        write(&src, "home/agent/.caw-box/session.json", "{}");
+        write(&src, "home/agent/.caw-box/turns/1.raw.jsonl", "{}");
+        write(&src, "home/agent/with space/old", "old");
+        write(&src, "workspace/a.txt", "a");
+        std::fs::create_dir_all(src.join("tmp")).unwrap();
+        let (c1, c2) = (dir.path().join("c1"), dir.path().join("c2"));
+        std::fs::create_dir_all(&c1).unwrap();
+        std::fs::create_dir_all(&c2).unwrap();
+
+        let first = take_in(&src, 1, &c1, None);
+        assert_eq!((first.base, first.files_changed), (None, 3), "{first:?}");
+        assert_eq!(first.workspace_files_changed, 1);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        write(&src, rollout, "turn 1\nturn 2\n");
+        write(&src, "workspace/b.txt", "b");
+        std::fs::remove_file(src.join("home/agent/with space/old")).unwrap();
+        let second = take_in(&src, 2, &c2, Some(&c1));
+        assert_eq!(second.base, Some(1));
+        assert_eq!((second.files_changed, second.deleted), (3, 1), "{second:?}");
+        assert_eq!(second.workspace_files_changed, 1);
+
+        for (turn, chain, want, conversation) in [
+            (
+                1,
+                "1",
+                vec![rollout, "home/agent/with space/old", "workspace/a.txt"],
+                "turn 1\n",
+            ),
+            (
+                2,
+                "1 2",
+                vec![rollout, "workspace/a.txt", "workspace/b.txt"],
+                "turn 1\nturn 2\n",
+            ),
+        ] {
+            let fork = dir.path().join(format!("fork-{turn}"));
+            write(
+                &fork,
+                "home/agent/.profile",
+                "the image's, not the session's",
+            );
+            std::fs::create_dir_all(fork.join("workspace")).unwrap();
+            std::fs::create_dir_all(fork.join("tmp")).unwrap();
+            std::fs::create_dir_all(fork.join("c")).unwrap();
+            std::os::unix::fs::symlink(&c1, fork.join("c/1")).unwrap();
+            std::os::unix::fs::symlink(&c2, fork.join("c/2")).unwrap();
+            script(
+                RESTORE_SCRIPT,
+                &fork,
+                &[("CKPT_CHAIN", chain), ("CKPT_WORKSPACE", "1")],
+            );
+            assert_eq!(files(&fork), want, "turn {turn}");
+            let text = std::fs::read_to_string(fork.join(rollout)).unwrap();
+            assert_eq!(text, conversation);
+        }
     }
 
     #[test]
