@@ -93,8 +93,16 @@ pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -
     }
     let checkpoints = checkpoint::list(backend, id).await?;
     let chain = checkpoint::chain_to(&checkpoints, at).ok_or_else(|| {
-        Error::not_found(format!("turn {at} of session {id} has no checkpoint"))
-            .with_hint("turns run by a caw-box without checkpoints have none; fork a later turn")
+        let hint = match record.settings.forked_from {
+            // A fork keeps no checkpoint of the turns it inherited: its source has them.
+            Some(from) if at <= from.turn => format!(
+                "session {id} is a fork of {} at its turn {}: fork that session `--at {at}`",
+                from.session, from.turn
+            ),
+            _ => "turns run by a caw-box without checkpoints have none; fork a later turn"
+                .to_string(),
+        };
+        Error::not_found(format!("turn {at} of session {id} has no checkpoint")).with_hint(hint)
     })?;
     let names = fork_names(request.name.as_deref(), request.count);
     for name in names.iter().flatten() {
