@@ -128,28 +128,36 @@ pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -
         group: request.group.as_deref(),
         bind_dir: workspace_copied_from.as_deref(),
     };
-    let mut sessions = Vec::new();
-    for name in names {
-        let fork_id = Uuid::new_v4();
-        match make_one(backend, &plan, fork_id, name).await {
-            Ok(made) => sessions.push(made),
-            Err(e) => {
-                // Nothing half-made stays: this fork's volumes and the earlier forks'.
-                let made = sessions.iter().map(|s: &SessionRecord| s.session_id);
-                for gone in made.chain([fork_id]) {
-                    if let Err(e) = crate::session::lifecycle::remove(backend, gone).await {
-                        tracing::warn!("could not remove the unfinished fork {gone}: {e}");
-                    }
-                }
-                return Err(e);
-            }
-        }
-    }
+    let sessions = make_all(backend, &plan, names).await?;
     Ok(Forks {
         forked_from: plan.forked_from,
         sessions,
         workspace_copied_from,
     })
+}
+
+/// Makes every fork side by side (each is its own volumes and one restore helper). When one
+/// fails, every fork of the call goes, made or not: nothing half-made stays.
+async fn make_all(
+    backend: &impl Backend,
+    plan: &Plan<'_>,
+    names: Vec<Option<String>>,
+) -> Result<Vec<SessionRecord>> {
+    let made = futures_util::future::join_all(names.into_iter().map(|name| {
+        let fork_id = Uuid::new_v4();
+        async move { (fork_id, make_one(backend, plan, fork_id, name).await) }
+    }))
+    .await;
+    if made.iter().all(|(_, outcome)| outcome.is_ok()) {
+        return Ok(made.into_iter().filter_map(|(_, m)| m.ok()).collect());
+    }
+    for (gone, _) in &made {
+        if let Err(e) = crate::session::lifecycle::remove(backend, *gone).await {
+            tracing::warn!("could not remove the unfinished fork {gone}: {e}");
+        }
+    }
+    let first = made.into_iter().find_map(|(_, outcome)| outcome.err());
+    Err(first.expect("a fork failed"))
 }
 
 /// A session whose turn runs is refused: a fork is made between turns. A turn that ended
