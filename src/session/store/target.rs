@@ -147,11 +147,13 @@ impl SessionView {
         record
     }
 
-    /// When the session last did something: the end of its latest turn, else its creation.
+    /// When the session last did something: the end of its latest turn, else its creation
+    /// (a fork's latest turn may be its source's, from before it was made: `gc` must not
+    /// take a fork made now for an old session).
     pub fn last_activity(&self) -> u64 {
-        self.last
-            .as_ref()
-            .map_or(self.facts.created_at, |l| l.ended_at.max(l.started_at))
+        self.last.as_ref().map_or(self.facts.created_at, |l| {
+            l.ended_at.max(l.started_at).max(self.facts.created_at)
+        })
     }
 }
 
@@ -441,4 +443,54 @@ pub async fn read_volume_file(
         .await;
     let _ = backend.remove_container(&name, true).await;
     downloaded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fork's latest turn is its source's, from before it was made: `gc --older-than`
+    /// must go by when the fork was made.
+    #[test]
+    fn a_fork_is_as_recent_as_its_making_not_its_inherited_turn() {
+        let facts = VolumeFacts {
+            session_id: Uuid::new_v4(),
+            provider: ProviderKind::Codex,
+            name: None,
+            group: None,
+            scope: None,
+            created_at: 1000,
+            settings: SessionSettings::default(),
+            workspace_base: None,
+        };
+        let inherited = TurnSummary {
+            turn: 3,
+            status: crate::event::Status::Success,
+            started_at: 100,
+            ended_at: 200,
+            resume_key: String::new(),
+            key_confirmed: true,
+            cumulative_usage: None,
+            total_cost_usd: None,
+            owner: None,
+            interactive: false,
+            home_unlike_image: false,
+            keep_warm_secs: None,
+            max_cost_usd: None,
+        };
+        let fork = SessionView {
+            facts,
+            last: Some(inherited.clone()),
+        };
+        assert_eq!(fork.last_activity(), 1000);
+        let own = TurnSummary {
+            ended_at: 2000,
+            ..inherited
+        };
+        let later = SessionView {
+            last: Some(own),
+            ..fork
+        };
+        assert_eq!(later.last_activity(), 2000);
+    }
 }
