@@ -257,8 +257,13 @@ fn print_shown(
             None if !pricing::is_priced(&t.usage) => Some("  unpriced".to_string()),
             None => None,
         };
+        let inherited = if t.inherited {
+            "  (inherited: its source's turn and cost)"
+        } else {
+            ""
+        };
         output::println(&format!(
-            "turn {}  {}  {:.1}s  {} in / {} out tokens{}",
+            "turn {}  {}  {:.1}s  {} in / {} out tokens{}{inherited}",
             t.turn,
             t.status,
             t.duration_ms as f64 / 1000.0,

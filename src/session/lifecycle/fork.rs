@@ -251,6 +251,9 @@ async fn make_one(
     record.group = plan.group.map(str::to_string);
     record.created_at = crate::clock::now_secs();
     record.turns.retain(|t| t.turn <= plan.forked_from.turn);
+    for t in &mut record.turns {
+        t.inherited = true;
+    }
     record.summary_only = false;
     record.turn_started = false;
     if let Some(key) = plan

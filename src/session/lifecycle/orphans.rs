@@ -307,6 +307,7 @@ async fn settle_lost(backend: &impl Backend, id: Uuid) -> Result<Orphan> {
         cumulative_usage: None,
         interactive: false,
         limit_resets_at: None,
+        inherited: false,
     });
     tracing::info!("recording turn {turn} of session {id} as interrupted: its container is gone");
     let history = StoredHistory::fetch(backend, &name, &record, turn);

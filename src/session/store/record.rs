@@ -184,6 +184,10 @@ pub struct TurnRecord {
     /// the CLI's whole output (`session::limits::reset_at`), for `--on-limit wait`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_resets_at: Option<u64>,
+    /// A turn a fork inherited from its source (`caw-box fork`): in its conversation and
+    /// history, but not its own spend (the source's cost, counted there).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inherited: bool,
 }
 
 /// The latest turn of a session, as carried by its turn-record volume's labels.
@@ -305,10 +309,12 @@ impl SessionRecord {
         self.turns.last().map_or(1, |t| t.turn + 1)
     }
 
-    /// The sum of the turns' costs; `None` when no turn has a known cost.
+    /// The sum of the turns' costs; `None` when no turn has a known cost. A fork's inherited
+    /// turns count for its source only.
     pub fn total_cost_usd(&self) -> Option<f64> {
         self.turns
             .iter()
+            .filter(|t| !t.inherited)
             .filter_map(|t| t.usage.cost_usd)
             .fold(None, |sum, c| Some(sum.unwrap_or(0.0) + c))
     }
@@ -386,6 +392,7 @@ mod tests {
                     cumulative_usage: None,
                     interactive: false,
                     limit_resets_at: None,
+                    inherited: false,
                 })
                 .collect(),
             home_unlike_image: false,
@@ -393,6 +400,21 @@ mod tests {
             summary_only: false,
             cli_version: None,
         }
+    }
+
+    /// A fork's inherited turns are its source's spend, not its own.
+    #[test]
+    fn inherited_turns_cost_the_fork_nothing() {
+        let mut r = with_turns(&[1, 2, 3]);
+        for (t, cost) in r.turns.iter_mut().zip([0.5, 0.25, 0.125]) {
+            t.usage.cost_usd = Some(cost);
+        }
+        assert_eq!(r.total_cost_usd(), Some(0.875));
+        r.turns[0].inherited = true;
+        r.turns[1].inherited = true;
+        assert_eq!(r.total_cost_usd(), Some(0.125));
+        r.turns[2].inherited = true;
+        assert_eq!(r.total_cost_usd(), None);
     }
 
     /// A record rebuilt from labels knows only the latest turn: its history must be read.

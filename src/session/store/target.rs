@@ -130,6 +130,7 @@ impl SessionView {
                 cumulative_usage: last.cumulative_usage,
                 interactive: last.interactive,
                 limit_resets_at: None,
+                inherited: false,
             });
             // The host cache completes the history when it agrees with the labels on the
             // latest turn (else the next turn reads it from the state volume).

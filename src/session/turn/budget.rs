@@ -202,6 +202,7 @@ mod tests {
             cumulative_usage: None,
             interactive: false,
             limit_resets_at: None,
+            inherited: false,
         };
         let mut r = crate::session::turn::plan::tests::record("open");
         r.provider = provider;

@@ -354,6 +354,7 @@ fn record_turn(
         cumulative_usage: outcome.cumulative_usage,
         interactive: false,
         limit_resets_at: ended.limit_resets_at,
+        inherited: false,
     });
     TurnResult {
         session_id: record.session_id.to_string(),

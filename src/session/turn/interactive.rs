@@ -118,6 +118,7 @@ pub(in crate::session) async fn drive_tui(
         cumulative_usage: record.last_cumulative_usage(),
         interactive: true,
         limit_resets_at: None,
+        inherited: false,
     };
     record_tui_turn(ctx, record, turn_record, history, sink).await
 }
