@@ -303,7 +303,8 @@ async fn run_take(
     })
 }
 
-/// What each of `checkpoints` holds, read through one helper that mounts them read-only.
+/// What each of `checkpoints` holds, read through one never-started holder container that
+/// mounts them read-only (the engine's archive API: no process runs).
 pub async fn stats(
     backend: &impl Backend,
     session_id: Uuid,
@@ -313,25 +314,27 @@ pub async fn stats(
     if checkpoints.is_empty() {
         return Ok(Vec::new());
     }
-    let mut spec = copier(
-        image,
-        session_id,
-        "for t in $CKPT_CHAIN; do cat /c/$t/info.json 2>/dev/null; echo; done",
-        vec![format!("CKPT_CHAIN={}", chain_words(checkpoints))],
-    );
-    spec.mounts = chain_mounts(session_id, checkpoints);
-    let name = names::helper_container(session_id, "checkpoints");
-    let (code, out, err) = backend.run_to_completion(&name, &spec).await?;
-    if code != 0 {
-        return Err(Error::environment(format!(
-            "reading session {session_id}'s checkpoints failed: {}",
-            err.trim()
-        )));
-    }
-    Ok(out
-        .lines()
-        .filter_map(|l| serde_json::from_str(l.trim()).ok())
-        .collect())
+    let spec = HelperSpec {
+        image: image.to_string(),
+        entrypoint: vec!["true".into()],
+        labels: LabelSet::new(session_id, roles::PROBE).finish(),
+        mounts: chain_mounts(session_id, checkpoints),
+        network: NetworkPolicy::None,
+        ..Default::default()
+    };
+    crate::session::walls::workspace::with_holder(backend, spec, session_id, async |name: &str| {
+        let mut stats = Vec::new();
+        for c in checkpoints {
+            let info = backend
+                .download_file(name, &format!("/c/{}/info.json", c.turn))
+                .await?;
+            if let Some(s) = info.and_then(|b| serde_json::from_slice(&b).ok()) {
+                stats.push(s);
+            }
+        }
+        Ok(stats)
+    })
+    .await
 }
 
 fn chain_words(chain: &[Checkpoint]) -> String {
