@@ -102,6 +102,14 @@ fn fork_help() {
     insta::assert_snapshot!("fork_help", help(&["fork", "--help"]));
 }
 
+/// What no session could satisfy is refused before Docker is asked anything (the e2e tests
+/// prove the refusals that need a session).
+#[test]
+fn fork_refuses_a_count_or_turn_no_session_has() {
+    insta::assert_snapshot!("fork_count", refused(&["fork", "x", "-n", "9"], 2));
+    insta::assert_snapshot!("fork_at_zero", refused(&["fork", "x", "--at", "0"], 2));
+}
+
 #[test]
 fn an_unknown_provider_is_refused_with_the_valid_ones() {
     insta::assert_snapshot!(

@@ -30,6 +30,13 @@ struct Shown {
 }
 
 pub async fn fork(mut args: ForkArgs, quiet: bool) -> Result<i32> {
+    let request = ForkRequest {
+        at: args.at,
+        count: args.count,
+        name: args.name.clone(),
+        group: args.group.clone(),
+    };
+    request.check()?;
     // Everything a first turn needs is checked before a fork is made.
     // No PROMPT: the forks are made and no turn runs (never a TUI here).
     let prompt = match (&args.turn.prompt, &args.turn.prompt_file) {
@@ -47,12 +54,6 @@ pub async fn fork(mut args: ForkArgs, quiet: bool) -> Result<i32> {
     // Read once (stdin or a file), given to every fork's turn.
     args.turn.prompt = prompt.clone();
     args.turn.prompt_file = None;
-    let request = ForkRequest {
-        at: args.at,
-        count: args.count,
-        name: args.name.clone(),
-        group: args.group.clone(),
-    };
     let client = Client::connect().await?;
     let forks = fork::fork(client.backend(), &args.target, &request).await?;
     let scope = client.backend().capabilities().scope.clone();

@@ -44,6 +44,24 @@ pub struct ForkRequest {
     pub group: Option<String>,
 }
 
+impl ForkRequest {
+    /// Refuses (exit 2) what no session could satisfy, before anything is looked up: `-n`
+    /// outside 1..=[`MAX_FORKS`], `--at 0`.
+    pub fn check(&self) -> Result<()> {
+        if !(1..=MAX_FORKS).contains(&self.count) {
+            return Err(Error::usage(format!(
+                "-n takes 1 to {MAX_FORKS} forks, not {}",
+                self.count
+            )));
+        }
+        if self.at == Some(0) {
+            return Err(Error::usage("--at 0 names no turn: turns count from 1")
+                .with_hint("fork the end of a turn: `--at 1` is the state after the first turn"));
+        }
+        Ok(())
+    }
+}
+
 /// The forks made.
 #[derive(Debug, Clone)]
 pub struct Forks {
@@ -57,16 +75,7 @@ pub struct Forks {
 
 /// Makes `request.count` forks of the session `target` names (see the module's docs).
 pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -> Result<Forks> {
-    if !(1..=MAX_FORKS).contains(&request.count) {
-        return Err(Error::usage(format!(
-            "-n takes 1 to {MAX_FORKS} forks, not {}",
-            request.count
-        )));
-    }
-    if request.at == Some(0) {
-        return Err(Error::usage("--at 0 names no turn: turns count from 1")
-            .with_hint("fork the end of a turn: `--at 1` is the state after the first turn"));
-    }
+    request.check()?;
     if !backend.capabilities().checkpoints {
         return Err(Error::usage(format!(
             "fork needs checkpoints, which caw-box does not keep on {} yet",
