@@ -1,0 +1,354 @@
+//! Checkpoints and forks (`caw-box fork`), per provider: turn 1 tells the agent code word A
+//! and writes a.txt, turn 2 tells it B and writes b.txt (a copy-mode workspace); `show` lists
+//! a checkpoint per turn, the second holding only what changed; a fork at turn 1 (its first
+//! turn run by `fork` itself) recalls A and not B and its workspace has a.txt and not b.txt;
+//! the source still recalls B. For codex (the quickest CLI) also: three forks of the latest
+//! turn that each recall B and go their own way (their diffs differ), one resumed by its
+//! handle alone from a process without the data directory, one removed without touching
+//! the source or its siblings; a bind-mode source; the refusals, which make nothing.
+//!
+//! Cost: four turns per provider; codex eleven more (about 30 s). One rig per provider.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+use crate::common::*;
+
+fn fork_cmd(rig: &Rig, p: P, target: &str, extra: &[&str]) -> Command {
+    let mut c = rig.caw();
+    c.args(["fork", target])
+        .args(["--env", &format!("{}={TEST_KEY}", p.key_var)])
+        .args(extra);
+    c
+}
+
+fn json_of(out: &Output) -> Value {
+    serde_json::from_str(stdout_of(out).trim()).unwrap_or_else(|e| {
+        panic!(
+            "no JSON ({e}):\nstdout: {}\nstderr: {}",
+            stdout_of(out),
+            stderr_of(out)
+        )
+    })
+}
+
+/// The regular files of a session's copy-mode workspace (`caw-box export`).
+fn workspace_files(rig: &Rig, target: &str) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let out = rig.caw_run(&["export", target, out_dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let mut files: Vec<String> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".txt"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn recall(rig: &Rig, p: P, target: &str) -> String {
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(p, target, "RECALL", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    json["result"].as_str().unwrap().to_string()
+}
+
+/// Turns 1 and 2 of a copy-mode session named `src-<run id>`; its id and name.
+fn two_turns(rig: &Rig, p: P) -> (String, String) {
+    let name = format!("src-{}", rig.run_id);
+    let (code, first, stderr) = rig.json_turn(rig.run_cmd(
+        p,
+        "REMEMBER:alpha-one RUN:echo a > a.txt",
+        &["--name", &name, "--workspace-mode", "copy"],
+    ));
+    assert_eq!(code, 0, "turn 1: {first}\n{stderr}");
+    let (code, second, stderr) =
+        rig.json_turn(rig.resume_cmd(p, &name, "REMEMBER:bravo-two RUN:echo b > b.txt", &[]));
+    assert_eq!(code, 0, "turn 2: {second}\n{stderr}");
+    (first["session_id"].as_str().unwrap().to_string(), name)
+}
+
+/// The first "Prove it" bullet for `p`; returns the rig and the source's id and name.
+fn fork_at_one(p: P) -> (Rig, String, String) {
+    let rig = Rig::new(&format!("fork-{}", p.name));
+    check("two turns");
+    let (id, name) = two_turns(&rig, p);
+
+    check("checkpoints");
+    let shown = json_of(&rig.caw_run(&["show", &name, "--json"]));
+    let cps = shown["checkpoints"].as_array().unwrap();
+    assert_eq!(cps.len(), 2, "{shown}");
+    assert_eq!(cps[0]["turn"], 1);
+    assert!(
+        cps[0]["base"].is_null(),
+        "the first holds every file: {shown}"
+    );
+    assert_eq!(cps[1]["base"], 1, "{shown}");
+    assert!(
+        cps[1]["workspace_files_changed"].as_u64() >= Some(1),
+        "{shown}"
+    );
+    assert!(
+        cps[1]["files_changed"].as_u64() < cps[0]["files_changed"].as_u64(),
+        "the second checkpoint holds what changed, not a copy: {shown}"
+    );
+
+    check("fork --at 1");
+    let out = run(fork_cmd(
+        &rig,
+        p,
+        &name,
+        &["--at", "1", "-o", "json", "RECALL"],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let forks = json_of(&out);
+    let fork = &forks["sessions"][0];
+    assert_eq!(forks["sessions"].as_array().unwrap().len(), 1, "{forks}");
+    assert_eq!(fork["forked_from"]["session"], id.as_str(), "{forks}");
+    assert_eq!(fork["forked_from"]["turn"], 1, "{forks}");
+    let handle: Value = serde_json::from_str(fork["handle"].as_str().unwrap()).unwrap();
+    assert_eq!(handle["forked_from"]["turn"], 1, "{handle}");
+    let answer = fork["result"]["result"].as_str().unwrap_or_default();
+    assert!(answer.contains("remember alpha-one"), "{forks}");
+    assert!(!answer.contains("bravo"), "{forks}");
+    assert_eq!(
+        fork["result"]["turn"], 2,
+        "the fork goes on after turn 1: {forks}"
+    );
+    let fork_id = fork["session_id"].as_str().unwrap().to_string();
+    assert_eq!(workspace_files(&rig, &fork_id), ["a.txt"]);
+
+    check("lineage");
+    let listed = json_of(&rig.caw_run(&["ls", "--json"]));
+    let row = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["session_id"] == fork_id.as_str())
+        .unwrap_or_else(|| panic!("the fork is not listed: {listed}"));
+    assert_eq!(row["forked_from"]["turn"], 1, "{row}");
+    let shown = json_of(&rig.caw_run(&["show", &fork_id, "--json"]));
+    assert_eq!(shown["forked_from"]["session"], id.as_str(), "{shown}");
+    let turns = shown["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 2, "turn 1 inherited, turn 2 its own: {shown}");
+    assert_eq!(turns[0]["inherited"], true, "{shown}");
+    assert!(turns[1].get("inherited").is_none(), "{shown}");
+
+    check("source untouched");
+    let answer = recall(&rig, p, &name);
+    assert!(answer.contains("remember bravo-two"), "{answer}");
+    assert_eq!(workspace_files(&rig, &name), ["a.txt", "b.txt"]);
+    (rig, id, name)
+}
+
+#[test]
+fn claude_fork_at_turn_one_remembers_turn_one_only() {
+    fork_at_one(CLAUDE);
+}
+
+#[test]
+fn opencode_fork_at_turn_one_remembers_turn_one_only() {
+    fork_at_one(OPENCODE);
+}
+
+#[test]
+fn gemini_fork_at_turn_one_remembers_turn_one_only() {
+    fork_at_one(GEMINI);
+}
+
+/// codex: the first bullet, then three forks of the latest turn, resume by handle alone,
+/// removal of one fork, a bind-mode source and the refusals.
+#[test]
+fn codex_forks_go_their_own_way_and_stand_alone() {
+    let (rig, id, name) = fork_at_one(CODEX);
+
+    check("fork -n 3");
+    let (tries, group) = (
+        format!("try-{}", rig.run_id),
+        format!("tries-{}", rig.run_id),
+    );
+    let out = run(fork_cmd(
+        &rig,
+        CODEX,
+        &name,
+        &[
+            "-n", "3", "--name", &tries, "--group", &group, "-o", "json", "RECALL",
+        ],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let forks = json_of(&out);
+    let sessions = forks["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 3, "{forks}");
+    let mut ids = Vec::new();
+    for (i, s) in sessions.iter().enumerate() {
+        assert_eq!(s["name"], format!("{tries}-{}", i + 1), "{forks}");
+        assert_eq!(
+            s["forked_from"]["turn"], 3,
+            "the source's latest turn: {forks}"
+        );
+        let answer = s["result"]["result"].as_str().unwrap_or_default();
+        assert!(answer.contains("remember bravo-two"), "{forks}");
+        ids.push(s["session_id"].as_str().unwrap().to_string());
+    }
+    for (i, fork) in ids.iter().enumerate() {
+        let prompt = format!("RUN:echo {i} > own-{i}.txt");
+        let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, fork, &prompt, &[]));
+        assert_eq!(code, 0, "{json}\n{stderr}");
+    }
+    for (i, fork) in ids.iter().enumerate() {
+        assert_eq!(
+            workspace_files(&rig, fork),
+            ["a.txt".to_string(), "b.txt".into(), format!("own-{i}.txt")]
+        );
+    }
+    assert_eq!(workspace_files(&rig, &name), ["a.txt", "b.txt"]);
+
+    check("fork of a fork");
+    let out = run(fork_cmd(&rig, CODEX, &ids[2], &["--at", "2"]));
+    assert_refused(&out, "is a fork of");
+    let out = run(fork_cmd(&rig, CODEX, &ids[2], &["--at", "5", "-o", "json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert_eq!(json_of(&out)["sessions"][0]["forked_from"]["turn"], 5);
+
+    check("fork -d");
+    let out = run(fork_cmd(
+        &rig,
+        CODEX,
+        &name,
+        &["-d", "-o", "json", "RECALL"],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let detached = json_of(&out)["sessions"][0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = rig.caw_run(&["wait", &detached, "-o", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(json_of(&out)["result"]
+        .as_str()
+        .unwrap()
+        .contains("bravo-two"));
+
+    check("resume by handle alone");
+    let handle = rig.caw_run(&["handle", &ids[1]]);
+    let handle = stdout_of(&handle).trim().to_string();
+    std::fs::remove_dir_all(rig.data_dir.path()).unwrap();
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &handle, "RECALL", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert!(
+        json["result"].as_str().unwrap().contains("bravo-two"),
+        "{json}"
+    );
+    assert_eq!(json["turn"], 6, "inherited 1-3, then its own 4-6: {json}");
+
+    check("rm one fork");
+    let out = rig.caw_run(&["rm", &ids[0]]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let volumes = rig.caw_volumes();
+    assert!(volumes.iter().all(|v| !v.contains(&ids[0])), "{volumes:?}");
+    // The source's checkpoints, and the siblings' own (from their first turn, turn 4).
+    for (kept, turn) in [(&id, 3), (&ids[1], 4), (&ids[2], 4)] {
+        assert!(volumes.contains(&format!("caw-box-{kept}")), "{volumes:?}");
+        assert!(
+            volumes.contains(&format!("caw-box-{kept}-checkpoint-{turn}")),
+            "{volumes:?}"
+        );
+    }
+    assert!(recall(&rig, CODEX, &ids[2]).contains("bravo-two"));
+
+    refusals(&rig, &name);
+    bind_mode_source(&rig);
+}
+
+fn assert_refused(out: &Output, needle: &str) {
+    let stderr = stderr_of(out);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "want one line, got: {stderr}");
+    assert!(lines[0].contains(needle), "'{needle}' not in: {stderr}");
+}
+
+fn sorted_volumes(rig: &Rig) -> Vec<String> {
+    let mut v = rig.caw_volumes();
+    v.sort();
+    v
+}
+
+fn refusals(rig: &Rig, name: &str) {
+    check("refusals");
+    let before = sorted_volumes(rig);
+    // (`-n` outside 1..=8 and `--at 0` are refused before Docker is asked: tests/cli.rs.)
+    let cases: [(&[&str], &str); 2] = [
+        (&["no-such-session"], "no session matches"),
+        (&["--at", "9"], "has no turn 9"),
+    ];
+    for (args, needle) in cases {
+        let (target, rest) = if args[0].starts_with('-') {
+            (name, args)
+        } else {
+            (args[0], &args[1..])
+        };
+        assert_refused(&run(fork_cmd(rig, CODEX, target, rest)), needle);
+    }
+    let out = run(fork_cmd(rig, CODEX, name, &["--at", "9", "-o", "json"]));
+    assert_eq!(
+        json_of(&out)["error"]["kind"],
+        "not_found",
+        "{}",
+        stdout_of(&out)
+    );
+
+    assert_eq!(sorted_volumes(rig), before, "a refused fork left something");
+
+    // A session running a turn: busy, and nothing is made.
+    let held = run(rig.resume_cmd(CODEX, name, "HOLD:fork-busy RECALL", &["-d"]));
+    assert_eq!(held.status.code(), Some(0), "{}", stderr_of(&held));
+    rig.wait_held("fork-busy");
+    let out = run(fork_cmd(rig, CODEX, name, &["-o", "json"]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert_eq!(
+        json_of(&out)["error"]["kind"],
+        "busy",
+        "{}",
+        stdout_of(&out)
+    );
+    let sessions = |v: Vec<String>| -> Vec<String> {
+        v.into_iter()
+            .filter(|n| n.len() == "caw-box-".len() + 36)
+            .collect()
+    };
+    assert_eq!(sessions(sorted_volumes(rig)), sessions(before));
+    rig.stub_release("fork-busy");
+    let out = rig.caw_run(&["wait", name]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+}
+
+fn bind_mode_source(rig: &Rig) {
+    check("bind-mode source");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("seed.txt"), "seed").unwrap();
+    let ws = dir.path().to_str().unwrap();
+    let (code, json, stderr) = rig.json_turn(rig.run_cmd(
+        CODEX,
+        "REMEMBER:charlie RUN:echo c > c.txt",
+        &["--workspace-mode", "bind", "--workspace", ws],
+    ));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    let src = json["session_id"].as_str().unwrap().to_string();
+    let out = run(fork_cmd(rig, CODEX, &src, &["-o", "json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("bind-mode workspace"),
+        "{}",
+        stderr_of(&out)
+    );
+    let fork = json_of(&out)["sessions"][0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let shown = json_of(&rig.caw_run(&["show", &fork, "--json"]));
+    assert_eq!(shown["settings"]["workspace_mode"], "copy", "{shown}");
+    assert_eq!(workspace_files(rig, &fork), ["c.txt", "seed.txt"]);
+    assert!(recall(rig, CODEX, &fork).contains("charlie"));
+}
