@@ -5,9 +5,10 @@
 //! the source still recalls B. For codex (the quickest CLI) also: three forks of the latest
 //! turn that each recall B and go their own way (their diffs differ), one resumed by its
 //! handle alone from a process without the data directory, one removed without touching
-//! the source or its siblings; a bind-mode source; the refusals, which make nothing.
+//! the source or its siblings, one exported and imported; a bind-mode source; the refusals,
+//! which make nothing.
 //!
-//! Cost: four turns per provider; codex eleven more (about 30 s). One rig per provider.
+//! Cost: four turns per provider; codex twelve more (27 s here). One rig per provider.
 
 use std::process::{Command, Output};
 
@@ -255,6 +256,21 @@ fn codex_forks_go_their_own_way_and_stand_alone() {
             "{volumes:?}"
         );
     }
+
+    check("a fork exported and imported");
+    let archive = tempfile::tempdir().unwrap();
+    let file = archive.path().join("fork.tar.gz");
+    let file = file.to_str().unwrap();
+    for args in [
+        vec!["session", "export", &ids[2], file],
+        vec!["rm", &ids[2]],
+        vec!["session", "import", file],
+    ] {
+        let out = rig.caw_run(&args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr_of(&out));
+    }
+    let shown = json_of(&rig.caw_run(&["show", &ids[2], "--json"]));
+    assert_eq!(shown["forked_from"]["session"], id.as_str(), "{shown}");
     assert!(recall(&rig, CODEX, &ids[2]).contains("bravo-two"));
 
     refusals(&rig, &name);
