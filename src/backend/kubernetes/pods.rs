@@ -21,8 +21,12 @@ const START_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a deleted pod may take to go.
 const GONE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long a turn's claims may take to bind before the turn is refused (the lab's bind
-/// within a second; a provisioner in the cloud takes some seconds).
+/// within a second; a provisioner in the cloud takes some seconds), unless other claims of
+/// their storage class go on binding meanwhile ([`BindWatch`]).
 const CLAIM_BIND_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long no claim of the storage class may bind before a claim still waiting past
+/// [`CLAIM_BIND_TIMEOUT`] is taken for one that never will.
+const CLAIM_BIND_STALL: Duration = Duration::from_secs(15);
 
 impl KubeBackend {
     /// Deletes pod `name` (only the one of `uid`, when given: not a newer pod that took the
@@ -148,6 +152,7 @@ impl KubeBackend {
         let deadline = started + START_TIMEOUT;
         let t0 = std::time::Instant::now();
         let mut scheduled: Option<std::time::Instant> = None;
+        let mut watch = BindWatch::default();
         let mut last;
         loop {
             let pod = self
@@ -198,16 +203,26 @@ impl KubeBackend {
                 Progress::Waiting(why) => last = why,
             }
             // A claim that does not bind (no default storage class, a provisioner that
-            // fails) keeps the pod unscheduled for ever: told, not waited out.
-            if started.elapsed() > CLAIM_BIND_TIMEOUT && !pod_scheduled(&pod) {
+            // fails) keeps the pod unscheduled for ever: told, not waited out. One queued
+            // behind others (a burst of sessions, a provisioner that makes one volume at a
+            // time) is waited for while its class's claims go on binding.
+            if started.elapsed() > CLAIM_BIND_STALL && !pod_scheduled(&pod) {
                 let unbound = self.unbound_claims(&pod).await;
-                if !unbound.is_empty() {
+                if let Some((_, class)) = unbound.first() {
+                    let bound = self.bound_claims_of(class.as_deref()).await;
+                    watch.observe(bound, std::time::Instant::now());
+                }
+                if !unbound.is_empty()
+                    && started.elapsed() > CLAIM_BIND_TIMEOUT
+                    && watch.stalled(std::time::Instant::now())
+                {
+                    let unbound: Vec<String> = unbound.into_iter().map(|(c, _)| c).collect();
                     let _ = self.remove_container(name, true).await;
                     return Err(CreateError::Other(
                         Error::environment(format!(
                             "pod '{name}' cannot start: claim {} not bound after {} s",
                             unbound.join(", claim "),
-                            CLAIM_BIND_TIMEOUT.as_secs()
+                            started.elapsed().as_secs()
                         ))
                         .with_hint(format!(
                             "`kubectl -n {} describe pvc` says why (a storage class that does not exist or cannot provision?)",
@@ -252,8 +267,28 @@ impl KubeBackend {
         }
     }
 
-    /// The claims of pod `pod` that are not bound yet, with their phase.
-    async fn unbound_claims(&self, pod: &Pod) -> Vec<String> {
+    /// How many claims of storage class `class` (`None`: of none named) are bound in the
+    /// namespace; 0 where they cannot be listed.
+    async fn bound_claims_of(&self, class: Option<&str>) -> usize {
+        let Ok(claims) = self.claims().list(&Default::default()).await else {
+            return 0;
+        };
+        claims
+            .items
+            .iter()
+            .filter(|c| {
+                c.spec
+                    .as_ref()
+                    .and_then(|s| s.storage_class_name.as_deref())
+                    == class
+                    && c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+            })
+            .count()
+    }
+
+    /// The claims of pod `pod` that are not bound yet, said with their phase and storage
+    /// class, and the class's name.
+    async fn unbound_claims(&self, pod: &Pod) -> Vec<(String, Option<String>)> {
         let mut unbound = Vec::new();
         let volumes = pod
             .spec
@@ -274,10 +309,11 @@ impl KubeBackend {
                 Err(_) => continue,
             };
             if phase != "Bound" {
-                let class = class
+                let said = class
+                    .as_ref()
                     .map(|c| format!("storage class '{c}'"))
                     .unwrap_or_else(|| "the default storage class".to_string());
-                unbound.push(format!("'{name}' ({phase}, {class})"));
+                unbound.push((format!("'{name}' ({phase}, {said})"), class));
             }
         }
         unbound
@@ -300,5 +336,58 @@ impl KubeBackend {
             Err(e) if is_status(&e, 403) => Ok(()),
             Err(e) => Err(failed(format!("read storage class '{class}'"), &e)),
         }
+    }
+}
+
+/// Whether a storage class's claims go on binding: the count of its bound claims, seen
+/// over the polls of a pod waiting for its own claims. Stalled once no new one has bound
+/// for [`CLAIM_BIND_STALL`] (the first look starts the clock).
+#[derive(Debug, Default)]
+struct BindWatch {
+    seen: Option<(usize, std::time::Instant)>,
+}
+
+impl BindWatch {
+    fn observe(&mut self, bound: usize, now: std::time::Instant) {
+        match &mut self.seen {
+            Some((count, since)) if bound > *count => (*count, *since) = (bound, now),
+            // Fewer: claims were deleted meanwhile; a bind counts from this count on.
+            Some((count, _)) => *count = bound,
+            None => self.seen = Some((bound, now)),
+        }
+    }
+
+    fn stalled(&self, now: std::time::Instant) -> bool {
+        self.seen
+            .is_none_or(|(_, since)| now.duration_since(since) > CLAIM_BIND_STALL)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_claim_queued_behind_binding_ones_is_waited_for_and_a_stalled_class_is_not() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut watch = BindWatch::default();
+        assert!(
+            watch.stalled(at(0)),
+            "never looked: nothing says it goes on"
+        );
+        watch.observe(3, at(15));
+        assert!(!watch.stalled(at(29)));
+        // Others bind: the clock starts again.
+        watch.observe(5, at(29));
+        assert!(!watch.stalled(at(40)));
+        // Some deleted, none bound since: stalled 15 s after the last bind.
+        watch.observe(2, at(42));
+        assert!(!watch.stalled(at(44)));
+        assert!(watch.stalled(at(45)));
+        // A bind after the deletions counts.
+        watch.observe(3, at(46));
+        assert!(!watch.stalled(at(50)));
     }
 }
