@@ -562,6 +562,9 @@ pub struct TurnSpec {
     /// capabilities chown needs, all dropped (the bounding set too) before the image's
     /// entrypoint starts, so nothing of the turn ever holds one. Empty: none.
     pub hand_over: Vec<String>,
+    /// The turn's checkpoint volumes, where its own container writes its checkpoint
+    /// (`session::checkpoint::prepare`); empty: none (a helper takes it after the turn).
+    pub checkpoint: Vec<MountSpec>,
 }
 
 impl TurnSpec {

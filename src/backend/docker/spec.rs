@@ -50,6 +50,7 @@ pub(super) fn turn_body(spec: &TurnSpec) -> ContainerCreateBody {
         mounts: Some(
             spec.mounts()
                 .chain(&spec.protected)
+                .chain(&spec.checkpoint)
                 .map(mount)
                 .chain([scratch])
                 .collect(),
@@ -246,6 +247,7 @@ mod tests {
             extra_hosts: Vec::new(),
             oci_runtime: None,
             hand_over: Vec::new(),
+            checkpoint: Vec::new(),
             protected: Vec::new(),
         }
     }

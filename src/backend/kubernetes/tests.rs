@@ -105,6 +105,7 @@ fn turn() -> TurnSpec {
         extra_hosts: Vec::new(),
         oci_runtime: None,
         hand_over: Vec::new(),
+        checkpoint: Vec::new(),
         protected: Vec::new(),
     }
 }

@@ -265,11 +265,19 @@ async fn make_one(
     }
     record.summary_only = false;
     record.turn_started = false;
+    // The key after the turn forked at: its checkpoint's where a helper took it after the
+    // turn, else its turn's record (a checkpoint made before its turn cannot know it).
+    let at_turn = record
+        .turns
+        .iter()
+        .find(|t| t.turn == plan.forked_from.turn)
+        .map(|t| &t.resume_key);
     if let Some(key) = plan
         .chain
         .last()
         .map(|c| &c.resume_key)
         .filter(|k| !k.is_empty())
+        .or(at_turn.filter(|k| !k.is_empty()))
     {
         record.resume_key = key.clone();
     }

@@ -46,50 +46,64 @@ const NEVER_KEPT: &[&str] = &[
 const NEW_DIR: &str = "/ckpt";
 const PREV_DIR: &str = "/prev";
 
+/// Where the turn's own container has its new checkpoint volume (the image makes the
+/// directory, mode 1777, so that a fresh volume there is writable by the turn's uid) and the
+/// previous one (read-only).
+pub const IN_TURN_DIR: &str = "/var/lib/caw-box/checkpoint";
+const IN_TURN_PREV_DIR: &str = "/var/lib/caw-box/checkpoint-prev";
+
 /// Takes a checkpoint into `/ckpt`, the previous one (if any) at `/prev`. Prints its
 /// `info.json`. Runs as root with the capabilities a faithful copy needs. (`CKPT_ROOT`
 /// moves every path under another root: the unit tests run it in a directory.)
 const TAKE_SCRIPT: &str = r#"set -eu
 export LC_ALL=C
 R=${CKPT_ROOT:-}
+C=${CKPT_DIR:-$R/ckpt}
+P=${CKPT_PREV_DIR:-$R/prev}
 cd "${R:-/}"
 roots=(home/agent)
 [ "$CKPT_WORKSPACE" = 1 ] && roots+=(workspace)
+# Whatever is in the new checkpoint's directory already (a take that failed) goes.
+find "$C/" -mindepth 1 -delete
 excl=()
 while IFS= read -r p; do
     [ -n "$p" ] && excl+=(-path "home/agent/$p" -o)
 done <<<"$CKPT_EXCLUDE"
 excl+=(-false)
 list() { find "${roots[@]}" \( "${excl[@]}" \) -prune -o "$@" -print0; }
-touch "$R/ckpt/stamp"
-list | sort -z >"$R/ckpt/manifest"
+touch "$C/stamp"
+list | sort -z >"$C/manifest"
 deleted=0 ws_deleted=0 base=null
-if [ -f "$R/prev/stamp" ] && [ -f "$R/prev/manifest" ]; then
+if [ -f "$P/stamp" ] && [ -f "$P/manifest" ]; then
     base=$CKPT_PREV
-    list -cnewer "$R/prev/stamp" >"$R/tmp/changed"
+    list -cnewer "$P/stamp" >"$C/changed"
     while IFS= read -r -d '' p; do
         deleted=$((deleted + 1))
         case $p in workspace/*) ws_deleted=$((ws_deleted + 1)) ;; esac
-    done < <(comm -z -23 "$R/prev/manifest" "$R/ckpt/manifest")
+    done < <(comm -z -23 "$P/manifest" "$C/manifest")
 else
-    cp "$R/ckpt/manifest" "$R/tmp/changed"
+    cp "$C/manifest" "$C/changed"
 fi
 files=0 ws_files=0
 while IFS= read -r -d '' p; do
     [ -d "$p" ] && continue
     files=$((files + 1))
     case $p in workspace/*) ws_files=$((ws_files + 1)) ;; esac
-done <"$R/tmp/changed"
+done <"$C/changed"
 rc=0
-tar --null --no-recursion --numeric-owner -cpf "$R/ckpt/layer.tar" -T "$R/tmp/changed" || rc=$?
+tar --null --no-recursion --numeric-owner -cpf "$C/layer.tar" -T "$C/changed" || rc=$?
+rm -f "$C/changed"
 # 1: a file changed as it was read, or a socket was left out; not a failure here.
 [ "$rc" -le 1 ]
-bytes=$(stat -c %s "$R/ckpt/layer.tar")
+bytes=$(stat -c %s "$C/layer.tar")
 printf '{"turn":%s,"at":%s,"base":%s,"files_changed":%s,"workspace_files_changed":%s,"deleted":%s,"workspace_deleted":%s,"bytes":%s}\n' \
-    "$CKPT_TURN" "$CKPT_AT" "$base" $((files + deleted)) $((ws_files + ws_deleted)) \
-    "$deleted" "$ws_deleted" "$bytes" >"$R/ckpt/info.json"
-chmod 600 "$R/ckpt/layer.tar" "$R/ckpt/manifest" "$R/ckpt/info.json"
-cat "$R/ckpt/info.json"
+    "$CKPT_TURN" "${CKPT_AT:-$(date +%s)}" "$base" $((files + deleted)) $((ws_files + ws_deleted)) \
+    "$deleted" "$ws_deleted" "$bytes" >"$C/info.tmp"
+chmod 600 "$C/layer.tar" "$C/manifest" "$C/info.tmp"
+# Last, by rename: a checkpoint with an info.json is whole.
+mv -f "$C/info.tmp" "$C/info.json"
+rm -f "$C/error"
+cat "$C/info.json"
 "#;
 
 /// Restores the checkpoints `CKPT_CHAIN` (their turns, oldest first, mounted at
@@ -119,9 +133,14 @@ pub struct Checkpoint {
     /// The checkpoint whose changes since this one holds; `None`: it holds every file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<u32>,
-    /// The vendor's resume key after the turn: what a fork of it resumes.
+    /// The vendor's resume key after the turn: what a fork of it resumes. Empty on a
+    /// checkpoint made before its turn ran (`in_turn`): the turn's record has it then.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub resume_key: String,
+    /// Made before its turn and mounted in the turn's container, whose entrypoint writes it
+    /// once the CLI has ended ([`prepare`]); else written by a helper after the turn.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_turn: bool,
 }
 
 /// What a checkpoint holds, from its `info.json`.
@@ -242,6 +261,7 @@ pub async fn take(
         at: crate::clock::now_secs(),
         base: prev.map(|p| p.turn),
         resume_key: source.resume_key.to_string(),
+        in_turn: false,
     };
     backend
         .create_volume(&volume, checkpoint.labels(id, source.provider))
@@ -253,6 +273,102 @@ pub async fn take(
     taken
 }
 
+/// What a turn's container needs to write its own checkpoint: the mounts (the new
+/// checkpoint's volume, the previous one read-only) and the entrypoint's environment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InTurn {
+    pub mounts: Vec<MountSpec>,
+    pub env: Vec<String>,
+}
+
+/// Makes the (empty) checkpoint volume of `turn` before its turn runs, for the turn's own
+/// container to write once its CLI has ended (`images/base/caw-box-entry`): no helper after
+/// the turn. The agent never sees an earlier checkpoint but the previous one, read-only.
+/// [`finish`] checks it after the turn.
+pub async fn prepare(backend: &impl Backend, source: &Source<'_>, turn: u32) -> Result<InTurn> {
+    let id = source.session_id;
+    let volume = names::checkpoint_volume(id, turn);
+    let (earlier, _) = tokio::join!(list(backend, id), backend.remove_volume(&volume));
+    let earlier = earlier?;
+    let prev = earlier.iter().rev().find(|c| c.turn < turn);
+    let checkpoint = Checkpoint {
+        turn,
+        at: crate::clock::now_secs(),
+        base: prev.map(|p| p.turn),
+        resume_key: String::new(),
+        in_turn: true,
+    };
+    backend
+        .create_volume(&volume, checkpoint.labels(id, source.provider))
+        .await?;
+    let mut mounts = vec![MountSpec::volume(&volume, IN_TURN_DIR)];
+    if let Some(base) = checkpoint.base {
+        mounts.push(
+            MountSpec::volume(names::checkpoint_volume(id, base), IN_TURN_PREV_DIR).read_only(),
+        );
+    }
+    let mut env = take_env(source, &checkpoint);
+    // Taken when the CLI has ended, not when the turn began.
+    env.retain(|e| !e.starts_with("CKPT_AT="));
+    env.extend([
+        format!("CAW_BOX_CHECKPOINT={IN_TURN_DIR}"),
+        format!("CAW_BOX_CHECKPOINT_SCRIPT={TAKE_SCRIPT}"),
+        format!("CKPT_PREV_DIR={IN_TURN_PREV_DIR}"),
+    ]);
+    Ok(InTurn { mounts, env })
+}
+
+/// After the turn, while its container `name` (stopped) still holds the session's lock:
+/// whether its checkpoint is whole. One its container wrote is (its `info.json` is written
+/// last); else a helper takes it now, as for a turn without [`prepare`] (a warm turn's, or
+/// one whose image's entrypoint does not write checkpoints). `Err`: there is none; the
+/// volume of a prepared one is then the caller's to remove once the container is gone.
+pub async fn finish(
+    backend: &impl Backend,
+    source: &Source<'_>,
+    turn: u32,
+    name: &str,
+) -> Result<CheckpointStats> {
+    let id = source.session_id;
+    let info = format!("{IN_TURN_DIR}/info.json");
+    let (inside, listed) = tokio::join!(backend.download_file(name, &info), list(backend, id));
+    let prepared = listed?.into_iter().find(|c| c.turn == turn && c.in_turn);
+    let Some(prepared) = prepared else {
+        return take(backend, source, turn).await;
+    };
+    let written = inside
+        .ok()
+        .flatten()
+        .and_then(|b| serde_json::from_slice::<CheckpointStats>(&b).ok())
+        .filter(|s| s.turn == turn);
+    if let Some(stats) = written {
+        return Ok(stats);
+    }
+    tracing::debug!("turn {turn}'s container wrote no checkpoint; a helper takes it");
+    // In place: the volume is the turn container's until it goes.
+    run_take(
+        backend,
+        source,
+        &prepared,
+        &names::checkpoint_volume(id, turn),
+    )
+    .await
+}
+
+/// The take script's environment for `checkpoint` of `source`.
+fn take_env(source: &Source<'_>, checkpoint: &Checkpoint) -> Vec<String> {
+    vec![
+        format!(
+            "CKPT_WORKSPACE={}",
+            u8::from(keeps_workspace(source.workspace_mode))
+        ),
+        format!("CKPT_EXCLUDE={}", never_kept(source.provider)),
+        format!("CKPT_TURN={}", checkpoint.turn),
+        format!("CKPT_AT={}", checkpoint.at),
+        format!("CKPT_PREV={}", checkpoint.base.unwrap_or(0)),
+    ]
+}
+
 async fn run_take(
     backend: &impl Backend,
     source: &Source<'_>,
@@ -261,18 +377,7 @@ async fn run_take(
 ) -> Result<CheckpointStats> {
     let id = source.session_id;
     let workspace = keeps_workspace(source.workspace_mode);
-    let mut spec = copier(
-        source.image,
-        id,
-        TAKE_SCRIPT,
-        vec![
-            format!("CKPT_WORKSPACE={}", u8::from(workspace)),
-            format!("CKPT_EXCLUDE={}", never_kept(source.provider)),
-            format!("CKPT_TURN={}", checkpoint.turn),
-            format!("CKPT_AT={}", checkpoint.at),
-            format!("CKPT_PREV={}", checkpoint.base.unwrap_or(0)),
-        ],
-    );
+    let mut spec = copier(source.image, id, TAKE_SCRIPT, take_env(source, checkpoint));
     spec.mounts = vec![
         MountSpec::volume(names::state_volume(id), AGENT_HOME).read_only(),
         MountSpec::volume(volume, NEW_DIR),
@@ -413,6 +518,7 @@ mod tests {
             at: 0,
             base,
             resume_key: String::new(),
+            in_turn: false,
         }
     }
 

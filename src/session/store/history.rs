@@ -176,7 +176,7 @@ pub(in crate::session) async fn save_record(
         return Err(e);
     }
     let stale = stale?;
-    take_checkpoint(backend, record, turn).await;
+    let broken_checkpoint = take_checkpoint(backend, record, turn, name).await;
     // The turn is recorded: release the session's lock (the container) while the older
     // turn-record volumes go. A listing meanwhile finds the new one, the latest.
     let remove_stale = futures_util::future::join_all(stale.iter().map(|v| async move {
@@ -198,16 +198,30 @@ pub(in crate::session) async fn save_record(
     let quarantined = ending.guard.and_then(|g| g.sweep());
     let (removed, _) = tokio::join!(backend.remove_container(name, true), remove_stale);
     removed?;
+    if let Some(volume) = broken_checkpoint {
+        // Freed by its container now: no fork finds half a checkpoint.
+        if let Err(e) = backend.remove_volume(&volume).await {
+            tracing::warn!("could not remove the unfinished checkpoint '{volume}': {e}");
+        }
+    }
     cache_record(record);
     Ok(quarantined)
 }
 
 /// The turn's checkpoint, while its container still holds the session's lock: no other turn
-/// changes the volumes under it. A failure costs only this checkpoint (the next one then
-/// holds the changes since the one before), never the turn.
-async fn take_checkpoint(backend: &impl Backend, record: &SessionRecord, turn: u32) {
+/// changes the volumes under it. Mostly written by that container already
+/// (`checkpoint::prepare`); this checks it, or takes it where it was not. A failure costs
+/// only this checkpoint (the next one then holds the changes since the one before), never
+/// the turn. Returns the volume of a checkpoint that failed, to remove once the container
+/// that has it mounted is gone.
+async fn take_checkpoint(
+    backend: &impl Backend,
+    record: &SessionRecord,
+    turn: u32,
+    name: &str,
+) -> Option<String> {
     if !backend.capabilities().checkpoints {
-        return;
+        return None;
     }
     let source = crate::session::store::checkpoint::Source {
         session_id: record.session_id,
@@ -216,8 +230,15 @@ async fn take_checkpoint(backend: &impl Backend, record: &SessionRecord, turn: u
         workspace_mode: record.settings.workspace_mode,
         resume_key: &record.resume_key,
     };
-    if let Err(e) = crate::session::store::checkpoint::take(backend, &source, turn).await {
-        tracing::warn!("no checkpoint of turn {turn}: {e}");
+    match crate::session::store::checkpoint::finish(backend, &source, turn, name).await {
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!("no checkpoint of turn {turn}: {e}");
+            Some(crate::session::store::names::checkpoint_volume(
+                record.session_id,
+                turn,
+            ))
+        }
     }
 }
 

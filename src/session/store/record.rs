@@ -188,6 +188,10 @@ pub struct TurnRecord {
     /// history, but not its own spend (the source's cost, counted there).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub inherited: bool,
+    /// The vendor's key of the conversation after this turn: what a fork at this turn
+    /// resumes (`caw-box fork`). Empty in records of turns run before caw-box kept it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub resume_key: String,
 }
 
 /// The latest turn of a session, as carried by its turn-record volume's labels.
@@ -393,6 +397,7 @@ mod tests {
                     interactive: false,
                     limit_resets_at: None,
                     inherited: false,
+                    resume_key: String::new(),
                 })
                 .collect(),
             home_unlike_image: false,

@@ -131,6 +131,7 @@ impl SessionView {
                 interactive: last.interactive,
                 limit_resets_at: None,
                 inherited: false,
+                resume_key: String::new(),
             });
             // The host cache completes the history when it agrees with the labels on the
             // latest turn (else the next turn reads it from the state volume).

@@ -203,6 +203,7 @@ mod tests {
             interactive: false,
             limit_resets_at: None,
             inherited: false,
+            resume_key: String::new(),
         };
         let mut r = crate::session::turn::plan::tests::record("open");
         r.provider = provider;

@@ -355,6 +355,7 @@ fn record_turn(
         interactive: false,
         limit_resets_at: ended.limit_resets_at,
         inherited: false,
+        resume_key: record.resume_key.clone(),
     });
     TurnResult {
         session_id: record.session_id.to_string(),

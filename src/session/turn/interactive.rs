@@ -119,6 +119,7 @@ pub(in crate::session) async fn drive_tui(
         interactive: true,
         limit_resets_at: None,
         inherited: false,
+        resume_key: record.resume_key.clone(),
     };
     record_tui_turn(ctx, record, turn_record, history, sink).await
 }

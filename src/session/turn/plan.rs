@@ -500,6 +500,7 @@ pub(in crate::session) fn turn_spec(
         extra_hosts: Vec::new(),
         oci_runtime: settings.runtime.clone(),
         hand_over: Vec::new(),
+        checkpoint: Vec::new(),
     })
 }
 

@@ -195,16 +195,23 @@ async fn realise(
     // container would keep what that takes for the turns it runs later).
     let (mut spec, owner_before) = (spec, record.owner);
     let handed_in_turn = warm_for.is_none() && hand_over_in_turn(backend, record, ids, &mut spec);
-    make_first(
-        backend,
-        record,
-        ids,
-        fill_home,
-        broker.as_ref(),
-        egress.as_ref(),
-    )
-    .await
-    .inspect_err(|_| record.owner = owner_before)?;
+    let in_turn = prepare_checkpoint(backend, record, turn, warm_for);
+    let (first, in_turn) = tokio::join!(
+        make_first(
+            backend,
+            record,
+            ids,
+            fill_home,
+            broker.as_ref(),
+            egress.as_ref(),
+        ),
+        in_turn
+    );
+    first.inspect_err(|_| record.owner = owner_before)?;
+    if let Some(c) = in_turn {
+        spec.checkpoint = c.mounts;
+        spec.env.extend(c.env);
+    }
     // What the CLI refreshed of its credential files, read back before its container goes.
     let home_out = std::sync::Mutex::new(None);
     let mut container_made = false;
@@ -270,6 +277,41 @@ async fn realise(
     }
     save_refreshed(record, home_out);
     outcome
+}
+
+/// The checkpoint volume a cold turn's own container writes once its CLI has ended
+/// (`checkpoint::prepare`), made beside the rest of what the turn needs first. `None`: the
+/// backend keeps none, the turn runs warm (its container was made before), or it could not
+/// be made (a helper takes the checkpoint after the turn then).
+fn prepare_checkpoint<'a>(
+    backend: &'a impl Backend,
+    record: &SessionRecord,
+    turn: u32,
+    warm_for: Option<u64>,
+) -> impl std::future::Future<Output = Option<crate::session::checkpoint::InTurn>> + 'a {
+    // (What it needs of the record, owned: the record is the rest's to change meanwhile.)
+    let wanted = backend.capabilities().checkpoints && warm_for.is_none();
+    let (session_id, provider) = (record.session_id, record.provider);
+    let (image, workspace_mode) = (
+        record.settings.image.clone(),
+        record.settings.workspace_mode,
+    );
+    async move {
+        if !wanted {
+            return None;
+        }
+        let source = crate::session::checkpoint::Source {
+            session_id,
+            provider,
+            image: &image,
+            workspace_mode,
+            resume_key: "",
+        };
+        crate::session::checkpoint::prepare(backend, &source, turn)
+            .await
+            .inspect_err(|e| tracing::debug!("no checkpoint volume before turn {turn}: {e}"))
+            .ok()
+    }
 }
 
 /// What the turn needs before its container: a new state volume filled with the image's

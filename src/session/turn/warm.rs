@@ -282,6 +282,7 @@ mod tests {
             extra_hosts: vec![],
             oci_runtime: None,
             hand_over: Vec::new(),
+            checkpoint: Vec::new(),
         };
         let mut turn = base.clone();
         turn.argv.push("resume".into());
