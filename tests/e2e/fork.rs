@@ -277,6 +277,60 @@ fn codex_forks_go_their_own_way_and_stand_alone() {
     bind_mode_source(&rig);
 }
 
+/// A turn's own container writes its checkpoint once its CLI has ended, and the agent can
+/// spoil neither it nor the one before: the previous checkpoint is read-only to it, and a
+/// process it leaves behind scribbling over the new checkpoint's files is killed before
+/// that is written. Both checkpoints restore exactly their turn.
+#[test]
+fn codex_agent_cannot_touch_the_checkpoints() {
+    let rig = Rig::new("fork-tamper");
+    let name = format!("src-{}", rig.run_id);
+    let (code, json, stderr) = rig.json_turn(rig.run_cmd(
+        CODEX,
+        "REMEMBER:alpha-one RUN:echo a > a.txt",
+        &["--name", &name, "--workspace-mode", "copy"],
+    ));
+    assert_eq!(code, 0, "turn 1: {json}\n{stderr}");
+    check("turn 2 scribbles over the checkpoints");
+    let dir = "/var/lib/caw-box";
+    let scribble = format!(
+        "REMEMBER:bravo-two RUN:echo b > b.txt; (echo x > {dir}/checkpoint-prev/manifest) \
+         2>/dev/null && echo prev-writable || echo prev-read-only; setsid sh -c 'while :; do \
+         for f in {dir}/checkpoint/*; do echo tampered > $f; done; echo tampered > \
+         {dir}/checkpoint/info.json; sleep 0.01; done' </dev/null >/dev/null 2>&1 & \
+         echo left-running"
+    );
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &name, &scribble, &[]));
+    assert_eq!(code, 0, "turn 2: {json}\n{stderr}");
+    let said = json["result"].as_str().unwrap_or_default();
+    assert!(said.contains("prev-read-only"), "{json}");
+    assert!(said.contains("left-running"), "{json}");
+
+    check("both checkpoints whole");
+    let shown = json_of(&rig.caw_run(&["show", &name, "--json"]));
+    let cps = shown["checkpoints"].as_array().unwrap();
+    assert_eq!(cps.len(), 2, "{shown}");
+    assert_eq!(cps[1]["base"], 1, "{shown}");
+    for (at, word, files) in [
+        ("1", "alpha-one", vec!["a.txt"]),
+        ("2", "bravo-two", vec!["a.txt", "b.txt"]),
+    ] {
+        let out = run(fork_cmd(
+            &rig,
+            CODEX,
+            &name,
+            &["--at", at, "-o", "json", "RECALL"],
+        ));
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        let forks = json_of(&out);
+        let fork = &forks["sessions"][0];
+        let answer = fork["result"]["result"].as_str().unwrap_or_default();
+        assert!(answer.contains(word), "fork at {at}: {forks}");
+        let id = fork["session_id"].as_str().unwrap();
+        assert_eq!(workspace_files(&rig, id), files, "fork at {at}");
+    }
+}
+
 fn assert_refused(out: &Output, needle: &str) {
     let stderr = stderr_of(out);
     assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
