@@ -57,6 +57,7 @@ const IN_TURN_PREV_DIR: &str = "/var/lib/caw-box/checkpoint-prev";
 /// moves every path under another root: the unit tests run it in a directory.)
 const TAKE_SCRIPT: &str = r#"set -eu
 export LC_ALL=C
+umask 077
 R=${CKPT_ROOT:-}
 C=${CKPT_DIR:-$R/ckpt}
 P=${CKPT_PREV_DIR:-$R/prev}
@@ -64,14 +65,17 @@ cd "${R:-/}"
 roots=(home/agent)
 [ "$CKPT_WORKSPACE" = 1 ] && roots+=(workspace)
 # Whatever is in the new checkpoint's directory already (a take that failed) goes.
-find "$C/" -mindepth 1 -delete
+shopt -s nullglob dotglob
+stale=("$C"/*)
+shopt -u nullglob dotglob
+[ "${#stale[@]}" = 0 ] || rm -rf -- "${stale[@]}"
 excl=()
 while IFS= read -r p; do
     [ -n "$p" ] && excl+=(-path "home/agent/$p" -o)
 done <<<"$CKPT_EXCLUDE"
 excl+=(-false)
 list() { find "${roots[@]}" \( "${excl[@]}" \) -prune -o "$@" -print0; }
-touch "$C/stamp"
+: >"$C/stamp"
 list | sort -z >"$C/manifest"
 deleted=0 ws_deleted=0 base=null
 if [ -f "$P/stamp" ] && [ -f "$P/manifest" ]; then
@@ -96,14 +100,13 @@ rm -f "$C/changed"
 # 1: a file changed as it was read, or a socket was left out; not a failure here.
 [ "$rc" -le 1 ]
 bytes=$(stat -c %s "$C/layer.tar")
-printf '{"turn":%s,"at":%s,"base":%s,"files_changed":%s,"workspace_files_changed":%s,"deleted":%s,"workspace_deleted":%s,"bytes":%s}\n' \
-    "$CKPT_TURN" "${CKPT_AT:-$(date +%s)}" "$base" $((files + deleted)) $((ws_files + ws_deleted)) \
-    "$deleted" "$ws_deleted" "$bytes" >"$C/info.tmp"
-chmod 600 "$C/layer.tar" "$C/manifest" "$C/info.tmp"
-# Last, by rename: a checkpoint with an info.json is whole.
-mv -f "$C/info.tmp" "$C/info.json"
-rm -f "$C/error"
-cat "$C/info.json"
+[ -n "${CKPT_AT:-}" ] || printf -v CKPT_AT '%(%s)T' -1
+printf -v info '{"turn":%s,"at":%s,"base":%s,"files_changed":%s,"workspace_files_changed":%s,"deleted":%s,"workspace_deleted":%s,"bytes":%s}' \
+    "$CKPT_TURN" "$CKPT_AT" "$base" $((files + deleted)) $((ws_files + ws_deleted)) \
+    "$deleted" "$ws_deleted" "$bytes"
+# Last (files are 0600 by the umask): a checkpoint with an info.json is whole.
+printf '%s\n' "$info" >"$C/info.json"
+printf '%s\n' "$info"
 "#;
 
 /// Restores the checkpoints `CKPT_CHAIN` (their turns, oldest first, mounted at
@@ -318,20 +321,29 @@ pub async fn prepare(backend: &impl Backend, source: &Source<'_>, turn: u32) -> 
     Ok(InTurn { mounts, env })
 }
 
-/// After the turn, while its container `name` (stopped) still holds the session's lock:
-/// whether its checkpoint is whole. One its container wrote is (its `info.json` is written
-/// last); else a helper takes it now, as for a turn without [`prepare`] (a warm turn's, or
-/// one whose image's entrypoint does not write checkpoints). `Err`: there is none; the
-/// volume of a prepared one is then the caller's to remove once the container is gone.
+/// After the turn, while its container `name` (stopped) still holds the session's lock,
+/// where its entrypoint did not say it wrote the checkpoint (`written`: `Some(false)`, it
+/// did not; `None`, it could not say: no record hand-off): one its container wrote is whole
+/// when its `info.json` is there (written last); else a helper takes it now, as for a turn
+/// without [`prepare`] (a warm turn's, or one whose image's entrypoint does not write
+/// checkpoints). `Err`: there is none; the volume of a prepared one is then the caller's to
+/// remove once the container is gone.
 pub async fn finish(
     backend: &impl Backend,
     source: &Source<'_>,
     turn: u32,
     name: &str,
+    written: Option<bool>,
 ) -> Result<CheckpointStats> {
     let id = source.session_id;
     let info = format!("{IN_TURN_DIR}/info.json");
-    let (inside, listed) = tokio::join!(backend.download_file(name, &info), list(backend, id));
+    let read = async {
+        match written {
+            None => backend.download_file(name, &info).await,
+            Some(_) => Ok(None),
+        }
+    };
+    let (inside, listed) = tokio::join!(read, list(backend, id));
     let prepared = listed?.into_iter().find(|c| c.turn == turn && c.in_turn);
     let Some(prepared) = prepared else {
         return take(backend, source, turn).await;

@@ -148,8 +148,8 @@ pub(in crate::session) async fn save_record(
     let write_record = async {
         if let Some(stdin) = ending.handoff {
             match hand_off(backend, name, stdin, &files, owner).await {
-                Ok(true) => return Ok(()),
-                Ok(false) => tracing::debug!("the record hand-off did not happen; uploading"),
+                Ok(Some(checkpointed)) => return Ok(Some(checkpointed)),
+                Ok(None) => tracing::debug!("the record hand-off did not happen; uploading"),
                 Err(e) => tracing::debug!("the record hand-off failed ({e}); uploading"),
             }
         }
@@ -158,25 +158,23 @@ pub(in crate::session) async fn save_record(
                 tracing::debug!("{e}");
                 Err(backend.removed_under_turn(name))
             }
-            other => other,
+            other => other.map(|()| None),
         }
     };
     // The record goes into the volume while the new turn-record volume is made: independent.
     let record_now: &SessionRecord = record;
     let (written, stale) = tokio::join!(write_record, write_turn_summary(backend, record_now));
-    if let Err(e) = written {
-        // Not recorded: its turn-record volume must not claim it was (nor outlive a session
-        // removed meanwhile, `caw-box rm --force`).
-        if stale.is_ok() {
-            let fresh = crate::session::store::names::turn_record_volume(record.session_id, turn);
-            if let Err(e) = backend.remove_volume(&fresh).await {
-                tracing::debug!("could not remove the unrecorded turn's record volume: {e}");
+    let checkpointed = match written {
+        Ok(checkpointed) => checkpointed,
+        Err(e) => {
+            if stale.is_ok() {
+                unclaim(backend, record, turn).await;
             }
+            return Err(e);
         }
-        return Err(e);
-    }
+    };
     let stale = stale?;
-    let broken_checkpoint = take_checkpoint(backend, record, turn, name).await;
+    let broken_checkpoint = take_checkpoint(backend, record, turn, name, checkpointed).await;
     // The turn is recorded: release the session's lock (the container) while the older
     // turn-record volumes go. A listing meanwhile finds the new one, the latest.
     let remove_stale = futures_util::future::join_all(stale.iter().map(|v| async move {
@@ -208,6 +206,15 @@ pub(in crate::session) async fn save_record(
     Ok(quarantined)
 }
 
+/// Not recorded: its turn-record volume must not claim it was (nor outlive a session
+/// removed meanwhile, `caw-box rm --force`).
+async fn unclaim(backend: &impl Backend, record: &SessionRecord, turn: u32) {
+    let fresh = crate::session::store::names::turn_record_volume(record.session_id, turn);
+    if let Err(e) = backend.remove_volume(&fresh).await {
+        tracing::debug!("could not remove the unrecorded turn's record volume: {e}");
+    }
+}
+
 /// The turn's checkpoint, while its container still holds the session's lock: no other turn
 /// changes the volumes under it. Mostly written by that container already
 /// (`checkpoint::prepare`); this checks it, or takes it where it was not. A failure costs
@@ -219,8 +226,13 @@ async fn take_checkpoint(
     record: &SessionRecord,
     turn: u32,
     name: &str,
+    checkpointed: Option<bool>,
 ) -> Option<String> {
     if !backend.capabilities().checkpoints {
+        return None;
+    }
+    if checkpointed == Some(true) {
+        // Its container wrote it, and said so as it exited: nothing to ask Docker.
         return None;
     }
     let source = crate::session::store::checkpoint::Source {
@@ -230,7 +242,9 @@ async fn take_checkpoint(
         workspace_mode: record.settings.workspace_mode,
         resume_key: &record.resume_key,
     };
-    match crate::session::store::checkpoint::finish(backend, &source, turn, name).await {
+    match crate::session::store::checkpoint::finish(backend, &source, turn, name, checkpointed)
+        .await
+    {
         Ok(_) => None,
         Err(e) => {
             tracing::warn!("no checkpoint of turn {turn}: {e}");
@@ -293,22 +307,23 @@ async fn being_removed(backend: &impl Backend, name: &str) -> bool {
 }
 
 /// Gives the turn's record files to the entrypoint on its stdin, while it waits after the
-/// CLI ended; it copies them into HOME (`session.json` by rename) and exits 0 once it did.
-/// Returns whether it did. No archive request: a stopped container's volumes would have
-/// to be mounted again for one.
+/// CLI ended; it copies them into HOME (`session.json` by rename) and exits 0 once it did
+/// ([`CHECKPOINTED`] when it also wrote the turn's checkpoint). Returns `None` when it did
+/// not take the record, else whether it wrote the checkpoint. No archive request: a stopped
+/// container's volumes would have to be mounted again for one.
 async fn hand_off(
     backend: &impl Backend,
     name: &str,
     mut stdin: Stdin,
     files: &[TarFile<'_>],
     owner: (u32, u32),
-) -> Result<bool> {
+) -> Result<Option<bool>> {
     use tokio::io::AsyncWriteExt;
     // The layout the entrypoint expects: session.json and turns/*, from ~/.caw-box.
     let mut relative = Vec::new();
     for f in files {
         let Some(rel) = f.path.strip_prefix(".caw-box/") else {
-            return Ok(false);
+            return Ok(None);
         };
         relative.push(TarFile { path: rel, ..*f });
     }
@@ -320,13 +335,21 @@ async fn hand_off(
     };
     if let Err(e) = sent.await {
         tracing::debug!("the entrypoint does not take the record: {e}");
-        return Ok(false);
+        return Ok(None);
     }
     tracing::debug!("the record is on its way");
     let code = backend.wait_container(name).await?;
     tracing::debug!("the container exited with {code}");
-    Ok(code == 0)
+    Ok(match code {
+        0 => Some(false),
+        CHECKPOINTED => Some(true),
+        _ => None,
+    })
 }
+
+/// The entrypoint's exit code when it took the record and its turn's checkpoint is whole
+/// (`CAW_BOX_CHECKPOINT`, `images/base/caw-box-entry`); 0: it took the record only.
+const CHECKPOINTED: i64 = 73;
 
 /// Creates the session's turn-record volume for its latest turn; returns the names of the
 /// older ones, for the caller to remove: the new one exists before the old ones go, so a
