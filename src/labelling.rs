@@ -66,7 +66,7 @@ pub mod roles {
     pub const WORKSPACE: &str = "workspace";
     /// One turn's checkpoint: the files of HOME (and of a copy-mode workspace) that changed
     /// since the session's previous checkpoint, as a tar layer, with a listing of every path
-    /// (`session::checkpoint`). Never mounted in a turn: the agent cannot touch it.
+    /// (`session::checkpoint`). Mounted in its own turn only (the next turn's has it read-only).
     pub const CHECKPOINT: &str = "checkpoint";
     /// `caw-box auth login`'s container of the vendor's login, and its egress (its
     /// session label is the login's own id: no session has it).

@@ -15,11 +15,14 @@
 //! restored whole as it was at that turn's end, so no vendor file is cut short: every
 //! conversation file holds exactly the turns up to it.
 //!
-//! A checkpoint is taken by a short root helper (only the capabilities a copy needs) after
-//! the turn's record is written and while the turn still holds the session's lock, so no
+//! A checkpoint is written by the turn's own container once its CLI has ended ([`prepare`]
+//! makes its volume before the turn; the entrypoint kills what the CLI left running, empties
+//! the volume and runs `TAKE_SCRIPT` in it, the previous checkpoint read-only beside it),
+//! and else by a short root helper (only the capabilities a copy needs) after the turn's
+//! record is written ([`finish`]). Both while the turn still holds the session's lock, so no
 //! other turn changes the volumes under it. It never holds what caw-box itself keeps per turn
 //! (`~/.caw-box/session.json`, `~/.caw-box/turns/`: a fork writes its own) nor a credential
-//! file of the provider (the entrypoint deleted them already; they are left out anyway).
+//! file of the provider (left out by path).
 //! Not here: making a fork of a checkpoint (`lifecycle::fork`).
 
 use std::collections::HashMap;
