@@ -770,6 +770,23 @@ fn mcp_header_secret_stays_secret(p: P) {
     }
     let at_rest = volume_files_containing(&rig, &id, MCP_SECRET);
     assert!(at_rest.is_empty(), "the secret is at rest in: {at_rest:?}");
+    // Nor in the turn's checkpoint, which its container writes while the file holding the
+    // header is still in HOME (the entrypoint deletes it after).
+    let checkpoints: Vec<String> = rig
+        .caw_volumes()
+        .into_iter()
+        .filter(|v| v.starts_with(&format!("caw-box-{id}-checkpoint-")))
+        .collect();
+    assert!(!checkpoints.is_empty(), "the turn left no checkpoint");
+    for volume in checkpoints {
+        let held = scan_named_volume(
+            &rig,
+            &volume,
+            &[MCP_SECRET],
+            ("/h/info.json", "\"files_changed\":"),
+        );
+        assert!(held.is_empty(), "the secret is in {volume}: {held:?}");
+    }
 }
 
 #[test]
