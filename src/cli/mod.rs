@@ -68,9 +68,11 @@ Examples:
   caw-box fork fixer -n 3 \"try another approach\"   # three forks of the latest turn, each runs it
   caw-box fork fixer -n 3 -d --group tries \"go\"    # the same, detached; `caw-box wait` each
   caw-box fork 5b0c -o json                        # {\"sessions\":[{\"session_id\",\"name\",\"handle\",\"forked_from\"}]}
+  caw-box fork fixer --provider gemini \"review it\"  # gemini takes over: a handoff, not a copy
 
 The forks remember exactly the turns up to TURN, for every provider; `show --json`, `ls --json`
-and the handle carry `forked_from: {session, turn}`.";
+and the handle carry `forked_from: {session, turn}`. With --provider of another vendor the fork
+starts its own conversation, whose first turn gets the handoff ahead of its prompt.";
 
 /// `caw-box --version`: caw-box's version and the vendor CLI versions its images pin.
 fn long_version() -> &'static str {

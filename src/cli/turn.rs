@@ -258,6 +258,12 @@ pub struct ForkArgs {
     /// Put the forks in this group.
     #[arg(long)]
     pub group: Option<String>,
+    /// Fork into another vendor's CLI (claude_code, codex, opencode, gemini). A
+    /// conversation cannot move between vendors: the forks get the checkpoint's workspace
+    /// and a handoff (the source's prompts and answers up to the turn, the files it
+    /// changed) ahead of their first prompt. A handoff, not a copy.
+    #[arg(long, short = 'p', value_name = "PROVIDER")]
+    pub provider: Option<String>,
     #[command(flatten)]
     pub turn: TurnArgs,
 }

@@ -30,11 +30,16 @@ struct Shown {
 }
 
 pub async fn fork(mut args: ForkArgs, quiet: bool) -> Result<i32> {
+    let provider = match &args.provider {
+        Some(p) => Some(p.parse::<crate::provider_kind::ProviderKind>()?),
+        None => None,
+    };
     let request = ForkRequest {
         at: args.at,
         count: args.count,
         name: args.name.clone(),
         group: args.group.clone(),
+        provider,
     };
     request.check()?;
     // Everything a first turn needs is checked before a fork is made.
@@ -74,6 +79,13 @@ pub async fn fork(mut args: ForkArgs, quiet: bool) -> Result<i32> {
             from.turn,
             forks.sessions.len(),
             if forks.sessions.len() == 1 { "" } else { "s" }
+        ));
+    }
+    let handed_over = forks.sessions.first().filter(|r| r.settings.handoff);
+    if let (Some(r), false) = (handed_over, quiet) {
+        output::eprintln(&format!(
+            "{} cannot resume a conversation of another vendor's CLI: each fork's first turn              gets a handoff (the prompts and answers up to turn {}, the files changed) ahead              of its prompt; the workspace is the checkpoint's",
+            r.provider, from.turn
         ));
     }
     let mut shown: Vec<Shown> = forks

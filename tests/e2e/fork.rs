@@ -5,8 +5,9 @@
 //! the source still recalls B. For codex (the quickest CLI) also: three forks of the latest
 //! turn that each recall B and go their own way (their diffs differ), one resumed by its
 //! handle alone from a process without the data directory, one removed without touching
-//! the source or its siblings, one exported and imported; a bind-mode source; the refusals,
-//! which make nothing.
+//! the source or its siblings, one exported and imported; a fork in gemini's CLI (the
+//! checkpoint's workspace, a handoff in its first request); a bind-mode source; the
+//! refusals, which make nothing.
 //!
 //! Cost: four turns per provider; codex twelve more (27 s here). One rig per provider.
 
@@ -230,6 +231,44 @@ fn codex_forks_go_their_own_way_and_stand_alone() {
         .as_str()
         .unwrap()
         .contains("bravo-two"));
+
+    check("fork --provider gemini: the checkpoint's workspace and a handoff");
+    let mut cmd = rig.caw();
+    cmd.args(["fork", &name, "--at", "1", "--provider", "gemini"])
+        .args(["--env", &format!("{}={TEST_KEY}", GEMINI.key_var)])
+        .args(["--model", GEMINI.model.unwrap()])
+        .args(["-o", "json", "the fork's own prompt: carry on"]);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let forks = json_of(&out);
+    let handed = &forks["sessions"][0];
+    assert_eq!(handed["result"]["status"], "success", "{forks}");
+    assert_eq!(
+        handed["result"]["turn"], 1,
+        "a conversation of its own: {forks}"
+    );
+    let handed = handed["session_id"].as_str().unwrap().to_string();
+    assert_eq!(workspace_files(&rig, &handed), ["a.txt"]);
+    let shown = json_of(&rig.caw_run(&["show", &handed, "--json"]));
+    assert_eq!(shown["provider"], "gemini", "{shown}");
+    assert_eq!(shown["forked_from"]["turn"], 1, "{shown}");
+    // Gemini's request carried turn 1's prompt and answer and the file it made, not turn 2,
+    // then the fork's own prompt. (The stub acts on the first directive of a text: turn 1's
+    // `RUN:echo a > a.txt` again, which leaves the workspace as it was.)
+    let bodies: Vec<String> = rig
+        .stub_requests()
+        .iter()
+        .map(|r| r["body"].to_string())
+        .filter(|b| b.contains("You take over from another coding agent (codex"))
+        .collect();
+    assert!(!bodies.is_empty(), "no request carried the handoff");
+    assert!(
+        bodies.iter().all(|b| b.contains("REMEMBER:alpha-one")
+            && b.contains("- a.txt")
+            && b.contains("the fork's own prompt: carry on")
+            && !b.contains("bravo-two")),
+        "{bodies:?}"
+    );
 
     check("resume by handle alone");
     let handle = rig.caw_run(&["handle", &ids[1]]);

@@ -21,11 +21,12 @@ use uuid::Uuid;
 use crate::backend::{Backend, TarFile};
 use crate::error::{Error, Result};
 use crate::provider::AGENT_HOME;
+use crate::provider_kind::ProviderKind;
 use crate::session::store::checkpoint::{self, Checkpoint};
 use crate::session::store::history;
 use crate::session::store::names::{self, LabelSet};
 use crate::session::store::record::{
-    roles, volume_labels, ForkedFrom, SessionRecord, WorkspaceMode, RECORD_PATH,
+    roles, volume_labels, ForkedFrom, SessionRecord, WorkspaceMode, HANDOFF_PATH, RECORD_PATH,
 };
 use crate::session::store::target::{self, SessionView};
 
@@ -42,6 +43,10 @@ pub struct ForkRequest {
     /// The forks' name: NAME for one, NAME-1 … NAME-N for more.
     pub name: Option<String>,
     pub group: Option<String>,
+    /// `--provider`: forks in this vendor's CLI. Another vendor's than the source's gets
+    /// the checkpoint's workspace and a handoff instead of the conversation (see
+    /// [`handoff_text`]).
+    pub provider: Option<ProviderKind>,
 }
 
 impl ForkRequest {
@@ -122,13 +127,25 @@ pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -
             );
         }
     }
-    let image = &record.settings.image;
-    if backend.inspect_image(image).await?.is_none() {
-        return Err(Error::missing_image(image, record.provider));
+    let handoff_to = request.provider.filter(|p| *p != record.provider);
+    let image = match handoff_to {
+        Some(p) => {
+            record.settings.check_agent_config(p)?;
+            p.default_image()
+        }
+        None => record.settings.image.clone(),
+    };
+    if backend.inspect_image(&image).await?.is_none() {
+        return Err(Error::missing_image(
+            &image,
+            handoff_to.unwrap_or(record.provider),
+        ));
     }
     let workspace_copied_from = bind_dir(&record)?;
+    let handoff = handoff_to.map(|p| (p, image));
     let plan = Plan {
         source: &record,
+        handoff,
         forked_from: ForkedFrom {
             session: id,
             turn: at,
@@ -239,21 +256,22 @@ fn bind_dir(record: &SessionRecord) -> Result<Option<String>> {
 /// What every fork of one call shares.
 struct Plan<'a> {
     source: &'a SessionRecord,
+    /// `--provider` another vendor's: that vendor and its image.
+    handoff: Option<(ProviderKind, String)>,
     forked_from: ForkedFrom,
     chain: &'a [Checkpoint],
     group: Option<&'a str>,
     bind_dir: Option<&'a str>,
 }
 
-/// Makes one fork: its volumes, its restored state and workspace, its record.
-async fn make_one(
-    backend: &impl Backend,
+/// The fork's record as it starts (and, in another vendor's CLI, its handoff so far): the
+/// source's, with the turns up to the one forked at and the key after it.
+fn fork_record(
     plan: &Plan<'_>,
     fork_id: Uuid,
     name: Option<String>,
-) -> Result<SessionRecord> {
+) -> (SessionRecord, Option<String>) {
     let source = plan.source;
-    let provider = source.provider;
     let mut record = source.clone();
     record.session_id = fork_id;
     record.name = name;
@@ -284,9 +302,40 @@ async fn make_one(
     let settings = &mut record.settings;
     settings.forked_from = Some(plan.forked_from);
     settings.fallback_of = None;
+    settings.handoff = false;
     if plan.bind_dir.is_some() {
         settings.workspace_mode = WorkspaceMode::Copy;
     }
+    // Another vendor's CLI: a conversation of its own, which starts with the handoff.
+    let handoff = match &plan.handoff {
+        Some((p, image)) => {
+            let text = handoff_text(source, plan.forked_from.turn, *p);
+            record.provider = *p;
+            record.settings.image = image.clone();
+            record.settings.model = None;
+            record.settings.handoff = true;
+            record.turns.clear();
+            record.resume_key.clear();
+            record.key_confirmed = false;
+            record.cli_version = None;
+            record.home_unlike_image = false;
+            Some(text)
+        }
+        None => None,
+    };
+    (record, handoff)
+}
+
+/// Makes one fork: its volumes, its restored state and workspace, its record.
+async fn make_one(
+    backend: &impl Backend,
+    plan: &Plan<'_>,
+    fork_id: Uuid,
+    name: Option<String>,
+) -> Result<SessionRecord> {
+    let source = plan.source;
+    let provider = plan.handoff.as_ref().map_or(source.provider, |(p, _)| *p);
+    let (record, handoff) = fork_record(plan, fork_id, name);
     backend
         .create_volume(
             &names::state_volume(fork_id),
@@ -311,14 +360,21 @@ async fn make_one(
             )
             .await?;
     }
-    let image = &source.settings.image;
+    if handoff.is_some() {
+        // The fork's HOME is its own CLI's image's: the volume is filled from that image
+        // first (a first mount), then the restore adds the workspace's base to it.
+        write_record(backend, &record, None).await?;
+    }
+    // The restore runs in the source's image (its tar and owner ids), the rest in the fork's.
     let spec = checkpoint::restore_spec(
-        image,
+        &source.settings.image,
         source.session_id,
         fork_id,
         plan.chain,
+        handoff.is_none(),
         restores_workspace,
     );
+    let image = &record.settings.image;
     let (code, _, err) = backend
         .run_to_completion(&names::helper_container(fork_id, "restore"), &spec)
         .await?;
@@ -341,14 +397,104 @@ async fn make_one(
         )
         .await?;
     }
-    write_record(backend, &record).await?;
+    let handoff = match handoff {
+        Some(text) => Some(with_files_changed(backend, &record, text).await?),
+        None => None,
+    };
+    write_record(backend, &record, handoff.as_deref()).await?;
     history::write_turn_summary(backend, &record).await?;
     history::cache_record(&record);
     Ok(record)
 }
 
-/// The fork's own `session.json` in its HOME: the turns it inherited, its id and names.
-async fn write_record(backend: &impl Backend, record: &SessionRecord) -> Result<()> {
+/// The handoff a fork in `to`'s CLI gets ahead of its first prompt: what the source's
+/// conversation was, up to turn `at` (each turn's prompt and final answer). The files the
+/// source changed are added once the fork's workspace is made ([`with_files_changed`]).
+pub fn handoff_text(source: &SessionRecord, at: u32, to: ProviderKind) -> String {
+    let mut text = format!(
+        "# Handoff
+
+You take over from another coding agent ({from}, caw-box session {id})          after its turn {at}. Its conversation cannot move to {to}, so here is what it was:          its prompts and final answers. The workspace is as that agent left it at the end of          turn {at}.
+",
+        from = source.provider,
+        id = source.session_id,
+    );
+    for t in source.turns.iter().filter(|t| t.turn <= at) {
+        text.push_str(&format!(
+            "
+## Turn {n}: prompt
+
+{prompt}
+
+## Turn {n}: answer ({status})
+
+{result}
+",
+            n = t.turn,
+            prompt = t.prompt.trim_end(),
+            status = t.status,
+            result = t.result.trim_end(),
+        ));
+    }
+    text
+}
+
+/// `text` with the files the fork's workspace holds changed since the source's start (a
+/// copy-mode workspace's diff), and the line that hands over to the fork's own prompt.
+async fn with_files_changed(
+    backend: &impl Backend,
+    record: &SessionRecord,
+    mut text: String,
+) -> Result<String> {
+    if record.settings.workspace_mode == WorkspaceMode::Copy {
+        let facts = target::VolumeFacts {
+            session_id: record.session_id,
+            provider: record.provider,
+            name: record.name.clone(),
+            group: record.group.clone(),
+            scope: None,
+            created_at: record.created_at,
+            settings: record.settings.clone(),
+            workspace_base: None,
+        };
+        let ids = crate::session::walls::owner::turn_ids(&record.settings);
+        let made = crate::session::walls::patch::patch(backend, &facts, ids, false).await?;
+        text.push_str(
+            "
+## Files it changed
+
+",
+        );
+        if made.files.is_empty() {
+            text.push_str(
+                "(none)
+",
+            );
+        }
+        for f in &made.files {
+            text.push_str(&format!(
+                "- {}
+",
+                f.path
+            ));
+        }
+    }
+    text.push_str(
+        "
+# Your task
+
+",
+    );
+    Ok(text)
+}
+
+/// The fork's own `session.json` in its HOME: the turns it inherited, its id and names;
+/// and its handoff, when it is in another vendor's CLI.
+async fn write_record(
+    backend: &impl Backend,
+    record: &SessionRecord,
+    handoff: Option<&str>,
+) -> Result<()> {
     let json = serde_json::to_vec_pretty(record).expect("records serialize");
     let id = record.session_id;
     let spec = crate::backend::HelperSpec {
@@ -363,11 +509,18 @@ async fn write_record(backend: &impl Backend, record: &SessionRecord) -> Result<
         ..Default::default()
     };
     crate::session::walls::workspace::with_holder(backend, spec, id, async |name: &str| {
-        let files = [TarFile {
+        let mut files = vec![TarFile {
             path: RECORD_PATH,
             contents: &json,
             mode: 0o600,
         }];
+        if let Some(text) = handoff {
+            files.push(TarFile {
+                path: HANDOFF_PATH,
+                contents: text.as_bytes(),
+                mode: 0o600,
+            });
+        }
         backend
             .upload_files(name, AGENT_HOME, &files, record.owner_ids())
             .await
@@ -378,6 +531,58 @@ async fn write_record(backend: &impl Backend, record: &SessionRecord) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The handoff carries each turn's prompt and answer up to the turn forked at, and says
+    /// whose they were.
+    #[test]
+    fn a_handoff_holds_the_turns_up_to_the_fork() {
+        let turn = |n: u32, prompt: &str, result: &str| crate::session::TurnRecord {
+            turn: n,
+            prompt: prompt.into(),
+            status: crate::event::Status::Success,
+            result: result.into(),
+            usage: Default::default(),
+            started_at: 0,
+            duration_ms: 0,
+            exit_code: 0,
+            cumulative_usage: None,
+            interactive: false,
+            limit_resets_at: None,
+            inherited: false,
+            resume_key: String::new(),
+        };
+        let source = SessionRecord {
+            version: 1,
+            session_id: Uuid::nil(),
+            provider: ProviderKind::Codex,
+            name: None,
+            group: None,
+            resume_key: "thread".into(),
+            key_confirmed: true,
+            owner: None,
+            created_at: 0,
+            settings: Default::default(),
+            turns: vec![
+                turn(1, "plan the parser\n", "a plan: three steps"),
+                turn(2, "write step one", "done: parser.rs"),
+            ],
+            home_unlike_image: false,
+            turn_started: false,
+            summary_only: false,
+            cli_version: None,
+        };
+        let text = handoff_text(&source, 1, ProviderKind::Gemini);
+        assert!(text.contains("another coding agent (codex"), "{text}");
+        assert!(text.contains("cannot move to gemini"), "{text}");
+        assert!(
+            text.contains("## Turn 1: prompt\n\nplan the parser\n\n## Turn 1: answer (success)\n\na plan: three steps\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("Turn 2") && !text.contains("parser.rs"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn one_fork_takes_the_name_more_are_numbered() {

@@ -113,19 +113,38 @@ printf '%s\n' "$info"
 "#;
 
 /// Restores the checkpoints `CKPT_CHAIN` (their turns, oldest first, mounted at
-/// `/c/<turn>`) into HOME (and `/workspace` when `CKPT_WORKSPACE=1`): each layer in turn,
-/// then every path the last one's manifest does not list is deleted.
+/// `/c/<turn>`) into HOME (unless `CKPT_HOME=0`: a fork in another vendor's CLI starts its
+/// own, and gets only the copy-mode workspace's base) and `/workspace` (when
+/// `CKPT_WORKSPACE=1`): each layer in turn, then every path the last one's manifest does not
+/// list is deleted.
 const RESTORE_SCRIPT: &str = r#"set -eu
 export LC_ALL=C
 R=${CKPT_ROOT:-}
 cd "${R:-/}"
-roots=(home/agent)
+roots=()
+aside=()
+if [ "${CKPT_HOME:-1}" = 1 ]; then
+    roots+=(home/agent)
+else
+    aside+=(--transform 's,^home/agent,tmp/ckpt-home,')
+fi
 [ "$CKPT_WORKSPACE" = 1 ] && roots+=(workspace)
 last=
 for c in $CKPT_CHAIN; do
-    tar --numeric-owner -xpf "$R/c/$c/layer.tar" -C "${R:-/}"
+    tar --numeric-owner "${aside[@]}" -xpf "$R/c/$c/layer.tar" -C "${R:-/}"
     last="$R/c/$c"
 done
+if [ "${CKPT_HOME:-1}" != 1 ]; then
+    # Another vendor's HOME: only the copy-mode workspace's base, which `diff` compares with.
+    for f in workspace-base.tar workspace-base.json; do
+        if [ -e "tmp/ckpt-home/.caw-box/$f" ]; then
+            mkdir -p home/agent/.caw-box
+            cp -p "tmp/ckpt-home/.caw-box/$f" "home/agent/.caw-box/$f"
+        fi
+    done
+    rm -rf tmp/ckpt-home
+fi
+[ ${#roots[@]} -gt 0 ] || exit 0
 find "${roots[@]}" -print0 | sort -z >"$R/tmp/now"
 comm -z -23 "$R/tmp/now" "$last/manifest" | xargs -0 -r rm -rf --
 "#;
@@ -493,13 +512,15 @@ pub fn chain_to(checkpoints: &[Checkpoint], turn: u32) -> Option<Vec<Checkpoint>
     Some(chain)
 }
 
-/// A helper that restores `chain` (of session `from`) into the fresh volumes of session
-/// `into`: its state volume and, when `workspace`, its workspace volume.
+/// A helper that restores `chain` (of session `from`) into the volumes of session `into`:
+/// its state volume (only the workspace's base unless `home`: a fork in another vendor's
+/// CLI, whose HOME is that CLI's image's) and, when `workspace`, its workspace volume.
 pub fn restore_spec(
     image: &str,
     from: Uuid,
     into: Uuid,
     chain: &[Checkpoint],
+    home: bool,
     workspace: bool,
 ) -> HelperSpec {
     let mut spec = copier(
@@ -508,6 +529,7 @@ pub fn restore_spec(
         RESTORE_SCRIPT,
         vec![
             format!("CKPT_CHAIN={}", chain_words(chain)),
+            format!("CKPT_HOME={}", u8::from(home)),
             format!("CKPT_WORKSPACE={}", u8::from(workspace)),
         ],
     );
@@ -649,6 +671,8 @@ mod tests {
         write(&src, "home/agent/.caw-box/session.json", "{}");
         write(&src, "home/agent/.caw-box/turns/1.raw.jsonl", "{}");
         write(&src, "home/agent/with space/old", "old");
+        let base = "home/agent/.caw-box/workspace-base.json";
+        write(&src, base, "{}");
         write(&src, "workspace/a.txt", "a");
         std::fs::create_dir_all(src.join("tmp")).unwrap();
         let (c1, c2) = (dir.path().join("c1"), dir.path().join("c2"));
@@ -656,7 +680,7 @@ mod tests {
         std::fs::create_dir_all(&c2).unwrap();
 
         let first = take_in(&src, 1, &c1, None);
-        assert_eq!((first.base, first.files_changed), (None, 3), "{first:?}");
+        assert_eq!((first.base, first.files_changed), (None, 4), "{first:?}");
         assert_eq!(first.workspace_files_changed, 1);
         std::thread::sleep(std::time::Duration::from_millis(20));
         write(&src, rollout, "turn 1\nturn 2\n");
@@ -671,13 +695,18 @@ mod tests {
             (
                 1,
                 "1",
-                vec![rollout, "home/agent/with space/old", "workspace/a.txt"],
+                vec![
+                    base,
+                    rollout,
+                    "home/agent/with space/old",
+                    "workspace/a.txt",
+                ],
                 "turn 1\n",
             ),
             (
                 2,
                 "1 2",
-                vec![rollout, "workspace/a.txt", "workspace/b.txt"],
+                vec![base, rollout, "workspace/a.txt", "workspace/b.txt"],
                 "turn 1\nturn 2\n",
             ),
         ] {
@@ -701,6 +730,34 @@ mod tests {
             let text = std::fs::read_to_string(fork.join(rollout)).unwrap();
             assert_eq!(text, conversation);
         }
+
+        // A fork in another vendor's CLI: the workspace as it was, its own HOME untouched
+        // but for the workspace's base.
+        let other = dir.path().join("other-vendor");
+        write(&other, "home/agent/.profile", "the other image's");
+        std::fs::create_dir_all(other.join("workspace")).unwrap();
+        std::fs::create_dir_all(other.join("tmp")).unwrap();
+        std::fs::create_dir_all(other.join("c")).unwrap();
+        std::os::unix::fs::symlink(&c1, other.join("c/1")).unwrap();
+        std::os::unix::fs::symlink(&c2, other.join("c/2")).unwrap();
+        script(
+            RESTORE_SCRIPT,
+            &other,
+            &[
+                ("CKPT_CHAIN", "1 2"),
+                ("CKPT_WORKSPACE", "1"),
+                ("CKPT_HOME", "0"),
+            ],
+        );
+        assert_eq!(
+            files(&other),
+            vec![
+                "home/agent/.caw-box/workspace-base.json",
+                "home/agent/.profile",
+                "workspace/a.txt",
+                "workspace/b.txt"
+            ]
+        );
     }
 
     #[test]

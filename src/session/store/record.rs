@@ -23,6 +23,9 @@ pub use crate::session::store::names::{
 pub const RECORD_DIR: &str = ".caw-box";
 /// The session record, relative to HOME.
 pub const RECORD_PATH: &str = ".caw-box/session.json";
+/// A fork's handoff from a session of another vendor (`SessionSettings::handoff`),
+/// relative to HOME.
+pub const HANDOFF_PATH: &str = ".caw-box/handoff.md";
 
 /// The uid:gid of the images' own non-root user, `agent`, whom a fresh volume belongs to.
 pub const IMAGE_IDS: (u32, u32) = (1000, 1000);
@@ -61,6 +64,12 @@ pub struct SessionSettings {
     /// (its conversation and workspace as they were at the end of that turn).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<ForkedFrom>,
+    /// `caw-box fork --provider`: a fork in another vendor's CLI, which the source's
+    /// conversation cannot move to. Its first conversation turn gets the handoff
+    /// ([`HANDOFF_PATH`] in its HOME: the source's prompts and answers, the files it
+    /// changed) ahead of its prompt, until the vendor confirmed a conversation.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub handoff: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -58,6 +58,8 @@ pub async fn run_turn(
     settle_orphan(backend, record).await?;
     // After the orphan: its cost counts.
     crate::session::turn::budget::check(record)?;
+    let handed = with_handoff(backend, record, options).await?;
+    let options = handed.as_ref().unwrap_or(options);
     let mut interrupts = Interrupts::install()?;
     let plan = plan_turn(backend, record, options).await?;
     // Noted for whoever comes next if this process goes before the turn is recorded.
@@ -68,6 +70,53 @@ pub async fn run_turn(
         in_flight.keep();
     }
     result
+}
+
+/// A fork in another vendor's CLI (`fork --provider`): until its CLI confirmed a
+/// conversation, each headless turn's prompt comes after the handoff its HOME holds (cut
+/// from the front, its oldest turns, where both would be over the prompt cap). `None`: the
+/// turn's options as given.
+async fn with_handoff(
+    backend: &impl Backend,
+    record: &SessionRecord,
+    options: &TurnOptions,
+) -> Result<Option<TurnOptions>> {
+    let first_conversation_turn = !record.key_confirmed || record.resume_key.is_empty();
+    if !record.settings.handoff || options.interactive || !first_conversation_turn {
+        return Ok(None);
+    }
+    let facts = crate::session::store::target::VolumeFacts {
+        session_id: record.session_id,
+        provider: record.provider,
+        name: record.name.clone(),
+        group: record.group.clone(),
+        scope: None,
+        created_at: record.created_at,
+        settings: record.settings.clone(),
+        workspace_base: None,
+    };
+    let path = crate::session::store::record::HANDOFF_PATH;
+    let Some(bytes) =
+        crate::session::store::target::read_volume_file(backend, &facts, path).await?
+    else {
+        tracing::warn!("session {} has no handoff in its HOME", record.session_id);
+        return Ok(None);
+    };
+    let handoff = String::from_utf8_lossy(&bytes);
+    let room = MAX_TURN_PROMPT_BYTES.saturating_sub(options.prompt.len());
+    let handoff = if handoff.len() <= room {
+        handoff.into_owned()
+    } else {
+        let cut = "(the handoff's start is left out: it and the prompt were over the prompt cap)\n";
+        let mut from = handoff.len() - room.saturating_sub(cut.len());
+        while !handoff.is_char_boundary(from) {
+            from += 1;
+        }
+        format!("{cut}{}", &handoff[from..])
+    };
+    let mut options = options.clone();
+    options.prompt = format!("{handoff}{}", options.prompt);
+    Ok(Some(options))
 }
 
 /// Records this session's turn whose driver is gone, if one ended, so that this turn comes
