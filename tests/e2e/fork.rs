@@ -9,7 +9,7 @@
 //! checkpoint's workspace, a handoff in its first request); a bind-mode source; the
 //! refusals, which make nothing.
 //!
-//! Cost: four turns per provider; codex twelve more (27 s here). One rig per provider.
+//! Cost: four turns per provider; codex thirteen more (35 s here). One rig per provider.
 
 use std::process::{Command, Output};
 
