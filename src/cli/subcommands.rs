@@ -167,7 +167,7 @@ pub enum SessionCommand {
     /// Write a session (its state, its copy-mode workspace, its labels and record) to one
     /// archive. Never a credential: collected logins and keys stay on this host.
     #[command(
-        after_help = "Examples:\n  caw-box session export fixer fixer.tar.gz\n  caw-box session export 5b0c - | ssh ci-runner caw-box session import -"
+        after_help = "Examples:\n  caw-box session export fixer fixer.tar.gz\n  caw-box session export 5b0c - | ssh ci-runner caw-box session import -\n  caw-box session export fixer fixer.tar.gz --checkpoints all   # forkable at any turn after import"
     )]
     Export {
         /// A handle, session id, unique id prefix (4+ characters) or session name.
@@ -177,6 +177,11 @@ pub enum SessionCommand {
         /// Replace FILE if it exists.
         #[arg(long)]
         force: bool,
+        /// Which checkpoints go with it: `latest` (none in the archive; the import takes one
+        /// of the latest turn, which `fork` then starts from) or `all` (every turn's, for a
+        /// fork at any turn after the import).
+        #[arg(long, value_name = "WHICH", default_value = "latest", value_parser = ["latest", "all"])]
+        checkpoints: String,
     },
     /// Recreate an exported session on this Docker host; its handle resumes it here.
     #[command(

@@ -97,7 +97,8 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             target,
             file,
             force,
-        }) => portable::export(&target, &file, force, cli.quiet).await,
+            checkpoints,
+        }) => portable::export(&target, &file, force, checkpoints == "all", cli.quiet).await,
         Command::Session(SessionCommand::Import { file, force }) => {
             portable::import(&file, force, cli.quiet).await
         }

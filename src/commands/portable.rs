@@ -8,7 +8,13 @@ use crate::error::{Error, Result};
 use crate::output;
 use crate::session::{lifecycle, portable, target};
 
-pub async fn export(target_arg: &str, file: &Path, force: bool, quiet: bool) -> Result<i32> {
+pub async fn export(
+    target_arg: &str,
+    file: &Path,
+    force: bool,
+    all_checkpoints: bool,
+    quiet: bool,
+) -> Result<i32> {
     let to_stdout = file == Path::new("-");
     if !to_stdout && file.exists() && !force {
         return Err(Error::usage(format!("'{}' exists", file.display()))
@@ -22,7 +28,7 @@ pub async fn export(target_arg: &str, file: &Path, force: bool, quiet: bool) -> 
     }
     let report = if to_stdout {
         let mut bytes = Vec::new();
-        let report = portable::export(&backend, &view.facts, &mut bytes).await?;
+        let report = portable::export(&backend, &view.facts, all_checkpoints, &mut bytes).await?;
         output::write_stdout(&bytes);
         report
     } else {
@@ -34,7 +40,8 @@ pub async fn export(target_arg: &str, file: &Path, force: bool, quiet: bool) -> 
         let cannot =
             |e: std::io::Error| Error::usage(format!("cannot write '{}': {e}", file.display()));
         let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(cannot)?;
-        let report = portable::export(&backend, &view.facts, tmp.as_file_mut()).await?;
+        let report =
+            portable::export(&backend, &view.facts, all_checkpoints, tmp.as_file_mut()).await?;
         tmp.as_file_mut().flush().map_err(cannot)?;
         tmp.persist(file).map_err(|e| cannot(e.error))?;
         report
@@ -44,9 +51,15 @@ pub async fn export(target_arg: &str, file: &Path, force: bool, quiet: bool) -> 
             "warning: left out ~/{path}: it holds a credential"
         ));
     }
+    if report.checkpoints_withheld {
+        output::eprintln(
+            "warning: left out the checkpoints: one holds a credential (the import takes one \
+             of the latest turn)",
+        );
+    }
     if !quiet {
         output::eprintln(&format!(
-            "exported session {id}{} ({} files, {}){}",
+            "exported session {id}{} ({} files, {}{}){}",
             view.facts
                 .name
                 .as_deref()
@@ -54,6 +67,11 @@ pub async fn export(target_arg: &str, file: &Path, force: bool, quiet: bool) -> 
                 .unwrap_or_default(),
             report.files,
             human_bytes(report.bytes),
+            match report.checkpoints {
+                0 => String::new(),
+                1 => ", 1 checkpoint".to_string(),
+                n => format!(", {n} checkpoints"),
+            },
             if to_stdout {
                 String::new()
             } else {

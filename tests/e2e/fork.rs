@@ -368,6 +368,71 @@ fn codex_agent_cannot_touch_the_checkpoints() {
         let id = fork["session_id"].as_str().unwrap();
         assert_eq!(workspace_files(&rig, id), files, "fork at {at}");
     }
+
+    check("export --checkpoints all: forkable at turn 1 after an import");
+    let archive = tempfile::tempdir().unwrap();
+    let all = archive.path().join("all.tar.gz");
+    let latest = archive.path().join("latest.tar.gz");
+    let (all, latest) = (all.to_str().unwrap(), latest.to_str().unwrap());
+    // The export `args` (its archive fourth), `rm` of the session, the import.
+    let moved = |args: Vec<&str>| {
+        let file = args[3];
+        let mut said = String::new();
+        for step in [
+            args.clone(),
+            vec!["rm", &name],
+            vec!["session", "import", file],
+        ] {
+            let out = rig.caw_run(&step);
+            assert_eq!(out.status.code(), Some(0), "{step:?}: {}", stderr_of(&out));
+            said.push_str(&stderr_of(&out));
+        }
+        said
+    };
+    let said = moved(vec![
+        "session",
+        "export",
+        &name,
+        all,
+        "--checkpoints",
+        "all",
+    ]);
+    assert!(said.contains(", 2 checkpoints)"), "{said}");
+    let out = run(fork_cmd(
+        &rig,
+        CODEX,
+        &name,
+        &["--at", "1", "-o", "json", "RECALL"],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let forks = json_of(&out);
+    let answer = forks["sessions"][0]["result"]["result"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        answer.contains("alpha-one") && !answer.contains("bravo"),
+        "{forks}"
+    );
+
+    check("export without checkpoints: the import takes the latest turn's");
+    let said = moved(vec!["session", "export", &name, latest]);
+    assert!(!said.contains("checkpoint"), "{said}");
+    let shown = json_of(&rig.caw_run(&["show", &name, "--json"]));
+    let cps = shown["checkpoints"].as_array().unwrap();
+    assert_eq!(cps.len(), 1, "{shown}");
+    assert_eq!(cps[0]["turn"], 2, "{shown}");
+    assert!(cps[0]["base"].is_null(), "a whole one: {shown}");
+    assert_refused(
+        &run(fork_cmd(&rig, CODEX, &name, &["--at", "1"])),
+        "has no checkpoint",
+    );
+    let out = run(fork_cmd(&rig, CODEX, &name, &["-o", "json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let fork = json_of(&out)["sessions"][0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(workspace_files(&rig, &fork), ["a.txt", "b.txt"]);
 }
 
 fn assert_refused(out: &Output, needle: &str) {

@@ -71,16 +71,26 @@ pub struct ExportReport {
     pub bytes: u64,
     /// Paths (relative to HOME) left out because they hold a known key value.
     pub withheld: Vec<String>,
+    /// How many checkpoints the archive carries.
+    pub checkpoints: usize,
+    /// The checkpoints were asked for and left out: one held a known key value.
+    pub checkpoints_withheld: bool,
 }
 
-/// Writes session `facts` as one archive to `out`. The session must not be running a turn
-/// (the caller checks; its state would be half-written).
-pub async fn export(
+/// Where a checkpoint volume of turn `turn` is mounted in the export's and import's holder.
+fn checkpoint_mount(turn: &str) -> String {
+    format!("{CHECKPOINTS_DIR}/{turn}")
+}
+/// Under it, each checkpoint's directory (`<turn>`).
+const CHECKPOINTS_DIR: &str = "/caw-box-checkpoints";
+
+/// The session's volumes an archive carries, in the order import makes them: its state,
+/// its workspace, its checkpoints (when `all_checkpoints`), its turn records.
+async fn export_volumes(
     backend: &impl Backend,
-    facts: &VolumeFacts,
-    out: &mut dyn Write,
-) -> Result<ExportReport> {
-    let id = facts.session_id;
+    id: Uuid,
+    all_checkpoints: bool,
+) -> Result<Vec<VolumeEntry>> {
     let mut volumes = Vec::new();
     for v in backend
         .list_volumes(&[
@@ -95,6 +105,15 @@ pub async fn export(
             Some(WORKSPACE_DIR.to_string())
         } else if v.labels.get(labels::ROLE).map(String::as_str) == Some(roles::TURN_RECORD) {
             None
+        } else if all_checkpoints
+            && v.labels.get(labels::ROLE).map(String::as_str) == Some(roles::CHECKPOINT)
+        {
+            match v.labels.get(labels::TURN) {
+                Some(turn) if v.name == names::checkpoint_volume(id, turn.parse().unwrap_or(0)) => {
+                    Some(checkpoint_mount(turn))
+                }
+                _ => continue,
+            }
         } else {
             continue;
         };
@@ -104,12 +123,68 @@ pub async fn export(
             mount,
         });
     }
-    // State first, then the workspace, then turn records: import creates them in order.
+    // State first, then the workspace, the checkpoints, the turn records: import creates
+    // them in order.
     volumes.sort_by_key(|v| match v.mount.as_deref() {
         Some(AGENT_HOME) => 0,
-        Some(_) => 1,
-        None => 2,
+        Some(WORKSPACE_DIR) => 1,
+        Some(_) => 2,
+        None => 3,
     });
+    Ok(volumes)
+}
+
+/// Writes session `facts` as one archive to `out`, with every checkpoint when
+/// `all_checkpoints` (else none: the import takes one of the latest turn). The session must
+/// not be running a turn (the caller checks; its state would be half-written).
+pub async fn export(
+    backend: &impl Backend,
+    facts: &VolumeFacts,
+    all_checkpoints: bool,
+    out: &mut dyn Write,
+) -> Result<ExportReport> {
+    let id = facts.session_id;
+    let mut volumes = export_volumes(backend, id, all_checkpoints).await?;
+    let secrets = crate::auth::known_secrets(facts.provider);
+    let mounted: Vec<VolumeEntry> = volumes
+        .iter()
+        .filter(|v| v.mount.is_some())
+        .cloned()
+        .collect();
+    let mounted: Vec<&VolumeEntry> = mounted.iter().collect();
+    let spec = holder(&facts.settings.image, id, &mounted, true);
+    let mut trees =
+        crate::session::walls::workspace::with_holder(backend, spec, id, async |name: &str| {
+            let mut trees = Vec::new();
+            for v in &mounted {
+                let dir = v.mount.as_deref().unwrap_or_default();
+                let tar = backend
+                    .download_tar(name, &format!("{dir}/."))
+                    .await?
+                    .unwrap_or_default();
+                trees.push(((*v).clone(), tar));
+            }
+            Ok(trees)
+        })
+        .await?;
+    let mut report = ExportReport::default();
+    // A checkpoint's layer holds HOME's files as they were: one with a known key value in
+    // it leaves every checkpoint out (they restore only as a chain).
+    let is_checkpoint = |v: &VolumeEntry| {
+        v.mount
+            .as_deref()
+            .is_some_and(|m| m.starts_with(CHECKPOINTS_DIR))
+    };
+    if !secrets.is_empty()
+        && trees
+            .iter()
+            .any(|(v, tar)| is_checkpoint(v) && crate::auth::holds_any(tar, &secrets))
+    {
+        report.checkpoints_withheld = true;
+        trees.retain(|(v, _)| !is_checkpoint(v));
+        volumes.retain(|v| !is_checkpoint(v));
+    }
+    report.checkpoints = volumes.iter().filter(|v| is_checkpoint(v)).count();
     let manifest = Manifest {
         format: FORMAT.into(),
         version: VERSION,
@@ -120,36 +195,13 @@ pub async fn export(
         volumes,
     };
 
-    let secrets = crate::auth::known_secrets(facts.provider);
     let credential_paths = Spec::of(facts.provider).home_targets();
-    let mut report = ExportReport::default();
     let gz = flate2::write::GzEncoder::new(out, flate2::Compression::default());
     let mut archive = tar::Builder::new(gz);
     let manifest_json = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
     append(&mut archive, MANIFEST_PATH, &manifest_json, 0o644, (0, 0))?;
 
-    let mounted: Vec<&VolumeEntry> = manifest
-        .volumes
-        .iter()
-        .filter(|v| v.mount.is_some())
-        .collect();
-    let spec = holder(&facts.settings.image, id, &mounted, true);
-    let trees =
-        crate::session::walls::workspace::with_holder(backend, spec, id, async |name: &str| {
-            let mut trees = Vec::new();
-            for v in &mounted {
-                let dir = v.mount.as_deref().unwrap_or_default();
-                let tar = backend
-                    .download_tar(name, &format!("{dir}/."))
-                    .await?
-                    .unwrap_or_default();
-                trees.push((v, tar));
-            }
-            Ok(trees)
-        })
-        .await?;
-
-    for (volume, tree) in trees {
+    for (volume, tree) in &trees {
         let is_home = volume.mount.as_deref() == Some(AGENT_HOME);
         let mut entries = tar::Archive::new(&tree[..]);
         for entry in entries.entries().map_err(bad_backend_tar)? {
@@ -216,7 +268,16 @@ fn check_manifest(manifest: &Manifest) -> Result<()> {
         let expected_name = match v.mount.as_deref() {
             Some(AGENT_HOME) => v.name == names::state_volume(id),
             Some(WORKSPACE_DIR) => v.name == names::workspace_volume(id),
-            Some(_) => false,
+            // A checkpoint: mounted under its own turn, named for it, labelled as one.
+            Some(m) => m
+                .strip_prefix(CHECKPOINTS_DIR)
+                .and_then(|t| t.strip_prefix('/'))
+                .and_then(|t| t.parse::<u32>().ok())
+                .is_some_and(|turn| {
+                    v.name == names::checkpoint_volume(id, turn)
+                        && v.labels.get(labels::ROLE).map(String::as_str) == Some(roles::CHECKPOINT)
+                        && v.labels.get(labels::TURN) == Some(&turn.to_string())
+                }),
             None => v
                 .name
                 .starts_with(&format!("{}-turn-", names::state_volume(id))),
@@ -373,7 +434,46 @@ pub async fn import(backend: &impl Backend, checked: &Checked, force: bool) -> R
         }
         return Err(e);
     }
+    let carried = m
+        .volumes
+        .iter()
+        .any(|v| v.labels.get(labels::ROLE).map(String::as_str) == Some(roles::CHECKPOINT));
+    if !carried {
+        checkpoint_latest(backend, &facts).await;
+    }
     Ok(facts)
+}
+
+/// An imported session that came without checkpoints gets one of its latest turn, from the
+/// volumes just made (they are that turn's end), so that `fork` can start from it. Failing
+/// costs only that: a warning.
+async fn checkpoint_latest(backend: &impl Backend, facts: &VolumeFacts) {
+    if !backend.capabilities().checkpoints {
+        return;
+    }
+    let id = facts.session_id;
+    let last = match target::resolve_view(backend, &id.to_string()).await {
+        Ok(view) => view.last,
+        Err(e) => {
+            tracing::warn!("no checkpoint of imported session {id}: {e}");
+            return;
+        }
+    };
+    let Some(last) = last else { return };
+    let source = crate::session::store::checkpoint::Source {
+        session_id: id,
+        provider: facts.provider,
+        image: &facts.settings.image,
+        workspace_mode: facts.settings.workspace_mode,
+        resume_key: &last.resume_key,
+    };
+    if let Err(e) = crate::session::store::checkpoint::take(backend, &source, last.turn).await {
+        crate::output::eprintln(&format!(
+            "warning: no checkpoint of session {id}'s turn {} was taken ({e}): fork it after its \
+             next turn",
+            last.turn
+        ));
+    }
 }
 
 async fn create_all(backend: &impl Backend, checked: &Checked, facts: &VolumeFacts) -> Result<()> {
