@@ -433,6 +433,33 @@ fn codex_agent_cannot_touch_the_checkpoints() {
         .unwrap()
         .to_string();
     assert_eq!(workspace_files(&rig, &fork), ["a.txt", "b.txt"]);
+
+    check("a checkpoint holding a known key: export leaves the checkpoints out");
+    let prompt = format!("RUN:echo {TEST_KEY} > ~/noted.txt");
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &name, &prompt, &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    let leaky = archive.path().join("leaky.tar.gz");
+    let mut cmd = rig.caw();
+    cmd.args(["session", "export", &name, leaky.to_str().unwrap()])
+        .args(["--checkpoints", "all"])
+        .env(CODEX.key_var, TEST_KEY);
+    let out = run(cmd);
+    let said = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("left out ~/noted.txt: it holds a credential"),
+        "{said}"
+    );
+    assert!(said.contains("left out the checkpoints"), "{said}");
+    assert!(!said.contains("checkpoints)"), "{said}");
+    let bytes = std::fs::read(&leaky).unwrap();
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut raw).unwrap();
+    assert!(
+        !raw.windows(TEST_KEY.len())
+            .any(|w| w == TEST_KEY.as_bytes()),
+        "the archive holds the key"
+    );
 }
 
 fn assert_refused(out: &Output, needle: &str) {
