@@ -1,8 +1,8 @@
 //! For programs that embed caw-box (the Python package `caw_box`): sessions started and
 //! resumed with the command line's own flags, resolved exactly as `caw-box run` and
 //! `caw-box resume` resolve them (config files, `CAW_BOX_*` variables, the same checks, in
-//! the same order), a turn started detached, and what `ls --json` and `auth status --json`
-//! print, as values.
+//! the same order), forks of a session, a turn started detached, and what `ls --json` and
+//! `auth status --json` print, as values.
 //!
 //! Not a second settings resolution: the flags go through the command line's parser and the
 //! commands' own steps ([`crate::commands::turn::new_session`]). Nothing here prints.
@@ -13,6 +13,7 @@ use crate::cli::{ResumeArgs, RunArgs, TurnArgs};
 use crate::client::{Client, Session};
 use crate::commands::turn::NewTurn;
 use crate::error::{Error, Result};
+use crate::session::lifecycle::fork::ForkRequest;
 use crate::session::runner::TurnOptions;
 
 /// A session ready for a turn and the options its turns are sent with (the prompt aside:
@@ -99,6 +100,49 @@ pub async fn resume(target: &str, flags: &[String]) -> Result<Prepared> {
     Ok(crate::commands::turn::open_session(target, &args.turn)
         .await?
         .into())
+}
+
+/// `caw-box fork TARGET` ([`Client::fork`]: `request` says at which turn, how many, their
+/// name and group), each fork opened as [`resume`] opens a session with `flags` (`resume`'s);
+/// with `prompt`, each fork's first turn is started in a background driver process, as
+/// `fork -d PROMPT` does. The flags and the prompt are checked (as the source's next turn)
+/// before a fork is made.
+pub async fn fork(
+    target: &str,
+    request: &ForkRequest,
+    flags: &[String],
+    prompt: Option<&str>,
+) -> Result<Vec<Prepared>> {
+    let mut args = parse::<ResumeFlags>(flags)?.resume;
+    match prompt {
+        Some(p) => {
+            args.turn.prompt = Some(p.to_string());
+            args.turn.prompt_file = None;
+        }
+        None => with_placeholder(&mut args.turn),
+    }
+    if args.group.is_some() || args.target.is_some() {
+        return Err(Error::usage(
+            "fork one session: give its target, no --group",
+        ));
+    }
+    if args.turn.detach || args.turn.on_limit.is_some() || args.turn.max_wait.is_some() {
+        return Err(Error::usage(
+            "--detach, --on-limit and --max-wait are per turn here, not the session's",
+        ));
+    }
+    request.check()?;
+    let source = crate::commands::turn::open_session(target, &args.turn).await?;
+    let forks = source.client.fork(target, request).await?;
+    let mut opened = Vec::new();
+    for r in &forks.sessions {
+        let t = crate::commands::turn::open_session(&r.session_id.to_string(), &args.turn).await?;
+        if prompt.is_some() {
+            t.session.start_detached(&t.options).await?;
+        }
+        opened.push(t.into());
+    }
+    Ok(opened)
 }
 
 /// Starts `options`' turn of `session` in a background driver process (the executable of

@@ -41,6 +41,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use event::{Event, Status, TurnResult, Usage};
 pub use provider::ProviderKind;
 pub use session::handle::ResumeHandle;
+pub use session::lifecycle::fork::{ForkRequest, Forks};
 pub use session::lifecycle::Stopped;
 pub use session::runner::TurnOptions;
 

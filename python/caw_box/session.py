@@ -155,7 +155,7 @@ class Agent:
     def start_session(self) -> "Session":
         """A new session (its state volume made, nothing run yet)."""
         _ensure_connected(self.backend, self.namespace)
-        return Session(_native_call(_native.start, self._run_flags + self._turn_flags))
+        return Session(_native_call(_native.start, self._run_flags + self._turn_flags), self._turn_flags)
 
     @_agent_or_class
     def resume_session(agent, cls, handle_or_target: str, **kwargs) -> "Session":
@@ -178,15 +178,18 @@ class Agent:
             backend = handle["backend"]
             namespace = namespace if namespace is not None else handle.get("namespace")
         _ensure_connected(backend, namespace)
-        return Session(_native_call(_native.resume, handle_or_target, agent._turn_flags))
+        return Session(_native_call(_native.resume, handle_or_target, agent._turn_flags), agent._turn_flags)
 
 
 class Session:
     """An open session; a context manager (`end()` on exit). One turn at a time."""
 
-    def __init__(self, native):
+    def __init__(self, native, turn_flags=()):
         self._native = native
         self._ended = False
+        # The agent's per-turn flags (env, credentials, timeout, max_cost): a fork's turns
+        # get them too.
+        self._turn_flags = list(turn_flags)
 
     @property
     def id(self) -> str:
@@ -232,6 +235,21 @@ class Session:
         if check and out[1] is not None:
             raise errors.from_report(out[1], turn=turn)
         return turn
+
+    def fork(self, at: Optional[int] = None, n: int = 1, name: Optional[str] = None,
+             group: Optional[str] = None, prompt: Optional[str] = None) -> List["Session"]:
+        """`caw-box fork`: `n` (1 to 8) new sessions whose conversation and workspace are this
+        session's as they were at the end of turn `at` (default: its latest), in a list; each
+        is a whole session (its own `resume_handle`, resumable anywhere), with this session's
+        agent settings for its turns. `name` names one fork (`name-1` ... `name-n` for more),
+        `group` tags them. With `prompt`, each fork's first turn starts in the background
+        (`caw_box.wait(fork.id)` waits for it), as `send(prompt, detach=True)`. This session
+        is only read; one running a turn is refused (`BusyError`), as is a turn it does not
+        have (`NotFoundError`); nothing is made then, nor for a bad `n`, name or prompt
+        (`UsageError`)."""
+        self._check_open()
+        natives = _native_call(self._native.fork, self._turn_flags, at, n, name, group, prompt)
+        return [Session(native, self._turn_flags) for native in natives]
 
     def stream(self, prompt: str, *, timeout=None) -> "TurnStream":
         """The turn's events as they come (an iterator of dicts); its `Turn` is the

@@ -254,6 +254,49 @@ impl NativeSession {
         })
     }
 
+    /// `n` forks of this session at the end of turn `at` (its latest by default): new
+    /// sessions, each opened with `caw-box resume`'s `flags`; with `prompt`, each fork's
+    /// first turn started in a background driver process.
+    #[pyo3(signature = (flags, at=None, n=1, name=None, group=None, prompt=None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
+    fn fork(
+        &self,
+        py: Python<'_>,
+        flags: Vec<String>,
+        at: Option<u32>,
+        n: u32,
+        name: Option<String>,
+        group: Option<String>,
+        prompt: Option<String>,
+    ) -> PyResult<Vec<NativeSession>> {
+        let rt = rt()?;
+        let request = caw_box::ForkRequest {
+            at,
+            count: n,
+            name,
+            group,
+            provider: None,
+        };
+        let forks = py.detach(|| {
+            rt.block_on(caw_box::embed::fork(
+                &self.id,
+                &request,
+                &flags,
+                prompt.as_deref(),
+            ))
+            .map_err(raise)
+        })?;
+        Ok(forks
+            .into_iter()
+            .map(|p| {
+                let s = wrap(p);
+                // A detached first turn records in another process.
+                s.stale.store(prompt.is_some(), Ordering::SeqCst);
+                s
+            })
+            .collect())
+    }
+
     /// Starts a turn in a background `caw-box` driver process and returns once it runs.
     #[pyo3(signature = (prompt, timeout=None))]
     fn detach(&self, py: Python<'_>, prompt: String, timeout: Option<f64>) -> PyResult<()> {

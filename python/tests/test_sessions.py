@@ -217,3 +217,39 @@ out["raised"] = [again.status, again.result]
         "spent": ["BudgetError", "budget", 6],
         "raised": ["success", "You told me to remember plum."],
     }, out
+
+
+def test_a_fork_recalls_its_sources_turn_and_not_the_later_one(rig):
+    # Issue 53's Python side: `Session.fork` over the library's fork. Two turns tell the
+    # source two words; a fork at turn 1 recalls the first only; forks of the latest turn
+    # with a prompt run their first turn detached. The refusals make nothing. Cost: five
+    # codex turns (the two detached ones side by side).
+    agent = caw_box.Agent("codex", **rig.agent_kwargs("codex"))
+    source = agent.start_session()
+    assert source.send("REMEMBER:quince").ok
+    assert source.send("REMEMBER:medlar").ok
+    before = sorted(s["session_id"] for s in caw_box.sessions())
+    for bad in (dict(n=0), dict(n=9), dict(at=0), dict(name="not a name"), dict(prompt="x" * (1024 * 1024 + 1))):
+        with pytest.raises(caw_box.UsageError) as e:
+            source.fork(**bad)
+        assert e.value.exit_code == 2, (bad, e.value)
+    with pytest.raises(caw_box.NotFoundError):
+        source.fork(at=3)
+    assert sorted(s["session_id"] for s in caw_box.sessions()) == before, "a refused fork made a session"
+
+    [fork] = source.fork(at=1)
+    assert fork.id != source.id and fork.id not in before
+    turn = fork.send("RECALL")
+    assert turn.ok and turn.turn == 2, turn
+    assert "remember quince" in turn.result and "medlar" not in turn.result, turn.result
+    assert "forked_from" in fork.resume_handle
+
+    group = f"forks-{rig.run_id}"
+    detached = source.fork(n=2, group=group, prompt="RECALL")
+    assert len({f.id for f in detached}) == 2
+    for f in detached:
+        t = caw_box.wait(f.id)
+        assert t.ok and "remember medlar" in t.result, t
+    assert sorted(s["session_id"] for s in caw_box.sessions(group=group)) == sorted(f.id for f in detached)
+    # The source goes on where it was.
+    assert "remember medlar" in source.send("RECALL").result

@@ -262,7 +262,7 @@ Examples:
   caw-box mcp --http 0.0.0.0:8765 --token-file token  # off loopback: a bearer token
   caw-box mcp --network agents --endpoint http://gateway:8080 --env OPENAI_API_KEY
 
-Tools: start, reply, wait, status, events, result, diff, apply, cancel, list, remove
+Tools: start, reply, fork, wait, status, events, result, diff, apply, cancel, list, remove
 (docs/mcp.md). The flags are the defaults of every `start`, and its ceilings: a call's
 arguments may narrow them (fewer hosts or tools, less time, memory or money), never widen
 them (kind `forbidden`, naming the flag that would allow it); config files and CAW_BOX_*

@@ -17,6 +17,8 @@
 //! again.send(TurnOptions::prompt("RECALL"), |_| {}).await?;
 //! // Sessions are stopped, waited for and removed from any process, too:
 //! // `client.stop(id)`, `client.wait(id)`, `client.remove(id, force)`, `client.running()`.
+//! // Forks of a session at a turn (new whole sessions, each resumable):
+//! // `client.fork(id, &ForkRequest { at: Some(1), count: 3, ..Default::default() })`.
 //! client.remove(&handle, false).await?;
 //! # Ok(()) }
 //! ```
@@ -31,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::event::{Event, Status, TurnResult};
 use crate::provider::ProviderKind;
 use crate::session::handle::ResumeHandle;
+use crate::session::lifecycle::fork::{ForkRequest, Forks};
 use crate::session::lifecycle::Stopped;
 use crate::session::names;
 use crate::session::record::{now_secs, volume_labels, SessionRecord, SessionSettings};
@@ -257,6 +260,24 @@ impl Client {
         }
         lifecycle::remove(&self.backend, id).await?;
         Ok(id)
+    }
+
+    /// Makes `request.count` forks of the session `target` names: new whole sessions whose
+    /// conversation and workspace are that session's at the end of turn `request.at` (its
+    /// latest by default), each resumable as any session ([`Client::open`]); the source is
+    /// only read. Refused before anything is made: a count outside 1 to
+    /// [`lifecycle::fork::MAX_FORKS`], a name or group `run` would refuse, a session running a
+    /// turn, a turn it does not have or has no checkpoint of (`caw-box fork`, `caw-box mcp`'s
+    /// `fork` and the Python package's `Session.fork` all come here).
+    pub async fn fork(&self, target: &str, request: &ForkRequest) -> Result<Forks> {
+        request.check()?;
+        if let Some(name) = &request.name {
+            crate::settings::validate_name(name, "--name")?;
+        }
+        if let Some(group) = &request.group {
+            crate::settings::validate_name(group, "--group")?;
+        }
+        lifecycle::fork::fork(&self.backend, target, request).await
     }
 
     /// [`Session::send`], falling back as `--on-limit fallback=P,...` does: a turn stopped

@@ -1,5 +1,5 @@
 //! `caw-box fork TARGET [--at TURN] [-n N] [--name NAME] [--group G] [PROMPT]`: new sessions
-//! from a session's checkpoint (`session::lifecycle::fork` makes them), then, with a PROMPT,
+//! from a session's checkpoint (`Client::fork` makes them), then, with a PROMPT,
 //! each fork's first turn, in parallel or detached (`-d`), resumed as `resume` would.
 //! Prints the forks: their ids (text), or `{"sessions":[{session_id, name, handle,
 //! forked_from}]}` (`-o json`; with a turn run here, each also carries its `result`).
@@ -12,7 +12,7 @@ use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::event::{Event, TurnResult};
 use crate::output;
-use crate::session::lifecycle::fork::{self, ForkRequest};
+use crate::session::lifecycle::fork::ForkRequest;
 use crate::session::runner::handle_of;
 use crate::session::{ForkedFrom, SessionRecord};
 use crate::settings;
@@ -60,7 +60,7 @@ pub async fn fork(mut args: ForkArgs, quiet: bool) -> Result<i32> {
     args.turn.prompt = prompt.clone();
     args.turn.prompt_file = None;
     let client = Client::connect().await?;
-    let forks = fork::fork(client.backend(), &args.target, &request).await?;
+    let forks = client.fork(&args.target, &request).await?;
     let scope = client.backend().capabilities().scope.clone();
     let from = forks.forked_from;
     if let Some(dir) = &forks.workspace_copied_from {

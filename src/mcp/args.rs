@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 /// Settings a turn may override, as `run`'s and `resume`'s flags of the same names (the same
 /// values, the same checks).
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, PartialEq, Deserialize, JsonSchema)]
 pub struct Overrides {
     /// The model the CLI asks for (`--model`), e.g. `gpt-5.5`, `claude-sonnet-4-5`.
     pub model: Option<String>,
@@ -96,6 +96,32 @@ pub struct ReplyArgs {
     pub session: String,
     /// The next turn's prompt; the session remembers the conversation so far.
     pub prompt: String,
+    #[serde(flatten)]
+    pub overrides: Overrides,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ForkArgs {
+    /// The session to fork: its id, a unique id prefix (4+ characters), its name or its
+    /// handle. It is only read; one whose turn is running or queued is refused (`busy`).
+    pub session: String,
+    /// The finished turn whose end the forks start from: their conversation and workspace
+    /// are the session's as they were then (default: its latest turn).
+    #[schemars(range(min = 1))]
+    pub at_turn: Option<u32>,
+    /// How many forks to make (1-8, default 1), e.g. 3 to let three sub-agents go on from
+    /// one session's plan.
+    #[schemars(range(min = 1, max = 8))]
+    pub n: Option<u32>,
+    /// A unique name for the fork (with `n` > 1: `NAME-1` … `NAME-n`).
+    pub name: Option<String>,
+    /// A group to tag the forks with (`list` filters by it). With `n` > 1 and no group, a
+    /// new group is made.
+    pub group: Option<String>,
+    /// Each fork's first turn: this prompt, started in the background as `reply` starts a
+    /// turn (then `wait` for the forks). Without it the forks are made and wait for a
+    /// `reply`; the overrides below need it.
+    pub prompt: Option<String>,
     #[serde(flatten)]
     pub overrides: Overrides,
 }

@@ -1,7 +1,7 @@
 //! `caw-box mcp`: a Model Context Protocol server (the official Rust SDK, `rmcp`, over
 //! stdio, or Streamable HTTP with `--http`) that lets an orchestrating agent (Claude Code, Codex, opencode, Cursor, a
 //! program) delegate work to boxed, resumable sub-agents: `start` a turn, `wait` for it,
-//! read its `result` and `diff`, `apply` it, `reply`, `cancel`.
+//! read its `result` and `diff`, `apply` it, `reply`, `cancel`, `fork` a session at a turn.
 //!
 //! It is a thin layer over the library ([`crate::Client`], [`crate::Session`]): a turn
 //! runs detached, in a background `caw-box __drive` process ([`crate::Session::start_detached`]),
@@ -17,6 +17,7 @@
 //! - `policy.rs`: what a call may ask for (workspace roots, `@FILE`s, bind mode, the scope);
 //!   `ceilings.rs`: the server's settings as the widest a sub-agent gets
 //! - `turns.rs`: `start`, `reply`, `cancel`, `wait`
+//! - `fork.rs`: `fork`, its forks' first turns started as `reply` starts one
 //! - `read.rs`: `status`, `events`, `result`, `diff`'s patch, `list`
 //! - `diff.rs`: `diff`, bounded by `max_bytes`
 //! - `apply.rs`: `apply`
@@ -47,6 +48,7 @@ mod args;
 mod budget;
 mod ceilings;
 mod diff;
+mod fork;
 pub mod http;
 mod listener;
 pub mod policy;
@@ -63,8 +65,8 @@ pub use queue::Queue;
 pub use stdio::serve_stdio;
 
 use args::{
-    ApplyArgs, DiffArgs, EventsArgs, ListArgs, RemoveArgs, ReplyArgs, ResultArgs, SessionArg,
-    StartArgs, WaitArgs,
+    ApplyArgs, DiffArgs, EventsArgs, ForkArgs, ListArgs, RemoveArgs, ReplyArgs, ResultArgs,
+    SessionArg, StartArgs, WaitArgs,
 };
 
 /// What an orchestrating agent is told when it connects.
@@ -79,7 +81,10 @@ into the directory the session was started from (the default workspace_mode `cop
 directory untouched until then). `reply` {session, prompt} continues the same conversation; \
 `cancel` stops a running turn (the session stays resumable). `start` with n: 3 runs the same \
 task three times in one group: wait with mode `all`, compare the results and diffs, apply the \
-best, `remove` the rest. Sessions outlive this server: `list` shows them.";
+best, `remove` the rest. `fork` {session, n, prompt} starts n new sessions from a session's \
+conversation and workspace at a finished turn (`at_turn`, default its latest), so several go on \
+from one common start: one session reads the repository and plans, three forks implement. \
+Sessions outlive this server: `list` shows them.";
 
 /// The server's own settings: the defaults of every `start` (`run`'s settings flags given to
 /// `caw-box mcp`; config files and `CAW_BOX_*` variables under them), the `--env` passed to
@@ -156,8 +161,8 @@ fn error_result(e: &Error) -> CallToolResult {
 
 /// A reading tool's work, dropped (and so stopped) when the client cancels the request
 /// (`notifications/cancelled`) or goes away. The tools that change something (`start`,
-/// `reply`, `cancel`, `apply`, `remove`) are not: each is short, and stopping one half-way
-/// would leave half of what it makes.
+/// `reply`, `fork`, `cancel`, `apply`, `remove`) are not: each is short, and stopping one
+/// half-way would leave half of what it makes.
 async fn cancellable<T>(
     context: &RequestContext<RoleServer>,
     work: impl std::future::Future<Output = Result<T>>,
@@ -175,7 +180,7 @@ async fn cancellable<T>(
 impl Delegation {
     pub fn new(defaults: Defaults) -> Self {
         let mut tool_router = Self::tool_router();
-        for tool in ["start", "reply"] {
+        for tool in ["start", "reply", "fork"] {
             if let Some(route) = tool_router.map.get_mut(tool) {
                 let mut schema = (*route.attr.input_schema).clone();
                 schema::narrow(&mut schema, &defaults.policy);
@@ -214,6 +219,13 @@ impl Delegation {
     )]
     async fn reply(&self, Parameters(a): Parameters<ReplyArgs>) -> CallToolResult {
         answer(turns::reply(&self.defaults, a).await)
+    }
+
+    #[tool(
+        description = "Fork a session at a finished turn: n new sessions (1-8) whose conversation and workspace are the session's as they were at the end of that turn (default: its latest), so several sub-agents go on from one common start, e.g. one session plans and three forks implement. With a prompt each fork's first turn runs in the background, as `reply` starts one (then `wait`); without, the forks wait for a `reply`. Returns each fork's id, name, handle and `forked_from`. The session itself is only read."
+    )]
+    async fn fork(&self, Parameters(a): Parameters<ForkArgs>) -> CallToolResult {
+        answer(fork::fork(&self.defaults, a).await)
     }
 
     #[tool(

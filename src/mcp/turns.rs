@@ -1,4 +1,5 @@
-//! The tools that start, stop and wait for turns: `start`, `reply`, `cancel`, `wait`.
+//! The tools that start, stop and wait for turns: `start`, `reply`, `cancel`, `wait`; what
+//! `fork` shares with `reply` (a call's turn of an existing session: [`CallTurn`]).
 //! Each turn runs in a background `caw-box __drive` process ([`Session::start_detached`]),
 //! as `run -d` does, so the server returns at once and holds nothing a later server needs.
 
@@ -10,6 +11,7 @@ use serde_json::{json, Value};
 
 use std::sync::Arc;
 
+use super::budget::Grant;
 use super::policy::Policy;
 use super::queue::Queue;
 use super::read;
@@ -25,6 +27,7 @@ use crate::provider::ProviderKind;
 use crate::session::record::SessionSettings;
 use crate::session::runner::TurnOptions;
 use crate::session::target::{self, SessionView};
+use uuid::Uuid;
 
 /// The most sessions one `start` makes.
 const MAX_N: u32 = 8;
@@ -175,8 +178,8 @@ fn workspace_mode(
     })
 }
 
-/// What `start` and `reply` say of a turn they started (or queued).
-fn started(session: &Session, turn: u32, queued: bool) -> Value {
+/// What `start`, `reply` and `fork` say of a turn they started (or queued).
+pub(super) fn started(session: &Session, turn: u32, queued: bool) -> Value {
     let r = session.record();
     let status = if queued {
         "queued".to_string()
@@ -194,6 +197,19 @@ fn started(session: &Session, turn: u32, queued: bool) -> Value {
         // conversation: `wait`, `status` and `result` give the handle then.
         "handle": (!r.resume_key.is_empty()).then(|| session.handle().to_json()),
     })
+}
+
+/// The group of `n` sessions one call makes: the one asked for; for more than one, a new
+/// group when none was asked for (so that `list` and `wait` find them together).
+pub(super) fn group_of(asked: Option<&str>, n: u32) -> Option<String> {
+    match (asked, n) {
+        (Some(g), _) => Some(g.to_string()),
+        (None, 1) => None,
+        (None, _) => Some(format!(
+            "best-of-{}",
+            &Uuid::new_v4().simple().to_string()[..8]
+        )),
+    }
 }
 
 /// `start`: n new sessions, each with its first turn running in the background.
@@ -217,14 +233,7 @@ pub async fn start(defaults: &Defaults, a: StartArgs) -> Result<Value> {
         settings.workspace = Some(policy.workspace(w)?);
     }
     let prompts = CallPrompts::read(policy, &a.overrides)?;
-    let group = match (&a.group, n) {
-        (Some(g), _) => Some(g.clone()),
-        (None, 1) => None,
-        (None, _) => Some(format!(
-            "best-of-{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        )),
-    };
+    let group = group_of(a.group.as_deref(), n);
     let name = |i: u32| match (&a.name, n) {
         (Some(name), 1) => Some(name.clone()),
         (Some(name), _) => Some(format!("{name}-{i}")),
@@ -283,7 +292,7 @@ pub async fn start(defaults: &Defaults, a: StartArgs) -> Result<Value> {
 }
 
 /// Starts `session`'s turn now, or queues it behind `--max-parallel`; `true` when queued.
-async fn start_or_queue(
+pub(super) async fn start_or_queue(
     queue: Option<&Arc<Queue>>,
     client: &Client,
     session: &Session,
@@ -317,53 +326,114 @@ async fn start_one(
 
 /// `reply`: the session's next turn, in the background.
 pub async fn reply(defaults: &Defaults, a: ReplyArgs) -> Result<Value> {
-    let policy = &defaults.policy;
     let client = Client::connect().await?;
-    let view = scoped(&client, policy, &a.session).await?;
+    let view = scoped(&client, &defaults.policy, &a.session).await?;
     let id = view.facts.session_id;
     let provider = view.facts.provider;
-    if let Some(turn) = client.running().await?.get(&id).copied() {
-        return Err(
-            Error::busy(format!("session {id} is busy: it is running turn {turn}"))
-                .with_hint("`wait` for it, or `cancel` it"),
-        );
-    }
-    if defaults.queue.as_ref().is_some_and(|q| q.holds(id)) {
-        return Err(
-            Error::busy(format!("session {id} is busy: it has a turn queued"))
-                .with_hint("`wait` for it"),
-        );
-    }
-    let mut settings = call_flags(policy, &SettingsArgs::default(), &a.overrides, provider)?;
-    let prompts = CallPrompts::read(policy, &a.overrides)?;
-    let mut grant = match &defaults.budget {
-        Some(b) => {
-            let record = view.record();
-            let own = settings.max_cost.or(record.settings.max_cost_usd);
-            let spent = record.total_cost_usd().unwrap_or(0.0);
-            Some(
-                b.grant(&client, &|id| defaults.queued(id), spent, 1, own)
-                    .await?,
-            )
-        }
-        None => None,
-    };
-    if let Some(g) = &grant {
-        settings.max_cost = Some(g.limit());
-    }
-    let turn = turn_args(defaults, settings, &a.prompt)?;
+    refuse_busy(defaults, &client, id).await?;
+    let call = CallTurn::read(&defaults.policy, &a.overrides, provider)?;
+    let record = view.record();
+    let spent = record.total_cost_usd().unwrap_or(0.0);
+    let own = call.own_limit(&record.settings);
+    let mut grant = grant(defaults, &client, spent, 1, own).await?;
+    let limit = grant.as_ref().map(Grant::limit);
     let NewTurn {
         client,
-        mut session,
+        session,
         options,
-    } = open_session(&id.to_string(), &turn).await?;
-    prompts.admit(policy, provider, session.settings_mut(), &options)?;
+    } = call
+        .open(defaults, &id.to_string(), provider, &a.prompt, limit)
+        .await?;
     let queued =
         start_or_queue(defaults.queue.as_ref(), &client, &session, &options, false).await?;
     if let Some(g) = &mut grant {
         g.keep(id);
     }
     Ok(started(&session, session.record().next_turn(), queued))
+}
+
+/// `reply`'s refusal of a session whose turn runs, or waits in this server's queue.
+pub(super) async fn refuse_busy(defaults: &Defaults, client: &Client, id: Uuid) -> Result<()> {
+    if let Some(turn) = client.running().await?.get(&id).copied() {
+        return Err(
+            Error::busy(format!("session {id} is busy: it is running turn {turn}"))
+                .with_hint("`wait` for it, or `cancel` it"),
+        );
+    }
+    if defaults.queued(id) {
+        return Err(
+            Error::busy(format!("session {id} is busy: it has a turn queued"))
+                .with_hint("`wait` for it"),
+        );
+    }
+    Ok(())
+}
+
+/// The share of the server's `--max-cost-usd` (when it has one) for the next turn of each of
+/// `n` sessions that have spent `spent`, `own` the limit asked for; refused (`budget`) when
+/// nothing is left.
+pub(super) async fn grant<'a>(
+    defaults: &'a Defaults,
+    client: &Client,
+    spent: f64,
+    n: u32,
+    own: Option<f64>,
+) -> Result<Option<Grant<'a>>> {
+    match &defaults.budget {
+        Some(b) => Ok(Some(
+            b.grant(client, &|id| defaults.queued(id), spent, n, own)
+                .await?,
+        )),
+        None => Ok(None),
+    }
+}
+
+/// A call's turn of an existing session (`reply`'s, and each fork's first): its settings
+/// flags checked against the server's ceilings and its system prompts read, before anything
+/// is looked up or made.
+pub(super) struct CallTurn {
+    settings: SettingsArgs,
+    prompts: CallPrompts,
+}
+
+impl CallTurn {
+    pub(super) fn read(policy: &Policy, o: &Overrides, provider: ProviderKind) -> Result<Self> {
+        Ok(CallTurn {
+            settings: call_flags(policy, &SettingsArgs::default(), o, provider)?,
+            prompts: CallPrompts::read(policy, o)?,
+        })
+    }
+
+    /// The spend limit the call asked for, else the session's own (`session`: its settings).
+    pub(super) fn own_limit(&self, session: &SessionSettings) -> Option<f64> {
+        self.settings.max_cost.or(session.max_cost_usd)
+    }
+
+    /// The session `target` names opened for this turn with `prompt` (`limit`: the spend
+    /// limit its budget grant gives), as `resume` opens it, and every wall of the server
+    /// checked on what the turn will run with. Nothing is started or made.
+    pub(super) async fn open(
+        &self,
+        defaults: &Defaults,
+        target: &str,
+        provider: ProviderKind,
+        prompt: &str,
+        limit: Option<f64>,
+    ) -> Result<NewTurn> {
+        let mut settings = self.settings.clone();
+        if limit.is_some() {
+            settings.max_cost = limit;
+        }
+        let turn = turn_args(defaults, settings, prompt)?;
+        let mut t = open_session(target, &turn).await?;
+        self.prompts.admit(
+            &defaults.policy,
+            provider,
+            t.session.settings_mut(),
+            &t.options,
+        )?;
+        Ok(t)
+    }
 }
 
 /// The session `target` names among this server's scope: one outside it is not found.

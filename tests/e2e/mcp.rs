@@ -1,8 +1,9 @@
 //! `caw-box mcp` (issue 41) driven by the official MCP Python SDK's client over stdio, as an
 //! orchestrating agent drives it: the tool list and schemas, a codex sub-agent in copy mode
 //! writing a file, `wait` with progress, `result`, `diff`, `apply`, `reply`, `cancel` of a
-//! held turn, `n: 3`, refusals as `isError`, and a second server finishing what a killed one
-//! started. The checks are in tests/mcp/client.py; codex runs only on the test's internal
+//! held turn, `n: 3`, `fork` of a session into three that each write their own file (their
+//! diffs differ, one is applied), refusals as `isError`, and a second server finishing what a
+//! killed one started. The checks are in tests/mcp/client.py; codex runs only on the test's internal
 //! network against the stub model. One rig and one script run: one server (and the one that
 //! replaces it after the kill) for those checks; a second test has codex itself as the
 //! orchestrator, through a server of its own in a container.
@@ -61,10 +62,15 @@ fn an_orchestrator_delegates_through_the_mcp_server() {
     {
         eprintln!("{stdout}");
     }
-    // The host directory got the agent's file by `apply` only, and nothing else of it.
+    // The host directory got the agent's file by `apply` only, and nothing else of it; and
+    // a fork's: its source's plan and its own file.
     assert_eq!(
         std::fs::read_to_string(host.path().join("hello.txt")).unwrap(),
         "hello from the box\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(host.path().join("plan.txt")).unwrap(),
+        "the plan\n"
     );
     use std::os::unix::fs::MetadataExt;
     let applied = std::fs::metadata(host.path().join("hello.txt")).unwrap();
@@ -232,8 +238,9 @@ fn mcp_diff_is_what_apply_applies_byte_for_byte() {
 /// each `forbidden`, with nothing made; a narrower call runs, and in its box the host the
 /// server allows but the call dropped is refused by the proxy (the same call keeping it
 /// reaches it). A session a person started with `caw-box run` is `not_found` to every tool
-/// and still there after; a server of another scope neither lists nor removes the first
-/// one's; a `--runtime runsc` server refuses runc and the default.
+/// (`fork` too, making nothing) and still there after; a server of another scope neither
+/// lists, removes nor forks the first one's; a `--runtime runsc` server refuses runc and the
+/// default.
 #[test]
 fn a_hostile_orchestrator_cannot_widen_the_servers_walls() {
     let python = mcp_python();

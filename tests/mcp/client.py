@@ -28,8 +28,8 @@ from mcp.client.streamable_http import streamablehttp_client  # noqa: E402
 CAW, NETWORK, ENDPOINT, KEY, STUB, HOST_DIR = sys.argv[1:7]
 # Names are the daemon's, shared with other tests and runs: made unique.
 RUN = os.urandom(3).hex()
-WRITER, SURVIVOR = f"writer-{RUN}", f"survivor-{RUN}"
-TOOLS = {"start", "reply", "wait", "status", "events", "result", "diff", "apply",
+WRITER, SURVIVOR, PLANNER = f"writer-{RUN}", f"survivor-{RUN}", f"planner-{RUN}"
+TOOLS = {"start", "reply", "fork", "wait", "status", "events", "result", "diff", "apply",
          "cancel", "list", "remove"}
 
 
@@ -96,6 +96,12 @@ async def main_server(s):
                 "runtime", "keep_warm", "timeout", "max_cost_usd", "n"]:
         assert arg in start_props, arg
     assert set(tools["start"].inputSchema["required"]) == {"provider", "prompt"}
+    fork_props = tools["fork"].inputSchema["properties"]
+    for arg in ["session", "at_turn", "n", "name", "group", "prompt", "model", "max_cost_usd"]:
+        assert arg in fork_props, arg
+    assert "provider" not in fork_props, "a fork in another vendor's CLI is not built"
+    assert fork_props["n"]["minimum"] == 1 and fork_props["n"]["maximum"] == 8, fork_props["n"]
+    assert set(tools["fork"].inputSchema["required"]) == {"session"}
 
     check("bad provider, missing workspace, unknown session: isError, and the server serves on")
     e = await call(s, "start", {"provider": "nope", "prompt": "hi"}, ok=False)
@@ -285,6 +291,61 @@ async def large_prompts(s):
     await call(s, "remove", {"session": sid})
 
 
+async def session_ids(s):
+    return sorted(x["session_id"] for x in (await call(s, "list", {}))["sessions"])
+
+
+async def forks(s):
+    """`fork` (issue 53): one session writes the plan; three forks of it each write their own
+    file, behind --max-parallel 1; their diffs hold the plan and differ; one is applied.
+    Cost: four codex turns, one after another."""
+    check("fork: an unknown session, n: 0, n: 9, a turn it lacks, settings without a prompt: "
+          "isError, nothing made")
+    st = await call(s, "start", {"provider": "codex", "name": PLANNER,
+                                 "prompt": "RUN:echo the plan > plan.txt"})
+    src = st["sessions"][0]["session_id"]
+    done = await wait_done(s, [src])
+    assert done[src]["status"] == "success", done
+    before = await session_ids(s)
+    for args, kind, says in [
+            ({"session": "no-such-session", "n": 2}, "not_found", "no-such-session"),
+            ({"session": PLANNER, "n": 0}, "usage", "n must be 1 to 8, not 0"),
+            ({"session": PLANNER, "n": 9, "prompt": "hi"}, "usage", "n must be 1 to 8, not 9"),
+            ({"session": PLANNER, "at_turn": 2}, "not_found", "no turn 2"),
+            ({"session": PLANNER, "model": "gpt-5.5"}, "usage", "prompt")]:
+        e = await call(s, "fork", args, ok=False)
+        assert e["error"]["kind"] == kind and says in e["error"]["message"], (args, e)
+    assert await session_ids(s) == before, "a refused fork made a session"
+
+    check("fork n: 3 with a prompt: three sessions from the plan, each its own way; diff, apply")
+    fk = await call(s, "fork", {"session": PLANNER, "n": 3,
+                                "prompt": "RUN:cat /proc/sys/kernel/random/uuid > impl.txt"})
+    ids = [x["session_id"] for x in fk["sessions"]]
+    assert len(set(ids)) == 3 and src not in ids and fk["group"], fk
+    for x in fk["sessions"]:
+        assert x["forked_from"] == {"session": src, "turn": 1}, fk
+        assert x["group"] == fk["group"] and x["turn"] == 2, fk
+        assert json.loads(x["handle"])["session_id"] == x["session_id"], fk
+    assert sorted(x["status"] for x in fk["sessions"]) == ["queued", "queued", "running"], fk
+    ls = await call(s, "list", {"group": fk["group"]})
+    assert sorted(x["session_id"] for x in ls["sessions"]) == sorted(ids), ls
+    done = await wait_done(s, ids)
+    assert all(d["status"] == "success" for d in done.values()), done
+    patches = [await call(s, "diff", {"session": i}) for i in ids]
+    assert all("+the plan" in p and "impl.txt" in p for p in patches), patches
+    assert len(set(patches)) == 3, f"the forks' diffs are alike: {patches}"
+    a = await call(s, "apply", {"session": ids[1]})
+    assert a["applied"], a
+    with open(os.path.join(HOST_DIR, "plan.txt")) as f:
+        assert f.read() == "the plan\n"
+    with open(os.path.join(HOST_DIR, "impl.txt")) as f:
+        assert "+" + f.read() in patches[1], patches[1]
+    st = await call(s, "status", {"session": src})
+    assert st["turn"] == 1, "the source ran a turn of a fork's"
+    for i in [src, *ids]:
+        await call(s, "remove", {"session": i})
+
+
 def kill_child_server():
     """SIGKILL the `caw-box mcp` this process started (the crash of an orchestrator's server)."""
     me = os.getpid()
@@ -316,6 +377,7 @@ async def main():
             assert "start" in (init.instructions or "") and "wait" in init.instructions
             await main_server(s)
             await large_prompts(s)
+            await forks(s)
             check("the server killed mid-turn")
             st = await call(s, "start", {"provider": "codex", "name": SURVIVOR,
                                          "prompt": "HOLD:crash REMEMBER:otter"})
@@ -368,11 +430,14 @@ async def main():
                 spent = st["sessions"][0]["session_id"]
                 done = await wait_done(s, [spent])
                 assert done[spent]["status"] == "budget", done
+                before = await session_ids(s)
                 for tool, args in [("reply", {"session": spent, "prompt": "RECALL", "max_cost_usd": 5}),
-                                   ("start", {"provider": "codex", "prompt": "hi"})]:
+                                   ("start", {"provider": "codex", "prompt": "hi"}),
+                                   ("fork", {"session": spent, "n": 2, "prompt": "RECALL"})]:
                     e = await call(s, tool, args, ok=False)
                     assert e["error"]["kind"] == "budget", e
                     assert "this server's --max-cost-usd $0.0000 is spent" in e["error"]["message"], e
+                assert await session_ids(s) == before, "a refused call made a session"
                 await call(s, "remove", {"session": spent})
     finally:
         http.kill()

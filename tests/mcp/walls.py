@@ -130,16 +130,20 @@ async def walls(s):
     assert f"{OTHER}: HTTP/1.1 200" in r["result"], r
     assert r["priced"] is False and r["cost_usd"] is None, r
 
-    check("a session `caw-box run` started is not found, and left alone")
+    check("a session `caw-box run` started is not found (a fork of it too, nothing made), and left alone")
+    before = objects(f"io.caw-box.scope={SCOPE}")
     for tool, args in [("remove", {"session": PERSON, "force": True}),
                        ("reply", {"session": PERSON, "prompt": "RECALL"}),
                        ("cancel", {"session": PERSON}), ("status", {"session": PERSON}),
                        ("result", {"session": PERSON}), ("diff", {"session": PERSON}),
                        ("apply", {"session": PERSON}), ("events", {"session": PERSON}),
                        ("remove", {"session": PERSON[:8], "force": True}),
-                       ("wait", {"sessions": [PERSON]})]:
+                       ("wait", {"sessions": [PERSON]}),
+                       ("fork", {"session": PERSON, "n": 8, "prompt": "RECALL"}),
+                       ("fork", {"session": PERSON[:8]})]:
         e = await call(s, tool, args, ok=False)
         assert e["error"]["kind"] == "not_found" and e["exit_code"] == 2, (tool, e)
+    assert objects(f"io.caw-box.scope={SCOPE}") == before, "a refused call made something"
     handle = subprocess.run([CAW, "handle", PERSON], capture_output=True, text=True,
                             check=True).stdout.strip()
     e = await call(s, "remove", {"session": handle, "force": True}, ok=False)
@@ -157,7 +161,7 @@ async def main():
             await s.initialize()
             mine = await walls(s)
 
-    check("a server of another scope neither lists nor removes the first one's sessions")
+    check("a server of another scope neither lists, removes nor forks the first one's sessions")
     async with stdio_client(server("--scope", OTHER_SCOPE)) as (r, w):
         async with ClientSession(r, w) as s:
             await s.initialize()
@@ -165,6 +169,10 @@ async def main():
             assert mine not in listed and PERSON not in listed, listed
             e = await call(s, "remove", {"session": mine, "force": True}, ok=False)
             assert e["error"]["kind"] == "not_found", e
+            e = await call(s, "fork", {"session": mine, "n": 2}, ok=False)
+            assert e["error"]["kind"] == "not_found", e
+            listed = [x["session_id"] for x in (await call(s, "list", {}))["sessions"]]
+            assert listed == [], f"a refused fork made sessions in {OTHER_SCOPE}: {listed}"
 
     check("--runtime runsc: a call asking for runc (or the default) is forbidden")
     async with stdio_client(server("--scope", SCOPE, "--runtime", "runsc")) as (r, w):
