@@ -331,6 +331,66 @@ fn codex_agent_cannot_touch_the_checkpoints() {
     }
 }
 
+/// The entrypoint leaves every file it put in HOME (the credential overlay, the paths of the
+/// scrub list) out of the turn's checkpoint: it hands them to the checkpoint script as paths
+/// to leave out, beside the ones caw-box names. A script of the test's own stands in for
+/// caw-box's and writes down what it was given. (No turn: one container, about a second.)
+#[test]
+fn the_entrypoint_leaves_what_it_put_in_home_out_of_a_checkpoint() {
+    use std::os::unix::fs::PermissionsExt;
+    let rig = Rig::new("fork-entry");
+    let run_dir = tempfile::tempdir().unwrap();
+    let overlay = run_dir.path().join("home/.vendor");
+    std::fs::create_dir_all(&overlay).unwrap();
+    std::fs::write(overlay.join("token.json"), "a credential").unwrap();
+    std::fs::write(run_dir.path().join("scrub"), ".vendor/other.json\0").unwrap();
+    // The agent's uid reads it all and empties the runtime directory, as in a turn.
+    for dir in [
+        run_dir.path(),
+        &run_dir.path().join("home"),
+        overlay.as_path(),
+    ] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let script =
+        r#"printf '%s' "$CKPT_EXCLUDE" >/run/caw-box/excluded; echo '{}' >"$CKPT_DIR/info.json""#;
+    let repo = std::env::var("CAW_BOX_E2E_IMAGE_REPO").unwrap_or_else(|_| "caw-box".into());
+    let (code, out, err) = rig.run_container(bollard::models::ContainerCreateBody {
+        image: Some(format!("{repo}/codex:latest")),
+        user: Some("1000:1000".into()),
+        cmd: Some(vec!["true".into()]),
+        env: Some(vec![
+            "CAW_BOX_CHECKPOINT=/var/lib/caw-box/checkpoint".into(),
+            format!("CAW_BOX_CHECKPOINT_SCRIPT={script}"),
+            "CKPT_EXCLUDE=.named/by-caw-box".into(),
+        ]),
+        host_config: Some(bollard::models::HostConfig {
+            binds: Some(vec![format!("{}:/run/caw-box", run_dir.path().display())]),
+            tmpfs: Some(std::collections::HashMap::from([(
+                "/var/lib/caw-box/checkpoint".to_string(),
+                "mode=1777".to_string(),
+            )])),
+            network_mode: Some("none".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    assert_eq!(code, 0, "{out}\n{err}");
+    let excluded = std::fs::read_to_string(run_dir.path().join("excluded"))
+        .unwrap_or_else(|e| panic!("the checkpoint script did not run ({e}): {out}\n{err}"));
+    let excluded: Vec<&str> = excluded.lines().collect();
+    for path in [
+        ".named/by-caw-box",
+        ".vendor/token.json",
+        ".vendor/other.json",
+    ] {
+        assert!(
+            excluded.contains(&path),
+            "{path} not left out: {excluded:?}"
+        );
+    }
+}
+
 fn assert_refused(out: &Output, needle: &str) {
     let stderr = stderr_of(out);
     assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
