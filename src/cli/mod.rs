@@ -20,7 +20,8 @@ pub use subcommands::{
     ImagePullArgs, McpArgs, SessionCommand,
 };
 pub use turn::{
-    CredentialsArg, ForkArgs, ResumeArgs, RunArgs, SettingsArgs, TurnArgs, WorkspaceModeArg,
+    parse_on_off, CredentialsArg, ForkArgs, ResumeArgs, RunArgs, SettingsArgs, TurnArgs,
+    WorkspaceModeArg,
 };
 
 const RUN_EXAMPLES: &str = "\
