@@ -43,7 +43,16 @@ const NEVER_KEPT: &[&str] = &[
     ".caw-box/session.json",
     ".caw-box/turns",
     ".codex/shell_snapshots",
+    BASE_TAR,
 ];
+
+/// A copy-mode workspace as it was when its session started (`diff`'s base): written once,
+/// never changed, as large as the workspace. A checkpoint would hold the workspace twice with
+/// it; a fork's restore copies it from its source's state volume instead.
+const BASE_TAR: &str = crate::session::walls::patch::BASE_TAR_PATH;
+
+/// Where a restore helper has the source session's state volume (read-only): [`BASE_TAR`].
+const SOURCE_HOME_DIR: &str = "/srchome";
 
 /// Where a checkpoint volume is mounted in the helper that takes it, and the previous one.
 const NEW_DIR: &str = "/ckpt";
@@ -128,6 +137,11 @@ for c in $CKPT_CHAIN; do
 done
 find "${roots[@]}" -print0 | sort -z >"$R/tmp/now"
 comm -z -23 "$R/tmp/now" "$last/manifest" | xargs -0 -r rm -rf --
+# What no checkpoint holds but the session keeps from its start: from the source's HOME.
+if [ -n "${CKPT_FROM_SOURCE:-}" ] && [ -f "$R/srchome/$CKPT_FROM_SOURCE" ]; then
+    mkdir -p "home/agent/$(dirname "$CKPT_FROM_SOURCE")"
+    cp -p "$R/srchome/$CKPT_FROM_SOURCE" "home/agent/$CKPT_FROM_SOURCE"
+fi
 "#;
 
 /// One checkpoint as its volume's labels say.
@@ -502,16 +516,19 @@ pub fn restore_spec(
     chain: &[Checkpoint],
     workspace: bool,
 ) -> HelperSpec {
-    let mut spec = copier(
-        image,
-        into,
-        RESTORE_SCRIPT,
-        vec![
-            format!("CKPT_CHAIN={}", chain_words(chain)),
-            format!("CKPT_WORKSPACE={}", u8::from(workspace)),
-        ],
-    );
+    let mut env = vec![
+        format!("CKPT_CHAIN={}", chain_words(chain)),
+        format!("CKPT_WORKSPACE={}", u8::from(workspace)),
+    ];
+    if workspace {
+        env.push(format!("CKPT_FROM_SOURCE={BASE_TAR}"));
+    }
+    let mut spec = copier(image, into, RESTORE_SCRIPT, env);
     spec.mounts = chain_mounts(from, chain);
+    if workspace {
+        spec.mounts
+            .push(MountSpec::volume(names::state_volume(from), SOURCE_HOME_DIR).read_only());
+    }
     spec.mounts
         .push(MountSpec::volume(names::state_volume(into), AGENT_HOME));
     if workspace {
@@ -709,5 +726,38 @@ mod tests {
         assert!(kept.lines().any(|l| l == ".codex/auth.json"), "{kept}");
         assert!(kept.lines().any(|l| l == ".caw-box/session.json"));
         assert!(kept.lines().any(|l| l == ".caw-box/turns"));
+        assert!(kept.lines().any(|l| l == ".caw-box/workspace-base.tar"));
+    }
+
+    /// The workspace's base, which no checkpoint holds, comes from the source's HOME.
+    #[test]
+    fn a_restore_takes_the_workspace_base_from_the_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        write(&src, "home/agent/.codex/a", "a");
+        write(&src, "home/agent/.caw-box/workspace-base.tar", "the base");
+        write(&src, "workspace/a.txt", "a");
+        std::fs::create_dir_all(src.join("tmp")).unwrap();
+        let c1 = dir.path().join("c1");
+        std::fs::create_dir_all(&c1).unwrap();
+        let first = take_in(&src, 1, &c1, None);
+        assert_eq!(first.files_changed, 2, "no base in the layer: {first:?}");
+        let fork = dir.path().join("fork");
+        for d in ["workspace", "home/agent", "tmp", "c"] {
+            std::fs::create_dir_all(fork.join(d)).unwrap();
+        }
+        std::os::unix::fs::symlink(&c1, fork.join("c/1")).unwrap();
+        std::os::unix::fs::symlink(src.join("home/agent"), fork.join("srchome")).unwrap();
+        script(
+            RESTORE_SCRIPT,
+            &fork,
+            &[
+                ("CKPT_CHAIN", "1"),
+                ("CKPT_WORKSPACE", "1"),
+                ("CKPT_FROM_SOURCE", BASE_TAR),
+            ],
+        );
+        let base = std::fs::read_to_string(fork.join("home/agent").join(BASE_TAR));
+        assert_eq!(base.unwrap(), "the base");
     }
 }
