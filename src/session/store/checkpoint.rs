@@ -23,7 +23,9 @@
 //! other turn changes the volumes under it. It never holds what caw-box itself keeps per turn
 //! (`~/.caw-box/session.json`, `~/.caw-box/turns/`: a fork writes its own) nor a credential
 //! file of the provider (left out by path).
-//! Not here: making a fork of a checkpoint (`lifecycle::fork`).
+//! [`prune`] drops a session's older checkpoints, writing the oldest one kept again as a
+//! whole one first. Not here: making a fork of a checkpoint (`lifecycle::fork`), which
+//! checkpoints `gc --checkpoints` prunes (`lifecycle::prune`).
 
 use std::collections::HashMap;
 
@@ -142,6 +144,52 @@ if [ -n "${CKPT_FROM_SOURCE:-}" ] && [ -f "$R/srchome/$CKPT_FROM_SOURCE" ]; then
     mkdir -p "home/agent/$(dirname "$CKPT_FROM_SOURCE")"
     cp -p "$R/srchome/$CKPT_FROM_SOURCE" "home/agent/$CKPT_FROM_SOURCE"
 fi
+"#;
+
+/// Writes the checkpoint `CKPT_CHAIN`'s last (its chain, oldest first, at `/c/<turn>`) as a
+/// whole one into `/ckpt`: its layers unpacked in turn into a scratch directory, then exactly
+/// the paths its manifest lists packed again; its manifest and its stamp (by its time, what
+/// the next checkpoint's changes are newer than) copied, all owned as its files were (a
+/// turn's own container writes, and reads, them as the agent's user).
+const WHOLE_SCRIPT: &str = r#"set -eu
+export LC_ALL=C
+umask 077
+R=${CKPT_ROOT:-}
+C=$R/ckpt
+W=$R/tmp/whole
+rm -rf "$W"
+mkdir -p "$W"
+last=
+for c in $CKPT_CHAIN; do
+    tar --numeric-owner -xpf "$R/c/$c/layer.tar" -C "$W"
+    last="$R/c/$c"
+done
+cd "$W"
+rc=0
+tar --null --no-recursion --numeric-owner -cpf "$C/layer.tar" -T "$last/manifest" || rc=$?
+[ "$rc" -le 1 ]
+cp "$last/manifest" "$C/manifest"
+cp -p "$last/stamp" "$C/stamp"
+files=0 ws_files=0
+while IFS= read -r -d '' p; do
+    [ -d "$p" ] && continue
+    files=$((files + 1))
+    case $p in workspace/*) ws_files=$((ws_files + 1)) ;; esac
+done <"$C/manifest"
+cd /
+rm -rf "$W"
+bytes=$(stat -c %s "$C/layer.tar")
+printf -v info '{"turn":%s,"at":%s,"base":null,"files_changed":%s,"workspace_files_changed":%s,"deleted":0,"workspace_deleted":0,"bytes":%s}' \
+    "$CKPT_TURN" "$CKPT_AT" "$files" "$ws_files" "$bytes"
+printf '%s\n' "$info" >"$C/info.json"
+# Owned as the checkpoint's were: the next turn's container, as the agent, reads the latest.
+chown --reference="$last/manifest" -- "$C/layer.tar" "$C/manifest" "$C/stamp" "$C/info.json"
+printf '%s\n' "$info"
+"#;
+
+/// Copies a checkpoint's files from `/from` into `/ckpt`, as they are (times too).
+const COPY_SCRIPT: &str = r#"set -eu
+cp -a /from/. /ckpt/
 "#;
 
 /// One checkpoint as its volume's labels say.
@@ -507,6 +555,123 @@ pub fn chain_to(checkpoints: &[Checkpoint], turn: u32) -> Option<Vec<Checkpoint>
     Some(chain)
 }
 
+/// Prunes session `session_id`'s `checkpoints` (all of them, oldest first) to those of
+/// turn `keep_from` on: a kept one whose changes are since one that goes is first written
+/// again as a whole one (its chain unpacked and packed again in a scratch volume, then into
+/// a fresh volume of its own name, whose labels say it is whole), then the older ones go.
+/// Returns the turns removed. The caller makes sure no turn of the session runs.
+pub async fn prune(
+    backend: &impl Backend,
+    session_id: Uuid,
+    provider: ProviderKind,
+    image: &str,
+    checkpoints: &[Checkpoint],
+    keep_from: u32,
+) -> Result<Vec<u32>> {
+    let id = session_id;
+    for kept in checkpoints.iter().filter(|c| c.turn >= keep_from) {
+        if kept.base.is_none_or(|b| b >= keep_from) {
+            continue;
+        }
+        let chain = chain_to(checkpoints, kept.turn).ok_or_else(|| {
+            Error::environment(format!(
+                "the checkpoint of turn {} of session {id} misses a layer it is made of",
+                kept.turn
+            ))
+        })?;
+        make_whole(backend, id, provider, image, &chain).await?;
+    }
+    let mut removed = Vec::new();
+    for c in checkpoints.iter().filter(|c| c.turn < keep_from) {
+        backend
+            .remove_volume(&names::checkpoint_volume(id, c.turn))
+            .await?;
+        removed.push(c.turn);
+    }
+    Ok(removed)
+}
+
+/// Writes the last checkpoint of `chain` again as a whole one, under its own name.
+async fn make_whole(
+    backend: &impl Backend,
+    id: Uuid,
+    provider: ProviderKind,
+    image: &str,
+    chain: &[Checkpoint],
+) -> Result<()> {
+    let last = chain.last().expect("a chain has its checkpoint");
+    let scratch = format!("{}-whole", names::checkpoint_volume(id, last.turn));
+    backend.remove_volume(&scratch).await?;
+    backend
+        .create_volume(&scratch, LabelSet::new(id, roles::PROBE).finish())
+        .await?;
+    let made = async {
+        let mut spec = copier(
+            image,
+            id,
+            WHOLE_SCRIPT,
+            vec![
+                format!("CKPT_CHAIN={}", chain_words(chain)),
+                format!("CKPT_TURN={}", last.turn),
+                format!("CKPT_AT={}", last.at),
+            ],
+        );
+        spec.mounts = chain_mounts(id, chain);
+        spec.mounts.push(MountSpec::volume(&scratch, NEW_DIR));
+        run_helper(
+            backend,
+            id,
+            &spec,
+            last.turn,
+            "writing again as a whole one",
+        )
+        .await?;
+        // The name is what a fork and the next turn find it by, the labels what it holds:
+        // both stay, so the volume is made anew.
+        let volume = names::checkpoint_volume(id, last.turn);
+        backend.remove_volume(&volume).await?;
+        let whole = Checkpoint {
+            base: None,
+            ..last.clone()
+        };
+        backend
+            .create_volume(&volume, whole.labels(id, provider))
+            .await?;
+        let mut spec = copier(image, id, COPY_SCRIPT, Vec::new());
+        spec.mounts = vec![
+            MountSpec::volume(&scratch, "/from").read_only(),
+            MountSpec::volume(&volume, NEW_DIR),
+        ];
+        let copied = run_helper(backend, id, &spec, last.turn, "copying back").await;
+        if copied.is_err() {
+            // No half checkpoint for a fork to find: this one is lost, the older stay.
+            let _ = backend.remove_volume(&volume).await;
+        }
+        copied
+    };
+    let outcome = made.await;
+    let _ = backend.remove_volume(&scratch).await;
+    outcome
+}
+
+async fn run_helper(
+    backend: &impl Backend,
+    id: Uuid,
+    spec: &HelperSpec,
+    turn: u32,
+    doing: &str,
+) -> Result<()> {
+    let name = names::helper_container(id, "checkpoint");
+    let (code, _, err) = backend.run_to_completion(&name, spec).await?;
+    if code != 0 {
+        return Err(Error::environment(format!(
+            "{doing} the checkpoint of turn {turn} of session {id} failed: {}",
+            err.trim()
+        )));
+    }
+    Ok(())
+}
+
 /// A helper that restores `chain` (of session `from`) into the fresh volumes of session
 /// `into`: its state volume and, when `workspace`, its workspace volume.
 pub fn restore_spec(
@@ -718,6 +883,83 @@ mod tests {
             let text = std::fs::read_to_string(fork.join(rollout)).unwrap();
             assert_eq!(text, conversation);
         }
+    }
+
+    /// A checkpoint written again as a whole one (`gc --checkpoints`) restores alone what
+    /// its chain restored, and holds every file of its turn.
+    #[test]
+    fn a_checkpoint_made_whole_restores_its_turn_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        write(&src, "home/agent/.codex/sessions/r.jsonl", "turn 1\n");
+        write(&src, "home/agent/gone", "deleted in turn 2");
+        write(&src, "workspace/a.txt", "a");
+        std::fs::create_dir_all(src.join("tmp")).unwrap();
+        let (c1, c2, whole) = (
+            dir.path().join("c1"),
+            dir.path().join("c2"),
+            dir.path().join("whole"),
+        );
+        for d in [&c1, &c2, &whole] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        take_in(&src, 1, &c1, None);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        write(
+            &src,
+            "home/agent/.codex/sessions/r.jsonl",
+            "turn 1\nturn 2\n",
+        );
+        write(&src, "workspace/b.txt", "b");
+        std::fs::remove_file(src.join("home/agent/gone")).unwrap();
+        take_in(&src, 2, &c2, Some(&c1));
+
+        let merge = dir.path().join("merge");
+        std::fs::create_dir_all(merge.join("c")).unwrap();
+        std::fs::create_dir_all(merge.join("tmp")).unwrap();
+        std::os::unix::fs::symlink(&c1, merge.join("c/1")).unwrap();
+        std::os::unix::fs::symlink(&c2, merge.join("c/2")).unwrap();
+        std::os::unix::fs::symlink(&whole, merge.join("ckpt")).unwrap();
+        let out = script(
+            WHOLE_SCRIPT,
+            &merge,
+            &[("CKPT_CHAIN", "1 2"), ("CKPT_TURN", "2"), ("CKPT_AT", "9")],
+        );
+        let stats: CheckpointStats = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(
+            (stats.turn, stats.at, stats.base),
+            (2, 9, None),
+            "{stats:?}"
+        );
+        assert_eq!((stats.files_changed, stats.workspace_files_changed), (3, 2));
+        let stamp = |d: &std::path::Path| std::fs::metadata(d.join("stamp")).unwrap().modified();
+        assert_eq!(
+            stamp(&whole).unwrap(),
+            stamp(&c2).unwrap(),
+            "the stamp keeps its time"
+        );
+
+        let fork = dir.path().join("fork");
+        std::fs::create_dir_all(fork.join("workspace")).unwrap();
+        std::fs::create_dir_all(fork.join("home/agent")).unwrap();
+        std::fs::create_dir_all(fork.join("tmp")).unwrap();
+        std::fs::create_dir_all(fork.join("c")).unwrap();
+        std::os::unix::fs::symlink(&whole, fork.join("c/2")).unwrap();
+        script(
+            RESTORE_SCRIPT,
+            &fork,
+            &[("CKPT_CHAIN", "2"), ("CKPT_WORKSPACE", "1")],
+        );
+        assert_eq!(
+            files(&fork),
+            [
+                "home/agent/.codex/sessions/r.jsonl",
+                "workspace/a.txt",
+                "workspace/b.txt"
+            ]
+        );
+        let text = std::fs::read_to_string(fork.join("home/agent/.codex/sessions/r.jsonl"));
+        assert_eq!(text.unwrap(), "turn 1\nturn 2\n");
     }
 
     #[test]
