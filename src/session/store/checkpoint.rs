@@ -23,9 +23,9 @@
 //! other turn changes the volumes under it. It never holds what caw-box itself keeps per turn
 //! (`~/.caw-box/session.json`, `~/.caw-box/turns/`: a fork writes its own) nor a credential
 //! file of the provider (left out by path).
-//! [`prune`] drops a session's older checkpoints, writing the oldest one kept again as a
-//! whole one first. Not here: making a fork of a checkpoint (`lifecycle::fork`), which
-//! checkpoints `gc --checkpoints` prunes (`lifecycle::prune`).
+//! Not here: making a fork of a checkpoint (`lifecycle::fork`), pruning a session's older
+//! checkpoints (`gc --checkpoints`: `lifecycle::prune`, which writes the oldest kept one
+//! again as a whole one first).
 
 use std::collections::HashMap;
 
@@ -57,7 +57,7 @@ const BASE_TAR: &str = crate::session::walls::patch::BASE_TAR_PATH;
 const SOURCE_HOME_DIR: &str = "/srchome";
 
 /// Where a checkpoint volume is mounted in the helper that takes it, and the previous one.
-const NEW_DIR: &str = "/ckpt";
+pub(in crate::session) const NEW_DIR: &str = "/ckpt";
 const PREV_DIR: &str = "/prev";
 
 /// Where the turn's own container has its new checkpoint volume (the image makes the
@@ -146,52 +146,6 @@ if [ -n "${CKPT_FROM_SOURCE:-}" ] && [ -f "$R/srchome/$CKPT_FROM_SOURCE" ]; then
 fi
 "#;
 
-/// Writes the checkpoint `CKPT_CHAIN`'s last (its chain, oldest first, at `/c/<turn>`) as a
-/// whole one into `/ckpt`: its layers unpacked in turn into a scratch directory, then exactly
-/// the paths its manifest lists packed again; its manifest and its stamp (by its time, what
-/// the next checkpoint's changes are newer than) copied, all owned as its files were (a
-/// turn's own container writes, and reads, them as the agent's user).
-const WHOLE_SCRIPT: &str = r#"set -eu
-export LC_ALL=C
-umask 077
-R=${CKPT_ROOT:-}
-C=$R/ckpt
-W=$R/tmp/whole
-rm -rf "$W"
-mkdir -p "$W"
-last=
-for c in $CKPT_CHAIN; do
-    tar --numeric-owner -xpf "$R/c/$c/layer.tar" -C "$W"
-    last="$R/c/$c"
-done
-cd "$W"
-rc=0
-tar --null --no-recursion --numeric-owner -cpf "$C/layer.tar" -T "$last/manifest" || rc=$?
-[ "$rc" -le 1 ]
-cp "$last/manifest" "$C/manifest"
-cp -p "$last/stamp" "$C/stamp"
-files=0 ws_files=0
-while IFS= read -r -d '' p; do
-    [ -d "$p" ] && continue
-    files=$((files + 1))
-    case $p in workspace/*) ws_files=$((ws_files + 1)) ;; esac
-done <"$C/manifest"
-cd /
-rm -rf "$W"
-bytes=$(stat -c %s "$C/layer.tar")
-printf -v info '{"turn":%s,"at":%s,"base":null,"files_changed":%s,"workspace_files_changed":%s,"deleted":0,"workspace_deleted":0,"bytes":%s}' \
-    "$CKPT_TURN" "$CKPT_AT" "$files" "$ws_files" "$bytes"
-printf '%s\n' "$info" >"$C/info.json"
-# Owned as the checkpoint's were: the next turn's container, as the agent, reads the latest.
-chown --reference="$last/manifest" -- "$C/layer.tar" "$C/manifest" "$C/stamp" "$C/info.json"
-printf '%s\n' "$info"
-"#;
-
-/// Copies a checkpoint's files from `/from` into `/ckpt`, as they are (times too).
-const COPY_SCRIPT: &str = r#"set -eu
-cp -a /from/. /ckpt/
-"#;
-
 /// One checkpoint as its volume's labels say.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
@@ -231,7 +185,11 @@ pub struct CheckpointStats {
 }
 
 impl Checkpoint {
-    fn labels(&self, session_id: Uuid, provider: ProviderKind) -> HashMap<String, String> {
+    pub(in crate::session) fn labels(
+        &self,
+        session_id: Uuid,
+        provider: ProviderKind,
+    ) -> HashMap<String, String> {
         LabelSet::new(session_id, roles::CHECKPOINT)
             .provider(provider)
             .with(labels::TURN, self.turn.to_string())
@@ -279,7 +237,12 @@ fn never_kept(provider: ProviderKind) -> String {
 }
 
 /// A root helper over the session's volumes with only what copying files faithfully needs.
-fn copier(image: &str, session_id: Uuid, script: &str, env: Vec<String>) -> HelperSpec {
+pub(in crate::session) fn copier(
+    image: &str,
+    session_id: Uuid,
+    script: &str,
+    env: Vec<String>,
+) -> HelperSpec {
     HelperSpec {
         image: image.to_string(),
         entrypoint: vec!["bash".into(), "-c".into(), script.into()],
@@ -519,7 +482,7 @@ pub async fn stats(
     .await
 }
 
-fn chain_words(chain: &[Checkpoint]) -> String {
+pub(in crate::session) fn chain_words(chain: &[Checkpoint]) -> String {
     chain
         .iter()
         .map(|c| c.turn.to_string())
@@ -527,7 +490,7 @@ fn chain_words(chain: &[Checkpoint]) -> String {
         .join(" ")
 }
 
-fn chain_mounts(session_id: Uuid, chain: &[Checkpoint]) -> Vec<MountSpec> {
+pub(in crate::session) fn chain_mounts(session_id: Uuid, chain: &[Checkpoint]) -> Vec<MountSpec> {
     chain
         .iter()
         .map(|c| {
@@ -553,123 +516,6 @@ pub fn chain_to(checkpoints: &[Checkpoint], turn: u32) -> Option<Vec<Checkpoint>
     }
     chain.reverse();
     Some(chain)
-}
-
-/// Prunes session `session_id`'s `checkpoints` (all of them, oldest first) to those of
-/// turn `keep_from` on: a kept one whose changes are since one that goes is first written
-/// again as a whole one (its chain unpacked and packed again in a scratch volume, then into
-/// a fresh volume of its own name, whose labels say it is whole), then the older ones go.
-/// Returns the turns removed. The caller makes sure no turn of the session runs.
-pub async fn prune(
-    backend: &impl Backend,
-    session_id: Uuid,
-    provider: ProviderKind,
-    image: &str,
-    checkpoints: &[Checkpoint],
-    keep_from: u32,
-) -> Result<Vec<u32>> {
-    let id = session_id;
-    for kept in checkpoints.iter().filter(|c| c.turn >= keep_from) {
-        if kept.base.is_none_or(|b| b >= keep_from) {
-            continue;
-        }
-        let chain = chain_to(checkpoints, kept.turn).ok_or_else(|| {
-            Error::environment(format!(
-                "the checkpoint of turn {} of session {id} misses a layer it is made of",
-                kept.turn
-            ))
-        })?;
-        make_whole(backend, id, provider, image, &chain).await?;
-    }
-    let mut removed = Vec::new();
-    for c in checkpoints.iter().filter(|c| c.turn < keep_from) {
-        backend
-            .remove_volume(&names::checkpoint_volume(id, c.turn))
-            .await?;
-        removed.push(c.turn);
-    }
-    Ok(removed)
-}
-
-/// Writes the last checkpoint of `chain` again as a whole one, under its own name.
-async fn make_whole(
-    backend: &impl Backend,
-    id: Uuid,
-    provider: ProviderKind,
-    image: &str,
-    chain: &[Checkpoint],
-) -> Result<()> {
-    let last = chain.last().expect("a chain has its checkpoint");
-    let scratch = format!("{}-whole", names::checkpoint_volume(id, last.turn));
-    backend.remove_volume(&scratch).await?;
-    backend
-        .create_volume(&scratch, LabelSet::new(id, roles::PROBE).finish())
-        .await?;
-    let made = async {
-        let mut spec = copier(
-            image,
-            id,
-            WHOLE_SCRIPT,
-            vec![
-                format!("CKPT_CHAIN={}", chain_words(chain)),
-                format!("CKPT_TURN={}", last.turn),
-                format!("CKPT_AT={}", last.at),
-            ],
-        );
-        spec.mounts = chain_mounts(id, chain);
-        spec.mounts.push(MountSpec::volume(&scratch, NEW_DIR));
-        run_helper(
-            backend,
-            id,
-            &spec,
-            last.turn,
-            "writing again as a whole one",
-        )
-        .await?;
-        // The name is what a fork and the next turn find it by, the labels what it holds:
-        // both stay, so the volume is made anew.
-        let volume = names::checkpoint_volume(id, last.turn);
-        backend.remove_volume(&volume).await?;
-        let whole = Checkpoint {
-            base: None,
-            ..last.clone()
-        };
-        backend
-            .create_volume(&volume, whole.labels(id, provider))
-            .await?;
-        let mut spec = copier(image, id, COPY_SCRIPT, Vec::new());
-        spec.mounts = vec![
-            MountSpec::volume(&scratch, "/from").read_only(),
-            MountSpec::volume(&volume, NEW_DIR),
-        ];
-        let copied = run_helper(backend, id, &spec, last.turn, "copying back").await;
-        if copied.is_err() {
-            // No half checkpoint for a fork to find: this one is lost, the older stay.
-            let _ = backend.remove_volume(&volume).await;
-        }
-        copied
-    };
-    let outcome = made.await;
-    let _ = backend.remove_volume(&scratch).await;
-    outcome
-}
-
-async fn run_helper(
-    backend: &impl Backend,
-    id: Uuid,
-    spec: &HelperSpec,
-    turn: u32,
-    doing: &str,
-) -> Result<()> {
-    let name = names::helper_container(id, "checkpoint");
-    let (code, _, err) = backend.run_to_completion(&name, spec).await?;
-    if code != 0 {
-        return Err(Error::environment(format!(
-            "{doing} the checkpoint of turn {turn} of session {id} failed: {}",
-            err.trim()
-        )));
-    }
-    Ok(())
 }
 
 /// A helper that restores `chain` (of session `from`) into the fresh volumes of session
@@ -921,7 +767,7 @@ mod tests {
         std::os::unix::fs::symlink(&c2, merge.join("c/2")).unwrap();
         std::os::unix::fs::symlink(&whole, merge.join("ckpt")).unwrap();
         let out = script(
-            WHOLE_SCRIPT,
+            crate::session::lifecycle::prune::WHOLE_SCRIPT,
             &merge,
             &[("CKPT_CHAIN", "1 2"), ("CKPT_TURN", "2"), ("CKPT_AT", "9")],
         );
