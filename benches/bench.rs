@@ -23,13 +23,20 @@
 //! ../shared/k8s-lab against a plain pod: it takes the machine's one lab (`down`, `up`, and
 //! `down` when it ends), so no Kubernetes test may run meanwhile.
 //!
+//! Part `checkpoints` ([`checkpoints`]): a codex turn keeping checkpoints against one that
+//! keeps none (200 MB copy-mode workspace), the bytes the checkpoints hold, and `fork`
+//! against a plain `docker run` copying the same volumes with `cp -a`.
+//!
 //! To iterate on one number: `--only PART` (`cold`, `parse`, `listing`, `gitbase`, `turns`,
-//! `runsc`, `concurrent`, `cluster`; repeatable) runs just those parts, `--provider P` (repeatable)
+//! `runsc`, `concurrent`, `checkpoints`, `cluster`; repeatable) runs just those parts, `--provider P` (repeatable)
 //! just those providers' turns, `--reps N` sets the repetitions of each turn (default: 31
 //! for codex, 21 for claude, 11 for the slower opencode and gemini turns). `BENCH_DEBUG=1`
 //! prints every turn's samples.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
+
+#[path = "bench/checkpoints.rs"]
+mod checkpoints;
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -827,7 +834,8 @@ impl Filter {
     }
 }
 
-/// Turn overhead against plain docker run, concurrency, and peak RSS.
+/// Turn overhead against plain docker run, concurrency, peak RSS, and (part `checkpoints`)
+/// what checkpoints and forks cost, on one rig.
 fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
     let rig = ModelRig::start();
     std::thread::sleep(std::time::Duration::from_millis(500));
@@ -1011,6 +1019,14 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
             met: None,
         });
     }
+    if filter.wants("checkpoints") && codex_wanted {
+        results.extend(checkpoints::checkpoints(
+            &rig,
+            smoke,
+            filter.reps,
+            &TURN_BENCHES[1],
+        ));
+    }
     if !filter.wants("concurrent") {
         return results;
     }
@@ -1082,7 +1098,10 @@ fn main() {
     if filter.wants("gitbase") {
         results.extend(rt.block_on(git_baseline(runs)));
     }
-    if filter.wants("turns") || filter.wants("concurrent") || filter.wants("runsc") {
+    if ["turns", "concurrent", "runsc", "checkpoints"]
+        .iter()
+        .any(|p| filter.wants(p))
+    {
         results.extend(turns(smoke, &filter));
     }
     // Not in the smoke run (`make test` has its own Kubernetes tests): it takes the

@@ -328,6 +328,7 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
         idle_timeout,
         connect_timeout,
         keep_warm,
+        checkpoints,
         memory,
         cpus,
         max_cost,
@@ -392,6 +393,9 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
         settings.workspace = Some(resolve_workspace(ws)?);
     }
     apply_protect_flags(settings, protect, unprotect)?;
+    if let Some(on) = *checkpoints {
+        settings.no_checkpoints = !on;
+    }
     if let Some(m) = memory {
         settings.memory = Some(parse_memory(m, "--memory")?);
     }
@@ -924,6 +928,7 @@ mod flag_tests {
             ("idle_timeout", v(&["--idle-timeout", "90s"]), v(&[])),
             ("connect_timeout", v(&["--connect-timeout", "20s"]), v(&[])),
             ("keep_warm", v(&["--keep-warm", "10m"]), v(&[])),
+            ("checkpoints", v(&["--checkpoints", "off"]), v(&[])),
             ("memory", v(&["--memory", "2g"]), v(&[])),
             ("cpus", v(&["--cpus", "1.5"]), v(&[])),
             ("max_cost", v(&["--max-cost", "2.5"]), v(&[])),

@@ -20,7 +20,8 @@ pub use subcommands::{
     ImagePullArgs, McpArgs, SessionCommand,
 };
 pub use turn::{
-    CredentialsArg, ForkArgs, ResumeArgs, RunArgs, SettingsArgs, TurnArgs, WorkspaceModeArg,
+    parse_on_off, CredentialsArg, ForkArgs, ResumeArgs, RunArgs, SettingsArgs, TurnArgs,
+    WorkspaceModeArg,
 };
 
 const RUN_EXAMPLES: &str = "\
@@ -230,11 +231,17 @@ pub enum Command {
     )]
     Fork(ForkArgs),
     /// List sessions, newest first (from Docker itself).
-    #[command(after_help = "Examples:\n  caw-box ls\n  caw-box ls --group team --json")]
+    #[command(
+        after_help = "Examples:\n  caw-box ls\n  caw-box ls --group team --json\n  caw-box ls --tree"
+    )]
     Ls {
         /// One JSON array instead of a table.
         #[arg(long)]
         json: bool,
+        /// Draw each session's forks under it (`caw-box fork`), each with the turn it was
+        /// forked at; sessions without family are listed as without `--tree`.
+        #[arg(long, conflicts_with = "json")]
+        tree: bool,
         /// Also sessions that were removed from Docker but are still in the host cache.
         #[arg(long)]
         all: bool,
@@ -363,14 +370,23 @@ pub enum Command {
         #[arg(long)]
         group: Option<String>,
     },
-    /// Delete finished sessions with no activity for a while.
+    /// Delete finished sessions with no activity for a while, or (`--checkpoints`) prune
+    /// sessions' old checkpoints.
     #[command(
-        after_help = "Examples:\n  caw-box gc --older-than 7d --dry-run\n  caw-box gc --older-than 12h"
+        after_help = "Examples:\n  caw-box gc --older-than 7d --dry-run\n  caw-box gc --older-than 12h\n  caw-box gc --checkpoints              # each session keeps its latest checkpoint\n  caw-box gc --checkpoints --keep 3 --group team"
     )]
     Gc {
         /// How long a session must have been idle.
         #[arg(long, value_name = "DURATION", default_value = "7d")]
         older_than: String,
+        /// Remove no session: prune each session's checkpoints to its latest (`--keep`), never
+        /// its latest one. The oldest kept is first made whole where it held only changes. A
+        /// session running a turn is left alone.
+        #[arg(long, conflicts_with = "older_than")]
+        checkpoints: bool,
+        /// With `--checkpoints`: how many of each session's latest checkpoints stay (1 or more).
+        #[arg(long, value_name = "N", default_value_t = 1, requires = "checkpoints")]
+        keep: u32,
         /// List what would be deleted, delete nothing.
         #[arg(long)]
         dry_run: bool,

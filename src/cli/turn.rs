@@ -103,6 +103,12 @@ pub struct SettingsArgs {
     /// that passes without a turn. `off` to stop keeping it.
     #[arg(long, value_name = "DURATION")]
     pub keep_warm: Option<String>,
+    /// `off`: keep no checkpoint of the session's turns (`on`, the default: every turn's end
+    /// is one, which `caw-box fork` starts from; a turn then costs a few percent more, and a
+    /// copy-mode workspace is held once more in the session's first checkpoint). Remembered
+    /// by the session; a resume's `--checkpoints` applies to its turn.
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub checkpoints: Option<bool>,
     /// Memory limit, e.g. `2g`.
     #[arg(long)]
     pub memory: Option<String>,
@@ -190,6 +196,15 @@ pub struct SettingsArgs {
     /// The value is a secret like --mcp-env's.
     #[arg(long = "mcp-header", value_name = "NAME:HEADER=VALUE")]
     pub mcp_header: Vec<String>,
+}
+
+/// `on` or `off` (also `true`/`false`, `yes`/`no`, `1`/`0`, as config values read).
+pub fn parse_on_off(value: &str) -> Result<bool, String> {
+    match value.trim() {
+        "on" | "true" | "yes" | "1" => Ok(true),
+        "off" | "false" | "no" | "0" => Ok(false),
+        other => Err(format!("'{other}' is neither on nor off")),
+    }
 }
 
 /// `--protect`'s long help, with the default set (docs/walls.md explains each).

@@ -1,4 +1,5 @@
-//! `ls`, `logs`, `rm` and `gc`: finding, inspecting and cleaning up sessions (`show`: its own
+//! `ls` (`--tree`: forks under their sources), `logs`, `rm` and `gc` (`--checkpoints`: old
+//! checkpoints pruned): finding, inspecting and cleaning up sessions (`show`: its own
 //! module), all from Docker itself (labels, volumes, containers), so they work with the host's data
 //! directory gone.
 
@@ -143,12 +144,17 @@ pub fn ago(secs: u64) -> String {
     }
 }
 
-pub async fn ls(json: bool, all: bool, group: Option<String>) -> Result<i32> {
+pub async fn ls(json: bool, tree: bool, all: bool, group: Option<String>) -> Result<i32> {
     let rows = rows(all, group).await?;
     if json {
         output::print_json(&rows);
         return Ok(0);
     }
+    let order = if tree {
+        tree_order(&rows)
+    } else {
+        (0..rows.len()).map(|i| (i, String::new())).collect()
+    };
     let mut table = vec![[
         "ID".to_string(),
         "NAME".to_string(),
@@ -158,9 +164,16 @@ pub async fn ls(json: bool, all: bool, group: Option<String>) -> Result<i32> {
         "LAST ACTIVITY".to_string(),
         "GROUP".to_string(),
     ]];
-    for r in &rows {
+    for (i, lead) in order {
+        let r = &rows[i];
+        let id = match (tree, r.forked_from) {
+            (true, Some(from)) if !lead.is_empty() => {
+                format!("{lead}{} @{}", &r.session_id[..8], from.turn)
+            }
+            _ => r.session_id[..8].to_string(),
+        };
         table.push([
-            r.session_id[..8].to_string(),
+            id,
             r.name.clone().unwrap_or_else(|| "-".into()),
             r.provider.clone(),
             r.turns.to_string(),
@@ -174,6 +187,63 @@ pub async fn ls(json: bool, all: bool, group: Option<String>) -> Result<i32> {
     }
     output::print_table(&table);
     Ok(0)
+}
+
+/// `ls --tree`: the rows in the order the tree draws them, each with what goes before its
+/// id: a fork under the session it was forked from (when that is listed), the forks of one
+/// session by the turn they were forked at, then by age; the rest in `rows`' order.
+fn tree_order(rows: &[Row]) -> Vec<(usize, String)> {
+    let index: std::collections::HashMap<&str, usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.session_id.as_str(), i))
+        .collect();
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); rows.len()];
+    let mut roots = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        let source = r
+            .forked_from
+            .and_then(|f| index.get(f.session.to_string().as_str()).copied());
+        match source {
+            Some(p) if p != i => children[p].push(i),
+            _ => roots.push(i),
+        }
+    }
+    for c in &mut children {
+        c.sort_by_key(|&i| (rows[i].forked_from.map(|f| f.turn), rows[i].created_at));
+    }
+    fn walk(
+        node: usize,
+        lead: &str,
+        children: &[Vec<usize>],
+        seen: &mut [bool],
+        out: &mut Vec<(usize, String)>,
+    ) {
+        let kids = &children[node];
+        for (k, &c) in kids.iter().enumerate() {
+            if std::mem::replace(&mut seen[c], true) {
+                continue;
+            }
+            let last = k + 1 == kids.len();
+            out.push((c, format!("{lead}{}", if last { "└─ " } else { "├─ " })));
+            let deeper = format!("{lead}{}", if last { "   " } else { "│  " });
+            walk(c, &deeper, children, seen, out);
+        }
+    }
+    let mut seen = vec![false; rows.len()];
+    let mut out = Vec::new();
+    for r in roots {
+        seen[r] = true;
+        out.push((r, String::new()));
+        walk(r, "", &children, &mut seen, &mut out);
+    }
+    // (A loop of sources, which no fork can make: listed flat rather than lost.)
+    for (i, shown) in seen.iter().enumerate() {
+        if !shown {
+            out.push((i, String::new()));
+        }
+    }
+    out
 }
 
 /// The rows `ls --json` prints, as a value (for the library's `embed`).
@@ -454,7 +524,18 @@ pub async fn rm(targets: Vec<String>, force: bool, group: Option<String>) -> Res
     Ok(0)
 }
 
-pub async fn gc(older_than: &str, dry_run: bool, group: Option<&str>) -> Result<i32> {
+/// `gc`: sessions idle for `older_than` removed, or with `checkpoints` (`--keep N`) every
+/// session's checkpoints pruned to its latest N.
+pub async fn gc(
+    older_than: &str,
+    checkpoints: Option<u32>,
+    dry_run: bool,
+    group: Option<String>,
+) -> Result<i32> {
+    let group = group.as_deref();
+    if let Some(keep) = checkpoints {
+        return gc_checkpoints(keep, dry_run, group).await;
+    }
     let age = crate::settings::parse_duration(older_than, "--older-than")?;
     let backend = crate::client::connect_backend().await?;
     let (all, running) = tokio::try_join!(
@@ -494,4 +575,106 @@ pub async fn gc(older_than: &str, dry_run: bool, group: Option<&str>) -> Result<
         ));
     }
     Ok(0)
+}
+
+/// `gc --checkpoints`: every session (of `group`) keeps its latest `keep` checkpoints; a
+/// session running a turn is left alone (said on stderr).
+async fn gc_checkpoints(keep: u32, dry_run: bool, group: Option<&str>) -> Result<i32> {
+    lifecycle::prune::check_keep(keep)?;
+    let backend = crate::client::connect_backend().await?;
+    let (all, running) = tokio::try_join!(
+        target::list_sessions(&backend),
+        lifecycle::running_turns(&backend)
+    )?;
+    let mut pruned_any = false;
+    for v in all
+        .iter()
+        .filter(|v| group.is_none() || v.facts.group.as_deref() == group)
+    {
+        let id = v.facts.session_id;
+        if let Some(turn) = running.get(&id) {
+            output::eprintln(&format!(
+                "{id} is running turn {turn}: its checkpoints are left as they are"
+            ));
+            continue;
+        }
+        let pruned = lifecycle::prune::prune(&backend, v, keep, dry_run).await?;
+        if pruned.removed.is_empty() {
+            continue;
+        }
+        pruned_any = true;
+        let label = v
+            .facts
+            .name
+            .as_deref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
+        let turns = |t: &[u32]| t.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+        output::println(&format!(
+            "{} {id}{label}: turns {}; kept: turns {}",
+            if dry_run {
+                "would prune the checkpoints of"
+            } else {
+                "pruned the checkpoints of"
+            },
+            turns(&pruned.removed),
+            turns(&pruned.kept)
+        ));
+    }
+    if !pruned_any {
+        output::eprintln(&format!(
+            "no session has more than {keep} checkpoint{}",
+            if keep == 1 { "" } else { "s" }
+        ));
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: char, created_at: u64, from: Option<(char, u32)>) -> Row {
+        let uuid = |c: char| format!("{}-0000-4000-8000-000000000000", c.to_string().repeat(8));
+        Row {
+            session_id: uuid(id),
+            name: None,
+            group: None,
+            provider: "codex".into(),
+            turns: 1,
+            status: "success".into(),
+            created_at,
+            last_activity: created_at,
+            resume_handle: None,
+            cost_usd: None,
+            group_cost_usd: None,
+            fallback_of: None,
+            fallback_to: Vec::new(),
+            forked_from: from.map(|(c, turn)| crate::session::ForkedFrom {
+                session: uuid(c).parse().unwrap(),
+                turn,
+            }),
+            warm_until: None,
+        }
+    }
+
+    /// Forks go under their source (by the turn forked at, then age), a fork of a fork one
+    /// level deeper; a fork whose source is not listed, and sessions without family, stay
+    /// where the listing put them.
+    #[test]
+    fn the_tree_draws_forks_under_their_source() {
+        let rows = [
+            row('a', 5, Some(('b', 2))),
+            row('b', 1, None),
+            row('c', 6, Some(('b', 1))),
+            row('d', 7, Some(('a', 3))),
+            row('e', 8, None),
+            row('f', 9, Some(('9', 1))),
+        ];
+        let drawn: Vec<String> = tree_order(&rows)
+            .into_iter()
+            .map(|(i, lead)| format!("{lead}{}", &rows[i].session_id[..1]))
+            .collect();
+        assert_eq!(drawn, ["b", "├─ c", "└─ a", "   └─ d", "e", "f"]);
+    }
 }

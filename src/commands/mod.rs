@@ -44,7 +44,12 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Resume(args) => turn::resume(args, cli.quiet, verbose).await,
         Command::Fork(args) => fork::fork(args, cli.quiet).await,
         Command::Handle { target } => turn::handle(&target).await,
-        Command::Ls { json, all, group } => manage::ls(json, all, group).await,
+        Command::Ls {
+            json,
+            tree,
+            all,
+            group,
+        } => manage::ls(json, tree, all, group).await,
         Command::Show { target, json } => show::show(&target, json).await,
         Command::Logs {
             target,
@@ -62,9 +67,11 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         } => manage::rm(targets, force, group).await,
         Command::Gc {
             older_than,
+            checkpoints,
+            keep,
             dry_run,
             group,
-        } => manage::gc(&older_than, dry_run, group.as_deref()).await,
+        } => manage::gc(&older_than, checkpoints.then_some(keep), dry_run, group).await,
         Command::Drive => turn::detached_driver().await,
         Command::Export {
             target,

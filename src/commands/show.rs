@@ -54,6 +54,9 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     } else {
         print_shown(&record, &status, &fallback_to, warm_until);
         print_checkpoints(&checkpoints);
+        if record.settings.no_checkpoints {
+            output::println("\ncheckpoints off (`--checkpoints off`): its turns keep none");
+        }
     }
     Ok(0)
 }

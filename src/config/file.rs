@@ -30,6 +30,7 @@ struct ConfigFile {
     timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     keep_warm: Option<Spanned<String>>,
+    checkpoints: Option<Spanned<bool>>,
     connect_timeout: Option<Spanned<String>>,
     workspace_mode: Option<Spanned<String>>,
     group: Option<Spanned<String>>,
@@ -175,6 +176,10 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
     if let Some(v) = file.mcp {
         let span = v.span();
         put(Key::Mcp, Value::Mcp(mcp_entries(v.into_inner())), span)?;
+    }
+    if let Some(v) = file.checkpoints {
+        let span = v.span();
+        put(Key::Checkpoints, Value::Bool(v.into_inner()), span)?;
     }
     if let Some(v) = file.user_config {
         let span = v.span();

@@ -56,6 +56,7 @@ pub enum Key {
     Timeout,
     IdleTimeout,
     KeepWarm,
+    Checkpoints,
     ConnectTimeout,
     MaxCost,
     WorkspaceMode,
@@ -79,7 +80,7 @@ pub enum Key {
 }
 
 impl Key {
-    pub const ALL: [Key; 32] = [
+    pub const ALL: [Key; 33] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -92,6 +93,7 @@ impl Key {
         Key::Timeout,
         Key::IdleTimeout,
         Key::KeepWarm,
+        Key::Checkpoints,
         Key::ConnectTimeout,
         Key::MaxCost,
         Key::WorkspaceMode,
@@ -129,6 +131,7 @@ impl Key {
             Key::Timeout => "timeout",
             Key::IdleTimeout => "idle_timeout",
             Key::KeepWarm => "keep_warm",
+            Key::Checkpoints => "checkpoints",
             Key::ConnectTimeout => "connect_timeout",
             Key::MaxCost => "max_cost",
             Key::WorkspaceMode => "workspace_mode",

@@ -146,6 +146,10 @@ impl Resolved {
         out.timeout = self.str(Key::Timeout);
         out.idle_timeout = self.str(Key::IdleTimeout);
         out.keep_warm = self.str(Key::KeepWarm);
+        out.checkpoints = match self.get(Key::Checkpoints) {
+            Some(Value::Bool(on)) => Some(*on),
+            _ => None,
+        };
         out.connect_timeout = self.str(Key::ConnectTimeout);
         out.workspace_mode = self.str(Key::WorkspaceMode).and_then(|m| match m.as_str() {
             "auto" => Some(WorkspaceModeArg::Auto),
@@ -233,6 +237,7 @@ fn default_value(key: Key, provider: Option<ProviderKind>) -> Option<Value> {
         Key::IdleTimeout | Key::KeepWarm => s("off"),
         Key::PidsLimit => Some(Value::Int(crate::session::runner::DEFAULT_PIDS_LIMIT)),
         Key::UserConfig => Some(Value::Bool(false)),
+        Key::Checkpoints => Some(Value::Bool(true)),
         Key::Backend => s("docker"),
         _ => None,
     }

@@ -60,6 +60,7 @@ impl Layer {
         put(Key::Timeout, s(&args.timeout));
         put(Key::IdleTimeout, s(&args.idle_timeout));
         put(Key::KeepWarm, s(&args.keep_warm));
+        put(Key::Checkpoints, args.checkpoints.map(Value::Bool));
         put(Key::ConnectTimeout, s(&args.connect_timeout));
         put(
             Key::WorkspaceMode,
@@ -111,6 +112,10 @@ impl Layer {
                     "0" | "false" | "no" => false,
                     _ => return Err(Error::usage(format!("{var} '{raw}' is not true or false"))),
                 }),
+                Key::Checkpoints => Value::Bool(
+                    crate::cli::parse_on_off(&raw)
+                        .map_err(|_| Error::usage(format!("{var} '{raw}' is not on or off")))?,
+                ),
                 _ => Value::Str(raw.trim().to_string()),
             };
             let value = check(key, value, &var)?;

@@ -302,6 +302,57 @@ fn user_config_is_a_yes_no_key_of_files_variables_and_run() {
 }
 
 #[test]
+fn checkpoints_is_an_on_off_key_of_files_variables_and_flags() {
+    let mut w = World::new("checkpoints = false\n", "");
+    let flags = |on: Option<bool>| {
+        Layer::from_flags(
+            None,
+            None,
+            &SettingsArgs {
+                checkpoints: on,
+                ..Default::default()
+            },
+        )
+    };
+    let r = w.resolve(flags(None)).unwrap();
+    let args = r.settings_args(&SettingsArgs::default()).unwrap();
+    assert_eq!(args.checkpoints, Some(false));
+    assert_eq!(
+        w.origin(&r, Key::Checkpoints),
+        "user <tmp>/home/.config/caw-box/config.toml:1"
+    );
+    w.env.insert("CAW_BOX_CHECKPOINTS".into(), "on".into());
+    let r = w.resolve(flags(None)).unwrap();
+    assert_eq!(
+        r.settings_args(&SettingsArgs::default())
+            .unwrap()
+            .checkpoints,
+        Some(true)
+    );
+    let r = w.resolve(flags(Some(false))).unwrap();
+    assert_eq!(
+        r.settings_args(&SettingsArgs::default())
+            .unwrap()
+            .checkpoints,
+        Some(false)
+    );
+    w.env.insert("CAW_BOX_CHECKPOINTS".into(), "maybe".into());
+    let e = w.resolve(flags(None)).unwrap_err();
+    assert!(e.message.contains("is not on or off"), "{}", e.message);
+    // Unset anywhere: on (nothing given; `config show` says the default).
+    let w = World::new("", "");
+    let r = w.resolve(flags(None)).unwrap();
+    assert_eq!(
+        r.settings_args(&SettingsArgs::default())
+            .unwrap()
+            .checkpoints,
+        None
+    );
+    let shown = r.table().into_iter().find(|(k, ..)| *k == Key::Checkpoints);
+    assert_eq!(shown.unwrap().1, Some(Value::Bool(true)));
+}
+
+#[test]
 fn image_repo_is_a_layered_key_checked_as_a_repository() {
     let mut w = World::new(
         "image_repo = \"ghcr.io/me/caw-box\"\n",

@@ -6,10 +6,12 @@
 //! turn that each recall B and go their own way (their diffs differ), one resumed by its
 //! handle alone from a process without the data directory, one removed without touching
 //! the source or its siblings, one exported and imported; a fork in gemini's CLI (the
-//! checkpoint's workspace, a handoff in its first request); a bind-mode source; the
-//! refusals, which make nothing.
+//! checkpoint's workspace, a handoff in its first request); `ls --tree`; `gc --checkpoints`
+//! (the kept chain still forks exactly) and a turn with `--checkpoints off`; a bind-mode
+//! source; the refusals, which make nothing.
 //!
-//! Cost: four turns per provider; codex thirteen more (35 s here). One rig per provider.
+//! Cost: four turns per provider; codex sixteen more (about 65 s here beside the other fork
+//! tests). One rig per provider.
 
 use std::process::{Command, Output};
 
@@ -211,7 +213,9 @@ fn codex_forks_go_their_own_way_and_stand_alone() {
     assert_refused(&out, "is a fork of");
     let out = run(fork_cmd(&rig, CODEX, &ids[2], &["--at", "5", "-o", "json"]));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
-    assert_eq!(json_of(&out)["sessions"][0]["forked_from"]["turn"], 5);
+    let grandchild = json_of(&out)["sessions"][0].clone();
+    assert_eq!(grandchild["forked_from"]["turn"], 5);
+    let grandchild = grandchild["session_id"].as_str().unwrap().to_string();
 
     check("fork -d");
     let out = run(fork_cmd(
@@ -312,8 +316,152 @@ fn codex_forks_go_their_own_way_and_stand_alone() {
     assert_eq!(shown["forked_from"]["session"], id.as_str(), "{shown}");
     assert!(recall(&rig, CODEX, &ids[2]).contains("bravo-two"));
 
+    ls_tree(&rig, &id, &ids[1..], &grandchild);
+    gc_checkpoints(&rig, &ids[1], &group);
     refusals(&rig, &name);
     bind_mode_source(&rig);
+}
+
+/// `ls --tree`: the forks under their source with the turn they were forked at, a fork of a
+/// fork one level deeper.
+fn ls_tree(rig: &Rig, source: &str, forks: &[String], grandchild: &str) {
+    check("ls --tree");
+    let out = rig.caw_run(&["ls", "--tree"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let text = stdout_of(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    let line_of = |id: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(&id[..8]))
+            .unwrap_or_else(|| panic!("{id} is not listed:\n{text}"))
+    };
+    // How deep a line is drawn: where its id starts.
+    let depth = |at: usize, id: &str| lines[at].find(&id[..8]).unwrap();
+    let top = line_of(source);
+    assert_eq!(depth(top, source), 0, "{text}");
+    for fork in forks {
+        let at = line_of(fork);
+        assert!(at > top, "a fork under its source:\n{text}");
+        assert!(
+            lines[at].contains(&format!("─ {} @3", &fork[..8])),
+            "{}\n{text}",
+            lines[at]
+        );
+    }
+    let parent = line_of(&forks[1]);
+    let at = line_of(grandchild);
+    assert!(at > parent, "{text}");
+    assert!(depth(at, grandchild) > depth(parent, &forks[1]), "{text}");
+    assert!(lines[at].contains(" @5"), "{text}");
+}
+
+/// The checkpoints `show --json` lists: (turn, base).
+fn checkpoints_of(rig: &Rig, target: &str) -> Vec<(u64, Option<u64>)> {
+    let shown = json_of(&rig.caw_run(&["show", target, "--json"]));
+    shown["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["turn"].as_u64().unwrap(), c["base"].as_u64()))
+        .collect()
+}
+
+/// `gc --checkpoints` on the group of `fork` (its own turns 4, 5, 6; the group's other
+/// session, imported, has none): `--keep 2` makes turn 5's whole and removes turn 4's, and a
+/// fork at turn 6 is turn 6 exactly; `--keep 1` leaves turn 6's alone, whole, and the next
+/// turn's checkpoint holds the changes since it. A turn with `--checkpoints off` keeps none.
+fn gc_checkpoints(rig: &Rig, fork: &str, group: &str) {
+    check("gc --checkpoints");
+    assert_eq!(
+        checkpoints_of(rig, fork),
+        [(4, None), (5, Some(4)), (6, Some(5))]
+    );
+    let gc = |extra: &[&str]| {
+        let mut args = vec!["gc", "--checkpoints", "--group", group];
+        args.extend_from_slice(extra);
+        let out = rig.caw_run(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        stdout_of(&out)
+    };
+    let said = gc(&["--keep", "2", "--dry-run"]);
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(
+        said.contains(&format!("would prune the checkpoints of {fork}"))
+            && said.contains("turns 4; kept: turns 5, 6"),
+        "{said}"
+    );
+    assert_eq!(
+        checkpoints_of(rig, fork).len(),
+        3,
+        "a dry run prunes nothing"
+    );
+    let said = gc(&["--keep", "2"]);
+    assert!(said.contains("turns 4; kept: turns 5, 6"), "{said}");
+    assert_eq!(checkpoints_of(rig, fork), [(5, None), (6, Some(5))]);
+    let out = run(fork_cmd(
+        rig,
+        CODEX,
+        fork,
+        &["--at", "6", "-o", "json", "RECALL"],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let made = &json_of(&out)["sessions"][0];
+    let answer = made["result"]["result"].as_str().unwrap_or_default();
+    assert!(answer.contains("bravo-two"), "{made}");
+    let at_six = ["a.txt", "b.txt", "own-1.txt"];
+    let made = made["session_id"].as_str().unwrap();
+    assert_eq!(workspace_files(rig, made), at_six);
+    // Its `diff` has the base the session started from (which no checkpoint holds).
+    let out = rig.caw_run(&["diff", made]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(stdout_of(&out).contains("own-1.txt"), "{}", stdout_of(&out));
+    assert_refused(
+        &run(fork_cmd(rig, CODEX, fork, &["--at", "4"])),
+        "has no checkpoint",
+    );
+
+    let said = gc(&[]);
+    assert!(said.contains("turns 5; kept: turns 6"), "{said}");
+    assert_eq!(checkpoints_of(rig, fork), [(6, None)]);
+    let out = run(fork_cmd(rig, CODEX, fork, &["-o", "json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let made = json_of(&out)["sessions"][0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(workspace_files(rig, &made), at_six);
+
+    check("the next turn's checkpoint on the whole one");
+    let (code, json, stderr) =
+        rig.json_turn(rig.resume_cmd(CODEX, fork, "RUN:echo 7 > seven.txt", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert_eq!(checkpoints_of(rig, fork), [(6, None), (7, Some(6))]);
+    let out = run(fork_cmd(rig, CODEX, fork, &["-o", "json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let made = json_of(&out)["sessions"][0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        workspace_files(rig, &made),
+        ["a.txt", "b.txt", "own-1.txt", "seven.txt"]
+    );
+
+    check("--checkpoints off");
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(
+        CODEX,
+        fork,
+        "RUN:echo 8 > eight.txt",
+        &["--checkpoints", "off"],
+    ));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert_eq!(json["turn"], 8, "{json}");
+    assert_eq!(checkpoints_of(rig, fork), [(6, None), (7, Some(6))]);
+    assert_refused(
+        &run(fork_cmd(rig, CODEX, fork, &["--at", "8"])),
+        "has no checkpoint",
+    );
 }
 
 /// A turn's own container writes its checkpoint once its CLI has ended, and the agent can
@@ -460,6 +608,66 @@ fn codex_agent_cannot_touch_the_checkpoints() {
             .any(|w| w == TEST_KEY.as_bytes()),
         "the archive holds the key"
     );
+}
+
+/// The entrypoint leaves every file it put in HOME (the credential overlay, the paths of the
+/// scrub list) out of the turn's checkpoint: it hands them to the checkpoint script as paths
+/// to leave out, beside the ones caw-box names. A script of the test's own stands in for
+/// caw-box's and writes down what it was given. (No turn: one container, about a second.)
+#[test]
+fn the_entrypoint_leaves_what_it_put_in_home_out_of_a_checkpoint() {
+    use std::os::unix::fs::PermissionsExt;
+    let rig = Rig::new("fork-entry");
+    let run_dir = tempfile::tempdir().unwrap();
+    let overlay = run_dir.path().join("home/.vendor");
+    std::fs::create_dir_all(&overlay).unwrap();
+    std::fs::write(overlay.join("token.json"), "a credential").unwrap();
+    std::fs::write(run_dir.path().join("scrub"), ".vendor/other.json\0").unwrap();
+    // The agent's uid reads it all and empties the runtime directory, as in a turn.
+    for dir in [
+        run_dir.path(),
+        &run_dir.path().join("home"),
+        overlay.as_path(),
+    ] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let script =
+        r#"printf '%s' "$CKPT_EXCLUDE" >/run/caw-box/excluded; echo '{}' >"$CKPT_DIR/info.json""#;
+    let repo = std::env::var("CAW_BOX_E2E_IMAGE_REPO").unwrap_or_else(|_| "caw-box".into());
+    let (code, out, err) = rig.run_container(bollard::models::ContainerCreateBody {
+        image: Some(format!("{repo}/codex:latest")),
+        user: Some("1000:1000".into()),
+        cmd: Some(vec!["true".into()]),
+        env: Some(vec![
+            "CAW_BOX_CHECKPOINT=/var/lib/caw-box/checkpoint".into(),
+            format!("CAW_BOX_CHECKPOINT_SCRIPT={script}"),
+            "CKPT_EXCLUDE=.named/by-caw-box".into(),
+        ]),
+        host_config: Some(bollard::models::HostConfig {
+            binds: Some(vec![format!("{}:/run/caw-box", run_dir.path().display())]),
+            tmpfs: Some(std::collections::HashMap::from([(
+                "/var/lib/caw-box/checkpoint".to_string(),
+                "mode=1777".to_string(),
+            )])),
+            network_mode: Some("none".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    assert_eq!(code, 0, "{out}\n{err}");
+    let excluded = std::fs::read_to_string(run_dir.path().join("excluded"))
+        .unwrap_or_else(|e| panic!("the checkpoint script did not run ({e}): {out}\n{err}"));
+    let excluded: Vec<&str> = excluded.lines().collect();
+    for path in [
+        ".named/by-caw-box",
+        ".vendor/token.json",
+        ".vendor/other.json",
+    ] {
+        assert!(
+            excluded.contains(&path),
+            "{path} not left out: {excluded:?}"
+        );
+    }
 }
 
 fn assert_refused(out: &Output, needle: &str) {

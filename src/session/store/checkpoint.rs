@@ -23,7 +23,9 @@
 //! other turn changes the volumes under it. It never holds what caw-box itself keeps per turn
 //! (`~/.caw-box/session.json`, `~/.caw-box/turns/`: a fork writes its own) nor a credential
 //! file of the provider (left out by path).
-//! Not here: making a fork of a checkpoint (`lifecycle::fork`).
+//! Not here: making a fork of a checkpoint (`lifecycle::fork`), pruning a session's older
+//! checkpoints (`gc --checkpoints`: `lifecycle::prune`, which writes the oldest kept one
+//! again as a whole one first).
 
 use std::collections::HashMap;
 
@@ -43,10 +45,19 @@ const NEVER_KEPT: &[&str] = &[
     ".caw-box/session.json",
     ".caw-box/turns",
     ".codex/shell_snapshots",
+    BASE_TAR,
 ];
 
+/// A copy-mode workspace as it was when its session started (`diff`'s base): written once,
+/// never changed, as large as the workspace. A checkpoint would hold the workspace twice with
+/// it; a fork's restore copies it from its source's state volume instead.
+const BASE_TAR: &str = crate::session::walls::patch::BASE_TAR_PATH;
+
+/// Where a restore helper has the source session's state volume (read-only): [`BASE_TAR`].
+const SOURCE_HOME_DIR: &str = "/srchome";
+
 /// Where a checkpoint volume is mounted in the helper that takes it, and the previous one.
-const NEW_DIR: &str = "/ckpt";
+pub(in crate::session) const NEW_DIR: &str = "/ckpt";
 const PREV_DIR: &str = "/prev";
 
 /// Where the turn's own container has its new checkpoint volume (the image makes the
@@ -147,6 +158,11 @@ fi
 [ ${#roots[@]} -gt 0 ] || exit 0
 find "${roots[@]}" -print0 | sort -z >"$R/tmp/now"
 comm -z -23 "$R/tmp/now" "$last/manifest" | xargs -0 -r rm -rf --
+# What no checkpoint holds but the session keeps from its start: from the source's HOME.
+if [ -n "${CKPT_FROM_SOURCE:-}" ] && [ -f "$R/srchome/$CKPT_FROM_SOURCE" ]; then
+    mkdir -p "home/agent/$(dirname "$CKPT_FROM_SOURCE")"
+    cp -p "$R/srchome/$CKPT_FROM_SOURCE" "home/agent/$CKPT_FROM_SOURCE"
+fi
 "#;
 
 /// One checkpoint as its volume's labels say.
@@ -188,7 +204,11 @@ pub struct CheckpointStats {
 }
 
 impl Checkpoint {
-    fn labels(&self, session_id: Uuid, provider: ProviderKind) -> HashMap<String, String> {
+    pub(in crate::session) fn labels(
+        &self,
+        session_id: Uuid,
+        provider: ProviderKind,
+    ) -> HashMap<String, String> {
         LabelSet::new(session_id, roles::CHECKPOINT)
             .provider(provider)
             .with(labels::TURN, self.turn.to_string())
@@ -236,7 +256,12 @@ fn never_kept(provider: ProviderKind) -> String {
 }
 
 /// A root helper over the session's volumes with only what copying files faithfully needs.
-fn copier(image: &str, session_id: Uuid, script: &str, env: Vec<String>) -> HelperSpec {
+pub(in crate::session) fn copier(
+    image: &str,
+    session_id: Uuid,
+    script: &str,
+    env: Vec<String>,
+) -> HelperSpec {
     HelperSpec {
         image: image.to_string(),
         entrypoint: vec!["bash".into(), "-c".into(), script.into()],
@@ -476,7 +501,7 @@ pub async fn stats(
     .await
 }
 
-fn chain_words(chain: &[Checkpoint]) -> String {
+pub(in crate::session) fn chain_words(chain: &[Checkpoint]) -> String {
     chain
         .iter()
         .map(|c| c.turn.to_string())
@@ -484,7 +509,7 @@ fn chain_words(chain: &[Checkpoint]) -> String {
         .join(" ")
 }
 
-fn chain_mounts(session_id: Uuid, chain: &[Checkpoint]) -> Vec<MountSpec> {
+pub(in crate::session) fn chain_mounts(session_id: Uuid, chain: &[Checkpoint]) -> Vec<MountSpec> {
     chain
         .iter()
         .map(|c| {
@@ -523,17 +548,20 @@ pub fn restore_spec(
     home: bool,
     workspace: bool,
 ) -> HelperSpec {
-    let mut spec = copier(
-        image,
-        into,
-        RESTORE_SCRIPT,
-        vec![
-            format!("CKPT_CHAIN={}", chain_words(chain)),
-            format!("CKPT_HOME={}", u8::from(home)),
-            format!("CKPT_WORKSPACE={}", u8::from(workspace)),
-        ],
-    );
+    let mut env = vec![
+        format!("CKPT_CHAIN={}", chain_words(chain)),
+        format!("CKPT_HOME={}", u8::from(home)),
+        format!("CKPT_WORKSPACE={}", u8::from(workspace)),
+    ];
+    if workspace {
+        env.push(format!("CKPT_FROM_SOURCE={BASE_TAR}"));
+    }
+    let mut spec = copier(image, into, RESTORE_SCRIPT, env);
     spec.mounts = chain_mounts(from, chain);
+    if workspace {
+        spec.mounts
+            .push(MountSpec::volume(names::state_volume(from), SOURCE_HOME_DIR).read_only());
+    }
     spec.mounts
         .push(MountSpec::volume(names::state_volume(into), AGENT_HOME));
     if workspace {
@@ -760,11 +788,121 @@ mod tests {
         );
     }
 
+    /// A checkpoint written again as a whole one (`gc --checkpoints`) restores alone what
+    /// its chain restored, and holds every file of its turn.
+    #[test]
+    fn a_checkpoint_made_whole_restores_its_turn_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        write(&src, "home/agent/.codex/sessions/r.jsonl", "turn 1\n");
+        write(&src, "home/agent/gone", "deleted in turn 2");
+        write(&src, "workspace/a.txt", "a");
+        std::fs::create_dir_all(src.join("tmp")).unwrap();
+        let (c1, c2, whole) = (
+            dir.path().join("c1"),
+            dir.path().join("c2"),
+            dir.path().join("whole"),
+        );
+        for d in [&c1, &c2, &whole] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        take_in(&src, 1, &c1, None);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        write(
+            &src,
+            "home/agent/.codex/sessions/r.jsonl",
+            "turn 1\nturn 2\n",
+        );
+        write(&src, "workspace/b.txt", "b");
+        std::fs::remove_file(src.join("home/agent/gone")).unwrap();
+        take_in(&src, 2, &c2, Some(&c1));
+
+        let merge = dir.path().join("merge");
+        std::fs::create_dir_all(merge.join("c")).unwrap();
+        std::fs::create_dir_all(merge.join("tmp")).unwrap();
+        std::os::unix::fs::symlink(&c1, merge.join("c/1")).unwrap();
+        std::os::unix::fs::symlink(&c2, merge.join("c/2")).unwrap();
+        std::os::unix::fs::symlink(&whole, merge.join("ckpt")).unwrap();
+        let out = script(
+            crate::session::lifecycle::prune::WHOLE_SCRIPT,
+            &merge,
+            &[("CKPT_CHAIN", "1 2"), ("CKPT_TURN", "2"), ("CKPT_AT", "9")],
+        );
+        let stats: CheckpointStats = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(
+            (stats.turn, stats.at, stats.base),
+            (2, 9, None),
+            "{stats:?}"
+        );
+        assert_eq!((stats.files_changed, stats.workspace_files_changed), (3, 2));
+        let stamp = |d: &std::path::Path| std::fs::metadata(d.join("stamp")).unwrap().modified();
+        assert_eq!(
+            stamp(&whole).unwrap(),
+            stamp(&c2).unwrap(),
+            "the stamp keeps its time"
+        );
+
+        let fork = dir.path().join("fork");
+        std::fs::create_dir_all(fork.join("workspace")).unwrap();
+        std::fs::create_dir_all(fork.join("home/agent")).unwrap();
+        std::fs::create_dir_all(fork.join("tmp")).unwrap();
+        std::fs::create_dir_all(fork.join("c")).unwrap();
+        std::os::unix::fs::symlink(&whole, fork.join("c/2")).unwrap();
+        script(
+            RESTORE_SCRIPT,
+            &fork,
+            &[("CKPT_CHAIN", "2"), ("CKPT_WORKSPACE", "1")],
+        );
+        assert_eq!(
+            files(&fork),
+            [
+                "home/agent/.codex/sessions/r.jsonl",
+                "workspace/a.txt",
+                "workspace/b.txt"
+            ]
+        );
+        let text = std::fs::read_to_string(fork.join("home/agent/.codex/sessions/r.jsonl"));
+        assert_eq!(text.unwrap(), "turn 1\nturn 2\n");
+    }
+
     #[test]
     fn credentials_and_caw_box_records_are_never_kept() {
         let kept = never_kept(ProviderKind::Codex);
         assert!(kept.lines().any(|l| l == ".codex/auth.json"), "{kept}");
         assert!(kept.lines().any(|l| l == ".caw-box/session.json"));
         assert!(kept.lines().any(|l| l == ".caw-box/turns"));
+        assert!(kept.lines().any(|l| l == ".caw-box/workspace-base.tar"));
+    }
+
+    /// The workspace's base, which no checkpoint holds, comes from the source's HOME.
+    #[test]
+    fn a_restore_takes_the_workspace_base_from_the_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        write(&src, "home/agent/.codex/a", "a");
+        write(&src, "home/agent/.caw-box/workspace-base.tar", "the base");
+        write(&src, "workspace/a.txt", "a");
+        std::fs::create_dir_all(src.join("tmp")).unwrap();
+        let c1 = dir.path().join("c1");
+        std::fs::create_dir_all(&c1).unwrap();
+        let first = take_in(&src, 1, &c1, None);
+        assert_eq!(first.files_changed, 2, "no base in the layer: {first:?}");
+        let fork = dir.path().join("fork");
+        for d in ["workspace", "home/agent", "tmp", "c"] {
+            std::fs::create_dir_all(fork.join(d)).unwrap();
+        }
+        std::os::unix::fs::symlink(&c1, fork.join("c/1")).unwrap();
+        std::os::unix::fs::symlink(src.join("home/agent"), fork.join("srchome")).unwrap();
+        script(
+            RESTORE_SCRIPT,
+            &fork,
+            &[
+                ("CKPT_CHAIN", "1"),
+                ("CKPT_WORKSPACE", "1"),
+                ("CKPT_FROM_SOURCE", BASE_TAR),
+            ],
+        );
+        let base = std::fs::read_to_string(fork.join("home/agent").join(BASE_TAR));
+        assert_eq!(base.unwrap(), "the base");
     }
 }

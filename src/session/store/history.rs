@@ -228,7 +228,7 @@ async fn take_checkpoint(
     name: &str,
     checkpointed: Option<bool>,
 ) -> Option<String> {
-    if !backend.capabilities().checkpoints {
+    if !backend.capabilities().checkpoints || record.settings.no_checkpoints {
         return None;
     }
     if checkpointed == Some(true) {

@@ -92,6 +92,10 @@ pub struct SessionSettings {
     /// headless turn for the next one to run in (`session::warm`); 0 or `None`: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_warm_secs: Option<u64>,
+    /// `--checkpoints off`: no checkpoint is kept of the session's turns
+    /// (`session::checkpoint`); a resume's flag applies to its turn.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_checkpoints: bool,
     /// `--allow-host`: egress only to these hosts, through caw-box's proxy (`@provider`
     /// stands for the provider's API host, or the `--endpoint` host).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -330,7 +330,7 @@ async fn realise(
 
 /// The checkpoint volume a cold turn's own container writes once its CLI has ended
 /// (`checkpoint::prepare`), made beside the rest of what the turn needs first. `None`: the
-/// backend keeps none, the turn runs warm (its container was made before), or it could not
+/// backend keeps none, the session keeps none (`--checkpoints off`), the turn runs warm (its container was made before), or it could not
 /// be made (a helper takes the checkpoint after the turn then).
 fn prepare_checkpoint<'a>(
     backend: &'a impl Backend,
@@ -339,7 +339,8 @@ fn prepare_checkpoint<'a>(
     warm_for: Option<u64>,
 ) -> impl std::future::Future<Output = Option<crate::session::checkpoint::InTurn>> + 'a {
     // (What it needs of the record, owned: the record is the rest's to change meanwhile.)
-    let wanted = backend.capabilities().checkpoints && warm_for.is_none();
+    let wanted =
+        backend.capabilities().checkpoints && !record.settings.no_checkpoints && warm_for.is_none();
     let (session_id, provider) = (record.session_id, record.provider);
     let (image, workspace_mode) = (
         record.settings.image.clone(),
