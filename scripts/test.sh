@@ -122,11 +122,8 @@ tests installed nt installed --workspace --no-fail-fast \
     -E 'test(an_installed_caw_box_builds_its_images_and_runs_a_turn)' "$@"
 # Every run names --workspace: features resolve as for the build above, so nothing is
 # compiled again (a run of one package's tests resolves its own, and rebuilds their crates).
-# The OS keyring tests run against a real Secret Service of their own. Chosen by a filter,
-# not `--test keyring`: building that one target unifies the features of fewer packages
-# (ring's among them), which compiled 11 crates again here (caw-box, bollard and kube among
-# them), and the next stage compiled them back.
-tests keyring scripts/with-keyring.sh cargo nextest run --workspace --no-fail-fast -E 'binary(keyring)' "$@"
+# The OS keyring tests run against a real Secret Service of their own.
+tests keyring scripts/with-keyring.sh cargo nextest run --workspace --no-fail-fast --test keyring "$@"
 cp target/nextest/default/junit.xml "$timings/keyring.xml" 2>/dev/null || true
 tests restart nt restart --workspace --no-fail-fast --test-threads 1 -E 'test(daemon_restart)' "$@"
 
