@@ -108,12 +108,7 @@ prebuild_log=$timings/prebuild.log
 setsid bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec nice -n 19 ionice -c 3 scripts/dist.sh binary' \
     >"$prebuild_log" 2>&1 &
 prebuild=$!
-# Five at a time on two cores: an end-to-end test mostly waits (containers starting, a CLI
-# booting, a pod scheduled), and three left the two CPUs about half idle through the stage
-# (a quiet run's process accounting: about 1500 CPU-s of work in 1420 s). The Kubernetes
-# chain (one at a time, first) is then the stage's longest path. CAW_BOX_TEST_THREADS
-# overrides it.
-tests main nt main --workspace --no-fail-fast --test-threads "${CAW_BOX_TEST_THREADS:-5}" \
+tests main nt main --workspace --no-fail-fast --test-threads 3 \
     -E "not ($alone) & not binary(keyring)" "$@"
 # No later stage runs a Kubernetes test: the lab's processes stop now rather than idle on
 # through the rest of the run.
