@@ -41,8 +41,8 @@ stage() {
     shift
     echo "== $name"
     "$@" || rc=$?
-    printf '%s\t%s\t%s\n' "$name" $((SECONDS - t0)) "$([ $rc = 0 ] && echo ok || echo "failed ($rc)")" \
-        >>"$timings/stages.tsv"
+    printf '%s\t%s\t%s\t%s\n' "$name" $((SECONDS - t0)) "$([ $rc = 0 ] && echo ok || echo "failed ($rc)")" \
+        "${STAGE_BESIDE:-}" >>"$timings/stages.tsv"
     return $rc
 }
 # nt NAME ARGS...: `cargo nextest run ARGS...`, keeping its JUnit report as NAME.xml (nextest
@@ -168,7 +168,7 @@ podman_pass() {
 # Docker daemon: it has a service, storage and test objects of its own, and it mostly waits on
 # containers. Its output goes to a log, printed when it has ended.
 podman_log=$timings/podman.log
-(stage podman podman_pass "$@") >"$podman_log" 2>&1 &
+(STAGE_BESIDE=1 stage podman podman_pass "$@") >"$podman_log" 2>&1 &
 podman_job=$!
 
 # The Python package: a fresh virtualenv, `pip install ./python`, pytest (python/tests).
