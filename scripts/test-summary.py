@@ -19,8 +19,12 @@ stages_file = os.path.join(root, "stages.tsv")
 if os.path.exists(stages_file):
     total = 0
     for line in open(stages_file):
-        name, secs, status = (line.rstrip("\n").split("\t") + ["", ""])[:3]
-        total += int(secs)
+        name, secs, status, beside = (line.rstrip("\n").split("\t") + ["", "", ""])[:4]
+        if beside:
+            # It ran beside other stages: its time is in theirs.
+            status += " (beside the stages after it)"
+        else:
+            total += int(secs)
         print(f"  {name:<22} {int(secs):>5} s  {status}")
     print(f"  {'all stages':<22} {total:>5} s")
 

@@ -41,8 +41,8 @@ stage() {
     shift
     echo "== $name"
     "$@" || rc=$?
-    printf '%s\t%s\t%s\n' "$name" $((SECONDS - t0)) "$([ $rc = 0 ] && echo ok || echo "failed ($rc)")" \
-        >>"$timings/stages.tsv"
+    printf '%s\t%s\t%s\t%s\n' "$name" $((SECONDS - t0)) "$([ $rc = 0 ] && echo ok || echo "failed ($rc)")" \
+        "${STAGE_BESIDE:-}" >>"$timings/stages.tsv"
     return $rc
 }
 # nt NAME ARGS...: `cargo nextest run ARGS...`, keeping its JUnit report as NAME.xml (nextest
@@ -59,6 +59,11 @@ finish() {
     set +e
     # A release build still running beside the stages (a failed or killed run) goes too.
     [ -z "${prebuild:-}" ] || kill -- -"$prebuild" 2>/dev/null
+    # So does a Podman pass still running (its nextest stops its tests on SIGTERM).
+    if [ -n "${podman_job:-}" ]; then
+        pkill -TERM -P "$podman_job" 2>/dev/null
+        wait "$podman_job" 2>/dev/null
+    fi
     scripts/podman.sh down
     unset DOCKER_HOST
     scripts/cleanup.sh
@@ -154,18 +159,17 @@ podman_tests=(
 )
 filter=$(IFS='|'; echo "${podman_tests[*]}")
 podman_pass() {
-    local env rc=0
+    local env
     env=$(scripts/podman.sh up) || return
     eval "$env"
-    nt podman --workspace --no-fail-fast --test-threads 3 --test e2e -E "${filter//|/ | }" "$@" || rc=$?
-    # Then, alone (see above), an installed caw-box building its images through Podman.
-    nt podman-installed --workspace --no-fail-fast --test e2e \
-        -E 'test(release::an_installed_caw_box_builds_its_images_and_runs_a_turn)' "$@" || rc=$?
-    scripts/podman.sh down
-    unset DOCKER_HOST
-    return $rc
+    nt podman --workspace --no-fail-fast --test-threads 3 --test e2e -E "${filter//|/ | }" "$@"
 }
-tests podman podman_pass "$@"
+# It runs beside the stages after it (python, dist, bench-smoke, targets), which use the
+# Docker daemon: it has a service, storage and test objects of its own, and it mostly waits on
+# containers. Its output goes to a log, printed when it has ended.
+podman_log=$timings/podman.log
+(STAGE_BESIDE=1 stage podman podman_pass "$@") >"$podman_log" 2>&1 &
+podman_job=$!
 
 # The Python package: a fresh virtualenv, `pip install ./python`, pytest (python/tests).
 tests python scripts/test-python.sh
@@ -182,6 +186,23 @@ tests bench-smoke scripts/bench.sh --smoke
 # The documented targets and scripts no stage above runs (drift's plan, fuzz, the demo), so
 # that none rots unseen, and CONTRIBUTING.md's table of what this run covers of each target.
 tests targets scripts/test-targets.sh
+echo "== podman (beside the stages above)"
+wait "$podman_job" || failed+=(podman)
+podman_job=
+cat "$podman_log"
+# Then, alone (see above; `cargo install` relinks target/debug/caw-box, which the stages
+# above run), an installed caw-box building its images through Podman.
+podman_installed() {
+    local env rc=0
+    env=$(scripts/podman.sh up) || return
+    eval "$env"
+    nt podman-installed --workspace --no-fail-fast --test e2e \
+        -E 'test(release::an_installed_caw_box_builds_its_images_and_runs_a_turn)' "$@" || rc=$?
+    scripts/podman.sh down
+    unset DOCKER_HOST
+    return $rc
+}
+tests podman-installed podman_installed "$@"
 if [ ${#failed[@]} -gt 0 ]; then
     echo "make test: failed stages: ${failed[*]}" >&2
     exit 1

@@ -83,7 +83,8 @@ macro_rules! release_fn {
 }
 
 /// A turn in a warm container (`bash -c TURN turn N PID ENTRYPOINT ARGV...`: turn N of the
-/// driver PID, which a process that looks at the container reads back, `turn_of`): runs
+/// driver PID, which a process that looks at the container reads back, `turn_of`): once the
+/// idle loop runs (the first turn's exec comes right after the container's start), runs
 /// the entrypoint as a child that notes its own pid for the loop (and for a stop, which
 /// signals it); once it ended 0 (recorded), makes the container idle at once when the
 /// driver reads nothing more of the runtime directory (`$CAW_BOX_RUN_DIR`), so that no
@@ -95,6 +96,8 @@ macro_rules! release_fn {
 /// ended ([`ADOPT_FILES`]); a release empties the directory.
 const TURN: &str = concat!(
     "W=${CAW_BOX_WARM_DIR:-/tmp/.caw-box-warm}; run=${CAW_BOX_RUN_DIR:-/run/caw-box}\n",
+    // A container just started: its loop may not have made its directory yet (up to 5 s).
+    "for ((i = 0; i < 50; i++)); do [ -e \"$W/loop.pid\" ] && break; sleep 0.1; done\n",
     "printf -v t '%(%s)T' -1\n",
     "echo \"$1 $2 $t\" >\"$run/caw-box-turn.of\" && rm -f \"$run/caw-box-turn.rc\" || exit 1\n",
     "shift 2; shopt -s nullglob dotglob extglob\n",
@@ -241,14 +244,21 @@ mod tests {
                 .output()
                 .unwrap()
         };
-        // No loop's directory: the note fails and nothing runs.
+        // No loop (after waiting 5 s for one): the note fails and nothing runs.
         let out = turn(std::path::Path::new("/nonexistent"));
         assert!(
             !String::from_utf8_lossy(&out.stdout).contains("ran"),
             "{out:?}"
         );
         let dir = tempfile::tempdir().unwrap();
+        // The loop starts a moment after the turn's command: the turn waits for it.
+        let note = dir.path().join("loop.pid");
+        let loop_starts = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            std::fs::write(note, "1 0\n").unwrap();
+        });
         let out = turn(dir.path());
+        loop_starts.join().unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), "ran a b\n", "{out:?}");
         assert_eq!(out.status.code(), Some(3), "{out:?}");
         let pid = std::fs::read_to_string(dir.path().join("turn.pid")).unwrap();

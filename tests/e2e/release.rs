@@ -90,7 +90,27 @@ fn an_installed_caw_box_builds_its_images_and_runs_a_turn() {
 
     check("cargo install --path . (offline, from the built target dir)");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = std::process::Command::new(cargo)
+    let mut install = std::process::Command::new(cargo);
+    // As a person's shell runs it: without what cargo sets for this test binary (its
+    // package's name, version, manifest dir…). Build scripts rerun on a change of such a
+    // variable (ring's reads CARGO_PKG_NAME): inherited, they compiled ring and the 10
+    // crates above it again here, and again in the next stage's build.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if [
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+            "CARGO_CRATE_",
+            "CARGO_BIN_",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
+            || ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&&*name)
+        {
+            install.env_remove(&*name);
+        }
+    }
+    let out = install
         .args(["install", "--path"])
         .arg(repo_root())
         .arg("--root")

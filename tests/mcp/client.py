@@ -287,7 +287,8 @@ async def large_prompts(s):
         e = await call(s, tool, args, ok=False)
         assert e["error"]["kind"] == "usage" and e["exit_code"] == 2, e
         assert "1048577 bytes" in e["error"]["message"], e
-    assert await call(s, "list", {}) == before, "a session was made or changed"
+    after = await call(s, "list", {})
+    assert after == before, f"a session was made or changed:\nbefore: {before}\nafter:  {after}"
     await call(s, "remove", {"session": sid})
 
 

@@ -333,6 +333,18 @@ async fn handoff_stdin(
     }
 }
 
+/// A failed turn's result when its CLI said nothing of why in its output (`result` empty,
+/// or no more than its exit code): the last line it wrote on stderr, where there is one.
+fn with_stderr(result: String, exit_code: i64, stderr: &[u8]) -> String {
+    let bare = format!("the CLI exited with code {exit_code}");
+    match last_line(stderr) {
+        Some(line) if result.trim().is_empty() => line,
+        Some(line) if result == bare => format!("{bare}: {line}"),
+        None if result.trim().is_empty() => bare,
+        _ => result,
+    }
+}
+
 /// Adds the turn to `record` and returns its result.
 fn record_turn(
     record: &mut SessionRecord,
@@ -461,9 +473,8 @@ async fn classify(
     } else if let Some(why) = &environment {
         outcome.status = Status::Error;
         outcome.result = why.clone();
-    } else if outcome.status != Status::Success && outcome.result.trim().is_empty() {
-        outcome.result = last_line(&reading.stderr_tail)
-            .unwrap_or_else(|| format!("the CLI exited with code {exit_code}"));
+    } else if outcome.status != Status::Success {
+        outcome.result = with_stderr(outcome.result, exit_code, &reading.stderr_tail);
     }
     if outcome.status == Status::Success && exit_code != 0 {
         outcome.status = Status::Error;
@@ -527,5 +538,32 @@ fn hold_budget(
         reading.reader.emit(&Event::Error {
             message: format!("{why}; the next turn is refused until a resume raises it"),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_stderr;
+
+    #[test]
+    fn a_bare_exit_code_gets_the_clis_last_stderr_line() {
+        let stderr = b"starting\nError: No prompt provided via stdin.\n\n";
+        assert_eq!(
+            with_stderr("the CLI exited with code 1".into(), 1, stderr),
+            "the CLI exited with code 1: Error: No prompt provided via stdin."
+        );
+        assert_eq!(
+            with_stderr(String::new(), 1, stderr),
+            "Error: No prompt provided via stdin."
+        );
+        assert_eq!(
+            with_stderr(String::new(), 1, b""),
+            "the CLI exited with code 1"
+        );
+        // What the CLI said of its failure in its output stays.
+        assert_eq!(
+            with_stderr("model overloaded".into(), 1, stderr),
+            "model overloaded"
+        );
     }
 }
