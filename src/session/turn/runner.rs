@@ -256,7 +256,14 @@ async fn realise(
         ),
         in_turn
     );
-    first.inspect_err(|_| record.owner = owner_before)?;
+    let prepared = in_turn
+        .is_some()
+        .then(|| crate::session::store::names::checkpoint_volume(record.session_id, turn));
+    if let Err(e) = first {
+        record.owner = owner_before;
+        drop_unused_checkpoint(backend, prepared.as_deref()).await;
+        return Err(e);
+    }
     if let Some(c) = in_turn {
         spec.checkpoint = c.mounts;
         spec.env.extend(c.env);
@@ -318,6 +325,9 @@ async fn realise(
     if let Some(g) = guard.as_ref().filter(|_| container_made) {
         sweep_again(g, &mut outcome);
     }
+    if !container_made {
+        drop_unused_checkpoint(backend, prepared.as_deref()).await;
+    }
     if let Some(b) = &broker {
         b.stop(backend).await;
     }
@@ -361,6 +371,16 @@ fn prepare_checkpoint<'a>(
             .await
             .inspect_err(|e| tracing::debug!("no checkpoint volume before turn {turn}: {e}"))
             .ok()
+    }
+}
+
+/// The checkpoint volume made for a turn whose container was never made: no turn ran, so
+/// nothing of it is kept (a refused turn leaves nothing behind).
+async fn drop_unused_checkpoint(backend: &impl Backend, volume: Option<&str>) {
+    if let Some(v) = volume {
+        if let Err(e) = backend.remove_volume(v).await {
+            tracing::warn!("could not remove the unused checkpoint volume '{v}': {e}");
+        }
     }
 }
 
