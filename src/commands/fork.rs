@@ -84,7 +84,9 @@ pub async fn fork(mut args: ForkArgs, quiet: bool) -> Result<i32> {
     let handed_over = forks.sessions.first().filter(|r| r.settings.handoff);
     if let (Some(r), false) = (handed_over, quiet) {
         output::eprintln(&format!(
-            "{} cannot resume a conversation of another vendor's CLI: each fork's first turn              gets a handoff (the prompts and answers up to turn {}, the files changed) ahead              of its prompt; the workspace is the checkpoint's",
+            "{} cannot resume a conversation of another vendor's CLI: each fork's first turn \
+             gets a handoff (the prompts and answers up to turn {}, the files changed) ahead \
+             of its prompt; the workspace is the checkpoint's",
             r.provider, from.turn
         ));
     }
