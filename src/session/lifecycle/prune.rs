@@ -24,7 +24,7 @@ use crate::session::store::target::SessionView;
 /// the paths its manifest lists packed again; its manifest and its stamp (by its time, what
 /// the next checkpoint's changes are newer than) copied, all owned as its files were (a
 /// turn's own container writes, and reads, them as the agent's user).
-pub(crate) const WHOLE_SCRIPT: &str = r#"set -eu
+pub(crate) const WHOLE_SCRIPT: &str = r#"set -eu -o pipefail
 export LC_ALL=C
 umask 077
 R=${CKPT_ROOT:-}
@@ -34,29 +34,45 @@ rm -rf "$W"
 mkdir -p "$W"
 last=
 for c in $CKPT_CHAIN; do
-    tar --numeric-owner -xpf "$R/c/$c/layer.tar" -C "$W"
+    for layer in home.tar.gz workspace.tar; do
+        [ -f "$R/c/$c/$layer" ] || continue
+        tar --numeric-owner -xpf "$R/c/$c/$layer" -C "$W"
+    done
     last="$R/c/$c"
 done
 cd "$W"
-rc=0
-tar --null --no-recursion --numeric-owner -cpf "$C/layer.tar" -T "$last/manifest" || rc=$?
-[ "$rc" -le 1 ]
-cp "$last/manifest" "$C/manifest"
-cp -p "$last/stamp" "$C/stamp"
 files=0 ws_files=0
+: >"$R/tmp/whole-home"
+: >"$R/tmp/whole-ws"
 while IFS= read -r -d '' p; do
+    case $p in
+    workspace | workspace/*) printf '%s\0' "$p" >>"$R/tmp/whole-ws" ;;
+    *) printf '%s\0' "$p" >>"$R/tmp/whole-home" ;;
+    esac
     [ -d "$p" ] && continue
     files=$((files + 1))
     case $p in workspace/*) ws_files=$((ws_files + 1)) ;; esac
-done <"$C/manifest"
+done < <(gzip -dc "$last/manifest.gz")
+rc=0 rc2=0
+tar --null --no-recursion --numeric-owner -cpf - -T "$R/tmp/whole-home" | gzip -1 >"$C/home.tar.gz" \
+    || rc=$?
+owned=("$C/home.tar.gz")
+if [ -s "$R/tmp/whole-ws" ]; then
+    tar --null --no-recursion --numeric-owner -cpf "$C/workspace.tar" -T "$R/tmp/whole-ws" || rc2=$?
+    owned+=("$C/workspace.tar")
+fi
+[ "$rc" -le 1 ] && [ "$rc2" -le 1 ]
+cp "$last/manifest.gz" "$C/manifest.gz"
+cp -p "$last/stamp" "$C/stamp"
 cd /
-rm -rf "$W"
-bytes=$(stat -c %s "$C/layer.tar")
+rm -rf "$W" "$R/tmp/whole-home" "$R/tmp/whole-ws"
+bytes=0
+for f in "${owned[@]}" "$C/manifest.gz"; do bytes=$((bytes + $(stat -c %s "$f"))); done
 printf -v info '{"turn":%s,"at":%s,"base":null,"files_changed":%s,"workspace_files_changed":%s,"deleted":0,"workspace_deleted":0,"bytes":%s}' \
     "$CKPT_TURN" "$CKPT_AT" "$files" "$ws_files" "$bytes"
 printf '%s\n' "$info" >"$C/info.json"
 # Owned as the checkpoint's were: the next turn's container, as the agent, reads the latest.
-chown --reference="$last/manifest" -- "$C/layer.tar" "$C/manifest" "$C/stamp" "$C/info.json"
+chown --reference="$last/manifest.gz" -- "${owned[@]}" "$C/manifest.gz" "$C/stamp" "$C/info.json"
 printf '%s\n' "$info"
 "#;
 

@@ -2,10 +2,13 @@
 //! (`caw-box-<id>-checkpoint-<turn>`, role `checkpoint`, labelled like every object of the
 //! session, so `rm` and `gc` remove it with the session) holding:
 //!
-//! - `layer.tar`: the files of HOME, and of a copy-mode workspace, that changed since the
-//!   session's previous checkpoint (by their status-change time, which no program can set
-//!   back), or all of them for the session's first checkpoint;
-//! - `manifest`: every path there was then (NUL-separated, sorted), so that a restore
+//! - the files of HOME, and of a copy-mode workspace, that changed since the session's
+//!   previous checkpoint (by their status-change time, which no program can set back), or
+//!   all of them for the session's first checkpoint: HOME's in `home.tar.gz` (the CLIs'
+//!   state, databases and logs, compresses well; `gzip -1`), the workspace's in
+//!   `workspace.tar` (as large as the workspace in the first checkpoint, often incompressible:
+//!   not worth a turn's time);
+//! - `manifest.gz`: every path there was then (NUL-separated, sorted), so that a restore
 //!   deletes what the turn deleted;
 //! - `stamp`: touched before the scan: what the next checkpoint's changes are newer than;
 //! - `info.json`: what changed ([`CheckpointStats`]).
@@ -69,7 +72,7 @@ const IN_TURN_PREV_DIR: &str = "/var/lib/caw-box/checkpoint-prev";
 /// Takes a checkpoint into `/ckpt`, the previous one (if any) at `/prev`. Prints its
 /// `info.json`. Runs as root with the capabilities a faithful copy needs. (`CKPT_ROOT`
 /// moves every path under another root: the unit tests run it in a directory.)
-const TAKE_SCRIPT: &str = r#"set -eu
+const TAKE_SCRIPT: &str = r#"set -eu -o pipefail
 export LC_ALL=C
 umask 077
 R=${CKPT_ROOT:-}
@@ -92,28 +95,39 @@ list() { find "${roots[@]}" \( "${excl[@]}" \) -prune -o "$@" -print0; }
 : >"$C/stamp"
 list | sort -z >"$C/manifest"
 deleted=0 ws_deleted=0 base=null
-if [ -f "$P/stamp" ] && [ -f "$P/manifest" ]; then
+if [ -f "$P/stamp" ] && [ -f "$P/manifest.gz" ]; then
     base=$CKPT_PREV
     list -cnewer "$P/stamp" >"$C/changed"
     while IFS= read -r -d '' p; do
         deleted=$((deleted + 1))
         case $p in workspace/*) ws_deleted=$((ws_deleted + 1)) ;; esac
-    done < <(comm -z -23 "$P/manifest" "$C/manifest")
+    done < <(comm -z -23 <(gzip -dc "$P/manifest.gz") "$C/manifest")
 else
     cp "$C/manifest" "$C/changed"
 fi
 files=0 ws_files=0
+: >"$C/changed-home"
+: >"$C/changed-ws"
 while IFS= read -r -d '' p; do
+    case $p in
+    workspace | workspace/*) printf '%s\0' "$p" >>"$C/changed-ws" ;;
+    *) printf '%s\0' "$p" >>"$C/changed-home" ;;
+    esac
     [ -d "$p" ] && continue
     files=$((files + 1))
     case $p in workspace/*) ws_files=$((ws_files + 1)) ;; esac
 done <"$C/changed"
-rc=0
-tar --null --no-recursion --numeric-owner -cpf "$C/layer.tar" -T "$C/changed" || rc=$?
-rm -f "$C/changed"
+rc=0 rc2=0
+tar --null --no-recursion --numeric-owner -cpf - -T "$C/changed-home" | gzip -1 >"$C/home.tar.gz" \
+    || rc=$?
+if [ -s "$C/changed-ws" ]; then
+    tar --null --no-recursion --numeric-owner -cpf "$C/workspace.tar" -T "$C/changed-ws" || rc2=$?
+fi
+gzip -1 <"$C/manifest" >"$C/manifest.gz"
+rm -f "$C/changed" "$C/changed-home" "$C/changed-ws" "$C/manifest"
 # 1: a file changed as it was read, or a socket was left out; not a failure here.
-[ "$rc" -le 1 ]
-bytes=$(stat -c %s "$C/layer.tar")
+[ "$rc" -le 1 ] && [ "$rc2" -le 1 ]
+bytes=$(( $(stat -c %s "$C/home.tar.gz") + $( [ -f "$C/workspace.tar" ] && stat -c %s "$C/workspace.tar" || echo 0) + $(stat -c %s "$C/manifest.gz") ))
 [ -n "${CKPT_AT:-}" ] || printf -v CKPT_AT '%(%s)T' -1
 printf -v info '{"turn":%s,"at":%s,"base":%s,"files_changed":%s,"workspace_files_changed":%s,"deleted":%s,"workspace_deleted":%s,"bytes":%s}' \
     "$CKPT_TURN" "$CKPT_AT" "$base" $((files + deleted)) $((ws_files + ws_deleted)) \
@@ -142,7 +156,10 @@ fi
 [ "$CKPT_WORKSPACE" = 1 ] && roots+=(workspace)
 last=
 for c in $CKPT_CHAIN; do
-    tar --numeric-owner "${aside[@]}" -xpf "$R/c/$c/layer.tar" -C "${R:-/}"
+    for layer in home.tar.gz workspace.tar; do
+        [ -f "$R/c/$c/$layer" ] || continue
+        tar --numeric-owner "${aside[@]}" -xpf "$R/c/$c/$layer" -C "${R:-/}"
+    done
     last="$R/c/$c"
 done
 if [ "${CKPT_HOME:-1}" != 1 ]; then
@@ -157,7 +174,7 @@ if [ "${CKPT_HOME:-1}" != 1 ]; then
 fi
 [ ${#roots[@]} -gt 0 ] || exit 0
 find "${roots[@]}" -print0 | sort -z >"$R/tmp/now"
-comm -z -23 "$R/tmp/now" "$last/manifest" | xargs -0 -r rm -rf --
+comm -z -23 "$R/tmp/now" <(gzip -dc "$last/manifest.gz") | xargs -0 -r rm -rf --
 # What no checkpoint holds but the session keeps from its start: from the source's HOME.
 if [ -n "${CKPT_FROM_SOURCE:-}" ] && [ -f "$R/srchome/$CKPT_FROM_SOURCE" ]; then
     mkdir -p "home/agent/$(dirname "$CKPT_FROM_SOURCE")"
@@ -718,6 +735,32 @@ mod tests {
         assert_eq!(second.base, Some(1));
         assert_eq!((second.files_changed, second.deleted), (3, 1), "{second:?}");
         assert_eq!(second.workspace_files_changed, 1);
+        // HOME's files gzipped, the workspace's as they are, the listing gzipped; nothing else.
+        let mut held: Vec<String> = std::fs::read_dir(&c2)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        held.sort();
+        let want = [
+            "home.tar.gz",
+            "info.json",
+            "manifest.gz",
+            "stamp",
+            "workspace.tar",
+        ];
+        assert_eq!(held, want);
+        for gz in ["home.tar.gz", "manifest.gz"] {
+            assert_eq!(
+                std::fs::read(c2.join(gz)).unwrap()[..2],
+                [0x1f, 0x8b],
+                "{gz}"
+            );
+        }
+        let sizes: u64 = ["home.tar.gz", "manifest.gz", "workspace.tar"]
+            .iter()
+            .map(|f| std::fs::metadata(c2.join(f)).unwrap().len())
+            .sum();
+        assert_eq!(second.bytes, sizes, "{second:?}");
 
         for (turn, chain, want, conversation) in [
             (
