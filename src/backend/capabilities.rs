@@ -40,8 +40,8 @@ pub struct Capabilities {
     /// turn pod's init container).
     pub fill_volume_first: bool,
     /// Whether every turn's end is kept as a checkpoint (`session::checkpoint`), which
-    /// `caw-box fork` starts from: Docker's engine. Not yet Podman's or a cluster's (their
-    /// turns keep none, and `fork` says so).
+    /// `caw-box fork` starts from: Docker's engine and a cluster (a claim per checkpoint).
+    /// Not yet Podman's (its turns keep none, and `fork` says so).
     pub checkpoints: bool,
 }
 

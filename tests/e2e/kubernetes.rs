@@ -857,6 +857,41 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
         stderr_of(&out)
     );
 
+    // Issue 53 on a cluster: a checkpoint claim per turn; a fork at turn 1 recalls turn 1's
+    // word and not turn 4's, made and run in the cluster.
+    check("fork --at 1");
+    let data = tempfile::tempdir().unwrap();
+    let mut fourth = caw_handle_only(data.path(), workspace.path(), &lab);
+    fourth
+        .args(["resume", handle, "--endpoint", &endpoint])
+        .args(["--env", &format!("{}={TEST_KEY}", p.key_var)])
+        .args(["-o", "json", "REMEMBER:plum-codex"]);
+    let out = crate::common::run(fourth);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let mut fork = caw_handle_only(data.path(), workspace.path(), &lab);
+    fork.args(["fork", handle, "--at", "1", "--endpoint", &endpoint])
+        .args(["--env", &format!("{}={TEST_KEY}", p.key_var)])
+        .args(["-o", "json", "RECALL"]);
+    let out = crate::common::run(fork);
+    let forks = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{forks}\n{}", stderr_of(&out));
+    let forked = &forks["sessions"][0];
+    let answer = forked["result"]["result"].as_str().unwrap_or_default();
+    assert!(answer.contains("remember quince-codex"), "{forks}");
+    assert!(!answer.contains("plum"), "{forks}");
+    assert_eq!(forked["result"]["turn"], 2, "{forks}");
+    let fork_id = forked["session_id"].as_str().unwrap().to_string();
+    let claims = lab.caw_objects();
+    let codex_id = &sessions
+        .iter()
+        .find(|(p, _, _)| p.name == "codex")
+        .unwrap()
+        .1;
+    for turn in 1..=4 {
+        let claim = format!("persistentvolumeclaim/caw-box-{codex_id}-checkpoint-{turn}");
+        assert!(claims.contains(&claim), "no {claim}: {claims:?}");
+    }
+
     check("ls from the API server");
     let data = tempfile::tempdir().unwrap();
     let mut ls = caw_k8s(data.path(), workspace.path(), &lab);
@@ -872,7 +907,7 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
             .find(|r| r["session_id"] == id.as_str())
             .unwrap_or_else(|| panic!("{id} not listed: {listed}"));
         assert_eq!(row["provider"], p.name, "{row}");
-        let turns = if p.name == "codex" { 3 } else { 2 };
+        let turns = if p.name == "codex" { 4 } else { 2 };
         assert_eq!(row["turns"], turns, "{row}");
     }
 
@@ -904,6 +939,7 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
     for (_, id, _) in &sessions {
         rm.arg(id);
     }
+    rm.arg(&fork_id);
     let out = crate::common::run(rm);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -214,8 +214,8 @@ fn capabilities(namespace: &str, context: Option<&str>) -> crate::backend::Capab
         hands_over_to_root: false,
         // The turn pod's init container seeds a new claim.
         fill_volume_first: false,
-        // Not yet: a claim and a pod per turn (issue 53's Kubernetes phase).
-        checkpoints: false,
+        // A claim per checkpoint, written by the turn's pod (`spec::pod_volumes`).
+        checkpoints: true,
     }
 }
 

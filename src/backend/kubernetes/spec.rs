@@ -129,7 +129,9 @@ fn pod_volumes(
     sidecars: bool,
     held: bool,
 ) -> Result<(Vec<Volume>, Vec<VolumeMount>)> {
-    let mounts: Vec<&MountSpec> = spec.mounts().collect();
+    // The state claim first (`seed_home`), then the workspace's, then the checkpoint's
+    // (the new one, the previous one read-only: `session::checkpoint::prepare`).
+    let mounts: Vec<&MountSpec> = spec.mounts().chain(&spec.checkpoint).collect();
     let (mut volumes, mut volume_mounts) = claim_mounts(&mounts)?;
     // The runtime directory holds secrets for a moment: memory, never a node's disk.
     volumes.push(empty_dir("runtime", true, "64Mi"));

@@ -86,7 +86,7 @@ pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -
             "fork needs checkpoints, which caw-box does not keep on {} yet",
             backend.capabilities().words.engine
         ))
-        .with_hint("fork a session of a Docker engine (not Podman, not Kubernetes)"));
+        .with_hint("fork a session of a Docker engine or a Kubernetes cluster (not Podman)"));
     }
     let view = target::resolve_view(backend, target).await?;
     let id = view.facts.session_id;
@@ -415,7 +415,9 @@ pub fn handoff_text(source: &SessionRecord, at: u32, to: ProviderKind) -> String
     let mut text = format!(
         "# Handoff
 
-You take over from another coding agent ({from}, caw-box session {id})          after its turn {at}. Its conversation cannot move to {to}, so here is what it was:          its prompts and final answers. The workspace is as that agent left it at the end of          turn {at}.
+You take over from another coding agent ({from}, caw-box session {id}) after its turn {at}. \
+Its conversation cannot move to {to}, so here is what it was: its prompts and final answers. \
+The workspace is as that agent left it at the end of turn {at}.
 ",
         from = source.provider,
         id = source.session_id,
@@ -575,6 +577,10 @@ mod tests {
         let text = handoff_text(&source, 1, ProviderKind::Gemini);
         assert!(text.contains("another coding agent (codex"), "{text}");
         assert!(text.contains("cannot move to gemini"), "{text}");
+        assert!(
+            text.contains("after its turn 1. Its conversation") && !text.contains("  "),
+            "one space between words: {text}"
+        );
         assert!(
             text.contains("## Turn 1: prompt\n\nplan the parser\n\n## Turn 1: answer (success)\n\na plan: three steps\n"),
             "{text}"
