@@ -237,7 +237,8 @@ class Session:
         return turn
 
     def fork(self, at: Optional[int] = None, n: int = 1, name: Optional[str] = None,
-             group: Optional[str] = None, prompt: Optional[str] = None) -> List["Session"]:
+             group: Optional[str] = None, prompt: Optional[str] = None,
+             provider: Optional[str] = None) -> List["Session"]:
         """`caw-box fork`: `n` (1 to 8) new sessions whose conversation and workspace are this
         session's as they were at the end of turn `at` (default: its latest), in a list; each
         is a whole session (its own `resume_handle`, resumable anywhere), with this session's
@@ -246,9 +247,13 @@ class Session:
         (`caw_box.wait(fork.id)` waits for it), as `send(prompt, detach=True)`. This session
         is only read; one running a turn is refused (`BusyError`), as is a turn it does not
         have (`NotFoundError`); nothing is made then, nor for a bad `n`, name or prompt
-        (`UsageError`)."""
+        (`UsageError`). `provider` makes the forks in another vendor's CLI: the workspace is
+        the turn's, and each fork's first turn gets a handoff (this session's prompts and
+        answers up to the turn, the files it changed) ahead of its prompt, as
+        `caw-box fork --provider`."""
         self._check_open()
-        natives = _native_call(self._native.fork, self._turn_flags, at, n, name, group, prompt)
+        natives = _native_call(self._native.fork, self._turn_flags, at, n, name, group, prompt,
+                               provider)
         return [Session(native, self._turn_flags) for native in natives]
 
     def stream(self, prompt: str, *, timeout=None) -> "TurnStream":

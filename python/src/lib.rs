@@ -257,7 +257,7 @@ impl NativeSession {
     /// `n` forks of this session at the end of turn `at` (its latest by default): new
     /// sessions, each opened with `caw-box resume`'s `flags`; with `prompt`, each fork's
     /// first turn started in a background driver process.
-    #[pyo3(signature = (flags, at=None, n=1, name=None, group=None, prompt=None))]
+    #[pyo3(signature = (flags, at=None, n=1, name=None, group=None, prompt=None, provider=None))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn fork(
         &self,
@@ -268,14 +268,20 @@ impl NativeSession {
         name: Option<String>,
         group: Option<String>,
         prompt: Option<String>,
+        provider: Option<String>,
     ) -> PyResult<Vec<NativeSession>> {
         let rt = rt()?;
+        let provider = provider
+            .as_deref()
+            .map(str::parse::<caw_box::ProviderKind>)
+            .transpose()
+            .map_err(raise)?;
         let request = caw_box::ForkRequest {
             at,
             count: n,
             name,
             group,
-            provider: None,
+            provider,
         };
         let forks = py.detach(|| {
             rt.block_on(caw_box::embed::fork(

@@ -229,7 +229,8 @@ def test_a_fork_recalls_its_sources_turn_and_not_the_later_one(rig):
     assert source.send("REMEMBER:quince").ok
     assert source.send("REMEMBER:medlar").ok
     before = sorted(s["session_id"] for s in caw_box.sessions())
-    for bad in (dict(n=0), dict(n=9), dict(at=0), dict(name="not a name"), dict(prompt="x" * (1024 * 1024 + 1))):
+    for bad in (dict(n=0), dict(n=9), dict(at=0), dict(name="not a name"), dict(prompt="x" * (1024 * 1024 + 1)),
+                dict(provider="nope")):
         with pytest.raises(caw_box.UsageError) as e:
             source.fork(**bad)
         assert e.value.exit_code == 2, (bad, e.value)
@@ -243,6 +244,12 @@ def test_a_fork_recalls_its_sources_turn_and_not_the_later_one(rig):
     assert turn.ok and turn.turn == 2, turn
     assert "remember quince" in turn.result and "medlar" not in turn.result, turn.result
     assert "forked_from" in fork.resume_handle
+
+    # In another vendor's CLI: a gemini session (its first turn would get the handoff).
+    [handed] = source.fork(at=1, provider="gemini")
+    rows = {s["session_id"]: s for s in caw_box.sessions()}
+    assert rows[handed.id]["provider"] == "gemini", rows[handed.id]
+    assert json.loads(handed.resume_handle)["forked_from"] == {"session": source.id, "turn": 1}
 
     group = f"forks-{rig.run_id}"
     detached = source.fork(n=2, group=group, prompt="RECALL")

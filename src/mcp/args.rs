@@ -122,6 +122,12 @@ pub struct ForkArgs {
     /// turn (then `wait` for the forks). Without it the forks are made and wait for a
     /// `reply`; the overrides below need it.
     pub prompt: Option<String>,
+    /// Another vendor's CLI for the forks (`claude_code`, `codex`, `opencode`, `gemini`): the
+    /// workspace is the turn's, the conversation cannot move between vendors, so each fork's
+    /// first turn gets a handoff (the session's prompts and answers up to the turn, the
+    /// files it changed) ahead of its prompt. Default: the session's own CLI, its
+    /// conversation copied.
+    pub provider: Option<String>,
     #[serde(flatten)]
     pub overrides: Overrides,
 }

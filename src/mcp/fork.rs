@@ -6,8 +6,9 @@
 //! A tool call narrows the server's walls, never widens them: only a session of the scope is
 //! forked (one outside it is not found, as for `reply`); with a prompt, each fork's first turn
 //! starts as `reply` starts one ([`CallTurn`]: the same ceilings, prompt cap, budget share and
-//! queue), checked on the source before any fork is made. Not here yet: a fork in another
-//! vendor's CLI (`caw-box fork --provider`), whose ceilings would be the other CLI's.
+//! queue), checked on the source before any fork is made. A fork in another vendor's CLI
+//! (`provider`, as `caw-box fork --provider`) is checked against the server's ceilings for
+//! that CLI, with the settings the fork will have (that CLI's image, its default model).
 
 use serde_json::{json, Value};
 
@@ -22,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
 use crate::session::lifecycle::fork::{ForkRequest, MAX_FORKS};
 use crate::session::runner::handle_of;
-use crate::session::SessionRecord;
+use crate::session::{SessionRecord, SessionSettings};
 
 /// `fork`: `n` forks of a session at a finished turn, each with its first turn running in
 /// the background when the call gives a prompt.
@@ -42,21 +43,33 @@ pub async fn fork(defaults: &Defaults, a: ForkArgs) -> Result<Value> {
         ));
     }
     let client = Client::connect().await?;
+    let wanted: Option<ProviderKind> = a.provider.as_deref().map(str::parse).transpose()?;
     let view = turns::scoped(&client, policy, &a.session).await?;
     let source = view.facts.session_id.to_string();
-    let provider = view.facts.provider;
+    let handoff = wanted.filter(|p| *p != view.facts.provider);
+    let provider = handoff.unwrap_or(view.facts.provider);
     turns::refuse_busy(defaults, &client, view.facts.session_id).await?;
     let record = view.record();
     // Everything the forks' first turns would be refused for is refused before a fork is
-    // made: the source opened as each fork will be (a fork has its source's settings).
-    let first = match &a.prompt {
-        Some(prompt) => {
+    // made: the source opened as each fork will be (a fork has its source's settings), or,
+    // in another vendor's CLI, the settings the fork will have checked for that CLI.
+    let first = match (&a.prompt, handoff) {
+        (Some(prompt), None) => {
             let call = CallTurn::read(policy, &a.overrides, provider)?;
             call.open(defaults, &source, provider, prompt, None).await?;
             Some((call, prompt.as_str()))
         }
-        None => {
-            policy.admit(provider, &record.settings, &[])?;
+        (Some(prompt), Some(p)) => {
+            let call = CallTurn::read(policy, &a.overrides, p)?;
+            policy.admit(p, &handed_off(&record.settings, p), &[])?;
+            Some((call, prompt.as_str()))
+        }
+        (None, _) => {
+            let settings = match handoff {
+                Some(p) => handed_off(&record.settings, p),
+                None => record.settings.clone(),
+            };
+            policy.admit(provider, &settings, &[])?;
             None
         }
     };
@@ -74,7 +87,7 @@ pub async fn fork(defaults: &Defaults, a: ForkArgs) -> Result<Value> {
         count: n,
         name: a.name.clone(),
         group: group.clone(),
-        provider: None,
+        provider: handoff,
     };
     let forks = client.fork(&source, &request).await?;
     let from = json!(forks.forked_from);
@@ -118,6 +131,16 @@ pub async fn fork(defaults: &Defaults, a: ForkArgs) -> Result<Value> {
         answer["workspace_copied_from"] = json!(dir);
     }
     Ok(answer)
+}
+
+/// The settings a fork of a session with `settings` has in `provider`'s CLI
+/// (`lifecycle::fork`): that CLI's image and default model, the rest the session's.
+fn handed_off(settings: &SessionSettings, provider: ProviderKind) -> SessionSettings {
+    let mut s = settings.clone();
+    s.image = provider.default_image();
+    s.model = None;
+    s.handoff = true;
+    s
 }
 
 /// A fork as made, before (or without) its first turn.
@@ -194,7 +217,8 @@ mod tests {
     }
 
     /// What no session could satisfy is refused before the backend is asked (no Docker
-    /// here): `n` outside 1..=8, `at_turn: 0`, a first turn's settings without its prompt.
+    /// here): `n` outside 1..=8, `at_turn: 0`, a first turn's settings without its prompt, an
+    /// unknown provider.
     #[tokio::test(flavor = "current_thread")]
     async fn a_bad_count_turn_or_settings_without_a_prompt_are_refused_first() {
         let d = defaults();
@@ -203,6 +227,7 @@ mod tests {
             (json!({"session": "s", "n": 9, "prompt": "hi"}), "not 9"),
             (json!({"session": "s", "at_turn": 0}), "at_turn 0"),
             (json!({"session": "s", "model": "m"}), "give `prompt`"),
+            (json!({"session": "s", "provider": "nope"}), "nope"),
         ] {
             let e = fork(&d, args(call.clone())).await.unwrap_err();
             assert_eq!(e.kind, crate::error::ErrorKind::Usage, "{call}: {e}");

@@ -99,7 +99,7 @@ async def main_server(s):
     fork_props = tools["fork"].inputSchema["properties"]
     for arg in ["session", "at_turn", "n", "name", "group", "prompt", "model", "max_cost_usd"]:
         assert arg in fork_props, arg
-    assert "provider" not in fork_props, "a fork in another vendor's CLI is not built"
+    assert "provider" in fork_props, fork_props
     assert fork_props["n"]["minimum"] == 1 and fork_props["n"]["maximum"] == 8, fork_props["n"]
     assert set(tools["fork"].inputSchema["required"]) == {"session"}
 
@@ -313,10 +313,20 @@ async def forks(s):
             ({"session": PLANNER, "n": 0}, "usage", "n must be 1 to 8, not 0"),
             ({"session": PLANNER, "n": 9, "prompt": "hi"}, "usage", "n must be 1 to 8, not 9"),
             ({"session": PLANNER, "at_turn": 2}, "not_found", "no turn 2"),
-            ({"session": PLANNER, "model": "gpt-5.5"}, "usage", "prompt")]:
+            ({"session": PLANNER, "model": "gpt-5.5"}, "usage", "prompt"),
+            ({"session": PLANNER, "provider": "nope"}, "usage", "nope")]:
         e = await call(s, "fork", args, ok=False)
         assert e["error"]["kind"] == kind and says in e["error"]["message"], (args, e)
     assert await session_ids(s) == before, "a refused fork made a session"
+
+    check("fork in another vendor's CLI: a gemini session from the plan, with the handoff")
+    fk = await call(s, "fork", {"session": PLANNER, "provider": "gemini"})
+    (g,) = fk["sessions"]
+    assert g["provider"] == "gemini" and g["forked_from"] == {"session": src, "turn": 1}, fk
+    ls = {x["session_id"]: x for x in (await call(s, "list", {}))["sessions"]}
+    assert ls[g["session_id"]]["provider"] == "gemini", ls
+    await call(s, "remove", {"session": g["session_id"]})
+    assert await session_ids(s) == before, "the gemini fork was not removed"
 
     check("fork n: 3 with a prompt: three sessions from the plan, each its own way; diff, apply")
     fk = await call(s, "fork", {"session": PLANNER, "n": 3,
