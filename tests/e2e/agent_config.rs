@@ -779,12 +779,7 @@ fn mcp_header_secret_stays_secret(p: P) {
         .collect();
     assert!(!checkpoints.is_empty(), "the turn left no checkpoint");
     for volume in checkpoints {
-        let held = scan_named_volume(
-            &rig,
-            &volume,
-            &[MCP_SECRET],
-            ("/h/info.json", "\"files_changed\":"),
-        );
+        let held = scan_checkpoint_volume(&rig, &volume, &[MCP_SECRET]);
         assert!(held.is_empty(), "the secret is in {volume}: {held:?}");
     }
 }

@@ -111,15 +111,7 @@ fn bad_input_is_refused_cleanly_and_creates_nothing() {
     // Podman's API chooses no runtime per container, so there gVisor's is refused too.
     let out = run(rig.run_cmd(CODEX, "hi", &["--runtime", "caw-box-no-such-runtime"]));
     assert_refused(&out, 3, "--runtime caw-box-no-such-runtime: ");
-    let podman = rig
-        .rt
-        .block_on(rig.docker.version())
-        .unwrap()
-        .components
-        .unwrap_or_default()
-        .iter()
-        .any(|c| c.name.starts_with("Podman"));
-    if podman {
+    if rig.is_podman() {
         let out = run(rig.run_cmd(CODEX, "hi", &["--runtime", "runsc"]));
         assert_refused(
             &out,

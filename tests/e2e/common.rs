@@ -480,6 +480,18 @@ impl Rig {
         })
     }
 
+    /// Whether the rig's engine is Podman's service (its Docker-compatible API), where
+    /// caw-box keeps no checkpoints yet.
+    pub fn is_podman(&self) -> bool {
+        self.rt
+            .block_on(self.docker.version())
+            .unwrap()
+            .components
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.name.starts_with("Podman"))
+    }
+
     /// State volumes of this test.
     pub fn caw_volumes(&self) -> Vec<String> {
         self.rt.block_on(async {
@@ -993,6 +1005,30 @@ pub fn scan_named_volume(
     needles: &[&str],
     control: (&str, &str),
 ) -> Vec<String> {
+    scan_in(rig, volume, needles, control, false)
+}
+
+/// [`scan_named_volume`] for a checkpoint's volume, whose layers are gzipped (a grep of the
+/// volume's bytes would not see into them): each `*.gz` unpacked to `/tmp/z` first and
+/// scanned too (a file there named as its layer without `.gz`). The control is a path every
+/// HOME layer holds, found in the unpacked HOME layer: the scan reads inside it.
+pub fn scan_checkpoint_volume(rig: &Rig, volume: &str, needles: &[&str]) -> Vec<String> {
+    scan_in(
+        rig,
+        volume,
+        needles,
+        ("/tmp/z/home.tar", "home/agent/"),
+        true,
+    )
+}
+
+fn scan_in(
+    rig: &Rig,
+    volume: &str,
+    needles: &[&str],
+    control: (&str, &str),
+    unpack: bool,
+) -> Vec<String> {
     let (control_file, control_text) = control;
     assert!(
         !needles
@@ -1002,11 +1038,22 @@ pub fn scan_named_volume(
     );
     // -o -H -Z: one `file\0match` line per match, so one pass tells the control's
     // matches from the needles'.
-    let mut cmd = vec!["grep", "-rHoaFZ", "-e", control_text];
+    const UNPACK: &str = r#"mkdir -p /tmp/z
+for f in /h/*.gz; do
+    [ -f "$f" ] && gzip -dc "$f" >"/tmp/z/$(basename "$f" .gz)"
+done
+exec grep "$@" /h /tmp/z"#;
+    let mut cmd = if unpack {
+        vec!["sh", "-c", UNPACK, "scan", "-rHoaFZ", "-e", control_text]
+    } else {
+        vec!["grep", "-rHoaFZ", "-e", control_text]
+    };
     for needle in needles {
         cmd.extend(["-e", needle]);
     }
-    cmd.push("/h");
+    if !unpack {
+        cmd.push("/h");
+    }
     // grep: 0 something matched, 1 nothing (not even the control), 2 an error.
     let (code, out, err) = run_in_named_volume(rig, volume, &cmd);
     assert!(code <= 1, "grep in volume {volume} failed ({code}): {err}");

@@ -64,6 +64,36 @@ pub struct VolumeEntry {
     pub mount: Option<String>,
 }
 
+/// Whether a checkpoint volume's files (`tar`) hold one of `secrets`: their bytes, and each
+/// gzipped layer unpacked (its bytes say nothing of what it holds). One that cannot be read
+/// counts as holding one: the checkpoints are then left out, never carried unread.
+fn checkpoint_holds_any(tar: &[u8], secrets: &[Vec<u8>]) -> bool {
+    if crate::auth::holds_any(tar, secrets) {
+        return true;
+    }
+    let mut archive = tar::Archive::new(tar);
+    let Ok(entries) = archive.entries() else {
+        return true;
+    };
+    for entry in entries {
+        let Ok(mut entry) = entry else {
+            return true;
+        };
+        let gzipped = entry
+            .path()
+            .is_ok_and(|p| p.extension().is_some_and(|x| x == "gz"));
+        if gzipped {
+            let mut raw = Vec::new();
+            let read =
+                std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&mut entry), &mut raw);
+            if read.is_err() || crate::auth::holds_any(&raw, secrets) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
 /// What `export` did.
 #[derive(Debug, Default)]
 pub struct ExportReport {
@@ -178,7 +208,7 @@ pub async fn export(
     if !secrets.is_empty()
         && trees
             .iter()
-            .any(|(v, tar)| is_checkpoint(v) && crate::auth::holds_any(tar, &secrets))
+            .any(|(v, tar)| is_checkpoint(v) && checkpoint_holds_any(tar, &secrets))
     {
         report.checkpoints_withheld = true;
         trees.retain(|(v, _)| !is_checkpoint(v));
@@ -597,6 +627,34 @@ fn write_failed(e: std::io::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key inside a checkpoint's gzipped HOME layer is found (the layer's own bytes do not
+    /// show it); a volume without one, and with the key's bytes nowhere, is not held.
+    #[test]
+    fn a_key_in_a_gzipped_layer_holds_the_checkpoints_back() {
+        let key = b"sk-test-0123456789abcdef".to_vec();
+        let volume = |inner: &[u8]| {
+            let mut layer = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            std::io::Write::write_all(&mut layer, inner).unwrap();
+            let layer = layer.finish().unwrap();
+            let mut b = tar::Builder::new(Vec::new());
+            append(&mut b, "./home.tar.gz", &layer, 0o600, (1000, 1000)).unwrap();
+            append(&mut b, "./info.json", b"{}", 0o600, (1000, 1000)).unwrap();
+            b.into_inner().unwrap()
+        };
+        // (Among enough text that deflate codes it, not stores it as it is.)
+        let filler = b"home/agent/.codex/state.sqlite ".repeat(200);
+        let holding = volume(&[filler.as_slice(), &key, &filler].concat());
+        assert!(
+            !crate::auth::holds_any(&holding, &[key.clone()]),
+            "gzip hides it"
+        );
+        assert!(checkpoint_holds_any(&holding, &[key.clone()]));
+        assert!(!checkpoint_holds_any(
+            &volume(b"home/agent/other\0"),
+            &[key]
+        ));
+    }
 
     fn archive_of(manifest: &Manifest, files: &[(&str, &[u8])]) -> Vec<u8> {
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
