@@ -275,7 +275,7 @@ impl NativeSession {
             .as_deref()
             .map(str::parse::<caw_box::ProviderKind>)
             .transpose()
-            .map_err(raise)?;
+            .map_err(|e| raise(e.into()))?;
         let request = caw_box::ForkRequest {
             at,
             count: n,

@@ -249,7 +249,7 @@ def test_a_fork_recalls_its_sources_turn_and_not_the_later_one(rig):
     [handed] = source.fork(at=1, provider="gemini")
     rows = {s["session_id"]: s for s in caw_box.sessions()}
     assert rows[handed.id]["provider"] == "gemini", rows[handed.id]
-    assert json.loads(handed.resume_handle)["forked_from"] == {"session": source.id, "turn": 1}
+    assert rows[handed.id]["forked_from"] == {"session": source.id, "turn": 1}, rows[handed.id]
 
     group = f"forks-{rig.run_id}"
     detached = source.fork(n=2, group=group, prompt="RECALL")
