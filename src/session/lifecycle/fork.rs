@@ -90,8 +90,12 @@ pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -
     }
     let view = target::resolve_view(backend, target).await?;
     let id = view.facts.session_id;
+    // First: it may record a turn whose driver is gone (and its checkpoint).
     refuse_busy(backend, id).await?;
-    let record = full_record(backend, &view).await?;
+    // Independent reads, side by side: each is a round trip.
+    let (record, checkpoints) =
+        tokio::join!(full_record(backend, &view), checkpoint::list(backend, id));
+    let (record, checkpoints) = (record?, checkpoints?);
     let last = record.turns.last().map_or(0, |t| t.turn);
     if last == 0 {
         return Err(Error::usage(format!(
@@ -105,7 +109,6 @@ pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -
             "session {id} has no turn {at}: its last is turn {last}"
         )));
     }
-    let checkpoints = checkpoint::list(backend, id).await?;
     let chain = checkpoint::chain_to(&checkpoints, at).ok_or_else(|| {
         let hint = match record.settings.forked_from {
             // A fork keeps no checkpoint of the turns it inherited: its source has them.
@@ -402,8 +405,12 @@ async fn make_one(
         Some(text) => Some(with_files_changed(backend, &record, text).await?),
         None => None,
     };
-    write_record(backend, &record, handoff.as_deref()).await?;
-    history::write_turn_summary(backend, &record).await?;
+    let (written, summary) = tokio::join!(
+        write_record(backend, &record, handoff.as_deref()),
+        history::write_turn_summary(backend, &record)
+    );
+    written?;
+    summary?;
     history::cache_record(&record);
     Ok(record)
 }
