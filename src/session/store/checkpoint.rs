@@ -346,6 +346,8 @@ pub async fn take(
 pub struct InTurn {
     pub mounts: Vec<MountSpec>,
     pub env: Vec<String>,
+    /// The new checkpoint's volume.
+    pub volume: String,
 }
 
 /// Makes the (empty) checkpoint volume of `turn` before its turn runs, for the turn's own
@@ -382,7 +384,11 @@ pub async fn prepare(backend: &impl Backend, source: &Source<'_>, turn: u32) -> 
         format!("CAW_BOX_CHECKPOINT_SCRIPT={TAKE_SCRIPT}"),
         format!("CKPT_PREV_DIR={IN_TURN_PREV_DIR}"),
     ]);
-    Ok(InTurn { mounts, env })
+    Ok(InTurn {
+        mounts,
+        env,
+        volume,
+    })
 }
 
 /// After the turn, while its container `name` (stopped) still holds the session's lock,
@@ -703,6 +709,36 @@ mod tests {
         serde_json::from_str(out.trim()).unwrap()
     }
 
+    /// HOME's files gzipped, the workspace's as they are, the listing gzipped; nothing else,
+    /// and `bytes` is what the layers and listing hold.
+    fn holds_its_layers(c: &std::path::Path, stats: &CheckpointStats) {
+        let mut held: Vec<String> = std::fs::read_dir(c)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        held.sort();
+        let want = [
+            "home.tar.gz",
+            "info.json",
+            "manifest.gz",
+            "stamp",
+            "workspace.tar",
+        ];
+        assert_eq!(held, want);
+        for gz in ["home.tar.gz", "manifest.gz"] {
+            assert_eq!(
+                std::fs::read(c.join(gz)).unwrap()[..2],
+                [0x1f, 0x8b],
+                "{gz}"
+            );
+        }
+        let sizes: u64 = ["home.tar.gz", "manifest.gz", "workspace.tar"]
+            .iter()
+            .map(|f| std::fs::metadata(c.join(f)).unwrap().len())
+            .sum();
+        assert_eq!(stats.bytes, sizes, "{stats:?}");
+    }
+
     /// The take and restore scripts, run on this host in a directory: a later layer holds
     /// only what changed (deletions counted), credentials and caw-box's records are never
     /// in one, and a restore is the turn's tree exactly.
@@ -735,32 +771,7 @@ mod tests {
         assert_eq!(second.base, Some(1));
         assert_eq!((second.files_changed, second.deleted), (3, 1), "{second:?}");
         assert_eq!(second.workspace_files_changed, 1);
-        // HOME's files gzipped, the workspace's as they are, the listing gzipped; nothing else.
-        let mut held: Vec<String> = std::fs::read_dir(&c2)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        held.sort();
-        let want = [
-            "home.tar.gz",
-            "info.json",
-            "manifest.gz",
-            "stamp",
-            "workspace.tar",
-        ];
-        assert_eq!(held, want);
-        for gz in ["home.tar.gz", "manifest.gz"] {
-            assert_eq!(
-                std::fs::read(c2.join(gz)).unwrap()[..2],
-                [0x1f, 0x8b],
-                "{gz}"
-            );
-        }
-        let sizes: u64 = ["home.tar.gz", "manifest.gz", "workspace.tar"]
-            .iter()
-            .map(|f| std::fs::metadata(c2.join(f)).unwrap().len())
-            .sum();
-        assert_eq!(second.bytes, sizes, "{second:?}");
+        holds_its_layers(&c2, &second);
 
         for (turn, chain, want, conversation) in [
             (

@@ -633,6 +633,7 @@ mod tests {
     #[test]
     fn a_key_in_a_gzipped_layer_holds_the_checkpoints_back() {
         let key = b"sk-test-0123456789abcdef".to_vec();
+        let keys = [key.clone()];
         let volume = |inner: &[u8]| {
             let mut layer = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
             std::io::Write::write_all(&mut layer, inner).unwrap();
@@ -645,15 +646,9 @@ mod tests {
         // (Among enough text that deflate codes it, not stores it as it is.)
         let filler = b"home/agent/.codex/state.sqlite ".repeat(200);
         let holding = volume(&[filler.as_slice(), &key, &filler].concat());
-        assert!(
-            !crate::auth::holds_any(&holding, &[key.clone()]),
-            "gzip hides it"
-        );
-        assert!(checkpoint_holds_any(&holding, &[key.clone()]));
-        assert!(!checkpoint_holds_any(
-            &volume(b"home/agent/other\0"),
-            &[key]
-        ));
+        assert!(!crate::auth::holds_any(&holding, &keys), "gzip hides it");
+        assert!(checkpoint_holds_any(&holding, &keys));
+        assert!(!checkpoint_holds_any(&volume(b"home/agent/other\0"), &keys));
     }
 
     fn archive_of(manifest: &Manifest, files: &[(&str, &[u8])]) -> Vec<u8> {

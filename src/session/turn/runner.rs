@@ -256,9 +256,7 @@ async fn realise(
         ),
         in_turn
     );
-    let prepared = in_turn
-        .is_some()
-        .then(|| crate::session::store::names::checkpoint_volume(record.session_id, turn));
+    let prepared = in_turn.as_ref().map(|c| c.volume.clone());
     if let Err(e) = first {
         record.owner = owner_before;
         drop_unused_checkpoint(backend, prepared.as_deref()).await;
@@ -325,9 +323,7 @@ async fn realise(
     if let Some(g) = guard.as_ref().filter(|_| container_made) {
         sweep_again(g, &mut outcome);
     }
-    if !container_made {
-        drop_unused_checkpoint(backend, prepared.as_deref()).await;
-    }
+    drop_unused_checkpoint(backend, prepared.as_deref().filter(|_| !container_made)).await;
     if let Some(b) = &broker {
         b.stop(backend).await;
     }
