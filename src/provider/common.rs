@@ -192,7 +192,7 @@ impl TurnState {
             None if exit_code == 0 => {
                 "the CLI exited with code 0 without finishing the turn".to_string()
             }
-            None => format!("the CLI exited with code {exit_code}"),
+            None => exited_with(exit_code),
         };
         let status = self.failure.unwrap_or_else(|| classify_failure(&message));
         TurnOutcome {
@@ -219,6 +219,11 @@ pub fn merge_json(base: &mut serde_json::Value, overlay: &serde_json::Value) {
         }
         (b, o) => *b = o.clone(),
     }
+}
+
+/// A failed turn's result when its CLI said nothing of why: its exit code.
+pub(crate) fn exited_with(exit_code: i64) -> String {
+    format!("the CLI exited with code {exit_code}")
 }
 
 #[cfg(test)]

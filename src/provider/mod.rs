@@ -11,6 +11,7 @@ use crate::event::{Event, Status, Usage};
 mod claude_code;
 mod codex;
 mod common;
+pub(crate) use common::exited_with;
 pub use common::merge_json;
 #[cfg(test)]
 mod agent_config_tests;

@@ -336,7 +336,7 @@ async fn handoff_stdin(
 /// A failed turn's result when its CLI said nothing of why in its output (`result` empty,
 /// or no more than its exit code): the last line it wrote on stderr, where there is one.
 fn with_stderr(result: String, exit_code: i64, stderr: &[u8]) -> String {
-    let bare = format!("the CLI exited with code {exit_code}");
+    let bare = crate::provider::exited_with(exit_code);
     match last_line(stderr) {
         Some(line) if result.trim().is_empty() => line,
         Some(line) if result == bare => format!("{bare}: {line}"),
