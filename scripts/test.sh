@@ -158,11 +158,15 @@ podman_tests=(
     'test(broker::broker_is_the_way_out_under_allow_host)'
 )
 filter=$(IFS='|'; echo "${podman_tests[*]}")
-podman_pass() {
+# `nt ARGS...` against the Podman rig's service: up first, its DOCKER_HOST set in this shell.
+on_podman() {
     local env
     env=$(scripts/podman.sh up) || return
     eval "$env"
-    nt podman --workspace --no-fail-fast --test-threads 3 --test e2e -E "${filter//|/ | }" "$@"
+    nt "$@"
+}
+podman_pass() {
+    on_podman podman --workspace --no-fail-fast --test-threads 3 --test e2e -E "${filter//|/ | }" "$@"
 }
 # It runs beside the stages after it (python, dist, bench-smoke, targets), which use the
 # Docker daemon: it has a service, storage and test objects of its own, and it mostly waits on
@@ -193,10 +197,8 @@ cat "$podman_log"
 # Then, alone (see above; `cargo install` relinks target/debug/caw-box, which the stages
 # above run), an installed caw-box building its images through Podman.
 podman_installed() {
-    local env rc=0
-    env=$(scripts/podman.sh up) || return
-    eval "$env"
-    nt podman-installed --workspace --no-fail-fast --test e2e \
+    local rc=0
+    on_podman podman-installed --workspace --no-fail-fast --test e2e \
         -E 'test(release::an_installed_caw_box_builds_its_images_and_runs_a_turn)' "$@" || rc=$?
     scripts/podman.sh down
     unset DOCKER_HOST
