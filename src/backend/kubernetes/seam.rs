@@ -492,8 +492,23 @@ impl Backend for KubeBackend {
                 .map(|_| ())
         };
         match created {
-            // Docker's create is idempotent by name; so is this.
-            Err(e) if is_status(&e, 409) => Ok(()),
+            // Docker's create is idempotent by name; so is this, but for a claim still being
+            // deleted (a pod that mounted it would wait for it forever).
+            Err(e) if is_status(&e, 409) => {
+                let going = self
+                    .claims()
+                    .get_opt(name)
+                    .await
+                    .map_err(|e| failed(format!("read claim '{name}'"), &e))?
+                    .is_some_and(|c| c.metadata.deletion_timestamp.is_some());
+                if going {
+                    return Err(Error::environment(format!(
+                        "claim '{name}' is still being deleted"
+                    ))
+                    .with_hint("try again once `kubectl get pvc` no longer lists it"));
+                }
+                Ok(())
+            }
             Err(e) => Err(failed(format!("create volume '{name}'"), &e)),
             Ok(()) => Ok(()),
         }

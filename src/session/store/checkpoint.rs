@@ -354,10 +354,21 @@ pub struct InTurn {
 /// container to write once its CLI has ended (`images/base/caw-box-entry`): no helper after
 /// the turn. The agent never sees an earlier checkpoint but the previous one, read-only.
 /// [`finish`] checks it after the turn.
+///
+/// This runs before the turn holds the session's lock, so it never removes or reuses a
+/// volume of the same turn: that is another process's (racing for the session: the loser
+/// would pull it from under the winner's container) or an earlier attempt's (a turn run
+/// again; on a cluster its claim may still be going). `Err` then, and a helper takes the
+/// checkpoint after the turn, under the lock ([`finish`]).
 pub async fn prepare(backend: &impl Backend, source: &Source<'_>, turn: u32) -> Result<InTurn> {
     let id = source.session_id;
     let volume = names::checkpoint_volume(id, turn);
-    let (earlier, _) = tokio::join!(list(backend, id), backend.remove_volume(&volume));
+    let (earlier, existing) = tokio::join!(list(backend, id), backend.inspect_volume(&volume));
+    if existing?.is_some() {
+        return Err(Error::busy(format!(
+            "turn {turn}'s checkpoint volume '{volume}' exists already"
+        )));
+    }
     let earlier = earlier?;
     let prev = earlier.iter().rev().find(|c| c.turn < turn);
     let checkpoint = Checkpoint {

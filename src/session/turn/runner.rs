@@ -259,7 +259,7 @@ async fn realise(
     let prepared = in_turn.as_ref().map(|c| c.volume.clone());
     if let Err(e) = first {
         record.owner = owner_before;
-        drop_unused_checkpoint(backend, prepared.as_deref()).await;
+        drop_unused_checkpoint(backend, prepared.as_deref(), &Ok(())).await;
         return Err(e);
     }
     if let Some(c) = in_turn {
@@ -323,13 +323,13 @@ async fn realise(
     if let Some(g) = guard.as_ref().filter(|_| container_made) {
         sweep_again(g, &mut outcome);
     }
-    drop_unused_checkpoint(backend, prepared.as_deref().filter(|_| !container_made)).await;
-    if let Some(b) = &broker {
-        b.stop(backend).await;
-    }
-    if let Some(plan) = &egress {
-        backend.close_egress(plan).await;
-    }
+    drop_unused_checkpoint(
+        backend,
+        prepared.filter(|_| !container_made).as_deref(),
+        &outcome,
+    )
+    .await;
+    close_beside(backend, broker.as_ref(), egress.as_ref()).await;
     save_refreshed(record, home_out);
     outcome
 }
@@ -370,10 +370,30 @@ fn prepare_checkpoint<'a>(
     }
 }
 
+/// What ran beside the turn goes once it ended: its broker, its egress.
+async fn close_beside(
+    backend: &impl Backend,
+    broker: Option<&Broker>,
+    egress: Option<&EgressPlan>,
+) {
+    if let Some(b) = broker {
+        b.stop(backend).await;
+    }
+    if let Some(plan) = egress {
+        backend.close_egress(plan).await;
+    }
+}
+
 /// The checkpoint volume made for a turn whose container was never made: no turn ran, so
-/// nothing of it is kept (a refused turn leaves nothing behind).
-async fn drop_unused_checkpoint(backend: &impl Backend, volume: Option<&str>) {
-    if let Some(v) = volume {
+/// nothing of it is kept (a refused turn leaves nothing behind). Not when the turn was
+/// refused as busy: the volume may be the racing winner's (both saw none and made it).
+async fn drop_unused_checkpoint<T>(
+    backend: &impl Backend,
+    volume: Option<&str>,
+    outcome: &Result<T>,
+) {
+    let busy = matches!(outcome, Err(e) if e.kind == crate::error::ErrorKind::Busy);
+    if let Some(v) = volume.filter(|_| !busy) {
         if let Err(e) = backend.remove_volume(v).await {
             tracing::warn!("could not remove the unused checkpoint volume '{v}': {e}");
         }
