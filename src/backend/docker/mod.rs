@@ -276,6 +276,7 @@ impl DockerBackend {
             fill_volume_first,
             // Proven on Docker's engine; Podman's volumes and capabilities are not yet.
             checkpoints: !podman,
+            warm_checkpoints: !podman,
         };
         DockerBackend {
             docker,

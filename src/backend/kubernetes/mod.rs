@@ -216,6 +216,7 @@ fn capabilities(namespace: &str, context: Option<&str>) -> crate::backend::Capab
         fill_volume_first: false,
         // A claim per checkpoint, written by the turn's pod (`spec::pod_volumes`).
         checkpoints: true,
+        warm_checkpoints: false,
     }
 }
 

@@ -116,8 +116,9 @@ pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -
                 "session {id} is a fork of {} at its turn {}: fork that session `--at {at}`",
                 from.session, from.turn
             ),
-            _ => "turns run with `--checkpoints off`, by a caw-box without checkpoints, or \
-                  pruned by `gc --checkpoints` have none; fork a turn `caw-box show` lists"
+            _ => "turns run with `--checkpoints off`, with `--keep-warm` on Kubernetes, by a \
+                  caw-box without checkpoints, or pruned by `gc --checkpoints` have none; fork \
+                  a turn `caw-box show` lists"
                 .to_string(),
         };
         Error::not_found(format!("turn {at} of session {id} has no checkpoint")).with_hint(hint)

@@ -228,7 +228,9 @@ async fn take_checkpoint(
     name: &str,
     checkpointed: Option<bool>,
 ) -> Option<String> {
-    if !backend.capabilities().checkpoints || record.settings.no_checkpoints {
+    let caps = backend.capabilities();
+    let warm = record.settings.keep_warm_secs.is_some();
+    if !caps.checkpoints || record.settings.no_checkpoints || (warm && !caps.warm_checkpoints) {
         return None;
     }
     if checkpointed == Some(true) {

@@ -677,6 +677,7 @@ mod tests {
             hands_over_to_root: false,
             fill_volume_first: false,
             checkpoints: false,
+            warm_checkpoints: false,
         });
 
     impl Backend for FakeBackend {
