@@ -380,6 +380,28 @@ pub struct GitBase {
 }
 
 #[cfg(test)]
+impl TurnRecord {
+    /// A successful turn `turn` with nothing in it: tests fill in what they look at.
+    pub(crate) fn succeeded(turn: u32) -> Self {
+        Self {
+            turn,
+            prompt: String::new(),
+            status: Status::Success,
+            result: String::new(),
+            usage: Usage::default(),
+            started_at: 0,
+            duration_ms: 0,
+            exit_code: 0,
+            cumulative_usage: None,
+            interactive: false,
+            limit_resets_at: None,
+            inherited: false,
+            resume_key: String::new(),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -397,21 +419,7 @@ mod tests {
             settings: SessionSettings::default(),
             turns: turns
                 .iter()
-                .map(|&turn| TurnRecord {
-                    turn,
-                    prompt: String::new(),
-                    status: Status::Success,
-                    result: String::new(),
-                    usage: Usage::default(),
-                    started_at: 0,
-                    duration_ms: 0,
-                    exit_code: 0,
-                    cumulative_usage: None,
-                    interactive: false,
-                    limit_resets_at: None,
-                    inherited: false,
-                    resume_key: String::new(),
-                })
+                .map(|&turn| TurnRecord::succeeded(turn))
                 .collect(),
             home_unlike_image: false,
             turn_started: false,

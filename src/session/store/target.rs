@@ -31,6 +31,21 @@ pub struct VolumeFacts {
 }
 
 impl VolumeFacts {
+    /// The facts of `record`'s session as its record holds them (no scope, no git base):
+    /// enough to mount and read its volumes.
+    pub fn of(record: &SessionRecord) -> Self {
+        Self {
+            session_id: record.session_id,
+            provider: record.provider,
+            name: record.name.clone(),
+            group: record.group.clone(),
+            scope: None,
+            created_at: record.created_at,
+            settings: record.settings.clone(),
+            workspace_base: None,
+        }
+    }
+
     /// Reads a state volume's labels; `None` if it is not a caw-box state volume.
     pub fn from_volume(v: &VolumeInfo) -> Option<Self> {
         let l = &v.labels;
@@ -372,7 +387,7 @@ async fn facts_for_handle(backend: &impl Backend, handle: &ResumeHandle) -> Resu
 }
 
 /// The record the host cached after the session's latest turn here, if any.
-fn cached_record(id: uuid::Uuid) -> Option<SessionRecord> {
+pub(crate) fn cached_record(id: uuid::Uuid) -> Option<SessionRecord> {
     let path = crate::dirs::sessions_dir().ok()?.join(format!("{id}.json"));
     let record: SessionRecord = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
     (record.session_id == id).then_some(record)

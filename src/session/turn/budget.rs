@@ -188,22 +188,11 @@ mod tests {
         spent: &[f64],
     ) -> SessionRecord {
         let turn = |(i, c): (usize, &f64)| TurnRecord {
-            turn: i as u32 + 1,
-            prompt: String::new(),
-            status: crate::event::Status::Success,
-            result: String::new(),
             usage: Usage {
                 cost_usd: Some(*c),
                 ..Default::default()
             },
-            started_at: 0,
-            duration_ms: 0,
-            exit_code: 0,
-            cumulative_usage: None,
-            interactive: false,
-            limit_resets_at: None,
-            inherited: false,
-            resume_key: String::new(),
+            ..TurnRecord::succeeded(i as u32 + 1)
         };
         let mut r = crate::session::turn::plan::tests::record("open");
         r.provider = provider;

@@ -85,16 +85,7 @@ async fn with_handoff(
     if !record.settings.handoff || options.interactive || !first_conversation_turn {
         return Ok(None);
     }
-    let facts = crate::session::store::target::VolumeFacts {
-        session_id: record.session_id,
-        provider: record.provider,
-        name: record.name.clone(),
-        group: record.group.clone(),
-        scope: None,
-        created_at: record.created_at,
-        settings: record.settings.clone(),
-        workspace_base: None,
-    };
+    let facts = crate::session::store::target::VolumeFacts::of(record);
     let path = crate::session::store::record::HANDOFF_PATH;
     let Some(bytes) =
         crate::session::store::target::read_volume_file(backend, &facts, path).await?
