@@ -186,6 +186,21 @@ async def main():
             check("a new server of the same scope still sees its sessions")
             st = await call(s, "status", {"session": mine})
             assert st["status"] == "success", st
+            check("a fork of a runc session, in its CLI or another's: forbidden, nothing made")
+            for args in [{"session": mine}, {"session": mine, "provider": "gemini"},
+                         {"session": mine, "n": 2, "prompt": "RECALL"}]:
+                await forbidden(s, args, "--runtime runsc", tool="fork")
+
+    check("--image: a fork in another vendor's CLI (whose image is another) is forbidden")
+    shown = subprocess.run([CAW, "show", mine, "--json"], capture_output=True, text=True,
+                           check=True).stdout
+    image = json.loads(shown)["settings"]["image"]
+    async with stdio_client(server("--scope", SCOPE, "--image", image)) as (r, w):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            for args in [{"session": mine, "provider": "gemini"},
+                         {"session": mine, "provider": "claude", "prompt": "RECALL"}]:
+                await forbidden(s, args, "image", tool="fork")
 
     for still in [PERSON, mine]:
         subprocess.run(["docker", "volume", "inspect", f"caw-box-{still}"], check=True,
