@@ -290,11 +290,23 @@ impl KubeBackend {
         spec: &HelperSpec,
     ) -> std::result::Result<(i64, String, String), crate::backend::CreateError> {
         use crate::backend::CreateError;
-        let pod_spec = helper_pod_spec(spec, false).map_err(CreateError::Other)?;
-        self.create_pod(&self.pod(name, &spec.labels, pod_spec))
-            .await?;
+        // Scratch files go in before the command starts: a pod created waiting, then started.
+        let waiting = spec.scratch.is_some();
+        if waiting {
+            self.create_waiting_helper(name, spec).await?;
+        } else {
+            let pod_spec = helper_pod_spec(spec, false).map_err(CreateError::Other)?;
+            self.create_pod(&self.pod(name, &spec.labels, pod_spec))
+                .await?;
+        }
         let run = async {
-            self.wait_running(name, &spec.image).await?;
+            if waiting {
+                self.start_waiting_helper(name)
+                    .await
+                    .map_err(CreateError::Other)?;
+            } else {
+                self.wait_running(name, &spec.image).await?;
+            }
             let code = self
                 .wait_container(name)
                 .await

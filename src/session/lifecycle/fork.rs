@@ -213,11 +213,22 @@ async fn refuse_busy(backend: &impl Backend, id: Uuid) -> Result<()> {
     }
 }
 
-/// The source's record with every turn (from its state volume), its settings as its labels
-/// say now (a resume's `--keep-warm` and `--max-cost` included).
+/// The source's record with every turn (from the host's cache where it agrees with the
+/// labels on the latest turn, else from its state volume), its settings as its labels say
+/// now (a resume's `--keep-warm` and `--max-cost` included).
 async fn full_record(backend: &impl Backend, view: &SessionView) -> Result<SessionRecord> {
     let labelled = view.record();
-    let mut record = match target::read_record(backend, &view.facts).await? {
+    let latest = |r: &SessionRecord| r.turns.last().map(|t| (t.turn, t.started_at));
+    // (`record()` took its turns from that cache where it agreed: no summary only then.)
+    let cached = (!labelled.summary_only)
+        .then(|| target::cached_record(view.facts.session_id))
+        .flatten()
+        .filter(|c| latest(c) == latest(&labelled));
+    let stored = match cached {
+        Some(c) => Some(c),
+        None => target::read_record(backend, &view.facts).await?,
+    };
+    let mut record = match stored {
         Some(stored)
             if stored.turns.last().map(|t| t.turn) >= labelled.turns.last().map(|t| t.turn) =>
         {
@@ -371,12 +382,20 @@ async fn make_one(
         write_record(backend, &record, None).await?;
     }
     // The restore runs in the source's image (its tar and owner ids), the rest in the fork's.
+    // In the source's CLI it writes the fork's record too, last (no second helper).
+    let home = match handoff {
+        Some(_) => checkpoint::Restored::BaseOnly,
+        None => checkpoint::Restored::WithRecord {
+            json: serde_json::to_vec_pretty(&record).expect("records serialize"),
+            owner: record.owner_ids(),
+        },
+    };
     let spec = checkpoint::restore_spec(
         &source.settings.image,
         source.session_id,
         fork_id,
         plan.chain,
-        handoff.is_none(),
+        home,
         restores_workspace,
     );
     let image = &record.settings.image;
@@ -402,12 +421,16 @@ async fn make_one(
         )
         .await?;
     }
-    let handoff = match handoff {
-        Some(text) => Some(with_files_changed(backend, &record, text).await?),
-        None => None,
-    };
     let (written, summary) = tokio::join!(
-        write_record(backend, &record, handoff.as_deref()),
+        async {
+            match handoff {
+                Some(text) => {
+                    let text = with_files_changed(backend, &record, text).await?;
+                    write_record(backend, &record, Some(&text)).await
+                }
+                None => Ok(()),
+            }
+        },
         history::write_turn_summary(backend, &record)
     );
     written?;
@@ -458,44 +481,18 @@ async fn with_files_changed(
     mut text: String,
 ) -> Result<String> {
     if record.settings.workspace_mode == WorkspaceMode::Copy {
-        let facts = target::VolumeFacts {
-            session_id: record.session_id,
-            provider: record.provider,
-            name: record.name.clone(),
-            group: record.group.clone(),
-            scope: None,
-            created_at: record.created_at,
-            settings: record.settings.clone(),
-            workspace_base: None,
-        };
+        let facts = target::VolumeFacts::of(record);
         let ids = crate::session::walls::owner::turn_ids(&record.settings);
         let made = crate::session::walls::patch::patch(backend, &facts, ids, false).await?;
-        text.push_str(
-            "
-## Files it changed
-
-",
-        );
+        text.push_str("\n## Files it changed\n\n");
         if made.files.is_empty() {
-            text.push_str(
-                "(none)
-",
-            );
+            text.push_str("(none)\n");
         }
         for f in &made.files {
-            text.push_str(&format!(
-                "- {}
-",
-                f.path
-            ));
+            text.push_str(&format!("- {}\n", f.path));
         }
     }
-    text.push_str(
-        "
-# Your task
-
-",
-    );
+    text.push_str("\n# Your task\n\n");
     Ok(text)
 }
 
@@ -548,40 +545,17 @@ mod tests {
     #[test]
     fn a_handoff_holds_the_turns_up_to_the_fork() {
         let turn = |n: u32, prompt: &str, result: &str| crate::session::TurnRecord {
-            turn: n,
             prompt: prompt.into(),
-            status: crate::event::Status::Success,
             result: result.into(),
-            usage: Default::default(),
-            started_at: 0,
-            duration_ms: 0,
-            exit_code: 0,
-            cumulative_usage: None,
-            interactive: false,
-            limit_resets_at: None,
-            inherited: false,
-            resume_key: String::new(),
+            ..crate::session::TurnRecord::succeeded(n)
         };
-        let source = SessionRecord {
-            version: 1,
-            session_id: Uuid::nil(),
-            provider: ProviderKind::Codex,
-            name: None,
-            group: None,
-            resume_key: "thread".into(),
-            key_confirmed: true,
-            owner: None,
-            created_at: 0,
-            settings: Default::default(),
-            turns: vec![
-                turn(1, "plan the parser\n", "a plan: three steps"),
-                turn(2, "write step one", "done: parser.rs"),
-            ],
-            home_unlike_image: false,
-            turn_started: false,
-            summary_only: false,
-            cli_version: None,
-        };
+        let mut source = crate::session::turn::plan::tests::record("none");
+        source.resume_key = "thread".into();
+        source.key_confirmed = true;
+        source.turns = vec![
+            turn(1, "plan the parser\n", "a plan: three steps"),
+            turn(2, "write step one", "done: parser.rs"),
+        ];
         let text = handoff_text(&source, 1, ProviderKind::Gemini);
         assert!(text.contains("another coding agent (codex"), "{text}");
         assert!(text.contains("cannot move to gemini"), "{text}");

@@ -118,16 +118,21 @@ while IFS= read -r -d '' p; do
     case $p in workspace/*) ws_files=$((ws_files + 1)) ;; esac
 done <"$C/changed"
 rc=0 rc2=0
-tar --null --no-recursion --numeric-owner -cpf - -T "$C/changed-home" | gzip -1 >"$C/home.tar.gz" \
-    || rc=$?
+# HOME's layer beside the workspace's and the listing (the turn waits for the slowest).
+tar --null --no-recursion --numeric-owner -cpf - -T "$C/changed-home" | gzip -1 >"$C/home.tar.gz" &
+home=$!
+layers=("$C/home.tar.gz" "$C/manifest.gz")
 if [ -s "$C/changed-ws" ]; then
     tar --null --no-recursion --numeric-owner -cpf "$C/workspace.tar" -T "$C/changed-ws" || rc2=$?
+    layers+=("$C/workspace.tar")
 fi
 gzip -1 <"$C/manifest" >"$C/manifest.gz"
+wait "$home" || rc=$?
 rm -f "$C/changed" "$C/changed-home" "$C/changed-ws" "$C/manifest"
 # 1: a file changed as it was read, or a socket was left out; not a failure here.
 [ "$rc" -le 1 ] && [ "$rc2" -le 1 ]
-bytes=$(( $(stat -c %s "$C/home.tar.gz") + $( [ -f "$C/workspace.tar" ] && stat -c %s "$C/workspace.tar" || echo 0) + $(stat -c %s "$C/manifest.gz") ))
+bytes=0
+while read -r n; do bytes=$((bytes + n)); done < <(stat -c %s "${layers[@]}")
 [ -n "${CKPT_AT:-}" ] || printf -v CKPT_AT '%(%s)T' -1
 printf -v info '{"turn":%s,"at":%s,"base":%s,"files_changed":%s,"workspace_files_changed":%s,"deleted":%s,"workspace_deleted":%s,"bytes":%s}' \
     "$CKPT_TURN" "$CKPT_AT" "$base" $((files + deleted)) $((ws_files + ws_deleted)) \
@@ -180,7 +185,30 @@ if [ -n "${CKPT_FROM_SOURCE:-}" ] && [ -f "$R/srchome/$CKPT_FROM_SOURCE" ]; then
     mkdir -p "home/agent/$(dirname "$CKPT_FROM_SOURCE")"
     cp -p "$R/srchome/$CKPT_FROM_SOURCE" "home/agent/$CKPT_FROM_SOURCE"
 fi
+# The fork's own record (`CKPT_RECORD`: a file of the helper's scratch), which no checkpoint
+# holds: last, so that nothing above deletes it.
+if [ -n "${CKPT_RECORD:-}" ]; then
+    if [ ! -d home/agent/.caw-box ]; then
+        mkdir -m 0700 home/agent/.caw-box
+        chown --reference=home/agent home/agent/.caw-box
+    fi
+    cp -p "$R$CKPT_RECORD" home/agent/.caw-box/session.json
+fi
 "#;
+
+/// What a restore puts in the fork's HOME.
+#[derive(Debug)]
+pub enum Restored {
+    /// The checkpoints' HOME, with the fork's record (its `session.json`, owned by `owner`).
+    WithRecord { json: Vec<u8>, owner: (u32, u32) },
+    /// Only the copy-mode workspace's base: a fork in another vendor's CLI, whose HOME is
+    /// its own image's.
+    BaseOnly,
+}
+
+/// Where a restore helper has the fork's record before it starts (its scratch).
+const RECORD_SCRATCH: &str = "/run/caw-box-fork";
+const RECORD_FILE: &str = "session.json";
 
 /// One checkpoint as its volume's labels say.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -579,18 +607,34 @@ pub fn restore_spec(
     from: Uuid,
     into: Uuid,
     chain: &[Checkpoint],
-    home: bool,
+    home: Restored,
     workspace: bool,
 ) -> HelperSpec {
     let mut env = vec![
         format!("CKPT_CHAIN={}", chain_words(chain)),
-        format!("CKPT_HOME={}", u8::from(home)),
+        format!(
+            "CKPT_HOME={}",
+            u8::from(!matches!(home, Restored::BaseOnly))
+        ),
         format!("CKPT_WORKSPACE={}", u8::from(workspace)),
     ];
     if workspace {
         env.push(format!("CKPT_FROM_SOURCE={BASE_TAR}"));
     }
     let mut spec = copier(image, into, RESTORE_SCRIPT, env);
+    if let Restored::WithRecord { json, owner } = home {
+        spec.env
+            .push(format!("CKPT_RECORD={RECORD_SCRATCH}/{RECORD_FILE}"));
+        spec.scratch = Some(crate::backend::Scratch {
+            mount: RECORD_SCRATCH.into(),
+            owner,
+            files: vec![crate::backend::ScratchFile {
+                path: RECORD_FILE.into(),
+                contents: json,
+                mode: 0o600,
+            }],
+        });
+    }
     spec.mounts = chain_mounts(from, chain);
     if workspace {
         spec.mounts
@@ -823,6 +867,28 @@ mod tests {
             let text = std::fs::read_to_string(fork.join(rollout)).unwrap();
             assert_eq!(text, conversation);
         }
+
+        // The fork's record, from the restore helper's scratch: there after the restore,
+        // though no checkpoint lists it.
+        let recorded = dir.path().join("fork-with-record");
+        write(&recorded, "run/caw-box-fork/session.json", "{\"fork\":1}");
+        std::fs::create_dir_all(recorded.join("workspace")).unwrap();
+        std::fs::create_dir_all(recorded.join("tmp")).unwrap();
+        std::fs::create_dir_all(recorded.join("c")).unwrap();
+        std::os::unix::fs::symlink(&c1, recorded.join("c/1")).unwrap();
+        std::os::unix::fs::symlink(&c2, recorded.join("c/2")).unwrap();
+        script(
+            RESTORE_SCRIPT,
+            &recorded,
+            &[
+                ("CKPT_CHAIN", "1 2"),
+                ("CKPT_WORKSPACE", "1"),
+                ("CKPT_RECORD", "/run/caw-box-fork/session.json"),
+            ],
+        );
+        let record = recorded.join("home/agent/.caw-box/session.json");
+        assert_eq!(std::fs::read_to_string(&record).unwrap(), "{\"fork\":1}");
+        assert!(files(&recorded).contains(&"workspace/b.txt".to_string()));
 
         // A fork in another vendor's CLI: the workspace as it was, its own HOME untouched
         // but for the workspace's base.
