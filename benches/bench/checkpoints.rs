@@ -133,9 +133,16 @@ fn plain_copy(rig: &ModelRig, image: &str, session: &str, i: usize) -> f64 {
         "-c",
         "cp -a /s/home/. /d/home/ && cp -a /s/ws/. /d/ws/",
     ]);
+    settle();
     let (secs, _, _) = timed(c);
     docker_cli(&["volume", "rm", "-f", &home, &ws]);
     secs
+}
+
+/// Writes the page cache's dirty pages out before a timed copy, so that neither the fork
+/// nor the floor pays for the writeback of the 400 MB the one before it wrote (or removed).
+fn settle() {
+    let _ = Command::new("sync").status();
 }
 
 /// The storage driver and the filesystem under Docker's volumes, as the daemon says.
@@ -251,6 +258,7 @@ pub fn checkpoints(
     let forks = reps.unwrap_or(if smoke { 1 } else { 5 });
     let (mut caw_forks, mut floor) = (Vec::new(), Vec::new());
     let fork_once = || {
+        settle();
         let started = Instant::now();
         let (_, out) = caw(rig, &["fork", &with, "-o", "json"]);
         let secs = started.elapsed().as_secs_f64();

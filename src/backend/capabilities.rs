@@ -48,6 +48,11 @@ pub struct Capabilities {
     /// cluster's: a helper pod costs seconds, which a warm turn is there to save; the next
     /// cold turn's checkpoint then holds what the warm turns changed.
     pub warm_checkpoints: bool,
+    /// Whether a fork of a session's latest turn copies the session's own volumes (a `cp`
+    /// the kernel does in place, where a checkpoint's layers are unpacked), checked after
+    /// the copy for a turn that began meanwhile: Docker's. Not a cluster's: a pod holding the
+    /// source's claims would hold a turn pod back.
+    pub forks_from_volumes: bool,
 }
 
 impl Capabilities {

@@ -148,7 +148,7 @@ pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -
     }
     let workspace_copied_from = bind_dir(&record)?;
     let handoff = handoff_to.map(|p| (p, image));
-    let plan = Plan {
+    let mut plan = Plan {
         source: &record,
         handoff,
         forked_from: ForkedFrom {
@@ -158,8 +158,21 @@ pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -
         chain: &chain,
         group: request.group.as_deref(),
         bind_dir: workspace_copied_from.as_deref(),
+        // The latest turn in the source's own CLI: its volumes are that turn's end.
+        from_volumes: at == last
+            && handoff_to.is_none()
+            && backend.capabilities().forks_from_volumes,
     };
-    let sessions = make_all(backend, &plan, names).await?;
+    let mut sessions = make_all(backend, &plan, names.clone()).await?;
+    if plan.from_volumes && turn_began(backend, &view).await? {
+        // A turn of the source began during the copy: made again from the checkpoints.
+        tracing::debug!("a turn of {id} began while it was copied: forking from checkpoints");
+        for fork in &sessions {
+            crate::session::lifecycle::remove(backend, fork.session_id).await?;
+        }
+        plan.from_volumes = false;
+        sessions = make_all(backend, &plan, names).await?;
+    }
     Ok(Forks {
         forked_from: plan.forked_from,
         sessions,
@@ -278,6 +291,21 @@ struct Plan<'a> {
     chain: &'a [Checkpoint],
     group: Option<&'a str>,
     bind_dir: Option<&'a str>,
+    /// Copy the source's volumes rather than unpack the checkpoints (its latest turn).
+    from_volumes: bool,
+}
+
+/// Whether a turn of the source runs, ended unrecorded, or was recorded since `before` was
+/// read: its volumes may have changed while a fork copied them.
+async fn turn_began(backend: &impl Backend, before: &SessionView) -> Result<bool> {
+    let id = before.facts.session_id;
+    let turns = crate::session::lifecycle::turn_containers(backend).await?;
+    if turns.running.contains_key(&id) || turns.orphaned.contains(&id) {
+        return Ok(true);
+    }
+    let now = target::resolve_view(backend, &id.to_string()).await?;
+    let latest = |v: &SessionView| v.last.as_ref().map(|l| (l.turn, l.started_at));
+    Ok(latest(&now) != latest(before))
 }
 
 /// The fork's record as it starts (and, in another vendor's CLI, its handoff so far): the
@@ -390,11 +418,16 @@ async fn make_one(
             owner: record.owner_ids(),
         },
     };
+    let from = if plan.from_volumes {
+        checkpoint::RestoreFrom::Volumes(source.provider)
+    } else {
+        checkpoint::RestoreFrom::Checkpoints(plan.chain)
+    };
     let spec = checkpoint::restore_spec(
         &source.settings.image,
         source.session_id,
         fork_id,
-        plan.chain,
+        from,
         home,
         restores_workspace,
     );

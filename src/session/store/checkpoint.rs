@@ -146,7 +146,9 @@ printf '%s\n' "$info"
 /// `/c/<turn>`) into HOME (unless `CKPT_HOME=0`: a fork in another vendor's CLI starts its
 /// own, and gets only the copy-mode workspace's base) and `/workspace` (when
 /// `CKPT_WORKSPACE=1`): each layer in turn, then every path the last one's manifest does not
-/// list is deleted.
+/// list is deleted. With `CKPT_COPY=1` (a fork of the latest turn, in the source's CLI) it
+/// copies the source's own HOME and workspace instead (at `/srchome`, `/srcws`) and deletes
+/// what no checkpoint holds (`CKPT_EXCLUDE`). Then the fork's record (`CKPT_RECORD`).
 const RESTORE_SCRIPT: &str = r#"set -eu
 export LC_ALL=C
 R=${CKPT_ROOT:-}
@@ -159,34 +161,60 @@ else
     aside+=(--transform 's,^home/agent,tmp/ckpt-home,')
 fi
 [ "$CKPT_WORKSPACE" = 1 ] && roots+=(workspace)
-last=
-for c in $CKPT_CHAIN; do
-    for layer in home.tar.gz workspace.tar; do
-        [ -f "$R/c/$c/$layer" ] || continue
-        tar --numeric-owner "${aside[@]}" -xpf "$R/c/$c/$layer" -C "${R:-/}"
+
+from_layers() {
+    local c layer last=
+    for c in $CKPT_CHAIN; do
+        for layer in home.tar.gz workspace.tar; do
+            [ -f "$R/c/$c/$layer" ] || continue
+            tar --numeric-owner "${aside[@]}" -xpf "$R/c/$c/$layer" -C "${R:-/}"
+        done
+        last="$R/c/$c"
     done
-    last="$R/c/$c"
-done
-if [ "${CKPT_HOME:-1}" != 1 ]; then
-    # Another vendor's HOME: only the copy-mode workspace's base, which `diff` compares with.
-    for f in workspace-base.tar workspace-base.json; do
-        if [ -e "tmp/ckpt-home/.caw-box/$f" ]; then
-            mkdir -p home/agent/.caw-box
-            cp -p "tmp/ckpt-home/.caw-box/$f" "home/agent/.caw-box/$f"
-        fi
+    if [ "${CKPT_HOME:-1}" != 1 ]; then
+        # Another vendor's HOME: only the copy-mode workspace's base, which `diff` compares
+        # with.
+        for f in workspace-base.tar workspace-base.json; do
+            if [ -e "tmp/ckpt-home/.caw-box/$f" ]; then
+                mkdir -p home/agent/.caw-box
+                cp -p "tmp/ckpt-home/.caw-box/$f" "home/agent/.caw-box/$f"
+            fi
+        done
+        rm -rf tmp/ckpt-home
+    fi
+    [ ${#roots[@]} -gt 0 ] || return 0
+    find "${roots[@]}" -print0 | sort -z >"$R/tmp/now"
+    comm -z -23 "$R/tmp/now" <(gzip -dc "$last/manifest.gz") | xargs -0 -r rm -rf --
+    # What no checkpoint holds but the session keeps from its start: from the source's HOME.
+    if [ -n "${CKPT_FROM_SOURCE:-}" ] && [ -f "$R/srchome/$CKPT_FROM_SOURCE" ]; then
+        mkdir -p "home/agent/$(dirname "$CKPT_FROM_SOURCE")"
+        cp -p "$R/srchome/$CKPT_FROM_SOURCE" "home/agent/$CKPT_FROM_SOURCE"
+    fi
+}
+
+from_volumes() {
+    local d p
+    # The fresh volumes' copy of the image's directories goes first: the fork is the source.
+    for d in "${roots[@]}"; do
+        find "$d" -mindepth 1 -delete
     done
-    rm -rf tmp/ckpt-home
+    # `cp` has the kernel copy each file in place where it can (a tar is read and written).
+    cp -a "$R/srchome/." home/agent/
+    if [ "$CKPT_WORKSPACE" = 1 ]; then
+        cp -a "$R/srcws/." workspace/
+    fi
+    while IFS= read -r p; do
+        [ -z "$p" ] || rm -rf -- "home/agent/$p"
+    done <<<"${CKPT_EXCLUDE:-}"
+}
+
+if [ "${CKPT_COPY:-0}" = 1 ]; then
+    from_volumes
+else
+    from_layers
 fi
-[ ${#roots[@]} -gt 0 ] || exit 0
-find "${roots[@]}" -print0 | sort -z >"$R/tmp/now"
-comm -z -23 "$R/tmp/now" <(gzip -dc "$last/manifest.gz") | xargs -0 -r rm -rf --
-# What no checkpoint holds but the session keeps from its start: from the source's HOME.
-if [ -n "${CKPT_FROM_SOURCE:-}" ] && [ -f "$R/srchome/$CKPT_FROM_SOURCE" ]; then
-    mkdir -p "home/agent/$(dirname "$CKPT_FROM_SOURCE")"
-    cp -p "$R/srchome/$CKPT_FROM_SOURCE" "home/agent/$CKPT_FROM_SOURCE"
-fi
-# The fork's own record (`CKPT_RECORD`: a file of the helper's scratch), which no checkpoint
-# holds: last, so that nothing above deletes it.
+# The fork's own record (a file of the helper's scratch), which no checkpoint holds: last,
+# so that nothing above deletes it.
 if [ -n "${CKPT_RECORD:-}" ]; then
     if [ ! -d home/agent/.caw-box ]; then
         mkdir -m 0700 home/agent/.caw-box
@@ -599,29 +627,76 @@ pub fn chain_to(checkpoints: &[Checkpoint], turn: u32) -> Option<Vec<Checkpoint>
     Some(chain)
 }
 
-/// A helper that restores `chain` (of session `from`) into the volumes of session `into`:
-/// its state volume (only the workspace's base unless `home`: a fork in another vendor's
-/// CLI, whose HOME is that CLI's image's) and, when `workspace`, its workspace volume.
+/// Where a restore helper has the source's workspace volume (read-only), when it copies
+/// the source's volumes ([`RestoreFrom::Volumes`]).
+const SOURCE_WORKSPACE_DIR: &str = "/srcws";
+
+/// What a fork's restore starts from.
+#[derive(Debug, Clone, Copy)]
+pub enum RestoreFrom<'a> {
+    /// The checkpoints up to the turn, oldest first ([`chain_to`]).
+    Checkpoints(&'a [Checkpoint]),
+    /// The source session's own volumes, as its latest turn left them (of a `provider`
+    /// session, whose credential files stay behind).
+    Volumes(ProviderKind),
+}
+
+/// The helper that restores a fork `into` of session `from` (in `image`, the source's: its
+/// tar and owner ids): HOME as `home` says, and the copy-mode workspace when `workspace`.
 pub fn restore_spec(
     image: &str,
     from: Uuid,
     into: Uuid,
-    chain: &[Checkpoint],
+    source: RestoreFrom<'_>,
     home: Restored,
     workspace: bool,
 ) -> HelperSpec {
     let mut env = vec![
-        format!("CKPT_CHAIN={}", chain_words(chain)),
         format!(
             "CKPT_HOME={}",
             u8::from(!matches!(home, Restored::BaseOnly))
         ),
         format!("CKPT_WORKSPACE={}", u8::from(workspace)),
     ];
+    let mut mounts = Vec::new();
+    match source {
+        RestoreFrom::Checkpoints(chain) => {
+            env.push(format!("CKPT_CHAIN={}", chain_words(chain)));
+            if workspace {
+                env.push(format!("CKPT_FROM_SOURCE={BASE_TAR}"));
+            }
+            mounts = chain_mounts(from, chain);
+        }
+        RestoreFrom::Volumes(provider) => {
+            // The workspace's base stays: the fork's `diff` compares with it.
+            let kept: Vec<String> = never_kept(provider)
+                .lines()
+                .filter(|p| *p != BASE_TAR)
+                .map(str::to_string)
+                .collect();
+            env.push("CKPT_COPY=1".into());
+            env.push(format!("CKPT_EXCLUDE={}", kept.join("\n")));
+            if workspace {
+                mounts.push(
+                    MountSpec::volume(names::workspace_volume(from), SOURCE_WORKSPACE_DIR)
+                        .read_only(),
+                );
+            }
+        }
+    }
+    let copies_home = matches!(source, RestoreFrom::Volumes(_));
+    if workspace || copies_home {
+        mounts.push(MountSpec::volume(names::state_volume(from), SOURCE_HOME_DIR).read_only());
+    }
+    mounts.push(MountSpec::volume(names::state_volume(into), AGENT_HOME));
     if workspace {
-        env.push(format!("CKPT_FROM_SOURCE={BASE_TAR}"));
+        mounts.push(MountSpec::volume(
+            names::workspace_volume(into),
+            WORKSPACE_DIR,
+        ));
     }
     let mut spec = copier(image, into, RESTORE_SCRIPT, env);
+    spec.mounts = mounts;
     if let Restored::WithRecord { json, owner } = home {
         spec.env
             .push(format!("CKPT_RECORD={RECORD_SCRATCH}/{RECORD_FILE}"));
@@ -634,19 +709,6 @@ pub fn restore_spec(
                 mode: 0o600,
             }],
         });
-    }
-    spec.mounts = chain_mounts(from, chain);
-    if workspace {
-        spec.mounts
-            .push(MountSpec::volume(names::state_volume(from), SOURCE_HOME_DIR).read_only());
-    }
-    spec.mounts
-        .push(MountSpec::volume(names::state_volume(into), AGENT_HOME));
-    if workspace {
-        spec.mounts.push(MountSpec::volume(
-            names::workspace_volume(into),
-            WORKSPACE_DIR,
-        ));
     }
     spec
 }
@@ -868,28 +930,6 @@ mod tests {
             assert_eq!(text, conversation);
         }
 
-        // The fork's record, from the restore helper's scratch: there after the restore,
-        // though no checkpoint lists it.
-        let recorded = dir.path().join("fork-with-record");
-        write(&recorded, "run/caw-box-fork/session.json", "{\"fork\":1}");
-        std::fs::create_dir_all(recorded.join("workspace")).unwrap();
-        std::fs::create_dir_all(recorded.join("tmp")).unwrap();
-        std::fs::create_dir_all(recorded.join("c")).unwrap();
-        std::os::unix::fs::symlink(&c1, recorded.join("c/1")).unwrap();
-        std::os::unix::fs::symlink(&c2, recorded.join("c/2")).unwrap();
-        script(
-            RESTORE_SCRIPT,
-            &recorded,
-            &[
-                ("CKPT_CHAIN", "1 2"),
-                ("CKPT_WORKSPACE", "1"),
-                ("CKPT_RECORD", "/run/caw-box-fork/session.json"),
-            ],
-        );
-        let record = recorded.join("home/agent/.caw-box/session.json");
-        assert_eq!(std::fs::read_to_string(&record).unwrap(), "{\"fork\":1}");
-        assert!(files(&recorded).contains(&"workspace/b.txt".to_string()));
-
         // A fork in another vendor's CLI: the workspace as it was, its own HOME untouched
         // but for the workspace's base.
         let other = dir.path().join("other-vendor");
@@ -917,6 +957,63 @@ mod tests {
                 "workspace/b.txt"
             ]
         );
+    }
+
+    /// A fork of the latest turn copied from the source's volumes (`CKPT_COPY`): the source's
+    /// HOME and workspace, without what no checkpoint holds (its records, the provider's
+    /// credentials) but with the workspace's base; none of the image's own HOME files; and
+    /// the fork's record from the helper's scratch, last.
+    #[test]
+    fn a_fork_copied_from_the_sources_volumes_holds_what_a_checkpoint_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let rollout = ".codex/sessions/r.jsonl";
+        for (path, text) in [
+            (rollout, "turn 1\nturn 2\n"),
+            (".codex/auth.json", "secret"),
+            (".codex/shell_snapshots/s.sh", "export A=1"),
+            (".caw-box/session.json", "{\"source\":1}"),
+            (".caw-box/turns/2.raw.jsonl", "{}"),
+            (".caw-box/workspace-base.tar", "base"),
+        ] {
+            write(root, &format!("srchome/{path}"), text);
+        }
+        write(root, "srcws/a.txt", "a");
+        write(
+            root,
+            "home/agent/.profile",
+            "the image's, not the session's",
+        );
+        write(root, "run/caw-box-fork/session.json", "{\"fork\":1}");
+        std::fs::create_dir_all(root.join("workspace")).unwrap();
+        let excluded = never_kept(ProviderKind::Codex)
+            .lines()
+            .filter(|p| *p != BASE_TAR)
+            .collect::<Vec<_>>()
+            .join("\n");
+        script(
+            RESTORE_SCRIPT,
+            root,
+            &[
+                ("CKPT_COPY", "1"),
+                ("CKPT_WORKSPACE", "1"),
+                ("CKPT_EXCLUDE", &excluded),
+                ("CKPT_RECORD", "/run/caw-box-fork/session.json"),
+            ],
+        );
+        assert_eq!(
+            files(root),
+            vec![
+                "home/agent/.caw-box/session.json",
+                "home/agent/.caw-box/workspace-base.tar",
+                "home/agent/.codex/sessions/r.jsonl",
+                "workspace/a.txt",
+            ]
+        );
+        let home = root.join("home/agent");
+        let read = |p: &str| std::fs::read_to_string(home.join(p)).unwrap();
+        assert_eq!(read(".caw-box/session.json"), "{\"fork\":1}");
+        assert_eq!(read(rollout), "turn 1\nturn 2\n");
     }
 
     /// A checkpoint written again as a whole one (`gc --checkpoints`) restores alone what

@@ -669,6 +669,7 @@ mod tests {
             fill_volume_first: false,
             checkpoints: false,
             warm_checkpoints: false,
+            forks_from_volumes: false,
         });
 
     impl Backend for FakeBackend {
