@@ -28,6 +28,7 @@ use crate::session::store::names::{self, LabelSet};
 use crate::session::store::record::{
     roles, volume_labels, ForkedFrom, SessionRecord, WorkspaceMode, HANDOFF_PATH, RECORD_PATH,
 };
+use crate::session::store::restore;
 use crate::session::store::target::{self, SessionView};
 
 /// At most this many forks in one call (`-n`).
@@ -412,18 +413,18 @@ async fn make_one(
     // The restore runs in the source's image (its tar and owner ids), the rest in the fork's.
     // In the source's CLI it writes the fork's record too, last (no second helper).
     let home = match handoff {
-        Some(_) => checkpoint::Restored::BaseOnly,
-        None => checkpoint::Restored::WithRecord {
+        Some(_) => restore::Restored::BaseOnly,
+        None => restore::Restored::WithRecord {
             json: serde_json::to_vec_pretty(&record).expect("records serialize"),
             owner: record.owner_ids(),
         },
     };
     let from = if plan.from_volumes {
-        checkpoint::RestoreFrom::Volumes(source.provider)
+        restore::RestoreFrom::Volumes(source.provider)
     } else {
-        checkpoint::RestoreFrom::Checkpoints(plan.chain)
+        restore::RestoreFrom::Checkpoints(plan.chain)
     };
-    let spec = checkpoint::restore_spec(
+    let spec = restore::restore_spec(
         &source.settings.image,
         source.session_id,
         fork_id,

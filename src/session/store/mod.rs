@@ -13,4 +13,5 @@ pub(in crate::session) mod inflight;
 pub mod names;
 pub mod portable;
 pub mod record;
+pub mod restore;
 pub mod target;
