@@ -294,6 +294,18 @@ impl Backend for Engine {
     async fn inspect_image(&self, image: &str) -> Result<Option<ImageInfo>> {
         dispatch!(self, b => Backend::inspect_image(b, image).await)
     }
+    async fn snapshot_class(&self) -> Result<Option<String>> {
+        dispatch!(self, b => Backend::snapshot_class(b).await)
+    }
+    async fn clone_volume(
+        &self,
+        class: &str,
+        from: &str,
+        to: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<()> {
+        dispatch!(self, b => Backend::clone_volume(b, class, from, to, labels).await)
+    }
     async fn create_volume(&self, name: &str, labels: HashMap<String, String>) -> Result<()> {
         dispatch!(self, b => Backend::create_volume(b, name, labels).await)
     }

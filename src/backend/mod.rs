@@ -276,6 +276,28 @@ pub trait Backend: Clone + Send + Sync + 'static {
         name: &str,
         labels: HashMap<String, String>,
     ) -> impl Future<Output = Result<()>> + Send;
+    /// The storage's own way to copy a volume as it is now, if it has one: a cluster's CSI
+    /// VolumeSnapshotClass for the claims' StorageClass ([`Self::clone_volume`]).
+    fn snapshot_class(&self) -> impl Future<Output = Result<Option<String>>> + Send {
+        async { Ok(None) }
+    }
+    /// Makes volume `to` (labelled `labels`) a copy of volume `from` as it is now, by the
+    /// storage's snapshot class `class` ([`Self::snapshot_class`]).
+    fn clone_volume(
+        &self,
+        class: &str,
+        from: &str,
+        to: &str,
+        labels: HashMap<String, String>,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let _ = (from, to, labels);
+        let class = class.to_string();
+        async move {
+            Err(crate::error::Error::usage(format!(
+                "this engine copies no volume by a snapshot (class '{class}')"
+            )))
+        }
+    }
     fn inspect_volume(&self, name: &str)
         -> impl Future<Output = Result<Option<VolumeInfo>>> + Send;
     fn list_volumes(

@@ -891,6 +891,18 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
         let claim = format!("persistentvolumeclaim/caw-box-{codex_id}-checkpoint-{turn}");
         assert!(claims.contains(&claim), "no {claim}: {claims:?}");
     }
+    // The latest turn: the lab's StorageClass has no CSI snapshot class, which the fork
+    // finds, and it copies the checkpoints through a pod as above.
+    let mut latest = caw_handle_only(data.path(), workspace.path(), &lab);
+    latest.args(["fork", handle, "-o", "json"]);
+    let out = crate::common::run(latest);
+    let made = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{made}\n{}", stderr_of(&out));
+    assert_eq!(made["sessions"][0]["forked_from"]["turn"], 4, "{made}");
+    let latest_id = made["sessions"][0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
 
     check("ls from the API server");
     let data = tempfile::tempdir().unwrap();
@@ -939,7 +951,7 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
     for (_, id, _) in &sessions {
         rm.arg(id);
     }
-    rm.arg(&fork_id);
+    rm.arg(&fork_id).arg(&latest_id);
     let out = crate::common::run(rm);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let deadline = Instant::now() + Duration::from_secs(60);

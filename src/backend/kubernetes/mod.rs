@@ -94,6 +94,7 @@ mod pods;
 mod sandbox;
 mod seam;
 mod sidecars;
+mod snapshots;
 mod spec;
 mod status;
 mod warm;

@@ -1,14 +1,11 @@
 //! [`Backend`] for Kubernetes: turns and helpers as pods, volumes as claims and config maps,
 //! files through `exec`; over the pieces in the files beside this one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 
@@ -444,6 +441,20 @@ impl Backend for KubeBackend {
         }))
     }
 
+    async fn snapshot_class(&self) -> Result<Option<String>> {
+        KubeBackend::snapshot_class(self).await
+    }
+
+    async fn clone_volume(
+        &self,
+        class: &str,
+        from: &str,
+        to: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<()> {
+        self.clone_claim(class, from, to, &labels).await
+    }
+
     async fn create_volume(&self, name: &str, labels: HashMap<String, String>) -> Result<()> {
         let (k8s_labels, annotations) = meta::split(&labels);
         let metadata = ObjectMeta {
@@ -473,19 +484,7 @@ impl Backend for KubeBackend {
                 self.check_storage_class(name, class).await?;
             }
             let size = (self.cluster.volume_size.clone()).unwrap_or_else(|| "1Gi".into());
-            let claim = PersistentVolumeClaim {
-                metadata,
-                spec: Some(PersistentVolumeClaimSpec {
-                    access_modes: Some(vec!["ReadWriteOnce".into()]),
-                    storage_class_name: class,
-                    resources: Some(VolumeResourceRequirements {
-                        requests: Some(BTreeMap::from([("storage".to_string(), Quantity(size))])),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            };
+            let claim = super::snapshots::claim(metadata, class, size, None);
             self.claims()
                 .create(&PostParams::default(), &claim)
                 .await

@@ -159,19 +159,25 @@ pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -
         chain: &chain,
         group: request.group.as_deref(),
         bind_dir: workspace_copied_from.as_deref(),
-        // The latest turn in the source's own CLI: its volumes are that turn's end.
-        from_volumes: at == last
-            && handoff_to.is_none()
-            && backend.capabilities().forks_from_volumes,
+        copy: Copy::Layers,
     };
+    // The latest turn in the source's own CLI: its volumes are that turn's end, copied in
+    // place (Docker) or by the storage's snapshots (a cluster's CSI class, where it has one).
+    if at == last && handoff_to.is_none() {
+        if backend.capabilities().forks_from_volumes {
+            plan.copy = Copy::Volumes;
+        } else if let Some(class) = backend.snapshot_class().await? {
+            plan.copy = Copy::Snapshots(class);
+        }
+    }
     let mut sessions = make_all(backend, &plan, names.clone()).await?;
-    if plan.from_volumes && turn_began(backend, &view).await? {
+    if plan.copy != Copy::Layers && turn_began(backend, &view).await? {
         // A turn of the source began during the copy: made again from the checkpoints.
         tracing::debug!("a turn of {id} began while it was copied: forking from checkpoints");
         for fork in &sessions {
             crate::session::lifecycle::remove(backend, fork.session_id).await?;
         }
-        plan.from_volumes = false;
+        plan.copy = Copy::Layers;
         sessions = make_all(backend, &plan, names).await?;
     }
     Ok(Forks {
@@ -292,8 +298,19 @@ struct Plan<'a> {
     chain: &'a [Checkpoint],
     group: Option<&'a str>,
     bind_dir: Option<&'a str>,
-    /// Copy the source's volumes rather than unpack the checkpoints (its latest turn).
-    from_volumes: bool,
+    copy: Copy,
+}
+
+/// How a fork's volumes get their files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Copy {
+    /// The checkpoints' layers up to the turn, unpacked.
+    Layers,
+    /// The source's volumes (its latest turn), copied with `cp -a` by the restore helper.
+    Volumes,
+    /// The source's volumes (its latest turn), each a snapshot of the storage's class (a
+    /// claim provisioned from a CSI VolumeSnapshot).
+    Snapshots(String),
 }
 
 /// Whether a turn of the source runs, ended unrecorded, or was recorded since `before` was
@@ -381,29 +398,33 @@ async fn make_one(
     let source = plan.source;
     let provider = plan.handoff.as_ref().map_or(source.provider, |(p, _)| *p);
     let (record, handoff) = fork_record(plan, fork_id, name);
-    backend
-        .create_volume(
-            &names::state_volume(fork_id),
-            volume_labels(
-                fork_id,
-                provider,
-                record.name.as_deref(),
-                record.group.as_deref(),
-                record.created_at,
-                &record.settings,
-            ),
-        )
-        .await?;
     let restores_workspace = checkpoint::keeps_workspace(source.settings.workspace_mode);
+    let mut volumes = vec![(
+        names::state_volume(source.session_id),
+        names::state_volume(fork_id),
+        volume_labels(
+            fork_id,
+            provider,
+            record.name.as_deref(),
+            record.group.as_deref(),
+            record.created_at,
+            &record.settings,
+        ),
+    )];
     if restores_workspace {
-        backend
-            .create_volume(
-                &names::workspace_volume(fork_id),
-                LabelSet::new(fork_id, roles::WORKSPACE)
-                    .provider(provider)
-                    .finish(),
-            )
-            .await?;
+        volumes.push((
+            names::workspace_volume(source.session_id),
+            names::workspace_volume(fork_id),
+            LabelSet::new(fork_id, roles::WORKSPACE)
+                .provider(provider)
+                .finish(),
+        ));
+    }
+    for (from, to, labels) in volumes {
+        match &plan.copy {
+            Copy::Snapshots(class) => backend.clone_volume(class, &from, &to, labels).await?,
+            _ => backend.create_volume(&to, labels).await?,
+        }
     }
     if handoff.is_some() {
         // The fork's HOME is its own CLI's image's: the volume is filled from that image
@@ -419,10 +440,10 @@ async fn make_one(
             owner: record.owner_ids(),
         },
     };
-    let from = if plan.from_volumes {
-        restore::RestoreFrom::Volumes(source.provider)
-    } else {
-        restore::RestoreFrom::Checkpoints(plan.chain)
+    let from = match plan.copy {
+        Copy::Layers => restore::RestoreFrom::Checkpoints(plan.chain),
+        Copy::Volumes => restore::RestoreFrom::Volumes(source.provider),
+        Copy::Snapshots(_) => restore::RestoreFrom::Cloned(source.provider),
     };
     let spec = restore::restore_spec(
         &source.settings.image,

@@ -775,6 +775,27 @@ mod tests {
         );
     }
 
+    /// The restore script in its copy mode `mode` (`1`: the source's volumes at `srchome`
+    /// and `srcws`; `cloned`: the fork's volumes are copies already), as a fork of a codex
+    /// session runs it, with its record in the scratch at `run/caw-box-fork`.
+    fn restore_from_volumes(root: &std::path::Path, mode: &str) {
+        let excluded = never_kept(ProviderKind::Codex)
+            .lines()
+            .filter(|p| *p != BASE_TAR)
+            .collect::<Vec<_>>()
+            .join("\n");
+        script(
+            RESTORE_SCRIPT,
+            root,
+            &[
+                ("CKPT_COPY", mode),
+                ("CKPT_WORKSPACE", "1"),
+                ("CKPT_EXCLUDE", &excluded),
+                ("CKPT_RECORD", "/run/caw-box-fork/session.json"),
+            ],
+        );
+    }
+
     /// A fork of the latest turn copied from the source's volumes (`CKPT_COPY`): the source's
     /// HOME and workspace, without what no checkpoint holds (its records, the provider's
     /// credentials) but with the workspace's base; none of the image's own HOME files; and
@@ -802,21 +823,7 @@ mod tests {
         );
         write(root, "run/caw-box-fork/session.json", "{\"fork\":1}");
         std::fs::create_dir_all(root.join("workspace")).unwrap();
-        let excluded = never_kept(ProviderKind::Codex)
-            .lines()
-            .filter(|p| *p != BASE_TAR)
-            .collect::<Vec<_>>()
-            .join("\n");
-        script(
-            RESTORE_SCRIPT,
-            root,
-            &[
-                ("CKPT_COPY", "1"),
-                ("CKPT_WORKSPACE", "1"),
-                ("CKPT_EXCLUDE", &excluded),
-                ("CKPT_RECORD", "/run/caw-box-fork/session.json"),
-            ],
-        );
+        restore_from_volumes(root, "1");
         assert_eq!(
             files(root),
             vec![
@@ -830,6 +837,39 @@ mod tests {
         let read = |p: &str| std::fs::read_to_string(home.join(p)).unwrap();
         assert_eq!(read(".caw-box/session.json"), "{\"fork\":1}");
         assert_eq!(read(rollout), "turn 1\nturn 2\n");
+    }
+
+    /// A fork whose volumes the storage's snapshots made (`CKPT_COPY=cloned`): they hold
+    /// the source's files already; only what no checkpoint holds goes, the record comes.
+    #[test]
+    fn a_fork_cloned_by_snapshots_loses_only_what_no_checkpoint_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for (path, text) in [
+            ("home/agent/.codex/sessions/r.jsonl", "turn 1\n"),
+            ("home/agent/.codex/auth.json", "secret"),
+            ("home/agent/.caw-box/session.json", "{\"source\":1}"),
+            ("home/agent/.caw-box/turns/1.raw.jsonl", "{}"),
+            ("home/agent/.caw-box/workspace-base.tar", "base"),
+            ("home/agent/.profile", "the source's"),
+            ("workspace/a.txt", "a"),
+            ("run/caw-box-fork/session.json", "{\"fork\":1}"),
+        ] {
+            write(root, path, text);
+        }
+        restore_from_volumes(root, "cloned");
+        assert_eq!(
+            files(root),
+            vec![
+                "home/agent/.caw-box/session.json",
+                "home/agent/.caw-box/workspace-base.tar",
+                "home/agent/.codex/sessions/r.jsonl",
+                "home/agent/.profile",
+                "workspace/a.txt",
+            ]
+        );
+        let record = std::fs::read_to_string(root.join("home/agent/.caw-box/session.json"));
+        assert_eq!(record.unwrap(), "{\"fork\":1}");
     }
 
     /// A checkpoint written again as a whole one (`gc --checkpoints`) restores alone what

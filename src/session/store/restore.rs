@@ -67,21 +67,26 @@ from_layers() {
 
 from_volumes() {
     local d p
-    # The fresh volumes' copy of the image's directories goes first: the fork is the source.
-    for d in "${roots[@]}"; do
-        find "$d" -mindepth 1 -delete
-    done
-    # `cp` has the kernel copy each file in place where it can (a tar is read and written).
-    cp -a "$R/srchome/." home/agent/
-    if [ "$CKPT_WORKSPACE" = 1 ]; then
-        cp -a "$R/srcws/." workspace/
+    # (`cloned`: the fork's volumes are the source's already, the storage's snapshots.)
+    if [ "$CKPT_COPY" != cloned ]; then
+        # The fresh volumes' copy of the image's directories goes first: the fork is the
+        # source.
+        for d in "${roots[@]}"; do
+            find "$d" -mindepth 1 -delete
+        done
+        # `cp` has the kernel copy each file in place where it can (a tar is read and
+        # written).
+        cp -a "$R/srchome/." home/agent/
+        if [ "$CKPT_WORKSPACE" = 1 ]; then
+            cp -a "$R/srcws/." workspace/
+        fi
     fi
     while IFS= read -r p; do
         [ -z "$p" ] || rm -rf -- "home/agent/$p"
     done <<<"${CKPT_EXCLUDE:-}"
 }
 
-if [ "${CKPT_COPY:-0}" = 1 ]; then
+if [ "${CKPT_COPY:-0}" != 0 ]; then
     from_volumes
 else
     from_layers
@@ -123,6 +128,9 @@ pub enum RestoreFrom<'a> {
     /// The source session's own volumes, as its latest turn left them (of a `provider`
     /// session, whose credential files stay behind).
     Volumes(ProviderKind),
+    /// The fork's volumes are copies of the source's already (the storage's snapshots): only
+    /// what no checkpoint holds goes, and the record comes.
+    Cloned(ProviderKind),
 }
 
 /// The helper that restores a fork `into` of session `from` (in `image`, the source's: its
@@ -151,16 +159,21 @@ pub fn restore_spec(
             }
             mounts = chain_mounts(from, chain);
         }
-        RestoreFrom::Volumes(provider) => {
+        RestoreFrom::Volumes(provider) | RestoreFrom::Cloned(provider) => {
             // The workspace's base stays: the fork's `diff` compares with it.
             let kept: Vec<String> = never_kept(provider)
                 .lines()
                 .filter(|p| *p != BASE_TAR)
                 .map(str::to_string)
                 .collect();
-            env.push("CKPT_COPY=1".into());
+            let mode = if matches!(source, RestoreFrom::Cloned(_)) {
+                "cloned"
+            } else {
+                "1"
+            };
+            env.push(format!("CKPT_COPY={mode}"));
             env.push(format!("CKPT_EXCLUDE={}", kept.join("\n")));
-            if workspace {
+            if workspace && matches!(source, RestoreFrom::Volumes(_)) {
                 mounts.push(
                     MountSpec::volume(names::workspace_volume(from), SOURCE_WORKSPACE_DIR)
                         .read_only(),
@@ -168,8 +181,13 @@ pub fn restore_spec(
             }
         }
     }
-    let copies_home = matches!(source, RestoreFrom::Volumes(_));
-    if workspace || copies_home {
+    // The source's HOME: copied, or where the workspace's base comes from.
+    let reads_source_home = match source {
+        RestoreFrom::Checkpoints(_) => workspace,
+        RestoreFrom::Volumes(_) => true,
+        RestoreFrom::Cloned(_) => false,
+    };
+    if reads_source_home {
         mounts.push(MountSpec::volume(names::state_volume(from), SOURCE_HOME_DIR).read_only());
     }
     mounts.push(MountSpec::volume(names::state_volume(into), AGENT_HOME));
