@@ -87,6 +87,27 @@ pub const GEMINI: P = P {
 };
 pub const ALL: [P; 4] = [CLAUDE, CODEX, OPENCODE, GEMINI];
 
+/// Creates a network as caw-box does: Podman's subnet check lists the host's interface
+/// addresses and fails ("route ip+net: no such network interface") when another
+/// container's veth goes mid-listing; nothing was made, so it is asked again.
+pub async fn create_network(
+    docker: &Docker,
+    request: NetworkCreateRequest,
+) -> Result<(), bollard::errors::Error> {
+    let mut attempts = 0;
+    loop {
+        match docker.create_network(request.clone()).await {
+            Err(bollard::errors::Error::DockerResponseServerError { message, .. })
+                if attempts < 20 && message.contains("no such network interface") =>
+            {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return other.map(|_| ()),
+        }
+    }
+}
+
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -158,15 +179,17 @@ impl Rig {
     }
 
     async fn start_network_and_stub(&self, extra_env: &[String], aliases: &[&str]) {
-        self.docker
-            .create_network(NetworkCreateRequest {
+        create_network(
+            &self.docker,
+            NetworkCreateRequest {
                 name: self.network.clone(),
                 internal: Some(true),
                 labels: Some(self.labels()),
                 ..Default::default()
-            })
-            .await
-            .expect("create the test's internal network");
+            },
+        )
+        .await
+        .expect("create the test's internal network");
         let mut env = vec![format!("STUB_EXPECT_KEY={TEST_KEY}")];
         env.extend_from_slice(extra_env);
         self.start_stub_image_as(&self.stub, env, aliases).await;

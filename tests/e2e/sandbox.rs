@@ -331,20 +331,20 @@ fn a_busy_allow_host_session_keeps_its_proxy() {
     // What a killed turn leaves: its egress network. The next turn removes it.
     let leftover = format!("caw-box-{id}-egress-1");
     rig.rt
-        .block_on(
-            rig.docker
-                .create_network(bollard::models::NetworkCreateRequest {
-                    name: leftover.clone(),
-                    internal: Some(true),
-                    labels: Some(std::collections::HashMap::from([
-                        ("io.caw-box.managed".to_string(), "true".to_string()),
-                        ("io.caw-box.session".to_string(), id.clone()),
-                        ("io.caw-box.role".to_string(), "proxy".to_string()),
-                        (TEST_LABEL.to_string(), rig.run_id.clone()),
-                    ])),
-                    ..Default::default()
-                }),
-        )
+        .block_on(create_network(
+            &rig.docker,
+            bollard::models::NetworkCreateRequest {
+                name: leftover.clone(),
+                internal: Some(true),
+                labels: Some(std::collections::HashMap::from([
+                    ("io.caw-box.managed".to_string(), "true".to_string()),
+                    ("io.caw-box.session".to_string(), id.clone()),
+                    ("io.caw-box.role".to_string(), "proxy".to_string()),
+                    (TEST_LABEL.to_string(), rig.run_id.clone()),
+                ])),
+                ..Default::default()
+            },
+        ))
         .unwrap();
     let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));
     assert_eq!(code, 0, "{json}\n{stderr}");
@@ -352,18 +352,18 @@ fn a_busy_allow_host_session_keeps_its_proxy() {
 
     // `rm` takes a leftover network with the session.
     rig.rt
-        .block_on(
-            rig.docker
-                .create_network(bollard::models::NetworkCreateRequest {
-                    name: leftover,
-                    internal: Some(true),
-                    labels: Some(std::collections::HashMap::from([
-                        ("io.caw-box.session".to_string(), id.clone()),
-                        (TEST_LABEL.to_string(), rig.run_id.clone()),
-                    ])),
-                    ..Default::default()
-                }),
-        )
+        .block_on(create_network(
+            &rig.docker,
+            bollard::models::NetworkCreateRequest {
+                name: leftover,
+                internal: Some(true),
+                labels: Some(std::collections::HashMap::from([
+                    ("io.caw-box.session".to_string(), id.clone()),
+                    (TEST_LABEL.to_string(), rig.run_id.clone()),
+                ])),
+                ..Default::default()
+            },
+        ))
         .unwrap();
     let mut rm = rig.caw();
     rm.args(["rm", &id]);

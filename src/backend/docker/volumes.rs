@@ -18,6 +18,13 @@ fn info(v: Volume) -> VolumeInfo {
 
 /// Whether `labels` has every one of `filters` (`key=value`, or a bare `key`), as Docker's
 /// `label` filter means it.
+/// Podman's "route ip+net: no such network interface": Go's listing of the host's
+/// interface addresses lost a race with an interface being removed.
+fn is_interface_race(e: &bollard::errors::Error) -> bool {
+    matches!(e, bollard::errors::Error::DockerResponseServerError { status_code: 500, message }
+        if message.contains("no such network interface"))
+}
+
 fn carries_all(labels: &HashMap<String, String>, filters: &[String]) -> bool {
     filters.iter().all(|f| match f.split_once('=') {
         Some((key, value)) => labels.get(key).is_some_and(|v| v == value),
@@ -85,16 +92,29 @@ impl DockerBackend {
         internal: bool,
         labels: HashMap<String, String>,
     ) -> Result<()> {
-        self.docker
-            .create_network(bollard::models::NetworkCreateRequest {
-                name: name.to_string(),
-                internal: Some(internal),
-                labels: Some(labels),
-                ..Default::default()
-            })
-            .await
-            .map(|_| ())
-            .map_err(|e| self.failed(format_args!("create network '{name}'"), &e))
+        let request = bollard::models::NetworkCreateRequest {
+            name: name.to_string(),
+            internal: Some(internal),
+            labels: Some(labels),
+            ..Default::default()
+        };
+        // Podman checks a new network's subnet against the host's interface addresses; a
+        // veth that another container's teardown removes mid-listing fails that check
+        // ("route ip+net: no such network interface"). Nothing was made: ask again.
+        let mut attempts = 0;
+        loop {
+            match self.docker.create_network(request.clone()).await {
+                Err(e) if attempts < 20 && is_interface_race(&e) => {
+                    attempts += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                other => {
+                    return other
+                        .map(|_| ())
+                        .map_err(|e| self.failed(format_args!("create network '{name}'"), &e))
+                }
+            }
+        }
     }
 
     /// The names of the networks carrying every one of `labels` ("key=value").
@@ -167,5 +187,24 @@ mod tests {
         ]));
         assert!(!ask(&["io.caw-box.other"]));
         assert!(!ask(&["io.caw-box.session=s"]));
+    }
+
+    #[test]
+    fn only_podmans_interface_race_is_asked_again() {
+        let answer =
+            |status_code, message: &str| bollard::errors::Error::DockerResponseServerError {
+                status_code,
+                message: message.to_string(),
+            };
+        // What Podman 4.3 answered in CI while other containers came and went.
+        assert!(is_interface_race(&answer(
+            500,
+            "route ip+net: no such network interface"
+        )));
+        assert!(!is_interface_race(&answer(
+            409,
+            "network with name x already exists"
+        )));
+        assert!(!is_interface_race(&answer(500, "no such image: x")));
     }
 }
