@@ -237,6 +237,8 @@ case "${1:-}" in
             rustup target add x86_64-unknown-linux-musl >/dev/null || die "rustup target add x86_64-unknown-linux-musl failed"
         fi
         command -v musl-gcc >/dev/null 2>&1 || apt_install musl-tools
+        # The checkpoint scripts' unit tests pack HOME's layer with zstd, as the images do.
+        command -v zstd >/dev/null 2>&1 || apt_install zstd
         # `make lint`'s dependency check (scripts/deny.sh, deny.toml): cargo-deny at the version
         # deny.toml is written for, compiled from crates.io (some 10 minutes on 2 cores, once;
         # skipped when that version is there).

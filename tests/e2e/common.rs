@@ -1031,10 +1031,11 @@ pub fn scan_named_volume(
     scan_in(rig, volume, needles, control, false)
 }
 
-/// [`scan_named_volume`] for a checkpoint's volume, whose layers are gzipped (a grep of the
-/// volume's bytes would not see into them): each `*.gz` unpacked to `/tmp/z` first and
-/// scanned too (a file there named as its layer without `.gz`). The control is a path every
-/// HOME layer holds, found in the unpacked HOME layer: the scan reads inside it.
+/// [`scan_named_volume`] for a checkpoint's volume, whose layers are compressed (a grep of
+/// the volume's bytes would not see into them): each `*.zst` and `*.gz` unpacked to `/tmp/z`
+/// first and scanned too (a file there named as its layer without the suffix), in a
+/// caw-box image (the stub's has no zstd). The control is a path every HOME layer holds,
+/// found in the unpacked HOME layer: the scan reads inside it.
 pub fn scan_checkpoint_volume(rig: &Rig, volume: &str, needles: &[&str]) -> Vec<String> {
     scan_in(
         rig,
@@ -1065,6 +1066,9 @@ fn scan_in(
 for f in /h/*.gz; do
     [ -f "$f" ] && gzip -dc "$f" >"/tmp/z/$(basename "$f" .gz)"
 done
+for f in /h/*.zst; do
+    [ -f "$f" ] && zstd -dcq "$f" >"/tmp/z/$(basename "$f" .zst)"
+done
 exec grep "$@" /h /tmp/z"#;
     let mut cmd = if unpack {
         vec!["sh", "-c", UNPACK, "scan", "-rHoaFZ", "-e", control_text]
@@ -1078,7 +1082,12 @@ exec grep "$@" /h /tmp/z"#;
         cmd.push("/h");
     }
     // grep: 0 something matched, 1 nothing (not even the control), 2 an error.
-    let (code, out, err) = run_in_named_volume(rig, volume, &cmd);
+    let image = if unpack {
+        caw_box::ProviderKind::Codex.default_image()
+    } else {
+        stub_image()
+    };
+    let (code, out, err) = run_in_named_volume_of(rig, volume, &cmd, image);
     assert!(code <= 1, "grep in volume {volume} failed ({code}): {err}");
     let mut control_seen = false;
     let mut holding = Vec::new();
@@ -1118,12 +1127,22 @@ pub fn in_named_volume(rig: &Rig, volume: &str, cmd: &[&str]) -> Vec<String> {
 /// stdout, stderr). The volume must exist beforehand: Docker would silently create an empty
 /// one of a name that drifted, and a search in it would find nothing.
 pub fn run_in_named_volume(rig: &Rig, volume: &str, cmd: &[&str]) -> (i64, String, String) {
+    run_in_named_volume_of(rig, volume, cmd, stub_image())
+}
+
+/// [`run_in_named_volume`] in `image`.
+fn run_in_named_volume_of(
+    rig: &Rig,
+    volume: &str,
+    cmd: &[&str],
+    image: String,
+) -> (i64, String, String) {
     use bollard::models::{ContainerCreateBody, HostConfig};
     if let Err(e) = rig.rt.block_on(rig.docker.inspect_volume(volume)) {
         panic!("volume {volume} does not exist (not scanning an empty one in its place): {e}");
     }
     rig.run_container(ContainerCreateBody {
-        image: Some(stub_image()),
+        image: Some(image),
         entrypoint: Some(vec![cmd[0].to_string()]),
         cmd: Some(cmd[1..].iter().map(|s| s.to_string()).collect()),
         user: Some("0".into()),

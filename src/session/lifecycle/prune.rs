@@ -34,7 +34,7 @@ rm -rf "$W"
 mkdir -p "$W"
 last=
 for c in $CKPT_CHAIN; do
-    for layer in home.tar.gz workspace.tar; do
+    for layer in home.tar.zst home.tar.gz workspace.tar; do
         [ -f "$R/c/$c/$layer" ] || continue
         tar --numeric-owner -xpf "$R/c/$c/$layer" -C "$W"
     done
@@ -54,9 +54,14 @@ while IFS= read -r -d '' p; do
     case $p in workspace/*) ws_files=$((ws_files + 1)) ;; esac
 done < <(gzip -dc "$last/manifest.gz")
 rc=0 rc2=0
-tar --null --no-recursion --numeric-owner -cpf - -T "$R/tmp/whole-home" | gzip -1 >"$C/home.tar.gz" \
+if command -v zstd >/dev/null 2>&1; then
+    home=home.tar.zst pack=(zstd -1 -q)
+else
+    home=home.tar.gz pack=(gzip -1)
+fi
+tar --null --no-recursion --numeric-owner -cpf - -T "$R/tmp/whole-home" | "${pack[@]}" >"$C/$home" \
     || rc=$?
-owned=("$C/home.tar.gz")
+owned=("$C/$home")
 if [ -s "$R/tmp/whole-ws" ]; then
     tar --null --no-recursion --numeric-owner -cpf "$C/workspace.tar" -T "$R/tmp/whole-ws" || rc2=$?
     owned+=("$C/workspace.tar")

@@ -65,8 +65,9 @@ pub struct VolumeEntry {
 }
 
 /// Whether a checkpoint volume's files (`tar`) hold one of `secrets`: their bytes, and each
-/// gzipped layer unpacked (its bytes say nothing of what it holds). One that cannot be read
-/// counts as holding one: the checkpoints are then left out, never carried unread.
+/// compressed layer (`.gz`, `.zst`) unpacked (its bytes say nothing of what it holds). One
+/// that cannot be read counts as holding one: the checkpoints are then left out, never
+/// carried unread.
 fn checkpoint_holds_any(tar: &[u8], secrets: &[Vec<u8>]) -> bool {
     if crate::auth::holds_any(tar, secrets) {
         return true;
@@ -79,16 +80,23 @@ fn checkpoint_holds_any(tar: &[u8], secrets: &[Vec<u8>]) -> bool {
         let Ok(mut entry) = entry else {
             return true;
         };
-        let gzipped = entry
+        let extension = entry
             .path()
-            .is_ok_and(|p| p.extension().is_some_and(|x| x == "gz"));
-        if gzipped {
-            let mut raw = Vec::new();
-            let read =
-                std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&mut entry), &mut raw);
-            if read.is_err() || crate::auth::holds_any(&raw, secrets) {
-                return true;
+            .ok()
+            .and_then(|p| p.extension().map(|x| x.to_string_lossy().into_owned()));
+        let mut raw = Vec::new();
+        let read = match extension.as_deref() {
+            Some("gz") => {
+                std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&mut entry), &mut raw)
             }
+            Some("zst") => match ruzstd::decoding::StreamingDecoder::new(&mut entry) {
+                Ok(mut decoder) => std::io::Read::read_to_end(&mut decoder, &mut raw),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            },
+            _ => continue,
+        };
+        if read.is_err() || crate::auth::holds_any(&raw, secrets) {
+            return true;
         }
     }
     false
@@ -649,6 +657,47 @@ mod tests {
         assert!(!crate::auth::holds_any(&holding, &keys), "gzip hides it");
         assert!(checkpoint_holds_any(&holding, &keys));
         assert!(!checkpoint_holds_any(&volume(b"home/agent/other\0"), &keys));
+    }
+
+    /// The same of a zstd layer (`home.tar.zst`), and one that does not unpack holds them
+    /// back too.
+    #[test]
+    fn a_key_in_a_zstd_layer_holds_the_checkpoints_back() {
+        let key = b"sk-test-0123456789abcdef".to_vec();
+        let keys = [key.clone()];
+        let volume = |layer: &[u8]| {
+            let mut b = tar::Builder::new(Vec::new());
+            append(&mut b, "./home.tar.zst", layer, 0o600, (1000, 1000)).unwrap();
+            b.into_inner().unwrap()
+        };
+        // As the images write it: `zstd -1` (scripts/rig.sh build-deps installs it here).
+        let zstd = |inner: &[u8]| {
+            use std::io::Write;
+            let mut child = std::process::Command::new("zstd")
+                .args(["-1", "-q", "-c"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("zstd");
+            child.stdin.take().unwrap().write_all(inner).unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success());
+            out.stdout
+        };
+        // (Among text that does not repeat but is of few letters: zstd codes such literals
+        // by Huffman, so the key's bytes are nowhere as they are.)
+        let mut state = 0x2545_f491_u32;
+        let filler: Vec<u8> = (0..4000)
+            .map(|_| {
+                state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                b"abcd"[(state >> 16) as usize % 4]
+            })
+            .collect();
+        let holding = volume(&zstd(&[filler.as_slice(), &key, &filler].concat()));
+        assert!(!crate::auth::holds_any(&holding, &keys), "zstd hides it");
+        assert!(checkpoint_holds_any(&holding, &keys));
+        assert!(!checkpoint_holds_any(&volume(&zstd(&filler)), &keys));
+        assert!(checkpoint_holds_any(&volume(b"not zstd at all"), &keys));
     }
 
     fn archive_of(manifest: &Manifest, files: &[(&str, &[u8])]) -> Vec<u8> {

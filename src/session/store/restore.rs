@@ -38,7 +38,8 @@ fi
 from_layers() {
     local c layer last=
     for c in $CKPT_CHAIN; do
-        for layer in home.tar.gz workspace.tar; do
+        # (HOME's layer: zstd, or gzip where the image that took it had no zstd.)
+        for layer in home.tar.zst home.tar.gz workspace.tar; do
             [ -f "$R/c/$c/$layer" ] || continue
             tar --numeric-owner "${aside[@]}" -xpf "$R/c/$c/$layer" -C "${R:-/}"
         done
