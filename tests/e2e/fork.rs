@@ -8,7 +8,9 @@
 //! the source or its siblings, one exported and imported; a fork in gemini's CLI (the
 //! checkpoint's workspace, a handoff in its first request); `ls --tree`; `gc --checkpoints`
 //! (the kept chain still forks exactly) and a turn with `--checkpoints off`; a bind-mode
-//! source; the refusals, which make nothing.
+//! source; the refusals, which make nothing; a fork of the latest turn that copies the
+//! source's volumes, and one during whose copy a turn of the source begins (made again
+//! from the checkpoints).
 //!
 //! Cost: four turns per provider; codex sixteen more (about 65 s here beside the other fork
 //! tests). One rig per provider.
@@ -760,4 +762,98 @@ fn bind_mode_source(rig: &Rig) {
     assert_eq!(shown["settings"]["workspace_mode"], "copy", "{shown}");
     assert_eq!(workspace_files(rig, &fork), ["c.txt", "seed.txt"]);
     assert!(recall(rig, CODEX, &fork).contains("charlie"));
+}
+
+/// A fork of the latest turn copies the source's volumes, so it holds what they hold beyond
+/// the checkpoint (here a file put in the source's workspace between turns); when a turn of
+/// the source begins while it copies (begun by the test at that point, through
+/// `fork_then`), the copies go and the forks are made again from the checkpoints: the
+/// fork is the turn's end exactly, and nothing of the first copies stays.
+#[test]
+fn codex_a_turn_begun_during_the_copy_remakes_the_forks_from_checkpoints() {
+    let rig = Rig::new("fork-race");
+    let (id, name) = two_turns(&rig, CODEX);
+    // What no checkpoint holds: a file in the source's workspace volume, after turn 2.
+    let (code, _, err) = rig.run_container(bollard::models::ContainerCreateBody {
+        image: Some(stub_image()),
+        entrypoint: Some(vec!["sh".into()]),
+        cmd: Some(vec!["-c".into(), "echo later > /w/later.txt".into()]),
+        user: Some("1000".into()),
+        host_config: Some(bollard::models::HostConfig {
+            binds: Some(vec![format!("caw-box-{id}-workspace:/w")]),
+            network_mode: Some("none".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    assert_eq!(code, 0, "{err}");
+
+    check("no turn begins: the fork is a copy of the volumes");
+    let out = run(fork_cmd(&rig, CODEX, &name, &["-o", "json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let copied = json_of(&out)["sessions"][0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        workspace_files(&rig, &copied),
+        ["a.txt", "b.txt", "later.txt"]
+    );
+
+    check("a turn begins during the copy: made again from the checkpoints");
+    // The library in this process, with the environment `rig.caw()` gives caw-box.
+    std::env::set_var("CAW_BOX_DATA_DIR", rig.data_dir.path());
+    std::env::set_var("CAW_BOX_LABELS", format!("{TEST_LABEL}={}", rig.run_id));
+    std::env::set_var(
+        "CAW_BOX_CONFIG",
+        rig.data_dir.path().join("no-user-config.toml"),
+    );
+    let hold = format!("race-{}", rig.run_id);
+    let begin_a_turn = async {
+        let mut detach = rig.resume_cmd(CODEX, &name, &format!("HOLD:{hold} RECALL"), &["-d"]);
+        let out = run(std::mem::replace(&mut detach, Command::new("true")));
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    };
+    let request = caw_box::ForkRequest {
+        at: None,
+        count: 2,
+        name: None,
+        group: None,
+        provider: None,
+    };
+    let forks = rig.rt.block_on(async {
+        let client = caw_box::Client::connect().await.expect("connect");
+        caw_box::session::lifecycle::fork::fork_then(
+            client.backend(),
+            &name,
+            &request,
+            begin_a_turn,
+        )
+        .await
+        .expect("fork")
+    });
+    assert_eq!(forks.forked_from.turn, 2);
+    let made: Vec<String> = forks
+        .sessions
+        .iter()
+        .map(|s| s.session_id.to_string())
+        .collect();
+    assert_eq!(made.len(), 2);
+    for fork in &made {
+        assert_eq!(workspace_files(&rig, fork), ["a.txt", "b.txt"], "{fork}");
+        assert!(recall(&rig, CODEX, fork).contains("bravo-two"));
+    }
+    // Every volume is the source's, the first fork's or these forks': the copies went.
+    let kept = [&id, &copied, &made[0], &made[1]];
+    let volumes = rig.caw_volumes();
+    let strays: Vec<&String> = volumes
+        .iter()
+        .filter(|v| !kept.iter().any(|k| v.starts_with(&format!("caw-box-{k}"))))
+        .collect();
+    assert!(strays.is_empty(), "{strays:?}");
+
+    rig.stub_release(&hold);
+    let out = rig.caw_run(&["wait", &name, "-o", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(stdout_of(&out).contains("bravo-two"));
 }

@@ -81,6 +81,19 @@ pub struct Forks {
 
 /// Makes `request.count` forks of the session `target` names (see the module's docs).
 pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -> Result<Forks> {
+    fork_then(backend, target, request, std::future::ready(())).await
+}
+
+/// [`fork`], awaiting `between` once a fork of the latest turn has copied the source's
+/// volumes and before it checks that no turn of the source began meanwhile: where a test
+/// begins one, to see the forks made again from the checkpoints.
+#[doc(hidden)]
+pub async fn fork_then(
+    backend: &impl Backend,
+    target: &str,
+    request: &ForkRequest,
+    between: impl std::future::Future<Output = ()>,
+) -> Result<Forks> {
     request.check()?;
     if !backend.capabilities().checkpoints {
         return Err(Error::usage(format!(
@@ -125,14 +138,7 @@ pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -
         Error::not_found(format!("turn {at} of session {id} has no checkpoint")).with_hint(hint)
     })?;
     let names = fork_names(request.name.as_deref(), request.count);
-    for name in names.iter().flatten() {
-        if target::name_taken(backend, name).await? {
-            return Err(
-                Error::usage(format!("a session named '{name}' exists already"))
-                    .with_hint("pick another --name"),
-            );
-        }
-    }
+    refuse_taken(backend, &names).await?;
     let handoff_to = request.provider.filter(|p| *p != record.provider);
     let image = match handoff_to {
         Some(p) => {
@@ -171,6 +177,7 @@ pub async fn fork(backend: &impl Backend, target: &str, request: &ForkRequest) -
         }
     }
     let mut sessions = make_all(backend, &plan, names.clone()).await?;
+    between.await;
     if plan.copy != Copy::Layers && turn_began(backend, &view).await? {
         // A turn of the source began during the copy: made again from the checkpoints.
         tracing::debug!("a turn of {id} began while it was copied: forking from checkpoints");
@@ -213,6 +220,19 @@ async fn make_all(
 
 /// A session whose turn runs is refused: a fork is made between turns. A turn that ended
 /// with its driver gone is recorded first (its checkpoint with it), as `show` does.
+/// Refuses a name of the forks that a session has already.
+async fn refuse_taken(backend: &impl Backend, names: &[Option<String>]) -> Result<()> {
+    for name in names.iter().flatten() {
+        if target::name_taken(backend, name).await? {
+            return Err(
+                Error::usage(format!("a session named '{name}' exists already"))
+                    .with_hint("pick another --name"),
+            );
+        }
+    }
+    Ok(())
+}
+
 async fn refuse_busy(backend: &impl Backend, id: Uuid) -> Result<()> {
     let busy = |turn: Option<u32>| {
         let turn = turn.map_or("a turn".to_string(), |t| format!("turn {t}"));
