@@ -59,9 +59,16 @@ struct Measure {
     met: Option<bool>,
 }
 
+/// The median: the middle value, or of an even count the mean of the two middle ones (it
+/// was the upper one, which leans high by half a step).
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    xs[xs.len() / 2]
+    let mid = xs.len() / 2;
+    if xs.len().is_multiple_of(2) {
+        (xs[mid - 1] + xs[mid]) / 2.0
+    } else {
+        xs[mid]
+    }
 }
 
 fn caw_box() -> std::path::PathBuf {

@@ -4,21 +4,28 @@
 //! Two codex sessions in a copy-mode workspace of 200 MB (2,000 files; `--smoke`: 4 MB), one
 //! keeping checkpoints (the default) and one with `--checkpoints off`. After their first turns
 //! (each copies the workspace: not measured), ten turns each that change one small file,
-//! alternating which session goes first: the median of the paired ratios of a turn with
-//! checkpoints to one without (target <= 1.03), and the bytes the first session's checkpoint
-//! volumes hold (`du` of them) beyond the workspace's own (target under 5 MB).
+//! alternating which session goes first; all of it [`ROUNDS`] times, with new sessions. The
+//! median of the paired ratios of a turn with checkpoints to one without (target <= 1.03),
+//! and the bytes the first session's checkpoint volumes hold (`du` of them) beyond the
+//! workspace's own (target under 5 MB).
 //!
 //! Then `caw-box fork` of that session at its latest turn against the floor: one plain
 //! `docker run` that copies the same session's state and workspace volumes into two new
 //! volumes with `cp -a` (target <= 1.2). The storage driver, and the filesystem under the
-//! volumes, are printed: a fork unpacks its checkpoint's layers with tar (a copy on every
-//! driver), as the floor copies with `cp -a` (a copy too: Docker volumes have no
-//! copy-on-write, whatever the driver of the image layers).
+//! volumes, are printed. A fork of the latest turn copies the source's volumes with `cp -a`
+//! too (the kernel copies each file in place, or reflinks it on XFS and Btrfs): Docker
+//! volumes have no copy-on-write, whatever the driver of the image layers. A fork at an
+//! earlier turn unpacks its checkpoint's layers with tar instead (not measured here).
 
 use std::process::Command;
 use std::time::Instant;
 
 use super::{caw_box, docker_cli, median, timed, Bench, Measure, ModelRig};
+
+/// How many times the sessions' pair (with checkpoints, without) is made and takes its ten
+/// turns: a pair of turns differs by some 10% either way on a busy 2-core host, against a
+/// target of 3%, so the median is of this many times ten pairs.
+const ROUNDS: usize = 3;
 
 /// The workspace: this many files of this many bytes (200 MB; the smoke run 4 MB).
 const FILE_BYTES: usize = 100_000;
@@ -193,35 +200,50 @@ pub fn checkpoints(
     let ws_bytes = fill_workspace(ws.path(), files);
     let image = codex.provider.default_image();
 
-    let with = first_turn(rig, codex, ws.path(), &[]);
-    let without = (!smoke).then(|| first_turn(rig, codex, ws.path(), &["--checkpoints", "off"]));
     let turns = reps.unwrap_or(if smoke { 0 } else { 10 });
+    let rounds = if smoke || reps.is_some() { 1 } else { ROUNDS };
     let (mut on, mut off) = (Vec::new(), Vec::new());
-    for i in 1..=turns {
-        let Some(without) = &without else {
-            small_turn(rig, &with, i);
-            continue;
-        };
-        if i % 2 == 0 {
-            on.push(small_turn(rig, &with, i));
-            off.push(small_turn(rig, without, i));
-        } else {
-            off.push(small_turn(rig, without, i));
-            on.push(small_turn(rig, &with, i));
+    let mut kept = None;
+    for _ in 0..rounds {
+        let with = first_turn(rig, codex, ws.path(), &[]);
+        let without =
+            (!smoke).then(|| first_turn(rig, codex, ws.path(), &["--checkpoints", "off"]));
+        // The first turns' 400 MB of copies are written out before any turn is timed.
+        settle();
+        for i in 1..=turns {
+            let Some(without) = &without else {
+                small_turn(rig, &with, i);
+                continue;
+            };
+            if i % 2 == 0 {
+                on.push(small_turn(rig, &with, i));
+                off.push(small_turn(rig, without, i));
+            } else {
+                off.push(small_turn(rig, without, i));
+                on.push(small_turn(rig, &with, i));
+            }
         }
+        if let Some(without) = &without {
+            let shown: serde_json::Value =
+                serde_json::from_str(caw(rig, &["show", without, "--json"]).1.trim()).unwrap();
+            assert_eq!(
+                shown["checkpoints"].as_array().map_or(0, Vec::len),
+                0,
+                "--checkpoints off keeps none: {shown}"
+            );
+        }
+        // The first round's session is the one measured for bytes and forked.
+        kept.get_or_insert(with);
     }
+    let with = kept.expect("a round");
     let mb = ws_bytes as f64 / 1e6;
     let mut results = Vec::new();
-    if let Some(without) = &without {
-        let what = format!("codex turn, {mb:.0} MB copy workspace, checkpoints");
-        results.push(on_off(&what, on, off));
-        let shown: serde_json::Value =
-            serde_json::from_str(caw(rig, &["show", without, "--json"]).1.trim()).unwrap();
-        assert_eq!(
-            shown["checkpoints"].as_array().map_or(0, Vec::len),
-            0,
-            "--checkpoints off keeps none: {shown}"
+    if !on.is_empty() {
+        let what = format!(
+            "codex turn, {mb:.0} MB copy workspace, checkpoints ({} pairs)",
+            on.len()
         );
+        results.push(on_off(&what, on, off));
     }
     // The checkpoints the first session keeps (its `show --json`), and what their volumes hold.
     let shown: serde_json::Value =
@@ -286,7 +308,7 @@ pub fn checkpoints(
     let store = storage();
     results.push(Measure {
         name: format!(
-            "fork (tar unpack) {:.0} ms / docker run cp -a {:.0} ms, {store}",
+            "fork {:.0} ms / docker run cp -a {:.0} ms, {store}",
             median(caw_forks) * 1000.0,
             median(floor) * 1000.0
         ),
