@@ -2,8 +2,9 @@
 //! and writes a.txt, turn 2 tells it B and writes b.txt (a copy-mode workspace); `show` lists
 //! a checkpoint per turn, the second holding only what changed; a fork at turn 1 (its first
 //! turn run by `fork` itself) recalls A and not B and its workspace has a.txt and not b.txt;
-//! the source still recalls B. For codex (the quickest CLI) also: three forks of the latest
-//! turn that each recall B and go their own way (their diffs differ), one resumed by its
+//! the source still recalls B; three forks of the latest turn that each recall B and go
+//! their own way (their workspaces and diffs differ), the source unchanged. For codex (the
+//! quickest CLI) also: one fork resumed by its
 //! handle alone from a process without the data directory, one removed without touching
 //! the source or its siblings, one exported and imported; a fork in gemini's CLI (the
 //! checkpoint's workspace, a handoff in its first request); `ls --tree`; `gc --checkpoints`
@@ -12,8 +13,8 @@
 //! source's volumes, and one during whose copy a turn of the source begins (made again
 //! from the checkpoints).
 //!
-//! Cost: four turns per provider; codex sixteen more (about 65 s here beside the other fork
-//! tests). One rig per provider.
+//! Cost: ten turns per provider; codex ten more (claude about 20 s, codex and gemini about
+//! a minute each beside the other fork tests). One rig per provider.
 
 use std::process::{Command, Output};
 
@@ -150,34 +151,35 @@ fn fork_at_one(p: P) -> (Rig, String, String) {
 
 #[test]
 fn claude_fork_at_turn_one_remembers_turn_one_only() {
-    fork_at_one(CLAUDE);
+    let (rig, _, name) = fork_at_one(CLAUDE);
+    three_forks_go_their_own_way(&rig, CLAUDE, &name, 3);
 }
 
 #[test]
 fn opencode_fork_at_turn_one_remembers_turn_one_only() {
-    fork_at_one(OPENCODE);
+    let (rig, _, name) = fork_at_one(OPENCODE);
+    three_forks_go_their_own_way(&rig, OPENCODE, &name, 3);
 }
 
 #[test]
 fn gemini_fork_at_turn_one_remembers_turn_one_only() {
-    fork_at_one(GEMINI);
+    let (rig, _, name) = fork_at_one(GEMINI);
+    three_forks_go_their_own_way(&rig, GEMINI, &name, 3);
 }
 
-/// codex: the first bullet, then three forks of the latest turn, resume by handle alone,
-/// removal of one fork, a bind-mode source and the refusals.
-#[test]
-fn codex_forks_go_their_own_way_and_stand_alone() {
-    let (rig, id, name) = fork_at_one(CODEX);
-
+/// `fork -n 3` of the source `name` at its latest turn (`last`), each fork's first turn a
+/// recall: three sessions that each recall B; each then takes a turn of its own, so their
+/// workspaces and diffs differ; the source is unchanged. Returns the forks' ids and group.
+fn three_forks_go_their_own_way(rig: &Rig, p: P, name: &str, last: u64) -> (Vec<String>, String) {
     check("fork -n 3");
     let (tries, group) = (
         format!("try-{}", rig.run_id),
         format!("tries-{}", rig.run_id),
     );
     let out = run(fork_cmd(
-        &rig,
-        CODEX,
-        &name,
+        rig,
+        p,
+        name,
         &[
             "-n", "3", "--name", &tries, "--group", &group, "-o", "json", "RECALL",
         ],
@@ -190,7 +192,7 @@ fn codex_forks_go_their_own_way_and_stand_alone() {
     for (i, s) in sessions.iter().enumerate() {
         assert_eq!(s["name"], format!("{tries}-{}", i + 1), "{forks}");
         assert_eq!(
-            s["forked_from"]["turn"], 3,
+            s["forked_from"]["turn"], last,
             "the source's latest turn: {forks}"
         );
         let answer = s["result"]["result"].as_str().unwrap_or_default();
@@ -199,16 +201,36 @@ fn codex_forks_go_their_own_way_and_stand_alone() {
     }
     for (i, fork) in ids.iter().enumerate() {
         let prompt = format!("RUN:echo {i} > own-{i}.txt");
-        let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, fork, &prompt, &[]));
+        let (code, json, stderr) = rig.json_turn(rig.resume_cmd(p, fork, &prompt, &[]));
         assert_eq!(code, 0, "{json}\n{stderr}");
     }
+    let mut diffs = Vec::new();
     for (i, fork) in ids.iter().enumerate() {
         assert_eq!(
-            workspace_files(&rig, fork),
+            workspace_files(rig, fork),
             ["a.txt".to_string(), "b.txt".into(), format!("own-{i}.txt")]
         );
+        let out = rig.caw_run(&["diff", fork, "--patch"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        let diff = stdout_of(&out);
+        assert!(diff.contains(&format!("own-{i}.txt")), "{diff}");
+        assert!(
+            !diffs.contains(&diff),
+            "two forks' diffs are the same: {diff}"
+        );
+        diffs.push(diff);
     }
-    assert_eq!(workspace_files(&rig, &name), ["a.txt", "b.txt"]);
+    assert_eq!(workspace_files(rig, name), ["a.txt", "b.txt"]);
+    (ids, group)
+}
+
+/// codex: the first bullet, then three forks of the latest turn, resume by handle alone,
+/// removal of one fork, a bind-mode source and the refusals.
+#[test]
+fn codex_forks_go_their_own_way_and_stand_alone() {
+    let (rig, id, name) = fork_at_one(CODEX);
+
+    let (ids, group) = three_forks_go_their_own_way(&rig, CODEX, &name, 3);
 
     check("fork of a fork");
     let out = run(fork_cmd(&rig, CODEX, &ids[2], &["--at", "2"]));
