@@ -7,6 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MCP_VERSION=${MCP_VERSION:-1.30.0}
 venv=${CAW_BOX_MCP_VENV:-${CARGO_TARGET_DIR:-$PWD/target}/mcp-venv}
+mkdir -p "$(dirname "$venv")"
+# Tests run side by side call this at once: one makes the virtualenv, the others wait for it
+# (two making it at once removed it under each other's pip).
+exec 9>"$venv.lock"
+flock 9
 if [ "${1:-}" = --fresh ]; then rm -rf "$venv"; fi
 if ! "$venv/bin/python" -c "import mcp, pytest, sys; from importlib.metadata import version; sys.exit(version('mcp') != '$MCP_VERSION')" >/dev/null 2>&1; then
     rm -rf "$venv"
