@@ -35,6 +35,7 @@ lint: deps
 	scripts/lint-workflows.sh
 	scripts/lint-architecture.sh
 	scripts/deny.sh
+	node --test tests/proxy/
 
 # Everything a test run needs, inside one rig session so a daemon the rig starts is
 # stopped again at the end, pass or fail.

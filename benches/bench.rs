@@ -27,8 +27,12 @@
 //! keeps none (200 MB copy-mode workspace), the bytes the checkpoints hold, and `fork`
 //! against a plain `docker run` copying the same volumes with `cp -a`.
 //!
+//! Part `egress`: codex's first turn and resume under `--egress locked` against plain
+//! `docker run` (the `turns` part's run under the default, `balanced`: its proxy is the
+//! shared one, its turns pay none to start).
+//!
 //! To iterate on one number: `--only PART` (`cold`, `parse`, `listing`, `gitbase`, `turns`,
-//! `runsc`, `concurrent`, `checkpoints`, `cluster`; repeatable) runs just those parts, `--provider P` (repeatable)
+//! `runsc`, `concurrent`, `checkpoints`, `egress`, `cluster`; repeatable) runs just those parts, `--provider P` (repeatable)
 //! just those providers' turns, `--reps N` sets the repetitions of each turn (default: 31
 //! for codex, 21 for claude, 11 for the slower opencode and gemini turns). `BENCH_DEBUG=1`
 //! prints every turn's samples.
@@ -677,6 +681,59 @@ fn root_owned_first_turns(
     ))
 }
 
+/// codex's first turn and resume under `--egress locked` (the model's API only, through
+/// the shared egress proxy), each against the same plain `docker run` turn. (The `turns`
+/// part's turns run under the default, `balanced`.)
+fn locked_turns(rig: &ModelRig, ws: &std::path::Path, reps: usize, smoke: bool) -> Vec<Measure> {
+    let codex = &TURN_BENCHES[1];
+    let locked = ["--egress", "locked"];
+    let (mut caw_run, mut caw_resume, mut dk_run, mut dk_resume) = (vec![], vec![], vec![], vec![]);
+    for i in 0..reps {
+        let volume = format!("caw-box-bench-{}-{i}-locked", std::process::id());
+        let mut session = String::new();
+        let mut key = String::new();
+        let mut caw_first = |session: &mut String| {
+            let (t, out, _) = caw_turn_with(rig, codex, ws, None, &locked, "REMEMBER:bench");
+            caw_run.push(t);
+            *session = serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()["session_id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+        };
+        let dk_first = |key: &mut String| {
+            let (t, out) = docker_turn(rig, codex, ws, &volume, None, "REMEMBER:bench");
+            *key = resume_key_of(codex, &out);
+            t
+        };
+        if i % 2 == 0 {
+            caw_first(&mut session);
+            dk_run.push(dk_first(&mut key));
+        } else {
+            dk_run.push(dk_first(&mut key));
+            caw_first(&mut session);
+        }
+        let caw_again = || caw_turn_with(rig, codex, ws, Some(&session), &locked, "RECALL").0;
+        let dk_again = || docker_turn(rig, codex, ws, &volume, Some(&key), "RECALL").0;
+        if i % 2 == 0 {
+            dk_resume.push(dk_again());
+            caw_resume.push(caw_again());
+        } else {
+            caw_resume.push(caw_again());
+            dk_resume.push(dk_again());
+        }
+    }
+    vec![
+        paired("codex run, --egress locked", caw_run, dk_run, 1.05, smoke),
+        paired(
+            "codex resume, --egress locked",
+            caw_resume,
+            dk_resume,
+            1.05,
+            smoke,
+        ),
+    ]
+}
+
 /// The median of the paired ratios of caw-box's turns `caw` to plain `docker run`'s `dk`
 /// (seconds), against `target`; held to it unless `smoke`.
 fn paired(what: &str, caw: Vec<f64>, dk: Vec<f64>, target: f64, smoke: bool) -> Measure {
@@ -976,6 +1033,10 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
         let reps = filter.reps.unwrap_or(if smoke { 1 } else { 9 });
         results.extend(root_owned_first_turns(&rig, ws.path(), reps, smoke));
     }
+    if filter.wants("egress") && codex_wanted {
+        let reps = filter.reps.unwrap_or(if smoke { 1 } else { 9 });
+        results.extend(locked_turns(&rig, ws.path(), reps, smoke));
+    }
     if measured_turns {
         // The binary users install (`make dist`'s static musl binary, which the hot-function
         // list is made for) holds the target; this bench's own gnu build is shown beside it.
@@ -1105,7 +1166,7 @@ fn main() {
     if filter.wants("gitbase") {
         results.extend(rt.block_on(git_baseline(runs)));
     }
-    if ["turns", "concurrent", "runsc", "checkpoints"]
+    if ["turns", "concurrent", "runsc", "checkpoints", "egress"]
         .iter()
         .any(|p| filter.wants(p))
     {

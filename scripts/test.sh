@@ -78,7 +78,8 @@ lint() {
         cargo clippy --workspace --all-targets --quiet -- -D warnings &&
         scripts/lint-workflows.sh &&
         scripts/lint-architecture.sh &&
-        scripts/deny.sh
+        scripts/deny.sh &&
+        node --test tests/proxy/
 }
 stage lint lint
 

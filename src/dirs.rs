@@ -71,6 +71,28 @@ fn write_atomic(path: &std::path::Path, contents: &[u8], sync: bool) -> Result<(
 }
 
 /// Whether caw-box runs as root.
+/// Holds an exclusive lock on a file of the data directory while alive (dropped: released).
+#[derive(Debug)]
+pub struct DataLock(#[allow(dead_code)] std::fs::File);
+
+/// Waits for the exclusive lock of the data directory's file `name` (made when missing),
+/// without holding up the runtime's threads; `what` names it in the error.
+pub async fn lock_data_file(name: &str, what: &str) -> Result<DataLock> {
+    let path = data_dir()?.join(name);
+    let what = what.to_string();
+    tokio::task::spawn_blocking(move || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.lock().map(|()| DataLock(f)))
+            .map_err(|e| Error::environment(format!("failed to lock '{}': {e}", path.display())))
+    })
+    .await
+    .map_err(|e| Error::environment(format!("locking {what} failed: {e}")))?
+}
+
 pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }

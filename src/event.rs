@@ -146,6 +146,150 @@ pub struct TurnResult {
     /// after the turn; absent when there were none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quarantined: Option<Quarantined>,
+    /// What the turn's agent reached and was refused through its egress proxy; absent for
+    /// turns with none (on the host's network, or run before caw-box recorded egress).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Box<EgressRecord>>,
+}
+
+/// `--egress`: what the agent may reach beyond its model, held by caw-box's egress proxy
+/// (docs/walls.md). Ordered from the most open to the most closed: a tool call or a project
+/// file may move a session only up this order, never down.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum EgressPolicy {
+    /// Anything, as before caw-box had policies; what goes through the proxy is recorded.
+    Open,
+    /// The model's API, plus the common package and source hosts (`egress-balanced.txt`).
+    #[default]
+    Balanced,
+    /// The model's API and nothing else (and `--allow-host`'s hosts).
+    Locked,
+}
+
+impl EgressPolicy {
+    pub const ALL: [EgressPolicy; 3] = [
+        EgressPolicy::Open,
+        EgressPolicy::Balanced,
+        EgressPolicy::Locked,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EgressPolicy::Open => "open",
+            EgressPolicy::Balanced => "balanced",
+            EgressPolicy::Locked => "locked",
+        }
+    }
+
+    /// `--egress NAME` (`what` names where it was written in the error).
+    pub fn parse(text: &str, what: &str) -> crate::error::Result<EgressPolicy> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == text.trim().to_ascii_lowercase())
+            .ok_or_else(|| {
+                crate::error::Error::usage(format!(
+                    "{what} '{text}' is not an egress policy: balanced, locked or open"
+                ))
+                .with_hint("balanced (the default): the model's API and package hosts; locked: the model's API only; open: anything")
+            })
+    }
+}
+
+impl std::fmt::Display for EgressPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A turn's egress, as its proxy saw it: each host and port the agent asked for, allowed or
+/// refused, how many connections and bytes each way. Never a path, a query, a header or a
+/// body.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressRecord {
+    /// The policy the turn ran under: `balanced`, `locked` or `open`.
+    pub policy: String,
+    pub allowed: Vec<EgressHost>,
+    pub refused: Vec<EgressHost>,
+}
+
+/// One host and port of a turn's egress.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressHost {
+    pub host: String,
+    pub port: u16,
+    /// Connections (and plain-HTTP requests) to it, or refused.
+    pub connections: u64,
+    /// Bytes from the agent to the host.
+    pub bytes_out: u64,
+    /// Bytes from the host to the agent.
+    pub bytes_in: u64,
+    /// Connections the proxy could not make to it (the host did not answer).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl EgressHost {
+    /// `host:port`.
+    pub fn target(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+}
+
+impl EgressRecord {
+    /// One line for `show`: the hosts reached and refused, with counts.
+    pub fn line(&self) -> String {
+        let list = |hosts: &[EgressHost], bytes: bool| {
+            hosts
+                .iter()
+                .map(|h| match bytes {
+                    true if h.failed > 0 => format!(
+                        "{} ({}x, {} failed, {} out, {} in)",
+                        h.target(),
+                        h.connections,
+                        h.failed,
+                        human_bytes(h.bytes_out),
+                        human_bytes(h.bytes_in)
+                    ),
+                    true => format!(
+                        "{} ({}x, {} out, {} in)",
+                        h.target(),
+                        h.connections,
+                        human_bytes(h.bytes_out),
+                        human_bytes(h.bytes_in)
+                    ),
+                    false => format!("{} ({}x)", h.target(), h.connections),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let allowed = match self.allowed.is_empty() {
+            true => "nothing reached".to_string(),
+            false => format!("reached {}", list(&self.allowed, true)),
+        };
+        match self.refused.is_empty() {
+            true => format!("egress {}: {allowed}", self.policy),
+            false => format!(
+                "egress {}: {allowed}; refused {}",
+                self.policy,
+                list(&self.refused, false)
+            ),
+        }
+    }
+}
+
+fn human_bytes(n: u64) -> String {
+    match n {
+        n if n >= 10 << 20 => format!("{} MB", n >> 20),
+        n if n >= 10 << 10 => format!("{} kB", n >> 10),
+        n => format!("{n} B"),
+    }
 }
 
 fn priced_by_default() -> bool {
@@ -208,6 +352,13 @@ pub enum Event {
     },
     Error {
         message: String,
+    },
+    /// The egress proxy refused a host the agent asked for (`--egress`), as it happened.
+    EgressRefused {
+        host: String,
+        port: u16,
+        /// The policy that refused it.
+        policy: String,
     },
     Result {
         #[serde(flatten)]

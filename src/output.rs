@@ -105,6 +105,14 @@ impl Printer {
                     let _ = writeln!(io::stderr(), "agent error: {}", message.trim());
                 }
             }
+            Event::EgressRefused { host, port, policy } => {
+                if !self.quiet {
+                    let _ = writeln!(
+                        io::stderr(),
+                        "egress refused: {host}:{port} (--egress {policy}; --allow-host {host}:{port} would allow it)"
+                    );
+                }
+            }
             Event::Usage { .. } | Event::Session { .. } => {}
             Event::Result { result } => {
                 self.line_start(out)?;

@@ -10,7 +10,7 @@ pub use crate::endpoint::{endpoint_host, validate_endpoint};
 use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
 pub use crate::session::expand_allow_hosts;
-use crate::session::record::{SessionSettings, WorkspaceMode};
+use crate::session::record::{EgressPolicy, SessionSettings, WorkspaceMode};
 use crate::session::runner::{check_prompt_size, MAX_TURN_PROMPT_BYTES};
 
 /// The prompt of a turn: given, or absent (an interactive session). One over
@@ -280,6 +280,7 @@ pub fn new_session_settings(
     let mut settings = SessionSettings {
         image: provider.default_image(),
         network: "open".to_string(),
+        egress_policy: Some(EgressPolicy::default()),
         ..Default::default()
     };
     apply_overrides(&mut settings, args)?;
@@ -335,6 +336,7 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
         pids_limit,
         network,
         allow_host,
+        egress,
         protect,
         unprotect,
         endpoint,
@@ -352,9 +354,7 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
     if let Some(image) = image {
         settings.image = image.clone();
     }
-    if let Some(model) = model {
-        settings.model = Some(model.clone());
-    }
+    settings.model = model.clone().or(settings.model.take());
     if let Some(endpoint) = endpoint {
         settings.endpoint = Some(validate_endpoint(endpoint, "--endpoint")?);
     }
@@ -411,7 +411,7 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
         check_pids_limit(p, "--pids-limit")?;
         settings.pids_limit = Some(p);
     }
-    apply_egress_flags(settings, allow_host)?;
+    apply_egress_flags(settings, allow_host, egress.as_deref())?;
     apply_timeout_flags(
         settings,
         timeout.as_deref(),
@@ -535,7 +535,24 @@ fn apply_protect_flags(
 
 /// `--allow-host` adds to the remembered allowlist, then the network the settings end with
 /// is checked against it.
-fn apply_egress_flags(settings: &mut SessionSettings, allow_host: &[String]) -> Result<()> {
+fn apply_egress_flags(
+    settings: &mut SessionSettings,
+    allow_host: &[String],
+    egress: Option<&str>,
+) -> Result<()> {
+    if let Some(policy) = egress {
+        settings.egress_policy = Some(EgressPolicy::parse(policy, "--egress")?);
+    } else if settings.egress_policy.is_none() && !allow_host.is_empty() {
+        // A session from before policies, open: --allow-host held it to its hosts then.
+        settings.egress_policy = Some(EgressPolicy::Locked);
+    }
+    let policy = settings.egress();
+    if policy == EgressPolicy::Open && !allow_host.is_empty() {
+        return Err(Error::usage(
+            "--allow-host adds hosts to --egress balanced or locked; under --egress open every host is reachable already",
+        )
+        .with_hint("drop --allow-host, or choose --egress balanced or locked"));
+    }
     for host in allow_host {
         validate_allow_host(host, "--allow-host")?;
         if !settings.allow_hosts.contains(host) {
@@ -543,7 +560,7 @@ fn apply_egress_flags(settings: &mut SessionSettings, allow_host: &[String]) -> 
         }
     }
     // An HTTP MCP server's host is admitted where egress is limited to named hosts.
-    if !settings.allow_hosts.is_empty() {
+    if policy != EgressPolicy::Open {
         for host in settings.mcp.iter().filter_map(|m| m.http_host()) {
             if !settings.allow_hosts.contains(&host) {
                 settings.allow_hosts.push(host);
@@ -554,14 +571,13 @@ fn apply_egress_flags(settings: &mut SessionSettings, allow_host: &[String]) -> 
         return Err(Error::usage(
             "--network none leaves the CLI no way to reach its model: the turn could only hang",
         )
-        .with_hint("for the tightest egress, use --allow-host @provider (only the model's host is reachable) or a --network NAME with a model gateway on it"));
+        .with_hint("for the tightest egress, use --egress locked (only the model's API is reachable) or a --network NAME with a model gateway on it"));
     }
-    if !settings.allow_hosts.is_empty() && settings.network == "host" {
+    if policy != EgressPolicy::Open && settings.network == "host" {
         return Err(Error::usage(format!(
-            "--allow-host does not combine with --network {}",
-            settings.network
+            "--egress {policy} does not combine with --network host: on the host's network nothing holds the agent to a policy"
         ))
-        .with_hint("the allowlist proxy needs a network to reach the allowed hosts: use --network open or a network name"));
+        .with_hint("add --egress open to run on the host's network, or use --network open or a network name"));
     }
     Ok(())
 }
@@ -830,6 +846,77 @@ pub fn validate_image_repo(repo: &str, what: &str) -> Result<()> {
 }
 
 #[cfg(test)]
+mod egress_tests {
+    use super::*;
+
+    fn apply(s: &mut SessionSettings, egress: Option<&str>, allow: &[&str]) -> Result<()> {
+        let args = SettingsArgs {
+            egress: egress.map(str::to_string),
+            allow_host: allow.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        apply_overrides(s, &args)
+    }
+
+    /// A new session is balanced; an old record keeps what it had (open, or locked to its
+    /// hosts); a resume's flag changes it; --allow-host adds to balanced and locked only.
+    #[test]
+    fn the_egress_policy_of_new_old_and_resumed_sessions() {
+        let new = new_session_settings(ProviderKind::Codex, &SettingsArgs::default()).unwrap();
+        assert_eq!(new.egress(), EgressPolicy::Balanced);
+        let old: SessionSettings = serde_json::from_str(r#"{"image":"i"}"#).unwrap();
+        assert_eq!(old.egress(), EgressPolicy::Open);
+        let old: SessionSettings =
+            serde_json::from_str(r#"{"image":"i","allow_hosts":["@provider"]}"#).unwrap();
+        assert_eq!(old.egress(), EgressPolicy::Locked);
+
+        let mut s = new.clone();
+        apply(&mut s, None, &["pkg.example.com"]).unwrap();
+        assert_eq!(s.egress(), EgressPolicy::Balanced);
+        assert_eq!(s.allow_hosts, ["pkg.example.com"]);
+        apply(&mut s, Some("locked"), &[]).unwrap();
+        assert_eq!(s.egress(), EgressPolicy::Locked);
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["egress"], "locked");
+
+        let mut open = new.clone();
+        let e = apply(&mut open, Some("open"), &["x.example.com"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.message.contains("--egress open"), "{}", e.message);
+        let e = apply(&mut new.clone(), Some("closed"), &[]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(
+            e.message.contains("balanced, locked or open"),
+            "{}",
+            e.message
+        );
+    }
+
+    /// The host's network holds no proxy: only `open` runs there, and says so.
+    #[test]
+    fn the_hosts_network_takes_only_open_egress() {
+        let mut s = new_session_settings(ProviderKind::Codex, &SettingsArgs::default()).unwrap();
+        let args = SettingsArgs {
+            network: Some("host".into()),
+            ..Default::default()
+        };
+        let e = apply_overrides(&mut s.clone(), &args).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(
+            e.hint.as_deref().unwrap_or("").contains("--egress open"),
+            "{e:?}"
+        );
+        let args = SettingsArgs {
+            network: Some("host".into()),
+            egress: Some("open".into()),
+            ..Default::default()
+        };
+        apply_overrides(&mut s, &args).unwrap();
+        assert_eq!(s.egress(), EgressPolicy::Open);
+    }
+}
+
+#[cfg(test)]
 mod mcp_tests {
     use super::*;
 
@@ -935,6 +1022,7 @@ mod flag_tests {
             ("pids_limit", v(&["--pids-limit", "300"]), v(&[])),
             ("network", v(&["--network", "lab"]), v(&[])),
             ("allow_host", v(&["--allow-host", "example.com"]), v(&[])),
+            ("egress", v(&["--egress", "locked"]), v(&[])),
             ("protect", v(&["--protect", "Makefile"]), v(&[])),
             ("unprotect", v(&["--unprotect", unprotected]), v(&[])),
             ("endpoint", v(&["--endpoint", "http://gw:8080"]), v(&[])),

@@ -276,7 +276,7 @@ idle_timeout = \"5m\"
 const PROJECT_CONFIG: &str = "\
 # committed with the repository
 model = \"project-model\"
-allow_host = [\"@provider\", \"pypi.org:443\"]
+egress = \"locked\"
 timeout = \"20m\"
 labels = { team = \"ci\" }
 env_pass = [\"OPENAI_API_KEY\"]

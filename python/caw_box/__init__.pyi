@@ -42,6 +42,7 @@ class Turn:
     name: Optional[str]
     provider: str
     priced: bool
+    egress: Optional[Dict[str, Any]]
     @property
     def ok(self) -> bool: ...
 
@@ -113,6 +114,7 @@ class Agent:
         image: Optional[str] = ...,
         keep_warm: Union[Seconds, bool, None] = ...,
         max_cost: Optional[float] = ...,
+        egress: Optional[Literal["balanced", "locked", "open"]] = ...,
     ) -> None: ...
     def start_session(self) -> Session: ...
     # On the class: `Agent.resume_session(handle, env=..., credentials=..., timeout=...)`;

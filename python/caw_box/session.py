@@ -46,6 +46,9 @@ class Turn:
     provider: str = ""
     #: Whether `usage.cost_usd` is known (False: a model no price table or config prices).
     priced: bool = True
+    #: What the agent reached and was refused through its egress proxy:
+    #: `{"policy", "allowed": [{"host", "port", "connections", "bytes_out", "bytes_in"}], "refused": [...]}`.
+    egress: Optional[dict] = None
 
     @property
     def ok(self) -> bool:
@@ -58,7 +61,7 @@ class Turn:
         return cls(result=r["result"], status=r["status"], turn=r["turn"], usage=Usage._of(r.get("usage") or {}),
                    duration_ms=r["duration_ms"], exit_code=r["exit_code"], session_id=r["session_id"],
                    resume_handle=r["resume_handle"], events=events, name=r.get("name"), provider=r["provider"],
-                   priced=r.get("priced", True))
+                   priced=r.get("priced", True), egress=r.get("egress"))
 
 
 @dataclass
@@ -115,13 +118,15 @@ class Agent:
     "30m"; `keep_warm` (seconds or a duration, `False`: off) keeps a session's container
     idle after each turn for its next one (`--keep-warm`); `max_cost` (USD) is what the
     session may spend over all its turns (`--max-cost`: a turn that crosses it raises
-    `BudgetError`, and so does the next; a resumed session given a higher one goes on).
+    `BudgetError`, and so does the next; a resumed session given a higher one goes on);
+    `egress` is `"balanced"` (the default), `"locked"` or `"open"` (`--egress`).
     `backend` and `namespace` are the process's connection."""
 
     def __init__(self, provider: Optional[str] = None, *, model=None, endpoint=None, network=None, env=None,
                  workspace=None, workspace_mode=None, system_prompt=None, append_system_prompt=None, effort=None,
                  tools=None, mcp=None, allow_host=None, timeout=None, credentials=None, backend=None,
-                 namespace=None, name=None, group=None, image=None, keep_warm=None, max_cost=None):
+                 namespace=None, name=None, group=None, image=None, keep_warm=None, max_cost=None,
+                 egress=None):
         self.provider = provider
         self.backend = backend
         self.namespace = namespace
@@ -141,7 +146,8 @@ class Agent:
         for flag, value in (("model", model), ("endpoint", endpoint), ("network", network),
                             ("workspace", workspace), ("workspace-mode", workspace_mode),
                             ("system-prompt", system_prompt), ("append-system-prompt", append_system_prompt),
-                            ("effort", effort), ("name", name), ("group", group), ("image", image)):
+                            ("effort", effort), ("name", name), ("group", group), ("image", image),
+                            ("egress", egress)):
             if value is not None:
                 flags.append(f"--{flag}={value}")
         if tools is not None:

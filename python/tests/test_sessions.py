@@ -143,14 +143,17 @@ print(json.dumps(out))
 """
 
 
-def test_a_turn_on_a_model_nothing_prices_says_so(rig):
-    kwargs = dict(rig.agent_kwargs("codex"), model="stub-model-unpriced")
+def test_a_turn_on_a_model_nothing_prices_says_so_and_its_egress_is_recorded(rig):
+    kwargs = dict(rig.agent_kwargs("codex"), model="stub-model-unpriced", egress="locked")
     out = rig.python("""
 import json, caw_box
 turn = caw_box.Agent("codex", **{kw!r}).start_session().send("hi")
-print(json.dumps(dict(status=turn.status, priced=turn.priced, cost=turn.usage.cost_usd)))
+print(json.dumps(dict(status=turn.status, priced=turn.priced, cost=turn.usage.cost_usd,
+                      egress=turn.egress["policy"], hosts=[h["host"] for h in turn.egress["allowed"]])))
 """.format(kw=kwargs))
-    assert out == {"status": "success", "priced": False, "cost": None}, out
+    stub = kwargs["endpoint"].split("//", 1)[1].split(":", 1)[0]
+    assert out == {"status": "success", "priced": False, "cost": None, "egress": "locked",
+                   "hosts": [stub]}, out
 
 
 def test_each_error_kind_raises_its_exception_with_its_exit_code(rig):

@@ -229,6 +229,15 @@ impl Backend for Engine {
     async fn close_egress(&self, plan: &super::EgressPlan) {
         dispatch!(self, b => Backend::close_egress(b, plan).await)
     }
+    async fn start_proxy(
+        &self,
+        plan: &super::EgressPlan,
+    ) -> std::result::Result<Attached, CreateError> {
+        dispatch!(self, b => Backend::start_proxy(b, plan).await)
+    }
+    async fn agent_address(&self, name: &str, route: &super::EgressRoute) -> Option<String> {
+        dispatch!(self, b => Backend::agent_address(b, name, route).await)
+    }
     async fn open_broker(&self, plan: &super::BrokerPlan) -> Result<()> {
         dispatch!(self, b => Backend::open_broker(b, plan).await)
     }

@@ -60,7 +60,7 @@ pub use capabilities::{Capabilities, Words};
 pub use engine::{checkup, connect, BackendKind, BackendSettings, ClusterSettings, Engine, Scope};
 pub use plan::{
     proxy_env, BrokerPlace, BrokerPlan, BrokerRoute, EgressPlan, EgressRoute, HostDirs, RuntimeDir,
-    PROXY_PORT, PROXY_SCRIPT,
+    LOADER, PROXY_PORT, PROXY_SCRIPT,
 };
 pub use refresh_lock::RefreshHold;
 pub use scratch::{Scratch, ScratchFile};
@@ -173,8 +173,35 @@ pub trait Backend: Clone + Send + Sync + 'static {
         &self,
         plan: &EgressPlan,
     ) -> impl Future<Output = std::result::Result<(), CreateError>> + Send;
-    /// Removes what [`Self::open_egress`] made, after the turn (errors ignored).
+    /// Removes what [`Self::open_egress`] made, after the turn (errors ignored); a shared
+    /// proxy and its network stay for the next turns.
     fn close_egress(&self, plan: &EgressPlan) -> impl Future<Output = ()> + Send;
+    /// Runs a shared proxy ([`EgressPlan::shared`]) and attaches to its input and output,
+    /// where it reads its config and leases: a container of its own on the plan's networks,
+    /// created, attached to and started. Only where
+    /// [`Capabilities::shared_proxy`](capabilities::Capabilities::shared_proxy).
+    fn start_proxy(
+        &self,
+        plan: &EgressPlan,
+    ) -> impl Future<Output = std::result::Result<Attached, CreateError>> + Send {
+        let _ = plan;
+        async {
+            Err(CreateError::Other(crate::error::Error::environment(
+                "this backend keeps no shared egress proxy",
+            )))
+        }
+    }
+    /// The address the agent's container `name` has where it reaches its egress proxy
+    /// (`route`): how a shared proxy's decisions are told apart. `None` where the proxy is
+    /// the turn's own, or the address is not known.
+    fn agent_address(
+        &self,
+        name: &str,
+        route: &EgressRoute,
+    ) -> impl Future<Output = Option<String>> + Send {
+        let _ = (name, route);
+        async { None }
+    }
     /// Makes what a turn's broker ([`BrokerPlan`]) needs before the agent's container is
     /// created (Docker: the network made for it, found or made once for a shared one); a
     /// broker in the turn's own unit (Kubernetes) needs nothing before.
@@ -572,6 +599,9 @@ pub struct TurnSpec {
     /// sidecar and firewall rules) realises it from here; Docker, from its
     /// [`Backend::open_egress`] network.
     pub egress_allow: Vec<String>,
+    /// The turn's egress policy, where [`Self::egress_allow`] holds it (what the proxy's
+    /// refusals say).
+    pub egress_policy: crate::event::EgressPolicy,
     /// `host:ip` entries the agent's container resolves so (a broker standing in for a
     /// host its CLI reaches directly); empty: none.
     pub extra_hosts: Vec<String>,

@@ -8,16 +8,23 @@ use std::collections::HashMap;
 
 use super::NetworkPolicy;
 use crate::error::Error;
+use crate::event::EgressPolicy;
+
+/// What node runs (`node -e`) to load a program shipped on its stdin (the credential
+/// broker's, a shared egress proxy's), so it always matches the caw-box that started it:
+/// one JSON line `{"script", "config"}`, then the rest of stdin is the program's.
+pub const LOADER: &str = "const c=[];const on=(d)=>{c.push(d);const b=Buffer.concat(c);const i=b.indexOf(10);if(i<0)return;process.stdin.off('data',on);process.stdin.pause();const j=JSON.parse(b.subarray(0,i).toString());c.length=0;const m={exports:{}};new Function('module','require',j.script)(m,require);m.exports(j.config,b.subarray(i+1));};process.stdin.on('data',on);";
 
 /// The egress proxy's port, wherever it runs.
 pub const PROXY_PORT: u16 = 3128;
 /// The egress proxy's program in caw-box's images (images/base/caw-box-proxy.js).
 pub const PROXY_SCRIPT: &str = "/usr/local/lib/caw-box/proxy.js";
 
-/// The proxy's environment wherever it runs (a container of its own, a pod's sidecar):
-/// the hosts it admits, and its port.
-pub fn proxy_env(allow: &[String]) -> Vec<(&'static str, String)> {
+/// The proxy's environment where it runs from the image's file (a turn's or a login's own
+/// proxy, a pod's sidecar): its policy, the hosts it admits, and its port.
+pub fn proxy_env(policy: EgressPolicy, allow: &[String]) -> Vec<(&'static str, String)> {
     vec![
+        ("CAW_BOX_EGRESS_POLICY", policy.as_str().to_string()),
         ("CAW_BOX_ALLOW", allow.join(",")),
         ("CAW_BOX_PROXY_PORT", PROXY_PORT.to_string()),
     ]
@@ -130,7 +137,9 @@ pub struct BrokerRoute {
 pub struct EgressPlan {
     /// The turn (its name, the session's lock).
     pub turn: String,
-    /// The hosts admitted.
+    /// The policy: what a refusal says, and `open` admits every host.
+    pub policy: EgressPolicy,
+    /// The hosts admitted (under `open`, none need be named).
     pub allow: Vec<String>,
     /// The image whose proxy program ([`PROXY_SCRIPT`]) admits them, run as `user`.
     pub image: String,
@@ -141,8 +150,15 @@ pub struct EgressPlan {
     pub labels: HashMap<String, String>,
     /// Names for what the backend makes for it, this driver's own (a second caw-box that
     /// starts on a busy session makes its own, and fails on the lock): the session's
-    /// naming, so its sweep of leftovers keeps them.
+    /// naming, so its sweep of leftovers keeps them. A shared proxy's: of its settings.
     pub names: [String; 2],
+    /// A proxy kept for the turns of every session with the same egress (the backend's
+    /// [`Capabilities::shared_proxy`](super::Capabilities::shared_proxy)): run as
+    /// `program` (its config and leases on stdin, [`Backend::start_proxy`](super::Backend::start_proxy)),
+    /// it goes when it idled out. `false`: the turn's own, from the image's file.
+    pub shared: bool,
+    /// The program a shared proxy runs with `node -e`.
+    pub program: String,
 }
 
 /// How a backend realised a turn's egress, in caw-box's terms.
@@ -157,4 +173,7 @@ pub struct EgressRoute {
     pub agent_network: Option<String>,
     /// What to read the proxy's decisions from ([`Backend::follow_logs`](super::Backend::follow_logs)).
     pub proxy_log: String,
+    /// The proxy serves the turns of other sessions too: its decisions are this turn's
+    /// where they come from the agent's address.
+    pub shared: bool,
 }

@@ -32,7 +32,8 @@ Examples:
   caw-box run --provider codex --prompt-file task.md   # a long prompt (up to 1 MiB)
   caw-box run --provider opencode --endpoint http://gateway:8080 --env OPENAI_API_KEY \"hi\"
   caw-box run --provider codex --name live      # no prompt: codex's own TUI, in this terminal
-  caw-box run --provider claude --allow-host @provider \"fix it\"   # recommended locked-down setup
+  caw-box run --provider claude --egress locked \"fix it\"   # only the model's API is reachable
+  caw-box run --provider codex --allow-host docs.internal:443 \"fix it\"   # and one host more
   caw-box run --provider claude --system-prompt @reviewer.md --effort high \"review src/\"
   caw-box run --provider gemini --tools read,web --deny-tool web_fetch \"what does it do?\"
   caw-box run --provider claude --mcp \"docs=node /workspace/tools/mcp.js\" \"look it up\"

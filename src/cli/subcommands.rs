@@ -255,7 +255,7 @@ pub struct ImageBuildArgs {
 pub const MCP_EXAMPLES: &str = "\
 Examples:
   claude mcp add caw-box -- caw-box mcp               # Claude Code delegates through it
-  caw-box mcp --allow-host @provider                  # no sub-agent reaches any other host
+  caw-box mcp --egress locked                         # no sub-agent reaches any other host
   caw-box mcp --workspace-root ~/src --runtime runsc  # calls name dirs under ~/src; gVisor
   caw-box mcp --max-parallel 2                        # more turns than that wait, queued
   caw-box mcp --http 8765                             # Streamable HTTP on 127.0.0.1:8765/mcp

@@ -127,19 +127,28 @@ pub struct SettingsArgs {
     #[arg(long, value_name = "N")]
     pub pids_limit: Option<i64>,
     /// `open` (default bridge), `host`, or an existing network's name (e.g. an internal one
-    /// with a model gateway on it). `none` is refused: the CLI could not reach its model;
-    /// `--allow-host @provider` is the locked-down setup.
+    /// with a model gateway on it): where the egress proxy (under `--egress open`, the agent)
+    /// reaches out. `none` is refused: the CLI could not reach its model; `host` takes only
+    /// `--egress open`.
     #[arg(long)]
     pub network: Option<String>,
-    /// Egress only to this host (repeatable), through caw-box's proxy: `HOST[:PORT]`,
-    /// `*.example.com`, or `@provider` for the provider's API host (or the --endpoint host).
-    /// Recommended, with a collected API key: `--allow-host @provider`: model traffic leaves
-    /// through the credential broker, the provider's host need not be reachable from the
-    /// agent, and the agent holds no key. On Kubernetes it is held inside the turn's pod
-    /// (an init container's iptables rules and the proxy as a sidecar: no NetworkPolicy
-    /// needed; the namespace's PodSecurity level must allow NET_ADMIN).
+    /// A host the agent may reach besides its --egress policy's (repeatable), through
+    /// caw-box's proxy: `HOST[:PORT]`, `*.example.com`, or `@provider` for the provider's API
+    /// host (or the --endpoint host). With a collected API key, model traffic leaves through
+    /// the credential broker: the provider's host need not be reachable from the agent, and
+    /// the agent holds no key. On Kubernetes egress is held inside the turn's pod (an init
+    /// container's iptables rules and the proxy as a sidecar: no NetworkPolicy needed; the
+    /// namespace's PodSecurity level must allow NET_ADMIN).
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     pub allow_host: Vec<String>,
+    /// What the agent may reach besides its model, through caw-box's egress proxy:
+    /// `balanced` (the default: the model's API and the common package and source hosts,
+    /// npm, PyPI, crates.io, GitHub...), `locked` (the model's API only) or `open`
+    /// (anything). --allow-host adds hosts to balanced or locked. A refused host gets an
+    /// HTTP 403 that names it; every turn records the hosts it reached and was refused
+    /// (`caw-box show`). Remembered by the session; a resume's --egress applies to its turn.
+    #[arg(long, value_name = "POLICY", value_parser = ["balanced", "locked", "open"])]
+    pub egress: Option<String>,
     /// Keep PATH read-only to the agent in a bound workspace (repeatable), beyond the
     /// defaults, e.g. `--protect Makefile`; relative to the workspace's top. Remembered by
     /// the session; a resume's --protect/--unprotect apply to its turn.

@@ -23,7 +23,23 @@ pub async fn doctor() -> Result<i32> {
     })
     .await?;
     problems += credentials()?;
+    output::println(&egress_line());
     verdict(problems)
+}
+
+/// What a new session's agent may reach, and where that was set.
+fn egress_line() -> String {
+    use crate::config::{Key, Resolved};
+    let resolved = Resolved::load(crate::config::Layer::default(), None).ok();
+    let set = resolved.as_ref().and_then(|r| r.str(Key::Egress));
+    let line = match set.as_deref() {
+        Some(p) => format!("egress: new sessions are {p} (set by your config or CAW_BOX_EGRESS)"),
+        None => "egress: new sessions are balanced, the default since this version (was open): \
+                 the model's API and the common package and source hosts; --egress open for \
+                 anything (docs/walls.md)"
+            .to_string(),
+    };
+    Check::Ok(line).line()
 }
 
 /// Exit 0 when all is well, else the count of problems (exit 3).

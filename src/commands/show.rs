@@ -280,6 +280,9 @@ fn print_shown(
             output::println(&format!("  > {}", one_line(&t.prompt, 200)));
         }
         output::println(&format!("  < {}", one_line(&t.result, 400)));
+        if let Some(e) = &t.egress {
+            output::println(&format!("  {}", e.line()));
+        }
     }
     if let Some(total) = record.total_cost_usd() {
         output::println(&format!("\ntotal cost ${total:.4}"));
@@ -309,6 +312,14 @@ fn print_settings(s: &crate::session::SessionSettings) {
     }
     if let Some(r) = &s.runtime {
         output::println(&format!("runtime    {r}"));
+    }
+    let egress = s.egress();
+    match s.allow_hosts.is_empty() || egress == crate::session::record::EgressPolicy::Open {
+        true => output::println(&format!("egress     {egress}")),
+        false => output::println(&format!(
+            "egress     {egress}, and {}",
+            s.allow_hosts.join(" ")
+        )),
     }
     if let Some(p) = &s.system_prompt {
         output::println(&format!("system     {}", one_line(p, 80)));

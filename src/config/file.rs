@@ -23,6 +23,7 @@ struct ConfigFile {
     endpoint: Option<Spanned<String>>,
     network: Option<Spanned<String>>,
     allow_host: Option<Spanned<Vec<String>>>,
+    egress: Option<Spanned<String>>,
     memory: Option<Spanned<MemorySize>>,
     cpus: Option<Spanned<f64>>,
     max_cost: Option<Spanned<f64>>,
@@ -129,6 +130,7 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
         (Key::Effort, file.effort),
         (Key::Tools, file.tools),
         (Key::Runtime, file.runtime),
+        (Key::Egress, file.egress),
     ];
     for (key, v) in strings.into_iter() {
         if let Some(v) = v {
@@ -203,6 +205,30 @@ fn refuse_in_a_project(path: &Path, text: &str, file: &ConfigFile) -> Result<()>
             "a project file cannot unprotect paths: the repository would lift its own protection",
         )
         .with_hint("put `unprotect` in your user config file, or pass --unprotect PATH"));
+    }
+    // A repository may close its agent's egress further, never open it: only `locked`
+    // is sure to be no wider than what the person chose, and its hosts would widen it.
+    if let Some(v) = file
+        .egress
+        .as_ref()
+        .filter(|v| v.get_ref().trim() != "locked")
+    {
+        return Err(refusal(
+            path,
+            line_of(text, v.span()),
+            Some("egress"),
+            "a project file can only set egress to \"locked\": the repository would open its own agent's egress",
+        )
+        .with_hint("put `egress` in your user config file, or pass --egress POLICY"));
+    }
+    if let Some(v) = &file.allow_host {
+        return Err(refusal(
+            path,
+            line_of(text, v.span()),
+            Some("allow_host"),
+            "a project file cannot allow hosts: the repository would open its own agent's egress",
+        )
+        .with_hint("put `allow_host` in your user config file, or pass --allow-host HOST"));
     }
     if let Some(v) = &file.prices {
         // Prices decide what a turn counts against --max-cost: a repository would lower them.

@@ -50,6 +50,7 @@ pub enum Key {
     Endpoint,
     Network,
     AllowHost,
+    Egress,
     Memory,
     Cpus,
     PidsLimit,
@@ -80,13 +81,14 @@ pub enum Key {
 }
 
 impl Key {
-    pub const ALL: [Key; 33] = [
+    pub const ALL: [Key; 34] = [
         Key::Provider,
         Key::Model,
         Key::Image,
         Key::Endpoint,
         Key::Network,
         Key::AllowHost,
+        Key::Egress,
         Key::Memory,
         Key::Cpus,
         Key::PidsLimit,
@@ -125,6 +127,7 @@ impl Key {
             Key::Endpoint => "endpoint",
             Key::Network => "network",
             Key::AllowHost => "allow_host",
+            Key::Egress => "egress",
             Key::Memory => "memory",
             Key::Cpus => "cpus",
             Key::PidsLimit => "pids_limit",

@@ -130,6 +130,7 @@ impl Resolved {
         out.network = self.str(Key::Network);
         out.runtime = self.str(Key::Runtime);
         out.allow_host = self.list(Key::AllowHost);
+        out.egress = self.str(Key::Egress);
         out.memory = self.str(Key::Memory);
         out.cpus = match self.get(Key::Cpus) {
             Some(Value::Float(c)) => Some(*c),
@@ -232,6 +233,7 @@ fn default_value(key: Key, provider: Option<ProviderKind>) -> Option<Value> {
         Key::Image => provider.map(|p| Value::Str(p.default_image())),
         Key::ImageRepo => s(&crate::provider::image_repo()),
         Key::Network => s("open"),
+        Key::Egress => s("balanced"),
         Key::WorkspaceMode => s("auto"),
         Key::ConnectTimeout => s("60s"),
         Key::IdleTimeout | Key::KeepWarm => s("off"),

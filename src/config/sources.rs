@@ -39,6 +39,7 @@ impl Layer {
         );
         put(Key::Network, s(&args.network));
         put(Key::Runtime, s(&args.runtime));
+        put(Key::Egress, s(&args.egress));
         for (key, values) in [
             (Key::Protect, &args.protect),
             (Key::Unprotect, &args.unprotect),

@@ -105,8 +105,8 @@ fn flags_beat_variables_beat_the_project_file_beat_the_user_file() {
 #[test]
 fn each_key_is_settled_on_its_own() {
     let w = World::new(
-        "provider = \"codex\"\nmemory = \"2g\"\ncpus = 2\ntimeout = \"10m\"\n",
-        "allow_host = [\"@provider\"]\nmemory = 1073741824\nenv_pass = [\"OPENAI_API_KEY\"]\n",
+        "provider = \"codex\"\nmemory = \"2g\"\ncpus = 2\ntimeout = \"10m\"\nallow_host = [\"@provider\"]\n",
+        "memory = 1073741824\nenv_pass = [\"OPENAI_API_KEY\"]\negress = \"locked\"\n",
     );
     let r = w.resolve(Layer::default()).unwrap();
     let args = r.settings_args(&SettingsArgs::default()).unwrap();
@@ -115,6 +115,7 @@ fn each_key_is_settled_on_its_own() {
     assert_eq!(args.cpus, Some(2.0));
     assert_eq!(args.timeout.as_deref(), Some("10m"));
     assert_eq!(args.allow_host, vec!["@provider"]);
+    assert_eq!(args.egress.as_deref(), Some("locked"));
     assert_eq!(r.env_pass(), vec!["OPENAI_API_KEY"]);
     // Defaults fill what nothing set; the image follows the provider.
     let table = r.table();
@@ -125,7 +126,7 @@ fn each_key_is_settled_on_its_own() {
 
 #[test]
 fn a_list_from_a_flag_replaces_the_files_list() {
-    let w = World::new("", "allow_host = [\"a.example.com\", \"b.example.com\"]\n");
+    let w = World::new("allow_host = [\"a.example.com\", \"b.example.com\"]\n", "");
     let flags = Layer::from_flags(
         None,
         None,
@@ -617,4 +618,40 @@ fn mcp_config_refusals() {
         "{}",
         e.message
     );
+}
+
+#[test]
+fn a_project_file_may_close_egress_but_not_open_it() {
+    for (project, key) in [
+        ("egress = \"open\"\n", "egress"),
+        ("egress = \"balanced\"\n", "egress"),
+        ("allow_host = [\"evil.example.com\"]\n", "allow_host"),
+    ] {
+        let line = refusal("", project);
+        assert!(
+            line.starts_with(&format!("<tmp>/repo/.caw-box.toml:1: {key}")),
+            "{line}"
+        );
+        assert!(line.contains("open its own agent's egress"), "{line}");
+    }
+    // `locked` narrows whatever the person chose; the user's file may say anything.
+    let w = World::new("egress = \"open\"\n", "egress = \"locked\"\n");
+    let r = w.resolve(Layer::default()).unwrap();
+    let args = r.settings_args(&SettingsArgs::default()).unwrap();
+    assert_eq!(args.egress.as_deref(), Some("locked"));
+    let w = World::new("egress = \"open\"\n", "");
+    let r = w.resolve(Layer::default()).unwrap();
+    assert_eq!(
+        r.settings_args(&SettingsArgs::default())
+            .unwrap()
+            .egress
+            .as_deref(),
+        Some("open")
+    );
+    // A policy's name is checked where it was written.
+    let mut w = World::new("", "");
+    w.env.insert("CAW_BOX_EGRESS".into(), "closed".into());
+    let e = w.resolve(Layer::default()).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+    assert!(e.message.starts_with("CAW_BOX_EGRESS 'closed'"), "{e}");
 }

@@ -27,6 +27,7 @@ pub(super) fn check(key: Key, value: Value, what: &str) -> Result<Value> {
                 settings::validate_allow_host(h, what)?;
             }
         }
+        (Key::Egress, _) => crate::session::record::EgressPolicy::parse(text, what).map(drop)?,
         (Key::Runtime, _) => {
             settings::parse_runtime(text, what)?;
         }

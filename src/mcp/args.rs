@@ -30,12 +30,17 @@ pub struct Overrides {
     /// The tool groups the sub-agent may use: some of `read,edit,shell,web,mcp`, or `all` or
     /// `none` (`--tools`), at most the server's. A group the CLI cannot take away is refused.
     pub tools: Option<String>,
-    /// Egress only to these hosts, through caw-box's proxy: `HOST[:PORT]`, `*.example.com`,
-    /// or `@provider` for the model's API host (`--allow-host`). Replaces the server's list
-    /// for this session and must lie within it: a server started with `--allow-host` refuses
-    /// any other host (`forbidden`).
+    /// Hosts the sub-agent may reach besides its egress policy's, through caw-box's proxy:
+    /// `HOST[:PORT]`, `*.example.com`, or `@provider` for the model's API host
+    /// (`--allow-host`). Replaces the server's list for this session and must lie within
+    /// what the server's sessions reach (`forbidden` otherwise).
     #[schemars(length(min = 1))]
     pub allow_host: Option<Vec<String>>,
+    /// What the sub-agent may reach besides its model (`--egress`): `balanced` (the model's
+    /// API and common package and source hosts), `locked` (the model's API only) or `open`.
+    /// At most as open as the server's: a call may close egress, never open it.
+    #[schemars(extend("enum" = ["balanced", "locked", "open"]))]
+    pub egress: Option<String>,
     /// The OCI runtime of the sub-agent's container, e.g. `runsc` (gVisor), or `default`
     /// (`--runtime`). A server started with `--runtime R` takes only R.
     pub runtime: Option<String>,

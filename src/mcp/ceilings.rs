@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::agent_config::ToolPolicy;
 use crate::error::{Error, Result};
 use crate::provider::ProviderKind;
-use crate::session::record::SessionSettings;
+use crate::session::record::{EgressPolicy, SessionSettings};
 
 /// The widest a sub-agent of this server may get: the settings a session started with the
 /// server's own flags, `CAW_BOX_*` variables and config files would have.
@@ -40,32 +40,7 @@ fn secs(s: u64) -> String {
     humantime::format_duration(Duration::from_secs(s)).to_string()
 }
 
-/// `HOST[:PORT]` as the egress proxy reads it: lower case, the port when given.
-fn split_host(entry: &str) -> (String, Option<&str>) {
-    match entry.rsplit_once(':') {
-        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
-            (h.to_ascii_lowercase(), Some(p))
-        }
-        _ => (entry.to_ascii_lowercase(), None),
-    }
-}
-
-/// Whether every host `asked` admits is admitted by `allowed` (the proxy's rules: a name
-/// matches itself, `*.d` matches every name under `d`, and no port means any port).
-pub fn host_covered(asked: &str, allowed: &str) -> bool {
-    if asked == "@provider" || allowed == "@provider" {
-        return asked == allowed;
-    }
-    let ((a_host, a_port), (b_host, b_port)) = (split_host(asked), split_host(allowed));
-    let host_ok = match b_host.strip_prefix("*.") {
-        Some(domain) => {
-            let under = format!(".{domain}");
-            a_host.ends_with(&under) || a_host.strip_prefix("*.").is_some_and(|d| d == domain)
-        }
-        None => a_host == b_host,
-    };
-    host_ok && (b_port.is_none() || a_port == b_port)
-}
+pub use crate::session::host_covered;
 
 impl Ceilings {
     /// `--allow-host`: the server's hosts, `@provider` also spelled out (a call may name the
@@ -76,21 +51,30 @@ impl Ceilings {
         hosts
     }
 
-    /// A call's (or a session's) egress allow-list: each host within the server's. An empty
-    /// list is every host, which only a server without `--allow-host` allows.
+    /// The server's egress as its flags say it: `--egress P` and its `--allow-host` hosts.
+    fn egress_shown(&self) -> String {
+        match self.server.allow_hosts.is_empty() {
+            true => format!("--egress {}", self.server.egress()),
+            false => format!(
+                "--egress {} --allow-host {}",
+                self.server.egress(),
+                self.server.allow_hosts.join(", ")
+            ),
+        }
+    }
+
+    /// A call's (or a session's) hosts added to its egress policy: each one the server's
+    /// sessions reach already (its `--allow-host` hosts, the model's, and under `balanced`
+    /// the package hosts). A server under `--egress open` admits any.
     pub fn hosts(&self, provider: ProviderKind, asked: &[String]) -> Result<()> {
-        if self.server.allow_hosts.is_empty() {
+        let policy = self.server.egress();
+        if policy == EgressPolicy::Open {
             return Ok(());
         }
-        let allowed = self.allowed_hosts(provider);
-        let shown = self.server.allow_hosts.join(", ");
-        if asked.is_empty() {
-            return Err(wider(
-                "allow_host",
-                "(none: every host)",
-                format!("--allow-host {shown}"),
-                "--allow-host HOST",
-            ));
+        let mut allowed = self.allowed_hosts(provider);
+        allowed.push("@provider".to_string());
+        if policy == EgressPolicy::Balanced {
+            allowed.extend(crate::session::balanced_hosts());
         }
         match asked
             .iter()
@@ -99,10 +83,24 @@ impl Ceilings {
             Some(h) => Err(wider(
                 "allow_host",
                 format!("'{h}'"),
-                format!("--allow-host {shown}"),
+                self.egress_shown(),
                 &format!("--allow-host {h}"),
             )),
             None => Ok(()),
+        }
+    }
+
+    /// `--egress`: a call may close a session's egress further, never open it.
+    pub fn egress(&self, asked: EgressPolicy) -> Result<()> {
+        let server = self.server.egress();
+        match asked < server {
+            true => Err(wider(
+                "egress",
+                format!("'{asked}'"),
+                self.egress_shown(),
+                &format!("--egress {asked}"),
+            )),
+            false => Ok(()),
         }
     }
 
@@ -250,6 +248,7 @@ impl Ceilings {
         s: &SessionSettings,
         env_names: &[String],
     ) -> Result<()> {
+        self.egress(s.egress())?;
         self.hosts(provider, &s.allow_hosts)?;
         self.runtime(s.runtime.as_deref())?;
         self.tools(s.tools.as_ref())?;
@@ -460,7 +459,44 @@ mod tests {
             ),
             "--allow-host anything.example",
         );
-        forbidden(locked.hosts(ProviderKind::Codex, &[]), "every host");
+        // No host beyond the policy's is no wider than the server.
+        assert!(locked.hosts(ProviderKind::Codex, &[]).is_ok());
+    }
+
+    /// The policy only closes; hosts added under `balanced` must be the server's already
+    /// (its own, the model's, or the package hosts of `balanced`).
+    #[test]
+    fn egress_may_only_close() {
+        let balanced = ceilings(|s| s.egress_policy = Some(EgressPolicy::Balanced));
+        assert!(balanced.egress(EgressPolicy::Locked).is_ok());
+        assert!(balanced.egress(EgressPolicy::Balanced).is_ok());
+        forbidden(balanced.egress(EgressPolicy::Open), "'open'");
+        assert!(balanced
+            .hosts(ProviderKind::Codex, &["pypi.org:443".into()])
+            .is_ok());
+        // Any port of it is more than balanced's 80 and 443.
+        forbidden(
+            balanced.hosts(ProviderKind::Codex, &["pypi.org".into()]),
+            "'pypi.org'",
+        );
+        assert!(balanced
+            .hosts(ProviderKind::Codex, &["@provider".into()])
+            .is_ok());
+        forbidden(
+            balanced.hosts(ProviderKind::Codex, &["evil.example.com".into()]),
+            "--egress balanced",
+        );
+        let locked = ceilings(|s| s.egress_policy = Some(EgressPolicy::Locked));
+        forbidden(locked.egress(EgressPolicy::Balanced), "'balanced'");
+        forbidden(
+            locked.hosts(ProviderKind::Codex, &["pypi.org:443".into()]),
+            "--egress locked",
+        );
+        let open = ceilings(|s| s.egress_policy = Some(EgressPolicy::Open));
+        assert!(open.egress(EgressPolicy::Open).is_ok());
+        assert!(open
+            .hosts(ProviderKind::Codex, &["evil.example.com".into()])
+            .is_ok());
     }
 
     #[test]

@@ -82,6 +82,7 @@ pub fn event_line(e: &Event) -> Option<String> {
         Event::Text { text } => format!("says: {text}"),
         Event::Thinking { .. } => "thinking".to_string(),
         Event::Error { message } => format!("error: {message}"),
+        Event::EgressRefused { host, port, .. } => format!("egress refused: {host}:{port}"),
         Event::Usage { .. } | Event::Session { .. } | Event::Result { .. } => return None,
     };
     Some(shorten(&line, LATEST_CHARS))

@@ -31,15 +31,29 @@ pub fn narrow(schema: &mut Map<String, Value>, policy: &Policy) {
         set("cpus", "maximum", json!(max));
     }
     let mut says = Vec::new();
-    if !server.allow_hosts.is_empty() {
+    let egress = server.egress();
+    let closer: Vec<&str> = crate::session::record::EgressPolicy::ALL
+        .iter()
+        .filter(|p| **p >= egress)
+        .map(|p| p.as_str())
+        .collect();
+    set("egress", "enum", json!(closer));
+    if egress != crate::session::record::EgressPolicy::Open {
         says.push((
             "allow_host",
-            format!(
-                "This server allows only: {}.",
-                server.allow_hosts.join(", ")
-            ),
+            match server.allow_hosts.is_empty() {
+                true => format!("This server's sessions are under --egress {egress}: only hosts they reach already."),
+                false => format!(
+                    "This server's sessions are under --egress {egress} with {}: only hosts they reach already.",
+                    server.allow_hosts.join(", ")
+                ),
+            },
         ));
     }
+    says.push((
+        "egress",
+        format!("At most as open as this server's: {egress}."),
+    ));
     let secs = |s: u64| humantime::format_duration(std::time::Duration::from_secs(s)).to_string();
     if let Some(t) = server.timeout_secs {
         says.push(("timeout", format!("At most {} here.", secs(t))));

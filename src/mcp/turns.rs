@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::event::Status;
 use crate::mcp::args::{Overrides, ReplyArgs, StartArgs, WaitArgs};
 use crate::provider::ProviderKind;
-use crate::session::record::SessionSettings;
+use crate::session::record::{EgressPolicy, SessionSettings};
 use crate::session::runner::TurnOptions;
 use crate::session::target::{self, SessionView};
 use uuid::Uuid;
@@ -103,6 +103,10 @@ fn call_flags(
         }
         c.hosts(provider, hosts)?;
         s.allow_host = hosts.clone();
+    }
+    if let Some(policy) = &o.egress {
+        c.egress(EgressPolicy::parse(policy, "egress")?)?;
+        s.egress = Some(policy.clone());
     }
     if let Some(model) = &o.model {
         s.model = Some(model.clone());

@@ -102,12 +102,15 @@ fn names(plan: &LoginPlan, spec: &LoginSpec) -> Names {
     let container = format!("caw-box-login-{id}");
     let egress = EgressPlan {
         turn: container.clone(),
+        policy: crate::session::record::EgressPolicy::Locked,
         allow: spec.hosts.clone(),
         image: plan.image.clone(),
         user: IMAGE_IDS,
         network: NetworkPolicy::from_setting(&plan.network),
         labels,
         names: [format!("{container}-egress"), format!("{container}-proxy")],
+        shared: false,
+        program: String::new(),
     };
     Names { container, egress }
 }

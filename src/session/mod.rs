@@ -32,4 +32,4 @@ pub(crate) use turn::ended::is_marker;
 
 pub use handle::ResumeHandle;
 pub use record::{ForkedFrom, SessionRecord, SessionSettings, TurnRecord, WorkspaceMode};
-pub use walls::egress::expand_allow_hosts;
+pub use walls::admitted::{admitted, balanced_hosts, expand_allow_hosts, host_covered};

@@ -266,7 +266,7 @@ fn broker_is_the_way_out_under_allow_host() {
     // allowed host answers. (A bounded direct attempt: codex's shell tool returns what a
     // command printed after 10 s, and a name lookup on an internal network can be slow.)
     let probe = format!(
-        "RUN:for h in {stub} {other}; do exec 3<>/dev/tcp/caw-box-proxy/3128; printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; echo \"$h $(head -1 <&3 | tr -d '\\r')\"; exec 3<&-; done; timeout 3 bash -c 'exec 3<>/dev/tcp/{stub}/8080' 2>/dev/null && echo direct-open || echo direct-blocked",
+        "RUN:p=${{HTTPS_PROXY#http://}}; p=${{p%:*}}; for h in {stub} {other}; do exec 3<>/dev/tcp/$p/3128; printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; echo \"$h $(head -1 <&3 | tr -d '\\r')\"; exec 3<&-; done; timeout 3 bash -c 'exec 3<>/dev/tcp/{stub}/8080' 2>/dev/null && echo direct-open || echo direct-blocked",
         stub = rig.stub
     );
     let mut c = brokered(&rig);
@@ -284,7 +284,7 @@ fn broker_is_the_way_out_under_allow_host() {
     );
     assert!(answer.contains("direct-blocked"), "{answer}");
     assert!(rig.stub_requests().iter().all(|r| r["status"] != 401));
-    assert_eq!(rig.caw_containers(), Vec::<String>::new());
+    assert_eq!(all_but_brokers(&rig), Vec::<String>::new());
 }
 
 #[test]

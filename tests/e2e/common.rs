@@ -306,6 +306,16 @@ impl Rig {
         name
     }
 
+    /// A stand-in for host `alias` (a name such as `pypi.org`) on the test's network: a
+    /// stub-image container answering on port 80 under that name; returns its container's
+    /// name (for [`Rig::requests_of`]).
+    pub fn start_stand_in(&self, alias: &str) -> String {
+        let name = format!("{}-{}", alias.replace('.', "-"), self.run_id);
+        self.rt
+            .block_on(self.start_stub_image_as(&name, vec!["PORT=80".to_string()], &[alias]));
+        name
+    }
+
     /// The record of every request server `name` (a stub-image container of this test) got.
     pub fn requests_of(&self, name: &str) -> Vec<Value> {
         self.rt.block_on(async {
@@ -334,7 +344,7 @@ impl Rig {
     /// name lookup on an internal network can take longer; CI 25 failed so.)
     pub fn assert_only_the_stub_is_reachable(&self, id: &str, other: &str) {
         let probe = format!(
-            "RUN:for h in {stub} {other}; do exec 3<>/dev/tcp/caw-box-proxy/3128; printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; head -1 <&3 | tr -d '\\r'; exec 3<&-; done; timeout 3 bash -c 'exec 3<>/dev/tcp/{stub}/8080' 2>/dev/null && echo direct-open || echo direct-blocked",
+            "RUN:p=${{HTTPS_PROXY#http://}}; p=${{p%:*}}; for h in {stub} {other}; do exec 3<>/dev/tcp/$p/3128; printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; head -1 <&3 | tr -d '\\r'; exec 3<&-; done; timeout 3 bash -c 'exec 3<>/dev/tcp/{stub}/8080' 2>/dev/null && echo direct-open || echo direct-blocked",
             stub = self.stub
         );
         let mut cmd = self.resume_cmd(CODEX, id, &probe, &[]);
@@ -362,13 +372,30 @@ impl Rig {
             "a direct connection got out: {answer}"
         );
         assert!(
-            events.iter().any(|e| e["type"] == "error"
-                && e["message"]
-                    .as_str()
-                    .unwrap_or("")
-                    .contains(&format!("egress to {other}:8080 was refused"))),
+            events
+                .iter()
+                .any(|e| e["type"] == "egress_refused" && e["host"] == other && e["port"] == 8080),
             "no refusal event: {events:#?}"
         );
+        // The turn's record: the stub reached, with bytes both ways; the other refused.
+        let egress = &events.last().unwrap()["egress"];
+        let host = |list: &str, h: &str| {
+            egress[list]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["host"] == h && e["port"] == 8080)
+                .cloned()
+        };
+        let stub = host("allowed", &self.stub).unwrap_or_else(|| panic!("{egress:#}"));
+        assert!(
+            stub["connections"].as_u64() >= Some(1)
+                && stub["bytes_out"].as_u64() > Some(0)
+                && stub["bytes_in"].as_u64() > Some(0),
+            "{egress:#}"
+        );
+        let refused = host("refused", other).unwrap_or_else(|| panic!("{egress:#}"));
+        assert!(refused["connections"].as_u64() >= Some(1), "{egress:#}");
     }
 
     /// The mounts of a container, as Docker reports them.
@@ -499,6 +526,9 @@ impl Rig {
                 .unwrap()
                 .into_iter()
                 .flat_map(|c| c.names.unwrap_or_default())
+                // A shared egress proxy stays for the next turns and idles out on its own
+                // (`egress::shared_proxies_idle_out`).
+                .filter(|n| !n.trim_start_matches('/').starts_with("caw-box-proxy-"))
                 .collect()
         })
     }

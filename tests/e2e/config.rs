@@ -1,10 +1,10 @@
 //! Config files (issue 16): a project's `.caw-box.toml` shapes a real turn with no flags on
-//! the command line, and its `allow_host` list restricts the agent's egress.
+//! the command line, and its `egress = "locked"` holds the agent to its model.
 
 use crate::common::*;
 
 #[test]
-fn a_project_file_allow_host_restricts_a_real_turn() {
+fn a_project_file_locks_a_real_turns_egress() {
     let rig = Rig::new("cfgallow");
     let other = rig.start_other_server();
     // The repository's file holds every setting of the turn, its key only by name.
@@ -14,10 +14,9 @@ fn a_project_file_allow_host_restricts_a_real_turn() {
     std::fs::write(
         repo.join(".caw-box.toml"),
         format!(
-            "provider = \"codex\"\nmodel = \"gpt-5.5\"\nnetwork = \"{network}\"\nendpoint = \"{endpoint}\"\nallow_host = [\"{stub}:8080\"]\nenv_pass = [\"OPENAI_API_KEY\"]\n",
+            "provider = \"codex\"\nmodel = \"gpt-5.5\"\nnetwork = \"{network}\"\nendpoint = \"{endpoint}\"\negress = \"locked\"\nenv_pass = [\"OPENAI_API_KEY\"]\n",
             network = rig.network,
             endpoint = rig.endpoint(),
-            stub = rig.stub,
         ),
     )
     .unwrap();
@@ -30,7 +29,8 @@ fn a_project_file_allow_host_restricts_a_real_turn() {
     assert_eq!(json["provider"], "codex");
     let id = json["session_id"].as_str().unwrap().to_string();
 
-    // The session remembers the allowlist the file gave: its next turn (no config applies
-    // to a resumed session's settings) reaches the stub through the proxy and nothing else.
+    // The session remembers the policy the file gave: its next turn (no config applies to a
+    // resumed session's settings) reaches the model (the stub) through the proxy and nothing
+    // else.
     rig.assert_only_the_stub_is_reachable(&id, &other);
 }

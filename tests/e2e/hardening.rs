@@ -104,7 +104,7 @@ fn network_none_is_refused_before_anything_is_created() {
     let err = stderr_of(&out);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(
-        err.contains("--network none") && err.contains("--allow-host @provider"),
+        err.contains("--network none") && err.contains("--egress locked"),
         "{err}"
     );
     assert!(rig.caw_volumes().is_empty(), "{:?}", rig.caw_volumes());
@@ -205,25 +205,33 @@ fn opencode_without_a_model_and_no_list_is_refused() {
     }
 }
 
-/// An `--allow-host` list without the model's host: the proxy turns the CLI away, and the
-/// turn ends `unreachable` (exit 3) naming the host and `--allow-host`, not as an opaque
-/// error or a credentials problem.
+/// `--egress locked` with an `--allow-host` list that does not name the model's host: the
+/// model's API is always the agent's (here the `--endpoint` host, reached through the proxy
+/// with an injected key), and the turn's record says so.
 #[test]
-fn an_allow_list_without_the_model_host_is_named() {
+fn locked_egress_always_reaches_the_model() {
     let rig = Rig::new("allow-miss");
     for p in [CODEX, CLAUDE] {
-        let (code, json, stderr) =
-            rig.json_turn(rig.run_cmd(p, "hi", &["--allow-host", "elsewhere.example:443"]));
-        assert_eq!(code, 3, "{json}\n{stderr}");
-        assert_eq!(json["status"], "unreachable", "{json}");
-        let result = json["result"].as_str().unwrap_or("");
+        let (code, json, stderr) = rig.json_turn(rig.run_cmd(
+            p,
+            "hi",
+            &[
+                "--egress",
+                "locked",
+                "--allow-host",
+                "elsewhere.example:443",
+            ],
+        ));
+        assert_eq!(code, 0, "{json}\n{stderr}");
+        let egress = &json["egress"];
+        assert_eq!(egress["policy"], "locked", "{json}");
         assert!(
-            result.contains(&format!("{}:8080", rig.stub)) && result.contains("--allow-host"),
-            "{result}"
+            egress["allowed"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["host"] == rig.stub && e["port"] == 8080),
+            "{json}"
         );
     }
-    assert!(
-        rig.stub_requests().is_empty(),
-        "the proxy let a request through"
-    );
 }

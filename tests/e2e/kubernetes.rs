@@ -1430,7 +1430,7 @@ fn kubernetes_environment_failures_are_one_line_and_keep_the_session() {
     lab.kubectl_ok(&["apply", "-f", &file.path().to_string_lossy()]);
 
     check("--network host (a Docker network's name too): refused with exit 2, nothing made");
-    let out = crate::common::run(run(&["--network", "host"], "hello"));
+    let out = crate::common::run(run(&["--network", "host", "--egress", "open"], "hello"));
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
     assert!(
         error_line(&out).contains("--network host is not available with the kubernetes backend"),
@@ -2401,13 +2401,47 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
     assert_eq!(out.status.code(), Some(0), "{v}\n{}", stderr_of(&out));
     assert_eq!(v["status"], "success", "{v}");
     let id = v["session_id"].as_str().unwrap().to_string();
+    // The turn's record, from its pod's proxy: the model's host reached, the other refused.
+    let listed = |list: &str, ip: &str| {
+        v["egress"][list]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|e| e["host"] == ip))
+    };
+    assert_eq!(v["egress"]["policy"], "balanced", "{v}");
+    assert!(listed("allowed", allowed.split(':').next().unwrap()), "{v}");
+    assert!(listed("refused", other_ip), "{v}");
     let mut logs = caw_k8s(data.path(), workspace.path(), &lab);
     logs.args(["logs", &id]);
     let logs = crate::common::run(logs);
+    let said = stdout_of(&logs);
     assert!(
-        stdout_of(&logs).contains(&format!("egress to {refused} was refused")),
-        "what the proxy refused is not in the turn's log: {}",
-        stdout_of(&logs)
+        said.lines()
+            .any(|l| l.contains("\"type\":\"egress_refused\"")
+                && l.contains(&format!("\"host\":\"{other_ip}\""))),
+        "what the proxy refused is not in the turn's log: {said}"
+    );
+
+    check("--egress open: the proxy (no rules) lets the other stub answer, and records it");
+    let mut open = turn_cmd(
+        P,
+        data.path(),
+        workspace.path(),
+        &lab,
+        &["resume", &id, "--egress", "open"],
+    );
+    open.arg(format!(
+        "RUN:curl -s -o /dev/null -w 'got=%{{http_code}};' http://{refused}/_stub/health"
+    ));
+    let out = crate::common::run(open);
+    let o = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{o}\n{}", stderr_of(&out));
+    assert!(result_text(&o).contains("got=200;"), "{o}");
+    assert_eq!(o["egress"]["policy"], "open", "{o}");
+    assert!(
+        o["egress"]["allowed"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|e| e["host"] == other_ip)),
+        "{o}"
     );
 
     check("a detached --allow-host resume completes and recalls");

@@ -15,6 +15,7 @@ mod contexts;
 mod control;
 mod cost;
 mod doors;
+mod egress;
 mod fork;
 mod hardening;
 mod images;

@@ -539,11 +539,11 @@ fn inject_turn(rig: &Rig, base: &dyn Fn(&str) -> Vec<String>) {
     assert_eq!(s["refreshes"].as_u64(), Some(2), "{s}");
 }
 
-/// Locked-down turns (`--allow-host`) each have a broker of their own, on their own egress
-/// network: across an expiry, every one of them gets a 401, and a refresh token is good
-/// once. The first broker refreshes; each other asks its caw-box, which waits on the
-/// login's refresh lock, finds the newer login in the store and hands it over: exactly one
-/// refresh, none rejected, every turn answers.
+/// Turns on different egress networks (`--egress open` and `locked`) have brokers of their
+/// own: across an expiry, every one of them gets a 401, and a refresh token is good once.
+/// The first broker refreshes; the other asks its caw-box, which waits on the login's
+/// refresh lock, finds the newer login in the store and hands it over: exactly one refresh,
+/// none rejected, every turn answers.
 #[test]
 fn brokers_of_locked_down_turns_hand_a_refreshed_login_on_instead_of_refreshing_again() {
     const LOCKED: usize = 4;
@@ -560,12 +560,12 @@ fn brokers_of_locked_down_turns_hand_a_refreshed_login_on_instead_of_refreshing_
     collect_login(&rig, "claude_code", ".claude/.credentials.json", &text);
 
     let endpoint = rig.endpoint();
-    let allow = format!("{}:8080", rig.stub);
     let firsts = all_ok(
         (0..LOCKED)
             .map(|i| {
                 let word = format!("locked{i}");
                 let prompt = format!("REMEMBER:{word}");
+                let egress = if i % 2 == 0 { "open" } else { "locked" };
                 let args = [
                     "run",
                     "--provider",
@@ -574,8 +574,8 @@ fn brokers_of_locked_down_turns_hand_a_refreshed_login_on_instead_of_refreshing_
                     &rig.network,
                     "--endpoint",
                     &endpoint,
-                    "--allow-host",
-                    &allow,
+                    "--egress",
+                    egress,
                     "-o",
                     "json",
                     &prompt,

@@ -145,7 +145,7 @@ fn codex_on_gvisor_runs_resumes_and_opens_its_tui_brokered_within_allow_host() {
     // (Node's HTTP client through the proxy, not bash's /dev/tcp with `head`: on gVisor that
     // read once failed with EAGAIN before the proxy's answer came.)
     let probe = format!(
-        "RUN:dmesg | grep -q 'Starting gVisor' && echo kernel-gvisor; for h in {stub} {other}; do node -e 'const h = process.argv[1]; require(\"http\").get({{host: \"caw-box-proxy\", port: 3128, path: \"http://\" + h + \":8080/_stub/health\"}}, r => {{ console.log(h + \" HTTP/1.1 \" + r.statusCode); r.resume(); }}).on(\"error\", e => console.log(h + \" \" + e.code))' $h; done; timeout 3 bash -c 'exec 3<>/dev/tcp/{stub}/8080' 2>/dev/null && echo direct-open || echo direct-blocked",
+        "RUN:dmesg | grep -q 'Starting gVisor' && echo kernel-gvisor; for h in {stub} {other}; do node -e 'const h = process.argv[1]; require(\"http\").get({{host: new URL(process.env.HTTPS_PROXY).hostname, port: 3128, path: \"http://\" + h + \":8080/_stub/health\"}}, r => {{ console.log(h + \" HTTP/1.1 \" + r.statusCode); r.resume(); }}).on(\"error\", e => console.log(h + \" \" + e.code))' $h; done; timeout 3 bash -c 'exec 3<>/dev/tcp/{stub}/8080' 2>/dev/null && echo direct-open || echo direct-blocked",
         stub = rig.stub
     );
     let mut c = rig.caw();

@@ -29,7 +29,7 @@ SCOPE, OTHER_SCOPE = f"walls-{RUN}", f"elsewhere-{RUN}"
 STUB = ENDPOINT.split("//", 1)[1].split(":", 1)[0]
 # Through the turn's egress proxy, to the model's host and to the other host: the first line
 # of each answer (200 from an allowed host, 403 from the proxy for a refused one).
-PROBE = ("RUN:for h in {hosts}; do exec 3<>/dev/tcp/caw-box-proxy/3128; "
+PROBE = ("RUN:p=${{HTTPS_PROXY#http://}}; p=${{p%:*}}; for h in {hosts}; do exec 3<>/dev/tcp/$p/3128; "
          "printf 'GET http://%s:8080/_stub/health HTTP/1.0\\r\\n\\r\\n' $h >&3; "
          "echo \"$h: $(head -1 <&3 | tr -d '\\r')\"; exec 3<&-; done")
 
@@ -101,6 +101,8 @@ async def walls(s):
     hi = {"provider": "codex", "prompt": "hi"}
     await forbidden(s, {**hi, "allow_host": ["anything.example"]}, "--allow-host anything.example")
     await forbidden(s, {**hi, "allow_host": ["@provider", f"{OTHER}:9999"]}, f"'{OTHER}:9999'")
+    assert props["egress"]["enum"] == ["balanced", "locked"], props["egress"]
+    await forbidden(s, {**hi, "egress": "open"}, "--egress open")
     for place in ["/", OUTSIDE, os.path.join(ROOT, ".."), os.path.join(ROOT, "out"),
                   os.path.join(ROOT, "out", "inner")]:
         await forbidden(s, {**hi, "workspace": place}, "--workspace-root")

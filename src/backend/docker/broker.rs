@@ -172,6 +172,7 @@ mod tests {
                 direct: vec![],
                 agent_network: Some(n.into()),
                 proxy_log: "p".into(),
+                shared: false,
             }),
             shared: false,
             beside: "caw-box-s-brokernet-1".into(),

@@ -56,6 +56,22 @@ impl Backend for DockerBackend {
         DockerBackend::close_egress(self, plan).await
     }
 
+    async fn start_proxy(
+        &self,
+        plan: &crate::backend::EgressPlan,
+    ) -> std::result::Result<Attached, CreateError> {
+        DockerBackend::start_proxy(self, plan).await
+    }
+
+    async fn agent_address(
+        &self,
+        name: &str,
+        route: &crate::backend::EgressRoute,
+    ) -> Option<String> {
+        let network = route.agent_network.as_deref()?;
+        self.container_address(name, network).await.ok().flatten()
+    }
+
     fn broker_route(&self, plan: &crate::backend::BrokerPlan) -> crate::backend::BrokerRoute {
         super::broker::broker_route(plan)
     }

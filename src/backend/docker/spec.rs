@@ -244,6 +244,7 @@ mod tests {
             interactive: None,
             broker: None,
             egress_allow: vec![],
+            egress_policy: Default::default(),
             extra_hosts: Vec::new(),
             oci_runtime: None,
             hand_over: Vec::new(),

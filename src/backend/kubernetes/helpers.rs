@@ -117,7 +117,12 @@ pub fn helper_pod_spec(spec: &HelperSpec, created: bool) -> Result<PodSpec> {
     if held {
         init_containers.push(egress_init(&spec.image, false));
         volumes.push(empty_dir("xtables", true, "1Mi"));
-        containers.push(proxy_container(&spec.image, &spec.egress_allow, gid));
+        containers.push(proxy_container(
+            &spec.image,
+            crate::event::EgressPolicy::Locked,
+            &spec.egress_allow,
+            gid,
+        ));
     }
     if let (true, Some(dir)) = (created, &spec.kept_dir) {
         volumes.push(empty_dir("kept", true, "256Mi"));

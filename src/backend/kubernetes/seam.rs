@@ -144,6 +144,7 @@ impl Backend for KubeBackend {
             direct: vec!["localhost".to_string(), LOOPBACK.to_string()],
             agent_network: None,
             proxy_log: format!("{}/{PROXY_SIDECAR}", plan.turn),
+            shared: false,
         }
     }
 

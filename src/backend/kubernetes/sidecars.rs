@@ -190,12 +190,17 @@ echo "caw-box: egress held to uids $1 ($v4${v6:+, $v6})""#;
 /// The proxy beside the agent under `--allow-host` (the image's proxy.js, as on Docker):
 /// on the pod's loopback only, a uid of its own, the same sandbox; it exits on the pod's
 /// end marker, as the broker does.
-pub(super) fn proxy_container(image: &str, allow: &[String], gid: i64) -> Container {
+pub(super) fn proxy_container(
+    image: &str,
+    policy: crate::event::EgressPolicy,
+    allow: &[String],
+    gid: i64,
+) -> Container {
     let marker = serde_json::Value::String(end_marker());
     let script = format!(
         "setInterval(()=>{{if(require('fs').existsSync({marker}))process.exit(0);}},300);require('{PROXY_SCRIPT}');"
     );
-    let env = proxy_env(allow)
+    let env = proxy_env(policy, allow)
         .into_iter()
         .chain([("CAW_BOX_PROXY_HOST", LOOPBACK.to_string())])
         .map(|(k, v)| k8s_openapi::api::core::v1::EnvVar {

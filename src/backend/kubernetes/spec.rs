@@ -17,6 +17,7 @@ use super::sidecars::{POD_END_DIR, POD_END_FILE};
 use crate::backend::PROXY_PORT;
 use crate::backend::{MountSpec, NetworkPolicy, TurnSpec};
 use crate::error::{Error, Result};
+use crate::event::EgressPolicy;
 
 /// How long a turn pod whose CLI ended waits for its record (the entrypoint's
 /// `CAW_BOX_HANDOFF_WAIT`): long, so that a detached turn whose driver is gone is still
@@ -27,17 +28,21 @@ const HANDOFF_WAIT: Duration = Duration::from_secs(6 * 3600);
 pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
     let interactive = spec.interactive.is_some();
     let (uid, gid) = (i64::from(spec.user.0), i64::from(spec.user.1));
-    let held = !spec.egress_allow.is_empty();
+    // A proxy sidecar wherever the turn has egress rules; a firewall that holds the agent to
+    // it but under `open` (there the proxy only records what goes through it).
+    let proxied = !spec.egress_allow.is_empty();
+    let held = proxied && spec.egress_policy != EgressPolicy::Open;
     check_fits_a_pod(spec, uid, held, interactive)?;
-    let sidecars = spec.broker.is_some() || held;
+    let sidecars = spec.broker.is_some() || proxied;
     let (volumes, volume_mounts) = pod_volumes(spec, sidecars, held)?;
-    let env = agent_env(spec, held);
+    let env = agent_env(spec, proxied);
     let broker = spec
         .broker
         .as_ref()
         .map(|program| broker_container(spec, program, gid));
     let brokered = broker.is_some();
-    let proxy = held.then(|| proxy_container(&spec.image, &spec.egress_allow, gid));
+    let proxy =
+        proxied.then(|| proxy_container(&spec.image, spec.egress_policy, &spec.egress_allow, gid));
     // A TUI's runtime files are put in once the pod runs (a terminal's stdin is no way for
     // an archive): the image's entrypoint starts when they are there. Beside a broker, the
     // entrypoint leaves the end marker when it ended; a headless one announces its end.

@@ -172,7 +172,7 @@ pub(super) fn pod_failure(pod: &Pod) -> Option<String> {
 /// `baseline` and `restricted` levels forbid.
 pub fn pod_security_refused(name: &str, message: &str) -> Error {
     let why = if message.contains(EGRESS_INIT) || message.contains("NET_ADMIN") {
-        "--allow-host needs an init container with NET_ADMIN and NET_RAW running as root, which the namespace's PodSecurity level (baseline or restricted) forbids"
+        "holding the turn's egress (--egress balanced or locked, the default balanced) needs an init container with NET_ADMIN and NET_RAW running as root, which the namespace's PodSecurity level (baseline or restricted) forbids"
     } else {
         "the namespace's PodSecurity level forbids it"
     };
@@ -180,7 +180,7 @@ pub fn pod_security_refused(name: &str, message: &str) -> Error {
     Error::environment(format!(
         "the API server refused pod '{name}': {why} ({first})"
     ))
-    .with_hint("run the turn in a namespace labelled pod-security.kubernetes.io/enforce=privileged, or drop --allow-host")
+    .with_hint("run the turn in a namespace labelled pod-security.kubernetes.io/enforce=privileged, or choose --egress open")
 }
 
 pub(super) fn deleted_under_turn(name: &str) -> Error {

@@ -102,6 +102,7 @@ fn turn() -> TurnSpec {
         interactive: None,
         broker: None,
         egress_allow: vec![],
+        egress_policy: Default::default(),
         extra_hosts: Vec::new(),
         oci_runtime: None,
         hand_over: Vec::new(),
@@ -514,7 +515,19 @@ fn an_allow_host_pod_holds_its_egress_with_an_init_container_and_a_proxy_sidecar
         .clone();
     assert_eq!(uids, format!("{PROXY_UID} {BROKER_UID}"));
 
-    // Without --allow-host: no rules, no proxy.
+    // Under `open` (a rule for every host): the proxy, to record, and no rules.
+    let mut open = turn();
+    open.egress_allow = vec!["*".into()];
+    open.egress_policy = crate::session::record::EgressPolicy::Open;
+    let spec = turn_pod_spec(&open).unwrap();
+    let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["agent", PROXY_SIDECAR]);
+    assert_eq!(spec.init_containers.as_ref().unwrap().len(), 1, "no rules");
+    assert_agent_waits_for_the_proxy(&spec.containers[0]);
+    let env = serde_json::to_string(&spec.containers[1].env).unwrap();
+    assert!(env.contains("\"value\":\"open\""), "{env}");
+
+    // Without a policy's rules (a helper's own pod): no rules, no proxy.
     let plain = turn_pod_spec(&turn()).unwrap();
     assert_eq!(plain.init_containers.as_ref().unwrap().len(), 1);
     assert_eq!(plain.containers.len(), 1);

@@ -25,6 +25,7 @@ pub(super) fn print_detached(session: &Session, format: OutputFormat) -> i32 {
                 duration_ms: 0,
                 exit_code: 0,
                 quarantined: None,
+                egress: None,
             };
             if format == OutputFormat::Json {
                 output::print_json_line(&result);

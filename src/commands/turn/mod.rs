@@ -184,6 +184,8 @@ pub(crate) async fn new_session_admitted(
         settings::validate_name(group, "--group")?;
     }
     args.turn.settings = config.settings_args(&args.turn.settings)?;
+    // (Looked at before anything is made; said once the session is.)
+    let egress_news = args.turn.settings.egress.is_none() && data_dir_was_used();
     let mut session_settings = settings::new_session_settings(provider, &args.turn.settings)?;
     session_settings.prices = config.prices();
     session_settings.check_agent_config(provider)?;
@@ -222,11 +224,47 @@ pub(crate) async fn new_session_admitted(
             settings: session_settings,
         })
         .await?;
+    if args.turn.settings.egress.is_none() {
+        say_egress_default_once(egress_news && !quiet);
+    }
     Ok(NewTurn {
         client,
         session,
         options,
     })
+}
+
+/// The marker of [`say_egress_default_once`] in the data directory.
+const EGRESS_NEWS: &str = "egress-default-said";
+
+/// Whether an older caw-box used the data directory and the change of the default egress
+/// was not said yet.
+fn data_dir_was_used() -> bool {
+    crate::dirs::data_dir().is_ok_and(|dir| {
+        !dir.join(EGRESS_NEWS).exists()
+            && std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some())
+    })
+}
+
+/// Says once (`say`), on the first new session after the upgrade that made `balanced` the
+/// default egress, what changed and how to go back; marks the data directory said.
+fn say_egress_default_once(say: bool) {
+    let Ok(dir) = crate::dirs::data_dir() else {
+        return;
+    };
+    let marker = dir.join(EGRESS_NEWS);
+    if marker.exists()
+        || std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(&marker, b""))
+            .is_err()
+    {
+        return;
+    }
+    if say {
+        output::eprintln(
+            "note: new sessions' egress is now `balanced` (was open): the agent reaches its model and the common package and source hosts, nothing else; `--egress open` (or `egress = \"open\"` in your config) for anything (docs/walls.md)",
+        );
+    }
 }
 
 pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32> {

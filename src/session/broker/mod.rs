@@ -56,8 +56,7 @@ pub const INTERCEPT_PORT: u16 = 443;
 /// How long the broker may take to say it listens.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Loads the program that follows on stdin: one JSON line `{"script", "config"}`.
-pub(crate) const LOADER: &str = "const c=[];const on=(d)=>{c.push(d);const b=Buffer.concat(c);const i=b.indexOf(10);if(i<0)return;process.stdin.off('data',on);process.stdin.pause();const j=JSON.parse(b.subarray(0,i).toString());c.length=0;const m={exports:{}};new Function('module','require',j.script)(m,require);m.exports(j.config,b.subarray(i+1));};process.stdin.on('data',on);";
+pub(crate) use crate::backend::LOADER;
 
 pub(crate) const SCRIPT: &str = include_str!("../../auth/broker.js");
 

@@ -241,7 +241,10 @@ impl Broker {
             Some(o) if !logins.is_empty() => o.intercept,
             _ => Vec::new(),
         };
-        if let (None, Some(salt), true) = (site.egress, salt, hosts.is_empty()) {
+        // A broker joined to a turn's own egress network is the turn's; to a shared one,
+        // it is shared with the turns there.
+        let egress_shared = site.egress.is_none_or(|e| e.shared);
+        if let (true, Some(salt), true) = (egress_shared, salt, hosts.is_empty()) {
             return Self::plan_shared(record, site, keys, logins, salt);
         }
         let tls = if hosts.is_empty() {
@@ -322,6 +325,7 @@ impl Broker {
     /// network, labels and image, and its secrets, under this host's salt.
     fn shared_digest(
         record: &SessionRecord,
+        site: &Site<'_>,
         upstream: &str,
         reals: &[&[u8]],
         logins: &[BrokeredLogin],
@@ -330,12 +334,17 @@ impl Broker {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
         h.update(salt);
+        let egress = site
+            .egress
+            .and_then(|e| e.agent_network.as_deref())
+            .unwrap_or("");
         for part in [
             record.provider.as_str(),
             upstream,
             &record.settings.network,
             &names::render_labels(&names::extra_labels()),
             &record.settings.image,
+            egress,
         ] {
             h.update(part.as_bytes());
             h.update([0]);
@@ -374,7 +383,7 @@ impl Broker {
                 return None;
             }
         };
-        let digest = Self::shared_digest(record, &upstream, &reals, logins, &salt);
+        let digest = Self::shared_digest(record, site, &upstream, &reals, logins, &salt);
         let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
         // Every caw-box that shares this broker (same salt, same secrets) knows its seal key.
         let seal: [u8; 32] = Sha256::new()
@@ -518,6 +527,7 @@ mod tests {
             direct: vec![],
             agent_network: Some(n.to_string()),
             proxy_log: "proxy".into(),
+            shared: false,
         });
         f(&Site {
             place,

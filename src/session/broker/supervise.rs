@@ -13,23 +13,9 @@ use crate::error::{Error, Result};
 use crate::session::store::record::{labels, roles};
 use crate::session::turn::image_hint_for;
 
-/// Holds the data directory's broker lock (finding or starting a shared broker) while alive.
-struct BrokerLock(#[allow(dead_code)] std::fs::File);
-
-async fn lock_brokers() -> Result<BrokerLock> {
-    let path = dirs::data_dir()?.join("broker.lock");
-    tokio::task::spawn_blocking(move || {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .and_then(|f| f.lock().map(|()| f))
-            .map_err(|e| Error::environment(format!("failed to lock '{}': {e}", path.display())))?;
-        Ok(BrokerLock(file))
-    })
-    .await
-    .map_err(|e| Error::environment(format!("locking the brokers failed: {e}")))?
+/// The data directory's broker lock (finding or starting a shared broker).
+async fn lock_brokers() -> Result<dirs::DataLock> {
+    dirs::lock_data_file("broker.lock", "the brokers").await
 }
 
 impl Broker {

@@ -309,6 +309,7 @@ async fn settle_lost(backend: &impl Backend, id: Uuid) -> Result<Orphan> {
         limit_resets_at: None,
         inherited: false,
         resume_key: String::new(),
+        egress: None,
     });
     tracing::info!("recording turn {turn} of session {id} as interrupted: its container is gone");
     let history = StoredHistory::fetch(backend, &name, &record, turn);

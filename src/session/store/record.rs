@@ -40,6 +40,8 @@ pub enum WorkspaceMode {
     None,
 }
 
+pub use crate::event::EgressPolicy;
+
 /// The settings a session was started with; `resume` reuses them unless overridden.
 /// Never holds secrets (`--env` values are not remembered).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -100,6 +102,10 @@ pub struct SessionSettings {
     /// stands for the provider's API host, or the `--endpoint` host).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_hosts: Vec<String>,
+    /// `--egress`; `None` in the records of sessions started before caw-box had policies:
+    /// see [`SessionSettings::egress`].
+    #[serde(default, rename = "egress", skip_serializing_if = "Option::is_none")]
+    pub egress_policy: Option<EgressPolicy>,
     /// `[prices."MODEL"]` of the person's config file when the session started (a resume
     /// takes the file's again): its turns' costs where the CLI reports none, before the
     /// price table's (`provider::pricing`).
@@ -134,6 +140,16 @@ pub struct SessionSettings {
 }
 
 impl SessionSettings {
+    /// The session's egress policy. A session started before caw-box had policies keeps
+    /// what it had: open, or only its `--allow-host` hosts (locked, with them).
+    pub fn egress(&self) -> EgressPolicy {
+        self.egress_policy
+            .unwrap_or(match self.allow_hosts.is_empty() {
+                true => EgressPolicy::Open,
+                false => EgressPolicy::Locked,
+            })
+    }
+
     /// The workspace paths protected from the agent in this session (relative, `/`-separated).
     pub fn protected_paths(&self) -> Vec<String> {
         crate::session::walls::protect::effective(&self.protect, &self.unprotect)
@@ -205,6 +221,9 @@ pub struct TurnRecord {
     /// resumes (`caw-box fork`). Empty in records of turns run before caw-box kept it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub resume_key: String,
+    /// What the turn's agent reached and was refused through its egress proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::event::EgressRecord>,
 }
 
 /// The latest turn of a session, as carried by its turn-record volume's labels.
@@ -397,6 +416,7 @@ impl TurnRecord {
             limit_resets_at: None,
             inherited: false,
             resume_key: String::new(),
+            egress: None,
         }
     }
 }

@@ -147,6 +147,7 @@ impl SessionView {
                 limit_resets_at: None,
                 inherited: false,
                 resume_key: String::new(),
+                egress: None,
             });
             // The host cache completes the history when it agrees with the labels on the
             // latest turn (else the next turn reads it from the state volume).

@@ -13,7 +13,6 @@ use crate::session::turn::ended::{last_line, model_host, stopped_outside_result,
 use crate::session::turn::reading::{Reading, TurnReader};
 use crate::session::turn::runtime::{has_file, STOP_REQUEST};
 use crate::session::turn::{append_event, handle_of, place_home_files, Interrupts, TurnContext};
-use crate::session::walls::egress::refused_by_proxy;
 
 /// Runs a headless turn in its created container, to its recorded end.
 pub(in crate::session) async fn drive_headless(
@@ -121,7 +120,7 @@ pub(in crate::session) async fn adopt(
         home_files: &[],
         home_out: None,
         runtime_payload: None,
-        proxy: None,
+        egress: None,
         // Nothing to feed an adopted turn: no broker to wait for.
         broker_ready: tokio::sync::watch::channel(Some(true)).1,
         // (Kubernetes: the workspace is a copy.)
@@ -195,9 +194,27 @@ async fn drive(
     let history = StoredHistory::fetch(backend, name, record, ctx.turn);
 
     let mut reading = Reading::new(record, sink);
-    let ended_early = reading
-        .read(&mut output, ctx.options, ran, interrupts, adopted.is_some())
-        .await?;
+    // A shared proxy's decisions are this turn's from its agent's address, asked for
+    // beside the reading; its refusals become events as they come.
+    let watch = async {
+        if let Some(e) = ctx.egress {
+            e.watch_agent(backend, name).await;
+        }
+    };
+    let mut live = ctx.egress.and_then(|e| e.live());
+    reading.refusals_live = live.is_some();
+    let (ended_early, ()) = tokio::join!(
+        reading.read(
+            &mut output,
+            ctx.options,
+            ran,
+            interrupts,
+            adopted.is_some(),
+            live.as_mut()
+        ),
+        watch
+    );
+    let ended_early = ended_early?;
     if let Some(early) = ended_early {
         reading.stop_early(ctx, &mut output, early).await?;
     }
@@ -368,6 +385,7 @@ fn record_turn(
         limit_resets_at: ended.limit_resets_at,
         inherited: false,
         resume_key: record.resume_key.clone(),
+        egress: ended.egress.clone(),
     });
     TurnResult {
         session_id: record.session_id.to_string(),
@@ -382,6 +400,7 @@ fn record_turn(
         duration_ms,
         exit_code: ended.exit_code,
         quarantined: None,
+        egress: ended.egress.clone().map(Box::new),
     }
 }
 
@@ -392,6 +411,8 @@ struct Ended {
     pub exit_code: i32,
     /// A `usage_limit` turn: when the vendor said the limit resets.
     pub limit_resets_at: Option<u64>,
+    /// What the turn's egress proxy saw of it.
+    pub egress: Option<crate::event::EgressRecord>,
 }
 
 /// Tells how the turn ended: the CLI's own outcome, unless the turn ended before the CLI
@@ -405,15 +426,11 @@ async fn classify(
     mut ended_early: Option<EndedEarly>,
 ) -> Ended {
     let (backend, name) = (ctx.backend, ctx.name);
-    let refused = match ctx.proxy {
-        Some(proxy) => refused_by_proxy(backend, proxy).await,
-        None => Vec::new(),
-    };
-    for target in &refused {
-        reading.reader.emit(&Event::Error {
-            message: format!("egress to {target} was refused: it is not in --allow-host"),
-        });
-    }
+    let egress = egress_of(ctx, reading).await;
+    let refused: Vec<String> = egress
+        .iter()
+        .flat_map(|r| r.refused.iter().map(|h| h.target()))
+        .collect();
     let cli_exit = reading.cli_exit;
     // `caw-box stop` leaves word in the runtime directory; a CLI that ended on its own
     // was not stopped (and the file is not worth a request). Where the container ended
@@ -432,10 +449,16 @@ async fn classify(
     let parser = &mut reading.reader.parser;
     let mut outcome = parser.finish(exit_code);
     // A CLI that gave up on its own after failing to reach its model, and said so last.
-    let mut unreachable_words = parser.unreachable().map(str::to_string);
+    // The CLI's own words, else the proxy's: it could not reach the model's host, whatever
+    // the CLI made of its 502.
+    let mut unreachable_words = parser
+        .unreachable()
+        .map(str::to_string)
+        .or_else(|| reading.proxy_unreachable.clone())
+        .or_else(|| model_failed(record, egress.as_ref()));
     let failed = outcome.status != Status::Success || exit_code != 0;
-    // The egress proxy turned the model's host away (`--allow-host` without it): whatever
-    // the CLI made of the proxy's 403, it could not reach its model.
+    // The egress proxy turned the model's host away (a policy without it): whatever the CLI
+    // made of the proxy's 403, it could not reach its model.
     let model_refused = {
         let model = model_host(record);
         let host = |t: &str| t.split(':').next().unwrap_or(t).to_ascii_lowercase();
@@ -510,7 +533,41 @@ async fn classify(
         outcome,
         exit_code,
         limit_resets_at,
+        egress,
     }
+}
+
+/// The proxy's words where it could reach the model's host never (its record: connections
+/// that failed, and nothing came back).
+fn model_failed(
+    record: &SessionRecord,
+    egress: Option<&crate::event::EgressRecord>,
+) -> Option<String> {
+    let model = model_host(record);
+    let host = |t: &str| t.split(':').next().unwrap_or(t).to_ascii_lowercase();
+    egress?
+        .allowed
+        .iter()
+        .find(|h| h.failed > 0 && h.bytes_in == 0 && host(&h.host) == host(&model))
+        .map(|h| format!("the egress proxy could not reach {}", h.target()))
+}
+
+/// The turn's egress record, its refusals said now where they were not as they came.
+async fn egress_of(
+    ctx: &TurnContext<'_, impl Backend>,
+    reading: &mut Reading<'_>,
+) -> Option<crate::event::EgressRecord> {
+    let record = ctx.egress?.record(ctx.backend).await;
+    if !reading.refusals_live {
+        for h in &record.refused {
+            reading.reader.emit(&Event::EgressRefused {
+                host: h.host.clone(),
+                port: h.port,
+                policy: record.policy.clone(),
+            });
+        }
+    }
+    Some(record)
 }
 
 /// The turn's cost and status against its session's `--max-cost`: a turn stopped mid-way

@@ -45,7 +45,7 @@ pub(in crate::session) async fn drive_tui(
         home_files,
         home_out: _,
         runtime_payload: _,
-        proxy: _,
+        egress,
         broker_ready: _,
         guard: _,
         user,
@@ -66,6 +66,9 @@ pub(in crate::session) async fn drive_tui(
     let attached = async {
         let attach = backend.attach(name, true).await?;
         backend.start_container(name).await?;
+        if let Some(e) = egress {
+            e.watch_agent(backend, name).await;
+        }
         Ok::<_, Error>((attach, StoredHistory::fetch(backend, name, record, turn)))
     }
     .await;
@@ -106,6 +109,10 @@ pub(in crate::session) async fn drive_tui(
     }
     let (status, result) = tui_ending(ended_early, stopped, exit_code, options.timeout);
     let duration_ms = started.elapsed().as_millis() as u64;
+    let egress = match egress {
+        Some(e) => Some(e.record(backend).await),
+        None => None,
+    };
     let turn_record = TurnRecord {
         turn,
         prompt: String::new(),
@@ -120,6 +127,7 @@ pub(in crate::session) async fn drive_tui(
         limit_resets_at: None,
         inherited: false,
         resume_key: record.resume_key.clone(),
+        egress,
     };
     record_tui_turn(ctx, record, turn_record, history, sink).await
 }
@@ -249,10 +257,11 @@ async fn record_tui_turn(
         guard,
         ..
     } = ctx;
-    let (status, result, duration_ms) = (
+    let (status, result, duration_ms, egress) = (
         turn_record.status,
         turn_record.result.clone(),
         turn_record.duration_ms,
+        turn_record.egress.clone().map(Box::new),
     );
     record.turns.push(turn_record);
     let mut result = TurnResult {
@@ -268,6 +277,7 @@ async fn record_tui_turn(
         duration_ms,
         exit_code: status.exit_code(),
         quarantined: None,
+        egress,
     };
     let result_event = Event::Result {
         result: result.clone(),

@@ -196,8 +196,8 @@ pub(in crate::session) struct TurnContext<'a, B> {
     /// What a headless turn's driver writes on the container's stdin first (the runtime
     /// files, `runtime::Runtime::payload`).
     pub runtime_payload: Option<&'a [u8]>,
-    /// The egress proxy's container, when the turn's network is restricted.
-    pub proxy: Option<&'a str>,
+    /// The turn's egress (its proxy and what it saw); `None` on the host's network.
+    pub egress: Option<&'a crate::session::walls::egress::Egress>,
     /// `Some(true)` once the turn's credential broker listens (`Some(false)`: it failed),
     /// `Some(true)` from the start when there is none: the runtime files wait for it.
     pub broker_ready: tokio::sync::watch::Receiver<Option<bool>>,
@@ -330,5 +330,6 @@ pub fn result_of(
         duration_ms: t.duration_ms,
         exit_code: t.exit_code,
         quarantined: None,
+        egress: t.egress.clone().map(Box::new),
     }
 }

@@ -119,14 +119,20 @@ async fn fetch(
     env: &[(String, String)],
     url: &str,
 ) -> Result<Fetched> {
-    if !settings.allow_hosts.is_empty() {
-        let allowed = crate::session::walls::egress::expand_allow_hosts(provider, settings);
+    if settings.egress() != crate::session::record::EgressPolicy::Open {
+        let allowed = crate::session::walls::admitted::admitted(provider, settings, true);
         let host = crate::endpoint::endpoint_host(url).unwrap_or_default();
-        if !allowed.contains(&host) {
+        if !allowed
+            .iter()
+            .any(|a| crate::session::walls::admitted::host_covered(&host, a))
+        {
             return Ok(Fetched {
                 status: None,
                 body: String::new(),
-                error: Some(format!("{host} is not in --allow-host")),
+                error: Some(format!(
+                    "{host} is refused by the session's egress (--egress {}; --allow-host {host} would allow it)",
+                    settings.egress()
+                )),
             });
         }
     }

@@ -6,16 +6,17 @@
 //! plan through the backend, which realises its parts its own way (`backend::plan`).
 
 use crate::auth::inject::Prepared;
-use crate::backend::{Backend, BrokerPlace, EgressPlan, EgressRoute};
+use crate::backend::{Backend, BrokerPlace, EgressRoute};
 use crate::backend::{Limits, MountSpec, NetworkPolicy, TurnSpec};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::provider::{HomeFile, Provider, TurnCommand, TurnRequest, AGENT_HOME, WORKSPACE_DIR};
 use crate::session::broker::Broker;
 use crate::session::store::names::{self, LabelSet};
-use crate::session::store::record::{labels, roles, SessionRecord, WorkspaceMode};
+use crate::session::store::record::{labels, roles, EgressPolicy, SessionRecord, WorkspaceMode};
 use crate::session::turn::runtime::{Runtime, RUN_DIR};
 use crate::session::turn::{container_name, TurnOptions, ENTRY_GRACE_SECS};
+use crate::session::walls::egress::Egress;
 use crate::session::walls::quarantine::Guard;
 
 /// A turn's process limit when the session sets none (`--pids-limit`).
@@ -43,10 +44,9 @@ pub(in crate::session) struct TurnPlan {
     /// The credentials' path: a broker holds the real ones (the agent gets placeholders),
     /// or `None`: they are injected in the runtime files.
     pub broker: Option<Broker>,
-    /// `--allow-host`: the proxy's plan, and how the backend routes the agent through it;
-    /// `None`: open egress.
-    pub egress: Option<EgressPlan>,
-    pub route: Option<EgressRoute>,
+    /// The turn's egress: its proxy's plan, how the backend routes the agent through it,
+    /// and what the proxy sees of the turn; `None`: no proxy (the host's network).
+    pub egress: Option<Egress>,
     /// The session's first turn puts files in HOME: the new state volume gets the image's
     /// HOME first, where the backend fills one only when a container first starts
     /// ([`Capabilities::fill_volume_first`](crate::backend::Capabilities::fill_volume_first)).
@@ -80,15 +80,17 @@ pub(in crate::session) async fn plan_turn(
     // Who the turn runs as: decided once, here; kept in the record by `ensure_owner`.
     let ids = crate::session::walls::owner::turn_ids(&record.settings);
     let mut runtime = Runtime::new(ids);
-    let allow =
-        crate::session::walls::egress::expand_allow_hosts(record.provider, &record.settings);
-    // Planned once; the backend says how it holds the agent to it (its own network and a
-    // proxy container, or the turn's own pod).
-    let egress =
-        (!allow.is_empty()).then(|| crate::session::walls::egress::plan(record, &allow, &name));
-    let route = egress.as_ref().map(|p| backend.egress_route(p));
+    // The backend says how it holds the agent to its egress (a network whose way out is a
+    // proxy container, or the turn's own pod); the agent's network is known before the
+    // broker, which goes there too. What the proxy admits is known after: the model's host
+    // only where no broker is the way to it.
+    let route = crate::session::walls::egress::plan(backend, record, &name, true)
+        .map(|p| backend.egress_route(&p));
     let (place, credentials, broker) =
         plan_credentials(backend, record, options, &name, route.as_ref()).await?;
+    let egress = crate::session::walls::egress::plan(backend, record, &name, broker.is_none())
+        .map(|p| Egress::new(backend, p));
+    let route = egress.as_ref().map(|e| e.route.clone());
     let request = TurnRequest {
         endpoint: broker
             .as_ref()
@@ -135,13 +137,23 @@ pub(in crate::session) async fn plan_turn(
     if let Some(net) = route.as_ref().and_then(|r| r.agent_network.clone()) {
         spec.network = NetworkPolicy::Named(net);
     }
-    spec.egress_allow = allow.clone();
+    // A backend that holds egress in the turn's own unit does it from the spec.
+    // (Under `open` a rule that names every host: a proxy that records, and no firewall.)
+    if let Some(e) = egress.as_ref().filter(|e| !e.plan.shared) {
+        spec.egress_allow = match e.plan.policy {
+            EgressPolicy::Open => vec!["*".to_string()],
+            _ => e.plan.allow.clone(),
+        };
+        spec.egress_policy = e.plan.policy;
+    }
     let warm_for = crate::session::turn::warm::keep_for(
         backend,
         record,
         &name,
         options,
-        egress.is_some(),
+        // A proxy container of the turn's own goes with it; a shared one stays for a warm
+        // turn, and one in the turn's own unit (a pod's sidecar) with that unit.
+        egress.as_ref().is_some_and(Egress::goes_with_turn),
         place,
         spec.broker.is_some(),
     )
@@ -154,7 +166,6 @@ pub(in crate::session) async fn plan_turn(
         payload,
         broker,
         egress,
-        route,
         fill_home,
         home_files,
         guard,
@@ -497,6 +508,7 @@ pub(in crate::session) fn turn_spec(
         interactive: None,
         broker: None,
         egress_allow: vec![],
+        egress_policy: Default::default(),
         extra_hosts: Vec::new(),
         oci_runtime: settings.runtime.clone(),
         hand_over: Vec::new(),

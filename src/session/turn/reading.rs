@@ -18,6 +18,7 @@ use crate::session::turn::runtime::{signal_file, STOP_NOW};
 use crate::session::turn::{
     append_event, sleep_until, Interrupts, TurnContext, DEFAULT_CONNECT_TIMEOUT, STOP_GRACE,
 };
+use crate::session::walls::egress::{Live, LiveRefusals};
 
 /// What is read of a headless turn's output as it comes: the reader of its stdout lines,
 /// its stderr, and the entrypoint's markers of how the CLI ended.
@@ -32,6 +33,14 @@ pub(in crate::session) struct Reading<'s> {
     pub signalled: Option<String>,
     /// The model's last sign of life (an answer, or a tool's result it asked for).
     pub alive_at: tokio::time::Instant,
+    /// The egress proxy's refusals were said as they came (else at the end).
+    pub refusals_live: bool,
+    /// The egress proxy could not reach the model's host (its words), since the model's
+    /// last sign of life: the model is unreachable, whatever the CLI makes of the proxy's
+    /// 502.
+    pub proxy_unreachable: Option<String>,
+    /// The model's host, without its port.
+    model_host: String,
 }
 
 impl<'s> Reading<'s> {
@@ -62,6 +71,9 @@ impl<'s> Reading<'s> {
             cli_exit: None,
             signalled: None,
             alive_at: tokio::time::Instant::now(),
+            refusals_live: false,
+            proxy_unreachable: None,
+            model_host: host_of(&crate::session::turn::ended::model_host(record)),
         }
     }
 
@@ -98,6 +110,7 @@ impl<'s> Reading<'s> {
         ran: Duration,
         interrupts: &mut Interrupts,
         adopted: bool,
+        mut refusals: Option<&mut LiveRefusals<'_>>,
     ) -> Result<Option<EndedEarly>> {
         let now = tokio::time::Instant::now;
         // An adopted turn's time started with its container.
@@ -137,6 +150,27 @@ impl<'s> Reading<'s> {
                     }
                     None => return Ok(None),
                 },
+                Some(live) = async {
+                    match refusals.as_mut() {
+                        Some(r) => r.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => match live {
+                    Live::Refused(event) => {
+                        self.reader.emit(&event);
+                        false
+                    }
+                    Live::Failed { target, error } => {
+                        if host_of(&target) == self.model_host {
+                            self.proxy_unreachable = Some(format!(
+                                "the egress proxy could not reach {target} ({error})"
+                            ));
+                            link_deadline = link_deadline
+                                .or_else(|| (!connect_timeout.is_zero()).then(|| self.alive_at + connect_timeout));
+                        }
+                        false
+                    }
+                },
                 _ = sleep_until(deadline) => return Ok(Some(EndedEarly::Timeout)),
                 _ = sleep_until(idle_deadline) => return Ok(Some(EndedEarly::Idle)),
                 _ = sleep_until(link_deadline) => return Ok(Some(EndedEarly::Unreachable)),
@@ -155,8 +189,14 @@ impl<'s> Reading<'s> {
                 idle_deadline = options.idle_timeout.map(|t| now() + t);
                 if std::mem::take(&mut self.reader.model_alive) {
                     self.alive_at = now();
+                    self.proxy_unreachable = None;
                 }
-                link_deadline = match self.reader.parser.unreachable() {
+                let unreachable = self
+                    .reader
+                    .parser
+                    .unreachable()
+                    .or(self.proxy_unreachable.as_deref());
+                link_deadline = match unreachable {
                     Some(_) if !connect_timeout.is_zero() => Some(self.alive_at + connect_timeout),
                     _ => None,
                 };
@@ -291,4 +331,15 @@ impl TurnReader<'_> {
         }
         self.events = events;
     }
+}
+
+/// `host:port` (or a bare host) without its port, lower case.
+fn host_of(target: &str) -> String {
+    let host = match target.rsplit_once(':') {
+        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => target,
+    };
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase()
 }

@@ -15,7 +15,7 @@
 
 use std::borrow::Cow;
 
-use crate::backend::{Backend, CreateError, EgressPlan, TurnSpec};
+use crate::backend::{Backend, CreateError, TurnSpec};
 use crate::error::{Error, Result};
 use crate::event::{Event, TurnResult};
 use crate::session::broker::Broker;
@@ -25,6 +25,7 @@ use crate::session::store::inflight::InFlight;
 use crate::session::store::record::{labels, SessionRecord};
 use crate::session::turn::plan::{plan_turn, TurnPlan};
 use crate::session::turn::{busy, image_hint, Interrupts, TurnContext, STOP_GRACE};
+use crate::session::walls::egress::Egress;
 use crate::session::walls::owner::{ensure_owner, fill_new_home, hand_over_in_turn};
 use crate::session::walls::quarantine::Guard;
 
@@ -172,7 +173,7 @@ pub async fn warm_ahead(
         return Err(crate::session::turn::warm::runs_cold(
             backend,
             record,
-            plan.egress.is_some(),
+            plan.egress.as_ref().is_some_and(Egress::goes_with_turn),
             plan.spec.broker.is_some(),
         ));
     };
@@ -180,6 +181,11 @@ pub async fn warm_ahead(
         fill_new_home(backend, record, plan.ids).await?;
     }
     ensure_owner(backend, record, plan.ids).await?;
+    // The network the container goes on, and a proxy there (released: the turns lease it).
+    if let Some(e) = &plan.egress {
+        open_egress(backend, record, e).await?;
+        e.close(backend).await;
+    }
     let mut spec = plan.spec;
     if let Some(b) = &plan.broker {
         b.prepare(backend).await?;
@@ -224,7 +230,6 @@ async fn realise(
         payload,
         broker,
         egress,
-        route,
         fill_home,
         home_files,
         guard,
@@ -284,8 +289,8 @@ async fn realise(
         drop(turn_made);
         created?;
         container_made = true;
-        if let Some(plan) = &egress {
-            crate::session::walls::egress::remove_leftovers(backend, record, plan).await;
+        if let Some(e) = &egress {
+            e.remove_leftovers(backend, record).await;
         }
         if let Some(b) = &broker {
             b.remove_leftovers(backend).await;
@@ -299,7 +304,7 @@ async fn realise(
             home_files: &home_files,
             home_out: writes_back.then_some(&home_out),
             runtime_payload: payload.as_deref(),
-            proxy: route.as_ref().map(|r| r.proxy_log.as_str()),
+            egress: egress.as_ref(),
             broker_ready: ready_rx.clone(),
             guard: guard.as_ref(),
             user: ids,
@@ -362,16 +367,12 @@ fn prepare_checkpoint<'a>(
 }
 
 /// What ran beside the turn goes once it ended: its broker, its egress.
-async fn close_beside(
-    backend: &impl Backend,
-    broker: Option<&Broker>,
-    egress: Option<&EgressPlan>,
-) {
+async fn close_beside(backend: &impl Backend, broker: Option<&Broker>, egress: Option<&Egress>) {
     if let Some(b) = broker {
         b.stop(backend).await;
     }
-    if let Some(plan) = egress {
-        backend.close_egress(plan).await;
+    if let Some(e) = egress {
+        e.close(backend).await;
     }
 }
 
@@ -400,7 +401,7 @@ async fn make_first(
     ids: (u32, u32),
     fill_home: bool,
     broker: Option<&Broker>,
-    egress: Option<&EgressPlan>,
+    egress: Option<&Egress>,
 ) -> Result<()> {
     if fill_home {
         fill_new_home(backend, record, ids).await?;
@@ -411,22 +412,37 @@ async fn make_first(
             None => Ok(()),
         }
     };
-    let (owned, prepared) = tokio::join!(ensure_owner(backend, record, ids), prepare_broker);
-    if let Err(e) = owned.and(prepared) {
+    // The proxy (and the network the broker joins) before the broker starts, beside the
+    // rest: a shared one found running costs a lease. (The record, for its messages.)
+    let shown = egress.is_some().then(|| record.clone());
+    let opened = async {
+        match (egress, &shown) {
+            (Some(e), Some(r)) => open_egress(backend, r, e).await,
+            _ => Ok(()),
+        }
+    };
+    let (owned, prepared, opened) =
+        tokio::join!(ensure_owner(backend, record, ids), prepare_broker, opened);
+    if let Err(e) = owned.and(prepared).and(opened) {
         if let Some(b) = broker {
             b.stop(backend).await;
         }
+        if let Some(e) = egress {
+            e.close(backend).await;
+        }
         return Err(e);
     }
-    if let Some(plan) = egress {
-        if let Err(e) = crate::session::walls::egress::open(backend, record, plan).await {
-            if let Some(b) = broker {
-                b.stop(backend).await;
-            }
-            return Err(e);
-        }
-    }
     Ok(())
+}
+
+/// Opens the turn's egress ([`Egress::open`]): a taken name is a busy session (a turn's own
+/// proxy, named for its driver), a missing image is said with what to do.
+async fn open_egress(backend: &impl Backend, record: &SessionRecord, e: &Egress) -> Result<()> {
+    match e.open(backend).await {
+        Ok(()) => Ok(()),
+        Err(CreateError::NameTaken) => Err(busy(record, "?")),
+        Err(err) => Err(image_hint(err, record)),
+    }
 }
 
 /// Starts the turn's broker, if it has one, and says on `ready` whether it runs.
@@ -670,6 +686,7 @@ mod tests {
             checkpoints: false,
             warm_checkpoints: false,
             forks_from_volumes: false,
+            shared_proxy: false,
         });
 
     impl Backend for FakeBackend {

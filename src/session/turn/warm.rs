@@ -18,8 +18,8 @@ const ENTRYPOINT: &str = "/usr/local/bin/caw-box-entry";
 /// How long (seconds) this turn keeps its container warm after it, `None`: it starts cold
 /// and its container goes: its `--keep-warm` where it gave one; else, where an idle
 /// container waits for it (say one `caw-box warm --for` made), that one's; else the
-/// session's. Headless turns only (a TUI's terminal is its container's); not with
-/// `--allow-host` (its private network goes with the turn) nor a broker of the turn's own
+/// session's. Headless turns only (a TUI's terminal is its container's); not with an
+/// egress proxy of the turn's own (its private network goes with the turn) nor a broker of the turn's own
 /// (Podman: its network does too), nor a broker in the turn's own unit (`turn_broker`,
 /// Kubernetes: it would hold its keys while the turn's unit idles).
 pub(in crate::session) async fn keep_for(
@@ -81,7 +81,7 @@ pub(in crate::session) fn runs_cold(
     }
     if egress {
         return Error::usage(format!(
-            "session {id}'s turns run cold: its --allow-host network goes with each turn"
+            "session {id}'s turns run cold: its egress proxy's network goes with each turn"
         ));
     }
     if turn_broker {
@@ -119,6 +119,11 @@ fn fingerprint(spec: &TurnSpec) -> String {
         s.oci_runtime,
         s.runtime.mount
     );
+    // A hold in the turn's own unit (a pod's proxy sidecar) says its policy's words.
+    let text = match s.egress_allow.is_empty() {
+        true => text,
+        false => format!("{text}{:?}", s.egress_policy),
+    };
     let digest = sha2::Sha256::digest(text.as_bytes());
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -279,6 +284,7 @@ mod tests {
             interactive: None,
             broker: None,
             egress_allow: vec![],
+            egress_policy: Default::default(),
             extra_hosts: vec![],
             oci_runtime: None,
             hand_over: Vec::new(),

@@ -1,93 +1,598 @@
-//! A turn's way out under `--allow-host`, asked for once for every backend: the hosts
-//! admitted; and what the proxy refused. How the agent is held to them (a proxy and its
-//! container, its networks or firewall) is the backend's.
+//! A turn's way out (`--egress`, `--allow-host`), asked for once for every backend: the
+//! policy and the hosts it admits ([`super::admitted`]); the proxy that holds the agent to them (shared by the
+//! turns of every session with the same egress where the backend keeps one, or the turn's
+//! own); and what the proxy saw of the turn, its egress record. How the agent is held to
+//! the proxy (its networks, or a pod's firewall) is the backend's.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
 
-use crate::backend::{Backend, CreateError, EgressPlan, NetworkPolicy, OutputChunk};
+use crate::backend::{Attached, Backend, CreateError, EgressPlan, EgressRoute, NetworkPolicy};
+use crate::backend::{OutputChunk, PROXY_PORT};
 use crate::dirs;
-use crate::endpoint::endpoint_host;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::event::{EgressHost, EgressRecord, Event};
 use crate::session::store::names::{self, LabelSet};
-use crate::session::store::record::{labels, roles, SessionRecord, SessionSettings};
-use crate::session::turn::{busy, image_hint};
+use crate::session::store::record::{labels, roles, EgressPolicy, SessionRecord, SessionSettings};
 
-/// The hosts of `--allow-host` with `@provider` spelled out.
-pub fn expand_allow_hosts(
-    provider: crate::provider::ProviderKind,
-    settings: &SessionSettings,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    for h in &settings.allow_hosts {
-        if h == "@provider" {
-            match settings.endpoint.as_deref().and_then(endpoint_host) {
-                Some(e) => out.push(e),
-                None => out.extend(provider.api_hosts().iter().map(|s| s.to_string())),
-            }
-        } else {
-            out.push(h.to_lowercase());
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
+/// The proxy program (run by node; `images/base/caw-box-proxy.js`, also in the images for
+/// a turn's own proxy and a pod's sidecar).
+const SCRIPT: &str = include_str!("../../../images/base/caw-box-proxy.js");
+
+/// The label that names a shared proxy's settings (its hash).
+const SHARED_LABEL: &str = "io.caw-box.proxy";
+
+/// How long a shared proxy's lease holds unless renewed, and how often it is.
+const LEASE_TTL: Duration = Duration::from_secs(60);
+const LEASE_RENEW: Duration = Duration::from_secs(20);
+
+/// How long a shared proxy without a lease stays for the next turn (`CAW_BOX_PROXY_IDLE`,
+/// seconds).
+fn idle_ms() -> u64 {
+    std::env::var("CAW_BOX_PROXY_IDLE")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(300)
+        .saturating_mul(1000)
 }
 
-/// What a turn's way out under `--allow-host` is, the same on every backend: the hosts
-/// admitted, for the turn `turn`, by the proxy program in the session's image. The backend
-/// realises it ([`Backend::open_egress`]).
-pub(in crate::session) fn plan(record: &SessionRecord, allow: &[String], turn: &str) -> EgressPlan {
-    let id = record.session_id;
-    // Named for this driver: a second caw-box that starts on a busy session sets up its
-    // own, and then fails on the lock without touching the running turn's.
-    let (network, proxy_name) = names::egress_names(id, std::process::id());
-    EgressPlan {
+/// The turn's egress plan, the same on every backend: `None` on the host's network, where
+/// nothing holds the agent (only `open` runs there). `model_direct`: the agent reaches its
+/// model itself, not through a broker (the broker's own way out is not the proxy). Where
+/// the backend keeps a shared proxy, it is named by what it admits, where, from which
+/// image, for whom (the extra labels: a test's proxies are its own); its network by where
+/// and for whom alone, so the agent's network is the same whatever the proxy admits.
+pub(in crate::session) fn plan(
+    backend: &impl Backend,
+    record: &SessionRecord,
+    turn: &str,
+    model_direct: bool,
+) -> Option<EgressPlan> {
+    let network = NetworkPolicy::from_setting(&record.settings.network);
+    if matches!(network, NetworkPolicy::Host | NetworkPolicy::None) {
+        return None;
+    }
+    let policy = record.settings.egress();
+    let allow = super::admitted::admitted(record.provider, &record.settings, model_direct);
+    let shared = backend.capabilities().shared_proxy;
+    let (names, labels) = match shared {
+        true => {
+            let hash = shared_hash(
+                &[
+                    policy.as_str(),
+                    &allow.join(","),
+                    &record.settings.image,
+                    SCRIPT,
+                ],
+                &record.settings,
+            );
+            let net_hash = shared_hash(
+                &[if policy == EgressPolicy::Open {
+                    "open"
+                } else {
+                    "internal"
+                }],
+                &record.settings,
+            );
+            let labels = names::with_extra_labels(
+                [
+                    (labels::MANAGED.to_string(), "true".to_string()),
+                    (labels::ROLE.to_string(), roles::PROXY.to_string()),
+                    (SHARED_LABEL.to_string(), hash.clone()),
+                ]
+                .into(),
+            );
+            (
+                [
+                    format!("caw-box-egress-{net_hash}"),
+                    format!("caw-box-proxy-{hash}"),
+                ],
+                labels,
+            )
+        }
+        false => {
+            // Named for this driver: a second caw-box that starts on a busy session sets
+            // up its own, and then fails on the lock without touching the running turn's.
+            let (n, p) = names::egress_names(record.session_id, std::process::id());
+            (
+                [n, p],
+                LabelSet::new(record.session_id, roles::PROXY).finish(),
+            )
+        }
+    };
+    Some(EgressPlan {
         turn: turn.to_string(),
-        allow: allow.to_vec(),
+        policy,
+        allow,
         image: record.settings.image.clone(),
         user: dirs::agent_ids(),
-        network: NetworkPolicy::from_setting(&record.settings.network),
-        labels: LabelSet::new(id, roles::PROXY).finish(),
-        names: [network, proxy_name],
+        network,
+        labels,
+        names,
+        shared,
+        program: crate::backend::LOADER.to_string(),
+    })
+}
+
+/// The name of what is shared for `parts`, on the session's network, for the extra labels.
+fn shared_hash(parts: &[&str], settings: &SessionSettings) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let labels = names::render_labels(&names::extra_labels());
+    for part in parts
+        .iter()
+        .copied()
+        .chain([settings.network.as_str(), labels.as_str()])
+    {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The data directory's proxy lock (finding or starting a shared proxy).
+async fn lock_proxies() -> Result<dirs::DataLock> {
+    dirs::lock_data_file("proxy.lock", "the egress proxies").await
+}
+
+/// One decision or end of a connection, as the proxy logs it.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Line {
+    decision: Option<String>,
+    closed: bool,
+    target: String,
+    from: Option<String>,
+    conn: Option<u64>,
+    up: u64,
+    down: u64,
+    /// Why the proxy could not reach an allowed host (`failed`): an error code.
+    error: Option<String>,
+}
+
+impl Line {
+    fn parse(text: &str) -> Option<Line> {
+        let v: serde_json::Value = serde_json::from_str(text.trim()).ok()?;
+        if v["proxy"] != "caw-box" {
+            return None;
+        }
+        Some(Line {
+            decision: v["decision"].as_str().map(str::to_string),
+            closed: v["closed"] == true,
+            target: v["target"].as_str()?.to_string(),
+            from: v["from"].as_str().map(str::to_string),
+            conn: v["conn"].as_u64(),
+            up: v["up"].as_u64().unwrap_or(0),
+            down: v["down"].as_u64().unwrap_or(0),
+            error: v["error"].as_str().map(str::to_string),
+        })
+    }
+
+    fn refused(&self) -> bool {
+        self.decision.as_deref() == Some("refused")
+    }
+
+    fn failed(&self) -> bool {
+        self.decision.as_deref() == Some("failed")
     }
 }
 
-/// Makes what the turn's egress needs before its container; a taken proxy name is a busy
-/// session.
-pub(in crate::session) async fn open(
-    backend: &impl Backend,
-    record: &SessionRecord,
-    plan: &EgressPlan,
-) -> Result<()> {
-    match backend.open_egress(plan).await {
-        Ok(()) => Ok(()),
-        Err(CreateError::NameTaken) => Err(busy(record, "?")),
-        Err(err) => Err(image_hint(err, record)),
+/// `host:port` into its parts (`[v6]:port` too).
+fn split_target(target: &str) -> (String, u16) {
+    match target.rsplit_once(':') {
+        Some((h, p)) => (
+            h.trim_start_matches('[').trim_end_matches(']').to_string(),
+            p.parse().unwrap_or(0),
+        ),
+        None => (target.to_string(), 0),
     }
 }
 
-/// Removes the session's other proxies and egress networks: once this turn holds the
-/// session's lock, they are leftovers of turns whose caw-box was killed.
-pub(in crate::session) async fn remove_leftovers(
-    backend: &impl Backend,
-    record: &SessionRecord,
-    plan: &EgressPlan,
-) {
-    let filter = [
-        format!("{}={}", labels::SESSION, record.session_id),
-        format!("{}={}", labels::ROLE, roles::PROXY),
-    ];
-    let keep = [plan.names[0].as_str(), plan.names[1].as_str()];
-    let _ = backend.sweep(&filter, &keep).await;
+/// The turn's record of `lines` (those of its agent): per host and port, connections and
+/// bytes of what was allowed, attempts of what was refused, in the order first seen.
+fn summarise(policy: EgressPolicy, lines: &[Line]) -> EgressRecord {
+    let mut record = EgressRecord {
+        policy: policy.as_str().to_string(),
+        ..Default::default()
+    };
+    fn entry<'a>(list: &'a mut Vec<EgressHost>, target: &str) -> &'a mut EgressHost {
+        let (host, port) = split_target(target);
+        match list.iter().position(|h| h.host == host && h.port == port) {
+            Some(i) => &mut list[i],
+            None => {
+                list.push(EgressHost {
+                    host,
+                    port,
+                    ..Default::default()
+                });
+                list.last_mut().expect("just pushed")
+            }
+        }
+    }
+    let mut counted = std::collections::HashSet::new();
+    for l in lines {
+        if l.refused() {
+            entry(&mut record.refused, &l.target).connections += 1;
+        } else if l.decision.as_deref() == Some("allowed") {
+            let e = entry(&mut record.allowed, &l.target);
+            // A plain-HTTP connection's requests are decided one by one: counted once.
+            if l.conn.is_none_or(|c| counted.insert((c, l.target.clone()))) {
+                e.connections += 1;
+            }
+        } else if l.failed() {
+            entry(&mut record.allowed, &l.target).failed += 1;
+        } else if l.closed {
+            let e = entry(&mut record.allowed, &l.target);
+            e.bytes_out += l.up;
+            e.bytes_in += l.down;
+        }
+    }
+    record
 }
 
-/// The targets the proxy refused during the turn, from its JSON log lines.
-pub(in crate::session) async fn refused_by_proxy(
-    backend: &impl Backend,
-    proxy: &str,
-) -> Vec<String> {
+/// A shared proxy's lease while the turn runs: ended (released) by [`Egress::close`].
+struct Lease {
+    end: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// A turn's egress while it runs: its plan and route, the proxy's lease (a shared one), and
+/// what the proxy said of it.
+pub(in crate::session) struct Egress {
+    pub plan: EgressPlan,
+    pub route: EgressRoute,
+    lease_id: String,
+    held: Mutex<Option<Lease>>,
+    /// The proxy's decisions since this turn attached (a shared proxy's, of every turn).
+    lines: Arc<Mutex<Vec<Line>>>,
+    /// Refusals as they come, for the turn's events.
+    live: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Line>>>,
+    /// The agent's address where it reaches a shared proxy.
+    agent: Mutex<Option<String>>,
+}
+
+impl Egress {
+    pub(in crate::session) fn new(backend: &impl Backend, plan: EgressPlan) -> Egress {
+        let route = backend.egress_route(&plan);
+        Egress {
+            plan,
+            route,
+            lease_id: uuid::Uuid::new_v4().simple().to_string(),
+            held: Mutex::new(None),
+            lines: Arc::default(),
+            live: Mutex::new(None),
+            agent: Mutex::new(None),
+        }
+    }
+
+    /// Whether the proxy is a container of the turn's own (not shared, not in the turn's
+    /// own unit): it goes with the turn, so no container can be kept warm for the next.
+    pub(in crate::session) fn goes_with_turn(&self) -> bool {
+        !self.plan.shared && self.route.agent_network.is_some()
+    }
+
+    fn lease_line(&self) -> String {
+        format!("lease {} {}\n", self.lease_id, LEASE_TTL.as_millis())
+    }
+
+    /// Makes what the turn's egress needs before its container: a shared proxy found
+    /// running and leased, or started; a turn's own proxy (a taken name: the session is
+    /// busy; a missing image is said so by the caller).
+    pub(in crate::session) async fn open(
+        &self,
+        backend: &impl Backend,
+    ) -> std::result::Result<(), CreateError> {
+        if !self.plan.shared {
+            return backend.open_egress(&self.plan).await;
+        }
+        let _lock = lock_proxies().await.map_err(CreateError::Other)?;
+        backend.open_egress(&self.plan).await?;
+        self.find_or_start(backend).await.map_err(|e| match e {
+            // (The proxy's own name, of no session: not a busy session.)
+            CreateError::NameTaken => CreateError::Other(Error::environment(format!(
+                "could not start the egress proxy {}: its name is taken",
+                self.plan.names[1]
+            ))),
+            e => e,
+        })
+    }
+
+    /// A shared proxy found running and leased, or started and leased.
+    async fn find_or_start(&self, backend: &impl Backend) -> std::result::Result<(), CreateError> {
+        let name = &self.plan.names[1];
+        for _ in 0..3 {
+            match backend
+                .inspect_container(name)
+                .await
+                .map_err(CreateError::Other)?
+            {
+                Some(c) if c.running() => {
+                    let mut attached = backend
+                        .attach(name, true)
+                        .await
+                        .map_err(CreateError::Other)?;
+                    let leased = self.lease(&mut attached, Duration::from_secs(3)).await;
+                    if leased.is_ok() {
+                        tracing::debug!("leased the running egress proxy {name}");
+                        self.keep(attached);
+                        return Ok(());
+                    }
+                    // On its way out: it answers no lease any more.
+                    backend.remove_found(&c).await.map_err(CreateError::Other)?;
+                }
+                Some(c) => backend.remove_found(&c).await.map_err(CreateError::Other)?,
+                None => {
+                    let attached = self.start(backend).await?;
+                    self.keep(attached);
+                    return Ok(());
+                }
+            }
+        }
+        Err(CreateError::Other(Error::environment(format!(
+            "could not start or lease the egress proxy {name}"
+        ))))
+    }
+
+    /// Starts the shared proxy, hands it its config and this turn's lease, and returns its
+    /// attachment once it answered the lease.
+    async fn start(&self, backend: &impl Backend) -> std::result::Result<Attached, CreateError> {
+        let mut attached = backend.start_proxy(&self.plan).await?;
+        let config = serde_json::json!({
+            "script": SCRIPT,
+            "config": {"policy": self.plan.policy.as_str(), "allow": self.plan.allow,
+                       "port": PROXY_PORT, "shared": true, "idle_ms": idle_ms()},
+        });
+        let mut first = serde_json::to_vec(&config).expect("the proxy's config serializes");
+        first.push(b'\n');
+        first.extend_from_slice(self.lease_line().as_bytes());
+        attached.input.write_all(&first).await.map_err(|e| {
+            CreateError::Other(Error::environment(format!(
+                "could not hand the egress proxy its config: {e}"
+            )))
+        })?;
+        attached.input.flush().await.ok();
+        let answered = format!("caw-box-proxy ok {}", self.lease_id);
+        let mut seen = Vec::new();
+        let ready = async {
+            while let Some(chunk) = attached.output.next().await {
+                match chunk {
+                    Ok(OutputChunk::Stdout(b)) => {
+                        seen.extend_from_slice(&b);
+                        if String::from_utf8_lossy(&seen).contains(&answered) {
+                            return Ok(());
+                        }
+                    }
+                    Ok(OutputChunk::Stderr(b)) => {
+                        tracing::warn!("egress proxy: {}", String::from_utf8_lossy(&b).trim_end());
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(Error::environment(
+                "the egress proxy exited before it listened",
+            ))
+        };
+        match tokio::time::timeout(Duration::from_secs(30), ready).await {
+            Ok(r) => r.map(|()| attached).map_err(CreateError::Other),
+            Err(_) => Err(CreateError::Other(Error::environment(
+                "the egress proxy did not start listening within 30 s",
+            ))),
+        }
+    }
+
+    /// Sends this turn's lease to a running shared proxy and waits for its answer (sent
+    /// again every 500 ms: a line may arrive before the proxy reads its stdin).
+    async fn lease(&self, attached: &mut Attached, limit: Duration) -> Result<()> {
+        let answered = format!("caw-box-proxy ok {}", self.lease_id);
+        let line = self.lease_line();
+        let mut seen = Vec::new();
+        let wait = async {
+            let mut again = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tokio::select! {
+                    _ = again.tick() => {
+                        attached.input.write_all(line.as_bytes()).await.ok();
+                        attached.input.flush().await.ok();
+                    }
+                    chunk = attached.output.next() => match chunk {
+                        Some(Ok(OutputChunk::Stdout(b))) => {
+                            seen.extend_from_slice(&b);
+                            if String::from_utf8_lossy(&seen).contains(&answered) {
+                                return Ok(());
+                            }
+                        }
+                        Some(Ok(_)) => {}
+                        _ => return Err(Error::environment("the egress proxy went away")),
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(limit, wait)
+            .await
+            .map_err(|_| Error::environment("the egress proxy answered no lease"))?
+    }
+
+    /// Renews this turn's lease on `attached` until [`Egress::close`], and keeps the
+    /// proxy's decisions (the refusals also go to the turn's events as they come).
+    fn keep(&self, mut attached: Attached) {
+        let (end, mut ended) = tokio::sync::oneshot::channel::<()>();
+        let (renew, release) = (self.lease_line(), format!("release {}\n", self.lease_id));
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        *self.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(rx);
+        let lines = self.lines.clone();
+        let task = tokio::spawn(async move {
+            let mut renewal =
+                tokio::time::interval_at(tokio::time::Instant::now() + LEASE_RENEW, LEASE_RENEW);
+            let mut buffer = crate::lines::LineBuffer::default();
+            let mut reading = true;
+            loop {
+                tokio::select! {
+                    _ = &mut ended => break,
+                    chunk = attached.output.next(), if reading => match chunk {
+                        Some(Ok(OutputChunk::Stdout(b))) => buffer.feed(&b, |l| {
+                            if let Some(line) = Line::parse(l) {
+                                if line.refused() || line.failed() {
+                                    let _ = tx.send(line.clone());
+                                }
+                                lines.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+                            }
+                        }),
+                        Some(Ok(_)) => {}
+                        _ => reading = false,
+                    },
+                    _ = renewal.tick() => {
+                        if attached.input.write_all(renew.as_bytes()).await.is_err() {
+                            tracing::warn!("lost the egress proxy's lease channel");
+                        }
+                        let _ = attached.input.flush().await;
+                    }
+                }
+            }
+            let _ = attached.input.write_all(release.as_bytes()).await;
+            let _ = attached.input.flush().await;
+        });
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lease { end, task });
+    }
+
+    /// Notes the address of the turn's agent container `name` where it reaches a shared
+    /// proxy: the proxy's decisions from there are this turn's.
+    pub(in crate::session) async fn watch_agent(&self, backend: &impl Backend, name: &str) {
+        if !self.plan.shared {
+            return;
+        }
+        let address = backend.agent_address(name, &self.route).await;
+        if address.is_none() {
+            tracing::warn!("the agent's address on its egress network is not known: its egress goes unrecorded");
+        }
+        *self.agent.lock().unwrap_or_else(|e| e.into_inner()) = address;
+    }
+
+    /// Whether a decision is this turn's: a turn's own proxy's all are; a shared one's,
+    /// those from the agent's address.
+    fn ours(&self, line: &Line) -> bool {
+        if !self.plan.shared {
+            return true;
+        }
+        let agent = self.agent.lock().unwrap_or_else(|e| e.into_inner());
+        agent.is_some() && line.from.as_deref() == agent.as_deref()
+    }
+
+    /// The refusals as they come (taken once, by the turn's reading).
+    pub(in crate::session) fn live(&self) -> Option<LiveRefusals<'_>> {
+        let rx = self.live.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        Some(LiveRefusals { egress: self, rx })
+    }
+
+    /// The turn's egress record, once its CLI ended: a shared proxy's decisions from its
+    /// agent (the ends of its connections waited for a moment), a turn's own proxy's log.
+    pub(in crate::session) async fn record(&self, backend: &impl Backend) -> EgressRecord {
+        let lines: Vec<Line> = match self.plan.shared {
+            true => {
+                // The CLI's connections end with it, and their ends reach the proxy at once:
+                // each tunnel and plain-HTTP request allowed has its end line.
+                for _ in 0..10 {
+                    let open = {
+                        let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+                        let ours: Vec<&Line> = lines.iter().filter(|l| self.ours(l)).collect();
+                        let opened = ours
+                            .iter()
+                            .filter(|l| l.decision.as_deref() == Some("allowed"))
+                            .count();
+                        let closed = ours.iter().filter(|l| l.closed).count();
+                        opened > closed
+                    };
+                    if !open {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+                lines.iter().filter(|l| self.ours(l)).cloned().collect()
+            }
+            false => own_proxy_lines(backend, &self.route.proxy_log).await,
+        };
+        summarise(self.plan.policy, &lines)
+    }
+
+    /// Ends the turn's use of its proxy: a shared one's lease is released (it stays for
+    /// the next turns), a turn's own is removed.
+    pub(in crate::session) async fn close(&self, backend: &impl Backend) {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(l) = held {
+            let _ = l.end.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(2), l.task).await;
+        }
+        backend.close_egress(&self.plan).await;
+    }
+
+    /// Removes the session's other proxies and egress networks of its own: once this turn
+    /// holds the session's lock, they are leftovers of turns whose caw-box was killed. A
+    /// shared proxy is no session's.
+    pub(in crate::session) async fn remove_leftovers(
+        &self,
+        backend: &impl Backend,
+        record: &SessionRecord,
+    ) {
+        let filter = [
+            format!("{}={}", labels::SESSION, record.session_id),
+            format!("{}={}", labels::ROLE, roles::PROXY),
+        ];
+        let keep = [self.plan.names[0].as_str(), self.plan.names[1].as_str()];
+        let _ = backend.sweep(&filter, &keep).await;
+    }
+}
+
+/// What a turn's egress proxy says of it as it happens.
+pub(in crate::session) enum Live {
+    /// A host refused: the event to say.
+    Refused(Event),
+    /// The proxy could not reach an allowed host `target` (`error`, a code such as
+    /// ECONNREFUSED).
+    Failed { target: String, error: String },
+}
+
+/// The refusals and failures of a turn's egress as they come, for its events and for
+/// knowing the model unreachable.
+pub(in crate::session) struct LiveRefusals<'a> {
+    egress: &'a Egress,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Line>,
+}
+
+impl LiveRefusals<'_> {
+    /// The next refusal or failure of this turn's agent.
+    pub async fn next(&mut self) -> Option<Live> {
+        loop {
+            let Some(line) = self.rx.recv().await else {
+                // The proxy's output ended: no more to say.
+                return std::future::pending().await;
+            };
+            if !self.egress.ours(&line) {
+                continue;
+            }
+            if line.failed() {
+                return Some(Live::Failed {
+                    target: line.target,
+                    error: line.error.unwrap_or_else(|| "ERROR".to_string()),
+                });
+            }
+            let (host, port) = split_target(&line.target);
+            return Some(Live::Refused(Event::EgressRefused {
+                host,
+                port,
+                policy: self.egress.plan.policy.as_str().to_string(),
+            }));
+        }
+    }
+}
+
+/// The decisions of a turn's own proxy, from its log.
+async fn own_proxy_lines(backend: &impl Backend, proxy: &str) -> Vec<Line> {
     let mut logs = backend.follow_logs(proxy);
     let mut text = Vec::new();
     let read = async {
@@ -99,12 +604,64 @@ pub(in crate::session) async fn refused_by_proxy(
     };
     // The proxy still runs: take what it logged so far, don't wait for more.
     let _ = tokio::time::timeout(Duration::from_millis(300), read).await;
-    let mut refused: Vec<String> = String::from_utf8_lossy(&text)
+    String::from_utf8_lossy(&text)
         .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["decision"] == "refused")
-        .filter_map(|v| v["target"].as_str().map(str::to_string))
+        .filter_map(Line::parse)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(json: &str) -> Line {
+        Line::parse(json).unwrap_or_else(|| panic!("{json}"))
+    }
+
+    /// Allowed hosts count their connections once however many requests went on one, and
+    /// their bytes from the ends; refusals count their attempts; nothing else is kept.
+    #[test]
+    fn a_turns_record_counts_connections_and_bytes_per_host() {
+        let lines: Vec<Line> = [
+            r#"{"proxy":"caw-box","decision":"allowed","target":"pypi.org:443","method":"CONNECT","from":"10.0.0.2","conn":1}"#,
+            r#"{"proxy":"caw-box","decision":"allowed","target":"pypi.org:80","method":"GET","from":"10.0.0.2","conn":2}"#,
+            r#"{"proxy":"caw-box","decision":"allowed","target":"pypi.org:80","method":"GET","from":"10.0.0.2","conn":2}"#,
+            r#"{"proxy":"caw-box","decision":"refused","target":"decoy:80","method":"GET","from":"10.0.0.2","conn":3}"#,
+            r#"{"proxy":"caw-box","decision":"refused","target":"decoy:80","method":"GET","from":"10.0.0.2","conn":4}"#,
+            r#"{"proxy":"caw-box","closed":true,"target":"pypi.org:443","from":"10.0.0.2","conn":1,"up":100,"down":2000}"#,
+            r#"{"proxy":"caw-box","closed":true,"target":"pypi.org:80","from":"10.0.0.2","conn":2,"up":10,"down":20}"#,
+            r#"{"proxy":"caw-box","decision":"allowed","target":"stub:9","method":"POST","from":"10.0.0.2","conn":5}"#,
+            r#"{"proxy":"caw-box","decision":"failed","target":"stub:9","method":"POST","from":"10.0.0.2","conn":5,"error":"ECONNREFUSED"}"#,
+            r#"{"proxy":"caw-box","closed":true,"target":"stub:9","from":"10.0.0.2","conn":5,"up":0,"down":0}"#,
+        ]
+        .into_iter()
+        .map(line)
         .collect();
-    refused.dedup();
-    refused
+        let r = summarise(EgressPolicy::Balanced, &lines);
+        assert_eq!(r.policy, "balanced");
+        let host = |host: &str, port, connections, bytes_out, bytes_in, failed| EgressHost {
+            host: host.into(),
+            port,
+            connections,
+            bytes_out,
+            bytes_in,
+            failed,
+        };
+        assert_eq!(
+            r.allowed,
+            [
+                host("pypi.org", 443, 1, 100, 2000, 0),
+                host("pypi.org", 80, 1, 10, 20, 0),
+                host("stub", 9, 1, 0, 0, 1),
+            ]
+        );
+        assert_eq!(r.refused, [host("decoy", 80, 2, 0, 0, 0)]);
+        assert_eq!(
+            r.line(),
+            "egress balanced: reached pypi.org:443 (1x, 100 B out, 2000 B in), pypi.org:80 (1x, 10 B out, 20 B in), stub:9 (1x, 1 failed, 0 B out, 0 B in); refused decoy:80 (2x)"
+        );
+        // Lines that are not the proxy's decisions are not read.
+        assert!(Line::parse(r#"{"decision":"allowed","target":"x:1"}"#).is_none());
+        assert!(Line::parse("caw-box-proxy ok 1").is_none());
+    }
 }

@@ -2,10 +2,11 @@
 //! patch of what it changed ([`patch`], with [`safe_git`]: a git that runs nothing a
 //! repository names; [`numstat`]: the files it changes); the paths it may not write
 //! ([`protect`], [`protected_out`]) and what it wrote there anyway, moved aside
-//! ([`quarantine`]); who it runs as ([`owner`]); and the hosts it may reach under
-//! `--allow-host` ([`egress`]). Not here: the credential broker (`broker`), which keeps its
+//! ([`quarantine`]); who it runs as ([`owner`]); and the hosts it may reach
+//! ([`admitted`], under `--egress` and `--allow-host`) through its egress proxy ([`egress`]). Not here: the credential broker (`broker`), which keeps its
 //! keys out of the box.
 
+pub mod admitted;
 pub(in crate::session) mod egress;
 pub mod numstat;
 pub mod owner;
