@@ -260,21 +260,28 @@ fn locked_refuses_package_hosts_and_open_reaches_anything() {
 }
 
 /// A shared proxy stays for the next turn of any session with the same egress, and goes
-/// once no turn held it for its idle time (`CAW_BOX_PROXY_IDLE`), removing itself.
+/// once no turn held it for its idle time (`CAW_BOX_PROXY_IDLE`), removing itself; the
+/// change of the default is said on the first run after the upgrade, and only then.
 #[test]
 fn shared_proxies_serve_several_sessions_and_idle_out() {
     let rig = Rig::new("egress-idle");
     let proxies = || proxy_ids(&rig);
+    // A data directory an older caw-box used: the first new session says the default
+    // changed, once.
+    std::fs::write(rig.data_dir.path().join("broker-salt"), [7u8; 32]).unwrap();
+    let news = "new sessions' egress is now `balanced` (was open)";
     let mut first = rig.run_cmd(CODEX, "REMEMBER:one", &[]);
     first.env("CAW_BOX_PROXY_IDLE", "4");
     let (code, json, stderr) = rig.json_turn(first);
     assert_eq!(code, 0, "{json}\n{stderr}");
+    assert!(stderr.contains(news), "{stderr}");
     let after_first = proxies();
     assert_eq!(after_first.len(), 1, "one proxy, kept for the next turns");
     let mut second = rig.run_cmd(CODEX, "REMEMBER:two", &[]);
     second.env("CAW_BOX_PROXY_IDLE", "4");
     let (code, json, stderr) = rig.json_turn(second);
     assert_eq!(code, 0, "{json}\n{stderr}");
+    assert!(!stderr.contains(news), "said twice: {stderr}");
     assert_eq!(
         proxies(),
         after_first,
