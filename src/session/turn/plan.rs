@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::provider::{HomeFile, Provider, TurnCommand, TurnRequest, AGENT_HOME, WORKSPACE_DIR};
 use crate::session::broker::Broker;
 use crate::session::store::names::{self, LabelSet};
-use crate::session::store::record::{labels, roles, EgressPolicy, SessionRecord, WorkspaceMode};
+use crate::session::store::record::{labels, roles, SessionRecord, WorkspaceMode};
 use crate::session::turn::runtime::{Runtime, RUN_DIR};
 use crate::session::turn::{container_name, TurnOptions, ENTRY_GRACE_SECS};
 use crate::session::walls::egress::Egress;
@@ -138,12 +138,8 @@ pub(in crate::session) async fn plan_turn(
         spec.network = NetworkPolicy::Named(net);
     }
     // A backend that holds egress in the turn's own unit does it from the spec.
-    // (Under `open` a rule that names every host: a proxy that records, and no firewall.)
     if let Some(e) = egress.as_ref().filter(|e| !e.plan.shared) {
-        spec.egress_allow = match e.plan.policy {
-            EgressPolicy::Open => vec!["*".to_string()],
-            _ => e.plan.allow.clone(),
-        };
+        spec.egress_allow = e.plan.allow.clone();
         spec.egress_policy = e.plan.policy;
     }
     let warm_for = crate::session::turn::warm::keep_for(
@@ -151,8 +147,7 @@ pub(in crate::session) async fn plan_turn(
         record,
         &name,
         options,
-        // A proxy container of the turn's own goes with it; a shared one stays for a warm
-        // turn, and one in the turn's own unit (a pod's sidecar) with that unit.
+        // A proxy of the turn's own goes with it; a shared one stays for a warm turn.
         egress.as_ref().is_some_and(Egress::goes_with_turn),
         place,
         spec.broker.is_some(),

@@ -58,6 +58,12 @@ pub(in crate::session) fn plan(
     let policy = record.settings.egress();
     let allow = super::admitted::admitted(record.provider, &record.settings, model_direct);
     let shared = backend.capabilities().shared_proxy;
+    if !shared && policy == EgressPolicy::Open {
+        // A turn's own proxy is there to hold the agent; under `open` it would only record,
+        // beside a turn pod a sidecar warm pods cannot have yet: none (its egress goes
+        // unrecorded there, for now).
+        return None;
+    }
     let (names, labels) = match shared {
         true => {
             let hash = shared_hash(
@@ -270,10 +276,10 @@ impl Egress {
         }
     }
 
-    /// Whether the proxy is a container of the turn's own (not shared, not in the turn's
-    /// own unit): it goes with the turn, so no container can be kept warm for the next.
+    /// Whether the proxy is the turn's own (not shared: a container that goes with the
+    /// turn, or a sidecar of its pod, which a warm pod cannot keep yet): the turn runs cold.
     pub(in crate::session) fn goes_with_turn(&self) -> bool {
-        !self.plan.shared && self.route.agent_network.is_some()
+        !self.plan.shared
     }
 
     fn lease_line(&self) -> String {
