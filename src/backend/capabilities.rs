@@ -58,6 +58,11 @@ pub struct Capabilities {
     /// proxy start: Docker's (a container on a network kept for it). Not a cluster's: the
     /// proxy is a sidecar of the turn's pod.
     pub shared_proxy: bool,
+    /// Whether a turn's egress proxy is in the turn's own unit (a sidecar of its pod), so
+    /// that a warm unit keeps it and it records even an `open` turn at no cost: a cluster's.
+    /// `false`, where not shared: a container and network of the turn's own (Podman's),
+    /// which go with the turn; under `open` there is none.
+    pub proxy_in_turn: bool,
 }
 
 impl Capabilities {

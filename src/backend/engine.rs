@@ -300,6 +300,9 @@ impl Backend for Engine {
     fn follow_logs(&self, name: &str) -> OutputStream {
         dispatch!(self, b => Backend::follow_logs(b, name))
     }
+    fn logs_so_far(&self, name: &str) -> OutputStream {
+        dispatch!(self, b => Backend::logs_so_far(b, name))
+    }
     async fn inspect_image(&self, image: &str) -> Result<Option<ImageInfo>> {
         dispatch!(self, b => Backend::inspect_image(b, image).await)
     }

@@ -296,6 +296,9 @@ pub trait Backend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = std::result::Result<(i64, String, String), CreateError>> + Send;
     /// A container's output from its start, following it until it ends.
     fn follow_logs(&self, name: &str) -> OutputStream;
+    /// A container's output from its start to now (stdout; `<pod>/<container>` names a
+    /// pod's sidecar on Kubernetes), not waiting for more.
+    fn logs_so_far(&self, name: &str) -> OutputStream;
     /// An image by name; `None` when it is not on the backend's host.
     fn inspect_image(&self, image: &str) -> impl Future<Output = Result<Option<ImageInfo>>> + Send;
     fn create_volume(
@@ -594,14 +597,14 @@ pub struct TurnSpec {
     /// [`BrokerPlace::InTurn`]): its program ([`BrokerPlan::program`]), run by node in the
     /// turn's image; the backend ends it with the agent.
     pub broker: Option<String>,
-    /// `--allow-host`: the hosts the turn's proxy admits, all other egress refused; empty:
-    /// open. A backend that holds egress in the turn's own unit (Kubernetes: a proxy
-    /// sidecar and firewall rules) realises it from here; Docker, from its
-    /// [`Backend::open_egress`] network.
+    /// The hosts the turn's proxy admits (under `open`, none need be named), where the
+    /// turn's own unit holds its egress ([`Self::egress_policy`]).
     pub egress_allow: Vec<String>,
-    /// The turn's egress policy, where [`Self::egress_allow`] holds it (what the proxy's
-    /// refusals say).
-    pub egress_policy: crate::event::EgressPolicy,
+    /// The turn's egress policy where its own unit holds and records its egress
+    /// (Kubernetes: a proxy sidecar, and under `balanced` and `locked` firewall rules that
+    /// hold the agent to it); `None`: nothing in the unit (Docker's is its
+    /// [`Backend::open_egress`] network's).
+    pub egress_policy: Option<crate::event::EgressPolicy>,
     /// `host:ip` entries the agent's container resolves so (a broker standing in for a
     /// host its CLI reaches directly); empty: none.
     pub extra_hosts: Vec<String>,

@@ -63,12 +63,20 @@ pub fn turn_end(code: i64) -> (bool, i64) {
 macro_rules! release_fn {
     () => {
         r#"release() {
-  local run=$1 loop entry d p s
+  local run=$1 loop entry d p s q keep
   { read -r loop entry <"$W/loop.pid"; } 2>/dev/null || return 1
   rm -f "$W/turn.pid"
+  # The loop and every process above it (a pod's wrapper between it and init, too).
+  keep=" 1 $$ " q=$loop
+  while [ -n "$q" ] && [ "$q" -gt 1 ] && [[ $keep != *" $q "* ]]; do
+    keep+="$q "
+    { read -r s <"/proc/$q/stat"; } 2>/dev/null || break
+    s=${s##*) }; set -- $s; q=$2
+  done
+  keep+="$entry "
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
-    case $p in 1|$$|$loop|$entry) continue ;; esac
+    [[ $keep == *" $p "* ]] && continue
     { read -r s <"$d/stat"; } 2>/dev/null || continue
     s=${s##*) }; set -- $s
     case $2 in $loop|$$) continue ;; esac

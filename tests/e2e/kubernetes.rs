@@ -2426,6 +2426,61 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
         "what the proxy refused is not in the turn's log: {said}"
     );
 
+    check("--egress open: the proxy records, nothing refuses");
+    let mut open = turn_cmd(
+        P,
+        data.path(),
+        workspace.path(),
+        &lab,
+        &["run", "--provider", P.name, "--endpoint", &endpoint],
+    );
+    open.args(["--model", P.model.unwrap(), "--egress", "open"])
+        .arg("HOLD:open hello")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = open.spawn().unwrap();
+    wait_held(&endpoint, "open");
+    let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    let spec: Value =
+        serde_json::from_str(&lab.kubectl_ok(&["get", "pod", &pod, "-o", "json"])).unwrap();
+    let names = |key: &str| -> Vec<String> {
+        spec["spec"][key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names("containers"), ["agent", "proxy"], "{spec}");
+    assert!(
+        !names("initContainers").contains(&"egress".to_string()),
+        "rules under open: {spec}"
+    );
+    let probe = format!(
+        r#"node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}/v1/models"}},r=>{{console.log("proxied-other="+r.statusCode);process.exit(0)}}).on("error",e=>{{console.log("proxied-other="+e.message);process.exit(0)}})'"#
+    );
+    let seen = lab.kubectl_ok(&["exec", &pod, "-c", "agent", "--", "bash", "-c", &probe]);
+    assert!(
+        seen.contains("proxied-other=") && !seen.contains("proxied-other=403"),
+        "{seen}"
+    );
+    release(&endpoint, "open");
+    let out = wait_with_deadline(child, Duration::from_secs(240));
+    let o = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{o}\n{}", stderr_of(&out));
+    assert_eq!(o["egress"]["policy"], "open", "{o}");
+    let listed = |list: &str, ip: &str| {
+        o["egress"][list]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|e| e["host"] == ip))
+    };
+    assert!(
+        listed("allowed", other_ip),
+        "the other stub, reached, is not recorded: {o}"
+    );
+    assert!(listed("allowed", allowed.split(':').next().unwrap()), "{o}");
+    assert!(!listed("refused", other_ip), "{o}");
+
     check("a detached --allow-host resume completes and recalls");
     let mut resume = turn_cmd(
         P,
@@ -2738,8 +2793,10 @@ fn kubernetes_logins_are_brokered_in_the_pods_sidecar_across_forced_expiries() {
 /// Running, idle (no CLI process, no runtime file, no piece of the key anywhere in it); the
 /// next turn runs in it by exec (the same pod uid) and recalls; of two racing resumes one
 /// runs in it and one exits 2; a turn with another memory limit replaces it by a new one;
-/// left idle, that one ends by itself (its idle loop, no caw-box process), and the next
-/// turn is cold and recalls.
+/// left idle, that one ends by itself (its idle loop, no caw-box process; its proxy sidecar
+/// with it), and the next turn is cold and recalls. Under the default egress (issue 54):
+/// the warm pod keeps its proxy sidecar, and each turn's record is its own (the first
+/// turn's refusal is not the warm second's).
 #[test]
 fn kubernetes_warm_turns_exec_in_the_sessions_pod_which_ends_itself() {
     let (lab, endpoint, workspace, data) = codex_on_the_lab();
@@ -2764,21 +2821,25 @@ fn kubernetes_warm_turns_exec_in_the_sessions_pod_which_ends_itself() {
     };
 
     check("first turn");
-    // Under `--egress open` (remembered): a pod that holds egress (the default, balanced)
-    // has its proxy sidecar and runs every turn cold on Kubernetes, for now.
-    let run = [
-        "run",
-        "--provider",
-        "codex",
-        "--endpoint",
-        &endpoint,
-        "--egress",
-        "open",
-    ];
+    let run = ["run", "--provider", "codex", "--endpoint", &endpoint];
+    // Its tool asks a host off the balanced list: refused by the proxy by name, before
+    // any connection.
     let first = turn(
         &[&run[..], &["--keep-warm", "60s"]].concat(),
-        "Please REMEMBER:quince-31 for later.",
+        "Please REMEMBER:quince-31 for later. RUN:curl -s -m 5 http://decoy-31/x",
     );
+    let refused = |json: &Value| -> Vec<String> {
+        json["egress"]["refused"]
+            .as_array()
+            .map(|l| {
+                l.iter()
+                    .map(|e| e["host"].as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(first["egress"]["policy"], "balanced", "{first}");
+    assert_eq!(refused(&first), ["decoy-31"], "{first}");
     let id = first["session_id"].as_str().unwrap().to_string();
     let pod = format!("caw-box-{id}");
     // The pod's uid and phase ("" when it is gone).
@@ -2842,6 +2903,22 @@ fn kubernetes_warm_turns_exec_in_the_sessions_pod_which_ends_itself() {
         state(),
         (uid.clone(), "Running".into()),
         "turn 2 ran elsewhere"
+    );
+    let model_host = endpoint
+        .trim_start_matches("http://")
+        .split(':')
+        .next()
+        .unwrap();
+    assert!(
+        second["egress"]["allowed"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|e| e["host"] == model_host)),
+        "{second}"
+    );
+    assert_eq!(
+        refused(&second),
+        Vec::<String>::new(),
+        "turn 1's refusal in turn 2's record: {second}"
     );
 
     check("racing resumes");

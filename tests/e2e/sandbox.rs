@@ -238,6 +238,14 @@ fn allow_host_admits_only_listed_hosts_through_the_proxy() {
         rig.json_turn(rig.run_cmd(CODEX, "REMEMBER:proxied", &["--allow-host", &allow]));
     assert_eq!(code, 0, "{json}\n{stderr}");
     let id = json["session_id"].as_str().unwrap().to_string();
+    // On the record (a shared proxy's on Docker, the turn's own on Podman): the model's host.
+    assert_eq!(json["egress"]["policy"], "balanced", "{json}");
+    assert!(
+        json["egress"]["allowed"].as_array().is_some_and(|l| l
+            .iter()
+            .any(|h| h["host"] == rig.stub && h["connections"].as_u64() > Some(0))),
+        "{json}"
+    );
 
     rig.assert_only_the_stub_is_reachable(&id, &other);
 

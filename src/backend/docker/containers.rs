@@ -348,10 +348,15 @@ impl DockerBackend {
 
     /// A container's output from its start, following it until the container stops.
     pub fn follow_logs(&self, name: &str) -> OutputStream {
+        self.logs(name, true)
+    }
+
+    /// A container's stdout from its start, followed until it stops or to now.
+    pub fn logs(&self, name: &str, follow: bool) -> OutputStream {
         let logs = self.docker.logs(
             name,
             Some(bollard::query_parameters::LogsOptions {
-                follow: true,
+                follow,
                 stdout: true,
                 stderr: false,
                 ..Default::default()

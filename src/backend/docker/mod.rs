@@ -280,6 +280,7 @@ impl DockerBackend {
             forks_from_volumes: !podman,
             // Podman keeps no stdin across attaches: no lease could reach a shared proxy.
             shared_proxy: !podman,
+            proxy_in_turn: false,
         };
         DockerBackend {
             docker,

@@ -215,6 +215,10 @@ impl Backend for DockerBackend {
         DockerBackend::follow_logs(self, name)
     }
 
+    fn logs_so_far(&self, name: &str) -> OutputStream {
+        DockerBackend::logs(self, name, false)
+    }
+
     async fn inspect_image(&self, image: &str) -> Result<Option<ImageInfo>> {
         DockerBackend::inspect_image(self, image).await
     }

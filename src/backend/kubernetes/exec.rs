@@ -311,6 +311,39 @@ impl KubeBackend {
         }
     }
 
+    /// A pod's stdout (its agent's, or `<pod>/<container>`: a sidecar's, the proxy's that
+    /// says what it refused), from its start: followed until it ends, or to now.
+    pub(super) fn logs(&self, name: &str, follow: bool) -> OutputStream {
+        let (name, sidecar) = match name.split_once('/') {
+            Some((pod, container)) => (pod.to_string(), Some(container.to_string())),
+            None => (name.to_string(), None),
+        };
+        let (this, pods) = (self.clone(), self.pods());
+        let stream = async move {
+            let container = match sidecar {
+                Some(c) => Some(c),
+                // The agent's, not the broker's beside it.
+                None => this.main_container(&name).await.ok().flatten(),
+            };
+            let params = kube::api::LogParams {
+                follow,
+                container,
+                ..Default::default()
+            };
+            match pods.log_stream(&name, &params).await {
+                Ok(reader) => {
+                    use tokio_util::compat::FuturesAsyncReadCompatExt;
+                    chunks(reader.compat(), OutputChunk::Stdout)
+                }
+                Err(e) => {
+                    let e = failed(format!("read pod '{name}'s logs"), &e);
+                    Box::pin(futures_util::stream::once(async move { Err(e) })) as OutputStream
+                }
+            }
+        };
+        Box::pin(futures_util::stream::once(stream).flatten())
+    }
+
     /// The name of pod `name`'s main container (the agent's, in a turn pod that has a
     /// broker beside it: exec, attach and logs must name one there); `None` when the pod
     /// is gone.

@@ -220,6 +220,7 @@ fn capabilities(namespace: &str, context: Option<&str>) -> crate::backend::Capab
         warm_checkpoints: false,
         forks_from_volumes: false,
         shared_proxy: false,
+        proxy_in_turn: true,
     }
 }
 

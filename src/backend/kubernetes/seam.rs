@@ -4,12 +4,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 
-use super::exec::chunks;
 use super::helpers::HELPER;
 use super::sidecars::{BROKER_SIDECAR, LOOPBACK, PROXY_SIDECAR};
 use super::spec::{shell_quote, turn_pod_spec, RUNTIME_READY};
@@ -20,8 +18,8 @@ use super::status::{
 use super::{failed, is_status, label_selector, meta, KubeBackend};
 use crate::backend::warm::WARM_LABEL;
 use crate::backend::{
-    Attached, Backend, ContainerInfo, CreateError, HelperSpec, ImageInfo, OutputChunk,
-    OutputStream, TarFile, TurnSpec, VolumeInfo,
+    Attached, Backend, ContainerInfo, CreateError, HelperSpec, ImageInfo, OutputStream, TarFile,
+    TurnSpec, VolumeInfo,
 };
 use crate::error::{Error, Result};
 
@@ -402,35 +400,11 @@ impl Backend for KubeBackend {
     }
 
     fn follow_logs(&self, name: &str) -> OutputStream {
-        // `<pod>/<container>` names a sidecar's log (the proxy's: what it refused).
-        let (name, sidecar) = match name.split_once('/') {
-            Some((pod, container)) => (pod.to_string(), Some(container.to_string())),
-            None => (name.to_string(), None),
-        };
-        let (this, pods) = (self.clone(), self.pods());
-        let stream = async move {
-            let container = match sidecar {
-                Some(c) => Some(c),
-                // The agent's, not the broker's beside it.
-                None => this.main_container(&name).await.ok().flatten(),
-            };
-            let params = LogParams {
-                follow: true,
-                container,
-                ..Default::default()
-            };
-            match pods.log_stream(&name, &params).await {
-                Ok(reader) => {
-                    use tokio_util::compat::FuturesAsyncReadCompatExt;
-                    chunks(reader.compat(), OutputChunk::Stdout)
-                }
-                Err(e) => {
-                    let e = failed(format!("follow pod '{name}'s logs"), &e);
-                    Box::pin(futures_util::stream::once(async move { Err(e) })) as OutputStream
-                }
-            }
-        };
-        Box::pin(futures_util::stream::once(stream).flatten())
+        self.logs(name, true)
+    }
+
+    fn logs_so_far(&self, name: &str) -> OutputStream {
+        self.logs(name, false)
     }
 
     async fn inspect_image(&self, image: &str) -> Result<Option<ImageInfo>> {

@@ -30,8 +30,8 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
     let (uid, gid) = (i64::from(spec.user.0), i64::from(spec.user.1));
     // A proxy sidecar wherever the turn has egress rules; a firewall that holds the agent to
     // it but under `open` (there the proxy only records what goes through it).
-    let proxied = !spec.egress_allow.is_empty();
-    let held = proxied && spec.egress_policy != EgressPolicy::Open;
+    let proxied = spec.egress_policy.is_some();
+    let held = spec.egress_policy.is_some_and(|p| p != EgressPolicy::Open);
     check_fits_a_pod(spec, uid, held, interactive)?;
     let sidecars = spec.broker.is_some() || proxied;
     let (volumes, volume_mounts) = pod_volumes(spec, sidecars, held)?;
@@ -41,8 +41,8 @@ pub fn turn_pod_spec(spec: &TurnSpec) -> Result<PodSpec> {
         .as_ref()
         .map(|program| broker_container(spec, program, gid));
     let brokered = broker.is_some();
-    let proxy =
-        proxied.then(|| proxy_container(&spec.image, spec.egress_policy, &spec.egress_allow, gid));
+    let proxy = (spec.egress_policy)
+        .map(|policy| proxy_container(&spec.image, policy, &spec.egress_allow, gid));
     // A TUI's runtime files are put in once the pod runs (a terminal's stdin is no way for
     // an archive): the image's entrypoint starts when they are there. Beside a broker, the
     // entrypoint leaves the end marker when it ended; a headless one announces its end.

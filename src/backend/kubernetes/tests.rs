@@ -78,7 +78,7 @@ fn the_selector_keeps_what_kubernetes_can_select_and_matches_checks_the_rest() {
     assert!(!matches(&labels, &["io.caw-box.session=other".to_string()]));
 }
 
-fn turn() -> TurnSpec {
+pub(super) fn turn() -> TurnSpec {
     TurnSpec {
         image: "caw-box/codex:latest".into(),
         argv: vec!["codex".into(), "exec".into()],
@@ -482,6 +482,7 @@ fn an_allow_host_pod_holds_its_egress_with_an_init_container_and_a_proxy_sidecar
     let mut t = turn();
     t.env.push("OPENAI_API_KEY=caw-box-placeholder".into());
     t.egress_allow = vec!["10.244.7.9:8080".into(), "*.example.com".into()];
+    t.egress_policy = Some(crate::session::record::EgressPolicy::Locked);
     let spec = turn_pod_spec(&t).unwrap();
     let inits = spec.init_containers.as_ref().unwrap();
     assert_eq!(
@@ -515,10 +516,9 @@ fn an_allow_host_pod_holds_its_egress_with_an_init_container_and_a_proxy_sidecar
         .clone();
     assert_eq!(uids, format!("{PROXY_UID} {BROKER_UID}"));
 
-    // Under `open` (a rule for every host): the proxy, to record, and no rules.
+    // Under `open` (no host named): the proxy, to record, and no rules.
     let mut open = turn();
-    open.egress_allow = vec!["*".into()];
-    open.egress_policy = crate::session::record::EgressPolicy::Open;
+    open.egress_policy = Some(crate::session::record::EgressPolicy::Open);
     let spec = turn_pod_spec(&open).unwrap();
     let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["agent", PROXY_SIDECAR]);
@@ -534,6 +534,7 @@ fn an_allow_host_pod_holds_its_egress_with_an_init_container_and_a_proxy_sidecar
     // An agent under the proxy's uid could pass the rules: refused.
     let mut same = turn();
     same.egress_allow = vec!["h".into()];
+    same.egress_policy = Some(crate::session::record::EgressPolicy::Balanced);
     same.user = (PROXY_UID as u32, 1000);
     assert!(turn_pod_spec(&same).is_err());
 }
@@ -717,6 +718,7 @@ fn a_clusters_pull_policy_and_host_aliases_reach_every_container_of_a_pod() {
     t.broker = Some("0".into());
     t.extra_hosts = vec!["chatgpt.com:127.0.0.1".into()];
     t.egress_allow = vec!["*.example.com".into()];
+    t.egress_policy = Some(crate::session::record::EgressPolicy::Locked);
     let mut spec = turn_pod_spec(&t).unwrap();
     let cluster = crate::backend::ClusterSettings {
         image_pull_policy: Some("Never".into()),

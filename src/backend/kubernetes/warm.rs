@@ -109,15 +109,20 @@ pub(super) fn idle_pod_of(found: &ContainerInfo) -> Option<&str> {
 }
 
 /// The warm pod's spec for `spec` (a warm turn's, [`WARM_LABEL`]): its agent container runs
-/// the image's entrypoint with the idle loop (no end marker, no stdin: the turns come by
-/// exec); its labels say its creator's turn runs in it, and that it is no adoptable turn.
+/// the image's entrypoint with the idle loop (no stdin: the turns come by exec), and leaves
+/// the pod's end marker when the loop ended where a sidecar (the egress proxy) waits for it;
+/// its labels say its creator's turn runs in it, and that it is no adoptable turn.
 pub(super) fn warm_pod(spec: &TurnSpec, pod: &mut PodSpec, labels: &mut HashMap<String, String>) {
+    let sidecars = pod.containers.len() > 1;
     if let Some(agent) = pod.containers.first_mut() {
-        agent.command = Some(vec![
-            "/usr/bin/tini".into(),
-            "--".into(),
-            "/usr/local/bin/caw-box-entry".into(),
-        ]);
+        agent.command = Some(match sidecars {
+            true => super::spec::marked_entry(true, false),
+            false => vec![
+                "/usr/bin/tini".into(),
+                "--".into(),
+                "/usr/local/bin/caw-box-entry".into(),
+            ],
+        });
         agent.stdin = Some(false);
         // Kubernetes expands `$(NAME)` in a container's arguments and reads `$$` as `$`:
         // the loop's script is escaped to reach bash as written.
@@ -552,6 +557,38 @@ mod tests {
         };
         assert_eq!(exit_code(Some(failed)), 75);
         assert_eq!(exit_code(None), -1);
+    }
+
+    /// A warm pod with an egress proxy beside its agent leaves the pod's end marker when its
+    /// idle loop ends (the proxy then ends, and the pod with it); one without runs the
+    /// entrypoint alone.
+    #[test]
+    fn a_warm_pods_loop_ends_its_sidecars_with_it() {
+        let mut turn = crate::backend::kubernetes::tests::turn();
+        turn.egress_policy = Some(crate::event::EgressPolicy::Balanced);
+        let spec = crate::backend::kubernetes::spec::turn_pod_spec(&turn).unwrap();
+        let mut pod = spec.clone();
+        let mut labels = HashMap::new();
+        warm_pod(&turn, &mut pod, &mut labels);
+        let command = pod.containers[0].command.clone().unwrap();
+        assert!(
+            command.iter().any(|a| a.starts_with("CAW_BOX_POD_END=")),
+            "{command:?}"
+        );
+        assert!(
+            command.last().unwrap().ends_with("caw-box-entry"),
+            "{command:?}"
+        );
+        assert!(!command.iter().any(|a| a == "CAW_BOX_ANNOUNCE_END=1"));
+
+        turn.egress_policy = None;
+        let mut pod = crate::backend::kubernetes::spec::turn_pod_spec(&turn).unwrap();
+        warm_pod(&turn, &mut pod, &mut labels);
+        let command = pod.containers[0].command.clone().unwrap();
+        assert_eq!(
+            command,
+            ["/usr/bin/tini", "--", "/usr/local/bin/caw-box-entry"]
+        );
     }
 
     /// An idle warm pod is shown under its idle name; one a turn runs in, and any other pod,

@@ -140,7 +140,7 @@ pub(in crate::session) async fn plan_turn(
     // A backend that holds egress in the turn's own unit does it from the spec.
     if let Some(e) = egress.as_ref().filter(|e| !e.plan.shared) {
         spec.egress_allow = e.plan.allow.clone();
-        spec.egress_policy = e.plan.policy;
+        spec.egress_policy = Some(e.plan.policy);
     }
     let warm_for = crate::session::turn::warm::keep_for(
         backend,

@@ -687,6 +687,7 @@ mod tests {
             warm_checkpoints: false,
             forks_from_volumes: false,
             shared_proxy: false,
+            proxy_in_turn: false,
         });
 
     impl Backend for FakeBackend {
@@ -806,6 +807,9 @@ mod tests {
         }
         fn follow_logs(&self, _: &str) -> OutputStream {
             unexpected!("follow logs")
+        }
+        fn logs_so_far(&self, _: &str) -> OutputStream {
+            unexpected!("read logs")
         }
         async fn inspect_image(&self, _: &str) -> Result<Option<ImageInfo>> {
             // A turn reads its image's CLI version: none here.

@@ -120,9 +120,9 @@ fn fingerprint(spec: &TurnSpec) -> String {
         s.runtime.mount
     );
     // A hold in the turn's own unit (a pod's proxy sidecar) says its policy's words.
-    let text = match s.egress_allow.is_empty() {
-        true => text,
-        false => format!("{text}{:?}", s.egress_policy),
+    let text = match s.egress_policy {
+        None => text,
+        Some(policy) => format!("{text}{policy:?}"),
     };
     let digest = sha2::Sha256::digest(text.as_bytes());
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()

@@ -57,11 +57,12 @@ pub(in crate::session) fn plan(
     }
     let policy = record.settings.egress();
     let allow = super::admitted::admitted(record.provider, &record.settings, model_direct);
-    let shared = backend.capabilities().shared_proxy;
-    if !shared && policy == EgressPolicy::Open {
-        // A turn's own proxy is there to hold the agent; under `open` it would only record,
-        // beside a turn pod a sidecar warm pods cannot have yet: none (its egress goes
-        // unrecorded there, for now).
+    let caps = backend.capabilities();
+    let shared = caps.shared_proxy;
+    if !shared && !caps.proxy_in_turn && policy == EgressPolicy::Open {
+        // A turn's own proxy container is there to hold the agent; under `open` it would
+        // only record, at the cost of a container and network per turn and of warm turns
+        // (Podman): none, and the turn's egress goes unrecorded.
         return None;
     }
     let (names, labels) = match shared {
@@ -260,6 +261,9 @@ pub(in crate::session) struct Egress {
     live: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Line>>>,
     /// The agent's address where it reaches a shared proxy.
     agent: Mutex<Option<String>>,
+    /// Of a proxy in the turn's own unit, the decisions in its log before the turn: a warm
+    /// pod's sidecar's, of the turns before.
+    before: Mutex<usize>,
 }
 
 impl Egress {
@@ -273,13 +277,15 @@ impl Egress {
             lines: Arc::default(),
             live: Mutex::new(None),
             agent: Mutex::new(None),
+            before: Mutex::new(0),
         }
     }
 
-    /// Whether the proxy is the turn's own (not shared: a container that goes with the
-    /// turn, or a sidecar of its pod, which a warm pod cannot keep yet): the turn runs cold.
+    /// Whether the proxy is a container of the turn's own, on a network of its own, which
+    /// go with the turn: the turn runs cold. A shared one stays, and a sidecar of the turn's
+    /// pod stays with a warm pod.
     pub(in crate::session) fn goes_with_turn(&self) -> bool {
-        !self.plan.shared
+        !self.plan.shared && self.route.agent_network.is_some()
     }
 
     fn lease_line(&self) -> String {
@@ -294,6 +300,11 @@ impl Egress {
         backend: &impl Backend,
     ) -> std::result::Result<(), CreateError> {
         if !self.plan.shared {
+            if self.route.agent_network.is_none() {
+                // A warm pod's sidecar has logged the turns before: not this turn's.
+                let before = own_proxy_lines(backend, &self.route.proxy_log, false).await;
+                *self.before.lock().unwrap_or_else(|e| e.into_inner()) = before.len();
+            }
             return backend.open_egress(&self.plan).await;
         }
         let _lock = lock_proxies().await.map_err(CreateError::Other)?;
@@ -521,7 +532,12 @@ impl Egress {
                 let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
                 lines.iter().filter(|l| self.ours(l)).cloned().collect()
             }
-            false => own_proxy_lines(backend, &self.route.proxy_log).await,
+            false => {
+                let mut lines = own_proxy_lines(backend, &self.route.proxy_log, true).await;
+                let before = *self.before.lock().unwrap_or_else(|e| e.into_inner());
+                lines.drain(..before.min(lines.len()));
+                lines
+            }
         };
         summarise(self.plan.policy, &lines)
     }
@@ -597,23 +613,36 @@ impl LiveRefusals<'_> {
     }
 }
 
-/// The decisions of a turn's own proxy, from its log.
-async fn own_proxy_lines(backend: &impl Backend, proxy: &str) -> Vec<Line> {
-    let mut logs = backend.follow_logs(proxy);
-    let mut text = Vec::new();
-    let read = async {
+/// The decisions of a turn's own proxy, from its log so far (none where it is not there);
+/// `ended`: the CLI ended, so the ends of its connections are waited for a moment (they
+/// reach the proxy at once, and its log soon after).
+async fn own_proxy_lines(backend: &impl Backend, proxy: &str, ended: bool) -> Vec<Line> {
+    let read = || async {
+        let mut logs = backend.logs_so_far(proxy);
+        let mut text = Vec::new();
         while let Some(Ok(chunk)) = logs.next().await {
             if let OutputChunk::Stdout(message) = chunk {
                 text.extend_from_slice(&message);
             }
         }
+        String::from_utf8_lossy(&text)
+            .lines()
+            .filter_map(Line::parse)
+            .collect::<Vec<Line>>()
     };
-    // The proxy still runs: take what it logged so far, don't wait for more.
-    let _ = tokio::time::timeout(Duration::from_millis(300), read).await;
-    String::from_utf8_lossy(&text)
-        .lines()
-        .filter_map(Line::parse)
-        .collect()
+    let mut lines = read().await;
+    for _ in 0..10 {
+        let opened = lines
+            .iter()
+            .filter(|l| l.decision.as_deref() == Some("allowed"))
+            .count();
+        if !ended || opened <= lines.iter().filter(|l| l.closed).count() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        lines = read().await;
+    }
+    lines
 }
 
 #[cfg(test)]
