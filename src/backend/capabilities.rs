@@ -44,7 +44,8 @@ pub struct Capabilities {
     /// Not yet Podman's (its turns keep none, and `fork` says so).
     pub checkpoints: bool,
     /// Whether a `--keep-warm` turn (its container made before the turn, so it cannot write
-    /// its own checkpoint) gets one from a helper after it: Docker's (about 0.2 s). Not a
+    /// its own checkpoint) gets one from a helper started after it and not waited for
+    /// (`checkpoint::take_behind`): Docker's. Not a
     /// cluster's: a helper pod costs seconds, which a warm turn is there to save; the next
     /// cold turn's checkpoint then holds what the warm turns changed.
     pub warm_checkpoints: bool,

@@ -346,6 +346,74 @@ fn codex_forks_go_their_own_way_and_stand_alone() {
     bind_mode_source(&rig);
 }
 
+/// A warm session's turns (`--keep-warm`: the container is made before its turn, so it
+/// cannot write the turn's checkpoint) are checkpointed behind them by a helper the turn
+/// does not wait for: a fork started the moment the second warm turn returned waits for it
+/// and recalls exactly that turn, a fork at turn 1 exactly turn 1, and no helper is left.
+#[test]
+fn codex_warm_turns_are_checkpointed_behind_them() {
+    let rig = Rig::new("fork-warm");
+    let p = CODEX;
+    let name = format!("warm-{}", rig.run_id);
+    check("two warm turns");
+    let (code, first, stderr) = rig.json_turn(rig.run_cmd(
+        p,
+        "REMEMBER:alpha-one RUN:echo a > a.txt",
+        &[
+            "--name",
+            &name,
+            "--workspace-mode",
+            "copy",
+            "--keep-warm",
+            "60s",
+        ],
+    ));
+    assert_eq!(code, 0, "turn 1: {first}\n{stderr}");
+    let id = first["session_id"].as_str().unwrap().to_string();
+    let (code, second, stderr) =
+        rig.json_turn(rig.resume_cmd(p, &name, "REMEMBER:bravo-two RUN:echo b > b.txt", &[]));
+    assert_eq!(code, 0, "turn 2: {second}\n{stderr}");
+
+    // A fork at `at`, its first turn a recall: (its answer, its id).
+    let fork_at = |at: &str| {
+        let out = run(fork_cmd(
+            &rig,
+            p,
+            &name,
+            &["--at", at, "-o", "json", "RECALL"],
+        ));
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        let fork = json_of(&out)["sessions"][0].clone();
+        let answer = fork["result"]["result"].as_str().unwrap_or_default();
+        (
+            answer.to_string(),
+            fork["session_id"].as_str().unwrap().to_string(),
+        )
+    };
+
+    check("fork --at 2 at once");
+    let (answer, fork_id) = fork_at("2");
+    assert!(answer.contains("remember bravo-two"), "{answer}");
+    assert_eq!(workspace_files(&rig, &fork_id), ["a.txt", "b.txt"]);
+    let behind = format!("caw-box-probe-{id}-checkpoint");
+    assert!(
+        !rig.caw_containers()
+            .iter()
+            .any(|n| n.trim_start_matches('/') == behind),
+        "the checkpoint's helper stayed: {:?}",
+        rig.caw_containers()
+    );
+
+    check("checkpoints and fork --at 1");
+    assert_eq!(checkpoints_of(&rig, &name), [(1, None), (2, Some(1))]);
+    let (answer, fork_id) = fork_at("1");
+    assert!(
+        answer.contains("remember alpha-one") && !answer.contains("bravo"),
+        "{answer}"
+    );
+    assert_eq!(workspace_files(&rig, &fork_id), ["a.txt"]);
+}
+
 /// `ls --tree`: the forks under their source with the turn they were forked at, a fork of a
 /// fork one level deeper.
 fn ls_tree(rig: &Rig, source: &str, forks: &[String], grandchild: &str) {

@@ -126,7 +126,20 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
         !changed.is_empty() && changed != container,
         "the memory limit changed, the container did not"
     );
-    let ls = rig.caw_containers();
+    // The checkpoint taken behind the turn may still be under way: its helper removes
+    // itself when done.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let ls = loop {
+        let ls = rig.caw_containers();
+        if !ls.iter().any(|n| n.ends_with("-checkpoint")) {
+            break ls;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the checkpoint helper stayed: {ls:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
     assert_eq!(ls.len(), 1, "the old warm container stayed: {ls:?}");
 
     check("expiry");

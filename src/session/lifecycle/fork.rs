@@ -106,6 +106,7 @@ pub async fn fork_then(
     let id = view.facts.session_id;
     // First: it may record a turn whose driver is gone (and its checkpoint).
     refuse_busy(backend, id).await?;
+    checkpoint::settle(backend, id).await?;
     // Independent reads, side by side: each is a round trip.
     let (record, checkpoints) =
         tokio::join!(full_record(backend, &view), checkpoint::list(backend, id));

@@ -24,7 +24,8 @@ use crate::session::store::target::SessionView;
 /// the paths its manifest lists packed again; its manifest and its stamp (by its time, what
 /// the next checkpoint's changes are newer than) copied, all owned as its files were (a
 /// turn's own container writes, and reads, them as the agent's user).
-pub(crate) const WHOLE_SCRIPT: &str = r#"set -eu -o pipefail
+pub(crate) const WHOLE_SCRIPT: &str = concat!(
+    r#"set -eu -o pipefail
 export LC_ALL=C
 umask 077
 R=${CKPT_ROOT:-}
@@ -32,8 +33,11 @@ C=$R/ckpt
 W=$R/tmp/whole
 rm -rf "$W"
 mkdir -p "$W"
-last=
-for c in $CKPT_CHAIN; do
+"#,
+    crate::session::store::restore::layers_of_fn!(),
+    r#"last=
+layers_of
+for c in "${use[@]}"; do
     for layer in home.tar.zst home.tar.gz workspace.tar; do
         [ -f "$R/c/$c/$layer" ] || continue
         tar --numeric-owner -xpf "$R/c/$c/$layer" -C "$W"
@@ -79,7 +83,8 @@ printf '%s\n' "$info" >"$C/info.json"
 # Owned as the checkpoint's were: the next turn's container, as the agent, reads the latest.
 chown --reference="$last/manifest.gz" -- "${owned[@]}" "$C/manifest.gz" "$C/stamp" "$C/info.json"
 printf '%s\n' "$info"
-"#;
+"#
+);
 
 /// Copies a checkpoint's files from `/from` into `/ckpt`, as they are (times too).
 const COPY_SCRIPT: &str = r#"set -eu
@@ -124,6 +129,7 @@ pub async fn prune(
 ) -> Result<Pruned> {
     check_keep(keep)?;
     let f = &view.facts;
+    checkpoint::settle(backend, f.session_id).await?;
     let listed = checkpoint::list(backend, f.session_id).await?;
     let Some(from) = keep_from(&listed, keep) else {
         return Ok(Pruned {

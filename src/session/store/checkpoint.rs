@@ -95,7 +95,8 @@ excl+=(-false)
 # One walk: every path (the listing) and, after a checkpoint, those changed since it.
 : >"$C/stamp"
 deleted=0 ws_deleted=0 base=null
-if [ -f "$P/stamp" ] && [ -f "$P/manifest.gz" ]; then
+# (Only on a whole one: a checkpoint without its info.json was never finished.)
+if [ -f "$P/stamp" ] && [ -f "$P/manifest.gz" ] && [ -f "$P/info.json" ]; then
     base=$CKPT_PREV
     find "${roots[@]}" \( "${excl[@]}" \) -prune -o \
         \( -fprint0 "$C/all" -cnewer "$P/stamp" -fprint0 "$C/changed" \)
@@ -291,6 +292,21 @@ pub async fn take(
     source: &Source<'_>,
     turn: u32,
 ) -> Result<CheckpointStats> {
+    let (checkpoint, volume) = new_volume(backend, source, turn).await?;
+    let taken = run_take(backend, source, &checkpoint, &volume).await;
+    if taken.is_err() {
+        let _ = backend.remove_volume(&volume).await;
+    }
+    taken
+}
+
+/// The (empty) volume of `turn`'s checkpoint, made anew (one of the same turn goes: a turn
+/// run again after a usage limit), on the latest earlier checkpoint; for a helper to write.
+async fn new_volume(
+    backend: &impl Backend,
+    source: &Source<'_>,
+    turn: u32,
+) -> Result<(Checkpoint, String)> {
     let id = source.session_id;
     let earlier = list(backend, id).await?;
     let prev = earlier.iter().rev().find(|c| c.turn < turn);
@@ -306,11 +322,7 @@ pub async fn take(
     backend
         .create_volume(&volume, checkpoint.labels(id, source.provider))
         .await?;
-    let taken = run_take(backend, source, &checkpoint, &volume).await;
-    if taken.is_err() {
-        let _ = backend.remove_volume(&volume).await;
-    }
-    taken
+    Ok((checkpoint, volume))
 }
 
 /// What a turn's container needs to write its own checkpoint: the mounts (the new
@@ -435,20 +447,66 @@ fn take_env(source: &Source<'_>, checkpoint: &Checkpoint) -> Vec<String> {
     ]
 }
 
-async fn run_take(
-    backend: &impl Backend,
-    source: &Source<'_>,
-    checkpoint: &Checkpoint,
-    volume: &str,
-) -> Result<CheckpointStats> {
+/// Takes the checkpoint of a warm turn (its container, made before the turn, has no
+/// checkpoint volume) behind the turn: its volume made and a helper started that removes
+/// itself when done, not waited for, so the turn ends without it. The caller holds the
+/// session's lock; the next turn, a fork, an export or a prune first waits for it
+/// ([`settle`]). A helper that fails leaves its checkpoint without `info.json`: no later
+/// checkpoint is taken on top of it (the next one holds every file) and no restore applies
+/// it (it says so). On failure to start it, nothing of it is left.
+pub async fn take_behind(backend: &impl Backend, source: &Source<'_>, turn: u32) -> Result<()> {
     let id = source.session_id;
-    let workspace = keeps_workspace(source.workspace_mode);
+    settle(backend, id).await?;
+    let (checkpoint, volume) = new_volume(backend, source, turn).await?;
+    let mut spec = take_spec(source, &checkpoint, &volume);
+    spec.auto_remove = true;
+    let name = names::checkpoint_behind(id);
+    let started = async {
+        backend.create_helper(&name, &spec).await?;
+        backend.start_container(&name).await
+    };
+    if let Err(e) = started.await {
+        let _ = backend.remove_container(&name, true).await;
+        let _ = backend.remove_volume(&volume).await;
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Waits for the helper that takes a warm turn's checkpoint behind it ([`take_behind`]),
+/// if there is one, to be done and gone (it removes itself).
+pub async fn settle(backend: &impl Backend, session_id: Uuid) -> Result<()> {
+    let name = names::checkpoint_behind(session_id);
+    // Normally a fraction of a second; a first checkpoint copies the whole workspace.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    while let Some(c) = backend.inspect_container(&name).await? {
+        if c.state == crate::backend::ContainerState::Exited && c.finished {
+            // Ended: its removal is under way, or it was made without it; either way it goes.
+            let _ = backend.remove_container(&name, true).await;
+            continue;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(Error::environment(format!(
+                "the checkpoint helper '{name}' of session {session_id} still runs after 10 minutes"
+            ))
+            .with_hint(format!(
+                "see `docker logs {name}`, or remove it: `docker rm -f {name}`"
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// The helper that runs [`TAKE_SCRIPT`] for `checkpoint` into `volume`.
+fn take_spec(source: &Source<'_>, checkpoint: &Checkpoint, volume: &str) -> HelperSpec {
+    let id = source.session_id;
     let mut spec = copier(source.image, id, TAKE_SCRIPT, take_env(source, checkpoint));
     spec.mounts = vec![
         MountSpec::volume(names::state_volume(id), AGENT_HOME).read_only(),
         MountSpec::volume(volume, NEW_DIR),
     ];
-    if workspace {
+    if keeps_workspace(source.workspace_mode) {
         spec.mounts
             .push(MountSpec::volume(names::workspace_volume(id), WORKSPACE_DIR).read_only());
     }
@@ -456,6 +514,17 @@ async fn run_take(
         spec.mounts
             .push(MountSpec::volume(names::checkpoint_volume(id, base), PREV_DIR).read_only());
     }
+    spec
+}
+
+async fn run_take(
+    backend: &impl Backend,
+    source: &Source<'_>,
+    checkpoint: &Checkpoint,
+    volume: &str,
+) -> Result<CheckpointStats> {
+    let id = source.session_id;
+    let spec = take_spec(source, checkpoint, volume);
     let name = names::helper_container(id, "checkpoint");
     let (code, out, err) = backend.run_to_completion(&name, &spec).await?;
     if code != 0 {
@@ -727,6 +796,74 @@ mod tests {
     #[test]
     fn layers_hold_what_changed_and_a_restore_is_the_turn_exactly() {
         layers_and_restores(None, "home.tar.zst");
+    }
+
+    /// A checkpoint never finished (its helper failed: no `info.json`) is no base: the next
+    /// one holds every file, and a restore of that one applies it alone; a restore of the
+    /// unfinished one is refused, never applied in part.
+    #[test]
+    fn a_checkpoint_never_finished_is_no_base_and_is_never_restored() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        write(&src, "home/agent/.codex/sessions/r.jsonl", "turn 1\n");
+        write(&src, "workspace/a.txt", "a");
+        std::fs::create_dir_all(src.join("tmp")).unwrap();
+        let c: Vec<std::path::PathBuf> =
+            (1..=3).map(|i| dir.path().join(format!("c{i}"))).collect();
+        for d in &c {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        take_with_path(&src, 1, &c[0], None, None);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        write(&src, "workspace/b.txt", "b");
+        take_with_path(&src, 2, &c[1], Some(&c[0]), None);
+        std::fs::remove_file(c[1].join("info.json")).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        write(&src, "workspace/c.txt", "c");
+        let third = take_with_path(&src, 3, &c[2], Some(&c[1]), None);
+        assert_eq!(third.base, None, "{third:?}");
+        assert_eq!(third.workspace_files_changed, 3, "{third:?}");
+
+        let fork = |chain: &str| {
+            let root = dir.path().join(format!("fork-{}", chain.replace(' ', "")));
+            for sub in ["home/agent", "workspace", "tmp", "c"] {
+                std::fs::create_dir_all(root.join(sub)).unwrap();
+            }
+            for (i, d) in c.iter().enumerate() {
+                std::os::unix::fs::symlink(d, root.join(format!("c/{}", i + 1))).unwrap();
+            }
+            let out = std::process::Command::new("bash")
+                .args(["-c", RESTORE_SCRIPT])
+                .env("CKPT_ROOT", &root)
+                .env("CKPT_CHAIN", chain)
+                .env("CKPT_WORKSPACE", "1")
+                .output()
+                .unwrap();
+            (out, root)
+        };
+        let (out, root) = fork("1 2 3");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            files(&root),
+            [
+                "home/agent/.codex/sessions/r.jsonl",
+                "workspace/a.txt",
+                "workspace/b.txt",
+                "workspace/c.txt"
+            ]
+        );
+        let (out, root) = fork("1 2");
+        assert_eq!(out.status.code(), Some(3));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("turn 2 was never finished"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(files(&root), Vec::<String>::new(), "applied in part");
     }
 
     /// An image without zstd gzips HOME's layer, and a restore reads it as well.

@@ -244,6 +244,14 @@ async fn take_checkpoint(
         workspace_mode: record.settings.workspace_mode,
         resume_key: &record.resume_key,
     };
+    if warm {
+        // Behind the turn: the next turn (or a fork) waits for it, the turn does not.
+        if let Err(e) = crate::session::store::checkpoint::take_behind(backend, &source, turn).await
+        {
+            tracing::warn!("no checkpoint of turn {turn}: {e}");
+        }
+        return None;
+    }
     match crate::session::store::checkpoint::finish(backend, &source, turn, name, checkpointed)
         .await
     {

@@ -182,6 +182,7 @@ pub async fn export(
     out: &mut dyn Write,
 ) -> Result<ExportReport> {
     let id = facts.session_id;
+    crate::session::store::checkpoint::settle(backend, id).await?;
     let mut volumes = export_volumes(backend, id, all_checkpoints).await?;
     let secrets = crate::auth::known_secrets(facts.provider);
     let mounted: Vec<VolumeEntry> = volumes

@@ -15,6 +15,37 @@ use crate::session::store::names;
 /// Where a restore helper has the source session's state volume (read-only): [`BASE_TAR`].
 const SOURCE_HOME_DIR: &str = "/srchome";
 
+/// `layers_of`: the checkpoints of `$CKPT_CHAIN` (mounted at `$R/c/<turn>`) whose layers a
+/// restore of its last one applies, oldest first, into the array `use`: from that one back
+/// along the bases its `info.json` names (a checkpoint taken when the one before it was never
+/// finished holds every file); one never finished (no `info.json`) is refused, exit 3,
+/// never applied in part.
+macro_rules! layers_of_fn {
+    () => {
+        r#"layers_of() {
+    local chain=($CKPT_CHAIN) want i c b
+    want=${chain[${#chain[@]}-1]}
+    use=()
+    for ((i = ${#chain[@]} - 1; i >= 0; i--)); do
+        c=${chain[i]}
+        [ "$c" = "$want" ] || continue
+        if [ ! -f "$R/c/$c/info.json" ]; then
+            echo "caw-box: the checkpoint of turn $c was never finished: it cannot be restored" >&2
+            exit 3
+        fi
+        use=("$c" "${use[@]}")
+        b=$(sed -n 's/.*"base":\([0-9][0-9]*\).*/\1/p' "$R/c/$c/info.json")
+        [ -n "$b" ] || return 0
+        want=$b
+    done
+    echo "caw-box: the checkpoint of turn $want is missing from the chain" >&2
+    exit 3
+}
+"#
+    };
+}
+pub(crate) use layers_of_fn;
+
 /// Restores the checkpoints `CKPT_CHAIN` (their turns, oldest first, mounted at
 /// `/c/<turn>`) into HOME (unless `CKPT_HOME=0`: a fork in another vendor's CLI starts its
 /// own, and gets only the copy-mode workspace's base) and `/workspace` (when
@@ -22,7 +53,8 @@ const SOURCE_HOME_DIR: &str = "/srchome";
 /// list is deleted. With `CKPT_COPY=1` (a fork of the latest turn, in the source's CLI) it
 /// copies the source's own HOME and workspace instead (at `/srchome`, `/srcws`) and deletes
 /// what no checkpoint holds (`CKPT_EXCLUDE`). Then the fork's record (`CKPT_RECORD`).
-pub(in crate::session) const RESTORE_SCRIPT: &str = r#"set -eu
+pub(in crate::session) const RESTORE_SCRIPT: &str = concat!(
+    r#"set -eu
 export LC_ALL=C
 R=${CKPT_ROOT:-}
 cd "${R:-/}"
@@ -35,9 +67,12 @@ else
 fi
 [ "$CKPT_WORKSPACE" = 1 ] && roots+=(workspace)
 
-from_layers() {
-    local c layer last=
-    for c in $CKPT_CHAIN; do
+"#,
+    layers_of_fn!(),
+    r#"from_layers() {
+    local c layer last= use
+    layers_of
+    for c in "${use[@]}"; do
         # (HOME's layer: zstd, or gzip where the image that took it had no zstd.)
         for layer in home.tar.zst home.tar.gz workspace.tar; do
             [ -f "$R/c/$c/$layer" ] || continue
@@ -101,7 +136,8 @@ if [ -n "${CKPT_RECORD:-}" ]; then
     fi
     cp -p "$R$CKPT_RECORD" home/agent/.caw-box/session.json
 fi
-"#;
+"#
+);
 
 /// What a restore puts in the fork's HOME.
 #[derive(Debug)]

@@ -136,6 +136,14 @@ pub(in crate::session) async fn adopt(
     if let Some(task) = broker {
         let _ = tokio::time::timeout(crate::session::broker::WATCH_END, task).await;
     }
+    if backend.capabilities().warm_checkpoints {
+        // Nobody waits on an adopter's turn: a warm one's checkpoint, taken behind it, is
+        // seen to its end here rather than left to the session's next command.
+        if let Err(e) = crate::session::store::checkpoint::settle(backend, record.session_id).await
+        {
+            tracing::warn!("{e}");
+        }
+    }
     result
 }
 

@@ -289,6 +289,8 @@ async fn realise(
         drop(turn_made);
         created?;
         container_made = true;
+        // Under the lock now: a checkpoint left behind the last (warm) turn ends first.
+        settle_behind(backend, record.session_id).await?;
         if let Some(e) = &egress {
             e.remove_leftovers(backend, record).await;
         }
@@ -328,6 +330,15 @@ async fn realise(
     close_beside(backend, broker.as_ref(), egress.as_ref()).await;
     save_refreshed(record, home_out);
     outcome
+}
+
+/// Waits for the checkpoint a warm turn left behind it (`checkpoint::settle`), where the
+/// backend takes those.
+async fn settle_behind(backend: &impl Backend, session_id: uuid::Uuid) -> Result<()> {
+    if !backend.capabilities().warm_checkpoints {
+        return Ok(());
+    }
+    crate::session::store::checkpoint::settle(backend, session_id).await
 }
 
 /// The checkpoint volume a cold turn's own container writes once its CLI has ended
