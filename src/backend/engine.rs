@@ -256,6 +256,9 @@ impl Backend for Engine {
     async fn sweep(&self, labels: &[String], keep: &[&str]) -> Result<()> {
         dispatch!(self, b => Backend::sweep(b, labels, keep).await)
     }
+    async fn remove_unused_networks(&self, labels: &[String]) -> Result<Vec<String>> {
+        dispatch!(self, b => Backend::remove_unused_networks(b, labels).await)
+    }
     async fn hold_refresh(
         &self,
         login: &str,

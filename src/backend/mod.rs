@@ -240,6 +240,12 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// what is named in `keep`: leftovers of turns whose caw-box was killed, or of a
     /// session being removed. Nothing of the kind outlives a turn's own unit (Kubernetes).
     fn sweep(&self, labels: &[String], keep: &[&str]) -> impl Future<Output = Result<()>> + Send;
+    /// Removes the networks carrying all of `labels` that nothing is attached to (shared
+    /// egress networks whose proxies idled out); their names. None on Kubernetes.
+    fn remove_unused_networks(
+        &self,
+        labels: &[String],
+    ) -> impl Future<Output = Result<Vec<String>>> + Send;
     /// Refuses (exit 3) an OCI runtime (on Kubernetes: a RuntimeClass) that the engine
     /// does not have, naming it, what there is, and what to do; asked before anything of
     /// a session or turn is created.

@@ -574,6 +574,17 @@ pub async fn gc(
             humantime::format_duration(age)
         ));
     }
+    if !dry_run {
+        // What sessions share and nobody uses any more: egress networks whose proxy idled out.
+        let networks = crate::session::remove_unused_egress_networks(&backend).await?;
+        if !networks.is_empty() {
+            output::println(&format!(
+                "removed {} unused egress network{}",
+                networks.len(),
+                if networks.len() == 1 { "" } else { "s" }
+            ));
+        }
+    }
     Ok(0)
 }
 

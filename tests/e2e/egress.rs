@@ -292,4 +292,30 @@ fn shared_proxies_serve_several_sessions_and_idle_out() {
         std::thread::sleep(Duration::from_millis(500));
     }
     assert!(proxies().is_empty(), "the idle proxy is still there");
+    // Its network stays for the next proxy, until `gc` finds nothing on it.
+    let networks = || {
+        rig.rt
+            .block_on(rig.docker.list_networks(Some(
+                bollard::query_parameters::ListNetworksOptions {
+                    filters: Some(std::collections::HashMap::from([(
+                        "label".to_string(),
+                        vec![
+                            format!("{TEST_LABEL}={}", rig.run_id),
+                            "io.caw-box.role=proxy".to_string(),
+                        ],
+                    )])),
+                },
+            )))
+            .unwrap()
+            .len()
+    };
+    assert_eq!(networks(), 1, "the shared egress network");
+    let out = rig.caw_run(&["gc", "--older-than", "30d"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains("removed 1 unused egress network"),
+        "{}",
+        stdout_of(&out)
+    );
+    assert_eq!(networks(), 0, "gc left the unused egress network");
 }

@@ -103,6 +103,19 @@ impl Backend for DockerBackend {
         DockerBackend::sweep(self, labels, keep).await
     }
 
+    async fn remove_unused_networks(&self, labels: &[String]) -> Result<Vec<String>> {
+        let mut removed = Vec::new();
+        for n in self.list_networks(labels).await? {
+            match self.docker.remove_network(&n).await {
+                Ok(()) => removed.push(n),
+                // In use (a proxy or a turn on it), or gone meanwhile: not this one.
+                Err(e) if super::is_conflict(&e) || super::is_not_found(&e) => {}
+                Err(e) => tracing::debug!("could not remove network '{n}': {e}"),
+            }
+        }
+        Ok(removed)
+    }
+
     fn logs_hint(&self, name: &str) -> String {
         format!("`docker logs {name}`")
     }

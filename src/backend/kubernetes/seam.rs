@@ -202,6 +202,11 @@ impl Backend for KubeBackend {
         Ok(())
     }
 
+    /// A pod's egress is its own: no network of caw-box's.
+    async fn remove_unused_networks(&self, _labels: &[String]) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
     async fn resize_tty(&self, name: &str, columns: u16, rows: u16) -> Result<()> {
         let mut terminals = self
             .terminals

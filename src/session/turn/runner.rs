@@ -806,6 +806,9 @@ mod tests {
         async fn sweep(&self, _: &[String], _: &[&str]) -> Result<()> {
             unexpected!("sweep")
         }
+        async fn remove_unused_networks(&self, _: &[String]) -> Result<Vec<String>> {
+            unexpected!("remove networks")
+        }
         fn removed_under_turn(&self, _: &str) -> Error {
             unexpected!("a removed turn")
         }

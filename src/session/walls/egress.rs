@@ -143,6 +143,23 @@ fn shared_hash(parts: &[&str], settings: &SessionSettings) -> String {
         .collect()
 }
 
+/// `gc`: removes the egress networks of this caw-box's labels that no proxy or turn is on
+/// (a shared proxy's, once it idled out); their names. Under the proxy lock, so that no
+/// turn finds one and then loses it before its proxy is on it.
+pub async fn remove_unused_networks(backend: &impl Backend) -> Result<Vec<String>> {
+    let _lock = lock_proxies().await?;
+    let mut filter = vec![
+        format!("{}=true", labels::MANAGED),
+        format!("{}={}", labels::ROLE, roles::PROXY),
+    ];
+    filter.extend(
+        names::extra_labels()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}")),
+    );
+    backend.remove_unused_networks(&filter).await
+}
+
 /// The data directory's proxy lock (finding or starting a shared proxy).
 async fn lock_proxies() -> Result<dirs::DataLock> {
     dirs::lock_data_file("proxy.lock", "the egress proxies").await
