@@ -533,6 +533,23 @@ impl Rig {
         })
     }
 
+    /// [`Self::caw_containers`] once no checkpoint helper of a warm turn is left: that helper
+    /// takes the turn's checkpoint behind it and removes itself when done (within 20 s).
+    pub fn caw_containers_settled(&self) -> Vec<String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let ls = self.caw_containers();
+            if !ls.iter().any(|n| n.ends_with("-checkpoint")) {
+                return ls;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a checkpoint helper stayed: {ls:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     /// Whether the rig's engine is Podman's service (its Docker-compatible API), where
     /// caw-box keeps no checkpoints yet.
     pub fn is_podman(&self) -> bool {

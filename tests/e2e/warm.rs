@@ -31,7 +31,7 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
     let id = first["session_id"].as_str().unwrap().to_string();
     let idle = format!("caw-box-{id}-warm");
     assert!(
-        rig.caw_containers().is_empty(),
+        rig.caw_containers_settled().is_empty(),
         "a cold turn left a container"
     );
     let second = turn(rig.resume_cmd(p, &id, "RUN:echo warm-tool-7", &warm));
@@ -126,20 +126,8 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
         !changed.is_empty() && changed != container,
         "the memory limit changed, the container did not"
     );
-    // The checkpoint taken behind the turn may still be under way: its helper removes
-    // itself when done.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let ls = loop {
-        let ls = rig.caw_containers();
-        if !ls.iter().any(|n| n.ends_with("-checkpoint")) {
-            break ls;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the checkpoint helper stayed: {ls:?}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+    // (The checkpoint taken behind the turn may still be under way.)
+    let ls = rig.caw_containers_settled();
     assert_eq!(ls.len(), 1, "the old warm container stayed: {ls:?}");
 
     check("expiry");
@@ -157,7 +145,7 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
         "{fifth}"
     );
     assert!(
-        rig.caw_containers().is_empty(),
+        rig.caw_containers_settled().is_empty(),
         "a turn with --keep-warm off kept its container"
     );
     let mut ls = rig.caw();
@@ -250,7 +238,7 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
         stderr_of(&out)
     );
     assert!(
-        rig.caw_containers().is_empty(),
+        rig.caw_containers_settled().is_empty(),
         "stop left the warm container"
     );
 
@@ -266,7 +254,7 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
         assert_eq!(stderr_of(&out).trim().lines().count(), 1, "{what}");
     }
     assert!(
-        rig.caw_containers().is_empty(),
+        rig.caw_containers_settled().is_empty(),
         "a refused warm made something"
     );
     let mut warm = rig.caw();
