@@ -661,6 +661,9 @@ pub struct HelperSpec {
     pub scratch: Option<Scratch>,
     /// Keep stdin open for `attach` (the credential broker reads its keys there).
     pub stdin: bool,
+    /// With `stdin`: its stdin ends (end of file) when the one attachment that writes it
+    /// closes its side or goes (its process died), as a turn's does.
+    pub stdin_once: bool,
     /// A terminal for stdin and output (a CLI whose flow runs only on one): `attach` then
     /// gives its output as one console stream.
     pub tty: bool,

@@ -183,6 +183,7 @@ fn container_spec(
         scratch,
         // A paste-code flow reads the code from its stdin.
         stdin: spec.paste_code.is_some(),
+        stdin_once: false,
         tty: spec.tty,
         auto_remove: false,
         join: None,

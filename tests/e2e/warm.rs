@@ -296,4 +296,38 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
         );
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
+
+    check("every recorded turn has its checkpoint, whole");
+    // A warm turn's checkpoint helper waits beside the turn for the word (the killed
+    // driver's ended with it, unwritten); each recorded turn's is finished, none is left.
+    assert!(
+        rig.caw_containers_settled()
+            .iter()
+            .all(|c| !c.ends_with("-checkpoint")),
+        "a checkpoint helper was left"
+    );
+    let mut show = rig.caw();
+    show.args(["show", &id, "--json"]);
+    let out = run(show);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let shown: Value = serde_json::from_str(&stdout_of(&out)).unwrap();
+    let turns: Vec<u64> = shown["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["turn"].as_u64().unwrap())
+        .collect();
+    let checkpointed: Vec<u64> = shown["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["turn"].as_u64().unwrap())
+        .collect();
+    assert_eq!(checkpointed, turns, "{shown}");
+    let volumes = rig
+        .caw_volumes()
+        .into_iter()
+        .filter(|v| v.starts_with(&format!("caw-box-{id}-checkpoint-")))
+        .count();
+    assert_eq!(volumes, turns.len(), "a checkpoint volume too many or few");
 }

@@ -72,6 +72,7 @@ impl DockerBackend {
             pids_limit: Some(64),
             tmp: None,
             stdin: true,
+            stdin_once: false,
             tty: false,
             auto_remove: plan.shared,
             join: nets.join.map(|n| (n, plan.name.clone())),

@@ -108,6 +108,7 @@ impl DockerBackend {
             pids_limit: Some(128),
             tmp: None,
             stdin: plan.shared,
+            stdin_once: false,
             tty: false,
             auto_remove: plan.shared,
             // A shared proxy is named by its container's name; a turn's own by its alias.

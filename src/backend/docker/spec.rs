@@ -186,6 +186,7 @@ pub(super) fn helper_body(spec: &HelperSpec) -> ContainerCreateBody {
         network_disabled: (spec.network == NetworkPolicy::None).then_some(true),
         labels: Some(spec.labels.clone()),
         open_stdin: spec.stdin.then_some(true),
+        stdin_once: (spec.stdin && spec.stdin_once).then_some(true),
         attach_stdin: spec.stdin.then_some(true),
         tty: spec.tty.then_some(true),
         host_config: Some(HostConfig {

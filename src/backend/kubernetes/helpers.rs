@@ -107,7 +107,7 @@ pub fn helper_pod_spec(spec: &HelperSpec, created: bool) -> Result<PodSpec> {
         args,
         env: Some(env_vars(&env)),
         stdin: Some(spec.stdin || spec.tty),
-        stdin_once: Some(false),
+        stdin_once: Some(spec.stdin && spec.stdin_once),
         tty: Some(spec.tty),
         security_context: Some(security),
         volume_mounts: Some(volume_mounts.clone()),

@@ -322,6 +322,7 @@ async fn settle_lost(backend: &impl Backend, id: Uuid) -> Result<Orphan> {
         handoff: None,
         home_out: None,
         guard: None,
+        armed: None,
     };
     let saved = save_record(backend, &name, &mut record, turn, history, logs, ending).await;
     if saved.is_err() {

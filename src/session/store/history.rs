@@ -28,6 +28,8 @@ pub(in crate::session) struct Ending<'a> {
     /// The turn's protected paths: swept once the agent's processes are gone (the
     /// container ended) and before the lock is released, so `wait` finds the sweep done.
     pub(in crate::session) guard: Option<&'a crate::session::walls::quarantine::Guard>,
+    /// A warm turn's checkpoint, armed beside it (`checkpoint::arm`): fired once recorded.
+    pub(in crate::session) armed: Option<&'a crate::session::store::checkpoint::Arming>,
 }
 
 /// The session record stored in the state volume before this turn, read through the turn's
@@ -174,7 +176,8 @@ pub(in crate::session) async fn save_record(
         }
     };
     let stale = stale?;
-    let broken_checkpoint = take_checkpoint(backend, record, turn, name, checkpointed).await;
+    let broken_checkpoint =
+        take_checkpoint(backend, record, turn, name, checkpointed, ending.armed).await;
     // The turn is recorded: release the session's lock (the container) while the older
     // turn-record volumes go. A listing meanwhile finds the new one, the latest.
     let remove_stale = futures_util::future::join_all(stale.iter().map(|v| async move {
@@ -227,6 +230,7 @@ async fn take_checkpoint(
     turn: u32,
     name: &str,
     checkpointed: Option<bool>,
+    armed: Option<&crate::session::store::checkpoint::Arming>,
 ) -> Option<String> {
     let caps = backend.capabilities();
     let warm = record.settings.keep_warm_secs.is_some();
@@ -245,7 +249,14 @@ async fn take_checkpoint(
         resume_key: &record.resume_key,
     };
     if warm {
-        // Behind the turn: the next turn (or a fork) waits for it, the turn does not.
+        // Behind the turn: the next turn (or a fork) waits for it, the turn does not. Its
+        // helper mostly waits for the word already (armed beside the turn), which its
+        // driver gives once done with the turn.
+        if let Some(arming) = armed {
+            if arming.recorded().await {
+                return None;
+            }
+        }
         if let Err(e) = crate::session::store::checkpoint::take_behind(backend, &source, turn).await
         {
             tracing::warn!("no checkpoint of turn {turn}: {e}");

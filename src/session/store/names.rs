@@ -85,14 +85,14 @@ pub fn checkpoint_volume(session_id: Uuid, turn: u32) -> String {
     format!("caw-box-{session_id}-checkpoint-{turn}")
 }
 
-/// A fresh name for one of caw-box's short-lived helper containers of a session
-/// (`what`: "chown", "diff", ...; empty for a plain volume reader).
-/// The helper that takes a warm turn's checkpoint behind it (`checkpoint::take_behind`):
-/// one name per session, so the next turn finds it with one question.
+/// The helper that takes a warm turn's checkpoint behind it (`checkpoint::arm`): one name
+/// per session, so the next turn finds it with one question.
 pub fn checkpoint_behind(session_id: Uuid) -> String {
     format!("caw-box-probe-{session_id}-checkpoint")
 }
 
+/// A fresh name for one of caw-box's short-lived helper containers of a session
+/// (`what`: "chown", "diff", ...; empty for a plain volume reader).
 pub fn helper_container(session_id: Uuid, what: &str) -> String {
     let unique = Uuid::new_v4().simple();
     if what.is_empty() {

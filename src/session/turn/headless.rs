@@ -125,6 +125,8 @@ pub(in crate::session) async fn adopt(
         broker_ready: tokio::sync::watch::channel(Some(true)).1,
         // (Kubernetes: the workspace is a copy.)
         guard: None,
+        // Its driver's helper ended with it: the checkpoint is taken behind the record.
+        armed: None,
         // As its driver decided at the turn's start, by the same rule.
         user: crate::session::walls::owner::turn_ids(&record.settings),
     };
@@ -267,6 +269,7 @@ async fn drive(
         handoff: handoff_stdin(backend, name, feeding, attach_anew, cli_ended).await,
         home_out: ctx.home_out,
         guard: ctx.guard,
+        armed: ctx.armed,
     };
     let mut result = result;
     result.quarantined =

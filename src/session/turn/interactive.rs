@@ -49,6 +49,7 @@ pub(in crate::session) async fn drive_tui(
         broker_ready: _,
         guard: _,
         user,
+        armed: _,
     } = ctx;
     place_home_files(backend, name, home_files, user).await?;
     sink(&Event::Session {
@@ -293,6 +294,7 @@ async fn record_tui_turn(
         handoff: None,
         home_out,
         guard,
+        armed: ctx.armed,
     };
     result.quarantined = save_record(backend, name, record, turn, history, logs, ending).await?;
     sink(&Event::Result {

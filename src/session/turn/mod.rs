@@ -206,6 +206,8 @@ pub(in crate::session) struct TurnContext<'a, B> {
     /// The uid:gid the container runs as (`owner::turn_ids`): files caw-box puts in its HOME
     /// and runtime directory belong to it.
     pub user: (u32, u32),
+    /// A warm turn's checkpoint, armed beside it (`checkpoint::arm`).
+    pub armed: Option<&'a crate::session::store::checkpoint::Arming>,
 }
 
 pub(in crate::session) fn append_event(log: &mut Vec<u8>, e: &Event) {

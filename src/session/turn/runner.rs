@@ -271,6 +271,7 @@ async fn realise(
     // A broker in the turn's own unit starts with it: handed its keys once that runs.
     let (turn_made, mut turn_made_rx) = tokio::sync::watch::channel(false);
     let broker_starts = start_broker(backend, broker.as_ref(), &mut turn_made_rx, &ready_tx);
+    let arming = crate::session::store::checkpoint::Arming::default();
     let main = async {
         let spec = with_intercepts(backend, broker.as_ref(), &spec, &ready_rx).await?;
         let make = make_container(backend, record, &name, &spec, warm_for);
@@ -282,15 +283,14 @@ async fn realise(
         };
         let (created, (), ()) =
             tokio::join!(make, remove_abandoned_turns(backend, &name), idle_goes);
-        let created = created.inspect(|()| {
-            let _ = turn_made.send(true);
-        });
+        let _ = turn_made.send(created.is_ok());
         // (Dropped on failure, which frees the start of a broker in it from its wait.)
         drop(turn_made);
         created?;
         container_made = true;
         // Under the lock now: a checkpoint left behind the last (warm) turn ends first.
         settle_behind(backend, record.session_id).await?;
+        arm_checkpoint(backend, record, turn, warm_for, &arming);
         if let Some(e) = &egress {
             e.remove_leftovers(backend, record).await;
         }
@@ -310,6 +310,7 @@ async fn realise(
             broker_ready: ready_rx.clone(),
             guard: guard.as_ref(),
             user: ids,
+            armed: Some(&arming),
         };
         drive(&ctx, record, interrupts, sink).await
     };
@@ -327,7 +328,7 @@ async fn realise(
         &outcome,
     )
     .await;
-    close_beside(backend, broker.as_ref(), egress.as_ref()).await;
+    close_beside(backend, broker.as_ref(), egress.as_ref(), &arming).await;
     save_refreshed(record, home_out);
     outcome
 }
@@ -339,6 +340,42 @@ async fn settle_behind(backend: &impl Backend, session_id: uuid::Uuid) -> Result
         return Ok(());
     }
     crate::session::store::checkpoint::settle(backend, session_id).await
+}
+
+/// Arms a warm turn's checkpoint beside the turn (`checkpoint::arm`), where the backend takes
+/// those behind the turn and the session keeps them, into `arming`.
+fn arm_checkpoint(
+    backend: &impl Backend,
+    record: &SessionRecord,
+    turn: u32,
+    warm_for: Option<u64>,
+    arming: &crate::session::store::checkpoint::Arming,
+) {
+    let caps = backend.capabilities();
+    if warm_for.is_none()
+        || !caps.checkpoints
+        || !caps.warm_checkpoints
+        || record.settings.no_checkpoints
+    {
+        return;
+    }
+    let backend = backend.clone();
+    let (session_id, provider) = (record.session_id, record.provider);
+    let (image, workspace_mode) = (
+        record.settings.image.clone(),
+        record.settings.workspace_mode,
+    );
+    let task = tokio::spawn(async move {
+        let source = crate::session::checkpoint::Source {
+            session_id,
+            provider,
+            image: &image,
+            workspace_mode,
+            resume_key: "",
+        };
+        crate::session::store::checkpoint::arm(&backend, &source, turn).await
+    });
+    arming.start(task);
 }
 
 /// The checkpoint volume a cold turn's own container writes once its CLI has ended
@@ -377,14 +414,23 @@ fn prepare_checkpoint<'a>(
     }
 }
 
-/// What ran beside the turn goes once it ended: its broker, its egress.
-async fn close_beside(backend: &impl Backend, broker: Option<&Broker>, egress: Option<&Egress>) {
-    if let Some(b) = broker {
-        b.stop(backend).await;
-    }
-    if let Some(e) = egress {
-        e.close(backend).await;
-    }
+/// What ran beside the turn goes once it ended: its broker, its egress; and a recorded warm
+/// turn's checkpoint is taken now, behind everything the turn needed.
+async fn close_beside(
+    backend: &impl Backend,
+    broker: Option<&Broker>,
+    egress: Option<&Egress>,
+    arming: &crate::session::store::checkpoint::Arming,
+) {
+    let close = async {
+        if let Some(b) = broker {
+            b.stop(backend).await;
+        }
+        if let Some(e) = egress {
+            e.close(backend).await;
+        }
+    };
+    tokio::join!(close, arming.fire(backend));
 }
 
 /// The checkpoint volume made for a turn whose container was never made: no turn ran, so
@@ -554,6 +600,10 @@ async fn drive(
         crate::session::turn::headless::drive_headless(ctx, record, interrupts, sink).await
     };
     if outcome.is_err() {
+        // Not recorded (a recorded turn's is fired later): under the lock still, it goes.
+        if let Some(a) = ctx.armed {
+            a.disarm(ctx.backend).await;
+        }
         // A recorded turn's container is gone already (save_record released the lock);
         // removing it again could remove the next turn's.
         // A stop first, not a kill: the entrypoint then removes the credentials it put
