@@ -86,7 +86,13 @@ fn the_default_policy_reaches_package_hosts_and_refuses_others_in_words() {
         .position(|e| e["type"] == "egress_refused" && e["host"] == "decoy" && e["port"] == 80)
         .unwrap_or_else(|| panic!("no egress_refused event: {events:#?}"));
     assert_eq!(events[refused_at]["policy"], "balanced");
-    assert!(refused_at < events.len() - 1);
+    // Said when it happened, during the tool's run: before the model's answer that tells
+    // of it (a refusal said only at the turn's end would come after it).
+    let answered_at = events
+        .iter()
+        .rposition(|e| e["type"] == "text")
+        .unwrap_or_else(|| panic!("no text event: {events:#?}"));
+    assert!(refused_at < answered_at, "said late: {events:#?}");
 
     let id = result["session_id"].as_str().unwrap();
     let egress = &result["egress"];

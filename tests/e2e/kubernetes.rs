@@ -595,6 +595,16 @@ fn caw_lab_env(rig_data: &std::path::Path, workspace: &std::path::Path, lab: &La
     c
 }
 
+/// The names of a pod's `containers` or `initContainers` (none: empty), from its JSON.
+fn container_names(pod: &Value, key: &str) -> Vec<String> {
+    pod["spec"][key]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
 fn json_of(out: &Output) -> Value {
     serde_json::from_str(stdout_of(out).trim()).unwrap_or_else(|e| {
         panic!(
@@ -2340,13 +2350,11 @@ fn kubernetes_allow_host_holds_the_pods_egress_without_a_network_policy() {
     let data = tempfile::tempdir().unwrap();
 
     check("an --allow-host turn, probed from inside while it runs");
-    let mut run = turn_cmd(
-        P,
-        data.path(),
-        workspace.path(),
-        &lab,
-        &["run", "--provider", P.name, "--endpoint", &endpoint],
-    );
+    // Its events as they come: a refusal is said when it happens, not at the turn's end.
+    let mut run = caw_k8s(data.path(), workspace.path(), &lab);
+    run.args(["run", "--provider", P.name, "--endpoint", &endpoint])
+        .args(["--env", &format!("{}={TEST_KEY}", P.key_var)])
+        .args(["-o", "stream-json"]);
     run.args(["--model", P.model.unwrap(), "--allow-host", &allowed])
         .arg("HOLD:probed REMEMBER:quince")
         .stdout(std::process::Stdio::piped())
@@ -2357,14 +2365,7 @@ fn kubernetes_allow_host_holds_the_pods_egress_without_a_network_policy() {
     wait_held(&endpoint, "probed");
     let spec: Value =
         serde_json::from_str(&lab.kubectl_ok(&["get", "pod", &pod, "-o", "json"])).unwrap();
-    let names = |key: &str| -> Vec<String> {
-        spec["spec"][key]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["name"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let names = |key: &str| container_names(&spec, key);
     assert_eq!(names("initContainers")[0], "egress", "{spec}");
     assert_eq!(names("containers"), ["agent", "proxy"], "{spec}");
     // The rules are in place before the agent runs: its init container has ended.
@@ -2402,8 +2403,25 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
 
     release(&endpoint, "probed");
     let out = wait_with_deadline(child, Duration::from_secs(240));
-    let v = json_of(&out);
+    let events: Vec<Value> = stdout_of(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let v = events.last().cloned().unwrap_or_default();
     assert_eq!(out.status.code(), Some(0), "{v}\n{}", stderr_of(&out));
+    // The refusal came while the stub held the turn: before the model's first words.
+    let refused_at = events
+        .iter()
+        .position(|e| e["type"] == "egress_refused" && e["host"] == *other_ip)
+        .unwrap_or_else(|| panic!("no egress_refused event: {events:#?}"));
+    let first_text = events
+        .iter()
+        .position(|e| e["type"] == "text")
+        .unwrap_or_else(|| panic!("no text event: {events:#?}"));
+    assert!(
+        refused_at < first_text,
+        "the refusal was said only at the turn's end: {events:#?}"
+    );
     assert_eq!(v["status"], "success", "{v}");
     let id = v["session_id"].as_str().unwrap().to_string();
     // The turn's record, from its pod's proxy: the model's host reached, the other refused.
@@ -2443,14 +2461,7 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
     let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
     let spec: Value =
         serde_json::from_str(&lab.kubectl_ok(&["get", "pod", &pod, "-o", "json"])).unwrap();
-    let names = |key: &str| -> Vec<String> {
-        spec["spec"][key]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|c| c["name"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let names = |key: &str| container_names(&spec, key);
     assert_eq!(names("containers"), ["agent", "proxy"], "{spec}");
     assert!(
         !names("initContainers").contains(&"egress".to_string()),

@@ -211,8 +211,7 @@ async fn drive(
             e.watch_agent(backend, name).await;
         }
     };
-    let mut live = ctx.egress.and_then(|e| e.live());
-    reading.refusals_live = live.is_some();
+    let mut live = ctx.egress.and_then(|e| e.live(backend));
     let (ended_early, ()) = tokio::join!(
         reading.read(
             &mut output,
@@ -569,8 +568,9 @@ async fn egress_of(
     reading: &mut Reading<'_>,
 ) -> Option<crate::event::EgressRecord> {
     let record = ctx.egress?.record(ctx.backend).await;
-    if !reading.refusals_live {
-        for h in &record.refused {
+    // What was not said as it came (a proxy's log read late, or none read live).
+    for h in &record.refused {
+        if !reading.refusals_said.contains(&(h.host.clone(), h.port)) {
             reading.reader.emit(&Event::EgressRefused {
                 host: h.host.clone(),
                 port: h.port,

@@ -33,8 +33,9 @@ pub(in crate::session) struct Reading<'s> {
     pub signalled: Option<String>,
     /// The model's last sign of life (an answer, or a tool's result it asked for).
     pub alive_at: tokio::time::Instant,
-    /// The egress proxy's refusals were said as they came (else at the end).
-    pub refusals_live: bool,
+    /// The hosts and ports whose refusals by the egress proxy were said as they came (the
+    /// rest of the turn's record's are said at its end).
+    pub refusals_said: std::collections::HashSet<(String, u16)>,
     /// The egress proxy could not reach the model's host (its words), since the model's
     /// last sign of life: the model is unreachable, whatever the CLI makes of the proxy's
     /// 502.
@@ -71,7 +72,7 @@ impl<'s> Reading<'s> {
             cli_exit: None,
             signalled: None,
             alive_at: tokio::time::Instant::now(),
-            refusals_live: false,
+            refusals_said: Default::default(),
             proxy_unreachable: None,
             model_host: host_of(&crate::session::turn::ended::model_host(record)),
         }
@@ -157,6 +158,9 @@ impl<'s> Reading<'s> {
                     }
                 } => match live {
                     Live::Refused(event) => {
+                        if let Event::EgressRefused { host, port, .. } = &event {
+                            self.refusals_said.insert((host.clone(), *port));
+                        }
                         self.reader.emit(&event);
                         false
                     }

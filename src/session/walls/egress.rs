@@ -281,6 +281,8 @@ pub(in crate::session) struct Egress {
     /// Of a proxy in the turn's own unit, the decisions in its log before the turn: a warm
     /// pod's sidecar's, of the turns before.
     before: Mutex<usize>,
+    /// Of a turn's own proxy, the following of its log for [`Egress::live`].
+    follower: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Egress {
@@ -295,6 +297,7 @@ impl Egress {
             live: Mutex::new(None),
             agent: Mutex::new(None),
             before: Mutex::new(0),
+            follower: Mutex::new(None),
         }
     }
 
@@ -517,8 +520,22 @@ impl Egress {
         agent.is_some() && line.from.as_deref() == agent.as_deref()
     }
 
-    /// The refusals as they come (taken once, by the turn's reading).
-    pub(in crate::session) fn live(&self) -> Option<LiveRefusals<'_>> {
+    /// The refusals as they come (taken once, by the turn's reading, once its container
+    /// runs): a shared proxy's from its lease's channel, a turn's own proxy's from its log,
+    /// followed from here to the turn's end.
+    pub(in crate::session) fn live(&self, backend: &impl Backend) -> Option<LiveRefusals<'_>> {
+        if !self.plan.shared {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let skip = *self.before.lock().unwrap_or_else(|e| e.into_inner());
+            let task = tokio::spawn(follow_own_proxy(
+                backend.clone(),
+                self.route.proxy_log.clone(),
+                skip,
+                tx,
+            ));
+            *self.follower.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+            return Some(LiveRefusals { egress: self, rx });
+        }
         let rx = self.live.lock().unwrap_or_else(|e| e.into_inner()).take()?;
         Some(LiveRefusals { egress: self, rx })
     }
@@ -562,6 +579,14 @@ impl Egress {
     /// Ends the turn's use of its proxy: a shared one's lease is released (it stays for
     /// the next turns), a turn's own is removed.
     pub(in crate::session) async fn close(&self, backend: &impl Backend) {
+        if let Some(f) = self
+            .follower
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            f.abort();
+        }
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(l) = held {
             let _ = l.end.send(());
@@ -627,6 +652,43 @@ impl LiveRefusals<'_> {
                 policy: self.egress.plan.policy.as_str().to_string(),
             }));
         }
+    }
+}
+
+/// Follows the log of a turn's own proxy `proxy` (the decisions after the first `skip`: a
+/// warm pod's sidecar's earlier turns'), its refusals and failures to `tx` as they come,
+/// until the turn's reading is done with them. A log not there yet (a pod's sidecar still
+/// starting) or ended (a pod's sidecar ends with the turn) is followed again, from where
+/// it was.
+async fn follow_own_proxy(
+    backend: impl Backend,
+    proxy: String,
+    skip: usize,
+    tx: tokio::sync::mpsc::UnboundedSender<Line>,
+) {
+    let mut seen = 0usize;
+    while !tx.is_closed() {
+        let mut logs = backend.follow_logs(&proxy);
+        let mut buffer = crate::lines::LineBuffer::default();
+        let mut at = 0usize;
+        while let Some(Ok(chunk)) = logs.next().await {
+            let OutputChunk::Stdout(b) = chunk else {
+                continue;
+            };
+            buffer.feed(&b, |l| {
+                let Some(line) = Line::parse(l) else {
+                    return;
+                };
+                at += 1;
+                if at > seen {
+                    seen = at;
+                    if at > skip && (line.refused() || line.failed()) {
+                        let _ = tx.send(line);
+                    }
+                }
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
