@@ -381,6 +381,18 @@ pub enum CreateError {
     Other(Error),
 }
 
+/// A create's failure as the person reads it: a missing image says how to build it.
+pub fn image_hint_for(
+    e: CreateError,
+    image: &str,
+    provider: crate::provider_kind::ProviderKind,
+) -> Error {
+    match e {
+        CreateError::ImageMissing(_) => Error::missing_image(image, provider),
+        other => other.into(),
+    }
+}
+
 impl From<CreateError> for Error {
     fn from(e: CreateError) -> Error {
         match e {

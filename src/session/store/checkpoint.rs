@@ -73,7 +73,7 @@ const IN_TURN_PREV_DIR: &str = "/var/lib/caw-box/checkpoint-prev";
 /// Takes a checkpoint into `/ckpt`, the previous one (if any) at `/prev`. Prints its
 /// `info.json`. Runs as root with the capabilities a faithful copy needs. (`CKPT_ROOT`
 /// moves every path under another root: the unit tests run it in a directory.)
-const TAKE_SCRIPT: &str = r#"set -eu -o pipefail
+pub(super) const TAKE_SCRIPT: &str = r#"set -eu -o pipefail
 export LC_ALL=C
 umask 077
 R=${CKPT_ROOT:-}
@@ -302,7 +302,7 @@ pub async fn take(
 
 /// The (empty) volume of `turn`'s checkpoint, made anew (one of the same turn goes: a turn
 /// run again after a usage limit), on the latest earlier checkpoint; for a helper to write.
-async fn new_volume(
+pub(super) async fn new_volume(
     backend: &impl Backend,
     source: &Source<'_>,
     turn: u32,
@@ -312,7 +312,7 @@ async fn new_volume(
 
 /// [`new_volume`]; `in_turn`: made before the turn ended (its resume key is the turn's
 /// record's).
-async fn new_volume_of(
+pub(super) async fn new_volume_of(
     backend: &impl Backend,
     source: &Source<'_>,
     turn: u32,
@@ -462,211 +462,7 @@ fn take_env(source: &Source<'_>, checkpoint: &Checkpoint) -> Vec<String> {
     ]
 }
 
-/// Takes the checkpoint of a warm turn behind it where it was not armed beside the turn
-/// ([`arm`]: an adopted warm turn's, or arming failed): its volume made and a helper
-/// started that removes itself when done, not waited for, so the turn ends without it. The
-/// caller holds the session's lock. On failure to start it, nothing of it is left.
-pub async fn take_behind(backend: &impl Backend, source: &Source<'_>, turn: u32) -> Result<()> {
-    let id = source.session_id;
-    settle(backend, id).await?;
-    let (checkpoint, volume) = new_volume(backend, source, turn).await?;
-    let mut spec = take_spec(source, &checkpoint, &volume);
-    spec.auto_remove = true;
-    let name = names::checkpoint_behind(id);
-    let started = async {
-        backend.create_helper(&name, &spec).await?;
-        backend.start_container(&name).await
-    };
-    if let Err(e) = started.await {
-        let _ = backend.remove_container(&name, true).await;
-        let _ = backend.remove_volume(&volume).await;
-        return Err(e);
-    }
-    Ok(())
-}
-
-/// A warm turn's checkpoint helper, started while the turn runs and waiting for the word
-/// ([`arm`]).
-pub struct Armed {
-    input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
-    volume: String,
-    session_id: Uuid,
-}
-
-impl std::fmt::Debug for Armed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Armed")
-            .field("volume", &self.volume)
-            .finish()
-    }
-}
-
-/// The helper's script: the take once its driver says `go` (the turn is recorded); at the
-/// end of its stdin without it (the turn was not, or its driver is gone), none.
-fn armed_script() -> String {
-    format!("IFS= read -r go || exit 0\n[ \"$go\" = go ] || exit 0\n{TAKE_SCRIPT}")
-}
-
-/// Arms the checkpoint of a warm turn (its container, made before the turn, has no
-/// checkpoint volume of its own) while the turn runs: its volume made, and a helper created,
-/// attached and started that waits on its stdin, so that the turn's end only writes a word
-/// ([`Armed::fire`]) instead of waiting for a container to start. The helper removes itself
-/// when done; the next turn, a fork, an export, a prune and an adopter wait for it
-/// ([`settle`]). A helper that fails leaves its checkpoint without `info.json`: no later
-/// checkpoint is taken on top of it (the next one holds every file) and no restore applies
-/// it (it says so). The caller holds the session's lock and has settled the last helper.
-/// On failure nothing of it is left.
-pub async fn arm(backend: &impl Backend, source: &Source<'_>, turn: u32) -> Result<Armed> {
-    let id = source.session_id;
-    let (checkpoint, volume) = new_volume_of(backend, source, turn, true).await?;
-    let mut spec = take_spec(source, &checkpoint, &volume);
-    spec.entrypoint = vec!["bash".into(), "-c".into(), armed_script()];
-    // Taken when the turn has ended, not now.
-    spec.env.retain(|e| !e.starts_with("CKPT_AT="));
-    (spec.stdin, spec.stdin_once, spec.auto_remove) = (true, true, true);
-    let name = names::checkpoint_behind(id);
-    let armed = async {
-        backend.create_helper(&name, &spec).await?;
-        let attached = backend.attach(&name, true).await?;
-        backend.start_container(&name).await?;
-        Ok::<_, Error>(attached.input)
-    };
-    match armed.await {
-        Ok(input) => Ok(Armed {
-            input,
-            volume,
-            session_id: id,
-        }),
-        Err(e) => {
-            let _ = backend.remove_container(&name, true).await;
-            let _ = backend.remove_volume(&volume).await;
-            Err(e)
-        }
-    }
-}
-
-impl Armed {
-    /// The turn is recorded: its checkpoint is taken now, behind it.
-    pub async fn fire(mut self) -> Result<()> {
-        use tokio::io::AsyncWriteExt;
-        let said = async {
-            self.input.write_all(b"go\n").await?;
-            self.input.flush().await?;
-            self.input.shutdown().await
-        };
-        said.await.map_err(|e| {
-            Error::environment(format!(
-                "the checkpoint helper of session {} did not take the word: {e}",
-                self.session_id
-            ))
-        })
-    }
-
-    /// The turn was not recorded: its helper ends without a checkpoint, whose volume goes.
-    /// The caller still holds the session's lock (the next turn would make a volume of the
-    /// same name).
-    pub async fn disarm(self, backend: &impl Backend) {
-        let Armed {
-            input,
-            volume,
-            session_id,
-        } = self;
-        // Its stdin's end: the helper exits.
-        drop(input);
-        if let Err(e) = settle(backend, session_id).await {
-            tracing::warn!("{e}");
-        }
-        if let Err(e) = backend.remove_volume(&volume).await {
-            tracing::warn!("could not remove the unused checkpoint volume '{volume}': {e}");
-        }
-    }
-}
-
-/// A warm turn's checkpoint as its driver holds it: armed beside the turn ([`arm`]), then,
-/// once the turn is recorded under its lock ([`Arming::recorded`]), fired when the driver
-/// is done with the turn ([`Arming::fire`]), so that the helper's copy does not compete with
-/// the turn's last steps; not recorded, disarmed under the lock ([`Arming::disarm`]).
-#[derive(Default)]
-pub(in crate::session) struct Arming(std::sync::Mutex<ArmState>);
-
-#[derive(Default)]
-enum ArmState {
-    #[default]
-    None,
-    Arming(tokio::task::JoinHandle<Result<Armed>>),
-    Recorded(Armed),
-}
-
-impl Arming {
-    fn take(&self) -> ArmState {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    fn put(&self, state: ArmState) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = state;
-    }
-
-    /// The arming under way (a task of [`arm`]).
-    pub(in crate::session) fn start(&self, task: tokio::task::JoinHandle<Result<Armed>>) {
-        self.put(ArmState::Arming(task));
-    }
-
-    /// The turn is recorded (its lock still held): `true` when its helper is armed and
-    /// waits for [`Arming::fire`]; `false`: nothing was armed (the caller takes the
-    /// checkpoint another way, under the lock).
-    pub(in crate::session) async fn recorded(&self) -> bool {
-        let armed = match self.take() {
-            ArmState::Arming(task) => match task.await {
-                Ok(Ok(armed)) => armed,
-                Ok(Err(e)) => {
-                    tracing::debug!("the checkpoint was not armed: {e}");
-                    return false;
-                }
-                Err(e) => {
-                    tracing::debug!("arming the checkpoint failed: {e}");
-                    return false;
-                }
-            },
-            ArmState::Recorded(armed) => armed,
-            ArmState::None => return false,
-        };
-        self.put(ArmState::Recorded(armed));
-        true
-    }
-
-    /// Where the turn was not recorded, while it still holds the lock: what was armed ends
-    /// unwritten.
-    pub(in crate::session) async fn disarm(&self, backend: &impl Backend) {
-        match self.take() {
-            ArmState::Arming(task) => {
-                if let Ok(Ok(armed)) = task.await {
-                    armed.disarm(backend).await;
-                }
-            }
-            recorded @ ArmState::Recorded(_) => self.put(recorded),
-            ArmState::None => {}
-        }
-    }
-
-    /// The driver is done with a recorded turn: its checkpoint is taken now.
-    pub(in crate::session) async fn fire(&self, backend: &impl Backend) {
-        match self.take() {
-            ArmState::Recorded(armed) => {
-                if let Err(e) = armed.fire().await {
-                    tracing::warn!("no checkpoint of the turn: {e}");
-                }
-            }
-            ArmState::Arming(task) => {
-                if let Ok(Ok(armed)) = task.await {
-                    armed.disarm(backend).await;
-                }
-            }
-            ArmState::None => {}
-        }
-    }
-}
-
-/// Waits for the helper that takes a warm turn's checkpoint behind it ([`take_behind`]),
+/// Waits for the helper that takes a warm turn's checkpoint behind it ([`take_behind`](super::behind::take_behind)),
 /// if there is one, to be done and gone (it removes itself).
 pub async fn settle(backend: &impl Backend, session_id: Uuid) -> Result<()> {
     let name = names::checkpoint_behind(session_id);
@@ -692,7 +488,7 @@ pub async fn settle(backend: &impl Backend, session_id: Uuid) -> Result<()> {
 }
 
 /// The helper that runs [`TAKE_SCRIPT`] for `checkpoint` into `volume`.
-fn take_spec(source: &Source<'_>, checkpoint: &Checkpoint, volume: &str) -> HelperSpec {
+pub(super) fn take_spec(source: &Source<'_>, checkpoint: &Checkpoint, volume: &str) -> HelperSpec {
     let id = source.session_id;
     let mut spec = copier(source.image, id, TAKE_SCRIPT, take_env(source, checkpoint));
     spec.mounts = vec![

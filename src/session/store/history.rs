@@ -29,7 +29,7 @@ pub(in crate::session) struct Ending<'a> {
     /// container ended) and before the lock is released, so `wait` finds the sweep done.
     pub(in crate::session) guard: Option<&'a crate::session::walls::quarantine::Guard>,
     /// A warm turn's checkpoint, armed beside it (`checkpoint::arm`): fired once recorded.
-    pub(in crate::session) armed: Option<&'a crate::session::store::checkpoint::Arming>,
+    pub(in crate::session) armed: Option<&'a crate::session::store::behind::Arming>,
 }
 
 /// The session record stored in the state volume before this turn, read through the turn's
@@ -230,7 +230,7 @@ async fn take_checkpoint(
     turn: u32,
     name: &str,
     checkpointed: Option<bool>,
-    armed: Option<&crate::session::store::checkpoint::Arming>,
+    armed: Option<&crate::session::store::behind::Arming>,
 ) -> Option<String> {
     let caps = backend.capabilities();
     let warm = record.settings.keep_warm_secs.is_some();
@@ -257,8 +257,7 @@ async fn take_checkpoint(
                 return None;
             }
         }
-        if let Err(e) = crate::session::store::checkpoint::take_behind(backend, &source, turn).await
-        {
+        if let Err(e) = crate::session::store::behind::take_behind(backend, &source, turn).await {
             tracing::warn!("no checkpoint of turn {turn}: {e}");
         }
         return None;

@@ -5,6 +5,7 @@
 //! it drives ([`inflight`]), and each turn's checkpoint ([`checkpoint`]). Not here: running a turn (`turn`), or what a turn may touch
 //! (`walls`).
 
+pub mod behind;
 pub mod checkpoint;
 pub mod files;
 pub mod handle;

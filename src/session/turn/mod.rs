@@ -160,16 +160,7 @@ pub(in crate::session) fn image_hint(e: CreateError, record: &SessionRecord) -> 
 }
 
 /// [`image_hint`] for a container of `provider`'s `image` before a session exists.
-pub fn image_hint_for(
-    e: CreateError,
-    image: &str,
-    provider: crate::provider::ProviderKind,
-) -> Error {
-    match e {
-        CreateError::ImageMissing(_) => Error::missing_image(image, provider),
-        other => other.into(),
-    }
-}
+pub use crate::backend::image_hint_for;
 
 pub(in crate::session) fn busy(record: &SessionRecord, turn: &str) -> Error {
     let id = record.session_id;
@@ -207,7 +198,7 @@ pub(in crate::session) struct TurnContext<'a, B> {
     /// and runtime directory belong to it.
     pub user: (u32, u32),
     /// A warm turn's checkpoint, armed beside it (`checkpoint::arm`).
-    pub armed: Option<&'a crate::session::store::checkpoint::Arming>,
+    pub armed: Option<&'a crate::session::store::behind::Arming>,
 }
 
 pub(in crate::session) fn append_event(log: &mut Vec<u8>, e: &Event) {

@@ -271,7 +271,7 @@ async fn realise(
     // A broker in the turn's own unit starts with it: handed its keys once that runs.
     let (turn_made, mut turn_made_rx) = tokio::sync::watch::channel(false);
     let broker_starts = start_broker(backend, broker.as_ref(), &mut turn_made_rx, &ready_tx);
-    let arming = crate::session::store::checkpoint::Arming::default();
+    let arming = crate::session::store::behind::Arming::default();
     let main = async {
         let spec = with_intercepts(backend, broker.as_ref(), &spec, &ready_rx).await?;
         let make = make_container(backend, record, &name, &spec, warm_for);
@@ -349,7 +349,7 @@ fn arm_checkpoint(
     record: &SessionRecord,
     turn: u32,
     warm_for: Option<u64>,
-    arming: &crate::session::store::checkpoint::Arming,
+    arming: &crate::session::store::behind::Arming,
 ) {
     let caps = backend.capabilities();
     if warm_for.is_none()
@@ -373,7 +373,7 @@ fn arm_checkpoint(
             workspace_mode,
             resume_key: "",
         };
-        crate::session::store::checkpoint::arm(&backend, &source, turn).await
+        crate::session::store::behind::arm(&backend, &source, turn).await
     });
     arming.start(task);
 }
@@ -420,7 +420,7 @@ async fn close_beside(
     backend: &impl Backend,
     broker: Option<&Broker>,
     egress: Option<&Egress>,
-    arming: &crate::session::store::checkpoint::Arming,
+    arming: &crate::session::store::behind::Arming,
 ) {
     let close = async {
         if let Some(b) = broker {

@@ -14,9 +14,11 @@ use crate::backend::{Attached, Backend, CreateError, EgressPlan, EgressRoute, Ne
 use crate::backend::{OutputChunk, PROXY_PORT};
 use crate::dirs;
 use crate::error::{Error, Result};
-use crate::event::{EgressHost, EgressRecord, Event};
+use crate::event::{EgressRecord, Event};
 use crate::session::store::names::{self, LabelSet};
 use crate::session::store::record::{labels, roles, EgressPolicy, SessionRecord, SessionSettings};
+
+use super::proxy_log::{follow_own_proxy, own_proxy_lines, split_target, summarise, Line};
 
 /// The proxy program (run by node; `images/base/caw-box-proxy.js`, also in the images for
 /// a turn's own proxy and a pod's sidecar).
@@ -163,100 +165,6 @@ pub async fn remove_unused_networks(backend: &impl Backend) -> Result<Vec<String
 /// The data directory's proxy lock (finding or starting a shared proxy).
 async fn lock_proxies() -> Result<dirs::DataLock> {
     dirs::lock_data_file("proxy.lock", "the egress proxies").await
-}
-
-/// One decision or end of a connection, as the proxy logs it.
-#[derive(Debug, Clone, Default, PartialEq)]
-struct Line {
-    decision: Option<String>,
-    closed: bool,
-    target: String,
-    from: Option<String>,
-    conn: Option<u64>,
-    up: u64,
-    down: u64,
-    /// Why the proxy could not reach an allowed host (`failed`): an error code.
-    error: Option<String>,
-}
-
-impl Line {
-    fn parse(text: &str) -> Option<Line> {
-        let v: serde_json::Value = serde_json::from_str(text.trim()).ok()?;
-        if v["proxy"] != "caw-box" {
-            return None;
-        }
-        Some(Line {
-            decision: v["decision"].as_str().map(str::to_string),
-            closed: v["closed"] == true,
-            target: v["target"].as_str()?.to_string(),
-            from: v["from"].as_str().map(str::to_string),
-            conn: v["conn"].as_u64(),
-            up: v["up"].as_u64().unwrap_or(0),
-            down: v["down"].as_u64().unwrap_or(0),
-            error: v["error"].as_str().map(str::to_string),
-        })
-    }
-
-    fn refused(&self) -> bool {
-        self.decision.as_deref() == Some("refused")
-    }
-
-    fn failed(&self) -> bool {
-        self.decision.as_deref() == Some("failed")
-    }
-}
-
-/// `host:port` into its parts (`[v6]:port` too).
-fn split_target(target: &str) -> (String, u16) {
-    match target.rsplit_once(':') {
-        Some((h, p)) => (
-            h.trim_start_matches('[').trim_end_matches(']').to_string(),
-            p.parse().unwrap_or(0),
-        ),
-        None => (target.to_string(), 0),
-    }
-}
-
-/// The turn's record of `lines` (those of its agent): per host and port, connections and
-/// bytes of what was allowed, attempts of what was refused, in the order first seen.
-fn summarise(policy: EgressPolicy, lines: &[Line]) -> EgressRecord {
-    let mut record = EgressRecord {
-        policy: policy.as_str().to_string(),
-        ..Default::default()
-    };
-    fn entry<'a>(list: &'a mut Vec<EgressHost>, target: &str) -> &'a mut EgressHost {
-        let (host, port) = split_target(target);
-        match list.iter().position(|h| h.host == host && h.port == port) {
-            Some(i) => &mut list[i],
-            None => {
-                list.push(EgressHost {
-                    host,
-                    port,
-                    ..Default::default()
-                });
-                list.last_mut().expect("just pushed")
-            }
-        }
-    }
-    let mut counted = std::collections::HashSet::new();
-    for l in lines {
-        if l.refused() {
-            entry(&mut record.refused, &l.target).connections += 1;
-        } else if l.decision.as_deref() == Some("allowed") {
-            let e = entry(&mut record.allowed, &l.target);
-            // A plain-HTTP connection's requests are decided one by one: counted once.
-            if l.conn.is_none_or(|c| counted.insert((c, l.target.clone()))) {
-                e.connections += 1;
-            }
-        } else if l.failed() {
-            entry(&mut record.allowed, &l.target).failed += 1;
-        } else if l.closed {
-            let e = entry(&mut record.allowed, &l.target);
-            e.bytes_out += l.up;
-            e.bytes_in += l.down;
-        }
-    }
-    record
 }
 
 /// A shared proxy's lease while the turn runs: ended (released) by [`Egress::close`].
@@ -655,78 +563,10 @@ impl LiveRefusals<'_> {
     }
 }
 
-/// Follows the log of a turn's own proxy `proxy` (the decisions after the first `skip`: a
-/// warm pod's sidecar's earlier turns'), its refusals and failures to `tx` as they come,
-/// until the turn's reading is done with them. A log not there yet (a pod's sidecar still
-/// starting) or ended (a pod's sidecar ends with the turn) is followed again, from where
-/// it was.
-async fn follow_own_proxy(
-    backend: impl Backend,
-    proxy: String,
-    skip: usize,
-    tx: tokio::sync::mpsc::UnboundedSender<Line>,
-) {
-    let mut seen = 0usize;
-    while !tx.is_closed() {
-        let mut logs = backend.follow_logs(&proxy);
-        let mut buffer = crate::lines::LineBuffer::default();
-        let mut at = 0usize;
-        while let Some(Ok(chunk)) = logs.next().await {
-            let OutputChunk::Stdout(b) = chunk else {
-                continue;
-            };
-            buffer.feed(&b, |l| {
-                let Some(line) = Line::parse(l) else {
-                    return;
-                };
-                at += 1;
-                if at > seen {
-                    seen = at;
-                    if at > skip && (line.refused() || line.failed()) {
-                        let _ = tx.send(line);
-                    }
-                }
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// The decisions of a turn's own proxy, from its log so far (none where it is not there);
-/// `ended`: the CLI ended, so the ends of its connections are waited for a moment (they
-/// reach the proxy at once, and its log soon after).
-async fn own_proxy_lines(backend: &impl Backend, proxy: &str, ended: bool) -> Vec<Line> {
-    let read = || async {
-        let mut logs = backend.logs_so_far(proxy);
-        let mut text = Vec::new();
-        while let Some(Ok(chunk)) = logs.next().await {
-            if let OutputChunk::Stdout(message) = chunk {
-                text.extend_from_slice(&message);
-            }
-        }
-        String::from_utf8_lossy(&text)
-            .lines()
-            .filter_map(Line::parse)
-            .collect::<Vec<Line>>()
-    };
-    let mut lines = read().await;
-    for _ in 0..10 {
-        let opened = lines
-            .iter()
-            .filter(|l| l.decision.as_deref() == Some("allowed"))
-            .count();
-        if !ended || opened <= lines.iter().filter(|l| l.closed).count() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        lines = read().await;
-    }
-    lines
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::EgressHost;
 
     fn line(json: &str) -> Line {
         Line::parse(json).unwrap_or_else(|| panic!("{json}"))

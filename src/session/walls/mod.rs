@@ -13,6 +13,7 @@ pub mod owner;
 pub mod patch;
 pub mod protect;
 pub mod protected_out;
+mod proxy_log;
 pub mod quarantine;
 pub mod safe_git;
 pub mod workspace;

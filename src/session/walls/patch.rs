@@ -394,7 +394,7 @@ pub async fn patch(
     let (code, out, err) = backend
         .run_to_completion(&name, &spec)
         .await
-        .map_err(|e| crate::session::turn::image_hint_for(e, image, facts.provider))?;
+        .map_err(|e| crate::backend::image_hint_for(e, image, facts.provider))?;
     match code {
         0 => read_patch(&out, &protected_paths, include_protected),
         NO_BASE_TAR => Err(Error::usage(format!(
