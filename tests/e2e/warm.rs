@@ -311,19 +311,16 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
     let out = run(show);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let shown: Value = serde_json::from_str(&stdout_of(&out)).unwrap();
-    let turns: Vec<u64> = shown["turns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["turn"].as_u64().unwrap())
-        .collect();
-    let checkpointed: Vec<u64> = shown["checkpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["turn"].as_u64().unwrap())
-        .collect();
-    assert_eq!(checkpointed, turns, "{shown}");
+    let turns_of = |key: &str| -> Vec<u64> {
+        shown[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["turn"].as_u64().unwrap())
+            .collect()
+    };
+    let turns = turns_of("turns");
+    assert_eq!(turns_of("checkpoints"), turns, "{shown}");
     let volumes = rig
         .caw_volumes()
         .into_iter()

@@ -359,23 +359,41 @@ fn arm_checkpoint(
     {
         return;
     }
-    let backend = backend.clone();
-    let (session_id, provider) = (record.session_id, record.provider);
-    let (image, workspace_mode) = (
-        record.settings.image.clone(),
-        record.settings.workspace_mode,
-    );
+    let (backend, source) = (backend.clone(), SourceOf::new(record));
     let task = tokio::spawn(async move {
-        let source = crate::session::checkpoint::Source {
-            session_id,
-            provider,
-            image: &image,
-            workspace_mode,
-            resume_key: "",
-        };
-        crate::session::store::behind::arm(&backend, &source, turn).await
+        crate::session::store::behind::arm(&backend, &source.source(), turn).await
     });
     arming.start(task);
+}
+
+/// What a checkpoint made beside the turn needs of its record, owned (the record is the
+/// rest's to change meanwhile); its resume key is the turn record's.
+struct SourceOf {
+    session_id: uuid::Uuid,
+    provider: crate::provider::ProviderKind,
+    image: String,
+    workspace_mode: crate::session::store::record::WorkspaceMode,
+}
+
+impl SourceOf {
+    fn new(record: &SessionRecord) -> SourceOf {
+        SourceOf {
+            session_id: record.session_id,
+            provider: record.provider,
+            image: record.settings.image.clone(),
+            workspace_mode: record.settings.workspace_mode,
+        }
+    }
+
+    fn source(&self) -> crate::session::checkpoint::Source<'_> {
+        crate::session::checkpoint::Source {
+            session_id: self.session_id,
+            provider: self.provider,
+            image: &self.image,
+            workspace_mode: self.workspace_mode,
+            resume_key: "",
+        }
+    }
 }
 
 /// The checkpoint volume a cold turn's own container writes once its CLI has ended
@@ -388,26 +406,14 @@ fn prepare_checkpoint<'a>(
     turn: u32,
     warm_for: Option<u64>,
 ) -> impl std::future::Future<Output = Option<crate::session::checkpoint::InTurn>> + 'a {
-    // (What it needs of the record, owned: the record is the rest's to change meanwhile.)
     let wanted =
         backend.capabilities().checkpoints && !record.settings.no_checkpoints && warm_for.is_none();
-    let (session_id, provider) = (record.session_id, record.provider);
-    let (image, workspace_mode) = (
-        record.settings.image.clone(),
-        record.settings.workspace_mode,
-    );
+    let source = SourceOf::new(record);
     async move {
         if !wanted {
             return None;
         }
-        let source = crate::session::checkpoint::Source {
-            session_id,
-            provider,
-            image: &image,
-            workspace_mode,
-            resume_key: "",
-        };
-        crate::session::checkpoint::prepare(backend, &source, turn)
+        crate::session::checkpoint::prepare(backend, &source.source(), turn)
             .await
             .inspect_err(|e| tracing::debug!("no checkpoint volume before turn {turn}: {e}"))
             .ok()
