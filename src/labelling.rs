@@ -24,6 +24,14 @@ pub mod labels {
     /// On a turn container: the process that drives the turn, and its host.
     pub const DRIVER_PID: &str = "io.caw-box.driver-pid";
     pub const DRIVER_HOST: &str = "io.caw-box.driver-host";
+    /// On a turn container (pod) whose egress goes through a proxy: where the proxy logs its
+    /// decisions (a name [`crate::backend::Backend::logs_since`] reads), the turn's policy,
+    /// and, of a proxy other turns share, the network where the agent reaches it (the
+    /// decisions from the agent's address there are the turn's). What `logs -f` and MCP's
+    /// progress read a running turn's refusals from, as they come.
+    pub const EGRESS_LOG: &str = "io.caw-box.egress-log";
+    pub const EGRESS_POLICY: &str = "io.caw-box.egress-policy";
+    pub const EGRESS_NETWORK: &str = "io.caw-box.egress-network";
     /// On a turn pod (Kubernetes): `caw-box stop` ended it (its runtime directory, where
     /// Docker's stop request goes, is gone with the pod).
     pub const STOP_REQUESTED: &str = "io.caw-box.stop-requested";

@@ -306,6 +306,9 @@ impl Backend for Engine {
     fn logs_so_far(&self, name: &str) -> OutputStream {
         dispatch!(self, b => Backend::logs_so_far(b, name))
     }
+    fn logs_since(&self, name: &str, since: std::time::SystemTime, follow: bool) -> OutputStream {
+        dispatch!(self, b => Backend::logs_since(b, name, since, follow))
+    }
     async fn inspect_image(&self, image: &str) -> Result<Option<ImageInfo>> {
         dispatch!(self, b => Backend::inspect_image(b, image).await)
     }

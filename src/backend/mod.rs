@@ -305,6 +305,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// A container's output from its start to now (stdout; `<pod>/<container>` names a
     /// pod's sidecar on Kubernetes), not waiting for more.
     fn logs_so_far(&self, name: &str) -> OutputStream;
+    /// A container's output (as [`Backend::logs_so_far`] names it) from about `since` on,
+    /// each line after its time (RFC 3339, UTC) and a space: the backend starts at the
+    /// second (or earlier), the caller reads the times. Followed until it ends when `follow`.
+    fn logs_since(&self, name: &str, since: std::time::SystemTime, follow: bool) -> OutputStream;
     /// An image by name; `None` when it is not on the backend's host.
     fn inspect_image(&self, image: &str) -> impl Future<Output = Result<Option<ImageInfo>>> + Send;
     fn create_volume(

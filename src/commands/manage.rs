@@ -10,7 +10,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::backend::OutputChunk;
-use crate::backend::{Backend, Engine};
+use crate::backend::{Backend, ContainerInfo, Engine};
 use crate::dirs;
 use crate::error::{Error, Result};
 use crate::event::Status;
@@ -21,6 +21,7 @@ use crate::session::lifecycle::{self, WarmIdle};
 use crate::session::names;
 use crate::session::orphans::{self, Orphan};
 use crate::session::record::{labels, now_secs, SessionRecord};
+use crate::session::refusals::Watch;
 use crate::session::target::{self, SessionView};
 
 /// One row of `ls`, also its `--json` form.
@@ -363,9 +364,10 @@ pub async fn logs(target_arg: &str, turn: Option<u32>, raw: bool, follow: bool) 
         .inspect_container(&container)
         .await?
         .filter(|c| c.running())
-        .and_then(|c| c.label(labels::TURN).and_then(|t| t.parse::<u32>().ok()));
-    if let Some(running_turn) = running.filter(|r| follow && turn.is_none_or(|t| t == *r)) {
-        return follow_turn(&backend, &view, &container, running_turn, raw).await;
+        .and_then(|c| Some((c.label(labels::TURN)?.parse::<u32>().ok()?, c)));
+    if let Some((running_turn, c)) = running.filter(|(r, _)| follow && turn.is_none_or(|t| t == *r))
+    {
+        return follow_turn(&backend, &view, &c, running_turn, raw).await;
     }
     let last = view.last.as_ref().map_or(0, |l| l.turn);
     let n = turn.unwrap_or(last);
@@ -390,33 +392,46 @@ pub async fn logs(target_arg: &str, turn: Option<u32>, raw: bool, follow: bool) 
     Ok(0)
 }
 
-/// Follows a running turn's container output, parsed as the turn's own driver does; once
-/// it ended, the rest of the turn's recorded log (its result event, and on Podman lines its
-/// log stream may not have delivered before it closed) from the state volume.
+/// Follows a running turn's container output, parsed as the turn's own driver does, and
+/// its egress refusals from its proxy's log as they come; once it ended, the rest of the
+/// turn's recorded log (its result event, and on Podman lines its log stream may not have
+/// delivered before it closed) from the state volume: what was said already is not said
+/// again.
 async fn follow_turn(
     backend: &Engine,
     view: &SessionView,
-    container: &str,
+    found: &ContainerInfo,
     turn: u32,
     raw: bool,
 ) -> Result<i32> {
+    let container = found.name.as_str();
     let provider = view.facts.provider;
     let mcp_servers = view.record().settings.mcp_names();
     let mut parser = provider.adapter().parser(ParseContext {
         previous_cumulative_usage: view.last.as_ref().and_then(|l| l.cumulative_usage),
     });
     let mut stream = backend.follow_logs(container);
+    let (tx, mut refusals) = tokio::sync::mpsc::unbounded_channel();
+    let ended = view
+        .last
+        .as_ref()
+        .map(|l| std::time::UNIX_EPOCH + Duration::from_secs(l.ended_at));
+    let watcher = match raw {
+        true => None,
+        false => Watch::of(backend, found, ended)
+            .await
+            .map(|w| tokio::spawn(w.follow(backend.clone(), tx))),
+    };
     let mut lines = crate::lines::LineBuffer::default();
     let mut events = Vec::new();
-    let mut printed = 0usize;
-    let mut emit = |line: &str| {
+    let mut said = Said::default();
+    let mut emit = |said: &mut Said, line: &str| {
         if crate::session::is_marker(line) {
             // The entrypoint's markers of how the CLI ended, for the driver.
             return;
         }
         if raw {
-            output::println(line);
-            printed += 1;
+            said.say(line.to_string());
             return;
         }
         events.clear();
@@ -428,19 +443,34 @@ async fn follow_turn(
         );
         for e in &events {
             if let Ok(json) = serde_json::to_string(e) {
-                output::println(&json);
-                printed += 1;
+                said.say(json);
             }
         }
     };
-    while let Some(chunk) = stream.next().await {
-        match chunk {
-            Ok(OutputChunk::Stdout(message)) => lines.feed(&message, &mut emit),
-            Ok(_) => {}
-            Err(e) => tracing::debug!("{e}"),
+    loop {
+        tokio::select! {
+            chunk = stream.next() => match chunk {
+                Some(Ok(OutputChunk::Stdout(message))) => lines.feed(&message, |l| emit(&mut said, l)),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => tracing::debug!("{e}"),
+                None => break,
+            },
+            Some(refused) = refusals.recv() => {
+                if let Ok(json) = serde_json::to_string(&refused) {
+                    said.say(json);
+                }
+            }
         }
     }
-    lines.finish(emit);
+    lines.finish(|l| emit(&mut said, l));
+    if let Some(w) = watcher {
+        w.abort();
+    }
+    while let Ok(refused) = refusals.try_recv() {
+        if let Ok(json) = serde_json::to_string(&refused) {
+            said.say(json);
+        }
+    }
     tracing::debug!("turn {turn} of {} ended", view.facts.session_id);
     // A turn whose driver is gone is recorded now, by this process.
     orphans::settle(backend, view.facts.session_id, false).await?;
@@ -464,7 +494,9 @@ async fn follow_turn(
         Ok(Some(recorded)) => {
             let rest: Vec<&[u8]> = recorded
                 .split_inclusive(|b| *b == b'\n')
-                .skip(printed)
+                .filter(|l| {
+                    !said.taken(&String::from_utf8_lossy(l.strip_suffix(b"\n").unwrap_or(l)))
+                })
                 .collect();
             output::write_stdout(&rest.concat());
         }
@@ -472,6 +504,29 @@ async fn follow_turn(
         Err(e) => tracing::debug!("reading turn {turn}'s record: {e}"),
     }
     Ok(0)
+}
+
+/// The lines `logs -f` printed of a running turn, as a multiset: the turn's recorded log
+/// holds them too (the refusals where its driver said them, among the CLI's events).
+#[derive(Default)]
+struct Said(std::collections::HashMap<String, usize>);
+
+impl Said {
+    fn say(&mut self, line: String) {
+        output::println(&line);
+        *self.0.entry(line).or_default() += 1;
+    }
+
+    /// Whether `line` was said already (each saying answers once).
+    fn taken(&mut self, line: &str) -> bool {
+        match self.0.get_mut(line) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 pub async fn rm(targets: Vec<String>, force: bool, group: Option<String>) -> Result<i32> {

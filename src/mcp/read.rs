@@ -119,6 +119,16 @@ async fn running_events(backend: &impl Backend, view: &SessionView) -> Vec<Event
         }
     }
     lines.finish(&mut parse);
+    // Its egress refusals so far, from its proxy's log (the CLI's output has none).
+    if let Ok(Some(c)) = backend.inspect_container(&container).await {
+        let ended = view
+            .last
+            .as_ref()
+            .map(|l| std::time::UNIX_EPOCH + Duration::from_secs(l.ended_at));
+        if let Some(watch) = crate::session::refusals::Watch::of(backend, &c, ended).await {
+            events.extend(watch.so_far(backend).await);
+        }
+    }
     events
 }
 

@@ -24,7 +24,9 @@ pub use lifecycle::orphans;
 pub use store::{checkpoint, files, handle, names, portable, record, target};
 pub use turn::{budget, limits, models, runner};
 pub use walls::egress::remove_unused_networks as remove_unused_egress_networks;
-pub use walls::{numstat, owner, patch, protect, protected_out, quarantine, safe_git, workspace};
+pub use walls::{
+    numstat, owner, patch, protect, protected_out, quarantine, refusals, safe_git, workspace,
+};
 
 /// The broker's program and its loader, for the backends' tests that run it as they would.
 #[cfg(test)]

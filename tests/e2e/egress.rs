@@ -147,6 +147,42 @@ fn the_default_policy_reaches_package_hosts_and_refuses_others_in_words() {
         !logged.contains(marker) && !logged.contains("/v1/models"),
         "the proxy logged a path or query: {logged}"
     );
+
+    check("logs -f of a detached turn says its refusal as it comes, once");
+    let out = run(rig.resume_cmd(
+        CODEX,
+        id,
+        "RUN:sleep 3; curl -s http://decoy/_stub/health >/dev/null; sleep 2; echo done",
+        &["-d"],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let following = std::time::Instant::now();
+    let followed = rig.caw_run(&["logs", id, "-f"]);
+    assert_eq!(followed.status.code(), Some(0), "{}", stderr_of(&followed));
+    // It followed the turn as it ran (a turn that ended is read at once from its record).
+    assert!(
+        following.elapsed() > Duration::from_secs(3),
+        "the turn had ended: {:?}",
+        following.elapsed()
+    );
+    let events: Vec<Value> = stdout_of(&followed)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+        .collect();
+    let refusals: Vec<usize> = (0..events.len())
+        .filter(|i| events[*i]["type"] == "egress_refused")
+        .collect();
+    assert_eq!(refusals.len(), 1, "{events:#?}");
+    assert_eq!(events[refusals[0]]["host"], "decoy", "{events:#?}");
+    assert_eq!(events[refusals[0]]["policy"], "balanced", "{events:#?}");
+    // Followed from the proxy's log while the tool ran: before the model's answer after
+    // it (the turn's recorded log, printed once the turn ended, comes after that).
+    let answered_at = events
+        .iter()
+        .rposition(|e| e["type"] == "text")
+        .unwrap_or_else(|| panic!("no text event: {events:#?}"));
+    assert!(refusals[0] < answered_at, "said late: {events:#?}");
+    assert_eq!(events.last().unwrap()["type"], "result", "{events:#?}");
 }
 
 /// The test's egress proxies' containers.

@@ -2368,6 +2368,18 @@ fn kubernetes_allow_host_holds_the_pods_egress_without_a_network_policy() {
     let names = |key: &str| container_names(&spec, key);
     assert_eq!(names("initContainers")[0], "egress", "{spec}");
     assert_eq!(names("containers"), ["agent", "proxy"], "{spec}");
+    // `logs -f` from a fresh process, following the held turn: the refusal below comes
+    // from the pod's proxy sidecar's log as it happens.
+    let session = spec["metadata"]["labels"]["io.caw-box.session"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no session label: {spec}"))
+        .to_string();
+    let mut follow = caw_k8s(data.path(), workspace.path(), &lab);
+    follow
+        .args(["logs", &session, "-f"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let follower = follow.spawn().unwrap();
     // The rules are in place before the agent runs: its init container has ended.
     let rules = lab.kubectl_ok(&["logs", &pod, "-c", "egress"]);
     assert!(rules.contains("egress held to uids"), "{rules}");
@@ -2433,6 +2445,24 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
     assert_eq!(v["egress"]["policy"], "balanced", "{v}");
     assert!(listed("allowed", allowed.split(':').next().unwrap()), "{v}");
     assert!(listed("refused", other_ip), "{v}");
+    let followed = wait_with_deadline(follower, Duration::from_secs(60));
+    assert_eq!(followed.status.code(), Some(0), "{}", stderr_of(&followed));
+    let events: Vec<Value> = stdout_of(&followed)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let refusals: Vec<usize> = (0..events.len())
+        .filter(|i| events[*i]["type"] == "egress_refused" && events[*i]["host"] == *other_ip)
+        .collect();
+    assert_eq!(refusals.len(), 1, "logs -f: {events:#?}");
+    let first_text = events
+        .iter()
+        .position(|e| e["type"] == "text")
+        .unwrap_or_else(|| panic!("logs -f, no text event: {events:#?}"));
+    assert!(
+        refusals[0] < first_text,
+        "logs -f said it late: {events:#?}"
+    );
     let mut logs = caw_k8s(data.path(), workspace.path(), &lab);
     logs.args(["logs", &id]);
     let logs = crate::common::run(logs);

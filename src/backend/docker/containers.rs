@@ -353,12 +353,36 @@ impl DockerBackend {
 
     /// A container's stdout from its start, followed until it stops or to now.
     pub fn logs(&self, name: &str, follow: bool) -> OutputStream {
+        self.logs_from(name, follow, None)
+    }
+
+    /// A container's stdout from the second of `since` on, each line after its time.
+    pub fn logs_since(
+        &self,
+        name: &str,
+        since: std::time::SystemTime,
+        follow: bool,
+    ) -> OutputStream {
+        self.logs_from(name, follow, Some(since))
+    }
+
+    fn logs_from(
+        &self,
+        name: &str,
+        follow: bool,
+        since: Option<std::time::SystemTime>,
+    ) -> OutputStream {
+        let secs = since
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
         let logs = self.docker.logs(
             name,
             Some(bollard::query_parameters::LogsOptions {
                 follow,
                 stdout: true,
                 stderr: false,
+                since: i32::try_from(secs).unwrap_or(0),
+                timestamps: since.is_some(),
                 ..Default::default()
             }),
         );

@@ -232,6 +232,10 @@ impl Backend for DockerBackend {
         DockerBackend::logs(self, name, false)
     }
 
+    fn logs_since(&self, name: &str, since: std::time::SystemTime, follow: bool) -> OutputStream {
+        DockerBackend::logs_since(self, name, since, follow)
+    }
+
     async fn inspect_image(&self, image: &str) -> Result<Option<ImageInfo>> {
         DockerBackend::inspect_image(self, image).await
     }

@@ -314,6 +314,25 @@ impl KubeBackend {
     /// A pod's stdout (its agent's, or `<pod>/<container>`: a sidecar's, the proxy's that
     /// says what it refused), from its start: followed until it ends, or to now.
     pub(super) fn logs(&self, name: &str, follow: bool) -> OutputStream {
+        self.logs_with(name, follow, None)
+    }
+
+    /// [`Self::logs`] from the second of `since` on (or a second before), each line after
+    /// its time.
+    pub(super) fn logs_since(
+        &self,
+        name: &str,
+        since: std::time::SystemTime,
+        follow: bool,
+    ) -> OutputStream {
+        // Seconds before now, rounded up: the API's `sinceSeconds` is relative.
+        let ago = std::time::SystemTime::now()
+            .duration_since(since)
+            .map_or(1, |d| d.as_secs() + 1);
+        self.logs_with(name, follow, Some(i64::try_from(ago).unwrap_or(i64::MAX)))
+    }
+
+    fn logs_with(&self, name: &str, follow: bool, since_seconds: Option<i64>) -> OutputStream {
         let (name, sidecar) = match name.split_once('/') {
             Some((pod, container)) => (pod.to_string(), Some(container.to_string())),
             None => (name.to_string(), None),
@@ -328,6 +347,8 @@ impl KubeBackend {
             let params = kube::api::LogParams {
                 follow,
                 container,
+                since_seconds,
+                timestamps: since_seconds.is_some(),
                 ..Default::default()
             };
             match pods.log_stream(&name, &params).await {

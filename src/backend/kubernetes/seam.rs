@@ -412,6 +412,10 @@ impl Backend for KubeBackend {
         self.logs(name, false)
     }
 
+    fn logs_since(&self, name: &str, since: std::time::SystemTime, follow: bool) -> OutputStream {
+        KubeBackend::logs_since(self, name, since, follow)
+    }
+
     async fn inspect_image(&self, image: &str) -> Result<Option<ImageInfo>> {
         // The API server does not say which images its nodes have: a missing one shows
         // when a pod cannot start (`CreateError::ImageMissing`).

@@ -137,6 +137,10 @@ pub(in crate::session) async fn plan_turn(
     if let Some(net) = route.as_ref().and_then(|r| r.agent_network.clone()) {
         spec.network = NetworkPolicy::Named(net);
     }
+    // Where another process (`logs -f`, MCP's progress) reads the turn's refusals from.
+    if let Some(e) = &egress {
+        spec.labels.extend(e.labels());
+    }
     // A backend that holds egress in the turn's own unit does it from the spec.
     if let Some(e) = egress.as_ref().filter(|e| !e.plan.shared) {
         spec.egress_allow = e.plan.allow.clone();

@@ -881,6 +881,9 @@ mod tests {
         fn logs_so_far(&self, _: &str) -> OutputStream {
             unexpected!("read logs")
         }
+        fn logs_since(&self, _: &str, _: std::time::SystemTime, _: bool) -> OutputStream {
+            unexpected!("read logs")
+        }
         async fn inspect_image(&self, _: &str) -> Result<Option<ImageInfo>> {
             // A turn reads its image's CLI version: none here.
             Ok(None)

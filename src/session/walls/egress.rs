@@ -216,6 +216,27 @@ impl Egress {
         !self.plan.shared && self.route.agent_network.is_some()
     }
 
+    /// The turn container's labels that say where its refusals are read
+    /// ([`super::refusals::Watch`]).
+    pub(in crate::session) fn labels(&self) -> Vec<(String, String)> {
+        let mut out = vec![
+            (labels::EGRESS_LOG.to_string(), self.route.proxy_log.clone()),
+            (
+                labels::EGRESS_POLICY.to_string(),
+                self.plan.policy.as_str().to_string(),
+            ),
+        ];
+        if let Some(network) = self
+            .route
+            .agent_network
+            .as_ref()
+            .filter(|_| self.plan.shared)
+        {
+            out.push((labels::EGRESS_NETWORK.to_string(), network.clone()));
+        }
+        out
+    }
+
     fn lease_line(&self) -> String {
         format!("lease {} {}\n", self.lease_id, LEASE_TTL.as_millis())
     }

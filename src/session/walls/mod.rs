@@ -3,7 +3,8 @@
 //! repository names; [`numstat`]: the files it changes); the paths it may not write
 //! ([`protect`], [`protected_out`]) and what it wrote there anyway, moved aside
 //! ([`quarantine`]); who it runs as ([`owner`]); and the hosts it may reach
-//! ([`admitted`], under `--egress` and `--allow-host`) through its egress proxy ([`egress`]). Not here: the credential broker (`broker`), which keeps its
+//! ([`admitted`], under `--egress` and `--allow-host`) through its egress proxy ([`egress`]), whose refusals another process reads as they come
+//! ([`refusals`]). Not here: the credential broker (`broker`), which keeps its
 //! keys out of the box.
 
 pub mod admitted;
@@ -15,5 +16,6 @@ pub mod protect;
 pub mod protected_out;
 mod proxy_log;
 pub mod quarantine;
+pub mod refusals;
 pub mod safe_git;
 pub mod workspace;
