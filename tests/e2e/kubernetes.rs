@@ -1085,6 +1085,18 @@ fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
     let w = json_of(&waited);
     assert_eq!(w["turn"], 2, "{w}");
     assert!(result_text(&w).contains("Noted: plum"), "{w}");
+    // Its egress, read by the wait that recorded it from the pod's proxy sidecar's log.
+    let stub_ip = endpoint
+        .trim_start_matches("http://")
+        .split(':')
+        .next()
+        .unwrap();
+    assert!(
+        w["egress"]["allowed"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|e| e["host"] == stub_ip)),
+        "{w}"
+    );
     assert!(
         !lab.caw_objects().iter().any(|o| o.starts_with("pod/")),
         "a pod was left: {:?}",

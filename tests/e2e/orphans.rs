@@ -140,6 +140,16 @@ fn a_detached_turn_whose_driver_is_killed_is_recorded_once_by_two_waits() {
     assert_eq!(recorded[0]["result"], "Noted: plum.");
     assert_eq!(recorded[0]["status"], "success");
     assert!(recorded[0]["usage"]["output_tokens"].as_u64().unwrap() > 0);
+    // Its egress, read by the wait that recorded it from the shared proxy's log (by the
+    // agent's address): the model's host reached.
+    let egress = &recorded[0]["egress"];
+    assert_eq!(egress["policy"], "balanced", "{egress}");
+    assert!(
+        egress["allowed"].as_array().is_some_and(|a| a
+            .iter()
+            .any(|e| e["host"] == rig.stub.as_str() && e["connections"].as_u64() > Some(0))),
+        "{egress}"
+    );
     assert_eq!(rig.caw_containers(), Vec::<String>::new());
     // Its answer is in the conversation the CLI resumes.
     let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));

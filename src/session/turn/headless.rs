@@ -112,6 +112,16 @@ pub(in crate::session) async fn adopt(
             warm: Some((stdout, exit)),
         },
     };
+    // Its egress, from its proxy's log (a shared proxy's by the agent's address: read while
+    // the container runs).
+    let ended = record
+        .turns
+        .last()
+        .map(|t| std::time::UNIX_EPOCH + Duration::from_secs(t.started_at + t.duration_ms / 1000));
+    let adopted_egress = match backend.inspect_container(name).await {
+        Ok(Some(c)) => crate::session::walls::refusals::Watch::of(backend, &c, ended).await,
+        _ => None,
+    };
     let ctx = TurnContext {
         backend,
         name,
@@ -121,6 +131,7 @@ pub(in crate::session) async fn adopt(
         home_out: None,
         runtime_payload: None,
         egress: None,
+        adopted_egress,
         // Nothing to feed an adopted turn: no broker to wait for.
         broker_ready: tokio::sync::watch::channel(Some(true)).1,
         // (Kubernetes: the workspace is a copy.)
@@ -567,7 +578,11 @@ async fn egress_of(
     ctx: &TurnContext<'_, impl Backend>,
     reading: &mut Reading<'_>,
 ) -> Option<crate::event::EgressRecord> {
-    let record = ctx.egress?.record(ctx.backend).await;
+    let record = match (ctx.egress, &ctx.adopted_egress) {
+        (Some(e), _) => e.record(ctx.backend).await,
+        (None, Some(w)) => w.record(ctx.backend).await,
+        (None, None) => return None,
+    };
     // What was not said as it came (a proxy's log read late, or none read live).
     for h in &record.refused {
         if !reading.refusals_said.contains(&(h.host.clone(), h.port)) {

@@ -46,6 +46,7 @@ pub(in crate::session) async fn drive_tui(
         home_out: _,
         runtime_payload: _,
         egress,
+        adopted_egress: _,
         broker_ready: _,
         guard: _,
         user,

@@ -2,7 +2,8 @@
 //! ([`runner`]) and driven to its recorded end, headless ([`headless`], [`ended`]) or in the
 //! vendor's TUI ([`interactive`]), in a warm container ([`warm`]), with its runtime files
 //! ([`runtime`]), the model a session runs ([`models`]), usage limits ([`limits`]), the
-//! session's spend limit ([`budget`]) and the cap on a prompt ([`prompt`]).
+//! session's spend limit ([`budget`]), the cap on a prompt ([`prompt`]) and its checkpoint
+//! around it ([`checkpoints`]).
 //! Not here: storing sessions (`store`), the walls around the agent (`walls`), the
 //! credential broker (`broker`), existing sessions' lifecycle (`lifecycle`).
 //!
@@ -11,6 +12,7 @@
 //! maps to an error. Not the drive loops themselves.
 
 pub mod budget;
+mod checkpoints;
 pub(in crate::session) mod ended;
 pub(in crate::session) mod headless;
 pub(in crate::session) mod interactive;
@@ -189,6 +191,8 @@ pub(in crate::session) struct TurnContext<'a, B> {
     pub runtime_payload: Option<&'a [u8]>,
     /// The turn's egress (its proxy and what it saw); `None` on the host's network.
     pub egress: Option<&'a crate::session::walls::egress::Egress>,
+    /// Of a turn whose driver is gone, adopted: its proxy's log, read for its egress record.
+    pub adopted_egress: Option<crate::session::walls::refusals::Watch>,
     /// `Some(true)` once the turn's credential broker listens (`Some(false)`: it failed),
     /// `Some(true)` from the start when there is none: the runtime files wait for it.
     pub broker_ready: tokio::sync::watch::Receiver<Option<bool>>,

@@ -23,6 +23,9 @@ use crate::session::lifecycle::liveness::{driver_is_gone, remove_abandoned_turns
 use crate::session::lifecycle::orphans::Orphan;
 use crate::session::store::inflight::InFlight;
 use crate::session::store::record::{labels, SessionRecord};
+use crate::session::turn::checkpoints::{
+    arm_checkpoint, drop_unused_checkpoint, prepare_checkpoint, settle_behind,
+};
 use crate::session::turn::plan::{plan_turn, TurnPlan};
 use crate::session::turn::{busy, image_hint, Interrupts, TurnContext, STOP_GRACE};
 use crate::session::walls::egress::Egress;
@@ -214,6 +217,22 @@ pub async fn warm_ahead(
 
 /// Runs a planned turn: what it needs made first (its state volume filled and handed to
 /// its user, its broker, its egress), its container and driver, and what comes after.
+/// The session's proxies and brokers of turns whose caw-box was killed, once this turn
+/// holds the lock.
+async fn remove_leftovers(
+    backend: &impl Backend,
+    record: &SessionRecord,
+    egress: Option<&Egress>,
+    broker: Option<&Broker>,
+) {
+    if let Some(e) = egress {
+        e.remove_leftovers(backend, record).await;
+    }
+    if let Some(b) = broker {
+        b.remove_leftovers(backend).await;
+    }
+}
+
 async fn realise(
     backend: &impl Backend,
     record: &mut SessionRecord,
@@ -291,12 +310,7 @@ async fn realise(
         // Under the lock now: a checkpoint left behind the last (warm) turn ends first.
         settle_behind(backend, record.session_id).await?;
         arm_checkpoint(backend, record, turn, warm_for, &arming);
-        if let Some(e) = &egress {
-            e.remove_leftovers(backend, record).await;
-        }
-        if let Some(b) = &broker {
-            b.remove_leftovers(backend).await;
-        }
+        remove_leftovers(backend, record, egress.as_ref(), broker.as_ref()).await;
         // From here on the container exists: every path out must remove it.
         let ctx = TurnContext {
             backend,
@@ -307,6 +321,7 @@ async fn realise(
             home_out: writes_back.then_some(&home_out),
             runtime_payload: payload.as_deref(),
             egress: egress.as_ref(),
+            adopted_egress: None,
             broker_ready: ready_rx.clone(),
             guard: guard.as_ref(),
             user: ids,
@@ -333,93 +348,6 @@ async fn realise(
     outcome
 }
 
-/// Waits for the checkpoint a warm turn left behind it (`checkpoint::settle`), where the
-/// backend takes those.
-async fn settle_behind(backend: &impl Backend, session_id: uuid::Uuid) -> Result<()> {
-    if !backend.capabilities().warm_checkpoints {
-        return Ok(());
-    }
-    crate::session::store::checkpoint::settle(backend, session_id).await
-}
-
-/// Arms a warm turn's checkpoint beside the turn (`checkpoint::arm`), where the backend takes
-/// those behind the turn and the session keeps them, into `arming`.
-fn arm_checkpoint(
-    backend: &impl Backend,
-    record: &SessionRecord,
-    turn: u32,
-    warm_for: Option<u64>,
-    arming: &crate::session::store::behind::Arming,
-) {
-    let caps = backend.capabilities();
-    if warm_for.is_none()
-        || !caps.checkpoints
-        || !caps.warm_checkpoints
-        || record.settings.no_checkpoints
-    {
-        return;
-    }
-    let (backend, source) = (backend.clone(), SourceOf::new(record));
-    let task = tokio::spawn(async move {
-        crate::session::store::behind::arm(&backend, &source.source(), turn).await
-    });
-    arming.start(task);
-}
-
-/// What a checkpoint made beside the turn needs of its record, owned (the record is the
-/// rest's to change meanwhile); its resume key is the turn record's.
-struct SourceOf {
-    session_id: uuid::Uuid,
-    provider: crate::provider::ProviderKind,
-    image: String,
-    workspace_mode: crate::session::store::record::WorkspaceMode,
-}
-
-impl SourceOf {
-    fn new(record: &SessionRecord) -> SourceOf {
-        SourceOf {
-            session_id: record.session_id,
-            provider: record.provider,
-            image: record.settings.image.clone(),
-            workspace_mode: record.settings.workspace_mode,
-        }
-    }
-
-    fn source(&self) -> crate::session::checkpoint::Source<'_> {
-        crate::session::checkpoint::Source {
-            session_id: self.session_id,
-            provider: self.provider,
-            image: &self.image,
-            workspace_mode: self.workspace_mode,
-            resume_key: "",
-        }
-    }
-}
-
-/// The checkpoint volume a cold turn's own container writes once its CLI has ended
-/// (`checkpoint::prepare`), made beside the rest of what the turn needs first. `None`: the
-/// backend keeps none, the session keeps none (`--checkpoints off`), the turn runs warm (its container was made before), or it could not
-/// be made (a helper takes the checkpoint after the turn then).
-fn prepare_checkpoint<'a>(
-    backend: &'a impl Backend,
-    record: &SessionRecord,
-    turn: u32,
-    warm_for: Option<u64>,
-) -> impl std::future::Future<Output = Option<crate::session::checkpoint::InTurn>> + 'a {
-    let wanted =
-        backend.capabilities().checkpoints && !record.settings.no_checkpoints && warm_for.is_none();
-    let source = SourceOf::new(record);
-    async move {
-        if !wanted {
-            return None;
-        }
-        crate::session::checkpoint::prepare(backend, &source.source(), turn)
-            .await
-            .inspect_err(|e| tracing::debug!("no checkpoint volume before turn {turn}: {e}"))
-            .ok()
-    }
-}
-
 /// What ran beside the turn goes once it ended: its broker, its egress; and a recorded warm
 /// turn's checkpoint is taken now, behind everything the turn needed.
 async fn close_beside(
@@ -437,22 +365,6 @@ async fn close_beside(
         }
     };
     tokio::join!(close, arming.fire(backend));
-}
-
-/// The checkpoint volume made for a turn whose container was never made: no turn ran, so
-/// nothing of it is kept (a refused turn leaves nothing behind). Not when the turn was
-/// refused as busy: the volume may be the racing winner's (both saw none and made it).
-async fn drop_unused_checkpoint<T>(
-    backend: &impl Backend,
-    volume: Option<&str>,
-    outcome: &Result<T>,
-) {
-    let busy = matches!(outcome, Err(e) if e.kind == crate::error::ErrorKind::Busy);
-    if let Some(v) = volume.filter(|_| !busy) {
-        if let Err(e) = backend.remove_volume(v).await {
-            tracing::warn!("could not remove the unused checkpoint volume '{v}': {e}");
-        }
-    }
 }
 
 /// What the turn needs before its container: a new state volume filled with the image's

@@ -502,7 +502,7 @@ impl Egress {
                 lines
             }
         };
-        summarise(self.plan.policy, &lines)
+        summarise(self.plan.policy.as_str(), &lines)
     }
 
     /// Ends the turn's use of its proxy: a shared one's lease is released (it stays for
@@ -612,7 +612,7 @@ mod tests {
         .into_iter()
         .map(line)
         .collect();
-        let r = summarise(EgressPolicy::Balanced, &lines);
+        let r = summarise("balanced", &lines);
         assert_eq!(r.policy, "balanced");
         let host = |host: &str, port, connections, bytes_out, bytes_in, failed| EgressHost {
             host: host.into(),

@@ -7,7 +7,6 @@ use futures_util::StreamExt;
 
 use crate::backend::{Backend, OutputChunk};
 use crate::event::{EgressHost, EgressRecord};
-use crate::session::store::record::EgressPolicy;
 
 /// One decision or end of a connection, as the proxy logs it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -63,9 +62,9 @@ pub(super) fn split_target(target: &str) -> (String, u16) {
 
 /// The turn's record of `lines` (those of its agent): per host and port, connections and
 /// bytes of what was allowed, attempts of what was refused, in the order first seen.
-pub(super) fn summarise(policy: EgressPolicy, lines: &[Line]) -> EgressRecord {
+pub(super) fn summarise(policy: &str, lines: &[Line]) -> EgressRecord {
     let mut record = EgressRecord {
-        policy: policy.as_str().to_string(),
+        policy: policy.to_string(),
         ..Default::default()
     };
     fn entry<'a>(list: &'a mut Vec<EgressHost>, target: &str) -> &'a mut EgressHost {

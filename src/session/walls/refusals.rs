@@ -9,11 +9,11 @@ use std::time::{Duration, SystemTime};
 use futures_util::StreamExt;
 
 use crate::backend::{Backend, ContainerInfo, EgressRoute, OutputChunk};
-use crate::event::Event;
+use crate::event::{EgressRecord, Event};
 use crate::lines::LineBuffer;
 use crate::session::store::record::labels;
 
-use super::proxy_log::{split_target, Line};
+use super::proxy_log::{split_target, summarise, Line};
 
 /// Where and what to read of one running turn's proxy log.
 #[derive(Debug, Clone)]
@@ -67,12 +67,12 @@ impl Watch {
     /// The refusal a line of the log (its time, a space, the proxy's line) says, if it is
     /// one of this turn's.
     fn refusal(&self, text: &str) -> Option<Event> {
-        let (stamp, rest) = text.split_once(' ')?;
-        if humantime::parse_rfc3339(stamp).ok()? < self.since {
-            return None;
-        }
-        let line = Line::parse(rest)?;
-        if !line.refused() || (self.from.is_some() && line.from != self.from) {
+        self.said(&self.ours(text)?)
+    }
+
+    /// The event of a refusal.
+    fn said(&self, line: &Line) -> Option<Event> {
+        if !line.refused() {
             return None;
         }
         let (host, port) = split_target(&line.target);
@@ -83,17 +83,40 @@ impl Watch {
         })
     }
 
-    /// The turn's refusals so far.
-    pub async fn so_far(&self, backend: &impl Backend) -> Vec<Event> {
+    /// The proxy's line a line of the log (its time, a space, the line) holds, if it is one
+    /// of this turn's agent's since the turn began.
+    fn ours(&self, text: &str) -> Option<Line> {
+        let (stamp, rest) = text.split_once(' ')?;
+        if humantime::parse_rfc3339(stamp).ok()? < self.since {
+            return None;
+        }
+        let line = Line::parse(rest)?;
+        (self.from.is_none() || line.from == self.from).then_some(line)
+    }
+
+    /// The turn's lines of the log so far.
+    async fn lines(&self, backend: &impl Backend) -> Vec<Line> {
         let mut logs = backend.logs_since(&self.log, self.since, false);
         let (mut buffer, mut out) = (LineBuffer::default(), Vec::new());
         while let Some(Ok(chunk)) = logs.next().await {
             if let OutputChunk::Stdout(b) = chunk {
-                buffer.feed(&b, |l| out.extend(self.refusal(l)));
+                buffer.feed(&b, |l| out.extend(self.ours(l)));
             }
         }
-        buffer.finish(|l| out.extend(self.refusal(l)));
+        buffer.finish(|l| out.extend(self.ours(l)));
         out
+    }
+
+    /// The turn's refusals so far.
+    pub async fn so_far(&self, backend: &impl Backend) -> Vec<Event> {
+        let lines = self.lines(backend).await;
+        lines.iter().filter_map(|l| self.said(l)).collect()
+    }
+
+    /// The turn's egress record from the log, once its CLI ended (a turn whose driver is
+    /// gone, recorded by another caw-box).
+    pub async fn record(&self, backend: &impl Backend) -> EgressRecord {
+        summarise(&self.policy, &self.lines(backend).await)
     }
 
     /// The turn's refusals to `tx` as they come, until `tx` is dropped or this task is
