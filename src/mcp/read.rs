@@ -88,7 +88,8 @@ pub fn event_line(e: &Event) -> Option<String> {
     Some(shorten(&line, LATEST_CHARS))
 }
 
-/// The unified events a running turn printed so far, parsed as its driver parses them.
+/// The unified events a running turn printed so far, parsed as its driver parses them, and
+/// its egress refusals so far from its proxy's log, in the order they happened.
 async fn running_events(backend: &impl Backend, view: &SessionView) -> Vec<Event> {
     let provider = view.facts.provider;
     let mcp = view.record().settings.mcp_names();
@@ -96,18 +97,27 @@ async fn running_events(backend: &impl Backend, view: &SessionView) -> Vec<Event
         previous_cumulative_usage: view.last.as_ref().and_then(|l| l.cumulative_usage),
     });
     let container = names::turn_container(view.facts.session_id);
-    let mut stream = backend.follow_logs(&container);
+    // Each line with its time: the refusals go among the CLI's events by theirs.
+    let mut stream = backend.logs_since(&container, std::time::UNIX_EPOCH, true);
     let mut lines = crate::lines::LineBuffer::default();
-    let mut events = Vec::new();
+    let mut events: Vec<(std::time::SystemTime, Event)> = Vec::new();
     let mut batch = Vec::new();
+    let mut at = std::time::UNIX_EPOCH;
     let mut parse = |line: &str| {
+        let line = match crate::session::refusals::stamped(line) {
+            Some((t, rest)) => {
+                at = t;
+                rest
+            }
+            None => line,
+        };
         if crate::session::is_marker(line) {
             return;
         }
         batch.clear();
         parser.parse_line(line, &mut batch);
         crate::agent_config::tag_tool_groups(provider.adapter().tool_names(), &mcp, &mut batch);
-        events.append(&mut batch);
+        events.extend(batch.drain(..).map(|e| (at, e)));
     };
     let until = tokio::time::Instant::now() + Duration::from_secs(5);
     while let Ok(Some(chunk)) = tokio::time::timeout(LOG_QUIET, stream.next()).await {
@@ -119,7 +129,6 @@ async fn running_events(backend: &impl Backend, view: &SessionView) -> Vec<Event
         }
     }
     lines.finish(&mut parse);
-    // Its egress refusals so far, from its proxy's log (the CLI's output has none).
     if let Ok(Some(c)) = backend.inspect_container(&container).await {
         let ended = view
             .last
@@ -129,7 +138,9 @@ async fn running_events(backend: &impl Backend, view: &SessionView) -> Vec<Event
             events.extend(watch.so_far(backend).await);
         }
     }
-    events
+    // (A stable sort: the CLI's events keep their order.)
+    events.sort_by_key(|(t, _)| *t);
+    events.into_iter().map(|(_, e)| e).collect()
 }
 
 /// The usage a running turn reported so far (the latest `usage` event).

@@ -190,13 +190,29 @@ async def main_server(s):
     r = await call(s, "result", {"session": sid})
     assert "walrus" in r["result"], r
 
+    check("status: a running turn's egress refusal, from its proxy's log, is its latest event")
+    # The stub has codex's shell ask a host no policy lists, through the proxy (curl honours
+    # http_proxy; the proxy refuses by name: nothing leaves the test's network), a second
+    # after the tool started (its start is an event of its own, said just before).
+    await call(s, "reply", {"session": sid, "prompt":
+                            "RUN:sleep 1; curl -s http://refused.invalid/ >/dev/null; sleep 6; echo done"})
+    deadline = time.monotonic() + 60
+    while True:
+        st = await call(s, "status", {"session": sid})
+        if st.get("latest") == "egress refused: refused.invalid:80":
+            break
+        assert st["status"] in ("running", "queued") and time.monotonic() < deadline, st
+        await asyncio.sleep(0.3)
+    assert st["status"] == "running" and st["turn"] == 3, st
+    await wait_done(s, [sid])
+
     check("a busy session's reply is refused; cancel of a held turn returns in < 10 s")
     await call(s, "reply", {"session": sid, "prompt": "HOLD:cancelme hi"})
     await asyncio.to_thread(held, "cancelme")
     st = await call(s, "status", {"session": sid})
-    assert st["status"] == "running" and st["turn"] == 3 and "latest" in st, st
+    assert st["status"] == "running" and st["turn"] == 4 and "latest" in st, st
     ev = await call(s, "events", {"session": sid})
-    assert ev["running"] and ev["turn"] == 3, ev
+    assert ev["running"] and ev["turn"] == 4, ev
     e = await call(s, "reply", {"session": sid, "prompt": "hi"}, ok=False)
     assert e["error"]["kind"] == "busy" and e["exit_code"] == 2, e
     t0 = time.monotonic()
@@ -207,7 +223,7 @@ async def main_server(s):
     if c["status"] == "stopping":
         await wait_done(s, [sid])
     r = await call(s, "result", {"session": sid})
-    assert r["status"] == "interrupted" and r["turn"] == 3, r
+    assert r["status"] == "interrupted" and r["turn"] == 4, r
     assert r["exit_code"] == 130 and r["exit_kind"] == "interrupted", r
     await call(s, "reply", {"session": sid, "prompt": "RECALL"})
     await wait_done(s, [sid])

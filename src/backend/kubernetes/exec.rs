@@ -325,14 +325,21 @@ impl KubeBackend {
         since: std::time::SystemTime,
         follow: bool,
     ) -> OutputStream {
-        // Seconds before now, rounded up: the API's `sinceSeconds` is relative.
-        let ago = std::time::SystemTime::now()
-            .duration_since(since)
-            .map_or(1, |d| d.as_secs() + 1);
-        self.logs_with(name, follow, Some(i64::try_from(ago).unwrap_or(i64::MAX)))
+        // Seconds before now, rounded up: the API's `sinceSeconds` is relative (none: from
+        // the start).
+        let ago = (since > std::time::UNIX_EPOCH)
+            .then(|| {
+                std::time::SystemTime::now()
+                    .duration_since(since)
+                    .map_or(1, |d| d.as_secs() + 1)
+            })
+            .map(|s| i64::try_from(s).unwrap_or(i64::MAX));
+        self.logs_with(name, follow, Some(ago))
     }
 
-    fn logs_with(&self, name: &str, follow: bool, since_seconds: Option<i64>) -> OutputStream {
+    /// `since`: `None`, the log as it is; `Some(seconds)`, each line after its time, from
+    /// `seconds` ago (or from the start).
+    fn logs_with(&self, name: &str, follow: bool, since: Option<Option<i64>>) -> OutputStream {
         let (name, sidecar) = match name.split_once('/') {
             Some((pod, container)) => (pod.to_string(), Some(container.to_string())),
             None => (name.to_string(), None),
@@ -347,8 +354,8 @@ impl KubeBackend {
             let params = kube::api::LogParams {
                 follow,
                 container,
-                since_seconds,
-                timestamps: since_seconds.is_some(),
+                since_seconds: since.flatten(),
+                timestamps: since.is_some(),
                 ..Default::default()
             };
             match pods.log_stream(&name, &params).await {

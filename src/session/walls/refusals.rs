@@ -67,7 +67,7 @@ impl Watch {
     /// The refusal a line of the log (its time, a space, the proxy's line) says, if it is
     /// one of this turn's.
     fn refusal(&self, text: &str) -> Option<Event> {
-        self.said(&self.ours(text)?)
+        self.said(&self.ours(text)?.1)
     }
 
     /// The event of a refusal.
@@ -83,19 +83,19 @@ impl Watch {
         })
     }
 
-    /// The proxy's line a line of the log (its time, a space, the line) holds, if it is one
-    /// of this turn's agent's since the turn began.
-    fn ours(&self, text: &str) -> Option<Line> {
-        let (stamp, rest) = text.split_once(' ')?;
-        if humantime::parse_rfc3339(stamp).ok()? < self.since {
+    /// The proxy's line a line of the log (its time, a space, the line) holds, and its
+    /// time, if it is one of this turn's agent's since the turn began.
+    fn ours(&self, text: &str) -> Option<(SystemTime, Line)> {
+        let (at, rest) = stamped(text)?;
+        if at < self.since {
             return None;
         }
         let line = Line::parse(rest)?;
-        (self.from.is_none() || line.from == self.from).then_some(line)
+        (self.from.is_none() || line.from == self.from).then_some((at, line))
     }
 
-    /// The turn's lines of the log so far.
-    async fn lines(&self, backend: &impl Backend) -> Vec<Line> {
+    /// The turn's lines of the log so far, with their times.
+    async fn lines(&self, backend: &impl Backend) -> Vec<(SystemTime, Line)> {
         let mut logs = backend.logs_since(&self.log, self.since, false);
         let (mut buffer, mut out) = (LineBuffer::default(), Vec::new());
         while let Some(Ok(chunk)) = logs.next().await {
@@ -107,16 +107,25 @@ impl Watch {
         out
     }
 
-    /// The turn's refusals so far.
-    pub async fn so_far(&self, backend: &impl Backend) -> Vec<Event> {
+    /// The turn's refusals so far, each with when it happened.
+    pub async fn so_far(&self, backend: &impl Backend) -> Vec<(SystemTime, Event)> {
         let lines = self.lines(backend).await;
-        lines.iter().filter_map(|l| self.said(l)).collect()
+        lines
+            .into_iter()
+            .filter_map(|(at, l)| Some((at, self.said(&l)?)))
+            .collect()
     }
 
     /// The turn's egress record from the log, once its CLI ended (a turn whose driver is
     /// gone, recorded by another caw-box).
     pub async fn record(&self, backend: &impl Backend) -> EgressRecord {
-        summarise(&self.policy, &self.lines(backend).await)
+        let lines: Vec<Line> = self
+            .lines(backend)
+            .await
+            .into_iter()
+            .map(|(_, l)| l)
+            .collect();
+        summarise(&self.policy, &lines)
     }
 
     /// The turn's refusals to `tx` as they come, until `tx` is dropped or this task is
@@ -148,6 +157,12 @@ impl Watch {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// A line of a log read with its times ([`Backend::logs_since`]): its time and the rest.
+pub fn stamped(text: &str) -> Option<(SystemTime, &str)> {
+    let (stamp, rest) = text.split_once(' ')?;
+    Some((humantime::parse_rfc3339(stamp).ok()?, rest))
 }
 
 #[cfg(test)]
