@@ -207,8 +207,11 @@ fn a_first_turn_that_ran_and_failed_keeps_its_session() {
     rig.rt
         .block_on(rig.docker.remove_container(
             &container,
+            // With its anonymous volume (the turn's runtime scratch), which nothing reads
+            // once the container is gone: else every run of this test leaves one behind.
             Some(bollard::query_parameters::RemoveContainerOptions {
                 force: true,
+                v: true,
                 ..Default::default()
             }),
         ))

@@ -270,8 +270,11 @@ fn a_detached_turn_whose_container_is_removed_from_outside_is_recorded_as_interr
     rig.rt
         .block_on(rig.docker.remove_container(
             &format!("caw-box-{id}"),
+            // With its anonymous volume (the turn's runtime scratch), which nothing reads
+            // once the container is gone: else every run of this test leaves one behind.
             Some(bollard::query_parameters::RemoveContainerOptions {
                 force: true,
+                v: true,
                 ..Default::default()
             }),
         ))
