@@ -89,8 +89,11 @@ pub fn event_line(e: &Event) -> Option<String> {
 }
 
 /// The unified events a running turn printed so far, parsed as its driver parses them, and
-/// its egress refusals so far from its proxy's log, in the order they happened.
-async fn running_events(backend: &impl Backend, view: &SessionView) -> Vec<Event> {
+/// with `refusals` its egress refusals so far from its proxy's log, in the order they
+/// happened. Without: a list that only grows at its end, as `events`' cursor needs (a
+/// refusal placed by its time could land before a page already given); the turn's
+/// recorded log has them once it ended.
+async fn running_events(backend: &impl Backend, view: &SessionView, refusals: bool) -> Vec<Event> {
     let provider = view.facts.provider;
     let mcp = view.record().settings.mcp_names();
     let mut parser = provider.adapter().parser(ParseContext {
@@ -129,7 +132,11 @@ async fn running_events(backend: &impl Backend, view: &SessionView) -> Vec<Event
         }
     }
     lines.finish(&mut parse);
-    if let Ok(Some(c)) = backend.inspect_container(&container).await {
+    let found = match refusals {
+        true => backend.inspect_container(&container).await,
+        false => Ok(None),
+    };
+    if let Ok(Some(c)) = found {
         let ended = view
             .last
             .as_ref()
@@ -195,7 +202,7 @@ pub async fn status(target: &str, queue: Option<Arc<Queue>>) -> Result<Value> {
             .and_then(|c| c.created)
             .and_then(|t| t.elapsed().ok())
             .map(|d| d.as_secs());
-        let events = running_events(backend, &view).await;
+        let events = running_events(backend, &view, true).await;
         out["status"] = json!(Status::Running.to_string());
         out["turn"] = json!(turn);
         out["elapsed_s"] = json!(elapsed);
@@ -266,8 +273,8 @@ pub async fn events(
     let running = running_turn(&client, id).await?;
     let last = view.last.as_ref().map_or(0, |l| l.turn);
     let (n, events) = match (turn, running) {
-        (None, Some(r)) => (r, running_events(backend, &view).await),
-        (Some(t), Some(r)) if t == r => (r, running_events(backend, &view).await),
+        (None, Some(r)) => (r, running_events(backend, &view, false).await),
+        (Some(t), Some(r)) if t == r => (r, running_events(backend, &view, false).await),
         (t, _) => {
             let n = t.unwrap_or(last);
             if n == 0 {
@@ -404,7 +411,7 @@ pub async fn progress_line(client: &Client, running: &[Uuid], elapsed: Duration)
         let Ok(view) = target::resolve_view(backend, &id.to_string()).await else {
             continue;
         };
-        let events = running_events(backend, &view).await;
+        let events = running_events(backend, &view, true).await;
         let who = view
             .facts
             .name
