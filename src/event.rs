@@ -26,6 +26,9 @@ pub enum Status {
     Budget,
     /// A detached turn that has not ended yet (only in records and `-o json` of `--detach`).
     Running,
+    /// A turn waiting for a slot of its account (`--per-account`): not started yet (only in
+    /// `-o json` of `--detach`, `ls`, `show` and the MCP server's answers).
+    Queued,
 }
 
 impl Status {
@@ -37,7 +40,7 @@ impl Status {
     /// The kind of failure a turn that ended this way is (`None`: not a failure).
     pub fn error_kind(self) -> Option<ErrorKind> {
         match self {
-            Status::Success | Status::Running => None,
+            Status::Success | Status::Running | Status::Queued => None,
             Status::Error => Some(ErrorKind::Turn),
             Status::Unreachable => Some(ErrorKind::Environment),
             Status::AuthError => Some(ErrorKind::Credentials),
@@ -59,6 +62,7 @@ impl Status {
             Status::Unreachable => "unreachable",
             Status::Budget => "budget",
             Status::Running => "running",
+            Status::Queued => "queued",
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Credentials: what each vendor CLI needs (specs under auth/, compiled in), collecting it
 //! from the host into caw-box's private store, and handing it to turns without leaks.
 
+pub mod account;
 pub mod inject;
 pub mod intercept;
 pub mod keyring;

@@ -126,6 +126,11 @@ pub struct SettingsArgs {
     /// Process limit.
     #[arg(long, value_name = "N")]
     pub pids_limit: Option<i64>,
+    /// At most N turns of this session's account (its stored login or key) in flight at
+    /// once, across every caw-box process of this host; a turn over it is `queued` until
+    /// one ends. `0`: no cap.
+    #[arg(long, value_name = "N")]
+    pub per_account: Option<i64>,
     /// `open` (default bridge), `host`, or an existing network's name (e.g. an internal one
     /// with a model gateway on it): where the egress proxy (under `--egress open`, the agent)
     /// reaches out. `none` is refused: the CLI could not reach its model; `host` takes only

@@ -151,7 +151,10 @@ impl Session {
                     })
                     .is_some_and(|c| c.running() || c.finished),
             };
-            if started {
+            // Or waiting for a slot of its account (`--per-account`): it starts later.
+            let queued = crate::session::admission::queued_turn(self.id())
+                .is_some_and(|q| q.turn.to_string() == turn && q.pid.to_string() == driver_pid);
+            if started || queued {
                 drop(child);
                 return Ok(());
             }

@@ -90,6 +90,8 @@ struct StatusItem<'a> {
 struct ProviderStatus<'a> {
     provider: ProviderKind,
     present: bool,
+    /// The account the stored credentials spend: a fingerprint, never the secret.
+    account: Option<String>,
     items: Vec<StatusItem<'a>>,
 }
 
@@ -105,6 +107,7 @@ pub fn status(json: bool) -> Result<i32> {
     }
     let mut rows = vec![[
         "PROVIDER".to_string(),
+        "ACCOUNT".to_string(),
         "CREDENTIAL".to_string(),
         "FROM".to_string(),
         "COLLECTED".to_string(),
@@ -114,6 +117,7 @@ pub fn status(json: bool) -> Result<i32> {
         if m.items.is_empty() {
             rows.push([
                 p.to_string(),
+                "-".into(),
                 "(none)".into(),
                 format!("run: caw-box auth collect --provider {p}"),
                 "-".into(),
@@ -130,13 +134,14 @@ pub fn status(json: bool) -> Result<i32> {
             let collected = match i.refreshed_at {
                 Some(r) => format!(
                     "{} (refreshed {})",
-                    super::manage::ago(i.collected_at),
-                    super::manage::ago(r)
+                    super::ago::ago(i.collected_at),
+                    super::ago::ago(r)
                 ),
-                None => super::manage::ago(i.collected_at),
+                None => super::ago::ago(i.collected_at),
             };
             rows.push([
                 p.to_string(),
+                crate::auth::account::of_manifest(*p, m).unwrap_or_default(),
                 i.target.clone(),
                 i.source.clone(),
                 collected,
@@ -155,6 +160,7 @@ fn status_rows(manifests: &[(ProviderKind, store::Manifest)]) -> Vec<ProviderSta
         .map(|(p, m)| ProviderStatus {
             provider: *p,
             present: !m.items.is_empty(),
+            account: crate::auth::account::of_manifest(*p, m),
             items: m
                 .items
                 .iter()

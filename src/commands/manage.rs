@@ -9,6 +9,7 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
 
+use super::ago::{ago, warm_left};
 use crate::backend::OutputChunk;
 use crate::backend::{Backend, ContainerInfo, Engine};
 use crate::dirs;
@@ -120,28 +121,6 @@ fn row(
         fallback_to: Vec::new(),
         forked_from: f.settings.forked_from,
         warm_until: warm.map(|w| w.until(view.last_activity())),
-    }
-}
-
-/// "warm 4m": how long an idle warm container has left, until `until`.
-pub(super) fn warm_left(until: u64) -> String {
-    let d = until.saturating_sub(now_secs());
-    match d {
-        0..=59 => format!("warm {d}s"),
-        60..=3599 => format!("warm {}m", d / 60),
-        _ => format!("warm {}h", d / 3600),
-    }
-}
-
-/// "3m ago", "2h ago", "just now".
-pub fn ago(secs: u64) -> String {
-    let d = now_secs().saturating_sub(secs);
-    match d {
-        0..=4 => "just now".to_string(),
-        5..=59 => format!("{d}s ago"),
-        60..=3599 => format!("{}m ago", d / 60),
-        3600..=86399 => format!("{}h ago", d / 3600),
-        _ => format!("{}d ago", d / 86400),
     }
 }
 
@@ -270,6 +249,7 @@ async fn rows(all: bool, group: Option<String>) -> Result<Vec<Row>> {
             lifecycle::turn_containers(&backend)
         )?;
     }
+    let queued = crate::session::admission::queued();
     let mut rows: Vec<Row> = views
         .iter()
         .filter(|v| group.is_none() || v.facts.group == group)
@@ -282,6 +262,14 @@ async fn rows(all: bool, group: Option<String>) -> Result<Vec<Row>> {
                 &backend.capabilities().scope,
             );
             r.fallback_to = fallbacks_of(&views, v.facts.session_id);
+            // A turn waiting for a slot of its account (`--per-account`) has no container
+            // yet: its session says so.
+            if let Some(q) = queued.iter().find(|q| q.session_id == id) {
+                if !containers.running.contains_key(&id) {
+                    r.status = Status::Queued.to_string();
+                    r.turns = q.turn;
+                }
+            }
             r
         })
         .collect();

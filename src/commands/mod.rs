@@ -1,6 +1,7 @@
 //! Commands: orchestration of settings, providers and the backend, one module per area.
 //! Each returns the process exit code, or an error that `main` prints once.
 
+mod ago;
 pub mod auth;
 pub mod config;
 pub mod doctor;

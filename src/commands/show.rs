@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::manage::{ago, fallbacks_of, settled, warm_left};
+use super::ago::{ago, warm_left};
+use super::manage::{fallbacks_of, settled};
 use crate::error::Result;
 use crate::event::Status;
 use crate::output;
@@ -39,8 +40,11 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     record.group = view.facts.group.clone();
     record.settings = view.record().settings;
     price_unpriced_turns(&mut record)?;
+    let queued = crate::session::admission::queued_turn(record.session_id);
     let status = if running {
         Status::Running.to_string()
+    } else if queued.is_some() {
+        Status::Queued.to_string()
     } else {
         record
             .turns
@@ -49,16 +53,50 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     };
     let fallback_to = fallbacks_of(&target::list_sessions(&backend).await?, record.session_id);
     let checkpoints = checkpoints_of(&backend, &record).await?;
+    let account = Account {
+        account: crate::auth::account::of(record.provider),
+        queue_position: queued.map(|q| q.position),
+    };
     if json {
-        print_shown_json(&record, &status, fallback_to, warm_until, checkpoints);
+        print_shown_json(
+            &record,
+            &status,
+            fallback_to,
+            warm_until,
+            checkpoints,
+            &account,
+        );
     } else {
         print_shown(&record, &status, &fallback_to, warm_until);
+        account.print(record.settings.per_account);
         print_checkpoints(&checkpoints);
         if record.settings.no_checkpoints {
             output::println("\ncheckpoints off (`--checkpoints off`): its turns keep none");
         }
     }
     Ok(0)
+}
+
+/// The account the session spends (its provider's stored credentials), and its turn's place
+/// in the account's queue while it waits (`--per-account`).
+#[derive(Serialize)]
+struct Account {
+    account: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue_position: Option<usize>,
+}
+
+impl Account {
+    fn print(&self, per_account: Option<u32>) {
+        let cap = per_account.map_or(String::new(), |n| format!("; --per-account {n}"));
+        let id = self.account.as_deref().unwrap_or("(none stored)");
+        output::println(&format!("account    {id}{cap}"));
+        if let Some(p) = self.queue_position {
+            output::println(&format!(
+                "queued     waiting for a slot of its account: {p} in line"
+            ));
+        }
+    }
 }
 
 /// The session's checkpoints and what each holds (read through one helper); where that
@@ -139,6 +177,7 @@ fn print_shown_json(
     fallback_to: Vec<String>,
     warm_until: Option<u64>,
     checkpoints: Vec<CheckpointStats>,
+    account: &Account,
 ) {
     #[derive(Serialize)]
     struct Shown<'a> {
@@ -174,6 +213,8 @@ fn print_shown_json(
         #[serde(skip_serializing_if = "Option::is_none")]
         budget: Option<crate::session::budget::Spend>,
         #[serde(flatten)]
+        account: &'a Account,
+        #[serde(flatten)]
         record: &'a SessionRecord,
     }
     let unpriced: Vec<u32> = record
@@ -194,6 +235,7 @@ fn print_shown_json(
         checkpoints,
         warm_until,
         budget: crate::session::budget::Spend::of(record),
+        account,
         record,
     });
 }

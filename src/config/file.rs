@@ -28,6 +28,7 @@ struct ConfigFile {
     cpus: Option<Spanned<f64>>,
     max_cost: Option<Spanned<f64>>,
     pids_limit: Option<Spanned<i64>>,
+    per_account: Option<Spanned<i64>>,
     timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     keep_warm: Option<Spanned<String>>,
@@ -111,6 +112,15 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
         layer.0.insert(key, (value, origin));
         Ok(())
     };
+    put_all(file, &mut put)?;
+    Ok(layer)
+}
+
+/// Each key `file` sets, as a value of its kind, with where it was written.
+fn put_all(
+    file: ConfigFile,
+    put: &mut dyn FnMut(Key, Value, std::ops::Range<usize>) -> Result<()>,
+) -> Result<()> {
     let strings = [
         (Key::Provider, file.provider),
         (Key::Model, file.model),
@@ -159,17 +169,20 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
         };
         put(Key::Memory, Value::Str(text), span)?;
     }
-    if let Some(v) = file.cpus {
-        let span = v.span();
-        put(Key::Cpus, Value::Float(v.into_inner()), span)?;
+    for (key, v) in [(Key::Cpus, file.cpus), (Key::MaxCost, file.max_cost)] {
+        if let Some(v) = v {
+            let span = v.span();
+            put(key, Value::Float(v.into_inner()), span)?;
+        }
     }
-    if let Some(v) = file.max_cost {
-        let span = v.span();
-        put(Key::MaxCost, Value::Float(v.into_inner()), span)?;
-    }
-    if let Some(v) = file.pids_limit {
-        let span = v.span();
-        put(Key::PidsLimit, Value::Int(v.into_inner()), span)?;
+    for (key, v) in [
+        (Key::PidsLimit, file.pids_limit),
+        (Key::PerAccount, file.per_account),
+    ] {
+        if let Some(v) = v {
+            let span = v.span();
+            put(key, Value::Int(v.into_inner()), span)?;
+        }
     }
     if let Some(v) = file.labels {
         let span = v.span();
@@ -179,19 +192,20 @@ pub fn parse(path: &Path, text: &str, origin: fn(String) -> Origin) -> Result<La
         let span = v.span();
         put(Key::Mcp, Value::Mcp(mcp_entries(v.into_inner())), span)?;
     }
-    if let Some(v) = file.checkpoints {
-        let span = v.span();
-        put(Key::Checkpoints, Value::Bool(v.into_inner()), span)?;
-    }
-    if let Some(v) = file.user_config {
-        let span = v.span();
-        put(Key::UserConfig, Value::Bool(v.into_inner()), span)?;
+    for (key, v) in [
+        (Key::Checkpoints, file.checkpoints),
+        (Key::UserConfig, file.user_config),
+    ] {
+        if let Some(v) = v {
+            let span = v.span();
+            put(key, Value::Bool(v.into_inner()), span)?;
+        }
     }
     if let Some(v) = file.prices {
         let span = v.span();
         put(Key::Prices, Value::Prices(price_book(v.into_inner())), span)?;
     }
-    Ok(layer)
+    Ok(())
 }
 
 /// What a project file (a repository's, or one an agent wrote) must not say: what would lift
@@ -229,6 +243,16 @@ fn refuse_in_a_project(path: &Path, text: &str, file: &ConfigFile) -> Result<()>
             "a project file cannot allow hosts: the repository would open its own agent's egress",
         )
         .with_hint("put `allow_host` in your user config file, or pass --allow-host HOST"));
+    }
+    if let Some(v) = &file.per_account {
+        // The account is the person's: a repository would lift the cap on its turns.
+        return Err(refusal(
+            path,
+            line_of(text, v.span()),
+            Some("per_account"),
+            "a project file cannot set per_account: the repository would decide how hard its turns use your account",
+        )
+        .with_hint("put `per_account` in your user config file, or pass --per-account N"));
     }
     if let Some(v) = &file.prices {
         // Prices decide what a turn counts against --max-cost: a repository would lower them.

@@ -54,6 +54,7 @@ pub enum Key {
     Memory,
     Cpus,
     PidsLimit,
+    PerAccount,
     Timeout,
     IdleTimeout,
     KeepWarm,
@@ -81,7 +82,7 @@ pub enum Key {
 }
 
 impl Key {
-    pub const ALL: [Key; 34] = [
+    pub const ALL: [Key; 35] = [
         Key::Provider,
         Key::Model,
         Key::Image,
@@ -92,6 +93,7 @@ impl Key {
         Key::Memory,
         Key::Cpus,
         Key::PidsLimit,
+        Key::PerAccount,
         Key::Timeout,
         Key::IdleTimeout,
         Key::KeepWarm,
@@ -131,6 +133,7 @@ impl Key {
             Key::Memory => "memory",
             Key::Cpus => "cpus",
             Key::PidsLimit => "pids_limit",
+            Key::PerAccount => "per_account",
             Key::Timeout => "timeout",
             Key::IdleTimeout => "idle_timeout",
             Key::KeepWarm => "keep_warm",

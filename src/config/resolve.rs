@@ -144,6 +144,10 @@ impl Resolved {
             Some(Value::Int(p)) => Some(*p),
             _ => None,
         };
+        out.per_account = match self.get(Key::PerAccount) {
+            Some(Value::Int(n)) => Some(*n),
+            _ => None,
+        };
         out.timeout = self.str(Key::Timeout);
         out.idle_timeout = self.str(Key::IdleTimeout);
         out.keep_warm = self.str(Key::KeepWarm);

@@ -58,6 +58,7 @@ impl Layer {
         put(Key::Cpus, args.cpus.map(Value::Float));
         put(Key::MaxCost, args.max_cost.map(Value::Float));
         put(Key::PidsLimit, args.pids_limit.map(Value::Int));
+        put(Key::PerAccount, args.per_account.map(Value::Int));
         put(Key::Timeout, s(&args.timeout));
         put(Key::IdleTimeout, s(&args.idle_timeout));
         put(Key::KeepWarm, s(&args.keep_warm));
@@ -103,7 +104,7 @@ impl Layer {
                         .parse()
                         .map_err(|_| Error::usage(format!("{var} '{raw}' is not a number")))?,
                 ),
-                Key::PidsLimit => {
+                Key::PidsLimit | Key::PerAccount => {
                     Value::Int(raw.trim().parse().map_err(|_| {
                         Error::usage(format!("{var} '{raw}' is not a whole number"))
                     })?)

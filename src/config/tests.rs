@@ -655,3 +655,28 @@ fn a_project_file_may_close_egress_but_not_open_it() {
     assert_eq!(e.exit_code(), 2);
     assert!(e.message.starts_with("CAW_BOX_EGRESS 'closed'"), "{e}");
 }
+
+#[test]
+fn per_account_comes_from_the_person_not_the_repository() {
+    let line = refusal("", "per_account = 0\n");
+    assert!(
+        line.starts_with("<tmp>/repo/.caw-box.toml:1: per_account"),
+        "{line}"
+    );
+    let w = World::new("per_account = 3\n", "");
+    let r = w.resolve(Layer::default()).unwrap();
+    let args = r.settings_args(&SettingsArgs::default()).unwrap();
+    assert_eq!(args.per_account, Some(3));
+    let mut w = World::new("per_account = 3\n", "");
+    w.env.insert("CAW_BOX_PER_ACCOUNT".into(), "2".into());
+    let r = w.resolve(Layer::default()).unwrap();
+    let args = r.settings_args(&SettingsArgs::default()).unwrap();
+    assert_eq!(args.per_account, Some(2));
+    for bad in ["-1", "lots", "1001"] {
+        let mut w = World::new("", "");
+        w.env.insert("CAW_BOX_PER_ACCOUNT".into(), bad.into());
+        let e = w.resolve(Layer::default()).unwrap_err();
+        assert_eq!(e.exit_code(), 2, "{bad}");
+        assert!(e.message.starts_with("CAW_BOX_PER_ACCOUNT"), "{e}");
+    }
+}

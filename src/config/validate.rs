@@ -37,6 +37,7 @@ pub(super) fn check(key: Key, value: Value, what: &str) -> Result<Value> {
         (Key::Cpus, Value::Float(c)) => settings::check_cpus(*c, what)?,
         (Key::MaxCost, Value::Float(c)) => settings::check_max_cost(*c, what)?,
         (Key::PidsLimit, Value::Int(p)) => settings::check_pids_limit(*p, what)?,
+                (Key::PerAccount, Value::Int(n)) => settings::check_per_account(*n, what).map(drop)?,
         (Key::Timeout, _) => {
             settings::parse_duration(text, what)?;
         }

@@ -264,6 +264,14 @@ impl Ceilings {
             "--pids-limit",
             |p| p.to_string(),
         )?;
+        // The server's cap on its account's turns in flight holds for every turn it runs.
+        Self::at_most(
+            "per_account",
+            s.per_account,
+            self.server.per_account,
+            "--per-account",
+            |n| n.to_string(),
+        )?;
         self.kept(provider, s, env_names)
     }
 
@@ -546,6 +554,19 @@ mod tests {
         let warm = ceilings(|s| s.keep_warm_secs = Some(600));
         assert!(warm.keep_warm(300).is_ok());
         forbidden(warm.keep_warm(3600), "--keep-warm 10m");
+        // A server's cap on its account's turns in flight: a session of fewer is fine, one
+        // of more or none is not.
+        let capped = ceilings(|s| s.per_account = Some(2));
+        let mut s = capped.server.clone();
+        s.per_account = Some(1);
+        assert!(capped.effective(ProviderKind::Codex, &s, &[]).is_ok());
+        s.per_account = Some(3);
+        forbidden(
+            capped.effective(ProviderKind::Codex, &s, &[]),
+            "--per-account 2",
+        );
+        s.per_account = None;
+        forbidden(capped.effective(ProviderKind::Codex, &s, &[]), "(no limit)");
     }
 
     #[test]

@@ -191,9 +191,16 @@ pub async fn status(target: &str, queue: Option<Arc<Queue>>) -> Result<Value> {
     });
     let queued = queue.as_ref().and_then(|q| q.position(id));
     let failed = queue.as_ref().and_then(|q| q.failure(id));
+    let account_queued = crate::session::admission::queued_turn(id);
     if let Some(position) = queued {
         out["status"] = json!("queued");
         out["queue_position"] = json!(position);
+    } else if let Some(q) = account_queued {
+        // Waiting for a slot of its account (`--per-account`), in this host's queue.
+        out["status"] = json!(Status::Queued.to_string());
+        out["turn"] = json!(q.turn);
+        out["queue_position"] = json!(q.position);
+        out["account"] = json!(q.account);
     } else if let Some(turn) = running_turn(&client, id).await? {
         let container = backend
             .inspect_container(&names::turn_container(id))

@@ -467,7 +467,8 @@ pub async fn cancel(policy: &Policy, target: &str) -> Result<Value> {
             "turn": turn,
             "status": match stopped {
                 crate::Stopped::Turn => Status::Interrupted.to_string(),
-                crate::Stopped::Warm => "idle".to_string(),
+                                crate::Stopped::Warm => "idle".to_string(),
+                crate::Stopped::Queued => Status::Interrupted.to_string(),
             },
             "resumable": true,
         })),

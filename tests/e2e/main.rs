@@ -4,6 +4,7 @@
 
 mod common;
 
+mod accounts;
 mod agent_config;
 mod auth;
 mod bad_input;

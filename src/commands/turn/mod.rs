@@ -517,6 +517,11 @@ pub async fn stop(target_arg: &str, quiet: bool) -> Result<i32> {
             crate::Stopped::Warm => {
                 format!("session {id} ran no turn: its warm container is removed")
             }
+            crate::Stopped::Queued => {
+                format!(
+                    "the turn of session {id} that waited for a slot of its account will not run"
+                )
+            }
         });
     }
     Ok(0)

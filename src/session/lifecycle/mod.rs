@@ -183,6 +183,9 @@ pub enum Stopped {
     Turn,
     /// No turn ran: the session's idle warm container (pod), removed.
     Warm,
+    /// A turn waited for a slot of its account (`--per-account`): it gave up its place, and
+    /// does not run.
+    Queued,
 }
 
 /// Stops session `id`'s running turn and returns once its driver recorded the turn (as
@@ -199,6 +202,10 @@ pub async fn stop(
         .await?
         .filter(|c| c.running());
     let Some(inspect) = running else {
+        // A turn waiting for a slot of its account: it gives up its place.
+        if crate::session::admission::stop_queued(id).await? {
+            return Ok(Stopped::Queued);
+        }
         // No turn runs: a warm container idling for the next one is what there is to stop.
         if backend.remove_warm(&container).await? {
             return Ok(Stopped::Warm);
@@ -280,6 +287,14 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
     let container = names::turn_container(id);
     let mut stopped_since: Option<Instant> = None;
     let is_running = |c: &crate::backend::ContainerInfo| c.running();
+    // A turn waiting for a slot of its account (`--per-account`) has no container yet:
+    // waited for until it has one (its ticket stays until it is recorded).
+    while let Some(q) = crate::session::admission::queued_turn(id) {
+        if q.admitted && backend.inspect_container(&container).await?.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     while let Some(c) = backend.inspect_container(&container).await? {
         if orphans::is_orphan(&c) || orphans::may_be_warm_orphan(&c) {
             // A turn whose driver was killed: it runs on (or ended), and this process

@@ -78,6 +78,10 @@ pub struct SessionSettings {
     pub cpus: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids_limit: Option<i64>,
+    /// `--per-account`: at most this many turns of the session's account in flight at once
+    /// on this host (`session::turn::admission`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_account: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
     /// `--idle-timeout` in seconds; 0: off.

@@ -11,6 +11,7 @@
 //! context a driver works with, the signals that end a turn early, and how a finished turn
 //! maps to an error. Not the drive loops themselves.
 
+pub mod admission;
 pub mod budget;
 mod checkpoints;
 pub(in crate::session) mod ended;

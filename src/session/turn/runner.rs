@@ -23,6 +23,7 @@ use crate::session::lifecycle::liveness::{driver_is_gone, remove_abandoned_turns
 use crate::session::lifecycle::orphans::Orphan;
 use crate::session::store::inflight::InFlight;
 use crate::session::store::record::{labels, SessionRecord};
+use crate::session::turn::admission;
 use crate::session::turn::checkpoints::{
     arm_checkpoint, drop_unused_checkpoint, prepare_checkpoint, settle_behind,
 };
@@ -62,6 +63,8 @@ pub async fn run_turn(
     settle_orphan(backend, record).await?;
     // After the orphan: its cost counts.
     crate::session::turn::budget::check(record)?;
+    // Held until the turn is recorded: its account's other turns wait meanwhile.
+    let _admitted = admission::for_turn(record).await?;
     let handed = with_handoff(backend, record, options).await?;
     let options = handed.as_ref().unwrap_or(options);
     let mut interrupts = Interrupts::install()?;

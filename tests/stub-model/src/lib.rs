@@ -4,6 +4,7 @@
 //! real vendor CLIs to run against it, answers from the conversation it receives, and records
 //! every request. See README.md for the directives and endpoints.
 
+pub mod account;
 pub mod anthropic;
 pub mod chat;
 pub mod code_assist;
@@ -11,6 +12,7 @@ pub mod conversation;
 pub mod device;
 pub mod gemini;
 pub mod hold;
+pub mod inflight;
 pub mod oauth;
 pub mod paste_auth;
 pub mod protocol;

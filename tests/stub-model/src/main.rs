@@ -1,6 +1,7 @@
 //! `stub-model`: listens on 0.0.0.0:$PORT (default 8080) until SIGTERM or SIGINT.
 //! Env: `PORT`, `STUB_EXPECT_KEY` (the key every model request must carry), `STUB_MODELS`
-//! (what `GET /v1/models` lists); `STUB_TLS_CERT` and `STUB_TLS_KEY` (PEM texts: a
+//! (what `GET /v1/models` lists), `STUB_ACCOUNT_REQUESTS` and `STUB_ACCOUNT_WINDOW` (the
+//! account limit model responses report); `STUB_TLS_CERT` and `STUB_TLS_KEY` (PEM texts: a
 //! certificate chain and its key) add a TLS listener on `STUB_TLS_PORT` (default 443), for
 //! the stub under a vendor's host name.
 
@@ -8,6 +9,7 @@ use std::process::ExitCode;
 
 use std::sync::Arc;
 
+use stub_model::account::AccountLimit;
 use stub_model::{serve_tls, Config};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
@@ -33,6 +35,7 @@ async fn run() -> Result<(), String> {
     let expect_key = std::env::var("STUB_EXPECT_KEY")
         .ok()
         .filter(|k| !k.is_empty());
+    let account = AccountLimit::from_env()?;
     let address = format!("0.0.0.0:{port}");
     let listener = TcpListener::bind(&address)
         .await
@@ -60,6 +63,7 @@ async fn run() -> Result<(), String> {
         expect_key,
         echo: true,
         models,
+        account,
     };
     let tls = tls_listener().await?;
     tokio::select! {

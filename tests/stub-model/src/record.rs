@@ -26,6 +26,8 @@ pub struct Record {
     pub tool: Option<String>,
     /// The token counts the response carried (see [`sent_usage`]), as the vendor names them.
     pub usage: Option<Value>,
+    /// The model requests in flight when it arrived, itself included when it is one.
+    pub inflight: usize,
 }
 
 /// The usage object a response body carried, as sent: the last of `usage`, `message.usage`,
@@ -73,6 +75,7 @@ impl Record {
             ("directive", json!(self.directive)),
             ("tool", json!(self.tool)),
             ("usage", json!(self.usage)),
+            ("inflight", json!(self.inflight)),
         ];
         let fields: Vec<String> = fields
             .iter()
@@ -95,6 +98,7 @@ impl Record {
             "directive": self.directive,
             "tool": self.tool,
             "usage": self.usage,
+            "inflight": self.inflight,
         })
     }
 }
@@ -154,6 +158,7 @@ mod tests {
             directive: "hello".into(),
             tool: None,
             usage: Some(json!({"input_tokens": 3, "output_tokens": 2})),
+            inflight: 1,
         }
     }
 
@@ -184,6 +189,7 @@ mod tests {
         assert_eq!(line["directive"], "hello");
         assert!(line["tool"].is_null());
         assert_eq!(line["usage"]["output_tokens"], 2);
+        assert_eq!(line["inflight"], 1);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::http::request::Parts;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -27,6 +27,7 @@ use crate::conversation::{
 };
 use crate::gemini::Gemini;
 use crate::hold::{valid_name, Holds, MAX_HOLD};
+use crate::inflight::{CountedBody, InFlight};
 use crate::protocol::{new_id, Protocol, Rendered, Reply, Turn};
 use crate::record::{Record, Recorder};
 use crate::responses::{openai_error, Responses};
@@ -43,6 +44,9 @@ pub struct Config {
     pub echo: bool,
     /// What `GET /v1/models` lists (`STUB_MODELS`, comma-separated); empty: nothing.
     pub models: Vec<String>,
+    /// The account's request limit (`STUB_ACCOUNT_REQUESTS`, `STUB_ACCOUNT_WINDOW`): model
+    /// responses then carry the vendor's rate-limit headers (see `account`).
+    pub account: Option<crate::account::AccountLimit>,
 }
 
 #[derive(Debug)]
@@ -60,6 +64,10 @@ struct State {
     /// Anthropic's and Google's paste-code logins (see `paste_auth`).
     claude: crate::paste_auth::PasteAuth,
     google: crate::paste_auth::PasteAuth,
+    /// The model requests being answered (see `inflight`).
+    inflight: Arc<InFlight>,
+    /// The requests of `Config::account`'s window.
+    account: Option<crate::account::Account>,
 }
 
 /// Serves connections from `listener` until the task is dropped.
@@ -77,12 +85,14 @@ pub async fn serve_tls(
     let state = Arc::new(State {
         recorder: Recorder::new(config.echo),
         oauth: crate::oauth::OAuth::from_env(),
+        account: config.account.map(crate::account::Account::new),
         config,
         limited_since: Default::default(),
         holds: Holds::default(),
         device: Default::default(),
         claude: crate::paste_auth::PasteAuth::new(crate::paste_auth::Vendor::Anthropic),
         google: crate::paste_auth::PasteAuth::new(crate::paste_auth::Vendor::Google),
+        inflight: Arc::default(),
     });
     if let Some((tls_listener, acceptor)) = tls {
         let state = Arc::clone(&state);
@@ -194,9 +204,17 @@ impl Answer {
 async fn handle(
     state: Arc<State>,
     request: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Result<Response<CountedBody>, Infallible> {
     let (parts, body) = request.into_parts();
     let path = parts.uri.path().to_string();
+    // A model turn counts in flight from now until its body is sent or dropped, and against
+    // the account's window.
+    let wire = turn_wire(&resolve(&parts.method, &path), &path);
+    let counted = wire.map(|_| state.inflight.enter());
+    let inflight = counted
+        .as_ref()
+        .map_or_else(|| state.inflight.now(), |c| c.at_arrival);
+    let standing = wire.and(state.account.as_ref()).map(|a| a.count());
     let body = Limited::new(body, MAX_BODY_BYTES).collect().await;
 
     let (answer, recorded_body, key_header) = match body {
@@ -229,6 +247,7 @@ async fn handle(
             directive: answer.directive.clone(),
             tool: answer.tool.clone(),
             usage: crate::record::sent_usage(&answer.body),
+            inflight,
         });
     }
     // Recorded first: the record tells a test the request came, while it is held.
@@ -240,7 +259,28 @@ async fn handle(
             tokio::time::sleep(sleep).await;
         }
     }
-    Ok(into_response(answer))
+    let mut response = into_response(answer);
+    if let (Some(standing), Some(wire)) = (standing, wire) {
+        account_headers(&mut response, &standing, wire);
+    }
+    Ok(response.map(|body| CountedBody::new(body, counted)))
+}
+
+/// The account's rate-limit headers on a model response, success or error alike (see
+/// `account`). Headers the answer set itself (a `QUOTA:` 429's) win.
+fn account_headers(
+    response: &mut Response<Full<Bytes>>,
+    standing: &crate::account::Standing,
+    wire: &str,
+) {
+    let headers = response.headers_mut();
+    for (name, value) in standing.headers(wire, std::time::Instant::now()) {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers
+                .entry(HeaderName::from_static(name))
+                .or_insert(value);
+        }
+    }
 }
 
 fn into_response(answer: Answer) -> Response<Full<Bytes>> {
@@ -342,6 +382,12 @@ async fn stub_endpoint(state: &State, method: &Method, path: &str, query: Option
             Answer::json(200, &Value::Array(state.recorder.all()), "requests")
         }
         (&Method::GET, "/_stub/holds") => Answer::json(200, &state.holds.status(), "holds"),
+        (&Method::GET, "/_stub/inflight") => {
+            Answer::json(200, &state.inflight.status(), "inflight")
+        }
+        (&Method::POST, "/_stub/inflight/reset") => {
+            Answer::json(200, &state.inflight.reset(), "inflight_reset")
+        }
         (&Method::GET, "/_stub/oauth") => match &state.oauth {
             Some(o) => Answer::json(200, &o.status(), "oauth"),
             None => not_found(method, path),
@@ -517,6 +563,22 @@ fn resolve(method: &Method, path: &str) -> Route {
     }
 }
 
+/// The wire a model turn speaks (`google`, `anthropic` or `openai`), `None` for any other
+/// request.
+fn turn_wire(route: &Route, path: &str) -> Option<&'static str> {
+    let Route::Turn { model, .. } = route else {
+        return None;
+    };
+    // Gemini names the model in the path.
+    Some(if model.is_some() || path.starts_with("/v1internal:") {
+        "google"
+    } else if path.ends_with("/messages") {
+        "anthropic"
+    } else {
+        "openai"
+    })
+}
+
 fn turn(protocol: &'static dyn Protocol) -> Route {
     Route::Turn {
         protocol,
@@ -615,6 +677,7 @@ async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<Presente
         };
         return Answer::json(401, &protocol.error_body(401, &message), "unauthorized");
     }
+    let wire = turn_wire(&route, parts.uri.path()).unwrap_or("openai");
     match route {
         Route::ListModels(_)
             if !state.config.models.is_empty() && parts.uri.path() == "/v1/models" =>
@@ -637,16 +700,8 @@ async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<Presente
         Route::Turn { model, stream, .. } => match parse_body(protocol, bytes) {
             Ok(body) => {
                 // Gemini names the model in the path.
-                let google = model.is_some();
                 let model = model.unwrap_or_else(|| protocol.model(&body));
                 let stream = stream.unwrap_or_else(|| protocol.stream(&body));
-                let wire = if google || parts.uri.path().starts_with("/v1internal:") {
-                    "google"
-                } else if parts.uri.path().ends_with("/messages") {
-                    "anthropic"
-                } else {
-                    "openai"
-                };
                 limited(state, protocol, &body, wire)
                     .unwrap_or_else(|| model_turn(protocol, &body, bytes.len(), model, stream))
             }

@@ -92,6 +92,29 @@ async fn post(addr: SocketAddr, target: &str, headers: &[(&str, &str)], body: &V
     send(addr, "POST", target, &all, &body.to_string()).await
 }
 
+/// The binary on a free port with `envs`; killed when the child is dropped.
+async fn binary(envs: &[(&str, &str)], stdout: Stdio) -> (tokio::process::Child, SocketAddr) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stub-model"))
+        .env("PORT", "0")
+        .envs(envs.iter().copied())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let banner = stderr.next_line().await.unwrap().unwrap();
+    let port: u16 = banner
+        .split("0.0.0.0:")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {banner:?}"));
+    // Read on: a closed stderr would fail the stub's last message (on SIGTERM).
+    tokio::spawn(async move { while let Ok(Some(_)) = stderr.next_line().await {} });
+    (child, SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
 fn anthropic_body(text: &str) -> Value {
     json!({"model":"claude-sonnet-4-5","stream":true,"max_tokens":1000,
         "messages":[{"role":"user","content":[{"type":"text","text":text}]}],
@@ -600,23 +623,7 @@ async fn malformed_and_unknown_requests_are_answered_and_recorded() {
 /// on stdout, and SIGTERM ends it.
 #[tokio::test]
 async fn the_binary_prints_records_and_stops_on_sigterm() {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stub-model"))
-        .env("PORT", "0")
-        .env("STUB_EXPECT_KEY", KEY)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-    let banner = stderr.next_line().await.unwrap().unwrap();
-    let port: u16 = banner
-        .split("0.0.0.0:")
-        .nth(1)
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {banner:?}"));
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let (mut child, addr) = binary(&[("STUB_EXPECT_KEY", KEY)], Stdio::piped()).await;
 
     let reply = post(
         addr,
@@ -655,23 +662,7 @@ async fn the_binary_prints_records_and_stops_on_sigterm() {
 
 #[tokio::test]
 async fn an_expiry_with_a_hold_gates_login_requests_until_released() {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stub-model"))
-        .env("PORT", "0")
-        .env("STUB_OAUTH", "a0,r0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-    let banner = stderr.next_line().await.unwrap().unwrap();
-    let port: u16 = banner
-        .split("0.0.0.0:")
-        .nth(1)
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {banner:?}"));
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let (_child, addr) = binary(&[("STUB_OAUTH", "a0,r0")], Stdio::null()).await;
     let bearer = [("authorization", "Bearer a0")];
     let ok = post(addr, "/v1/messages", &bearer, &anthropic_body("hi")).await;
     assert_eq!(ok.status, 200, "{}", ok.body);
@@ -719,4 +710,240 @@ async fn an_expiry_with_a_hold_gates_login_requests_until_released() {
     )
     .await;
     assert_eq!(again.status, 200, "{}", again.body);
+}
+
+fn responses_body(text: &str) -> Value {
+    json!({"model":"gpt-5.5","stream":true,"input":[
+        {"type":"message","role":"user","content":[{"type":"input_text","text":text}]}]})
+}
+
+async fn inflight(addr: SocketAddr) -> Value {
+    send(addr, "GET", "/_stub/inflight", &[], "").await.json()
+}
+
+/// `GET /_stub/inflight`: a model request counts from its arrival until its answer is sent,
+/// held ones included, on every wire; other requests do not count; a client that leaves
+/// mid-hold stops counting.
+#[tokio::test]
+async fn inflight_counts_model_requests_until_answered_or_abandoned() {
+    let addr = start(None).await;
+    assert_eq!(inflight(addr).await, json!({"now":0,"max":0}));
+    let turns = [
+        ("/v1/messages", anthropic_body("HOLD:fly hi")),
+        ("/v1/responses", responses_body("HOLD:fly hi")),
+        (
+            "/v1/chat/completions",
+            json!({"messages":[{"role":"user","content":"HOLD:fly hi"}]}),
+        ),
+        (
+            "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse",
+            json!({"contents":[{"role":"user","parts":[{"text":"HOLD:fly hi"}]}]}),
+        ),
+    ];
+    let held: Vec<_> = turns
+        .into_iter()
+        .map(|(target, body)| tokio::spawn(async move { post(addr, target, &[], &body).await }))
+        .collect();
+    let status = send(addr, "GET", "/_stub/holds/fly?min=4&wait=30", &[], "").await;
+    assert_eq!(status.json()["waiting"], 4);
+    assert_eq!(inflight(addr).await, json!({"now":4,"max":4}));
+    // Neither a token count nor a probe is a model turn.
+    let count = post(
+        addr,
+        "/v1/messages/count_tokens",
+        &[],
+        &json!({"model":"m","messages":[]}),
+    )
+    .await;
+    assert_eq!(count.status, 200);
+    assert_eq!(send(addr, "HEAD", "/", &[], "").await.status, 200);
+    assert_eq!(inflight(addr).await, json!({"now":4,"max":4}));
+
+    send(addr, "POST", "/_stub/release/fly", &[], "").await;
+    for h in held {
+        let reply = tokio::time::timeout(Duration::from_secs(10), h)
+            .await
+            .expect("answered once released")
+            .unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    assert_eq!(inflight(addr).await, json!({"now":0,"max":4}));
+    // Each record counts the requests in flight at its arrival, itself included.
+    let records = send(addr, "GET", "/_stub/requests", &[], "").await.json();
+    let mut turns: Vec<u64> = records.as_array().unwrap()[..4]
+        .iter()
+        .map(|r| r["inflight"].as_u64().unwrap())
+        .collect();
+    turns.sort_unstable();
+    assert_eq!(turns, [1, 2, 3, 4]);
+    assert_eq!(records[4]["path"], "/v1/messages/count_tokens");
+    assert_eq!(records[4]["inflight"], 4);
+
+    let reset = send(addr, "POST", "/_stub/inflight/reset", &[], "").await;
+    assert_eq!(reset.json(), json!({"now":0,"max":0}));
+
+    // A held request whose client goes away.
+    let body = anthropic_body("HOLD:gone hi").to_string();
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let status = send(addr, "GET", "/_stub/holds/gone?wait=30", &[], "").await;
+    assert_eq!(status.json()["waiting"], 1);
+    assert_eq!(inflight(addr).await, json!({"now":1,"max":1}));
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = inflight(addr).await;
+        if now["now"] == 0 {
+            assert_eq!(now, json!({"now":0,"max":1}));
+            break;
+        }
+        assert!(Instant::now() < deadline, "still in flight: {now}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// `STUB_ACCOUNT_REQUESTS=3`: every Anthropic model response, errors too, says what the
+/// account has left in Anthropic's headers; not a token count.
+#[tokio::test]
+async fn account_headers_count_down_on_the_anthropic_wire() {
+    let envs = [
+        ("STUB_ACCOUNT_REQUESTS", "3"),
+        ("STUB_ACCOUNT_WINDOW", "600"),
+    ];
+    let (_child, addr) = binary(&envs, Stdio::null()).await;
+    let count = post(
+        addr,
+        "/v1/messages/count_tokens",
+        &[],
+        &json!({"model":"m","messages":[]}),
+    )
+    .await;
+    assert_eq!(count.header("anthropic-ratelimit-requests-limit"), None);
+    let before = unix_secs();
+    let expected = [
+        ("hi", 200, "2", "allowed", "0.3333"),
+        ("FAIL:500", 500, "1", "allowed", "0.6667"),
+        ("FAIL:429", 429, "0", "rejected", "1.0"),
+        ("hi", 200, "0", "rejected", "1.0"),
+    ];
+    for (prompt, status, remaining, unified, utilization) in expected {
+        let reply = post(addr, "/v1/messages", &[], &anthropic_body(prompt)).await;
+        assert_eq!(reply.status, status, "{}", reply.body);
+        let header = |name| reply.header(name).unwrap_or_else(|| panic!("no {name}"));
+        assert_eq!(header("anthropic-ratelimit-requests-limit"), "3");
+        assert_eq!(header("anthropic-ratelimit-requests-remaining"), remaining);
+        assert_eq!(header("anthropic-ratelimit-unified-status"), unified);
+        assert_eq!(
+            header("anthropic-ratelimit-unified-5h-utilization"),
+            utilization
+        );
+        let reset: u64 = header("anthropic-ratelimit-unified-reset").parse().unwrap();
+        assert!(
+            (before + 600..=unix_secs() + 601).contains(&reset),
+            "{reset}"
+        );
+        assert_eq!(
+            header("anthropic-ratelimit-unified-5h-reset"),
+            reset.to_string()
+        );
+        assert_eq!(
+            header("anthropic-ratelimit-requests-reset"),
+            stub_model::account::rfc3339(reset)
+        );
+    }
+    // A `QUOTA:` 429's own headers win over the account's.
+    let quota = post(addr, "/v1/messages", &[], &anthropic_body("QUOTA:30")).await;
+    assert_eq!(quota.status, 429);
+    let reset: u64 = quota
+        .header("anthropic-ratelimit-unified-reset")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(reset <= unix_secs() + 31, "{reset}");
+    assert_eq!(
+        quota.header("anthropic-ratelimit-requests-remaining"),
+        Some("0")
+    );
+}
+
+/// `STUB_ACCOUNT_REQUESTS=3` on both OpenAI wires: the `x-ratelimit-*` headers and codex's
+/// usage headers, errors too; nothing on Gemini's (Google sends none).
+#[tokio::test]
+async fn account_headers_count_down_on_the_openai_wires() {
+    let envs = [
+        ("STUB_ACCOUNT_REQUESTS", "3"),
+        ("STUB_ACCOUNT_WINDOW", "600"),
+    ];
+    let (_child, addr) = binary(&envs, Stdio::null()).await;
+    let chat = json!({"messages":[{"role":"user","content":"FAIL:503"}]});
+    let expected = [
+        ("/v1/responses", responses_body("hi"), 200, "2", "33.3333"),
+        ("/v1/chat/completions", chat, 503, "1", "66.6667"),
+        (
+            "/v1/responses",
+            responses_body("LIMIT:30"),
+            429,
+            "0",
+            "100.0",
+        ),
+    ];
+    for (target, body, status, remaining, percent) in expected {
+        let reply = post(addr, target, &[], &body).await;
+        assert_eq!(reply.status, status, "{}", reply.body);
+        let header = |name| reply.header(name).unwrap_or_else(|| panic!("no {name}"));
+        assert_eq!(header("x-ratelimit-limit-requests"), "3");
+        assert_eq!(header("x-ratelimit-remaining-requests"), remaining);
+        assert_eq!(header("x-codex-primary-used-percent"), percent);
+        assert_eq!(header("x-codex-primary-window-minutes"), "10");
+        let after: u64 = header("x-codex-primary-reset-after-seconds")
+            .parse()
+            .unwrap();
+        assert!((590..=600).contains(&after), "{after}");
+        let reset = header("x-ratelimit-reset-requests");
+        assert!(
+            reset == "10m0s" || (reset.starts_with("9m") && reset.ends_with('s')),
+            "{reset}"
+        );
+    }
+    let gemini = post(
+        addr,
+        "/v1beta/models/gemini-2.5-pro:generateContent",
+        &[],
+        &json!({"contents":[{"role":"user","parts":[{"text":"hi"}]}]}),
+    )
+    .await;
+    assert_eq!(gemini.status, 200);
+    assert_no_account_headers(&gemini);
+}
+
+fn assert_no_account_headers(reply: &Reply) {
+    let named = reply.headers.iter().find(|(name, _)| {
+        ["anthropic-ratelimit-", "x-ratelimit-", "x-codex-"]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+    });
+    assert_eq!(named, None, "{:?}", reply.headers);
+}
+
+/// Without `STUB_ACCOUNT_REQUESTS` no response carries account headers.
+#[tokio::test]
+async fn no_account_headers_without_a_limit() {
+    let addr = start(None).await;
+    for prompt in ["hi", "FAIL:429"] {
+        let reply = post(addr, "/v1/messages", &[], &anthropic_body(prompt)).await;
+        assert_no_account_headers(&reply);
+        let reply = post(addr, "/v1/responses", &[], &responses_body(prompt)).await;
+        assert_no_account_headers(&reply);
+    }
 }

@@ -13,6 +13,11 @@ pub use crate::session::expand_allow_hosts;
 use crate::session::record::{EgressPolicy, SessionSettings, WorkspaceMode};
 use crate::session::runner::{check_prompt_size, MAX_TURN_PROMPT_BYTES};
 
+mod limits;
+
+use limits::apply_limits;
+pub use limits::{check_cpus, check_max_cost, check_per_account, check_pids_limit, parse_memory};
+
 /// The prompt of a turn: given, or absent (an interactive session). One over
 /// [`MAX_TURN_PROMPT_BYTES`] is refused here, before anything is created (a file or stdin is read
 /// no further than the cap, and only measured beyond it).
@@ -173,34 +178,6 @@ pub fn parse_limit(s: &str, flag: &str) -> Result<u64> {
     Ok(parse_duration(s, flag)?.as_secs().max(1))
 }
 
-/// "2g", "512m", "1048576" into bytes; `what` names it in errors (`--memory`, a variable
-/// or a config key).
-pub fn parse_memory(s: &str, what: &str) -> Result<i64> {
-    let t = s.trim().to_ascii_lowercase();
-    let t = t.strip_suffix('b').unwrap_or(&t);
-    let (num, mult) = match t.chars().last() {
-        Some('k') => (&t[..t.len() - 1], 1i64 << 10),
-        Some('m') => (&t[..t.len() - 1], 1 << 20),
-        Some('g') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    let bad =
-        || Error::usage(format!("{what} '{s}' is not a size")).with_hint("use e.g. 512m or 2g");
-    let n: f64 = num.parse().map_err(|_| bad())?;
-    // `inf`, `nan` and `1e300g` parse as f64 but are no size Docker can take.
-    let exact = n * mult as f64;
-    if !exact.is_finite() || n <= 0.0 || exact >= i64::MAX as f64 {
-        return Err(bad());
-    }
-    let bytes = exact as i64;
-    if bytes < 6 << 20 {
-        return Err(Error::usage(format!(
-            "{what} '{s}' is below Docker's minimum of 6m"
-        )));
-    }
-    Ok(bytes)
-}
-
 /// `HOST[:PORT]`, `*.example.com[:PORT]` or `@provider`.
 pub fn validate_allow_host(host: &str, what: &str) -> Result<()> {
     if host == "@provider" {
@@ -334,6 +311,7 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
         cpus,
         max_cost,
         pids_limit,
+        per_account,
         network,
         allow_host,
         egress,
@@ -399,18 +377,7 @@ pub fn apply_overrides(settings: &mut SessionSettings, args: &SettingsArgs) -> R
     if let Some(m) = memory {
         settings.memory = Some(parse_memory(m, "--memory")?);
     }
-    if let Some(c) = *cpus {
-        check_cpus(c, "--cpus")?;
-        settings.cpus = Some(c);
-    }
-    if let Some(c) = *max_cost {
-        check_max_cost(c, "--max-cost")?;
-        settings.max_cost_usd = Some(c);
-    }
-    if let Some(p) = *pids_limit {
-        check_pids_limit(p, "--pids-limit")?;
-        settings.pids_limit = Some(p);
-    }
+    apply_limits(settings, *cpus, *max_cost, *pids_limit, *per_account)?;
     apply_egress_flags(settings, allow_host, egress.as_deref())?;
     apply_timeout_flags(
         settings,
@@ -632,34 +599,6 @@ pub fn parse_runtime(name: &str, what: &str) -> Result<Option<String>> {
         ))
         .with_hint("e.g. --runtime runsc (gVisor), or `default`; `caw-box doctor` lists the daemon's runtimes"))
     }
-}
-
-pub fn check_cpus(c: f64, what: &str) -> Result<()> {
-    if c <= 0.0 || !c.is_finite() {
-        return Err(Error::usage(format!(
-            "{what} {c} must be a positive number"
-        )));
-    }
-    Ok(())
-}
-
-/// A spend limit: a positive amount of USD.
-pub fn check_max_cost(c: f64, what: &str) -> Result<()> {
-    if c <= 0.0 || !c.is_finite() {
-        return Err(Error::usage(format!(
-            "{what} {c} must be a positive amount of USD, e.g. 2.50"
-        )));
-    }
-    Ok(())
-}
-
-pub fn check_pids_limit(p: i64, what: &str) -> Result<()> {
-    if p < 16 {
-        return Err(Error::usage(format!(
-            "{what} {p} is too low for any CLI (use 64 or more)"
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -1020,6 +959,7 @@ mod flag_tests {
             ("cpus", v(&["--cpus", "1.5"]), v(&[])),
             ("max_cost", v(&["--max-cost", "2.5"]), v(&[])),
             ("pids_limit", v(&["--pids-limit", "300"]), v(&[])),
+            ("per_account", v(&["--per-account", "2"]), v(&[])),
             ("network", v(&["--network", "lab"]), v(&[])),
             ("allow_host", v(&["--allow-host", "example.com"]), v(&[])),
             ("egress", v(&["--egress", "locked"]), v(&[])),

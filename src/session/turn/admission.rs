@@ -1,0 +1,440 @@
+//! Account-wide admission (`--per-account N`): at most N turns of one account in flight at
+//! once, across every caw-box process of this host (each foreground run, each detached
+//! turn's `__drive`, each MCP server's turns), because a vendor's limits are the account's.
+//!
+//! The host's processes agree through files under `<data dir>/accounts/<account>/`, locked
+//! with `flock` (which the kernel releases when a process dies, however it dies):
+//! - `slot-<k>`, k below N: a turn in flight holds one, locked, until it is recorded;
+//! - `queue/<ticket>.json`: a turn over the cap, waiting, locked by the process that waits.
+//!   Its name orders the queue (when it came); its content says whose turn it is
+//!   ([`Queued`]). One whose lock is free is stale (its process is gone): whoever sees it
+//!   removes it.
+//!
+//! A waiting turn takes a free slot only when fewer than N turns wait ahead of it, so the
+//! oldest go first. Turns whose sessions ask for different N share the slots below the
+//! smaller N.
+
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::dirs;
+use crate::error::{Error, Result};
+use crate::session::store::record::SessionRecord;
+
+/// How often a waiting turn looks for a free slot.
+const POLL: Duration = Duration::from_millis(200);
+
+/// A turn waiting for its account's slot, as its ticket says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Queued {
+    pub session_id: Uuid,
+    pub turn: u32,
+    pub account: String,
+    /// The process that waits (and will run the turn).
+    pub pid: u32,
+    /// Unix seconds.
+    pub queued_at: u64,
+    /// Its session's `--per-account`.
+    pub cap: u32,
+    /// 1 for the next to go; 0 once admitted.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub position: usize,
+    /// Taken from the queue: its turn starts (or runs) now. Its ticket stays until the
+    /// turn is recorded, so that a `wait` does not take the moment between the two for
+    /// the turn's end.
+    #[serde(skip)]
+    pub admitted: bool,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// A turn's slot among its account's turns in flight: held while the turn runs, released
+/// when dropped (or when its process dies).
+#[derive(Debug)]
+pub struct Admitted {
+    _slot: File,
+    _ticket: Option<Ticket>,
+}
+
+/// A waiting turn's place in its account's queue (`<name>.json`), then its mark of a turn
+/// admitted from it (`<name>.admitted`, the same file and lock): removed when dropped.
+#[derive(Debug)]
+struct Ticket {
+    path: PathBuf,
+    name: String,
+    _file: File,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
+    Error::environment(format!("cannot {what} '{}': {e}", path.display()))
+}
+
+/// The accounts' slots and queues of one data directory.
+#[derive(Debug, Clone)]
+pub struct Accounts {
+    root: PathBuf,
+}
+
+impl Accounts {
+    /// This host's, in caw-box's data directory.
+    pub fn here() -> Result<Accounts> {
+        Ok(Accounts {
+            root: dirs::data_dir()?.join("accounts"),
+        })
+    }
+
+    /// Waits for a slot of `account` where at most `cap` turns may be in flight, and takes
+    /// it. `queued` hears the turn's place in the queue whenever it changes (1: next), and
+    /// only when the turn has to wait.
+    pub async fn admit(
+        &self,
+        account: &str,
+        cap: u32,
+        session_id: Uuid,
+        turn: u32,
+        mut queued: impl FnMut(usize) + Send,
+    ) -> Result<Admitted> {
+        let dir = self.root.join(account);
+        let queue = dir.join("queue");
+        dirs::ensure_private_dir(&queue)?;
+        // Straight in, when nobody waits and a slot is free.
+        if live_tickets(&queue).is_empty() {
+            if let Some(slot) = try_slot(&dir, cap)? {
+                return Ok(Admitted {
+                    _slot: slot,
+                    _ticket: None,
+                });
+            }
+        }
+        let mut ticket = Ticket::take(
+            &queue,
+            &Queued {
+                session_id,
+                turn,
+                account: account.to_string(),
+                pid: std::process::id(),
+                queued_at: crate::clock::now_secs(),
+                cap,
+                position: 0,
+                admitted: false,
+            },
+        )?;
+        let mut said = None;
+        loop {
+            let ahead = live_tickets(&queue)
+                .iter()
+                .filter(|(name, q)| !q.admitted && *name < ticket.name)
+                .count();
+            if ahead < cap as usize {
+                if let Some(slot) = try_slot(&dir, cap)? {
+                    ticket.admit();
+                    return Ok(Admitted {
+                        _slot: slot,
+                        _ticket: Some(ticket),
+                    });
+                }
+            }
+            if ticket.stop_asked() {
+                return Err(Error::new(
+                    crate::error::ErrorKind::Interrupted,
+                    "the turn was stopped while it waited for a slot of its account",
+                ));
+            }
+            if said != Some(ahead) {
+                queued(ahead + 1);
+                said = Some(ahead);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Every turn waiting for its account's slot, oldest first per account, each with its
+    /// place.
+    pub fn queued(&self) -> Vec<Queued> {
+        let Ok(accounts) = fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let mut all = Vec::new();
+        for account in accounts.flatten() {
+            let tickets = live_tickets(&account.path().join("queue"));
+            let mut place = 0;
+            all.extend(tickets.into_iter().map(|(_, mut q)| {
+                if !q.admitted {
+                    place += 1;
+                    q.position = place;
+                }
+                q
+            }));
+        }
+        all
+    }
+
+    /// The turn of `session_id` waiting for a slot, or admitted from the queue and not
+    /// recorded yet (`admitted`).
+    pub fn queued_turn(&self, session_id: Uuid) -> Option<Queued> {
+        self.queued()
+            .into_iter()
+            .find(|q| q.session_id == session_id)
+    }
+}
+
+/// Asks the turn of `session_id` waiting for a slot to give up its place; `true` once it
+/// did (within 10 s), `false` when none waits.
+pub async fn stop_queued(session_id: Uuid) -> Result<bool> {
+    let accounts = Accounts::here()?;
+    let Some(q) = accounts.queued_turn(session_id).filter(|q| !q.admitted) else {
+        return Ok(false);
+    };
+    let queue = accounts.root.join(&q.account).join("queue");
+    for (name, t) in live_tickets(&queue) {
+        if t.session_id == session_id && !t.admitted {
+            let asked = queue.join(name).with_extension("stop");
+            dirs::write_private_unsynced(&asked, b"")?;
+        }
+    }
+    for _ in 0..100 {
+        if accounts.queued_turn(session_id).is_none() {
+            return Ok(true);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(Error::environment(format!(
+        "session {session_id}'s turn still waits for a slot of its account after being asked to stop"
+    ))
+    .with_hint(format!("its caw-box process is {}", q.pid)))
+}
+
+/// The turns of this host waiting for their account's slot (none where the data directory
+/// cannot be found).
+pub fn queued() -> Vec<Queued> {
+    Accounts::here().map(|a| a.queued()).unwrap_or_default()
+}
+
+/// The turn of `session_id` waiting on this host for its account's slot.
+pub fn queued_turn(session_id: Uuid) -> Option<Queued> {
+    Accounts::here().ok()?.queued_turn(session_id)
+}
+
+/// Tries slots `0..cap` of the account's directory; the first free one is taken.
+fn try_slot(dir: &Path, cap: u32) -> Result<Option<File>> {
+    for k in 0..cap.max(1) {
+        let path = dir.join(format!("slot-{k}"));
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| io_err("open", &path, e))?;
+        match file.try_lock() {
+            Ok(()) => return Ok(Some(file)),
+            Err(TryLockError::WouldBlock) => continue,
+            Err(TryLockError::Error(e)) => return Err(io_err("lock", &path, e)),
+        }
+    }
+    Ok(None)
+}
+
+impl Ticket {
+    /// Written under a hidden name, locked, then renamed into the queue: no one sees it
+    /// unlocked (and so stale) in between.
+    fn take(queue: &Path, q: &Queued) -> Result<Ticket> {
+        let hidden = queue.join(format!(".{}", Uuid::new_v4()));
+        let mut file = OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .open(&hidden)
+            .map_err(|e| io_err("write", &hidden, e))?;
+        file.lock().map_err(|e| io_err("lock", &hidden, e))?;
+        file.write_all(&serde_json::to_vec(q).expect("tickets serialize"))
+            .map_err(|e| io_err("write", &hidden, e))?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let name = format!("{nanos:024}-{}-{}.json", q.session_id, q.turn);
+        let path = queue.join(&name);
+        fs::rename(&hidden, &path).map_err(|e| io_err("write", &path, e))?;
+        Ok(Ticket {
+            path,
+            name,
+            _file: file,
+        })
+    }
+
+    /// Whether `stop` asked this turn to give up its place (its ticket's `.stop` beside it),
+    /// which is then taken back.
+    fn stop_asked(&self) -> bool {
+        let asked = self.path.with_extension("stop");
+        fs::remove_file(asked).is_ok()
+    }
+
+    /// Marks it admitted: renamed, so it keeps its lock.
+    fn admit(&mut self) {
+        let admitted = self.path.with_extension("admitted");
+        if fs::rename(&self.path, &admitted).is_ok() {
+            self.path = admitted;
+        }
+    }
+}
+
+/// The tickets of `queue` whose process still waits, oldest first; stale ones are removed.
+fn live_tickets(queue: &Path) -> Vec<(String, Queued)> {
+    let Ok(entries) = fs::read_dir(queue) else {
+        return Vec::new();
+    };
+    let mut live: Vec<(String, Queued)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let admitted = name.ends_with(".admitted");
+            if name.starts_with('.') || !(admitted || name.ends_with(".json")) {
+                return None;
+            }
+            let file = File::open(e.path()).ok()?;
+            match file.try_lock_shared() {
+                // Nobody holds it: its process is gone.
+                Ok(()) => {
+                    let _ = fs::remove_file(e.path());
+                    None
+                }
+                Err(TryLockError::WouldBlock) => {
+                    let mut q: Queued = serde_json::from_slice(&fs::read(e.path()).ok()?).ok()?;
+                    q.admitted = admitted;
+                    Some((name, q))
+                }
+                Err(TryLockError::Error(_)) => None,
+            }
+        })
+        .collect();
+    live.sort_by(|a, b| a.0.cmp(&b.0));
+    live
+}
+
+/// Waits for a slot of the account this turn spends, where the session caps its account's
+/// turns in flight (`--per-account`), saying on stderr where it waits.
+pub(in crate::session) async fn for_turn(record: &SessionRecord) -> Result<Option<Admitted>> {
+    let Some(cap) = record.settings.per_account else {
+        return Ok(None);
+    };
+    let p = record.provider;
+    let account = crate::auth::account::of(p).unwrap_or_else(|| crate::auth::account::unstored(p));
+    let admitted = Accounts::here()?
+        .admit(&account, cap, record.session_id, record.next_turn(), |place| {
+            crate::output::eprintln(&format!(
+                "queued: {cap} turn(s) of account {account} in flight (--per-account {cap}); this one is {} in line",
+                ordinal(place)
+            ));
+        })
+        .await?;
+    Ok(Some(admitted))
+}
+
+/// "1st", "2nd", "3rd", "4th", "11th".
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn turns_over_the_cap_wait_in_order_and_go_as_slots_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let accounts = Accounts {
+            root: dir.path().to_path_buf(),
+        };
+        let (a, b, c) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let first = accounts
+            .admit("codex-x", 1, a, 1, |_| panic!("no wait"))
+            .await
+            .unwrap();
+        assert!(accounts.queued().is_empty());
+        let places = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let wait = |id: Uuid, heard: std::sync::Arc<std::sync::Mutex<Vec<usize>>>| {
+            let accounts = accounts.clone();
+            tokio::spawn(async move {
+                accounts
+                    .admit("codex-x", 1, id, 1, move |p| heard.lock().unwrap().push(p))
+                    .await
+            })
+        };
+        let second = wait(b, places.clone());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let third = wait(c, std::sync::Arc::default());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let waiting = accounts.queued_turn(b).expect("b waits");
+        assert_eq!((waiting.turn, waiting.position, waiting.cap), (1, 1, 1));
+        assert_eq!(waiting.pid, std::process::id());
+        assert_eq!(accounts.queued_turn(c).map(|q| q.position), Some(2));
+        // Another account is not held up by this one's.
+        accounts
+            .admit("codex-y", 1, a, 2, |_| panic!("no wait"))
+            .await
+            .unwrap();
+        drop(first);
+        // The oldest goes first; the other still waits, now next.
+        let second = second.await.unwrap().unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!third.is_finished());
+        assert_eq!(accounts.queued_turn(c).map(|q| q.position), Some(1));
+        // Admitted, its ticket stays until its turn is recorded.
+        let admitted = accounts.queued_turn(b).expect("b's mark");
+        assert!(admitted.admitted && admitted.position == 0, "{admitted:?}");
+        drop(second);
+        assert!(accounts.queued_turn(b).is_none(), "its ticket went");
+        third.await.unwrap().unwrap();
+        assert_eq!(*places.lock().unwrap(), vec![1]);
+        assert!(accounts.queued().is_empty());
+    }
+
+    #[test]
+    fn a_ticket_no_process_holds_is_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let accounts = Accounts {
+            root: dir.path().to_path_buf(),
+        };
+        let queue = dir.path().join("claude-x").join("queue");
+        dirs::ensure_private_dir(&queue).unwrap();
+        let q = Queued {
+            session_id: Uuid::new_v4(),
+            turn: 3,
+            account: "claude-x".into(),
+            pid: 1,
+            queued_at: 0,
+            cap: 2,
+            position: 0,
+            admitted: false,
+        };
+        let ticket = Ticket::take(&queue, &q).unwrap();
+        assert_eq!(accounts.queued_turn(q.session_id).map(|q| q.turn), Some(3));
+        // What a killed process leaves: the file, with no lock on it.
+        let left = dir.path().join("left.json");
+        fs::copy(&ticket.path, &left).unwrap();
+        drop(ticket);
+        let stale = queue.join(format!("{:024}-{}-3.json", 1, q.session_id));
+        fs::rename(&left, &stale).unwrap();
+        assert!(accounts.queued().is_empty());
+        assert!(!stale.exists());
+    }
+}

@@ -1,0 +1,166 @@
+//! One account, many boxes (issue 55): `--per-account N` lets at most N turns of one
+//! account be in flight at once across every caw-box process of the host. A turn over the
+//! cap is `queued` (in `run -d`'s answer, `ls`, `show`) and starts when one ends; `wait`
+//! waits for a queued turn as for a running one; `stop` takes a queued turn off the queue.
+//!
+//! The real codex CLI, brokered with a collected key, against the stub model: each turn's
+//! request holds at the stub (`HOLD:<name>`) until the test lets it go, so the stub's own
+//! count of the requests it holds (and of the model requests in flight, `/_stub/inflight`)
+//! is the number of turns in flight.
+
+use std::collections::BTreeSet;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::broker::collect_key;
+use crate::common::*;
+
+/// The names held at the stub now, with how many requests each holds.
+fn held(stub: &StubControl) -> Vec<(String, u64)> {
+    let holds = stub.holds();
+    holds["waiting"]
+        .as_object()
+        .map(|w| {
+            w.iter()
+                .filter_map(|(k, v)| v.as_u64().filter(|n| *n > 0).map(|n| (k.clone(), n)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `ls --json`'s status of each session.
+fn statuses(rig: &Rig) -> Vec<(String, String)> {
+    let out = rig.caw_run(&["ls", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let rows: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["session_id"].as_str().unwrap().to_string(),
+                r["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn separate_processes_keep_one_accounts_turns_in_flight_to_its_cap() {
+    check("separate_processes_keep_one_accounts_turns_in_flight_to_its_cap");
+    let rig = Rig::new("acct-cap");
+    let home = tempfile::tempdir().unwrap();
+    collect_key(&rig, CODEX, home.path());
+    let stub = rig.stub_control();
+    // Eight `run -d`, each its own caw-box process, started together.
+    let children: Vec<_> = (0..8)
+        .map(|i| {
+            let mut c = rig.run_cmd_stored_key(
+                CODEX,
+                &format!("HOLD:fleet{i} REMEMBER:word{i}"),
+                &["-d", "--per-account", "2", "-o", "json"],
+            );
+            c.stdout(Stdio::piped()).stderr(Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    let mut ids = Vec::new();
+    let mut said = BTreeSet::new();
+    for child in children {
+        let out = wait_with_deadline(child, Duration::from_secs(120));
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+        said.insert(json["status"].as_str().unwrap().to_string());
+        ids.push(json["session_id"].as_str().unwrap().to_string());
+    }
+    // Some had to wait, and said so when they returned.
+    assert!(said.contains("queued"), "{said:?}");
+
+    // Two held at a time, never more; the rest queued; each let go in turn lets one in.
+    let mut released = BTreeSet::new();
+    let mut stopped = None;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while released.len() < 7 {
+        let want = (7 - released.len()).min(2);
+        let now = held(&stub);
+        let total: u64 = now.iter().map(|(_, n)| n).sum();
+        assert!(
+            total <= 2,
+            "more than 2 turns of the account in flight: {now:?}"
+        );
+        if now.len() < want {
+            assert!(
+                Instant::now() < deadline,
+                "the queue stalled: {now:?}, released {released:?}, {:?}",
+                statuses(&rig)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        if released.is_empty() {
+            let rows = statuses(&rig);
+            let count = |s: &str| rows.iter().filter(|(_, st)| st == s).count();
+            assert_eq!((count("running"), count("queued")), (2, 6), "{rows:?}");
+            // `show` of a queued one says where it waits.
+            let queued = rows.iter().find(|(_, s)| s == "queued").unwrap().0.clone();
+            let out = rig.caw_run(&["show", &queued, "--json"]);
+            let shown: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+            assert_eq!(shown["status"], "queued", "{shown}");
+            assert!(shown["queue_position"].as_u64().is_some(), "{shown}");
+            assert!(
+                shown["account"].as_str().unwrap().starts_with("codex-"),
+                "{shown}"
+            );
+            // `stop` takes it off the queue: it never runs.
+            let out = rig.caw_run(&["stop", &queued]);
+            assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+            assert!(
+                stderr_of(&out).contains("will not run"),
+                "{}",
+                stderr_of(&out)
+            );
+            let after = statuses(&rig);
+            let st = &after.iter().find(|(id, _)| *id == queued).unwrap().1;
+            assert_eq!(st, "new", "{after:?}");
+            stopped = Some(queued);
+        }
+        let (name, _) = &now[0];
+        stub.release(name);
+        released.insert(name.clone());
+    }
+    let stopped = stopped.unwrap();
+    let stopped_at = ids.iter().position(|id| *id == stopped).unwrap();
+    let prompts: Vec<String> = rig
+        .stub_requests()
+        .iter()
+        .map(|r| r["body"].to_string())
+        .collect();
+    let mark = format!("HOLD:fleet{stopped_at} ");
+    assert!(
+        !prompts.iter().any(|b| b.contains(&mark)),
+        "the stopped turn ran"
+    );
+
+    // Every other one ends, recorded, with its own answer.
+    for (i, id) in ids.iter().enumerate().filter(|(_, id)| **id != stopped) {
+        let out = rig.caw_run(&["wait", id, "-o", "json"]);
+        assert_eq!(out.status.code(), Some(0), "{i}: {}", stderr_of(&out));
+        let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+        assert_eq!(json["status"], "success", "{json}");
+        assert_eq!(json["result"], format!("Noted: word{i}."), "{json}");
+    }
+    let inflight = stub.json("GET", "/_stub/inflight");
+    assert!(
+        inflight["max"].as_u64().unwrap() <= 2,
+        "the stub saw more than 2 model requests at once: {inflight}"
+    );
+    let done = statuses(&rig);
+    assert_eq!(
+        done.iter().filter(|(_, s)| s == "success").count(),
+        7,
+        "{done:?}"
+    );
+    rig.cleanup();
+}
