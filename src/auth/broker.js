@@ -87,6 +87,21 @@ module.exports = function broker(config, rest) {
     'trailer', 'transfer-encoding', 'upgrade', 'host',
   ];
 
+  // What the upstream says of the account's limits, on each model response: the headers
+  // its vendor documents for them (counts and times, no secret), for caw-box to keep per
+  // account: `caw-box-broker limits {"status","at","headers"}` on stdout. A 429 or 529
+  // (overloaded) is reported even without them.
+  const LIMIT_HEADER = /^(anthropic-ratelimit-|x-ratelimit-|x-codex-(primary|secondary)-|retry-after$)/;
+  function reportLimits(up) {
+    const headers = {};
+    for (const [k, v] of Object.entries(up.headers)) {
+      if (LIMIT_HEADER.test(k)) headers[k] = String(v).slice(0, 100);
+    }
+    const status = up.statusCode || 0;
+    if (!Object.keys(headers).length && status !== 429 && status !== 529) return;
+    process.stdout.write(`caw-box-broker limits ${JSON.stringify({ status, at: Date.now(), headers })}\n`);
+  }
+
   function real(placeholder) {
     if (shared) return aliases.has(placeholder) ? keys.get(aliases.get(placeholder)) : undefined;
     return keys.get(placeholder);
@@ -197,6 +212,7 @@ module.exports = function broker(config, rest) {
         delete h.connection;
         delete h['keep-alive'];
         delete h['transfer-encoding'];
+        reportLimits(up);
         res.writeHead(up.statusCode || 502, h);
         up.pipe(res);
       }
@@ -383,6 +399,7 @@ module.exports = function broker(config, rest) {
             delete h.connection;
             delete h['keep-alive'];
             delete h['transfer-encoding'];
+            reportLimits(up);
             res.writeHead(up.statusCode || 502, h);
             up.pipe(res);
           });

@@ -10,6 +10,7 @@ pub mod secret;
 pub mod spec;
 pub mod store;
 pub mod user_config;
+pub mod windows;
 
 pub use secret::Secret;
 

@@ -92,6 +92,9 @@ struct ProviderStatus<'a> {
     present: bool,
     /// The account the stored credentials spend: a fingerprint, never the secret.
     account: Option<String>,
+    /// What the account has left, as the latest brokered responses said (`null`: no
+    /// brokered turn has seen its limits yet).
+    windows: Option<crate::auth::windows::Standing>,
     items: Vec<StatusItem<'a>>,
 }
 
@@ -150,7 +153,30 @@ pub fn status(json: bool) -> Result<i32> {
         }
     }
     output::print_table(&rows);
+    print_windows(&manifests);
     Ok(0)
+}
+
+/// Each account's windows, as its latest brokered responses said.
+fn print_windows(manifests: &[(ProviderKind, store::Manifest)]) {
+    let now = crate::clock::now_secs();
+    for (p, m) in manifests {
+        let Some(account) = crate::auth::account::of_manifest(*p, m) else {
+            continue;
+        };
+        let said = match crate::auth::windows::read(&account) {
+            None if *p == ProviderKind::Gemini => {
+                "Google's responses name no limits: not known".to_string()
+            }
+            Some(s) => format!(
+                "{} (as of {})",
+                crate::auth::windows::summary(&s, now),
+                super::ago::ago(s.updated_at)
+            ),
+            None => "not known yet: no brokered turn has seen its limits".to_string(),
+        };
+        output::println(&format!("\n{account}  {said}"));
+    }
 }
 
 /// `auth status --json`'s rows, from each provider's manifest.
@@ -161,6 +187,8 @@ fn status_rows(manifests: &[(ProviderKind, store::Manifest)]) -> Vec<ProviderSta
             provider: *p,
             present: !m.items.is_empty(),
             account: crate::auth::account::of_manifest(*p, m),
+            windows: crate::auth::account::of_manifest(*p, m)
+                .and_then(|a| crate::auth::windows::read(&a)),
             items: m
                 .items
                 .iter()

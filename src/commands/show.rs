@@ -53,8 +53,10 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     };
     let fallback_to = fallbacks_of(&target::list_sessions(&backend).await?, record.session_id);
     let checkpoints = checkpoints_of(&backend, &record).await?;
+    let id = crate::auth::account::of(record.provider);
     let account = Account {
-        account: crate::auth::account::of(record.provider),
+        account_windows: id.as_deref().and_then(crate::auth::windows::read),
+        account: id,
         queue_position: queued.map(|q| q.position),
     };
     if json {
@@ -82,6 +84,9 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
 #[derive(Serialize)]
 struct Account {
     account: Option<String>,
+    /// What the account has left, as the latest brokered responses said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    account_windows: Option<crate::auth::windows::Standing>,
     #[serde(skip_serializing_if = "Option::is_none")]
     queue_position: Option<usize>,
 }
@@ -91,6 +96,13 @@ impl Account {
         let cap = per_account.map_or(String::new(), |n| format!("; --per-account {n}"));
         let id = self.account.as_deref().unwrap_or("(none stored)");
         output::println(&format!("account    {id}{cap}"));
+        if let Some(w) = &self.account_windows {
+            let now = crate::clock::now_secs();
+            output::println(&format!(
+                "           {}",
+                crate::auth::windows::summary(w, now)
+            ));
+        }
         if let Some(p) = self.queue_position {
             output::println(&format!(
                 "queued     waiting for a slot of its account: {p} in line"

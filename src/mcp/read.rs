@@ -192,6 +192,11 @@ pub async fn status(target: &str, queue: Option<Arc<Queue>>) -> Result<Value> {
     let queued = queue.as_ref().and_then(|q| q.position(id));
     let failed = queue.as_ref().and_then(|q| q.failure(id));
     let account_queued = crate::session::admission::queued_turn(id);
+    // The account the session spends, and what it has left as its latest responses said.
+    if let Some(account) = crate::auth::account::of(view.facts.provider) {
+        out["account_windows"] = json!(crate::auth::windows::read(&account));
+        out["account"] = json!(account);
+    }
     if let Some(position) = queued {
         out["status"] = json!("queued");
         out["queue_position"] = json!(position);

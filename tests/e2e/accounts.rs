@@ -30,8 +30,8 @@ fn held(stub: &StubControl) -> Vec<(String, u64)> {
         .unwrap_or_default()
 }
 
-/// `ls --json`'s status of each session.
-fn statuses(rig: &Rig) -> Vec<(String, String)> {
+/// `ls --json`'s status of each of `ids` (other tests' sessions may be listed too).
+fn statuses(rig: &Rig, ids: &[String]) -> Vec<(String, String)> {
     let out = rig.caw_run(&["ls", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let rows: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
@@ -44,6 +44,7 @@ fn statuses(rig: &Rig) -> Vec<(String, String)> {
                 r["status"].as_str().unwrap().to_string(),
             )
         })
+        .filter(|(id, _)| ids.contains(id))
         .collect()
 }
 
@@ -94,13 +95,13 @@ fn separate_processes_keep_one_accounts_turns_in_flight_to_its_cap() {
             assert!(
                 Instant::now() < deadline,
                 "the queue stalled: {now:?}, released {released:?}, {:?}",
-                statuses(&rig)
+                statuses(&rig, &ids)
             );
             std::thread::sleep(Duration::from_millis(200));
             continue;
         }
         if released.is_empty() {
-            let rows = statuses(&rig);
+            let rows = statuses(&rig, &ids);
             let count = |s: &str| rows.iter().filter(|(_, st)| st == s).count();
             assert_eq!((count("running"), count("queued")), (2, 6), "{rows:?}");
             // `show` of a queued one says where it waits.
@@ -121,7 +122,7 @@ fn separate_processes_keep_one_accounts_turns_in_flight_to_its_cap() {
                 "{}",
                 stderr_of(&out)
             );
-            let after = statuses(&rig);
+            let after = statuses(&rig, &ids);
             let st = &after.iter().find(|(id, _)| *id == queued).unwrap().1;
             assert_eq!(st, "new", "{after:?}");
             stopped = Some(queued);
@@ -156,11 +157,82 @@ fn separate_processes_keep_one_accounts_turns_in_flight_to_its_cap() {
         inflight["max"].as_u64().unwrap() <= 2,
         "the stub saw more than 2 model requests at once: {inflight}"
     );
-    let done = statuses(&rig);
+    let done = statuses(&rig, &ids);
     assert_eq!(
         done.iter().filter(|(_, s)| s == "success").count(),
         7,
         "{done:?}"
+    );
+    rig.cleanup();
+}
+
+/// The windows of `provider`'s account in `auth status --json`.
+fn windows_of(rig: &Rig, provider: &str) -> Value {
+    let out = rig.caw_run(&["auth", "status", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let rows: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    let row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["provider"] == provider)
+        .unwrap()
+        .clone();
+    assert!(
+        row["account"].as_str().unwrap().starts_with(provider),
+        "{row}"
+    );
+    row["windows"].clone()
+}
+
+#[test]
+fn auth_status_shows_what_each_account_has_left_after_a_brokered_turn() {
+    check("auth_status_shows_what_each_account_has_left_after_a_brokered_turn");
+    // The stub answers as an account of 50 requests a 10-minute window, in each vendor's
+    // headers (one count for every wire: both CLIs spend it).
+    let rig = Rig::with_stub_env(
+        "acct-win",
+        &[
+            "STUB_ACCOUNT_REQUESTS=50".to_string(),
+            "STUB_ACCOUNT_WINDOW=600".to_string(),
+        ],
+    );
+    let home = tempfile::tempdir().unwrap();
+    for p in [CODEX, CLAUDE] {
+        collect_key(&rig, p, home.path());
+        assert!(windows_of(&rig, p.name).is_null(), "known before any turn");
+        let (code, json, stderr) = rig.json_turn(rig.run_cmd_stored_key(p, "REMEMBER:tern", &[]));
+        assert_eq!(code, 0, "{json} {stderr}");
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    for (p, extra) in [(CODEX, "primary"), (CLAUDE, "5h")] {
+        let w = windows_of(&rig, p.name);
+        let window = |name: &str| {
+            w["windows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["name"] == name)
+                .unwrap_or_else(|| panic!("no {name} window: {w}"))
+                .clone()
+        };
+        let requests = window("requests");
+        assert_eq!(requests["limit"], 50, "{w}");
+        let left = requests["remaining"].as_u64().unwrap();
+        assert!(left < 50, "{w}");
+        let resets = requests["resets_at"].as_u64().unwrap();
+        assert!(resets > now && resets <= now + 600, "{w}");
+        assert!(window(extra)["used_percent"].as_f64().unwrap() > 0.0, "{w}");
+    }
+    let out = rig.caw_run(&["auth", "status"]);
+    let text = stdout_of(&out);
+    assert!(text.contains("/50 left, resets in"), "{text}");
+    assert!(
+        text.contains("codex-") && text.contains("claude_code-"),
+        "{text}"
     );
     rig.cleanup();
 }

@@ -154,6 +154,8 @@ pub(super) struct LoginWatch<B: Backend> {
     answers: tokio::sync::mpsc::UnboundedSender<String>,
     /// Told when the broker reports a refresh done.
     refreshed: std::sync::Arc<tokio::sync::Notify>,
+    /// The account its keys spend, whose windows it reports (`auth::windows`).
+    account: Option<String>,
 }
 
 impl<B: Backend> LoginWatch<B> {
@@ -163,6 +165,14 @@ impl<B: Backend> LoginWatch<B> {
             let line: Vec<u8> = self.seen.drain(..=i).collect();
             let line = String::from_utf8_lossy(&line);
             let line = line.trim();
+            if let Some(json) = line.strip_prefix("caw-box-broker limits ") {
+                if let Some(account) = &self.account {
+                    if let Err(e) = crate::auth::windows::record(account, self.provider, json) {
+                        tracing::debug!("could not keep the account's windows: {e}");
+                    }
+                }
+                continue;
+            }
             if line.starts_with("caw-box-broker refreshed ") {
                 self.refreshed.notify_waiters();
                 continue;
@@ -236,6 +246,7 @@ impl<B: Backend> LoginWatch<B> {
             seen: Vec::new(),
             answers,
             refreshed: std::sync::Arc::new(tokio::sync::Notify::new()),
+            account: crate::auth::account::of(provider),
         };
         (watch, to_broker)
     }

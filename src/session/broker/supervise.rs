@@ -38,10 +38,9 @@ impl Broker {
         }
         let Some(s) = &self.shared else {
             let attached = self.start_own(backend, None).await?;
-            if self.logins {
-                let (watch, to_broker) = self.watch(backend);
-                tokio::spawn(follow(attached, watch, to_broker));
-            }
+            // Its refreshed logins and the account's windows, as it reports them.
+            let (watch, to_broker) = self.watch(backend);
+            tokio::spawn(follow(attached, watch, to_broker));
             return Ok(());
         };
         let _lock = lock_brokers().await?;
@@ -132,10 +131,8 @@ impl Broker {
         let Some(s) = &self.shared else { return };
         let (end, mut ended) = tokio::sync::oneshot::channel::<()>();
         let (renew, release) = (Self::lease_line(s), format!("release {}\n", s.lease_id));
-        let (mut watch, mut to_broker) = match self.logins.then(|| self.watch(backend)) {
-            Some((w, rx)) => (Some(w), Some(rx)),
-            None => (None, None),
-        };
+        let (watch, to_broker) = self.watch(backend);
+        let (mut watch, mut to_broker) = (Some(watch), Some(to_broker));
         let task = tokio::spawn(async move {
             // A deadline apart from the output: the broker's answers to other turns' leases
             // must not postpone this one's renewal.
