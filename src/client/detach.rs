@@ -78,51 +78,8 @@ impl Session {
         runner::check_prompt_size(options.prompt.len())?;
         let backend = &self.backend;
         let job = DriveJob::new(self.id().to_string(), self.record.settings.clone(), options);
-        let exe = crate::connection::driver().map_err(|e| {
-            Error::environment(format!("cannot find caw-box's own executable: {e}"))
-        })?;
-        // The driver's stderr goes to a file of this host, not to this process: it outlives
-        // this one, and what it says when it fails mid-turn is its last words for `wait`.
-        let logs = liveness::driver_logs(self.id())?;
-        let log = tempfile::NamedTempFile::new_in(&logs).map_err(|e| {
-            Error::environment(format!("cannot write in '{}': {e}", logs.display()))
-        })?;
-        let log_writer = log.reopen().map_err(|e| {
-            Error::environment(format!("cannot write in '{}': {e}", logs.display()))
-        })?;
-        let mut child = {
-            // tokio's child: dropped while it runs, it is reaped by the runtime's SIGCHLD
-            // handling, so a long-lived caller (the MCP server) keeps neither a zombie nor a
-            // thread per turn.
-            tokio::process::Command::new(exe)
-                .args(["-q", "__drive"])
-                // This process's backend, context and image repository, as it connected.
-                .envs(crate::connection::installed().child_env())
-                // The labels config resolved for this turn's objects.
-                .env(
-                    "CAW_BOX_LABELS",
-                    record::render_labels(&record::extra_labels()),
-                )
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(log_writer)
-                // Its own process group: a Ctrl-C meant for this terminal does not reach it.
-                .process_group(0)
-                .spawn()
-                .map_err(|e| Error::environment(format!("cannot start the background turn: {e}")))?
-        };
-        if let Some(mut stdin) = child.stdin.take() {
-            use tokio::io::AsyncWriteExt;
-            let json = serde_json::to_vec(&job).expect("jobs serialize");
-            stdin.write_all(&json).await.map_err(|e| {
-                Error::environment(format!("cannot hand the turn to the background: {e}"))
-            })?;
-        }
-        let driver_pid = child.id().map(|p| p.to_string()).unwrap_or_default();
-        let log_path = liveness::driver_log(&logs, &driver_pid);
-        log.persist(&log_path).map_err(|e| {
-            Error::environment(format!("cannot write in '{}': {e}", logs.display()))
-        })?;
+        let json = serde_json::to_vec(&job).expect("jobs serialize");
+        let (mut child, driver_pid, log_path) = spawn_driver(self.id(), &json).await?;
         let container = runner::container_name(&self.record);
         let turn = self.record.next_turn().to_string();
         loop {
@@ -172,6 +129,80 @@ impl Session {
         };
         if !recorded {
             let _ = self.discard_if_unused().await;
+        }
+    }
+}
+
+/// Starts a background `caw-box __drive` (the executable of [`crate::connection::driver`])
+/// for session `id` and hands it `json`, its job. Its stderr goes to a file of this host,
+/// not to this process: it outlives this one, and what it says when it fails mid-turn is
+/// its last words for `wait`. Returns it, its pid and that file.
+async fn spawn_driver(
+    id: uuid::Uuid,
+    json: &[u8],
+) -> Result<(tokio::process::Child, String, std::path::PathBuf)> {
+    let exe = crate::connection::driver()
+        .map_err(|e| Error::environment(format!("cannot find caw-box's own executable: {e}")))?;
+    let logs = liveness::driver_logs(id)?;
+    let log = tempfile::NamedTempFile::new_in(&logs)
+        .map_err(|e| Error::environment(format!("cannot write in '{}': {e}", logs.display())))?;
+    let log_writer = log
+        .reopen()
+        .map_err(|e| Error::environment(format!("cannot write in '{}': {e}", logs.display())))?;
+    let mut child = {
+        // tokio's child: dropped while it runs, it is reaped by the runtime's SIGCHLD
+        // handling, so a long-lived caller (the MCP server) keeps neither a zombie nor a
+        // thread per turn.
+        tokio::process::Command::new(exe)
+            .args(["-q", "__drive"])
+            // This process's backend, context and image repository, as it connected.
+            .envs(crate::connection::installed().child_env())
+            // The labels config resolved for this turn's objects.
+            .env(
+                "CAW_BOX_LABELS",
+                record::render_labels(&record::extra_labels()),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(log_writer)
+            // Its own process group: a Ctrl-C meant for this terminal does not reach it.
+            .process_group(0)
+            .spawn()
+            .map_err(|e| Error::environment(format!("cannot start the background turn: {e}")))?
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        use tokio::io::AsyncWriteExt;
+        stdin.write_all(json).await.map_err(|e| {
+            Error::environment(format!("cannot hand the turn to the background: {e}"))
+        })?;
+    }
+    let driver_pid = child.id().map(|p| p.to_string()).unwrap_or_default();
+    let log_path = liveness::driver_log(&logs, &driver_pid);
+    log.persist(&log_path)
+        .map_err(|e| Error::environment(format!("cannot write in '{}': {e}", logs.display())))?;
+    Ok((child, driver_pid, log_path))
+}
+
+/// Starts a new driver for each queued turn whose driver died while it waited (its job
+/// kept: `session::admission`): it takes the turn's place in line. Any caw-box that
+/// connects does this, so a queue outlives the processes that queued.
+pub(super) async fn adopt_orphaned_turns() {
+    let Ok(accounts) = crate::session::admission::Accounts::here() else {
+        return;
+    };
+    for json in accounts.claim_orphans() {
+        let Ok(job) = serde_json::from_slice::<DriveJob>(&json) else {
+            continue;
+        };
+        let Ok(id) = job.session_id.parse() else {
+            continue;
+        };
+        match spawn_driver(id, &json).await {
+            Ok((child, pid, _)) => {
+                tracing::info!("started the queued turn of session {id} again (driver {pid})");
+                drop(child);
+            }
+            Err(e) => tracing::warn!("could not start the queued turn of session {id} again: {e}"),
         }
     }
 }
@@ -236,6 +267,12 @@ pub async fn drive_from_stdin() -> Result<i32> {
         .map_err(|e| Error::usage(format!("__drive: cannot read the job: {e}")))?;
     let job: DriveJob = serde_json::from_slice(&input)
         .map_err(|e| Error::usage(format!("__drive: malformed job: {e}")))?;
+    // A turn that may wait in its account's queue keeps its job meanwhile, so that the
+    // next caw-box starts it again if this process dies first (removed once admitted).
+    let _kept = job
+        .settings
+        .per_account
+        .and_then(|_| KeptJob::write(&job.session_id, &input));
     let client = Client::connect().await?;
     let mut session = client.open(&job.session_id).await?;
     let options = job.turn_options();
@@ -246,6 +283,24 @@ pub async fn drive_from_stdin() -> Result<i32> {
         let _ = std::fs::remove_file(liveness::driver_log(&logs, std::process::id()));
     }
     Ok(result.exit_code)
+}
+
+/// A detached turn's job, kept private while it may wait in a queue
+/// (`session::admission::job_path`); removed when its driver ends.
+struct KeptJob(std::path::PathBuf);
+
+impl KeptJob {
+    fn write(session_id: &str, json: &[u8]) -> Option<KeptJob> {
+        let path = crate::session::admission::job_path(session_id.parse().ok()?).ok()?;
+        crate::dirs::write_private_unsynced(&path, json).ok()?;
+        Some(KeptJob(path))
+    }
+}
+
+impl Drop for KeptJob {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 #[cfg(test)]

@@ -104,9 +104,10 @@ impl Client {
     /// [`ClientBuilder`] installed, else the variables and config files (Docker by default:
     /// DOCKER_CONTEXT, DOCKER_HOST, the current context or the local socket).
     pub async fn connect() -> Result<Self> {
-        Ok(Client {
-            backend: connect_backend().await?,
-        })
+        let backend = connect_backend().await?;
+        // Queued turns whose driver died while they waited go on (`--per-account`).
+        detach::adopt_orphaned_turns().await;
+        Ok(Client { backend })
     }
 
     pub fn backend(&self) -> &Engine {
@@ -242,7 +243,7 @@ impl Client {
     /// then returns the result of its latest turn.
     pub async fn wait(&self, target: &str) -> Result<TurnResult> {
         let view = target::resolve_view(&self.backend, target).await?;
-        lifecycle::wait(&self.backend, &view.facts).await
+        waiting(lifecycle::wait(&self.backend, &view.facts)).await
     }
 
     /// Removes the session `target` names, with everything it has in Docker and its host
@@ -493,7 +494,7 @@ impl Session {
     /// result of its latest turn (see [`Client::wait`]).
     pub async fn wait(&self) -> Result<TurnResult> {
         let view = target::resolve_view(&self.backend, &self.id().to_string()).await?;
-        lifecycle::wait(&self.backend, &view.facts).await
+        waiting(lifecycle::wait(&self.backend, &view.facts)).await
     }
 
     /// Deletes the session's volumes, for a session whose first turn never ran (a turn that
@@ -507,6 +508,23 @@ impl Session {
             self.backend.remove_volume(&names::state_volume(id)).await?;
         }
         Ok(())
+    }
+}
+
+/// `wait` itself, while which a queued turn whose driver dies is started again (its own
+/// or another's: whoever waits keeps the queue going).
+async fn waiting(
+    wait: impl std::future::Future<Output = Result<TurnResult>>,
+) -> Result<TurnResult> {
+    let adopting = async {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            detach::adopt_orphaned_turns().await;
+        }
+    };
+    tokio::select! {
+        r = wait => r,
+        () = adopting => unreachable!("adopting never ends"),
     }
 }
 

@@ -236,3 +236,102 @@ fn auth_status_shows_what_each_account_has_left_after_a_brokered_turn() {
     );
     rig.cleanup();
 }
+
+/// The queued turns' tickets in the rig's data directory: (session, the waiting pid).
+fn tickets(rig: &Rig) -> Vec<(String, u32)> {
+    let root = rig.data_dir.path().join("accounts");
+    let mut out = Vec::new();
+    for account in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for t in std::fs::read_dir(account.path().join("queue"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if !t.file_name().to_string_lossy().ends_with(".json") {
+                continue;
+            }
+            let q: Value = serde_json::from_slice(&std::fs::read(t.path()).unwrap()).unwrap();
+            out.push((
+                q["session_id"].as_str().unwrap().to_string(),
+                q["pid"].as_u64().unwrap() as u32,
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_queued_turn_outlives_the_process_that_queued_it() {
+    check("a_queued_turn_outlives_the_process_that_queued_it");
+    let rig = Rig::new("acct-orphan");
+    let home = tempfile::tempdir().unwrap();
+    collect_key(&rig, CODEX, home.path());
+    let start = |prompt: &str| {
+        let cmd = rig.run_cmd_stored_key(CODEX, prompt, &["-d", "--per-account", "1"]);
+        let (code, json, stderr) = rig.json_turn(cmd);
+        assert_eq!(code, 0, "{json} {stderr}");
+        (
+            json["session_id"].as_str().unwrap().to_string(),
+            json["status"].clone(),
+        )
+    };
+    let (first, _) = start("HOLD:first REMEMBER:alpha");
+    rig.wait_held("first");
+    let (second, status) = start("HOLD:second REMEMBER:beta");
+    assert_eq!(status, "queued");
+    // Its driver dies while it waits (the OOM killer, a CI runner's cleanup).
+    let (_, pid) = tickets(&rig)
+        .into_iter()
+        .find(|(s, _)| *s == second)
+        .expect("the second turn's ticket");
+    std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // Gone, or a zombie not yet reaped by whoever adopted it: its locks are released.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(stat.is_empty() || stat.contains(") Z "), "{stat}");
+    let ids = [first.clone(), second.clone()];
+    assert_eq!(
+        statuses(&rig, &ids)
+            .into_iter()
+            .find(|(s, _)| *s == second)
+            .unwrap()
+            .1,
+        "queued",
+        "a queued turn whose driver died is still in line"
+    );
+    // `wait` starts it again, in its place; it runs once the first turn ends.
+    let mut waiting = rig.caw();
+    waiting
+        .args(["wait", &second, "-o", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let waiting = waiting.spawn().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let (_, new_pid) = tickets(&rig)
+        .into_iter()
+        .find(|(s, _)| *s == second)
+        .expect("the second turn's ticket, taken over");
+    assert_ne!(new_pid, pid, "a new driver waits in its place");
+    stub_release_all(&rig, &["first", "second"]);
+    let out = wait_with_deadline(waiting, Duration::from_secs(120));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    assert_eq!(json["result"], "Noted: beta.", "{json}");
+    assert_eq!(json["turn"], 1, "{json}");
+    let out = rig.caw_run(&["wait", &first, "-o", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    // Nothing of the queue is left: no ticket, no kept job.
+    assert!(tickets(&rig).is_empty());
+    let jobs = rig.data_dir.path().join("accounts").join(".jobs");
+    assert_eq!(std::fs::read_dir(jobs).map(|d| d.count()).unwrap_or(0), 0);
+    rig.cleanup();
+}
+
+fn stub_release_all(rig: &Rig, names: &[&str]) {
+    for n in names {
+        rig.stub_release(n);
+    }
+}

@@ -49,6 +49,10 @@ pub struct Queued {
     /// the turn's end.
     #[serde(skip)]
     pub admitted: bool,
+    /// Its process died while it waited, and its job is kept: the next caw-box starts it
+    /// again ([`Accounts::claim_orphans`]), in its place in line.
+    #[serde(skip)]
+    pub orphaned: bool,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -110,8 +114,9 @@ impl Accounts {
         let dir = self.root.join(account);
         let queue = dir.join("queue");
         dirs::ensure_private_dir(&queue)?;
+        let adopted = Ticket::take_over(&queue, session_id, turn);
         // Straight in, when nobody waits and a slot is free.
-        if live_tickets(&queue).is_empty() {
+        if adopted.is_none() && live_tickets(&queue).iter().all(|(_, q)| q.orphaned) {
             if let Some(slot) = try_slot(&dir, cap)? {
                 return Ok(Admitted {
                     _slot: slot,
@@ -119,24 +124,28 @@ impl Accounts {
                 });
             }
         }
-        let mut ticket = Ticket::take(
-            &queue,
-            &Queued {
-                session_id,
-                turn,
-                account: account.to_string(),
-                pid: std::process::id(),
-                queued_at: crate::clock::now_secs(),
-                cap,
-                position: 0,
-                admitted: false,
-            },
-        )?;
+        let mut ticket = match adopted {
+            Some(t) => t,
+            None => Ticket::take(
+                &queue,
+                &Queued {
+                    session_id,
+                    turn,
+                    account: account.to_string(),
+                    pid: std::process::id(),
+                    queued_at: crate::clock::now_secs(),
+                    cap,
+                    position: 0,
+                    admitted: false,
+                    orphaned: false,
+                },
+            )?,
+        };
         let mut said = None;
         loop {
             let ahead = live_tickets(&queue)
                 .iter()
-                .filter(|(name, q)| !q.admitted && *name < ticket.name)
+                .filter(|(name, q)| !q.admitted && !q.orphaned && *name < ticket.name)
                 .count();
             if ahead < cap as usize {
                 if let Some(slot) = try_slot(&dir, cap)? {
@@ -180,6 +189,44 @@ impl Accounts {
             }));
         }
         all
+    }
+
+    /// Claims each queued turn whose driver died while it waited and whose job is kept
+    /// (its ticket renamed, so only one caw-box claims it): their jobs, for a new driver
+    /// each, which takes its ticket over.
+    pub fn claim_orphans(&self) -> Vec<Vec<u8>> {
+        let Ok(accounts) = fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let mut jobs = Vec::new();
+        for account in accounts.flatten() {
+            let queue = account.path().join("queue");
+            for (name, q) in live_tickets(&queue) {
+                if !q.orphaned {
+                    continue;
+                }
+                let path = queue.join(&name);
+                let Ok(file) = OpenOptions::new().write(true).open(&path) else {
+                    continue;
+                };
+                if file.try_lock().is_err() {
+                    continue;
+                }
+                let job = self
+                    .root
+                    .join(".jobs")
+                    .join(format!("{}.json", q.session_id));
+                let Ok(bytes) = fs::read(&job) else {
+                    continue;
+                };
+                // Its age counts from the claim.
+                let _ = file.set_modified(std::time::SystemTime::now());
+                if fs::rename(&path, queue.join(format!("{ADOPT}{name}"))).is_ok() {
+                    jobs.push(bytes);
+                }
+            }
+        }
+        jobs
     }
 
     /// The turn of `session_id` waiting for a slot, or admitted from the queue and not
@@ -274,6 +321,50 @@ impl Ticket {
         })
     }
 
+    /// The ticket of `session_id`'s turn `turn` that a caw-box claimed for it, its driver
+    /// having died while it waited ([`Accounts::claim_orphans`]): taken over, in its place.
+    /// A claimed ticket of another turn of the session is stale (the session moved on).
+    fn take_over(queue: &Path, session_id: Uuid, turn: u32) -> Option<Ticket> {
+        let entries = fs::read_dir(queue).ok()?;
+        for e in entries.flatten() {
+            let hidden = e.file_name().to_string_lossy().into_owned();
+            let Some(name) = hidden.strip_prefix(ADOPT) else {
+                continue;
+            };
+            let Some(q) = fs::read(e.path())
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Queued>(&b).ok())
+            else {
+                continue;
+            };
+            if q.session_id != session_id {
+                continue;
+            }
+            if q.turn != turn {
+                let _ = fs::remove_file(e.path());
+                continue;
+            }
+            let mut file = OpenOptions::new().write(true).open(e.path()).ok()?;
+            file.try_lock().ok()?;
+            // Its process is this one now.
+            let ours = Queued {
+                pid: std::process::id(),
+                ..q
+            };
+            file.set_len(0).ok()?;
+            file.write_all(&serde_json::to_vec(&ours).expect("tickets serialize"))
+                .ok()?;
+            let path = queue.join(name);
+            fs::rename(e.path(), &path).ok()?;
+            return Some(Ticket {
+                path,
+                name: name.to_string(),
+                _file: file,
+            });
+        }
+        None
+    }
+
     /// Whether `stop` asked this turn to give up its place (its ticket's `.stop` beside it),
     /// which is then taken back.
     fn stop_asked(&self) -> bool {
@@ -290,8 +381,25 @@ impl Ticket {
     }
 }
 
-/// The tickets of `queue` whose process still waits, oldest first; stale ones are removed.
+/// The prefix of a ticket a caw-box claimed for a new driver of its turn.
+const ADOPT: &str = ".adopt-";
+
+/// Where a detached turn's job (its `__drive` input) is kept while it may wait in a queue:
+/// `<data dir>/accounts/.jobs/<session>.json`, private, removed once the turn is admitted.
+pub fn job_path(session_id: Uuid) -> Result<PathBuf> {
+    Ok(Accounts::here()?
+        .root
+        .join(".jobs")
+        .join(format!("{session_id}.json")))
+}
+
+/// The tickets of `queue` whose process still waits, oldest first, and those whose process
+/// died but whose job is kept (`orphaned`); other stale ones are removed.
 fn live_tickets(queue: &Path) -> Vec<(String, Queued)> {
+    let jobs = queue
+        .parent()
+        .and_then(Path::parent)
+        .map(|root| root.join(".jobs"));
     let Ok(entries) = fs::read_dir(queue) else {
         return Vec::new();
     };
@@ -299,6 +407,9 @@ fn live_tickets(queue: &Path) -> Vec<(String, Queued)> {
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(claimed) = name.strip_prefix(ADOPT) {
+                return claimed_ticket(&e.path(), claimed);
+            }
             let admitted = name.ends_with(".admitted");
             if name.starts_with('.') || !(admitted || name.ends_with(".json")) {
                 return None;
@@ -307,8 +418,23 @@ fn live_tickets(queue: &Path) -> Vec<(String, Queued)> {
             match file.try_lock_shared() {
                 // Nobody holds it: its process is gone.
                 Ok(()) => {
-                    let _ = fs::remove_file(e.path());
-                    None
+                    let q: Option<Queued> = fs::read(e.path())
+                        .ok()
+                        .and_then(|b| serde_json::from_slice(&b).ok());
+                    let kept = |q: &Queued| {
+                        jobs.as_ref()
+                            .is_some_and(|j| j.join(format!("{}.json", q.session_id)).exists())
+                    };
+                    match q {
+                        Some(mut q) if !admitted && kept(&q) => {
+                            q.orphaned = true;
+                            Some((name, q))
+                        }
+                        _ => {
+                            let _ = fs::remove_file(e.path());
+                            None
+                        }
+                    }
                 }
                 Err(TryLockError::WouldBlock) => {
                     let mut q: Queued = serde_json::from_slice(&fs::read(e.path()).ok()?).ok()?;
@@ -321,6 +447,22 @@ fn live_tickets(queue: &Path) -> Vec<(String, Queued)> {
         .collect();
     live.sort_by(|a, b| a.0.cmp(&b.0));
     live
+}
+
+/// A ticket claimed for a new driver of its turn: still in line (under its own name)
+/// until that driver takes it over; a claim no driver took within a minute is dropped.
+fn claimed_ticket(path: &Path, name: &str) -> Option<(String, Queued)> {
+    let age = fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .unwrap_or_default();
+    if age > Duration::from_secs(60) {
+        let _ = fs::remove_file(path);
+        return None;
+    }
+    let q = serde_json::from_slice(&fs::read(path).ok()?).ok()?;
+    Some((name.to_string(), q))
 }
 
 /// Waits for a slot of the account this turn spends, where the session caps its account's
@@ -338,7 +480,11 @@ pub(in crate::session) async fn for_turn(record: &SessionRecord) -> Result<Optio
                 ordinal(place)
             ));
         })
-        .await?;
+                .await?;
+    // Admitted: a driver that dies now leaves a turn in flight, not in a queue.
+    if let Ok(job) = job_path(record.session_id) {
+        let _ = fs::remove_file(job);
+    }
     Ok(Some(admitted))
 }
 
@@ -425,6 +571,7 @@ mod tests {
             cap: 2,
             position: 0,
             admitted: false,
+            orphaned: false,
         };
         let ticket = Ticket::take(&queue, &q).unwrap();
         assert_eq!(accounts.queued_turn(q.session_id).map(|q| q.turn), Some(3));
