@@ -31,7 +31,9 @@
 //! `docker run` (the `turns` part's run under the default, `balanced`: its proxy is the
 //! shared one, its turns pay none to start).
 //!
-//! To iterate on one number: `--only PART` (`cold`, `parse`, `listing`, `gitbase`, `turns`,
+//! Part `admission`: what `--per-account` adds to a turn when its account has a free slot.
+//!
+//! To iterate on one number: `--only PART` (`cold`, `parse`, `listing`, `gitbase`, `admission`, `turns`,
 //! `runsc`, `concurrent`, `checkpoints`, `egress`, `cluster`; repeatable) runs just those parts, `--provider P` (repeatable)
 //! just those providers' turns, `--reps N` sets the repetitions of each turn (default: 31
 //! for codex, 21 for claude, 11 for the slower opencode and gemini turns). `BENCH_DEBUG=1`
@@ -263,6 +265,51 @@ fn cold_start(runs: usize, smoke: bool) -> Measure {
         unit: "ms",
         target: "<= 5 ms".into(),
         met: (!smoke).then_some(ms <= 5.0),
+    }
+}
+
+/// What `--per-account` adds to a turn when its account has a free slot (no contention):
+/// the account's fingerprint from its manifest, then a slot taken (nobody queued) and given
+/// back, in a data directory of its own. The turn's own time is not in it: this is all the
+/// admission does on the turn's path.
+async fn admission(runs: usize, smoke: bool) -> Measure {
+    use caw_box::auth::store::{Item, Manifest};
+    use caw_box::session::admission::Accounts;
+    let dir = tempfile::tempdir().unwrap();
+    let accounts = Accounts::at(dir.path().to_path_buf());
+    let manifest = Manifest {
+        items: vec![Item {
+            kind: "env".into(),
+            target: "OPENAI_API_KEY".into(),
+            source: "env:OPENAI_API_KEY".into(),
+            collected_at: 1,
+            refreshed_at: None,
+            sha256: "0".repeat(64),
+            expires_at: None,
+        }],
+        ..Manifest::default()
+    };
+    let mut samples = Vec::with_capacity(runs);
+    for turn in 0..runs {
+        let t = Instant::now();
+        let account = caw_box::auth::account::of_manifest(ProviderKind::Codex, &manifest).unwrap();
+        let id = uuid::Uuid::new_v4();
+        let slot = accounts
+            .admit(&account, 2, id, turn as u32 + 1, |_| {
+                panic!("no contention")
+            })
+            .await
+            .unwrap();
+        drop(slot);
+        samples.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let ms = median(samples);
+    Measure {
+        name: "admission per turn, no contention (--per-account)".into(),
+        value: ms,
+        unit: "ms",
+        target: "<= 20 ms".into(),
+        met: (!smoke).then_some(ms <= 20.0),
     }
 }
 
@@ -1165,6 +1212,9 @@ fn main() {
     }
     if filter.wants("gitbase") {
         results.extend(rt.block_on(git_baseline(runs)));
+    }
+    if filter.wants("admission") {
+        results.push(rt.block_on(admission(runs * 10, smoke)));
     }
     if ["turns", "concurrent", "runsc", "checkpoints", "egress"]
         .iter()

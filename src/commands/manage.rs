@@ -56,6 +56,9 @@ struct Row {
     /// next turn; absent when it has none.
     #[serde(skip_serializing_if = "Option::is_none")]
     warm_until: Option<u64>,
+    /// Its turn's place in its account's queue (`--per-account`), 1 for the next.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue_position: Option<usize>,
 }
 
 /// The sessions that took over from `id` after a usage limit (`--on-limit fallback`).
@@ -121,6 +124,7 @@ fn row(
         fallback_to: Vec::new(),
         forked_from: f.settings.forked_from,
         warm_until: warm.map(|w| w.until(view.last_activity())),
+        queue_position: None,
     }
 }
 
@@ -268,6 +272,7 @@ async fn rows(all: bool, group: Option<String>) -> Result<Vec<Row>> {
                 if !containers.running.contains_key(&id) {
                     r.status = Status::Queued.to_string();
                     r.turns = q.turn;
+                    r.queue_position = Some(q.position);
                 }
             }
             r
@@ -319,6 +324,7 @@ fn removed_but_cached(views: &[SessionView], group: Option<&str>) -> Vec<Row> {
             fallback_to: Vec::new(),
             forked_from: r.settings.forked_from,
             warm_until: None,
+            queue_position: None,
         })
         .collect()
 }
@@ -709,6 +715,7 @@ mod tests {
                 turn,
             }),
             warm_until: None,
+            queue_position: None,
         }
     }
 

@@ -104,6 +104,17 @@ fn separate_processes_keep_one_accounts_turns_in_flight_to_its_cap() {
             let rows = statuses(&rig, &ids);
             let count = |s: &str| rows.iter().filter(|(_, st)| st == s).count();
             assert_eq!((count("running"), count("queued")), (2, 6), "{rows:?}");
+            let out = rig.caw_run(&["ls", "--json"]);
+            let listed: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+            let mut places: Vec<u64> = listed
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["status"] == "queued")
+                .filter_map(|r| r["queue_position"].as_u64())
+                .collect();
+            places.sort();
+            assert_eq!(places, (1..=6).collect::<Vec<u64>>(), "{listed}");
             // `show` of a queued one says where it waits.
             let queued = rows.iter().find(|(_, s)| s == "queued").unwrap().0.clone();
             let out = rig.caw_run(&["show", &queued, "--json"]);
@@ -334,4 +345,34 @@ fn stub_release_all(rig: &Rig, names: &[&str]) {
     for n in names {
         rig.stub_release(n);
     }
+}
+
+/// Two `caw-box mcp --per-account 2` servers side by side, each starting 4 codex sessions of
+/// one collected key, through the official MCP Python SDK (tests/mcp/accounts.py): the stub
+/// never holds more than 2 turns across both; the waiting ones are `queued` in `status`;
+/// all 8 end with their own answers.
+#[test]
+fn two_mcp_servers_share_one_accounts_cap() {
+    check("two_mcp_servers_share_one_accounts_cap");
+    let python = crate::mcp::mcp_python();
+    let rig = Rig::new("acct-mcp");
+    let home = tempfile::tempdir().unwrap();
+    collect_key(&rig, CODEX, home.path());
+    let mut cmd = rig.caw_env(&python);
+    cmd.arg(repo_root().join("tests/mcp/accounts.py"))
+        .arg(env!("CARGO_BIN_EXE_caw-box"))
+        .args([&rig.network, &rig.endpoint(), &rig.stub])
+        .arg(rig.workspace.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = wait_with_deadline(
+        cmd.spawn().expect("spawn the MCP client"),
+        Duration::from_secs(400),
+    );
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert!(
+        out.status.success() && stdout.contains("mcp accounts checks passed"),
+        "the MCP client failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    rig.cleanup();
 }

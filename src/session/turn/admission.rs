@@ -93,6 +93,11 @@ pub struct Accounts {
 }
 
 impl Accounts {
+    /// Those of the accounts directory `root` (`<data dir>/accounts`).
+    pub fn at(root: PathBuf) -> Accounts {
+        Accounts { root }
+    }
+
     /// This host's, in caw-box's data directory.
     pub fn here() -> Result<Accounts> {
         Ok(Accounts {
