@@ -82,9 +82,10 @@ fn separate_processes_keep_one_accounts_turns_in_flight_to_its_cap() {
     // Two held at a time, never more; the rest queued; each let go in turn lets one in.
     let mut released = BTreeSet::new();
     let mut stopped = None;
+    let mut removed = None;
     let deadline = Instant::now() + Duration::from_secs(300);
-    while released.len() < 7 {
-        let want = (7 - released.len()).min(2);
+    while released.len() < 6 {
+        let want = (6 - released.len()).min(2);
         let now = held(&stub);
         let total: u64 = now.iter().map(|(_, n)| n).sum();
         assert!(
@@ -137,6 +138,15 @@ fn separate_processes_keep_one_accounts_turns_in_flight_to_its_cap() {
             let st = &after.iter().find(|(id, _)| *id == queued).unwrap().1;
             assert_eq!(st, "new", "{after:?}");
             stopped = Some(queued);
+            // `rm` refuses a session whose turn waits, as one whose turn runs; `--force`
+            // removes it, and its turn never runs.
+            let other = after.iter().find(|(_, s)| s == "queued").unwrap().0.clone();
+            let out = rig.caw_run(&["rm", &other]);
+            assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+            assert!(stderr_of(&out).contains("queued"), "{}", stderr_of(&out));
+            let out = rig.caw_run(&["rm", "--force", &other]);
+            assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+            removed = Some(other);
         }
         let (name, _) = &now[0];
         stub.release(name);
@@ -154,9 +164,24 @@ fn separate_processes_keep_one_accounts_turns_in_flight_to_its_cap() {
         !prompts.iter().any(|b| b.contains(&mark)),
         "the stopped turn ran"
     );
+    let removed = removed.unwrap();
+    let removed_at = ids.iter().position(|id| *id == removed).unwrap();
+    let mark = format!("HOLD:fleet{removed_at} ");
+    assert!(
+        !prompts.iter().any(|b| b.contains(&mark)),
+        "the removed one's turn ran"
+    );
+    assert!(
+        !statuses(&rig, &ids).iter().any(|(id, _)| *id == removed),
+        "the removed session is listed"
+    );
 
     // Every other one ends, recorded, with its own answer.
-    for (i, id) in ids.iter().enumerate().filter(|(_, id)| **id != stopped) {
+    for (i, id) in ids
+        .iter()
+        .enumerate()
+        .filter(|(_, id)| **id != stopped && **id != removed)
+    {
         let out = rig.caw_run(&["wait", id, "-o", "json"]);
         assert_eq!(out.status.code(), Some(0), "{i}: {}", stderr_of(&out));
         let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
@@ -171,7 +196,7 @@ fn separate_processes_keep_one_accounts_turns_in_flight_to_its_cap() {
     let done = statuses(&rig, &ids);
     assert_eq!(
         done.iter().filter(|(_, s)| s == "success").count(),
-        7,
+        6,
         "{done:?}"
     );
     rig.cleanup();

@@ -33,8 +33,15 @@ use crate::session::turn::STOP_GRACE;
 use orphans::Orphan;
 
 /// The running turn of every session that has one: session id -> turn number. One call.
+///
+/// A turn of this host waiting for its account's slot (`--per-account`) counts too: its
+/// session is as busy (removed or exported meanwhile, it would run against nothing).
 pub async fn running_turns(backend: &impl Backend) -> Result<HashMap<Uuid, u32>> {
-    Ok(turn_containers(backend).await?.running)
+    let mut running = turn_containers(backend).await?.running;
+    for q in crate::session::admission::queued() {
+        running.entry(q.session_id).or_insert(q.turn);
+    }
+    Ok(running)
 }
 
 /// The sessions' turn containers: which run a turn, which are idle and warm.
@@ -120,7 +127,7 @@ pub async fn turn_containers(backend: &impl Backend) -> Result<TurnContainers> {
 /// The refusal to remove session `id` while it runs `turn` (without `force`).
 pub fn running_refusal(id: Uuid, turn: u32) -> Error {
     Error::usage(format!(
-        "session {id} is running turn {turn}; nothing was removed"
+        "session {id} is running turn {turn} (or has it queued); nothing was removed"
     ))
     .with_hint(format!(
         "stop it first (`caw-box stop {id}`), or pass --force"
@@ -131,6 +138,9 @@ pub fn running_refusal(id: Uuid, turn: u32) -> Error {
 /// host cache. A running turn is killed with it; callers that must not do that check
 /// [`running_turns`] first.
 pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
+    // A turn waiting for its account's slot gives up its place first: it would run against
+    // volumes removed meanwhile.
+    crate::session::admission::stop_queued(id).await?;
     let container = names::turn_container(id);
     if let Some(turn) = backend.inspect_container(&container).await? {
         // A running turn's driver records the turn once its container ends: killed, it
