@@ -169,15 +169,16 @@ on_podman() {
 podman_pass() {
     on_podman podman --workspace --no-fail-fast --test-threads 3 --test e2e -E "${filter//|/ | }" "$@"
 }
-# It runs beside the stages after it (python, dist, bench-smoke, targets), which use the
-# Docker daemon: it has a service, storage and test objects of its own, and it mostly waits on
-# containers. Its output goes to a log, printed when it has ended.
+# The Python package: a fresh virtualenv, `pip install ./python`, pytest (python/tests).
+tests python scripts/test-python.sh
+# The Podman pass runs beside the stages after this one (dist, bench-smoke, targets), which
+# use the Docker daemon: it has a service, storage and test objects of its own, and it mostly
+# waits on containers. Not beside the python stage: there, while the wheel compiled on both
+# cores, three Podman turns at once saw their model unreachable for a minute (2026-11-30),
+# and pass alone. Its output goes to a log, printed when it has ended.
 podman_log=$timings/podman.log
 (STAGE_BESIDE=1 stage podman podman_pass "$@") >"$podman_log" 2>&1 &
 podman_job=$!
-
-# The Python package: a fresh virtualenv, `pip install ./python`, pytest (python/tests).
-tests python scripts/test-python.sh
 # What a release publishes: `make dist`, then the static binary alone in a scratch image and
 # the wheel in a fresh virtualenv, each running turns (scripts/test-dist.sh).
 prebuilt() {
