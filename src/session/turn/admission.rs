@@ -336,10 +336,7 @@ impl Ticket {
             let Some(name) = hidden.strip_prefix(ADOPT) else {
                 continue;
             };
-            let Some(q) = fs::read(e.path())
-                .ok()
-                .and_then(|b| serde_json::from_slice::<Queued>(&b).ok())
-            else {
+            let Some(q) = read_ticket(&e.path()) else {
                 continue;
             };
             if q.session_id != session_id {
@@ -423,9 +420,7 @@ fn live_tickets(queue: &Path) -> Vec<(String, Queued)> {
             match file.try_lock_shared() {
                 // Nobody holds it: its process is gone.
                 Ok(()) => {
-                    let q: Option<Queued> = fs::read(e.path())
-                        .ok()
-                        .and_then(|b| serde_json::from_slice(&b).ok());
+                    let q = read_ticket(&e.path());
                     let kept = |q: &Queued| {
                         jobs.as_ref()
                             .is_some_and(|j| j.join(format!("{}.json", q.session_id)).exists())
@@ -442,7 +437,7 @@ fn live_tickets(queue: &Path) -> Vec<(String, Queued)> {
                     }
                 }
                 Err(TryLockError::WouldBlock) => {
-                    let mut q: Queued = serde_json::from_slice(&fs::read(e.path()).ok()?).ok()?;
+                    let mut q = read_ticket(&e.path())?;
                     q.admitted = admitted;
                     Some((name, q))
                 }
@@ -452,6 +447,11 @@ fn live_tickets(queue: &Path) -> Vec<(String, Queued)> {
         .collect();
     live.sort_by(|a, b| a.0.cmp(&b.0));
     live
+}
+
+/// What a ticket says (`None`: gone, or not a ticket).
+fn read_ticket(path: &Path) -> Option<Queued> {
+    serde_json::from_slice(&fs::read(path).ok()?).ok()
 }
 
 /// A ticket claimed for a new driver of its turn: still in line (under its own name)
@@ -466,8 +466,7 @@ fn claimed_ticket(path: &Path, name: &str) -> Option<(String, Queued)> {
         let _ = fs::remove_file(path);
         return None;
     }
-    let q = serde_json::from_slice(&fs::read(path).ok()?).ok()?;
-    Some((name.to_string(), q))
+    Some((name.to_string(), read_ticket(path)?))
 }
 
 /// Waits for a slot of the account this turn spends, where the session caps its account's
