@@ -295,9 +295,16 @@ async fn admission(runs: usize, smoke: bool) -> Measure {
         let account = caw_box::auth::account::of_manifest(ProviderKind::Codex, &manifest).unwrap();
         let id = uuid::Uuid::new_v4();
         let slot = accounts
-            .admit(&account, 2, id, turn as u32 + 1, |_| {
-                panic!("no contention")
-            })
+            .admit(
+                caw_box::session::admission::Want {
+                    account: &account,
+                    cap: Some(2),
+                    park: false,
+                },
+                id,
+                turn as u32 + 1,
+                |_| panic!("no contention"),
+            )
             .await
             .unwrap();
         drop(slot);

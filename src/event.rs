@@ -29,6 +29,9 @@ pub enum Status {
     /// A turn waiting for a slot of its account (`--per-account`): not started yet (only in
     /// `-o json` of `--detach`, `ls`, `show` and the MCP server's answers).
     Queued,
+    /// A turn waiting for its account's usage limit to reset (`--on-limit park`): not
+    /// started yet; it goes on then (only where `queued` is shown, with `resumes_at`).
+    Parked,
 }
 
 impl Status {
@@ -40,7 +43,7 @@ impl Status {
     /// The kind of failure a turn that ended this way is (`None`: not a failure).
     pub fn error_kind(self) -> Option<ErrorKind> {
         match self {
-            Status::Success | Status::Running | Status::Queued => None,
+            Status::Success | Status::Running | Status::Queued | Status::Parked => None,
             Status::Error => Some(ErrorKind::Turn),
             Status::Unreachable => Some(ErrorKind::Environment),
             Status::AuthError => Some(ErrorKind::Credentials),
@@ -63,6 +66,7 @@ impl Status {
             Status::Budget => "budget",
             Status::Running => "running",
             Status::Queued => "queued",
+            Status::Parked => "parked",
         }
     }
 }

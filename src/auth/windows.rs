@@ -73,6 +73,23 @@ fn path_of(account: &str) -> Result<PathBuf> {
         .join("windows.json"))
 }
 
+impl Standing {
+    /// When the account's spent windows start afresh (Unix seconds), as its latest response
+    /// said, if that response came at or after `since` and says a window is spent (none
+    /// remaining, or all of it used): the latest such reset after `now`.
+    pub fn spent_until(&self, since: u64, now: u64) -> Option<u64> {
+        if self.updated_at < since {
+            return None;
+        }
+        self.windows
+            .iter()
+            .filter(|w| w.remaining == Some(0) || w.used_percent.is_some_and(|p| p >= 100.0))
+            .filter_map(|w| w.resets_at)
+            .filter(|&at| at > now)
+            .max()
+    }
+}
+
 /// The windows `account`'s responses reported last, if any.
 pub fn read(account: &str) -> Option<Standing> {
     serde_json::from_slice(&std::fs::read(path_of(account).ok()?).ok()?).ok()

@@ -54,9 +54,12 @@ pub struct TurnArgs {
     pub credentials: Option<CredentialsArg>,
     /// When the vendor's usage or rate limit stops the turn: `fail` (exit 5, the default),
     /// `wait` (for the reset the CLI reports, with a progress line; then the same prompt
-    /// again in the same session), or `fallback=PROVIDER[,PROVIDER]` (the same prompt and
+    /// again in the same session), `park` (the session is `parked` until the reset, and so is
+    /// every parking session of the same account meanwhile; then it goes on in its own
+    /// conversation, started by whichever caw-box is there; works with --detach and is
+    /// remembered by the session), or `fallback=PROVIDER[,PROVIDER]` (the same prompt and
     /// settings in a new, linked session of the next provider; `show` and `ls` show the link).
-    #[arg(long, value_name = "fail|wait|fallback=P[,P]")]
+    #[arg(long, value_name = "fail|wait|park|fallback=P[,P]")]
     pub on_limit: Option<String>,
     /// The longest `--on-limit wait` waits in all, e.g. `10m` (default 6h); a reset further
     /// off ends the turn with exit 5.

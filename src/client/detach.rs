@@ -269,10 +269,9 @@ pub async fn drive_from_stdin() -> Result<i32> {
         .map_err(|e| Error::usage(format!("__drive: malformed job: {e}")))?;
     // A turn that may wait in its account's queue keeps its job meanwhile, so that the
     // next caw-box starts it again if this process dies first (removed once admitted).
-    let _kept = job
-        .settings
-        .per_account
-        .and_then(|_| KeptJob::write(&job.session_id, &input));
+    let _kept = (job.settings.per_account.is_some() || job.settings.park)
+        .then(|| KeptJob::write(&job.session_id, &input))
+        .flatten();
     let client = Client::connect().await?;
     let mut session = client.open(&job.session_id).await?;
     let options = job.turn_options();
@@ -285,9 +284,23 @@ pub async fn drive_from_stdin() -> Result<i32> {
     Ok(result.exit_code)
 }
 
+/// Keeps the job of `session`'s next turn, `options`, while it waits in its account's queue
+/// (as `__drive` keeps its own): removed when it is admitted, or started by the next caw-box
+/// if this process dies first (best effort: a turn whose job is lost still waits, while its
+/// process lives). Removed when dropped.
+pub(super) fn keep_job(session: &Session, options: &TurnOptions) -> Option<KeptJob> {
+    let job = DriveJob::new(
+        session.id().to_string(),
+        session.record.settings.clone(),
+        options,
+    );
+    let json = serde_json::to_vec(&job).expect("jobs serialize");
+    KeptJob::write(&session.id().to_string(), &json)
+}
+
 /// A detached turn's job, kept private while it may wait in a queue
 /// (`session::admission::job_path`); removed when its driver ends.
-struct KeptJob(std::path::PathBuf);
+pub(super) struct KeptJob(std::path::PathBuf);
 
 impl KeptJob {
     fn write(session_id: &str, json: &[u8]) -> Option<KeptJob> {

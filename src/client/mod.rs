@@ -401,7 +401,44 @@ impl Session {
         if options.connect_timeout.is_none() {
             options.connect_timeout = settings.connect_timeout_secs.map(Duration::from_secs);
         }
-        runner::run_turn(&self.backend, &mut self.record, &options, &mut on_event).await
+        if !self.record.settings.park || options.interactive {
+            return runner::run_turn(&self.backend, &mut self.record, &options, &mut on_event)
+                .await;
+        }
+        // `--on-limit park`: a turn the account's usage limit stopped goes on, once the
+        // limit resets, with a turn of its own in the same conversation (its admission
+        // waits for the reset). Only the last turn's `result` event is passed on.
+        let mut options = options;
+        let mut kept = None;
+        loop {
+            let mut held = None;
+            let result =
+                runner::run_turn(
+                    &self.backend,
+                    &mut self.record,
+                    &options,
+                    &mut |e| match e {
+                        Event::Result { result } if result.status == Status::UsageLimit => {
+                            held = Some(e.clone())
+                        }
+                        _ => on_event(e),
+                    },
+                )
+                .await?;
+            if result.status != Status::UsageLimit
+                || !crate::session::admission::carried_on(self.id())
+            {
+                if let Some(e) = held {
+                    on_event(&e);
+                }
+                return Ok(result);
+            }
+            options.prompt = crate::session::park::CONTINUE_PROMPT.to_string();
+            // Kept until it is admitted: if this process goes first, the next caw-box
+            // starts the turn in its place.
+            drop(kept.take());
+            kept = detach::keep_job(self, &options);
+        }
     }
 
     /// [`Session::send`], waiting out a usage limit as `--on-limit wait` does: when the

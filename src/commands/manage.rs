@@ -59,6 +59,9 @@ struct Row {
     /// Its turn's place in its account's queue (`--per-account`), 1 for the next.
     #[serde(skip_serializing_if = "Option::is_none")]
     queue_position: Option<usize>,
+    /// Parked (`--on-limit park`): when its account's usage limit resets (unix seconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resumes_at: Option<u64>,
 }
 
 /// The sessions that took over from `id` after a usage limit (`--on-limit fallback`).
@@ -125,6 +128,7 @@ fn row(
         forked_from: f.settings.forked_from,
         warm_until: warm.map(|w| w.until(view.last_activity())),
         queue_position: None,
+        resumes_at: None,
     }
 }
 
@@ -270,9 +274,10 @@ async fn rows(all: bool, group: Option<String>) -> Result<Vec<Row>> {
             // yet: its session says so.
             if let Some(q) = queued.iter().find(|q| q.session_id == id) {
                 if !containers.running.contains_key(&id) {
-                    r.status = Status::Queued.to_string();
+                    r.status = q.status().to_string();
                     r.turns = q.turn;
-                    r.queue_position = Some(q.position);
+                    r.queue_position = (q.position > 0).then_some(q.position);
+                    r.resumes_at = q.resumes_at;
                 }
             }
             r
@@ -325,6 +330,7 @@ fn removed_but_cached(views: &[SessionView], group: Option<&str>) -> Vec<Row> {
             forked_from: r.settings.forked_from,
             warm_until: None,
             queue_position: None,
+            resumes_at: None,
         })
         .collect()
 }
@@ -716,6 +722,7 @@ mod tests {
             }),
             warm_until: None,
             queue_position: None,
+            resumes_at: None,
         }
     }
 

@@ -44,7 +44,11 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     let status = if running {
         Status::Running.to_string()
     } else if queued.is_some() {
-        Status::Queued.to_string()
+        queued
+            .as_ref()
+            .map(|q| q.status())
+            .unwrap_or(Status::Queued)
+            .to_string()
     } else {
         record
             .turns
@@ -57,7 +61,8 @@ pub async fn show(target_arg: &str, json: bool) -> Result<i32> {
     let account = Account {
         account_windows: id.as_deref().and_then(crate::auth::windows::read),
         account: id,
-        queue_position: queued.map(|q| q.position),
+        queue_position: queued.as_ref().map(|q| q.position).filter(|&p| p > 0),
+        resumes_at: queued.as_ref().and_then(|q| q.resumes_at),
     };
     if json {
         print_shown_json(
@@ -89,6 +94,9 @@ struct Account {
     account_windows: Option<crate::auth::windows::Standing>,
     #[serde(skip_serializing_if = "Option::is_none")]
     queue_position: Option<usize>,
+    /// Parked (`--on-limit park`): when its account's usage limit resets (unix seconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resumes_at: Option<u64>,
 }
 
 impl Account {
@@ -106,6 +114,13 @@ impl Account {
         if let Some(p) = self.queue_position {
             output::println(&format!(
                 "queued     waiting for a slot of its account: {p} in line"
+            ));
+        }
+        if let Some(at) = self.resumes_at {
+            let left = at.saturating_sub(crate::clock::now_secs());
+            output::println(&format!(
+                "parked     its account met its usage limit; goes on when it resets, in {}",
+                humantime::format_duration(std::time::Duration::from_secs(left))
             ));
         }
     }

@@ -206,7 +206,7 @@ pub struct ListArgs {
     /// Only the sessions of this group.
     pub group: Option<String>,
     /// Only the sessions with this status.
-    #[schemars(extend("enum" = ["new", "running", "queued", "success", "error", "auth_error", "usage_limit", "budget", "timeout", "interrupted", "unreachable"]))]
+    #[schemars(extend("enum" = ["new", "running", "queued", "parked", "success", "error", "auth_error", "usage_limit", "budget", "timeout", "interrupted", "unreachable"]))]
     pub status: Option<String>,
 }
 

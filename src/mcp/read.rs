@@ -202,9 +202,14 @@ pub async fn status(target: &str, queue: Option<Arc<Queue>>) -> Result<Value> {
         out["queue_position"] = json!(position);
     } else if let Some(q) = account_queued {
         // Waiting for a slot of its account (`--per-account`), in this host's queue.
-        out["status"] = json!(Status::Queued.to_string());
+        out["status"] = json!(q.status().to_string());
         out["turn"] = json!(q.turn);
-        out["queue_position"] = json!(q.position);
+        if q.position > 0 {
+            out["queue_position"] = json!(q.position);
+        }
+        if let Some(at) = q.resumes_at {
+            out["resumes_at"] = json!(at);
+        }
         out["account"] = json!(q.account);
     } else if let Some(turn) = running_turn(&client, id).await? {
         let container = backend

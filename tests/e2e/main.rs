@@ -32,6 +32,7 @@ mod mcp;
 mod mcp_http;
 mod oauth;
 mod orphans;
+mod park;
 mod patch;
 mod portable;
 mod prompts;

@@ -17,12 +17,9 @@ pub(super) fn print_detached(session: &Session, format: OutputFormat) -> i32 {
                 name: record.name.clone(),
                 provider: record.provider,
                 turn: record.next_turn(),
-                status: if crate::session::admission::queued_turn(record.session_id)
-                    .is_some_and(|q| !q.admitted)
-                {
-                    Status::Queued
-                } else {
-                    Status::Running
+                status: match crate::session::admission::queued_turn(record.session_id) {
+                    Some(q) if !q.admitted => q.status(),
+                    _ => Status::Running,
                 },
                 result: String::new(),
                 resume_handle: session.handle().to_json(),

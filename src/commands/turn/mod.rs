@@ -88,6 +88,7 @@ pub async fn run(mut args: RunArgs, quiet: bool, verbose: bool) -> Result<i32> {
         options,
     } = new_session(&mut args, quiet, &|line| printer.progress(line)).await?;
     let mut printer = printer;
+    session.settings_mut().park = limit.on_limit == OnLimit::Park;
     if args.turn.detach {
         let started = session.start_detached(&options).await;
         // This process's record never has a turn; Docker's says whether the driver ran one.
@@ -291,6 +292,10 @@ pub async fn resume(args: ResumeArgs, quiet: bool, verbose: bool) -> Result<i32>
         mut session,
         options,
     } = open_session(&target, &args.turn).await?;
+    // `--on-limit` given: it replaces the session's remembered park (or its absence).
+    if args.turn.on_limit.is_some() {
+        session.settings_mut().park = limit.on_limit == OnLimit::Park;
+    }
     if args.turn.detach {
         session.start_detached(&options).await?;
         return Ok(print_detached(&session, args.turn.output));
@@ -360,10 +365,11 @@ fn limit_args(args: &TurnArgs) -> Result<LimitArgs> {
     if args.max_wait.is_some() && on_limit != OnLimit::Wait {
         return Err(Error::usage("--max-wait needs --on-limit wait"));
     }
-    if on_limit != OnLimit::Fail && args.detach {
+    if matches!(on_limit, OnLimit::Wait | OnLimit::Fallback(_)) && args.detach {
         return Err(Error::usage(
-            "--on-limit needs a turn in the foreground, not --detach",
-        ));
+            "--on-limit wait and fallback need a turn in the foreground, not --detach",
+        )
+        .with_hint("--on-limit park works detached: the session goes on when the limit resets"));
     }
     Ok(LimitArgs { on_limit, max_wait })
 }
@@ -397,7 +403,8 @@ async fn send(
                 .send_falling_back(session, options, providers, progress, on_event)
                 .await
         }
-        OnLimit::Fail => session.send(options, &mut on_event).await,
+        // A parking session's `send` parks and goes on (`Session::send`).
+        OnLimit::Fail | OnLimit::Park => session.send(options, &mut on_event).await,
     }
 }
 

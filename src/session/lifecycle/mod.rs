@@ -295,22 +295,56 @@ async fn await_release(
 pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnResult> {
     let id = facts.session_id;
     let container = names::turn_container(id);
-    let mut stopped_since: Option<Instant> = None;
-    let is_running = |c: &crate::backend::ContainerInfo| c.running();
-    // A turn waiting for a slot of its account (`--per-account`) has no container yet:
-    // waited for until it has one (its ticket stays until it is recorded).
-    while let Some(q) = crate::session::admission::queued_turn(id) {
-        if q.admitted && backend.inspect_container(&container).await?.is_some() {
+    loop {
+        // A turn waiting for a slot of its account (`--per-account`), or for its account's
+        // park (`--on-limit park`), has no container yet: waited for until it has one (its
+        // ticket stays until it is recorded).
+        while let Some(q) = crate::session::admission::queued_turn(id) {
+            if q.admitted && backend.inspect_container(&container).await?.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if let Some(recorded) = until_container_gone(backend, id, &container).await? {
+            return Ok(recorded);
+        }
+        // Gone, and recorded: unless its ticket went on to the turn after a park.
+        if crate::session::admission::queued_turn(id).is_none() {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // A turn that went with its container, noted in flight by a driver that is gone.
+    if let Orphan::Recorded(recorded) = orphans::settle(backend, id, false).await? {
+        return Ok(recorded.1);
+    }
+    let record = target::read_record(backend, facts)
+        .await?
+        .ok_or_else(|| Error::usage(format!("session {id} has no finished turn")))?;
+    let Some(last) = record.turns.last() else {
+        return Err(Error::usage(format!("session {id} has no finished turn")));
+    };
+    let mut result = result_of(&record, last, &backend.capabilities().scope);
+    // What its driver moved aside (bind mode: this host's workspace, this host's data dir).
+    result.quarantined = crate::session::walls::quarantine::recorded(id, last.turn);
+    Ok(result)
+}
+
+/// Waits until the turn container of session `id` is gone (its turn recorded); the result,
+/// when this process recorded it (a turn whose driver is gone).
+async fn until_container_gone(
+    backend: &impl Backend,
+    id: uuid::Uuid,
+    container: &str,
+) -> Result<Option<TurnResult>> {
+    let container = container.to_string();
+    let mut stopped_since: Option<Instant> = None;
+    let is_running = |c: &crate::backend::ContainerInfo| c.running();
     while let Some(c) = backend.inspect_container(&container).await? {
         if orphans::is_orphan(&c) || orphans::may_be_warm_orphan(&c) {
             // A turn whose driver was killed: it runs on (or ended), and this process
             // finishes it (reads its output, records it).
             match orphans::settle(backend, id, true).await? {
-                Orphan::Recorded(recorded) => return Ok(recorded.1),
+                Orphan::Recorded(recorded) => return Ok(Some(recorded.1)),
                 Orphan::RecordedElsewhere | Orphan::Running => continue,
                 Orphan::None => {}
             }
@@ -358,18 +392,5 @@ pub async fn wait(backend: &impl Backend, facts: &VolumeFacts) -> Result<TurnRes
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // A turn that went with its container, noted in flight by a driver that is gone.
-    if let Orphan::Recorded(recorded) = orphans::settle(backend, id, false).await? {
-        return Ok(recorded.1);
-    }
-    let record = target::read_record(backend, facts)
-        .await?
-        .ok_or_else(|| Error::usage(format!("session {id} has no finished turn")))?;
-    let Some(last) = record.turns.last() else {
-        return Err(Error::usage(format!("session {id} has no finished turn")));
-    };
-    let mut result = result_of(&record, last, &backend.capabilities().scope);
-    // What its driver moved aside (bind mode: this host's workspace, this host's data dir).
-    result.quarantined = crate::session::walls::quarantine::recorded(id, last.turn);
-    Ok(result)
+    Ok(None)
 }

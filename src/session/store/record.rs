@@ -82,6 +82,11 @@ pub struct SessionSettings {
     /// on this host (`session::turn::admission`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_account: Option<u32>,
+    /// `--on-limit park`: a turn the account's usage limit stops is parked until the limit
+    /// resets, then goes on in its conversation; the session's turns wait while its account
+    /// is parked (`session::turn::park`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub park: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
     /// `--idle-timeout` in seconds; 0: off.

@@ -13,6 +13,11 @@
 //! A waiting turn takes a free slot only when fewer than N turns wait ahead of it, so the
 //! oldest go first. Turns whose sessions ask for different N share the slots below the
 //! smaller N.
+//!
+//! `--on-limit park` queues here too: a parking session's turn always holds a ticket while
+//! it runs, waits (with or without a cap) while its account is parked ([`super::park`]),
+//! and a turn that met the limit hands its ticket straight on to the turn that goes on
+//! after the park ([`Admitted::carry_on`]): the session is never seen between the two.
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::Write;
@@ -39,8 +44,15 @@ pub struct Queued {
     pub pid: u32,
     /// Unix seconds.
     pub queued_at: u64,
-    /// Its session's `--per-account`.
+    /// Its session's `--per-account` (0: no cap, only a park).
     pub cap: u32,
+    /// Its session parks at a usage limit (`--on-limit park`): it waits while the account
+    /// is parked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub park: bool,
+    /// Unix seconds: when the park it waits for ends (the account's, as read now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumes_at: Option<u64>,
     /// 1 for the next to go; 0 once admitted.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub position: usize,
@@ -55,6 +67,17 @@ pub struct Queued {
     pub orphaned: bool,
 }
 
+impl Queued {
+    /// `parked` while it waits for its account's park, else `queued` (or admitted).
+    pub fn status(&self) -> crate::event::Status {
+        if self.resumes_at.is_some() {
+            crate::event::Status::Parked
+        } else {
+            crate::event::Status::Queued
+        }
+    }
+}
+
 fn is_zero(n: &usize) -> bool {
     *n == 0
 }
@@ -63,8 +86,99 @@ fn is_zero(n: &usize) -> bool {
 /// when dropped (or when its process dies).
 #[derive(Debug)]
 pub struct Admitted {
-    _slot: File,
-    _ticket: Option<Ticket>,
+    _slot: Option<File>,
+    ticket: Option<Ticket>,
+}
+
+/// What a turn that has to wait is waiting for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// Its place in its account's queue (1: next).
+    InLine(usize),
+    /// Its account's park, until then (Unix seconds).
+    Parked(u64),
+}
+
+/// What a turn asks of admission.
+#[derive(Debug, Clone, Copy)]
+pub struct Want<'a> {
+    pub account: &'a str,
+    /// `--per-account`; `None`: no cap.
+    pub cap: Option<u32>,
+    /// `--on-limit park`.
+    pub park: bool,
+}
+
+/// Tickets handed on by turns that met their usage limit to the turn that goes on after
+/// it, in this process ([`Admitted::carry_on`]), until that turn's admission takes them.
+static CARRIED: std::sync::Mutex<Vec<Ticket>> = std::sync::Mutex::new(Vec::new());
+
+impl Admitted {
+    /// Hands this turn's ticket on to the session's turn `turn`, which goes on after its
+    /// account's park: queued under a new name (the lock kept throughout), for that turn's
+    /// admission in this process. `false` when this turn held no ticket.
+    pub fn carry_on(&mut self, turn: u32) -> bool {
+        let Some(mut ticket) = self.ticket.take() else {
+            return false;
+        };
+        let Some(mut q) = read_ticket(&ticket.path) else {
+            self.ticket = Some(ticket);
+            return false;
+        };
+        q.turn = turn;
+        q.queued_at = crate::clock::now_secs();
+        let name = ticket_name(q.session_id, turn);
+        let path = ticket.path.with_file_name(&name);
+        let rewritten = ticket
+            ._file
+            .set_len(0)
+            .and_then(|()| {
+                use std::io::Seek;
+                ticket._file.seek(std::io::SeekFrom::Start(0))?;
+                ticket
+                    ._file
+                    .write_all(&serde_json::to_vec(&q).expect("tickets serialize"))
+            })
+            .and_then(|()| fs::rename(&ticket.path, &path));
+        if rewritten.is_err() {
+            self.ticket = Some(ticket);
+            return false;
+        }
+        ticket.path = path;
+        ticket.name = name;
+        CARRIED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(ticket);
+        true
+    }
+}
+
+/// A queue ticket's name: when it came (to the nanosecond), then whose turn it is.
+fn ticket_name(session_id: Uuid, turn: u32) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!("{nanos:024}-{session_id}-{turn}.json")
+}
+
+/// Whether a turn of `session_id` that met its usage limit handed its ticket on in this
+/// process, for the turn that goes on after the park.
+pub fn carried_on(session_id: Uuid) -> bool {
+    let carried = CARRIED.lock().unwrap_or_else(|e| e.into_inner());
+    carried
+        .iter()
+        .any(|t| read_ticket(&t.path).is_some_and(|q| q.session_id == session_id))
+}
+
+/// The ticket carried on in this process for `session_id`'s turn `turn`, taken.
+fn take_carried(session_id: Uuid, turn: u32) -> Option<Ticket> {
+    let mut carried = CARRIED.lock().unwrap_or_else(|e| e.into_inner());
+    let at = carried.iter().position(|t| {
+        read_ticket(&t.path).is_some_and(|q| q.session_id == session_id && q.turn == turn)
+    })?;
+    Some(carried.swap_remove(at))
 }
 
 /// A waiting turn's place in its account's queue (`<name>.json`), then its mark of a turn
@@ -98,6 +212,11 @@ impl Accounts {
         Accounts { root }
     }
 
+    /// The directory of `account`'s slots, queue and park mark.
+    pub fn account_dir(&self, account: &str) -> PathBuf {
+        self.root.join(account)
+    }
+
     /// This host's, in caw-box's data directory.
     pub fn here() -> Result<Accounts> {
         Ok(Accounts {
@@ -105,28 +224,31 @@ impl Accounts {
         })
     }
 
-    /// Waits for a slot of `account` where at most `cap` turns may be in flight, and takes
-    /// it. `queued` hears the turn's place in the queue whenever it changes (1: next), and
-    /// only when the turn has to wait.
+    /// Waits for a slot of `want.account` where at most `want.cap` turns may be in flight
+    /// (and, for a parking turn, for the account's park to end), and takes it. `told` hears
+    /// what the turn waits for whenever that changes, and only when it has to wait.
     pub async fn admit(
         &self,
-        account: &str,
-        cap: u32,
+        want: Want<'_>,
         session_id: Uuid,
         turn: u32,
-        mut queued: impl FnMut(usize) + Send,
+        mut told: impl FnMut(Waiting) + Send,
     ) -> Result<Admitted> {
-        let dir = self.root.join(account);
+        let dir = self.root.join(want.account);
         let queue = dir.join("queue");
         dirs::ensure_private_dir(&queue)?;
-        let adopted = Ticket::take_over(&queue, session_id, turn);
-        // Straight in, when nobody waits and a slot is free.
-        if adopted.is_none() && live_tickets(&queue).iter().all(|(_, q)| q.orphaned) {
-            if let Some(slot) = try_slot(&dir, cap)? {
-                return Ok(Admitted {
-                    _slot: slot,
-                    _ticket: None,
-                });
+        let adopted =
+            take_carried(session_id, turn).or_else(|| Ticket::take_over(&queue, session_id, turn));
+        // Straight in, when nobody waits and a slot is free (a parking turn always queues:
+        // it holds its ticket while it runs, to hand it on).
+        if let (None, Some(cap), false) = (&adopted, want.cap, want.park) {
+            if live_tickets(&queue).iter().all(|(_, q)| q.orphaned) {
+                if let Some(slot) = try_slot(&dir, cap)? {
+                    return Ok(Admitted {
+                        _slot: Some(slot),
+                        ticket: None,
+                    });
+                }
             }
         }
         let mut ticket = match adopted {
@@ -136,10 +258,12 @@ impl Accounts {
                 &Queued {
                     session_id,
                     turn,
-                    account: account.to_string(),
+                    account: want.account.to_string(),
                     pid: std::process::id(),
                     queued_at: crate::clock::now_secs(),
-                    cap,
+                    cap: want.cap.unwrap_or(0),
+                    park: want.park,
+                    resumes_at: None,
                     position: 0,
                     admitted: false,
                     orphaned: false,
@@ -148,28 +272,42 @@ impl Accounts {
         };
         let mut said = None;
         loop {
-            let ahead = live_tickets(&queue)
-                .iter()
-                .filter(|(name, q)| !q.admitted && !q.orphaned && *name < ticket.name)
-                .count();
-            if ahead < cap as usize {
-                if let Some(slot) = try_slot(&dir, cap)? {
-                    ticket.admit();
-                    return Ok(Admitted {
-                        _slot: slot,
-                        _ticket: Some(ticket),
-                    });
-                }
-            }
             if ticket.stop_asked() {
                 return Err(Error::new(
                     crate::error::ErrorKind::Interrupted,
-                    "the turn was stopped while it waited for a slot of its account",
+                    "the turn was stopped while it waited in its account's queue",
                 ));
             }
-            if said != Some(ahead) {
-                queued(ahead + 1);
-                said = Some(ahead);
+            let parked = super::park::parked(&dir);
+            let waiting = match (&parked, want.park) {
+                (Some(p), true) => Waiting::Parked(p.until),
+                _ => {
+                    // Turns parked ahead do not hold up one that does not park.
+                    let held_up = |q: &Queued| q.park && parked.is_some();
+                    let ahead = live_tickets(&queue)
+                        .iter()
+                        .filter(|(name, q)| {
+                            !q.admitted && !q.orphaned && !held_up(q) && *name < ticket.name
+                        })
+                        .count();
+                    let slot = match want.cap {
+                        None => None,
+                        Some(cap) if ahead < cap as usize => try_slot(&dir, cap)?,
+                        Some(_) => None,
+                    };
+                    if want.cap.is_none() || slot.is_some() {
+                        ticket.admit();
+                        return Ok(Admitted {
+                            _slot: slot,
+                            ticket: Some(ticket),
+                        });
+                    }
+                    Waiting::InLine(ahead + 1)
+                }
+            };
+            if said != Some(waiting) {
+                told(waiting);
+                said = Some(waiting);
             }
             tokio::time::sleep(POLL).await;
         }
@@ -184,11 +322,18 @@ impl Accounts {
         let mut all = Vec::new();
         for account in accounts.flatten() {
             let tickets = live_tickets(&account.path().join("queue"));
+            let parked = super::park::parked(&account.path()).map(|p| p.until);
             let mut place = 0;
             all.extend(tickets.into_iter().map(|(_, mut q)| {
-                if !q.admitted {
-                    place += 1;
-                    q.position = place;
+                if q.admitted {
+                    return q;
+                }
+                match parked.filter(|_| q.park) {
+                    Some(until) => q.resumes_at = Some(until),
+                    None => {
+                        place += 1;
+                        q.position = place;
+                    }
                 }
                 q
             }));
@@ -312,11 +457,7 @@ impl Ticket {
         file.lock().map_err(|e| io_err("lock", &hidden, e))?;
         file.write_all(&serde_json::to_vec(q).expect("tickets serialize"))
             .map_err(|e| io_err("write", &hidden, e))?;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        let name = format!("{nanos:024}-{}-{}.json", q.session_id, q.turn);
+        let name = ticket_name(q.session_id, q.turn);
         let path = queue.join(&name);
         fs::rename(&hidden, &path).map_err(|e| io_err("write", &path, e))?;
         Ok(Ticket {
@@ -470,26 +611,50 @@ fn claimed_ticket(path: &Path, name: &str) -> Option<(String, Queued)> {
 }
 
 /// Waits for a slot of the account this turn spends, where the session caps its account's
-/// turns in flight (`--per-account`), saying on stderr where it waits.
+/// turns in flight (`--per-account`), and for the account's park to end, where the session
+/// parks at a usage limit (`--on-limit park`), saying on stderr what it waits for.
 pub(in crate::session) async fn for_turn(record: &SessionRecord) -> Result<Option<Admitted>> {
-    let Some(cap) = record.settings.per_account else {
+    let (cap, park) = (record.settings.per_account, record.settings.park);
+    if cap.is_none() && !park {
         return Ok(None);
-    };
+    }
     let p = record.provider;
     let account = crate::auth::account::of(p).unwrap_or_else(|| crate::auth::account::unstored(p));
+    let want = Want {
+        account: &account,
+        cap,
+        park,
+    };
     let admitted = Accounts::here()?
-        .admit(&account, cap, record.session_id, record.next_turn(), |place| {
-            crate::output::eprintln(&format!(
-                "queued: {cap} turn(s) of account {account} in flight (--per-account {cap}); this one is {} in line",
-                ordinal(place)
-            ));
+        .admit(want, record.session_id, record.next_turn(), |waiting| {
+            crate::output::eprintln(&waiting_line(&account, cap, waiting));
         })
-                .await?;
+        .await?;
     // Admitted: a driver that dies now leaves a turn in flight, not in a queue.
     if let Ok(job) = job_path(record.session_id) {
         let _ = fs::remove_file(job);
     }
     Ok(Some(admitted))
+}
+
+/// What a turn that waits says of it.
+fn waiting_line(account: &str, cap: Option<u32>, waiting: Waiting) -> String {
+    match waiting {
+        Waiting::InLine(place) => {
+            let cap = cap.unwrap_or(0);
+            format!(
+                "queued: {cap} turn(s) of account {account} in flight (--per-account {cap}); this one is {} in line",
+                ordinal(place)
+            )
+        }
+        Waiting::Parked(until) => {
+            let left = until.saturating_sub(crate::clock::now_secs());
+            format!(
+                "parked: account {account} met its usage limit; this turn starts when it resets, in {} (--on-limit park)",
+                humantime::format_duration(Duration::from_secs(left))
+            )
+        }
+    }
 }
 
 /// "1st", "2nd", "3rd", "4th", "11th".
@@ -508,6 +673,84 @@ fn ordinal(n: usize) -> String {
 mod tests {
     use super::*;
 
+    fn capped(account: &str, cap: u32) -> Want<'_> {
+        Want {
+            account,
+            cap: Some(cap),
+            park: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_parked_account_holds_parking_turns_and_a_limited_turn_hands_its_ticket_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let accounts = Accounts {
+            root: dir.path().to_path_buf(),
+        };
+        let parking = Want {
+            account: "codex-p",
+            cap: None,
+            park: true,
+        };
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        // Not parked: in at once, holding a ticket while it runs.
+        let mut first = accounts
+            .admit(parking, a, 1, |_| panic!("no wait"))
+            .await
+            .unwrap();
+        assert!(accounts.queued_turn(a).is_some_and(|q| q.admitted));
+        // It meets the limit: the account is parked, its ticket goes on to turn 2.
+        let until = crate::clock::now_secs() + 2;
+        super::super::park::park(
+            &dir.path().join("codex-p"),
+            &super::super::park::Parked {
+                until,
+                since: 0,
+                by: a,
+                named: true,
+            },
+        )
+        .unwrap();
+        assert!(first.carry_on(2));
+        drop(first);
+        let waiting = accounts.queued_turn(a).expect("turn 2 waits");
+        assert_eq!(
+            (waiting.turn, waiting.resumes_at, waiting.admitted),
+            (2, Some(until), false)
+        );
+        // Another parking session of the account waits too; one that does not park goes in.
+        let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let told = heard.clone();
+        let other = {
+            let accounts = accounts.clone();
+            tokio::spawn(async move {
+                accounts
+                    .admit(parking, b, 1, move |w| told.lock().unwrap().push(w))
+                    .await
+            })
+        };
+        let plain = Want {
+            park: false,
+            cap: Some(1),
+            ..parking
+        };
+        drop(
+            accounts
+                .admit(plain, Uuid::new_v4(), 1, |_| panic!("no wait"))
+                .await
+                .unwrap(),
+        );
+        // At the reset both go on: turn 2 with the ticket turn 1 carried.
+        let second = accounts
+            .admit(parking, a, 2, |w| assert_eq!(w, Waiting::Parked(until)))
+            .await
+            .unwrap();
+        assert!(crate::clock::now_secs() >= until);
+        other.await.unwrap().unwrap();
+        assert_eq!(*heard.lock().unwrap(), vec![Waiting::Parked(until)]);
+        drop(second);
+    }
+
     #[tokio::test]
     async fn turns_over_the_cap_wait_in_order_and_go_as_slots_free() {
         let dir = tempfile::tempdir().unwrap();
@@ -516,16 +759,18 @@ mod tests {
         };
         let (a, b, c) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
         let first = accounts
-            .admit("codex-x", 1, a, 1, |_| panic!("no wait"))
+            .admit(capped("codex-x", 1), a, 1, |_| panic!("no wait"))
             .await
             .unwrap();
         assert!(accounts.queued().is_empty());
         let places = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let wait = |id: Uuid, heard: std::sync::Arc<std::sync::Mutex<Vec<usize>>>| {
+        let wait = |id: Uuid, heard: std::sync::Arc<std::sync::Mutex<Vec<Waiting>>>| {
             let accounts = accounts.clone();
             tokio::spawn(async move {
                 accounts
-                    .admit("codex-x", 1, id, 1, move |p| heard.lock().unwrap().push(p))
+                    .admit(capped("codex-x", 1), id, 1, move |p| {
+                        heard.lock().unwrap().push(p)
+                    })
                     .await
             })
         };
@@ -539,7 +784,7 @@ mod tests {
         assert_eq!(accounts.queued_turn(c).map(|q| q.position), Some(2));
         // Another account is not held up by this one's.
         accounts
-            .admit("codex-y", 1, a, 2, |_| panic!("no wait"))
+            .admit(capped("codex-y", 1), a, 2, |_| panic!("no wait"))
             .await
             .unwrap();
         drop(first);
@@ -554,7 +799,7 @@ mod tests {
         drop(second);
         assert!(accounts.queued_turn(b).is_none(), "its ticket went");
         third.await.unwrap().unwrap();
-        assert_eq!(*places.lock().unwrap(), vec![1]);
+        assert_eq!(*places.lock().unwrap(), vec![Waiting::InLine(1)]);
         assert!(accounts.queued().is_empty());
     }
 
@@ -573,6 +818,8 @@ mod tests {
             pid: 1,
             queued_at: 0,
             cap: 2,
+            park: false,
+            resumes_at: None,
             position: 0,
             admitted: false,
             orphaned: false,

@@ -35,6 +35,9 @@ pub enum OnLimit {
     Wait,
     /// Send the same prompt to a new session of the next provider in the list.
     Fallback(Vec<ProviderKind>),
+    /// Park the session (and every parking session of its account) until the limit resets,
+    /// then go on in its conversation (`session::turn::park`); remembered by the session.
+    Park,
 }
 
 impl std::str::FromStr for OnLimit {
@@ -43,11 +46,12 @@ impl std::str::FromStr for OnLimit {
     fn from_str(s: &str) -> Result<Self> {
         let bad = || {
             Error::usage(format!("--on-limit '{s}' is not understood"))
-                .with_hint("use fail, wait or fallback=PROVIDER[,PROVIDER]")
+                .with_hint("use fail, wait, park or fallback=PROVIDER[,PROVIDER]")
         };
         match s.trim() {
             "fail" => Ok(OnLimit::Fail),
             "wait" => Ok(OnLimit::Wait),
+            "park" => Ok(OnLimit::Park),
             other => {
                 let list = other.strip_prefix("fallback=").ok_or_else(bad)?;
                 let providers = list
@@ -359,6 +363,7 @@ mod tests {
     fn on_limit_parses() {
         assert_eq!("fail".parse::<OnLimit>().unwrap(), OnLimit::Fail);
         assert_eq!("wait".parse::<OnLimit>().unwrap(), OnLimit::Wait);
+        assert_eq!("park".parse::<OnLimit>().unwrap(), OnLimit::Park);
         assert_eq!(
             "fallback=claude,gemini".parse::<OnLimit>().unwrap(),
             OnLimit::Fallback(vec![ProviderKind::ClaudeCode, ProviderKind::Gemini])

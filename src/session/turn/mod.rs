@@ -19,6 +19,7 @@ pub(in crate::session) mod headless;
 pub(in crate::session) mod interactive;
 pub mod limits;
 pub mod models;
+pub mod park;
 pub(in crate::session) mod plan;
 pub mod prompt;
 pub(in crate::session) mod reading;

@@ -17,17 +17,17 @@ use std::borrow::Cow;
 
 use crate::backend::{Backend, CreateError, TurnSpec};
 use crate::error::{Error, Result};
-use crate::event::{Event, TurnResult};
+use crate::event::{Event, Status, TurnResult};
 use crate::session::broker::Broker;
 use crate::session::lifecycle::liveness::{driver_is_gone, remove_abandoned_turns};
 use crate::session::lifecycle::orphans::Orphan;
 use crate::session::store::inflight::InFlight;
 use crate::session::store::record::{labels, SessionRecord};
-use crate::session::turn::admission;
 use crate::session::turn::checkpoints::{
     arm_checkpoint, drop_unused_checkpoint, prepare_checkpoint, settle_behind,
 };
 use crate::session::turn::plan::{plan_turn, TurnPlan};
+use crate::session::turn::{admission, park};
 use crate::session::turn::{busy, image_hint, Interrupts, TurnContext, STOP_GRACE};
 use crate::session::walls::egress::Egress;
 use crate::session::walls::owner::{ensure_owner, fill_new_home, hand_over_in_turn};
@@ -48,6 +48,10 @@ pub use crate::session::turn::{
 /// `sink` sees every unified event as it happens, ending with the `result` event.
 /// Returns the turn's result; an `Err` means the turn could not be run at all (bad
 /// environment, busy session), in which case nothing about the session changed.
+///
+/// A parking session's turn (`--on-limit park`) that the account's usage limit stopped
+/// parks the account and hands its place on to the session's next turn, which the caller
+/// sends ([`crate::Session::send`] does, with [`park::CONTINUE_PROMPT`]).
 pub async fn run_turn(
     backend: &impl Backend,
     record: &mut SessionRecord,
@@ -64,7 +68,7 @@ pub async fn run_turn(
     // After the orphan: its cost counts.
     crate::session::turn::budget::check(record)?;
     // Held until the turn is recorded: its account's other turns wait meanwhile.
-    let _admitted = admission::for_turn(record).await?;
+    let mut admitted = admission::for_turn(record).await?;
     let handed = with_handoff(backend, record, options).await?;
     let options = handed.as_ref().unwrap_or(options);
     let mut interrupts = Interrupts::install()?;
@@ -72,6 +76,11 @@ pub async fn run_turn(
     // Noted for whoever comes next if this process goes before the turn is recorded.
     let in_flight = InFlight::note(record.session_id, plan.turn, &options.prompt);
     let result = realise(backend, record, options, plan, &mut interrupts, sink).await;
+    if let (Ok(r), Some(admitted)) = (&result, admitted.as_mut()) {
+        if let Err(e) = park_after_limit(record, r, admitted) {
+            tracing::warn!("could not park the account after a usage limit: {e}");
+        }
+    }
     if result.is_err() && record.turn_started {
         // It began and is not recorded: the note stays, for the turn to be.
         in_flight.keep();
@@ -607,6 +616,29 @@ async fn create_turn_container(
         }
     }
     Err(busy(record, "?"))
+}
+
+/// After a parking session's turn: one the account's usage limit stopped parks the account
+/// until the limit resets ([`park::after_limit`]) and hands its ticket on to the next turn.
+fn park_after_limit(
+    record: &SessionRecord,
+    result: &TurnResult,
+    admitted: &mut admission::Admitted,
+) -> Result<()> {
+    if !record.settings.park || result.status != Status::UsageLimit {
+        return Ok(());
+    }
+    let p = record.provider;
+    let account = crate::auth::account::of(p).unwrap_or_else(|| crate::auth::account::unstored(p));
+    let dir = admission::Accounts::here()?.account_dir(&account);
+    let parked = park::park(&dir, &park::after_limit(record, result, &account))?;
+    admitted.carry_on(record.next_turn());
+    tracing::info!(
+        "account {account} parked until {} (session {})",
+        parked.until,
+        record.session_id
+    );
+    Ok(())
 }
 
 #[cfg(test)]

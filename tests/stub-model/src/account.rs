@@ -2,8 +2,9 @@
 //! window (`STUB_ACCOUNT_WINDOW` seconds, default 60; a window starts with its first request),
 //! and every model response says what is left in the vendor's own rate-limit headers, so a
 //! client that reads them (a credential broker choosing an account) can be tested. The stub
-//! only reports: it still answers a request past the limit (`FAIL:429`, `LIMIT:` and `QUOTA:`
-//! refuse one).
+//! only reports (it still answers a request past the limit; `FAIL:429`, `LIMIT:` and `QUOTA:`
+//! refuse one) unless `STUB_ACCOUNT_ENFORCE=1`: then a request past the limit gets the
+//! vendor's usage-limit answer (as `QUOTA:`'s), resetting at the window's end.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -13,6 +14,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub struct AccountLimit {
     pub requests: u64,
     pub window: Duration,
+    /// `STUB_ACCOUNT_ENFORCE=1`: a request past the limit is refused as the vendor's usage
+    /// limit, not answered.
+    pub enforce: bool,
 }
 
 impl AccountLimit {
@@ -38,7 +42,16 @@ impl AccountLimit {
                     format!("STUB_ACCOUNT_WINDOW is not a number of seconds: {secs:?}")
                 })?,
         };
-        Ok(Some(AccountLimit { requests, window }))
+        let enforce = match var("STUB_ACCOUNT_ENFORCE").as_deref().map(str::trim) {
+            None | Some("0") => false,
+            Some("1") => true,
+            Some(other) => return Err(format!("STUB_ACCOUNT_ENFORCE is 0 or 1, not {other:?}")),
+        };
+        Ok(Some(AccountLimit {
+            requests,
+            window,
+            enforce,
+        }))
     }
 }
 
@@ -62,6 +75,7 @@ struct Window {
 pub struct Standing {
     pub limit: u64,
     pub used: u64,
+    enforce: bool,
     window: Duration,
     ends: Instant,
     ends_at: SystemTime,
@@ -92,6 +106,7 @@ impl Account {
         Standing {
             limit: self.limit.requests,
             used: current.used,
+            enforce: self.limit.enforce,
             window: self.limit.window,
             ends: current.ends,
             ends_at: current.ends_at,
@@ -100,6 +115,16 @@ impl Account {
 }
 
 impl Standing {
+    /// With `STUB_ACCOUNT_ENFORCE`, for a request past the limit: how long until the window
+    /// ends (at least 1 s).
+    pub fn refused_for(&self, now: Instant) -> Option<Duration> {
+        (self.enforce && self.used > self.limit).then(|| {
+            self.ends
+                .saturating_duration_since(now)
+                .max(Duration::from_secs(1))
+        })
+    }
+
     pub fn remaining(&self) -> u64 {
         self.limit.saturating_sub(self.used)
     }
@@ -250,6 +275,7 @@ mod tests {
         let account = Account::new(AccountLimit {
             requests: 2,
             window: Duration::from_millis(100),
+            enforce: false,
         });
         let first = account.count();
         assert_eq!((first.used, first.remaining()), (1, 1));
@@ -271,6 +297,7 @@ mod tests {
         let account = Account::new(AccountLimit {
             requests: 3,
             window: Duration::from_secs(360),
+            enforce: false,
         });
         let standing = account.count();
         let now = Instant::now();
@@ -345,6 +372,7 @@ mod tests {
         let account = Account::new(AccountLimit {
             requests: 0,
             window: Duration::from_secs(60),
+            enforce: false,
         });
         let standing = account.count();
         assert_eq!(standing.remaining(), 0);

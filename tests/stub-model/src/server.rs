@@ -224,7 +224,10 @@ async fn handle(
             let answer = if path.starts_with("/_stub/") {
                 stub_endpoint(&state, &parts.method, &path, parts.uri.query()).await
             } else {
-                route(&state, &parts, &bytes, key).await
+                match standing.and_then(|s| s.refused_for(std::time::Instant::now())) {
+                    Some(left) => exhausted(&parts, &path, left),
+                    None => route(&state, &parts, &bytes, key).await,
+                }
             };
             (answer, recorded_body(&bytes), key.map(|k| k.0))
         }
@@ -754,6 +757,16 @@ fn limited(state: &State, protocol: &dyn Protocol, body: &Value, wire: &str) -> 
         &protocol.error_body(429, &message),
         "limit",
     ))
+}
+
+/// A model request past the account's enforced limit (`STUB_ACCOUNT_ENFORCE`): the vendor's
+/// usage limit, resetting at the window's end, `left` from now.
+fn exhausted(parts: &Parts, path: &str, left: Duration) -> Answer {
+    let route = resolve(&parts.method, path);
+    match (route.protocol(), turn_wire(&route, path)) {
+        (Some(protocol), Some(wire)) => quota(protocol, wire, left),
+        _ => not_found(&parts.method, path),
+    }
 }
 
 /// A subscription usage limit that resets in `left`, as each vendor answers it:

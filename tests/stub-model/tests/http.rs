@@ -947,3 +947,37 @@ async fn no_account_headers_without_a_limit() {
         assert_no_account_headers(&reply);
     }
 }
+
+/// `STUB_ACCOUNT_ENFORCE=1`: past the account's requests, a model request gets the vendor's
+/// usage limit (OpenAI's `usage_limit_reached`, Anthropic's `rejected` unified status), its
+/// reset at the window's end; a new window answers again.
+#[tokio::test]
+async fn an_enforced_account_refuses_past_its_limit_until_its_window_ends() {
+    let envs = [
+        ("STUB_ACCOUNT_REQUESTS", "2"),
+        ("STUB_ACCOUNT_WINDOW", "3"),
+        ("STUB_ACCOUNT_ENFORCE", "1"),
+    ];
+    let (_child, addr) = binary(&envs, Stdio::null()).await;
+    for _ in 0..2 {
+        let reply = post(addr, "/v1/responses", &[], &responses_body("hi")).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    let refused = post(addr, "/v1/responses", &[], &responses_body("hi")).await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    let body: Value = serde_json::from_str(&refused.body).unwrap();
+    assert_eq!(body["error"]["type"], "usage_limit_reached", "{body}");
+    let left = body["error"]["resets_in_seconds"].as_u64().unwrap();
+    assert!((1..=3).contains(&left), "{left}");
+    let at = body["error"]["resets_at"].as_u64().unwrap();
+    assert!(at <= unix_secs() + 4, "{at}");
+    let claude = post(addr, "/v1/messages", &[], &anthropic_body("hi")).await;
+    assert_eq!(claude.status, 429, "{}", claude.body);
+    assert_eq!(
+        claude.header("anthropic-ratelimit-unified-status"),
+        Some("rejected")
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let again = post(addr, "/v1/responses", &[], &responses_body("hi")).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+}
