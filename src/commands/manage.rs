@@ -624,14 +624,20 @@ pub async fn gc(
         ));
     }
     if !dry_run {
-        // What sessions share and nobody uses any more: egress networks whose proxy idled out.
+        // What nobody uses any more: egress networks whose shared proxy idled out, and the
+        // runtime scratch (a prompt) of turns whose container was removed without it.
         let networks = crate::session::remove_unused_egress_networks(&backend).await?;
-        if !networks.is_empty() {
-            output::println(&format!(
-                "removed {} unused egress network{}",
-                networks.len(),
-                if networks.len() == 1 { "" } else { "s" }
-            ));
+        let scratch = crate::session::remove_unused_runtime_volumes(&backend, None).await?;
+        for (n, what) in [
+            (networks.len(), "unused egress network"),
+            (scratch.len(), "unused runtime volume"),
+        ] {
+            if n > 0 {
+                output::println(&format!(
+                    "removed {n} {what}{}",
+                    if n == 1 { "" } else { "s" }
+                ));
+            }
         }
     }
     Ok(0)
