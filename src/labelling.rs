@@ -60,6 +60,12 @@ pub mod roles {
     pub const STATE: &str = "state";
     /// The container of a running turn; its name is the session's lock.
     pub const TURN: &str = "turn";
+    /// A turn container's runtime scratch (`session::turn::runtime`: its prompt, credentials
+    /// and scrub list), where it is a volume of its own (Docker's anonymous one): removed
+    /// with its container, unless that is removed from outside without its volumes
+    /// (`docker rm -f`); then the session's next turn and `gc` remove it, once no container
+    /// uses it.
+    pub const RUNTIME: &str = "runtime";
     /// A never-started container that reads files out of a state volume.
     pub const PROBE: &str = "probe";
     /// An empty volume whose labels summarise the session's latest turn (labels cannot be

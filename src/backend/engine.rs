@@ -259,6 +259,9 @@ impl Backend for Engine {
     async fn remove_unused_networks(&self, labels: &[String]) -> Result<Vec<String>> {
         dispatch!(self, b => Backend::remove_unused_networks(b, labels).await)
     }
+    async fn remove_unused_volumes(&self, labels: &[String]) -> Result<Vec<String>> {
+        dispatch!(self, b => Backend::remove_unused_volumes(b, labels).await)
+    }
     async fn hold_refresh(
         &self,
         login: &str,

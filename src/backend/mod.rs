@@ -51,6 +51,7 @@ pub use kubernetes::KubeBackend;
 mod capabilities;
 pub mod doctor;
 mod engine;
+mod found;
 pub mod images;
 mod plan;
 pub mod refresh_lock;
@@ -58,6 +59,7 @@ mod scratch;
 pub mod warm;
 pub use capabilities::{Capabilities, Words};
 pub use engine::{checkup, connect, BackendKind, BackendSettings, ClusterSettings, Engine, Scope};
+pub use found::{ContainerInfo, ContainerState, ImageInfo, VolumeInfo};
 pub use plan::{
     proxy_env, BrokerPlace, BrokerPlan, BrokerRoute, EgressPlan, EgressRoute, HostDirs, RuntimeDir,
     LOADER, PROXY_PORT, PROXY_SCRIPT,
@@ -243,6 +245,14 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Removes the networks carrying all of `labels` that nothing is attached to (shared
     /// egress networks whose proxies idled out); their names. None on Kubernetes.
     fn remove_unused_networks(
+        &self,
+        labels: &[String],
+    ) -> impl Future<Output = Result<Vec<String>>> + Send;
+    /// Removes the volumes carrying all of `labels` that no container uses (created, running
+    /// or stopped): a container's runtime scratch ([`TurnSpec::runtime`]) left behind by a
+    /// container removed from outside without its volumes; their names. One in use stays
+    /// (not an error). None on Kubernetes: a scratch there is its pod's memory.
+    fn remove_unused_volumes(
         &self,
         labels: &[String],
     ) -> impl Future<Output = Result<Vec<String>>> + Send;
@@ -444,64 +454,6 @@ pub struct Attached {
 impl std::fmt::Debug for Attached {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Attached")
-    }
-}
-
-/// An image on the backend's host.
-#[derive(Debug, Clone, Default)]
-pub struct ImageInfo {
-    pub id: String,
-    /// Its tags (`<none>:<none>` for an untagged one, as Docker lists it).
-    pub tags: Vec<String>,
-    pub labels: HashMap<String, String>,
-    pub size_bytes: u64,
-    /// Seconds since the Unix epoch.
-    pub created: i64,
-}
-
-/// A volume: its name and labels (the labels are how caw-box finds what it made).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct VolumeInfo {
-    pub name: String,
-    pub labels: HashMap<String, String>,
-}
-
-/// Where a container is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ContainerState {
-    Created,
-    Running,
-    Exited,
-    /// On its way out: removed from outside, or killed for good.
-    Removing,
-    Dead,
-    #[default]
-    Other,
-}
-
-/// A container as the backend reports it.
-#[derive(Debug, Clone, Default)]
-pub struct ContainerInfo {
-    pub id: String,
-    /// Its name, without Docker's leading `/`.
-    pub name: String,
-    pub labels: HashMap<String, String>,
-    pub state: ContainerState,
-    /// When it was created, where known.
-    pub created: Option<std::time::SystemTime>,
-    /// Whether it has run and ended (a stopped container, as opposed to one never started).
-    pub finished: bool,
-    /// Its mounts: (target in the container, source on the host or volume name).
-    pub mounts: Vec<(String, String)>,
-}
-
-impl ContainerInfo {
-    pub fn running(&self) -> bool {
-        self.state == ContainerState::Running
-    }
-
-    pub fn label(&self, key: &str) -> Option<&str> {
-        self.labels.get(key).map(String::as_str)
     }
 }
 

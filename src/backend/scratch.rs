@@ -2,6 +2,8 @@
 //! ([`super::TurnSpec::runtime`], [`super::HelperSpec::scratch`]): the files, never where
 //! they go (a Docker volume of the container's own, a pod's memory).
 
+use std::collections::HashMap;
+
 use super::TarFile;
 
 /// A container's private scratch directory at `mount`: storage of its own, removed with
@@ -14,6 +16,10 @@ pub struct Scratch {
     pub owner: (u32, u32),
     /// Paths relative to `mount`; parent directories are made (mode 0700).
     pub files: Vec<ScratchFile>,
+    /// The labels of its storage where that is an object of the backend's that could outlive
+    /// the container (Docker: an anonymous volume, left behind by a `docker rm` without
+    /// `-v`), so that caw-box finds it then; empty: none.
+    pub labels: HashMap<String, String>,
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -36,6 +42,7 @@ impl std::fmt::Debug for Scratch {
             .field("mount", &self.mount)
             .field("owner", &self.owner)
             .field("files", &paths)
+            .field("labels", &self.labels)
             .finish()
     }
 }

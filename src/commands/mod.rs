@@ -6,6 +6,7 @@ pub mod auth;
 pub mod config;
 pub mod doctor;
 pub mod fork;
+pub mod gc;
 pub mod image;
 pub mod login;
 pub mod manage;
@@ -72,7 +73,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             keep,
             dry_run,
             group,
-        } => manage::gc(&older_than, checkpoints.then_some(keep), dry_run, group).await,
+        } => gc::gc(&older_than, checkpoints.then_some(keep), dry_run, group).await,
         Command::Drive => turn::detached_driver().await,
         Command::Export {
             target,

@@ -161,6 +161,7 @@ fn container_spec(
         mount: LOGIN_DIR.to_string(),
         owner: IMAGE_IDS,
         files,
+        labels: Default::default(),
     });
     HelperSpec {
         image: plan.image.clone(),

@@ -22,6 +22,7 @@ mod walls;
 
 pub use lifecycle::orphans;
 pub use store::{checkpoint, files, handle, names, portable, record, target};
+pub use turn::runtime::remove_unused as remove_unused_runtime_volumes;
 pub use turn::{admission, budget, limits, models, park, runner};
 pub use walls::egress::remove_unused_networks as remove_unused_egress_networks;
 pub use walls::{

@@ -562,7 +562,8 @@ impl Rig {
             .any(|c| c.name.starts_with("Podman"))
     }
 
-    /// State volumes of this test.
+    /// The volumes of this test's sessions: not a container's runtime scratch (role
+    /// `runtime`), which goes with its container (a running turn has one).
     pub fn caw_volumes(&self) -> Vec<String> {
         self.rt.block_on(async {
             self.docker
@@ -577,6 +578,7 @@ impl Rig {
                 .volumes
                 .unwrap_or_default()
                 .into_iter()
+                .filter(|v| v.labels.get("io.caw-box.role").map(String::as_str) != Some("runtime"))
                 .map(|v| v.name)
                 .collect()
         })

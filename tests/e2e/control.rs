@@ -232,3 +232,105 @@ fn a_first_turn_that_ran_and_failed_keeps_its_session() {
     );
     rig.cleanup();
 }
+
+/// The runtime scratch (its prompt) of the running turn container `container`: the name of
+/// the volume it mounts there.
+fn scratch_volume_of(rig: &Rig, container: &str) -> String {
+    rig.mounts_of(container)
+        .into_iter()
+        .find(|m| m.destination.as_deref() == Some("/run/caw-box"))
+        .and_then(|m| m.name)
+        .expect("the turn's runtime scratch volume")
+}
+
+/// Removes the running turn `container` as a person does from outside: `docker rm -f`,
+/// without `-v`, which leaves its anonymous volumes behind; `child`, its driver, ends.
+fn remove_without_volumes(rig: &Rig, container: &str, child: std::process::Child) {
+    let no_v = bollard::query_parameters::RemoveContainerOptions {
+        force: true,
+        v: false,
+        ..Default::default()
+    };
+    rig.rt
+        .block_on(rig.docker.remove_container(container, Some(no_v)))
+        .unwrap();
+    let out = wait_with_deadline(child, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
+}
+
+fn volume_labels(rig: &Rig, volume: &str) -> Option<std::collections::HashMap<String, String>> {
+    match rig.rt.block_on(rig.docker.inspect_volume(volume)) {
+        Ok(v) => Some(v.labels),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => None,
+        Err(e) => panic!("inspect volume {volume}: {e}"),
+    }
+}
+
+/// A turn container removed from outside without its volumes (`docker rm -f`) leaves its
+/// runtime scratch, the turn's prompt in it, labelled as the session's runtime: the
+/// session's next turn removes it as it starts, and `gc` one left by that turn in turn;
+/// `gc` leaves a running turn's (in use) alone. Two held codex turns (~10 s).
+#[test]
+fn a_turn_removed_without_its_volumes_leaves_a_labelled_scratch_that_goes() {
+    let rig = Rig::new("scratchgone");
+    let mut first = rig.run_cmd(CODEX, "HOLD:one REMEMBER:kept", &[]);
+    first
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let child = first.spawn().unwrap();
+    let container = rig.wait_for_running_turn(None, HELD_WITHIN);
+    rig.wait_held("one");
+    let id = rig
+        .rt
+        .block_on(rig.docker.inspect_container(&container, None))
+        .unwrap()
+        .config
+        .and_then(|c| c.labels)
+        .and_then(|l| l.get("io.caw-box.session").cloned())
+        .expect("the turn's session label");
+    let scratch = scratch_volume_of(&rig, &container);
+    remove_without_volumes(&rig, &container, child);
+
+    let labels = volume_labels(&rig, &scratch).expect("the scratch was left behind");
+    let label = |k: &str| labels.get(k).map(String::as_str);
+    assert_eq!(label("io.caw-box.managed"), Some("true"), "{labels:?}");
+    assert_eq!(label("io.caw-box.session"), Some(id.as_str()), "{labels:?}");
+    assert_eq!(label("io.caw-box.role"), Some("runtime"), "{labels:?}");
+    assert_eq!(label("io.caw-box.turn"), Some("1"), "{labels:?}");
+    // The extra labels (`CAW_BOX_LABELS`) too: a CI job's sweep finds it.
+    assert_eq!(label(TEST_LABEL), Some(rig.run_id.as_str()), "{labels:?}");
+
+    // The next turn of the session removes it as it starts.
+    let mut second = rig.resume_cmd(CODEX, &id, "HOLD:two", &[]);
+    second
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let child = second.spawn().unwrap();
+    rig.wait_held("two");
+    assert_eq!(volume_labels(&rig, &scratch), None, "the next turn left it");
+    let container = rig.wait_for_running_turn(None, HELD_WITHIN);
+    let running = scratch_volume_of(&rig, &container);
+
+    // `gc` leaves the running turn's scratch (in use), and says nothing of it.
+    let out = rig.caw_run(&["gc"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(!stdout_of(&out).contains("runtime"), "{}", stdout_of(&out));
+    assert!(
+        volume_labels(&rig, &running).is_some(),
+        "gc took a running turn's"
+    );
+
+    remove_without_volumes(&rig, &container, child);
+    assert!(volume_labels(&rig, &running).is_some(), "left behind");
+    let out = rig.caw_run(&["gc"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains("removed 1 unused runtime volume\n"),
+        "{}",
+        stdout_of(&out)
+    );
+    assert_eq!(volume_labels(&rig, &running), None, "gc left it");
+    rig.cleanup();
+}

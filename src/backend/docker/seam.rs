@@ -116,6 +116,10 @@ impl Backend for DockerBackend {
         Ok(removed)
     }
 
+    async fn remove_unused_volumes(&self, labels: &[String]) -> Result<Vec<String>> {
+        DockerBackend::remove_unused_volumes(self, labels).await
+    }
+
     fn logs_hint(&self, name: &str) -> String {
         format!("`docker logs {name}`")
     }

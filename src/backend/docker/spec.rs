@@ -2,18 +2,23 @@
 
 use std::collections::HashMap;
 
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions};
 
 use crate::backend::{HelperSpec, MountSource, MountSpec, NetworkPolicy, TurnSpec};
 
 /// A container's scratch: an anonymous volume, removed with the container (`rm -v`), and
 /// reachable by the archive API while the container exists, stopped too (a tmpfs volume
 /// would lose its files at the stop). It starts as a copy of the image's directory (the
-/// base image makes it writable for any uid).
+/// base image makes it writable for any uid). Its labels find it when its container was
+/// removed from outside without it (`docker rm -f`): [`super::DockerBackend::remove_unused_volumes`].
 fn scratch_mount(s: &crate::backend::Scratch) -> Mount {
     Mount {
         target: Some(s.mount.clone()),
         typ: Some(MountType::VOLUME),
+        volume_options: (!s.labels.is_empty()).then(|| MountVolumeOptions {
+            labels: Some(s.labels.clone()),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -290,6 +295,31 @@ mod tests {
             .all(|m| !m.source.as_deref().unwrap_or("").contains("docker.sock")));
         assert_ne!(body.user.as_deref(), Some("0:0"));
         assert_eq!(body.tty, Some(false));
+    }
+
+    /// The runtime scratch is an anonymous volume carrying the labels the session layer gave
+    /// it (found by them when its container was removed without it); none without any.
+    #[test]
+    fn the_runtime_scratch_is_a_labelled_anonymous_volume() {
+        let scratch_of = |s: &TurnSpec| {
+            let mounts = turn_body(s).host_config.unwrap().mounts.unwrap();
+            mounts
+                .into_iter()
+                .find(|m| m.target.as_deref() == Some("/run/caw-box"))
+                .unwrap()
+        };
+        let mut s = spec(NetworkPolicy::None);
+        let plain = scratch_of(&s);
+        assert_eq!((plain.typ, plain.source), (Some(MountType::VOLUME), None));
+        assert_eq!(plain.volume_options, None);
+        let labels = HashMap::from([("io.caw-box.role".to_string(), "runtime".to_string())]);
+        s.runtime.labels = labels.clone();
+        let labelled = scratch_of(&s);
+        assert_eq!(
+            labelled.source, None,
+            "anonymous: removed with its container"
+        );
+        assert_eq!(labelled.volume_options.unwrap().labels, Some(labels));
     }
 
     /// A turn that hands its volumes over starts as the hand-over shell with only the

@@ -85,6 +85,37 @@ impl DockerBackend {
         }
     }
 
+    /// Removes the volumes carrying all of `labels` that no container uses (Docker's
+    /// `dangling`); their names. The daemon refuses to remove one a container uses: it stays.
+    pub async fn remove_unused_volumes(&self, labels: &[String]) -> Result<Vec<String>> {
+        let filters = HashMap::from([
+            ("label".to_string(), labels.to_vec()),
+            ("dangling".to_string(), vec!["true".to_string()]),
+        ]);
+        let listed = self
+            .docker
+            .list_volumes(Some(ListVolumesOptions {
+                filters: Some(filters),
+            }))
+            .await
+            .map_err(|e| self.failed("list unused volumes", &e))?;
+        let mut removed = Vec::new();
+        // Podman (4.3) returns the volumes carrying *any* of the labels: filter again here.
+        for v in listed.volumes.unwrap_or_default() {
+            if !carries_all(&v.labels, labels) {
+                continue;
+            }
+            let options = Some(RemoveVolumeOptions { force: false });
+            match self.docker.remove_volume(&v.name, options).await {
+                Ok(()) => removed.push(v.name),
+                // In use (Docker and Podman answer 409), or gone meanwhile: not this one.
+                Err(e) if super::is_conflict(&e) || is_not_found(&e) => {}
+                Err(e) => return Err(self.failed(format_args!("remove volume '{}'", v.name), &e)),
+            }
+        }
+        Ok(removed)
+    }
+
     /// Creates a network (`internal`: no route out of it) with labels.
     pub async fn create_network(
         &self,

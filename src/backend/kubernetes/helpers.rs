@@ -420,6 +420,7 @@ mod tests {
                     contents: b"-----BEGIN CERTIFICATE----- scratch-content".to_vec(),
                     mode: 0o644,
                 }],
+                labels: Default::default(),
             }),
             ..Default::default()
         }

@@ -207,6 +207,11 @@ impl Backend for KubeBackend {
         Ok(Vec::new())
     }
 
+    /// A pod's scratch is its memory: no volume of a container's own.
+    async fn remove_unused_volumes(&self, _labels: &[String]) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
     async fn resize_tty(&self, name: &str, columns: u16, rows: u16) -> Result<()> {
         let mut terminals = self
             .terminals

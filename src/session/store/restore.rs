@@ -247,6 +247,7 @@ pub fn restore_spec(
                 contents: json,
                 mode: 0o600,
             }],
+            labels: Default::default(),
         });
     }
     spec

@@ -456,9 +456,15 @@ pub(in crate::session) fn turn_spec(
     image: &str,
     argv: Vec<String>,
     env: Vec<String>,
-    runtime: crate::backend::Scratch,
+    mut runtime: crate::backend::Scratch,
 ) -> Result<TurnSpec> {
     let settings = &record.settings;
+    // Found by these when its container is removed from outside without it (its prompt in
+    // it): the session's next turn and `gc` remove it (`runtime::remove_unused`).
+    runtime.labels = LabelSet::new(record.session_id, roles::RUNTIME)
+        .provider(record.provider)
+        .with(labels::TURN, turn.to_string())
+        .finish();
     let workspace = match settings.workspace_mode {
         WorkspaceMode::Copy => Some(MountSpec::volume(
             names::workspace_volume(record.session_id),
@@ -597,6 +603,13 @@ pub(in crate::session) mod tests {
         assert_eq!(label(labels::SESSION), Some(session.as_str()));
         let pid = std::process::id().to_string();
         assert_eq!(label(labels::DRIVER_PID), Some(pid.as_str()));
+        // Its runtime scratch is the session's too, as the turn's runtime: found by these
+        // when its container was removed without it.
+        let scratch = |k: &str| spec.runtime.labels.get(k).map(String::as_str);
+        assert_eq!(scratch(labels::MANAGED), Some("true"));
+        assert_eq!(scratch(labels::SESSION), Some(session.as_str()));
+        assert_eq!(scratch(labels::ROLE), Some(roles::RUNTIME));
+        assert_eq!(scratch(labels::TURN), Some("3"));
         for (setting, policy) in [
             ("open", NetworkPolicy::Default),
             ("none", NetworkPolicy::None),

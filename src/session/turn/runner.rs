@@ -312,8 +312,13 @@ async fn realise(
                 let _ = backend.remove_warm(&name).await;
             }
         };
-        let (created, (), ()) =
-            tokio::join!(make, remove_abandoned_turns(backend, &name), idle_goes);
+        // What the session's turns removed from outside (`docker rm -f`) left: their scratch.
+        let session = record.session_id;
+        let scratch_goes = async {
+            let _ = crate::session::turn::runtime::remove_unused(backend, Some(session)).await;
+        };
+        let abandoned_go = remove_abandoned_turns(backend, &name);
+        let (created, (), (), ()) = tokio::join!(make, abandoned_go, idle_goes, scratch_goes);
         let _ = turn_made.send(created.is_ok());
         // (Dropped on failure, which frees the start of a broker in it from its wait.)
         drop(turn_made);
@@ -811,6 +816,9 @@ mod tests {
         }
         async fn remove_unused_networks(&self, _: &[String]) -> Result<Vec<String>> {
             unexpected!("remove networks")
+        }
+        async fn remove_unused_volumes(&self, _: &[String]) -> Result<Vec<String>> {
+            unexpected!("remove volumes")
         }
         fn removed_under_turn(&self, _: &str) -> Error {
             unexpected!("a removed turn")

@@ -7,8 +7,11 @@
 //! daemon that does not share caw-box's filesystem runs turns too. Not what goes through
 //! it (see `history.rs` for the record hand-off).
 
+use uuid::Uuid;
+
 use crate::backend::{Backend, Scratch, ScratchFile};
 use crate::error::Result;
+use crate::session::store::names::{self, labels, roles};
 
 /// Where the turn's scratch storage is mounted.
 pub const RUNTIME_MOUNT: &str = "/run/caw-box";
@@ -39,6 +42,7 @@ impl Runtime {
             mount: RUNTIME_MOUNT.to_string(),
             owner,
             files: Vec::new(),
+            labels: Default::default(),
         })
     }
 
@@ -65,6 +69,26 @@ impl Runtime {
     pub(in crate::session) fn into_scratch(self) -> Scratch {
         self.0
     }
+}
+
+/// Removes the runtime scratch volumes no container uses, of `session` (or, `None`, of
+/// every session of this process's extra labels): what turns' containers removed from
+/// outside without their volumes (`docker rm -f`) left, each with its turn's prompt in it;
+/// their names. A running turn's is in use: it stays.
+pub async fn remove_unused(backend: &impl Backend, session: Option<Uuid>) -> Result<Vec<String>> {
+    let mut filter = vec![
+        format!("{}=true", labels::MANAGED),
+        format!("{}={}", labels::ROLE, roles::RUNTIME),
+    ];
+    match session {
+        Some(id) => filter.push(format!("{}={id}", labels::SESSION)),
+        None => filter.extend(
+            names::extra_labels()
+                .iter()
+                .map(|(k, v)| format!("{k}={v}")),
+        ),
+    }
+    backend.remove_unused_volumes(&filter).await
 }
 
 /// `<tag> <bytes>\n` and a tar archive of `files` of that length: what the entrypoint
