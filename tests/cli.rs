@@ -580,3 +580,42 @@ fn a_bad_ca_cert_is_refused_in_one_line() {
         assert!(text.contains("cannot read --ca-cert"), "{text}");
     }
 }
+
+/// `--on-limit park` is the one usage-limit behaviour a background or family of turns can
+/// take: `wait` and `fallback` belong to one turn in the foreground, refused elsewhere
+/// before anything is made (exit 2).
+#[test]
+fn on_limit_wait_is_refused_where_turns_run_in_the_background() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &[
+                "run",
+                "--provider",
+                "codex",
+                "-d",
+                "--on-limit",
+                "wait",
+                "hi",
+            ],
+            "--on-limit wait and fallback need a turn in the foreground",
+        ),
+        (
+            &["fork", "x", "--on-limit", "fallback=claude", "hi"],
+            "fork takes --on-limit fail or park",
+        ),
+        (
+            &["mcp", "--on-limit", "wait"],
+            "caw-box mcp --on-limit takes fail or park",
+        ),
+        (
+            &["run", "--provider", "codex", "--on-limit", "nap", "hi"],
+            "'nap' is not understood",
+        ),
+    ];
+    for (args, says) in cases {
+        let ran = caw_box(args);
+        assert_eq!(ran.code, Some(2), "{args:?}: {}", ran.text);
+        assert!(ran.text.contains(says), "{args:?}: {}", ran.text);
+        assert!(!ran.text.contains("--- stdout"), "{args:?}: {}", ran.text);
+    }
+}

@@ -316,4 +316,10 @@ pub struct McpArgs {
     /// started.
     #[arg(long, value_name = "NAME", default_value = "mcp")]
     pub scope: String,
+    /// `park`: a session of this server stopped by its account's usage limit is `parked`
+    /// (`status`: `resumes_at`), and so is every parking session of the account meanwhile;
+    /// each goes on in its own conversation when the limit resets. `fail` (the default): the
+    /// turn ends `usage_limit`.
+    #[arg(long, value_name = "fail|park")]
+    pub on_limit: Option<String>,
 }

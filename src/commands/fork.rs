@@ -56,6 +56,7 @@ pub async fn fork(mut args: ForkArgs, quiet: bool) -> Result<i32> {
     if let Some(endpoint) = &args.turn.settings.endpoint {
         settings::validate_endpoint(endpoint, "--endpoint")?;
     }
+    let park = fork_parks(&args.turn)?;
     // Read once (stdin or a file), given to every fork's turn.
     args.turn.prompt = prompt.clone();
     args.turn.prompt_file = None;
@@ -103,21 +104,50 @@ pub async fn fork(mut args: ForkArgs, quiet: bool) -> Result<i32> {
         .collect();
     let mut exit = 0;
     if prompt.is_some() {
-        exit = first_turns(&args, &forks.sessions, &mut shown).await?;
+        exit = first_turns(&args, park, &forks.sessions, &mut shown).await?;
     }
     print(&shown, args.turn.output);
     Ok(exit)
 }
 
+/// `fork --on-limit`: `park` or `fail` (what the forks' turns do at a usage limit, remembered
+/// by each fork); `None` when not given. `wait`, `fallback` and `--max-wait` are one
+/// foreground session's, not a family's.
+fn fork_parks(turn: &crate::cli::TurnArgs) -> Result<Option<bool>> {
+    use crate::session::limits::OnLimit;
+    if turn.max_wait.is_some() {
+        return Err(Error::usage(
+            "fork takes no --max-wait: --on-limit wait is one session's",
+        ));
+    }
+    match turn
+        .on_limit
+        .as_deref()
+        .map(str::parse::<OnLimit>)
+        .transpose()?
+    {
+        None => Ok(None),
+        Some(OnLimit::Fail) => Ok(Some(false)),
+        Some(OnLimit::Park) => Ok(Some(true)),
+        Some(_) => Err(Error::usage("fork takes --on-limit fail or park")
+            .with_hint("park: a fork stopped by its account's usage limit goes on when it resets")),
+    }
+}
+
 /// Each fork's first turn: detached, or run here in parallel; the first failure's exit code.
 async fn first_turns(
     args: &ForkArgs,
+    park: Option<bool>,
     sessions: &[SessionRecord],
     shown: &mut [Shown],
 ) -> Result<i32> {
     let mut turns = Vec::new();
     for r in sessions {
-        turns.push(super::turn::open_session(&r.session_id.to_string(), &args.turn).await?);
+        let mut t = super::turn::open_session(&r.session_id.to_string(), &args.turn).await?;
+        if let Some(park) = park {
+            t.session.settings_mut().park = park;
+        }
+        turns.push(t);
     }
     if args.turn.detach {
         for t in &mut turns {

@@ -131,6 +131,20 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
     }
 }
 
+/// `caw-box mcp --on-limit`: `park` (or `fail`, the default); the server's turns run
+/// detached, so `wait` and `fallback` are refused.
+fn mcp_parks(on_limit: Option<&str>) -> Result<bool> {
+    use crate::session::limits::OnLimit;
+    match on_limit.map(str::parse::<OnLimit>).transpose()? {
+        None | Some(OnLimit::Fail) => Ok(false),
+        Some(OnLimit::Park) => Ok(true),
+        Some(_) => Err(crate::error::Error::usage(
+            "caw-box mcp --on-limit takes fail or park: the server's turns run in the background",
+        )
+        .with_hint("park: a session stopped by its account's usage limit goes on when it resets")),
+    }
+}
+
 /// `mcp`: the delegation server, over stdio or (`--http`) Streamable HTTP.
 async fn mcp(args: crate::cli::McpArgs) -> Result<i32> {
     let http = args
@@ -144,6 +158,7 @@ async fn mcp(args: crate::cli::McpArgs) -> Result<i32> {
         workspace_roots: &args.workspace_roots,
         allow_bind: args.allow_bind,
         scope: Some(&args.scope),
+        park: mcp_parks(args.on_limit.as_deref())?,
     })?;
     // Every object the server's sessions make carries its scope (and the config's labels),
     // fixed before the first call: a workspace's `.caw-box.toml` cannot relabel them.

@@ -195,6 +195,7 @@ mod tests {
         let dir = std::env::current_dir().unwrap();
         let settings = SettingsArgs::default();
         let policy = Policy::new(PolicyArgs {
+            park: false,
             settings: &settings,
             env: &[],
             workspace_roots: &[dir],

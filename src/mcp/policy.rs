@@ -29,6 +29,8 @@ pub struct Policy {
     roots: Vec<PathBuf>,
     /// `--allow-bind`, or a server whose own workspace mode is bind.
     allow_bind: bool,
+    /// `--on-limit park`: the server's sessions park at their account's usage limit.
+    park: bool,
     pub ceilings: Ceilings,
 }
 
@@ -40,6 +42,8 @@ pub struct PolicyArgs<'a> {
     pub workspace_roots: &'a [PathBuf],
     pub allow_bind: bool,
     pub scope: Option<&'a str>,
+    /// `--on-limit park`.
+    pub park: bool,
 }
 
 impl Policy {
@@ -72,6 +76,7 @@ impl Policy {
             roots,
             // A server whose own mode is bind (a flag or a config file said so) has allowed it.
             allow_bind: a.allow_bind || resolved.workspace_mode == Some(WorkspaceModeArg::Bind),
+            park: a.park,
             ceilings: Ceilings {
                 image: config.str(Key::Image),
                 server,
@@ -173,6 +178,11 @@ impl Policy {
         Ok(())
     }
 
+    /// Whether the server's sessions park at their account's usage limit (`--on-limit park`).
+    pub fn parks(&self) -> bool {
+        self.park
+    }
+
     /// The system prompts of a turn: the server's, with the call's added after them.
     pub fn compose_prompts(
         &self,
@@ -239,6 +249,7 @@ mod tests {
             ..Default::default()
         };
         Policy::new(PolicyArgs {
+            park: false,
             settings: &settings,
             env: &[],
             workspace_roots: &[root.to_path_buf()],
@@ -308,6 +319,7 @@ mod tests {
     fn a_scope_is_a_name() {
         let settings = SettingsArgs::default();
         let bad = Policy::new(PolicyArgs {
+            park: false,
             settings: &settings,
             env: &[],
             workspace_roots: &[],

@@ -142,6 +142,8 @@ impl CallPrompts {
         options: &TurnOptions,
     ) -> Result<()> {
         policy.compose_prompts(settings, self.system.clone(), self.append.clone());
+        // The server's, whatever the session remembered.
+        settings.park = policy.parks();
         let env: Vec<String> = options.env.iter().map(|(k, _)| k.clone()).collect();
         policy.admit(provider, settings, &env)
     }
@@ -608,6 +610,7 @@ mod tests {
     fn policy(server: &SettingsArgs) -> Policy {
         let dir = std::env::current_dir().unwrap();
         Policy::new(PolicyArgs {
+            park: false,
             settings: server,
             env: &[],
             workspace_roots: &[dir],

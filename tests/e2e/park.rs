@@ -179,3 +179,36 @@ fn claude_sessions_parked_at_a_usage_limit_go_on_at_its_reset() {
     check("claude_sessions_parked_at_a_usage_limit_go_on_at_its_reset");
     parked_sessions_go_on_at_the_reset(CLAUDE_SUBSCRIBER, 4, 2, 20);
 }
+
+#[test]
+fn an_mcp_servers_sessions_park_at_a_usage_limit() {
+    check("an_mcp_servers_sessions_park_at_a_usage_limit");
+    let python = crate::mcp::mcp_python();
+    let rig = Rig::with_stub_env(
+        "park-mcp",
+        &[
+            "STUB_ACCOUNT_REQUESTS=2".to_string(),
+            "STUB_ACCOUNT_WINDOW=15".to_string(),
+            "STUB_ACCOUNT_ENFORCE=1".to_string(),
+        ],
+    );
+    let home = tempfile::tempdir().unwrap();
+    collect_key(&rig, CODEX, home.path());
+    let mut cmd = rig.caw_env(&python);
+    cmd.arg(repo_root().join("tests/mcp/park.py"))
+        .arg(env!("CARGO_BIN_EXE_caw-box"))
+        .args([&rig.network, &rig.endpoint()])
+        .arg(rig.workspace.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = wait_with_deadline(
+        cmd.spawn().expect("spawn the MCP client"),
+        Duration::from_secs(240),
+    );
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert!(
+        out.status.success() && stdout.contains("mcp park checks passed"),
+        "the MCP client failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    rig.cleanup();
+}
