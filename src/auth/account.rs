@@ -55,6 +55,11 @@ pub fn unstored(p: ProviderKind) -> String {
     format!("{}-unstored", p.as_str())
 }
 
+/// The account a turn of `p` spends: the stored credentials', else [`unstored`].
+pub fn spent_by(p: ProviderKind) -> String {
+    of(p).unwrap_or_else(|| unstored(p))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

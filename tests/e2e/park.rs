@@ -128,6 +128,20 @@ fn parked_sessions_go_on_at_the_reset(p: P, sessions: usize, limit: u32, window:
         unix_now() >= started + u64::from(window) - 1,
         "all ended before the limit could reset"
     );
+    // Each turn names the account it spent (the one the park was of).
+    let out = rig.caw_run(&["show", &shown_id, "--json"]);
+    let shown: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    let turns = shown["turns"].as_array().unwrap();
+    assert!(!turns.is_empty(), "{shown}");
+    for t in turns {
+        assert_eq!(t["account"], shown["account"], "{shown}");
+    }
+    assert!(
+        shown["account"]
+            .as_str()
+            .is_some_and(|a| a.starts_with(p.name)),
+        "{shown}"
+    );
     let after = rows(&rig, std::slice::from_ref(&stopped));
     assert_ne!(after[0]["status"], "parked", "{after:?}");
     assert_ne!(

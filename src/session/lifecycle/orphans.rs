@@ -307,6 +307,7 @@ async fn settle_lost(backend: &impl Backend, id: Uuid) -> Result<Orphan> {
         cumulative_usage: None,
         interactive: false,
         limit_resets_at: None,
+        account: None,
         inherited: false,
         resume_key: String::new(),
         egress: None,

@@ -218,6 +218,10 @@ pub struct TurnRecord {
     /// A turn in the vendor's TUI (no prompt: what was typed is in the vendor's own state).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interactive: bool,
+    /// The account the turn spent (`auth::account`: a fingerprint, never the secret), as
+    /// its admission and a park counted it; `None` in records older than that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
     /// A `usage_limit` turn: when (Unix seconds) the vendor said the limit resets, read from
     /// the CLI's whole output (`session::limits::reset_at`), for `--on-limit wait`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -423,6 +427,7 @@ impl TurnRecord {
             cumulative_usage: None,
             interactive: false,
             limit_resets_at: None,
+            account: None,
             inherited: false,
             resume_key: String::new(),
             egress: None,

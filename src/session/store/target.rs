@@ -145,6 +145,7 @@ impl SessionView {
                 cumulative_usage: last.cumulative_usage,
                 interactive: last.interactive,
                 limit_resets_at: None,
+                account: None,
                 inherited: false,
                 resume_key: String::new(),
                 egress: None,

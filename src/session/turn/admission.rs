@@ -619,7 +619,7 @@ pub(in crate::session) async fn for_turn(record: &SessionRecord) -> Result<Optio
         return Ok(None);
     }
     let p = record.provider;
-    let account = crate::auth::account::of(p).unwrap_or_else(|| crate::auth::account::unstored(p));
+    let account = crate::auth::account::spent_by(p);
     let want = Want {
         account: &account,
         cap,

@@ -404,6 +404,7 @@ fn record_turn(
         cumulative_usage: outcome.cumulative_usage,
         interactive: false,
         limit_resets_at: ended.limit_resets_at,
+        account: Some(crate::auth::account::spent_by(record.provider)),
         inherited: false,
         resume_key: record.resume_key.clone(),
         egress: ended.egress.clone(),

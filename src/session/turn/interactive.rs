@@ -127,6 +127,7 @@ pub(in crate::session) async fn drive_tui(
         cumulative_usage: record.last_cumulative_usage(),
         interactive: true,
         limit_resets_at: None,
+        account: None,
         inherited: false,
         resume_key: record.resume_key.clone(),
         egress,

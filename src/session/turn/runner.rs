@@ -634,7 +634,7 @@ fn park_after_limit(
         return Ok(());
     }
     let p = record.provider;
-    let account = crate::auth::account::of(p).unwrap_or_else(|| crate::auth::account::unstored(p));
+    let account = crate::auth::account::spent_by(p);
     let dir = admission::Accounts::here()?.account_dir(&account);
     let parked = park::park(&dir, &park::after_limit(record, result, &account))?;
     admitted.carry_on(record.next_turn());
