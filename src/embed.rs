@@ -75,16 +75,36 @@ fn with_placeholder(turn: &mut TurnArgs) {
 pub async fn start(flags: &[String], progress: &(dyn Fn(&str) + Sync)) -> Result<Prepared> {
     let mut args = parse::<RunFlags>(flags)?.run;
     with_placeholder(&mut args.turn);
-    if args.turn.detach || args.turn.on_limit.is_some() || args.turn.max_wait.is_some() {
-        return Err(Error::usage(
-            "--detach, --on-limit and --max-wait are per turn here, not the session's",
-        ));
+    let park = session_park(&args.turn)?;
+    let mut t = crate::commands::turn::new_session(&mut args, true, progress).await?;
+    if let Some(park) = park {
+        t.session.settings_mut().park = park;
     }
-    Ok(
-        crate::commands::turn::new_session(&mut args, true, progress)
-            .await?
-            .into(),
-    )
+    Ok(t.into())
+}
+
+/// `--on-limit` as a library session takes it: `park` (or `fail`), the session's own,
+/// remembered; `wait`, `fallback`, `--max-wait` and `--detach` are per turn here.
+fn session_park(turn: &TurnArgs) -> Result<Option<bool>> {
+    use crate::session::limits::OnLimit;
+    let per_turn = || {
+        Error::usage("--detach, --on-limit wait|fallback and --max-wait are per turn here, not the session's")
+            .with_hint("on_limit=\"park\" is the session's: a turn stopped by its account's usage limit goes on when it resets")
+    };
+    if turn.detach || turn.max_wait.is_some() {
+        return Err(per_turn());
+    }
+    match turn
+        .on_limit
+        .as_deref()
+        .map(str::parse::<OnLimit>)
+        .transpose()?
+    {
+        None => Ok(None),
+        Some(OnLimit::Fail) => Ok(Some(false)),
+        Some(OnLimit::Park) => Ok(Some(true)),
+        Some(_) => Err(per_turn()),
+    }
 }
 
 /// The session `target` (a handle, id, unique prefix or name) opened as `caw-box resume
@@ -97,9 +117,12 @@ pub async fn resume(target: &str, flags: &[String]) -> Result<Prepared> {
             "resume one session: give its target, no --group",
         ));
     }
-    Ok(crate::commands::turn::open_session(target, &args.turn)
-        .await?
-        .into())
+    let park = session_park(&args.turn)?;
+    let mut t = crate::commands::turn::open_session(target, &args.turn).await?;
+    if let Some(park) = park {
+        t.session.settings_mut().park = park;
+    }
+    Ok(t.into())
 }
 
 /// `caw-box fork TARGET` ([`Client::fork`]: `request` says at which turn, how many, their

@@ -115,6 +115,7 @@ class Agent:
         keep_warm: Union[Seconds, bool, None] = ...,
         max_cost: Optional[float] = ...,
         egress: Optional[Literal["balanced", "locked", "open"]] = ...,
+        on_limit: Optional[Literal["park", "fail"]] = ...,
     ) -> None: ...
     def start_session(self) -> Session: ...
     # On the class: `Agent.resume_session(handle, env=..., credentials=..., timeout=...)`;

@@ -119,14 +119,16 @@ class Agent:
     idle after each turn for its next one (`--keep-warm`); `max_cost` (USD) is what the
     session may spend over all its turns (`--max-cost`: a turn that crosses it raises
     `BudgetError`, and so does the next; a resumed session given a higher one goes on);
-    `egress` is `"balanced"` (the default), `"locked"` or `"open"` (`--egress`).
+    `egress` is `"balanced"` (the default), `"locked"` or `"open"` (`--egress`);
+    `on_limit="park"`: a turn stopped by its account's usage limit waits for the reset and
+    goes on in its conversation (`send` returns the turn that went on; `--on-limit park`).
     `backend` and `namespace` are the process's connection."""
 
     def __init__(self, provider: Optional[str] = None, *, model=None, endpoint=None, network=None, env=None,
                  workspace=None, workspace_mode=None, system_prompt=None, append_system_prompt=None, effort=None,
                  tools=None, mcp=None, allow_host=None, timeout=None, credentials=None, backend=None,
                  namespace=None, name=None, group=None, image=None, keep_warm=None, max_cost=None,
-                 egress=None):
+                 egress=None, on_limit=None):
         self.provider = provider
         self.backend = backend
         self.namespace = namespace
@@ -139,6 +141,8 @@ class Agent:
         if keep_warm is not None:
             warm = "off" if keep_warm is False else _duration(keep_warm)
             self._turn_flags.append(f"--keep-warm={warm}")
+        if on_limit is not None:
+            self._turn_flags.append(f"--on-limit={on_limit}")
         if max_cost is not None:
             # With every turn's flags: a resume's limit replaces the remembered one.
             self._turn_flags.append(f"--max-cost={float(max_cost)!r}")

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -14,7 +15,7 @@ import pytest
 
 import caw_box
 
-from conftest import TEST_KEY
+from conftest import STUB_IMAGE, TEST_KEY, TEST_LABEL
 
 PROCESS_1 = """
 import json, caw_box
@@ -263,3 +264,43 @@ def test_a_fork_recalls_its_sources_turn_and_not_the_later_one(rig):
     assert sorted(s["session_id"] for s in caw_box.sessions(group=group)) == sorted(f.id for f in detached)
     # The source goes on where it was.
     assert "remember medlar" in source.send("RECALL").result
+
+
+PARK = """
+import json, os, time, caw_box
+caw_box.auth.collect("codex")
+del os.environ["OPENAI_API_KEY"]
+agent = caw_box.Agent("codex", on_limit="park", **{kwargs!r})
+first = agent.start_session().send("REMEMBER:fig")
+began = time.monotonic()
+second = agent.start_session()
+turn = second.send("REMEMBER:yew")
+waited = time.monotonic() - began
+listed = [s for s in caw_box.sessions() if s["session_id"] == second.id]
+print(json.dumps(dict(first=[first.status, first.result], second=[turn.status, turn.turn],
+                      waited=waited, listed=[[s["status"], s["turns"]] for s in listed])))
+"""
+
+
+def test_a_session_that_parks_at_its_accounts_usage_limit_goes_on_at_the_reset(rig):
+    # Issue 55's Python side: `Agent(on_limit="park")`. Its own stub, an account of one
+    # request per 8 s that refuses past it with codex's usage limit (brokered: a collected
+    # key, in a data directory of this test's own). The second session's turn meets the
+    # limit, parks until the window ends, and goes on in its conversation: `send` returns
+    # that turn (turn 2). Cost: three codex turns and one 8 s window.
+    stub = f"stub-park-{rig.run_id}"
+    subprocess.run(["docker", "run", "-d", "--name", stub, "--label", f"{TEST_LABEL}={rig.run_id}",
+                    "--network", rig.network, "-e", "STUB_ACCOUNT_REQUESTS=1", "-e", "STUB_ACCOUNT_WINDOW=8",
+                    "-e", "STUB_ACCOUNT_ENFORCE=1", STUB_IMAGE], check=True, capture_output=True)
+    data = tempfile.mkdtemp(prefix="caw-py-park-")
+    kwargs = dict(rig.agent_kwargs("codex"), endpoint=f"http://{stub}:8080")
+    del kwargs["env"]
+    env = dict(rig.env(), CAW_BOX_DATA_DIR=data, OPENAI_API_KEY=TEST_KEY)
+    try:
+        out = rig.python(PARK.format(kwargs=kwargs), env=env)
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+    assert out["first"] == ["success", "Noted: fig."], out
+    assert out["second"] == ["success", 2], out
+    assert out["waited"] > 2, out
+    assert out["listed"] == [["success", 2]], out
