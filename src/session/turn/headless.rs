@@ -241,7 +241,16 @@ async fn drive(
     reading.finish_lines();
     let exit_code = match (reading.cli_exit, warm_exit) {
         (Some(code), _) | (None, Some(code)) => code,
-        (None, None) => backend.wait_container(name).await?,
+        (None, None) => match backend.wait_container(name).await {
+            Ok(code) => code,
+            // Removed from outside (`docker rm -f`) before it could be waited for: said as
+            // such, as when the record cannot be written into it.
+            Err(e) if matches!(backend.inspect_container(name).await, Ok(None)) => {
+                tracing::debug!("{e}");
+                return Err(backend.removed_under_turn(name));
+            }
+            Err(e) => return Err(e),
+        },
     };
     let ended = classify(ctx, record, &mut reading, exit_code, ended_early).await;
     let duration_ms = started.elapsed().as_millis() as u64;
