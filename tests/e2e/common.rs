@@ -790,9 +790,19 @@ pub enum StubControl {
 
 impl StubControl {
     /// `method path` at the stub: its status and body.
+    /// A `GET` (it changes nothing) is asked again, up to twice, when the stub could not be
+    /// reached or did not answer: a pod's network can drop one connection under load (a
+    /// Kubernetes test once saw `/_stub/oauth` time out, in CI beside the main stage).
     pub fn call(&self, method: &str, path: &str) -> (u16, String) {
-        self.try_call(method, path)
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+        let mut tries = if method == "GET" { 3 } else { 1 };
+        loop {
+            tries -= 1;
+            match self.try_call(method, path) {
+                Ok(answer) => return answer,
+                Err(_) if tries > 0 => std::thread::sleep(Duration::from_secs(1)),
+                Err(e) => panic!("{method} {path}: {e}"),
+            }
+        }
     }
 
     /// [`StubControl::call`], with a failure to reach the stub over HTTP as an error (the
