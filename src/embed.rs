@@ -86,7 +86,6 @@ pub async fn start(flags: &[String], progress: &(dyn Fn(&str) + Sync)) -> Result
 /// `--on-limit` as a library session takes it: `park` (or `fail`), the session's own,
 /// remembered; `wait`, `fallback`, `--max-wait` and `--detach` are per turn here.
 fn session_park(turn: &TurnArgs) -> Result<Option<bool>> {
-    use crate::session::limits::OnLimit;
     let per_turn = || {
         Error::usage("--detach, --on-limit wait|fallback and --max-wait are per turn here, not the session's")
             .with_hint("on_limit=\"park\" is the session's: a turn stopped by its account's usage limit goes on when it resets")
@@ -94,17 +93,7 @@ fn session_park(turn: &TurnArgs) -> Result<Option<bool>> {
     if turn.detach || turn.max_wait.is_some() {
         return Err(per_turn());
     }
-    match turn
-        .on_limit
-        .as_deref()
-        .map(str::parse::<OnLimit>)
-        .transpose()?
-    {
-        None => Ok(None),
-        Some(OnLimit::Fail) => Ok(Some(false)),
-        Some(OnLimit::Park) => Ok(Some(true)),
-        Some(_) => Err(per_turn()),
-    }
+    crate::session::limits::parks(turn.on_limit.as_deref(), per_turn)
 }
 
 /// The session `target` (a handle, id, unique prefix or name) opened as `caw-box resume

@@ -114,24 +114,15 @@ pub async fn fork(mut args: ForkArgs, quiet: bool) -> Result<i32> {
 /// by each fork); `None` when not given. `wait`, `fallback` and `--max-wait` are one
 /// foreground session's, not a family's.
 fn fork_parks(turn: &crate::cli::TurnArgs) -> Result<Option<bool>> {
-    use crate::session::limits::OnLimit;
     if turn.max_wait.is_some() {
         return Err(Error::usage(
             "fork takes no --max-wait: --on-limit wait is one session's",
         ));
     }
-    match turn
-        .on_limit
-        .as_deref()
-        .map(str::parse::<OnLimit>)
-        .transpose()?
-    {
-        None => Ok(None),
-        Some(OnLimit::Fail) => Ok(Some(false)),
-        Some(OnLimit::Park) => Ok(Some(true)),
-        Some(_) => Err(Error::usage("fork takes --on-limit fail or park")
-            .with_hint("park: a fork stopped by its account's usage limit goes on when it resets")),
-    }
+    crate::session::limits::parks(turn.on_limit.as_deref(), || {
+        Error::usage("fork takes --on-limit fail or park")
+            .with_hint("park: a fork stopped by its account's usage limit goes on when it resets")
+    })
 }
 
 /// Each fork's first turn: detached, or run here in parallel; the first failure's exit code.

@@ -134,15 +134,13 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
 /// `caw-box mcp --on-limit`: `park` (or `fail`, the default); the server's turns run
 /// detached, so `wait` and `fallback` are refused.
 fn mcp_parks(on_limit: Option<&str>) -> Result<bool> {
-    use crate::session::limits::OnLimit;
-    match on_limit.map(str::parse::<OnLimit>).transpose()? {
-        None | Some(OnLimit::Fail) => Ok(false),
-        Some(OnLimit::Park) => Ok(true),
-        Some(_) => Err(crate::error::Error::usage(
+    crate::session::limits::parks(on_limit, || {
+        crate::error::Error::usage(
             "caw-box mcp --on-limit takes fail or park: the server's turns run in the background",
         )
-        .with_hint("park: a session stopped by its account's usage limit goes on when it resets")),
-    }
+        .with_hint("park: a session stopped by its account's usage limit goes on when it resets")
+    })
+    .map(|p| p.unwrap_or(false))
 }
 
 /// `mcp`: the delegation server, over stdio or (`--http`) Streamable HTTP.

@@ -67,6 +67,18 @@ impl std::str::FromStr for OnLimit {
     }
 }
 
+/// `--on-limit` where only the session's own behaviour may be set (background turns, a
+/// family of forks, a library session, the MCP server): `Some(true)` for `park`,
+/// `Some(false)` for `fail`, `None` when not given; `wait` and `fallback` get `refused`.
+pub fn parks(on_limit: Option<&str>, refused: impl FnOnce() -> Error) -> Result<Option<bool>> {
+    match on_limit.map(str::parse::<OnLimit>).transpose()? {
+        None => Ok(None),
+        Some(OnLimit::Fail) => Ok(Some(false)),
+        Some(OnLimit::Park) => Ok(Some(true)),
+        Some(_) => Err(refused()),
+    }
+}
+
 /// The default bound of `--on-limit wait` when `--max-wait` is not given.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(6 * 3600);
 
