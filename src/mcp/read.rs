@@ -394,6 +394,7 @@ pub async fn list(
         .map(|v| v.facts.session_id.to_string())
         .collect();
     let rows = crate::commands::manage::ls_rows(false, group).await?;
+    let mut accounts = std::collections::HashMap::new();
     let queued = |r: &Value| {
         let id = r["session_id"]
             .as_str()
@@ -416,8 +417,33 @@ pub async fn list(
             r
         })
         .filter(|r| status.is_none_or(|s| r["status"] == s))
+        .map(|mut r| {
+            with_account(&mut r, &mut accounts);
+            r
+        })
         .collect();
     Ok(json!({ "sessions": rows }))
+}
+
+/// Adds to an `ls --json` row the account its session spends and that account's latest
+/// windows (as `status` has them), each provider's read once per listing.
+fn with_account(
+    row: &mut Value,
+    accounts: &mut std::collections::HashMap<String, Option<(String, Value)>>,
+) {
+    let Some(provider) = row["provider"].as_str() else {
+        return;
+    };
+    let known = accounts.entry(provider.to_string()).or_insert_with(|| {
+        let p: crate::provider::ProviderKind = provider.parse().ok()?;
+        let account = crate::auth::account::of(p)?;
+        let windows = json!(crate::auth::windows::read(&account));
+        Some((account, windows))
+    });
+    if let Some((account, windows)) = known {
+        row["account"] = json!(account);
+        row["account_windows"] = windows.clone();
+    }
 }
 
 /// The progress line of `wait`: each running session's latest event.

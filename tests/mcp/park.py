@@ -5,7 +5,8 @@ Usage: park.py CAW_BOX NETWORK ENDPOINT HOST_DIR
 The stub acts as an account of 2 requests per 15 s that refuses past them with codex's usage
 limit. The server starts 4 codex sessions (the collected key, brokered: one account): `status`
 of some says `parked` with `resumes_at` and their account; `wait` returns all 4 `success` after
-the reset, each with its own answer. Prints one line per check; exits non-zero (an
+the reset, each with its own answer; `list` and `status` carry the account and its windows
+(2 requests a window, as the stub's headers say). Prints one line per check; exits non-zero (an
 AssertionError) at the first that fails.
 """
 import asyncio
@@ -76,6 +77,19 @@ async def main():
             assert x["status"] == "success", x
         done = [x["session_id"] for x in w["sessions"]]
         assert sorted(done) == sorted(word), (done, word)
+
+        check("list and status carry the account and what it has left")
+        ls = await call(s, "list", {})
+        rows = [x for x in ls["sessions"] if x["session_id"] in word]
+        assert len(rows) == 4, ls
+        account = rows[0]["account"]
+        for x in rows:
+            assert x["account"] == account and account.startswith("codex-"), x
+            requests = [v for v in x["account_windows"]["windows"] if v["name"] == "requests"]
+            assert requests and requests[0]["limit"] == 2, x
+        st = await call(s, "status", {"session": rows[0]["session_id"]})
+        assert st["account"] == account, st
+        assert st["account_windows"] == rows[0]["account_windows"], (st, rows[0])
     print("mcp park checks passed", flush=True)
 
 
