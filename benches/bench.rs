@@ -304,6 +304,7 @@ async fn admission(runs: usize, smoke: bool) -> Measure {
                 id,
                 turn as u32 + 1,
                 |_| panic!("no contention"),
+                caw_box::session::admission::host_only,
             )
             .await
             .unwrap();

@@ -262,12 +262,11 @@ impl Backend for Engine {
     async fn remove_unused_volumes(&self, labels: &[String]) -> Result<Vec<String>> {
         dispatch!(self, b => Backend::remove_unused_volumes(b, labels).await)
     }
-    async fn hold_refresh(
-        &self,
-        login: &str,
-        limit: std::time::Duration,
-    ) -> Option<super::RefreshHold> {
+    async fn hold_refresh(&self, login: &str, limit: std::time::Duration) -> Option<super::Hold> {
         dispatch!(self, b => Backend::hold_refresh(b, login, limit).await)
+    }
+    async fn try_account_slot(&self, account: &str, cap: u32) -> Result<Option<super::Hold>> {
+        dispatch!(self, b => Backend::try_account_slot(b, account, cap).await)
     }
     async fn check_runtime(&self, name: &str) -> Result<()> {
         dispatch!(self, b => Backend::check_runtime(b, name).await)

@@ -64,7 +64,7 @@ pub use plan::{
     proxy_env, BrokerPlace, BrokerPlan, BrokerRoute, EgressPlan, EgressRoute, HostDirs, RuntimeDir,
     LOADER, PROXY_PORT, PROXY_SCRIPT,
 };
-pub use refresh_lock::RefreshHold;
+pub use refresh_lock::Hold;
 pub use scratch::{Scratch, ScratchFile};
 
 use std::collections::HashMap;
@@ -233,9 +233,22 @@ pub trait Backend: Clone + Send + Sync + 'static {
         &self,
         login: &str,
         limit: Duration,
-    ) -> impl Future<Output = Option<RefreshHold>> + Send {
+    ) -> impl Future<Output = Option<Hold>> + Send {
         let login = login.to_string();
         async move { refresh_lock::hold_on_host(&login, limit).await }
+    }
+    /// One try at a slot of `account`'s `cap` turns in flight that this backend shares
+    /// beyond this host (`--per-account`), taken after the host's own slot: `None` when all
+    /// are held elsewhere. Docker: nothing to take (this host's slots are every slot of its
+    /// turns); Kubernetes: a Lease per slot in the namespace, so the drivers of every host
+    /// keep to one cap.
+    fn try_account_slot(
+        &self,
+        account: &str,
+        cap: u32,
+    ) -> impl Future<Output = Result<Option<Hold>>> + Send {
+        let _ = (account, cap);
+        std::future::ready(Ok(Some(Hold::nothing())))
     }
     /// Removes what the backend made beside turns, volumes and helpers for turns' brokers
     /// and egress (Docker: their containers and networks) carrying all of `labels`, but

@@ -1,15 +1,16 @@
 //! A brokered login's refresh lock ([`super::Backend::hold_refresh`]): of every process
 //! that brokers one login through a backend, one at a time refreshes it, so no broker spends
-//! a refresh token another already used. Held as a [`RefreshHold`]; how it is held is the
+//! a refresh token another already used. Held as a [`Hold`]; how it is held is the
 //! backend's: a file lock under the data directory (this host's processes: Docker), a Lease
 //! in the namespace (every host's: Kubernetes).
 
 use std::time::Duration;
 
-/// A held refresh lock: [`RefreshHold::release`] it when the refresh is stored (dropping it
-/// releases it too, in the background).
-#[derive(Debug)]
-pub struct RefreshHold {
+/// A held lock (a login's refresh lock; on Kubernetes also a slot of an account's turns in
+/// flight): [`Hold::release`] it when done (dropping it releases it too, in the
+/// background).
+#[derive(Debug, Default)]
+pub struct Hold {
     /// A host's file lock, held while open.
     file: Option<std::fs::File>,
     /// Ends the background task that keeps the lock (and releases it then).
@@ -17,10 +18,15 @@ pub struct RefreshHold {
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
-impl RefreshHold {
+impl Hold {
+    /// Holds nothing: where a backend has no lock of its own to take.
+    pub fn nothing() -> Self {
+        Hold::default()
+    }
+
     /// A lock kept by a task: it renews it until `end` is sent (or dropped), then releases.
     pub fn kept(end: tokio::sync::oneshot::Sender<()>, task: tokio::task::JoinHandle<()>) -> Self {
-        RefreshHold {
+        Hold {
             file: None,
             end: Some(end),
             task: Some(task),
@@ -42,7 +48,7 @@ impl RefreshHold {
 /// Holds the file lock `refresh-<login>.lock` in the data directory, waiting up to `limit`:
 /// one refresh at a time of `login` among this host's processes (of one data directory).
 /// `None`: not had within `limit`, or no data directory.
-pub async fn hold_on_host(login: &str, limit: Duration) -> Option<RefreshHold> {
+pub async fn hold_on_host(login: &str, limit: Duration) -> Option<Hold> {
     let path = crate::dirs::data_dir()
         .ok()?
         .join(format!("refresh-{login}.lock"));
@@ -50,7 +56,7 @@ pub async fn hold_on_host(login: &str, limit: Duration) -> Option<RefreshHold> {
 }
 
 /// Holds the file lock of `path` (made if missing), waiting up to `limit`.
-async fn hold_file(path: std::path::PathBuf, limit: Duration) -> Option<RefreshHold> {
+async fn hold_file(path: std::path::PathBuf, limit: Duration) -> Option<Hold> {
     tokio::task::spawn_blocking(move || {
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -62,7 +68,7 @@ async fn hold_file(path: std::path::PathBuf, limit: Duration) -> Option<RefreshH
         loop {
             match file.try_lock() {
                 Ok(()) => {
-                    return Some(RefreshHold {
+                    return Some(Hold {
                         file: Some(file),
                         end: None,
                         task: None,

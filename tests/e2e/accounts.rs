@@ -17,19 +17,6 @@ use serde_json::Value;
 use crate::broker::collect_key;
 use crate::common::*;
 
-/// The names held at the stub now, with how many requests each holds.
-fn held(stub: &StubControl) -> Vec<(String, u64)> {
-    let holds = stub.holds();
-    holds["waiting"]
-        .as_object()
-        .map(|w| {
-            w.iter()
-                .filter_map(|(k, v)| v.as_u64().filter(|n| *n > 0).map(|n| (k.clone(), n)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// `ls --json`'s status of each of `ids` (other tests' sessions may be listed too).
 fn statuses(rig: &Rig, ids: &[String]) -> Vec<(String, String)> {
     let out = rig.caw_run(&["ls", "--json"]);
@@ -86,7 +73,7 @@ fn separate_processes_keep_one_accounts_turns_in_flight_to_its_cap() {
     let deadline = Instant::now() + Duration::from_secs(300);
     while released.len() < 6 {
         let want = (6 - released.len()).min(2);
-        let now = held(&stub);
+        let now = stub.held();
         let total: u64 = now.iter().map(|(_, n)| n).sum();
         assert!(
             total <= 2,

@@ -848,6 +848,19 @@ impl StubControl {
         self.json("GET", "/_stub/holds")
     }
 
+    /// The names held at the stub now, with how many requests each holds.
+    pub fn held(&self) -> Vec<(String, u64)> {
+        let holds = self.holds();
+        holds["waiting"]
+            .as_object()
+            .map(|w| {
+                w.iter()
+                    .filter_map(|(k, v)| v.as_u64().filter(|n| *n > 0).map(|n| (k.clone(), n)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Waits until at least `at_least` requests hold on `HOLD:<name>` (that many turns
     /// mid-request); fails the test after `limit`.
     pub fn wait_held(&self, name: &str, at_least: usize, limit: Duration) {

@@ -37,6 +37,7 @@ use serde_json::Value;
 
 use crate::common::*;
 
+mod admission;
 mod login;
 mod mcp;
 
@@ -956,27 +957,37 @@ fn kubernetes_run_and_resume_from_the_handle_alone_after_a_cluster_restart() {
     );
 
     check("rm");
-    let mut rm = caw_k8s(data.path(), workspace.path(), &lab);
-    rm.arg("rm");
-    for (_, id, _) in &sessions {
-        rm.arg(id);
-    }
-    rm.arg(&fork_id).arg(&latest_id);
-    let out = crate::common::run(rm);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = lab.caw_objects();
-        if left.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "rm left {left:?}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    let mut ids: Vec<&str> = sessions.iter().map(|(_, id, _)| id.as_str()).collect();
+    ids.extend([fork_id.as_str(), latest_id.as_str()]);
+    lab.rm(data.path(), workspace.path(), &ids, Duration::from_secs(60));
     drop(lab);
 }
 
 impl Lab {
+    /// `caw-box rm ids` from data directory `data`; then waits up to `within` until none of
+    /// caw-box's objects is left in the namespace.
+    fn rm(
+        &self,
+        data: &std::path::Path,
+        workspace: &std::path::Path,
+        ids: &[&str],
+        within: Duration,
+    ) {
+        let mut rm = caw_k8s(data, workspace, self);
+        rm.arg("rm").args(ids);
+        let out = crate::common::run(rm);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        let deadline = Instant::now() + within;
+        loop {
+            let left = self.caw_objects();
+            if left.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "rm left {left:?}");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
     /// The annotation caw-box keeps a label in, on session `id`'s turn pod.
     fn turn_pod_annotation(&self, id: &str, key: &str) -> String {
         let path = format!("{{.metadata.annotations.{}}}", key.replace('.', "\\."));
@@ -1245,19 +1256,16 @@ fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
     );
 
     check("rm");
-    let mut rm = caw_k8s(data.path(), workspace.path(), &lab);
-    rm.arg("rm").arg(&id).args(&ids);
-    let out = crate::common::run(rm);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let left = lab.caw_objects();
-        if left.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "rm left {left:?}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    let mut all = vec![id.as_str()];
+    all.extend(ids.iter().map(String::as_str));
+    lab.rm(
+        data.path(),
+        workspace.path(),
+        &all,
+        Duration::from_secs(120),
+    );
+
+    admission::one_accounts_turns_across_hosts(&lab, &endpoint, workspace.path());
     drop(lab);
 }
 

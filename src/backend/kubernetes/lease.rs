@@ -1,9 +1,14 @@
-//! A brokered login's refresh lock on Kubernetes: a Lease (coordination.k8s.io/v1)
-//! `caw-box-refresh-<login>` in the namespace, so one driver at a time refreshes a login,
-//! on whatever host it runs. Taken by creating it, or by updating it when it is free (no
-//! holder) or expired (its record unchanged for its duration, as this process saw it:
-//! no other host's clock is trusted); every write names the version it read, so of two
-//! racing takers one wins. Renewed while held, and released (holder cleared) after.
+//! Leases (coordination.k8s.io/v1) in the namespace, so that what one host's caw-box holds
+//! every host's sees:
+//! - a brokered login's refresh lock, `caw-box-refresh-<login>`: one driver at a time
+//!   refreshes a login;
+//! - the slots of an account's turns in flight (`--per-account N`),
+//!   `caw-box-slot-<account>-<k>` for k below N: a turn runs while it holds one.
+//!
+//! Taken by creating it, or by updating it when it is free (no holder) or expired (its record
+//! unchanged for its duration, as this process saw it: no other host's clock is trusted);
+//! every write names the version it read, so of two racing takers one wins. Renewed while
+//! held, and released (holder cleared) after.
 
 use std::time::{Duration, Instant};
 
@@ -12,7 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 
 use super::{is_status, KubeBackend, MANAGED_BY};
-use crate::backend::RefreshHold;
+use crate::backend::Hold;
+use crate::error::{Error, ErrorKind, Result};
 
 /// How long a Lease holds without renewal: a holder that died is taken over after this.
 const DURATION: Duration = Duration::from_secs(15);
@@ -21,10 +27,9 @@ const RENEW: Duration = Duration::from_secs(5);
 /// How often a waiting taker reads the Lease again.
 const POLL: Duration = Duration::from_millis(150);
 
-/// The Lease of login `login` (a provider's name, `claude_code`: a DNS label).
-pub(super) fn lease_name(login: &str) -> String {
-    let login: String = login
-        .chars()
+/// `name` as a DNS label's characters: lower case, `-` for anything else.
+fn label(name: &str) -> String {
+    name.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() {
                 c.to_ascii_lowercase()
@@ -32,8 +37,45 @@ pub(super) fn lease_name(login: &str) -> String {
                 '-'
             }
         })
-        .collect();
-    format!("caw-box-refresh-{login}")
+        .collect()
+}
+
+/// The Lease of login `login` (a provider's name, `claude_code`: a DNS label).
+pub(super) fn lease_name(login: &str) -> String {
+    format!("caw-box-refresh-{}", label(login))
+}
+
+/// The Lease of slot `k` of account `account`'s turns in flight.
+pub(super) fn slot_name(account: &str, k: u32) -> String {
+    format!("caw-box-slot-{}-{k}", label(account))
+}
+
+/// Each Lease this process saw held: its name, the version read, and when that version was
+/// first read. A holder that has not renewed for the Lease's duration since is gone. Kept
+/// across tries (a turn waiting for a slot tries again and again).
+static SEEN: std::sync::Mutex<Vec<(String, String, Instant)>> = std::sync::Mutex::new(Vec::new());
+
+/// What `SEEN` has of Lease `name`.
+fn seen(name: &str) -> Option<(String, Instant)> {
+    let seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    seen.iter()
+        .find(|(n, _, _)| n == name)
+        .map(|(_, v, at)| (v.clone(), *at))
+}
+
+/// Notes that Lease `name` was read held at `version` (the first time seen kept when it is
+/// the same version as before).
+fn saw(name: &str, version: Option<String>) {
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let same = seen
+        .iter()
+        .any(|(n, v, _)| n == name && Some(v) == version.as_ref());
+    if !same {
+        seen.retain(|(n, _, _)| n != name);
+        if let Some(v) = version {
+            seen.push((name.to_string(), v, Instant::now()));
+        }
+    }
 }
 
 /// Who holds a Lease: this host, this process and this hold (two holds of one process
@@ -61,6 +103,47 @@ fn free(spec: Option<&LeaseSpec>, version: Option<&str>, seen: &Option<(String, 
     matches!((seen, version), (Some((v, at)), Some(now)) if v == now && at.elapsed() >= duration)
 }
 
+/// One try at Lease `name` for `me`: `Some` when it is now held (made, or taken free or
+/// expired); `None` when another holds it, or won a race for it.
+async fn try_take(api: &Api<Lease>, name: &str, me: &str) -> kube::Result<Option<Lease>> {
+    let taken = match api.get_opt(name).await? {
+        None => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.to_string()),
+                    labels: Some([(MANAGED_BY.0.into(), MANAGED_BY.1.into())].into()),
+                    ..Default::default()
+                },
+                spec: Some(held_spec(me, None)),
+            };
+            api.create(&PostParams::default(), &lease).await
+        }
+        Some(mut lease) => {
+            let version = lease.metadata.resource_version.clone();
+            if free(lease.spec.as_ref(), version.as_deref(), &seen(name)) {
+                lease.spec = Some(held_spec(me, lease.spec.as_ref()));
+                api.replace(name, &PostParams::default(), &lease).await
+            } else {
+                saw(name, version);
+                return Ok(None);
+            }
+        }
+    };
+    match taken {
+        Ok(lease) => Ok(Some(lease)),
+        // Another taker won the race.
+        Err(e) if is_status(&e, 409) || is_status(&e, 404) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Keeps the taken `lease` (renewed in the background) until the returned hold goes.
+fn kept(api: Api<Lease>, name: String, lease: Lease) -> Hold {
+    let (end, ended) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(keep(api, name, lease, ended));
+    Hold::kept(end, task)
+}
+
 impl KubeBackend {
     fn leases(&self) -> Api<Lease> {
         Api::namespaced(self.client.clone(), &self.namespace)
@@ -69,62 +152,49 @@ impl KubeBackend {
     /// Holds the Lease of `login`, waiting up to `limit` (see the module docs); `None`:
     /// not had in time, or the API server refused (it is logged: the refresh goes on as
     /// when a lock is not had in time).
-    pub(super) async fn hold_refresh_lease(
-        &self,
-        login: &str,
-        limit: Duration,
-    ) -> Option<RefreshHold> {
+    pub(super) async fn hold_refresh_lease(&self, login: &str, limit: Duration) -> Option<Hold> {
         let (api, name, me) = (self.leases(), lease_name(login), identity());
         let deadline = Instant::now() + limit;
-        let mut seen: Option<(String, Instant)> = None;
-        let held = loop {
+        loop {
             if Instant::now() >= deadline {
                 tracing::debug!("the refresh Lease {name} was not had within {limit:?}");
                 return None;
             }
-            let taken = match api.get_opt(&name).await {
-                Ok(None) => {
-                    let lease = Lease {
-                        metadata: ObjectMeta {
-                            name: Some(name.clone()),
-                            labels: Some([(MANAGED_BY.0.into(), MANAGED_BY.1.into())].into()),
-                            ..Default::default()
-                        },
-                        spec: Some(held_spec(&me, None)),
-                    };
-                    api.create(&PostParams::default(), &lease).await
+            match try_take(&api, &name, &me).await {
+                Ok(Some(lease)) => {
+                    tracing::debug!("holding the refresh Lease {name} as {me}");
+                    return Some(kept(api, name, lease));
                 }
-                Ok(Some(mut lease)) => {
-                    let version = lease.metadata.resource_version.clone();
-                    if free(lease.spec.as_ref(), version.as_deref(), &seen) {
-                        lease.spec = Some(held_spec(&me, lease.spec.as_ref()));
-                        api.replace(&name, &PostParams::default(), &lease).await
-                    } else {
-                        let same =
-                            matches!((&seen, &version), (Some((v, _)), Some(now)) if v == now);
-                        if !same {
-                            seen = version.map(|v| (v, Instant::now()));
-                        }
-                        tokio::time::sleep(POLL).await;
-                        continue;
-                    }
-                }
-                Err(e) => Err(e),
-            };
-            match taken {
-                Ok(lease) => break lease,
-                // Another taker won the race: read it again.
-                Err(e) if is_status(&e, 409) || is_status(&e, 404) => continue,
+                Ok(None) => tokio::time::sleep(POLL).await,
                 Err(e) => {
                     tracing::warn!("could not take the refresh Lease {name}: {e}");
                     return None;
                 }
             }
-        };
-        tracing::debug!("holding the refresh Lease {name} as {me}");
-        let (end, ended) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(keep(api, name, held, ended));
-        Some(RefreshHold::kept(end, task))
+        }
+    }
+
+    /// One try at a free slot of `account`'s `cap` turns in flight across every host: the
+    /// first of its slot Leases not held. `None`: all `cap` are held.
+    pub(super) async fn try_slot_lease(&self, account: &str, cap: u32) -> Result<Option<Hold>> {
+        let (api, me) = (self.leases(), identity());
+        for k in 0..cap.max(1) {
+            let name = slot_name(account, k);
+            let taken = try_take(&api, &name, &me).await.map_err(|e| {
+                Error::new(
+                    ErrorKind::Environment,
+                    format!(
+                        "cannot take a slot of account {account} (Lease {name} in namespace {}): {e}",
+                        self.namespace
+                    ),
+                )
+            })?;
+            if let Some(lease) = taken {
+                tracing::debug!("holding the slot Lease {name} as {me}");
+                return Ok(Some(kept(api, name, lease)));
+            }
+        }
+        Ok(None)
     }
 }
 
@@ -160,7 +230,7 @@ async fn keep(
                 match api.replace(&name, &PostParams::default(), &lease).await {
                     Ok(renewed) => lease = renewed,
                     Err(e) => {
-                        tracing::warn!("lost the refresh Lease {name}: {e}");
+                        tracing::warn!("lost the Lease {name}: {e}");
                         return;
                     }
                 }
@@ -172,7 +242,7 @@ async fn keep(
         spec.renew_time = Some(now());
     }
     if let Err(e) = api.replace(&name, &PostParams::default(), &lease).await {
-        tracing::debug!("could not release the refresh Lease {name}: {e}");
+        tracing::debug!("could not release the Lease {name}: {e}");
     }
 }
 
@@ -181,9 +251,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lease_is_named_by_its_login_as_a_dns_label() {
+    fn a_lease_is_named_by_its_login_or_account_as_a_dns_label() {
         assert_eq!(lease_name("codex"), "caw-box-refresh-codex");
         assert_eq!(lease_name("claude_code"), "caw-box-refresh-claude-code");
+        assert_eq!(
+            slot_name("claude_code-3f9a0c1d2b7e", 1),
+            "caw-box-slot-claude-code-3f9a0c1d2b7e-1"
+        );
     }
 
     /// Free: no spec, no holder, or a record seen unchanged for the Lease's duration; a

@@ -188,12 +188,17 @@ impl Backend for KubeBackend {
     async fn close_broker(&self, _plan: &crate::backend::BrokerPlan) {}
 
     /// A Lease in the namespace: one refresh of a login at a time across hosts.
-    async fn hold_refresh(
-        &self,
-        login: &str,
-        limit: Duration,
-    ) -> Option<crate::backend::RefreshHold> {
+    async fn hold_refresh(&self, login: &str, limit: Duration) -> Option<crate::backend::Hold> {
         self.hold_refresh_lease(login, limit).await
+    }
+
+    /// A Lease per slot in the namespace: one cap for every host's turns of the account.
+    async fn try_account_slot(
+        &self,
+        account: &str,
+        cap: u32,
+    ) -> Result<Option<crate::backend::Hold>> {
+        self.try_slot_lease(account, cap).await
     }
 
     /// Nothing of a turn's broker or egress outlives its pod; a session's pods and claims

@@ -14,6 +14,12 @@
 //! oldest go first. Turns whose sessions ask for different N share the slots below the
 //! smaller N.
 //!
+//! Where the backend's turns are driven from more than one host (Kubernetes), a turn also
+//! holds one of the account's N slots the backend shares
+//! ([`crate::backend::Backend::try_account_slot`]: a Lease per slot in the namespace), taken
+//! once it has the host's: one that finds all N held elsewhere gives the host's slot back
+//! and waits in line as before. Across hosts the first to find a slot free takes it.
+//!
 //! `--on-limit park` queues here too: a parking session's turn always holds a ticket while
 //! it runs, waits (with or without a cap) while its account is parked ([`super::park`]),
 //! and a turn that met the limit hands its ticket straight on to the turn that goes on
@@ -27,9 +33,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::backend::Hold;
 use crate::dirs;
 use crate::error::{Error, Result};
-use crate::session::store::record::SessionRecord;
 
 /// How often a waiting turn looks for a free slot.
 const POLL: Duration = Duration::from_millis(200);
@@ -87,6 +93,9 @@ fn is_zero(n: &usize) -> bool {
 #[derive(Debug)]
 pub struct Admitted {
     _slot: Option<File>,
+    /// The slot the backend shares beyond this host
+    /// ([`crate::backend::Backend::try_account_slot`]).
+    shared: Option<Hold>,
     ticket: Option<Ticket>,
 }
 
@@ -114,6 +123,15 @@ pub struct Want<'a> {
 static CARRIED: std::sync::Mutex<Vec<Ticket>> = std::sync::Mutex::new(Vec::new());
 
 impl Admitted {
+    /// Gives the slots back, and waits (a few seconds at most) until the one shared beyond
+    /// this host is released: a driver that ends right after its turn does not leave it
+    /// held until it expires.
+    pub async fn release(mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.release().await;
+        }
+    }
+
     /// Hands this turn's ticket on to the session's turn `turn`, which goes on after its
     /// account's park: queued under a new name (the lock kept throughout), for that turn's
     /// admission in this process. `false` when this turn held no ticket.
@@ -227,13 +245,21 @@ impl Accounts {
     /// Waits for a slot of `want.account` where at most `want.cap` turns may be in flight
     /// (and, for a parking turn, for the account's park to end), and takes it. `told` hears
     /// what the turn waits for whenever that changes, and only when it has to wait.
-    pub async fn admit(
+    ///
+    /// `shared(cap)` takes a slot the backend shares beyond this host, once the host's is
+    /// had ([`crate::backend::Backend::try_account_slot`]); [`host_only`] where there is none.
+    pub async fn admit<F, Fut>(
         &self,
         want: Want<'_>,
         session_id: Uuid,
         turn: u32,
         mut told: impl FnMut(Waiting) + Send,
-    ) -> Result<Admitted> {
+        mut shared: F,
+    ) -> Result<Admitted>
+    where
+        F: FnMut(u32) -> Fut + Send,
+        Fut: std::future::Future<Output = Result<Option<Hold>>> + Send,
+    {
         let dir = self.root.join(want.account);
         let queue = dir.join("queue");
         dirs::ensure_private_dir(&queue)?;
@@ -244,10 +270,13 @@ impl Accounts {
         if let (None, Some(cap), false) = (&adopted, want.cap, want.park) {
             if live_tickets(&queue).iter().all(|(_, q)| q.orphaned) {
                 if let Some(slot) = try_slot(&dir, cap)? {
-                    return Ok(Admitted {
-                        _slot: Some(slot),
-                        ticket: None,
-                    });
+                    if let Some(held) = shared(cap).await? {
+                        return Ok(Admitted {
+                            _slot: Some(slot),
+                            shared: Some(held),
+                            ticket: None,
+                        });
+                    }
                 }
             }
         }
@@ -295,10 +324,17 @@ impl Accounts {
                         Some(cap) if ahead < cap as usize => try_slot(&dir, cap)?,
                         Some(_) => None,
                     };
-                    if want.cap.is_none() || slot.is_some() {
+                    // The host's slot is kept only with a shared one (when it is given
+                    // back, the next in line here tries).
+                    let held = match (slot.is_some(), want.cap) {
+                        (true, Some(cap)) => shared(cap).await?,
+                        _ => None,
+                    };
+                    if want.cap.is_none() || held.is_some() {
                         ticket.admit();
                         return Ok(Admitted {
-                            _slot: slot,
+                            _slot: slot.filter(|_| held.is_some()),
+                            shared: held,
                             ticket: Some(ticket),
                         });
                     }
@@ -610,63 +646,10 @@ fn claimed_ticket(path: &Path, name: &str) -> Option<(String, Queued)> {
     Some((name.to_string(), read_ticket(path)?))
 }
 
-/// Waits for a slot of the account this turn spends, where the session caps its account's
-/// turns in flight (`--per-account`), and for the account's park to end, where the session
-/// parks at a usage limit (`--on-limit park`), saying on stderr what it waits for.
-pub(in crate::session) async fn for_turn(record: &SessionRecord) -> Result<Option<Admitted>> {
-    let (cap, park) = (record.settings.per_account, record.settings.park);
-    if cap.is_none() && !park {
-        return Ok(None);
-    }
-    let p = record.provider;
-    let account = crate::auth::account::spent_by(p);
-    let want = Want {
-        account: &account,
-        cap,
-        park,
-    };
-    let admitted = Accounts::here()?
-        .admit(want, record.session_id, record.next_turn(), |waiting| {
-            crate::output::eprintln(&waiting_line(&account, cap, waiting));
-        })
-        .await?;
-    // Admitted: a driver that dies now leaves a turn in flight, not in a queue.
-    if let Ok(job) = job_path(record.session_id) {
-        let _ = fs::remove_file(job);
-    }
-    Ok(Some(admitted))
-}
-
-/// What a turn that waits says of it.
-fn waiting_line(account: &str, cap: Option<u32>, waiting: Waiting) -> String {
-    match waiting {
-        Waiting::InLine(place) => {
-            let cap = cap.unwrap_or(0);
-            format!(
-                "queued: {cap} turn(s) of account {account} in flight (--per-account {cap}); this one is {} in line",
-                ordinal(place)
-            )
-        }
-        Waiting::Parked(until) => {
-            let left = until.saturating_sub(crate::clock::now_secs());
-            format!(
-                "parked: account {account} met its usage limit; this turn starts when it resets, in {} (--on-limit park)",
-                humantime::format_duration(Duration::from_secs(left))
-            )
-        }
-    }
-}
-
-/// "1st", "2nd", "3rd", "4th", "11th".
-fn ordinal(n: usize) -> String {
-    let suffix = match (n % 10, n % 100) {
-        (_, 11..=13) => "th",
-        (1, _) => "st",
-        (2, _) => "nd",
-        (3, _) => "rd",
-        _ => "th",
-    };
-    format!("{n}{suffix}")
+/// No slot shared beyond this host: the `shared` of [`Accounts::admit`] for a caller without
+/// a backend's.
+pub fn host_only(_cap: u32) -> std::future::Ready<Result<Option<Hold>>> {
+    std::future::ready(Ok(Some(Hold::nothing())))
 }
 
 #[cfg(test)]
@@ -695,7 +678,7 @@ mod tests {
         let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
         // Not parked: in at once, holding a ticket while it runs.
         let mut first = accounts
-            .admit(parking, a, 1, |_| panic!("no wait"))
+            .admit(parking, a, 1, |_| panic!("no wait"), host_only)
             .await
             .unwrap();
         assert!(accounts.queued_turn(a).is_some_and(|q| q.admitted));
@@ -725,7 +708,13 @@ mod tests {
             let accounts = accounts.clone();
             tokio::spawn(async move {
                 accounts
-                    .admit(parking, b, 1, move |w| told.lock().unwrap().push(w))
+                    .admit(
+                        parking,
+                        b,
+                        1,
+                        move |w| told.lock().unwrap().push(w),
+                        host_only,
+                    )
                     .await
             })
         };
@@ -736,13 +725,19 @@ mod tests {
         };
         drop(
             accounts
-                .admit(plain, Uuid::new_v4(), 1, |_| panic!("no wait"))
+                .admit(plain, Uuid::new_v4(), 1, |_| panic!("no wait"), host_only)
                 .await
                 .unwrap(),
         );
         // At the reset both go on: turn 2 with the ticket turn 1 carried.
         let second = accounts
-            .admit(parking, a, 2, |w| assert_eq!(w, Waiting::Parked(until)))
+            .admit(
+                parking,
+                a,
+                2,
+                |w| assert_eq!(w, Waiting::Parked(until)),
+                host_only,
+            )
             .await
             .unwrap();
         assert!(crate::clock::now_secs() >= until);
@@ -759,7 +754,7 @@ mod tests {
         };
         let (a, b, c) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
         let first = accounts
-            .admit(capped("codex-x", 1), a, 1, |_| panic!("no wait"))
+            .admit(capped("codex-x", 1), a, 1, |_| panic!("no wait"), host_only)
             .await
             .unwrap();
         assert!(accounts.queued().is_empty());
@@ -768,9 +763,13 @@ mod tests {
             let accounts = accounts.clone();
             tokio::spawn(async move {
                 accounts
-                    .admit(capped("codex-x", 1), id, 1, move |p| {
-                        heard.lock().unwrap().push(p)
-                    })
+                    .admit(
+                        capped("codex-x", 1),
+                        id,
+                        1,
+                        move |p| heard.lock().unwrap().push(p),
+                        host_only,
+                    )
                     .await
             })
         };
@@ -784,7 +783,7 @@ mod tests {
         assert_eq!(accounts.queued_turn(c).map(|q| q.position), Some(2));
         // Another account is not held up by this one's.
         accounts
-            .admit(capped("codex-y", 1), a, 2, |_| panic!("no wait"))
+            .admit(capped("codex-y", 1), a, 2, |_| panic!("no wait"), host_only)
             .await
             .unwrap();
         drop(first);
@@ -801,6 +800,46 @@ mod tests {
         third.await.unwrap().unwrap();
         assert_eq!(*places.lock().unwrap(), vec![Waiting::InLine(1)]);
         assert!(accounts.queued().is_empty());
+    }
+
+    /// Where the backend shares the account's slots beyond this host and all are held
+    /// elsewhere, a turn gives the host's slot back and waits in line; it goes once one is
+    /// free, and a turn of this host behind it is held up meanwhile only by the cap.
+    #[tokio::test]
+    async fn a_turn_waits_in_line_while_every_shared_slot_is_held_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let accounts = Accounts {
+            root: dir.path().to_path_buf(),
+        };
+        let elsewhere = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let waiting = {
+            let (accounts, elsewhere, heard) = (accounts.clone(), elsewhere.clone(), heard.clone());
+            tokio::spawn(async move {
+                let shared = move |_cap| {
+                    let held = elsewhere.load(std::sync::atomic::Ordering::SeqCst);
+                    std::future::ready(Ok((!held).then(Hold::nothing)))
+                };
+                let told = move |w| heard.lock().unwrap().push(w);
+                accounts
+                    .admit(capped("codex-z", 1), Uuid::new_v4(), 1, told, shared)
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!waiting.is_finished());
+        assert_eq!(*heard.lock().unwrap(), vec![Waiting::InLine(1)]);
+        // The host's slot was given back: it is free to lock.
+        let free = try_slot(&dir.path().join("codex-z"), 1).unwrap();
+        assert!(
+            free.is_some(),
+            "the host's slot is held while the turn waits"
+        );
+        drop(free);
+        elsewhere.store(false, std::sync::atomic::Ordering::SeqCst);
+        let admitted = waiting.await.unwrap().unwrap();
+        assert!(try_slot(&dir.path().join("codex-z"), 1).unwrap().is_none());
+        admitted.release().await;
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! maps to an error. Not the drive loops themselves.
 
 pub mod admission;
+mod admit;
 pub mod budget;
 mod checkpoints;
 pub(in crate::session) mod ended;

@@ -27,7 +27,7 @@ use crate::session::turn::checkpoints::{
     arm_checkpoint, drop_unused_checkpoint, prepare_checkpoint, settle_behind,
 };
 use crate::session::turn::plan::{plan_turn, TurnPlan};
-use crate::session::turn::{admission, park};
+use crate::session::turn::{admission, admit, park};
 use crate::session::turn::{busy, image_hint, Interrupts, TurnContext, STOP_GRACE};
 use crate::session::walls::egress::Egress;
 use crate::session::walls::owner::{ensure_owner, fill_new_home, hand_over_in_turn};
@@ -68,7 +68,7 @@ pub async fn run_turn(
     // After the orphan: its cost counts.
     crate::session::turn::budget::check(record)?;
     // Held until the turn is recorded: its account's other turns wait meanwhile.
-    let mut admitted = admission::for_turn(record).await?;
+    let mut admitted = admit::for_turn(backend, record).await?;
     let handed = with_handoff(backend, record, options).await?;
     let options = handed.as_ref().unwrap_or(options);
     let mut interrupts = Interrupts::install()?;
@@ -84,6 +84,9 @@ pub async fn run_turn(
     if result.is_err() && record.turn_started {
         // It began and is not recorded: the note stays, for the turn to be.
         in_flight.keep();
+    }
+    if let Some(admitted) = admitted {
+        admitted.release().await;
     }
     result
 }
