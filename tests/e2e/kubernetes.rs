@@ -1163,6 +1163,9 @@ fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
     let loser = if a.status.code() == Some(2) { &a } else { &b };
     assert!(stderr_of(loser).contains("is busy"), "{}", stderr_of(loser));
 
+    // Before the removals and the many sessions below, while the lab's volumes are calm.
+    let across = admission::one_accounts_turns_across_hosts(&lab, &endpoint, workspace.path());
+
     check("16 detached turns of 16 sessions at once");
     const N: usize = 16;
     let children: Vec<_> = (0..N)
@@ -1256,6 +1259,7 @@ fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
     );
 
     check("rm");
+    across.remove(&lab, workspace.path());
     let mut all = vec![id.as_str()];
     all.extend(ids.iter().map(String::as_str));
     lab.rm(
@@ -1264,8 +1268,6 @@ fn kubernetes_detached_turns_outlive_their_driver_race_and_scale() {
         &all,
         Duration::from_secs(120),
     );
-
-    admission::one_accounts_turns_across_hosts(&lab, &endpoint, workspace.path());
     drop(lab);
 }
 

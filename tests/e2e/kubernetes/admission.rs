@@ -31,8 +31,12 @@ fn slot_holder(lab: &Lab) -> String {
 }
 
 /// Four sessions of one account from two hosts, `--per-account 1`: one turn at a time at
-/// the stub, the slot a Lease in the namespace, every turn done, and nothing left.
-pub(super) fn one_accounts_turns_across_hosts(lab: &Lab, endpoint: &str, workspace: &Path) {
+/// the stub, the slot a Lease in the namespace, every turn done, and the Lease free after.
+pub(super) fn one_accounts_turns_across_hosts(
+    lab: &Lab,
+    endpoint: &str,
+    workspace: &Path,
+) -> AcrossHosts {
     check("--per-account 1 across two hosts' caw-box: one turn in flight at a time");
     // After the removals before it: new claims bind once the lab's provisioner caught up.
     lab.settle();
@@ -108,16 +112,25 @@ pub(super) fn one_accounts_turns_across_hosts(lab: &Lab, endpoint: &str, workspa
     // Released as each turn was recorded.
     let holder = slot_holder(lab);
     assert!(holder.is_empty(), "still held by {holder}");
-    // Each host removes its own sessions; then nothing of them is left.
-    let mut rm = super::caw_k8s(hosts[0].path(), workspace, lab);
-    rm.arg("rm").args(&ids[0]);
-    let out = crate::common::run(rm);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
-    let theirs: Vec<&str> = ids[1].iter().map(String::as_str).collect();
-    lab.rm(
-        hosts[1].path(),
-        workspace,
-        &theirs,
-        Duration::from_secs(120),
-    );
+    AcrossHosts { hosts, ids }
+}
+
+/// The check's two hosts (data directories) and each one's sessions, kept until the test
+/// removes them with its own: a removal here would have the lab's provisioner deleting
+/// volumes while the test's next sessions wait for theirs.
+pub(super) struct AcrossHosts {
+    hosts: [tempfile::TempDir; 2],
+    ids: [Vec<String>; 2],
+}
+
+impl AcrossHosts {
+    /// `rm` of each host's sessions, from that host.
+    pub(super) fn remove(&self, lab: &Lab, workspace: &Path) {
+        for (host, ids) in self.hosts.iter().zip(&self.ids) {
+            let mut rm = super::caw_k8s(host.path(), workspace, lab);
+            rm.arg("rm").args(ids);
+            let out = crate::common::run(rm);
+            assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        }
+    }
 }
