@@ -193,8 +193,8 @@ pub async fn status(target: &str, queue: Option<Arc<Queue>>) -> Result<Value> {
     let failed = queue.as_ref().and_then(|q| q.failure(id));
     let account_queued = crate::session::admission::queued_turn(id);
     // The account the session spends, and what it has left as its latest responses said.
-    if let Some(account) = crate::auth::account::of(view.facts.provider) {
-        out["account_windows"] = json!(crate::auth::windows::read(&account));
+    if let Some((account, windows)) = account_of(view.facts.provider) {
+        out["account_windows"] = windows;
         out["account"] = json!(account);
     }
     if let Some(position) = queued {
@@ -434,16 +434,21 @@ fn with_account(
     let Some(provider) = row["provider"].as_str() else {
         return;
     };
-    let known = accounts.entry(provider.to_string()).or_insert_with(|| {
-        let p: crate::provider::ProviderKind = provider.parse().ok()?;
-        let account = crate::auth::account::of(p)?;
-        let windows = json!(crate::auth::windows::read(&account));
-        Some((account, windows))
-    });
+    let known = accounts
+        .entry(provider.to_string())
+        .or_insert_with(|| account_of(provider.parse().ok()?));
     if let Some((account, windows)) = known {
         row["account"] = json!(account);
         row["account_windows"] = windows.clone();
     }
+}
+
+/// The account `p`'s stored credentials spend, and what it has left as its latest responses
+/// said (null until a brokered turn saw one); `None` with nothing stored.
+fn account_of(p: crate::provider::ProviderKind) -> Option<(String, Value)> {
+    let account = crate::auth::account::of(p)?;
+    let windows = json!(crate::auth::windows::read(&account));
+    Some((account, windows))
 }
 
 /// The progress line of `wait`: each running session's latest event.
