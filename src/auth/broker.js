@@ -35,6 +35,10 @@
 // was attached reaches the store too, and a refresh hand-off question still unanswered is
 // asked again.
 //
+// Back-off: after a 429 or 529 answer the broker sends nothing upstream for its
+// `retry-after`; `pace <ms>` on stdin (a shared broker: `pace <ms> <lease>`) holds the
+// turn's requests that long, as its account's schedule says (see `backOff` below).
+//
 // `tls` ({cert, key}, PEM: a certificate of the turn's own CA for the hosts a login's CLI
 // reaches directly, such as opencode's chatgpt.com): the broker also listens with TLS on
 // `tls_port` (443; the agent's container resolves those hosts to the broker), with the same
@@ -91,8 +95,9 @@ module.exports = function broker(config, rest) {
   // its vendor documents for them (counts and times, no secret), for caw-box to keep per
   // account: `caw-box-broker limits {"status","at","headers"}` on stdout. A 429 or 529
   // (overloaded) is reported even without them.
-  const LIMIT_HEADER = /^(anthropic-ratelimit-|x-ratelimit-|x-codex-(primary|secondary)-|retry-after$)/;
+  const LIMIT_HEADER = /^(anthropic-ratelimit-|x-ratelimit-|x-codex-(primary|secondary)-|retry-after(-ms)?$)/;
   function reportLimits(up) {
+    backOff(up);
     const headers = {};
     for (const [k, v] of Object.entries(up.headers)) {
       if (LIMIT_HEADER.test(k)) headers[k] = String(v).slice(0, 100);
@@ -100,6 +105,45 @@ module.exports = function broker(config, rest) {
     const status = up.statusCode || 0;
     if (!Object.keys(headers).length && status !== 429 && status !== 529) return;
     process.stdout.write(`caw-box-broker limits ${JSON.stringify({ status, at: Date.now(), headers })}\n`);
+  }
+
+  // Backing off (caw-box's `auth::backoff`): after a 429 or 529 the broker sends nothing
+  // upstream for the answer's `retry-after` (else 5 s; within 1–60 s), and the caw-box
+  // attached tells it when its turn may send again, as the account's schedule says:
+  // `pace <ms>` (a shared broker: `pace <ms> <lease>`, that lease's turn). A held request
+  // just waits here: the CLI sees a slow answer, not one more refusal.
+  let ownUntil = 0;
+  let paceUntil = 0;
+  const paces = new Map();
+  function backOff(up) {
+    if (up.statusCode !== 429 && up.statusCode !== 529) return;
+    const ms = Number(up.headers['retry-after-ms']);
+    const secs = Number(up.headers['retry-after']);
+    const dated = Date.parse(up.headers['retry-after'] || '') - Date.now();
+    let wait = ms >= 0 ? ms : secs >= 0 ? secs * 1000 : dated >= 0 ? dated : 5000;
+    wait = Math.min(Math.max(wait, 1000), 60000);
+    ownUntil = Math.max(ownUntil, Date.now() + wait);
+  }
+  function leaseOf(req) {
+    for (const k of headerPlaces) {
+      const v = req.headers[k];
+      if (typeof v !== 'string') continue;
+      const p = /^(?:Bearer\s+)?(.*)$/i.exec(v)[1];
+      for (const [id, l] of leases) if (l.placeholders.includes(p)) return id;
+    }
+    return undefined;
+  }
+  function whenOpen(req, go) {
+    let at = ownUntil;
+    if (shared) {
+      const id = leaseOf(req);
+      at = Math.max(at, (id !== undefined && paces.get(id)) || 0);
+    } else {
+      at = Math.max(at, paceUntil);
+    }
+    const left = at - Date.now();
+    if (left <= 0) return go();
+    setTimeout(() => whenOpen(req, go), Math.min(left, 250));
   }
 
   function real(placeholder) {
@@ -122,6 +166,7 @@ module.exports = function broker(config, rest) {
     if (!l) return;
     leases.delete(id);
     for (const p of l.placeholders) aliases.delete(p);
+    paces.delete(id);
     if (leases.size === 0) idleSince = Date.now();
   }
 
@@ -145,10 +190,14 @@ module.exports = function broker(config, rest) {
       asked.get(id)(args[0]);
     } else if (verb === 'report') {
       report();
+    } else if (verb === 'pace' && id) {
+      const until = Date.now() + (Number(id) || 0);
+      if (args[0]) paces.set(args[0], until);
+      else paceUntil = until;
     }
   }
 
-  if (shared || config.handoff) {
+  {
     let buf = rest && rest.length ? rest.toString() : '';
     const take = () => {
       let i;
@@ -177,7 +226,8 @@ module.exports = function broker(config, rest) {
     }, 1000).unref();
   }
 
-  const server = http.createServer((req, res) => {
+  const server = http.createServer((req, res) => whenOpen(req, () => forward(req, res)));
+  function forward(req, res) {
     const slot = loginOf(req);
     if (slot !== undefined) return viaLogin(req, res, slot);
     const headers = {};
@@ -226,7 +276,7 @@ module.exports = function broker(config, rest) {
     });
     req.pipe(out);
     req.on('aborted', () => out.destroy());
-  });
+  }
   // --- OAuth logins ---
   const crypto = require('crypto');
   const margin = Number(config.margin_ms) || 300000;

@@ -2,6 +2,7 @@
 //! from the host into caw-box's private store, and handing it to turns without leaks.
 
 pub mod account;
+pub mod backoff;
 pub mod inject;
 pub mod intercept;
 pub mod keyring;

@@ -43,23 +43,12 @@ fn separate_processes_keep_one_accounts_turns_in_flight_to_its_cap() {
     collect_key(&rig, CODEX, home.path());
     let stub = rig.stub_control();
     // Eight `run -d`, each its own caw-box process, started together.
-    let children: Vec<_> = (0..8)
-        .map(|i| {
-            let mut c = rig.run_cmd_stored_key(
-                CODEX,
-                &format!("HOLD:fleet{i} REMEMBER:word{i}"),
-                &["-d", "--per-account", "2", "-o", "json"],
-            );
-            c.stdout(Stdio::piped()).stderr(Stdio::piped());
-            c.spawn().unwrap()
-        })
+    let prompts: Vec<String> = (0..8)
+        .map(|i| format!("HOLD:fleet{i} REMEMBER:word{i}"))
         .collect();
     let mut ids = Vec::new();
     let mut said = BTreeSet::new();
-    for child in children {
-        let out = wait_with_deadline(child, Duration::from_secs(120));
-        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
-        let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+    for json in rig.run_detached_together(CODEX, &prompts, &["--per-account", "2"]) {
         said.insert(json["status"].as_str().unwrap().to_string());
         ids.push(json["session_id"].as_str().unwrap().to_string());
     }

@@ -448,6 +448,29 @@ impl Rig {
         c
     }
 
+    /// Starts one detached turn (`run -d -o json`, brokered with the stored key) per prompt,
+    /// each its own caw-box process, all at once: what each printed, in order.
+    pub fn run_detached_together(&self, p: P, prompts: &[String], extra: &[&str]) -> Vec<Value> {
+        let mut args = vec!["-d", "-o", "json"];
+        args.extend_from_slice(extra);
+        let children: Vec<_> = prompts
+            .iter()
+            .map(|prompt| {
+                let mut c = self.run_cmd_stored_key(p, prompt, &args);
+                c.stdout(Stdio::piped()).stderr(Stdio::piped());
+                c.spawn().unwrap()
+            })
+            .collect();
+        children
+            .into_iter()
+            .map(|child| {
+                let out = wait_with_deadline(child, Duration::from_secs(120));
+                assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+                serde_json::from_str(stdout_of(&out).trim()).unwrap()
+            })
+            .collect()
+    }
+
     /// Runs a turn with `-o json` and returns (exit code, the JSON object, stderr).
     pub fn json_turn(&self, mut cmd: Command) -> (i32, Value, String) {
         cmd.args(["-o", "json"]);

@@ -7,6 +7,7 @@ mod common;
 mod accounts;
 mod agent_config;
 mod auth;
+mod backoff;
 mod bad_input;
 mod broker;
 mod ci_action;

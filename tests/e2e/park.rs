@@ -52,25 +52,11 @@ fn parked_sessions_go_on_at_the_reset(p: P, sessions: usize, limit: u32, window:
     let home = tempfile::tempdir().unwrap();
     collect_key(&rig, p, home.path());
     let started = unix_now();
-    let children: Vec<_> = (0..sessions)
-        .map(|i| {
-            let mut c = rig.run_cmd_stored_key(
-                p,
-                &format!("REMEMBER:word{i}"),
-                &["-d", "--on-limit", "park", "-o", "json"],
-            );
-            c.stdout(Stdio::piped()).stderr(Stdio::piped());
-            c.spawn().unwrap()
-        })
-        .collect();
-    let ids: Vec<String> = children
-        .into_iter()
-        .map(|child| {
-            let out = wait_with_deadline(child, Duration::from_secs(120));
-            assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
-            let json: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
-            json["session_id"].as_str().unwrap().to_string()
-        })
+    let prompts: Vec<String> = (0..sessions).map(|i| format!("REMEMBER:word{i}")).collect();
+    let ids: Vec<String> = rig
+        .run_detached_together(p, &prompts, &["--on-limit", "park"])
+        .iter()
+        .map(|json| json["session_id"].as_str().unwrap().to_string())
         .collect();
 
     // Some are parked until the window's end, as `ls` and `show` say.

@@ -41,6 +41,7 @@ use crate::backend::{Backend, BrokerPlan, BrokerRoute, NetworkPolicy};
 use crate::error::Result;
 use crate::provider::ProviderKind;
 
+mod pace;
 mod plan;
 mod refresh;
 mod supervise;

@@ -156,6 +156,8 @@ pub(super) struct LoginWatch<B: Backend> {
     refreshed: std::sync::Arc<tokio::sync::Notify>,
     /// The account its keys spend, whose windows it reports (`auth::windows`).
     account: Option<String>,
+    /// The turn's part in its account's back-off.
+    pacer: Option<super::pace::Pacer>,
 }
 
 impl<B: Backend> LoginWatch<B> {
@@ -170,6 +172,9 @@ impl<B: Backend> LoginWatch<B> {
                     if let Err(e) = crate::auth::windows::record(account, self.provider, json) {
                         tracing::debug!("could not keep the account's windows: {e}");
                     }
+                }
+                if let Some(pacer) = &self.pacer {
+                    pacer.seen(json);
                 }
                 continue;
             }
@@ -239,16 +244,33 @@ impl<B: Backend> LoginWatch<B> {
         seal: [u8; 32],
     ) -> (LoginWatch<B>, tokio::sync::mpsc::UnboundedReceiver<String>) {
         let (answers, to_broker) = tokio::sync::mpsc::unbounded_channel();
+        let account = crate::auth::account::of(provider);
         let watch = LoginWatch {
+            pacer: super::pace::Pacer::fly(account.as_deref()),
             backend: backend.clone(),
             provider,
             seal,
             seen: Vec::new(),
             answers,
             refreshed: std::sync::Arc::new(tokio::sync::Notify::new()),
-            account: crate::auth::account::of(provider),
+            account,
         };
         (watch, to_broker)
+    }
+}
+
+impl<B: Backend> LoginWatch<B> {
+    /// Its turn's pace is `lease`'s in a shared broker.
+    pub(super) fn for_lease(mut self, lease: &str) -> Self {
+        if let Some(p) = &mut self.pacer {
+            p.for_lease(lease);
+        }
+        self
+    }
+
+    /// The line that tells the broker when its turn may send, where that changed.
+    pub(super) fn pace(&mut self) -> Option<String> {
+        self.pacer.as_mut()?.tick()
     }
 }
 

@@ -132,7 +132,9 @@ impl Broker {
         let (end, mut ended) = tokio::sync::oneshot::channel::<()>();
         let (renew, release) = (Self::lease_line(s), format!("release {}\n", s.lease_id));
         let (watch, to_broker) = self.watch(backend);
+        let watch = watch.for_lease(&s.lease_id);
         let (mut watch, mut to_broker) = (Some(watch), Some(to_broker));
+        let mut pace = tokio::time::interval(super::pace::PACE_EVERY);
         let task = tokio::spawn(async move {
             // A deadline apart from the output: the broker's answers to other turns' leases
             // must not postpone this one's renewal.
@@ -149,6 +151,12 @@ impl Broker {
                     Some(line) = async { to_broker.as_mut()?.recv().await }, if to_broker.is_some() => {
                         let _ = attached.input.write_all(line.as_bytes()).await;
                         let _ = attached.input.flush().await;
+                    }
+                    _ = pace.tick(), if watch.is_some() => {
+                        if let Some(line) = watch.as_mut().and_then(|w| w.pace()) {
+                            let _ = attached.input.write_all(line.as_bytes()).await;
+                            let _ = attached.input.flush().await;
+                        }
                     }
                     _ = renewal.tick() => {
                         if attached.input.write_all(renew.as_bytes()).await.is_err() {
@@ -242,26 +250,33 @@ impl Broker {
 /// stored.
 pub(in crate::session) const WATCH_END: Duration = Duration::from_secs(5);
 
-/// Follows a broker that holds logins on `attached` until its output ends: stores the
-/// logins it reports and hands it the answers to its refresh handoffs.
+/// Follows a broker on `attached` until its output ends: stores the logins it reports, hands
+/// it the answers to its refresh handoffs, and paces it with its account's back-off.
 async fn follow<B: Backend>(
     attached: crate::backend::Attached,
     mut watch: super::refresh::LoginWatch<B>,
     mut to_broker: tokio::sync::mpsc::UnboundedReceiver<String>,
 ) {
     let (mut output, mut input) = (attached.output, attached.input);
+    let mut pace = tokio::time::interval(super::pace::PACE_EVERY);
     loop {
-        tokio::select! {
+        let line = tokio::select! {
             chunk = output.next() => match chunk {
-                Some(Ok(OutputChunk::Stdout(b))) => watch.take(&b).await,
-                Some(_) => {}
+                Some(Ok(OutputChunk::Stdout(b))) => {
+                    watch.take(&b).await;
+                    continue;
+                }
+                Some(_) => continue,
                 None => break,
             },
-            Some(line) = to_broker.recv() => {
-                let _ = input.write_all(line.as_bytes()).await;
-                let _ = input.flush().await;
-            }
-        }
+            Some(line) = to_broker.recv() => line,
+            _ = pace.tick() => match watch.pace() {
+                Some(line) => line,
+                None => continue,
+            },
+        };
+        let _ = input.write_all(line.as_bytes()).await;
+        let _ = input.flush().await;
     }
 }
 

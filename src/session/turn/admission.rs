@@ -269,7 +269,7 @@ impl Accounts {
         // it holds its ticket while it runs, to hand it on).
         if let (None, Some(cap), false) = (&adopted, want.cap, want.park) {
             if live_tickets(&queue).iter().all(|(_, q)| q.orphaned) {
-                if let Some(slot) = try_slot(&dir, cap)? {
+                if let Some(slot) = take_slot(&dir, cap)? {
                     if let Some(held) = shared(cap).await? {
                         return Ok(Admitted {
                             _slot: Some(slot),
@@ -321,7 +321,7 @@ impl Accounts {
                         .count();
                     let slot = match want.cap {
                         None => None,
-                        Some(cap) if ahead < cap as usize => try_slot(&dir, cap)?,
+                        Some(cap) if ahead < paced(&dir, cap) as usize => take_slot(&dir, cap)?,
                         Some(_) => None,
                     };
                     // The host's slot is kept only with a shared one (when it is given
@@ -459,6 +459,34 @@ pub fn queued() -> Vec<Queued> {
 /// The turn of `session_id` waiting on this host for its account's slot.
 pub fn queued_turn(session_id: Uuid) -> Option<Queued> {
     Accounts::here().ok()?.queued_turn(session_id)
+}
+
+/// `cap`, lowered while the account backs off from a refusal ([`crate::auth::backoff`]: the
+/// turns its schedule lets send, at least 1).
+fn paced(dir: &Path, cap: u32) -> u32 {
+    let now = crate::clock::now_ms();
+    match crate::auth::backoff::Account::at(dir.to_path_buf()).schedule() {
+        Some(b) if b.holds(now, u64::from(cap)) => cap.min(b.cap_at(now).max(1) as u32),
+        _ => cap,
+    }
+}
+
+/// A free slot of `0..cap`, where fewer turns hold one than the account's back-off lets
+/// send ([`paced`]).
+fn take_slot(dir: &Path, cap: u32) -> Result<Option<File>> {
+    let paced = paced(dir, cap);
+    if paced < cap {
+        let held = (0..cap)
+            .filter(|k| {
+                File::open(dir.join(format!("slot-{k}")))
+                    .is_ok_and(|f| matches!(f.try_lock(), Err(TryLockError::WouldBlock)))
+            })
+            .count();
+        if held >= paced as usize {
+            return Ok(None);
+        }
+    }
+    try_slot(dir, cap)
 }
 
 /// Tries slots `0..cap` of the account's directory; the first free one is taken.
@@ -873,5 +901,50 @@ mod tests {
         fs::rename(&left, &stale).unwrap();
         assert!(accounts.queued().is_empty());
         assert!(!stale.exists());
+    }
+
+    /// While the account backs off from a refusal, fewer turns than the cap are let in:
+    /// those its schedule lets send now, at least 1.
+    #[test]
+    fn a_refused_account_lets_in_only_what_its_back_off_allows() {
+        use crate::auth::backoff::Backoff;
+        let dir = tempfile::tempdir().unwrap();
+        let acct = dir.path().join("claude-b");
+        dirs::ensure_private_dir(&acct).unwrap();
+        let now = crate::clock::now_ms();
+        let schedule = |b: Backoff| {
+            fs::write(acct.join("backoff.json"), serde_json::to_vec(&b).unwrap()).unwrap()
+        };
+        // Waiting out a refusal: one turn.
+        schedule(Backoff {
+            refused_at: now,
+            until: now + 60_000,
+            cap: 2,
+            step: 60_000,
+        });
+        assert_eq!(paced(&acct, 4), 1);
+        let first = take_slot(&acct, 4).unwrap().expect("one turn goes");
+        assert!(take_slot(&acct, 4).unwrap().is_none());
+        // Past it: the schedule's cap, then one more a step.
+        schedule(Backoff {
+            refused_at: now - 1_000,
+            until: now - 1,
+            cap: 2,
+            step: 60_000,
+        });
+        assert_eq!(paced(&acct, 4), 2);
+        let second = take_slot(&acct, 4).unwrap().expect("a second turn goes");
+        assert!(take_slot(&acct, 4).unwrap().is_none());
+        // Grown back past the cap, or none at all: the cap.
+        schedule(Backoff {
+            refused_at: now - 10_000,
+            until: now - 9_000,
+            cap: 2,
+            step: 1_000,
+        });
+        assert_eq!(paced(&acct, 4), 4);
+        fs::remove_file(acct.join("backoff.json")).unwrap();
+        assert_eq!(paced(&acct, 4), 4);
+        drop((first, second));
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod account;
 pub mod anthropic;
+pub mod burst;
 pub mod chat;
 pub mod code_assist;
 pub mod conversation;

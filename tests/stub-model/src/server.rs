@@ -68,6 +68,8 @@ struct State {
     inflight: Arc<InFlight>,
     /// The requests of `Config::account`'s window.
     account: Option<crate::account::Account>,
+    /// The burst of refusals running, if any (see `burst`).
+    burst: crate::burst::Burst,
 }
 
 /// Serves connections from `listener` until the task is dropped.
@@ -86,6 +88,7 @@ pub async fn serve_tls(
         recorder: Recorder::new(config.echo),
         oauth: crate::oauth::OAuth::from_env(),
         account: config.account.map(crate::account::Account::new),
+        burst: crate::burst::Burst::default(),
         config,
         limited_since: Default::default(),
         holds: Holds::default(),
@@ -385,6 +388,11 @@ async fn stub_endpoint(state: &State, method: &Method, path: &str, query: Option
             Answer::json(200, &Value::Array(state.recorder.all()), "requests")
         }
         (&Method::GET, "/_stub/holds") => Answer::json(200, &state.holds.status(), "holds"),
+        (&Method::GET, "/_stub/burst") => Answer::json(200, &state.burst.status(), "burst"),
+        (&Method::POST, "/_stub/burst") => match state.burst.start(query) {
+            Ok(status) => Answer::json(200, &status, "burst"),
+            Err(e) => Answer::json(400, &json!({"error": e}), "burst"),
+        },
         (&Method::GET, "/_stub/inflight") => {
             Answer::json(200, &state.inflight.status(), "inflight")
         }
@@ -705,6 +713,9 @@ async fn route(state: &State, parts: &Parts, bytes: &Bytes, key: Option<Presente
                 // Gemini names the model in the path.
                 let model = model.unwrap_or_else(|| protocol.model(&body));
                 let stream = stream.unwrap_or_else(|| protocol.stream(&body));
+                if let Some((status, retry_after)) = state.burst.refuse() {
+                    return burst_refusal(protocol, status, retry_after);
+                }
                 limited(state, protocol, &body, wire)
                     .unwrap_or_else(|| model_turn(protocol, &body, bytes.len(), model, stream))
             }
@@ -757,6 +768,23 @@ fn limited(state: &State, protocol: &dyn Protocol, body: &Value, wire: &str) -> 
         &protocol.error_body(429, &message),
         "limit",
     ))
+}
+
+/// A model request refused by a burst (`burst`): the vendor's rate-limit (429) or overload
+/// (529) error, with the burst's `retry-after`.
+fn burst_refusal(protocol: &dyn Protocol, status: u16, retry_after: u64) -> Answer {
+    let message = match status {
+        529 => "Overloaded".to_string(),
+        _ => "Rate limit exceeded: too many requests at once. Please retry shortly.".to_string(),
+    };
+    Answer {
+        retry_after: false,
+        headers: Some(Box::new(ExtraHeaders(vec![(
+            "retry-after",
+            retry_after.to_string(),
+        )]))),
+        ..Answer::json(status, &protocol.error_body(status, &message), "burst")
+    }
 }
 
 /// A model request past the account's enforced limit (`STUB_ACCOUNT_ENFORCE`): the vendor's
