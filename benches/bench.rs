@@ -31,7 +31,8 @@
 //! `docker run` (the `turns` part's run under the default, `balanced`: its proxy is the
 //! shared one, its turns pay none to start).
 //!
-//! Part `admission`: what `--per-account` adds to a turn when its account has a free slot.
+//! Part `admission`: what `--per-account` (and the account's back-off) adds to a turn when its
+//! account has a free slot.
 //!
 //! To iterate on one number: `--only PART` (`cold`, `parse`, `listing`, `gitbase`, `admission`, `turns`,
 //! `runsc`, `concurrent`, `checkpoints`, `egress`, `cluster`; repeatable) runs just those parts, `--provider P` (repeatable)
@@ -270,8 +271,9 @@ fn cold_start(runs: usize, smoke: bool) -> Measure {
 
 /// What `--per-account` adds to a turn when its account has a free slot (no contention):
 /// the account's fingerprint from its manifest, then a slot taken (nobody queued) and given
-/// back, in a data directory of its own. The turn's own time is not in it: this is all the
-/// admission does on the turn's path.
+/// back, in a data directory of its own, and a brokered turn's flight of its account's
+/// back-off taken, its schedule looked at and the flight given back. The turn's own time is
+/// not in it: this is all the admission does on the turn's path.
 async fn admission(runs: usize, smoke: bool) -> Measure {
     use caw_box::auth::store::{Item, Manifest};
     use caw_box::session::admission::Accounts;
@@ -308,7 +310,12 @@ async fn admission(runs: usize, smoke: bool) -> Measure {
             )
             .await
             .unwrap();
-        drop(slot);
+        // A brokered turn's part in its account's back-off: its flight, and a look at the
+        // schedule (its caw-box looks four times a second while the turn runs).
+        let paced = caw_box::auth::backoff::Account::at(dir.path().join(&account));
+        let flight = paced.fly().unwrap();
+        assert_eq!(paced.opens_at(&flight, caw_box::clock::now_ms()), None);
+        drop((slot, flight));
         samples.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     let ms = median(samples);
