@@ -138,6 +138,50 @@ pub fn refusal_in(json: &str, now: u64) -> Option<u64> {
         .then(|| wait_of(&r.headers, now).unwrap_or(DEFAULT_WAIT.as_millis() as u64))
 }
 
+/// An account's back-off as it holds its turns now, for `auth status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Holding {
+    /// No turn of the account sends before (Unix ms); in the past once the wait is over.
+    pub until: u64,
+    /// How many of its turns may send now (0 before `until`).
+    pub may_send: u64,
+    /// Its turns in flight on this host.
+    pub in_flight: u64,
+    /// One more may send every `step` ms.
+    pub step: u64,
+}
+
+/// How `account`'s back-off holds its turns at `now`, if it does.
+pub fn holding(account: &str, now: u64) -> Option<Holding> {
+    let a = Account::here(account).ok()?;
+    let b = a.schedule()?;
+    let in_flight = a.in_flight();
+    b.holds(now, in_flight).then_some(Holding {
+        until: b.until,
+        may_send: b.cap_at(now),
+        in_flight,
+        step: b.step,
+    })
+}
+
+/// "backing off after a 429/529: none of its turns sends for 2s" or "… 2 of its 6 turns in
+/// flight send, one more every 3s".
+pub fn summary(h: &Holding, now: u64) -> String {
+    let secs = |ms: u64| humantime::format_duration(Duration::from_secs(ms.div_ceil(1000)));
+    if now < h.until {
+        return format!(
+            "backing off after a 429/529: none of its turns sends for {}",
+            secs(h.until - now)
+        );
+    }
+    format!(
+        "backing off after a 429/529: {} of its {} turn(s) in flight send, one more every {}",
+        h.may_send,
+        h.in_flight,
+        secs(h.step)
+    )
+}
+
 /// One account's files, under `<data dir>/accounts/<account>/`.
 #[derive(Debug)]
 pub struct Account {
@@ -334,6 +378,25 @@ mod tests {
             Some(5_000)
         );
         assert_eq!(refusal_in(r#"{"status":200,"at":1,"headers":{}}"#, 0), None);
+    }
+
+    #[test]
+    fn a_holding_back_off_says_what_it_holds() {
+        let h = Holding {
+            until: 10_000,
+            may_send: 0,
+            in_flight: 6,
+            step: 3_000,
+        };
+        assert_eq!(
+            summary(&h, 8_500),
+            "backing off after a 429/529: none of its turns sends for 2s"
+        );
+        let h = Holding { may_send: 2, ..h };
+        assert_eq!(
+            summary(&h, 11_000),
+            "backing off after a 429/529: 2 of its 6 turn(s) in flight send, one more every 3s"
+        );
     }
 
     /// Flights are held until dropped; a turn's rank counts those held below its own.

@@ -95,6 +95,9 @@ struct ProviderStatus<'a> {
     /// What the account has left, as the latest brokered responses said (`null`: no
     /// brokered turn has seen its limits yet).
     windows: Option<crate::auth::windows::Standing>,
+    /// How the account's back-off from a 429/529 holds its turns now, if it does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backoff: Option<crate::auth::backoff::Holding>,
     items: Vec<StatusItem<'a>>,
 }
 
@@ -176,6 +179,13 @@ fn print_windows(manifests: &[(ProviderKind, store::Manifest)]) {
             None => "not known yet: no brokered turn has seen its limits".to_string(),
         };
         output::println(&format!("\n{account}  {said}"));
+        let now_ms = crate::clock::now_ms();
+        if let Some(h) = crate::auth::backoff::holding(&account, now_ms) {
+            output::println(&format!(
+                "{account}  {}",
+                crate::auth::backoff::summary(&h, now_ms)
+            ));
+        }
     }
 }
 
@@ -189,6 +199,8 @@ fn status_rows(manifests: &[(ProviderKind, store::Manifest)]) -> Vec<ProviderSta
             account: crate::auth::account::of_manifest(*p, m),
             windows: crate::auth::account::of_manifest(*p, m)
                 .and_then(|a| crate::auth::windows::read(&a)),
+            backoff: crate::auth::account::of_manifest(*p, m)
+                .and_then(|a| crate::auth::backoff::holding(&a, crate::clock::now_ms())),
             items: m
                 .items
                 .iter()

@@ -40,6 +40,33 @@ fn boxes_of_one_account_back_off_together_from_a_burst_of_429s() {
         .iter()
         .map(|json| json["session_id"].as_str().unwrap().to_string())
         .collect();
+    // While it holds them, `auth status` says so (`backoff` in `--json`).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let holding = loop {
+        let out = rig.caw_run(&["auth", "status", "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        let rows: Value = serde_json::from_str(stdout_of(&out).trim()).unwrap();
+        let row = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["provider"] == CLAUDE.name)
+            .unwrap()
+            .clone();
+        if !row["backoff"].is_null() {
+            break row["backoff"].clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "auth status never said the account backs off: {row}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(holding["step"], RETRY * 1000, "{holding}");
+    assert!(holding["in_flight"].as_u64().unwrap() >= 1, "{holding}");
+    let text = stdout_of(&rig.caw_run(&["auth", "status"]));
+    assert!(text.contains("backing off after a 429/529"), "{text}");
+
     // Every turn ends well, with its own answer: a burst costs time, not work.
     for (i, id) in ids.iter().enumerate() {
         let out = rig.caw_run(&["wait", id, "-o", "json"]);
