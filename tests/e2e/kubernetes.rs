@@ -296,16 +296,55 @@ impl Lab {
             .unwrap_or(0)
         };
         let first = released();
-        if first == 0 {
+        if first > 0 {
+            while started.elapsed() < Duration::from_secs(180) && released() > 0 {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            note(&format!(
+                "waited {:.0?} for the lab's provisioner to remove {first} released volumes",
+                started.elapsed()
+            ));
+        }
+        self.binds_claims();
+    }
+
+    /// Waits until a claim binds in the lab again: after the cluster-restart test, a new
+    /// claim of the next test once stayed `Pending` past caw-box's 30 s bind limit (CI on
+    /// f514889), the lab's processes all running. A probe claim, bound (about a second when
+    /// all is well), then deleted; said when it took longer.
+    fn binds_claims(&self) {
+        let started = std::time::Instant::now();
+        let probe = "caw-box-e2e-bind-probe";
+        let claim = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": probe, "labels": {"app.kubernetes.io/managed-by": "caw-box-e2e"}},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "standard",
+                "resources": {"requests": {"storage": "1Mi"}}
+            }
+        });
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), claim.to_string()).unwrap();
+        if let Err(e) = self.kubectl_quiet(&["apply", "-f", &file.path().to_string_lossy()]) {
+            note(&format!("cannot make the bind probe: {e}"));
             return;
         }
-        while started.elapsed() < Duration::from_secs(180) && released() > 0 {
-            std::thread::sleep(Duration::from_millis(500));
+        let bound = || {
+            self.kubectl_quiet(&["get", "pvc", probe, "-o", "jsonpath={.status.phase}"])
+                .is_ok_and(|phase| phase.trim() == "Bound")
+        };
+        while started.elapsed() < Duration::from_secs(120) && !bound() {
+            std::thread::sleep(Duration::from_millis(250));
         }
-        note(&format!(
-            "waited {:.0?} for the lab's provisioner to remove {first} released volumes",
-            started.elapsed()
-        ));
+        let _ = self.kubectl_quiet(&["delete", "pvc", probe, "--wait=false"]);
+        if started.elapsed() > Duration::from_secs(3) {
+            note(&format!(
+                "waited {:.0?} for a claim to bind in the lab",
+                started.elapsed()
+            ));
+        }
     }
 
     fn clear(&self) -> Vec<String> {
