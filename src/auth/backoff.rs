@@ -204,6 +204,12 @@ fn open_lock(path: &Path) -> Result<File> {
         .map_err(|e| io_err("open", path, e))
 }
 
+/// Whether a process holds the `flock` of the file at `path` (trying it takes it a moment
+/// when free; no file: not held). Admission's slots are counted so too.
+pub fn is_held(path: &Path) -> bool {
+    File::open(path).is_ok_and(|f| matches!(f.try_lock(), Err(TryLockError::WouldBlock)))
+}
+
 /// A turn in flight, holding `flight-<k>` until dropped.
 #[derive(Debug)]
 pub struct Flight {
@@ -230,10 +236,7 @@ impl Account {
 
     /// Whether flight `k` is held by a turn (trying it takes it a moment when free).
     fn held(&self, k: u64) -> bool {
-        let Ok(file) = File::open(self.flight_path(k)) else {
-            return false;
-        };
-        matches!(file.try_lock(), Err(TryLockError::WouldBlock))
+        is_held(&self.flight_path(k))
     }
 
     /// Takes the lowest free flight: a turn of the account in flight until it is dropped.

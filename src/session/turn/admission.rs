@@ -477,10 +477,7 @@ fn take_slot(dir: &Path, cap: u32) -> Result<Option<File>> {
     let paced = paced(dir, cap);
     if paced < cap {
         let held = (0..cap)
-            .filter(|k| {
-                File::open(dir.join(format!("slot-{k}")))
-                    .is_ok_and(|f| matches!(f.try_lock(), Err(TryLockError::WouldBlock)))
-            })
+            .filter(|k| crate::auth::backoff::is_held(&dir.join(format!("slot-{k}"))))
             .count();
         if held >= paced as usize {
             return Ok(None);
