@@ -413,10 +413,7 @@ impl DockerBackend {
 
 fn inspect_info(c: ContainerInspectResponse) -> ContainerInfo {
     let state = c.state.as_ref();
-    let created = c
-        .created
-        .as_deref()
-        .and_then(|t| humantime::parse_rfc3339_weak(t.split('.').next().unwrap_or(t)).ok());
+    let created = c.created.as_deref().and_then(rfc3339);
     ContainerInfo {
         id: c.id.clone().unwrap_or_default(),
         name: c
@@ -455,6 +452,16 @@ fn inspect_info(c: ContainerInspectResponse) -> ContainerInfo {
     }
 }
 
+/// An RFC 3339 time as the engine gives it (Docker's in UTC, Podman's in its local offset),
+/// to the nanosecond: a container made within the same second as a log line is told apart
+/// from it (`session::walls::refusals`: an address a shared proxy saw may have been an
+/// earlier container's).
+fn rfc3339(t: &str) -> Option<std::time::SystemTime> {
+    let at = time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()?;
+    let nanos = u64::try_from(at.unix_timestamp_nanos()).ok()?;
+    Some(std::time::UNIX_EPOCH + Duration::from_nanos(nanos))
+}
+
 fn summary_info(c: ContainerSummary) -> ContainerInfo {
     ContainerInfo {
         id: c.id.unwrap_or_default(),
@@ -479,5 +486,31 @@ fn summary_info(c: ContainerSummary) -> ContainerInfo {
             .map(|s| std::time::UNIX_EPOCH + Duration::from_secs(s)),
         finished: false,
         mounts: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Docker's and Podman's forms, to the nanosecond; what is not a time is none.
+    #[test]
+    fn creation_times_keep_their_nanoseconds_and_offsets() {
+        let at = |t| {
+            rfc3339(t)
+                .unwrap()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+        };
+        assert_eq!(
+            at("2026-12-02T06:30:07.123456789Z"),
+            Duration::new(1_796_193_007, 123_456_789)
+        );
+        assert_eq!(
+            at("2026-12-02T07:30:07.5+01:00"),
+            Duration::new(1_796_193_007, 500_000_000)
+        );
+        assert_eq!(rfc3339("0001-01-01T00:00:00Z"), None);
+        assert_eq!(rfc3339("yesterday"), None);
     }
 }
