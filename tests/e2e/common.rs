@@ -506,28 +506,11 @@ impl Rig {
         self.stub_control().wait_held(name, 1, HELD_WITHIN);
     }
 
-    /// How often the container `id` was renamed since `since` (a warm turn claims its
-    /// container by a rename and releases it by another), from the daemon's events.
-    pub fn renames_since(&self, id: &str, since: std::time::SystemTime) -> usize {
-        let at = |t: std::time::SystemTime| {
-            let d = t.duration_since(std::time::UNIX_EPOCH).unwrap();
-            format!("{}.{:09}", d.as_secs(), d.subsec_nanos())
-        };
-        let options = bollard::query_parameters::EventsOptionsBuilder::new()
-            .since(&at(since))
-            .until(&at(std::time::SystemTime::now()))
-            .filters(&HashMap::from([
-                ("container", vec![id]),
-                ("event", vec!["rename"]),
-            ]))
-            .build();
-        self.rt.block_on(async {
-            self.docker
-                .events(Some(options))
-                .filter(|e| std::future::ready(e.is_ok()))
-                .count()
-                .await
-        })
+    /// The daemon's events of container `id` from now on, as they come. (A look back at
+    /// its events later would read a ring of the daemon's last 256, which the tests beside
+    /// this one may have filled in the meantime.)
+    pub fn watch_events(&self, id: &str) -> EventWatch {
+        EventWatch::start(self.docker.clone(), id)
     }
 
     /// Containers of this test that caw-box made (turns, probes).
@@ -556,13 +539,18 @@ impl Rig {
         })
     }
 
-    /// [`Self::caw_containers`] once no checkpoint helper of a warm turn is left: that helper
-    /// takes the turn's checkpoint behind it and removes itself when done (within 20 s).
+    /// [`Self::caw_containers`] once no checkpoint helper of a warm turn is left, and no
+    /// pool's box that went after its turn: that helper takes the turn's checkpoint behind
+    /// it and removes itself when done (within 20 s); that box is killed, and the engine
+    /// removes it.
     pub fn caw_containers_settled(&self) -> Vec<String> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         loop {
             let ls = self.caw_containers();
-            if !ls.iter().any(|n| n.ends_with("-checkpoint")) {
+            if !ls
+                .iter()
+                .any(|n| n.ends_with("-checkpoint") || n.ends_with("-going"))
+            {
                 return ls;
             }
             assert!(
@@ -1405,6 +1393,19 @@ pub fn secret_scan(
     Ok(parse_secret_scan(&stdout_of(&out), &marker, controls))
 }
 
+/// Scans everything of the running `container` (its processes' environments and
+/// arguments, its files) as `user` for `secrets`, and fails the test where the scan read
+/// nothing (its planted markers) or found one: `what` names the container in the failure.
+pub fn assert_holds_no_secret(container: &str, user: &str, secrets: &[String], what: &str) {
+    let scan = docker_secret_scan(container, user, ScanScope::Everything, &[], secrets)
+        .unwrap_or_else(|o| panic!("scan: {}", stderr_of(&o)));
+    assert!(
+        scan.marker_in_file && scan.marker_in_environ,
+        "the scan read nothing: {scan:?}"
+    );
+    assert!(scan.found.is_empty(), "a secret in {what}: {scan:?}");
+}
+
 /// [`secret_scan`] in the running Docker container `container` as `user`.
 pub fn docker_secret_scan(
     container: &str,
@@ -1416,4 +1417,85 @@ pub fn docker_secret_scan(
     let mut exec = Command::new("docker");
     exec.args(["exec", "-i", "-u", user, container]);
     secret_scan(exec, scope, controls, secrets)
+}
+
+/// A container's events as the daemon sends them, from when the watch began
+/// ([`Rig::watch_events`]); it stops when dropped.
+pub struct EventWatch {
+    actions: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl EventWatch {
+    fn start(docker: Docker, id: &str) -> EventWatch {
+        let actions = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready, subscribed) = std::sync::mpsc::channel();
+        let (seen, id) = (actions.clone(), id.to_string());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                // From the start of this second (the daemon replays what it has from
+                // then, so an event while the subscription is made is not missed); what
+                // came before the watch began does not count.
+                let began = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap();
+                let (since, began) = (began.as_secs(), began.as_nanos() as i64);
+                let options = bollard::query_parameters::EventsOptionsBuilder::new()
+                    .since(&since.to_string())
+                    .filters(&HashMap::from([("container", vec![id.as_str()])]))
+                    .build();
+                let mut events = docker.events(Some(options));
+                let _ = ready.send(());
+                loop {
+                    tokio::select! {
+                        _ = &mut stopped => break,
+                        event = events.next() => match event {
+                            Some(Ok(e)) => {
+                                if e.time_nano.unwrap_or_default() >= began {
+                                    seen.lock().unwrap().push(e.action.unwrap_or_default());
+                                }
+                            }
+                            _ => break,
+                        },
+                    }
+                }
+            });
+        });
+        let _ = subscribed.recv_timeout(Duration::from_secs(10));
+        EventWatch {
+            actions,
+            _stop: stop,
+        }
+    }
+
+    /// How many `event`s (Docker's names: `rename`, `exec_start`, ...) came since the watch
+    /// began: once at least one came (within 10 s), and then none for half a second.
+    pub fn count(&self, event: &str) -> usize {
+        let counted = || {
+            let actions = self.actions.lock().unwrap();
+            (
+                actions.len(),
+                actions
+                    .iter()
+                    .filter(|a| *a == event || a.starts_with(&format!("{event}:")))
+                    .count(),
+            )
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while counted().1 == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        loop {
+            let (all, _) = counted();
+            std::thread::sleep(Duration::from_millis(500));
+            if counted().0 == all {
+                return counted().1;
+            }
+        }
+    }
 }

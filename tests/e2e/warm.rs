@@ -40,22 +40,8 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
     assert!(!container.is_empty(), "no warm container after the turn");
 
     check("idle holds nothing");
-    let scan = docker_secret_scan(
-        &idle,
-        "1000",
-        ScanScope::Everything,
-        &[],
-        &[TEST_KEY.to_string(), PLACEHOLDER.to_string()],
-    )
-    .unwrap_or_else(|o| panic!("scan: {}", stderr_of(&o)));
-    assert!(
-        scan.marker_in_file && scan.marker_in_environ,
-        "the scan read nothing: {scan:?}"
-    );
-    assert!(
-        scan.found.is_empty(),
-        "a secret in the idle container: {scan:?}"
-    );
+    let secrets = [TEST_KEY.to_string(), PLACEHOLDER.to_string()];
+    assert_holds_no_secret(&idle, "1000", &secrets, "the idle container");
     idle_runs_no_cli(&rig.exec(&idle, &["bash", "-c", IDLE_PROCESSES]));
     let run_dir = rig.exec(&idle, &["ls", "-A", "/run/caw-box"]);
     assert_eq!(run_dir.trim(), "", "runtime files while idle");
@@ -97,7 +83,7 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
     assert!(shown.contains("waits for the next turn until"), "{shown}");
 
     check("a warm turn");
-    let before = std::time::SystemTime::now();
+    let events = rig.watch_events(&container);
     let third = turn(rig.resume_cmd(p, &id, "RECALL", &[]));
     assert!(
         third["result"].as_str().unwrap().contains("quince-31"),
@@ -110,7 +96,7 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
     );
     // Claimed (renamed to the turn's name) and released (renamed back): it ran there.
     assert_eq!(
-        rig.renames_since(&container, before),
+        events.count("rename"),
         2,
         "turn 3 did not run in the warm container"
     );
@@ -173,7 +159,7 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
     let container = rig.exec_inspect_id(&idle);
 
     check("racing resumes");
-    let before = std::time::SystemTime::now();
+    let events = rig.watch_events(&container);
     let spawn = || {
         let mut c = rig.resume_cmd(CODEX, &id, "HOLD:warm-race RECALL", &[]);
         c.args(["-o", "json"])
@@ -194,7 +180,7 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
         "the race's turn ran elsewhere"
     );
     assert_eq!(
-        rig.renames_since(&container, before),
+        events.count("rename"),
         2,
         "the race's turn did not run in the warm container"
     );
@@ -262,13 +248,13 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
     let out = run(warm);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let ahead = rig.exec_inspect_id(&idle);
-    let before = std::time::SystemTime::now();
+    let events = rig.watch_events(&ahead);
     // The session's --keep-warm is 60s; a turn that says nothing runs in the 45s one.
     let (code, json, stderr) = rig.json_turn(rig.resume_cmd(CODEX, &id, "RECALL", &[]));
     assert_eq!(code, 0, "{json}\n{stderr}");
     assert!(json["result"].as_str().unwrap().contains("fig-5"), "{json}");
     assert_eq!(
-        rig.renames_since(&ahead, before),
+        events.count("rename"),
         2,
         "the turn did not run in the container warmed ahead"
     );
