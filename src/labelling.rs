@@ -52,6 +52,11 @@ pub mod labels {
     /// run that made it, which removes it when it ends.
     pub const STAGE: &str = "io.caw-box.stage";
     pub const BUILD_ID: &str = "io.caw-box.build-id";
+    /// On a pool's box (container and volumes, `caw-box pool`): the pool's key, a hash of the
+    /// settings its boxes are made for; on its container also the image id it was made
+    /// from (a box of an older image is replaced, never claimed).
+    pub const POOL: &str = "io.caw-box.pool";
+    pub const POOL_IMAGE: &str = "io.caw-box.pool-image";
 }
 
 /// Roles of the objects caw-box creates (label `io.caw-box.role`).
@@ -85,4 +90,8 @@ pub mod roles {
     /// `caw-box auth login`'s container of the vendor's login, and its egress (its
     /// session label is the login's own id: no session has it).
     pub const LOGIN: &str = "login";
+    /// The state volume of a pool's box (`caw-box pool`), made before any session had it:
+    /// no session's until a claim gives its session a facts volume (role `state`, the
+    /// session's labels, `caw-box-<id>-facts`), which is what `ls` and a TARGET find.
+    pub const POOL_STATE: &str = "pool-state";
 }

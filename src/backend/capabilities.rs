@@ -54,6 +54,9 @@ pub struct Capabilities {
     /// the copy for a turn that began meanwhile: Docker's. Not a cluster's: a pod holding the
     /// source's claims would hold a turn pod back.
     pub forks_from_volumes: bool,
+    /// Whether `caw-box pool` keeps boxes ready here (`session::lifecycle::pool`): Docker's
+    /// engine. (A cluster's warm pool of pods with bound claims is not built yet.)
+    pub pools: bool,
     /// Whether a turn's egress proxy is one kept for the turns of every session with the
     /// same egress ([`EgressPlan::shared`](super::EgressPlan::shared)), so a turn pays no
     /// proxy start: Docker's (a container on a network kept for it). Not a cluster's: the

@@ -292,6 +292,15 @@ impl Backend for Engine {
     async fn idle_warm(&self, name: &str) -> Result<()> {
         dispatch!(self, b => Backend::idle_warm(b, name).await)
     }
+    async fn pool_park(&self, name: &str, box_name: &str) -> Result<()> {
+        dispatch!(self, b => Backend::pool_park(b, name, box_name).await)
+    }
+    async fn pool_prime(&self, box_name: &str, argv: Vec<String>) -> Result<i64> {
+        dispatch!(self, b => Backend::pool_prime(b, box_name, argv).await)
+    }
+    async fn pool_claim(&self, box_name: &str, name: &str) -> Result<bool> {
+        dispatch!(self, b => Backend::pool_claim(b, box_name, name).await)
+    }
     async fn remove_warm(&self, name: &str) -> Result<bool> {
         dispatch!(self, b => Backend::remove_warm(b, name).await)
     }

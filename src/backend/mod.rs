@@ -308,6 +308,40 @@ pub trait Backend: Clone + Send + Sync + 'static {
             )))
         }
     }
+    /// Parks turn `name`'s idle warm container, made and started for no turn (as
+    /// `caw-box warm` makes one), as a pool's ready box named `box_name` (`caw-box pool`).
+    fn pool_park(&self, name: &str, box_name: &str) -> impl Future<Output = Result<()>> + Send {
+        let (name, box_name) = (name.to_string(), box_name.to_string());
+        async move {
+            Err(crate::error::Error::environment(format!(
+                "this backend keeps no pool ('{name}' as '{box_name}')"
+            )))
+        }
+    }
+    /// Runs `argv` to its end in the pool's ready box `box_name`, as its user, with no
+    /// stdin (`Provider::prime_argv`): its exit code.
+    fn pool_prime(
+        &self,
+        box_name: &str,
+        _argv: Vec<String>,
+    ) -> impl Future<Output = Result<i64>> + Send {
+        let box_name = box_name.to_string();
+        async move {
+            Err(crate::error::Error::environment(format!(
+                "this backend keeps no pool ('{box_name}')"
+            )))
+        }
+    }
+    /// Claims the pool's ready box `box_name` for the turn `name`: atomically (of racing
+    /// claims one wins) it becomes that session's idle warm container, which the turn takes
+    /// as any. `false`: it is gone, or another claim won.
+    fn pool_claim(
+        &self,
+        _box_name: &str,
+        _name: &str,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        async { Ok(false) }
+    }
     /// Removes the session's idle warm container for turn `name`: whether there was one.
     fn remove_warm(&self, _name: &str) -> impl Future<Output = Result<bool>> + Send {
         async { Ok(false) }

@@ -209,6 +209,10 @@ pub struct WarmExec {
     pub working_dir: String,
     /// The turn's runtime directory, emptied when the turn is released.
     pub run_dir: String,
+    /// The container goes after the turn instead of waiting idle for the next: a pool's box
+    /// (`session::lifecycle::pool`) that ran a first turn of a session that keeps no
+    /// container warm, as a cold turn's container goes.
+    pub goes_after: bool,
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ mod turn;
 
 pub use subcommands::{
     AuthCommand, AuthLoginArgs, ConfigCommand, ConfigShowArgs, ImageBuildArgs, ImageCommand,
-    ImagePullArgs, McpArgs, SessionCommand,
+    ImagePullArgs, McpArgs, PoolCommand, PoolStartArgs, SessionCommand,
 };
 pub use turn::{
     parse_on_off, CredentialsArg, ForkArgs, ResumeArgs, RunArgs, SettingsArgs, TurnArgs,
@@ -306,6 +306,15 @@ pub enum Command {
         #[arg(long = "for", value_name = "DURATION")]
         for_: Option<String>,
     },
+    /// Keep boxes ready for new sessions: a first turn starts in a running container
+    ///
+    /// A pool's boxes are made for the settings `run` would give a new session here (the
+    /// same flags, config files and variables); a `run` (also `-d`, Python's
+    /// `start_session`, MCP's `start`) whose settings are exactly those claims one, and a
+    /// new one is made in the background. A box holds no credential and no prompt: those
+    /// reach the turn that claims it.
+    #[command(subcommand)]
+    Pool(PoolCommand),
     /// Copy a copy-mode session's workspace out to DIR.
     ///
     /// The agent's changes to the session's protected paths (`.git/config`, `.git/hooks/`,

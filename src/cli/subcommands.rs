@@ -284,6 +284,12 @@ pub struct McpArgs {
     /// ones end. Queued turns live in the server: they are lost if it ends before they start.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub max_parallel: Option<u16>,
+    /// Keep N boxes ready (1 to 16) for each kind of session this server starts (its
+    /// provider and settings: `caw-box pool`, docs/pools.md): the first `start` of a kind
+    /// makes its pool, the next ones' first turns start in ready boxes. The server's pools
+    /// go when it stops. Docker's engine only.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub pool: Option<u32>,
     /// What this server's sessions may spend together, in USD. Each turn it starts gets a
     /// session limit (--max-cost) of that session's spend plus its share of what is left
     /// (a turn running or queued counts at its limit); once nothing is left, `start` and
@@ -322,4 +328,79 @@ pub struct McpArgs {
     /// turn ends `usage_limit`.
     #[arg(long, value_name = "fail|park")]
     pub on_limit: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PoolCommand {
+    /// Make a pool for new sessions of these settings (`run`'s flags), and fill it.
+    ///
+    /// Its key (printed) names it; a pool of the same settings is resized. A box takes no
+    /// prompt, name or `--env`: the `run` that claims one brings them.
+    #[command(
+        after_help = POOL_START_EXAMPLES,
+        mut_arg("prompt", |a| a.hide(true)),
+        mut_arg("prompt_file", |a| a.hide(true)),
+        mut_arg("name", |a| a.hide(true)),
+        mut_arg("detach", |a| a.hide(true)),
+        mut_arg("env", |a| a.hide(true)),
+        mut_arg("output", |a| a.hide(true))
+    )]
+    Start(Box<PoolStartArgs>),
+    /// The pools of this host and their boxes: each box's age and whether it is ready.
+    #[command(after_help = "Examples:\n  caw-box pool ls\n  caw-box pool ls --json")]
+    Ls {
+        /// One JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove pools: their ready boxes (no container, volume or network of them stays) and
+    /// their settings. Sessions that claimed a box are theirs and stay.
+    #[command(
+        after_help = "Examples:\n  caw-box pool stop 3f9a1c2b7d4e\n  caw-box pool stop --all"
+    )]
+    Stop {
+        /// The pools' keys (`caw-box pool ls`).
+        keys: Vec<String>,
+        /// Every pool of this host.
+        #[arg(long, conflicts_with = "keys")]
+        all: bool,
+    },
+    /// Bring a pool to its size: replace stale boxes (an older image, past the pool's age)
+    /// and make new ones. A claim starts this in the background.
+    #[command(after_help = "Examples:\n  caw-box pool fill 3f9a1c2b7d4e")]
+    Fill {
+        /// The pool's key (`caw-box pool ls`).
+        key: String,
+        /// Start once process PID ended, or a few seconds passed (a claim's refill).
+        #[arg(long, value_name = "PID", hide = true)]
+        after: Option<u32>,
+    },
+}
+
+const POOL_START_EXAMPLES: &str = "\
+Examples:
+  caw-box pool start --provider codex --size 2
+  caw-box run --provider codex \"fix the failing test\"    # its first turn takes a ready box
+  caw-box pool start --provider claude --size 4 --max-age 1h --egress locked
+  caw-box pool start --provider codex --size 8 --serve  # a service that keeps it full
+  caw-box pool ls
+  caw-box pool stop --all";
+
+/// `pool start`: the pool's size and age, and `run`'s flags for the settings of its boxes.
+#[derive(Debug, Args)]
+pub struct PoolStartArgs {
+    /// How many boxes to keep ready (1 to 16).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub size: u32,
+    /// How long a box waits for a claim before it is replaced: 90s, 30m, 1h.
+    #[arg(long, value_name = "DURATION", default_value = "30m")]
+    pub max_age: String,
+    /// Keep running, as a service, and keep the pool full: what is claimed, removed from
+    /// outside or too old is replaced within seconds. Ctrl-C (or SIGTERM) ends the
+    /// service and leaves the pool as it is (`caw-box pool stop` removes it); a `pool stop`
+    /// from elsewhere ends it too.
+    #[arg(long)]
+    pub serve: bool,
+    #[command(flatten)]
+    pub run: super::RunArgs,
 }

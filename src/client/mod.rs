@@ -135,9 +135,9 @@ impl Client {
         let (inspected, name_taken, runtime) =
             tokio::join!(self.backend.inspect_image(image), name_check, runtime_check);
         runtime?;
-        if inspected?.is_none() {
+        let Some(image_info) = inspected? else {
             return Err(Error::missing_image(image, new.provider));
-        }
+        };
         if name_taken? {
             let name = new.name.as_deref().unwrap_or_default();
             return Err(
@@ -145,30 +145,36 @@ impl Client {
                     .with_hint("pick another --name, or resume that session"),
             );
         }
-        let session_id = Uuid::new_v4();
+        // A ready box of a pool made for these settings, if there is one: its id is the
+        // session's, and its first turn runs in it (`lifecycle::pool`).
+        let pool =
+            lifecycle::pool::claim(&self.backend, new.provider, &new.settings, &image_info.id)
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::debug!("no box claimed: {e}");
+                    None
+                });
+        let session_id = pool.unwrap_or_else(Uuid::new_v4);
         let created_at = now_secs();
-        let mut labels = volume_labels(
-            session_id,
-            new.provider,
-            new.name.as_deref(),
-            new.group.as_deref(),
-            created_at,
-            &new.settings,
-        );
-        if new.settings.workspace_mode == crate::session::WorkspaceMode::Bind {
-            let dir = new.settings.workspace.as_deref().unwrap_or_default();
-            let base =
-                crate::session::patch::record_bind_base(&self.backend, session_id, image, dir);
-            if let Some(base) = base.await {
-                labels.insert(
-                    crate::session::names::labels::WORKSPACE_BASE.to_string(),
-                    serde_json::to_string(&base).expect("bases serialize"),
-                );
+        let labels = self.session_labels(&new, session_id, created_at).await;
+        // A claimed box's state volume was made before its session: the session's labels go
+        // on a facts volume beside it (a volume's labels cannot change).
+        let labelled = match pool {
+            Some(_) => names::facts_volume(session_id),
+            None => names::state_volume(session_id),
+        };
+        if let Err(e) = self.backend.create_volume(&labelled, labels).await {
+            if pool.is_some() {
+                lifecycle::pool::remove_claimed(&self.backend, session_id).await;
             }
+            return Err(e);
         }
-        self.backend
-            .create_volume(&names::state_volume(session_id), labels)
-            .await?;
+        if pool.is_some() {
+            lifecycle::pool::refill_after_claim(&lifecycle::pool::key_of(
+                new.provider,
+                &new.settings,
+            ));
+        }
         if new.settings.workspace_mode == crate::session::WorkspaceMode::Copy {
             let dir = new.settings.workspace.clone().unwrap_or_default();
             let populated = crate::session::workspace::populate(
@@ -190,29 +196,53 @@ impl Client {
                     .backend
                     .remove_volume(&names::state_volume(session_id))
                     .await;
+                if pool.is_some() {
+                    lifecycle::pool::remove_claimed(&self.backend, session_id).await;
+                }
                 return Err(e);
             }
         }
+        let mut record =
+            lifecycle::pool::new_record(session_id, new.provider, &new.settings, created_at);
+        record.name = new.name;
+        record.group = new.group;
+        // A box's volumes were handed to the user its settings give.
+        record.owner = pool.map(|_| crate::session::owner::turn_ids(&new.settings));
         Ok(Session {
             backend: self.backend.clone(),
-            record: SessionRecord {
-                version: 1,
-                session_id,
-                provider: new.provider,
-                name: new.name,
-                group: new.group,
-                resume_key: String::new(),
-                key_confirmed: false,
-                owner: None,
-                created_at,
-                settings: new.settings,
-                turns: Vec::new(),
-                home_unlike_image: false,
-                turn_started: false,
-                summary_only: false,
-                cli_version: None,
-            },
+            record,
         })
+    }
+
+    /// The labels of a new session's state volume (of a claimed box's facts volume): who
+    /// it is, its settings, and a bind-mode git workspace's base.
+    async fn session_labels(
+        &self,
+        new: &NewSession,
+        session_id: Uuid,
+        created_at: u64,
+    ) -> HashMap<String, String> {
+        let mut labels = volume_labels(
+            session_id,
+            new.provider,
+            new.name.as_deref(),
+            new.group.as_deref(),
+            created_at,
+            &new.settings,
+        );
+        if new.settings.workspace_mode == crate::session::WorkspaceMode::Bind {
+            let dir = new.settings.workspace.as_deref().unwrap_or_default();
+            let image = &new.settings.image;
+            let base =
+                crate::session::patch::record_bind_base(&self.backend, session_id, image, dir);
+            if let Some(base) = base.await {
+                labels.insert(
+                    crate::session::names::labels::WORKSPACE_BASE.to_string(),
+                    serde_json::to_string(&base).expect("bases serialize"),
+                );
+            }
+        }
+        labels
     }
 
     /// Opens an existing session by handle, id, unique id prefix or name.

@@ -24,7 +24,30 @@ pub async fn doctor() -> Result<i32> {
     .await?;
     problems += credentials()?;
     output::println(&egress_line());
+    if let Some(line) = pools_line() {
+        output::println(&line);
+    }
     verdict(problems)
+}
+
+/// The pools of this host (`caw-box pool`), where there are any: they hold boxes (memory)
+/// while no session runs.
+fn pools_line() -> Option<String> {
+    let defs = crate::session::lifecycle::pool::all().ok()?;
+    if defs.is_empty() {
+        return None;
+    }
+    let each: Vec<String> = defs
+        .iter()
+        .map(|d| format!("{} ({}, {} boxes)", d.key, d.provider, d.size))
+        .collect();
+    Some(
+        Check::Ok(format!(
+            "pools: {}; `caw-box pool ls` shows their boxes, `caw-box pool stop --all` removes them",
+            each.join(", ")
+        ))
+        .line(),
+    )
 }
 
 /// What a new session's agent may reach, and where that was set.

@@ -63,15 +63,22 @@ pub async fn gc(
         // runtime scratch (a prompt) of turns whose container was removed without it.
         let networks = crate::session::remove_unused_egress_networks(&backend).await?;
         let scratch = crate::session::remove_unused_runtime_volumes(&backend, None).await?;
-        for (n, what) in [
-            (networks.len(), "unused egress network"),
-            (scratch.len(), "unused runtime volume"),
+        let boxes = lifecycle::pool::sweep(&backend).await?;
+        for (n, one, more) in [
+            (
+                networks.len(),
+                "unused egress network",
+                "unused egress networks",
+            ),
+            (
+                scratch.len(),
+                "unused runtime volume",
+                "unused runtime volumes",
+            ),
+            (boxes, "pool box left over", "pool boxes left over"),
         ] {
             if n > 0 {
-                output::println(&format!(
-                    "removed {n} {what}{}",
-                    if n == 1 { "" } else { "s" }
-                ));
+                output::println(&format!("removed {n} {}", if n == 1 { one } else { more }));
             }
         }
     }

@@ -10,12 +10,13 @@ pub mod gc;
 pub mod image;
 pub mod login;
 pub mod manage;
+pub mod pool;
 pub mod portable;
 pub mod show;
 pub mod turn;
 pub mod workspace;
 
-use crate::cli::{AuthCommand, Cli, Command, ConfigCommand, ImageCommand, SessionCommand};
+use crate::cli::{AuthCommand, Cli, Command, ConfigCommand, ImageCommand};
 use crate::error::Result;
 
 /// Sets this process's image repository from the resolved `image_repo` setting.
@@ -62,6 +63,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Wait { target, output } => turn::wait(&target, output, cli.quiet).await,
         Command::Stop { target } => turn::stop(&target, cli.quiet).await,
         Command::Warm { target, for_ } => turn::warm(&target, for_.as_deref(), cli.quiet).await,
+        Command::Pool(command) => pool::pool(command, cli.quiet).await,
         Command::Rm {
             targets,
             force,
@@ -102,15 +104,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             };
             workspace::diff(&target, patch.as_deref(), how).await
         }
-        Command::Session(SessionCommand::Export {
-            target,
-            file,
-            force,
-            checkpoints,
-        }) => portable::export(&target, &file, force, checkpoints == "all", cli.quiet).await,
-        Command::Session(SessionCommand::Import { file, force }) => {
-            portable::import(&file, force, cli.quiet).await
-        }
+        Command::Session(command) => portable::session(command, cli.quiet).await,
         Command::Auth(AuthCommand::Collect { provider, store }) => {
             auth::collect(&provider, store.into(), cli.quiet)
         }
@@ -182,14 +176,20 @@ async fn mcp(args: crate::cli::McpArgs) -> Result<i32> {
             .transpose()?
             .map(std::sync::Arc::new),
         shutdown: Default::default(),
+        pool: args.pool.map(|n| (n, Default::default())),
     };
+    let pools = defaults.pool.as_ref().map(|(_, made)| made.clone());
     // The server stops itself on SIGTERM and SIGINT; a turn it follows (an orphan `wait`
     // adopts) must not take them as its own stop: the turns go on without the server.
     crate::session::runner::leave_signals_to_the_caller();
-    match http {
+    let served = match http {
         Some((addr, token)) => crate::mcp::http::serve(defaults, addr, token).await,
         None => crate::mcp::serve_stdio(defaults).await,
+    };
+    if let Some(made) = pools {
+        crate::mcp::stop_pools(&made).await;
     }
+    served
 }
 
 /// `completions SHELL`: the shell's completion script on stdout.

@@ -119,3 +119,16 @@ fn human_bytes(n: u64) -> String {
         _ => format!("{:.1} MiB", n as f64 / 1_048_576.0),
     }
 }
+
+/// Runs a `session` subcommand.
+pub async fn session(command: crate::cli::SessionCommand, quiet: bool) -> Result<i32> {
+    match command {
+        crate::cli::SessionCommand::Export {
+            target,
+            file,
+            force,
+            checkpoints,
+        } => export(&target, &file, force, checkpoints == "all", quiet).await,
+        crate::cli::SessionCommand::Import { file, force } => import(&file, force, quiet).await,
+    }
+}

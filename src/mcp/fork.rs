@@ -210,6 +210,7 @@ mod tests {
             queue: None,
             budget: None,
             shutdown: Default::default(),
+            pool: None,
         }
     }
 

@@ -101,12 +101,70 @@ pub struct Defaults {
     pub budget: Option<std::sync::Arc<budget::ServerBudget>>,
     /// Cancelled when the server stops: a `wait` in flight answers then.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// `--pool`: how many boxes each kind of session this server starts keeps ready, and
+    /// the keys of the pools it made (removed when it stops).
+    pub pool: Option<(u32, std::sync::Arc<std::sync::Mutex<Vec<String>>>)>,
 }
 
 impl Defaults {
     /// Whether session `id` has a turn in this server's queue.
     pub fn queued(&self, id: uuid::Uuid) -> bool {
         self.queue.as_ref().is_some_and(|q| q.holds(id))
+    }
+}
+
+/// `--pool`: makes a pool of `size` boxes for sessions of `provider` and `settings` (the
+/// session just started), where this server has none yet, and fills it in the background.
+pub fn keep_pool(
+    backend: &impl crate::backend::Backend,
+    provider: crate::provider::ProviderKind,
+    settings: &crate::session::record::SessionSettings,
+    size: u32,
+    made: &std::sync::Mutex<Vec<String>>,
+) {
+    use crate::session::lifecycle::pool;
+    if !backend.capabilities().pools {
+        return;
+    }
+    let key = pool::key_of(provider, settings);
+    let mut made = made.lock().unwrap_or_else(|e| e.into_inner());
+    // (One the person made with `pool start` is theirs: used, never changed or removed.)
+    if made.contains(&key) || pool::load(&key).is_some() {
+        return;
+    }
+    let def = pool::PoolDef {
+        key: key.clone(),
+        provider,
+        settings: settings.clone(),
+        size,
+        max_age_secs: pool::DEFAULT_MAX_AGE_SECS,
+        created_at: crate::clock::now_secs(),
+    };
+    match pool::save(&def) {
+        Ok(()) => {
+            pool::fill_in_background(&key);
+            made.push(key);
+        }
+        Err(e) => tracing::warn!("no pool for these sessions: {e}"),
+    }
+}
+
+/// Removes the pools this server made (`--pool`), when it stops.
+pub async fn stop_pools(made: &std::sync::Mutex<Vec<String>>) {
+    use crate::session::lifecycle::pool;
+    let keys = made.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if keys.is_empty() {
+        return;
+    }
+    let Ok(backend) = crate::client::connect_backend().await else {
+        return;
+    };
+    for key in keys {
+        if let Some(def) = pool::load(&key) {
+            if let Err(e) = pool::stop(&backend, &def).await {
+                tracing::warn!("could not remove pool {key}: {e}");
+            }
+        }
     }
 }
 

@@ -271,7 +271,7 @@ pub async fn start(defaults: &Defaults, a: StartArgs) -> Result<Value> {
             user_config: false,
             turn: turn_args(defaults, settings.clone(), &a.prompt)?,
         };
-        runs.push(start_one(args, defaults.queue.clone(), &admit));
+        runs.push(start_one(args, defaults, &admit));
     }
     let outcomes = futures_util::future::join_all(runs).await;
     if let Some(g) = &mut grant {
@@ -311,17 +311,18 @@ pub(super) async fn start_or_queue(
     }
 }
 
-async fn start_one(
-    mut args: RunArgs,
-    queue: Option<Arc<Queue>>,
-    admit: &Admit<'_>,
-) -> Result<Value> {
+async fn start_one(mut args: RunArgs, defaults: &Defaults, admit: &Admit<'_>) -> Result<Value> {
     let NewTurn {
         client,
         session,
         options,
     } = new_session_admitted(&mut args, true, &|_| {}, admit).await?;
-    match start_or_queue(queue.as_ref(), &client, &session, &options, true).await {
+    if let Some((size, made)) = &defaults.pool {
+        let r = session.record();
+        super::keep_pool(client.backend(), r.provider, &r.settings, *size, made);
+    }
+    let queue = defaults.queue.as_ref();
+    match start_or_queue(queue, &client, &session, &options, true).await {
         Ok(queued) => Ok(started(&session, 1, queued)),
         Err(e) => {
             session.discard_unless_recorded().await;

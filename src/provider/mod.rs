@@ -169,6 +169,13 @@ pub trait Provider: Send + Sync {
     fn chooses_key_up_front(&self) -> bool {
         false
     }
+    /// A command that makes, in a fresh HOME, the state the CLI's first run makes before it
+    /// sends anything (its databases, its bundled files), and holds no conversation, no
+    /// credential and no prompt: a pool's box runs it ahead of its claim
+    /// (`session::lifecycle::pool`). `None`: the CLI's first run has nothing worth it.
+    fn prime_argv(&self) -> Option<Vec<String>> {
+        None
+    }
     /// For an interactive turn: a bash script that runs in the container after the TUI
     /// exited and prints the vendor key of the conversation written last (nothing when there
     /// is none). The TUIs do not report their key in a form meant for programs.

@@ -35,6 +35,7 @@ mod oauth;
 mod orphans;
 mod park;
 mod patch;
+mod pool;
 mod portable;
 mod prompts;
 mod protect;

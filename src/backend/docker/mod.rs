@@ -278,6 +278,7 @@ impl DockerBackend {
             checkpoints: !podman,
             warm_checkpoints: !podman,
             forks_from_volumes: !podman,
+            pools: !podman,
             // Podman keeps no stdin across attaches: no lease could reach a shared proxy.
             shared_proxy: !podman,
             proxy_in_turn: false,

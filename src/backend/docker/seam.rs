@@ -206,6 +206,18 @@ impl Backend for DockerBackend {
         DockerBackend::idle_warm(self, name).await
     }
 
+    async fn pool_park(&self, name: &str, box_name: &str) -> Result<()> {
+        DockerBackend::pool_park(self, name, box_name).await
+    }
+
+    async fn pool_prime(&self, box_name: &str, argv: Vec<String>) -> Result<i64> {
+        DockerBackend::exec_to_end(self, box_name, argv).await
+    }
+
+    async fn pool_claim(&self, box_name: &str, name: &str) -> Result<bool> {
+        DockerBackend::pool_claim(self, box_name, name).await
+    }
+
     async fn remove_warm(&self, name: &str) -> Result<bool> {
         DockerBackend::remove_warm(self, name).await
     }

@@ -131,6 +131,43 @@ impl DockerBackend {
             .map_err(|e| self.failed(format_args!("make container '{name}' idle"), &e))
     }
 
+    /// Renames turn `name`'s idle warm container, made for no turn, to a pool's box name.
+    pub(super) async fn pool_park(&self, name: &str, box_name: &str) -> Result<()> {
+        self.docker
+            .rename_container(
+                &idle_name(name),
+                RenameContainerOptions {
+                    name: box_name.to_string(),
+                },
+            )
+            .await
+            .map_err(|e| self.failed(format_args!("park container '{name}' in its pool"), &e))
+    }
+
+    /// Renames the pool's box `box_name` to turn `name`'s idle name: `false` when it is gone
+    /// or a racing claim renamed it first (the daemon renames one at a time).
+    pub(super) async fn pool_claim(&self, box_name: &str, name: &str) -> Result<bool> {
+        let renamed = self
+            .docker
+            .rename_container(
+                box_name,
+                RenameContainerOptions {
+                    name: idle_name(name),
+                },
+            )
+            .await;
+        match renamed {
+            Ok(()) => Ok(true),
+            Err(e) if is_not_found(&e) || super::is_conflict(&e) || super::is_name_taken(&e) => {
+                Ok(false)
+            }
+            Err(e) if super::daemon_message(&e).contains("same name as its current name") => {
+                Ok(false)
+            }
+            Err(e) => Err(self.failed(format_args!("claim the pool's box '{box_name}'"), &e)),
+        }
+    }
+
     /// Removes turn `name`'s idle warm container, if there is one.
     pub(super) async fn remove_warm(&self, name: &str) -> Result<bool> {
         let idle = idle_name(name);
@@ -230,7 +267,7 @@ impl DockerBackend {
     }
 
     /// Runs `argv` in container `name` to its end: its exit code.
-    async fn exec_to_end(&self, name: &str, argv: Vec<String>) -> Result<i64> {
+    pub(super) async fn exec_to_end(&self, name: &str, argv: Vec<String>) -> Result<i64> {
         let exec = self
             .docker
             .create_exec(
@@ -275,6 +312,25 @@ impl DockerBackend {
         Ok(true)
     }
 
+    /// Ends the container `going`, renamed aside after its last turn; the engine removes
+    /// it (`auto_remove`). Where the kill fails, it is removed here.
+    async fn kill_going(&self, going: &str) -> Result<()> {
+        let killed = self
+            .docker
+            .kill_container(
+                going,
+                Some(bollard::query_parameters::KillContainerOptions {
+                    signal: "SIGKILL".to_string(),
+                }),
+            )
+            .await;
+        match killed {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(_) => self.remove_container(going, true).await,
+        }
+    }
+
     /// After the warm turn `name` was recorded: makes its container idle again and renames
     /// it back; a container that cannot be made so is removed.
     pub(super) async fn release_warm(&self, name: &str) -> Result<()> {
@@ -286,6 +342,27 @@ impl DockerBackend {
         let Some(turn) = turn else {
             return Ok(());
         };
+        if turn.exec.goes_after {
+            // Renamed first: the session's lock is free at once, and no one who waits for
+            // the turn meets its container stopped half-way through its removal.
+            let going = format!("{name}-going");
+            let renamed = self
+                .docker
+                .rename_container(
+                    name,
+                    RenameContainerOptions {
+                        name: going.clone(),
+                    },
+                )
+                .await;
+            // Killed, not removed: a warm container removes itself once it ended
+            // (`auto_remove`), so its removal (its scratch volume and network let go, some
+            // 70 ms of the daemon's) is not on the turn's path.
+            return match renamed {
+                Ok(()) => self.kill_going(&going).await,
+                Err(_) => self.remove_container(name, true).await,
+            };
+        }
         let idle = if turn.released {
             Ok(0)
         } else {

@@ -219,6 +219,7 @@ fn capabilities(namespace: &str, context: Option<&str>) -> crate::backend::Capab
         checkpoints: true,
         warm_checkpoints: false,
         forks_from_volumes: false,
+        pools: false,
         shared_proxy: false,
         proxy_in_turn: true,
     }

@@ -22,7 +22,7 @@
 //! A turn run by exec is this process's to drive: after `exec_in_warm`, the driver's
 //! attach/wait/stop/remove of the turn's name act on the exec (the remove releases). Not
 //! kept warm (`session::warm::keep_for`): a turn whose pod has a broker sidecar (it would
-//! hold its keys while idle) or an egress proxy.
+//! hold its keys while idle). An egress proxy sidecar stays with a warm pod.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -162,6 +162,49 @@ pub(crate) async fn new_session_admitted(
     progress: &(dyn Fn(&str) + Sync),
     admit: &Admit<'_>,
 ) -> Result<NewTurn> {
+    let Settled {
+        client,
+        provider,
+        settings: session_settings,
+        options,
+        egress_news,
+    } = settle_new(args, quiet, progress, admit).await?;
+    let session = client
+        .start_session(NewSession {
+            provider,
+            name: args.name.clone(),
+            group: args.group.clone(),
+            settings: session_settings,
+        })
+        .await?;
+    if args.turn.settings.egress.is_none() {
+        say_egress_default_once(egress_news && !quiet);
+    }
+    Ok(NewTurn {
+        client,
+        session,
+        options,
+    })
+}
+
+/// A new session's settings and first turn's options, as `run`'s flags, the config files
+/// and variables settle them, checked, before anything is made (`caw-box pool start` makes
+/// its boxes for exactly these).
+pub(crate) struct Settled {
+    pub client: Client,
+    pub provider: ProviderKind,
+    pub settings: SessionSettings,
+    pub options: TurnOptions,
+    egress_news: bool,
+}
+
+/// [`Settled`] of `run`'s flags `args`.
+pub(crate) async fn settle_new(
+    args: &mut RunArgs,
+    quiet: bool,
+    progress: &(dyn Fn(&str) + Sync),
+    admit: &Admit<'_>,
+) -> Result<Settled> {
     let mut flags = Layer::from_flags(
         args.provider.as_deref(),
         args.group.as_deref(),
@@ -217,21 +260,12 @@ pub(crate) async fn new_session_admitted(
         ));
         session_settings.model = Some(model);
     }
-    let session = client
-        .start_session(NewSession {
-            provider,
-            name: args.name.clone(),
-            group: args.group.clone(),
-            settings: session_settings,
-        })
-        .await?;
-    if args.turn.settings.egress.is_none() {
-        say_egress_default_once(egress_news && !quiet);
-    }
-    Ok(NewTurn {
+    Ok(Settled {
         client,
-        session,
+        provider,
+        settings: session_settings,
         options,
+        egress_news,
     })
 }
 

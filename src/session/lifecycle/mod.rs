@@ -12,6 +12,7 @@
 pub mod fork;
 pub mod liveness;
 pub mod orphans;
+pub mod pool;
 pub mod prune;
 
 use std::collections::HashMap;

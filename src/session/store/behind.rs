@@ -154,6 +154,15 @@ impl Arming {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = state;
     }
 
+    /// Whether a checkpoint was armed beside the turn (it ran warm: in the session's warm
+    /// container, or a pool's box).
+    pub(in crate::session) fn is_armed(&self) -> bool {
+        !matches!(
+            *self.0.lock().unwrap_or_else(|e| e.into_inner()),
+            ArmState::None
+        )
+    }
+
     /// The arming under way (a task of [`arm`]).
     pub(in crate::session) fn start(&self, task: tokio::task::JoinHandle<Result<Armed>>) {
         self.put(ArmState::Arming(task));

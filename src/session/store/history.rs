@@ -233,7 +233,9 @@ async fn take_checkpoint(
     armed: Option<&crate::session::store::behind::Arming>,
 ) -> Option<String> {
     let caps = backend.capabilities();
-    let warm = record.settings.keep_warm_secs.is_some();
+    // (A turn that ran warm where the session keeps none, in a pool's box or a container
+    // `caw-box warm` made, was armed beside it as well.)
+    let warm = record.settings.keep_warm_secs.is_some() || armed.is_some_and(|a| a.is_armed());
     if !caps.checkpoints || record.settings.no_checkpoints || (warm && !caps.warm_checkpoints) {
         return None;
     }

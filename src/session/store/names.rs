@@ -70,6 +70,19 @@ pub fn state_volume(session_id: Uuid) -> String {
     format!("caw-box-{session_id}")
 }
 
+/// The labels of a session whose state volume a pool made before it existed (`caw-box
+/// pool`): an empty volume, role `state`, with the session's own labels (a volume's labels
+/// cannot change), which is what `ls` and a TARGET find.
+pub fn facts_volume(session_id: Uuid) -> String {
+    format!("caw-box-{session_id}-facts")
+}
+
+/// A pool's ready box, before a session claims it: `caw-box-pool-<session id>` (the id its
+/// session will have).
+pub fn pool_box(session_id: Uuid) -> String {
+    format!("caw-box-pool-{session_id}")
+}
+
 /// A copy-mode session's workspace volume.
 pub fn workspace_volume(session_id: Uuid) -> String {
     format!("caw-box-{session_id}-workspace")

@@ -366,6 +366,15 @@ async fn facts_for_handle(backend: &impl Backend, handle: &ResumeHandle) -> Resu
                 words.elsewhere
             ))
         })?;
+    // A pool made the state volume before its session: the session's labels are on its
+    // facts volume.
+    let volume = match volume.labels.get(labels::ROLE).map(String::as_str) {
+        Some(roles::POOL_STATE) => backend
+            .inspect_volume(&names::facts_volume(handle.session_id))
+            .await?
+            .unwrap_or(volume),
+        _ => volume,
+    };
     let facts = VolumeFacts::from_volume(&volume).ok_or_else(|| {
         Error::usage(format!(
             "volume '{}' is not a caw-box session volume (its labels do not match the handle)",

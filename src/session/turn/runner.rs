@@ -167,6 +167,16 @@ pub async fn warm_ahead(
     record: &mut SessionRecord,
     secs: Option<u64>,
 ) -> Result<bool> {
+    warm_ahead_with(backend, record, secs, &[]).await
+}
+
+/// [`warm_ahead`], with `labels` added to the container's (a pool's box: its pool).
+pub async fn warm_ahead_with(
+    backend: &impl Backend,
+    record: &mut SessionRecord,
+    secs: Option<u64>,
+    labels: &[(String, String)],
+) -> Result<bool> {
     record.settings.check_agent_config(record.provider)?;
     if secs.is_some() {
         record.settings.keep_warm_secs = secs;
@@ -205,6 +215,7 @@ pub async fn warm_ahead(
         e.close(backend).await;
     }
     let mut spec = plan.spec;
+    spec.labels.extend(labels.iter().cloned());
     if let Some(b) = &plan.broker {
         b.prepare(backend).await?;
         // Where the broker stands in for hosts, its address is in the container's hosts.
@@ -316,12 +327,10 @@ async fn realise(
             }
         };
         // What the session's turns removed from outside (`docker rm -f`) left: their scratch.
-        let session = record.session_id;
-        let scratch_goes = async {
-            let _ = crate::session::turn::runtime::remove_unused(backend, Some(session)).await;
-        };
+        let scratch_goes =
+            crate::session::turn::runtime::remove_unused(backend, Some(record.session_id));
         let abandoned_go = remove_abandoned_turns(backend, &name);
-        let (created, (), (), ()) = tokio::join!(make, abandoned_go, idle_goes, scratch_goes);
+        let (created, (), (), _) = tokio::join!(make, abandoned_go, idle_goes, scratch_goes);
         let _ = turn_made.send(created.is_ok());
         // (Dropped on failure, which frees the start of a broker in it from its wait.)
         drop(turn_made);
@@ -515,8 +524,16 @@ async fn make_container(
                 .map(|t| t.started_at + t.duration_ms / 1000)
                 .max()
                 .unwrap_or(0);
-            crate::session::turn::warm::take_or_make(backend, name, spec, secs, last_end, create)
-                .await
+            let keeps = record.settings.keep_warm_secs.is_some();
+            crate::session::turn::warm::take_or_make(
+                backend,
+                name,
+                spec,
+                (secs, keeps),
+                last_end,
+                create,
+            )
+            .await
         }
         None => create_turn_container(backend, record, name, spec).await,
     }
@@ -708,6 +725,7 @@ mod tests {
             checkpoints: false,
             warm_checkpoints: false,
             forks_from_volumes: false,
+            pools: false,
             shared_proxy: false,
             proxy_in_turn: false,
         });

@@ -139,12 +139,13 @@ fn fingerprint_for(spec: &TurnSpec, secs: u64) -> String {
 /// when there is one made with the same settings and it runs; else a new one, made as a
 /// cold turn's would be, but idle for `secs` after each turn (a warm one that does not fit
 /// or died is removed first). `create` creates a turn's container from its spec under the
-/// session's lock, as a cold turn's (`runner::create_turn_container`).
+/// session's lock, as a cold turn's (`runner::create_turn_container`). A pool's box
+/// (`lifecycle::pool`) goes after the turn unless the session `keeps` warm.
 pub(in crate::session) async fn take_or_make<F>(
     backend: &impl Backend,
     name: &str,
     spec: &TurnSpec,
-    secs: u64,
+    (secs, keeps): (u64, bool),
     last_turn_end: u64,
     create: impl FnOnce(TurnSpec) -> F,
 ) -> Result<()>
@@ -152,7 +153,7 @@ where
     F: std::future::Future<Output = Result<()>>,
 {
     let fp = fingerprint_for(spec, secs);
-    let exec = WarmExec {
+    let mut exec = WarmExec {
         argv: turn_argv(
             spec.labels
                 .get(crate::session::store::record::labels::TURN)
@@ -165,11 +166,15 @@ where
         env: spec.env.clone(),
         working_dir: spec.working_dir.clone(),
         run_dir: spec.runtime.mount.clone(),
+        goes_after: false,
     };
     if let Some(c) = backend.claim_warm(name).await? {
         let fits = c.running() && c.label(WARM_LABEL) == Some(fp.as_str());
         if fits && !ends_soon(&c, secs, last_turn_end) {
             tracing::debug!("the turn runs in the warm container {}", c.id);
+            exec.goes_after = !keeps
+                && c.label(crate::session::store::record::labels::POOL)
+                    .is_some();
             backend.exec_in_warm(name, exec);
             return Ok(());
         }

@@ -81,8 +81,18 @@ impl Holds {
     /// meanwhile (also when the future is dropped early: its client went away).
     pub async fn hold(&self, name: &str, cap: Duration) -> Ended {
         let mut changed = self.changed.subscribe();
+        // A released name holds nothing: its requests never count as waiting.
+        let counted = self.update(|inner| {
+            let held = !inner.released.contains(name);
+            if held {
+                *inner.waiting.entry(name.to_string()).or_default() += 1;
+            }
+            held
+        });
+        if !counted {
+            return Ended::Released;
+        }
         let _waiting = Waiting { holds: self, name };
-        self.update(|inner| *inner.waiting.entry(name.to_string()).or_default() += 1);
         let deadline = tokio::time::Instant::now() + cap;
         loop {
             if self.read(|inner| inner.released.contains(name)) {
@@ -95,11 +105,13 @@ impl Holds {
         }
     }
 
-    /// Releases `name` for good; how many requests were waiting on it.
+    /// Releases `name` for good; how many requests were waiting on it. They count as
+    /// waiting no more from now, also before each one's task wakes to answer, so a test that
+    /// releases what it sees held never sees a released request again.
     pub fn release(&self, name: &str) -> usize {
         self.update(|inner| {
             inner.released.insert(name.to_string());
-            inner.waiting.get(name).copied().unwrap_or(0)
+            inner.waiting.remove(name).unwrap_or(0)
         })
     }
 
@@ -220,6 +232,21 @@ mod tests {
         for t in tasks {
             assert_eq!(t.await.unwrap(), Ended::Released);
         }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_released_request_is_not_held_even_before_it_wakes() {
+        let holds = Arc::new(Holds::default());
+        let held = tokio::spawn({
+            let holds = Arc::clone(&holds);
+            async move { holds.hold("r", MAX_HOLD).await }
+        });
+        assert_eq!(holds.until_waiting("r", 1, MAX_HOLD).await, 1);
+        // One thread: the held task cannot run between the release and the look.
+        assert_eq!(holds.release("r"), 1);
+        assert_eq!(holds.status()["waiting"], json!({}));
+        assert_eq!(held.await.unwrap(), Ended::Released);
+        assert_eq!(holds.status()["waiting"], json!({}));
     }
 
     #[test]
