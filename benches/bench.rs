@@ -31,11 +31,15 @@
 //! `docker run` (the `turns` part's run under the default, `balanced`: its proxy is the
 //! shared one, its turns pay none to start).
 //!
+//! Part `pool` ([`pool`]): a new session's codex first turn from a pool (`caw-box pool`)
+//! against plain `docker run` (target <= 0.5) and against a cold caw-box run, and a ready
+//! box's memory at rest.
+//!
 //! Part `admission`: what `--per-account` (and the account's back-off) adds to a turn when its
 //! account has a free slot.
 //!
 //! To iterate on one number: `--only PART` (`cold`, `parse`, `listing`, `gitbase`, `admission`, `turns`,
-//! `runsc`, `concurrent`, `checkpoints`, `egress`, `cluster`; repeatable) runs just those parts, `--provider P` (repeatable)
+//! `runsc`, `concurrent`, `checkpoints`, `egress`, `pool`, `cluster`; repeatable) runs just those parts, `--provider P` (repeatable)
 //! just those providers' turns, `--reps N` sets the repetitions of each turn (default: 31
 //! for codex, 21 for claude, 11 for the slower opencode and gemini turns). `BENCH_DEBUG=1`
 //! prints every turn's samples.
@@ -44,6 +48,8 @@
 
 #[path = "bench/checkpoints.rs"]
 mod checkpoints;
+#[path = "bench/pool.rs"]
+mod pool;
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -743,55 +749,109 @@ fn root_owned_first_turns(
     ))
 }
 
-/// codex's first turn and resume under `--egress locked` (the model's API only, through
-/// the shared egress proxy), each against the same plain `docker run` turn. (The `turns`
-/// part's turns run under the default, `balanced`.)
+/// codex's first turn and resume under `--egress locked` (the model's API only), each
+/// against the same plain `docker run` turn, and beside the same turns under the default,
+/// `balanced`, measured in the same repetitions (rotating which goes first), so that the two
+/// policies meet the same spell of the machine. One turn of each policy before the first
+/// measurement starts its shared egress proxy, which a policy's first turn of the run
+/// would otherwise pay inside a sample. (With the bench's collected key the model's traffic
+/// goes through the broker, which the agent reaches beside the proxy: the policies differ
+/// only in the proxy's allow-list.)
 fn locked_turns(rig: &ModelRig, ws: &std::path::Path, reps: usize, smoke: bool) -> Vec<Measure> {
     let codex = &TURN_BENCHES[1];
-    let locked = ["--egress", "locked"];
-    let (mut caw_run, mut caw_resume, mut dk_run, mut dk_resume) = (vec![], vec![], vec![], vec![]);
+    let policies: [&[&str]; 2] = [&["--egress", "locked"], &["--egress", "balanced"]];
+    for flags in policies {
+        caw_turn_with(rig, codex, ws, None, flags, "Say hello.");
+    }
+    // Per policy (locked, balanced) and for docker run: first turns and resumes.
+    let mut run: [Vec<f64>; 3] = Default::default();
+    let mut resume: [Vec<f64>; 3] = Default::default();
     for i in 0..reps {
         let volume = format!("caw-box-bench-{}-{i}-locked", std::process::id());
-        let mut session = String::new();
+        let mut sessions = [String::new(), String::new()];
         let mut key = String::new();
-        let mut caw_first = |session: &mut String| {
-            let (t, out, _) = caw_turn_with(rig, codex, ws, None, &locked, "REMEMBER:bench");
-            caw_run.push(t);
-            *session = serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()["session_id"]
-                .as_str()
-                .unwrap()
-                .to_string();
-        };
-        let dk_first = |key: &mut String| {
-            let (t, out) = docker_turn(rig, codex, ws, &volume, None, "REMEMBER:bench");
-            *key = resume_key_of(codex, &out);
-            t
-        };
-        if i % 2 == 0 {
-            caw_first(&mut session);
-            dk_run.push(dk_first(&mut key));
-        } else {
-            dk_run.push(dk_first(&mut key));
-            caw_first(&mut session);
+        // 0, 1: caw-box under policies[0], [1]; 2: docker run. Rotated each repetition.
+        let order: Vec<usize> = (0..3).map(|k| (k + i) % 3).collect();
+        for &who in &order {
+            if who == 2 {
+                let (t, out) = docker_turn(rig, codex, ws, &volume, None, "REMEMBER:bench");
+                key = resume_key_of(codex, &out);
+                run[2].push(t);
+            } else {
+                let (t, out, _) =
+                    caw_turn_with(rig, codex, ws, None, policies[who], "REMEMBER:bench");
+                run[who].push(t);
+                sessions[who] = serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()
+                    ["session_id"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+            }
         }
-        let caw_again = || caw_turn_with(rig, codex, ws, Some(&session), &locked, "RECALL").0;
-        let dk_again = || docker_turn(rig, codex, ws, &volume, Some(&key), "RECALL").0;
-        if i % 2 == 0 {
-            dk_resume.push(dk_again());
-            caw_resume.push(caw_again());
-        } else {
-            caw_resume.push(caw_again());
-            dk_resume.push(dk_again());
+        for &who in order.iter().rev() {
+            let t = match who {
+                2 => docker_turn(rig, codex, ws, &volume, Some(&key), "RECALL").0,
+                _ => {
+                    caw_turn_with(
+                        rig,
+                        codex,
+                        ws,
+                        Some(&sessions[who]),
+                        policies[who],
+                        "RECALL",
+                    )
+                    .0
+                }
+            };
+            resume[who].push(t);
         }
     }
+    let [locked_run, balanced_run, dk_run] = run;
+    let [locked_resume, balanced_resume, dk_resume] = resume;
+    let beside = |what: &str, locked: &[f64], balanced: &[f64]| {
+        let mut m = paired(what, locked.to_vec(), balanced.to_vec(), 0.0, true);
+        m.name = m.name.replace("docker run", "balanced");
+        m.target = "(reported)".into();
+        m
+    };
     vec![
-        paired("codex run, --egress locked", caw_run, dk_run, 1.05, smoke),
+        paired(
+            "codex run, --egress locked",
+            locked_run.clone(),
+            dk_run.clone(),
+            1.05,
+            smoke,
+        ),
         paired(
             "codex resume, --egress locked",
-            caw_resume,
+            locked_resume.clone(),
+            dk_resume.clone(),
+            1.05,
+            smoke,
+        ),
+        paired(
+            "codex run, --egress balanced (beside locked)",
+            balanced_run.clone(),
+            dk_run,
+            1.05,
+            smoke,
+        ),
+        paired(
+            "codex resume, --egress balanced (beside locked)",
+            balanced_resume.clone(),
             dk_resume,
             1.05,
             smoke,
+        ),
+        beside(
+            "codex run, locked against balanced",
+            &locked_run,
+            &balanced_run,
+        ),
+        beside(
+            "codex resume, locked against balanced",
+            &locked_resume,
+            &balanced_resume,
         ),
     ]
 }
@@ -1096,8 +1156,13 @@ fn turns(smoke: bool, filter: &Filter) -> Vec<Measure> {
         results.extend(root_owned_first_turns(&rig, ws.path(), reps, smoke));
     }
     if filter.wants("egress") && codex_wanted {
-        let reps = filter.reps.unwrap_or(if smoke { 1 } else { 9 });
+        let reps = filter.reps.unwrap_or(if smoke { 1 } else { 15 });
         results.extend(locked_turns(&rig, ws.path(), reps, smoke));
+    }
+    if filter.wants("pool") && codex_wanted {
+        let reps = filter.reps.unwrap_or(if smoke { 1 } else { 9 });
+        let codex = &TURN_BENCHES[1];
+        results.extend(pool::pool_turns(&rig, codex, ws.path(), reps, smoke));
     }
     if measured_turns {
         // The binary users install (`make dist`'s static musl binary, which the hot-function
@@ -1231,9 +1296,16 @@ fn main() {
     if filter.wants("admission") {
         results.push(rt.block_on(admission(runs * 10, smoke)));
     }
-    if ["turns", "concurrent", "runsc", "checkpoints", "egress"]
-        .iter()
-        .any(|p| filter.wants(p))
+    if [
+        "turns",
+        "concurrent",
+        "runsc",
+        "checkpoints",
+        "egress",
+        "pool",
+    ]
+    .iter()
+    .any(|p| filter.wants(p))
     {
         results.extend(turns(smoke, &filter));
     }
