@@ -55,7 +55,7 @@ pub struct Capabilities {
     /// source's claims would hold a turn pod back.
     pub forks_from_volumes: bool,
     /// Whether `caw-box pool` keeps boxes ready here (`session::lifecycle::pool`): Docker's
-    /// engine. (A cluster's warm pool of pods with bound claims is not built yet.)
+    /// engine, and a cluster (warm pods with their claims bound). Not Podman's service.
     pub pools: bool,
     /// Whether a turn's egress proxy is one kept for the turns of every session with the
     /// same egress ([`EgressPlan::shared`](super::EgressPlan::shared)), so a turn pays no

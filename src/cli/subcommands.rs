@@ -383,6 +383,7 @@ Examples:
   caw-box run --provider codex \"fix the failing test\"    # its first turn takes a ready box
   caw-box pool start --provider claude --size 4 --max-age 1h --egress locked
   caw-box pool start --provider codex --size 8 --serve  # a service that keeps it full
+  caw-box --backend kubernetes pool start --provider codex --size 2   # warm pods
   caw-box pool ls
   caw-box pool stop --all";
 

@@ -171,6 +171,7 @@ impl Client {
         }
         if pool.is_some() {
             lifecycle::pool::refill_after_claim(&lifecycle::pool::key_of(
+                &lifecycle::pool::scope_of(&self.backend),
                 new.provider,
                 &new.settings,
             ));

@@ -60,11 +60,12 @@ async fn start(mut args: PoolStartArgs, quiet: bool) -> Result<i32> {
         crate::commands::turn::settle_new(run, quiet, &progress, &|_, _, _| Ok(())).await?;
     if !settled.client.backend().capabilities().pools {
         return Err(
-            Error::usage("this backend keeps no pool: Docker's engine does")
-                .with_hint("run `caw-box pool start` against a Docker daemon"),
+            Error::usage("this backend keeps no pool: Docker's engine and Kubernetes do")
+                .with_hint("run `caw-box pool start` against a Docker daemon or a cluster"),
         );
     }
-    let key = pool::key_of(settled.provider, &settled.settings);
+    let scope = pool::scope_of(settled.client.backend());
+    let key = pool::key_of(&scope, settled.provider, &settled.settings);
     let def = PoolDef {
         key: key.clone(),
         provider: settled.provider,
@@ -72,9 +73,20 @@ async fn start(mut args: PoolStartArgs, quiet: bool) -> Result<i32> {
         size: args.size,
         max_age_secs: max_age,
         created_at: pool::load(&key).map_or_else(crate::clock::now_secs, |d| d.created_at),
+        scope,
     };
+    let new = pool::load(&key).is_none();
     pool::save(&def)?;
-    let filled = pool::fill(settled.client.backend(), &def, &progress).await?;
+    let filled = match pool::fill(settled.client.backend(), &def, &progress).await {
+        Ok(filled) => filled,
+        Err(e) => {
+            // A pool that could not make its first box is not left half made.
+            if new {
+                let _ = pool::stop(settled.client.backend(), &def).await;
+            }
+            return Err(e);
+        }
+    };
     progress(&format!(
         "pool {key}: {} {} ready ({} made, {} replaced); `caw-box run` with the same settings claims one",
         filled.ready,
@@ -142,8 +154,8 @@ async fn serve(backend: &impl Backend, def: &PoolDef, quiet: bool) -> Result<()>
 
 /// `pool ls`: every pool of this host, its settings in short and its boxes.
 async fn ls(json: bool) -> Result<i32> {
-    let defs = pool::all()?;
     let client = Client::connect().await?;
+    let defs = pool::here(client.backend())?;
     let mut rows = Vec::new();
     for def in &defs {
         let boxes = pool::list(client.backend(), def).await?;
@@ -210,7 +222,8 @@ async fn stop(keys: Vec<String>, all: bool, quiet: bool) -> Result<i32> {
         return Err(Error::usage("say which pools: KEY… or --all")
             .with_hint("`caw-box pool ls` lists them"));
     }
-    let defs = pool::all()?;
+    let client = Client::connect().await?;
+    let defs = pool::here(client.backend())?;
     let mut chosen = Vec::new();
     for key in &keys {
         match defs.iter().find(|d| &d.key == key) {
@@ -224,7 +237,6 @@ async fn stop(keys: Vec<String>, all: bool, quiet: bool) -> Result<i32> {
     if all {
         chosen = defs;
     }
-    let client = Client::connect().await?;
     for def in chosen {
         let removed = pool::stop(client.backend(), &def).await?;
         say(quiet)(&format!(

@@ -126,7 +126,8 @@ pub fn keep_pool(
     if !backend.capabilities().pools {
         return;
     }
-    let key = pool::key_of(provider, settings);
+    let scope = pool::scope_of(backend);
+    let key = pool::key_of(&scope, provider, settings);
     let mut made = made.lock().unwrap_or_else(|e| e.into_inner());
     // (One the person made with `pool start` is theirs: used, never changed or removed.)
     if made.contains(&key) || pool::load(&key).is_some() {
@@ -139,6 +140,7 @@ pub fn keep_pool(
         size,
         max_age_secs: pool::DEFAULT_MAX_AGE_SECS,
         created_at: crate::clock::now_secs(),
+        scope,
     };
     match pool::save(&def) {
         Ok(()) => {

@@ -40,6 +40,7 @@ use crate::common::*;
 mod admission;
 mod login;
 mod mcp;
+mod pool;
 
 const LAB_DIR: &str = "/tmp/k8s-lab";
 const KUBECTL: &str = "/var/cache/k8s-lab/bin/kubectl";

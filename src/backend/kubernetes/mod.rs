@@ -91,6 +91,7 @@ mod lease;
 mod meta;
 mod pipes;
 mod pods;
+mod pool;
 mod sandbox;
 mod seam;
 mod sidecars;
@@ -219,7 +220,7 @@ fn capabilities(namespace: &str, context: Option<&str>) -> crate::backend::Capab
         checkpoints: true,
         warm_checkpoints: false,
         forks_from_volumes: false,
-        pools: false,
+        pools: true,
         shared_proxy: false,
         proxy_in_turn: true,
     }

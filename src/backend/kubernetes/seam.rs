@@ -373,6 +373,9 @@ impl Backend for KubeBackend {
 
     async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
         let uid = (!found.id.is_empty()).then(|| found.id.clone());
+        if super::warm::box_name(&found.labels).is_some() {
+            return self.remove_box(&found.name, uid).await;
+        }
         if let Some(pod) = super::warm::idle_pod_of(found) {
             self.remove_idle(pod, uid.as_deref()).await?;
             return Ok(());
@@ -400,6 +403,18 @@ impl Backend for KubeBackend {
 
     async fn idle_warm(&self, name: &str) -> Result<()> {
         KubeBackend::idle_warm(self, name).await
+    }
+
+    async fn pool_park(&self, name: &str, box_name: &str) -> Result<()> {
+        KubeBackend::pool_park(self, name, box_name).await
+    }
+
+    async fn pool_prime(&self, box_name: &str, argv: Vec<String>) -> Result<i64> {
+        KubeBackend::pool_prime(self, box_name, argv).await
+    }
+
+    async fn pool_claim(&self, box_name: &str, name: &str) -> Result<bool> {
+        KubeBackend::pool_claim(self, box_name, name).await
     }
 
     async fn remove_warm(&self, name: &str) -> Result<bool> {

@@ -62,6 +62,20 @@ cd -- "$1" || exit 1; shift; exec env "$@""#;
 const TURN_NOTED: &str =
     r#"for _ in $(seq 100); do [ -s /tmp/.caw-box-warm/turn.pid ] && exit 0; sleep 0.1; done"#;
 
+/// The label of a pool's box (`super::pool`): the name it is shown under until a claim
+/// takes it.
+pub(super) const POOL_BOX: &str = "io.caw-box.pool-box";
+
+/// The box name a pod is shown under, if it is a pool's box.
+pub(super) fn box_name(labels: &HashMap<String, String>) -> Option<&str> {
+    labels.get(POOL_BOX).map(String::as_str)
+}
+
+/// Whether `pod` is a pool's box (not claimed yet).
+fn is_box(pod: &Pod) -> bool {
+    meta::merged(&pod.metadata).contains_key(POOL_BOX)
+}
+
 /// The name an idle warm pod `name` is shown under (Docker's idle container's name).
 pub(super) fn idle_name(name: &str) -> String {
     format!("{name}-warm")
@@ -87,13 +101,22 @@ fn warm_turn(pod: &Pod) -> Option<String> {
     pod.metadata.annotations.as_ref()?.get(WARM_TURN).cloned()
 }
 
-/// A warm pod no turn runs in (running or ended), not being deleted.
+/// A warm pod no turn runs in (running or ended), not being deleted, and no pool's box
+/// (`super::pool`: no session's until a claim takes it).
 fn idle(pod: &Pod) -> bool {
-    is_warm(pod) && warm_turn(pod).is_none() && pod.metadata.deletion_timestamp.is_none()
+    is_warm(pod)
+        && warm_turn(pod).is_none()
+        && pod.metadata.deletion_timestamp.is_none()
+        && !is_box(pod)
 }
 
-/// What the session layer sees of a pod: an idle warm pod as [`idle_name`].
+/// What the session layer sees of a pod: a pool's box under its box's name, an idle warm
+/// pod as [`idle_name`].
 pub(super) fn shown(mut c: ContainerInfo) -> ContainerInfo {
+    if let Some(name) = box_name(&c.labels) {
+        c.name = name.to_string();
+        return c;
+    }
     if c.labels.contains_key(WARM_LABEL) && !c.labels.contains_key(WARM_TURN) {
         c.name = idle_name(&c.name);
     }
@@ -450,6 +473,11 @@ impl KubeBackend {
         let Some(turn) = self.warm_turns().remove(name) else {
             return Ok(());
         };
+        if turn.exec.goes_after {
+            // A pool's box that ran a first turn of a session that keeps no pod warm: it
+            // goes, as a cold turn's pod does.
+            return self.delete_pod(name, None, false).await;
+        }
         let t0 = std::time::Instant::now();
         let argv = release_argv(&turn.exec.run_dir);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();

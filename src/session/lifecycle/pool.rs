@@ -45,6 +45,8 @@ pub struct PoolDef {
     pub size: u32,
     pub max_age_secs: u64,
     pub created_at: u64,
+    /// Where its boxes live ([`scope_of`]): a pool is its backend's (and namespace's).
+    pub scope: String,
 }
 
 /// A box of a pool, as `pool ls` shows it.
@@ -66,12 +68,27 @@ pub struct Filled {
     pub ready: u32,
 }
 
-/// The key of the pool whose boxes fit a new session of `provider` and `settings`: a hash
-/// of both (a box made for other settings is never claimed).
-pub fn key_of(provider: ProviderKind, settings: &SessionSettings) -> String {
+/// Where a backend's boxes live, as a pool's settings say it: `docker`, or `kubernetes`
+/// with the namespace and the kubeconfig context.
+pub fn scope_of(backend: &impl Backend) -> String {
+    let scope = &backend.capabilities().scope;
+    let mut tag = scope.kind.as_str().to_string();
+    if let Some(ns) = &scope.namespace {
+        tag.push_str(&format!(" namespace {ns}"));
+    }
+    if let Some(context) = &scope.context {
+        tag.push_str(&format!(" context {context}"));
+    }
+    tag
+}
+
+/// The key of the pool whose boxes fit a new session of `provider` and `settings` where
+/// `scope` ([`scope_of`]) says: a hash of the three (a box made for other settings, or on
+/// another backend, is never claimed).
+pub fn key_of(scope: &str, provider: ProviderKind, settings: &SessionSettings) -> String {
     use sha2::Digest;
     // serde_json's maps are sorted: the same settings give the same text.
-    let value = serde_json::to_value((provider, settings)).expect("settings serialize");
+    let value = serde_json::to_value((provider, settings, scope)).expect("settings serialize");
     let digest = sha2::Sha256::digest(value.to_string().as_bytes());
     digest[..6].iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -96,6 +113,12 @@ pub fn save(def: &PoolDef) -> Result<()> {
 pub fn load(key: &str) -> Option<PoolDef> {
     let bytes = std::fs::read(def_path(key).ok()?).ok()?;
     serde_json::from_slice(&bytes).ok()
+}
+
+/// The pools of this host on `backend` ([`scope_of`]), oldest first.
+pub fn here(backend: &impl Backend) -> Result<Vec<PoolDef>> {
+    let scope = scope_of(backend);
+    Ok(all()?.into_iter().filter(|d| d.scope == scope).collect())
 }
 
 /// Every pool of this host, oldest first.
@@ -207,7 +230,7 @@ pub async fn claim(
     settings: &SessionSettings,
     image: &str,
 ) -> Result<Option<Uuid>> {
-    let key = key_of(provider, settings);
+    let key = key_of(&scope_of(backend), provider, settings);
     let Some(def) = load(&key) else {
         return Ok(None);
     };
@@ -269,7 +292,17 @@ async fn make_box(backend: &impl Backend, def: &PoolDef, image: &str) -> Result<
             Some(def.max_age_secs),
             &extra,
         )
-        .await?;
+        .await
+        .map_err(|e| match e.kind {
+            // Where a turn of these settings would run cold (a broker beside the agent on a
+            // cluster), no box can wait for it.
+            crate::error::ErrorKind::Usage => Error::usage(format!(
+                "no box can be made ahead for these settings: {}",
+                e.message
+                    .replace(&format!("session {id}'s turns"), "their turns")
+            )),
+            _ => e,
+        })?;
         let turn = names::turn_container(id);
         backend.pool_park(&turn, &names::pool_box(id)).await?;
         prime(backend, def, id).await;
@@ -451,7 +484,7 @@ pub async fn stop(backend: &impl Backend, def: &PoolDef) -> Result<u32> {
 /// boxes' worth went.
 pub async fn sweep(backend: &impl Backend) -> Result<usize> {
     let mut removed = 0;
-    for def in all()? {
+    for def in here(backend)? {
         let _lock = lock(&def.key)?;
         for id in unclaimed_leftovers(backend, &def.key).await? {
             remove_box(backend, id).await;
@@ -527,15 +560,22 @@ mod tests {
             network: "n".into(),
             ..Default::default()
         };
-        let k = key_of(ProviderKind::Codex, &s);
-        assert_eq!(k, key_of(ProviderKind::Codex, &s.clone()));
+        let key = |p, s: &SessionSettings| key_of("docker", p, s);
+        let k = key(ProviderKind::Codex, &s);
+        assert_eq!(k, key(ProviderKind::Codex, &s.clone()));
         assert_eq!(k.len(), 12);
-        assert_ne!(k, key_of(ProviderKind::Gemini, &s));
+        assert_ne!(k, key(ProviderKind::Gemini, &s));
         let mut other = s.clone();
         other.allow_hosts.push("pypi.org:443".into());
-        assert_ne!(k, key_of(ProviderKind::Codex, &other));
+        assert_ne!(k, key(ProviderKind::Codex, &other));
         let mut other = s.clone();
         other.memory = Some(1 << 30);
-        assert_ne!(k, key_of(ProviderKind::Codex, &other));
+        assert_ne!(k, key(ProviderKind::Codex, &other));
+        // The same settings on another backend (or namespace) are another pool.
+        assert_ne!(k, key_of("kubernetes namespace a", ProviderKind::Codex, &s));
+        assert_ne!(
+            key_of("kubernetes namespace a", ProviderKind::Codex, &s),
+            key_of("kubernetes namespace b", ProviderKind::Codex, &s)
+        );
     }
 }
