@@ -111,6 +111,19 @@ fn fork_refuses_a_count_or_turn_no_session_has() {
 }
 
 #[test]
+fn pool_input_no_pool_can_take_is_refused_before_docker() {
+    insta::assert_snapshot!("pool_stop_nothing", refused(&["pool", "stop"], 2));
+    insta::assert_snapshot!(
+        "pool_stop_unknown",
+        refused(&["pool", "stop", "0123abcd"], 2)
+    );
+    insta::assert_snapshot!(
+        "pool_size",
+        refused(&["pool", "start", "--provider", "codex", "--size", "0"], 2)
+    );
+}
+
+#[test]
 fn an_unknown_provider_is_refused_with_the_valid_ones() {
     insta::assert_snapshot!(
         "unknown_provider",

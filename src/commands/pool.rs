@@ -222,16 +222,21 @@ async fn stop(keys: Vec<String>, all: bool, quiet: bool) -> Result<i32> {
         return Err(Error::usage("say which pools: KEY… or --all")
             .with_hint("`caw-box pool ls` lists them"));
     }
+    let no_pool = |key: &str| {
+        Error::not_found(format!("no pool '{key}' here")).with_hint("`caw-box pool ls` lists them")
+    };
+    // A key no pool of this host has is refused before any backend is reached.
+    let known = pool::all()?;
+    if let Some(key) = keys.iter().find(|k| !known.iter().any(|d| &d.key == *k)) {
+        return Err(no_pool(key));
+    }
     let client = Client::connect().await?;
     let defs = pool::here(client.backend())?;
     let mut chosen = Vec::new();
     for key in &keys {
         match defs.iter().find(|d| &d.key == key) {
             Some(d) => chosen.push(d.clone()),
-            None => {
-                return Err(Error::not_found(format!("no pool '{key}' here"))
-                    .with_hint("`caw-box pool ls` lists them"))
-            }
+            None => return Err(no_pool(key)),
         }
     }
     if all {

@@ -1645,6 +1645,24 @@ impl LabTmux {
         }
     }
 
+    /// Quits codex's TUI with Ctrl-C and returns the screen once caw-box ended. A Ctrl-C
+    /// that lands while codex still finishes the turn it just showed interrupts the turn
+    /// instead of quitting (as `interactive::quit_codex_tui`): so once more, until it ends.
+    fn quit_codex(&self) -> String {
+        for _ in 0..4 {
+            self.ok(&["send-keys", "-t", "main", "C-c"]);
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                let screen = self.screen();
+                if screen.contains("EXIT=") {
+                    return screen;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+        self.wait_for("EXIT=", "caw-box did not end after the TUI")
+    }
+
     /// Types `text`, waits until the TUI shows it, then presses Enter.
     fn type_line(&self, text: &str) {
         self.ok(&["send-keys", "-t", "main", "-l", text]);
@@ -1740,8 +1758,7 @@ fn kubernetes_codex_tui_through_attach_follows_resizes_and_resumes_headless() {
     tmux.wait_for("Noted: zebra.", "the TUI did not answer");
     tmux.ok(&["resize-window", "-t", "main", "-x", "100", "-y", "30"]);
     lab.assert_tty_size(&pod, 30, 100);
-    tmux.ok(&["send-keys", "-t", "main", "C-c"]);
-    let screen = tmux.wait_for("EXIT=", "caw-box did not end after the TUI");
+    let screen = tmux.quit_codex();
     assert!(screen.contains("EXIT=0"), "{screen}");
 
     check("a headless resume recalls what was told in the TUI");

@@ -3,6 +3,7 @@ test tests/e2e/pool.rs (`an_mcp_servers_starts_claim_its_pools_boxes`) runs it.
 
 Usage: pool.py CAW_BOX NETWORK ENDPOINT HOST_DIR
 The server's first codex `start` makes its pool (2 boxes, made in the background); a `start`
+that narrows its settings (egress locked, less memory) takes neither box; a `start`
 with `n: 2` then claims both boxes (its sessions' ids are the boxes'), and `wait` returns both
 `success`, each with its own answer; when the server stops, its pool goes (no box stays).
 Prints one line per check; exits non-zero (an AssertionError) at the first that fails.
@@ -58,6 +59,17 @@ async def until_ready(n):
     return ready_boxes()
 
 
+def show(sid):
+    out = subprocess.run([CAW, "show", sid, "--json"], capture_output=True, text=True,
+                         env=os.environ, cwd=HOST_DIR, check=True)
+    return json.loads(out.stdout)
+
+
+def until_ready_now(boxes):
+    """The server's first pool still holds exactly `boxes`, ready."""
+    return sorted(ready_boxes()) == sorted(boxes)
+
+
 def box_exists(sid):
     out = subprocess.run(["docker", "ps", "-aq", "--filter", f"name=caw-box-pool-{sid}"],
                          capture_output=True, text=True, check=True)
@@ -81,6 +93,22 @@ async def main():
         [first] = st["sessions"]
         boxes = await until_ready(2)
         assert first["session_id"] not in boxes, (first, boxes)
+
+        check("a start that narrows its settings takes no box made for the server's")
+        # A call may narrow a wall (here: egress locked, a smaller memory limit); a box made
+        # for the server's own settings holds the wider ones, so it must not be claimed.
+        st = await call(s, "start", {"provider": "codex", "prompt": "REMEMBER:pool-narrow",
+                                     "egress": "locked", "memory": "512m"})
+        [narrow] = st["sessions"]
+        assert narrow["session_id"] not in boxes, (narrow, boxes)
+        assert until_ready_now(boxes), (boxes, pools())
+        for sid in boxes:
+            assert box_exists(sid), sid
+        shown = show(narrow["session_id"])
+        assert shown["settings"]["egress"] == "locked", shown["settings"]
+        w = await call(s, "wait", {"sessions": [narrow["session_id"]], "timeout_s": 120})
+        assert w["sessions"][0]["status"] == "success", w
+        assert until_ready_now(boxes), (boxes, pools())
 
         check("start with n: 2 claims both boxes")
         st = await call(s, "start", {"provider": "codex", "prompt": "REMEMBER:pool-w1", "n": 2})

@@ -302,6 +302,16 @@ impl KubeBackend {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    /// The namespace's pods that `selector` (a label selector) picks.
+    async fn list_pods(&self, selector: &str) -> Result<Vec<Pod>> {
+        let params = ListParams::default().labels(selector);
+        self.pods()
+            .list(&params)
+            .await
+            .map(|l| l.items)
+            .map_err(|e| failed(format!("list pods in namespace '{}'", self.namespace), &e))
+    }
+
     /// The pod `name`; an error when it cannot be read or does not exist.
     async fn existing_pod(&self, name: &str) -> Result<Pod> {
         self.pods()

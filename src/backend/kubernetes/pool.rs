@@ -9,7 +9,7 @@
 //! idle name, as Docker's rename does.
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 
 use super::warm::{idle_name, POOL_BOX};
 use super::{failed, is_status, meta, KubeBackend};
@@ -21,14 +21,8 @@ impl KubeBackend {
         if !meta::valid_label_value(box_name) {
             return Ok(None);
         }
-        let params = ListParams::default().labels(&format!("{POOL_BOX}={box_name}"));
-        let pods = self
-            .pods()
-            .list(&params)
-            .await
-            .map_err(|e| failed(format!("list pods in namespace '{}'", self.namespace), &e))?;
+        let pods = self.list_pods(&format!("{POOL_BOX}={box_name}")).await?;
         Ok(pods
-            .items
             .into_iter()
             .find(|p| p.metadata.deletion_timestamp.is_none()))
     }

@@ -29,14 +29,8 @@ impl Backend for KubeBackend {
     }
 
     async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>> {
-        let params = ListParams::default().labels(&label_selector(labels));
-        let pods = self
-            .pods()
-            .list(&params)
-            .await
-            .map_err(|e| failed(format!("list pods in namespace '{}'", self.namespace), &e))?;
+        let pods = self.list_pods(&label_selector(labels)).await?;
         Ok(pods
-            .items
             .iter()
             .map(container_info)
             .map(super::warm::shown)

@@ -291,6 +291,7 @@ async fn make_box(backend: &impl Backend, def: &PoolDef, image: &str) -> Result<
             &mut record,
             Some(def.max_age_secs),
             &extra,
+            "their turns",
         )
         .await
         .map_err(|e| match e.kind {
@@ -299,7 +300,6 @@ async fn make_box(backend: &impl Backend, def: &PoolDef, image: &str) -> Result<
             crate::error::ErrorKind::Usage => Error::usage(format!(
                 "no box can be made ahead for these settings: {}",
                 e.message
-                    .replace(&format!("session {id}'s turns"), "their turns")
             )),
             _ => e,
         })?;

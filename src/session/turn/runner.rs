@@ -167,15 +167,18 @@ pub async fn warm_ahead(
     record: &mut SessionRecord,
     secs: Option<u64>,
 ) -> Result<bool> {
-    warm_ahead_with(backend, record, secs, &[]).await
+    let whose = format!("session {}'s turns", record.session_id);
+    warm_ahead_with(backend, record, secs, &[], &whose).await
 }
 
-/// [`warm_ahead`], with `labels` added to the container's (a pool's box: its pool).
+/// [`warm_ahead`], with `labels` added to the container's (a pool's box: its pool), and
+/// `whose` naming the turns in a refusal.
 pub async fn warm_ahead_with(
     backend: &impl Backend,
     record: &mut SessionRecord,
     secs: Option<u64>,
     labels: &[(String, String)],
+    whose: &str,
 ) -> Result<bool> {
     record.settings.check_agent_config(record.provider)?;
     if secs.is_some() {
@@ -203,6 +206,7 @@ pub async fn warm_ahead_with(
             record,
             plan.egress.as_ref().is_some_and(Egress::goes_with_turn),
             plan.spec.broker.is_some(),
+            whose,
         ));
     };
     if plan.fill_home {

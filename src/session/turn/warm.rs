@@ -67,11 +67,14 @@ pub(in crate::session) async fn orphaned(
 }
 
 /// Why `caw-box warm` makes nothing for `record`'s session: its next turn would run cold.
+/// `whose` names the turns in the message (`session ID's turns`; a pool's box: `their
+/// turns`).
 pub(in crate::session) fn runs_cold(
     backend: &impl Backend,
     record: &SessionRecord,
     egress: bool,
     turn_broker: bool,
+    whose: &str,
 ) -> Error {
     let id = record.session_id;
     if !backend.capabilities().keeps_warm {
@@ -81,12 +84,12 @@ pub(in crate::session) fn runs_cold(
     }
     if egress {
         return Error::usage(format!(
-            "session {id}'s turns run cold: its egress proxy's network goes with each turn"
+            "{whose} run cold: its egress proxy's network goes with each turn"
         ));
     }
     if turn_broker {
         return Error::usage(format!(
-            "session {id}'s turns run cold: the credential broker beside its agent would hold its keys while idle"
+            "{whose} run cold: the credential broker beside the agent would hold its keys while idle"
         ));
     }
     if record.settings.keep_warm_secs.is_none_or(|s| s == 0) {
@@ -94,7 +97,7 @@ pub(in crate::session) fn runs_cold(
             .with_hint(format!("say how long: `caw-box warm {id} --for 10m`"));
     }
     Error::usage(format!(
-        "session {id}'s turns run cold: each has a credential broker of its own (Podman)"
+        "{whose} run cold: each has a credential broker of its own (Podman)"
     ))
 }
 
