@@ -15,6 +15,16 @@ use super::warm::{idle_name, POOL_BOX};
 use super::{failed, is_status, meta, KubeBackend};
 use crate::error::{Error, Result};
 
+/// `name`, where it can be the value of the [`POOL_BOX`] label; an error where not.
+fn label_value(name: &str) -> Result<()> {
+    match meta::valid_label_value(name) {
+        true => Ok(()),
+        false => Err(Error::environment(format!(
+            "'{name}' cannot name a pool's box on Kubernetes"
+        ))),
+    }
+}
+
 impl KubeBackend {
     /// The pod shown as the pool's box `box_name`, unless it is being deleted.
     async fn box_pod(&self, box_name: &str) -> Result<Option<Pod>> {
@@ -30,11 +40,7 @@ impl KubeBackend {
     /// Notes the idle warm pod `name`, made for no turn, as the pool's box `box_name`, once
     /// it runs (a box is ready when its pod is: its claims bound, its image's HOME seeded).
     pub(super) async fn pool_park(&self, name: &str, box_name: &str) -> Result<()> {
-        if !meta::valid_label_value(box_name) {
-            return Err(Error::environment(format!(
-                "'{box_name}' cannot name a pool's box on Kubernetes"
-            )));
-        }
+        label_value(box_name)?;
         let image = self
             .pods()
             .get_opt(name)
@@ -65,11 +71,7 @@ impl KubeBackend {
             true => serde_json::Value::Null,
             false => {
                 let idle = idle_name(name);
-                if !meta::valid_label_value(&idle) {
-                    return Err(Error::environment(format!(
-                        "'{idle}' cannot name a pool's box on Kubernetes"
-                    )));
-                }
+                label_value(&idle)?;
                 idle.into()
             }
         };
