@@ -706,7 +706,28 @@ fn caw_turn_by(
         .current_dir(ws);
     let (secs, out, peak, anon) = timed_with_anon(c);
     PEAK_ANON_KB.fetch_max(anon, std::sync::atomic::Ordering::Relaxed);
+    settled(&rig.label);
     (secs, out, peak)
+}
+
+/// Waits, untimed, until no container of `label` finishes a turn behind it (renamed
+/// `caw-box-probe-<id>-checkpoint`: its checkpoint, exit and removal come after the
+/// turn's command ended), so that the next measurement (a plain `docker run`'s, or the
+/// next turn's) does not share the machine with it.
+fn settled(label: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        let out = Command::new("docker")
+            .args(["ps", "-aq", "--filter", &format!("label={label}")])
+            .args(["--filter", "name=-checkpoint"])
+            .output()
+            .expect("docker CLI");
+        if out.stdout.iter().all(u8::is_ascii_whitespace) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("a container finishing a turn behind it stayed for 60 s");
 }
 
 /// The first turn of a session in a bound workspace owned by root (a CI job's checkout, caw-box

@@ -20,7 +20,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use super::{caw_box, docker_cli, median, timed, Bench, Measure, ModelRig};
+use super::{caw_box, docker_cli, median, settled, timed, Bench, Measure, ModelRig};
 
 /// How many times the sessions' pair (with checkpoints, without) is made and takes its ten
 /// turns: a pair of turns differs by some 10% either way on a busy 2-core host, against a
@@ -63,6 +63,9 @@ fn caw(rig: &ModelRig, args: &[&str]) -> (f64, String) {
         .env("CAW_BOX_DATA_DIR", &rig.data_dir)
         .env("CAW_BOX_LABELS", &rig.label);
     let (secs, out, _) = timed(c);
+    // What a turn's container finishes behind it (the checkpoint) is not the next
+    // measurement's to share the machine with.
+    settled(&rig.label);
     (secs, out)
 }
 

@@ -49,6 +49,16 @@ pub struct Capabilities {
     /// cluster's: a helper pod costs seconds, which a warm turn is there to save; the next
     /// cold turn's checkpoint then holds what the warm turns changed.
     pub warm_checkpoints: bool,
+    /// Whether a cold headless turn may end before its container does: once the
+    /// entrypoint says the record is in and nothing of the agent runs
+    /// (`CAW_BOX_HANDOFF_ACK`), the container is renamed to the session's
+    /// checkpoint-behind name and finishes its checkpoint and exit behind the turn, waited
+    /// for by the session's next command ([`checkpoint::settle`]) and removed by a
+    /// `caw-box __settle` started in the background: Docker's. Not Podman's (no stdin kept
+    /// across attaches) nor a cluster's (a pod's end is not on the turn's path there).
+    ///
+    /// [`checkpoint::settle`]: crate::session::checkpoint::settle
+    pub finishes_behind: bool,
     /// Whether a fork of a session's latest turn copies the session's own volumes (a `cp`
     /// the kernel does in place, where a checkpoint's layers are unpacked), checked after
     /// the copy for a turn that began meanwhile: Docker's. Not a cluster's: a pod holding the

@@ -274,6 +274,10 @@ impl Backend for Engine {
     async fn remove_container(&self, name: &str, force: bool) -> Result<()> {
         dispatch!(self, b => Backend::remove_container(b, name, force).await)
     }
+    async fn rename_container(&self, name: &str, to: &str) -> Result<()> {
+        dispatch!(self, b => Backend::rename_container(b, name, to).await)
+    }
+
     async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
         dispatch!(self, b => Backend::remove_found(b, found).await)
     }

@@ -346,6 +346,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn remove_warm(&self, _name: &str) -> impl Future<Output = Result<bool>> + Send {
         async { Ok(false) }
     }
+    /// Renames running container `name` to `to` ([`Capabilities::finishes_behind`]).
+    fn rename_container(&self, name: &str, to: &str) -> impl Future<Output = Result<()>> + Send;
     /// Force-removes exactly the container `found` describes (listed or inspected before),
     /// never a newer one that took its name since (a session's next turn); one already
     /// gone is `Ok`.

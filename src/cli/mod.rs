@@ -447,6 +447,10 @@ pub enum Command {
     /// Runs one detached turn (started by `run/resume --detach`; reads its job on stdin).
     #[command(name = "__drive", hide = true)]
     Drive,
+    /// Waits for the container that finishes a session's turn behind it, and removes it
+    /// (started in the background by the turn's end).
+    #[command(name = "__settle", hide = true)]
+    Settle { session: uuid::Uuid },
     /// Print a shell completion script.
     #[command(
         after_help = "Examples:\n  caw-box completions bash > /etc/bash_completion.d/caw-box\n  caw-box completions zsh > \"${fpath[1]}/_caw-box\""

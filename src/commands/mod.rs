@@ -77,6 +77,11 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             group,
         } => gc::gc(&older_than, checkpoints.then_some(keep), dry_run, group).await,
         Command::Drive => turn::detached_driver().await,
+        Command::Settle { session } => {
+            let client = crate::Client::connect().await?;
+            crate::session::checkpoint::settle(client.backend(), session).await?;
+            Ok(0)
+        }
         Command::Export {
             target,
             dir,

@@ -133,6 +133,10 @@ async fn checkpoints_of(
     record: &SessionRecord,
 ) -> Result<Vec<CheckpointStats>> {
     let id = record.session_id;
+    // The latest turn's, where its container finishes it behind the turn, once whole.
+    if backend.capabilities().warm_checkpoints {
+        checkpoint::settle(backend, id).await?;
+    }
     let listed = checkpoint::list(backend, id).await?;
     match checkpoint::stats(backend, id, &record.settings.image, &listed).await {
         Ok(stats) if stats.len() == listed.len() => Ok(stats),

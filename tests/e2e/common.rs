@@ -510,11 +510,25 @@ impl Rig {
     /// its events later would read a ring of the daemon's last 256, which the tests beside
     /// this one may have filled in the meantime.)
     pub fn watch_events(&self, id: &str) -> EventWatch {
-        EventWatch::start(self.docker.clone(), id)
+        let filters = HashMap::from([("container".to_string(), vec![id.to_string()])]);
+        EventWatch::start(self.docker.clone(), filters)
     }
 
-    /// Containers of this test that caw-box made (turns, probes).
-    pub fn caw_containers(&self) -> Vec<String> {
+    /// The events of every container of this test (its label), from now on.
+    pub fn watch_test_events(&self) -> EventWatch {
+        let filters = HashMap::from([
+            ("type".to_string(), vec!["container".to_string()]),
+            (
+                "label".to_string(),
+                vec![format!("{TEST_LABEL}={}", self.run_id)],
+            ),
+        ]);
+        EventWatch::start(self.docker.clone(), filters)
+    }
+
+    /// Containers of this test that caw-box made (turns, probes), as they are now: with
+    /// what finishes behind a turn ([`Self::caw_containers`]).
+    pub fn caw_containers_now(&self) -> Vec<String> {
         self.rt.block_on(async {
             self.docker
                 .list_containers(Some(ListContainersOptions {
@@ -539,14 +553,16 @@ impl Rig {
         })
     }
 
-    /// [`Self::caw_containers`] once no checkpoint helper of a warm turn is left, and no
-    /// pool's box that went after its turn: that helper takes the turn's checkpoint behind
-    /// it and removes itself when done (within 20 s); that box is killed, and the engine
-    /// removes it.
-    pub fn caw_containers_settled(&self) -> Vec<String> {
+    /// Containers of this test that caw-box made (turns, probes), once nothing finishes
+    /// behind a turn: a cold turn's container that finishes its checkpoint and exit after
+    /// its turn ended (renamed `caw-box-probe-<id>-checkpoint`, removed by the `caw-box
+    /// __settle` the turn started), a warm turn's checkpoint helper (the same name; it
+    /// removes itself), a pool's box that went after its turn (killed; the engine removes
+    /// it). Each goes within 20 s, or this fails.
+    pub fn caw_containers(&self) -> Vec<String> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         loop {
-            let ls = self.caw_containers();
+            let ls = self.caw_containers_now();
             if !ls
                 .iter()
                 .any(|n| n.ends_with("-checkpoint") || n.ends_with("-going"))
@@ -615,7 +631,11 @@ impl Rig {
                     .await
                     .unwrap()
             });
-            if let Some(c) = found.into_iter().find(|c| {
+            // Not the container of an earlier turn that finishes behind it (renamed).
+            let finishing = |c: &bollard::models::ContainerSummary| {
+                c.names.iter().flatten().any(|n| n.ends_with("-checkpoint"))
+            };
+            if let Some(c) = found.into_iter().filter(|c| !finishing(c)).find(|c| {
                 session_prefix.is_none_or(|p| {
                     c.labels
                         .as_ref()
@@ -1419,19 +1439,20 @@ pub fn docker_secret_scan(
     secret_scan(exec, scope, controls, secrets)
 }
 
-/// A container's events as the daemon sends them, from when the watch began
-/// ([`Rig::watch_events`]); it stops when dropped.
+/// Containers' events as the daemon sends them, from when the watch began
+/// ([`Rig::watch_events`], [`Rig::watch_test_events`]): each one's action, the name its
+/// container had then, and when (unix nanoseconds). It stops when dropped.
 pub struct EventWatch {
-    actions: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, String, i64)>>>,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
 impl EventWatch {
-    fn start(docker: Docker, id: &str) -> EventWatch {
-        let actions = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    fn start(docker: Docker, filters: HashMap<String, Vec<String>>) -> EventWatch {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready, subscribed) = std::sync::mpsc::channel();
-        let (seen, id) = (actions.clone(), id.to_string());
+        let into = seen.clone();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -1447,7 +1468,7 @@ impl EventWatch {
                 let (since, began) = (began.as_secs(), began.as_nanos() as i64);
                 let options = bollard::query_parameters::EventsOptionsBuilder::new()
                     .since(&since.to_string())
-                    .filters(&HashMap::from([("container", vec![id.as_str()])]))
+                    .filters(&filters)
                     .build();
                 let mut events = docker.events(Some(options));
                 let _ = ready.send(());
@@ -1456,8 +1477,18 @@ impl EventWatch {
                         _ = &mut stopped => break,
                         event = events.next() => match event {
                             Some(Ok(e)) => {
-                                if e.time_nano.unwrap_or_default() >= began {
-                                    seen.lock().unwrap().push(e.action.unwrap_or_default());
+                                let at = e.time_nano.unwrap_or_default();
+                                if at >= began {
+                                    let name = e
+                                        .actor
+                                        .and_then(|a| a.attributes)
+                                        .and_then(|mut a| a.remove("name"))
+                                        .unwrap_or_default();
+                                    into.lock().unwrap().push((
+                                        e.action.unwrap_or_default(),
+                                        name,
+                                        at,
+                                    ));
                                 }
                             }
                             _ => break,
@@ -1467,22 +1498,31 @@ impl EventWatch {
             });
         });
         let _ = subscribed.recv_timeout(Duration::from_secs(10));
-        EventWatch {
-            actions,
-            _stop: stop,
-        }
+        EventWatch { seen, _stop: stop }
+    }
+
+    /// Every event so far: (action, container name, unix nanoseconds).
+    pub fn all(&self) -> Vec<(String, String, i64)> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// When (unix nanoseconds) a container then named `name` first did `action`.
+    pub fn first(&self, action: &str, name: &str) -> Option<i64> {
+        self.all()
+            .into_iter()
+            .find(|(a, n, _)| a == action && n == name)
+            .map(|(_, _, at)| at)
     }
 
     /// How many `event`s (Docker's names: `rename`, `exec_start`, ...) came since the watch
     /// began: once at least one came (within 10 s), and then none for half a second.
     pub fn count(&self, event: &str) -> usize {
         let counted = || {
-            let actions = self.actions.lock().unwrap();
+            let seen = self.seen.lock().unwrap();
             (
-                actions.len(),
-                actions
-                    .iter()
-                    .filter(|a| *a == event || a.starts_with(&format!("{event}:")))
+                seen.len(),
+                seen.iter()
+                    .filter(|(a, _, _)| a == event || a.starts_with(&format!("{event}:")))
                     .count(),
             )
         };

@@ -9,6 +9,7 @@ mod agent_config;
 mod auth;
 mod backoff;
 mod bad_input;
+mod behind;
 mod broker;
 mod ci_action;
 mod compat;

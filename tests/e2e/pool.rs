@@ -132,7 +132,7 @@ fn a_new_sessions_first_turn_takes_a_ready_box_and_the_pool_makes_another() {
         watches[at].count("exec_start") >= 1,
         "the turn did not run in the box made before it"
     );
-    let names = rig.caw_containers_settled();
+    let names = rig.caw_containers();
     assert!(
         !names.iter().any(|n| n.contains(id.as_str())),
         "the claimed box stayed after the turn: {names:?}"
@@ -213,7 +213,7 @@ fn a_new_sessions_first_turn_takes_a_ready_box_and_the_pool_makes_another() {
     let out = run(stop);
     assert!(out.status.success(), "{}", stderr_of(&out));
     let left: Vec<String> = rig
-        .caw_containers_settled()
+        .caw_containers()
         .into_iter()
         .filter(|c| c.contains("pool"))
         .collect();
@@ -357,7 +357,7 @@ fn a_new_image_replaces_the_pools_boxes_before_the_next_claim() {
     let now = ready_boxes(&rig);
     assert_eq!(now.len(), 1, "{}", pool_ls(&rig));
     assert_ne!(now, old);
-    let names = rig.caw_containers_settled();
+    let names = rig.caw_containers();
     assert!(
         !names.iter().any(|n| n.contains(old[0].as_str())),
         "the stale box stayed: {names:?}"
@@ -551,7 +551,7 @@ fn a_served_pool_replaces_what_goes_and_its_service_ends_cleanly() {
         stderr_of(&out)
     );
     assert!(
-        rig.caw_containers_settled().is_empty(),
+        rig.caw_containers().is_empty(),
         "{:?}",
         rig.caw_containers()
     );

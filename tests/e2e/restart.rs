@@ -126,7 +126,7 @@ fn daemon_restart_under_a_detached_turn_cold_or_warm_is_recorded_as_interrupted(
     );
     // Only the session's idle warm container stays (the last turn kept it, as the
     // session's --keep-warm says).
-    let left = rig.caw_containers_settled();
+    let left = rig.caw_containers();
     assert_eq!(left, vec![format!("/caw-box-{id}-warm")]);
 }
 

@@ -31,7 +31,7 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
     let id = first["session_id"].as_str().unwrap().to_string();
     let idle = format!("caw-box-{id}-warm");
     assert!(
-        rig.caw_containers_settled().is_empty(),
+        rig.caw_containers().is_empty(),
         "a cold turn left a container"
     );
     let second = turn(rig.resume_cmd(p, &id, "RUN:echo warm-tool-7", &warm));
@@ -113,7 +113,7 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
         "the memory limit changed, the container did not"
     );
     // (The checkpoint taken behind the turn may still be under way.)
-    let ls = rig.caw_containers_settled();
+    let ls = rig.caw_containers();
     assert_eq!(ls.len(), 1, "the old warm container stayed: {ls:?}");
 
     check("expiry");
@@ -131,7 +131,7 @@ fn warm_turns_share_one_container_that_holds_nothing_idle_and_ends_itself() {
         "{fifth}"
     );
     assert!(
-        rig.caw_containers_settled().is_empty(),
+        rig.caw_containers().is_empty(),
         "a turn with --keep-warm off kept its container"
     );
     let mut ls = rig.caw();
@@ -224,7 +224,7 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
         stderr_of(&out)
     );
     assert!(
-        rig.caw_containers_settled().is_empty(),
+        rig.caw_containers().is_empty(),
         "stop left the warm container"
     );
 
@@ -240,7 +240,7 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
         assert_eq!(stderr_of(&out).trim().lines().count(), 1, "{what}");
     }
     assert!(
-        rig.caw_containers_settled().is_empty(),
+        rig.caw_containers().is_empty(),
         "a refused warm made something"
     );
     let mut warm = rig.caw();
@@ -287,7 +287,7 @@ fn a_warm_session_keeps_its_lock_and_its_stop() {
     // A warm turn's checkpoint helper waits beside the turn for the word (the killed
     // driver's ended with it, unwritten); each recorded turn's is finished, none is left.
     assert!(
-        rig.caw_containers_settled()
+        rig.caw_containers()
             .iter()
             .all(|c| !c.ends_with("-checkpoint")),
         "a checkpoint helper was left"

@@ -306,6 +306,19 @@ impl DockerBackend {
         }
     }
 
+    /// Renames container `name` to `to` (`Backend::rename_container`).
+    pub async fn rename_container(&self, name: &str, to: &str) -> Result<()> {
+        self.docker
+            .rename_container(
+                name,
+                bollard::query_parameters::RenameContainerOptions {
+                    name: to.to_string(),
+                },
+            )
+            .await
+            .map_err(|e| self.failed(format_args!("rename container '{name}'"), &e))
+    }
+
     /// Runs a short helper container to completion and removes it: (exit code, stdout,
     /// stderr). For caw-box's own chores (a `git diff` in a workspace volume), never a turn.
     pub async fn run_to_completion(

@@ -277,6 +277,7 @@ impl DockerBackend {
             // Proven on Docker's engine; Podman's volumes and capabilities are not yet.
             checkpoints: !podman,
             warm_checkpoints: !podman,
+            finishes_behind: !podman,
             forks_from_volumes: !podman,
             pools: !podman,
             // Podman keeps no stdin across attaches: no lease could reach a shared proxy.

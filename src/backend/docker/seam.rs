@@ -222,6 +222,10 @@ impl Backend for DockerBackend {
         DockerBackend::remove_warm(self, name).await
     }
 
+    async fn rename_container(&self, name: &str, to: &str) -> Result<()> {
+        DockerBackend::rename_container(self, name, to).await
+    }
+
     async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
         // By id: a name passes on to the next container that takes it.
         let id = if found.id.is_empty() {

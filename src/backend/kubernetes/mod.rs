@@ -219,6 +219,7 @@ fn capabilities(namespace: &str, context: Option<&str>) -> crate::backend::Capab
         // A claim per checkpoint, written by the turn's pod (`spec::pod_volumes`).
         checkpoints: true,
         warm_checkpoints: false,
+        finishes_behind: false,
         forks_from_volumes: false,
         pools: true,
         shared_proxy: false,

@@ -365,6 +365,13 @@ impl Backend for KubeBackend {
         self.delete_pod(name, None, force).await
     }
 
+    async fn rename_container(&self, name: &str, _: &str) -> Result<()> {
+        // A pod keeps its name; no turn finishes behind itself here (`finishes_behind`).
+        Err(Error::environment(format!(
+            "pod '{name}' cannot be renamed"
+        )))
+    }
+
     async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
         let uid = (!found.id.is_empty()).then(|| found.id.clone());
         if super::warm::box_name(&found.labels).is_some() {

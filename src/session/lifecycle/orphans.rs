@@ -321,6 +321,7 @@ async fn settle_lost(backend: &impl Backend, id: Uuid) -> Result<Orphan> {
     };
     let ending = Ending {
         handoff: None,
+        output: None,
         home_out: None,
         guard: None,
         armed: None,

@@ -222,3 +222,37 @@ impl Arming {
         }
     }
 }
+
+/// Starts `caw-box __settle SESSION` in the background, detached from this process (its
+/// output goes nowhere): it waits for the container that finishes session `session_id`'s
+/// turn behind it ([`names::checkpoint_behind`]) to end, and removes it. `false` where it
+/// could not be started (the caller then waits for it itself).
+pub fn settle_in_background(session_id: Uuid) -> bool {
+    // The `caw-box` binary: the one installed as the driver, or this one; never a program
+    // that embeds caw-box as a library (it would be started with arguments it knows not).
+    let exe = match crate::connection::installed().driver {
+        Some(driver) => driver,
+        None => match std::env::current_exe() {
+            Ok(exe) if exe.file_stem().is_some_and(|s| s == "caw-box") => exe,
+            _ => return false,
+        },
+    };
+    let spawned = std::process::Command::new(exe)
+        .args(["-q", "__settle", &session_id.to_string()])
+        .envs(crate::connection::installed().child_env())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    match spawned {
+        // Reaped by nobody: it outlives this process, and init takes it then.
+        Ok(child) => {
+            drop(child);
+            true
+        }
+        Err(e) => {
+            tracing::debug!("could not start the settling of session {session_id}: {e}");
+            false
+        }
+    }
+}

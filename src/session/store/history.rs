@@ -22,6 +22,10 @@ pub(in crate::session) type Stdin = std::pin::Pin<Box<dyn tokio::io::AsyncWrite 
 pub(in crate::session) struct Ending<'a> {
     /// The CLI ended on its own and the entrypoint waits on this stdin for the record.
     pub(in crate::session) handoff: Option<Stdin>,
+    /// The container's output after the CLI's exit marker, where the entrypoint says when
+    /// the record is in (`CAW_BOX_HANDOFF_ACK`): the container may then finish behind
+    /// the turn (`Capabilities::finishes_behind`).
+    pub(in crate::session) output: Option<&'a mut crate::backend::OutputStream>,
     /// Where to put the credential files the entrypoint handed back (the runtime
     /// directory's `auth/home-out`, as a tar), read before the container goes.
     pub(in crate::session) home_out: Option<&'a std::sync::Mutex<Option<Vec<u8>>>>,
@@ -100,13 +104,7 @@ pub(in crate::session) async fn save_record(
     logs: TurnLogs<'_>,
     ending: Ending<'_>,
 ) -> Result<Option<crate::event::Quarantined>> {
-    if let Some(stored) = history.get().await? {
-        let mut turns: Vec<TurnRecord> =
-            stored.turns.into_iter().filter(|t| t.turn < turn).collect();
-        turns.extend(record.turns.iter().filter(|t| t.turn >= turn).cloned());
-        record.turns = turns;
-        record.summary_only = false;
-    }
+    merge_history(record, turn, history).await?;
     let json = serde_json::to_vec_pretty(&*record).expect("records serialize");
     let raw_path = format!(".caw-box/turns/{turn}.raw.jsonl");
     let events_path = format!(".caw-box/turns/{turn}.events.jsonl");
@@ -139,18 +137,18 @@ pub(in crate::session) async fn save_record(
     // only once it has the record.
     if let (Some(slot), Some(_)) = (ending.home_out, ending.handoff.as_ref()) {
         if backend.capabilities().runtime_dir == RuntimeDir::GoesWithTurn {
-            match changed_home_files(backend, name, record.provider).await {
-                Ok(tar) => *slot.lock().unwrap_or_else(|e| e.into_inner()) = tar,
-                Err(e) => tracing::warn!("could not read the refreshed credentials: {e}"),
-            }
+            read_changed_home(backend, name, record.provider, slot).await;
         }
     }
     // The turn's uid:gid (its `ensure_owner` made the record's owner so).
     let owner = record.owner_ids();
+    let output = ending
+        .output
+        .filter(|_| backend.capabilities().finishes_behind);
     let write_record = async {
         if let Some(stdin) = ending.handoff {
-            match hand_off(backend, name, stdin, &files, owner).await {
-                Ok(Some(checkpointed)) => return Ok(Some(checkpointed)),
+            match hand_off(backend, name, stdin, &files, owner, output).await {
+                Ok(Some(handed)) => return Ok(Some(handed)),
                 Ok(None) => tracing::debug!("the record hand-off did not happen; uploading"),
                 Err(e) => tracing::debug!("the record hand-off failed ({e}); uploading"),
             }
@@ -166,8 +164,8 @@ pub(in crate::session) async fn save_record(
     // The record goes into the volume while the new turn-record volume is made: independent.
     let record_now: &SessionRecord = record;
     let (written, stale) = tokio::join!(write_record, write_turn_summary(backend, record_now));
-    let checkpointed = match written {
-        Ok(checkpointed) => checkpointed,
+    let handed = match written {
+        Ok(handed) => handed,
         Err(e) => {
             if stale.is_ok() {
                 unclaim(backend, record, turn).await;
@@ -176,8 +174,16 @@ pub(in crate::session) async fn save_record(
         }
     };
     let stale = stale?;
-    let broken_checkpoint =
-        take_checkpoint(backend, record, turn, name, checkpointed, ending.armed).await;
+    let behind = handed == Some(HandedOff::Recorded);
+    let broken_checkpoint = take_checkpoint(
+        backend,
+        record,
+        turn,
+        name,
+        HandedOff::checkpointed(handed),
+        ending.armed,
+    )
+    .await;
     // The turn is recorded: release the session's lock (the container) while the older
     // turn-record volumes go. A listing meanwhile finds the new one, the latest.
     let remove_stale = futures_util::future::join_all(stale.iter().map(|v| async move {
@@ -186,18 +192,19 @@ pub(in crate::session) async fn save_record(
             tracing::warn!("could not remove an old turn-record volume: {e}");
         }
     }));
+    // (Nothing was handed back where the container finishes behind the turn: the entrypoint
+    // says so only then.)
     if let Some(slot) = ending
         .home_out
-        .filter(|_| backend.capabilities().runtime_dir == RuntimeDir::KeptWithContainer)
+        .filter(|_| !behind && backend.capabilities().runtime_dir == RuntimeDir::KeptWithContainer)
     {
-        let path = format!("{RUN_DIR}/{}", crate::auth::inject::HOME_OUT);
-        match backend.download_tar(name, &path).await {
-            Ok(tar) => *slot.lock().unwrap_or_else(|e| e.into_inner()) = tar,
-            Err(e) => tracing::warn!("could not read the refreshed credentials: {e}"),
-        }
+        read_home_out(backend, name, slot).await;
     }
     let quarantined = ending.guard.and_then(|g| g.sweep());
-    let (removed, _) = tokio::join!(backend.remove_container(name, true), remove_stale);
+    let (removed, _) = tokio::join!(
+        release(backend, name, record.session_id, behind),
+        remove_stale
+    );
     removed?;
     if let Some(volume) = broken_checkpoint {
         // Freed by its container now: no fork finds half a checkpoint.
@@ -207,6 +214,66 @@ pub(in crate::session) async fn save_record(
     }
     cache_record(record);
     Ok(quarantined)
+}
+
+/// The history stored in the volume before this turn ([`StoredHistory`]) into `record`,
+/// whose turns from `turn` on are this process's.
+async fn merge_history(
+    record: &mut SessionRecord,
+    turn: u32,
+    history: StoredHistory,
+) -> Result<()> {
+    if let Some(stored) = history.get().await? {
+        let mut turns: Vec<TurnRecord> =
+            stored.turns.into_iter().filter(|t| t.turn < turn).collect();
+        turns.extend(record.turns.iter().filter(|t| t.turn >= turn).cloned());
+        record.turns = turns;
+        record.summary_only = false;
+    }
+    Ok(())
+}
+
+/// The credential files the CLI changed in the running turn `name`'s HOME
+/// ([`changed_home_files`]), into `slot`.
+async fn read_changed_home(
+    backend: &impl Backend,
+    name: &str,
+    provider: crate::provider::ProviderKind,
+    slot: &std::sync::Mutex<Option<Vec<u8>>>,
+) {
+    match changed_home_files(backend, name, provider).await {
+        Ok(tar) => *slot.lock().unwrap_or_else(|e| e.into_inner()) = tar,
+        Err(e) => tracing::warn!("could not read the refreshed credentials: {e}"),
+    }
+}
+
+/// The credential files the entrypoint handed back in the runtime directory of the ended
+/// turn's container `name` (`auth/home-out`), as a tar, into `slot`.
+async fn read_home_out(
+    backend: &impl Backend,
+    name: &str,
+    slot: &std::sync::Mutex<Option<Vec<u8>>>,
+) {
+    let path = format!("{RUN_DIR}/{}", crate::auth::inject::HOME_OUT);
+    match backend.download_tar(name, &path).await {
+        Ok(tar) => *slot.lock().unwrap_or_else(|e| e.into_inner()) = tar,
+        Err(e) => tracing::warn!("could not read the refreshed credentials: {e}"),
+    }
+}
+
+/// The recorded turn's container `name` lets the session's lock go: removed, or, where it
+/// finishes `behind` the turn, left to ([`finish_behind`]).
+async fn release(
+    backend: &impl Backend,
+    name: &str,
+    session_id: uuid::Uuid,
+    behind: bool,
+) -> Result<()> {
+    if behind {
+        finish_behind(backend, name, session_id).await
+    } else {
+        backend.remove_container(name, true).await
+    }
 }
 
 /// Not recorded: its turn-record volume must not claim it was (nor outlive a session
@@ -328,10 +395,36 @@ async fn being_removed(backend: &impl Backend, name: &str) -> bool {
     }
 }
 
+/// How the entrypoint took the turn's record ([`hand_off`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HandedOff {
+    /// It took it and exited; `checkpointed`: it wrote the turn's checkpoint too.
+    Exited { checkpointed: bool },
+    /// It took it and said so, with nothing of the agent running and nothing handed back:
+    /// the container finishes (its checkpoint, its exit) behind the turn.
+    Recorded,
+}
+
+impl HandedOff {
+    /// Whether the turn's checkpoint was written, as [`take_checkpoint`] reads it: where
+    /// the container finishes behind the turn, the checkpoint is its own to finish.
+    fn checkpointed(handed: Option<HandedOff>) -> Option<bool> {
+        match handed? {
+            HandedOff::Exited { checkpointed } => Some(checkpointed),
+            HandedOff::Recorded => Some(true),
+        }
+    }
+}
+
+/// The line the entrypoint prints once it took the record, where asked to
+/// (`CAW_BOX_HANDOFF_ACK`, `images/base/caw-box-entry`).
+const RECORDED_MARKER: &[u8] = b"\x1ecaw-box-recorded\n";
+
 /// Gives the turn's record files to the entrypoint on its stdin, while it waits after the
 /// CLI ended; it copies them into HOME (`session.json` by rename) and exits 0 once it did
-/// ([`CHECKPOINTED`] when it also wrote the turn's checkpoint). Returns `None` when it did
-/// not take the record, else whether it wrote the checkpoint. No archive request: a stopped
+/// ([`CHECKPOINTED`] when it also wrote the turn's checkpoint). Where `output` is given,
+/// the entrypoint may say it took the record before it exits ([`HandedOff::Recorded`]).
+/// Returns `None` when it did not take the record. No archive request: a stopped
 /// container's volumes would have to be mounted again for one.
 async fn hand_off(
     backend: &impl Backend,
@@ -339,7 +432,8 @@ async fn hand_off(
     mut stdin: Stdin,
     files: &[TarFile<'_>],
     owner: (u32, u32),
-) -> Result<Option<bool>> {
+    output: Option<&mut crate::backend::OutputStream>,
+) -> Result<Option<HandedOff>> {
     use tokio::io::AsyncWriteExt;
     // The layout the entrypoint expects: session.json and turns/*, from ~/.caw-box.
     let mut relative = Vec::new();
@@ -360,13 +454,79 @@ async fn hand_off(
         return Ok(None);
     }
     tracing::debug!("the record is on its way");
-    let code = backend.wait_container(name).await?;
+    let code = match output {
+        Some(output) => match recorded_or_exit(backend, name, output).await? {
+            Some(code) => code,
+            None => {
+                tracing::debug!("the record is in; the container finishes behind the turn");
+                return Ok(Some(HandedOff::Recorded));
+            }
+        },
+        None => backend.wait_container(name).await?,
+    };
     tracing::debug!("the container exited with {code}");
     Ok(match code {
-        0 => Some(false),
-        CHECKPOINTED => Some(true),
+        0 => Some(HandedOff::Exited {
+            checkpointed: false,
+        }),
+        CHECKPOINTED => Some(HandedOff::Exited { checkpointed: true }),
         _ => None,
     })
+}
+
+/// Reads the container's output for [`RECORDED_MARKER`] while waiting for its exit:
+/// `None` once the marker came, else the exit code.
+async fn recorded_or_exit(
+    backend: &impl Backend,
+    name: &str,
+    output: &mut crate::backend::OutputStream,
+) -> Result<Option<i64>> {
+    use futures_util::StreamExt;
+    let exited = backend.wait_container(name);
+    tokio::pin!(exited);
+    let mut seen: Vec<u8> = Vec::new();
+    let mut open = true;
+    loop {
+        tokio::select! {
+            code = &mut exited => return code.map(Some),
+            chunk = output.next(), if open => match chunk {
+                Some(Ok(crate::backend::OutputChunk::Stdout(bytes))) => {
+                    seen.extend_from_slice(&bytes);
+                    if seen
+                        .windows(RECORDED_MARKER.len())
+                        .any(|w| w == RECORDED_MARKER)
+                    {
+                        return Ok(None);
+                    }
+                    // (Nothing else is printed after the record: a bound against the odd.)
+                    if seen.len() > 4096 {
+                        seen.drain(..seen.len() - RECORDED_MARKER.len());
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => open = false,
+            },
+        }
+    }
+}
+
+/// Leaves the turn's container `name`, its record in, to finish behind the turn: renamed
+/// to the session's checkpoint-behind name (the session's lock is free at once; its next
+/// turn, fork, export and prune wait for it: `checkpoint::settle`), and a `caw-box
+/// __settle` started in the background that waits for its end and removes it. Where the
+/// rename fails, or no background process can be started, it is waited for and removed
+/// here, as without this.
+async fn finish_behind(backend: &impl Backend, name: &str, session_id: uuid::Uuid) -> Result<()> {
+    let behind = crate::session::store::names::checkpoint_behind(session_id);
+    if let Err(e) = backend.rename_container(name, &behind).await {
+        tracing::debug!("could not leave '{name}' to finish behind the turn: {e}");
+        let _ = backend.wait_container(name).await;
+        return backend.remove_container(name, true).await;
+    }
+    if !crate::session::store::behind::settle_in_background(session_id) {
+        crate::session::store::checkpoint::settle(backend, session_id).await?;
+    }
+    Ok(())
 }
 
 /// The entrypoint's exit code when it took the record and its turn's checkpoint is whole

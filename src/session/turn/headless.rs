@@ -286,6 +286,8 @@ async fn drive(
     let attach_anew = adopted.is_some() && cli_ended && warm_exit.is_none();
     let ending = Ending {
         handoff: handoff_stdin(backend, name, feeding, attach_anew, cli_ended).await,
+        // Where the entrypoint says that it took the record.
+        output: cli_ended.then_some(&mut output),
         home_out: ctx.home_out,
         guard: ctx.guard,
         armed: ctx.armed,

@@ -294,6 +294,7 @@ async fn record_tui_turn(
     };
     let ending = Ending {
         handoff: None,
+        output: None,
         home_out,
         guard,
         armed: ctx.armed,

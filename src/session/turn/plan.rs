@@ -157,6 +157,9 @@ pub(in crate::session) async fn plan_turn(
         spec.broker.is_some(),
     )
     .await?;
+    if finishes_behind(backend, options, warm_for, egress.as_ref()) {
+        spec.env.push("CAW_BOX_HANDOFF_ACK=1".to_string());
+    }
     Ok(TurnPlan {
         name,
         turn,
@@ -171,6 +174,22 @@ pub(in crate::session) async fn plan_turn(
         writes_back: crate::auth::inject::has_files(&credentials),
         warm_for,
     })
+}
+
+/// Whether the turn's container may finish behind it (`Capabilities::finishes_behind`): a
+/// headless turn of a container of its own, whose egress (a shared proxy, or none) does not
+/// go with the turn. The entrypoint is asked to say when its record is in
+/// (`CAW_BOX_HANDOFF_ACK`); whether it did decides, at the turn's end.
+fn finishes_behind(
+    backend: &impl Backend,
+    options: &TurnOptions,
+    warm_for: Option<u64>,
+    egress: Option<&Egress>,
+) -> bool {
+    backend.capabilities().finishes_behind
+        && !options.interactive
+        && warm_for.is_none()
+        && !egress.is_some_and(Egress::goes_with_turn)
 }
 
 /// The CLI version of the session's image, from its label; `None` when it has none (an

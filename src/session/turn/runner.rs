@@ -728,6 +728,7 @@ mod tests {
             fill_volume_first: false,
             checkpoints: false,
             warm_checkpoints: false,
+            finishes_behind: false,
             forks_from_volumes: false,
             pools: false,
             shared_proxy: false,
@@ -772,6 +773,9 @@ mod tests {
             self.log(format!("remove {name} force={force}"));
             self.0.lock().unwrap().existing = None;
             Ok(())
+        }
+        async fn rename_container(&self, _: &str, _: &str) -> Result<()> {
+            unexpected!("rename containers")
         }
         async fn remove_found(&self, found: &ContainerInfo) -> Result<()> {
             self.log(format!("remove id {}", found.id));
