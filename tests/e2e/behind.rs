@@ -19,7 +19,8 @@ fn now_nanos() -> i64 {
 /// behind it, wrote the checkpoint whole, and was removed with nothing left; the next turn,
 /// started at once, waited for the checkpoint and recalls. And in a bind-mode session whose
 /// first checkpoint (HOME's 64 MiB) is slow, a process the agent left running, writing the
-/// time every 20 ms, wrote nothing after its turn's command ended.
+/// time every 20 ms, wrote nothing after its turn's command ended. And `rm` right after
+/// such a turn waits for the container finishing it, and removes every volume.
 #[test]
 fn a_cold_turn_ends_before_its_container_which_finishes_the_checkpoint_behind_it() {
     let rig = Rig::new("behind");
@@ -124,5 +125,29 @@ fn a_cold_turn_ends_before_its_container_which_finishes_the_checkpoint_behind_it
         "the agent's process wrote {} ms after its turn's command ended",
         (last - ended) / 1_000_000
     );
+
+    check("rm, at once, waits for the container finishing behind the turn and leaves nothing");
+    let (code, fourth, stderr) = rig.json_turn(rig.run_cmd(
+        p,
+        "RUN:head -c 67108864 /dev/urandom > ~/big; echo big",
+        &["--workspace-mode", "bind"],
+    ));
+    assert_eq!(code, 0, "{fourth}\n{stderr}");
+    let id = fourth["session_id"].as_str().unwrap().to_string();
+    let behind = format!("caw-box-probe-{id}-checkpoint");
+    // What makes this a test of the wait: the container still held the volumes.
+    let there = rig.caw_containers_now();
+    assert!(
+        there.iter().any(|n| n.trim_start_matches('/') == behind),
+        "the turn's container had already gone: {there:?}"
+    );
+    let out = rig.caw_run(&["rm", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let left: Vec<_> = rig
+        .caw_volumes()
+        .into_iter()
+        .filter(|v| v.contains(&id))
+        .collect();
+    assert!(left.is_empty(), "volumes of the removed session: {left:?}");
     rig.cleanup();
 }

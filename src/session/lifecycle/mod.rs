@@ -153,14 +153,7 @@ pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
         }
     }
     backend.remove_container(&container, true).await?;
-    for c in backend
-        .list_containers(&[format!("{}={id}", labels::SESSION)])
-        .await?
-    {
-        if !c.id.is_empty() {
-            backend.remove_container(&c.id, true).await?;
-        }
-    }
+    remove_containers_of(backend, id).await?;
     // What killed turns left beside them (a Docker `--allow-host` turn's network).
     backend
         .sweep(&[format!("{}={id}", labels::SESSION)], &[])
@@ -185,6 +178,45 @@ pub async fn remove(backend: &impl Backend, id: Uuid) -> Result<()> {
     crate::session::store::inflight::forget(id);
     liveness::forget_driver_logs(id);
     Ok(())
+}
+
+/// Removes every container of session `id`. Where some remove themselves (a turn's
+/// container finishing behind it, a warm turn's checkpoint helper: Docker's), it returns
+/// once none is left: one whose removal was already under way (the daemon answers a second
+/// removal with a conflict) holds the session's volumes until it is gone.
+async fn remove_containers_of(backend: &impl Backend, id: Uuid) -> Result<()> {
+    let filter = [format!("{}={id}", labels::SESSION)];
+    let caps = backend.capabilities();
+    let self_removing = caps.finishes_behind || caps.warm_checkpoints;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left: Vec<_> = backend
+            .list_containers(&filter)
+            .await?
+            .into_iter()
+            .filter(|c| !c.id.is_empty())
+            .collect();
+        let Some(first) = left.first() else {
+            return Ok(());
+        };
+        if Instant::now() > deadline {
+            return Err(Error::environment(format!(
+                "container '{}' of session {id} is still there after a minute of removing it",
+                first.name
+            ))
+            .with_hint(format!(
+                "remove it (`docker rm -f {}`) and retry",
+                first.name
+            )));
+        }
+        for c in &left {
+            backend.remove_container(&c.id, true).await?;
+        }
+        if !self_removing {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// What [`stop`] stopped.
