@@ -56,6 +56,16 @@ impl Provider for Codex {
         )
     }
 
+    /// `codex app-server` listening on a socket in the box (`codex_ahead`).
+    fn prestart_argv(&self) -> Option<Vec<String>> {
+        Some(super::codex_ahead::prestart_argv())
+    }
+
+    /// A headless first turn goes to the server started ahead (`codex_ahead`).
+    fn prestarted_turn(&self, argv: &[String]) -> Option<Vec<String>> {
+        super::codex_ahead::prestarted_turn(argv)
+    }
+
     fn turn_command(&self, request: &TurnRequest<'_>) -> TurnCommand {
         let mut argv = vec!["codex".to_string()];
         if request.interactive {

@@ -10,6 +10,7 @@ use crate::event::{Event, Status, Usage};
 
 mod claude_code;
 mod codex;
+mod codex_ahead;
 mod common;
 pub(crate) use common::exited_with;
 pub use common::merge_json;
@@ -174,6 +175,18 @@ pub trait Provider: Send + Sync {
     /// credential and no prompt: a pool's box runs it ahead of its claim
     /// (`session::lifecycle::pool`). `None`: the CLI's first run has nothing worth it.
     fn prime_argv(&self) -> Option<Vec<String>> {
+        None
+    }
+    /// A command that starts, in a pool's box, the CLI ahead of its first turn's prompt
+    /// (waiting on a socket for a turn) and ends once it waits, 0 when it does: it holds no
+    /// conversation, no credential and no prompt. `None`: the CLI has no such mode.
+    fn prestart_argv(&self) -> Option<Vec<String>> {
+        None
+    }
+    /// A first turn's command `argv` as it runs in a box whose CLI was started ahead
+    /// ([`prestart_argv`](Provider::prestart_argv)): it hands the turn to that CLI, or runs
+    /// `argv` itself where it cannot. `None`: `argv` runs as it is.
+    fn prestarted_turn(&self, _argv: &[String]) -> Option<Vec<String>> {
         None
     }
     /// For an interactive turn: a bash script that runs in the container after the TUI

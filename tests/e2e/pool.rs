@@ -113,11 +113,28 @@ fn a_new_sessions_first_turn_takes_a_ready_box_and_the_pool_makes_another() {
         .map(|id| rig.exec_inspect_id(&format!("caw-box-pool-{id}")))
         .collect();
     let watches: Vec<EventWatch> = made_before.iter().map(|c| rig.watch_events(c)).collect();
+    check("a ready codex box's CLI waits for its first turn, started ahead");
+    let mut ps = std::process::Command::new("docker");
+    ps.args(["exec", &first_box, "ps", "-eo", "args"]);
+    let processes = stdout_of(&run(ps));
+    assert!(
+        processes.contains("codex app-server --listen unix://"),
+        "no codex server started ahead: {processes}"
+    );
+    // (Its first turn: a tool that prints a variable of the turn's own `--env`, which the
+    // turn hands the server along with the prompt.)
     let first = turn(rig.run_cmd(
         p,
-        "Please REMEMBER:pool-fig-5 for later.",
-        &["--name", "pooled"],
+        "Please REMEMBER:pool-fig-5 for later.\nRUN:echo var=$POOL_VAR",
+        &["--name", "pooled", "--env", "POOL_VAR=fig-tree"],
     ));
+    assert!(
+        first["result"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("var=fig-tree"),
+        "the agent's command lacked the turn's --env: {first}"
+    );
     let id = first["session_id"].as_str().unwrap().to_string();
     let at = boxes
         .iter()
@@ -137,6 +154,22 @@ fn a_new_sessions_first_turn_takes_a_ready_box_and_the_pool_makes_another() {
         !names.iter().any(|n| n.contains(id.as_str())),
         "the claimed box stayed after the turn: {names:?}"
     );
+    // The thread was the box's server's (codex notes an app-server's thread as `vscode`,
+    // `codex exec`'s as `exec`), and its file holds no key.
+    let mut meta = std::process::Command::new("docker");
+    meta.args(["run", "--rm", "--network", "none", "--user", "0"])
+        .args(["--label", &format!("{TEST_LABEL}={}", rig.run_id)])
+        .args(["-v", &format!("caw-box-{id}:/h:ro"), "--entrypoint", "bash"])
+        .args(["caw-box/codex:latest", "-c"])
+        .arg(format!(
+            "head -qn1 /h/.codex/sessions/*/*/*/rollout-*.jsonl; grep -rlF '{TEST_KEY}' /h || true"
+        ));
+    let meta = stdout_of(&run(meta));
+    assert!(
+        meta.contains("\"source\":\"vscode\"") && !meta.contains("\"source\":\"exec\""),
+        "the first turn did not run in the server started ahead: {meta}"
+    );
+    assert!(!meta.contains("/h/"), "a file holds the key: {meta}");
     let mut ls = rig.caw();
     ls.args(["ls", "--json"]);
     let rows: Value = serde_json::from_str(&stdout_of(&run(ls))).unwrap();

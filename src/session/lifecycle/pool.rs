@@ -305,7 +305,9 @@ async fn make_box(backend: &impl Backend, def: &PoolDef, image: &str) -> Result<
         })?;
         let turn = names::turn_container(id);
         backend.pool_park(&turn, &names::pool_box(id)).await?;
-        prime(backend, def, id).await;
+        let cli = def.provider.adapter();
+        ahead(backend, id, cli.prime_argv(), "primed").await;
+        ahead(backend, id, cli.prestart_argv(), "its CLI started ahead").await;
         Ok(())
     };
     if let Err(e) = made.await {
@@ -315,17 +317,19 @@ async fn make_box(backend: &impl Backend, def: &PoolDef, image: &str) -> Result<
     Ok(id)
 }
 
-/// Makes, in box `id`'s HOME, the state its CLI's first run would make before it sends
-/// anything (`Provider::prime_argv`), so that the claimed first turn does not. A prime that
-/// fails leaves the box as it was made: the first turn makes that state itself.
-async fn prime(backend: &impl Backend, def: &PoolDef, id: Uuid) {
-    let Some(argv) = def.provider.adapter().prime_argv() else {
+/// Runs in box `id`, ahead of its claim, what its provider's CLI does there (`what`, for the
+/// debug log): the state its first run would make before it sends anything
+/// (`Provider::prime_argv`), then the CLI itself started to wait for the first turn where it
+/// can (`Provider::prestart_argv`). A step that fails leaves the box as it was: the first turn
+/// does it itself.
+async fn ahead(backend: &impl Backend, id: Uuid, argv: Option<Vec<String>>, what: &str) {
+    let Some(argv) = argv else {
         return;
     };
     match backend.pool_prime(&names::pool_box(id), argv).await {
-        Ok(0) => tracing::debug!("primed box {id}"),
-        Ok(code) => tracing::debug!("priming box {id} ended {code}: its first turn does it"),
-        Err(e) => tracing::debug!("could not prime box {id}: {e}"),
+        Ok(0) => tracing::debug!("box {id}: {what}"),
+        Ok(code) => tracing::debug!("box {id}: {what} ended {code}; its first turn does it"),
+        Err(e) => tracing::debug!("box {id}: {what} failed: {e}"),
     }
 }
 

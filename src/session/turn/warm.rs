@@ -157,15 +157,7 @@ where
 {
     let fp = fingerprint_for(spec, secs);
     let mut exec = WarmExec {
-        argv: turn_argv(
-            spec.labels
-                .get(crate::session::store::record::labels::TURN)
-                .and_then(|t| t.parse().ok())
-                .unwrap_or(0),
-            std::process::id(),
-            &[ENTRYPOINT],
-            &spec.argv,
-        ),
+        argv: turn_argv(turn_of(spec), std::process::id(), &[ENTRYPOINT], &spec.argv),
         env: spec.env.clone(),
         working_dir: spec.working_dir.clone(),
         run_dir: spec.runtime.mount.clone(),
@@ -175,9 +167,14 @@ where
         let fits = c.running() && c.label(WARM_LABEL) == Some(fp.as_str());
         if fits && !ends_soon(&c, secs, last_turn_end) {
             tracing::debug!("the turn runs in the warm container {}", c.id);
-            exec.goes_after = !keeps
-                && c.label(crate::session::store::record::labels::POOL)
-                    .is_some();
+            let pooled = c
+                .label(crate::session::store::record::labels::POOL)
+                .is_some();
+            exec.goes_after = !keeps && pooled;
+            // A pool's box whose CLI was started ahead takes its first turn there.
+            if let Some(argv) = pooled.then(|| prestarted(spec)).flatten() {
+                exec.argv = turn_argv(turn_of(spec), std::process::id(), &[ENTRYPOINT], &argv);
+            }
             backend.exec_in_warm(name, exec);
             return Ok(());
         }
@@ -187,6 +184,25 @@ where
     make_idle(backend, name, spec, fp, secs, create).await?;
     backend.exec_in_warm(name, exec);
     Ok(())
+}
+
+/// The turn `spec` runs (its label).
+fn turn_of(spec: &TurnSpec) -> u32 {
+    spec.labels
+        .get(crate::session::store::record::labels::TURN)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `spec`'s command as it runs in a pool's box whose CLI was started ahead, where its
+/// provider's CLI can be (`Provider::prestarted_turn`).
+fn prestarted(spec: &TurnSpec) -> Option<Vec<String>> {
+    let provider: crate::provider::ProviderKind = spec
+        .labels
+        .get(crate::session::store::record::labels::PROVIDER)?
+        .parse()
+        .ok()?;
+    provider.adapter().prestarted_turn(&spec.argv)
 }
 
 /// Whether the idle container `c` (idle `secs` after a turn; its session's last turn ended
@@ -219,11 +235,16 @@ where
 {
     let mut idle = spec.clone();
     idle.argv = idle_argv(secs);
-    // The turn's environment is its exec's: the loop's has nothing of it.
+    // The turn's environment is its exec's: the loop's has nothing of it. A pool's box keeps
+    // the egress proxy's variables too (no secret): a CLI started in it ahead of its first
+    // turn (`Provider::prestart_argv`) reaches the model as the turn would.
+    let pooled = spec
+        .labels
+        .contains_key(crate::session::store::record::labels::POOL);
     idle.env = spec
         .env
         .iter()
-        .filter(|e| e.starts_with("HOME="))
+        .filter(|e| e.starts_with("HOME=") || (pooled && is_proxy_var(e)))
         .cloned()
         .collect();
     idle.labels.insert(WARM_LABEL.into(), fp);
@@ -236,6 +257,14 @@ where
         return Err(e);
     }
     Ok(())
+}
+
+/// Whether `entry` (`NAME=VALUE`) is one of the egress proxy's variables.
+fn is_proxy_var(entry: &str) -> bool {
+    let name = entry.split('=').next().unwrap_or_default();
+    ["HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY"]
+        .iter()
+        .any(|v| v.eq_ignore_ascii_case(name))
 }
 
 /// `caw-box warm`: makes the session's idle container for turns of `spec` ahead of its
