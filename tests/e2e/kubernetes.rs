@@ -1808,7 +1808,17 @@ impl Lab {
             if let Some(name) = stdout_of(&out).lines().next() {
                 return name.trim_start_matches("pod/").to_string();
             }
-            assert!(Instant::now() < deadline, "no turn pod ran");
+            if Instant::now() > deadline {
+                // What the cluster shows instead: the pods and the latest events.
+                let pods = stdout_of(&self.kubectl(&["get", "pods", "-o", "wide"]));
+                let events =
+                    stdout_of(&self.kubectl(&["get", "events", "--sort-by=.lastTimestamp"]));
+                let tail: Vec<_> = events.lines().rev().take(20).collect();
+                panic!(
+                    "no turn pod ran in {limit:?}\npods:\n{pods}\nevents (latest first):\n{}",
+                    tail.join("\n")
+                );
+            }
             std::thread::sleep(Duration::from_millis(300));
         }
     }
@@ -1898,7 +1908,7 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
         let child = run.spawn().unwrap();
-        let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+        let pod = lab.wait_for_turn_pod(Duration::from_secs(240));
         // Mid-turn: the CLI's request went through the broker and waits at the stub.
         wait_held(&endpoint, &hold);
         // Once the CLI read its runtime files, it holds its placeholder.
@@ -2062,7 +2072,7 @@ fn kubernetes_brokered_turns_keep_the_key_in_the_pods_sidecar() {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let child = run.spawn().unwrap();
-    let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    let pod = lab.wait_for_turn_pod(Duration::from_secs(240));
     wait_held(&endpoint, "injected");
     let found = (0..80).find_map(|_| {
         let found = lab.scan(&pod, "agent", &key_pieces(), false);
@@ -2439,7 +2449,7 @@ fn kubernetes_allow_host_holds_the_pods_egress_without_a_network_policy() {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let child = run.spawn().unwrap();
-    let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    let pod = lab.wait_for_turn_pod(Duration::from_secs(240));
     // The agent's request came through the proxy; the stub holds it until the probes ran.
     wait_held(&endpoint, "probed");
     let spec: Value =
@@ -2567,7 +2577,7 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
         .stderr(std::process::Stdio::piped());
     let child = open.spawn().unwrap();
     wait_held(&endpoint, "open");
-    let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    let pod = lab.wait_for_turn_pod(Duration::from_secs(240));
     let spec: Value =
         serde_json::from_str(&lab.kubectl_ok(&["get", "pod", &pod, "-o", "json"])).unwrap();
     let names = |key: &str| container_names(&spec, key);
@@ -2635,7 +2645,7 @@ node -e 'require("http").get({{host:"127.0.0.1",port:3128,path:"http://{refused}
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let child = brokered.spawn().unwrap();
-    let pod = lab.wait_for_turn_pod(Duration::from_secs(120));
+    let pod = lab.wait_for_turn_pod(Duration::from_secs(240));
     // Out through the broker and the proxy: the stub holds the request.
     wait_held(&endpoint, "brokered");
     let spec: Value =
