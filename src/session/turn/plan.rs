@@ -410,10 +410,21 @@ fn home_files(
     (home_files, fill_home)
 }
 
+/// The variables that route a turn's web traffic through its egress proxy
+/// ([`proxy_env`]): the proxy's address (the first four), then the hosts reached directly.
+pub(super) const PROXY_VARS: [&str; 6] = [
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "https_proxy",
+    "http_proxy",
+    "NO_PROXY",
+    "no_proxy",
+];
+
 /// Routes the agent's web traffic through the egress proxy, all but what goes to its
 /// broker.
 fn proxy_env(env: &mut Vec<String>, route: &EgressRoute, broker: Option<&Broker>) {
-    for var in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
+    for var in &PROXY_VARS[..4] {
         env.push(format!("{var}={}", route.proxy_url));
     }
     let mut direct = route.direct.join(",");
@@ -428,8 +439,9 @@ fn proxy_env(env: &mut Vec<String>, route: &EgressRoute, broker: Option<&Broker>
             direct = format!("{direct},{host}");
         }
     }
-    env.push(format!("NO_PROXY={direct}"));
-    env.push(format!("no_proxy={direct}"));
+    for var in &PROXY_VARS[4..] {
+        env.push(format!("{var}={direct}"));
+    }
     tracing::debug!("egress through {}", route.proxy_log);
 }
 
