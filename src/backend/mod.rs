@@ -62,7 +62,7 @@ pub use engine::{checkup, connect, BackendKind, BackendSettings, ClusterSettings
 pub use found::{ContainerInfo, ContainerState, ImageInfo, VolumeInfo};
 pub use plan::{
     proxy_env, BrokerPlace, BrokerPlan, BrokerRoute, EgressPlan, EgressRoute, HostDirs, RuntimeDir,
-    LOADER, PROXY_PORT, PROXY_SCRIPT,
+    LOADER, PROXY_PORT, PROXY_SCRIPT, PROXY_VARS,
 };
 pub use refresh_lock::Hold;
 pub use scratch::{Scratch, ScratchFile};

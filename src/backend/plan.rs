@@ -17,6 +17,16 @@ pub const LOADER: &str = "const c=[];const on=(d)=>{c.push(d);const b=Buffer.con
 
 /// The egress proxy's port, wherever it runs.
 pub const PROXY_PORT: u16 = 3128;
+/// The variables that route a turn's web traffic through its egress proxy: the proxy's
+/// address (the first four), then the hosts reached directly.
+pub const PROXY_VARS: [&str; 6] = [
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "https_proxy",
+    "http_proxy",
+    "NO_PROXY",
+    "no_proxy",
+];
 /// The egress proxy's program in caw-box's images (images/base/caw-box-proxy.js).
 pub const PROXY_SCRIPT: &str = "/usr/local/lib/caw-box/proxy.js";
 

@@ -410,21 +410,10 @@ fn home_files(
     (home_files, fill_home)
 }
 
-/// The variables that route a turn's web traffic through its egress proxy
-/// ([`proxy_env`]): the proxy's address (the first four), then the hosts reached directly.
-pub(super) const PROXY_VARS: [&str; 6] = [
-    "HTTPS_PROXY",
-    "HTTP_PROXY",
-    "https_proxy",
-    "http_proxy",
-    "NO_PROXY",
-    "no_proxy",
-];
-
 /// Routes the agent's web traffic through the egress proxy, all but what goes to its
 /// broker.
 fn proxy_env(env: &mut Vec<String>, route: &EgressRoute, broker: Option<&Broker>) {
-    for var in &PROXY_VARS[..4] {
+    for var in &crate::backend::PROXY_VARS[..4] {
         env.push(format!("{var}={}", route.proxy_url));
     }
     let mut direct = route.direct.join(",");
@@ -439,7 +428,7 @@ fn proxy_env(env: &mut Vec<String>, route: &EgressRoute, broker: Option<&Broker>
             direct = format!("{direct},{host}");
         }
     }
-    for var in &PROXY_VARS[4..] {
+    for var in &crate::backend::PROXY_VARS[4..] {
         env.push(format!("{var}={direct}"));
     }
     tracing::debug!("egress through {}", route.proxy_log);

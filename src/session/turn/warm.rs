@@ -262,7 +262,7 @@ where
 /// Whether `entry` (`NAME=VALUE`) is one of the egress proxy's variables.
 fn is_proxy_var(entry: &str) -> bool {
     let name = entry.split('=').next().unwrap_or_default();
-    super::plan::PROXY_VARS.contains(&name)
+    crate::backend::PROXY_VARS.contains(&name)
 }
 
 /// `caw-box warm`: makes the session's idle container for turns of `spec` ahead of its
