@@ -20,6 +20,14 @@ use crate::session::turn::{
 };
 use crate::session::walls::egress::{Live, LiveRefusals};
 
+/// How long a CLI gets, after its model is first reported unreachable, before the turn is
+/// stopped for it: a CLI that was slow to start (a loaded machine) may reach its model for
+/// the first time after `--connect-timeout` has run out, and the proxy says it failed before
+/// the CLI has taken that in. Stopped at once, the CLI would not have said what the turn's
+/// record needs (opencode names its new session only in its error log: without it the
+/// session's next turn would start a new conversation, the prompt lost).
+const TAKES_IN_A_FAILURE: Duration = Duration::from_secs(10);
+
 /// What is read of a headless turn's output as it comes: the reader of its stdout lines,
 /// its stderr, and the entrypoint's markers of how the CLI ended.
 pub(in crate::session) struct Reading<'s> {
@@ -40,6 +48,9 @@ pub(in crate::session) struct Reading<'s> {
     /// last sign of life: the model is unreachable, whatever the CLI makes of the proxy's
     /// 502.
     pub proxy_unreachable: Option<String>,
+    /// When the model was first reported unreachable (by the CLI or the egress proxy) since
+    /// its last sign of life.
+    failing_since: Option<tokio::time::Instant>,
     /// The model's host, without its port.
     model_host: String,
 }
@@ -74,6 +85,7 @@ impl<'s> Reading<'s> {
             alive_at: tokio::time::Instant::now(),
             refusals_said: Default::default(),
             proxy_unreachable: None,
+            failing_since: None,
             model_host: host_of(&crate::session::turn::ended::model_host(record)),
         }
     }
@@ -169,8 +181,7 @@ impl<'s> Reading<'s> {
                             self.proxy_unreachable = Some(format!(
                                 "the egress proxy could not reach {target} ({error})"
                             ));
-                            link_deadline = link_deadline
-                                .or_else(|| (!connect_timeout.is_zero()).then(|| self.alive_at + connect_timeout));
+                            link_deadline = self.link_deadline(connect_timeout);
                         }
                         false
                     }
@@ -195,17 +206,27 @@ impl<'s> Reading<'s> {
                     self.alive_at = now();
                     self.proxy_unreachable = None;
                 }
-                let unreachable = self
-                    .reader
-                    .parser
-                    .unreachable()
-                    .or(self.proxy_unreachable.as_deref());
-                link_deadline = match unreachable {
-                    Some(_) if !connect_timeout.is_zero() => Some(self.alive_at + connect_timeout),
-                    _ => None,
-                };
+                link_deadline = self.link_deadline(connect_timeout);
             }
         }
+    }
+
+    /// When the turn is stopped for a model it cannot reach, while the CLI or the egress
+    /// proxy says so: `--connect-timeout` after the model's last sign of life, and not
+    /// before the CLI has had [`TAKES_IN_A_FAILURE`] since the first such report. `None`
+    /// while nothing says so, or with no limit.
+    fn link_deadline(&mut self, connect_timeout: Duration) -> Option<tokio::time::Instant> {
+        let failing =
+            self.reader.parser.unreachable().is_some() || self.proxy_unreachable.is_some();
+        if !failing {
+            self.failing_since = None;
+            return None;
+        }
+        let since = *self
+            .failing_since
+            .get_or_insert_with(tokio::time::Instant::now);
+        (!connect_timeout.is_zero())
+            .then(|| (self.alive_at + connect_timeout).max(since + TAKES_IN_A_FAILURE))
     }
 
     /// Stops a turn that ends before its CLI did, and reads what the CLI printed while
