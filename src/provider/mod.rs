@@ -57,6 +57,10 @@ pub struct TurnRequest<'a> {
     pub resume_key: Option<&'a str>,
     /// On a first turn, a key chosen up front where the vendor allows it (claude).
     pub new_session_key: Option<&'a str>,
+    /// No key, yet earlier turns ran: each ended before the vendor named its conversation
+    /// (stopped before the model answered). The CLI continues the conversation it made
+    /// last, where it can say so without the key (the session's CLI state is its own).
+    pub continue_last: bool,
     pub model: Option<&'a str>,
     /// `--endpoint`: the base URL the CLI's model traffic goes to.
     pub endpoint: Option<&'a str>,

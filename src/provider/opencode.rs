@@ -58,6 +58,10 @@ impl Provider for Opencode {
         }
         match request.resume_key {
             Some(key) => argv.extend(["--session".to_string(), key.to_string()]),
+            // An earlier turn stopped before opencode named its session (it does so once its
+            // model answers, or in the error it logs): that session is the last one in this
+            // HOME's database, and `--continue` takes it (or makes one when there is none).
+            None if request.continue_last => argv.push("--continue".to_string()),
             // A title spares opencode an extra model request to invent one. The `=` form
             // keeps a title starting with '-' a value.
             None if !request.interactive => {
@@ -752,6 +756,36 @@ mod tests {
             config_of(&gateway)["provider"]["caw"]["models"],
             json!({"openai/gpt-5": {"name": "openai/gpt-5"}})
         );
+    }
+
+    #[test]
+    fn a_turn_after_turns_that_named_no_session_continues_the_last() {
+        let command = Opencode.turn_command(&TurnRequest {
+            continue_last: true,
+            ..request("RECALL")
+        });
+        assert!(
+            command.argv.iter().any(|a| a == "--continue"),
+            "{:?}",
+            command.argv
+        );
+        assert!(
+            !command.argv.iter().any(|a| a.starts_with("--title")),
+            "{:?}",
+            command.argv
+        );
+        // A key, where there is one, wins.
+        let keyed = Opencode.turn_command(&TurnRequest {
+            continue_last: true,
+            resume_key: Some(SESSION),
+            ..request("RECALL")
+        });
+        assert!(
+            !keyed.argv.iter().any(|a| a == "--continue"),
+            "{:?}",
+            keyed.argv
+        );
+        assert!(keyed.argv.windows(2).any(|w| w == ["--session", SESSION]));
     }
 
     #[test]

@@ -115,6 +115,27 @@ fn gemini_stops_when_its_model_is_unreachable() {
     unreachable_then_resume(GEMINI, Dead::Refused, Patience::Some);
 }
 
+/// An opencode turn stopped before its model answered (here by `--timeout`) has made its
+/// session without naming it (opencode does once the model answers, or in the error it
+/// logs): the resume continues that conversation all the same, the stopped prompt in it.
+#[test]
+fn an_opencode_turn_stopped_before_its_model_answered_resumes_its_conversation() {
+    let rig = Rig::new("stopped-unnamed");
+    let run = rig.run_cmd(OPENCODE, "HOLD:never REMEMBER:kiwi", &["--timeout", "25s"]);
+    let (code, json, stderr) = rig.json_turn(run);
+    assert_eq!(code, 124, "{json}\n{stderr}");
+    assert_eq!(json["status"], "timeout", "{json}");
+    let id = json["session_id"].as_str().unwrap().to_string();
+    let (code, json, stderr) = rig.json_turn(rig.resume_cmd(OPENCODE, &id, "RECALL", &[]));
+    assert_eq!(code, 0, "{json}\n{stderr}");
+    assert_eq!(json["turn"], 2, "{json}");
+    assert_eq!(
+        json["result"].as_str().map(str::trim),
+        Some("You told me to remember kiwi."),
+        "{json}"
+    );
+}
+
 /// `--network none` can only hang: refused with exit 2 before anything exists, for `run`
 /// and for a `resume` that asks for it.
 #[test]

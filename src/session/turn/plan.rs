@@ -230,6 +230,7 @@ fn turn_request<'a>(
             Some(record.resume_key.as_str())
         },
         new_session_key: new_key,
+        continue_last: first_turn && new_key.is_none() && !record.turns.is_empty(),
         model: record.settings.model.as_deref(),
         endpoint: record.settings.endpoint.as_deref(),
         interactive: options.interactive,
